@@ -1,0 +1,3 @@
+from radixtop.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,740 @@
+"""Follow log files the way `tail -F` does, as an async source of line batches.
+
+One daemon thread reads every followed file with plain blocking `os.pread` calls (up to 1 MiB at a
+time), splits the bytes into lines with C-level bytes/str methods, builds immutable records and
+hands them to the asyncio loop. The team measured this at about 3.5x less CPU than aiofiles at
+10k lines/s: aiofiles pays a thread-pool round trip per read, this pays one wake-up per poll.
+
+What it survives:
+- rotation (the path now names another inode): the old file is kept open and read to its end,
+  and for a short grace period after, because writers reopen late; then the new file is followed
+  from its first byte. Old-generation lines are delivered before the new file is read.
+- copytruncate (same inode, size below our offset, or refilled past it within one poll: the bytes
+  just before our offset changed): a "truncated" notice, then reading restarts at byte 0.
+- a path that does not exist yet, or is deleted: "waiting"/"deleted", followed when it (re)appears.
+- globs: re-expanded every 0.5 s; a file that appears later is read from its start.
+
+Lines: UTF-8 with replacement characters, CR before the newline removed, ANSI CSI/OSC sequences
+stripped, longer than `max_line` bytes cut (the rest is skipped, never buffered) with a visible
+marker. A partial last line (no newline yet) is held until its newline arrives; at stop() it is
+dropped, not emitted, because it may be half-written. A rotated or deleted file's partial last
+line is emitted once the file is done, since no newline can ever arrive for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import glob
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+
+__all__ = ["LogBatch", "LogFollower", "LogNotice", "LogRecord", "SourceHealth"]
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    source: str  # the path this line came from, as given or as matched by the glob
+    lineno: int  # 1-based, within the current generation of that file
+    text: str  # decoded, newline/CR removed, ANSI stripped, capped at max_line chars + marker
+    generation: int  # 0 for the first file seen at that path; +1 per rotation or truncation
+    received: float  # time.monotonic() when the reader thread read it
+
+
+@dataclass(frozen=True, slots=True)
+class LogNotice:
+    source: str
+    kind: str  # "waiting", "created", "rotated", "truncated", "deleted", "error", "capped"
+    message: str
+    time: float  # time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class LogBatch:
+    records: tuple[LogRecord, ...]
+    notices: tuple[LogNotice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceHealth:
+    source: str
+    state: str  # "ok", "waiting", "deleted", "error"
+    detail: str
+    lines: int  # lines read so far, all generations together
+    last_line_at: float | None  # time.monotonic() of the last line read
+
+
+_CHUNK = 1 << 20  # bytes per pread
+_READ_BUDGET = 4 << 20  # bytes per file per poll: one busy file cannot starve the others
+_GLOB_EVERY = 0.5  # seconds between glob re-expansions and retries of failed opens
+_IDLE_BACKOFF_AFTER = 1.0  # seconds without data before polling slower ...
+_IDLE_MAX_INTERVAL = 0.05  # ... up to this: near-zero idle CPU, at most 50 ms extra first-line lag
+_ROTATED_GRACE = 1.0  # keep reading a rotated/deleted file until it has been quiet this long
+_BOUNDARY = 64  # bytes before the offset re-read with each read to catch truncate-and-refill
+
+# CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), charset selections like ESC ( B, other
+# two-byte escapes, and 8-bit CSI. No alternative can match a newline, so it is safe on a whole
+# block of lines at once.
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)|\x1b[ -/]+[0-~]|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]"
+)
+
+
+class _RecordBuilder:
+    """Same slot layout as LogRecord, but mutable, so that its __init__ is plain fast attribute stores.
+
+    A frozen dataclass's __init__ goes through object.__setattr__ per field: about 1.1 us per
+    record here, a fifth of a core at 200k lines/s on its own. Building this twin and then assigning
+    __class__ (CPython allows it between classes with identical __slots__) costs about a third of
+    that and yields genuine LogRecord instances (equality, hashing, immutability all LogRecord's).
+    """
+
+    __slots__ = ("source", "lineno", "text", "generation", "received")
+
+    def __init__(self, source: str, lineno: int, text: str, generation: int, received: float) -> None:
+        self.source = source
+        self.lineno = lineno
+        self.text = text
+        self.generation = generation
+        self.received = received
+
+
+def _make_records(source: str, first_lineno: int, texts: list[str], generation: int, received: float) -> list[LogRecord]:
+    records = list(
+        map(_RecordBuilder, repeat(source), range(first_lineno, first_lineno + len(texts)), texts, repeat(generation), repeat(received))
+    )
+    for record in records:
+        record.__class__ = LogRecord
+    return records  # type: ignore[return-value]
+
+
+def _clean(text: str) -> str:
+    if text.endswith("\r"):
+        text = text[:-1]
+    if "\x1b" in text or "\x9b" in text:
+        text = _ANSI.sub("", text)
+    return text
+
+
+def _line_text(data: bytes, dropped: int, max_line: int) -> tuple[str, bool]:
+    """One line's text, cut to max_line bytes with a marker; returns (text, was_cut)."""
+    total = len(data) + dropped
+    if total <= max_line:
+        return _clean(data.decode("utf-8", "replace")), False
+    # final=False drops a multi-byte character cut in half instead of showing a replacement char.
+    kept = codecs.getincrementaldecoder("utf-8")("replace").decode(data[:max_line], final=False)
+    return f"{_clean(kept)} …[line truncated: {total} bytes]", True
+
+
+def _start_of_last_line(fd: int, size: int, max_line: int) -> int:
+    """Where following "from the end" starts: EOF, or the start of an unfinished last line, so that
+    a line being written right now is delivered whole rather than as a fragment."""
+    window = min(size, max_line)
+    tail = os.pread(fd, window, size - window)
+    newline = tail.rfind(b"\n")
+    if newline >= 0:
+        return size - window + newline + 1
+    return 0 if window == size else size  # a last line longer than max_line: give up, start at EOF
+
+
+def _count_lines(fd: int, end: int) -> int:
+    """Newlines before byte end, so line numbers stay true when following starts at the end.
+    About a second per GiB from the page cache; paid once, on the reader thread."""
+    count = pos = 0
+    while pos < end:
+        data = os.pread(fd, min(4 * _CHUNK, end - pos), pos)
+        if not data:
+            break
+        count += data.count(b"\n")
+        pos += len(data)
+    return count
+
+
+class _Generation:
+    """One opened file (one inode) at a path: its fd, read offset and the line being assembled."""
+
+    __slots__ = ("fd", "dev", "ino", "number", "offset", "lineno", "partial", "dropped", "boundary", "quiet_since", "cut", "cut_noticed")
+
+    def __init__(self, fd: int, st: os.stat_result, number: int, offset: int) -> None:
+        self.fd = fd
+        self.dev, self.ino = st.st_dev, st.st_ino
+        self.number = number
+        self.offset = offset
+        self.lineno = 0
+        self.partial = bytearray()  # bytes of the unfinished last line, at most max_line of them
+        self.dropped = 0  # bytes of the unfinished line skipped beyond max_line
+        self.boundary = b""  # the last bytes before offset (see _BOUNDARY)
+        self.quiet_since = 0.0
+        self.cut = 0  # lines cut at max_line ...
+        self.cut_noticed = False  # ... and whether the "capped" notice went out
+
+    def restart(self, number: int) -> None:
+        self.number, self.offset, self.lineno, self.boundary = number, 0, 0, b""
+        self.partial.clear()
+        self.dropped = 0
+        self.cut, self.cut_noticed = 0, False
+
+    def hold(self, data: bytes, max_line: int) -> None:
+        room = max_line - len(self.partial)
+        if len(data) <= room:
+            self.partial += data
+        else:
+            if room > 0:
+                self.partial += data[:room]
+            self.dropped += len(data) - max(room, 0)
+
+    def take_partial(self, max_line: int) -> str:
+        text, cut = _line_text(bytes(self.partial), self.dropped, max_line)
+        self.cut += cut
+        self.partial.clear()
+        self.dropped = 0
+        return text
+
+    def split(self, data: bytes, max_line: int) -> list[str]:
+        """Complete lines in data (prefixed by the held partial line); keeps the new partial."""
+        first_nl = data.find(b"\n")
+        if first_nl < 0:
+            self.hold(data, max_line)
+            return []
+        lines: list[str] = []
+        start = 0
+        if self.partial or self.dropped:
+            self.hold(data[:first_nl], max_line)
+            lines.append(self.take_partial(max_line))
+            start = first_nl + 1
+        last_nl = data.rfind(b"\n")
+        if last_nl >= start:
+            lines.extend(self._block(data[start:last_nl], max_line))
+        self.hold(data[last_nl + 1 :], max_line)
+        return lines
+
+    def _block(self, block: bytes, max_line: int) -> list[str]:
+        """Lines of a block of whole lines (no final newline); decoded in one call when none is long."""
+        if len(block) > max_line:
+            raw = block.split(b"\n")
+            if max(map(len, raw)) > max_line:
+                out = []
+                for line in raw:
+                    text, cut = _line_text(line, 0, max_line)
+                    self.cut += cut
+                    out.append(text)
+                return out
+        # '\n' never occurs inside a UTF-8 multi-byte sequence, so decoding the block then splitting
+        # the text gives the same lines as splitting then decoding each, at a fraction of the cost.
+        text = block.decode("utf-8", "replace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+            if text.endswith("\r"):
+                text = text[:-1]
+        if "\x1b" in text or "\x9b" in text:
+            text = _ANSI.sub("", text)
+        return text.split("\n")
+
+
+class _Source:
+    """Everything followed at one path: the current generation and any rotated ones still draining."""
+
+    def __init__(self, path: str, *, start_at_end: bool) -> None:
+        self.path = path
+        self.start_at_end = start_at_end  # only for a file that already existed when following began
+        self.current: _Generation | None = None
+        self.draining: list[_Generation] = []
+        self.next_number = 0
+        self.state = "waiting"
+        self.detail = "waiting for the file to appear"
+        self.lines = 0
+        self.last_line_at: float | None = None
+        self.last_error = ""
+        self.next_retry = 0.0
+        self.announced = False  # a "waiting" notice went out (or the file was there from the start)
+
+
+class _Tailer:
+    """The synchronous core, run on the reader thread: poll() reads what is new in every file."""
+
+    def __init__(self, patterns: Sequence[str], *, from_start: bool, max_line: int) -> None:
+        self.max_line = max_line
+        self.literals: list[str] = []
+        self.globs: list[str] = []
+        for pattern in patterns:
+            (self.globs if glob.has_magic(pattern) else self.literals).append(pattern)
+        self.sources: dict[str, _Source] = {}  # by absolute path
+        self.unmatched: set[str] = set()  # globs matching nothing yet (shown as "waiting")
+        self.aliases: dict[str, tuple[int, int]] = {}  # glob matches that are a file we already read
+        self.lock = threading.Lock()  # guards the sources dict shape for health() on another thread
+        self.next_glob = 0.0
+        self.from_start = from_start
+        self.records: list[LogRecord] = []
+        self.notices: list[LogNotice] = []
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def notice(self, source: str, kind: str, message: str) -> None:
+        self.notices.append(LogNotice(source, kind, message, time.time()))
+
+    def take(self) -> tuple[list[LogRecord], list[LogNotice]]:
+        records, notices = self.records, self.notices
+        self.records, self.notices = [], []
+        return records, notices
+
+    def add_source(self, path: str, *, start_at_end: bool) -> _Source:
+        key = os.path.abspath(path)  # "x.log" and "./x.log" are one source
+        source = self.sources.get(key)
+        if source is None:
+            source = _Source(path, start_at_end=start_at_end)
+            with self.lock:
+                self.sources[key] = source
+        return source
+
+    def start(self) -> None:
+        """The initial scan: files that exist now start at their end unless from_start."""
+        for path in self.literals:
+            self.add_source(path, start_at_end=not self.from_start and os.path.lexists(path))
+        self.expand_globs(time.monotonic(), initial=True)
+        for source in list(self.sources.values()):
+            self.try_open(source, time.monotonic(), initial=True)
+
+    def close(self) -> None:
+        for source in self.sources.values():
+            for gen in [source.current, *source.draining]:
+                if gen is not None:
+                    os.close(gen.fd)
+            source.current, source.draining = None, []
+
+    def held_identities(self) -> set[tuple[int, int]]:
+        return {
+            (gen.dev, gen.ino)
+            for source in self.sources.values()
+            for gen in [source.current, *source.draining]
+            if gen is not None
+        }
+
+    def expand_globs(self, now: float, *, initial: bool = False) -> None:
+        self.next_glob = now + _GLOB_EVERY
+        held: set[tuple[int, int]] | None = None
+        for pattern in self.globs:
+            matched = False
+            for path in sorted(glob.glob(pattern, recursive=True)):
+                if os.path.abspath(path) in self.sources:
+                    matched = True
+                    continue
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # a glob matching directories or sockets is not an error worth a notice
+                identity = (st.st_dev, st.st_ino)
+                if held is None:
+                    held = self.held_identities()
+                # A glob like "*.log*" also matches the name a rotated file was renamed to: that is
+                # a file we are already reading (or have read), not a new one. Skip it while that
+                # path still names the same inode (it cannot be reused while a link to it exists).
+                if identity in held or self.aliases.get(path) == identity:
+                    self.aliases[path] = identity
+                    matched = True
+                    continue
+                self.aliases.pop(path, None)
+                matched = True
+                source = self.add_source(path, start_at_end=initial and not self.from_start)
+                source.announced = True
+                if not initial:
+                    self.try_open(source, now)
+            if matched:
+                self.unmatched.discard(pattern)
+            elif pattern not in self.unmatched:
+                self.unmatched.add(pattern)
+                self.notice(pattern, "waiting", f"no file matches {pattern} yet; waiting for one to appear")
+
+    # -- opening -----------------------------------------------------------------------------------
+
+    def fail(self, source: _Source, message: str) -> None:
+        # Retried, but not every poll: a missing file is retried each poll (cheap, and we want a
+        # new file quickly); a file we cannot read only every _GLOB_EVERY seconds.
+        source.next_retry = time.monotonic() + _GLOB_EVERY
+        source.state, source.detail = "error", message
+        if message != source.last_error:
+            source.last_error = message
+            self.notice(source.path, "error", message)
+
+    def try_open(self, source: _Source, now: float, *, initial: bool = False, kind: str = "created") -> bool:
+        """Open the file at source.path as a new generation; notices for what went wrong."""
+        if now < source.next_retry:
+            return False
+        path = source.path
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            source.start_at_end = False  # when it appears, it is new: read it from its start
+            if not source.announced:
+                source.announced = True
+                self.notice(path, "waiting", f"{path} does not exist yet; waiting for it to appear")
+            return False
+        except IsADirectoryError:
+            self.fail(source, f"{path} is a directory; give a log file, or a glob such as {os.path.join(path, '*.log')}")
+            return False
+        except PermissionError:
+            self.fail(source, f"cannot read {path}: permission denied; fix its permissions or run as a user who can read it")
+            return False
+        except OSError as exc:
+            self.fail(source, f"cannot open {path}: {exc.strerror or exc}; check the path")
+            return False
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            self.fail(source, f"cannot stat {path}: {exc.strerror or exc}")
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            os.close(fd)
+            self.fail(source, f"{path} is a directory; give a log file, or a glob such as {os.path.join(path, '*.log')}")
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            self.fail(source, f"{path} is not a regular file (a pipe or device?); radixtop follows files only")
+            return False
+        offset = _start_of_last_line(fd, st.st_size, self.max_line) if source.start_at_end else 0
+        source.start_at_end = False
+        source.current = _Generation(fd, st, source.next_number, offset)
+        if offset:
+            back = min(offset, _BOUNDARY)
+            source.current.boundary = os.pread(fd, back, offset - back)
+            source.current.lineno = -1  # counted on the reader thread before the first record
+        source.next_number += 1
+        source.last_error = ""
+        source.state = "ok"
+        source.detail = f"following generation {source.current.number}"
+        if not initial:
+            if kind == "rotated":
+                self.notice(path, "rotated", f"{path} was rotated; following the new file")
+            else:
+                where = "its start" if offset == 0 else "its end"
+                self.notice(path, "created", f"{path} appeared; following it from {where}")
+        source.announced = True
+        return True
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def read(self, source: _Source, gen: _Generation, *, check_boundary: bool) -> tuple[int, bool]:
+        """Read new bytes of gen into records, up to the budget. Returns (bytes read, refilled):
+        refilled means the bytes before our offset changed (truncated and rewritten past it)."""
+        if gen.lineno < 0:
+            gen.lineno = _count_lines(gen.fd, gen.offset)
+        got = 0
+        while got < _READ_BUDGET:
+            back = len(gen.boundary) if check_boundary else 0
+            # Reading the last few known bytes again costs nothing extra (same syscall) and tells
+            # a file truncated and refilled past our offset between two polls from a plain append.
+            data = os.pread(gen.fd, _CHUNK + back, gen.offset - back)
+            if back:
+                if data[:back] != gen.boundary:
+                    return got, True
+                data = data[back:]
+            if not data:
+                break
+            received = time.monotonic()
+            gen.offset += len(data)
+            got += len(data)
+            if check_boundary:
+                gen.boundary = data[-_BOUNDARY:] if len(data) >= _BOUNDARY else (gen.boundary + data)[-_BOUNDARY:]
+            texts = gen.split(data, self.max_line)
+            if texts:
+                self.emit(source, gen, texts, received)
+            if len(data) < _CHUNK:
+                break
+        return got, False
+
+    def emit(self, source: _Source, gen: _Generation, texts: list[str], received: float) -> None:
+        self.records.extend(_make_records(source.path, gen.lineno + 1, texts, gen.number, received))
+        gen.lineno += len(texts)
+        source.lines += len(texts)
+        source.last_line_at = received
+        if gen.cut and not gen.cut_noticed:
+            # One notice per generation: the marker in each cut line's text says the rest.
+            gen.cut_noticed = True
+            self.notice(
+                source.path,
+                "capped",
+                f"{source.path} has lines longer than {self.max_line} bytes; they are cut and marked",
+            )
+
+    def finish(self, source: _Source, gen: _Generation) -> None:
+        """A rotated/deleted generation is done: its partial last line can never complete."""
+        if gen.partial or gen.dropped:
+            self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
+        os.close(gen.fd)
+
+    def poll(self, now: float) -> bool:
+        """Read what is new everywhere. Returns True when a file still has unread bytes (no sleep)."""
+        if now >= self.next_glob:
+            if self.globs:
+                self.expand_globs(now)
+            else:
+                self.next_glob = now + _GLOB_EVERY
+        busy = False
+        for source in list(self.sources.values()):
+            busy |= self.poll_source(source, now)
+        return busy
+
+    def poll_source(self, source: _Source, now: float) -> bool:
+        backlog = False
+        for gen in list(source.draining):
+            try:
+                got, _ = self.read(source, gen, check_boundary=False)
+            except OSError:
+                got = 0  # the old file went bad; nothing more can come from it
+                gen.quiet_since = 0.0
+            if got:
+                gen.quiet_since = now
+                backlog |= got >= _READ_BUDGET
+            elif now - gen.quiet_since >= _ROTATED_GRACE:
+                source.draining.remove(gen)
+                self.finish(source, gen)
+        if backlog:
+            return True  # the old generation first: the new file waits until it is read out
+        if source.current is None:
+            if not self.try_open(source, now):
+                return False
+        return self.follow(source, now)
+
+    def follow(self, source: _Source, now: float) -> bool:
+        gen = source.current
+        assert gen is not None
+        path = source.path
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.lost(source, now)
+            return True
+        except OSError as exc:
+            # e.g. the directory became unreadable: keep reading through the open fd meanwhile.
+            st = None
+            if source.last_error != str(exc):
+                source.last_error = str(exc)
+                self.notice(path, "error", f"cannot stat {path}: {exc.strerror or exc}; still reading the open file")
+        if st is not None and (st.st_dev, st.st_ino) != (gen.dev, gen.ino):
+            self.retire(source, gen, now)
+            source.current = None
+            source.next_retry = 0.0
+            self.try_open(source, now, kind="rotated")
+            return True  # read the old one out first, on the next pass
+        size = st.st_size if st is not None else os.fstat(gen.fd).st_size
+        if size < gen.offset:
+            self.truncated(source, gen)
+        elif size == gen.offset:
+            return False
+        try:
+            got, refilled = self.read(source, gen, check_boundary=True)
+        except OSError as exc:
+            self.fail(source, f"cannot read {path}: {exc.strerror or exc}; will retry")
+            source.current = None
+            os.close(gen.fd)
+            return False
+        if refilled:
+            self.truncated(source, gen)
+            got, _ = self.read(source, gen, check_boundary=True)
+        return got >= _READ_BUDGET
+
+    def truncated(self, source: _Source, gen: _Generation) -> None:
+        if gen.partial or gen.dropped:
+            self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
+        gen.restart(source.next_number)
+        source.next_number += 1
+        source.detail = f"following generation {gen.number}"
+        self.notice(source.path, "truncated", f"{source.path} was truncated; reading it again from its start")
+
+    def retire(self, source: _Source, gen: _Generation, now: float) -> None:
+        gen.quiet_since = now
+        source.draining.append(gen)
+
+    def lost(self, source: _Source, now: float) -> None:
+        """The path is gone. Moved away (the inode has other links) is a rotation in progress;
+        otherwise it was deleted. Either way the open fd is read to its end first."""
+        gen = source.current
+        assert gen is not None
+        try:
+            moved = os.fstat(gen.fd).st_nlink > 0
+        except OSError:
+            moved = False
+        self.retire(source, gen, now)
+        source.current = None
+        source.next_retry = 0.0
+        path = source.path
+        if moved:
+            source.state, source.detail = "waiting", "moved away (rotated?); waiting for a new file"
+            self.notice(path, "rotated", f"{path} was moved away; finishing it and waiting for a new file")
+        else:
+            source.state, source.detail = "deleted", "deleted; waiting for it to reappear"
+            self.notice(path, "deleted", f"{path} was deleted; waiting for it to reappear")
+
+    # -- health ------------------------------------------------------------------------------------
+
+    def health(self) -> list[SourceHealth]:
+        with self.lock:
+            sources = list(self.sources.values())
+            unmatched = sorted(self.unmatched)
+        out = [SourceHealth(s.path, s.state, s.detail, s.lines, s.last_line_at) for s in sources]
+        out += [SourceHealth(p, "waiting", "no file matches this glob yet", 0, None) for p in unmatched]
+        return out
+
+
+class LogFollower:
+    """Follow files and globs; `async for batch in follower.batches()` until stop().
+
+    The files are opened (and, unless from_start, positioned at their end) in __init__, so lines
+    written after construction are delivered even if iteration starts a little later. One consumer
+    of batches() at a time. Memory stays bounded: when the consumer falls behind, the reader thread
+    stops reading once max_batch records wait (the bytes stay on disk) and the next batch carries
+    them all, instead of a queue of batches growing.
+    """
+
+    def __init__(
+        self,
+        patterns: Sequence[str],
+        *,
+        from_start: bool = False,
+        poll_interval: float = 0.01,
+        max_line: int = 65536,
+        max_batch: int = 10000,
+    ) -> None:
+        if isinstance(patterns, str):
+            raise TypeError("patterns must be a sequence of paths or globs, not a single string")
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        if max_line < 1 or max_batch < 1:
+            raise ValueError(f"max_line and max_batch must be >= 1, got {max_line!r} and {max_batch!r}")
+        self._poll_interval = poll_interval
+        self._max_batch = max_batch
+        self._tailer = _Tailer(list(patterns), from_start=from_start, max_line=max_line)
+        self._tailer.start()
+        # Records and notices waiting for the consumer; a depth-one queue that coalesces.
+        self._room = threading.Condition()
+        self._records: list[LogRecord] = []
+        self._notices: list[LogNotice] = []
+        self._records, self._notices = self._tailer.take()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._done = False  # the reader thread has ended (or will never start)
+
+    # -- consumer side (event loop) ----------------------------------------------------------------
+
+    async def __aenter__(self) -> LogFollower:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        if self._stop.is_set():
+            self._done = True
+            return
+        self._thread = threading.Thread(target=self._run, name="radixtop-log-follower", daemon=True)
+        self._thread.start()
+
+    async def batches(self) -> AsyncIterator[LogBatch]:
+        """Batches as they come (each at most max_batch records); ends after stop()."""
+        self._start()
+        assert self._wake is not None
+        while True:
+            self._wake.clear()  # before taking: a wake-up sent after this is not lost
+            done = self._done
+            batch = self._take()
+            if batch is not None:
+                yield batch
+                continue
+            if done:
+                return
+            await self._wake.wait()
+
+    def _take(self) -> LogBatch | None:
+        with self._room:
+            if not self._records and not self._notices:
+                return None
+            if len(self._records) <= self._max_batch:
+                records, self._records = self._records, []
+            else:
+                records = self._records[: self._max_batch]
+                del self._records[: self._max_batch]
+            notices, self._notices = self._notices, []
+            self._room.notify()
+        return LogBatch(tuple(records), tuple(notices))
+
+    def stop(self) -> None:
+        """Stop reading and close the files; idempotent. batches() ends once it has yielded the rest."""
+        self._stop.set()
+        with self._room:
+            self._room.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+        if thread is None:
+            self._tailer.close()
+            self._done = True
+            self._wake_consumer()
+
+    def health(self) -> list[SourceHealth]:
+        return self._tailer.health()
+
+    # -- reader thread -----------------------------------------------------------------------------
+
+    def _wake_consumer(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None:
+            return
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is listening any more
+
+    def _publish(self) -> None:
+        records, notices = self._tailer.take()
+        if not records and not notices:
+            return
+        with self._room:
+            self._records.extend(records)
+            self._notices.extend(notices)
+        self._wake_consumer()
+
+    def _wait_for_room(self) -> None:
+        with self._room:
+            while len(self._records) >= self._max_batch and not self._stop.is_set():
+                self._room.wait(0.1)
+
+    def _run(self) -> None:
+        interval = self._poll_interval
+        last_data = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._wait_for_room()
+                now = time.monotonic()
+                busy = self._tailer.poll(now)
+                got_lines = bool(self._tailer.records)
+                self._publish()
+                if busy:
+                    continue  # more bytes are waiting: read them now rather than after a sleep
+                if got_lines:
+                    last_data, interval = now, self._poll_interval
+                elif now - last_data > _IDLE_BACKOFF_AFTER:
+                    # Idle for a while: poll slower (up to 50 ms) so an idle follower costs ~nothing.
+                    interval = max(self._poll_interval, min(interval * 1.5, _IDLE_MAX_INTERVAL))
+                self._stop.wait(interval)
+        except Exception as exc:  # a bug here must not vanish silently with the thread
+            self._tailer.notice("radixtop", "error", f"the log follower stopped on an internal error: {exc!r}")
+            self._publish()
+        finally:
+            self._tailer.close()
+            self._done = True
+            self._wake_consumer()

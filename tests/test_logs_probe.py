@@ -1,0 +1,450 @@
+"""LogFollower on real files: appended, renamed, recreated, truncated, deleted, while it follows."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from radixtop.probes.logs import LogBatch, LogFollower, LogNotice, LogRecord, SourceHealth, _Tailer
+
+TIMEOUT = 5.0
+
+
+class Collector:
+    """Consumes follower.batches() in a task; until() waits (bounded) for a condition on what came."""
+
+    def __init__(self, follower: LogFollower) -> None:
+        self.follower = follower
+        self.records: list[LogRecord] = []
+        self.notices: list[LogNotice] = []
+        self.batches: list[LogBatch] = []
+        self.task = asyncio.create_task(self._consume())
+
+    async def _consume(self) -> None:
+        async for batch in self.follower.batches():
+            self.batches.append(batch)
+            self.records.extend(batch.records)
+            self.notices.extend(batch.notices)
+
+    def texts(self, source: str | Path | None = None) -> list[str]:
+        return [r.text for r in self.records if source is None or r.source == str(source)]
+
+    def kinds(self) -> list[str]:
+        return [n.kind for n in self.notices]
+
+    async def until(self, condition, what: str, timeout: float = TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.task.done():
+                self.task.result()  # surface an exception from batches()
+                raise AssertionError(f"batches() ended while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}; got {len(self.records)} records "
+                    f"(last: {self.texts()[-3:]!r}) and notices {self.kinds()}"
+                )
+            await asyncio.sleep(0.005)
+
+    async def lines(self, n: int, source: str | Path | None = None) -> list[str]:
+        await self.until(lambda: len(self.texts(source)) >= n, f"{n} lines")
+        return self.texts(source)
+
+    async def close(self) -> None:
+        self.follower.stop()
+        await asyncio.wait_for(self.task, TIMEOUT)
+
+
+@pytest.fixture
+async def follow():
+    collectors: list[Collector] = []
+
+    def start(patterns, **kwargs) -> Collector:
+        collector = Collector(LogFollower([str(p) for p in patterns], **kwargs))
+        collectors.append(collector)
+        return collector
+
+    yield start
+    for collector in collectors:
+        await collector.close()
+
+
+def append(path: Path, data: str | bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+# -- starting point -----------------------------------------------------------------------------------
+
+
+async def test_from_end_skips_existing_lines_and_keeps_true_line_numbers(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"old {i}\n" for i in range(5)) + "half-writ")
+    c = follow([log])
+    append(log, "ten\nnew 1\n")
+    assert await c.lines(2) == ["half-written", "new 1"]  # the unfinished line is delivered whole
+    assert [r.lineno for r in c.records] == [6, 7]
+    assert {r.generation for r in c.records} == {0}
+    assert c.notices == []
+
+
+async def test_from_start_reads_existing_then_appended(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("a\nb\n")
+    c = follow([log], from_start=True)
+    assert await c.lines(2) == ["a", "b"]
+    append(log, "c\n")
+    assert await c.lines(3) == ["a", "b", "c"]
+    assert [r.lineno for r in c.records] == [1, 2, 3]
+    assert all(r.source == str(log) for r in c.records)
+
+
+# -- rotation and truncation ----------------------------------------------------------------------------
+
+
+async def test_rotation_drains_the_renamed_file_then_follows_the_new_one(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log])
+    old = open(log, "a")  # a writer that keeps its fd across the rename, as real ones do briefly
+    old.write("one\ntwo\n")
+    old.flush()
+    await c.lines(2)
+    os.rename(log, tmp_path / "server.log.1")
+    old.write("three\n")  # written to the renamed file after the rename
+    old.flush()
+    append(log, "new one\nnew two\n")
+    old.write("four (late)\n")  # a writer that reopens late: the old fd is still being read
+    old.close()
+    texts = await c.lines(6)
+    gen0 = [(r.lineno, r.text) for r in c.records if r.generation == 0]
+    gen1 = [(r.lineno, r.text) for r in c.records if r.generation == 1]
+    assert gen0 == [(1, "one"), (2, "two"), (3, "three"), (4, "four (late)")]
+    assert gen1 == [(1, "new one"), (2, "new two")]
+    assert texts.index("three") < texts.index("new one")  # the backlog of the old file comes first
+    assert "rotated" in c.kinds()
+    await asyncio.sleep(0.1)
+    assert len(c.records) == 6  # nothing duplicated
+
+
+async def test_rotating_file_handler_in_another_process_loses_and_duplicates_nothing(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    # The glob also matches the rotated names (server.log.1, ...): those are files already being
+    # read under their old name and must not be read a second time.
+    c = follow([str(tmp_path / "server.log*")])
+    await asyncio.sleep(0.05)
+    writer = textwrap.dedent(
+        f"""
+        import logging, logging.handlers, time
+        h = logging.handlers.RotatingFileHandler({str(log)!r}, maxBytes=40_000, backupCount=50)
+        h.setFormatter(logging.Formatter("%(message)s"))
+        lg = logging.getLogger("w"); lg.addHandler(h); lg.setLevel(logging.INFO)
+        for i in range(20_000):
+            lg.info("line %06d %s", i, "x" * 20)
+            if i % 400 == 0:
+                time.sleep(0.01)  # ~13 KB between pauses, ~3 pauses per 40 KB file
+        """
+    )
+    subprocess.run([sys.executable, "-c", writer], check=True, timeout=30)
+    await c.until(lambda: len(c.records) >= 20_000, "20000 lines")
+    await asyncio.sleep(0.2)
+    numbers = [int(t.split()[1]) for t in c.texts()]
+    assert sorted(numbers) == list(range(20_000))  # none lost, none twice
+    assert len(list(tmp_path.glob("server.log.*"))) >= 10  # it really rotated, many times
+    assert max(r.generation for r in c.records if r.source == str(log)) >= 5
+    # On a loaded machine two rotations can fall within one poll; the file in between is then read
+    # through the glob under its rotated name, from its start. Either way each file reads whole.
+    for key in {(r.source, r.generation) for r in c.records}:
+        lines = [r for r in c.records if (r.source, r.generation) == key]
+        assert [r.lineno for r in lines] == list(range(1, len(lines) + 1))
+
+
+async def test_copytruncate_restarts_from_zero_with_a_notice(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log])
+    append(log, "before 1\nbefore 2\n")
+    await c.lines(2)
+    shutil.copy(log, tmp_path / "server.log.1")
+    with open(log, "r+") as f:
+        f.truncate(0)
+    await c.until(lambda: "truncated" in c.kinds(), "a truncated notice")
+    append(log, "after 1\n")
+    await c.lines(3)
+    last = c.records[-1]
+    assert (last.text, last.lineno, last.generation) == ("after 1", 1, 1)
+
+
+def test_truncate_and_refill_past_the_old_offset_between_two_polls(tmp_path):
+    # Deterministic: the synchronous core polled by hand, nothing in between the two polls.
+    log = tmp_path / "server.log"
+    log.write_text("first 1\nfirst 2\n")
+    tailer = _Tailer([str(log)], from_start=True, max_line=1000)
+    tailer.start()
+    tailer.poll(time.monotonic())
+    assert [r.text for r in tailer.take()[0]] == ["first 1", "first 2"]
+    with open(log, "w") as f:  # truncate, then write more than was there before
+        f.write("second 1 is longer\nsecond 2 is longer\n")
+    tailer.poll(time.monotonic())
+    records, notices = tailer.take()
+    tailer.close()
+    assert [n.kind for n in notices] == ["truncated"]
+    assert [(r.text, r.lineno, r.generation) for r in records] == [
+        ("second 1 is longer", 1, 1),
+        ("second 2 is longer", 2, 1),
+    ]
+
+
+# -- files that come and go ------------------------------------------------------------------------------
+
+
+async def test_file_that_appears_later_is_read_from_its_start(tmp_path, follow):
+    log = tmp_path / "late.log"
+    c = follow([log])
+    await c.until(lambda: "waiting" in c.kinds(), "a waiting notice")
+    assert c.follower.health()[0].state == "waiting"
+    log.write_text("hello\nworld\n")
+    assert await c.lines(2) == ["hello", "world"]
+    assert [r.generation for r in c.records] == [0, 0]
+    assert "created" in c.kinds()
+    health = c.follower.health()[0]
+    assert (health.state, health.lines) == ("ok", 2)
+    assert health.last_line_at is not None
+
+
+async def test_deleted_file_is_reported_and_followed_again_when_recreated(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log])
+    append(log, "one\n")
+    await c.lines(1)
+    log.unlink()
+    await c.until(lambda: "deleted" in c.kinds(), "a deleted notice")
+    assert c.follower.health()[0].state == "deleted"
+    log.write_text("reborn\n")
+    await c.lines(2)
+    assert (c.records[-1].text, c.records[-1].generation, c.records[-1].lineno) == ("reborn", 1, 1)
+    assert c.kinds()[-1] == "created"
+    assert c.follower.health()[0].state == "ok"
+
+
+async def test_glob_picks_up_files_that_appear_later_and_interleaves_ranks(tmp_path, follow):
+    (tmp_path / "rank0.log").write_text("")
+    (tmp_path / "rank1.log").write_text("")
+    c = follow([tmp_path / "rank*.log"])
+    for i in range(50):
+        append(tmp_path / f"rank{i % 2}.log", f"r{i % 2} {i}\n")
+    (tmp_path / "rank2.log").write_text("r2 was here before we saw it\n")
+    await c.until(lambda: len(c.records) >= 51, "51 lines")
+    assert c.texts(tmp_path / "rank0.log") == [f"r0 {i}" for i in range(0, 50, 2)]
+    assert c.texts(tmp_path / "rank1.log") == [f"r1 {i}" for i in range(1, 50, 2)]
+    assert c.texts(tmp_path / "rank2.log") == ["r2 was here before we saw it"]
+    assert {h.source for h in c.follower.health()} == {str(tmp_path / f"rank{i}.log") for i in range(3)}
+
+
+async def test_glob_matching_nothing_yet_waits(tmp_path, follow):
+    c = follow([tmp_path / "*.log"])
+    await c.until(lambda: "waiting" in c.kinds(), "a waiting notice")
+    assert [(h.source, h.state) for h in c.follower.health()] == [(str(tmp_path / "*.log"), "waiting")]
+    (tmp_path / "a.log").write_text("found\n")
+    assert await c.lines(1) == ["found"]
+
+
+# -- line contents ------------------------------------------------------------------------------------
+
+
+async def test_partial_line_is_held_until_its_newline_and_dropped_at_stop(tmp_path, follow):
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("")
+    b.write_text("")
+    c = follow([a, b])
+    append(a, "abc")
+    append(b, "tick 1\n")
+    await c.lines(1, b)
+    append(b, "tick 2\n")  # read in a later poll than the partial line was: it had its chance
+    await c.lines(2, b)
+    assert c.texts(a) == []
+    append(a, "def\nghi")
+    assert await c.lines(1, a) == ["abcdef"]
+    await c.close()
+    assert c.texts(a) == ["abcdef"]  # "ghi" may be half-written: not emitted at stop
+
+
+async def test_bad_bytes_crlf_and_ansi(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log])
+    append(log, b"bad \xff\xfe utf8 \xe2\x82\n")
+    append(log, b"windows\r\n")
+    append(log, b"\x1b[1;31mERROR\x1b[0m red \x1b]0;title\x07tail \x1b(Bplain\n")
+    append(log, os.urandom(100_000))
+    append(log, b"\nstill alive\n")
+    await c.until(lambda: "still alive" in c.texts(), "the line after the garbage")
+    texts = c.texts()
+    assert texts[0] == "bad \ufffd\ufffd utf8 \ufffd"
+    assert texts[1] == "windows"
+    assert texts[2] == "ERROR red tail plain"
+    assert texts[-1] == "still alive"
+    assert all("\n" not in t for t in texts)
+
+
+async def test_ten_mib_line_is_capped_with_a_marker_without_buffering_it(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log], max_line=1000)
+    tracemalloc.start()
+    try:
+        with open(log, "ab") as f:
+            for _ in range(10):
+                f.write(b"\xc3\xa9" * (512 * 1024))  # 1 MiB of "é" per write: 10 MiB, one line
+                f.flush()
+            f.write(b"\nnext\n")
+        await c.lines(2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    long, nxt = c.texts()
+    assert long == "é" * 500 + f" …[line truncated: {10 * 1024 * 1024} bytes]"
+    assert nxt == "next"
+    assert peak < 8 * 1024 * 1024  # never held the 10 MiB line
+    assert "capped" in c.kinds()
+
+
+async def test_long_lines_inside_one_read_are_capped_too(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log], max_line=10)
+    append(log, "short\n" + "y" * 25 + "\r\n" + "ok\n")
+    assert await c.lines(3) == ["short", "yyyyyyyyyy …[line truncated: 26 bytes]", "ok"]
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+async def test_directory_and_symlink_loop_are_error_notices_not_exceptions(tmp_path, follow):
+    good = tmp_path / "good.log"
+    good.write_text("")
+    loop_a, loop_b = tmp_path / "loop_a", tmp_path / "loop_b"
+    loop_a.symlink_to(loop_b)
+    loop_b.symlink_to(loop_a)
+    c = follow([tmp_path, loop_a, good])
+    append(good, "fine\n")
+    assert await c.lines(1) == ["fine"]
+    errors = {n.source: n.message for n in c.notices if n.kind == "error"}
+    assert "is a directory" in errors[str(tmp_path)]
+    assert "symbolic links" in errors[str(loop_a)]
+    states = {h.source: h.state for h in c.follower.health()}
+    assert states == {str(tmp_path): "error", str(loop_a): "error", str(good): "ok"}
+
+
+def _permission_probe(path: str) -> tuple[list[str], list[str]]:
+    async def main():
+        async with LogFollower([path]) as f:
+            async for batch in f.batches():
+                return [n.kind for n in batch.notices], [h.state for h in f.health()]
+
+    return asyncio.run(main())
+
+
+def test_unreadable_file_is_an_error_notice(tmp_path):
+    log = tmp_path / "secret.log"
+    log.write_text("x\n")
+    log.chmod(0)
+    if os.geteuid() != 0:
+        kinds, states = _permission_probe(str(log))
+    else:  # root reads anything: check it from a forked child that drops to nobody
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                os.close(read_end)
+                os.setgid(65534)
+                os.setuid(65534)
+                os.write(write_end, repr(_permission_probe(str(log))).encode())
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            out = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, out
+        kinds, states = eval(out)  # a repr of two lists of short strings we wrote ourselves
+    assert kinds == ["error"]
+    assert states == ["error"]
+
+
+# -- plumbing ---------------------------------------------------------------------------------------
+
+
+async def test_slow_consumer_gets_bounded_coalesced_batches_in_order(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"{i}\n" for i in range(1000)))
+    seen: list[int] = []
+    async with LogFollower([str(log)], from_start=True, max_batch=100) as f:
+        async for batch in f.batches():
+            assert len(batch.records) <= 100
+            seen += [int(r.text) for r in batch.records]
+            await asyncio.sleep(0.01)  # slow consumer
+            if len(seen) >= 1000:
+                break
+    assert seen == list(range(1000))
+
+
+async def test_records_are_genuine_frozen_log_records(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log])
+    append(log, "x\n")
+    await c.lines(1)
+    record = c.records[0]
+    assert type(record) is LogRecord
+    assert record == LogRecord(str(log), 1, "x", 0, record.received)
+    assert 0 < time.monotonic() - record.received < TIMEOUT
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.text = "changed"  # type: ignore[misc]
+    assert isinstance(c.follower.health()[0], SourceHealth)
+
+
+async def test_stop_is_idempotent_and_ends_batches(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    follower = LogFollower([str(log)])
+    got = []
+
+    async def consume():
+        async for batch in follower.batches():
+            got.append(batch)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    follower.stop()
+    follower.stop()
+    await asyncio.wait_for(task, TIMEOUT)
+    assert task.done() and got == []
+    assert follower._thread is not None and not follower._thread.is_alive()
+
+
+async def test_stop_before_iterating_still_ends(tmp_path):
+    follower = LogFollower([str(tmp_path / "missing.log")])
+    follower.stop()
+    batches = [b async for b in follower.batches()]
+    assert [n.kind for b in batches for n in b.notices] == ["waiting"]
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(TypeError, match="sequence of paths"):
+        LogFollower("server.log")
+    with pytest.raises(ValueError, match="poll_interval"):
+        LogFollower(["x"], poll_interval=0)

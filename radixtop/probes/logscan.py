@@ -1,0 +1,548 @@
+"""Scan whole log files for signature hits, fast: the engine behind `radixtop scan`.
+
+Files are read in 4 MiB chunks into two reused buffers (reads of 32 MiB and more measured slower
+here), cut at the chunk's last newline, and each chunk of whole lines goes to `Matcher.scan` in
+one call; the partial last line moves to the front of the next buffer. Line numbers come from
+`bytearray.count(b"\\n")` between the (sorted, rare) hits, never from a Python loop over lines.
+With hyperscan, the chunk's scan runs on a worker thread (hyperscan releases the GIL) while this
+thread counts the chunk's newlines: the two cost about the same, so the overlap is nearly free.
+
+Only for hits does it look closer, and always within a bound:
+- the `context` lines before the first hit of each signature in a file (at most CONTEXT_WINDOW
+  bytes back);
+- the last batch-stats line per rank before the file's first error/critical hit, from at most
+  BATCH_WINDOW (8 MiB) before it: a rank whose last batch line is further back is left out;
+- for a hit inside a traceback or another continuation line, the line that opened the record
+  (at most OPENER_LINES lines / OPENER_WINDOW bytes back), for its time and rank.
+Looking back uses the current and previous buffer, then `os.pread` on regular files; a `.gz` or
+stdin cannot be re-read, so there it sees only what is still in memory (4 to 8 MiB).
+
+A line longer than MAX_LINE is scanned in pieces of MAX_LINE (memory stays bounded); a match that
+straddles two pieces is missed, and a hit's text is then its piece.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import sys
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixtop.diagnosis.findings import FindingsBuilder
+    from radixtop.diagnosis.logline import BatchStats
+    from radixtop.diagnosis.matcher import Matcher
+
+CHUNK_SIZE = 4 << 20
+MAX_LINE = 64 << 20
+CONTEXT_WINDOW = 8 << 20
+BATCH_WINDOW = 8 << 20
+OPENER_LINES = 200
+OPENER_WINDOW = 1 << 20
+STDIN_NAME = "<stdin>"
+_FAILURE_SEVERITIES = frozenset({"error", "critical"})
+
+
+class ScanInputError(Exception):
+    """An input cannot be read. str() is one line: the path, what is wrong, what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScanHit:
+    file: str  # the name shown for the input: its path as given, or "<stdin>"
+    line: int  # 1-based
+    signature_index: int  # into Matcher.signatures
+    raw: bytes  # the line as stored, without its newline (a MAX_LINE piece for overlong lines)
+    context_before: tuple[str, ...] = ()  # only on a file's first hit of this signature
+    batch_before: Mapping[str, BatchStats] = field(default_factory=dict)  # first failure hit only
+    opener: str | None = None  # for a continuation line: the line that opened its record
+
+    @property
+    def text(self) -> str:
+        return _decode(self.raw)
+
+
+@dataclass(frozen=True, slots=True)
+class FileSummary:
+    file: str
+    lines: int
+    hits: int
+    note: str | None = None  # e.g. a truncated .gz: what was scanned is still reported
+
+
+def _decode(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    return text[:-1] if text.endswith("\r") else text
+
+
+# -- opening inputs -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Source:
+    name: str
+    reader: IO[bytes]
+    fd: int | None  # for os.pread look-back; None when the input cannot be re-read
+    owned: bool
+
+    def close(self) -> None:
+        if self.owned:
+            self.reader.close()
+
+
+def _input_error(path: str, exc: OSError) -> ScanInputError:
+    if isinstance(exc, FileNotFoundError):
+        return ScanInputError(f"{path}: no such file; check the path (and that the glob matched)")
+    if isinstance(exc, IsADirectoryError):
+        return ScanInputError(f"{path}: is a directory; pass the log files in it, e.g. {path}/*.log")
+    if isinstance(exc, PermissionError):
+        return ScanInputError(f"{path}: permission denied; run as a user who can read it")
+    reason = exc.strerror or str(exc)
+    return ScanInputError(f"{path}: cannot read ({reason}); check the file and try again")
+
+
+def check_input(path: str) -> None:
+    """Raise ScanInputError now if `path` cannot be scanned (so nothing is printed for half a run)."""
+    if path == "-":
+        return
+    try:
+        with open(path, "rb", buffering=0) as f:
+            if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
+                raise IsADirectoryError(path)
+            if path.endswith(".gz") and f.read(2) != b"\x1f\x8b":
+                raise ScanInputError(
+                    f"{path}: not a gzip file despite its .gz name; decompress or rename it"
+                )
+    except OSError as exc:
+        raise _input_error(path, exc) from None
+
+
+def _open(path: str) -> _Source:
+    if path == "-":
+        return _Source(STDIN_NAME, sys.stdin.buffer, None, owned=False)
+    try:
+        raw = open(path, "rb", buffering=0)
+    except OSError as exc:
+        raise _input_error(path, exc) from None
+    if stat.S_ISDIR(os.fstat(raw.fileno()).st_mode):
+        raw.close()
+        raise _input_error(path, IsADirectoryError(path))
+    if path.endswith(".gz"):
+        return _Source(path, gzip.GzipFile(fileobj=raw, mode="rb"), None, owned=True)
+    return _Source(path, raw, raw.fileno(), owned=True)
+
+
+# -- look-back ------------------------------------------------------------------------------------
+
+
+class _Window:
+    """Bytes that ended at some absolute offset: the current buffer, the previous one, the file."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.cur: bytearray | None = None
+        self.cur_base = 0
+        self.prev: bytearray | None = None
+        self.prev_base = 0
+        self.prev_len = 0
+
+    def before(self, end: int, want: int) -> tuple[bytes, bool]:
+        """Up to `want` bytes ending at absolute offset `end`, and whether they begin at a line
+        start (fewer bytes near the input's start, or when it cannot be re-read and the bytes
+        have left memory)."""
+        start = max(0, end - want)
+        if self.cur is not None and start >= self.cur_base:
+            data = bytes(self.cur[start - self.cur_base : end - self.cur_base])
+            return data, start in (0, self.cur_base)
+        if self.fd is not None:
+            try:
+                return os.pread(self.fd, end - start, start), start == 0
+            except OSError:
+                pass  # fall back to what is in memory
+        pieces = []
+        lo = start
+        if self.prev is not None:
+            lo = max(start, self.prev_base)
+            hi = self.prev_base + self.prev_len
+            if lo < hi:
+                pieces.append(bytes(self.prev[lo - self.prev_base : hi - self.prev_base]))
+        if self.cur is not None:
+            pieces.append(bytes(self.cur[: end - self.cur_base]))
+        return b"".join(pieces), lo in (0, self.prev_base)
+
+    def lines_before(self, end: int, count: int, cap: int) -> list[bytes]:
+        """The last `count` whole lines before absolute offset `end`, oldest first, looking back
+        at most `cap` bytes (reads grow 64 KiB, 256 KiB, ... so the usual case reads little)."""
+        if count <= 0:
+            return []
+        want = 1 << 16
+        while True:
+            want = min(want, cap)
+            data, aligned = self.before(end, want)
+            lines = _last_lines(data, count + 1)
+            if len(lines) > count:
+                return lines[1:]
+            if len(data) < want or want >= cap:
+                # All there is (or may look at): the oldest line is whole only if aligned.
+                return lines if aligned else lines[1:]
+            want *= 4
+
+
+def _last_lines(data: bytes, count: int) -> list[bytes]:
+    """The last `count` lines of data (which ends where a line starts), oldest first."""
+    if count <= 0 or not data:
+        return []
+    pos = len(data) - 1 if data.endswith(b"\n") else len(data)
+    lines = []
+    while len(lines) < count:
+        start = data.rfind(b"\n", 0, pos) + 1
+        lines.append(data[start:pos])
+        if start == 0:
+            break
+        pos = start - 1
+    lines.reverse()
+    return lines
+
+
+def _rank_key(line: bytes) -> bytes:
+    # "[2026-12-02 14:00:00.123 DP0 TP3] ..." -> b"DP0 TP3": cheap, to parse one line per rank.
+    if not line.startswith(b"["):
+        return b""
+    close = line.find(b"]")
+    parts = line[1:close].split(b" ")
+    return b" ".join(parts[2:])
+
+
+def batch_stats_before(window: bytes) -> dict[str, BatchStats]:
+    """The last batch-stats line per rank in `window` (whole lines; the first may be cut)."""
+    from radixtop.diagnosis.logline import parse_line
+
+    found: dict[str, BatchStats] = {}
+    seen: set[bytes] = set()
+    for line in reversed(window.split(b"\n")):
+        if b" batch" not in line:
+            continue
+        key = _rank_key(line)
+        if key in seen:
+            continue
+        parsed = parse_line(_decode(line))
+        if parsed.batch is None:
+            continue
+        seen.add(key)
+        found.setdefault(parsed.rank or "", parsed.batch)
+    return found
+
+
+# -- the scan -------------------------------------------------------------------------------------
+
+
+def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
+    """Read until view is full or the input ends: (bytes read, the error that ended it early).
+
+    Only decompression errors come back as values (what was read before them is kept); other
+    errors propagate."""
+    total = 0
+    size = len(view)
+    while total < size:
+        try:
+            got = reader.readinto(view[total:])
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            return total, exc
+        if not got:
+            break
+        total += got
+    return total, None
+
+
+class LogScanner:
+    """Scan inputs with one Matcher; hand each hit to a callback in file and line order."""
+
+    def __init__(
+        self,
+        matcher: Matcher,
+        *,
+        context: int = 100,
+        details: bool = True,
+        chunk_size: int = CHUNK_SIZE,
+        max_line: int = MAX_LINE,
+        threads: bool | None = None,
+    ) -> None:
+        self.matcher = matcher
+        self.context = max(0, context)
+        self.details = details  # context, batch stats and openers; `--matches` needs none
+        self.chunk_size = chunk_size
+        self.max_line = max(max_line, 1)
+        # Overlap only where the engine releases the GIL (measured: hyperscan does).
+        self.threads = matcher.engine == "hyperscan" if threads is None else threads
+        self._failure = frozenset(
+            i for i, sig in enumerate(matcher.signatures) if sig.severity in _FAILURE_SEVERITIES
+        )
+
+    def scan(self, path: str, on_hit: Callable[[ScanHit], None]) -> FileSummary:
+        """Scan one input ("-" is stdin, ".gz" is decompressed). Raises ScanInputError."""
+        source = _open(path)
+        try:
+            return self._scan_source(source, on_hit)
+        finally:
+            source.close()
+
+    def _scan_source(self, source: _Source, on_hit: Callable[[ScanHit], None]) -> FileSummary:
+        worker = _ScanWorker(self.matcher) if self.threads else None
+        try:
+            return self._scan_loop(source, on_hit, worker)
+        finally:
+            if worker is not None:
+                worker.close()
+
+    def _scan_loop(
+        self, source: _Source, on_hit: Callable[[ScanHit], None], worker: _ScanWorker | None
+    ) -> FileSummary:
+        matcher = self.matcher
+        chunk = self.chunk_size
+        bufs = [bytearray(chunk + 65536), bytearray(chunk + 65536)]
+        which = 0
+        window = _Window(source.fd)
+        carry = 0  # bytes at the front of the current buffer: a line begun in the previous one
+        base = 0  # absolute offset of the current buffer's byte 0
+        lineno = 1  # number of the line that starts at the current buffer's byte 0
+        newlines = 0
+        last_byte = b""
+        hits_total = 0
+        note = None
+        state = _FileState()
+        eof = False
+        while not eof:
+            cur = bufs[which]
+            n = carry
+            cut = 0
+            while True:  # read until the buffer holds a newline, the input ends, or MAX_LINE
+                if len(cur) < n + chunk:
+                    cur.extend(bytes(n + chunk - len(cur)))
+                try:
+                    with memoryview(cur) as view:
+                        got, error = _fill(source.reader, view[n : n + chunk])
+                except OSError as exc:
+                    raise _input_error(source.name, exc) from None
+                if error is not None:
+                    if base == 0 and n + got == 0:
+                        raise ScanInputError(
+                            f"{source.name}: not readable as gzip ({_one_line(error)}); "
+                            "decompress it or pass the plain log"
+                        )
+                    note = (
+                        f"{source.name}: compressed data ends early ({_one_line(error)}); "
+                        "scanned what was readable"
+                    )
+                if error is not None and got:
+                    n += got
+                    got = 0
+                if got == 0:
+                    eof = True
+                    cut = n
+                    break
+                n += got
+                cut = cur.rfind(b"\n", n - got, n) + 1
+                if cut:
+                    break
+                if n >= self.max_line:
+                    cut = n  # an overlong line: scan this piece of it now
+                    break
+            if cut:
+                window.cur, window.cur_base = cur, base
+                if worker is not None:
+                    worker.submit(cur, cut)
+                    region_newlines = cur.count(b"\n", 0, cut)
+                    hits = worker.result()
+                else:
+                    hits = matcher.scan(cur, cut)
+                    region_newlines = cur.count(b"\n", 0, cut)
+                if hits:
+                    hits_total += self._report_hits(
+                        source.name, cur, base, lineno, hits, window, state, on_hit
+                    )
+                lineno += region_newlines
+                newlines += region_newlines
+                last_byte = cur[cut - 1 : cut]
+            # Move the partial line to the front of the other buffer; keep this one for look-back.
+            carry = n - cut
+            nxt = bufs[which ^ 1]
+            if len(nxt) < carry + chunk:
+                nxt.extend(bytes(carry + chunk - len(nxt)))
+            nxt[:carry] = cur[cut:n]
+            window.prev, window.prev_base, window.prev_len = cur, base, cut
+            base += cut
+            which ^= 1
+        lines = newlines + (1 if last_byte and last_byte != b"\n" else 0)
+        return FileSummary(source.name, lines, hits_total, note)
+
+    def _report_hits(
+        self,
+        name: str,
+        buf: bytearray,
+        base: int,
+        lineno: int,
+        hits: Sequence[tuple[int, int]],
+        window: _Window,
+        state: _FileState,
+        on_hit: Callable[[ScanHit], None],
+    ) -> int:
+        count = 0
+        pos = 0
+        line = lineno
+        last_line = state.last_line
+        for line_end, index in hits:
+            if line_end != pos:
+                line += buf.count(b"\n", pos, line_end)
+                pos = line_end
+            if last_line.get(index) == line:
+                continue  # the same overlong line, seen again in its next piece
+            last_line[index] = line
+            start = buf.rfind(b"\n", 0, line_end) + 1
+            raw = bytes(buf[start:line_end])
+            count += 1
+            if not self.details:
+                on_hit(ScanHit(name, line, index, raw))
+                continue
+            on_hit(self._detailed_hit(name, line, index, raw, base + start, window, state))
+        return count
+
+    def _detailed_hit(
+        self,
+        name: str,
+        line: int,
+        index: int,
+        raw: bytes,
+        line_start: int,
+        window: _Window,
+        state: _FileState,
+    ) -> ScanHit:
+        from radixtop.diagnosis.logline import is_continuation
+
+        context: tuple[str, ...] = ()
+        if index not in state.first_seen:
+            state.first_seen.add(index)
+            if self.context:
+                lines = window.lines_before(line_start, self.context, CONTEXT_WINDOW)
+                context = tuple(_decode(x) for x in lines)
+        batch: Mapping[str, BatchStats] = {}
+        if not state.failure_seen and index in self._failure:
+            state.failure_seen = True
+            batch = batch_stats_before(window.before(line_start, BATCH_WINDOW)[0])
+        opener = None
+        text = _decode(raw)
+        if is_continuation(text):
+            opener = self._opener(line_start, window)
+        return ScanHit(name, line, index, raw, context, batch, opener)
+
+    def _opener(self, line_start: int, window: _Window) -> str | None:
+        from radixtop.diagnosis.logline import is_continuation
+
+        for candidate in reversed(window.lines_before(line_start, OPENER_LINES, OPENER_WINDOW)):
+            text = _decode(candidate)
+            if not is_continuation(text):
+                return text
+        return None
+
+
+class _ScanWorker:
+    """One thread running Matcher.scan on a chunk while the caller counts that chunk's newlines.
+
+    hyperscan releases the GIL while it scans, and bytes.count (about 2 GB/s here) costs about as
+    much as the scan, so overlapping the two nearly halves the time per chunk (see
+    benchmarks/README.md). A bare thread and two semaphores: concurrent.futures costs ~14 ms of
+    import time, and `radixtop scan` must start like grep.
+    """
+
+    def __init__(self, matcher: Matcher) -> None:
+        import threading
+
+        self._matcher = matcher
+        self._go = threading.Semaphore(0)
+        self._done = threading.Semaphore(0)
+        self._job: tuple[bytearray, int] | None = None
+        self._result: list[tuple[int, int]] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="radixtop-scan", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            job = self._job
+            if job is None:
+                return
+            try:
+                self._result = self._matcher.scan(job[0], job[1])
+            except BaseException as exc:  # handed to the caller in result()
+                self._error = exc
+            self._done.release()
+
+    def submit(self, data: bytearray, end: int) -> None:
+        self._job = (data, end)
+        self._go.release()
+
+    def result(self) -> list[tuple[int, int]]:
+        self._done.acquire()
+        self._job = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self._result
+
+    def close(self) -> None:
+        self._job = None
+        self._go.release()
+        self._thread.join()
+
+
+@dataclass
+class _FileState:
+    first_seen: set[int] = field(default_factory=set)
+    failure_seen: bool = False
+    last_line: dict[int, int] = field(default_factory=dict)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+# -- feeding the findings -------------------------------------------------------------------------
+
+
+def scan_into(
+    builder: FindingsBuilder,
+    paths: Iterable[str],
+    matcher: Matcher,
+    *,
+    context: int = 100,
+) -> list[FileSummary]:
+    """Scan every input into a FindingsBuilder (the report path of `radixtop scan`)."""
+    scanner = LogScanner(matcher, context=context)
+    summaries = []
+
+    def add(hit: ScanHit) -> None:
+        text = hit.text
+        if hit.opener is not None:
+            # The hit's own line has no time or rank: give it the opener's prefix.
+            text = _with_prefix_of(hit.opener, text)
+        builder.add_hit(
+            hit.file, hit.line, text, hit.signature_index, hit.context_before, hit.batch_before
+        )
+
+    for path in paths:
+        summary = scanner.scan(path, add)
+        builder.add_lines(summary.lines)
+        summaries.append(summary)
+    return summaries
+
+
+def _with_prefix_of(opener: str, text: str) -> str:
+    if opener.startswith("["):
+        close = opener.find("]")
+        if close > 0:
+            return f"{opener[: close + 1]} {text.strip()}"
+    return text

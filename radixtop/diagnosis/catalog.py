@@ -1,0 +1,309 @@
+"""The failure-signature catalog: built-in TOML (package data) plus user files merged over it.
+
+Each ``[[signature]]`` table has id, title, pattern, severity, subsystem, meaning, first_checks and
+competing. Patterns must run unchanged on Python ``re``, RE2 and hyperscan (the matcher picks the
+fastest engine available), so constructs only Python supports are refused at load time with a
+one-line error that names the file and line: ``<file>:<line>: <what is wrong>; <what to do>``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+__all__ = [
+    "SEVERITIES",
+    "Signature",
+    "Catalog",
+    "CatalogError",
+    "load_catalog",
+    "parse_catalog",
+    "severity_rank",
+]
+
+SEVERITIES = ("info", "warning", "error", "critical")  # ordered, lowest first
+_SEVERITY_RANK = {name: i for i, name in enumerate(SEVERITIES)}
+
+_REQUIRED = ("id", "title", "pattern", "severity", "subsystem", "meaning", "first_checks", "competing")
+_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
+_TABLE_HEADER = re.compile(r"^\s*\[\[\s*signature\s*\]\]")
+_ANY_HEADER = re.compile(r"^\s*\[")
+
+# Constructs Python's re accepts but RE2 or hyperscan do not (or read differently).
+_FORBIDDEN: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\(\?<?[=!]"), "a lookaround"),
+    (re.compile(r"\(\?P=|\\[1-9]|\\g<|\\k<"), "a backreference"),
+    (re.compile(r"\(\?P?<[A-Za-z_]"), "a named group"),
+    (re.compile(r"\(\?>"), "an atomic group"),
+    (re.compile(r"\(\?\("), "a conditional group"),
+    (re.compile(r"\(\?#"), "a comment group"),
+    (re.compile(r"[*+?}]\+"), "a possessive quantifier"),
+    (re.compile(r"\\[ZGuUN]"), "an escape only Python knows (\\Z, \\G, \\u, \\U or \\N)"),
+    (re.compile(r"\{,"), "an open-start repeat {,n}"),
+)
+
+# Ordinary scheduler lines: no signature may match them (they arrive several times a second).
+ORDINARY_LINES = (
+    "[2026-12-02 14:00:01 TP0] Prefill batch, #new-seq: 1, #new-token: 64, #cached-token: 0, "
+    "token usage: 0.01, #running-req: 0, #queue-req: 0, ",
+    "[2026-12-02 14:00:01.250 TP0] Prefill batch. #new-seq: 4, #new-token: 2048, #cached-token: 512, "
+    "token usage: 0.97, #running-req: 31, #queue-req: 9, #pending-token: 0, cuda graph: False, "
+    "input throughput (token/s): 8123.40",
+    "[2026-12-02 14:00:02 DP0 TP1] Decode batch, #running-req: 3, #token: 640, token usage: 0.04, "
+    "cuda graph: True, gen throughput (token/s): 1234.56, #queue-req: 0, ",
+    '[2026-12-02 14:00:02] INFO:     127.0.0.1:51234 - "POST /generate HTTP/1.1" 200 OK',
+)
+
+
+class CatalogError(ValueError):
+    """A catalog that cannot be used. ``str()`` is one line: ``<file>:<line>: <what>; <what to do>``."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    title: str
+    pattern: str
+    severity: str
+    subsystem: str
+    meaning: str
+    first_checks: tuple[str, ...]
+    competing: tuple[str, ...]
+    origin: str = "builtin"
+
+    @property
+    def level(self) -> int:
+        """Position in SEVERITIES (0 = info)."""
+        return _SEVERITY_RANK[self.severity]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    signatures: tuple[Signature, ...]
+    notes: tuple[str, ...] = ()  # e.g. which user signature replaced which built-in one
+
+    def get(self, sig_id: str) -> Signature:
+        for sig in self.signatures:
+            if sig.id == sig_id:
+                return sig
+        raise KeyError(sig_id)
+
+    def index(self, sig_id: str) -> int:
+        for i, sig in enumerate(self.signatures):
+            if sig.id == sig_id:
+                return i
+        raise KeyError(sig_id)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(sig.id for sig in self.signatures)
+
+
+def severity_rank(severity: str) -> int:
+    return _SEVERITY_RANK[severity]
+
+
+def load_catalog(extra_files: Sequence[str | Path] = ()) -> Catalog:
+    """The built-in catalog with each user file merged over it in order (same id replaces, noted)."""
+    builtin_text = resources.files("radixtop.diagnosis").joinpath("signatures.toml").read_text("utf-8")
+    merged: dict[str, Signature] = {
+        sig.id: sig for sig in parse_catalog(builtin_text, "signatures.toml (built-in)", origin="builtin")
+    }
+    notes: list[str] = []
+    for extra in extra_files:
+        path = Path(extra)
+        for sig in parse_catalog(_read_text(path), str(path), origin=str(path)):
+            previous = merged.get(sig.id)
+            if previous is not None:
+                where = "built-in" if previous.origin == "builtin" else previous.origin
+                notes.append(f'signature "{sig.id}" from {path} replaces the {where} one')
+            merged[sig.id] = sig  # a replaced id keeps its place; new ones go last
+    return Catalog(tuple(merged.values()), tuple(notes))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise CatalogError(f"{path}:1: cannot read the signature file ({reason}); check the path") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise CatalogError(
+            f"{path}:{line}: the file is not UTF-8 text (byte {data[exc.start]:#04x}); save it as UTF-8"
+        ) from None
+
+
+def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ...]:
+    """Parse and validate one catalog's TOML text; ``source`` names it in errors."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line, column, what = _decode_error_position(exc)
+        raise CatalogError(f"{source}:{line}: invalid TOML ({what}, column {column}); fix the syntax there") from None
+
+    lines = text.splitlines()
+    headers = [i + 1 for i, line in enumerate(lines) if _TABLE_HEADER.match(line)]
+    for key in doc:
+        if key != "signature":
+            line = _find_top_key(lines, key)
+            raise CatalogError(
+                f'{source}:{line}: unknown top-level key "{key}"; a catalog holds only [[signature]] tables'
+            )
+    tables = doc.get("signature")
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        raise CatalogError(
+            f'{source}:1: no [[signature]] tables found; write each signature as a [[signature]] table'
+        )
+
+    seen: dict[str, int] = {}
+    out: list[Signature] = []
+    for i, table in enumerate(tables):
+        start = headers[i] if i < len(headers) else 1
+        end = headers[i + 1] if i + 1 < len(headers) else len(lines) + 1
+        span = (start, end)
+        sig = _validate(table, source, lines, span, origin)
+        if sig.id in seen:
+            raise CatalogError(
+                f'{source}:{start}: signature "{sig.id}" is defined twice (first at line {seen[sig.id]}); '
+                "give each signature its own id"
+            )
+        seen[sig.id] = start
+        out.append(sig)
+    return tuple(out)
+
+
+def _decode_error_position(exc: tomllib.TOMLDecodeError) -> tuple[int, int, str]:
+    # Python 3.14 gives lineno/colno/msg; older ones only write "(at line L, column C)" in the message.
+    line = getattr(exc, "lineno", None)
+    column = getattr(exc, "colno", None)
+    what = getattr(exc, "msg", None) or str(exc)
+    m = re.search(r"\s*\(at line (\d+), column (\d+)\)", str(exc))
+    if m is not None:
+        line = line or int(m.group(1))
+        column = column or int(m.group(2))
+        what = what.replace(m.group(0), "")
+    elif "(at end of document)" in what:
+        what = what.replace(" (at end of document)", " at the end of the file")
+    return line or 1, column or 1, what.strip() or "syntax error"
+
+
+def _find_top_key(lines: list[str], key: str) -> int:
+    pat = re.compile(r"^\s*\[*\s*" + re.escape(key) + r"\b")
+    for n, line in enumerate(lines, 1):
+        if pat.match(line):
+            return n
+    return 1
+
+
+def _key_line(lines: list[str], span: tuple[int, int], key: str) -> int:
+    """The line where ``key = ...`` is written inside the table spanning lines [start, end)."""
+    start, end = span
+    pat = re.compile(r"^\s*[\"']?" + re.escape(key) + r"[\"']?\s*=")
+    for n in range(start, min(end, len(lines) + 1)):
+        if pat.match(lines[n - 1]):
+            return n
+    return start
+
+
+def _validate(
+    table: dict, source: str, lines: list[str], span: tuple[int, int], origin: str
+) -> Signature:
+    start = span[0]
+    raw_id = table.get("id")
+    if not isinstance(raw_id, str) or not raw_id.strip():
+        if "id" in table:
+            raise CatalogError(f'{_at(source, lines, span, "id")}: a signature id must be a non-empty string; '
+                               'write id = "kebab-case-name"')
+        raise CatalogError(f'{source}:{start}: a [[signature]] table has no id; add id = "kebab-case-name"')
+    sig_id = raw_id
+    name = f'signature "{sig_id}"'
+    if not _ID.match(sig_id):
+        raise CatalogError(
+            f'{_at(source, lines, span, "id")}: {name} id is not kebab-case; use lowercase letters, '
+            'digits and single dashes, e.g. "radix-page-lock-eviction"'
+        )
+    for key in table:
+        if key not in _REQUIRED:
+            raise CatalogError(
+                f'{_at(source, lines, span, key)}: {name} has unknown key "{key}"; '
+                f"use only {', '.join(_REQUIRED)}"
+            )
+    for key in _REQUIRED:
+        if key not in table:
+            example = '["...", "..."]' if key in ("first_checks", "competing") else '"..."'
+            raise CatalogError(f"{source}:{start}: {name} has no {key}; add {key} = {example}")
+    for key in ("title", "pattern", "severity", "subsystem", "meaning"):
+        value = table[key]
+        if not isinstance(value, str) or not value.strip():
+            raise CatalogError(
+                f'{_at(source, lines, span, key)}: {name} {key} must be a non-empty string; write {key} = "..."'
+            )
+    for key in ("first_checks", "competing"):
+        value = table[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise CatalogError(
+                f'{_at(source, lines, span, key)}: {name} {key} must be a list of non-empty strings; '
+                f'write {key} = ["...", "..."]'
+            )
+    severity = table["severity"]
+    if severity not in _SEVERITY_RANK:
+        raise CatalogError(
+            f'{_at(source, lines, span, "severity")}: {name} has severity "{severity}"; '
+            f"use one of {', '.join(SEVERITIES)}"
+        )
+    pattern = table["pattern"]
+    problem = pattern_problem(pattern)
+    if problem is not None:
+        raise CatalogError(f'{_at(source, lines, span, "pattern")}: {name} pattern {problem}')
+    return Signature(
+        id=sig_id,
+        title=table["title"].strip(),
+        pattern=pattern,
+        severity=severity,
+        subsystem=table["subsystem"].strip(),
+        meaning=" ".join(table["meaning"].split()),
+        first_checks=tuple(table["first_checks"]),
+        competing=tuple(table["competing"]),
+        origin=origin,
+    )
+
+
+def _at(source: str, lines: list[str], span: tuple[int, int], key: str) -> str:
+    return f"{source}:{_key_line(lines, span, key)}"
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a pattern cannot be used (``"<what>; <what to do>"``), or None when it is fine."""
+    for finder, what in _FORBIDDEN:
+        for m in finder.finditer(pattern):
+            if _escaped(pattern, m.start()):
+                continue
+            return (
+                f'uses {what} at "{m.group(0)}", which RE2 and hyperscan cannot run; '
+                "rewrite it with plain literals, classes, groups (?:...) and repeats"
+            )
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        return f"does not compile ({exc.msg} at position {exc.pos}); fix the regular expression"
+    if compiled.search("") is not None:
+        return "matches an empty line; anchor it on a distinctive literal"
+    for line in ORDINARY_LINES:
+        if compiled.search(line) is not None:
+            return "matches an ordinary Prefill/Decode batch line; anchor it on a distinctive literal"
+    return None
+
+
+def _escaped(pattern: str, pos: int) -> bool:
+    """True when the character at pos is escaped by an odd number of backslashes (e.g. literal "\\(?=")."""
+    n = 0
+    while pos - n - 1 >= 0 and pattern[pos - n - 1] == "\\":
+        n += 1
+    return n % 2 == 1

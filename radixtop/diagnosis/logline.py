@@ -1,0 +1,319 @@
+"""Parse one log line of SGLang (and, where cheap, vLLM and Python logging) into time, rank, level,
+message and scheduler batch statistics.
+
+SGLang writes ``[%Y-%m-%d %H:%M:%S{.mmm}{ DP0}{ PP0}{ TP3}{ EP2}] message`` (the milliseconds only
+with SGLANG_LOG_MS, each rank part only when that parallel size is > 1). Its default format has no
+level name, so ``level`` is None for most SGLang lines; uvicorn's lines (``INFO:     ...``) and
+warnings written as ``WARNING: ...`` carry one in the message.
+
+Also understood:
+- vLLM: ``INFO 12-02 14:00:00 [file.py:123] msg``, optionally behind a process tag such as
+  ``(VllmWorker rank=1 pid=42)`` or ``(Worker_DP0_TP1 pid=42)`` (its year is not written: the
+  current year is assumed).
+- Python logging: ``2026-12-02 14:00:00,123 - name - WARNING - msg``.
+- Ray's ``(SGLangEngine pid=23902)`` tag in front of any of the above, and torch's ``[rank0]:``.
+
+``parse_line`` runs on every live line: one compiled regular expression for the prefix, and the
+batch fields only when the message starts with ``Prefill batch`` / ``Decode batch``. It never
+raises, whatever the input.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+__all__ = [
+    "BatchStats",
+    "LogLine",
+    "parse_line",
+    "parse_batch",
+    "is_continuation",
+    "opens_record",
+    "strip_ansi",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    kind: str  # "prefill" | "decode"
+    token_usage: float | None = None
+    running_req: int | None = None
+    queue_req: int | None = None
+    cached_token: int | None = None
+    new_token: int | None = None
+    new_seq: int | None = None
+    num_token: int | None = None
+    gen_throughput: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    time: str | None  # as written, e.g. "2026-12-02 14:00:00.123"
+    epoch: float | None  # seconds since the epoch (local time), for ordering across files
+    rank: str | None  # e.g. "TP3", "DP0 TP3"; None when the line has no rank
+    level: str | None  # "INFO" | "WARNING" | "ERROR" | "CRITICAL" | "DEBUG"
+    message: str
+    batch: BatchStats | None
+
+
+# CSI sequences (colours, cursor moves), OSC sequences (titles, hyperlinks) and lone two-byte escapes.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal escape sequences (colour codes) from a line."""
+    if "\x1b" not in text:
+        return text
+    return _ANSI.sub("", text)
+
+
+# SGLang: "[2026-12-02 14:00:00.123 DP0 TP3] ". Rank parts are "<LETTERS/_><digits>" words; any
+# other words inside the brackets (" encode_server") are tolerated and ignored.
+_SGLANG = re.compile(
+    r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[.,](\d{1,6}))?"
+    r"((?: [A-Z][A-Z_]*\d+)*)(?: [^\]\[]{0,64})?\] ?"
+)
+# Python logging's default-ish "2026-12-02 14:00:00,123 - name - LEVEL - msg" (also " LEVEL msg").
+_PYLOG = re.compile(
+    r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[.,](\d{1,6}))?"
+    r"(?: - [^ ]{1,80} - (DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL) - | ?)"
+)
+# vLLM: "INFO 12-02 14:00:00 [file.py:123] msg" (newer releases add ".mmm" to the time).
+_VLLM = re.compile(
+    r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?"
+    r"(?: \[[^\]]{0,120}\])? ?"
+)
+# A process tag in front: "(VllmWorker rank=1 pid=7) ", "(EngineCore_DP0 pid=3) ", "(SGLangEngine pid=9) ".
+_PROC = re.compile(r"\(([A-Za-z][\w.\- ]{0,60}?)(?: rank=(\d+))? pid=\d+\) ?")
+_TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
+_PROC_RANK_PART = re.compile(r"(?:^|_)((?:DP|PP|TP|EP|CP)\d+)")
+_LEVEL_WORD = re.compile(r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?::|\s|$)")
+_LEVEL_NAMES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+
+_YEAR = time.localtime().tm_year  # vLLM does not write the year
+_EPOCH_CACHE: dict[str, float | None] = {}
+
+
+def _epoch(stamp: str) -> float | None:
+    """Seconds since the epoch for "YYYY-MM-DD HH:MM:SS" (local time), cached: lines of one second share it."""
+    value = _EPOCH_CACHE.get(stamp, -1.0)
+    if value != -1.0:
+        return value
+    try:
+        value = time.mktime(
+            (
+                int(stamp[0:4]),
+                int(stamp[5:7]),
+                int(stamp[8:10]),
+                int(stamp[11:13]),
+                int(stamp[14:16]),
+                int(stamp[17:19]),
+                0,
+                0,
+                -1,
+            )
+        )
+    except (ValueError, OverflowError):
+        value = None
+    if len(_EPOCH_CACHE) > 4096:  # bounded: a long log has a new second every line at most
+        _EPOCH_CACHE.clear()
+    _EPOCH_CACHE[stamp] = value
+    return value
+
+
+def _with_fraction(epoch: float | None, fraction: str | None) -> float | None:
+    if epoch is None or not fraction:
+        return epoch
+    return epoch + int(fraction) / (10 ** len(fraction))
+
+
+def _level_of(message: str) -> str | None:
+    if not message or message[0] not in "DIWECF":
+        return None
+    m = _LEVEL_WORD.match(message)
+    if m is None:
+        return None
+    word = m.group(1)
+    return _LEVEL_NAMES.get(word, word)
+
+
+def _clean(text: str) -> str:
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text.rstrip("\r\n")
+
+
+def _rank_from_proc(tag: str, rank_number: str | None) -> str | None:
+    if rank_number is not None:
+        return f"rank{rank_number}"
+    parts = _PROC_RANK_PART.findall(tag)
+    return " ".join(parts) if parts else None
+
+
+def parse_line(text: str) -> LogLine:
+    """Split one line into time, rank, level, message and batch stats. Never raises."""
+    try:
+        return _parse(_clean(text))
+    except Exception:  # defensive: a parser on the live path must not take the app down
+        return LogLine(None, None, None, None, text if isinstance(text, str) else "", None)
+
+
+def _parse(line: str) -> LogLine:
+    rank: str | None = None
+    pos = 0
+    if line.startswith("("):
+        m = _PROC.match(line)
+        if m is not None:
+            rank = _rank_from_proc(m.group(1), m.group(2))
+            pos = m.end()
+    if line.startswith("[rank", pos):
+        m = _TORCH_RANK.match(line, pos)
+        if m is not None:
+            rank = rank or f"rank{m.group(1)}"
+            pos = m.end()
+
+    head = line[pos : pos + 1]
+    if head == "[":
+        m = _SGLANG.match(line, pos)
+        if m is not None:
+            stamp, frac, ranks = m.group(1), m.group(2), m.group(3)
+            message = line[m.end() :]
+            written = f"{stamp}.{frac}" if frac else stamp
+            if ranks:
+                rank = ranks.strip()
+            return LogLine(
+                written,
+                _with_fraction(_epoch(stamp), frac),
+                rank,
+                _level_of(message),
+                message,
+                parse_batch(message),
+            )
+    elif head.isdigit():
+        m = _PYLOG.match(line, pos)
+        if m is not None:
+            stamp, frac, level = m.group(1), m.group(2), m.group(3)
+            message = line[m.end() :]
+            written = line[pos : pos + 19] + (f",{frac}" if frac else "")
+            if level is None:
+                level = _level_of(message)
+            else:
+                level = _LEVEL_NAMES.get(level, level)
+            return LogLine(
+                written, _with_fraction(_epoch(stamp), frac), rank, level, message, parse_batch(message)
+            )
+    elif head in ("D", "I", "W", "E", "C"):
+        m = _VLLM.match(line, pos)
+        if m is not None:
+            level, month, day, clock, frac = m.groups()
+            stamp = f"{_YEAR:04d}-{month}-{day} {clock}"
+            message = line[m.end() :]
+            written = f"{month}-{day} {clock}" + (f".{frac}" if frac else "")
+            return LogLine(
+                written,
+                _with_fraction(_epoch(stamp), frac),
+                rank,
+                _LEVEL_NAMES.get(level, level),
+                message,
+                parse_batch(message),
+            )
+    message = line[pos:]
+    return LogLine(None, None, rank, _level_of(message), message, None)
+
+
+def opens_record(text: str) -> bool:
+    """True when the line starts a new log record (it carries a time prefix we understand)."""
+    line = text
+    pos = 0
+    if line.startswith("\x1b"):
+        line = _ANSI.sub("", line)
+    if line.startswith("("):
+        m = _PROC.match(line)
+        if m is not None:
+            pos = m.end()
+    if line.startswith("[rank", pos):
+        m = _TORCH_RANK.match(line, pos)
+        if m is not None:
+            pos = m.end()
+    head = line[pos : pos + 1]
+    if head == "[":
+        return _SGLANG.match(line, pos) is not None
+    if head.isdigit():
+        return _PYLOG.match(line, pos) is not None
+    if head in ("D", "I", "W", "E", "C"):
+        return _VLLM.match(line, pos) is not None
+    return False
+
+
+def is_continuation(text: str) -> bool:
+    """A line that belongs to the record opened before it.
+
+    Any line without a time prefix continues the record before it: the traceback body
+    (``Traceback (most recent call last):``, indented ``File "..."`` and code lines, the final
+    ``SomeError: msg``, ``During handling of ...``, blank lines between chained tracebacks) and
+    the extra lines of a multi-line message (SGLang's "Decode out of memory ..." writes several).
+    """
+    return not opens_record(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch statistics
+
+_INT_FIELDS = {
+    "#running-req": "running_req",
+    "#queue-req": "queue_req",
+    "#cached-token": "cached_token",
+    "#new-token": "new_token",
+    "#new-seq": "new_seq",
+    "#token": "num_token",
+}
+_FLOAT_FIELDS = {
+    "token usage": "token_usage",
+    "gen throughput (token/s)": "gen_throughput",
+}
+
+
+def _number(text: str, kind: type) -> int | float | None:
+    text = text.strip().rstrip(",")
+    try:
+        return kind(text)
+    except ValueError:
+        try:
+            return kind(float(text)) if kind is int else None
+        except (ValueError, OverflowError):
+            return None
+
+
+def parse_batch(message: str) -> BatchStats | None:
+    """Stats of a ``Prefill batch``/``Decode batch`` message (fields by key, any order, any missing)."""
+    if message.startswith("Prefill batch"):
+        kind = "prefill"
+    elif message.startswith("Decode batch"):
+        kind = "decode"
+    else:
+        return None
+    values: dict[str, int | float | None] = {}
+    full_usage: float | None = None
+    # "Prefill batch, #new-seq: 1, ..." / older "Prefill batch. #new-seq: 1, ..." / "[iter]" variant
+    for part in message[13 if kind == "prefill" else 12 :].split(", "):
+        key, sep, value = part.partition(": ")
+        if not sep:
+            continue
+        key = key.lstrip(" .,]").strip()
+        if key.startswith("[") and "] " in key:  # "[123] #new-seq" when forward iterations are logged
+            key = key.split("] ", 1)[1]
+        key = key.lstrip(".,] ")
+        field = _INT_FIELDS.get(key)
+        if field is not None:
+            values[field] = _number(value, int)
+            continue
+        field = _FLOAT_FIELDS.get(key)
+        if field is not None:
+            values[field] = _number(value, float)
+        elif key == "full token usage":
+            full_usage = _number(value, float)  # hybrid (SWA/SSM) models write this instead
+    if "token_usage" not in values and full_usage is not None:
+        values["token_usage"] = full_usage
+    return BatchStats(kind, **values)  # type: ignore[arg-type]

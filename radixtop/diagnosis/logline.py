@@ -102,19 +102,12 @@ def _epoch(stamp: str) -> float | None:
     if value != -1.0:
         return value
     try:
-        value = time.mktime(
-            (
-                int(stamp[0:4]),
-                int(stamp[5:7]),
-                int(stamp[8:10]),
-                int(stamp[11:13]),
-                int(stamp[14:16]),
-                int(stamp[17:19]),
-                0,
-                0,
-                -1,
-            )
-        )
+        fields = (int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]), int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19]))
+        year, month, day, hour, minute, second = fields
+        if 1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second <= 60:
+            value = time.mktime((*fields, 0, 0, -1))
+        else:  # mktime would quietly roll "13-45 99:99" into some other date
+            value = None
     except (ValueError, OverflowError):
         value = None
     if len(_EPOCH_CACHE) > 4096:  # bounded: a long log has a new second every line at most

@@ -1,0 +1,450 @@
+"""Findings: what matched, where it first happened, which rank started it, and the fingerprint.
+
+Two ways in, one report out:
+- ``feed(file, lineno, text)``: the live path, one line at a time (tens of thousands a second).
+  Each line costs one prefix check, one ``Matcher.match`` and a ring append; the time/rank prefix
+  is parsed only for a hit or a batch-stats line.
+- ``add_hit(...)`` + ``add_lines(n)``: the fast-scan path, where the scanner found the hits and
+  hands over their context.
+
+Ordering rules (documented because clock skew between files is a fact of life):
+- An occurrence's time is its line's own timestamp; a line without one (a traceback body, the
+  second line of a multi-line message) takes the time and rank of the line that opened its record.
+- Occurrences are ordered by (epoch, file order, line): the epoch as written, shifted by the
+  file's entry in ``clock_offsets`` when one is given (seconds added to that file's times); file
+  order is the order in which files were first seen; lines without any time sort first. No skew
+  is guessed: hosts whose clocks disagree by more than the gap between two ranks' first warnings
+  can make the wrong rank look first. ``first_by_rank`` (each rank's first warning-or-worse) shows
+  that gap so a reader can judge it, and ``clock_offsets`` corrects a known skew.
+- Within one file, the first occurrence of a signature is the first in line order.
+- Initiating = the earliest warning-or-worse occurrence. Fingerprint = for the first error or
+  critical occurrence, the last info-level occurrence before it and the first warning after that
+  info (or, with none there, the first warning before the error); complete when
+  info < warn < error.
+- batch_at_failure = per rank, the last batch stats line before the first error or critical
+  occurrence. A file stops recording batch stats at its own first error.
+
+Memory is bounded: a ring of ``context`` lines per file, ``after`` lines per pending finding, a
+few dozen batch stats per rank and info occurrences per file. The whole log is never kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from radixtop.diagnosis.catalog import Catalog, Signature, severity_rank
+from radixtop.diagnosis.logline import BatchStats, opens_record, parse_line, strip_ansi
+
+if TYPE_CHECKING:
+    from radixtop.diagnosis.matcher import Matcher
+
+__all__ = ["Occurrence", "Finding", "Fingerprint", "Report", "FindingsBuilder"]
+
+_INFO = severity_rank("info")
+_WARNING = severity_rank("warning")
+_ERROR = severity_rank("error")
+_BATCH_HISTORY = 64  # batch lines kept per (file, rank) to answer "last before the failure"
+_INFO_HISTORY = 32  # info occurrences kept per file for the fingerprint
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    file: str
+    line: int  # 1-based
+    time: str | None  # as written
+    epoch: float | None  # for ordering (includes any clock offset given for the file)
+    rank: str | None
+    text: str
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "line": self.line, "time": self.time, "rank": self.rank, "text": self.text}
+
+
+@dataclass(frozen=True)
+class Finding:
+    signature: Signature
+    count: int
+    first: Occurrence
+    context_before: tuple[str, ...]
+    context_after: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    info: Occurrence | None
+    warn: Occurrence | None
+    error: Occurrence | None
+    complete: bool
+    # Which signatures the three occurrences belong to (same order).
+    info_signature: str | None = None
+    warn_signature: str | None = None
+    error_signature: str | None = None
+
+    def to_json(self) -> dict:
+        def one(sig_id: str | None, occ: Occurrence | None) -> dict | None:
+            return None if occ is None else {"signature": sig_id, **occ.to_json()}
+
+        return {
+            "complete": self.complete,
+            "info": one(self.info_signature, self.info),
+            "warn": one(self.warn_signature, self.warn),
+            "error": one(self.error_signature, self.error),
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    lines: int
+    findings: tuple[Finding, ...]
+    initiating: tuple[str, Occurrence] | None
+    fingerprint: Fingerprint | None
+    batch_at_failure: dict[str, BatchStats]
+    # Each rank's first warning-or-worse occurrence ("" for lines without a rank), earliest first.
+    first_by_rank: dict[str, tuple[str, Occurrence]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        findings = []
+        for f in self.findings:
+            findings.append(
+                {
+                    "signature": f.signature.id,
+                    "severity": f.signature.severity,
+                    "count": f.count,
+                    "first": f.first.to_json(),
+                    "context_before": list(f.context_before),
+                    "title": f.signature.title,
+                    "subsystem": f.signature.subsystem,
+                    "context_after": list(f.context_after),
+                }
+            )
+        initiating = None
+        if self.initiating is not None:
+            sig_id, occ = self.initiating
+            initiating = {"signature": sig_id, "rank": occ.rank, "file": occ.file, "line": occ.line}
+        return {
+            "lines": self.lines,
+            "findings": findings,
+            "initiating": initiating,
+            "fingerprint": None if self.fingerprint is None else self.fingerprint.to_json(),
+            "batch_at_failure": {rank: dataclasses.asdict(stats) for rank, stats in self.batch_at_failure.items()},
+            "first_by_rank": {
+                rank: {"signature": sig_id, **occ.to_json()} for rank, (sig_id, occ) in self.first_by_rank.items()
+            },
+            "notes": list(self.notes),
+        }
+
+
+# -- the builder ----------------------------------------------------------------------------------
+
+
+class _FileState:
+    __slots__ = (
+        "name", "order", "offset", "ring", "opener", "opener_line", "opener_parsed", "pending", "frozen", "infos"
+    )
+
+    def __init__(self, name: str, order: int, offset: float, context: int) -> None:
+        self.name = name
+        self.order = order
+        self.offset = offset
+        self.ring: deque[str] = deque(maxlen=context)  # the lines before the current one
+        self.opener: str | None = None  # the last line that opened a record
+        self.opener_line = 0  # its line number (0: none yet)
+        self.opener_parsed = None  # its parse, filled on demand
+        self.pending: list[_FindingState] = []  # findings still collecting context_after
+        self.frozen = False  # saw an error: batch stats after it do not count
+        self.infos: deque[tuple[tuple, str, Occurrence]] = deque(maxlen=_INFO_HISTORY)
+
+
+class _FindingState:
+    __slots__ = ("signature", "count", "first", "key", "before", "after", "after_left", "record")
+
+    def __init__(self, signature: Signature, first: Occurrence, key: tuple, before: tuple[str, ...]) -> None:
+        self.record: tuple = ()  # (file order, line that opened the record, that line)
+        self.signature = signature
+        self.count = 0
+        self.first = first
+        self.key = key
+        self.before = before
+        self.after: list[str] = []
+        self.after_left = 0
+
+
+_NO_TIME = float("-inf")
+
+
+class FindingsBuilder:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        matcher: Matcher | None = None,
+        context: int = 100,
+        after: int = 20,
+        clock_offsets: Mapping[str, float] | None = None,
+    ) -> None:
+        if matcher is None:
+            from radixtop.diagnosis.matcher import Matcher
+
+            matcher = Matcher(catalog.signatures)
+        self.catalog = catalog
+        self.matcher = matcher
+        self.context = max(0, int(context))
+        self.after = max(0, int(after))
+        self._signatures = catalog.signatures
+        self._levels = tuple(sig.level for sig in catalog.signatures)
+        self._ids = tuple(sig.id for sig in catalog.signatures)
+        self._offsets = dict(clock_offsets or {})
+        self._files: dict[str, _FileState] = {}
+        self._findings: dict[int, _FindingState] = {}
+        self._seen_in_file: set[tuple[int, int]] = set()  # (signature index, file order)
+        self._lines = 0
+        self._batch: dict[tuple[int, str], deque[tuple[tuple, BatchStats]]] = {}
+        self._batch_snapshots: dict[int, Mapping[str, BatchStats]] = {}  # file order -> at its first failure
+        self._first_by_rank: dict[str, tuple[tuple, str, Occurrence]] = {}
+
+    # -- live path ----------------------------------------------------------------------------
+
+    def feed(self, file: str, lineno: int, text: str) -> tuple[str, ...]:
+        """One line as it arrives: parse lazily, match, keep context. Returns the matched ids."""
+        st = self._files.get(file) or self._new_file(file)
+        if "\x1b" in text:
+            text = strip_ansi(text)
+        if text[-1:] in ("\n", "\r"):
+            text = text.rstrip("\r\n")
+        self._lines += 1
+        if st.pending:
+            self._collect_after(st, text)
+        opens = opens_record(text)
+        if opens:
+            st.opener = text
+            st.opener_line = lineno
+            st.opener_parsed = None
+        indices = self.matcher.match(text)
+        if indices:
+            for index in indices:
+                self._hit(st, lineno, text, index, None, None)
+        elif opens and not st.frozen and "batch" in text:
+            parsed = self._opener_parsed(st)
+            if parsed.batch is not None:
+                self._record_batch(st, lineno, parsed)
+        st.ring.append(text)
+        if not indices:
+            return ()
+        return tuple(self._ids[i] for i in indices)
+
+    # -- fast-scan path -----------------------------------------------------------------------
+
+    def add_hit(
+        self,
+        file: str,
+        lineno: int,
+        text: str,
+        signature_index: int,
+        context_before: Sequence[str],
+        batch_before: Mapping[str, BatchStats],
+        *,
+        context_after: Sequence[str] = (),
+        opener: str | None = None,
+    ) -> None:
+        """One hit found by the scanner, with the lines before it and the batch stats seen so far.
+
+        ``opener`` (optional) is the line that opened the hit's record, for a hit inside a
+        traceback; without it the last record-opening line of ``context_before`` is used.
+        """
+        st = self._files.get(file) or self._new_file(file)
+        text = strip_ansi(text).rstrip("\r\n")
+        opener_line = lineno
+        if not opens_record(text):
+            opener_line = 0
+            for back, line in enumerate(reversed(context_before), 1):
+                if opens_record(line):
+                    opener = opener if opener is not None else line
+                    opener_line = lineno - back
+                    break
+        st.opener = opener
+        st.opener_line = opener_line
+        st.opener_parsed = None
+        if batch_before and self._levels[signature_index] >= _ERROR:
+            self._batch_snapshots.setdefault(st.order, dict(batch_before))
+        before = tuple(strip_ansi(x).rstrip("\r\n") for x in context_before)
+        self._hit(st, lineno, text, signature_index, before, tuple(context_after))
+
+    def add_lines(self, n: int) -> None:
+        """Lines read by the fast-scan path."""
+        self._lines += int(n)
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _new_file(self, file: str) -> _FileState:
+        st = _FileState(file, len(self._files), float(self._offsets.get(file, 0.0)), self.context)
+        self._files[file] = st
+        return st
+
+    def _opener_parsed(self, st: _FileState):
+        if st.opener_parsed is None and st.opener is not None:
+            st.opener_parsed = parse_line(st.opener)
+        return st.opener_parsed
+
+    def _occurrence(self, st: _FileState, lineno: int, text: str) -> tuple[tuple, Occurrence]:
+        parsed = parse_line(text)
+        time, epoch, rank = parsed.time, parsed.epoch, parsed.rank
+        if time is None:
+            opener = self._opener_parsed(st)
+            if opener is not None:
+                time, epoch, rank = opener.time, opener.epoch, opener.rank or rank
+        if epoch is not None and st.offset:
+            epoch += st.offset
+        occ = Occurrence(st.name, lineno, time, epoch, rank, text)
+        return (_NO_TIME if epoch is None else epoch, st.order, lineno), occ
+
+    def _hit(
+        self,
+        st: _FileState,
+        lineno: int,
+        text: str,
+        index: int,
+        before: tuple[str, ...] | None,
+        after: tuple[str, ...] | None,
+    ) -> None:
+        level = self._levels[index]
+        state = self._findings.get(index)
+        seen = (index, st.order)
+        key = occ = None
+        if state is None or seen not in self._seen_in_file:
+            self._seen_in_file.add(seen)
+            key, occ = self._occurrence(st, lineno, text)
+            if state is None or key < state.key:
+                if state is not None and state.after_left:
+                    self._drop_pending(state)
+                context = tuple(st.ring) if before is None else before[-self.context :] if self.context else ()
+                new = _FindingState(self._signatures[index], occ, key, context)
+                new.record = (st.order, st.opener_line, st.opener)
+                if state is not None:
+                    new.count = state.count
+                state = self._findings[index] = new
+                if after is not None:
+                    state.after = list(after[: self.after])
+                elif self.after:
+                    state.after_left = self.after
+                    st.pending.append(state)
+        state.count += 1
+        if level == _INFO:
+            if occ is None:
+                key, occ = self._occurrence(st, lineno, text)
+            st.infos.append((key, self._ids[index], occ))
+        elif level >= _WARNING:
+            if occ is None:
+                key, occ = self._occurrence(st, lineno, text)
+            rank = occ.rank or ""
+            known = self._first_by_rank.get(rank)
+            if known is None or key < known[0]:
+                self._first_by_rank[rank] = (key, self._ids[index], occ)
+            if level >= _ERROR:
+                st.frozen = True
+
+    def _collect_after(self, st: _FileState, text: str) -> None:
+        done = False
+        for state in st.pending:
+            state.after.append(text)
+            state.after_left -= 1
+            done = done or state.after_left <= 0
+        if done:
+            st.pending = [s for s in st.pending if s.after_left > 0]
+
+    def _drop_pending(self, state: _FindingState) -> None:
+        for st in self._files.values():
+            if state in st.pending:
+                st.pending.remove(state)
+        state.after_left = 0
+
+    def _record_batch(self, st: _FileState, lineno: int, parsed) -> None:
+        epoch = parsed.epoch
+        if epoch is not None and st.offset:
+            epoch += st.offset
+        key = (_NO_TIME if epoch is None else epoch, st.order, lineno)
+        slot = (st.order, parsed.rank or "")
+        history = self._batch.get(slot)
+        if history is None:
+            history = self._batch[slot] = deque(maxlen=_BATCH_HISTORY)
+        history.append((key, parsed.batch))
+
+    # -- the report ---------------------------------------------------------------------------
+
+    def report(self) -> Report:
+        states = sorted(self._findings.values(), key=lambda s: s.key)
+        findings = tuple(
+            Finding(s.signature, s.count, s.first, s.before, tuple(s.after)) for s in states
+        )
+        initiating = next(((s.signature.id, s.first) for s in states if s.signature.level >= _WARNING), None)
+        failure = next((s for s in states if s.signature.level >= _ERROR), None)
+        fingerprint = None
+        batch: dict[str, BatchStats] = {}
+        if failure is not None:
+            fingerprint = self._fingerprint(states, failure)
+            batch = self._batch_before(failure)
+        first_by_rank = {
+            rank: (sig_id, occ)
+            for rank, (_, sig_id, occ) in sorted(self._first_by_rank.items(), key=lambda item: item[1][0])
+        }
+        return Report(
+            lines=self._lines,
+            findings=findings,
+            initiating=initiating,
+            fingerprint=fingerprint,
+            batch_at_failure=batch,
+            first_by_rank=first_by_rank,
+            notes=tuple(self.catalog.notes),
+        )
+
+    def _fingerprint(self, states: list[_FindingState], failure: _FindingState) -> Fingerprint:
+        info_key = info_id = info = None
+        for st in self._files.values():
+            for key, sig_id, occ in st.infos:
+                if key < failure.key and (info_key is None or key > info_key):
+                    info_key, info_id, info = key, sig_id, occ
+        warnings = [s for s in states if s.signature.level == _WARNING and s.key < failure.key]
+        warn_state = None
+        if info_key is not None:
+            warn_state = next((s for s in warnings if s.key > info_key), None)
+        if warn_state is None and warnings:
+            warn_state = warnings[0]
+        complete = (
+            info_key is not None and warn_state is not None and info_key < warn_state.key < failure.key
+        )
+        # A wrapper ("Scheduler hit an exception: Traceback ...") and the error its traceback ends
+        # with share one record: report the last error line of that record, which names the cause.
+        symptom = failure
+        for s in states:
+            if s.signature.level >= _ERROR and s.record == failure.record and s.key > symptom.key:
+                symptom = s
+        return Fingerprint(
+            info=info,
+            warn=None if warn_state is None else warn_state.first,
+            error=symptom.first,
+            complete=complete,
+            info_signature=info_id,
+            warn_signature=None if warn_state is None else warn_state.signature.id,
+            error_signature=symptom.signature.id,
+        )
+
+    def _batch_before(self, failure: _FindingState) -> dict[str, BatchStats]:
+        cutoff = failure.key
+        best: dict[str, tuple[tuple, BatchStats]] = {}
+        for (_, rank), history in self._batch.items():
+            for key, stats in reversed(history):
+                if key < cutoff:
+                    known = best.get(rank)
+                    if known is None or key > known[0]:
+                        best[rank] = (key, stats)
+                    break
+        out = {rank: stats for rank, (_, stats) in sorted(best.items())}
+        snapshot = self._batch_snapshots.get(failure.key[1])
+        if snapshot:
+            for rank, stats in snapshot.items():
+                out.setdefault(rank, stats)
+        return out

@@ -1,0 +1,468 @@
+"""The signature catalog: real example lines per signature (on every matcher engine), ordinary
+lines that must never match, and user catalogs merged over the built-in one with one-line errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from radixtop.diagnosis.catalog import (
+    ORDINARY_LINES,
+    SEVERITIES,
+    Catalog,
+    CatalogError,
+    load_catalog,
+    pattern_problem,
+)
+from radixtop.diagnosis.matcher import Matcher
+
+REQUIRED_IDS = {
+    "radix-page-lock-eviction",
+    "kv-pool-memory-leak",
+    "kv-pool-retract",
+    "prefill-oom",
+    "decode-oom",
+    "lock-ref-release-underflow",
+    "rust-tree-core-panic",
+    "scheduler-exception",
+    "child-sigquit",
+    "cuda-oom",
+    "cuda-illegal-memory-access",
+    "nccl-watchdog-timeout",
+    "watchdog-timeout",
+    "server-ready",
+    "radix-eviction-lock-contention",
+}
+
+# Real lines as the programs print them (SGLang 0.5.5-0.5.23, vLLM, FlashInfer, Triton, PyTorch),
+# plus the seed's literal and the simulator's contention warning. Each must match its signature;
+# `also` lists the only other signatures allowed to match the same line.
+EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
+    ("radix-page-lock-eviction", "RadixCacheError: Failed to lock memory page during dynamic prefix eviction", frozenset()),
+    ("radix-page-lock-eviction", "sglang RadixCacheError Failed to lock memory page during dynamic prefix eviction", frozenset()),
+    (
+        "radix-eviction-lock-contention",
+        "[2026-12-02 14:03:14.702 TP1] WARNING: radix cache eviction contended with a page lock on node 4711 "
+        "(token usage 0.93); retrying",
+        frozenset(),
+    ),
+    ("lock-ref-release-underflow", "AssertionError: FULL segment release hit lock_ref=0 on node 42", frozenset()),
+    ("lock-ref-release-underflow", "AssertionError: SWA segment release hit host_lock_ref=0 on node 7", frozenset()),
+    (
+        "rust-tree-core-panic",
+        "RuntimeError: Rust TreeCore panicked: called `Option::unwrap()` on a `None` value",
+        frozenset(),
+    ),
+    (
+        "rust-tree-core-panic",
+        "RuntimeError: Rust TreeCore mutex poisoned; refusing to reuse state after an earlier panic",
+        frozenset(),
+    ),
+    (
+        "kv-pool-memory-leak",
+        "[2025-06-01 10:00:00 TP0] token_to_kv_pool_allocator memory leak detected! available_size=410000, "
+        "protected_size=0, self.max_total_num_tokens=412345",
+        frozenset(),
+    ),
+    (
+        "kv-pool-memory-leak",
+        "ValueError: pool memory leak detected! [full] total=412345, available=410000, evictable=0, "
+        "protected=0, session_held=0, uncached=0",
+        frozenset(),
+    ),
+    (
+        "kv-pool-memory-leak",
+        "req_to_token_pool memory leak detected!available_size=63, session_held=0, total_size=64",
+        frozenset(),
+    ),
+    ("kv-pool-memory-leak", "AssertionError: Full Pool Mem Leak Detected! [full] total=100, available=90", frozenset()),
+    (
+        "kv-pool-retract",
+        "[2026-12-02 14:03:13.007 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 2, "
+        "#new_token_ratio: 0.4000 -> 0.5000",
+        frozenset(),
+    ),
+    ("prefill-oom", "[2026-12-02 14:00:00 TP0] Prefill out of memory. Try to lower your batch size.", frozenset()),
+    ("prefill-oom", "Prefill out of memory. This should never happen.", frozenset()),
+    ("decode-oom", "RuntimeError: Decode out of memory. Try to lower your batch size.", frozenset()),
+    (
+        "req-slots-oom",
+        "RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for "
+        "`--max-running-requests`. req_to_token_pool.available_size()=0, num_reqs=4, ",
+        frozenset(),
+    ),
+    (
+        "scheduler-exception",
+        "[2026-01-04 01:42:55 TP1] Scheduler hit an exception: Traceback (most recent call last):",
+        frozenset(),
+    ),
+    (
+        "child-sigquit",
+        "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed.",
+        frozenset(),
+    ),
+    (
+        "watchdog-timeout",
+        "[2026-12-02 14:10:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)",
+        frozenset(),
+    ),
+    ("watchdog-timeout", "[2025-01-01 00:00:00 TP3] Watchdog timeout (self.watchdog_timeout=300)", frozenset()),
+    ("cuda-graph-capture-failed", "Exception: Capture cuda graph failed: invalid argument", frozenset()),
+    (
+        "sglang-not-enough-memory",
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.5",
+        frozenset(),
+    ),
+    ("server-ready", "[2026-12-02 14:00:16.616] The server is fired up and ready to roll!", frozenset()),
+    (
+        "cuda-oom",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        "of 79.15 GiB of which 1.50 GiB is free.",
+        frozenset(),
+    ),
+    ("cuda-oom", "torch.cuda.OutOfMemoryError: CUDA out of memory.", frozenset()),
+    ("cuda-oom", "RuntimeError: CUDA error: out of memory", frozenset()),
+    (
+        "cuda-illegal-memory-access",
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+        frozenset(),
+    ),
+    (
+        "cuda-illegal-memory-access",
+        "[rank2]:[E323 21:33:26.170490902 ProcessGroupNCCL.cpp:1896] [PG ID 2 PG GUID 3 Rank 2] Process group "
+        "watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered",
+        frozenset(),
+    ),
+    ("cuda-device-assert", "RuntimeError: CUDA error: device-side assert triggered", frozenset()),
+    (
+        "nccl-watchdog-timeout",
+        "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, "
+        "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.",
+        frozenset(),
+    ),
+    (
+        "nccl-error",
+        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+        frozenset(),
+    ),
+    ("nccl-error", "ncclUnhandledCudaError: Call to CUDA function failed.", frozenset()),
+    (
+        "flashinfer-workspace-overflow",
+        "RuntimeError: Error in function 'aligned_alloc' at /workspace/include/flashinfer/allocator.h:49: "
+        "Buffer overflow when allocating memory for batch_prefill_tmp_v with size 536346624 and alignment 16, "
+        "but only 413138944 bytes available in AlignedAllocator. Increase the workspace buffer size.",
+        frozenset(),
+    ),
+    (
+        "flashinfer-jit-build-failed",
+        "(EngineCore pid=3164713) ERROR 09-23 10:35:19 [core.py:1374] RuntimeError: Ninja build failed. Ninja output:",
+        frozenset(),
+    ),
+    (
+        "flashinfer-internal-error",
+        "RuntimeError: FlashInfer Internal Error: Invalid configuration in BatchPrefillWithRaggedKVCacheDispatched",
+        frozenset(),
+    ),
+    (
+        "flashinfer-jit-fallback",
+        "2025-03-06 07:48:39,911 - INFO - flashinfer.jit: Prebuilt kernels not found, using JIT backend",
+        frozenset(),
+    ),
+    (
+        "fp8-unsupported-arch",
+        "ValueError: type fp8e4nv not supported in this architecture. The supported fp8 dtypes are "
+        "('fp8e4b15', 'fp8e5')",
+        frozenset(),
+    ),
+    (
+        "fp8-unsupported-arch",
+        "RuntimeError: torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0 or 8.9, "
+        "or ROCm MI300+",
+        frozenset(),
+    ),
+    (
+        "fp8-kv-no-scales",
+        "[2026-12-02 14:00:09 TP0] Using FP8 KV cache but no scaling factors provided. Defaulting to scaling "
+        "factors of 1.0.",
+        frozenset(),
+    ),
+    ("kv-cache-dtype-unsupported", "ValueError: Unsupported kv_cache_dtype: fp4_e2m1.", frozenset()),
+    ("kv-cache-dtype-unsupported", "ValueError: --kv-cache-dtype fp8_e5m2 is not supported on CPU.", frozenset()),
+    (
+        "vllm-shm-no-available-block",
+        "(VllmWorkerProcess pid=161) WARNING 08-22 06:24:42 shm_broadcast.py:386] No available block found in "
+        "60 second. ",
+        frozenset(),
+    ),
+    (
+        "vllm-preemption",
+        "WARNING 05-09 00:49:33 scheduler.py:1057 Sequence group 0 is preempted by PreemptionMode.RECOMPUTE mode "
+        "because there is not enough KV cache space. This can affect the end-to-end performance. Increase "
+        "gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. "
+        "total_cumulative_preemption_cnt=1",
+        frozenset(),
+    ),
+    (
+        "vllm-engine-dead",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for "
+        "the root cause.",
+        frozenset(),
+    ),
+    (
+        "vllm-async-engine-dead",
+        "vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.",
+        frozenset(),
+    ),
+    (
+        "vllm-kv-cache-insufficient",
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+        "initializing the engine.",
+        frozenset(),
+    ),
+    (
+        "vllm-kv-cache-insufficient",
+        "ValueError: To serve at least one request with the model's max seq len (131072), 15.5 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (13.15 GiB).",
+        frozenset(),
+    ),
+]
+
+ENGINES = ["re", "re2", "hyperscan"]
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def matcher(request: pytest.FixtureRequest, catalog: Catalog) -> Matcher:
+    return Matcher(catalog.signatures, engine=request.param)
+
+
+def test_builtin_catalog_shape(catalog: Catalog) -> None:
+    assert len(catalog.signatures) >= 25
+    ids = catalog.ids
+    assert len(set(ids)) == len(ids)
+    assert REQUIRED_IDS <= set(ids)
+    assert catalog.notes == ()
+    for sig in catalog.signatures:
+        assert sig.severity in SEVERITIES
+        assert sig.title and sig.meaning and sig.subsystem
+        assert sig.first_checks and sig.competing
+        assert sig.origin == "builtin"
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", sig.id)
+    assert catalog.get("server-ready").severity == "info"
+    assert catalog.get("radix-eviction-lock-contention").severity == "warning"
+    assert catalog.get("radix-page-lock-eviction").subsystem == "radix-cache"
+    with pytest.raises(KeyError):
+        catalog.get("no-such-signature")
+
+
+def test_every_signature_has_a_real_example() -> None:
+    assert {sig_id for sig_id, _, _ in EXAMPLES} == set(load_catalog().ids)
+
+
+def test_patterns_compile_on_every_engine(catalog: Catalog) -> None:
+    import hyperscan
+    import re2
+
+    for sig in catalog.signatures:
+        re.compile(sig.pattern)
+        re2.compile(sig.pattern)
+        db = hyperscan.Database()
+        db.compile(expressions=[sig.pattern.encode()], ids=[0], elements=1)
+        assert pattern_problem(sig.pattern) is None, sig.id
+
+
+@pytest.mark.parametrize(("sig_id", "line", "also"), EXAMPLES, ids=[f"{e[0]}-{i}" for i, e in enumerate(EXAMPLES)])
+def test_example_matches_its_signature_only(
+    matcher: Matcher, catalog: Catalog, sig_id: str, line: str, also: frozenset[str]
+) -> None:
+    found = {catalog.signatures[i].id for i in matcher.match(line)}
+    assert sig_id in found
+    assert found - {sig_id} <= also, f"{line!r} also matched {sorted(found - {sig_id} - also)}"
+
+
+def test_ordinary_lines_never_match(matcher: Matcher) -> None:
+    ordinary = list(ORDINARY_LINES) + [
+        "[2026-12-02 14:00:05 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=70.87 GB",
+        "[2026-12-02 14:00:10 TP1] KV Cache is allocated. #tokens: 412345, K size: 25.17 GB, V size: 25.17 GB",
+        "[2026-12-02 14:00:14 TP0] Capture cuda graph end. Time elapsed: 3.71 s. mem usage=0.61 GB. avail mem=15.80 GB.",
+        "[2026-12-02 14:00:15] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
+        "Loading safetensors checkpoint shards: 100% Completed | 4/4 [00:03<00:00, 1.30it/s]",
+        "INFO 12-02 14:00:00 [gpu_model_runner.py:2000] Model loading took 15.0 GiB",
+    ]
+    for line in ordinary:
+        assert matcher.match(line) == (), line
+
+
+def test_sample_log_only_matches_expected_signatures(matcher: Matcher, catalog: Catalog) -> None:
+    path = Path(__file__).resolve().parents[1] / "radixtop" / "data" / "sample_incident.log"
+    found = set()
+    for line in path.read_text("utf-8").splitlines():
+        found |= {catalog.signatures[i].id for i in matcher.match(line)}
+    assert found == {
+        "server-ready",
+        "kv-pool-retract",
+        "radix-eviction-lock-contention",
+        "scheduler-exception",
+        "radix-page-lock-eviction",
+        "child-sigquit",
+    }
+
+
+# -- user catalogs ------------------------------------------------------------------------------
+
+GOOD = '''
+[[signature]]
+id = "{id}"
+title = "A custom failure"
+pattern = '{pattern}'
+severity = "{severity}"
+subsystem = "custom"
+meaning = "Something specific to this deployment."
+first_checks = ["look here"]
+competing = ["something else"]
+'''
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_user_catalog_adds_and_replaces(tmp_path: Path) -> None:
+    first = write(
+        tmp_path,
+        "site.toml",
+        GOOD.format(id="site-disk-full", pattern=r"No space left on device", severity="error")
+        + GOOD.format(id="kv-pool-retract", pattern=r"KV cache pool is full\.", severity="error"),
+    )
+    catalog = load_catalog([first])
+    builtin = load_catalog()
+    assert catalog.ids[: len(builtin.ids)] == builtin.ids  # a replaced id keeps its place
+    assert catalog.ids[-1] == "site-disk-full"
+    replaced = catalog.get("kv-pool-retract")
+    assert (replaced.severity, replaced.origin) == ("error", str(first))
+    assert catalog.notes == (f'signature "kv-pool-retract" from {first} replaces the built-in one',)
+
+    second = write(tmp_path, "team.toml", GOOD.format(id="site-disk-full", pattern="ENOSPC", severity="critical"))
+    catalog = load_catalog([first, second])
+    assert catalog.get("site-disk-full").severity == "critical"
+    assert catalog.notes[-1] == f'signature "site-disk-full" from {second} replaces the {first} one'
+    matcher = Matcher(catalog.signatures)
+    hits = {catalog.signatures[i].id for i in matcher.match("OSError: [Errno 28] ENOSPC")}
+    assert hits == {"site-disk-full"}
+
+
+def _error(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, "bad.toml", text)
+    with pytest.raises(CatalogError) as caught:
+        load_catalog([path])
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}:")
+    assert "; " in message  # what is wrong; what to do
+    return message[len(str(path)) + 1 :]
+
+
+def test_error_toml_syntax_has_line(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="error") + "\n[[signature]]\nid = \"b\ntitle = 3\n"
+    message = _error(tmp_path, text)
+    line = text.splitlines().index('id = "b') + 1
+    assert message.startswith(f"{line}: invalid TOML (")
+    assert "column" in message
+
+
+def test_error_missing_field_names_the_table_line(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="error") + GOOD.format(
+        id="x", pattern="x2", severity="error"
+    ).replace("pattern = 'x2'\n", "")
+    message = _error(tmp_path, text)
+    header = [i for i, line in enumerate(text.splitlines(), 1) if line == "[[signature]]"][1]
+    assert message == f'{header}: signature "x" has no pattern; add pattern = "..."'
+
+
+def test_error_missing_id(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="error").replace('id = "a"\n', "")
+    assert _error(tmp_path, text) == '2: a [[signature]] table has no id; add id = "kebab-case-name"'
+
+
+def test_error_bad_severity_points_at_the_key(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="fatal")
+    message = _error(tmp_path, text)
+    line = [i for i, l in enumerate(text.splitlines(), 1) if l.startswith("severity")][0]
+    assert message == f'{line}: signature "a" has severity "fatal"; use one of info, warning, error, critical'
+
+
+def test_error_unknown_key(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="error") + 'patern = "oops"\n'
+    message = _error(tmp_path, text)
+    assert message.startswith(f'{len(text.splitlines())}: signature "a" has unknown key "patern"; use only id, ')
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("Failed to (lock", "does not compile (missing ), unterminated subpattern at position 10)"),
+        ("lock(?=ed)", 'uses a lookaround at "(?="'),
+        ("(?<!un)locked page", 'uses a lookaround at "(?<!"'),
+        (r"(page) \1", r'uses a backreference at "\1"'),
+        (r"final line\Z", r'uses an escape only Python knows'),
+        ("(?P<what>page) lock", 'uses a named group at "(?P<w"'),
+        ("a++b", 'uses a possessive quantifier at "++"'),
+        ("(?>atomic)x", 'uses an atomic group at "(?>"'),
+        ("x*", "matches an empty line"),
+        ("token usage", "matches an ordinary Prefill/Decode batch line"),
+    ],
+)
+def test_error_bad_pattern_points_at_the_pattern_line(tmp_path: Path, pattern: str, expected: str) -> None:
+    text = GOOD.format(id="a", pattern=pattern, severity="error")
+    message = _error(tmp_path, text)
+    line = [i for i, l in enumerate(text.splitlines(), 1) if l.startswith("pattern")][0]
+    assert message.startswith(f'{line}: signature "a" pattern {expected}')
+
+
+def test_escaped_constructs_are_literals_and_allowed() -> None:
+    assert pattern_problem(r"literal \(\?= and a\+\+ plus") is None
+    assert pattern_problem(r"path\\1 and \\Z text") is None  # an escaped backslash, then a literal 1 / Z
+    assert pattern_problem(r"C:\\dir") is None
+
+
+def test_error_duplicate_id(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="error") + GOOD.format(id="a", pattern="x2", severity="error")
+    message = _error(tmp_path, text)
+    assert 'signature "a" is defined twice (first at line 2)' in message
+
+
+def test_error_wrong_types(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="error").replace('first_checks = ["look here"]', 'first_checks = "look"')
+    assert 'signature "a" first_checks must be a list of non-empty strings' in _error(tmp_path, text)
+    text = GOOD.format(id="Not Kebab", pattern="x1", severity="error")
+    assert 'signature "Not Kebab" id is not kebab-case' in _error(tmp_path, text)
+    text = GOOD.format(id="a", pattern="x1", severity="error").replace('title = "A custom failure"', "title = 5")
+    assert 'signature "a" title must be a non-empty string' in _error(tmp_path, text)
+
+
+def test_error_file_level_problems(tmp_path: Path) -> None:
+    assert _error(tmp_path, "").startswith("1: no [[signature]] tables found;")
+    assert _error(tmp_path, 'version = 2\n').startswith('1: unknown top-level key "version";')
+    assert _error(tmp_path, '[signature]\nid = "a"\n').startswith("1: no [[signature]] tables found;")
+
+    missing = tmp_path / "missing.toml"
+    with pytest.raises(CatalogError) as caught:
+        load_catalog([missing])
+    assert str(caught.value).startswith(f"{missing}:1: cannot read the signature file (")
+
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b'# ok\n# ok\n\xff\xfe\n')
+    with pytest.raises(CatalogError) as caught:
+        load_catalog([binary])
+    assert str(caught.value) == f"{binary}:3: the file is not UTF-8 text (byte 0xff); save it as UTF-8"

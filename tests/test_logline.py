@@ -1,0 +1,224 @@
+"""The log-line parser: every prefix shape SGLang (and vLLM, Python logging) writes, batch stats,
+continuation lines, and garbage that must never raise."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixtop.diagnosis.logline import (
+    BatchStats,
+    is_continuation,
+    opens_record,
+    parse_batch,
+    parse_line,
+    strip_ansi,
+)
+
+STAMP = "2026-12-02 14:00:00"
+EPOCH = time.mktime((2026, 12, 2, 14, 0, 0, 0, 0, -1))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "rank"),
+    [
+        ("", None),  # every parallel size is 1
+        (" TP3", "TP3"),
+        (" DP0", "DP0"),
+        (" DP0 TP3", "DP0 TP3"),
+        (" PP1 TP2", "PP1 TP2"),
+        (" DP1 PP0 TP2 EP1", "DP1 PP0 TP2 EP1"),
+        (" DP0 ATTN_CP1 MOE_DP0 TP1 EP3", "DP0 ATTN_CP1 MOE_DP0 TP1 EP3"),
+    ],
+)
+@pytest.mark.parametrize("ms", [None, "123"])
+def test_sglang_prefix_shapes(prefix: str, rank: str | None, ms: str | None) -> None:
+    stamp = STAMP + (f".{ms}" if ms else "")
+    parsed = parse_line(f"[{stamp}{prefix}] Load weight begin. avail mem=78.43 GB")
+    assert parsed.time == stamp
+    assert parsed.epoch == pytest.approx(EPOCH + (0.123 if ms else 0.0))
+    assert parsed.rank == rank
+    assert parsed.message == "Load weight begin. avail mem=78.43 GB"
+    assert parsed.level is None  # SGLang's default format writes no level name
+    assert parsed.batch is None
+
+
+def test_non_rank_words_in_the_prefix_are_tolerated() -> None:
+    parsed = parse_line(f"[{STAMP} encode_server] started")
+    assert (parsed.time, parsed.rank, parsed.message) == (STAMP, None, "started")
+
+
+def test_levels_written_in_the_message() -> None:
+    assert parse_line(f"[{STAMP} TP1] WARNING: radix cache eviction contended").level == "WARNING"
+    assert parse_line(f"[{STAMP}] WARN: something").level == "WARNING"
+    assert parse_line(f'[{STAMP}] INFO:     127.0.0.1:1 - "GET / HTTP/1.1" 200 OK').level == "INFO"
+    assert parse_line(f"[{STAMP}] ERROR failed").level == "ERROR"
+    assert parse_line(f"[{STAMP}] CRITICAL: down").level == "CRITICAL"
+    assert parse_line(f"[{STAMP}] DEBUG x").level == "DEBUG"
+    # A word that merely starts like a level is not one.
+    assert parse_line(f"[{STAMP}] INFOrmation").level is None
+    assert parse_line(f"[{STAMP}] Errors: 0").level is None
+
+
+def test_vllm_format_with_process_tags() -> None:
+    parsed = parse_line("INFO 12-02 14:00:00 [core.py:123] Engine started")
+    assert parsed.level == "INFO"
+    assert parsed.time == "12-02 14:00:00"
+    assert parsed.epoch is not None and time.localtime(parsed.epoch)[1:6] == (12, 2, 14, 0, 0)
+    assert parsed.message == "Engine started"
+    assert parsed.rank is None
+
+    parsed = parse_line("(VllmWorker rank=1 pid=4242) WARNING 12-02 14:00:01 [shm_broadcast.py:386] No available block")
+    assert (parsed.rank, parsed.level, parsed.message) == ("rank1", "WARNING", "No available block")
+
+    parsed = parse_line("(Worker_DP0_TP1_EP1 pid=7) ERROR 12-02 14:00:02.250 [core.py:868] boom")
+    assert parsed.rank == "DP0 TP1 EP1"
+    assert parsed.time == "12-02 14:00:02.250"
+
+    # vLLM releases before the bracketed file:line
+    parsed = parse_line("WARNING 05-09 00:49:33 scheduler.py:1057 Sequence group 0 is preempted")
+    assert parsed.level == "WARNING"
+    assert parsed.message.endswith("Sequence group 0 is preempted")
+
+
+def test_python_logging_format() -> None:
+    parsed = parse_line(f"{STAMP},123 - sglang.srt.managers.scheduler - WARNING - pool is full")
+    assert parsed.time == f"{STAMP},123"
+    assert parsed.epoch == pytest.approx(EPOCH + 0.123)
+    assert (parsed.level, parsed.message) == ("WARNING", "pool is full")
+
+
+def test_ray_and_torch_rank_tags() -> None:
+    parsed = parse_line(f"(SGLangEngine pid=23902) [{STAMP} TP1] Scheduler hit an exception: Traceback")
+    assert (parsed.time, parsed.rank) == (STAMP, "TP1")
+    parsed = parse_line("[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert parsed.time is None
+    assert parsed.rank == "rank2"
+    assert parsed.message.startswith("RuntimeError")
+
+
+def test_prefill_batch_current_wording() -> None:
+    parsed = parse_line(
+        f"[{STAMP} TP0] Prefill batch, #new-seq: 1, #new-token: 64, #cached-token: 0, token usage: 0.01, "
+        "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 0.00"
+    )
+    assert parsed.batch == BatchStats(
+        kind="prefill", token_usage=0.01, running_req=0, queue_req=0, cached_token=0, new_token=64, new_seq=1
+    )
+
+
+def test_prefill_batch_older_wording() -> None:
+    batch = parse_line(
+        f"[{STAMP}] Prefill batch. #new-seq: 2, #new-token: 2048, #cached-token: 512, token usage: 0.42, "
+        "#running-req: 7, #queue-req: 3"
+    ).batch
+    assert batch is not None
+    assert (batch.kind, batch.new_seq, batch.new_token, batch.cached_token) == ("prefill", 2, 2048, 512)
+    assert (batch.token_usage, batch.running_req, batch.queue_req) == (0.42, 7, 3)
+
+
+def test_decode_batch() -> None:
+    batch = parse_line(
+        f"[{STAMP} TP0] Decode batch, #running-req: 3, #token: 640, token usage: 0.04, cuda graph: True, "
+        "gen throughput (token/s): 1234.56, #queue-req: 0, "
+    ).batch
+    assert batch == BatchStats(
+        kind="decode", token_usage=0.04, running_req=3, queue_req=0, num_token=640, gen_throughput=1234.56
+    )
+
+
+def test_batch_fields_by_key_missing_or_reordered() -> None:
+    batch = parse_batch("Decode batch, #queue-req: 5, token usage: 0.90")
+    assert batch == BatchStats(kind="decode", token_usage=0.9, queue_req=5)
+    assert parse_batch("Decode batch, #running-req: many, token usage: ?") == BatchStats(kind="decode")
+    assert parse_batch("Prefill batch") == BatchStats(kind="prefill")
+    # Forward-iteration numbers and hybrid (SWA) pools
+    batch = parse_batch(
+        "Decode batch [812], #running-req: 9, #full token: 100, full token usage: 0.31, #swa token: 50, "
+        "swa token usage: 0.20, cuda graph: True, gen throughput (token/s): 10.00, #queue-req: 1"
+    )
+    assert batch is not None and (batch.running_req, batch.token_usage, batch.queue_req) == (9, 0.31, 1)
+    assert parse_batch("Prefilled the batch") is None
+    assert parse_line(f"[{STAMP}] Decode out of memory. Try to lower your batch size.").batch is None
+
+
+def test_crlf_and_ansi_are_removed() -> None:
+    parsed = parse_line(f"\x1b[32m[{STAMP} TP0]\x1b[0m \x1b[1;33mWARNING\x1b[0m: hot\r\n")
+    assert (parsed.time, parsed.rank, parsed.level, parsed.message) == (STAMP, "TP0", "WARNING", "WARNING: hot")
+    assert strip_ansi("\x1b]0;title\x07plain \x1b[0Kend") == "plain end"
+    assert strip_ansi("no escapes") == "no escapes"
+    batch = parse_line(f"[{STAMP}] Decode batch, #running-req: 3, token usage: 0.5\r\n").batch
+    assert batch is not None and batch.token_usage == 0.5
+
+
+def test_continuation_lines() -> None:
+    assert not is_continuation(f"[{STAMP} TP1] Scheduler hit an exception: Traceback (most recent call last):")
+    for line in [
+        "Traceback (most recent call last):",
+        '  File "/x/scheduler.py", line 10, in run',
+        "    scheduler.run_event_loop()",
+        "RadixCacheError: Failed to lock memory page during dynamic prefix eviction",
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+        "",
+        "Try to allocate 64 tokens.",
+        "[rank0]: RuntimeError: CUDA error",
+        "(SGLangEngine pid=1)   File \"x.py\", line 1, in f",
+    ]:
+        assert is_continuation(line), line
+        assert not opens_record(line)
+    assert opens_record("INFO 12-02 14:00:00 [a.py:1] x")
+    assert opens_record(f"{STAMP},5 - a - INFO - x")
+    assert opens_record(f"(VllmWorker rank=0 pid=1) INFO 12-02 14:00:00 [a.py:1] x")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "\x00\x01\x02",
+        "[",
+        "[]",
+        "[2026-13-45 99:99:99 TP0] impossible date",
+        "[9999-99-99 00:00:00] x",
+        "\ud800 lone surrogate",
+        "\ufffd\ufffd binary \x7f",
+        "(",
+        "(x pid=) y",
+        "INFO 99-99 99:99:99 x",
+        "Prefill batch, #new-seq: 1e400, token usage: nan, #token: inf",
+        "[" * 10000,
+    ],
+)
+def test_garbage_never_raises(line: str) -> None:
+    parsed = parse_line(line)
+    assert isinstance(parsed.message, str)
+    assert isinstance(is_continuation(line), bool)
+
+
+def test_impossible_dates_have_no_epoch_but_keep_the_text() -> None:
+    parsed = parse_line("[2026-13-45 99:99:99 TP0] impossible date")
+    assert parsed.epoch is None
+    assert parsed.time == "2026-13-45 99:99:99"
+    assert parsed.rank == "TP0"
+    assert parsed.message == "impossible date"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_arbitrary_text_never_raises(text: str) -> None:
+    parsed = parse_line(text)
+    assert isinstance(parsed.message, str)
+    is_continuation(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=200))
+def test_decoded_binary_never_raises(data: bytes) -> None:
+    text = data.decode("utf-8", "surrogateescape")
+    parse_line(text)
+    parse_line("[2026-12-02 14:00:00 TP0] " + text)
+    parse_batch("Decode batch, " + text)

@@ -1,0 +1,542 @@
+"""`radixtop sim`: the simulator as an SGLang-compatible HTTP server on loopback.
+
+Takes SGLang's own flags (so a real launch command can be replayed against it; flags it does not
+model are accepted and named in one log line), plus radixtop's `--fault`, `--step-ms`,
+`--instrument-port` and `--ready-file`. Logs are SGLang's format, one flushed line at a time, to
+`--log-file` or stdout. When the engine dies (the lock-race fault), the process dies as SGLang does:
+the death lines, then `Received sigquit from a child process...`, then a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+VERSION = "0.5.23-radixtop-sim"  # the SGLang release whose API and logs the simulator follows
+DEFAULT_MODEL = "radixtop/sim-model"
+SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# After the death lines, give in-flight requests this long to receive their 5xx, then exit.
+DEATH_GRACE_S = 0.3
+SHUTDOWN_TIMEOUT_S = 2.0
+
+
+class UsageError(Exception):
+    """A bad flag or value: one line on stderr, exit status 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Flags
+# ----------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage dump
+        raise UsageError(f"{message} (see `radixtop sim --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="radixtop sim",
+        description="An SGLang-compatible server over a simulated radix cache. Takes SGLang's flags; "
+        "SGLang flags it does not model are accepted and ignored (named in one log line).",
+        allow_abbrev=False,
+    )
+    g = p.add_argument_group("SGLang flags (same names and meaning)")
+    g.add_argument("--model-path", "--model", dest="model_path", default=DEFAULT_MODEL, help="echoed in /server_info and /v1/models")
+    g.add_argument("--served-model-name", default=None, help="name in /v1/models and metric labels (default: the model path)")
+    g.add_argument("--host", default=None, help="bind address (default 127.0.0.1; anything else prints a warning)")
+    g.add_argument("--port", type=int, default=30000, help="HTTP port (default 30000; 0 picks a free port and logs it)")
+    g.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 1)")
+    g.add_argument("--max-running-requests", type=int, default=None, help="scheduler batch bound (default 32)")
+    g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default 16384)")
+    g.add_argument("--disable-radix-cache", action="store_true")
+    g.add_argument("--radix-eviction-policy", default="lru", help="lru (default) or another policy the cache knows")
+    g.add_argument("--enable-metrics", action="store_true", help="serve /metrics (Prometheus text)")
+    g.add_argument("--enable-cache-report", action="store_true", help="report cached tokens in /v1 usage")
+    g.add_argument("--enable-deterministic-inference", action="store_true")
+    g.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int, default=1)
+    g.add_argument("--dp-size", "--data-parallel-size", "--dp", dest="dp_size", type=int, default=1)
+    g.add_argument("--decode-log-interval", type=int, default=40)
+    g.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
+    g.add_argument("--mem-fraction-static", type=float, default=None, help="accepted and echoed")
+    g.add_argument("--attention-backend", default=None, help="accepted and echoed")
+    g.add_argument("--disable-overlap-schedule", action="store_true", help="accepted and echoed")
+    r = p.add_argument_group("radixtop flags")
+    r.add_argument("--log-file", default=None, metavar="PATH", help="append logs here, flushed per line (default stdout)")
+    r.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME[:SEED][:K=V,...]",
+        help="inject a fault: lock-race, block-boundary, leak, double-unlock (repeatable)",
+    )
+    r.add_argument("--step-ms", type=float, default=2.0, help="simulated scheduler step time (default 2 ms)")
+    r.add_argument(
+        "--instrument-port",
+        type=int,
+        default=None,
+        metavar="BASE",
+        help="debug endpoint of rank r on 127.0.0.1:BASE+r (default: free ports, listed in /server_info)",
+    )
+    r.add_argument("--ready-file", default=None, metavar="PATH", help="write the bound port here once ready")
+    return p
+
+
+@dataclass
+class SimOptions:
+    args: argparse.Namespace
+    argv: list[str]
+    ignored: list[str] = field(default_factory=list)  # SGLang flags (with their values) not modelled
+    faults: list[Any] = field(default_factory=list)  # radixtop.sim.faults.FaultSpec
+
+    @property
+    def host(self) -> str:
+        return self.args.host or "127.0.0.1"
+
+
+def _group_unknown(tokens: Sequence[str]) -> list[str]:
+    """['--context-length', '32768', '--trust-remote-code'] -> ['--context-length 32768', '--trust-remote-code']."""
+    groups: list[str] = []
+    for token in tokens:
+        if token.startswith("-") or not groups:
+            groups.append(token)
+        else:
+            groups[-1] += f" {token}"
+    return groups
+
+
+def fault_text(text: str) -> str:
+    """Accept `name:SEED[:k=v,...]` as well as FaultSpec's own `name:seed=SEED,k=v`."""
+    name, _, rest = text.partition(":")
+    first, _, more = rest.partition(":")
+    if first.strip().lstrip("-").isdigit():
+        rest = ",".join(part for part in (f"seed={first.strip()}", more) if part)
+    return f"{name}:{rest}" if rest else name
+
+
+def parse_options(argv: Sequence[str]) -> SimOptions:
+    from radixtop.sim.faults import FaultSpec
+
+    args, unknown = build_parser().parse_known_args(list(argv))
+    ignored = _group_unknown(unknown)
+    if ignored and not ignored[0].startswith("-"):
+        raise UsageError(f"unexpected argument {ignored[0]!r}; flags start with --")
+    checks = [
+        (args.port is not None and not 0 <= args.port <= 65535, f"--port must be within 0..65535, got {args.port}"),
+        (args.page_size is not None and args.page_size < 1, f"--page-size must be at least 1, got {args.page_size}"),
+        (
+            args.max_running_requests is not None and args.max_running_requests < 1,
+            f"--max-running-requests must be at least 1, got {args.max_running_requests}",
+        ),
+        (args.max_total_tokens is not None and args.max_total_tokens < 1, f"--max-total-tokens must be at least 1, got {args.max_total_tokens}"),
+        (not 1 <= args.tp_size <= 64, f"--tp-size must be within 1..64, got {args.tp_size}"),
+        (not 1 <= args.dp_size <= 64, f"--dp-size must be within 1..64, got {args.dp_size}"),
+        (args.decode_log_interval < 1, f"--decode-log-interval must be at least 1, got {args.decode_log_interval}"),
+        (not 0 <= args.step_ms <= 10_000, f"--step-ms must be within 0..10000, got {args.step_ms}"),
+        (
+            args.instrument_port is not None and not 0 < args.instrument_port <= 65535 - 128,
+            f"--instrument-port must be within 1..{65535 - 128}, got {args.instrument_port}",
+        ),
+    ]
+    for bad, message in checks:
+        if bad:
+            raise UsageError(message)
+    faults = []
+    for text in args.fault:
+        try:
+            faults.append(FaultSpec.parse(fault_text(text)))
+        except ValueError as exc:
+            raise UsageError(f"--fault {text}: {exc}") from None
+    return SimOptions(args=args, argv=list(argv), ignored=ignored, faults=faults)
+
+
+def sim_config(opts: SimOptions) -> Any:
+    from radixtop.sim.engine import SimConfig
+
+    a = opts.args
+    values: dict[str, Any] = {
+        "disable_radix_cache": a.disable_radix_cache,
+        "radix_eviction_policy": a.radix_eviction_policy,
+        "tp_size": a.tp_size,
+        "dp_size": a.dp_size,
+        "decode_log_interval": a.decode_log_interval,
+        "enable_deterministic_inference": a.enable_deterministic_inference,
+        "faults": tuple(opts.faults),
+        "step_time_s": a.step_ms / 1000.0,
+    }
+    for name in ("page_size", "max_running_requests", "max_total_tokens"):
+        if getattr(a, name) is not None:
+            values[name] = getattr(a, name)
+    log_ms = os.environ.get("SGLANG_LOG_MS")
+    if log_ms is not None:  # SGLang's switch for the .mmm in timestamps
+        values["log_ms"] = log_ms.strip().lower() in ("1", "true", "yes", "on")
+    return SimConfig(**values)
+
+
+def server_args_dict(opts: SimOptions, config: Any, port: int) -> dict[str, Any]:
+    """/server_info's flat dict: SGLang field names, resolved values."""
+    a = opts.args
+    return {
+        "model_path": a.model_path,
+        "tokenizer_path": a.model_path,
+        "served_model_name": a.served_model_name or a.model_path,
+        "host": opts.host,
+        "port": port,
+        "page_size": config.page_size,
+        "max_running_requests": config.max_running_requests,
+        "max_total_tokens": config.max_total_tokens,
+        "disable_radix_cache": config.disable_radix_cache,
+        "radix_eviction_policy": config.radix_eviction_policy,
+        "enable_metrics": a.enable_metrics,
+        "enable_cache_report": a.enable_cache_report,
+        "enable_deterministic_inference": config.enable_deterministic_inference,
+        "tp_size": config.tp_size,
+        "dp_size": config.dp_size,
+        "pp_size": 1,
+        "decode_log_interval": config.decode_log_interval,
+        "log_level": a.log_level,
+        "mem_fraction_static": a.mem_fraction_static,
+        "attention_backend": a.attention_backend,
+        "disable_overlap_schedule": a.disable_overlap_schedule,
+        "weight_version": "default",
+        "radixtop_faults": [
+            {"name": f.name, "seed": f.seed, "params": dict(f.params)} for f in opts.faults
+        ],
+        "radixtop_step_ms": a.step_ms,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Logs
+# ----------------------------------------------------------------------------------------------
+
+
+class LogSink:
+    """Whole lines to a file (appended, flushed per line so tailers see them at once) or stdout."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._owned = path is not None
+        self._stream: TextIO = open(path, "a", encoding="utf-8", buffering=1) if path else sys.stdout
+        self.saw_sigquit = False
+
+    def write(self, line: str) -> None:
+        if SIGQUIT_LINE in line:
+            self.saw_sigquit = True
+        with self._lock:
+            try:
+                self._stream.write(line if line.endswith("\n") else line + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed stdout (the reader went away) must not take the server down
+
+    def close(self) -> None:
+        if self._owned:
+            with self._lock:
+                self._stream.close()
+
+
+class _SinkHandler(logging.Handler):
+    """Routes uvicorn's and the instrument's `logging` records into the sink."""
+
+    def __init__(self, sink: LogSink, level: int):
+        super().__init__(level)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sink.write(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+def _configure_logging(sink: LogSink, level_name: str, log_ms: bool) -> list[tuple[logging.Logger, logging.Handler]]:
+    """uvicorn's lines as SGLang configures them (set_uvicorn_logging_configs); radixtop's own
+    loggers (the debug endpoints, the engine's hook errors) in SGLang's main-process format."""
+    from uvicorn.logging import AccessFormatter, DefaultFormatter
+
+    level = getattr(logging, level_name.upper())
+    installed = []
+
+    def attach(name: str, formatter: logging.Formatter) -> None:
+        logger = logging.getLogger(name)
+        handler = _SinkHandler(sink, level)
+        handler.setFormatter(formatter)
+        logger.handlers = [handler]
+        logger.setLevel(level)
+        logger.propagate = False
+        installed.append((logger, handler))
+
+    datefmt = "%Y-%m-%d %H:%M:%S"
+    attach("uvicorn.error", DefaultFormatter("[%(asctime)s] %(levelprefix)s %(message)s", datefmt, use_colors=False))
+    attach(
+        "uvicorn.access",
+        AccessFormatter('[%(asctime)s] %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s', datefmt, use_colors=False),
+    )
+    ms = ".%(msecs)03d" if log_ms else ""
+    attach("radixtop", logging.Formatter(f"[%(asctime)s{ms}] %(message)s", datefmt))
+    return installed
+
+
+# ----------------------------------------------------------------------------------------------
+# Serving
+# ----------------------------------------------------------------------------------------------
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn starts, so a taken port is a clean one-line error and no race follows."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; never a live listener
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(f"port {port} on {host} is in use; pick another with --port") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --host/--port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _write_ready_file(path: str, port: int) -> None:
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{port}\n", encoding="utf-8")
+    os.replace(tmp, target)  # readers never see a half-written file
+
+
+def _time_evictions(cache: Any, observe: Callable[[float], None]) -> None:
+    """Time each evict() call on this cache for sglang:eviction_duration_seconds."""
+    original = cache.evict
+
+    def evict(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = original(*args, **kwargs)
+        freed = getattr(result, "num_tokens_evicted", None)
+        if freed is None or freed > 0:  # SGLang observes only passes that evicted something
+            observe(time.perf_counter() - started)
+        return result
+
+    cache.evict = evict
+
+
+class SimServer:
+    """Engine + debug endpoints + uvicorn, and the rules for how they end together."""
+
+    def __init__(self, opts: SimOptions, sock: socket.socket, sink: LogSink):
+        from radixtop.sim.engine import Engine
+        from radixtop.sim.logfmt import format_line
+
+        self.opts = opts
+        self.sock = sock
+        self.sink = sink
+        self.port = sock.getsockname()[1]
+        self.config = sim_config(opts)
+        self._format_line = format_line
+        self.engine = Engine(self.config, emit=sink.write)
+        self.instruments: list[Any] = []
+        self.server: Any = None
+        self.exit_code = 0
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM outside uvicorn's own handling (before it serves, or re-raised after): leave cleanly."""
+        if self.server is None:
+            raise SystemExit(128 + signum)
+        self.server.should_exit = True
+
+    def log(self, message: str) -> None:
+        """A main-process line (no rank prefix), as SGLang's http_server writes it."""
+        self.sink.write(self._format_line(message, when=time.time(), log_ms=self.config.log_ms))
+
+    def _start_instruments(self) -> list[str]:
+        from radixtop.instrument.endpoint import Instrumentation
+
+        base = self.opts.args.instrument_port
+        urls = []
+        for index, (rank, cache) in enumerate(sorted(self.engine.caches.items())):
+            inst = Instrumentation(cache, rank=rank, port=0 if base is None else base + index)
+            self.instruments.append(inst)
+            if inst.start():
+                urls.append(inst.endpoint.url)
+        safe_points = [inst.safe_point for inst in self.instruments]
+
+        def safe_point(*_: Any) -> None:
+            for call in safe_points:
+                call()
+
+        self.engine.on_safe_point.append(safe_point)
+        return urls
+
+    async def run(self) -> int:
+        import uvicorn
+
+        from radixtop.sim.metrics import SimMetrics
+        from radixtop.sim.server import SimState, build_app
+
+        a = self.opts.args
+        if a.host is not None and a.host not in _LOOPBACK:
+            warning = (
+                f"WARNING: radixtop sim is serving on {a.host}:{self.port}, reachable beyond this machine; "
+                "the simulator has no authentication. Use --host 127.0.0.1 unless you mean it."
+            )
+            print(f"radixtop sim: {warning}", file=sys.stderr)
+            self.log(warning)
+        if self.opts.ignored:
+            self.log(
+                "radixtop sim: accepted and ignored SGLang flags it does not model: "
+                + ", ".join(self.opts.ignored)
+            )
+        server_args = server_args_dict(self.opts, self.config, self.port)
+        self.log(f"server_args={server_args}")
+        metrics = None
+        if a.enable_metrics:
+            metrics = SimMetrics(
+                self.engine.stats,
+                model_name=server_args["served_model_name"],
+                tp_size=self.config.tp_size,
+                dp_size=self.config.dp_size,
+            )
+            for index, (_, cache) in enumerate(sorted(self.engine.caches.items())):
+                _time_evictions(cache, lambda seconds, i=index: metrics.observe_eviction(i, seconds))
+        urls = self._start_instruments()
+        stats = self.engine.stats()
+        state = SimState(
+            engine=self.engine,
+            server_args=server_args,
+            launch_command=" ".join(self.opts.argv),
+            served_model_name=server_args["served_model_name"],
+            context_len=stats.max_total_num_tokens,
+            version=VERSION,
+            metrics=metrics,
+            instrument_urls=urls,
+            enable_cache_report=a.enable_cache_report,
+            log_error=self.log,
+        )
+        config = uvicorn.Config(
+            build_app(state),
+            host=self.opts.host,
+            port=self.port,
+            log_config=None,
+            log_level=a.log_level,
+            access_log=a.log_level in ("debug", "info"),
+            lifespan="off",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=1,
+        )
+        self.server = uvicorn.Server(config)
+        engine_task = asyncio.create_task(self.engine.run(), name="sim-engine")
+        server_task = asyncio.create_task(self.server.serve(sockets=[self.sock]), name="sim-http")
+        try:
+            await self._wait_started(server_task, engine_task)
+            if self.server.started and self.engine.dead_reason is None and not engine_task.done():
+                # uvicorn does not announce sockets it was handed; say where it listens (--port 0).
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", self.opts.host, self.port
+                )
+                state.ready = True
+                if a.ready_file:
+                    _write_ready_file(a.ready_file, self.port)
+                if a.log_file:
+                    print(f"radixtop sim: serving http://{self.opts.host}:{self.port} (logs: {a.log_file})", flush=True)
+                self.engine.emit_ready()
+            await asyncio.wait({engine_task, server_task}, return_when=asyncio.FIRST_COMPLETED)
+            if server_task.done() and not engine_task.done():
+                return await self._stop_engine(engine_task, server_task)
+            return await self._die(engine_task, server_task)
+        finally:
+            for inst in self.instruments:
+                inst.close()
+
+    async def _wait_started(self, server_task: asyncio.Task, engine_task: asyncio.Task) -> None:
+        deadline = time.monotonic() + 30.0
+        while not self.server.started and time.monotonic() < deadline:
+            if server_task.done() or engine_task.done():
+                return
+            await asyncio.sleep(0.01)
+
+    async def _stop_engine(self, engine_task: asyncio.Task, server_task: asyncio.Task) -> int:
+        """uvicorn stopped (SIGINT/SIGTERM): stop the engine and leave cleanly."""
+        self.engine.stop()
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(engine_task, SHUTDOWN_TIMEOUT_S)
+        exc = server_task.exception() if not server_task.cancelled() else None
+        if exc is not None:
+            self.log(f"HTTP server stopped with an error: {type(exc).__name__}: {exc}")
+            return 1
+        return 0
+
+    async def _die(self, engine_task: asyncio.Task, server_task: asyncio.Task) -> int:
+        """The scheduler is gone: SGLang's parent gets SIGQUIT, logs it, and takes the server down."""
+        reason = self.engine.dead_reason
+        if reason is None:  # run() returned or raised without declaring death
+            exc = engine_task.exception() if not engine_task.cancelled() else None
+            reason = f"{type(exc).__name__}: {exc}" if exc is not None else "the engine stopped"
+            self.log(f"Scheduler hit an exception: {reason}")
+        await asyncio.sleep(DEATH_GRACE_S)  # in-flight requests receive their 5xx
+        if not self.sink.saw_sigquit:
+            self.log(SIGQUIT_LINE)
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(server_task), 0.5)
+        except (asyncio.TimeoutError, Exception):
+            self.server.force_exit = True
+        return 1
+
+
+def main(argv: list[str]) -> int:
+    try:
+        opts = parse_options(argv)
+    except UsageError as exc:
+        print(f"radixtop sim: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    try:
+        sock = bind_socket(opts.host, opts.args.port)
+    except UsageError as exc:
+        print(f"radixtop sim: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sink = LogSink(opts.args.log_file)
+    except OSError as exc:
+        sock.close()
+        print(f"radixtop sim: cannot open --log-file {opts.args.log_file}: {exc.strerror or exc}; pick a writable path", file=sys.stderr)
+        return 2
+    installed: list[tuple[logging.Logger, logging.Handler]] = []
+    try:
+        try:
+            sim = SimServer(opts, sock, sink)
+        except ValueError as exc:  # the engine refused the configuration
+            print(f"radixtop sim: {exc}", file=sys.stderr)
+            return 2
+        installed = _configure_logging(sink, opts.args.log_level, sim.config.log_ms)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sim.on_sigterm)
+        try:
+            return asyncio.run(sim.run())
+        except KeyboardInterrupt:
+            return 130
+    finally:
+        for logger, handler in installed:
+            logger.removeHandler(handler)
+        with contextlib.suppress(OSError):
+            sock.close()
+        sink.close()

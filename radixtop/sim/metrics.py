@@ -1,0 +1,139 @@
+"""`/metrics` in Prometheus text with SGLang's metric names and labels (sglang 0.5.23).
+
+Scheduler gauges (`sglang:token_usage`, ...) carry `model_name, engine_type, tp_rank, pp_rank,
+moe_ep_rank` and come from TP rank 0 only, as in SGLang where only the stats-logging rank reports.
+Radix-cache metrics (`sglang:evicted_tokens_total`, `sglang:eviction_duration_seconds`) carry
+`cache_type, tp_rank, pp_rank, dp_rank`, one series per rank. Token counters
+(`sglang:prompt_tokens_total`, `sglang:generation_tokens_total`) are the tokenizer's:
+`model_name, engine_type, is_streaming`.
+
+Everything is yielded by one collector in a CollectorRegistry of its own (never the global one).
+The gauges are read from `engine.stats()` at scrape time, so nothing is kept in sync by hand; and no
+`_created` series are written, because SGLang's multiprocess collector writes none.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector
+
+ENGINE_TYPE = "unified"  # DisaggregationMode.to_engine_type for a non-disaggregated server
+CACHE_TYPE = "RadixCache"  # the cache class name SGLang puts in cache_type
+# SGLang's bucket_eviction_duration.
+EVICTION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+SCHEDULER_GAUGES = (
+    # (metric name, EngineStats field, documentation as SGLang writes it)
+    ("sglang:num_running_reqs", "num_running_reqs", "The number of running requests."),
+    ("sglang:num_queue_reqs", "num_queue_reqs", "The number of requests in the waiting queue."),
+    ("sglang:gen_throughput", "gen_throughput", "The generation throughput (token/s)."),
+    ("sglang:cache_hit_rate", "cache_hit_rate", "The prefix cache hit rate."),
+    ("sglang:token_usage", "token_usage", "The token usage."),
+    ("sglang:kv_available_tokens", "available_tokens", "Number of free token slots in the KV cache pool."),
+    (
+        "sglang:kv_evictable_tokens",
+        "evictable_tokens",
+        "Number of evictable (radix-cached) token slots in the KV cache pool.",
+    ),
+    ("sglang:num_retracted_reqs", "num_retracted_reqs", "The number of retracted requests."),
+)
+
+
+class _Histogram:
+    """Bucket counts for one label set."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(EVICTION_BUCKETS) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(EVICTION_BUCKETS, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip([*map(str, EVICTION_BUCKETS), "+Inf"], self.counts):
+            running += count
+            out.append((bound, float(running)))
+        return out
+
+
+class SimMetrics(Collector):
+    """The simulator's metrics, in a registry of their own."""
+
+    def __init__(self, stats: Callable[[], Any], *, model_name: str, tp_size: int = 1, dp_size: int = 1):
+        self._stats = stats
+        self._scheduler_labels = {
+            "model_name": model_name,
+            "engine_type": ENGINE_TYPE,
+            "tp_rank": "0",
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
+        if dp_size > 1:
+            self._scheduler_labels["dp_rank"] = "0"
+        # Rank index r = tp + dp * tp_size, as radixtop.sim.cli numbers the debug endpoints.
+        self.rank_labels = [
+            {"cache_type": CACHE_TYPE, "tp_rank": str(tp), "pp_rank": "0", "dp_rank": str(dp)}
+            for dp in range(dp_size)
+            for tp in range(tp_size)
+        ]
+        self._evictions = [_Histogram() for _ in self.rank_labels]
+        self._model_name = model_name
+        self._prompt_tokens = {False: 0, True: 0}
+        self._generation_tokens = {False: 0, True: 0}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def observe_request(self, prompt_tokens: int, completion_tokens: int, streaming: bool) -> None:
+        self._prompt_tokens[bool(streaming)] += prompt_tokens
+        self._generation_tokens[bool(streaming)] += completion_tokens
+
+    def observe_eviction(self, rank_index: int, seconds: float) -> None:
+        """One eviction pass on rank `rank_index` took `seconds`."""
+        self._evictions[rank_index].observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+
+    def collect(self) -> Iterable[Any]:
+        stats = self._stats()
+        names, values = list(self._scheduler_labels), list(self._scheduler_labels.values())
+        for metric, attr, doc in SCHEDULER_GAUGES:
+            family = GaugeMetricFamily(metric, doc, labels=names)
+            family.add_metric(values, float(getattr(stats, attr)))
+            yield family
+
+        rank_names = list(self.rank_labels[0])
+        # One pool count per rank: TP ranks replicate the tree, so each evicts the same tokens.
+        evicted = CounterMetricFamily(
+            "sglang:evicted_tokens",
+            "The number of device KV token slots freed by eviction.",
+            labels=rank_names,
+        )
+        duration = HistogramMetricFamily(
+            "sglang:eviction_duration_seconds",
+            "End-to-end time of a device eviction pass in seconds.",
+            labels=rank_names,
+        )
+        for labels, histogram in zip(self.rank_labels, self._evictions):
+            evicted.add_metric(list(labels.values()), float(stats.evicted_tokens_total))
+            duration.add_metric(list(labels.values()), histogram.buckets(), histogram.total)
+        yield evicted
+        yield duration
+
+        token_names = ["model_name", "engine_type", "is_streaming"]
+        for metric, doc, counts in (
+            ("sglang:prompt_tokens", "Number of prefill tokens processed.", self._prompt_tokens),
+            ("sglang:generation_tokens", "Number of generation tokens processed.", self._generation_tokens),
+        ):
+            family = CounterMetricFamily(metric, doc, labels=token_names)
+            for streaming, count in counts.items():
+                family.add_metric([self._model_name, ENGINE_TYPE, str(streaming).lower()], float(count))
+            yield family

@@ -1,0 +1,546 @@
+"""SGLang's HTTP API over the simulator's Engine, as a Starlette app.
+
+Shapes follow sglang 0.5.23's `entrypoints/http_server.py` and its OpenAI layer:
+- native routes (`/generate`, ...) answer bad input with SGLang's `{"error": {"message": ...}}`
+  (we add `type`, `param` and `code` beside `message`, so one parser reads both);
+- OpenAI routes (`/v1/...`) answer with SGLang's flat `ErrorResponse`
+  (`{"object": "error", "message", "type": "BadRequestError", "param", "code": 400}`);
+- a dead engine answers 503 everywhere a request needs it, never a hang.
+Nothing here blocks the event loop: the engine is async and every handler awaits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from radixtop.sim.engine import EngineDead
+
+# SGLang's defaults where a request leaves a field out.
+GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens
+DEFAULT_TEMPERATURE = 1.0
+HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+# Bounds that keep one request from tying the simulator up; SGLang has none, but a sim that
+# hangs on `n: 10**9` helps nobody.
+MAX_N = 128
+MAX_BATCH = 4096
+
+FLUSH_OK_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+FLUSH_FAILED_TEXT = "Flush cache failed.\n"
+
+
+class BadRequest(Exception):
+    """Input the server refuses: 400 with this message."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SimState:
+    """Everything the routes read; built by radixtop.sim.cli."""
+
+    engine: Any  # radixtop.sim.engine.Engine
+    server_args: dict[str, Any]  # SGLang field names -> values, as /server_info reports them
+    launch_command: str  # the argv as launched, joined by spaces (SGLang's own form)
+    served_model_name: str
+    context_len: int
+    version: str
+    metrics: Any = None  # radixtop.sim.metrics.SimMetrics when --enable-metrics
+    instrument_urls: list[str] = field(default_factory=list)
+    enable_cache_report: bool = False
+    log_error: Callable[[str], None] = lambda message: None
+    startup_time: float = field(default_factory=time.time)
+    ready: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.engine.dead_reason is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Request parsing (shared by /generate and /v1/completions)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int
+    temperature: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    input_ids: list[int]
+    rid: str | None
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if not body:
+        raise BadRequest("The request body is empty; send a JSON object.")
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(
+            f"The request body must be a JSON object, got {type(payload).__name__}."
+        )
+    return payload
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_field(obj: dict[str, Any], name: str, default: int, *, minimum: int, param: str) -> int:
+    value = obj.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value):
+        raise BadRequest(f"{name} must be an integer, got {value!r}.", param)
+    if value < minimum:
+        raise BadRequest(f"{name} must be at least {minimum}, got {value}.", param)
+    return value
+
+
+def _temperature(obj: dict[str, Any], param: str) -> float:
+    value = obj.get("temperature", DEFAULT_TEMPERATURE)
+    if value is None:
+        return DEFAULT_TEMPERATURE
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"temperature must be a number, got {value!r}.", param)
+    if not math.isfinite(value) or value < 0:
+        # SamplingParams.verify's wording.
+        raise BadRequest(f"temperature must be a non-negative finite number, got {value}.", param)
+    return float(value)
+
+
+def _sampling(obj: Any, *, max_tokens_key: str, default_max: int, param: str) -> Sampling:
+    if obj is None:
+        obj = {}
+    if not isinstance(obj, dict):
+        raise BadRequest(f"{param} must be a JSON object, got {type(obj).__name__}.", param)
+    max_new = _int_field(obj, max_tokens_key, default_max, minimum=0, param=param)
+    n = _int_field(obj, "n", 1, minimum=1, param=param)
+    if n > MAX_N:
+        raise BadRequest(f"n must be at most {MAX_N} in the simulator, got {n}.", param)
+    return Sampling(max_new_tokens=max_new, temperature=_temperature(obj, param), n=n)
+
+
+def _token_list(value: Any, param: str) -> list[int]:
+    if not isinstance(value, list) or not all(_is_int(t) for t in value):
+        raise BadRequest(f"{param} must be a list of integer token ids.", param)
+    if not value:
+        raise BadRequest("input_ids cannot be empty.", param)  # io_struct's wording
+    if any(t < 0 for t in value):
+        raise BadRequest(f"{param} holds a negative token id.", param)
+    return value
+
+
+def _prompts(
+    tokenize: Callable[[str], list[int]], text: Any, input_ids: Any, rid: Any, *, text_key: str
+) -> tuple[list[Prompt], bool]:
+    """The prompts as token lists, and whether the request was a single one (not a batch)."""
+    if (text is None) == (input_ids is None):
+        raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+    if text is not None:
+        single = isinstance(text, str)
+        texts = [text] if single else text
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise BadRequest(f"{text_key} must be a string or a non-empty list of strings.", text_key)
+        token_lists = [tokenize(t) for t in texts]
+        if any(not ids for ids in token_lists):
+            raise BadRequest(f"{text_key} must not be empty.", text_key)
+    else:
+        if not isinstance(input_ids, list) or not input_ids:
+            raise BadRequest("input_ids cannot be empty.", "input_ids")
+        single = not isinstance(input_ids[0], list)
+        token_lists = [_token_list(input_ids, "input_ids")] if single else [
+            _token_list(ids, "input_ids") for ids in input_ids
+        ]
+    if len(token_lists) > MAX_BATCH:
+        raise BadRequest(f"A batch holds at most {MAX_BATCH} prompts in the simulator.")
+    rids = _rids(rid, len(token_lists), single)
+    return [Prompt(ids, r) for ids, r in zip(token_lists, rids)], single
+
+
+def _rids(rid: Any, count: int, single: bool) -> list[str | None]:
+    if rid is None:
+        return [None] * count
+    if single and isinstance(rid, str):
+        return [rid]
+    if isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid):
+        return list(rid)
+    raise BadRequest("rid must be a string for a single request, or a list of one string per prompt.", "rid")
+
+
+def _check_lengths(prompts: Sequence[Prompt], sampling: Sampling, context_len: int) -> None:
+    # TokenizerManager._validate_one_request's checks and wording.
+    for prompt in prompts:
+        n_in = len(prompt.input_ids)
+        if n_in >= context_len:
+            raise BadRequest(
+                f"The input ({n_in} tokens) is longer than the model's context length "
+                f"({context_len} tokens)."
+            )
+        total = n_in + sampling.max_new_tokens
+        if total > context_len:
+            raise BadRequest(
+                "Requested token count exceeds the model's maximum context length "
+                f"of {context_len} tokens. You requested a total of {total} tokens: {n_in} "
+                f"tokens from the input messages and {sampling.max_new_tokens} tokens for the "
+                "completion. Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit."
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# Running requests on the engine
+# ----------------------------------------------------------------------------------------------
+
+
+def _finish_reason(result: Any) -> dict[str, Any] | None:
+    """SGLang's meta_info finish_reason: {"type": "length", "length": n} or {"type": "stop", ...}."""
+    reason = result.finish_reason
+    if reason is None or isinstance(reason, dict):
+        return reason
+    if reason == "length":
+        return {"type": "length", "length": result.completion_tokens}
+    if reason == "stop":
+        return {"type": "stop", "matched": result.output_ids[-1] if result.output_ids else None}
+    return {"type": str(reason)}
+
+
+async def _run_all(state: SimState, prompts: Sequence[Prompt], sampling: Sampling) -> list[tuple[str, Any, float]]:
+    """Generate n samples per prompt; results grouped per prompt (SGLang's order: i * n + j).
+
+    With n > 1 SGLang first runs each prompt once with max_new_tokens=0 to cache its prefix; the
+    simulator does the same, so the samples meet the cache the way they would in SGLang.
+    """
+    engine = state.engine
+    if sampling.n > 1:
+        await asyncio.gather(*(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0) for p in prompts))
+    jobs: list[tuple[str, Awaitable[Any]]] = []
+    for prompt in prompts:
+        for j in range(sampling.n):
+            rid = prompt.rid if prompt.rid is not None and sampling.n == 1 else None
+            if prompt.rid is not None and sampling.n > 1:
+                rid = f"{prompt.rid}-{j}"
+            rid = rid or uuid.uuid4().hex
+            jobs.append(
+                (
+                    rid,
+                    engine.generate(
+                        prompt.input_ids,
+                        max_new_tokens=sampling.max_new_tokens,
+                        temperature=sampling.temperature,
+                        rid=rid,
+                    ),
+                )
+            )
+    started = time.perf_counter()
+    tasks = [asyncio.ensure_future(job) for _, job in jobs]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    elapsed = time.perf_counter() - started
+    return [(rid, result, elapsed) for (rid, _), result in zip(jobs, results)]
+
+
+def _count_tokens(state: SimState, runs: Sequence[tuple[str, Any, float]], streaming: bool) -> None:
+    if state.metrics is not None:
+        for _, result, _ in runs:
+            state.metrics.observe_request(result.prompt_tokens, result.completion_tokens, streaming)
+
+
+def _generate_item(state: SimState, rid: str, result: Any, elapsed: float) -> dict[str, Any]:
+    return {
+        "text": result.text,
+        "output_ids": list(result.output_ids),
+        "meta_info": {
+            "id": rid,
+            "finish_reason": _finish_reason(result),
+            "prompt_tokens": result.prompt_tokens,
+            "weight_version": state.server_args.get("weight_version", "default"),
+            "completion_tokens": result.completion_tokens,
+            "cached_tokens": result.cached_tokens,
+            "e2e_latency": round(elapsed, 6),
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Responses
+# ----------------------------------------------------------------------------------------------
+
+
+def native_error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
+    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError" if status == 503 else "InternalServerError"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+
+
+def openai_error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
+    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError" if status == 503 else "InternalServerError"
+    return JSONResponse(
+        {"object": "error", "message": message, "type": kind, "param": param, "code": status},
+        status_code=status,
+    )
+
+
+def _dead_message(state: SimState) -> str:
+    return f"The scheduler died: {state.engine.dead_reason or 'unknown reason'}. The server is shutting down."
+
+
+async def _guarded(
+    state: SimState, handler: Callable[[], Awaitable[Response]], error: Callable[..., JSONResponse]
+) -> Response:
+    """Map every failure of a request to a JSON error; nothing a client sends kills the server."""
+    try:
+        if not state.alive:
+            return error(_dead_message(state), 503)
+        return await handler()
+    except BadRequest as exc:
+        state.log_error(f"[http_server] Error: {exc}")
+        return error(str(exc), 400, exc.param)
+    except ValueError as exc:  # the engine's verdict on the input
+        state.log_error(f"[http_server] Error: {exc}")
+        return error(str(exc), 400)
+    except EngineDead:
+        return error(_dead_message(state), 503)
+
+
+def _sse(chunks: Sequence[dict[str, Any]]) -> StreamingResponse:
+    async def body():
+        for chunk in chunks:
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+# ----------------------------------------------------------------------------------------------
+# Routes
+# ----------------------------------------------------------------------------------------------
+
+
+def build_app(state: SimState) -> Starlette:
+    engine = state.engine
+
+    async def health(request: Request) -> Response:
+        # 0.5.23: /health answers without generating unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.
+        return Response(status_code=200 if state.ready and state.alive else 503)
+
+    async def health_generate(request: Request) -> Response:
+        if not (state.ready and state.alive):
+            return Response(status_code=503)
+        try:
+            await asyncio.wait_for(
+                engine.generate([0], max_new_tokens=1, temperature=0.0, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"),
+                HEALTH_CHECK_TIMEOUT_S,
+            )
+        except (EngineDead, asyncio.TimeoutError, ValueError):
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def server_info(request: Request) -> Response:
+        stats = engine.stats()
+        internal = {
+            "dp_rank": 0,
+            "last_gen_throughput": stats.gen_throughput,
+            "token_usage": stats.token_usage,
+            "num_running_reqs": stats.num_running_reqs,
+            "num_queue_reqs": stats.num_queue_reqs,
+            "cache_hit_rate": stats.cache_hit_rate,
+            "max_total_num_tokens": stats.max_total_num_tokens,
+            "available_tokens": stats.available_tokens,
+            "evictable_tokens": stats.evictable_tokens,
+            "protected_tokens": stats.protected_tokens,
+            "evicted_tokens_total": stats.evicted_tokens_total,
+            "num_retracted_reqs": stats.num_retracted_reqs,
+        }
+        body = {
+            **state.server_args,
+            "launch_command": state.launch_command,
+            "max_total_num_tokens": stats.max_total_num_tokens,
+            "max_req_input_len": state.context_len - 1,
+            "startup_time": state.startup_time,
+            "internal_states": [internal],
+            "version": state.version,
+            "frontend": "python",
+            "radixtop_instrument": list(state.instrument_urls),
+        }
+        return JSONResponse(body)
+
+    async def model_info(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "model_path": state.server_args.get("model_path"),
+                "served_model_name": state.served_model_name,
+                "tokenizer_path": state.server_args.get("tokenizer_path"),
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": state.server_args.get("weight_version", "default"),
+            }
+        )
+
+    async def flush_cache(request: Request) -> Response:
+        if not state.alive:
+            return PlainTextResponse(FLUSH_FAILED_TEXT, status_code=400)
+        ok = engine.flush_cache()
+        return PlainTextResponse(FLUSH_OK_TEXT if ok else FLUSH_FAILED_TEXT, status_code=200 if ok else 400)
+
+    async def generate(request: Request) -> Response:
+        async def handle() -> Response:
+            body = await _json_object(request)
+            params = body.get("sampling_params")
+            if isinstance(params, list):  # one dict per prompt in SGLang; the sim needs them equal
+                if not params or any(p != params[0] for p in params):
+                    raise BadRequest(
+                        "sampling_params as a list must repeat one set of parameters in the simulator.",
+                        "sampling_params",
+                    )
+                params = params[0]
+            sampling = _sampling(params, max_tokens_key="max_new_tokens", default_max=GENERATE_DEFAULT_MAX_NEW_TOKENS, param="sampling_params")
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise BadRequest("stream must be true or false.", "stream")
+            prompts, single = _prompts(engine.tokenizer.encode, body.get("text"), body.get("input_ids"), body.get("rid"), text_key="text")
+            _check_lengths(prompts, sampling, state.context_len)
+            runs = await _run_all(state, prompts, sampling)
+            _count_tokens(state, runs, stream)
+            items = [_generate_item(state, *run) for run in runs]
+            if stream:
+                return _sse(items)
+            return JSONResponse(items[0] if single and sampling.n == 1 else items)
+
+        return await _guarded(state, handle, native_error)
+
+    async def completions(request: Request) -> Response:
+        async def handle() -> Response:
+            media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if media != "application/json":
+                raise BadRequest("Unsupported Media Type: Only 'application/json' is allowed", "content-type")
+            body = await _json_object(request)
+            if "prompt" not in body:
+                raise BadRequest("prompt is required.", "prompt")
+            prompt = body["prompt"]
+            text, ids = (None, prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str) else (prompt, None)
+            sampling = _sampling(body, max_tokens_key="max_tokens", default_max=COMPLETIONS_DEFAULT_MAX_TOKENS, param="max_tokens")
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise BadRequest("stream must be true or false.", "stream")
+            prompts, _ = _prompts(engine.tokenizer.encode, text, ids, None, text_key="prompt")
+            _check_lengths(prompts, sampling, state.context_len)
+            runs = await _run_all(state, prompts, sampling)
+            _count_tokens(state, runs, stream)
+            created = int(time.time())
+            response_id = f"cmpl-{uuid.uuid4().hex}"
+            choices = []
+            for index, (_, result, _) in enumerate(runs):
+                reason = _finish_reason(result) or {}
+                choices.append(
+                    {
+                        "index": index,
+                        "text": result.text,
+                        "logprobs": None,
+                        "finish_reason": reason.get("type"),
+                        "matched_stop": reason.get("matched"),
+                    }
+                )
+            prompt_tokens = sum(r.prompt_tokens for i, (_, r, _) in enumerate(runs) if i % sampling.n == 0)
+            completion_tokens = sum(r.completion_tokens for _, r, _ in runs)
+            usage: dict[str, Any] = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": None,
+            }
+            cached = sum(r.cached_tokens for _, r, _ in runs)
+            if state.enable_cache_report and cached:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            model = body.get("model") if isinstance(body.get("model"), str) else state.served_model_name
+            payload = {
+                "id": response_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": usage,
+            }
+            if stream:
+                chunks = [
+                    {"id": response_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+                    for choice in choices
+                ]
+                return _sse(chunks)
+            return JSONResponse(payload)
+
+        return await _guarded(state, handle, openai_error)
+
+    def _model_card() -> dict[str, Any]:
+        return {
+            "id": state.served_model_name,
+            "object": "model",
+            "created": int(state.startup_time),
+            "owned_by": "sglang",
+            "root": state.served_model_name,
+            "parent": None,
+            "max_model_len": state.context_len,
+        }
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card()]})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        if name != state.served_model_name:
+            return JSONResponse(
+                {"error": {"message": f"The model '{name}' does not exist", "type": "invalid_request_error", "param": "model", "code": "model_not_found"}},
+                status_code=404,
+            )
+        return JSONResponse(_model_card())
+
+    async def metrics(request: Request) -> Response:
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/generate", generate, methods=["POST", "PUT"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+    ]
+    if state.metrics is not None:  # SGLang mounts /metrics only with --enable-metrics
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
+    return Starlette(routes=routes)

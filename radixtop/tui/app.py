@@ -1,0 +1,488 @@
+"""The radixtop app: the live log pane, the findings list and the status line, wired to the probes.
+
+Data flow (see DESIGN.md): one worker consumes the LogFollower's batches; the signature matching
+for each batch runs in a thread (`Ingestor.process`) so the event loop only appends finished
+entries to the ring. A timer (15 Hz) redraws, and only when the state's version moved: nothing
+redraws per line. Every handler is guarded: an exception becomes a visible notice, not a dead app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import traceback
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Input, Label, OptionList, Static
+
+from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
+from radixtop.tui.help import HelpScreen
+from radixtop.tui.state import DEFAULT_CAPACITY, IncidentState, Ingestor, finding_file
+from radixtop.widgets.findings import EvidenceScreen, FindingsList
+from radixtop.widgets.logview import LogView, _time_of_day
+from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
+
+REFRESH_HZ = 15
+_MAX_WORKER_RESTARTS = 5
+_MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
+
+
+def no_log_message() -> list[str]:
+    """What the pane says when no --log was given."""
+    lines = [
+        "radixtop is not following any log yet.",
+        "",
+        "Point it at your server's log (repeat --log for each rank; globs work):",
+        "    radixtop --log /path/to/server.log",
+        "    radixtop --log '/var/log/sglang/*.log' --from-start",
+        "",
+    ]
+    sample = resources.files("radixtop") / "data" / "sample_incident.log"
+    if sample.is_file():
+        lines += ["Or look at the bundled sample incident:", f"    radixtop --log {sample} --from-start", ""]
+    lines += [
+        "Automatic discovery of a running server's logs and a built-in demo (a simulated failing",
+        "server) are planned for later versions. Press ? for keys, q to quit.",
+    ]
+    return lines
+
+
+def guarded(what: str) -> Callable:
+    """Turn an exception in a handler into a notice in the log pane instead of a dead app."""
+
+    def decorate(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def wrapper(self: RadixtopApp, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                self.report_failure(what, exc)
+                return None
+
+        return wrapper
+
+    return decorate
+
+
+class RadixtopApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "radixtop"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("f", "toggle_follow", "Follow"),
+        Binding("p", "toggle_pause", "Pause"),
+        Binding("slash", "prompt('search')", "Search"),
+        Binding("n", "search(True)", "Next match", show=False),
+        Binding("N", "search(False)", "Previous match", show=False),
+        Binding("ampersand,backslash", "prompt('filter')", "Filter"),
+        Binding("e", "hit(True)", "Next hit"),
+        Binding("E", "hit(False)", "Previous hit", show=False),
+        Binding("t", "cycle_theme", "Theme"),
+        Binding("escape", "clear", "Clear", show=False),
+    ]
+
+    def __init__(
+        self,
+        *,
+        log_patterns: Sequence[str] = (),
+        from_start: bool = False,
+        theme: str | None = None,
+        catalog: Any = None,
+        context: int = 100,
+        capacity: int = DEFAULT_CAPACITY,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__()
+        for t in THEMES.values():
+            self.register_theme(t)
+        self.theme = CLI_THEMES.get(theme or "dark", "radixtop-dark")
+        self.log_patterns = list(log_patterns)
+        self.from_start = from_start
+        if catalog is None:
+            from radixtop.diagnosis.catalog import load_catalog
+
+            catalog = load_catalog()
+        self.catalog = catalog
+        from radixtop.diagnosis.findings import FindingsBuilder
+        from radixtop.diagnosis.matcher import Matcher
+
+        self.matcher = Matcher(catalog.signatures)
+        self.builder = FindingsBuilder(catalog, matcher=self.matcher, context=context)
+        self.ingestor = Ingestor(self.builder, catalog)
+        self.state = IncidentState(capacity, clock=clock) if clock else IncidentState(capacity)
+        self.follower: Any = None
+        self._drawn_version = -1
+        self._prompt_mode: str | None = None
+        self._failures: dict[str, int] = {}
+
+    # -- layout ------------------------------------------------------------------------------------
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return variable_defaults()
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield LogView(self.state, id="log")
+            with Vertical(id="findings-panel"):
+                yield Static("Findings", id="findings-title")
+                yield FindingsList(id="findings")
+        with Horizontal(id="prompt-bar"):
+            yield Label("/", id="prompt-label")
+            yield Input(id="prompt", compact=True)
+        yield StatusLine(id="status")
+        yield Footer(compact=True)
+
+    @property
+    def log_view(self) -> LogView:
+        return self.query_one("#log", LogView)
+
+    @property
+    def findings_list(self) -> FindingsList:
+        return self.query_one("#findings", FindingsList)
+
+    def on_mount(self) -> None:
+        self.log_view.focus()
+        if self.matcher.fallback_note:
+            self.state.add_notice("radixtop", "engine", self.matcher.fallback_note)
+        for note in getattr(self.catalog, "notes", ()):
+            self.state.add_notice("radixtop", "catalog", note)
+        if not self.log_patterns:
+            self.state.add_message(no_log_message())
+        else:
+            self._start_following()
+        self.set_interval(1 / REFRESH_HZ, self._tick)
+        self.set_interval(1.0, self._poll_health)
+        self._tick()
+
+    # -- reading the logs --------------------------------------------------------------------------
+
+    def _start_following(self) -> None:
+        from radixtop.probes.logs import LogFollower
+
+        try:
+            self.follower = LogFollower(self.log_patterns, from_start=self.from_start)
+        except (OSError, ValueError, TypeError) as exc:
+            self.state.add_notice("radixtop", "error", f"cannot follow {self.log_patterns}: {exc}")
+            return
+        self._poll_health()
+        self._consume()
+
+    @work(exclusive=True, group="logs", exit_on_error=False)
+    async def _consume(self) -> None:
+        follower = self.follower
+        failures = 0
+        while True:
+            try:
+                async for batch in follower.batches():
+                    result = await asyncio.to_thread(self.ingestor.process, batch)
+                    self.state.apply(result)
+                return  # the follower was stopped
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self.report_failure("reading the logs", exc)
+                if failures > _MAX_WORKER_RESTARTS:
+                    self.state.add_notice(
+                        "radixtop", "error", "log reading failed repeatedly; stopped (restart radixtop to retry)"
+                    )
+                    return
+                await asyncio.sleep(min(5.0, 0.5 * failures))
+
+    def _poll_health(self) -> None:
+        if self.follower is None:
+            return
+        try:
+            self.state.set_health(self.follower.health())
+        except Exception as exc:
+            self.report_failure("reading the sources' health", exc)
+
+    def _stop_following(self) -> None:
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            try:
+                follower.stop()
+            except Exception:
+                pass
+
+    async def action_quit(self) -> None:
+        self._stop_following()
+        self.exit(0)
+
+    def on_unmount(self) -> None:
+        self._stop_following()
+
+    # -- failures ----------------------------------------------------------------------------------
+
+    def report_failure(self, what: str, exc: BaseException) -> None:
+        count = self._failures[what] = self._failures.get(what, 0) + 1
+        self.log.error(f"{what} failed:\n{''.join(traceback.format_exception(exc))}")
+        if count <= _MAX_FAILURE_NOTICES:
+            suffix = "" if count < _MAX_FAILURE_NOTICES else " (further failures of this kind are not shown)"
+            try:
+                self.state.add_notice("radixtop", "error", f"{what} failed: {exc!r}; radixtop keeps running{suffix}")
+            except Exception:
+                pass
+
+    # -- the timer: redraw only when something changed ---------------------------------------------
+
+    @guarded("refreshing the screen")
+    def _tick(self) -> None:
+        state = self.state
+        if state.version != self._drawn_version:
+            self._drawn_version = state.version
+            self.log_view.refresh_view()
+            self.findings_list.show_report(state.report, state.label)
+            count = len(state.report.findings) if state.report is not None else 0
+            self.query_one("#findings-title", Static).update(f"Findings ({count})  Tab · Enter jumps · d evidence")
+        self.query_one(StatusLine).show(self.status_info())
+
+    def status_info(self) -> StatusInfo:
+        state = self.state
+        view = self.log_view
+        mode = "PAUSED" if state.paused else ("FOLLOW" if view.follow else "SCROLL")
+        report = state.report
+        initiating = None
+        if report is not None and report.initiating is not None:
+            sig_id, occ = report.initiating
+            try:
+                title = self.catalog.get(sig_id).title
+            except Exception:
+                title = sig_id
+            rank = occ.rank or "no rank"
+            initiating = f"{rank} {_time_of_day(occ.time)} {title} ({state.label(occ.file)}:{occ.line})"
+        sources = tuple(SourceStatus(s.label, s.state, s.detail) for s in state.sources())
+        if self.follower is None and self.log_patterns and not sources:
+            sources = (SourceStatus("logs", "error", "not followed; see the notice in the pane"),)
+        engine = f"matcher: {self.matcher.engine}"
+        return StatusInfo(
+            mode=mode,
+            pending=state.pending_count,
+            total_lines=state.total_lines,
+            rate=state.lines_per_second(),
+            sources=sources,
+            initiating=initiating,
+            findings=len(report.findings) if report is not None else 0,
+            filter_text=state.filter_text,
+            filter_rows=state.view_len if state.filter_text else 0,
+            search_text=state.search_text,
+            engine=engine,
+        )
+
+    # -- keys --------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Main-screen keys do nothing while the help or evidence screen is open.
+        if isinstance(self.screen, ModalScreen) and action not in ("quit",):
+            return False
+        return True
+
+    @guarded("help")
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    @guarded("follow")
+    def action_toggle_follow(self) -> None:
+        self.log_view.set_follow(not self.log_view.follow)
+        self._tick()
+
+    @guarded("pause")
+    def action_toggle_pause(self) -> None:
+        state = self.state
+        dropped = state.set_paused(not state.paused)
+        if dropped:
+            self.notify(
+                f"{dropped:,} lines read while paused did not fit the {state.capacity:,}-line view buffer; "
+                "the findings still include them",
+                severity="warning",
+            )
+        self._tick()
+
+    @guarded("cycle theme")
+    def action_cycle_theme(self) -> None:
+        self.theme = next_theme(self.theme)
+
+    @guarded("findings")
+    def action_toggle_findings(self) -> None:
+        findings = self.findings_list
+        if self.focused is findings:
+            self.screen.remove_class("-show-findings")
+            self.log_view.focus()
+        else:
+            self.screen.add_class("-show-findings")
+            findings.focus()
+
+    # search and filter share one prompt line
+    @guarded("prompt")
+    def action_prompt(self, mode: str) -> None:
+        self._prompt_mode = mode
+        bar = self.query_one("#prompt-bar")
+        label = self.query_one("#prompt-label", Label)
+        prompt = self.query_one("#prompt", Input)
+        label.update("Search /" if mode == "search" else "Filter &")
+        prompt.placeholder = (
+            "text to find (Enter; Esc cancels; n/N next/previous)"
+            if mode == "search"
+            else "show only lines containing (Enter; Esc cancels)"
+        )
+        prompt.value = (self.state.search_text if mode == "search" else self.state.filter_text) or ""
+        bar.add_class("-visible")
+        prompt.focus()
+
+    def _close_prompt(self) -> None:
+        self._prompt_mode = None
+        self.query_one("#prompt-bar").remove_class("-visible")
+        self.log_view.focus()
+
+    @guarded("search/filter input")
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        mode, text = self._prompt_mode, event.value
+        self._close_prompt()
+        if mode == "search":
+            self.apply_search(text)
+        elif mode == "filter":
+            self.apply_filter(text)
+
+    def apply_search(self, text: str) -> None:
+        state, view = self.state, self.log_view
+        state.set_search(text or None)
+        view.invalidate()
+        if not text:
+            return
+        # The nearest match at or above the bottom of the screen: in a live tail, the latest one.
+        row = state.find_search(view.reference_row(forward=False), forward=False)
+        if row is None:
+            self.notify(f"no line in view contains {text!r}", severity="warning")
+        else:
+            view.jump_to_row(row)
+        self._tick()
+
+    def apply_filter(self, text: str) -> None:
+        state, view = self.state, self.log_view
+        anchor = view.cursor_seq
+        state.set_filter(text or None)
+        view.refresh_view()
+        if anchor is not None and state.row_of(anchor) is not None:
+            view.jump_to_row(state.row_of(anchor))  # type: ignore[arg-type]
+        elif not view.follow:
+            view.set_follow(True)
+        if text and state.view_len == 0:
+            self.notify(f"no line in view contains {text!r} (yet); Esc clears the filter", severity="warning")
+        self._tick()
+
+    @guarded("search")
+    def action_search(self, forward: bool) -> None:
+        state, view = self.state, self.log_view
+        if not state.search_text:
+            self.action_prompt("search")
+            return
+        row = state.find_search(view.reference_row(forward), forward)
+        if row is None:
+            self.notify(f"no line in view contains {state.search_text!r}", severity="warning")
+            return
+        view.jump_to_row(row)
+        self._tick()
+
+    @guarded("next/previous hit")
+    def action_hit(self, forward: bool) -> None:
+        view = self.log_view
+        row = self.state.find_hit(view.reference_row(forward), forward)
+        if row is None:
+            self.notify("no line in view matched a failure signature", severity="information")
+            return
+        view.jump_to_row(row)
+        view.focus()
+        self._tick()
+
+    @guarded("clear")
+    def action_clear(self) -> None:
+        state, view = self.state, self.log_view
+        if self._prompt_mode is not None:
+            self._close_prompt()
+        elif self.focused is self.findings_list:
+            self.screen.remove_class("-show-findings")
+            view.focus()
+        elif state.search_text:
+            state.set_search(None)
+            view.invalidate()
+        elif state.filter_text:
+            self.apply_filter("")
+        elif view.cursor_seq is not None:
+            view.cursor_seq = None
+            view.refresh()
+        self._tick()
+
+    # -- findings ----------------------------------------------------------------------------------
+
+    @guarded("jump to finding")
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        finding = self.findings_list.finding_at(event.option_index)
+        if finding is not None:
+            self.jump_to_finding(finding)
+
+    def on_findings_list_details_requested(self, event: FindingsList.DetailsRequested) -> None:
+        self.push_screen(EvidenceScreen(event.finding, self.state.label))
+
+    def jump_to_finding(self, finding: Any) -> None:
+        """Show the finding's first line in the log pane with the lines before it; when that line
+        has left the view buffer, show the evidence the FindingsBuilder kept instead."""
+        state, view = self.state, self.log_view
+        seq = self.find_occurrence(finding.first.file, finding.first.line)
+        if seq is not None and state.row_of(seq) is None and state.filter_text:
+            state.set_filter(None)
+            view.refresh_view()
+            self.notify("filter cleared to show the finding", severity="information")
+        row = state.row_of(seq) if seq is not None else None
+        if row is None:
+            self.notify("its first line has left the view buffer: showing the evidence kept for it")
+            self.push_screen(EvidenceScreen(finding, state.label))
+            return
+        height = max(1, view.scrollable_content_region.height)
+        view.jump_to_row(row, context=(height * 2) // 3)
+        self.screen.remove_class("-show-findings")
+        view.focus()
+        self._tick()
+
+    def find_occurrence(self, file: str, line: int) -> int | None:
+        """Sequence number of the ring entry for a finding's occurrence (file as the builder saw it)."""
+        state = self.state
+        # Hits are few and the first occurrence is among the earliest: walk them in order.
+        for seq in state.hit_seqs():
+            entry = state.entry(seq)
+            if entry is not None and entry.lineno == line and finding_file(entry.source, entry.generation) == file:
+                return seq
+        return None
+
+
+def run_tui(args: Any) -> int:
+    """Entry point for the default command: `radixtop [--log PATH ...]`."""
+    from radixtop.cli import UsageError
+    from radixtop.diagnosis.catalog import CatalogError, load_catalog
+
+    try:
+        catalog = load_catalog(getattr(args, "signatures", None) or ())
+    except CatalogError as exc:
+        raise UsageError(str(exc)) from exc
+    context = getattr(args, "context", 100)
+    if context is None or context < 0:
+        raise UsageError(f"--context must be 0 or more lines, got {context}")
+    app = RadixtopApp(
+        log_patterns=list(getattr(args, "log", None) or ()),
+        from_start=bool(getattr(args, "from_start", False)),
+        theme=getattr(args, "theme", None),
+        catalog=catalog,
+        context=context,
+    )
+    app.run()
+    return 0

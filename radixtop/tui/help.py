@@ -1,0 +1,78 @@
+"""The help screen (`?`): keys, what the markers and the status line mean."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from radixtop.themes import SEVERITY_MARKERS
+
+KEYS: tuple[tuple[str, str], ...] = (
+    ("q", "quit"),
+    ("?", "this help (Esc closes)"),
+    ("f", "follow the newest line on/off (scrolling up also stops following; End or G resumes)"),
+    ("p", "pause the view: lines are still read, matched and buffered; the status line counts them"),
+    ("/", "search (smart case: ignores case unless you type a capital); n / N next / previous"),
+    ("& or \\", "filter: show only lines containing the text; Esc clears search, then filter"),
+    ("e / E", "next / previous line that matched a failure signature"),
+    ("Tab", "to the findings list and back; Enter jumps to a finding's first line, d shows its evidence"),
+    ("t", "next theme: dark, light, high contrast"),
+    ("↑ ↓ PgUp PgDn Home End", "scroll (also j k b Space g G); ← → scroll long lines; mouse wheel works"),
+)
+
+
+def help_text() -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style=Style(bold=True), no_wrap=True)
+    table.add_column()
+    for key, what in KEYS:
+        table.add_row(key, what)
+    table.add_row("", "")
+    table.add_row(Text("Markers", style=Style(bold=True, underline=True)), "")
+    table.add_row(SEVERITY_MARKERS["critical"], "critical signature (reverse video)")
+    table.add_row(SEVERITY_MARKERS["error"], "error signature (bold, underlined match)")
+    table.add_row(SEVERITY_MARKERS["warning"], "warning signature (underlined match)")
+    table.add_row(SEVERITY_MARKERS["info"], "informational signature")
+    table.add_row(SEVERITY_MARKERS["notice"], "radixtop notice: file rotated, truncated, deleted, waiting, cut, or an internal error")
+    table.add_row("", "")
+    table.add_row(Text("Status line", style=Style(bold=True, underline=True)), "")
+    table.add_row("FOLLOW/SCROLL", "following the newest line, or scrolled back")
+    table.add_row("PAUSED +N", "the view is frozen; N lines wait and appear on p")
+    table.add_row("first:", "the earliest warning-or-worse signature across all files, its rank and time")
+    table.add_row("sources", "each followed file: ok, waiting, rotated, truncated, deleted or error, with why")
+    table.add_row("lines /s", "lines read in total and per second; then the matching engine in use")
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll {
+        width: 90%; max-width: 110; height: auto; max-height: 90%;
+        border: round $primary; background: $surface; padding: 0 1;
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "close", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(help_text(), id="help-body")
+
+    def on_mount(self) -> None:
+        scroller = self.query_one(VerticalScroll)
+        scroller.border_title = "radixtop keys"
+        scroller.border_subtitle = "Esc closes"
+        scroller.focus()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,332 @@
+"""The live log pane: a Line-API ScrollView over the incident state's ring of entries.
+
+Only the visible rows are ever rendered, each once (Strips cached by entry sequence number), so the
+pane costs the same with 100 lines or 100,000. The app calls `refresh_view()` on its timer when the
+state changed; nothing here redraws per line, reads files or blocks.
+
+A row: severity marker (2 cells, readable without colour), the source's short name when several
+files are followed, the time of day, the rank, then the message. Lines that matched a signature get
+the severity's style on the marker and the matched span and its colour on the whole line.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.cache import LRUCache
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from radixtop.diagnosis.logline import parse_line
+from radixtop.themes import SEVERITY_MARKERS
+from radixtop.tui.state import IncidentState, LogEntry
+
+# Tabs become one space and other control characters a visible replacement, one for one, so the
+# offsets of the matched span still point at the same characters.
+_CONTROL = str.maketrans({**{i: "\ufffd" for i in range(32)}, 9: " ", 127: "\ufffd"})
+_TIME_WIDTH = 12  # "HH:MM:SS.mmm"
+_MAX_SOURCE_WIDTH = 16
+
+
+def _time_of_day(written: str | None) -> str:
+    """ "2026-12-02 14:00:00.123" -> "14:00:00.123"; other formats as written."""
+    if not written:
+        return ""
+    if len(written) >= 19 and written[4] == "-" and written[10] in " T":
+        return written[11:]
+    return written
+
+
+class LogView(ScrollView, can_focus=True):
+    """Scrollable view of the incident state's log entries."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "logview--critical",
+        "logview--critical-line",
+        "logview--error",
+        "logview--error-line",
+        "logview--warning",
+        "logview--warning-line",
+        "logview--info",
+        "logview--info-line",
+        "logview--notice",
+        "logview--message",
+        "logview--search",
+        "logview--cursor",
+        "logview--dim",
+    }
+
+    DEFAULT_CSS = """
+    LogView {
+        background: $surface;
+        color: $foreground;
+        overflow-x: auto;
+        overflow-y: scroll;
+        scrollbar-size-vertical: 1;
+        scrollbar-size-horizontal: 1;
+    }
+    LogView > .logview--critical { color: $sev-critical; text-style: bold reverse; }
+    LogView > .logview--critical-line { color: $sev-critical; text-style: bold; }
+    LogView > .logview--error { color: $sev-error; text-style: bold underline; }
+    LogView > .logview--error-line { color: $sev-error; }
+    LogView > .logview--warning { color: $sev-warning; text-style: underline; }
+    LogView > .logview--warning-line { color: $sev-warning; }
+    LogView > .logview--info { color: $sev-info; text-style: italic; }
+    LogView > .logview--info-line { }
+    LogView > .logview--notice { color: $sev-notice; text-style: italic; }
+    LogView > .logview--message { color: $foreground; text-style: bold; }
+    LogView > .logview--search { color: $background; background: $search-match; text-style: bold; }
+    LogView > .logview--cursor { background: $cursor-line; }
+    LogView > .logview--dim { color: $log-dim; }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("tab", "app.toggle_findings", "Findings"),
+        Binding("k", "scroll_up", "Up", show=False),
+        Binding("j", "scroll_down", "Down", show=False),
+        Binding("g", "scroll_home", "Top", show=False),
+        Binding("G", "scroll_end", "End (follow)", show=False),
+        Binding("b", "page_up", "Page up", show=False),
+        Binding("space", "page_down", "Page down", show=False),
+    ]
+
+    def __init__(self, state: IncidentState, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.state = state
+        self.follow = True  # keep the newest line in view
+        self.cursor_seq: int | None = None  # the line a jump landed on (highlighted)
+        self._cache: LRUCache[int, Strip] = LRUCache(2048)
+        self._layout_key: tuple = ()
+        self._rank_width = 0
+        self._styles: dict[str, Style] | None = None
+        self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
+        self._render_failures = 0
+
+    # -- styles and cache --------------------------------------------------------------------------
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles = None
+        self._cache.clear()
+
+    def _style(self, name: str) -> Style:
+        styles = self._styles
+        if styles is None:
+            styles = self._styles = {
+                cls.removeprefix("logview--"): self.get_component_rich_style(cls, partial=True)
+                for cls in self.COMPONENT_CLASSES
+            }
+        return styles[name]
+
+    def invalidate(self) -> None:
+        """Forget every rendered row (search text, theme or layout changed)."""
+        self._cache.clear()
+        self.virtual_size = Size(self._prefix_width() + min(self.state.max_width, 4096), self.state.view_len)
+        self.refresh()
+
+    def _prefix_width(self) -> int:
+        source = self._source_width()
+        return 3 + (source + 1 if source else 0) + _TIME_WIDTH + 1 + (self._rank_width + 1 if self._rank_width else 0)
+
+    def _source_width(self) -> int:
+        if self.state.source_count <= 1:
+            return 0
+        widths = [len(view.label) for view in self.state.sources()]
+        return min(max(widths, default=0), _MAX_SOURCE_WIDTH)
+
+    # -- following the state -----------------------------------------------------------------------
+
+    def refresh_view(self) -> None:
+        """Bring the view up to date with the state (called on the app's timer, not per line)."""
+        state = self.state
+        layout_key = (self._source_width(), state.search_text)
+        if layout_key != self._layout_key:
+            self._layout_key = layout_key
+            self._cache.clear()
+        if self.cursor_seq is not None and state.entry(self.cursor_seq) is None:
+            self.cursor_seq = None
+        self.virtual_size = Size(self._prefix_width() + min(state.max_width, 4096), state.view_len)
+        if self.follow:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+        elif self._anchor is not None:
+            # Old lines left the ring: move up by as many rows so the same lines stay on screen.
+            row = state.row_of(self._anchor)
+            if row is None:
+                row = 0 if self._anchor < state.first_seq else None
+            if row is not None and row != round(self.scroll_y):
+                self.scroll_to(y=row, animate=False, immediate=True)
+        self._anchor = state.view_seq(round(self.scroll_y))
+        self.refresh()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._anchor = self.state.view_seq(round(new_value))
+
+    def set_follow(self, follow: bool) -> None:
+        self.follow = follow
+        if follow:
+            self.cursor_seq = None
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+            self.refresh()
+
+    def _stop_following(self) -> None:
+        self.follow = False
+
+    # -- user scrolling (up stops following; End/G resumes) ----------------------------------------
+
+    def action_scroll_up(self) -> None:
+        self._stop_following()
+        super().action_scroll_up()
+
+    def action_page_up(self) -> None:
+        self._stop_following()
+        super().action_page_up()
+
+    def action_scroll_home(self) -> None:
+        self._stop_following()
+        self.scroll_to(y=0, animate=False, immediate=True)
+
+    def action_scroll_end(self) -> None:
+        self.set_follow(True)
+
+    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        if not (event.ctrl or event.shift):
+            self._stop_following()
+        super()._on_mouse_scroll_up(event)
+
+    def _on_scroll_up(self, event) -> None:  # scrollbar click above the thumb
+        self._stop_following()
+        super()._on_scroll_up(event)
+
+    def _on_scroll_to(self, message) -> None:  # scrollbar drag
+        if message.y is not None and message.y < self.max_scroll_y:
+            self._stop_following()
+        super()._on_scroll_to(message)
+
+    # -- jumping -----------------------------------------------------------------------------------
+
+    def jump_to_row(self, row: int, *, context: int | None = None) -> None:
+        """Highlight the entry at `row` and scroll so that lines before it (its context) show too."""
+        seq = self.state.view_seq(row)
+        if seq is None:
+            return
+        self.follow = False
+        self.cursor_seq = seq
+        height = max(1, self.scrollable_content_region.height)
+        above = height // 3 if context is None else min(context, height - 1)
+        self.scroll_to(y=max(0, row - above), animate=False, immediate=True)
+        self._anchor = self.state.view_seq(round(self.scroll_y))
+        self.refresh()
+
+    @property
+    def cursor_row(self) -> int | None:
+        if self.cursor_seq is None:
+            return None
+        return self.state.row_of(self.cursor_seq)
+
+    def reference_row(self, forward: bool) -> int:
+        """Where n/N/e/E start from: the highlighted line, else the screen's edge in that direction."""
+        row = self.cursor_row
+        if row is not None:
+            return row
+        top = round(self.scroll_y)
+        if forward:
+            return top - 1
+        return min(self.state.view_len, top + self.scrollable_content_region.height)
+
+    # -- rendering ---------------------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.scrollable_content_region.width
+        base = self.rich_style
+        seq = self.state.view_seq(scroll_y + y)
+        entry = self.state.entry(seq) if seq is not None else None
+        if entry is None:
+            return Strip.blank(width, base)
+        strip = self._cache.get(seq)
+        if strip is None:
+            try:
+                strip = self._render_entry(entry)
+            except Exception as exc:  # a line we cannot style is still shown, plainly
+                strip = Strip([Segment(entry.text.translate(_CONTROL))])
+                self._render_failures += 1
+                if self._render_failures == 1:
+                    self.log.error(f"rendering {entry!r} failed: {exc!r}")
+            self._cache[seq] = strip
+        if seq == self.cursor_seq:
+            base = base + self._style("cursor")
+        return strip.crop_extend(scroll_x, scroll_x + width, None).apply_style(base)
+
+    def _render_entry(self, entry: LogEntry) -> Strip:
+        style = self._style
+        if entry.kind == "notice":
+            segments = [Segment(SEVERITY_MARKERS["notice"], style("notice")), Segment(" ")]
+            source_width = self._source_width()
+            if source_width:
+                label = self.state.label(entry.source)[:source_width]
+                segments.append(Segment(label.ljust(source_width + 1), style("dim")))
+            segments.append(Segment(entry.text.translate(_CONTROL), style("notice")))
+            return Strip(segments)
+        if entry.kind == "message":
+            return Strip([Segment("   "), Segment(entry.text.translate(_CONTROL), style("message"))])
+
+        text = entry.text.translate(_CONTROL)
+        parsed = parse_line(entry.text)
+        message = parsed.message.translate(_CONTROL)
+        # Where the message starts in the raw text, to map the matched span onto it.
+        offset = len(text) - len(message) if text.endswith(message) else None
+        rank = parsed.rank or ""
+        if len(rank) > self._rank_width:
+            self._rank_width = min(len(rank), 24)  # grows, never shrinks: columns stay put
+            self.call_later(self.invalidate)  # rows already drawn get the wider column too
+
+        severity = entry.severity
+        line_style = style(f"{severity}-line") if severity else Style()
+        marker_style = style(severity) if severity else Style()
+        dim = style("dim")
+
+        segments = [Segment(SEVERITY_MARKERS.get(severity, "  "), marker_style), Segment(" ")]
+        source_width = self._source_width()
+        if source_width:
+            label = self.state.label(entry.source)
+            if len(label) > source_width:
+                label = "…" + label[-(source_width - 1) :]
+            segments.append(Segment(label.ljust(source_width) + " ", dim))
+        if offset is None or not parsed.time:
+            # No prefix we understand (a traceback line, a continuation): indent under messages.
+            segments.append(Segment(" " * (_TIME_WIDTH + 1 + (self._rank_width + 1 if self._rank_width else 0))))
+            message, offset = text, 0
+        else:
+            segments.append(Segment(_time_of_day(parsed.time)[:_TIME_WIDTH].ljust(_TIME_WIDTH) + " ", dim))
+            if self._rank_width:
+                segments.append(Segment(rank.ljust(self._rank_width) + " ", dim))
+
+        body = Text(message, style=line_style, no_wrap=True, end="")
+        if severity and entry.span is not None:
+            start, end = entry.span[0] - offset, entry.span[1] - offset
+            if end > 0 and start < len(message):
+                body.stylize(style(severity), max(0, start), min(end, len(message)))
+        elif severity:
+            body.stylize(style(severity))
+        query = self.state.search_text
+        if query:
+            self._highlight(body, message, query, style("search"))
+        segments.extend(body.render(self.app.console))
+        return Strip(segments)
+
+    @staticmethod
+    def _highlight(body: Text, message: str, query: str, search_style: Style) -> None:
+        haystack = message if query != query.lower() else message.lower()
+        start = haystack.find(query)
+        count = 0
+        while start >= 0 and count < 64:
+            body.stylize(search_style, start, start + len(query))
+            start = haystack.find(query, start + max(1, len(query)))
+            count += 1

@@ -1,0 +1,143 @@
+"""One line under the log pane: mode, the initiating failure, each source's health, throughput.
+
+The app builds a `StatusInfo` from the state on its timer; the widget only lays it out. When the
+line is too narrow, the least important parts go first (see `_PRIORITY`), never the mode or a
+source in trouble.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from rich.cells import cell_len
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    label: str
+    state: str  # ok, waiting, deleted, error, rotated, truncated, capped
+    detail: str
+
+
+@dataclass(frozen=True)
+class StatusInfo:
+    mode: str = "FOLLOW"  # FOLLOW | SCROLL | PAUSED
+    pending: int = 0  # lines waiting while paused
+    total_lines: int = 0
+    rate: float | None = None  # lines/s, None when unknown
+    sources: tuple[SourceStatus, ...] = ()
+    initiating: str | None = None  # e.g. "TP3 radix page lock failed 14:00:01.234"
+    findings: int = 0
+    filter_text: str | None = None
+    filter_rows: int = 0
+    search_text: str | None = None
+    engine: str = ""
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+
+_OK_STATES = ("ok",)
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+class StatusLine(Widget):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "statusline--mode",
+        "statusline--paused",
+        "statusline--ok",
+        "statusline--bad",
+        "statusline--warn",
+        "statusline--initiating",
+        "statusline--dim",
+    }
+    DEFAULT_CSS = """
+    StatusLine { height: 1; background: $panel; color: $foreground; }
+    StatusLine > .statusline--mode { color: $background; background: $primary; text-style: bold; }
+    StatusLine > .statusline--paused { color: $background; background: $sev-warning; text-style: bold reverse; }
+    StatusLine > .statusline--ok { color: $success; }
+    StatusLine > .statusline--bad { color: $sev-error; text-style: bold; }
+    StatusLine > .statusline--warn { color: $sev-warning; text-style: bold; }
+    StatusLine > .statusline--initiating { color: $sev-critical; text-style: bold; }
+    StatusLine > .statusline--dim { color: $log-dim; }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.info = StatusInfo()
+
+    def show(self, info: StatusInfo) -> None:
+        if info != self.info:
+            self.info = info
+            self.refresh()
+
+    def _s(self, name: str) -> Style:
+        return self.get_component_rich_style(f"statusline--{name}", partial=True)
+
+    def parts(self) -> list[tuple[int, Text]]:
+        """(priority, text) in display order; lower priority numbers are dropped last."""
+        info = self.info
+        out: list[tuple[int, Text]] = []
+        if info.mode == "PAUSED":
+            out.append((0, Text(f" PAUSED +{_count(info.pending)} waiting ", self._s("paused"))))
+        else:
+            out.append((0, Text(f" {info.mode} ", self._s("mode"))))
+        if info.initiating:
+            out.append((2, Text(f"first: {info.initiating}", self._s("initiating"))))
+        elif info.findings:
+            out.append((3, Text(f"{info.findings} finding(s)", self._s("warn"))))
+        if info.filter_text:
+            out.append((2, Text(f"filter '{info.filter_text}' {_count(info.filter_rows)} rows", self._s("warn"))))
+        if info.search_text:
+            out.append((3, Text(f"search '{info.search_text}'", self._s("warn"))))
+        out.extend(self._source_parts(info.sources))
+        rate = "—" if info.rate is None else f"{info.rate:,.0f}/s"
+        out.append((4, Text(f"{_count(info.total_lines)} lines {rate}", self._s("dim"))))
+        for extra in info.extra:
+            out.append((5, Text(extra, self._s("dim"))))
+        if info.engine:
+            out.append((6, Text(info.engine, self._s("dim"))))
+        return out
+
+    def _source_parts(self, sources: Sequence[SourceStatus]) -> list[tuple[int, Text]]:
+        if not sources:
+            return [(1, Text("no log followed (--log PATH)", self._s("warn")))]
+        bad = [s for s in sources if s.state not in _OK_STATES]
+        out: list[tuple[int, Text]] = []
+        for s in bad:
+            style = self._s("bad") if s.state in ("error", "deleted") else self._s("warn")
+            out.append((1, Text(f"{s.label}: {s.state} ({s.detail})", style)))
+        ok = [s for s in sources if s.state in _OK_STATES]
+        if ok:
+            if len(ok) <= 3:
+                text = " ".join(f"{s.label}: ok" for s in ok)
+            else:
+                text = f"{len(ok)} sources ok"
+            out.append((5, Text(text, self._s("ok"))))
+        return out
+
+    def render(self) -> Text:
+        width = self.size.width
+        parts = self.parts()
+        sep = " │ "
+        # Drop the least important parts until the line fits; the mode always stays.
+        while len(parts) > 1:
+            total = sum(cell_len(t.plain) for _, t in parts) + cell_len(sep) * (len(parts) - 1)
+            if total <= width:
+                break
+            worst = max(range(1, len(parts)), key=lambda i: (parts[i][0], i))
+            if parts[worst][0] <= 2:
+                break  # the initiating failure and sources in trouble stay; the line is cut instead
+            del parts[worst]
+        line = Text(no_wrap=True, overflow="ellipsis")
+        for i, (_, text) in enumerate(parts):
+            if i:
+                line.append(sep, self._s("dim"))
+            line.append_text(text)
+        return line

@@ -1,0 +1,218 @@
+"""The incident state behind the log pane: ring bound, findings wiring, pause, filter, search."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixtop.diagnosis.catalog import load_catalog
+from radixtop.diagnosis.findings import FindingsBuilder
+from radixtop.diagnosis.matcher import Matcher
+from radixtop.probes.logs import LogBatch, LogNotice, LogRecord, SourceHealth
+from radixtop.tui.state import IncidentState, Ingestor, LogEntry, IngestResult, short_labels
+
+SEED = "[2026-12-02 14:03:14.942 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
+SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
+RETRACT = "[2026-12-02 14:03:13.007 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 2"
+DECODE = "[2026-12-02 14:{s:02d}:00.000 TP0] Decode batch, #running-req: 61, #token: 395851, token usage: 0.96, cuda graph: True, gen throughput (token/s): 1644.05, #queue-req: {i}"
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+@pytest.fixture(scope="module")
+def matcher(catalog):
+    return Matcher(catalog.signatures)  # compiled once: hyperscan compiles take a while
+
+
+def batch(texts, source="server.log", start=1, generation=0, notices=()):
+    records = tuple(LogRecord(source, start + i, t, generation, 0.0) for i, t in enumerate(texts))
+    return LogBatch(records, tuple(notices))
+
+
+def plain(texts):
+    return IngestResult([LogEntry("server.log", i + 1, t) for i, t in enumerate(texts)], (), None, len(texts), ())
+
+
+def texts_in_view(state):
+    return [state.entry(state.view_seq(r)).text for r in range(state.view_len)]
+
+
+def test_ring_keeps_only_the_newest_capacity_entries():
+    state = IncidentState(capacity=5)
+    state.apply(plain([f"line {i}" for i in range(1, 13)]))
+    assert len(state) == 5
+    assert state.total_lines == 12
+    assert (state.first_seq, state.next_seq) == (7, 12)
+    assert state.entry(6) is None
+    assert texts_in_view(state) == [f"line {i}" for i in range(8, 13)]
+    assert state.row_of(7) == 0 and state.row_of(6) is None
+
+
+def test_one_batch_larger_than_the_ring_keeps_its_tail():
+    state = IncidentState(capacity=3)
+    state.apply(plain([f"l{i}" for i in range(10)]))
+    assert texts_in_view(state) == ["l7", "l8", "l9"]
+    assert state.total_lines == 10
+
+
+def test_matched_lines_carry_severity_and_span_and_feed_the_findings(catalog, matcher):
+    state = IncidentState(capacity=100)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, context=10), catalog)
+    state.apply(ingestor.process(batch(["[2026-12-02 14:03:14.000 TP1] ordinary", SEED, SIGQUIT, RETRACT])))
+    entries = [state.entry(s) for s in range(state.first_seq, state.next_seq)]
+    assert [e.severity for e in entries] == [None, "error", "critical", "warning"]
+    seed = entries[1]
+    assert seed.sig_ids == ("radix-page-lock-eviction",)
+    start, end = seed.span
+    assert seed.text[start:end].startswith("RadixCacheError")
+    ids = [f.signature.id for f in state.report.findings]
+    assert {"radix-page-lock-eviction", "child-sigquit", "kv-pool-retract"} <= set(ids)
+    assert state.hit_count == 3
+
+
+def test_dropping_lines_from_the_ring_keeps_a_findings_context(catalog, matcher):
+    state = IncidentState(capacity=4)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, context=5), catalog)
+    before = [DECODE.format(s=s, i=s) for s in range(5)]
+    state.apply(ingestor.process(batch(before + [SEED])))
+    state.apply(ingestor.process(batch([DECODE.format(s=30 + i, i=i) for i in range(20)], start=7)))
+    assert state.entry(5) is None  # the seed line has left the ring ...
+    finding = next(f for f in state.report.findings if f.signature.id == "radix-page-lock-eviction")
+    assert finding.context_before == tuple(before)  # ... its evidence has not
+    assert finding.first.line == 6 and finding.first.rank == "TP1"
+
+
+def test_pause_buffers_lines_and_resume_shows_them_in_order(catalog, matcher):
+    state = IncidentState(capacity=100)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
+    state.apply(plain(["a", "b"]))
+    state.set_paused(True)
+    state.apply(ingestor.process(batch(["c", SEED, "e"], start=3)))
+    assert texts_in_view(state) == ["a", "b"]  # the view is frozen
+    assert state.pending_count == 3
+    assert state.total_lines == 5
+    assert state.report.findings[0].signature.id == "radix-page-lock-eviction"  # findings are not paused
+    assert state.set_paused(False) == 0
+    assert texts_in_view(state) == ["a", "b", "c", SEED, "e"]
+    assert state.pending_count == 0
+
+
+def test_pause_buffer_longer_than_the_ring_reports_what_left_the_view():
+    state = IncidentState(capacity=3)
+    state.set_paused(True)
+    state.apply(plain([f"l{i}" for i in range(5)]))
+    assert state.pending_count == 3
+    assert state.set_paused(False) == 2
+    assert texts_in_view(state) == ["l2", "l3", "l4"]
+
+
+def test_filter_index_follows_appends_and_evictions():
+    state = IncidentState(capacity=6)
+    state.apply(plain(["alpha 1", "beta", "Alpha 2", "gamma"]))
+    state.set_filter("alpha")  # smart case: lower-case query ignores case
+    assert texts_in_view(state) == ["alpha 1", "Alpha 2"]
+    state.set_filter("Alpha")  # an upper-case letter makes it exact
+    assert texts_in_view(state) == ["Alpha 2"]
+    state.set_filter("alpha")
+    state.apply(plain(["x", "alpha 3", "y", "z"]))  # the ring drops "alpha 1" and "beta"
+    assert texts_in_view(state) == ["Alpha 2", "alpha 3"]
+    assert state.view_seq(0) == 2 and state.row_of(5) == 1 and state.row_of(3) is None
+    state.set_filter(None)
+    assert state.view_len == 6
+
+
+def test_search_finds_next_and_previous_with_wraparound():
+    state = IncidentState(capacity=10)
+    state.apply(plain(["a", "needle 1", "b", "needle 2", "c"]))
+    state.set_search("needle")
+    assert state.find_search(-1, forward=True) == 1
+    assert state.find_search(1, forward=True) == 3
+    assert state.find_search(3, forward=True) == 1  # wraps
+    assert state.find_search(5, forward=False) == 3
+    assert state.find_search(1, forward=False) == 3  # wraps backwards
+    state.set_search("absent")
+    assert state.find_search(0) is None
+
+
+def test_next_hit_walks_signature_lines(catalog, matcher):
+    state = IncidentState(capacity=50)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
+    state.apply(ingestor.process(batch(["x", SEED, "y", SIGQUIT, "z"])))
+    assert state.find_hit(-1, True) == 1
+    assert state.find_hit(1, True) == 3
+    assert state.find_hit(3, True) == 1
+    assert state.find_hit(state.view_len, False) == 3
+    state.set_filter("Received")  # in a filtered view the rows differ from the sequence numbers
+    assert state.find_hit(-1, True) == 0
+
+
+def test_probe_notices_become_marked_lines_and_colour_the_health():
+    state = IncidentState(capacity=10)
+    state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 3, None)])
+    notice = LogNotice("/var/log/a/server.log", "rotated", "/var/log/a/server.log was rotated; following the new file", 0.0)
+    state.apply(IngestResult([], (notice,), None, 0, ("diagnosis failed on x:1: boom",)))
+    kinds = [(e.kind, e.text) for e in (state.entry(s) for s in range(state.first_seq, state.next_seq))]
+    assert kinds[0] == ("notice", "[rotated] /var/log/a/server.log was rotated; following the new file")
+    assert kinds[1][0] == "notice" and "boom" in kinds[1][1]
+    (view,) = state.sources()
+    assert (view.label, view.state) == ("server.log", "rotated")
+    assert "rotated" in view.detail
+
+
+def test_a_line_the_diagnosis_fails_on_is_shown_with_a_notice(catalog, matcher):
+    class Exploding(FindingsBuilder):
+        def feed(self, file, lineno, text):
+            if "boom" in text:
+                raise RuntimeError("boom")
+            return super().feed(file, lineno, text)
+
+    state = IncidentState(capacity=10)
+    ingestor = Ingestor(Exploding(catalog, matcher=matcher), catalog)
+    state.apply(ingestor.process(batch(["ok", "boom line", SEED])))
+    entries = [state.entry(s) for s in range(state.first_seq, state.next_seq)]
+    assert [e.text for e in entries if e.kind == "line"] == ["ok", "boom line", SEED]
+    assert entries[2].severity == "error"
+    (notice,) = [e for e in entries if e.kind == "notice"]
+    assert "server.log:2" in notice.text and "boom" in notice.text
+
+
+def test_rotated_generation_gets_its_own_finding_file(catalog, matcher):
+    state = IncidentState(capacity=10)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
+    state.apply(ingestor.process(batch([SEED], start=7, generation=1)))
+    assert state.report.findings[0].first.file == "server.log (generation 1)"
+
+
+def test_short_labels_are_unique_and_short():
+    labels = short_labels(["/logs/rank0/server.log", "/logs/rank1/server.log", "/tmp/other.log"])
+    assert labels == {
+        "/logs/rank0/server.log": "rank0/server.log",
+        "/logs/rank1/server.log": "rank1/server.log",
+        "/tmp/other.log": "other.log",
+    }
+
+
+def test_lines_per_second_uses_the_clock():
+    now = [100.0]
+    state = IncidentState(capacity=10, clock=lambda: now[0])
+    assert state.lines_per_second() == 0.0
+    state.apply(plain(["a"] * 5))
+    assert state.lines_per_second() is None  # the clock has not moved: unknown, not infinite
+    now[0] += 1.0
+    state.apply(plain(["b"] * 5))
+    now[0] += 1.0
+    assert state.lines_per_second() == pytest.approx(5.0)
+    now[0] += 60.0
+    assert state.lines_per_second() == 0.0
+
+
+def test_version_moves_only_on_change():
+    state = IncidentState(capacity=10)
+    v = state.version
+    state.lines_per_second()
+    state.sources()
+    assert state.version == v
+    state.apply(plain(["a"]))
+    assert state.version > v

@@ -1,0 +1,336 @@
+"""Workload traces: a versioned JSON format and deterministic prompts built from it.
+
+A trace records the shape of a workload, not its text, in the form SGLang issue #22819's fuzzer
+reported (``finding_03330``)::
+
+    {"version": 1, "name": "finding_03330", "page_size_hint": 64,
+     "requests": [{"id": "r02", "offset_ms": 45, "prompt_len": 256, "prefix_len": 64,
+                   "group": "r02", "max_tokens": 32, "n": 4}, ...]}
+
+* ``offset_ms``: when the request is sent, from the start of the replay;
+* ``prompt_len``: prompt tokens; ``max_tokens``: tokens to generate;
+* ``group`` / ``prefix_len``: requests of one group share exactly their first ``prefix_len``
+  tokens (a shared system prompt); nothing else is shared, and distinct groups never share even a
+  first token, so the radix cache can only hit on what the trace says;
+* ``n``: concurrent copies sent at ``offset_ms``. Each copy is a member of the group like any
+  other request: it shares the group's first ``prefix_len`` tokens and differs after them (the
+  fuzzer's copies are independent samples of the family, not identical prompts);
+* ``page_size_hint``: the page (block) size the prefix lengths were written for; see
+  :func:`rescale_prefixes` to replay a trace at another page size.
+
+Optional top-level keys: ``source`` (where the trace came from), ``expect_diverged`` (request ids
+a replay is expected to see diverge). Loading errors are one line naming the file and field.
+Prompts are lists of token ids (``input_ids``), so a replay controls prefix lengths exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TRACE_VERSION",
+    "VOCAB_SIZE",
+    "PlannedRequest",
+    "Trace",
+    "TraceError",
+    "TraceRequest",
+    "builtin_trace",
+    "dump_trace",
+    "load_trace",
+    "parse_trace",
+    "plan_requests",
+    "rescale_prefixes",
+    "save_trace",
+    "scale_offsets",
+    "synthesize_input_ids",
+]
+
+TRACE_VERSION = 1
+VOCAB_SIZE = 1 << 24  # the simulator's vocabulary (radixtop.sim.model.VOCAB_SIZE)
+# First tokens live in their own band so that no request's first token can equal another's.
+_FIRST_BAND_START = 1 << 23
+_FIRST_BAND_SIZE = 1 << 22
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; str() is one line naming the file and the field."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    id: str
+    offset_ms: float
+    prompt_len: int
+    prefix_len: int
+    group: str
+    max_tokens: int
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    page_size_hint: int
+    requests: tuple[TraceRequest, ...]
+    version: int = TRACE_VERSION
+    source: str = ""
+    expect_diverged: tuple[str, ...] = ()
+
+    def request(self, request_id: str) -> TraceRequest:
+        for req in self.requests:
+            if req.id == request_id:
+                return req
+        raise KeyError(request_id)
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One generate call of a replay: when to send it and what."""
+
+    offset_s: float
+    request_id: str
+    copy: int
+    input_ids: list[int] = field(repr=False)
+    max_tokens: int
+
+
+_REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "offset_ms": (int, float),
+    "prompt_len": (int,),
+    "prefix_len": (int,),
+    "group": (str,),
+    "max_tokens": (int,),
+    "n": (int,),
+}
+_TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged"}
+
+
+def _field(source: str, where: str, obj: Mapping[str, Any], key: str, kinds: tuple[type, ...]) -> Any:
+    if key not in obj:
+        raise TraceError(f"{source}: {where}{key} is missing")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        names = " or ".join("number" if k is float else k.__name__ for k in kinds)
+        raise TraceError(f"{source}: {where}{key} must be {names}, got {value!r}")
+    return value
+
+
+def parse_trace(data: Any, source: str = "<trace>") -> Trace:
+    """Build a Trace from decoded JSON, checking every field."""
+    if not isinstance(data, dict):
+        raise TraceError(f"{source}: a trace is a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - _TOP_FIELDS)
+    if unknown:
+        raise TraceError(f"{source}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(_TOP_FIELDS))}")
+    version = _field(source, "", data, "version", (int,))
+    if version != TRACE_VERSION:
+        raise TraceError(f"{source}: version is {version}; this radixtop reads version {TRACE_VERSION}")
+    name = _field(source, "", data, "name", (str,))
+    hint = _field(source, "", data, "page_size_hint", (int,))
+    if hint < 1:
+        raise TraceError(f"{source}: page_size_hint must be >= 1, got {hint}")
+    raw_requests = _field(source, "", data, "requests", (list,))
+    if not raw_requests:
+        raise TraceError(f"{source}: requests is empty; a trace needs at least one request")
+    requests: list[TraceRequest] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_requests):
+        where = f"requests[{i}]."
+        if not isinstance(raw, dict):
+            raise TraceError(f"{source}: requests[{i}] must be an object, got {type(raw).__name__}")
+        extra = sorted(set(raw) - set(_REQUEST_FIELDS))
+        if extra:
+            raise TraceError(
+                f"{source}: {where}{extra[0]} is not a request field; fields: {', '.join(_REQUEST_FIELDS)}"
+            )
+        values = {
+            key: _field(source, where, raw, key, kinds)
+            for key, kinds in _REQUEST_FIELDS.items()
+            if key != "n" or "n" in raw
+        }
+        req = TraceRequest(**values)
+        if not req.id:
+            raise TraceError(f"{source}: {where}id is empty")
+        if req.id in seen:
+            raise TraceError(f"{source}: {where}id {req.id!r} appears twice; ids must be unique")
+        seen.add(req.id)
+        if req.offset_ms < 0:
+            raise TraceError(f"{source}: {where}offset_ms must be >= 0, got {req.offset_ms}")
+        if req.prompt_len < 1:
+            raise TraceError(f"{source}: {where}prompt_len must be >= 1, got {req.prompt_len}")
+        if not 0 <= req.prefix_len <= req.prompt_len:
+            raise TraceError(
+                f"{source}: {where}prefix_len must be within 0..prompt_len ({req.prompt_len}), got {req.prefix_len}"
+            )
+        if not req.group:
+            raise TraceError(f"{source}: {where}group is empty")
+        if req.max_tokens < 0:
+            raise TraceError(f"{source}: {where}max_tokens must be >= 0, got {req.max_tokens}")
+        if req.n < 1:
+            raise TraceError(f"{source}: {where}n must be >= 1, got {req.n}")
+        requests.append(req)
+    src = data.get("source", "")
+    if not isinstance(src, str):
+        raise TraceError(f"{source}: source must be a string, got {src!r}")
+    expect = data.get("expect_diverged", [])
+    if not isinstance(expect, list) or not all(isinstance(x, str) for x in expect):
+        raise TraceError(f"{source}: expect_diverged must be a list of request ids, got {expect!r}")
+    for rid in expect:
+        if rid not in seen:
+            raise TraceError(f"{source}: expect_diverged names {rid!r}, which is not a request id")
+    return Trace(name, hint, tuple(requests), version, src, tuple(expect))
+
+
+def load_trace(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the trace: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    return parse_trace(data, str(path))
+
+
+def dump_trace(trace: Trace) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "version": trace.version,
+        "name": trace.name,
+        "page_size_hint": trace.page_size_hint,
+    }
+    if trace.source:
+        out["source"] = trace.source
+    if trace.expect_diverged:
+        out["expect_diverged"] = list(trace.expect_diverged)
+    out["requests"] = [
+        {
+            "id": r.id,
+            "offset_ms": r.offset_ms,
+            "prompt_len": r.prompt_len,
+            "prefix_len": r.prefix_len,
+            "group": r.group,
+            "max_tokens": r.max_tokens,
+            "n": r.n,
+        }
+        for r in trace.requests
+    ]
+    return out
+
+
+def save_trace(trace: Trace, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(dump_trace(trace), indent=2) + "\n", encoding="utf-8")
+
+
+def builtin_trace(name: str) -> Trace:
+    """A trace shipped with radixtop (``radixtop/incident/traces/<name>.json``)."""
+    ref = resources.files("radixtop.incident").joinpath("traces", f"{name}.json")
+    if not ref.is_file():
+        raise TraceError(f"no built-in trace named {name!r}")
+    return parse_trace(json.loads(ref.read_text(encoding="utf-8")), f"builtin:{name}")
+
+
+def rescale_prefixes(trace: Trace, page_size: int) -> Trace:
+    """The same trace with prefix lengths moved from ``page_size_hint`` to ``page_size``.
+
+    A prefix of k pages at the hint becomes k pages at ``page_size`` (64 -> 16 turns a one-page
+    prefix of 64 tokens into one of 16); a prefix that is not a whole number of hint pages scales
+    proportionally, rounded down. Prompt lengths, offsets and everything else stay as they are.
+    """
+    if page_size < 1:
+        raise TraceError(f"page_size must be >= 1, got {page_size}")
+    hint = trace.page_size_hint
+    requests = tuple(
+        replace(r, prefix_len=min(r.prompt_len, r.prefix_len * page_size // hint)) for r in trace.requests
+    )
+    return replace(trace, page_size_hint=page_size, requests=requests)
+
+
+def scale_offsets(trace: Trace, factor: float) -> Trace:
+    """The same trace played ``factor`` times as fast or slow (0.2 = offsets five times shorter)."""
+    if not factor > 0:
+        raise TraceError(f"offset scale factor must be > 0, got {factor}")
+    return replace(trace, requests=tuple(replace(r, offset_ms=r.offset_ms * factor) for r in trace.requests))
+
+
+def _seed_int(*parts: object) -> int:
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _band_indices(trace: Trace) -> dict[tuple[str, ...], int]:
+    """A distinct index, in trace order, for every token that must be unique in the trace.
+
+    Those are the first token of every sequence start (a group that shares a prefix, or a copy of
+    a request that shares nothing) and the first private token after a shared prefix (one per
+    copy). Band tokens are >= 2**23 and every other token is below, so a band token can equal
+    neither an ordinary token nor another band token.
+    """
+    index: dict[tuple[str, ...], int] = {}
+    for req in trace.requests:
+        for copy in range(req.n):
+            if req.prefix_len > 0:
+                index.setdefault(("group", req.group), len(index))
+                index.setdefault(("diverge", req.id, str(copy)), len(index))
+            else:
+                index.setdefault(("start", req.id, str(copy)), len(index))
+    return index
+
+
+def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, copy: int = 0) -> list[int]:
+    """The prompt of ``request`` (copy ``copy`` of its ``n``), as token ids, deterministic in ``seed``.
+
+    Requests of one group share exactly their first ``prefix_len`` tokens (a group's shared base,
+    cut to each request's prefix_len); every other token is private to (request, copy), and the
+    first token of every sequence start, like the first token after a shared prefix, is unique in
+    the whole trace, so a radix cache matches exactly what the trace says and nothing more.
+    """
+    if request not in trace.requests:
+        raise TraceError(f"request {request.id!r} is not part of trace {trace.name!r}")
+    if not 0 <= copy < request.n:
+        raise TraceError(f"copy must be within 0..{request.n - 1} for request {request.id!r}, got {copy}")
+    index = _band_indices(trace)
+    band_offset = _seed_int("band", trace.name, seed) % _FIRST_BAND_SIZE
+
+    def band_token(key: tuple[str, ...]) -> int:
+        return _FIRST_BAND_START + (band_offset + index[key]) % _FIRST_BAND_SIZE
+
+    shared = request.prefix_len
+    tokens: list[int] = []
+    if shared > 0:
+        base_rng = random.Random(_seed_int("group", trace.name, request.group, seed))
+        tokens.append(band_token(("group", request.group)))
+        tokens.extend(base_rng.randrange(_FIRST_BAND_START) for _ in range(shared - 1))
+        if len(tokens) < request.prompt_len:
+            tokens.append(band_token(("diverge", request.id, str(copy))))
+    else:
+        tokens.append(band_token(("start", request.id, str(copy))))
+    own_rng = random.Random(_seed_int("own", trace.name, request.id, copy, seed))
+    tokens.extend(own_rng.randrange(_FIRST_BAND_START) for _ in range(request.prompt_len - len(tokens)))
+    return tokens
+
+
+def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
+    """Every generate call of one replay, sorted by send time (copies of a request together)."""
+    planned = [
+        PlannedRequest(
+            offset_s=req.offset_ms / 1000.0,
+            request_id=req.id,
+            copy=copy,
+            input_ids=synthesize_input_ids(req, trace, seed, copy),
+            max_tokens=req.max_tokens,
+        )
+        for req in trace.requests
+        for copy in range(req.n)
+    ]
+    planned.sort(key=lambda p: p.offset_s)  # stable: trace order within one instant
+    return planned

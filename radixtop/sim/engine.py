@@ -1,0 +1,1002 @@
+"""The simulator's engine: SGLang's scheduler loop over the sim radix cache, in-process.
+
+One :class:`Engine` is one SGLang server: ``dp_size`` data-parallel schedulers, each with
+``tp_size`` tensor-parallel ranks. Every rank owns a :class:`~radixtop.sim.radix.RadixCache` and a
+:class:`~radixtop.sim.pool.TokenToKVPoolAllocator`; within a DP group rank 0 drives and every
+cache operation is replayed on the other ranks, so their trees are identical (same node ids,
+same slots), as on a real server where each rank runs the same scheduler decisions.
+
+Each loop iteration (SGLang's ``event_loop_normal``): admit waiting requests into a prefill
+batch when they fit (match_prefix, lock the matched node, allocate the rest, evicting LRU
+unlocked leaves when short), else run one decode step for the running batch (retracting
+requests when a step cannot get its tokens); then call every ``on_safe_point`` hook once and
+sleep ``step_time_s`` of emulated GPU time. After prefill a request's prompt is inserted into the
+tree (0.5.23's ``checkpoint``, the old ``cache_unfinished_req``) so others can match it while it
+runs; on finish the whole sequence is inserted and the lock released.
+
+Logging follows SGLang 0.5.23 (see :mod:`radixtop.sim.logfmt`): scheduler startup lines on every
+rank when :meth:`Engine.run` starts; ``Prefill batch, ...`` / ``Decode batch, ...`` from the first
+TP rank of each DP group only (SGLang's ``is_stats_logging_rank``); retraction, leak and failure
+lines on every rank that has them. ``The server is fired up and ready to roll!`` comes from the
+main process once the HTTP server listens, so the engine does not write it from ``run()``: the
+HTTP layer (or an in-process user) calls :meth:`Engine.emit_ready`.
+
+Simplifications, each documented where it lives: no chunked prefill (a prompt is one extend);
+in-batch prefix deduplication applies under FCFS with a one-page threshold (SGLang applies it for
+the LPM policy with a 32-token threshold); ``enable_deterministic_inference`` only makes sampling
+at temperature > 0 reproducible per prompt (the sim is otherwise deterministic already).
+
+All methods must be called from the thread running the event loop that runs :meth:`run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from radixtop.sim.faults import (
+    LOCK_RACE_MESSAGE,
+    FaultSet,
+    FaultSpec,
+    leak_traceback,
+    lock_race_traceback,
+)
+from radixtop.sim.logfmt import format_line, rank_prefix
+from radixtop.sim.model import VOCAB_SIZE, SimModel, SimTokenizer
+from radixtop.sim.pool import TokenToKVPoolAllocator
+from radixtop.sim.radix import (
+    EVICTION_POLICIES,
+    CacheInitParams,
+    EvictParams,
+    MatchPrefixParams,
+    MatchResult,
+    RadixCache,
+    RadixCacheError,
+    RadixKey,
+    TreeLock,
+    TreeNode,
+)
+
+__all__ = [
+    "SimConfig",
+    "Engine",
+    "EngineDead",
+    "EngineStats",
+    "GenerateResult",
+    "RankInfo",
+    "FaultSpec",
+]
+
+log = logging.getLogger(__name__)
+
+# SGLang 0.5.23 defaults (environ.py / schedule_policy.py).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
+LEAK_LOG_INTERVAL = 1000  # raise_error_or_warn logs the 1st, 1001st, ... failed check
+IDLE_POLL_S = 0.05  # an idle scheduler still iterates (safe points, idle checks) this often
+
+# Qwen2.5-0.5B's KV geometry, only for the startup lines' sizes.
+_KV_BYTES_PER_TOKEN = 24 * 2 * 64 * 2  # layers * kv heads * head dim * bf16 bytes, for K (same for V)
+_GPU_MEM_GB = 139.0
+
+
+class EngineDead(RuntimeError):
+    """The engine's scheduler died (or was stopped); the message says why."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    page_size: int = 1
+    max_running_requests: int = 32
+    max_total_tokens: int = 16384
+    disable_radix_cache: bool = False
+    radix_eviction_policy: str = "lru"
+    tp_size: int = 1
+    dp_size: int = 1
+    decode_log_interval: int = 40
+    enable_deterministic_inference: bool = False
+    log_ms: bool = True
+    faults: tuple[FaultSpec, ...] = ()
+    step_time_s: float = 0.002  # emulated GPU time per scheduler step
+    max_prefill_tokens: int = 16384  # SGLang's --max-prefill-tokens: new tokens per prefill batch
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        checks: list[tuple[bool, str]] = [
+            (self.page_size >= 1, f"page_size must be >= 1, got {self.page_size}"),
+            (
+                self.max_running_requests >= 1,
+                f"max_running_requests must be >= 1, got {self.max_running_requests}",
+            ),
+            (
+                self.max_total_tokens >= self.page_size,
+                f"max_total_tokens ({self.max_total_tokens}) must hold at least one page of {self.page_size}",
+            ),
+            (
+                self.radix_eviction_policy.lower() in EVICTION_POLICIES,
+                f"radix_eviction_policy must be one of {', '.join(EVICTION_POLICIES)}, "
+                f"got {self.radix_eviction_policy!r}",
+            ),
+            (1 <= self.tp_size <= 64, f"tp_size must be within 1..64, got {self.tp_size}"),
+            (1 <= self.dp_size <= 64, f"dp_size must be within 1..64, got {self.dp_size}"),
+            (
+                self.decode_log_interval >= 1,
+                f"decode_log_interval must be >= 1, got {self.decode_log_interval}",
+            ),
+            (self.step_time_s >= 0, f"step_time_s must be >= 0, got {self.step_time_s}"),
+            (
+                self.max_prefill_tokens >= 1,
+                f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        FaultSet(self.faults)  # validates names and parameters
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    output_ids: list[int]
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "length" (max_new_tokens reached) or "abort"
+    rid: str = ""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    token_usage: float
+    num_running_reqs: int
+    num_queue_reqs: int
+    cache_hit_rate: float
+    max_total_num_tokens: int
+    available_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+    evicted_tokens_total: int
+    num_retracted_reqs: int
+    gen_throughput: float
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int  # dp_rank * tp_size + tp_rank (the key of Engine.caches)
+    dp_rank: int
+    tp_rank: int
+    prefix: str  # the log prefix, e.g. " DP1 TP0" ("" when all sizes are 1)
+    cache: RadixCache
+    pool: TokenToKVPoolAllocator
+
+
+class _ReqView:
+    """A request as one rank's cache sees it (see radix.CacheReq): each rank has its own row."""
+
+    __slots__ = ("req", "kv_indices", "cache_protected_len", "last_node", "lock")
+    extra_key = None
+
+    def __init__(self, req: _Req) -> None:
+        self.req = req
+        self.kv_indices: list[int] = []
+        self.cache_protected_len = 0
+        self.last_node: TreeNode | None = None
+        self.lock: TreeLock | None = None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.req.origin_input_ids + self.req.output_ids
+
+    @property
+    def origin_input_ids(self) -> list[int]:
+        return self.req.origin_input_ids
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.req.output_ids
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
+
+
+class _Req:
+    def __init__(
+        self,
+        rid: str,
+        input_ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        future: asyncio.Future,
+        tp_size: int,
+        rng: random.Random | None,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = input_ids
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.future = future
+        self.rng = rng
+        self.output_ids: list[int] = []
+        self.views = [_ReqView(self) for _ in range(tp_size)]
+        self.digest = 0
+        # Block-boundary fault: page index within this request -> the page read instead.
+        self.stale_pages: dict[int, int] = {}
+        self.cached_tokens: int | None = None
+        self.aborted = False
+
+    @property
+    def done(self) -> bool:
+        return len(self.output_ids) >= self.max_new_tokens
+
+    @property
+    def kv_len(self) -> int:
+        return len(self.views[0].kv_indices)
+
+
+class _LockRaceFired(RadixCacheError):
+    """Raised by the loop when the lock-race fault's delay has run out."""
+
+    def __init__(self, dp_rank: int, tp_rank: int) -> None:
+        super().__init__(LOCK_RACE_MESSAGE)
+        self.dp_rank = dp_rank
+        self.tp_rank = tp_rank
+
+
+class _StrictLeakError(ValueError):
+    def __init__(self, message: str, dp_rank: int) -> None:
+        super().__init__(message)
+        self.dp_rank = dp_rank
+
+
+class _Scheduler:
+    """One DP group: a waiting queue, a running batch and its TP ranks' caches and pools."""
+
+    def __init__(self, engine: Engine, dp_rank: int) -> None:
+        cfg = engine.config
+        self.engine = engine
+        self.cfg = cfg
+        self.dp_rank = dp_rank
+        self.page_size = cfg.page_size
+        self.ranks: list[RankInfo] = []
+        for tp_rank in range(cfg.tp_size):
+            pool = TokenToKVPoolAllocator(
+                cfg.max_total_tokens, cfg.page_size, store_contents=(tp_rank == 0)
+            )
+            cache = RadixCache(
+                CacheInitParams(
+                    disable=cfg.disable_radix_cache,
+                    token_to_kv_pool_allocator=pool,
+                    page_size=cfg.page_size,
+                    eviction_policy=cfg.radix_eviction_policy,
+                )
+            )
+            prefix = rank_prefix(
+                dp_rank=dp_rank, tp_rank=tp_rank, dp_size=cfg.dp_size, tp_size=cfg.tp_size
+            )
+            self.ranks.append(
+                RankInfo(dp_rank * cfg.tp_size + tp_rank, dp_rank, tp_rank, prefix, cache, pool)
+            )
+        self.pool0 = self.ranks[0].pool
+        self.cache0 = self.ranks[0].cache
+        self.capacity = self.pool0.size
+        self.waiting: list[_Req] = []
+        self.running: list[_Req] = []
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.forward_ct_decode = 0
+        self.num_generated_tokens = 0
+        self.last_decode_tic = time.perf_counter()
+        self.last_prefill_tic = time.perf_counter()
+        self.gen_throughput = 0.0
+        self.evicted_tokens_total = 0
+        self.num_retracted_reqs = 0
+        self.cached_tokens_total = 0
+        self.prompt_tokens_total = 0
+
+    # ----- accounting (rank 0 speaks for the group: ranks are identical) -----
+
+    def available(self) -> int:
+        return self.pool0.available_size()
+
+    def evictable(self) -> int:
+        return self.cache0.evictable_size()
+
+    def protected(self) -> int:
+        return self.cache0.protected_size()
+
+    def num_used(self) -> int:
+        return self.capacity - (self.available() + self.evictable())
+
+    def token_usage(self) -> float:
+        return self.num_used() / self.capacity
+
+    # ----- logging -----
+
+    def log_rank(self, tp_rank: int, message: str) -> None:
+        self.engine._emit(message, self.ranks[tp_rank].prefix)
+
+    def log_all(self, message: str) -> None:
+        for info in self.ranks:
+            self.engine._emit(message, info.prefix)
+
+    # ----- mirrored cache operations -----
+
+    def _evict(self, num_tokens: int) -> None:
+        """Evict for room on every rank; the lock-race fault looks at each of these."""
+        engine = self.engine
+        race = engine.faults.lock_race
+        if race is not None and race.fired_at is None:
+            usage = self.token_usage()
+            if race.consider(usage, engine.iteration, self.cfg.tp_size):
+                engine._lock_race_dp = self.dp_rank
+                node = self._contended_node(race.rank)
+                self.log_rank(
+                    race.rank,
+                    f"WARNING: radix cache eviction contended with a page lock on node {node} "
+                    f"(token usage {usage:.2f}); retrying",
+                )
+        evicted = 0
+        for i, info in enumerate(self.ranks):
+            result = info.cache.evict(EvictParams(num_tokens=num_tokens))
+            if i == 0:
+                evicted = result.num_tokens_evicted
+        self.evicted_tokens_total += evicted
+
+    def _contended_node(self, tp_rank: int) -> int:
+        for req in reversed(self.running):
+            node = req.views[tp_rank].last_node
+            if node is not None and node.lock_ref > 0 and node.parent is not None:
+                return node.id
+        return self.ranks[tp_rank].cache.root_node.id
+
+    def _alloc_pages(self, num_pages: int) -> list[int] | None:
+        need = num_pages * self.page_size
+        if self.available() < need:
+            self._evict(need - self.available())
+            if self.available() < need:
+                return None
+        pages = self.pool0.alloc_pages(num_pages)
+        for info in self.ranks[1:]:
+            mirror = info.pool.alloc_pages(num_pages)
+            if mirror != pages:
+                raise RuntimeError(
+                    f"TP rank {info.tp_rank} allocated pages {mirror[:4]}... "
+                    f"where rank 0 got {pages[:4]}...: replicated ranks diverged"
+                )
+        return pages
+
+    def _release(self, req: _Req, *, insert: bool) -> None:
+        for info, view in zip(self.ranks, req.views):
+            info.cache.cache_finished_req(view, is_insert=insert)
+
+    def _reset_views(self, req: _Req) -> None:
+        for info, view in zip(self.ranks, req.views):
+            view.kv_indices = []
+            view.cache_protected_len = 0
+            view.last_node = info.cache.root_node
+            view.lock = None
+
+    # ----- one iteration -----
+
+    def step(self) -> bool:
+        """Run one prefill or decode batch; False when there was nothing to do."""
+        self._drop_aborted_waiting()
+        batch = self._get_new_batch_prefill()
+        if batch:
+            self._run_prefill(batch)
+            return True
+        if self.running:
+            self._run_decode()
+            return True
+        return False
+
+    def _drop_aborted_waiting(self) -> None:
+        if any(r.aborted for r in self.waiting):
+            for req in [r for r in self.waiting if r.aborted]:
+                self.waiting.remove(req)
+                self.engine._resolve(req, "abort")
+
+    def _reserved_tokens(self) -> int:
+        ratio = self.new_token_ratio
+        return sum(
+            math.ceil(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) * ratio)
+            for r in self.running
+        )
+
+    def _get_new_batch_prefill(self) -> list[_Req]:
+        cfg = self.cfg
+        if not self.waiting or len(self.running) >= cfg.max_running_requests:
+            return []
+        page_size = self.page_size
+        rem_total = self.available() + self.evictable() - self._reserved_tokens()
+        rem_input = cfg.max_prefill_tokens
+        batch: list[_Req] = []
+        batch_pages: set[tuple[int, ...]] = set()
+        keep: list[_Req] = []
+        blocked = False
+        for req in self.waiting:
+            if blocked or len(self.running) + len(batch) >= cfg.max_running_requests:
+                keep.append(req)
+                continue
+            tokens = req.origin_input_ids + req.output_ids
+            n = len(tokens)
+            # At least one token must be computed to get logits: match at most n - 1.
+            matches = [
+                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: n - 1])))
+                for info in self.ranks
+            ]
+            m = len(matches[0].device_indices)
+            # In-batch prefix sharing: a request whose next page another request of this batch
+            # is about to compute waits one iteration and then matches it from the tree.
+            if not cfg.disable_radix_cache and m + page_size <= n - 1:
+                first_new_page = tuple(tokens[: m + page_size])
+                if first_new_page in batch_pages:
+                    keep.append(req)
+                    continue
+            else:
+                first_new_page = None
+            new_pages = -(-n // page_size) - m // page_size
+            remaining_new = min(req.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+            cost = new_pages * page_size + remaining_new
+            lone = not self.running and not batch
+            if not lone and (cost > rem_total or n - m > rem_input):
+                blocked = True  # FCFS: nothing overtakes a request that does not fit
+                keep.append(req)
+                continue
+            if not self._admit(req, matches, m, new_pages):
+                blocked = True
+                keep.append(req)
+                continue
+            rem_total -= cost
+            rem_input -= n - m
+            if first_new_page is not None:
+                batch_pages.add(first_new_page)
+            batch.append(req)
+        self.waiting = keep
+        if batch:
+            self._log_prefill(batch)
+        return batch
+
+    def _admit(self, req: _Req, matches: list[MatchResult], m: int, new_pages: int) -> bool:
+        for info, view, match in zip(self.ranks, req.views, matches):
+            view.last_node = match.last_device_node
+            view.lock = info.cache.lock(match.last_device_node)
+            view.kv_indices = list(match.device_indices)
+            view.cache_protected_len = m
+        pages = self._alloc_pages(new_pages)
+        if pages is None:
+            for info, view in zip(self.ranks, req.views):
+                info.cache.unlock(view.lock)
+            self._reset_views(req)
+            return False
+        n = len(req.origin_input_ids) + len(req.output_ids)
+        slots = self.pool0.page_slots(pages)[: n - m]
+        for view in req.views:
+            view.kv_indices.extend(slots)
+        if req.cached_tokens is None:
+            req.cached_tokens = m
+            self.cached_tokens_total += m
+            self.prompt_tokens_total += len(req.origin_input_ids)
+        req._extend_from = m  # type: ignore[attr-defined]
+        self._maybe_stale_read(req, m)
+        return True
+
+    def _maybe_stale_read(self, req: _Req, prefix_len: int) -> None:
+        fault = self.engine.faults.block_boundary
+        req.stale_pages = {}
+        if fault is None or prefix_len == 0:
+            return
+        page = self.pool0.page_of(req.views[0].kv_indices[0])
+        age = time.monotonic() - self.pool0.page_alloc_time[page]
+        if fault.applies(prefix_len, self.page_size, age):
+            substitute = fault.pick(page, self.pool0.written_pages)
+            if substitute is not None:
+                req.stale_pages[0] = substitute
+
+    def _read_slots(self, req: _Req, upto: int) -> list[int]:
+        slots = req.views[0].kv_indices[:upto]
+        page_size = self.page_size
+        for page_index, substitute in req.stale_pages.items():
+            base = page_index * page_size
+            for i in range(page_size):
+                if base + i < len(slots):
+                    slots[base + i] = substitute * page_size + i
+        return slots
+
+    def _run_prefill(self, batch: list[_Req]) -> None:
+        engine = self.engine
+        pool = self.pool0
+        for req in batch:
+            tokens = req.origin_input_ids + req.output_ids
+            start = req._extend_from  # type: ignore[attr-defined]
+            kv = req.views[0].kv_indices
+            pool.write(kv[start:], tokens[start:], start)
+            req.digest = engine.model.read_kv(0, pool, self._read_slots(req, len(kv)))
+            if not req.done:
+                req.output_ids.append(engine._next_token(req, len(kv)))
+            if req.done or req.aborted:
+                self._finish(req, "abort" if req.aborted and not req.done else "length")
+            else:
+                for info, view in zip(self.ranks, req.views):
+                    info.cache.checkpoint(view, up_to=len(view.kv_indices))
+                self.running.append(req)
+
+    def _decode_pages_needed(self, reqs: list[_Req]) -> int:
+        page_size = self.page_size
+        return sum(1 for r in reqs if r.kv_len % page_size == 0)
+
+    def _run_decode(self) -> None:
+        for req in [r for r in self.running if r.aborted]:
+            self.running.remove(req)
+            self._finish(req, "abort")
+        if not self.running:
+            return
+        need = self._decode_pages_needed(self.running) * self.page_size
+        if self.available() < need:
+            self._evict(need - self.available())
+        if self.available() < need:
+            self._retract()
+        else:
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        if not self.running:
+            return
+        engine = self.engine
+        pool = self.pool0
+        page_size = self.page_size
+        finished: list[_Req] = []
+        for req in self.running:
+            position = req.kv_len
+            if position % page_size == 0:
+                pages = self._alloc_pages(1)
+                if pages is None:  # cannot happen after _retract; fail loudly like SGLang
+                    raise RuntimeError("Decode out of memory. Try to lower your batch size.")
+                slot = pages[0] * page_size
+            else:
+                slot = req.views[0].kv_indices[-1] + 1
+            for view in req.views:
+                view.kv_indices.append(slot)
+            pool.write((slot,), (req.output_ids[-1],), position)
+            req.digest = engine.model.read_kv(req.digest, pool, (slot,))
+            req.output_ids.append(engine._next_token(req, position + 1))
+            if req.done:
+                finished.append(req)
+        self.num_generated_tokens += len(self.running)
+        self.forward_ct_decode += 1
+        if self.forward_ct_decode % self.cfg.decode_log_interval == 0:
+            self._log_decode()
+        for req in finished:
+            self.running.remove(req)
+            self._finish(req, "length")
+
+    def _retract(self) -> None:
+        """SGLang's retract_decode: free the least-advanced requests until one step fits."""
+        old_available = self.available()
+        old_ratio = self.new_token_ratio
+        order = sorted(
+            self.running,
+            key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)),
+            reverse=True,
+        )
+        retracted: list[_Req] = []
+        first = True
+        while first or self.available() < self._decode_pages_needed(order) * self.page_size:
+            if len(order) == 1:
+                break
+            first = False
+            victim = order.pop()
+            self._release(victim, insert=False)
+            self._reset_views(victim)
+            victim.stale_pages = {}
+            retracted.append(victim)
+            need = self._decode_pages_needed(order) * self.page_size
+            if self.available() < need:
+                self._evict(need - self.available())
+        aborted: list[_Req] = []
+        if len(order) <= 1 and self.available() < self._decode_pages_needed(order) * self.page_size:
+            last = order.pop()
+            aborted.append(last)
+            self.log_all(f"retract_decode: aborted last request {last.rid} due to OOM")
+        self.running = [r for r in self.running if r in order]
+        total_decoded = sum(len(r.output_ids) for r in self.running)
+        total_max_new = sum(r.max_new_tokens for r in self.running)
+        self.new_token_ratio = min(
+            1.0, (total_decoded + RETRACT_DECODE_STEPS * len(self.running)) / (total_max_new + 1)
+        )
+        self.num_retracted_reqs += len(retracted)
+        gained = self.available() - old_available
+        self.log_all(
+            "KV cache pool is full. Retract requests. "
+            f"#retracted_reqs: {len(retracted)}, #new_tokens_gained: {gained}, "
+            f"#new_token_ratio: {old_ratio:.4f} -> {self.new_token_ratio:.4f}"
+        )
+        self.waiting.extend(retracted)
+        for req in aborted:
+            self._finish(req, "abort")
+
+    def _finish(self, req: _Req, reason: str) -> None:
+        engine = self.engine
+        leak = engine.faults.leak
+        if leak is not None and req.kv_len > req.views[0].cache_protected_len and leak.fires():
+            # Drop the last page of the request's private KV from its row: it is never freed.
+            page_size = self.page_size
+            start = (req.kv_len - 1) // page_size * page_size
+            start = max(start, req.views[0].cache_protected_len)
+            for view in req.views:
+                del view.kv_indices[start:]
+            leak.leaked_tokens += page_size
+        self._release(req, insert=True)
+        double = engine.faults.double_unlock
+        if double is not None and not self.cfg.disable_radix_cache and double.fires():
+            double.count += 1
+            for info, view in zip(self.ranks, req.views):
+                info.cache.dec_lock_ref(view.last_node)
+        engine._resolve(req, reason)
+
+    # ----- idle -----
+
+    def fully_idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def on_idle(self) -> None:
+        """SGLang's idle housekeeping: the memory check, then the token ratio reset."""
+        if not self.fully_idle():
+            return
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        leak = self.engine.faults.leak
+        if leak is None:
+            return
+        total, available = self.capacity, self.available()
+        evictable, protected = self.evictable(), self.protected()
+        if available + evictable + protected == total:
+            return
+        message = leak.message(
+            total=total, available=available, evictable=evictable, protected=protected
+        )
+        if leak.strict:
+            raise _StrictLeakError(message, self.dp_rank)
+        if leak.warnings % LEAK_LOG_INTERVAL == 0:
+            self.log_all(message)
+        leak.warnings += 1
+
+    # ----- stats lines -----
+
+    def _log_prefill(self, batch: list[_Req]) -> None:
+        new_tokens = sum(
+            len(r.origin_input_ids) + len(r.output_ids) - r._extend_from  # type: ignore[attr-defined]
+            for r in batch
+        )
+        cached = sum(r._extend_from for r in batch)  # type: ignore[attr-defined]
+        now = time.perf_counter()
+        gap = now - self.last_prefill_tic
+        self.last_prefill_tic = now
+        throughput = new_tokens / gap if gap > 0 else 0.0
+        self.log_rank(
+            0,
+            f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
+            f"#cached-token: {cached}, token usage: {self.token_usage():.2f}, "
+            f"#running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, "
+            f"#pending-token: 0, cuda graph: False, input throughput (token/s): {throughput:.2f}",
+        )
+
+    def _log_decode(self) -> None:
+        now = time.perf_counter()
+        gap = now - self.last_decode_tic
+        self.last_decode_tic = now
+        self.gen_throughput = self.num_generated_tokens / gap if gap > 0 else 0.0
+        self.num_generated_tokens = 0
+        self.log_rank(
+            0,
+            f"Decode batch, #running-req: {len(self.running)}, #token: {self.num_used()}, "
+            f"token usage: {self.token_usage():.2f}, cuda graph: True, "
+            f"gen throughput (token/s): {self.gen_throughput:.2f}, #queue-req: {len(self.waiting)}",
+        )
+
+    def startup_lines(self) -> None:
+        cfg = self.cfg
+        kv_gb = self.capacity * _KV_BYTES_PER_TOKEN / 1e9
+        for info in self.ranks:
+            self.engine._emit(f"Load weight begin. avail mem={_GPU_MEM_GB:.2f} GB", info.prefix)
+            self.engine._emit(
+                "Load weight end. elapsed=0.01 s, type=SimForCausalLM, "
+                f"avail mem={_GPU_MEM_GB - 1:.2f} GB, mem usage=1.00 GB.",
+                info.prefix,
+            )
+            self.engine._emit(
+                f"KV Cache is allocated. #tokens: {self.capacity}, "
+                f"K size: {kv_gb:.2f} GB, V size: {kv_gb:.2f} GB",
+                info.prefix,
+            )
+            self.engine._emit(
+                f"Memory pool end. avail mem={_GPU_MEM_GB - 1 - 2 * kv_gb:.2f} GB", info.prefix
+            )
+        self.log_rank(
+            0,
+            f"max_total_num_tokens={self.capacity}, chunked_prefill_size=8192, "
+            f"max_prefill_tokens={cfg.max_prefill_tokens}, "
+            f"max_running_requests={cfg.max_running_requests}, context_len={self.capacity}, "
+            f"available_gpu_mem={_GPU_MEM_GB - 1 - 2 * kv_gb:.2f} GB",
+        )
+
+    def flush(self) -> None:
+        for info in self.ranks:
+            info.cache.reset()
+            info.pool.clear()
+        self.forward_ct_decode = 0
+        self.num_generated_tokens = 0
+
+
+class Engine:
+    """An SGLang-shaped server core: queue, continuous batching, radix cache, faults, logs."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        emit: Callable[[str], None],
+        *,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self._emit_fn = emit
+        self._wall_clock = wall_clock
+        self.faults = FaultSet(config.faults)
+        self.tokenizer = SimTokenizer()
+        self.model = SimModel()
+        self.dead_reason: str | None = None
+        self.on_safe_point: list[Callable[[], None]] = []
+        self.safe_point_errors = 0
+        self.iteration = 0
+        self._schedulers = [_Scheduler(self, dp) for dp in range(config.dp_size)]
+        self._next_dp = 0
+        self._req_counter = 0
+        self._wake: asyncio.Event | None = None
+        self._running = False
+        self._stopped = False
+        self._stop_requested = False
+        self._lock_race_dp = 0
+
+    # ----- public surface -----
+
+    @property
+    def caches(self) -> dict[int, RadixCache]:
+        return {info.rank: info.cache for s in self._schedulers for info in s.ranks}
+
+    @property
+    def ranks(self) -> list[RankInfo]:
+        return [info for s in self._schedulers for info in s.ranks]
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self._schedulers[0].capacity
+
+    def ready_line(self) -> str:
+        return format_line(
+            "The server is fired up and ready to roll!",
+            when=self._wall_clock(),
+            log_ms=self.config.log_ms,
+        )
+
+    def emit_ready(self) -> None:
+        """Write SGLang's ready line (the main process writes it once the HTTP server listens)."""
+        self._emit_fn(self.ready_line())
+
+    async def run(self) -> None:
+        if self._running or self._stopped:
+            raise RuntimeError("Engine.run() can be called once")
+        self._running = True
+        self._wake = asyncio.Event()
+        for sched in self._schedulers:
+            sched.startup_lines()
+        stepping: _Scheduler | None = None
+        try:
+            while not self._stop_requested:
+                self.iteration += 1
+                race = self.faults.lock_race
+                if race is not None and race.due(self.iteration):
+                    raise _LockRaceFired(self._lock_race_dp, race.rank or 0)
+                worked = False
+                for sched in self._schedulers:
+                    stepping = sched
+                    worked = sched.step() or worked
+                stepping = None
+                self._safe_point()
+                if worked:
+                    await asyncio.sleep(self.config.step_time_s)
+                    continue
+                for sched in self._schedulers:
+                    stepping = sched
+                    sched.on_idle()
+                stepping = None
+                await self._idle_wait()
+        except Exception as exc:  # noqa: BLE001 - any scheduler exception kills the server, as SGLang
+            self._die(exc, stepping)
+        finally:
+            self._running = False
+            self._stopped = True
+            reason = self.dead_reason or "engine stopped"
+            for sched in self._schedulers:
+                for req in sched.waiting + sched.running:
+                    if req.aborted:
+                        req.future.cancel()  # nobody awaits it any more
+                    elif not req.future.done():
+                        req.future.set_exception(EngineDead(reason))
+                sched.waiting.clear()
+                sched.running.clear()
+
+    def stop(self) -> None:
+        self._stop_requested = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        rid: str | None = None,
+    ) -> GenerateResult:
+        input_ids = self._validate(input_ids, max_new_tokens, temperature)
+        if self.dead_reason is not None:
+            raise EngineDead(self.dead_reason)
+        if self._stopped or self._stop_requested:
+            raise EngineDead("engine stopped")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[GenerateResult] = loop.create_future()
+        self._req_counter += 1
+        rid = rid or f"sim-{self._req_counter}"
+        rng = None
+        if temperature > 0:
+            if self.config.enable_deterministic_inference:
+                rng = random.Random(hash(tuple(input_ids)) ^ max_new_tokens)
+            else:
+                rng = random.Random(self._req_counter * 0x9E3779B1)
+        req = _Req(rid, input_ids, max_new_tokens, temperature, future, self.config.tp_size, rng)
+        sched = self._schedulers[self._next_dp]
+        self._next_dp = (self._next_dp + 1) % len(self._schedulers)
+        sched._reset_views(req)
+        sched.waiting.append(req)
+        if self._wake is not None:
+            self._wake.set()
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect): abort as SGLang does, freeing its KV.
+            req.aborted = True
+            raise
+
+    def flush_cache(self) -> bool:
+        busy = [s for s in self._schedulers if not s.fully_idle()]
+        if busy:
+            for sched in self._schedulers:
+                sched.log_all(
+                    "Cache not flushed because there are pending requests. "
+                    f"#queue-req: {len(sched.waiting)}, #running-req: {len(sched.running)}"
+                )
+            return False
+        for sched in self._schedulers:
+            sched.flush()
+            sched.log_rank(0, "Cache flushed successfully!")
+        return True
+
+    def stats(self) -> EngineStats:
+        s = self._schedulers
+        capacity = sum(x.capacity for x in s)
+        available = sum(x.available() for x in s)
+        evictable = sum(x.evictable() for x in s)
+        prompt_total = sum(x.prompt_tokens_total for x in s)
+        return EngineStats(
+            token_usage=(capacity - available - evictable) / capacity,
+            num_running_reqs=sum(len(x.running) for x in s),
+            num_queue_reqs=sum(len(x.waiting) for x in s),
+            cache_hit_rate=(sum(x.cached_tokens_total for x in s) / prompt_total) if prompt_total else 0.0,
+            max_total_num_tokens=capacity,
+            available_tokens=available,
+            evictable_tokens=evictable,
+            protected_tokens=sum(x.protected() for x in s),
+            evicted_tokens_total=sum(x.evicted_tokens_total for x in s),
+            num_retracted_reqs=sum(x.num_retracted_reqs for x in s),
+            gen_throughput=sum(x.gen_throughput for x in s),
+        )
+
+    # ----- internals -----
+
+    def _emit(self, message: str, prefix: str = "") -> None:
+        self._emit_fn(
+            format_line(message, when=self._wall_clock(), prefix=prefix, log_ms=self.config.log_ms)
+        )
+
+    def _validate(self, input_ids: Any, max_new_tokens: Any, temperature: Any) -> list[int]:
+        if not isinstance(input_ids, (list, tuple)):
+            raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
+        if len(input_ids) == 0:
+            raise ValueError("input_ids is empty: send at least one token")
+        for i, tok in enumerate(input_ids):
+            if isinstance(tok, bool) or not isinstance(tok, int):
+                raise ValueError(f"input_ids[{i}] must be an integer token id, got {tok!r}")
+            if not 0 <= tok < VOCAB_SIZE:
+                raise ValueError(f"input_ids[{i}]={tok} is outside the vocabulary [0, {VOCAB_SIZE})")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+        total = len(input_ids) + max_new_tokens
+        capacity = self.max_total_num_tokens
+        if total > capacity:
+            raise ValueError(
+                f"prompt ({len(input_ids)} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                f"tokens exceeds the KV pool ({capacity} tokens); shorten the prompt or lower max_new_tokens"
+            )
+        return list(input_ids)
+
+    def _next_token(self, req: _Req, position: int) -> int:
+        noise = req.rng.getrandbits(62) if req.rng is not None else 0
+        return self.model.next_token(req.digest, position, req.origin_input_ids[-1], noise)
+
+    def _resolve(self, req: _Req, reason: str) -> None:
+        if req.future.done():
+            return
+        req.future.set_result(
+            GenerateResult(
+                output_ids=list(req.output_ids),
+                text=self.tokenizer.decode(req.output_ids),
+                prompt_tokens=len(req.origin_input_ids),
+                cached_tokens=req.cached_tokens or 0,
+                completion_tokens=len(req.output_ids),
+                finish_reason=reason,
+                rid=req.rid,
+            )
+        )
+
+    def _safe_point(self) -> None:
+        for hook in list(self.on_safe_point):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - a broken observer must not kill the scheduler
+                self.safe_point_errors += 1
+                log.exception("on_safe_point hook failed")
+
+    async def _idle_wait(self) -> None:
+        assert self._wake is not None
+        try:
+            await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    def _die(self, exc: BaseException, stepping: _Scheduler | None) -> None:
+        if isinstance(exc, _LockRaceFired):
+            sched = self._schedulers[exc.dp_rank]
+            tp_rank = exc.tp_rank
+            text = lock_race_traceback()
+            self.dead_reason = f"RadixCacheError: {LOCK_RACE_MESSAGE}"
+        elif isinstance(exc, _StrictLeakError):
+            sched = self._schedulers[exc.dp_rank]
+            tp_rank = 0
+            text = leak_traceback(str(exc))
+            self.dead_reason = f"ValueError: {exc}"
+        else:
+            sched = stepping or self._schedulers[0]
+            tp_rank = 0
+            text = "".join(traceback.format_exception(exc))
+            self.dead_reason = f"{type(exc).__name__}: {exc}"
+        sched.log_rank(tp_rank, f"Scheduler hit an exception: {text.rstrip()}")
+        # Each failing child sends SIGQUIT; the initiating rank first, then the others react.
+        order = [sched.ranks[tp_rank]] + [
+            info for s in self._schedulers for info in s.ranks if info is not sched.ranks[tp_rank]
+        ]
+        for info in order:
+            self._emit("Received sigquit from a child process. It usually means the child failed.", info.prefix)

@@ -1,0 +1,735 @@
+"""A radix (prefix) cache with SGLang's shape and semantics, without torch.
+
+Mirrored API: ``sglang/srt/mem_cache/radix_cache.py`` and ``base_prefix_cache.py`` of the sglang
+0.5.23 wheel (the legacy ``RadixCache``, which 0.5.23 still ships next to the default
+``UnifiedRadixCache``). What radixtop's instrumentation looks at has the same names, argument
+order and meaning:
+
+* ``RadixCache.root_node``, ``page_size``, ``token_to_kv_pool_allocator`` (``size``,
+  ``available_size()``), ``disable``, ``evictable_leaves``;
+* ``TreeNode.children`` (a dict keyed by :func:`get_child_key`: the first token, or the tuple of
+  the first page's tokens when ``page_size > 1``), ``parent``, ``key`` (a :class:`RadixKey`),
+  ``value`` (a list of KV slot indices; ``None`` once evicted), ``lock_ref``,
+  ``last_access_time``, ``creation_time``, ``hit_count``, ``priority``, ``id``;
+* ``match_prefix(params)``, ``insert(params)``, ``evict(params)``, ``inc_lock_ref(node)``,
+  ``dec_lock_ref(node, params=None)``, ``lock(node)`` / ``unlock(lock)``, ``checkpoint(req, *,
+  up_to)``, ``evictable_size()``, ``protected_size()``, ``total_size()``, ``reset()``,
+  ``all_values_flatten()``, ``path_device_indices(node)``, ``pretty_print()``.
+
+0.5.23 passes parameter objects; so does this module: :class:`MatchPrefixParams`,
+:class:`InsertParams`, :class:`EvictParams` (and the result types :class:`MatchResult`,
+:class:`InsertResult`, :class:`EvictResult`, :class:`IncLockRefResult`,
+:class:`DecLockRefResult`) carry the fields the plain KV radix cache uses and nothing for
+mamba/SWA/HiCache. For callers written against older releases, ``match_prefix`` and ``insert``
+also take a bare :class:`RadixKey` (or list of token ids) and ``evict`` a bare token count; the
+simulator itself always passes parameter objects. ``cache_finished_req`` / ``cache_unfinished_req``
+(the pre-0.5.23 names) are kept as thin wrappers over 0.5.23's checkpoint / free / unlock sequence.
+
+Semantics kept on purpose, including the sharp edges:
+
+* keys are page-aligned when ``page_size > 1``: only whole pages are matched or inserted;
+* ``inc_lock_ref`` / ``dec_lock_ref`` walk from the node to the root, moving a node's size
+  between evictable and protected when its ``lock_ref`` leaves or reaches 0;
+* ``dec_lock_ref`` does NOT check ``lock_ref >= 0``: a double unlock silently leaves -1, and a
+  node with a negative ``lock_ref`` counts as unlocked (it can be evicted). Catching that is the
+  instrumentation's job, as it is on a real server;
+* ``evict`` pops unlocked leaves from a heap ordered by the eviction policy (``lru`` by
+  ``last_access_time``; also ``lfu``, ``fifo``, ``mru``, ``filo``, ``priority``), frees their
+  slots and pushes a parent that became an unlocked leaf.
+
+Deliberate differences: node ids come from a counter per cache (a real server has one process
+per rank, so every rank numbers its nodes from 0; the simulator runs all ranks in one process and
+wants the same ids on every rank); the clock behind ``last_access_time`` is strictly increasing
+per cache and heap ties break on node id, so replicated ranks evict in the same order; there is
+no ``req_to_token_pool`` (a request carries its own ``kv_indices`` list, see :class:`CacheReq`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from radixtop.sim.pool import TokenToKVPoolAllocator
+
+__all__ = [
+    "CacheInitParams",
+    "CacheReq",
+    "DecLockRefParams",
+    "DecLockRefResult",
+    "EvictParams",
+    "EvictResult",
+    "IncLockRefResult",
+    "InsertParams",
+    "InsertResult",
+    "MatchPrefixParams",
+    "MatchResult",
+    "RadixCache",
+    "RadixCacheError",
+    "RadixKey",
+    "TreeLock",
+    "TreeNode",
+    "EVICTION_POLICIES",
+    "get_child_key",
+    "page_align_keys",
+]
+
+
+class RadixCacheError(RuntimeError):
+    """The error class of seed 000 ("Failed to lock memory page during dynamic prefix eviction")."""
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+class RadixKey:
+    """A sequence of token ids (plus an optional namespace, as SGLang's ``extra_key``)."""
+
+    __slots__ = ("token_ids", "extra_key")
+
+    def __init__(self, token_ids: Sequence[int], extra_key: str | None = None) -> None:
+        self.token_ids: list[int] = token_ids if isinstance(token_ids, list) else list(token_ids)
+        self.extra_key = extra_key
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.token_ids)
+
+    def __getitem__(self, idx: int | slice) -> RadixKey:
+        if isinstance(idx, slice):
+            return RadixKey(self.token_ids[idx], self.extra_key)
+        return RadixKey([self.token_ids[idx]], self.extra_key)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, RadixKey)
+            and self.extra_key == other.extra_key
+            and self.token_ids == other.token_ids
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like SGLang's
+
+    def __repr__(self) -> str:
+        preview = self.token_ids[:10]
+        more = "..." if len(self.token_ids) > 10 else ""
+        return f"RadixKey(extra_key={self.extra_key!r}, token_ids={preview}{more})"
+
+    def page_aligned(self, page_size: int) -> RadixKey:
+        if page_size == 1:
+            return self
+        return self[: len(self) // page_size * page_size]
+
+    def child_key(self, page_size: int = 1) -> Any:
+        return get_child_key(self, page_size)
+
+    def match(self, other: RadixKey, page_size: int = 1) -> int:
+        """Length of the shared prefix, rounded down to whole pages."""
+        if self.extra_key != other.extra_key:
+            raise ValueError(
+                "RadixKey.match needs the same extra_key on both sides, "
+                f"got {self.extra_key!r} and {other.extra_key!r}"
+            )
+        t0, t1 = self.token_ids, other.token_ids
+        n = min(len(t0), len(t1))
+        # Gallop in doubling windows (one C-level slice compare each), then bisect the window
+        # holding the first difference: no per-token Python loop on long shared prefixes.
+        matched = n
+        lo, step = 0, 1
+        while lo < n:
+            hi = min(lo + step, n)
+            if t0[lo:hi] != t1[lo:hi]:
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if t0[lo:mid] == t1[lo:mid]:
+                        lo = mid
+                    else:
+                        hi = mid
+                matched = lo
+                break
+            lo = hi
+            step *= 2
+        if page_size > 1:
+            matched = matched // page_size * page_size
+        return matched
+
+
+def get_child_key(key: RadixKey, page_size: int = 1) -> Any:
+    """The dict key a child is stored under: its first token, or its first page as a tuple."""
+    plain = key.token_ids[0] if page_size == 1 else tuple(key.token_ids[:page_size])
+    return plain if key.extra_key is None else (key.extra_key, plain)
+
+
+def page_align_keys(key: list[int], page_size: int) -> list[int]:
+    if page_size == 1:
+        return key
+    return key[: len(key) // page_size * page_size]
+
+
+# ----------------------------------------------------------------------------- parameter objects
+
+
+@dataclass
+class CacheInitParams:
+    disable: bool = False
+    token_to_kv_pool_allocator: TokenToKVPoolAllocator | None = None
+    page_size: int = 1
+    eviction_policy: str = "lru"
+    req_to_token_pool: Any = None
+    # Simulator-only: the time source for last_access_time / creation_time.
+    clock: Callable[[], float] | None = None
+
+
+@dataclass
+class MatchPrefixParams:
+    key: RadixKey
+
+
+class MatchResult(NamedTuple):
+    device_indices: list[int]
+    last_device_node: TreeNode
+    last_host_node: TreeNode
+    best_match_node: TreeNode
+    host_hit_length: int = 0
+
+    @property
+    def device_prefix_len(self) -> int:
+        """0.5.23 returns the matched length instead of the indices; both are here."""
+        return len(self.device_indices)
+
+
+@dataclass
+class InsertParams:
+    key: RadixKey | None = None
+    value: list[int] | None = None
+    priority: int = 0
+    chunked: bool = False
+    # Tokens of this key the same request already inserted (their hit_count was counted then).
+    inserted_len: int = 0
+
+
+@dataclass
+class InsertResult:
+    prefix_len: int
+    last_device_node: TreeNode | None = None
+
+
+@dataclass
+class EvictParams:
+    num_tokens: int = 0
+
+
+@dataclass
+class EvictResult:
+    num_tokens_evicted: int = 0
+
+
+@dataclass
+class IncLockRefResult:
+    delta: int | None = None
+    node_id: int | None = None
+
+    def to_dec_params(self) -> DecLockRefParams:
+        return DecLockRefParams(node_id=self.node_id)
+
+
+@dataclass
+class DecLockRefParams:
+    node_id: int | None = None
+
+
+@dataclass
+class DecLockRefResult:
+    delta: int | None = None
+
+
+@dataclass
+class TreeLock:
+    """What ``lock`` hands a holder; ``unlock`` gives it back (0.5.23's ``TreeLock``)."""
+
+    node: TreeNode
+    receipt: DecLockRefParams = field(default_factory=DecLockRefParams)
+
+
+class CacheReq(Protocol):
+    """What ``checkpoint`` / ``cache_finished_req`` need from a request (duck-typed).
+
+    ``fill_ids``: the tokens whose KV the request holds, in position order;
+    ``kv_indices``: the KV slot of each position the request has written (its req_to_token row);
+    ``cache_protected_len``: how many leading positions the tree owns;
+    ``last_node`` / ``lock``: the node it holds locked and the lock receipt.
+    """
+
+    fill_ids: list[int]
+    kv_indices: list[int]
+    cache_protected_len: int
+    last_node: TreeNode
+    lock: TreeLock | None
+    extra_key: str | None
+
+
+# ----------------------------------------------------------------------------- tree
+
+
+class TreeNode:
+    counter = 0  # used only when a node is built outside a cache, as SGLang's global counter
+
+    def __init__(self, id: int | None = None, priority: int = 0) -> None:  # noqa: A002 - SGLang's name
+        self.children: dict[Any, TreeNode] = {}
+        self.parent: TreeNode | None = None
+        self.key: RadixKey | None = None
+        self.value: list[int] | None = None
+        self.lock_ref = 0
+        now = time.monotonic()
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.hash_value: list[str] | None = None
+        self.priority = priority
+        if id is None:
+            id = TreeNode.counter
+            TreeNode.counter += 1
+        self.id = id
+
+    @property
+    def evicted(self) -> bool:
+        return self.value is None
+
+    def __lt__(self, other: TreeNode) -> bool:
+        return self.last_access_time < other.last_access_time
+
+    def __repr__(self) -> str:
+        size = len(self.key) if self.key is not None else 0
+        return f"TreeNode(id={self.id}, len={size}, lock_ref={self.lock_ref})"
+
+
+def _lru(node: TreeNode) -> Any:
+    return node.last_access_time
+
+
+def _lfu(node: TreeNode) -> Any:
+    return (node.hit_count, node.last_access_time)
+
+
+def _fifo(node: TreeNode) -> Any:
+    return node.creation_time
+
+
+def _mru(node: TreeNode) -> Any:
+    return -node.last_access_time
+
+
+def _filo(node: TreeNode) -> Any:
+    return -node.creation_time
+
+
+def _priority(node: TreeNode) -> Any:
+    return (node.priority, node.last_access_time)
+
+
+EVICTION_POLICIES: dict[str, Callable[[TreeNode], Any]] = {
+    "lru": _lru,
+    "lfu": _lfu,
+    "fifo": _fifo,
+    "mru": _mru,
+    "filo": _filo,
+    "priority": _priority,
+}
+
+
+class _StrictClock:
+    """A monotonic clock that never returns the same value twice (ties would make ranks differ)."""
+
+    __slots__ = ("_base", "_last")
+
+    def __init__(self, base: Callable[[], float]) -> None:
+        self._base = base
+        self._last = float("-inf")
+
+    def __call__(self) -> float:
+        now = self._base()
+        if now <= self._last:
+            now = self._last + 1e-9
+        self._last = now
+        return now
+
+
+def _as_key(obj: Any) -> RadixKey:
+    if isinstance(obj, RadixKey):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return RadixKey(list(obj))
+    raise TypeError(f"expected a RadixKey or a list of token ids, got {type(obj).__name__}")
+
+
+class RadixCache:
+    def __init__(self, params: CacheInitParams) -> None:
+        policy = params.eviction_policy.lower()
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"Unknown eviction policy: {params.eviction_policy}. "
+                f"Supported policies: {', '.join(repr(p) for p in EVICTION_POLICIES)}."
+            )
+        if params.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {params.page_size}")
+        self.disable = params.disable
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = params.page_size
+        self.eviction_policy = policy
+        self._priority_of = EVICTION_POLICIES[policy]
+        self.clock = _StrictClock(params.clock or time.monotonic)
+        self._node_ids = itertools.count()
+        self.evictable_leaves: set[TreeNode] = set()
+        self.reset()
+
+    @classmethod
+    def create_simulated(
+        cls,
+        disable: bool = False,
+        mock_allocator: TokenToKVPoolAllocator | None = None,
+        page_size: int = 1,
+        eviction_policy: str = "lru",
+        clock: Callable[[], float] | None = None,
+    ) -> RadixCache:
+        return cls(
+            CacheInitParams(
+                disable=disable,
+                token_to_kv_pool_allocator=mock_allocator,
+                page_size=page_size,
+                eviction_policy=eviction_policy,
+                clock=clock,
+            )
+        )
+
+    def _new_node(self, priority: int = 0) -> TreeNode:
+        node = TreeNode(id=next(self._node_ids), priority=priority)
+        now = self.clock()
+        node.last_access_time = now
+        node.creation_time = now
+        return node
+
+    ##### Public API #####
+
+    def reset(self) -> None:
+        self.root_node = self._new_node(priority=-sys.maxsize)
+        self.root_node.key = RadixKey([])
+        self.root_node.value = []
+        self.root_node.lock_ref = 1
+        self.root_node.hash_value = []
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self.evictable_leaves.clear()
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """Longest cached page-aligned prefix of ``params.key``; splits a node if the match ends inside it."""
+        key = params.key if isinstance(params, MatchPrefixParams) else _as_key(params)
+        if self.disable or len(key) == 0:
+            return self._empty_match()
+        key = key.page_aligned(self.page_size)
+        if len(key) == 0:
+            return self._empty_match()
+        values, last_node = self._match_prefix_helper(self.root_node, key)
+        indices: list[int] = []
+        for v in values:
+            indices.extend(v)
+        return MatchResult(indices, last_node, last_node, last_node)
+
+    def insert(self, params: InsertParams, value: list[int] | None = None) -> InsertResult:
+        """Insert a page-aligned key; returns how much of it was already cached."""
+        if not isinstance(params, InsertParams):
+            params = InsertParams(key=_as_key(params), value=value)
+        if self.disable:
+            return InsertResult(prefix_len=0)
+        if params.key is None:
+            raise ValueError("InsertParams.key is required")
+        key = params.key.page_aligned(self.page_size)
+        val = params.value
+        # Debug/test fallback, as SGLang: the token ids stand in for slot indices.
+        val = list(key.token_ids) if val is None else list(val[: len(key)])
+        if len(val) != len(key):
+            raise ValueError(f"insert needs one value per key token: {len(key)} tokens, {len(val)} values")
+        prefix_len, last_node = self._insert_helper(
+            self.root_node, key, val, params.priority, params.inserted_len
+        )
+        return InsertResult(prefix_len=prefix_len, last_device_node=last_node)
+
+    def evict(self, params: EvictParams | int) -> EvictResult:
+        """Free at least ``num_tokens`` by deleting unlocked leaves in policy order."""
+        num_tokens = params.num_tokens if isinstance(params, EvictParams) else int(params)
+        if self.disable:
+            return EvictResult()
+        priority_of = self._priority_of
+        heap = [(priority_of(n), n.id, n) for n in self.evictable_leaves]
+        heapq.heapify(heap)
+        allocator = self.token_to_kv_pool_allocator
+        num_evicted = 0
+        while num_evicted < num_tokens and heap:
+            _, _, x = heapq.heappop(heap)
+            if allocator is not None:
+                allocator.free(x.value)
+            num_evicted += len(x.value)
+            self._delete_leaf(x)
+            parent = x.parent
+            if len(parent.children) == 0 and parent.lock_ref == 0 and parent is not self.root_node:
+                heapq.heappush(heap, (priority_of(parent), parent.id, parent))
+        return EvictResult(num_tokens_evicted=num_evicted)
+
+    def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
+        if self.disable:
+            return IncLockRefResult(delta=0)
+        delta = 0
+        anchor = node
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+                delta -= len(node.key)
+            node.lock_ref += 1
+            self._update_leaf_status(node)
+            node = node.parent
+        return IncLockRefResult(delta=delta, node_id=anchor.id)
+
+    def dec_lock_ref(
+        self, node: TreeNode, params: DecLockRefParams | None = None
+    ) -> DecLockRefResult:
+        # No lock_ref >= 0 check, on purpose (see the module docstring).
+        if self.disable:
+            return DecLockRefResult(delta=0)
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+                delta += len(node.key)
+            node.lock_ref -= 1
+            self._update_leaf_status(node)
+            if node.parent is None:
+                raise AssertionError("This request holds the node from another tree")
+            node = node.parent
+        return DecLockRefResult(delta=delta)
+
+    def lock(self, node: TreeNode) -> TreeLock:
+        return TreeLock(node, self.inc_lock_ref(node).to_dec_params())
+
+    def unlock(self, lock: TreeLock | None) -> None:
+        if lock is not None:
+            self.dec_lock_ref(lock.node, lock.receipt)
+
+    def checkpoint(self, req: CacheReq, *, up_to: int) -> None:
+        """Put the request's first ``up_to`` tokens in the tree and move its lock to the new end.
+
+        0.5.23's replacement for ``cache_unfinished_req``: insert the page-aligned key, free the
+        request's duplicate slots for pages the tree already had, point the request's row at
+        the tree's slots, and relock at the deepest node.
+        """
+        if self.disable:
+            return
+        key = RadixKey(req.fill_ids[:up_to], req.extra_key).page_aligned(self.page_size)
+        key_len = len(key)
+        kv = req.kv_indices
+        result = self.insert(InsertParams(key=key, value=kv[:key_len]))
+        if self.token_to_kv_pool_allocator is not None:
+            self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : result.prefix_len])
+        match = self.match_prefix(MatchPrefixParams(key=key))
+        new_indices, new_last_node = match.device_indices, match.last_device_node
+        if len(new_indices) != key_len:
+            raise AssertionError(f"{len(new_indices)=}, {key_len=}")
+        kv[req.cache_protected_len : key_len] = new_indices[req.cache_protected_len :]
+        req.cache_protected_len = key_len
+        self.unlock(req.lock)
+        req.lock = self.lock(new_last_node)
+        req.last_node = new_last_node
+
+    def cache_unfinished_req(self, req: CacheReq, chunked: bool = False) -> None:
+        """Pre-0.5.23 name: cache what the request has computed so far, keep it locked."""
+        self.checkpoint(req, up_to=len(req.kv_indices))
+
+    def cache_finished_req(self, req: CacheReq, is_insert: bool = True) -> None:
+        """Pre-0.5.23 name of the release path: checkpoint, free the private tail, unlock."""
+        owned = len(req.kv_indices)
+        if is_insert and not self.disable:
+            self.checkpoint(req, up_to=owned)
+        if self.token_to_kv_pool_allocator is not None:
+            self.token_to_kv_pool_allocator.free(req.kv_indices[req.cache_protected_len : owned])
+        self.unlock(req.lock)
+        req.lock = None
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        # Tokens held by a lock.
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        return self._total_size_helper()
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
+
+    def is_root(self, node: TreeNode) -> bool:
+        return node is self.root_node
+
+    def all_values_flatten(self) -> list[int]:
+        values: list[int] = []
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            values.extend(node.value or ())
+            stack.extend(node.children.values())
+        return values
+
+    def path_device_indices(self, node: TreeNode) -> list[int]:
+        parts: list[list[int]] = []
+        while node is not self.root_node:
+            parts.append(node.value)
+            node = node.parent
+        out: list[int] = []
+        for part in reversed(parts):
+            out.extend(part)
+        return out
+
+    def iter_nodes(self) -> Iterator[TreeNode]:
+        """Every node below the root, parents before children (simulator helper for tests and tools)."""
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def pretty_print(self) -> None:
+        stack = [(self.root_node, 0)]
+        while stack:
+            node, indent = stack.pop()
+            print(" " * indent, len(node.key), node.key.token_ids[:10], f"r={node.lock_ref}")
+            for child in node.children.values():
+                stack.append((child, indent + 2))
+        print(f"#tokens: {self.total_size()}")
+
+    ##### Internal helpers #####
+
+    def _empty_match(self) -> MatchResult:
+        return MatchResult([], self.root_node, self.root_node, self.root_node)
+
+    def _match_prefix_helper(self, node: TreeNode, key: RadixKey) -> tuple[list[list[int]], TreeNode]:
+        access_time = self.clock()
+        node.last_access_time = access_time
+        page_size = self.page_size
+        child_key = key.child_key(page_size)
+        value: list[list[int]] = []
+        while len(key) > 0 and child_key in node.children:
+            child = node.children[child_key]
+            child.last_access_time = access_time
+            prefix_len = child.key.match(key, page_size=page_size)
+            if prefix_len < len(child.key):
+                new_node = self._split_node(child.key, child, prefix_len)
+                value.append(new_node.value)
+                node = new_node
+                break
+            value.append(child.value)
+            node = child
+            key = key[prefix_len:]
+            if len(key):
+                child_key = key.child_key(page_size)
+        return value, node
+
+    def _split_node(self, key: RadixKey, child: TreeNode, split_len: int) -> TreeNode:
+        # new_node -> child; the new node inherits what describes the shared prefix.
+        new_node = self._new_node(priority=child.priority)
+        new_node.last_access_time = child.last_access_time
+        new_node.hit_count = child.hit_count
+        new_node.children = {key[split_len:].child_key(self.page_size): child}
+        new_node.parent = child.parent
+        new_node.lock_ref = child.lock_ref
+        new_node.key = child.key[:split_len]
+        new_node.value = child.value[:split_len]
+        child.parent = new_node
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:]
+        new_node.parent.children[key.child_key(self.page_size)] = new_node
+        return new_node
+
+    def _insert_helper(
+        self,
+        node: TreeNode,
+        key: RadixKey,
+        value: list[int],
+        priority: int = 0,
+        inserted_len: int = 0,
+    ) -> tuple[int, TreeNode]:
+        priority = priority or 0
+        access_time = self.clock()
+        node.last_access_time = access_time
+        node.priority = max(node.priority, priority)
+        if len(key) == 0:
+            return 0, node
+        page_size = self.page_size
+        child_key = key.child_key(page_size)
+        total_prefix_length = 0
+        while len(key) > 0 and child_key in node.children:
+            node = node.children[child_key]
+            node.last_access_time = access_time
+            prefix_len = node.key.match(key, page_size=page_size)
+            total_prefix_length += prefix_len
+            key = key[prefix_len:]
+            value = value[prefix_len:]
+            if prefix_len < len(node.key):
+                node = self._split_node(node.key, node, prefix_len)
+            node.priority = max(node.priority, priority)
+            if total_prefix_length > inserted_len:
+                node.hit_count += 1
+            if len(key):
+                child_key = key.child_key(page_size)
+        if len(key):
+            new_node = self._new_node(priority=priority)
+            new_node.last_access_time = access_time
+            new_node.parent = node
+            new_node.key = key
+            new_node.value = list(value)
+            if total_prefix_length + len(key) > inserted_len:
+                new_node.hit_count += 1
+            node.children[child_key] = new_node
+            self.evictable_size_ += len(key)
+            self._update_leaf_status(node)
+            self._update_leaf_status(new_node)
+            node = new_node
+        return total_prefix_length, node
+
+    def _delete_leaf(self, node: TreeNode) -> None:
+        key = node.key.child_key(self.page_size)
+        removed = node.parent.children.pop(key, None)
+        if removed is not node:
+            raise AssertionError(f"parent does not have child key, {key}")
+        self.evictable_size_ -= len(node.key)
+        self.evictable_leaves.discard(node)
+        # SGLang marks the node evicted by dropping its slots; the parent link stays.
+        node.value = None
+        self._update_leaf_status(node.parent)
+
+    def _update_leaf_status(self, node: TreeNode) -> None:
+        if node.evicted or node.lock_ref > 0 or node is self.root_node:
+            self.evictable_leaves.discard(node)
+            return
+        for child in node.children.values():
+            if not child.evicted:
+                self.evictable_leaves.discard(node)
+                return
+        self.evictable_leaves.add(node)
+
+    def _total_size_helper(self) -> int:
+        total = 0
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            total += len(node.value)
+            for child in node.children.values():
+                if not child.evicted:
+                    stack.append(child)
+        return total
+

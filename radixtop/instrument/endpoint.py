@@ -1,0 +1,508 @@
+"""The debug endpoint: snapshots taken on the scheduler thread, served from an HTTP thread.
+
+Runs inside the host's scheduler process: standard library only; never raises into the host
+(start() returns False and logs one line when it cannot serve, e.g. the port is taken); bounded
+cost: safe_point() is rate-limited (default 2/s while someone is reading snapshots, one per
+`idle_interval_s` otherwise) and also stretches its interval so snapshots never take more than
+`max_duty` of the scheduler thread; at most `max_connections` requests are served at once.
+
+The scheduler thread builds an immutable Snapshot and its JSON bytes, and swaps them in under a
+lock; HTTP threads only ever read those, the counters (plain ints) and the event ring (locked).
+
+Wiring for a host (one per rank), see Instrumentation below for the three-call version:
+    hooks = CacheHooks(); hooks.install(cache)          # or its class, in a one-cache process
+    ep = InstrumentEndpoint(rank=r, hooks=hooks); ep.start()
+    ... once per scheduler iteration: ep.safe_point(cache)
+    ep.stop(); hooks.uninstall()
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import ipaddress
+import logging
+import secrets
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from radixtop.instrument.hooks import CacheHooks, EventRing
+from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter
+from radixtop.schema import (
+    BUDGET_PARAM,
+    DEFAULT_BASE_PORT,
+    DEFAULT_HOST,
+    EVENTS_PATH,
+    GAUGE_NAMES,
+    HEALTH_PATH,
+    LIMIT_PARAM,
+    MAX_EVENTS_PER_PAGE,
+    METRIC_NAMES,
+    METRICS_PATH,
+    SCHEMA_VERSION,
+    SINCE_PARAM,
+    SNAPSHOT_PATH,
+    Counters,
+    EventPage,
+    Health,
+    Snapshot,
+    encode_json,
+    error_body,
+)
+
+log = logging.getLogger("radixtop.instrument")
+
+_JSON = "application/json"
+_PROM = "text/plain; version=0.0.4; charset=utf-8"
+
+_COUNTER_HELP = {
+    "lock_ops": "inc_lock_ref calls.",
+    "unlock_ops": "dec_lock_ref calls.",
+    "lock_failures": "inc_lock_ref calls that raised.",
+    "unlock_failures": "dec_lock_ref calls that raised.",
+    "negative_lock_ref": "dec_lock_ref calls that left a node on their path with lock_ref below zero.",
+    "evict_calls": "evict calls.",
+    "evictions": "evict calls that freed at least one token.",
+    "evicted_tokens": "Tokens freed by evict.",
+    "evict_short_locked": "evict calls that freed less than asked while locked (protected) tokens were held.",
+    "instrument_errors": "Errors inside radixtop's own instrumentation (caught).",
+    "events_dropped": "Events pushed out of the bounded event ring before being read.",
+}
+_LOCK_BUCKETS = (("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name we will not resolve: treat as reachable from outside
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, addr: tuple[str, int], endpoint: InstrumentEndpoint, max_connections: int) -> None:
+        self.endpoint = endpoint
+        self._slots = threading.BoundedSemaphore(max_connections)
+        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        self.address_family = family
+        super().__init__(addr, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):  # bounded threads inside the host
+            try:
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # The default prints a traceback to the host's stderr; a vanished client is not news.
+        log.debug("radixtop endpoint: error serving %s", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = f"radixtop-instrument/{SCHEMA_VERSION}"
+    protocol_version = "HTTP/1.0"
+    timeout = 10  # a stalled client cannot hold a thread forever
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        try:
+            self.server.endpoint._serve(self)
+        except (ConnectionError, TimeoutError, OSError):
+            pass  # the client went away mid-response
+
+    def _not_allowed(self) -> None:
+        try:
+            self.server.endpoint._reply(self, 405, error_body("only GET is served here"), _JSON, {"Allow": "GET"})
+        except OSError:
+            pass
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        log.debug("radixtop endpoint: " + format, *args)
+
+
+class InstrumentEndpoint:
+    """One rank's debug endpoint. Construct, start(), call safe_point(cache) every scheduler
+    iteration, stop() at shutdown. Nothing here raises into the host."""
+
+    def __init__(
+        self,
+        *,
+        rank: int = 0,
+        host: str = DEFAULT_HOST,
+        port: int | None = None,
+        base_port: int = DEFAULT_BASE_PORT,
+        token: str | None = None,
+        hooks: CacheHooks | None = None,
+        config: SnapshotConfig | None = None,
+        min_interval_s: float = 0.5,
+        idle_interval_s: float = 5.0,
+        watch_window_s: float = 30.0,
+        max_duty: float = 0.01,
+        max_connections: int = 16,
+    ) -> None:
+        self.rank = int(rank)
+        self.host = host
+        self.requested_port = base_port + self.rank if port is None else int(port)
+        self.token = token or None
+        self.hooks = hooks
+        self.events = hooks.events if hooks is not None else EventRing()
+        self.config = config or SnapshotConfig()
+        self.min_interval_s = max(0.0, min_interval_s)
+        self.idle_interval_s = max(self.min_interval_s, idle_interval_s)
+        self.watch_window_s = watch_window_s
+        self.max_duty = max_duty if max_duty > 0 else 1.0
+        self.max_connections = max(1, max_connections)
+        self.instance = secrets.token_hex(8)
+        self.disabled_reason = "not started"
+        self.snapshot_errors = 0
+        self._snapshotter = TreeSnapshotter(self.config)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._payload = b""
+        self._published_at = 0.0
+        self._last_cost: float | None = None
+        self._seq = 0
+        self._safe_points = 0
+        self._next_at = 0.0
+        self._interval = self.idle_interval_s
+        self._last_watch = -float("inf")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self._running
+
+    @property
+    def port(self) -> int | None:
+        return self._server.server_address[1] if self._server is not None else None
+
+    @property
+    def url(self) -> str | None:
+        if self.port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> bool:
+        """Bind and serve in a daemon thread. False (and one log line) when it cannot."""
+        if self._running:
+            return True
+        if not is_loopback(self.host) and not self.token:
+            return self._refuse(
+                f"refusing to serve on non-loopback address {self.host} without a bearer token; "
+                "set a token or bind 127.0.0.1"
+            )
+        try:
+            self._server = _Server((self.host, self.requested_port), self, self.max_connections)
+        except OSError as exc:
+            why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
+            return self._refuse(
+                f"{self.host}:{self.requested_port} {why}; choose another base port (the server keeps running)"
+            )
+        except Exception as exc:
+            return self._refuse(f"could not start ({type(exc).__name__}: {exc})")
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.25},  # how soon stop() is noticed
+            name=f"radixtop-endpoint-{self.rank}",
+            daemon=True,
+        )
+        self._running = True
+        self.disabled_reason = ""
+        self._thread.start()
+        log.info("radixtop debug endpoint for rank %d serving on %s", self.rank, self.url)
+        return True
+
+    def _refuse(self, why: str) -> bool:
+        self.disabled_reason = why
+        self._server = None
+        log.error("radixtop debug endpoint for rank %d disabled: %s", self.rank, why)
+        return False
+
+    def stop(self) -> None:
+        """Stop serving. Idempotent; never raises."""
+        server, self._server = self._server, None
+        self._running = False
+        self.disabled_reason = "stopped"
+        if server is None:
+            return
+        try:
+            server.shutdown()
+            server.server_close()
+        except Exception as exc:
+            log.debug("radixtop endpoint: stop: %s", exc)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -- the scheduler side --------------------------------------------------------------------
+
+    def safe_point(self, cache: Any) -> bool:
+        """Call once per scheduler iteration, on the scheduler thread, where the tree is consistent.
+        Takes a snapshot when the rate limit allows; True when it did. Never raises."""
+        try:
+            self._safe_points += 1
+            now = time.monotonic()
+            if now < self._next_at or not self._running:
+                return False
+            return self._take(cache, now)
+        except Exception as exc:  # e.g. a failure while building the payload
+            self._snapshot_failed(exc)
+            return False
+
+    def _take(self, cache: Any, now: float) -> bool:
+        started = time.perf_counter()
+        hooks = self.hooks
+        try:
+            snap = self._snapshotter.take(
+                cache,
+                rank=self.rank,
+                instance=self.instance,
+                seq=self._seq + 1,
+                counters=hooks.counters() if hooks is not None else Counters(events_dropped=self.events.dropped_total),
+                hooks_state=hooks.state if hooks is not None else "off",
+                events_seq=self.events.latest_seq,
+            )
+            payload = snap.to_json()
+        finally:
+            # Whatever happened, the next try waits: a broken cache must not cost every iteration.
+            cost = time.perf_counter() - started
+            watching = now - self._last_watch < self.watch_window_s
+            self._interval = self.min_interval_s if watching else self.idle_interval_s
+            self._next_at = now + max(self._interval, cost / self.max_duty)
+            self._last_cost = cost
+        with self._lock:
+            self._seq = snap.seq
+            self._snapshot = snap
+            self._payload = payload
+            self._published_at = time.monotonic()
+        return True
+
+    def _snapshot_failed(self, exc: BaseException) -> None:
+        try:
+            self.snapshot_errors += 1
+            if self.snapshot_errors <= 3 or self.snapshot_errors % 100 == 0:
+                log.warning("radixtop snapshot error #%d: %s: %s", self.snapshot_errors, type(exc).__name__, exc)
+            self.events.push("instrument_error", message=f"snapshot: {type(exc).__name__}: {exc}")
+        except Exception:
+            pass
+
+    # -- the HTTP side (any of the server's threads) -------------------------------------------
+
+    def latest(self) -> tuple[Snapshot | None, bytes]:
+        with self._lock:
+            return self._snapshot, self._payload
+
+    def _serve(self, req: _Handler) -> None:
+        if self.token is not None and not self._authorized(req):
+            self._reply(req, 401, error_body("missing or wrong bearer token"), _JSON, {"WWW-Authenticate": "Bearer"})
+            return
+        parts = urlsplit(req.path)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        path = parts.path
+        if path == SNAPSHOT_PATH:
+            self._serve_snapshot(req, query)
+        elif path == EVENTS_PATH:
+            self._serve_events(req, query)
+        elif path == HEALTH_PATH:
+            self._reply(req, 200, encode_json(self.health().to_dict()), _JSON)
+        elif path == METRICS_PATH:
+            self._reply(req, 200, self.metrics_text().encode(), _PROM)
+        else:
+            self._reply(req, 404, error_body(f"no route {path[:100]!r}; try {SNAPSHOT_PATH}"), _JSON)
+
+    def _authorized(self, req: _Handler) -> bool:
+        got = req.headers.get("Authorization", "")
+        return hmac.compare_digest(got.encode("utf-8", "replace"), f"Bearer {self.token}".encode())
+
+    def _serve_snapshot(self, req: _Handler, query: dict[str, list[str]]) -> None:
+        self._last_watch = time.monotonic()
+        budget = _int_param(query, BUDGET_PARAM)
+        if isinstance(budget, str):
+            self._reply(req, 400, error_body(budget), _JSON)
+            return
+        snap, payload = self.latest()
+        if snap is None:
+            self._reply(
+                req,
+                503,
+                error_body("no snapshot yet: the scheduler has not reached a safe point; retry shortly"),
+                _JSON,
+                {"Retry-After": "1"},
+            )
+            return
+        if budget is not None and snap.tree is not None and budget < snap.tree.walked_nodes:
+            payload = snap.with_budget(budget).to_json()  # a prefix of an immutable snapshot
+        self._reply(req, 200, payload, _JSON)
+
+    def _serve_events(self, req: _Handler, query: dict[str, list[str]]) -> None:
+        since = _int_param(query, SINCE_PARAM)
+        limit = _int_param(query, LIMIT_PARAM)
+        for bad in (since, limit):
+            if isinstance(bad, str):
+                self._reply(req, 400, error_body(bad), _JSON)
+                return
+        since = since or 0
+        events, latest, dropped, more = self.events.read(since, min(limit or 1000, MAX_EVENTS_PER_PAGE))
+        page = EventPage(
+            schema_version=SCHEMA_VERSION,
+            rank=self.rank,
+            instance=self.instance,
+            since=since,
+            # A since beyond our latest means the client read another instance: start it over.
+            next_since=events[-1].seq if events else (latest if since > latest else since),
+            latest_seq=latest,
+            dropped=dropped,
+            more=more,
+            events=events,
+        )
+        self._reply(req, 200, encode_json(page.to_dict()), _JSON)
+
+    def _reply(
+        self, req: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None
+    ) -> None:
+        req.send_response(status)
+        req.send_header("Content-Type", ctype)
+        req.send_header("Content-Length", str(len(body)))
+        req.send_header("Cache-Control", "no-store")
+        for k, v in (extra or {}).items():
+            req.send_header(k, v)
+        req.end_headers()
+        req.wfile.write(body)
+
+    def health(self) -> Health:
+        snap, _ = self.latest()
+        hooks_state = self.hooks.state if self.hooks is not None else "off"
+        if snap is None:
+            status, message = "starting", "no snapshot yet: waiting for the scheduler's first safe point"
+        elif hooks_state == "disabled":
+            status, message = "degraded", f"hooks disabled: {self.hooks.disabled_reason if self.hooks else ''}"
+        elif self.snapshot_errors:
+            status, message = "degraded", f"{self.snapshot_errors} snapshot error(s); see the event feed"
+        else:
+            status, message = "ok", ""
+        return Health(
+            schema_version=SCHEMA_VERSION,
+            rank=self.rank,
+            instance=self.instance,
+            status=status,
+            hooks_state=hooks_state,
+            snapshots=self._seq,
+            safe_points=self._safe_points,
+            last_snapshot_age_s=None if snap is None else max(0.0, time.monotonic() - self._published_at),
+            last_snapshot_seconds=None if snap is None else self._last_cost,
+            snapshot_interval_s=self._interval,
+            max_budget=self.config.max_nodes,
+            message=message,
+        )
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition (0.0.4) of the counters and the latest snapshot's gauges."""
+        rank = f'rank="{self.rank}"'
+        counters = self.hooks.counters() if self.hooks is not None else Counters(events_dropped=self.events.dropped_total)
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                out.append(f"{name}{{{labels}}} {_number(value)}")
+
+        for key, name in METRIC_NAMES.items():
+            family(name, "counter", _COUNTER_HELP[key], [(rank, getattr(counters, key))])
+        snap, _ = self.latest()
+        hooks_active = 1 if self.hooks is not None and self.hooks.state == "active" else 0
+        family(GAUGE_NAMES["hooks_active"], "gauge", "1 while radixtop's cache hooks are installed and counting.", [(rank, hooks_active)])
+        family(GAUGE_NAMES["snapshots"], "counter", "Snapshots taken at scheduler safe points.", [(rank, self._seq)])
+        if snap is not None:
+            family(GAUGE_NAMES["snapshot_seconds"], "gauge", "Scheduler-thread seconds the latest snapshot took.", [(rank, snap.seconds)])
+            for key, help_text in (
+                ("capacity_tokens", "Token slots in the KV pool (allocator size)."),
+                ("available_tokens", "Free token slots in the KV pool."),
+                ("evictable_tokens", "Cached tokens that could be evicted (unlocked)."),
+                ("protected_tokens", "Cached tokens locked by running requests."),
+            ):
+                value = getattr(snap, key)
+                if value is not None:
+                    family(GAUGE_NAMES[key], "gauge", help_text, [(rank, value)])
+            census = snap.census
+            if census is not None and census.complete:
+                family(GAUGE_NAMES["tree_nodes"], "gauge", "Nodes in the radix tree (root excluded), at the last census.", [(rank, census.node_count)])
+                buckets = []
+                for label, lo, hi in _LOCK_BUCKETS:
+                    count = sum(v for k, v in census.lock_ref_histogram.items() if lo <= k <= hi)
+                    buckets.append((f'{rank},lock_ref="{label}"', count))
+                family(GAUGE_NAMES["lock_ref_nodes"], "gauge", "Tree nodes by lock_ref, at the last census.", buckets)
+        return "\n".join(out) + "\n"
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(int(value))
+
+
+def _int_param(query: dict[str, list[str]], name: str) -> int | None | str:
+    """The parameter as an int >= 0, None when absent, or a one-line error message."""
+    values = query.get(name)
+    if not values:
+        return None
+    raw = values[-1]
+    if not raw.isdigit() or len(raw) > 12:
+        return f"{name} must be a whole number >= 0, got {raw[:40]!r}"
+    return int(raw)
+
+
+class Instrumentation:
+    """Hooks + endpoint for one cache (one rank): the whole wiring in three calls.
+
+        inst = Instrumentation(cache, rank=r, port=p)   # installs hooks on this cache instance
+        inst.start()                                     # False if it cannot serve (logged)
+        inst.safe_point()                                # once per scheduler iteration
+        inst.close()                                     # stop serving, restore the methods
+
+    Hooks go on the instance, not the class, so several simulated ranks in one process each
+    count only their own cache.
+    """
+
+    def __init__(self, cache: Any, *, rank: int = 0, max_errors: int = 20, event_capacity: int = 4096, **endpoint_options: Any) -> None:
+        self.cache = cache
+        self.hooks = CacheHooks(max_errors=max_errors, event_capacity=event_capacity)
+        self.hooks.install(cache)
+        self.endpoint = InstrumentEndpoint(rank=rank, hooks=self.hooks, **endpoint_options)
+
+    def start(self) -> bool:
+        return self.endpoint.start()
+
+    def safe_point(self) -> bool:
+        return self.endpoint.safe_point(self.cache)
+
+    def close(self) -> None:
+        self.endpoint.stop()
+        self.hooks.uninstall()

@@ -1,0 +1,396 @@
+"""Counters and an event feed from wrapping a radix cache's inc_lock_ref, dec_lock_ref and evict.
+
+Runs inside the host's scheduler: standard library only, constant cost per call (dec_lock_ref
+also re-reads lock_ref along the path it just walked, so its cost stays proportional), and the
+host never sees an exception from us: the host's own exceptions pass through unchanged (after
+being counted); ours are caught, counted, logged, turned into an event, and after `max_errors` of
+them the hooks disable themselves and put the original methods back.
+
+The wrappers are AROUND hooks, `fn(original, cache, *args, **kwargs)`, the shape SGLang's
+HookRegistry uses for "module.Class.method" targets, so a plugin can register them there
+(`around_hooks()`); `install()` applies the same functions itself to a class (all its instances)
+or to one instance. Counters assume one thread drives a given cache, as SGLang's scheduler does.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import types
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from radixtop.schema import MAX_EVENTS_PER_PAGE, Counters, Event
+
+log = logging.getLogger("radixtop.instrument")
+
+HOOKED_METHODS = ("inc_lock_ref", "dec_lock_ref", "evict")
+_MISSING = object()
+_MAX_PATH = 1 << 20  # a parent chain longer than this is a cycle, not a tree
+_MARK = "__radixtop_hooks__"
+
+
+class EventRing:
+    """A bounded ring of events with strictly increasing seq numbers (1, 2, ...).
+
+    Written by the scheduler thread, read by the HTTP thread; one lock guards both.
+    """
+
+    def __init__(self, capacity: int = 4096, clock: Callable[[], float] = time.time) -> None:
+        if capacity < 1:
+            raise ValueError(f"event ring capacity must be >= 1, got {capacity}")
+        self._ring: deque[Event] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._latest = 0
+        self.dropped_total = 0
+
+    @property
+    def latest_seq(self) -> int:
+        return self._latest
+
+    def push(
+        self,
+        kind: str,
+        *,
+        node_id: int | None = None,
+        lock_ref: int | None = None,
+        tokens: int | None = None,
+        requested: int | None = None,
+        message: str = "",
+    ) -> None:
+        with self._lock:
+            self._latest += 1
+            if len(self._ring) == self._ring.maxlen:
+                self.dropped_total += 1
+            self._ring.append(
+                Event(
+                    seq=self._latest,
+                    time=self._clock(),
+                    kind=kind,
+                    node_id=node_id if type(node_id) is int else None,
+                    lock_ref=lock_ref if type(lock_ref) is int else None,
+                    tokens=tokens if type(tokens) is int and tokens >= 0 else None,
+                    requested=requested if type(requested) is int and requested >= 0 else None,
+                    message=message[:500],
+                )
+            )
+
+    def read(self, since: int, limit: int = 1000) -> tuple[tuple[Event, ...], int, int, bool]:
+        """(events with seq > since, oldest first, at most limit; latest seq; dropped; more)."""
+        limit = max(1, min(limit, MAX_EVENTS_PER_PAGE))
+        with self._lock:
+            latest = self._latest
+            if not self._ring or since >= latest:
+                return (), latest, 0, False
+            oldest = self._ring[0].seq
+            dropped = max(0, oldest - max(since, 0) - 1)
+            start = max(since + 1, oldest) - oldest  # seqs in the ring are consecutive
+            end = min(start + limit, len(self._ring))
+            events = tuple(self._ring[i] for i in range(start, end))
+            return events, latest, dropped, end < len(self._ring)
+
+
+def _node_id(node: Any) -> int | None:
+    nid = getattr(node, "id", None)
+    return nid if type(nid) is int else None
+
+
+def _node_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # args[0] is the cache; the node is the first argument after it.
+    return args[1] if len(args) > 1 else kwargs.get("node")
+
+
+def _requested_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    # SGLang >= 0.5: evict(EvictParams(num_tokens=...)); older: evict(num_tokens, evict_callback).
+    arg = args[1] if len(args) > 1 else kwargs.get("params", kwargs.get("num_tokens"))
+    if type(arg) is int:
+        return arg
+    n = getattr(arg, "num_tokens", None)
+    return n if type(n) is int else None
+
+
+class CacheHooks:
+    """Counters + events for one cache (one rank). Install on that cache's class or instance."""
+
+    def __init__(self, *, max_errors: int = 20, event_capacity: int = 4096, events: EventRing | None = None) -> None:
+        self.events = events or EventRing(event_capacity)
+        self.max_errors = max(1, max_errors)
+        self.lock_ops = 0
+        self.unlock_ops = 0
+        self.lock_failures = 0
+        self.unlock_failures = 0
+        self.negative_lock_ref = 0
+        self.evict_calls = 0
+        self.evictions = 0
+        self.evicted_tokens = 0
+        self.evict_short_locked = 0
+        self.instrument_errors = 0
+        self.disabled_reason = ""
+        self._disabled = False
+        self._external = False  # AROUND hooks handed to someone else's registry
+        self._lock = threading.RLock()
+        self._patches: dict[int, tuple[Any, list[tuple[str, Any, Any]]]] = {}
+        self._arounds: dict[str, Callable[..., Any]] = {
+            "inc_lock_ref": self.around_inc_lock_ref,
+            "dec_lock_ref": self.around_dec_lock_ref,
+            "evict": self.around_evict,
+        }
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        if self._disabled:
+            return "disabled"
+        return "active" if (self._patches or self._external) else "off"
+
+    def counters(self) -> Counters:
+        return Counters(
+            lock_ops=self.lock_ops,
+            unlock_ops=self.unlock_ops,
+            lock_failures=self.lock_failures,
+            unlock_failures=self.unlock_failures,
+            negative_lock_ref=self.negative_lock_ref,
+            evict_calls=self.evict_calls,
+            evictions=self.evictions,
+            evicted_tokens=self.evicted_tokens,
+            evict_short_locked=self.evict_short_locked,
+            instrument_errors=self.instrument_errors,
+            events_dropped=self.events.dropped_total,
+        )
+
+    def around_hooks(self) -> dict[str, Callable[..., Any]]:
+        """{method name: AROUND hook} for a registry that patches "module.Class.method" itself.
+        Disabling then makes them pass straight through (a registry cannot be asked to unpatch)."""
+        self._external = True
+        return dict(self._arounds)
+
+    # -- the AROUND hooks -------------------------------------------------------------------
+
+    def around_inc_lock_ref(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._disabled:
+            return original(*args, **kwargs)
+        self.lock_ops += 1
+        try:
+            return original(*args, **kwargs)
+        except Exception as exc:  # the host's failure: count it, then let it propagate unchanged
+            self._host_failure("lock_failure", args, kwargs, exc)
+            raise
+
+    def around_dec_lock_ref(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._disabled:
+            return original(*args, **kwargs)
+        self.unlock_ops += 1
+        try:
+            result = original(*args, **kwargs)
+        except Exception as exc:
+            self._host_failure("unlock_failure", args, kwargs, exc)
+            raise
+        try:
+            self._check_path(_node_arg(args, kwargs))
+        except Exception as exc:
+            self._own_error("dec_lock_ref", exc)
+        return result
+
+    def around_evict(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._disabled:
+            return original(*args, **kwargs)
+        cache = args[0] if args else None
+        before = None
+        try:
+            self.evict_calls += 1
+            before = cache.evictable_size()
+        except Exception as exc:
+            self._own_error("evict (before)", exc)
+        result = original(*args, **kwargs)
+        try:
+            self._after_evict(cache, before, result, args, kwargs)
+        except Exception as exc:
+            self._own_error("evict (after)", exc)
+        return result
+
+    # -- bookkeeping (constant cost, except the path re-read after an unlock) -----------------
+
+    def _check_path(self, node: Any) -> None:
+        first = None
+        count = 0
+        steps = 0
+        while node is not None and steps < _MAX_PATH:
+            lock_ref = getattr(node, "lock_ref", None)
+            if lock_ref is None:  # not an SGLang TreeNode (e.g. a NodeId): nothing to check
+                break
+            if lock_ref < 0:
+                count += 1
+                if first is None:
+                    first = node
+            node = getattr(node, "parent", None)
+            steps += 1
+        if count:
+            self.negative_lock_ref += 1
+            self.events.push(
+                "negative_lock_ref",
+                node_id=_node_id(first),
+                lock_ref=first.lock_ref,
+                message=f"dec_lock_ref left {count} node(s) on the unlocked path below zero (double unlock?)",
+            )
+
+    def _after_evict(self, cache: Any, before: Any, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        freed = getattr(result, "num_tokens_evicted", None)
+        if type(freed) is not int:
+            after = cache.evictable_size()
+            freed = before - after if type(before) is int and type(after) is int else None
+        requested = _requested_tokens(args, kwargs)
+        if freed is not None and freed > 0:
+            self.evictions += 1
+            self.evicted_tokens += freed
+            self.events.push("evict", tokens=freed, requested=requested)
+        if requested is not None and freed is not None and freed < requested:
+            protected = cache.protected_size()
+            if type(protected) is int and protected > 0:
+                self.evict_short_locked += 1
+                self.events.push(
+                    "evict_short",
+                    tokens=freed,
+                    requested=requested,
+                    message=f"evict freed {freed} of {requested} tokens while {protected} tokens were locked",
+                )
+
+    def _host_failure(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> None:
+        try:
+            if kind == "lock_failure":
+                self.lock_failures += 1
+            else:
+                self.unlock_failures += 1
+            node = _node_arg(args, kwargs)
+            self.events.push(
+                kind,
+                node_id=_node_id(node),
+                lock_ref=getattr(node, "lock_ref", None),
+                message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500],
+            )
+        except Exception as own:
+            self._own_error(kind, own)
+
+    def _own_error(self, where: str, exc: BaseException) -> None:
+        """Count our own failure; never raise. Too many and the hooks take themselves out."""
+        try:
+            self.instrument_errors += 1
+            n = self.instrument_errors
+            if n <= 3 or n % 100 == 0:
+                log.warning("radixtop hook error #%d in %s: %s: %s", n, where, type(exc).__name__, exc)
+            self.events.push("instrument_error", message=f"{where}: {type(exc).__name__}: {exc}")
+            if n >= self.max_errors and not self._disabled:
+                self.disable(f"{n} instrument errors (last in {where}: {type(exc).__name__})")
+        except Exception:
+            pass
+
+    def disable(self, reason: str) -> None:
+        """Stop counting and put the original methods back. Idempotent; never raises."""
+        try:
+            with self._lock:
+                if self._disabled:
+                    return
+                self._disabled = True
+                self.disabled_reason = reason
+            log.warning("radixtop hooks disabled: %s; original cache methods restored", reason)
+            self.events.push("hooks_disabled", message=reason)
+            self.uninstall()
+        except Exception:
+            pass
+
+    # -- install / uninstall -----------------------------------------------------------------
+
+    def install(self, target: Any) -> bool:
+        """Wrap HOOKED_METHODS on a class (every instance) or on one instance. Idempotent.
+
+        Returns True when the target is hooked by this object. Methods that are missing, or that
+        some radixtop hooks already wrap (say the class is hooked and you pass an instance), are
+        left alone so nothing is counted twice."""
+        try:
+            with self._lock:
+                if self._disabled:
+                    log.warning("radixtop hooks are disabled (%s); not installing", self.disabled_reason)
+                    return False
+                if id(target) in self._patches:
+                    return True
+                patches = self._patch(target)
+                if patches:
+                    self._patches[id(target)] = (target, patches)
+                return bool(patches)
+        except Exception as exc:
+            log.warning("radixtop hooks not installed on %s: %s: %s", _describe(target), type(exc).__name__, exc)
+            return False
+
+    def _patch(self, target: Any) -> list[tuple[str, Any, Any]]:
+        is_class = isinstance(target, type)
+        if not is_class and not isinstance(getattr(target, "__dict__", None), dict):
+            log.warning("radixtop hooks: %s has no instance __dict__; install on its class", _describe(target))
+            return []
+        patches: list[tuple[str, Any, Any]] = []
+        for name in HOOKED_METHODS:
+            current = getattr(target, name, None)
+            if not callable(current) or getattr(getattr(current, "__func__", current), _MARK, None) is not None:
+                continue
+            raw = target.__dict__.get(name, _MISSING)
+            if is_class:
+                if isinstance(raw, (staticmethod, classmethod)):
+                    continue
+                wrapper = _class_wrapper(self._arounds[name], current)
+                setattr(target, name, wrapper)
+            else:
+                wrapper = _instance_wrapper(self._arounds[name], target, name, raw)
+                target.__dict__[name] = wrapper
+            patches.append((name, raw, wrapper))
+        return patches
+
+    def uninstall(self) -> None:
+        """Put every wrapped method back. Idempotent; never raises."""
+        with self._lock:
+            items = list(self._patches.values())
+            self._patches.clear()
+        for target, patches in items:
+            for name, raw, wrapper in patches:
+                try:
+                    if target.__dict__.get(name) is not wrapper:
+                        log.warning("radixtop: %s.%s was re-patched by someone else; leaving it", _describe(target), name)
+                        continue
+                    if raw is _MISSING:
+                        delattr(target, name)
+                    else:
+                        setattr(target, name, raw)
+                except Exception as exc:
+                    log.warning("radixtop: could not restore %s.%s: %s", _describe(target), name, exc)
+
+
+def _class_wrapper(around: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return around(original, *args, **kwargs)
+
+    functools.update_wrapper(wrapper, original)
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def _instance_wrapper(around: Callable[..., Any], target: Any, name: str, raw: Any) -> Callable[..., Any]:
+    cls_attr = getattr(type(target), name, None)
+    if raw is _MISSING and isinstance(cls_attr, types.FunctionType):
+        original = cls_attr  # called as original(cache, ...), like a class-level hook
+    else:
+        bound = getattr(target, name)
+
+        def original(_cache: Any, *args: Any, **kwargs: Any) -> Any:
+            return bound(*args, **kwargs)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return around(original, target, *args, **kwargs)
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def _describe(target: Any) -> str:
+    return target.__qualname__ if isinstance(target, type) else f"{type(target).__name__} instance"

@@ -1,0 +1,386 @@
+"""Snapshots of an SGLang-shaped radix tree, taken on the scheduler thread at a safe point.
+
+Runs inside the host's scheduler: standard library only, never reads KV tensors (`node.value is
+None` and len(node.key) only), never recurses (trees 10k deep are fine), never indexes a node's
+`children` (SGLang's is a defaultdict: a lookup would insert).
+
+Two walks with separate cost bounds:
+- the detail walk (every snapshot) visits at most `max_nodes` nodes best-first (locked nodes first,
+  then the heaviest subtree by tokens), so its cost does not grow with the tree;
+- the census (full walk: node count, lock_ref histogram, shape digest, subtree weights) runs only
+  while its measured cost stays under `census_duty` of the scheduler's time, and stops after
+  `census_max_nodes` nodes, so one census is one bounded pause. Between censuses the detail walk
+  orders nodes by the last census's weights and estimates what it cut.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any
+
+from radixtop.schema import (
+    MAX_HEAD_TOKENS,
+    MAX_TREE_NODES,
+    SCHEMA_VERSION,
+    Census,
+    Counters,
+    NodeRow,
+    Snapshot,
+    TreeView,
+)
+
+_MASK64 = (1 << 64) - 1
+_RUST_CORE_HINT = "restart the server with SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to see the tree"
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    max_nodes: int = 1000  # detail-walk budget, and the server-side cap on ?budget=
+    census_max_nodes: int = 100_000  # a census stops here (bounds one pause); 0 disables it
+    census_duty: float = 0.005  # at most this fraction of scheduler time goes to censuses
+    head_tokens: int = 4  # token ids shown per node (the start of its key)
+    scan_factor: int = 8  # the detail walk looks at no more than scan_factor * max_nodes children
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_nodes <= MAX_TREE_NODES:
+            raise ValueError(f"max_nodes must be in [0, {MAX_TREE_NODES}], got {self.max_nodes}")
+        if self.census_max_nodes < 0 or not 0 <= self.census_duty <= 1:
+            raise ValueError("census_max_nodes must be >= 0 and census_duty in [0, 1]")
+        if not 0 <= self.head_tokens <= MAX_HEAD_TOKENS or self.scan_factor < 1:
+            raise ValueError(f"head_tokens must be in [0, {MAX_HEAD_TOKENS}] and scan_factor >= 1")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the cache without trusting it
+
+
+def _int_or_none(value: Any) -> int | None:
+    # Plain ints only: int() of a tensor would call .item() and sync the GPU.
+    return value if type(value) is int else None
+
+
+def _call_int(obj: Any, name: str) -> int | None:
+    try:
+        fn = getattr(obj, name, None)
+        return _int_or_none(fn()) if callable(fn) else None
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    page_size: int | None
+    capacity_tokens: int | None
+    available_tokens: int | None
+    evictable_tokens: int | None
+    protected_tokens: int | None
+
+
+def read_sizes(cache: Any) -> CacheSizes:
+    """O(1) figures every SGLang prefix cache has, whatever its tree looks like."""
+    try:
+        alloc = getattr(cache, "token_to_kv_pool_allocator", None)
+        capacity = _int_or_none(getattr(alloc, "size", None)) if alloc is not None else None
+        page = _int_or_none(getattr(cache, "page_size", None))
+    except Exception:
+        alloc, capacity, page = None, None, None
+    return CacheSizes(
+        page_size=page,
+        capacity_tokens=capacity,
+        available_tokens=_call_int(alloc, "available_size") if alloc is not None else None,
+        evictable_tokens=_call_int(cache, "evictable_size"),
+        protected_tokens=_call_int(cache, "protected_size"),
+    )
+
+
+def find_root(cache: Any) -> tuple[Any, str]:
+    """(root node, "") when the tree can be walked from Python, else (None, why not, plainly)."""
+    cls = type(cache).__name__
+    try:
+        if getattr(cache, "disable", False) is True:
+            return None, f"{cls}: the radix cache is disabled (--disable-radix-cache), so there is no tree"
+        root = getattr(cache, "root_node", None)
+        core = getattr(cache, "tree_core", None)
+        if root is None and core is not None:
+            root = getattr(core, "root_node", None)
+        if root is not None and isinstance(getattr(root, "children", None), dict):
+            return root, ""
+        if core is not None or "Unified" in cls:
+            core_name = type(core).__name__ if core is not None else "its tree core"
+            return None, (
+                f"{cls} keeps its tree in {core_name} (the Rust TreeCore), which Python cannot walk: "
+                f"sizes only; {_RUST_CORE_HINT}"
+            )
+        return None, f"{cls} has no root_node with a children dict: sizes only"
+    except Exception as exc:
+        return None, f"{cls}: reading the tree root failed ({type(exc).__name__}): sizes only"
+
+
+def _ids(key: Any) -> Any:
+    # RadixKey keeps its token ids in .token_ids; older SGLang keys are plain lists.
+    return getattr(key, "token_ids", key)
+
+
+# ----------------------------------------------------------------------------------------------
+# Census: one bounded full walk
+
+
+@dataclass
+class _CensusResult:
+    census: Census
+    taken_at: float  # time.monotonic()
+    hints: dict[int, int]  # id(node) -> subtree tokens, for the heaviest part of the tree
+
+
+def run_census(root: Any, limit: int, hint_cap: int) -> _CensusResult:
+    """Breadth-first over the whole tree (at most `limit` non-root nodes), iteratively."""
+    started = time.perf_counter()
+    nodes = [root]
+    parents = [-1]
+    tokens = [0]
+    hashes = [0]
+    hist: dict[int, int] = {}
+    add_node, add_parent, add_tokens, add_hash = nodes.append, parents.append, tokens.append, hashes.append
+    digest = 0
+    total = 0
+    complete = True
+    i = 0
+    while i < len(nodes):
+        node = nodes[i]
+        children = node.children
+        if children:
+            if len(nodes) + len(children) > limit + 1:
+                complete = False
+                break
+            h = hashes[i]
+            for child in children.values():
+                ids = _ids(child.key)
+                n = len(ids)
+                lr = child.lock_ref
+                hist[lr] = hist.get(lr, 0) + 1
+                ch = hash((h, n, ids[0], ids[-1])) if n else hash((h, 0))
+                digest += ch
+                total += n
+                add_node(child)
+                add_parent(i)
+                add_tokens(n)
+                add_hash(ch)
+        i += 1
+    # Subtree weights: BFS order puts every child after its parent, so one reverse pass sums them.
+    weights = tokens[:]
+    for j in range(len(nodes) - 1, 0, -1):
+        weights[parents[j]] += weights[j]
+    hints = _heavy_hints(nodes, parents, weights, hint_cap)
+    census = Census(
+        complete=complete,
+        node_count=len(nodes) - 1,
+        total_tokens=total,
+        lock_ref_histogram=hist,
+        digest=f"{digest & _MASK64:016x}" if complete else "",
+        age_s=0.0,
+        seconds=time.perf_counter() - started,
+    )
+    return _CensusResult(census=census, taken_at=time.monotonic(), hints=hints)
+
+
+def _heavy_hints(nodes: list[Any], parents: list[int], weights: list[int], cap: int) -> dict[int, int]:
+    """Subtree weights for the nodes a best-first walk from the root would meet first (<= cap)."""
+    hints: dict[int, int] = {id(nodes[0]): weights[0]}
+    heap = [(-weights[0], 0)]
+    n = len(nodes)
+    while heap and len(hints) < cap:
+        _, i = heapq.heappop(heap)
+        # Children of i are contiguous in BFS order, and `parents` is sorted.
+        j = bisect_left(parents, i, 1)
+        while j < n and parents[j] == i and len(hints) < cap:
+            hints[id(nodes[j])] = weights[j]
+            heapq.heappush(heap, (-weights[j], j))
+            j += 1
+    return hints
+
+
+# ----------------------------------------------------------------------------------------------
+# Detail walk: bounded best-first
+
+
+@dataclass
+class _Walk:
+    rows: list[NodeRow]
+    walked_tokens: int
+    exhausted: bool  # every node was visited (nothing cut)
+
+
+def _row(node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, head_n: int) -> NodeRow:
+    nid = getattr(node, "id", None)
+    hits = getattr(node, "hit_count", None)
+    last = getattr(node, "last_access_time", None)
+    return NodeRow(
+        id=nid if type(nid) is int else None,
+        parent=parent_row,
+        tokens=tokens,
+        lock_ref=node.lock_ref,
+        evicted=node.value is None,
+        hit_count=hits if type(hits) is int else None,
+        last_access=float(last) if type(last) in (int, float) and last == last and abs(last) < 1e300 else None,
+        children=len(node.children),
+        subtree_tokens=weight,
+        head=tuple(t for t in ids[:head_n] if type(t) is int) if head_n else (),
+    )
+
+
+def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_limit: int) -> _Walk:
+    root_ids = _ids(root.key) if getattr(root, "key", None) is not None else ()
+    rows = [_row(root, -1, len(root_ids), root_ids, hints.get(id(root)), head_n)]
+    heap: list[tuple[int, int, int, Any, int]] = []
+    counter = 0
+    scanned = 0
+    truncated_scan = False
+
+    def push_children(node: Any, row_index: int) -> None:
+        nonlocal counter, scanned, truncated_scan
+        for child in node.children.values():
+            if scanned >= scan_limit:
+                truncated_scan = True
+                return
+            scanned += 1
+            weight = hints.get(id(child))
+            if weight is None:
+                weight = len(_ids(child.key))
+            # Locked (or negative) nodes first, then the heaviest subtree; counter keeps it stable.
+            heapq.heappush(heap, (0 if child.lock_ref else 1, -weight, counter, child, row_index))
+            counter += 1
+
+    push_children(root, 0)
+    walked_tokens = 0
+    while heap and len(rows) <= budget:
+        _, _, _, node, parent_row = heapq.heappop(heap)
+        ids = _ids(node.key)
+        n = len(ids)
+        walked_tokens += n
+        rows.append(_row(node, parent_row, n, ids, hints.get(id(node)), head_n))
+        if node.children:
+            push_children(node, len(rows) - 1)
+    return _Walk(rows=rows, walked_tokens=walked_tokens, exhausted=not heap and not truncated_scan)
+
+
+# ----------------------------------------------------------------------------------------------
+# The snapshotter (scheduler thread only)
+
+
+class TreeSnapshotter:
+    """Keeps the census schedule and weight hints between snapshots. Not thread-safe by design:
+    call it from the thread that mutates the tree, at a point where the tree is consistent."""
+
+    def __init__(self, config: SnapshotConfig | None = None) -> None:
+        self.config = config or SnapshotConfig()
+        self._census: _CensusResult | None = None
+        self._next_census_at = 0.0
+        self._root_id: int | None = None
+
+    def take(
+        self,
+        cache: Any,
+        *,
+        rank: int = 0,
+        instance: str = "0",
+        seq: int = 0,
+        counters: Counters | None = None,
+        hooks_state: str = "off",
+        events_seq: int = 0,
+        force_census: bool = False,
+    ) -> Snapshot:
+        """Never raises for a strange cache: what cannot be read is reported in `reason`."""
+        started = time.perf_counter()
+        cfg = self.config
+        sizes = read_sizes(cache)
+        root, reason = find_root(cache)
+        census: Census | None = None
+        tree: TreeView | None = None
+        if root is not None:
+            try:
+                census, tree = self._walk(root, sizes, force_census)
+            except Exception as exc:  # a tree we do not understand: still report the sizes
+                reason = f"walking the tree failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
+                census, tree, root = None, None, None
+        return Snapshot(
+            schema_version=SCHEMA_VERSION,
+            rank=rank,
+            instance=instance,
+            seq=seq,
+            time=time.time(),
+            monotonic=time.monotonic(),
+            seconds=time.perf_counter() - started,
+            cache_class=type(cache).__name__[:200],
+            walkable=root is not None,
+            reason=reason,
+            page_size=sizes.page_size,
+            capacity_tokens=sizes.capacity_tokens,
+            available_tokens=sizes.available_tokens,
+            evictable_tokens=sizes.evictable_tokens,
+            protected_tokens=sizes.protected_tokens,
+            hooks_state=hooks_state,
+            counters=counters or Counters(),
+            events_seq=events_seq,
+            census=census,
+            tree=tree,
+        )
+
+    def _walk(self, root: Any, sizes: CacheSizes, force_census: bool) -> tuple[Census | None, TreeView]:
+        cfg = self.config
+        now = time.monotonic()
+        if id(root) != self._root_id:  # a reset() replaced the root: old hints are meaningless
+            self._census, self._root_id, self._next_census_at = None, id(root), 0.0
+        fresh = False
+        if cfg.census_max_nodes and (force_census or (cfg.census_duty > 0 and now >= self._next_census_at)):
+            result = run_census(root, cfg.census_max_nodes, cfg.max_nodes * cfg.scan_factor)
+            self._census = result
+            fresh = True
+            cost = result.census.seconds
+            self._next_census_at = now + (cost / cfg.census_duty if cfg.census_duty > 0 else float("inf"))
+        hints = self._census.hints if self._census is not None else {}
+        walk = walk_tree(root, cfg.max_nodes, hints, cfg.head_tokens, cfg.max_nodes * cfg.scan_factor)
+        walked = len(walk.rows) - 1
+        census = _aged(self._census) if self._census is not None else None
+        cut_nodes: int | None
+        cut_tokens: int | None
+        if walk.exhausted:
+            cut_nodes, cut_tokens, exact = 0, 0, True
+        elif fresh and census is not None and census.complete:
+            cut_nodes = max(0, census.node_count - walked)
+            cut_tokens = max(0, census.total_tokens - walk.walked_tokens)
+            exact = True
+        else:
+            exact = False
+            cut_nodes = max(0, census.node_count - walked) if census is not None and census.complete else None
+            resident = (
+                sizes.evictable_tokens + sizes.protected_tokens
+                if sizes.evictable_tokens is not None and sizes.protected_tokens is not None
+                else None
+            )
+            cut_tokens = max(0, resident - walk.walked_tokens) if resident is not None else None
+        tree = TreeView(
+            budget=cfg.max_nodes,
+            walked_nodes=walked,
+            walked_tokens=walk.walked_tokens,
+            cut_nodes=cut_nodes,
+            cut_tokens=cut_tokens,
+            cut_exact=exact,
+            nodes=tuple(walk.rows),
+        )
+        return census, tree
+
+
+def _aged(result: _CensusResult) -> Census:
+    c = result.census
+    return Census(
+        complete=c.complete,
+        node_count=c.node_count,
+        total_tokens=c.total_tokens,
+        lock_ref_histogram=c.lock_ref_histogram,
+        digest=c.digest,
+        age_s=max(0.0, time.monotonic() - result.taken_at),
+        seconds=c.seconds,
+    )

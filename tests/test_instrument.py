@@ -1,0 +1,759 @@
+"""instrument/: snapshots, hooks and the debug endpoint, on real loopback HTTP.
+
+Most tests drive the simulator's RadixCache (SGLang's shape and semantics). A tiny SGLang-shaped
+tree built here covers what the simulator cannot be: older SGLang APIs (evict(num_tokens)
+returning None), trees 10k deep, caches whose KV "tensors" must never be touched, and caches that
+cannot be walked (the Rust TreeCore, a disabled cache).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import socket
+import struct
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from radixtop import schema
+from radixtop.instrument.endpoint import InstrumentEndpoint, Instrumentation, is_loopback
+from radixtop.instrument.hooks import HOOKED_METHODS, CacheHooks, EventRing
+from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter, find_root, run_census
+from radixtop.schema import parse_events, parse_health, parse_snapshot
+from radixtop.sim.pool import TokenToKVPoolAllocator
+from radixtop.sim.radix import EvictParams, InsertParams, MatchPrefixParams, RadixCache, RadixKey
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: the simulator's cache, and a tiny SGLang-shaped tree
+
+
+def sim_cache(size: int = 4096, page_size: int = 1) -> RadixCache:
+    alloc = TokenToKVPoolAllocator(size, page_size, store_contents=False)
+    return RadixCache.create_simulated(mock_allocator=alloc, page_size=page_size)
+
+
+def insert(cache: RadixCache, tokens: list[int]):
+    slots = cache.token_to_kv_pool_allocator.alloc(len(tokens))
+    assert slots is not None
+    result = cache.insert(InsertParams(key=RadixKey(tokens), value=slots))
+    cache.token_to_kv_pool_allocator.free(slots[: result.prefix_len])  # the tree kept its own
+    return cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).last_device_node
+
+
+def filled_sim_cache(n_prompts: int = 40, seed: int = 7) -> RadixCache:
+    rng = random.Random(seed)
+    cache = sim_cache(8192)
+    system = list(range(1000, 1016))
+    for _ in range(n_prompts):
+        insert(cache, system + [rng.randrange(50) for _ in range(rng.randrange(1, 12))])
+    return cache
+
+
+def direct_walk(cache):
+    """Every node below the root: (count, tokens, histogram) by a plain stack walk."""
+    count, tokens, hist = 0, 0, {}
+    stack = list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        count += 1
+        tokens += len(node.key)
+        hist[node.lock_ref] = hist.get(node.lock_ref, 0) + 1
+        stack.extend(node.children.values())
+    return count, tokens, hist
+
+
+class Key:
+    def __init__(self, ids):
+        self.token_ids = list(ids)
+
+    def __len__(self):
+        return len(self.token_ids)
+
+
+class Untouchable:
+    """Stands in for a KV tensor: any use beyond `is None` fails the test."""
+
+    def _boom(self, *args, **kwargs):
+        raise AssertionError("instrumentation touched a KV tensor")
+
+    __len__ = __iter__ = __bool__ = __getitem__ = __int__ = __index__ = __float__ = item = _boom
+
+
+class Node:
+    _ids = iter(range(10**9))
+
+    def __init__(self, parent=None, ids=(), lock_ref=0):
+        self.children = {}
+        self.parent = parent
+        self.key = Key(ids)
+        self.value = Untouchable()
+        self.lock_ref = lock_ref
+        self.last_access_time = time.monotonic()
+        self.hit_count = 0
+        self.id = next(Node._ids)
+        if parent is not None:
+            parent.children[(ids[0] if ids else None, self.id)] = self
+
+
+class Allocator:
+    def __init__(self, size):
+        self.size = size
+        self.free = size // 2
+
+    def available_size(self):
+        return self.free
+
+
+class MiniCache:
+    """SGLang's pre-0.5 RadixCache API: evict(num_tokens) returns None."""
+
+    def __init__(self):
+        self.root_node = Node(lock_ref=1)
+        self.root_node.value = []
+        self.page_size = 1
+        self.token_to_kv_pool_allocator = Allocator(1000)
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+
+    def add(self, parent, ids, lock_ref=0):
+        node = Node(parent or self.root_node, ids, lock_ref)
+        self.evictable_size_ += len(ids)
+        return node
+
+    def chain(self, depth, width=1):
+        node = self.root_node
+        for i in range(depth):
+            node = self.add(node, list(range(i, i + width)))
+        return node
+
+    def inc_lock_ref(self, node):
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node):
+        while node is not self.root_node:
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+    def evict(self, num_tokens, evict_callback=None):
+        freed = min(num_tokens, self.evictable_size_)
+        self.evictable_size_ -= freed  # bookkeeping is all the hooks look at
+
+    def evictable_size(self):
+        return self.evictable_size_
+
+    def protected_size(self):
+        return self.protected_size_
+
+
+@pytest.fixture
+def endpoint_factory():
+    made = []
+
+    def make(**kwargs):
+        kwargs.setdefault("port", 0)
+        kwargs.setdefault("min_interval_s", 0.0)
+        ep = InstrumentEndpoint(**kwargs)
+        made.append(ep)
+        return ep
+
+    yield make
+    for ep in made:
+        ep.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots
+
+
+def test_snapshot_matches_the_sim_cache_and_a_direct_walk():
+    cache = filled_sim_cache()
+    node = insert(cache, list(range(1000, 1016)) + [1, 2, 3])
+    cache.inc_lock_ref(node)
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=10_000)).take(cache)
+    count, tokens, hist = direct_walk(cache)
+    assert snap.walkable and snap.reason == ""
+    assert snap.cache_class == "RadixCache"
+    assert snap.evictable_tokens == cache.evictable_size()
+    assert snap.protected_tokens == cache.protected_size() > 0
+    assert snap.capacity_tokens == 8192
+    assert snap.available_tokens == cache.token_to_kv_pool_allocator.available_size()
+    assert snap.census.complete and snap.census.node_count == count
+    assert snap.census.total_tokens == tokens == cache.evictable_size() + cache.protected_size()
+    assert snap.census.lock_ref_histogram == hist
+    tree = snap.tree
+    assert tree.walked_nodes == count and tree.walked_tokens == tokens
+    assert (tree.cut_nodes, tree.cut_tokens, tree.cut_exact) == (0, 0, True)
+    assert tree.nodes[0].parent == -1
+    assert all(0 <= row.parent < i for i, row in enumerate(tree.nodes) if i)
+    # The root's subtree weight is the whole tree; locked nodes come first.
+    assert tree.nodes[0].subtree_tokens == tokens
+    locked = [i for i, row in enumerate(tree.nodes[1:], 1) if row.lock_ref]
+    assert locked == list(range(1, len(locked) + 1))
+    assert parse_snapshot(snap.to_json()) == snap
+
+
+def test_budgeted_walk_takes_the_heaviest_subtrees_and_counts_the_cut():
+    cache = MiniCache()
+    heavy = cache.add(None, list(range(50)))
+    for i in range(5):
+        cache.add(heavy, [i] * 10)
+    light = [cache.add(None, [900 + i]) for i in range(20)]
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=6)).take(cache)
+    rows = snap.tree.nodes
+    assert snap.tree.walked_nodes == 6
+    assert [r.id for r in rows[1:]][0] == heavy.id
+    assert {r.id for r in rows[1:]} == {heavy.id} | {c.id for c in heavy.children.values()}
+    assert snap.tree.cut_exact
+    assert snap.tree.cut_nodes == len(light)
+    assert snap.tree.cut_tokens == len(light)
+    assert snap.census.node_count == 26
+
+
+def test_locked_nodes_come_before_heavier_unlocked_ones():
+    cache = MiniCache()
+    cache.add(None, list(range(500)))
+    small = cache.add(None, [7])
+    cache.inc_lock_ref(small)
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=1)).take(cache)
+    assert snap.tree.nodes[1].id == small.id
+
+
+def test_a_tree_ten_thousand_deep_is_walked_without_recursion():
+    cache = MiniCache()
+    leaf = cache.chain(10_000)
+    cache.inc_lock_ref(leaf)
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=200)).take(cache)
+    assert snap.census.complete and snap.census.node_count == 10_000
+    assert snap.census.lock_ref_histogram == {1: 10_000}
+    assert snap.tree.walked_nodes == 200 and snap.tree.cut_nodes == 9_800
+    # The wire format is flat: a deep tree does not nest the JSON.
+    assert parse_snapshot(snap.to_json()).tree.walked_nodes == 200
+
+
+def test_never_touches_kv_tensors_or_turns_tensors_into_ints():
+    cache = MiniCache()
+    cache.chain(5)
+    cache.token_to_kv_pool_allocator.size = Untouchable()  # e.g. a tensor: must not be int()-ed
+    snap = TreeSnapshotter().take(cache)
+    assert snap.walkable and snap.capacity_tokens is None
+    assert snap.available_tokens == 500
+
+
+def test_digest_tells_shapes_apart_and_ignores_order_and_locks():
+    def build(order, lock=False):
+        cache = MiniCache()
+        for ids in order:
+            node = cache.add(None, ids)
+            cache.add(node, ids[:1] * 3)
+        if lock:
+            cache.inc_lock_ref(next(iter(cache.root_node.children.values())))
+        return TreeSnapshotter().take(cache).census.digest
+
+    a = build([[1, 2], [3, 4, 5], [6]])
+    assert a == build([[6], [3, 4, 5], [1, 2]])  # another insertion order, same shape
+    assert a == build([[1, 2], [3, 4, 5], [6]], lock=True)
+    assert a != build([[1, 2], [3, 4], [6]])
+    assert a != build([[1, 2], [3, 4, 5]])
+    assert len(a) == 16
+
+
+def test_rust_core_and_disabled_caches_report_sizes_and_say_why():
+    class UnifiedRadixCache:
+        def __init__(self):
+            self.tree_core = type("RustTreeCore", (), {})()
+            self.page_size = 16
+            self.token_to_kv_pool_allocator = Allocator(4096)
+
+        def evictable_size(self):
+            return 100
+
+        def protected_size(self):
+            return 30
+
+    snap = TreeSnapshotter().take(UnifiedRadixCache())
+    assert not snap.walkable and snap.tree is None and snap.census is None
+    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in snap.reason
+    assert "RustTreeCore" in snap.reason
+    assert (snap.evictable_tokens, snap.protected_tokens, snap.capacity_tokens, snap.page_size) == (100, 30, 4096, 16)
+    assert parse_snapshot(snap.to_json()) == snap
+
+    disabled = sim_cache()
+    disabled.disable = True
+    root, why = find_root(disabled)
+    assert root is None and "disabled" in why
+
+
+def test_a_tree_that_breaks_mid_walk_is_reported_not_raised():
+    cache = MiniCache()
+    node = cache.add(None, [1, 2])
+    node.key = object()  # no len(): the walk fails
+    snap = TreeSnapshotter().take(cache)
+    assert not snap.walkable
+    assert "walking the tree failed (TypeError" in snap.reason
+    assert snap.evictable_tokens == 2
+
+
+def test_census_is_duty_limited_and_the_cut_is_then_estimated():
+    cache = filled_sim_cache()
+    shot = TreeSnapshotter(SnapshotConfig(max_nodes=3, census_duty=1e-9))
+    first = shot.take(cache)
+    assert first.tree.cut_exact and first.census.age_s < 1
+    insert(cache, [5, 5, 5, 5])
+    time.sleep(0.01)
+    second = shot.take(cache)
+    assert second.census.age_s >= 0.01  # the same census, older: its cost bought a long rest
+    assert second.census.node_count == first.census.node_count
+    assert not second.tree.cut_exact
+    assert second.tree.cut_tokens == cache.evictable_size() + cache.protected_size() - second.tree.walked_tokens
+    forced = shot.take(cache, force_census=True)
+    assert forced.tree.cut_exact and forced.census.node_count == first.census.node_count + 1
+
+
+def test_census_stops_at_its_node_limit():
+    cache = MiniCache()
+    for i in range(50):
+        cache.add(None, [i])
+    result = run_census(cache.root_node, limit=10, hint_cap=100)
+    assert not result.census.complete and result.census.digest == ""
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=5, census_max_nodes=10)).take(cache)
+    assert not snap.census.complete
+    assert snap.tree.cut_nodes is None and not snap.tree.cut_exact
+
+
+# ---------------------------------------------------------------------------------------------
+# Hooks
+
+
+def test_instance_hooks_count_lock_unlock_evict_on_the_sim_cache():
+    cache = filled_sim_cache()
+    other = filled_sim_cache()
+    hooks = CacheHooks()
+    assert hooks.install(cache) and hooks.state == "active"
+    assert hooks.install(cache)  # idempotent
+    node = insert(cache, list(range(1000, 1016)) + [9])
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)
+    other.inc_lock_ref(insert(other, [1, 2]))  # another instance: not counted
+    before = cache.evictable_size()
+    result = cache.evict(EvictParams(num_tokens=5))
+    c = hooks.counters()
+    assert (c.lock_ops, c.unlock_ops) == (1, 1)
+    assert c.evict_calls == 1 and c.evictions == 1
+    assert c.evicted_tokens == result.num_tokens_evicted == before - cache.evictable_size()
+    assert c.negative_lock_ref == 0 and c.instrument_errors == 0
+    events, latest, dropped, more = hooks.events.read(0)
+    assert [e.kind for e in events] == ["evict"] and events[0].requested == 5
+    hooks.uninstall()
+    hooks.uninstall()  # idempotent
+    assert not any(name in cache.__dict__ for name in HOOKED_METHODS)
+    cache.inc_lock_ref(node)
+    assert hooks.counters().lock_ops == 1 and hooks.state == "off"
+
+
+def test_double_unlock_on_the_sim_cache_is_counted_as_negative_lock_ref():
+    cache = filled_sim_cache()
+    hooks = CacheHooks()
+    hooks.install(cache)
+    node = insert(cache, list(range(1000, 1016)) + [42, 43])
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)
+    assert hooks.counters().negative_lock_ref == 0
+    cache.dec_lock_ref(node)  # the bug SGLang does not check for
+    c = hooks.counters()
+    assert c.negative_lock_ref == 1 and c.unlock_ops == 2
+    events = [e for e in hooks.events.read(0)[0] if e.kind == "negative_lock_ref"]
+    assert events[0].node_id == node.id and events[0].lock_ref == -1
+    snap = TreeSnapshotter().take(cache, counters=hooks.counters())
+    assert snap.census.lock_ref_histogram.get(-1, 0) >= 1
+    assert snap.counters.negative_lock_ref == 1
+
+
+def test_class_hooks_patch_every_instance_and_restore_the_originals():
+    class Cache(MiniCache):
+        pass
+
+    originals = {name: getattr(MiniCache, name) for name in HOOKED_METHODS}
+    hooks = CacheHooks()
+    assert hooks.install(Cache)
+    a, b = Cache(), Cache()
+    for cache in (a, b):
+        cache.inc_lock_ref(cache.add(None, [1]))
+    assert hooks.counters().lock_ops == 2
+    # An instance of a hooked class is not wrapped a second time (no double counting).
+    other = CacheHooks()
+    assert not other.install(a)
+    a.dec_lock_ref(next(iter(a.root_node.children.values())))
+    assert hooks.counters().unlock_ops == 1 and other.counters().unlock_ops == 0
+    hooks.uninstall()
+    assert not any(name in Cache.__dict__ for name in HOOKED_METHODS)  # inherited again
+    assert all(getattr(Cache, name) is originals[name] for name in HOOKED_METHODS)
+
+    hooks2 = CacheHooks()
+    hooks2.install(MiniCache)
+    assert MiniCache.__dict__["inc_lock_ref"] is not originals["inc_lock_ref"]
+    hooks2.uninstall()
+    assert all(MiniCache.__dict__[name] is originals[name] for name in HOOKED_METHODS)
+
+
+def test_old_evict_api_and_evictions_that_met_locked_nodes():
+    cache = MiniCache()
+    locked = cache.add(None, list(range(40)))
+    cache.add(None, list(range(10)))
+    cache.inc_lock_ref(locked)
+    hooks = CacheHooks()
+    hooks.install(cache)
+    assert cache.evict(30) is None  # the host's return value is untouched
+    c = hooks.counters()
+    assert c.evictions == 1 and c.evicted_tokens == 10  # from evictable_size() before/after
+    assert c.evict_short_locked == 1
+    short = [e for e in hooks.events.read(0)[0] if e.kind == "evict_short"][0]
+    assert (short.tokens, short.requested) == (10, 30) and "40 tokens were locked" in short.message
+    cache.evict(num_tokens=5)  # nothing left to free: no eviction, still short and locked
+    assert hooks.counters().evictions == 1 and hooks.counters().evict_short_locked == 2
+
+
+def test_a_failing_lock_is_counted_and_the_host_exception_passes_through():
+    class Boom(RuntimeError):
+        pass
+
+    cache = MiniCache()
+    node = cache.add(None, [1])
+    error = Boom("Failed to lock memory page during dynamic prefix eviction")
+
+    def failing(self, n):
+        raise error
+
+    cache.inc_lock_ref = failing.__get__(cache)
+    hooks = CacheHooks()
+    hooks.install(cache)
+    with pytest.raises(Boom) as caught:
+        cache.inc_lock_ref(node)
+    assert caught.value is error
+    assert hooks.counters().lock_failures == 1
+    event = hooks.events.read(0)[0][-1]
+    assert event.kind == "lock_failure" and "Failed to lock memory page" in event.message
+    hooks.uninstall()
+    assert cache.__dict__["inc_lock_ref"].__func__ is failing  # the instance's own override is back
+
+
+def test_repeated_instrument_errors_disable_the_hooks_and_restore_methods(caplog):
+    class Broken(MiniCache):
+        def evictable_size(self):
+            raise KeyError("bookkeeping gone")
+
+    cache = Broken()
+    cache.add(None, [1, 2, 3])
+    hooks = CacheHooks(max_errors=4)
+    hooks.install(cache)
+    with caplog.at_level(logging.WARNING, logger="radixtop.instrument"):
+        for _ in range(3):
+            assert cache.evict(1) is None  # the host never sees our failures
+    assert hooks.state == "disabled"
+    assert "evict" not in cache.__dict__
+    kinds = [e.kind for e in hooks.events.read(0)[0]]
+    assert kinds.count("instrument_error") == 4 and kinds[-1] == "hooks_disabled"
+    assert hooks.counters().instrument_errors == 4
+    assert any("disabled" in r.getMessage() for r in caplog.records)
+    assert all(r.name == "radixtop.instrument" for r in caplog.records)
+    assert not hooks.install(cache)
+
+
+def test_around_hooks_fit_a_registry_that_patches_the_class_itself():
+    # What SGLang's HookRegistry does for an AROUND hook on "module.Class.method".
+    class Cache(MiniCache):
+        pass
+
+    hooks = CacheHooks(max_errors=1)
+    originals = {}
+    for name, around in hooks.around_hooks().items():
+        original = getattr(Cache, name)
+        originals[name] = original
+
+        def wrapper(*args, _around=around, _original=original, **kwargs):
+            return _around(_original, *args, **kwargs)
+
+        setattr(Cache, name, wrapper)
+    cache = Cache()
+    node = cache.add(None, [1])
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)
+    cache.dec_lock_ref(node)
+    assert hooks.state == "active"
+    assert (hooks.counters().lock_ops, hooks.counters().negative_lock_ref) == (1, 1)
+    hooks.disable("test")
+    cache.inc_lock_ref(node)  # passes straight through once disabled
+    assert hooks.counters().lock_ops == 1 and node.lock_ref == 0
+
+
+def test_event_ring_is_bounded_incremental_and_counts_drops():
+    ring = EventRing(capacity=5, clock=lambda: 1.0)
+    for i in range(12):
+        ring.push("evict", tokens=i)
+    events, latest, dropped, more = ring.read(0, limit=3)
+    assert latest == 12 and dropped == 7 and more
+    assert [e.seq for e in events] == [8, 9, 10]
+    events, latest, dropped, more = ring.read(10)
+    assert [e.seq for e in events] == [11, 12] and dropped == 0 and not more
+    assert ring.read(12) == ((), 12, 0, False)
+    assert ring.read(99) == ((), 12, 0, False)
+    assert ring.dropped_total == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# The endpoint over real loopback HTTP
+
+
+_HTTP = httpx.Client(timeout=10)  # one client: building its SSL context per request is slow here
+
+
+def get(ep, path, **kwargs):
+    return _HTTP.get(ep.url + path, **kwargs)
+
+
+def test_endpoint_serves_snapshot_events_health_and_metrics(endpoint_factory):
+    cache = filled_sim_cache()
+    hooks = CacheHooks()
+    hooks.install(cache)
+    ep = endpoint_factory(rank=3, hooks=hooks, config=SnapshotConfig(max_nodes=50))
+    assert ep.start() and ep.enabled
+    assert get(ep, schema.SNAPSHOT_PATH).status_code == 503  # before the first safe point
+    assert parse_health(get(ep, schema.HEALTH_PATH).content).status == "starting"
+
+    node = insert(cache, list(range(1000, 1016)) + [7, 7])
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)
+    cache.dec_lock_ref(node)
+    freed = cache.evict(EvictParams(num_tokens=3)).num_tokens_evicted
+    assert ep.safe_point(cache)
+
+    snap = parse_snapshot(get(ep, schema.SNAPSHOT_PATH).content)
+    count, tokens, hist = direct_walk(cache)
+    assert snap.rank == 3 and snap.instance == ep.instance and snap.seq == 1
+    assert snap.evictable_tokens == cache.evictable_size() and snap.protected_tokens == cache.protected_size()
+    assert snap.census.node_count == count and snap.census.lock_ref_histogram == hist
+    assert snap.counters.negative_lock_ref == 1 and snap.counters.evicted_tokens == freed >= 3
+    assert snap.hooks_state == "active" and snap.events_seq == 2
+
+    page = parse_events(get(ep, schema.EVENTS_PATH, params={"since": 0}).content)
+    assert [e.kind for e in page.events] == ["negative_lock_ref", "evict"]
+    assert page.next_since == 2 and page.latest_seq == 2 and not page.more
+    page = parse_events(get(ep, schema.EVENTS_PATH, params={"since": 1}).content)
+    assert [e.seq for e in page.events] == [2]
+    page = parse_events(get(ep, schema.EVENTS_PATH, params={"since": 2}).content)
+    assert page.events == () and page.next_since == 2
+
+    health = parse_health(get(ep, schema.HEALTH_PATH).content)
+    assert health.status == "ok" and health.snapshots == 1 and health.max_budget == 50
+
+    response = get(ep, schema.METRICS_PATH)
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("radixtop_negative_lock_ref_total", (("rank", "3"),))] == 1
+    assert samples[("radixtop_evicted_tokens_total", (("rank", "3"),))] == freed
+    assert samples[("radixtop_evictable_tokens", (("rank", "3"),))] == cache.evictable_size()
+    negative = sum(v for k, v in hist.items() if k < 0)
+    assert negative >= 2  # the double unlock drove the whole path (leaf and shared prefix) below zero
+    assert samples[("radixtop_lock_ref_nodes", (("lock_ref", "<0"), ("rank", "3")))] == negative
+    assert families["radixtop_lock_ops"].type == "counter"
+    assert families["radixtop_hooks_active"].type == "gauge"
+    assert all(s.labels.get("rank") == "3" for f in families.values() for s in f.samples)
+
+
+def test_budget_can_lower_but_never_raise_the_server_cap(endpoint_factory):
+    cache = filled_sim_cache()
+    ep = endpoint_factory(config=SnapshotConfig(max_nodes=8))
+    ep.start()
+    ep.safe_point(cache)
+    full = parse_snapshot(get(ep, schema.SNAPSHOT_PATH).content)
+    assert full.tree.walked_nodes == 8
+    two = parse_snapshot(get(ep, schema.SNAPSHOT_PATH, params={"budget": 2}).content)
+    assert two.tree.nodes == full.tree.nodes[:3]
+    assert two.tree.cut_nodes == full.tree.cut_nodes + 6
+    more = parse_snapshot(get(ep, schema.SNAPSHOT_PATH, params={"budget": 10_000}).content)
+    assert more.tree.walked_nodes == 8
+    bad = get(ep, schema.SNAPSHOT_PATH, params={"budget": "lots"})
+    assert bad.status_code == 400 and "budget must be a whole number" in schema.parse_error(bad.content)
+    assert get(ep, "/nope").status_code == 404
+    assert _HTTP.post(ep.url + schema.SNAPSHOT_PATH).status_code == 405
+    assert get(ep, schema.EVENTS_PATH, params={"since": "-1"}).status_code == 400
+
+
+def test_safe_point_is_rate_limited_and_duty_capped(endpoint_factory):
+    cache = filled_sim_cache()
+    ep = endpoint_factory(min_interval_s=60.0, idle_interval_s=60.0)
+    assert not ep.safe_point(cache)  # not serving: no work at all
+    ep.start()
+    assert ep.safe_point(cache)
+    assert not ep.safe_point(cache)
+    assert parse_health(get(ep, schema.HEALTH_PATH).content).safe_points == 3
+
+    capped = endpoint_factory(min_interval_s=0.0, max_duty=1e-6)
+    capped.start()
+    assert capped.safe_point(cache)
+    assert not capped.safe_point(cache)  # its own cost / max_duty is a long rest
+
+
+def test_polling_switches_from_the_idle_rate_to_the_watched_rate(endpoint_factory):
+    cache = filled_sim_cache()
+    ep = endpoint_factory(min_interval_s=0.0, idle_interval_s=60.0, max_duty=1.0)
+    ep.start()
+    assert ep.safe_point(cache)
+    assert not ep.safe_point(cache)  # nobody reading: idle interval
+    get(ep, schema.SNAPSHOT_PATH)
+    ep._next_at = 0.0  # end the idle wait; from now on the watched interval (0 s) applies
+    assert ep.safe_point(cache)
+    time.sleep(0.05)
+    assert ep.safe_point(cache)
+
+
+def test_port_in_use_logs_one_line_and_the_host_carries_on(endpoint_factory, caplog):
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    try:
+        port = squatter.getsockname()[1]
+        ep = endpoint_factory(port=port)
+        with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
+            assert ep.start() is False
+        assert not ep.enabled and "in use" in ep.disabled_reason
+        lines = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(lines) == 1 and "\n" not in lines[0].getMessage() and lines[0].name == "radixtop.instrument"
+        assert ep.safe_point(filled_sim_cache()) is False
+    finally:
+        squatter.close()
+
+
+def test_port_is_the_base_port_plus_the_rank(endpoint_factory):
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    free = probe.getsockname()[1]
+    probe.close()
+    ep = endpoint_factory(rank=2, base_port=free - 2, port=None)
+    assert ep.requested_port == free
+    if ep.start():  # another process could have taken the port in between
+        assert ep.port == free
+
+
+def test_bearer_token_required_off_loopback_and_checked_when_set(endpoint_factory):
+    refused = endpoint_factory(host="0.0.0.0")
+    assert refused.start() is False and "bearer token" in refused.disabled_reason
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
+
+    ep = endpoint_factory(token="s3cret")
+    ep.start()
+    assert get(ep, schema.HEALTH_PATH).status_code == 401
+    assert get(ep, schema.HEALTH_PATH, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert get(ep, schema.HEALTH_PATH, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_concurrent_clients_while_the_scheduler_mutates_the_tree(endpoint_factory):
+    cache = filled_sim_cache()
+    hooks = CacheHooks()
+    hooks.install(cache)
+    ep = endpoint_factory(hooks=hooks, max_connections=64)
+    ep.start()
+    ep.safe_point(cache)
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def scheduler():
+        rng = random.Random(1)
+        while not stop.is_set():
+            node = insert(cache, list(range(1000, 1016)) + [rng.randrange(200) for _ in range(4)])
+            cache.inc_lock_ref(node)
+            cache.dec_lock_ref(node)
+            if cache.token_to_kv_pool_allocator.available_size() < 2000:
+                cache.evict(EvictParams(num_tokens=500))
+            ep.safe_point(cache)
+            time.sleep(0.001)  # a scheduler iteration also waits on the GPU, releasing the GIL
+
+    def client(i):
+        with httpx.Client(timeout=10) as http:
+            for _ in range(10):
+                try:
+                    parse_snapshot(http.get(ep.url + schema.SNAPSHOT_PATH).content)
+                    parse_events(http.get(ep.url + schema.EVENTS_PATH).content)
+                    assert "radixtop_lock_ops_total" in http.get(ep.url + schema.METRICS_PATH).text
+                except Exception as exc:  # collected, asserted below
+                    failures.append(f"{type(exc).__name__}: {exc}")
+
+    sched = threading.Thread(target=scheduler)
+    sched.start()
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(60)
+    stop.set()
+    sched.join(10)
+    assert failures == []
+    assert hooks.counters().instrument_errors == 0 and ep.snapshot_errors == 0
+
+
+def test_clients_that_vanish_mid_response_do_not_disturb_the_server(endpoint_factory, capfd):
+    cache = MiniCache()
+    for i in range(6000):
+        cache.add(None, list(range(i % 50 + 1)))
+    ep = endpoint_factory(config=SnapshotConfig(max_nodes=6000))
+    ep.start()
+    ep.safe_point(cache)
+    size = len(ep.latest()[1])
+    assert size > 200_000  # bigger than the socket buffers: the server is still writing
+    for _ in range(5):
+        s = socket.create_connection(("127.0.0.1", ep.port))
+        s.sendall(f"GET {schema.SNAPSHOT_PATH} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+        s.recv(1024)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, not close
+        s.close()
+    half = socket.create_connection(("127.0.0.1", ep.port))
+    half.sendall(b"GET /radixtop/v1/sna")  # and one that never finishes its request
+    ok = get(ep, schema.SNAPSHOT_PATH)
+    assert ok.status_code == 200 and len(ok.content) == size
+    half.close()
+    time.sleep(0.2)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_instrumentation_wires_hooks_endpoint_and_safe_point_in_three_calls():
+    cache = filled_sim_cache()
+    inst = Instrumentation(cache, rank=1, port=0, min_interval_s=0.0)
+    try:
+        assert inst.start()
+        port = inst.endpoint.port
+        node = insert(cache, [3, 1, 4, 1, 5])
+        cache.inc_lock_ref(node)
+        assert inst.safe_point()
+        snap = parse_snapshot(_HTTP.get(inst.endpoint.url + schema.SNAPSHOT_PATH).content)
+        assert snap.rank == 1 and snap.counters.lock_ops == 1 and snap.protected_tokens == 5
+    finally:
+        inst.close()
+    assert "inc_lock_ref" not in cache.__dict__ and not inst.endpoint.enabled
+    with pytest.raises(httpx.TransportError):
+        _HTTP.get(f"http://127.0.0.1:{port}{schema.HEALTH_PATH}", timeout=1)
+
+
+def test_instance_ids_and_snapshot_seq_let_clients_detect_a_restart(endpoint_factory):
+    cache = filled_sim_cache()
+    a, b = endpoint_factory(), endpoint_factory()
+    a.start(), b.start()
+    a.safe_point(cache), b.safe_point(cache)
+    sa = parse_snapshot(get(a, schema.SNAPSHOT_PATH).content)
+    sb = parse_snapshot(get(b, schema.SNAPSHOT_PATH).content)
+    assert sa.instance != sb.instance
+    assert sa.census.digest == sb.census.digest  # same tree, same digest
+    page = json.loads(get(a, schema.EVENTS_PATH, params={"since": 50}).content)
+    assert page["next_since"] == 0  # the client was ahead: start over

@@ -6,12 +6,22 @@ sensitive, `^`/`$` at line boundaries. A hit belongs to a line only when the pat
 that line alone (as grep and rg see it): a pattern such as `a\\s+b` that could run across a newline
 is re-checked on the line, so every engine reports the same (line, signature) pairs.
 
+How each engine scans a buffer of many lines:
+- hyperscan: one block-mode database over all patterns, every match end reported (no
+  SINGLEMATCH: `scan` needs every line), mapped to its line with a find of b"\\n". The compiled
+  database is cached on disk (see _HyperscanEngine), because compiling costs 50-100 ms here and
+  `radixtop scan` must start like grep.
+- re2: an RE2::Set pass says which patterns occur in the buffer at all; only those are searched.
+- re: each pattern's required literal (e.g. "Failed to lock memory page") is found with bytes.find,
+  and the regex runs only on the lines holding it; a pattern without one is searched in full.
+
 This module is imported by `radixtop scan` before any output, so it imports its engines lazily and
 nothing else heavy.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,10 +30,12 @@ if TYPE_CHECKING:
     from radixtop.diagnosis.catalog import Signature
 
 ENGINES = ("hyperscan", "re2", "re")
+CACHE_ENV = "RADIXTOP_CACHE_DIR"  # where compiled hyperscan databases are kept; "" turns it off
 
 # Escapes and constructs that can match a newline; a pattern with none of them cannot cross lines,
 # so its hits need no re-check. Conservative: a false "may cross" only costs a re-check per hit.
 _MAY_CROSS_LINES = re.compile(r"\\[sWDvnxcpPhHNRXV0-7]|\[\^|\(\?[a-zA-Z]*s|[\x00-\x1f]")
+_MIN_LITERAL = 3  # shorter required literals would find too many candidate lines to help
 
 
 class MatcherError(ValueError):
@@ -54,49 +66,128 @@ class _PatternRejected(Exception):
         self.message = message
 
 
+def _one_line(exc: BaseException) -> str:
+    text = exc.args[0] if exc.args else exc
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return " ".join(str(text).split()) or type(exc).__name__
+
+
+# -- hyperscan ------------------------------------------------------------------------------------
+
+
+def _cache_dir() -> str | None:
+    configured = os.environ.get(CACHE_ENV)
+    if configured is not None:
+        return configured or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "radixtop")
+
+
 class _HyperscanEngine:
+    """hyperscan block-mode databases: one for `scan` (every match), one for `match` (built on the
+    first `match` call: SINGLEMATCH, so a line stops costing once each pattern has hit).
+
+    The scan database is cached as hyperscan's own serialization under ~/.cache/radixtop (or
+    $RADIXTOP_CACHE_DIR; empty disables), named by a hash of the hyperscan version, the machine,
+    the flags and the patterns. A cached database that does not load or scan (another CPU on a
+    shared home directory, a damaged file) is recompiled and rewritten; cache I/O errors are
+    ignored.
+    """
+
     name = "hyperscan"
 
     def __init__(self, patterns: Sequence[bytes]) -> None:
         try:
             import hyperscan
         except ImportError as exc:  # includes a wheel whose shared library does not load
-            raise _EngineUnavailable(str(exc) or type(exc).__name__) from exc
+            raise _EngineUnavailable(_one_line(exc)) from exc
         self._hs = hyperscan
-        n = len(patterns)
-        ids = list(range(n))
-        multiline = hyperscan.HS_FLAG_MULTILINE
-        self._scan_db = self._compile(patterns, ids, [multiline] * n)
-        self._match_db = self._compile(
-            patterns, ids, [multiline | hyperscan.HS_FLAG_SINGLEMATCH] * n
-        )
+        self._patterns = list(patterns)
+        self._scan_db, self._scan_scratch = self._database(hyperscan.HS_FLAG_MULTILINE)
+        self._match_db: Any = None
+        self._match_scratch: Any = None
 
-    def _compile(self, patterns: Sequence[bytes], ids: list[int], flags: list[int]) -> Any:
+    def _database(self, flags: int, cached: bool = True) -> tuple[Any, Any]:
         hs = self._hs
+        path = self._cache_path(flags) if cached else None
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    db = hs.loadb(f.read(), hs.HS_MODE_BLOCK)
+                scratch = hs.Scratch(db)
+                db.scan(b"\n", match_event_handler=_on_hyperscan_match, context=[], scratch=scratch)
+                return db, scratch
+            except (OSError, hs.error, ValueError, TypeError):
+                pass  # absent or unusable here: compile below
+        db = self._compile(flags)
+        if path is not None:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(hs.dumpb(db))
+                os.replace(tmp, path)
+            except OSError:
+                pass
+        return db, hs.Scratch(db)
+
+    def _cache_path(self, flags: int) -> str | None:
+        directory = _cache_dir()
+        if directory is None:
+            return None
+        import hashlib
+
+        key = hashlib.sha256()
+        version = getattr(self._hs, "__version__", "?")
+        key.update(f"hyperscan {version} {os.uname().machine} block flags={flags}\n".encode())
+        for pattern in self._patterns:
+            key.update(len(pattern).to_bytes(4, "little") + pattern)
+        return os.path.join(directory, f"hs-{key.hexdigest()[:32]}.db")
+
+    def _compile(self, flags: int) -> Any:
+        hs = self._hs
+        patterns = self._patterns
         db = hs.Database(mode=hs.HS_MODE_BLOCK)
         try:
-            db.compile(expressions=list(patterns), ids=ids, elements=len(patterns), flags=flags)
+            db.compile(
+                expressions=patterns,
+                ids=list(range(len(patterns))),
+                elements=len(patterns),
+                flags=[flags] * len(patterns),
+            )
         except hs.error as exc:
             # Find the culprit by compiling one at a time (only on this failure path).
             for i, pattern in enumerate(patterns):
                 one = hs.Database(mode=hs.HS_MODE_BLOCK)
                 try:
-                    one.compile(expressions=[pattern], ids=[0], elements=1, flags=[flags[i]])
+                    one.compile(expressions=[pattern], ids=[0], elements=1, flags=[flags])
                 except hs.error as one_exc:
-                    raise _PatternRejected(i, str(one_exc)) from exc
-            raise _PatternRejected(0, str(exc)) from exc
+                    raise _PatternRejected(i, _one_line(one_exc)) from exc
+            raise _PatternRejected(0, _one_line(exc)) from exc
         return db
 
     def match_ids(self, data: bytes) -> set[int]:
+        if self._match_db is None:
+            hs = self._hs
+            flags = hs.HS_FLAG_MULTILINE | hs.HS_FLAG_SINGLEMATCH
+            self._match_db, self._match_scratch = self._database(flags, cached=False)
         hits: list[tuple[int, int]] = []
-        self._match_db.scan(data, match_event_handler=_on_hyperscan_match, context=hits)
+        self._match_db.scan(
+            data, match_event_handler=_on_hyperscan_match, context=hits, scratch=self._match_scratch
+        )
         return {pattern_id for _, pattern_id in hits}
 
     def raw_hits(self, data: Any) -> list[tuple[int, int]]:
         """(match end, pattern index) for every match end hyperscan reports (unsorted, repeated)."""
         hits: list[tuple[int, int]] = []
-        self._scan_db.scan(data, match_event_handler=_on_hyperscan_match, context=hits)
+        self._scan_db.scan(
+            data, match_event_handler=_on_hyperscan_match, context=hits, scratch=self._scan_scratch
+        )
         return hits
+
+
+# -- RE2 and re -----------------------------------------------------------------------------------
 
 
 class _Re2Engine:
@@ -106,7 +197,7 @@ class _Re2Engine:
         try:
             import re2
         except ImportError as exc:
-            raise _EngineUnavailable(str(exc) or type(exc).__name__) from exc
+            raise _EngineUnavailable(_one_line(exc)) from exc
         options = re2.Options()
         options.encoding = re2.Options.Encoding.LATIN1  # byte semantics, like hyperscan and re
         options.log_errors = False
@@ -122,15 +213,17 @@ class _Re2Engine:
             self._set.Add(b"(?m)" + pattern)
         self._set.Compile()
 
-    def candidates(self, data: Any) -> Sequence[int]:
-        """Indices of patterns matching somewhere in data (one pass over it for all patterns)."""
-        return self._set.Match(data) or ()
+    def scan_into(self, data: Any, size: int, hits: list[tuple[int, int]]) -> None:
+        view = data if size == len(data) else memoryview(data)[:size]
+        # One RE2::Set pass names the patterns present anywhere in the buffer; hits are rare.
+        for i in sorted(self._set.Match(view) or ()):
+            _line_hits(self.compiled[i], data, hits, i, size)
 
 
 class _ReEngine:
     name = "re"
 
-    def __init__(self, patterns: Sequence[bytes]) -> None:
+    def __init__(self, patterns: Sequence[bytes], sources: Sequence[str]) -> None:
         compiled = []
         for i, pattern in enumerate(patterns):
             try:
@@ -138,17 +231,72 @@ class _ReEngine:
             except re.error as exc:
                 raise _PatternRejected(i, _one_line(exc)) from exc
         self.compiled = compiled
+        self.literals = [required_literals(source) for source in sources]
 
-    def candidates(self, data: Any) -> Sequence[int]:
-        # No multi-pattern pass in `re`: the per-pattern search loop is the filter.
-        return range(len(self.compiled))
+    def scan_into(self, data: Any, size: int, hits: list[tuple[int, int]]) -> None:
+        for i, pattern in enumerate(self.compiled):
+            literals = self.literals[i]
+            if literals is None:
+                _line_hits(pattern, data, hits, i, size)
+            else:
+                _literal_line_hits(pattern, literals, data, hits, i, size)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = exc.args[0] if exc.args else exc
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    return " ".join(str(text).split())
+def required_literals(pattern: str) -> tuple[bytes, ...] | None:
+    """Literals (UTF-8) of which every match of `pattern` contains at least one, or None.
+
+    Read from Python's own parse tree (re._parser; a Python without it, or any surprise there,
+    just means no prefilter). Used by the `re` engine to skip lines with bytes.find, the way rg and
+    hyperscan prefilter on literals.
+    """
+    try:
+        from re import _constants as c
+        from re import _parser
+
+        tree = _parser.parse(pattern)
+        if tree.state.flags & c.SRE_FLAG_IGNORECASE:
+            return None
+        found = _best(_candidates(list(tree), c))
+    except Exception:  # the prefilter is an optimisation: never let it break matching
+        return None
+    if found is None or min(len(x) for x in found) < _MIN_LITERAL:
+        return None
+    return tuple(sorted({_encode(x) for x in found}))
+
+
+def _best(candidates: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+    if not candidates:
+        return None
+    return max(candidates, key=lambda alts: (min(len(x) for x in alts), -len(alts)))
+
+
+def _candidates(items: list, c: Any) -> list[tuple[str, ...]]:
+    """Sets of alternatives, each set required in every match of the sequence `items`."""
+    found: list[tuple[str, ...]] = []
+    run: list[str] = []
+    for op, arg in items:
+        if op is c.LITERAL:
+            run.append(chr(arg))
+            continue
+        if run:
+            found.append(("".join(run),))
+            run = []
+        sub: tuple[str, ...] | None = None
+        if op is c.SUBPATTERN:
+            _group, add_flags, _del_flags, body = arg
+            if not add_flags & c.SRE_FLAG_IGNORECASE:
+                sub = _best(_candidates(list(body), c))
+        elif op is c.BRANCH:
+            branches = [_best(_candidates(list(b), c)) for b in arg[1]]
+            if branches and all(b is not None for b in branches):
+                sub = tuple(x for b in branches for x in b)  # type: ignore[union-attr]
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT) and arg[0] >= 1:
+            sub = _best(_candidates(list(arg[2]), c))
+        if sub is not None:
+            found.append(sub)
+    if run:
+        found.append(("".join(run),))
+    return found
 
 
 def _line_hits(
@@ -172,6 +320,33 @@ def _line_hits(
             if pattern.search(data, line_start, line_end) is not None:
                 hits.append((line_end, index))
         pos = line_end + 1
+
+
+def _literal_line_hits(
+    pattern: Any,
+    literals: tuple[bytes, ...],
+    data: Any,
+    hits: list[tuple[int, int]],
+    index: int,
+    size: int,
+) -> None:
+    """Like _line_hits, searching the regex only on lines that hold one of the literals."""
+    lines: set[tuple[int, int]] = set()
+    find = data.find
+    for literal in literals:
+        pos = find(literal, 0, size)
+        while pos >= 0:
+            line_end = find(b"\n", pos, size)
+            if line_end < 0:
+                line_end = size
+            lines.add((data.rfind(b"\n", 0, pos) + 1, line_end))
+            pos = find(literal, line_end + 1, size)
+    for line_start, line_end in sorted(lines):
+        if pattern.search(data, line_start, line_end) is not None:
+            hits.append((line_end, index))
+
+
+# -- the matcher ----------------------------------------------------------------------------------
 
 
 class Matcher:
@@ -198,7 +373,12 @@ class Matcher:
         notes: list[str] = []
         for name in (engine,) if engine else ENGINES:
             try:
-                self._engine = _ENGINE_CLASSES[name](self._patterns)
+                if name == "hyperscan":
+                    self._engine = _HyperscanEngine(self._patterns)
+                elif name == "re2":
+                    self._engine = _Re2Engine(self._patterns)
+                else:
+                    self._engine = _ReEngine(self._patterns, [s.pattern for s in self.signatures])
             except _EngineUnavailable as exc:
                 if engine:
                     raise MatcherError(f"{name} unavailable: {exc}") from exc
@@ -218,20 +398,19 @@ class Matcher:
 
     def match(self, text: str) -> tuple[int, ...]:
         """Indices of the signatures matching one line (already ANSI-stripped), ascending."""
-        if self._engine is None:
+        engine = self._engine
+        if engine is None:
             return ()
         data = _encode(text)
-        engine = self._engine
-        if engine.name == "hyperscan":
-            found = engine.match_ids(data)
-            if "\n" in text:
-                # Same rule as scan: a pattern must match within one line.
-                found = {i for i in found if self._any_line_matches(i, data)}
-            return tuple(sorted(found))
-        hits: list[tuple[int, int]] = []
-        for i in engine.candidates(data):
-            _line_hits(engine.compiled[i], data, hits, i, len(data))
-        return tuple(sorted({i for _, i in hits}))
+        if engine.name != "hyperscan":
+            hits: list[tuple[int, int]] = []
+            engine.scan_into(data, len(data), hits)
+            return tuple(sorted({i for _, i in hits}))
+        found = engine.match_ids(data)
+        if found and "\n" in text:
+            # Same rule as scan: a pattern must match within one line.
+            found = {i for i in found if self._any_line_matches(i, data)}
+        return tuple(sorted(found))
 
     def _any_line_matches(self, index: int, data: bytes) -> bool:
         pattern = self._recheck.get(index)
@@ -249,17 +428,17 @@ class Matcher:
         or `end` for a last line without one), not of the match: it is the same for every engine,
         and the line is data[data.rfind(b"\\n", 0, end_offset) + 1 : end_offset]. `end` lets a
         caller scan the whole-line part of a reused read buffer without copying it.
+        Safe to call from one other thread at a time while no other scan runs.
         """
         engine = self._engine
         size = len(data) if end is None else end
         if engine is None or size <= 0:
             return []
-        view = data if size == len(data) else memoryview(data)[:size]
         if engine.name == "hyperscan":
+            view = data if size == len(data) else memoryview(data)[:size]
             return self._hyperscan_hits(engine.raw_hits(view), data, size)
         hits: list[tuple[int, int]] = []
-        for i in engine.candidates(view):
-            _line_hits(engine.compiled[i], data, hits, i, size)
+        engine.scan_into(data, size, hits)
         hits.sort()
         return hits
 
@@ -287,6 +466,3 @@ class Matcher:
                     continue
             kept.append((line_end, index))
         return kept
-
-
-_ENGINE_CLASSES = {"hyperscan": _HyperscanEngine, "re2": _Re2Engine, "re": _ReEngine}

@@ -28,6 +28,7 @@ import os
 import stat
 import sys
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
@@ -60,6 +61,7 @@ class ScanHit:
     context_before: tuple[str, ...] = ()  # only on a file's first hit of this signature
     batch_before: Mapping[str, BatchStats] = field(default_factory=dict)  # first failure hit only
     opener: str | None = None  # for a continuation line: the line that opened its record
+    context_after: tuple[str, ...] = ()  # only on a file's first hit of this signature
 
     @property
     def text(self) -> str:
@@ -258,6 +260,17 @@ def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
     return total, None
 
 
+def _count_plain(buf, cut, n):
+    return buf.count(b"\n", 0, cut)
+
+
+def _count_replace(buf, cut, n):
+    total = len(buf) - len(buf.replace(b"\n", b""))
+    return total - buf.count(b"\n", n) if n < len(buf) else total
+
+COUNT = _count_plain
+
+
 class LogScanner:
     """Scan inputs with one Matcher; hand each hit to a callback in file and line order."""
 
@@ -266,6 +279,7 @@ class LogScanner:
         matcher: Matcher,
         *,
         context: int = 100,
+        after: int = 20,
         details: bool = True,
         chunk_size: int = CHUNK_SIZE,
         max_line: int = MAX_LINE,
@@ -273,6 +287,7 @@ class LogScanner:
     ) -> None:
         self.matcher = matcher
         self.context = max(0, context)
+        self.after = max(0, after)
         self.details = details  # context, batch stats and openers; `--matches` needs none
         self.chunk_size = chunk_size
         self.max_line = max(max_line, 1)
@@ -322,6 +337,8 @@ class LogScanner:
             while True:  # read until the buffer holds a newline, the input ends, or MAX_LINE
                 if len(cur) < n + chunk:
                     cur.extend(bytes(n + chunk - len(cur)))
+                elif len(cur) > n + chunk:
+                    del cur[n + chunk :]
                 try:
                     with memoryview(cur) as view:
                         got, error = _fill(source.reader, view[n : n + chunk])
@@ -355,14 +372,17 @@ class LogScanner:
                 window.cur, window.cur_base = cur, base
                 if worker is not None:
                     worker.submit(cur, cut)
-                    region_newlines = cur.count(b"\n", 0, cut)
+                    region_newlines = COUNT(cur, cut, n)
                     hits = worker.result()
                 else:
                     hits = matcher.scan(cur, cut)
-                    region_newlines = cur.count(b"\n", 0, cut)
+                    region_newlines = COUNT(cur, cut, n)
+                if state.queue:
+                    self._feed_after(state, cur, cut)
+                    self._deliver(state, on_hit, final=False)
                 if hits:
                     hits_total += self._report_hits(
-                        source.name, cur, base, lineno, hits, window, state, on_hit
+                        source.name, cur, base, lineno, cut, hits, window, state, on_hit
                     )
                 lineno += region_newlines
                 newlines += region_newlines
@@ -376,6 +396,7 @@ class LogScanner:
             window.prev, window.prev_base, window.prev_len = cur, base, cut
             base += cut
             which ^= 1
+        self._deliver(state, on_hit, final=True)
         lines = newlines + (1 if last_byte and last_byte != b"\n" else 0)
         return FileSummary(source.name, lines, hits_total, note)
 
@@ -385,6 +406,7 @@ class LogScanner:
         buf: bytearray,
         base: int,
         lineno: int,
+        region_end: int,
         hits: Sequence[tuple[int, int]],
         window: _Window,
         state: _FileState,
@@ -407,8 +429,33 @@ class LogScanner:
             if not self.details:
                 on_hit(ScanHit(name, line, index, raw))
                 continue
-            on_hit(self._detailed_hit(name, line, index, raw, base + start, window, state))
+            pending = self._detailed_hit(name, line, index, raw, base + start, window, state)
+            if pending.need:
+                more = _lines_after(buf, line_end + 1, region_end, pending.need)
+                pending.after.extend(more)
+                pending.need -= len(more)
+            state.queue.append(pending)
+        self._deliver(state, on_hit, final=False)
         return count
+
+    def _feed_after(self, state: _FileState, buf: bytearray, region_end: int) -> None:
+        """Give hits from earlier chunks their context_after from this chunk's first lines."""
+        for pending in state.queue:
+            if pending.need > 0:
+                more = _lines_after(buf, 0, region_end, pending.need)
+                pending.after.extend(more)
+                pending.need -= len(more)
+
+    @staticmethod
+    def _deliver(state: _FileState, on_hit: Callable[[ScanHit], None], final: bool) -> None:
+        # In line order: a hit still waiting for its lines after holds back the ones behind it.
+        queue = state.queue
+        while queue and (final or queue[0].need <= 0):
+            p = queue.popleft()
+            after = tuple(_decode(x) for x in p.after)
+            on_hit(
+                ScanHit(p.file, p.line, p.index, p.raw, p.context, p.batch, p.opener, after)
+            )
 
     def _detailed_hit(
         self,
@@ -419,12 +466,15 @@ class LogScanner:
         line_start: int,
         window: _Window,
         state: _FileState,
-    ) -> ScanHit:
+    ) -> _PendingHit:
         from radixtop.diagnosis.logline import is_continuation
 
         context: tuple[str, ...] = ()
+        need = 0
         if index not in state.first_seen:
+            # Only a file's first hit of a signature can become the finding's first occurrence.
             state.first_seen.add(index)
+            need = self.after
             if self.context:
                 lines = window.lines_before(line_start, self.context, CONTEXT_WINDOW)
                 context = tuple(_decode(x) for x in lines)
@@ -433,10 +483,9 @@ class LogScanner:
             state.failure_seen = True
             batch = batch_stats_before(window.before(line_start, BATCH_WINDOW)[0])
         opener = None
-        text = _decode(raw)
-        if is_continuation(text):
+        if is_continuation(_decode(raw)):
             opener = self._opener(line_start, window)
-        return ScanHit(name, line, index, raw, context, batch, opener)
+        return _PendingHit(name, line, index, raw, context, batch, opener, [], need)
 
     def _opener(self, line_start: int, window: _Window) -> str | None:
         from radixtop.diagnosis.logline import is_continuation
@@ -446,6 +495,32 @@ class LogScanner:
             if not is_continuation(text):
                 return text
         return None
+
+
+def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[bytes]:
+    """Up to `count` lines of buf[start:end], from start (a line start)."""
+    lines = []
+    pos = start
+    while len(lines) < count and pos < end:
+        nl = buf.find(b"\n", pos, end)
+        if nl < 0:
+            nl = end
+        lines.append(bytes(buf[pos:nl]))
+        pos = nl + 1
+    return lines
+
+
+@dataclass(slots=True)
+class _PendingHit:
+    file: str
+    line: int
+    index: int
+    raw: bytes
+    context: tuple[str, ...]
+    batch: Mapping[str, BatchStats]
+    opener: str | None
+    after: list[bytes]
+    need: int  # lines after still wanted
 
 
 class _ScanWorker:
@@ -462,6 +537,7 @@ class _ScanWorker:
 
         self._matcher = matcher
         self._go = threading.Semaphore(0)
+        self._started = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
         self._job: tuple[bytearray, int] | None = None
         self._result: list[tuple[int, int]] = []
@@ -475,6 +551,7 @@ class _ScanWorker:
             job = self._job
             if job is None:
                 return
+            self._started.release()
             try:
                 self._result = self._matcher.scan(job[0], job[1])
             except BaseException as exc:  # handed to the caller in result()
@@ -484,6 +561,9 @@ class _ScanWorker:
     def submit(self, data: bytearray, end: int) -> None:
         self._job = (data, end)
         self._go.release()
+        # Block (GIL released) until the worker runs: otherwise the caller's next C call, which
+        # holds the GIL for milliseconds, would keep the worker from even starting its scan.
+        self._started.acquire()
 
     def result(self) -> list[tuple[int, int]]:
         self._done.acquire()
@@ -504,6 +584,7 @@ class _FileState:
     first_seen: set[int] = field(default_factory=set)
     failure_seen: bool = False
     last_line: dict[int, int] = field(default_factory=dict)
+    queue: deque[_PendingHit] = field(default_factory=deque)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -519,18 +600,22 @@ def scan_into(
     matcher: Matcher,
     *,
     context: int = 100,
+    after: int = 20,
 ) -> list[FileSummary]:
     """Scan every input into a FindingsBuilder (the report path of `radixtop scan`)."""
-    scanner = LogScanner(matcher, context=context)
+    scanner = LogScanner(matcher, context=context, after=after)
     summaries = []
 
     def add(hit: ScanHit) -> None:
-        text = hit.text
-        if hit.opener is not None:
-            # The hit's own line has no time or rank: give it the opener's prefix.
-            text = _with_prefix_of(hit.opener, text)
         builder.add_hit(
-            hit.file, hit.line, text, hit.signature_index, hit.context_before, hit.batch_before
+            hit.file,
+            hit.line,
+            hit.text,
+            hit.signature_index,
+            hit.context_before,
+            hit.batch_before,
+            context_after=hit.context_after,
+            opener=hit.opener,
         )
 
     for path in paths:
@@ -538,11 +623,3 @@ def scan_into(
         builder.add_lines(summary.lines)
         summaries.append(summary)
     return summaries
-
-
-def _with_prefix_of(opener: str, text: str) -> str:
-    if opener.startswith("["):
-        close = opener.find("]")
-        if close > 0:
-            return f"{opener[: close + 1]} {text.strip()}"
-    return text

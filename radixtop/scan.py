@@ -1,0 +1,236 @@
+"""`radixtop scan`: scan logs headless for known failure signatures.
+
+Three outputs: a short human report (default), one JSON object (`--json`), or every matching line
+as `FILE:LINE:SIGNATURE:TEXT` (`--matches`, like `grep -n`). Exit status 0 when the scan ran,
+findings or not; 2 with one line on stderr when an input or a catalog cannot be used.
+
+It must start like grep: only the catalog, the matcher, the scanner and the findings are
+imported (no textual, no httpx); `json` only for --json. RADIXTOP_SCAN_ENGINE=hyperscan|re2|re
+forces a matching engine (the benchmark uses it to time the fallbacks).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from argparse import Namespace
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from radixtop.diagnosis.catalog import Catalog
+    from radixtop.diagnosis.findings import Occurrence, Report
+    from radixtop.diagnosis.matcher import Matcher
+    from radixtop.probes.logscan import FileSummary
+
+ENGINE_ENV = "RADIXTOP_SCAN_ENGINE"
+_TEXT_WIDTH = 160
+_ID_WIDTH = 28
+
+
+class _Failed(Exception):
+    """A one-line message for stderr, exit status 2."""
+
+
+def run_scan(args: Namespace) -> int:
+    try:
+        return _run(args)
+    except _Failed as exc:
+        print(f"radixtop: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # `radixtop scan --matches ... | head`: the reader left; say nothing more, like grep.
+        _silence_stdout()
+        return 0
+
+
+def _run(args: Namespace) -> int:
+    from radixtop.diagnosis.catalog import CatalogError, load_catalog
+    from radixtop.probes.logscan import ScanInputError, check_input
+
+    if args.context < 0:
+        raise _Failed(f"--context must be 0 or more (got {args.context}); pass a line count")
+    if args.json and args.matches:
+        raise _Failed("--json and --matches cannot be combined; choose one output")
+    paths = list(args.logs)
+    if paths.count("-") > 1:
+        raise _Failed("stdin (-) is named more than once; name it once")
+    try:
+        for path in paths:
+            check_input(path)
+        catalog = load_catalog(args.signatures)
+    except (ScanInputError, CatalogError) as exc:
+        raise _Failed(str(exc)) from None
+    matcher = _make_matcher(catalog)
+    try:
+        if args.matches:
+            return _print_matches(paths, matcher, sys.stdout)
+        report, summaries = _build_report(paths, catalog, matcher, args.context)
+    except ScanInputError as exc:
+        raise _Failed(str(exc)) from None
+    notes = _notes(catalog, matcher, summaries)
+    if args.json:
+        import json
+
+        doc = report.to_json()
+        doc["engine"] = matcher.engine
+        doc["fallback_note"] = matcher.fallback_note
+        doc["notes"] = notes
+        json.dump(doc, sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        _print_report(report, summaries, matcher, notes, sys.stdout)
+    sys.stdout.flush()
+    return 0
+
+
+def _make_matcher(catalog: Catalog) -> Matcher:
+    from radixtop.diagnosis.matcher import ENGINES, Matcher, MatcherError
+
+    engine = os.environ.get(ENGINE_ENV) or None
+    if engine is not None and engine not in ENGINES:
+        raise _Failed(f"{ENGINE_ENV}={engine} is not an engine; use one of {', '.join(ENGINES)}")
+    try:
+        return Matcher(catalog.signatures, engine=engine)
+    except MatcherError as exc:
+        raise _Failed(f"{exc}; unset {ENGINE_ENV} to use the best available engine") from None
+
+
+def _print_matches(paths: list[str], matcher: Matcher, out: TextIO) -> int:
+    from radixtop.probes.logscan import LogScanner, ScanHit
+
+    ids = [sig.id.encode() for sig in matcher.signatures]
+    sink = out.buffer  # raw bytes: the line exactly as stored, like grep
+    scanner = LogScanner(matcher, details=False)
+
+    def emit(hit: ScanHit) -> None:
+        sink.write(b"%s:%d:%s:%s\n" % (hit.file.encode(), hit.line, ids[hit.signature_index], hit.raw))
+
+    out.flush()
+    for path in paths:
+        summary = scanner.scan(path, emit)
+        if summary.note:
+            sink.flush()
+            print(f"radixtop: note: {summary.note}", file=sys.stderr)
+    sink.flush()
+    return 0
+
+
+def _build_report(
+    paths: list[str], catalog: Catalog, matcher: Matcher, context: int
+) -> tuple[Report, list[FileSummary]]:
+    from radixtop.diagnosis.findings import FindingsBuilder
+    from radixtop.probes.logscan import scan_into
+
+    builder = FindingsBuilder(catalog, matcher=matcher, context=context)
+    summaries = scan_into(builder, paths, matcher, context=context)
+    return builder.report(), summaries
+
+
+def _notes(catalog: Catalog, matcher: Matcher, summaries: list[FileSummary]) -> list[str]:
+    notes = list(getattr(catalog, "notes", ()))
+    if matcher.fallback_note:
+        notes.append(matcher.fallback_note)
+    notes.extend(s.note for s in summaries if s.note)
+    return notes
+
+
+# -- the human report ----------------------------------------------------------------------------
+
+
+def _where(occ: Occurrence, rank: bool = True) -> str:
+    parts = [f"{occ.file}:{occ.line}"]
+    if occ.time:
+        parts.append(occ.time)
+    if rank and occ.rank:
+        parts.append(occ.rank)
+    return "  ".join(parts)
+
+
+def _clip(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _TEXT_WIDTH else text[: _TEXT_WIDTH - 1] + "…"
+
+
+def _print_report(
+    report: Report,
+    summaries: list[FileSummary],
+    matcher: Matcher,
+    notes: list[str],
+    out: TextIO,
+) -> None:
+    w = out.write
+    files = len(summaries)
+    w(
+        f"radixtop scan: {files} input{'s' if files != 1 else ''}, {report.lines:,} lines, "
+        f"{len(report.findings)} signature{'s' if len(report.findings) != 1 else ''} found "
+        f"(engine: {matcher.engine})\n"
+    )
+    for note in notes:
+        w(f"note: {note}\n")
+    if not report.findings:
+        w("No known failure signature matched.\n")
+        return
+
+    if report.initiating is not None:
+        sig_id, occ = report.initiating
+        severity = next((s.severity for s in matcher.signatures if s.id == sig_id), "?")
+        w(
+            f"\nInitiating rank: {occ.rank or '(no rank)'}  {sig_id} ({severity})  "
+            f"{_where(occ, rank=False)}\n"
+        )
+        w(f"  > {_clip(occ.text)}\n")
+    first_by_rank = getattr(report, "first_by_rank", None) or {}
+    if len(first_by_rank) > 1:
+        ranks = ", ".join(
+            f"{rank or 'no rank'} {occ.time or '?'} ({sig_id})"
+            for rank, (sig_id, occ) in first_by_rank.items()
+        )
+        w(f"First warning-or-worse per rank: {ranks}\n")
+
+    fp = report.fingerprint
+    if fp is not None:
+        w(f"Fingerprint INFO -> WARN -> ERROR ({'complete' if fp.complete else 'incomplete'}):\n")
+        for label, occ, sig_id in (
+            ("INFO", fp.info, getattr(fp, "info_signature", None)),
+            ("WARN", fp.warn, getattr(fp, "warn_signature", None)),
+            ("ERROR", fp.error, getattr(fp, "error_signature", None)),
+        ):
+            if occ is None:
+                w(f"  {label:<5}  (none)\n")
+            else:
+                w(f"  {label:<5}  {sig_id or '':<{_ID_WIDTH}}  {_where(occ)}\n")
+
+    w("\nFindings by first occurrence:\n")
+    width = max(len(f.signature.id) for f in report.findings)
+    for finding in report.findings:
+        sig = finding.signature
+        w(f"  {sig.severity:<8} {finding.count:>7,}x  {sig.id:<{width}}  first {_where(finding.first)}\n")
+        w(f"      {sig.title}\n")
+        w(f"      > {_clip(finding.first.text)}\n")
+
+    if report.batch_at_failure:
+        w("\nToken usage at failure (last batch line per rank before the first error):\n")
+        for rank in sorted(report.batch_at_failure, key=_rank_order):
+            b = report.batch_at_failure[rank]
+            usage = "-" if b.token_usage is None else f"{b.token_usage:.2f}"
+            running = "-" if b.running_req is None else str(b.running_req)
+            queued = "-" if b.queue_req is None else str(b.queue_req)
+            w(
+                f"  {rank or '(no rank)':<10} {b.kind:<8} token usage {usage}  "
+                f"running {running}  queued {queued}\n"
+            )
+
+
+def _rank_order(rank: str) -> tuple:
+    # "TP10" after "TP9": compare the digits as numbers.
+    import re
+
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", rank))
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,243 @@
+"""Matcher: the same (line, signature) hits from hyperscan, RE2 and re; fallbacks that say why."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixtop.diagnosis.catalog import Signature, load_catalog
+from radixtop.diagnosis.matcher import ENGINES, Matcher, MatcherError, required_literals
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("RADIXTOP_CACHE_DIR", str(tmp_path_factory.mktemp("hs-cache")))
+
+
+def sig(sig_id: str, pattern: str, severity: str = "error") -> Signature:
+    return Signature(sig_id, sig_id, pattern, severity, "test", "meaning", (), ())
+
+
+def engine_or_skip(signatures, engine: str) -> Matcher:
+    try:
+        return Matcher(signatures, engine=engine)
+    except MatcherError as exc:
+        if "unavailable" in str(exc):
+            pytest.skip(str(exc))
+        raise
+
+
+def reference_hits(data: bytes, signatures) -> list[tuple[int, int]]:
+    """(line end, index) from Python re run on each line alone: what grep -n means by a hit."""
+    compiled = [re.compile(s.pattern.encode()) for s in signatures]
+    out = []
+    start = 0
+    while start <= len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+            if start == end:
+                break
+        line = data[start:end]
+        out.extend((end, i) for i, p in enumerate(compiled) if p.search(line))
+        start = end + 1
+    return out
+
+
+SIGS = [
+    sig("oom", r"out of memory"),
+    sig("anchored", r"^bar$"),
+    sig("spaces", r"lock\s+page"),  # \s could cross a newline: must not
+    sig("negated", r"node [^;]+;"),  # [^;] could too
+    sig("alt", r"(?:Rust TreeCore panicked|mutex poisoned)"),
+    sig("digits", r"lock_ref=-?\d+"),
+]
+TEXT = (
+    b"prefill out of memory, out of memory again\n"  # two matches, one hit
+    b"bar\n"
+    b"foo bar\n"
+    b"lock\n"
+    b"page\n"  # "lock\npage" must not count
+    b"lock   page\n"
+    b"node 7\n"
+    b"continues;\n"  # "node 7\ncontinues;" must not count
+    b"node 8;\n"
+    b"Rust TreeCore panicked: oops lock_ref=-1\n"
+    b"OUT OF MEMORY\n"  # case-sensitive
+    b"bar"  # last line without newline
+)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_scan_reports_each_matching_line_once_at_its_line_end(engine):
+    m = engine_or_skip(SIGS, engine)
+    assert m.engine == engine
+    hits = m.scan(TEXT)
+    assert hits == reference_hits(TEXT, SIGS)
+    assert hits == sorted(hits)
+    for line_end, _ in hits:
+        assert line_end == len(TEXT) or TEXT[line_end : line_end + 1] == b"\n"
+    lines = {TEXT[TEXT.rfind(b"\n", 0, e) + 1 : e] for e, _ in hits}
+    assert lines == {
+        b"prefill out of memory, out of memory again",
+        b"bar",
+        b"lock   page",
+        b"node 8;",
+        b"Rust TreeCore panicked: oops lock_ref=-1",
+    }
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_scan_end_limits_the_buffer_without_copying(engine):
+    m = engine_or_skip(SIGS, engine)
+    buf = bytearray(TEXT)
+    cut = TEXT.index(b"lock\n")  # after "foo bar\n"
+    assert m.scan(buf, cut) == reference_hits(TEXT[:cut], SIGS)
+    assert m.scan(buf, 0) == []
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_match_one_line(engine):
+    m = engine_or_skip(SIGS, engine)
+    assert m.match("Rust TreeCore panicked lock_ref=3 out of memory") == (0, 4, 5)
+    assert m.match("bar") == (1,)
+    assert m.match("nothing here") == ()
+    assert m.match("OUT OF MEMORY") == ()
+    assert m.match("lock\npage") == ()  # within one line only, as in scan
+    assert m.match("caf\u00e9 \udcff out of memory") == (0,)  # odd text does not raise
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_catalog_patterns_agree_with_per_line_re(engine):
+    catalog = load_catalog()
+    m = engine_or_skip(catalog.signatures, engine)
+    text = (
+        "[2026-12-02 14:00:01 TP3] RadixCacheError: Failed to lock memory page during dynamic prefix eviction\n"
+        "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 3, #token: 640, token usage: 0.04, \n"
+        "  File \"scheduler.py\", line 1\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "x EngineDeadError\n"
+        "EngineDeadError at line start\n"
+        "FooEngineDeadError is not one\n"
+        "[2026-12-02 14:00:02 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 1\n"
+    ).encode()
+    assert m.scan(text) == reference_hits(text, catalog.signatures)
+    assert len(m.scan(text)) >= 5
+
+
+# Fragments that make near-misses likely: pieces of patterns, newlines, spaces, odd bytes.
+_FRAGMENTS = st.sampled_from(
+    ["out of ", "memory", "bar", "\n", " ", "lock", "\t", "page", "node ", "7", ";", "Rust TreeCore ",
+     "panicked", "mutex poisoned", "lock_ref=", "-", "\r", "\xe9", "\x00"]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_FRAGMENTS, max_size=40))
+def test_engines_equal_the_per_line_reference_on_random_text(parts):
+    data = "".join(parts).encode("utf-8")
+    expected = reference_hits(data, SIGS)
+    for engine in ENGINES:
+        try:
+            m = Matcher(SIGS, engine=engine)
+        except MatcherError:
+            continue  # an engine not installed here
+        assert m.scan(data) == expected, engine
+
+
+def test_best_engine_is_hyperscan_when_installed():
+    pytest.importorskip("hyperscan")
+    m = Matcher(SIGS)
+    assert m.engine == "hyperscan"
+    assert m.fallback_note is None
+
+
+def test_missing_hyperscan_falls_back_to_re2_and_says_why(monkeypatch):
+    pytest.importorskip("re2")
+    monkeypatch.setitem(sys.modules, "hyperscan", None)  # makes `import hyperscan` fail
+    m = Matcher(SIGS)
+    assert m.engine == "re2"
+    assert m.fallback_note.startswith("hyperscan unavailable: ")
+    assert m.fallback_note.endswith("; using re2")
+    assert m.scan(TEXT) == reference_hits(TEXT, SIGS)
+
+
+def test_no_optional_engine_falls_back_to_re(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hyperscan", None)
+    monkeypatch.setitem(sys.modules, "re2", None)
+    m = Matcher(SIGS)
+    assert m.engine == "re"
+    assert "hyperscan unavailable" in m.fallback_note and "re2 unavailable" in m.fallback_note
+    with pytest.raises(MatcherError, match="hyperscan unavailable"):
+        Matcher(SIGS, engine="hyperscan")
+
+
+def test_a_pattern_hyperscan_rejects_moves_the_whole_matcher_and_names_the_signature():
+    pytest.importorskip("hyperscan")
+    pytest.importorskip("re2")
+    sigs = [*SIGS, sig("empty-ok", r"x*")]  # hyperscan refuses patterns matching the empty string
+    m = Matcher(sigs)
+    assert m.engine == "re2"
+    assert "hyperscan cannot compile signature 'empty-ok'" in m.fallback_note
+    with pytest.raises(MatcherError, match="empty-ok"):
+        Matcher(sigs, engine="hyperscan")
+
+
+def test_a_pattern_only_re_understands_ends_at_re_with_both_reasons():
+    sigs = [sig("backref", r"(ab)\1")]
+    m = Matcher(sigs)
+    assert m.engine == "re"
+    note = m.fallback_note
+    assert note.endswith("; using re")
+    if "hyperscan" in sys.modules and sys.modules["hyperscan"] is not None:
+        assert "hyperscan cannot compile signature 'backref'" in note
+    assert m.scan(b"xabab\nab\n") == [(5, 0)]
+
+
+def test_bad_pattern_for_every_engine_is_an_error_naming_it():
+    with pytest.raises(MatcherError, match="'broken'"):
+        Matcher([sig("broken", r"(unclosed")])
+
+
+def test_unknown_engine_and_no_signatures():
+    with pytest.raises(MatcherError, match="unknown engine"):
+        Matcher(SIGS, engine="pcre")
+    empty = Matcher([])
+    assert empty.match("anything") == () and empty.scan(b"anything\n") == []
+
+
+def test_compiled_hyperscan_database_is_cached_and_a_damaged_cache_is_replaced(tmp_path, monkeypatch):
+    pytest.importorskip("hyperscan")
+    monkeypatch.setenv("RADIXTOP_CACHE_DIR", str(tmp_path))
+    first = Matcher(SIGS, engine="hyperscan")
+    files = list(tmp_path.glob("hs-*.db"))
+    assert len(files) == 1 and files[0].stat().st_size > 0
+    assert Matcher(SIGS, engine="hyperscan").scan(TEXT) == first.scan(TEXT)  # loaded from the file
+    files[0].write_bytes(b"not a database")
+    assert Matcher(SIGS, engine="hyperscan").scan(TEXT) == reference_hits(TEXT, SIGS)
+    assert files[0].read_bytes() != b"not a database"
+    monkeypatch.setenv("RADIXTOP_CACHE_DIR", "")  # off: nothing written anywhere
+    other = [sig("other", "something else")]
+    Matcher(other, engine="hyperscan")
+    assert len(list(tmp_path.glob("hs-*.db"))) == 1
+
+
+def test_required_literals_for_the_re_prefilter():
+    assert required_literals(r"Scheduler hit an exception") == (b"Scheduler hit an exception",)
+    assert required_literals(r"(?:CUDA|HIP) error: an illegal memory access") == (
+        b" error: an illegal memory access",
+    )
+    # Python's parser may factor out the shared "nccl": any required set will do, if every match
+    # holds one of its literals.
+    literals = required_literals(r"ncclSystemError|ncclInternalError")
+    for text in (b"ncclSystemError", b"ncclInternalError"):
+        assert any(x in text for x in literals)
+    assert min(len(x) for x in literals) >= 3
+    assert required_literals(r"No available block found in \d+ seconds?") == (b"No available block found in ",)
+    assert required_literals(r"(?i)case blind") is None  # a case-blind literal would miss lines
+    assert required_literals(r"\d+ab") is None  # too short to help
+    assert required_literals(r"(?:foo)?bar+") is None

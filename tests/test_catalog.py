@@ -40,16 +40,32 @@ REQUIRED_IDS = {
 # plus the seed's literal and the simulator's contention warning. Each must match its signature;
 # `also` lists the only other signatures allowed to match the same line.
 EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
-    ("radix-page-lock-eviction", "RadixCacheError: Failed to lock memory page during dynamic prefix eviction", frozenset()),
-    ("radix-page-lock-eviction", "sglang RadixCacheError Failed to lock memory page during dynamic prefix eviction", frozenset()),
+    (
+        "radix-page-lock-eviction",
+        "RadixCacheError: Failed to lock memory page during dynamic prefix eviction",
+        frozenset(),
+    ),
+    (
+        "radix-page-lock-eviction",
+        "sglang RadixCacheError Failed to lock memory page during dynamic prefix eviction",
+        frozenset(),
+    ),
     (
         "radix-eviction-lock-contention",
         "[2026-12-02 14:03:14.702 TP1] WARNING: radix cache eviction contended with a page lock on node 4711 "
         "(token usage 0.93); retrying",
         frozenset(),
     ),
-    ("lock-ref-release-underflow", "AssertionError: FULL segment release hit lock_ref=0 on node 42", frozenset()),
-    ("lock-ref-release-underflow", "AssertionError: SWA segment release hit host_lock_ref=0 on node 7", frozenset()),
+    (
+        "lock-ref-release-underflow",
+        "AssertionError: FULL segment release hit lock_ref=0 on node 42",
+        frozenset(),
+    ),
+    (
+        "lock-ref-release-underflow",
+        "AssertionError: SWA segment release hit host_lock_ref=0 on node 7",
+        frozenset(),
+    ),
     (
         "rust-tree-core-panic",
         "RuntimeError: Rust TreeCore panicked: called `Option::unwrap()` on a `None` value",
@@ -77,16 +93,28 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         "req_to_token_pool memory leak detected!available_size=63, session_held=0, total_size=64",
         frozenset(),
     ),
-    ("kv-pool-memory-leak", "AssertionError: Full Pool Mem Leak Detected! [full] total=100, available=90", frozenset()),
+    (
+        "kv-pool-memory-leak",
+        "AssertionError: Full Pool Mem Leak Detected! [full] total=100, available=90",
+        frozenset(),
+    ),
     (
         "kv-pool-retract",
         "[2026-12-02 14:03:13.007 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 2, "
         "#new_token_ratio: 0.4000 -> 0.5000",
         frozenset(),
     ),
-    ("prefill-oom", "[2026-12-02 14:00:00 TP0] Prefill out of memory. Try to lower your batch size.", frozenset()),
+    (
+        "prefill-oom",
+        "[2026-12-02 14:00:00 TP0] Prefill out of memory. Try to lower your batch size.",
+        frozenset(),
+    ),
     ("prefill-oom", "Prefill out of memory. This should never happen.", frozenset()),
-    ("decode-oom", "RuntimeError: Decode out of memory. Try to lower your batch size.", frozenset()),
+    (
+        "decode-oom",
+        "RuntimeError: Decode out of memory. Try to lower your batch size.",
+        frozenset(),
+    ),
     (
         "req-slots-oom",
         "RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for "
@@ -108,15 +136,27 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         "[2026-12-02 14:10:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)",
         frozenset(),
     ),
-    ("watchdog-timeout", "[2025-01-01 00:00:00 TP3] Watchdog timeout (self.watchdog_timeout=300)", frozenset()),
-    ("cuda-graph-capture-failed", "Exception: Capture cuda graph failed: invalid argument", frozenset()),
+    (
+        "watchdog-timeout",
+        "[2025-01-01 00:00:00 TP3] Watchdog timeout (self.watchdog_timeout=300)",
+        frozenset(),
+    ),
+    (
+        "cuda-graph-capture-failed",
+        "Exception: Capture cuda graph failed: invalid argument",
+        frozenset(),
+    ),
     (
         "sglang-not-enough-memory",
         "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
         "Current value: mem_fraction_static=0.5",
         frozenset(),
     ),
-    ("server-ready", "[2026-12-02 14:00:16.616] The server is fired up and ready to roll!", frozenset()),
+    (
+        "server-ready",
+        "[2026-12-02 14:00:16.616] The server is fired up and ready to roll!",
+        frozenset(),
+    ),
     (
         "cuda-oom",
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
@@ -191,8 +231,16 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         "factors of 1.0.",
         frozenset(),
     ),
-    ("kv-cache-dtype-unsupported", "ValueError: Unsupported kv_cache_dtype: fp4_e2m1.", frozenset()),
-    ("kv-cache-dtype-unsupported", "ValueError: --kv-cache-dtype fp8_e5m2 is not supported on CPU.", frozenset()),
+    (
+        "kv-cache-dtype-unsupported",
+        "ValueError: Unsupported kv_cache_dtype: fp4_e2m1.",
+        frozenset(),
+    ),
+    (
+        "kv-cache-dtype-unsupported",
+        "ValueError: --kv-cache-dtype fp8_e5m2 is not supported on CPU.",
+        frozenset(),
+    ),
     (
         "vllm-shm-no-available-block",
         "(VllmWorkerProcess pid=161) WARNING 08-22 06:24:42 shm_broadcast.py:386] No available block found in "
@@ -280,7 +328,9 @@ def test_patterns_compile_on_every_engine(catalog: Catalog) -> None:
         assert pattern_problem(sig.pattern) is None, sig.id
 
 
-@pytest.mark.parametrize(("sig_id", "line", "also"), EXAMPLES, ids=[f"{e[0]}-{i}" for i, e in enumerate(EXAMPLES)])
+@pytest.mark.parametrize(
+    ("sig_id", "line", "also"), EXAMPLES, ids=[f"{e[0]}-{i}" for i, e in enumerate(EXAMPLES)]
+)
 def test_example_matches_its_signature_only(
     matcher: Matcher, catalog: Catalog, sig_id: str, line: str, also: frozenset[str]
 ) -> None:
@@ -319,7 +369,7 @@ def test_sample_log_only_matches_expected_signatures(matcher: Matcher, catalog: 
 
 # -- user catalogs ------------------------------------------------------------------------------
 
-GOOD = '''
+GOOD = """
 [[signature]]
 id = "{id}"
 title = "A custom failure"
@@ -329,7 +379,7 @@ subsystem = "custom"
 meaning = "Something specific to this deployment."
 first_checks = ["look here"]
 competing = ["something else"]
-'''
+"""
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -353,7 +403,11 @@ def test_user_catalog_adds_and_replaces(tmp_path: Path) -> None:
     assert (replaced.severity, replaced.origin) == ("error", str(first))
     assert catalog.notes == (f'signature "kv-pool-retract" from {first} replaces the built-in one',)
 
-    second = write(tmp_path, "team.toml", GOOD.format(id="site-disk-full", pattern="ENOSPC", severity="critical"))
+    second = write(
+        tmp_path,
+        "team.toml",
+        GOOD.format(id="site-disk-full", pattern="ENOSPC", severity="critical"),
+    )
     catalog = load_catalog([first, second])
     assert catalog.get("site-disk-full").severity == "critical"
     assert catalog.notes[-1] == f'signature "site-disk-full" from {second} replaces the {first} one'
@@ -374,7 +428,10 @@ def _error(tmp_path: Path, text: str) -> str:
 
 
 def test_error_toml_syntax_has_line(tmp_path: Path) -> None:
-    text = GOOD.format(id="a", pattern="x1", severity="error") + "\n[[signature]]\nid = \"b\ntitle = 3\n"
+    text = (
+        GOOD.format(id="a", pattern="x1", severity="error")
+        + '\n[[signature]]\nid = "b\ntitle = 3\n'
+    )
     message = _error(tmp_path, text)
     line = text.splitlines().index('id = "b') + 1
     assert message.startswith(f"{line}: invalid TOML (")
@@ -392,20 +449,27 @@ def test_error_missing_field_names_the_table_line(tmp_path: Path) -> None:
 
 def test_error_missing_id(tmp_path: Path) -> None:
     text = GOOD.format(id="a", pattern="x1", severity="error").replace('id = "a"\n', "")
-    assert _error(tmp_path, text) == '2: a [[signature]] table has no id; add id = "kebab-case-name"'
+    assert (
+        _error(tmp_path, text) == '2: a [[signature]] table has no id; add id = "kebab-case-name"'
+    )
 
 
 def test_error_bad_severity_points_at_the_key(tmp_path: Path) -> None:
     text = GOOD.format(id="a", pattern="x1", severity="fatal")
     message = _error(tmp_path, text)
-    line = [i for i, l in enumerate(text.splitlines(), 1) if l.startswith("severity")][0]
-    assert message == f'{line}: signature "a" has severity "fatal"; use one of info, warning, error, critical'
+    line = [i for i, x in enumerate(text.splitlines(), 1) if x.startswith("severity")][0]
+    assert (
+        message
+        == f'{line}: signature "a" has severity "fatal"; use one of info, warning, error, critical'
+    )
 
 
 def test_error_unknown_key(tmp_path: Path) -> None:
     text = GOOD.format(id="a", pattern="x1", severity="error") + 'patern = "oops"\n'
     message = _error(tmp_path, text)
-    assert message.startswith(f'{len(text.splitlines())}: signature "a" has unknown key "patern"; use only id, ')
+    assert message.startswith(
+        f'{len(text.splitlines())}: signature "a" has unknown key "patern"; use only id, '
+    )
 
 
 @pytest.mark.parametrize(
@@ -415,7 +479,7 @@ def test_error_unknown_key(tmp_path: Path) -> None:
         ("lock(?=ed)", 'uses a lookaround at "(?="'),
         ("(?<!un)locked page", 'uses a lookaround at "(?<!"'),
         (r"(page) \1", r'uses a backreference at "\1"'),
-        (r"final line\Z", r'uses an escape only Python knows'),
+        (r"final line\Z", r"uses an escape only Python knows"),
         ("(?P<what>page) lock", 'uses a named group at "(?P<w"'),
         ("a++b", 'uses a possessive quantifier at "++"'),
         ("(?>atomic)x", 'uses an atomic group at "(?>"'),
@@ -423,38 +487,52 @@ def test_error_unknown_key(tmp_path: Path) -> None:
         ("token usage", "matches an ordinary Prefill/Decode batch line"),
     ],
 )
-def test_error_bad_pattern_points_at_the_pattern_line(tmp_path: Path, pattern: str, expected: str) -> None:
+def test_error_bad_pattern_points_at_the_pattern_line(
+    tmp_path: Path, pattern: str, expected: str
+) -> None:
     text = GOOD.format(id="a", pattern=pattern, severity="error")
     message = _error(tmp_path, text)
-    line = [i for i, l in enumerate(text.splitlines(), 1) if l.startswith("pattern")][0]
+    line = [i for i, x in enumerate(text.splitlines(), 1) if x.startswith("pattern")][0]
     assert message.startswith(f'{line}: signature "a" pattern {expected}')
 
 
 def test_escaped_constructs_are_literals_and_allowed() -> None:
     assert pattern_problem(r"literal \(\?= and a\+\+ plus") is None
-    assert pattern_problem(r"path\\1 and \\Z text") is None  # an escaped backslash, then a literal 1 / Z
+    assert (
+        pattern_problem(r"path\\1 and \\Z text") is None
+    )  # an escaped backslash, then a literal 1 / Z
     assert pattern_problem(r"C:\\dir") is None
 
 
 def test_error_duplicate_id(tmp_path: Path) -> None:
-    text = GOOD.format(id="a", pattern="x1", severity="error") + GOOD.format(id="a", pattern="x2", severity="error")
+    text = GOOD.format(id="a", pattern="x1", severity="error") + GOOD.format(
+        id="a", pattern="x2", severity="error"
+    )
     message = _error(tmp_path, text)
     assert 'signature "a" is defined twice (first at line 2)' in message
 
 
 def test_error_wrong_types(tmp_path: Path) -> None:
-    text = GOOD.format(id="a", pattern="x1", severity="error").replace('first_checks = ["look here"]', 'first_checks = "look"')
-    assert 'signature "a" first_checks must be a list of non-empty strings' in _error(tmp_path, text)
+    text = GOOD.format(id="a", pattern="x1", severity="error").replace(
+        'first_checks = ["look here"]', 'first_checks = "look"'
+    )
+    assert 'signature "a" first_checks must be a list of non-empty strings' in _error(
+        tmp_path, text
+    )
     text = GOOD.format(id="Not Kebab", pattern="x1", severity="error")
     assert 'signature "Not Kebab" id is not kebab-case' in _error(tmp_path, text)
-    text = GOOD.format(id="a", pattern="x1", severity="error").replace('title = "A custom failure"', "title = 5")
+    text = GOOD.format(id="a", pattern="x1", severity="error").replace(
+        'title = "A custom failure"', "title = 5"
+    )
     assert 'signature "a" title must be a non-empty string' in _error(tmp_path, text)
 
 
 def test_error_file_level_problems(tmp_path: Path) -> None:
     assert _error(tmp_path, "").startswith("1: no [[signature]] tables found;")
-    assert _error(tmp_path, 'version = 2\n').startswith('1: unknown top-level key "version";')
-    assert _error(tmp_path, '[signature]\nid = "a"\n').startswith("1: no [[signature]] tables found;")
+    assert _error(tmp_path, "version = 2\n").startswith('1: unknown top-level key "version";')
+    assert _error(tmp_path, '[signature]\nid = "a"\n').startswith(
+        "1: no [[signature]] tables found;"
+    )
 
     missing = tmp_path / "missing.toml"
     with pytest.raises(CatalogError) as caught:
@@ -462,7 +540,9 @@ def test_error_file_level_problems(tmp_path: Path) -> None:
     assert str(caught.value).startswith(f"{missing}:1: cannot read the signature file (")
 
     binary = tmp_path / "binary.toml"
-    binary.write_bytes(b'# ok\n# ok\n\xff\xfe\n')
+    binary.write_bytes(b"# ok\n# ok\n\xff\xfe\n")
     with pytest.raises(CatalogError) as caught:
         load_catalog([binary])
-    assert str(caught.value) == f"{binary}:3: the file is not UTF-8 text (byte 0xff); save it as UTF-8"
+    assert (
+        str(caught.value) == f"{binary}:3: the file is not UTF-8 text (byte 0xff); save it as UTF-8"
+    )

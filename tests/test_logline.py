@@ -71,7 +71,9 @@ def test_vllm_format_with_process_tags() -> None:
     assert parsed.message == "Engine started"
     assert parsed.rank is None
 
-    parsed = parse_line("(VllmWorker rank=1 pid=4242) WARNING 12-02 14:00:01 [shm_broadcast.py:386] No available block")
+    parsed = parse_line(
+        "(VllmWorker rank=1 pid=4242) WARNING 12-02 14:00:01 [shm_broadcast.py:386] No available block"
+    )
     assert (parsed.rank, parsed.level, parsed.message) == ("rank1", "WARNING", "No available block")
 
     parsed = parse_line("(Worker_DP0_TP1_EP1 pid=7) ERROR 12-02 14:00:02.250 [core.py:868] boom")
@@ -92,9 +94,13 @@ def test_python_logging_format() -> None:
 
 
 def test_ray_and_torch_rank_tags() -> None:
-    parsed = parse_line(f"(SGLangEngine pid=23902) [{STAMP} TP1] Scheduler hit an exception: Traceback")
+    parsed = parse_line(
+        f"(SGLangEngine pid=23902) [{STAMP} TP1] Scheduler hit an exception: Traceback"
+    )
     assert (parsed.time, parsed.rank) == (STAMP, "TP1")
-    parsed = parse_line("[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered")
+    parsed = parse_line(
+        "[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
     assert parsed.time is None
     assert parsed.rank == "rank2"
     assert parsed.message.startswith("RuntimeError")
@@ -106,7 +112,13 @@ def test_prefill_batch_current_wording() -> None:
         "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 0.00"
     )
     assert parsed.batch == BatchStats(
-        kind="prefill", token_usage=0.01, running_req=0, queue_req=0, cached_token=0, new_token=64, new_seq=1
+        kind="prefill",
+        token_usage=0.01,
+        running_req=0,
+        queue_req=0,
+        cached_token=0,
+        new_token=64,
+        new_seq=1,
     )
 
 
@@ -116,7 +128,12 @@ def test_prefill_batch_older_wording() -> None:
         "#running-req: 7, #queue-req: 3"
     ).batch
     assert batch is not None
-    assert (batch.kind, batch.new_seq, batch.new_token, batch.cached_token) == ("prefill", 2, 2048, 512)
+    assert (batch.kind, batch.new_seq, batch.new_token, batch.cached_token) == (
+        "prefill",
+        2,
+        2048,
+        512,
+    )
     assert (batch.token_usage, batch.running_req, batch.queue_req) == (0.42, 7, 3)
 
 
@@ -126,28 +143,46 @@ def test_decode_batch() -> None:
         "gen throughput (token/s): 1234.56, #queue-req: 0, "
     ).batch
     assert batch == BatchStats(
-        kind="decode", token_usage=0.04, running_req=3, queue_req=0, num_token=640, gen_throughput=1234.56
+        kind="decode",
+        token_usage=0.04,
+        running_req=3,
+        queue_req=0,
+        num_token=640,
+        gen_throughput=1234.56,
     )
 
 
 def test_batch_fields_by_key_missing_or_reordered() -> None:
     batch = parse_batch("Decode batch, #queue-req: 5, token usage: 0.90")
     assert batch == BatchStats(kind="decode", token_usage=0.9, queue_req=5)
-    assert parse_batch("Decode batch, #running-req: many, token usage: ?") == BatchStats(kind="decode")
+    assert parse_batch("Decode batch, #running-req: many, token usage: ?") == BatchStats(
+        kind="decode"
+    )
     assert parse_batch("Prefill batch") == BatchStats(kind="prefill")
     # Forward-iteration numbers and hybrid (SWA) pools
     batch = parse_batch(
         "Decode batch [812], #running-req: 9, #full token: 100, full token usage: 0.31, #swa token: 50, "
         "swa token usage: 0.20, cuda graph: True, gen throughput (token/s): 10.00, #queue-req: 1"
     )
-    assert batch is not None and (batch.running_req, batch.token_usage, batch.queue_req) == (9, 0.31, 1)
+    assert batch is not None and (batch.running_req, batch.token_usage, batch.queue_req) == (
+        9,
+        0.31,
+        1,
+    )
     assert parse_batch("Prefilled the batch") is None
-    assert parse_line(f"[{STAMP}] Decode out of memory. Try to lower your batch size.").batch is None
+    assert (
+        parse_line(f"[{STAMP}] Decode out of memory. Try to lower your batch size.").batch is None
+    )
 
 
 def test_crlf_and_ansi_are_removed() -> None:
     parsed = parse_line(f"\x1b[32m[{STAMP} TP0]\x1b[0m \x1b[1;33mWARNING\x1b[0m: hot\r\n")
-    assert (parsed.time, parsed.rank, parsed.level, parsed.message) == (STAMP, "TP0", "WARNING", "WARNING: hot")
+    assert (parsed.time, parsed.rank, parsed.level, parsed.message) == (
+        STAMP,
+        "TP0",
+        "WARNING",
+        "WARNING: hot",
+    )
     assert strip_ansi("\x1b]0;title\x07plain \x1b[0Kend") == "plain end"
     assert strip_ansi("no escapes") == "no escapes"
     batch = parse_line(f"[{STAMP}] Decode batch, #running-req: 3, token usage: 0.5\r\n").batch
@@ -155,7 +190,9 @@ def test_crlf_and_ansi_are_removed() -> None:
 
 
 def test_continuation_lines() -> None:
-    assert not is_continuation(f"[{STAMP} TP1] Scheduler hit an exception: Traceback (most recent call last):")
+    assert not is_continuation(
+        f"[{STAMP} TP1] Scheduler hit an exception: Traceback (most recent call last):"
+    )
     for line in [
         "Traceback (most recent call last):",
         '  File "/x/scheduler.py", line 10, in run',
@@ -166,13 +203,13 @@ def test_continuation_lines() -> None:
         "",
         "Try to allocate 64 tokens.",
         "[rank0]: RuntimeError: CUDA error",
-        "(SGLangEngine pid=1)   File \"x.py\", line 1, in f",
+        '(SGLangEngine pid=1)   File "x.py", line 1, in f',
     ]:
         assert is_continuation(line), line
         assert not opens_record(line)
     assert opens_record("INFO 12-02 14:00:00 [a.py:1] x")
     assert opens_record(f"{STAMP},5 - a - INFO - x")
-    assert opens_record(f"(VllmWorker rank=0 pid=1) INFO 12-02 14:00:00 [a.py:1] x")
+    assert opens_record("(VllmWorker rank=0 pid=1) INFO 12-02 14:00:00 [a.py:1] x")
 
 
 @pytest.mark.parametrize(

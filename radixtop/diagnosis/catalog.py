@@ -28,7 +28,16 @@ __all__ = [
 SEVERITIES = ("info", "warning", "error", "critical")  # ordered, lowest first
 _SEVERITY_RANK = {name: i for i, name in enumerate(SEVERITIES)}
 
-_REQUIRED = ("id", "title", "pattern", "severity", "subsystem", "meaning", "first_checks", "competing")
+_REQUIRED = (
+    "id",
+    "title",
+    "pattern",
+    "severity",
+    "subsystem",
+    "meaning",
+    "first_checks",
+    "competing",
+)
 _ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
 _TABLE_HEADER = re.compile(r"^\s*\[\[\s*signature\s*\]\]")
 _ANY_HEADER = re.compile(r"^\s*\[")
@@ -109,9 +118,12 @@ def severity_rank(severity: str) -> int:
 
 def load_catalog(extra_files: Sequence[str | Path] = ()) -> Catalog:
     """The built-in catalog with each user file merged over it in order (same id replaces, noted)."""
-    builtin_text = resources.files("radixtop.diagnosis").joinpath("signatures.toml").read_text("utf-8")
+    builtin_text = (
+        resources.files("radixtop.diagnosis").joinpath("signatures.toml").read_text("utf-8")
+    )
     merged: dict[str, Signature] = {
-        sig.id: sig for sig in parse_catalog(builtin_text, "signatures.toml (built-in)", origin="builtin")
+        sig.id: sig
+        for sig in parse_catalog(builtin_text, "signatures.toml (built-in)", origin="builtin")
     }
     notes: list[str] = []
     for extra in extra_files:
@@ -130,7 +142,9 @@ def _read_text(path: Path) -> str:
         data = path.read_bytes()
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
-        raise CatalogError(f"{path}:1: cannot read the signature file ({reason}); check the path") from None
+        raise CatalogError(
+            f"{path}:1: cannot read the signature file ({reason}); check the path"
+        ) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -146,7 +160,9 @@ def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ..
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         line, column, what = _decode_error_position(exc)
-        raise CatalogError(f"{source}:{line}: invalid TOML ({what}, column {column}); fix the syntax there") from None
+        raise CatalogError(
+            f"{source}:{line}: invalid TOML ({what}, column {column}); fix the syntax there"
+        ) from None
 
     lines = text.splitlines()
     headers = [i + 1 for i, line in enumerate(lines) if _TABLE_HEADER.match(line)]
@@ -159,7 +175,7 @@ def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ..
     tables = doc.get("signature")
     if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
         raise CatalogError(
-            f'{source}:1: no [[signature]] tables found; write each signature as a [[signature]] table'
+            f"{source}:1: no [[signature]] tables found; write each signature as a [[signature]] table"
         )
 
     seen: dict[str, int] = {}
@@ -219,14 +235,18 @@ def _validate(
     raw_id = table.get("id")
     if not isinstance(raw_id, str) or not raw_id.strip():
         if "id" in table:
-            raise CatalogError(f'{_at(source, lines, span, "id")}: a signature id must be a non-empty string; '
-                               'write id = "kebab-case-name"')
-        raise CatalogError(f'{source}:{start}: a [[signature]] table has no id; add id = "kebab-case-name"')
+            raise CatalogError(
+                f"{_at(source, lines, span, 'id')}: a signature id must be a non-empty string; "
+                'write id = "kebab-case-name"'
+            )
+        raise CatalogError(
+            f'{source}:{start}: a [[signature]] table has no id; add id = "kebab-case-name"'
+        )
     sig_id = raw_id
     name = f'signature "{sig_id}"'
     if not _ID.match(sig_id):
         raise CatalogError(
-            f'{_at(source, lines, span, "id")}: {name} id is not kebab-case; use lowercase letters, '
+            f"{_at(source, lines, span, 'id')}: {name} id is not kebab-case; use lowercase letters, "
             'digits and single dashes, e.g. "radix-page-lock-eviction"'
         )
     for key in table:
@@ -249,7 +269,7 @@ def _validate(
         value = table[key]
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
             raise CatalogError(
-                f'{_at(source, lines, span, key)}: {name} {key} must be a list of non-empty strings; '
+                f"{_at(source, lines, span, key)}: {name} {key} must be a list of non-empty strings; "
                 f'write {key} = ["...", "..."]'
             )
     severity = table["severity"]
@@ -261,7 +281,7 @@ def _validate(
     pattern = table["pattern"]
     problem = pattern_problem(pattern)
     if problem is not None:
-        raise CatalogError(f'{_at(source, lines, span, "pattern")}: {name} pattern {problem}')
+        raise CatalogError(f"{_at(source, lines, span, 'pattern')}: {name} pattern {problem}")
     return Signature(
         id=sig_id,
         title=table["title"].strip(),
@@ -297,7 +317,9 @@ def pattern_problem(pattern: str) -> str | None:
         return "matches an empty line; anchor it on a distinctive literal"
     for line in ORDINARY_LINES:
         if compiled.search(line) is not None:
-            return "matches an ordinary Prefill/Decode batch line; anchor it on a distinctive literal"
+            return (
+                "matches an ordinary Prefill/Decode batch line; anchor it on a distinctive literal"
+            )
     return None
 
 

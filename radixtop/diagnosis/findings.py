@@ -12,7 +12,8 @@ Ordering rules (documented because clock skew between files is a fact of life):
   second line of a multi-line message) takes the time and rank of the line that opened its record.
 - Occurrences are ordered by (epoch, file order, line): the epoch as written, shifted by the
   file's entry in ``clock_offsets`` when one is given (seconds added to that file's times); file
-  order is the order in which files were first seen; lines without any time sort first. No skew
+  order is the order in which files were first seen. A line with no time of its own or of its
+  record takes the place of its file's last timed occurrence (or sorts first if none). No skew
   is guessed: hosts whose clocks disagree by more than the gap between two ranks' first warnings
   can make the wrong rank look first. ``first_by_rank`` (each rank's first warning-or-worse) shows
   that gap so a reader can judge it, and ``clock_offsets`` corrects a known skew.
@@ -61,7 +62,13 @@ class Occurrence:
     text: str
 
     def to_json(self) -> dict:
-        return {"file": self.file, "line": self.line, "time": self.time, "rank": self.rank, "text": self.text}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "time": self.time,
+            "rank": self.rank,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True)
@@ -131,9 +138,12 @@ class Report:
             "findings": findings,
             "initiating": initiating,
             "fingerprint": None if self.fingerprint is None else self.fingerprint.to_json(),
-            "batch_at_failure": {rank: dataclasses.asdict(stats) for rank, stats in self.batch_at_failure.items()},
+            "batch_at_failure": {
+                rank: dataclasses.asdict(stats) for rank, stats in self.batch_at_failure.items()
+            },
             "first_by_rank": {
-                rank: {"signature": sig_id, **occ.to_json()} for rank, (sig_id, occ) in self.first_by_rank.items()
+                rank: {"signature": sig_id, **occ.to_json()}
+                for rank, (sig_id, occ) in self.first_by_rank.items()
             },
             "notes": list(self.notes),
         }
@@ -144,7 +154,17 @@ class Report:
 
 class _FileState:
     __slots__ = (
-        "name", "order", "offset", "ring", "opener", "opener_line", "opener_parsed", "pending", "frozen", "infos"
+        "name",
+        "order",
+        "offset",
+        "ring",
+        "opener",
+        "opener_line",
+        "opener_parsed",
+        "pending",
+        "frozen",
+        "infos",
+        "last_epoch",
     )
 
     def __init__(self, name: str, order: int, offset: float, context: int) -> None:
@@ -158,12 +178,15 @@ class _FileState:
         self.pending: list[_FindingState] = []  # findings still collecting context_after
         self.frozen = False  # saw an error: batch stats after it do not count
         self.infos: deque[tuple[tuple, str, Occurrence]] = deque(maxlen=_INFO_HISTORY)
+        self.last_epoch: float | None = None  # of the last timed occurrence: orders an untimed one
 
 
 class _FindingState:
     __slots__ = ("signature", "count", "first", "key", "before", "after", "after_left", "record")
 
-    def __init__(self, signature: Signature, first: Occurrence, key: tuple, before: tuple[str, ...]) -> None:
+    def __init__(
+        self, signature: Signature, first: Occurrence, key: tuple, before: tuple[str, ...]
+    ) -> None:
         self.record: tuple = ()  # (file order, line that opened the record, that line)
         self.signature = signature
         self.count = 0
@@ -204,7 +227,9 @@ class FindingsBuilder:
         self._seen_in_file: set[tuple[int, int]] = set()  # (signature index, file order)
         self._lines = 0
         self._batch: dict[tuple[int, str], deque[tuple[tuple, BatchStats]]] = {}
-        self._batch_snapshots: dict[int, Mapping[str, BatchStats]] = {}  # file order -> at its first failure
+        self._batch_snapshots: dict[
+            int, Mapping[str, BatchStats]
+        ] = {}  # file order -> at its first failure
         self._first_by_rank: dict[str, tuple[tuple, str, Occurrence]] = {}
 
     # -- live path ----------------------------------------------------------------------------
@@ -259,7 +284,9 @@ class FindingsBuilder:
         st = self._files.get(file) or self._new_file(file)
         text = strip_ansi(text).rstrip("\r\n")
         opener_line = lineno
-        if not opens_record(text):
+        if opens_record(text):
+            opener = text
+        else:
             opener_line = 0
             for back, line in enumerate(reversed(context_before), 1):
                 if opens_record(line):
@@ -300,7 +327,13 @@ class FindingsBuilder:
         if epoch is not None and st.offset:
             epoch += st.offset
         occ = Occurrence(st.name, lineno, time, epoch, rank, text)
-        return (_NO_TIME if epoch is None else epoch, st.order, lineno), occ
+        if epoch is None:
+            # No time of its own or its record's (a fast-scan hit without context): order it
+            # after the last timed occurrence of its file rather than before everything.
+            epoch = _NO_TIME if st.last_epoch is None else st.last_epoch
+        else:
+            st.last_epoch = epoch
+        return (epoch, st.order, lineno), occ
 
     def _hit(
         self,
@@ -321,7 +354,13 @@ class FindingsBuilder:
             if state is None or key < state.key:
                 if state is not None and state.after_left:
                     self._drop_pending(state)
-                context = tuple(st.ring) if before is None else before[-self.context :] if self.context else ()
+                context = (
+                    tuple(st.ring)
+                    if before is None
+                    else before[-self.context :]
+                    if self.context
+                    else ()
+                )
                 new = _FindingState(self._signatures[index], occ, key, context)
                 new.record = (st.order, st.opener_line, st.opener)
                 if state is not None:
@@ -380,7 +419,9 @@ class FindingsBuilder:
         findings = tuple(
             Finding(s.signature, s.count, s.first, s.before, tuple(s.after)) for s in states
         )
-        initiating = next(((s.signature.id, s.first) for s in states if s.signature.level >= _WARNING), None)
+        initiating = next(
+            ((s.signature.id, s.first) for s in states if s.signature.level >= _WARNING), None
+        )
         failure = next((s for s in states if s.signature.level >= _ERROR), None)
         fingerprint = None
         batch: dict[str, BatchStats] = {}
@@ -389,7 +430,9 @@ class FindingsBuilder:
             batch = self._batch_before(failure)
         first_by_rank = {
             rank: (sig_id, occ)
-            for rank, (_, sig_id, occ) in sorted(self._first_by_rank.items(), key=lambda item: item[1][0])
+            for rank, (_, sig_id, occ) in sorted(
+                self._first_by_rank.items(), key=lambda item: item[1][0]
+            )
         }
         return Report(
             lines=self._lines,
@@ -414,7 +457,9 @@ class FindingsBuilder:
         if warn_state is None and warnings:
             warn_state = warnings[0]
         complete = (
-            info_key is not None and warn_state is not None and info_key < warn_state.key < failure.key
+            info_key is not None
+            and warn_state is not None
+            and info_key < warn_state.key < failure.key
         )
         # A wrapper ("Scheduler hit an exception: Traceback ...") and the error its traceback ends
         # with share one record: report the last error line of that record, which names the cause.

@@ -102,7 +102,14 @@ def _epoch(stamp: str) -> float | None:
     if value != -1.0:
         return value
     try:
-        fields = (int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]), int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19]))
+        fields = (
+            int(stamp[0:4]),
+            int(stamp[5:7]),
+            int(stamp[8:10]),
+            int(stamp[11:13]),
+            int(stamp[14:16]),
+            int(stamp[17:19]),
+        )
         year, month, day, hour, minute, second = fields
         if 1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second <= 60:
             value = time.mktime((*fields, 0, 0, -1))
@@ -195,7 +202,12 @@ def _parse(line: str) -> LogLine:
             else:
                 level = _LEVEL_NAMES.get(level, level)
             return LogLine(
-                written, _with_fraction(_epoch(stamp), frac), rank, level, message, parse_batch(message)
+                written,
+                _with_fraction(_epoch(stamp), frac),
+                rank,
+                level,
+                message,
+                parse_batch(message),
             )
     elif head in ("D", "I", "W", "E", "C"):
         m = _VLLM.match(line, pos)
@@ -264,12 +276,18 @@ _INT_FIELDS = {
 }
 _FLOAT_FIELDS = {
     "token usage": "token_usage",
+    "full token usage": "full_usage",  # hybrid (SWA/SSM) models write this instead of "token usage"
     "gen throughput (token/s)": "gen_throughput",
 }
+# "key: value" right after the start or a separator, so "token usage" never matches inside
+# "swa token usage"; one C-level findall instead of splitting in Python.
+_BATCH_FIELD = re.compile(
+    r"(?:^|[,.\]] )(#running-req|#queue-req|#cached-token|#new-token|#new-seq|#token|token usage"
+    r"|full token usage|gen throughput \(token/s\)): ([^,\s]*)"
+)
 
 
 def _number(text: str, kind: type) -> int | float | None:
-    text = text.strip().rstrip(",")
     try:
         return kind(text)
     except ValueError:
@@ -288,25 +306,13 @@ def parse_batch(message: str) -> BatchStats | None:
     else:
         return None
     values: dict[str, int | float | None] = {}
-    full_usage: float | None = None
-    # "Prefill batch, #new-seq: 1, ..." / older "Prefill batch. #new-seq: 1, ..." / "[iter]" variant
-    for part in message[13 if kind == "prefill" else 12 :].split(", "):
-        key, sep, value = part.partition(": ")
-        if not sep:
-            continue
-        key = key.lstrip(" .,]").strip()
-        if key.startswith("[") and "] " in key:  # "[123] #new-seq" when forward iterations are logged
-            key = key.split("] ", 1)[1]
-        key = key.lstrip(".,] ")
+    for key, value in _BATCH_FIELD.findall(message, 12):
         field = _INT_FIELDS.get(key)
         if field is not None:
             values[field] = _number(value, int)
-            continue
-        field = _FLOAT_FIELDS.get(key)
-        if field is not None:
-            values[field] = _number(value, float)
-        elif key == "full token usage":
-            full_usage = _number(value, float)  # hybrid (SWA/SSM) models write this instead
+        else:
+            values[_FLOAT_FIELDS[key]] = _number(value, float)
+    full_usage = values.pop("full_usage", None)
     if "token_usage" not in values and full_usage is not None:
         values["token_usage"] = full_usage
     return BatchStats(kind, **values)  # type: ignore[arg-type]

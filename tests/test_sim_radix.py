@@ -1,0 +1,350 @@
+"""The sim's RadixCache and KV pool: SGLang's semantics, checked by properties and by cases."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixtop.sim.pool import TokenToKVPoolAllocator
+from radixtop.sim.radix import (
+    CacheInitParams,
+    EvictParams,
+    InsertParams,
+    MatchPrefixParams,
+    RadixCache,
+    RadixKey,
+    TreeLock,
+    TreeNode,
+    get_child_key,
+)
+
+
+def make(size: int = 64, page_size: int = 1, policy: str = "lru", clock=None) -> RadixCache:
+    pool = TokenToKVPoolAllocator(size, page_size)
+    return RadixCache(
+        CacheInitParams(
+            token_to_kv_pool_allocator=pool, page_size=page_size, eviction_policy=policy, clock=clock
+        )
+    )
+
+
+def ticking_clock():
+    counter = itertools.count(1)
+    return lambda: float(next(counter))
+
+
+class Req:
+    """The minimal request the cache's checkpoint / cache_finished_req need."""
+
+    extra_key = None
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.fill_ids = tokens
+        self.kv_indices: list[int] = []
+        self.cache_protected_len = 0
+        self.last_node: TreeNode | None = None
+        self.lock: TreeLock | None = None
+
+
+def run_request(cache: RadixCache, tokens: list[int]) -> Req | None:
+    """What the scheduler does for one request: match, lock, allocate the rest, then finish."""
+    pool = cache.token_to_kv_pool_allocator
+    ps = cache.page_size
+    req = Req(tokens)
+    match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: len(tokens) - 1])))
+    m = len(match.device_indices)
+    req.kv_indices = list(match.device_indices)
+    req.cache_protected_len = m
+    req.last_node = match.last_device_node
+    req.lock = cache.lock(match.last_device_node)
+    pages = -(-len(tokens) // ps) - m // ps
+    if pool.available_size() < pages * ps:
+        cache.evict(EvictParams(num_tokens=pages * ps - pool.available_size()))
+    got = pool.alloc_pages(pages)
+    if got is None:
+        cache.unlock(req.lock)
+        return None
+    req.kv_indices.extend(pool.page_slots(got)[: len(tokens) - m])
+    cache.cache_finished_req(req)
+    return req
+
+
+def path_nodes(node: TreeNode, root: TreeNode) -> list[TreeNode]:
+    out = []
+    while node is not root:
+        out.append(node)
+        node = node.parent
+    return out
+
+
+class RadixMachine(RuleBasedStateMachine):
+    """Random requests, locks, unlocks and evictions; the accounting must always add up."""
+
+    @initialize(page_size=st.sampled_from([1, 2, 4]))
+    def setup(self, page_size: int) -> None:
+        self.cache = make(size=48, page_size=page_size, clock=ticking_clock())
+        self.pool = self.cache.token_to_kv_pool_allocator
+        self.held: list[TreeLock] = []
+
+    tokens = st.lists(st.integers(0, 3), min_size=1, max_size=14)
+
+    @rule(tokens=tokens)
+    def finish_request(self, tokens: list[int]) -> None:
+        req = run_request(self.cache, tokens)
+        if req is None:
+            return
+        # Roundtrip: what a request inserted matches back, whole pages, with its own slots.
+        aligned = len(tokens) // self.cache.page_size * self.cache.page_size
+        match = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
+        assert len(match.device_indices) == aligned
+        assert match.device_indices == req.kv_indices[:aligned]
+
+    @rule(tokens=tokens)
+    def lock_prefix(self, tokens: list[int]) -> None:
+        match = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
+        assert len(match.device_indices) % self.cache.page_size == 0
+        assert len(match.device_indices) <= len(tokens)
+        if match.last_device_node is not self.cache.root_node:
+            self.held.append(self.cache.lock(match.last_device_node))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def unlock_one(self, data) -> None:
+        lock = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
+        self.cache.unlock(lock)
+
+    @rule(num_tokens=st.integers(0, 60))
+    def evict(self, num_tokens: int) -> None:
+        locked = {id(n): (n, list(n.value)) for lock in self.held for n in path_nodes(lock.node, self.cache.root_node)}
+        before = self.pool.available_size()
+        result = self.cache.evict(EvictParams(num_tokens=num_tokens))
+        assert self.pool.available_size() - before == result.num_tokens_evicted
+        free_slots = set(self.pool.page_slots(self.pool.free_pages))
+        for node, value in locked.values():
+            assert not node.evicted, f"evict freed locked node {node.id}"
+            assert not free_slots & set(value), f"slots of locked node {node.id} went back to the pool"
+
+    @precondition(lambda self: not self.held)
+    @rule()
+    def reset(self) -> None:
+        self.cache.reset()
+        self.pool.clear()
+
+    @invariant()
+    def pool_accounting(self) -> None:
+        c = self.cache
+        assert self.pool.available_size() + c.evictable_size() + c.protected_size() == self.pool.size
+        assert c.total_size() == c.evictable_size() + c.protected_size()
+
+    @invariant()
+    def tree_shape(self) -> None:
+        c = self.cache
+        protected = evictable = 0
+        for node in c.iter_nodes():
+            assert node.lock_ref >= 0
+            assert len(node.key) % c.page_size == 0 and len(node.key) == len(node.value)
+            assert node.parent.children[get_child_key(node.key, c.page_size)] is node
+            if node.lock_ref > 0:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+        assert (protected, evictable) == (c.protected_size(), c.evictable_size())
+        # Every slot is either free or in the tree, never both, never twice.
+        in_tree = c.all_values_flatten()
+        free = self.pool.page_slots(self.pool.free_pages)
+        assert len(set(in_tree)) == len(in_tree)
+        assert not set(in_tree) & set(free)
+
+
+RadixMachine.TestCase.settings = settings(
+    max_examples=35, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestRadixMachine = RadixMachine.TestCase
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 2, 4, 8]),
+    seqs=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=20), min_size=1, max_size=6),
+    probe=st.lists(st.integers(0, 2), max_size=20),
+)
+def test_match_is_page_aligned_and_a_real_prefix(page_size, seqs, probe):
+    cache = make(size=4096, page_size=page_size)
+    for seq in seqs:
+        cache.insert(InsertParams(key=RadixKey(seq)))
+    match = cache.match_prefix(MatchPrefixParams(key=RadixKey(probe)))
+    n = len(match.device_indices)
+    assert n % page_size == 0
+    # Inserted without values, the tree stores the token ids themselves (SGLang's debug fallback).
+    assert match.device_indices == probe[:n]
+    # n is exactly the longest shared prefix with any inserted sequence, in whole pages.
+    best = 0
+    for s in seqs:
+        k = 0
+        while k < min(len(s), len(probe)) and s[k] == probe[k]:
+            k += 1
+        best = max(best, k // page_size * page_size)
+    assert n == best
+
+
+def test_page_aligned_insert_and_match():
+    cache = make(page_size=4)
+    result = cache.insert(InsertParams(key=RadixKey(list(range(10))), value=list(range(100, 110))))
+    assert result.prefix_len == 0
+    assert cache.evictable_size() == 8  # the partial last page is not cached
+    assert len(cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(7))))).device_indices) == 4
+    match = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(10)))))
+    assert match.device_indices == list(range(100, 108))
+    assert match.device_prefix_len == 8
+    child = next(iter(cache.root_node.children))
+    assert child == (0, 1, 2, 3)  # children keyed by the first page, as SGLang's get_child_key
+
+
+def test_split_keeps_lock_and_values():
+    cache = make()
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=[11, 12, 13, 14]))
+    node = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4]))).last_device_node
+    cache.inc_lock_ref(node)
+    match = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 9])))
+    upper = match.last_device_node
+    assert upper.key.token_ids == [1, 2] and upper.value == [11, 12]
+    assert upper.lock_ref == 1 and node.parent is upper and node.value == [13, 14]
+    assert cache.protected_size() == 4 and cache.evictable_size() == 0
+
+
+def test_lock_ref_walks_to_root_and_moves_sizes():
+    cache = make()
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3]), value=[1, 2, 3]))
+    cache.insert(InsertParams(key=RadixKey([1, 2, 4, 5]), value=[1, 2, 7, 8]))
+    leaf = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 4, 5]))).last_device_node
+    assert cache.inc_lock_ref(leaf).delta == -4
+    assert [n.lock_ref for n in path_nodes(leaf, cache.root_node)] == [1, 1]
+    assert cache.protected_size() == 4 and cache.evictable_size() == 1
+    assert cache.dec_lock_ref(leaf).delta == 4
+    assert cache.protected_size() == 0 and cache.evictable_size() == 5
+
+
+def test_double_unlock_goes_negative_silently_and_the_node_becomes_evictable():
+    cache = make()
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3]), value=[1, 2, 3]))
+    node = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3]))).last_device_node
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)
+    cache.dec_lock_ref(node)  # legacy SGLang: no check, no error
+    assert node.lock_ref == -1
+    cache.inc_lock_ref(node)  # a later holder brings it to 0: "locked", yet evictable
+    assert node.lock_ref == 0
+    assert cache.evict(EvictParams(num_tokens=3)).num_tokens_evicted == 3
+    assert node.evicted
+
+
+def test_evict_is_lru_over_unlocked_leaves_and_climbs_to_parents():
+    cache = make(clock=ticking_clock())
+    for seq in ([1, 1], [2, 2], [3, 3]):
+        cache.insert(InsertParams(key=RadixKey(seq), value=seq))
+    cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 1])))  # touch: 1 is now the newest
+    cache.evict(EvictParams(num_tokens=2))
+    assert sorted(cache.root_node.children) == [1, 3]
+    # A parent whose children all went is pushed back and evicted in the same call.
+    cache.reset()
+    cache.insert(InsertParams(key=RadixKey([5, 6]), value=[5, 6]))
+    cache.insert(InsertParams(key=RadixKey([5, 7]), value=[5, 7]))
+    assert cache.evict(EvictParams(num_tokens=3)).num_tokens_evicted == 3
+    assert cache.total_size() == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "survivor"),
+    [("lru", [2, 2]), ("mru", [1, 1]), ("fifo", [3, 3]), ("filo", [1, 1]), ("lfu", [2, 2])],
+)
+def test_eviction_policies(policy, survivor):
+    cache = make(policy=policy, clock=ticking_clock())
+    for seq in ([1, 1], [2, 2], [3, 3]):
+        cache.insert(InsertParams(key=RadixKey(seq), value=seq))
+    cache.insert(InsertParams(key=RadixKey([2, 2]), value=[2, 2]))  # 2 gets a second hit
+    cache.evict(EvictParams(num_tokens=4))
+    # Access order 1, 3, 2 (re-inserting 2 touched it); creation order 1, 2, 3; 2 has two hits.
+    assert [n.key.token_ids for n in cache.iter_nodes()] == [survivor]
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="Unknown eviction policy: nope"):
+        make(policy="nope")
+
+
+def test_legacy_call_forms_are_accepted():
+    cache = make()
+    assert cache.insert(RadixKey([4, 5, 6]), [40, 50, 60]).prefix_len == 0
+    assert cache.match_prefix(RadixKey([4, 5])).device_indices == [40, 50]
+    assert cache.match_prefix([4, 5, 6]).device_indices == [40, 50, 60]
+    assert cache.evict(3).num_tokens_evicted == 3
+
+
+def test_disabled_cache_matches_and_keeps_nothing():
+    pool = TokenToKVPoolAllocator(32)
+    cache = RadixCache(CacheInitParams(disable=True, token_to_kv_pool_allocator=pool))
+    assert cache.insert(InsertParams(key=RadixKey([1, 2]), value=[1, 2])).prefix_len == 0
+    assert cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2]))).device_indices == []
+    req = run_request(cache, [1, 2, 3])
+    assert req is not None
+    assert pool.available_size() == pool.size and cache.total_size() == 0
+
+
+def test_checkpoint_frees_duplicates_and_relocks():
+    cache = make(size=32, page_size=2)
+    pool = cache.token_to_kv_pool_allocator
+    first = run_request(cache, [1, 2, 3, 4, 5])
+    assert first is not None and cache.evictable_size() == 4
+    # A second request that computed the same pages itself (no match) gives its copies back.
+    req = Req([1, 2, 3, 4, 9, 9])
+    req.last_node = cache.root_node
+    req.lock = cache.lock(cache.root_node)
+    req.kv_indices = pool.page_slots(pool.alloc_pages(3))
+    own = list(req.kv_indices)
+    cache.checkpoint(req, up_to=6)
+    assert req.kv_indices[:4] == first.kv_indices[:4]  # now points at the tree's pages
+    assert req.kv_indices[4:] == own[4:]
+    assert req.cache_protected_len == 6 and req.last_node.lock_ref == 1
+    assert pool.available_size() + cache.evictable_size() + cache.protected_size() == pool.size
+    cache.cache_finished_req(req)
+    assert cache.protected_size() == 0
+    assert pool.available_size() + cache.evictable_size() == pool.size
+
+
+def test_node_ids_count_per_cache_so_replicated_ranks_agree():
+    a, b = make(), make()
+    for cache in (a, b):
+        cache.insert(InsertParams(key=RadixKey([1, 2, 3]), value=[1, 2, 3]))
+        cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 9])))
+    assert [(n.id, n.key.token_ids) for n in a.iter_nodes()] == [(n.id, n.key.token_ids) for n in b.iter_nodes()]
+    assert a.root_node.id == 0
+
+
+def test_pool_pages_and_sglang_style_free():
+    pool = TokenToKVPoolAllocator(20, page_size=4)
+    assert pool.size == 20 and pool.available_size() == 20
+    slots = pool.alloc(8)
+    assert slots == [4, 5, 6, 7, 8, 9, 10, 11]  # page 0 is SGLang's reserved padding page
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        pool.alloc(3)
+    pool.free([5])  # freeing any slot of a page frees the page
+    assert pool.available_size() == 16
+    assert pool.alloc(4) == [4, 5, 6, 7]  # most recently freed first
+    assert pool.alloc(40) is None
+    pool.free([4])
+    pool.free([4])  # like SGLang: no double-free check, the page is listed twice
+    assert pool.available_size() == 20
+
+
+def test_pool_contents_survive_free_like_gpu_memory():
+    pool = TokenToKVPoolAllocator(8)
+    slots = pool.alloc(2)
+    pool.write(slots, [77, 78], first_position=5)
+    pool.free(slots)
+    pool.clear()
+    assert pool.read(slots[1]) == (78, 6)
+    assert pool.page_of(slots[0]) in pool.written_pages

@@ -29,7 +29,6 @@ VERSION = "0.5.23-radixtop-sim"  # the SGLang release whose API and logs the sim
 DEFAULT_MODEL = "radixtop/sim-model"
 SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # After the death lines, give in-flight requests this long to receive their 5xx, then exit.
 DEATH_GRACE_S = 0.3
 SHUTDOWN_TIMEOUT_S = 2.0
@@ -302,7 +301,9 @@ def _configure_logging(sink: LogSink, level_name: str, log_ms: bool) -> list[tup
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bind before uvicorn starts, so a taken port is a clean one-line error and no race follows."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it every response waits out Nagle + delayed ACK (~40 ms) on loopback.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; never a live listener
         sock.bind((host, port))
@@ -371,8 +372,8 @@ class SimServer:
 
         base = self.opts.args.instrument_port
         urls = []
-        for index, (rank, cache) in enumerate(sorted(self.engine.caches.items())):
-            inst = Instrumentation(cache, rank=rank, port=0 if base is None else base + index)
+        for rank, cache in sorted(self.engine.caches.items()):
+            inst = Instrumentation(cache, rank=rank, port=0 if base is None else base + rank)
             self.instruments.append(inst)
             if inst.start():
                 urls.append(inst.endpoint.url)
@@ -388,11 +389,12 @@ class SimServer:
     async def run(self) -> int:
         import uvicorn
 
+        from radixtop.instrument.endpoint import is_loopback
         from radixtop.sim.metrics import SimMetrics
         from radixtop.sim.server import SimState, build_app
 
         a = self.opts.args
-        if a.host is not None and a.host not in _LOOPBACK:
+        if not is_loopback(self.opts.host):
             warning = (
                 f"WARNING: radixtop sim is serving on {a.host}:{self.port}, reachable beyond this machine; "
                 "the simulator has no authentication. Use --host 127.0.0.1 unless you mean it."

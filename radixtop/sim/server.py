@@ -36,6 +36,7 @@ HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
 # hangs on `n: 10**9` helps nobody.
 MAX_N = 128
 MAX_BATCH = 4096
+MAX_BODY_BYTES = 16 * 1024 * 1024  # far above any prompt the pool can hold; keeps memory bounded
 
 FLUSH_OK_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
@@ -45,11 +46,12 @@ FLUSH_FAILED_TEXT = "Flush cache failed.\n"
 
 
 class BadRequest(Exception):
-    """Input the server refuses: 400 with this message."""
+    """Input the server refuses: 400 (or `status`) with this message."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)
         self.param = param
+        self.status = status
 
 
 @dataclass
@@ -93,7 +95,13 @@ class Prompt:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    body = await request.body()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadRequest(f"The request body is larger than {MAX_BODY_BYTES} bytes; send a smaller prompt.", status=413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
     if not body:
         raise BadRequest("The request body is empty; send a JSON object.")
     try:
@@ -260,13 +268,16 @@ async def _run_all(state: SimState, prompts: Sequence[Prompt], sampling: Samplin
                 )
             )
     started = time.perf_counter()
-    tasks = [asyncio.ensure_future(job) for _, job in jobs]
-    try:
-        results = await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
+    if len(jobs) == 1:  # the common case: no tasks to create
+        results = [await jobs[0][1]]
+    else:
+        tasks = [asyncio.ensure_future(job) for _, job in jobs]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
     elapsed = time.perf_counter() - started
     return [(rid, result, elapsed) for (rid, _), result in zip(jobs, results)]
 
@@ -298,13 +309,16 @@ def _generate_item(state: SimState, rid: str, result: Any, elapsed: float) -> di
 # ----------------------------------------------------------------------------------------------
 
 
+_ERROR_TYPES = {400: "BadRequestError", 413: "RequestTooLargeError", 503: "ServiceUnavailableError"}
+
+
 def native_error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
-    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError" if status == 503 else "InternalServerError"
+    kind = _ERROR_TYPES.get(status, "InternalServerError")
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
 
 
 def openai_error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
-    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError" if status == 503 else "InternalServerError"
+    kind = _ERROR_TYPES.get(status, "InternalServerError")
     return JSONResponse(
         {"object": "error", "message": message, "type": kind, "param": param, "code": status},
         status_code=status,
@@ -325,7 +339,7 @@ async def _guarded(
         return await handler()
     except BadRequest as exc:
         state.log_error(f"[http_server] Error: {exc}")
-        return error(str(exc), 400, exc.param)
+        return error(str(exc), exc.status, exc.param)
     except ValueError as exc:  # the engine's verdict on the input
         state.log_error(f"[http_server] Error: {exc}")
         return error(str(exc), 400)

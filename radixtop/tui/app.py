@@ -245,7 +245,8 @@ class RadixtopApp(App[int]):
             self.log_view.refresh_view()
             self.findings_list.show_report(state.report, state.label)
             count = len(state.report.findings) if state.report is not None else 0
-            self.query_one("#findings-title", Static).update(f"Findings ({count})  Tab · Enter jumps · d evidence")
+            self.query_one("#findings-title", Static).update(f"Findings ({count}) · Enter jump · d evidence")
+        self.log_view.keep_following()
         self.query_one(StatusLine).show(self.status_info())
 
     def status_info(self) -> StatusInfo:
@@ -261,8 +262,13 @@ class RadixtopApp(App[int]):
             except Exception:
                 title = sig_id
             rank = occ.rank or "no rank"
-            initiating = f"{rank} {_time_of_day(occ.time)} {title} ({state.label(occ.file)}:{occ.line})"
-        sources = tuple(SourceStatus(s.label, s.state, s.detail) for s in state.sources())
+            initiating = f"{rank} {_time_of_day(occ.time)} {title}"
+            if state.source_count > 1:
+                initiating += f" ({state.label(occ.file)}:{occ.line})"
+        sources = tuple(
+            SourceStatus(s.label, s.state, s.detail.replace(s.source + " ", "").replace(s.source, s.label))
+            for s in state.sources()
+        )
         if self.follower is None and self.log_patterns and not sources:
             sources = (SourceStatus("logs", "error", "not followed; see the notice in the pane"),)
         engine = f"matcher: {self.matcher.engine}"

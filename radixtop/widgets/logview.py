@@ -164,6 +164,15 @@ class LogView(ScrollView, can_focus=True):
         self._anchor = state.view_seq(round(self.scroll_y))
         self.refresh()
 
+    def keep_following(self) -> None:
+        """Back to the last line if a layout change (a scrollbar appearing, a resize) moved it away."""
+        if self.follow and round(self.scroll_y) != self.max_scroll_y:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def on_resize(self) -> None:
+        self._cache.clear()
+        self.call_after_refresh(self.keep_following)
+
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
         self._anchor = self.state.view_seq(round(new_value))
@@ -266,16 +275,16 @@ class LogView(ScrollView, can_focus=True):
 
     def _render_entry(self, entry: LogEntry) -> Strip:
         style = self._style
-        if entry.kind == "notice":
-            segments = [Segment(SEVERITY_MARKERS["notice"], style("notice")), Segment(" ")]
-            source_width = self._source_width()
-            if source_width:
-                label = self.state.label(entry.source)[:source_width]
-                segments.append(Segment(label.ljust(source_width + 1), style("dim")))
-            segments.append(Segment(entry.text.translate(_CONTROL), style("notice")))
-            return Strip(segments)
+        row = Text(no_wrap=True, end="")
         if entry.kind == "message":
-            return Strip([Segment("   "), Segment(entry.text.translate(_CONTROL), style("message"))])
+            row.append("   ")
+            row.append(entry.text.translate(_CONTROL), style("message"))
+            return self._finish(row)
+        if entry.kind == "notice":
+            row.append(SEVERITY_MARKERS["notice"] + " ", style("notice"))
+            self._append_source(row, entry.source)
+            row.append(entry.text.translate(_CONTROL), style("notice"))
+            return self._finish(row)
 
         text = entry.text.translate(_CONTROL)
         parsed = parse_line(entry.text)
@@ -288,38 +297,39 @@ class LogView(ScrollView, can_focus=True):
             self.call_later(self.invalidate)  # rows already drawn get the wider column too
 
         severity = entry.severity
-        line_style = style(f"{severity}-line") if severity else Style()
-        marker_style = style(severity) if severity else Style()
         dim = style("dim")
-
-        segments = [Segment(SEVERITY_MARKERS.get(severity, "  "), marker_style), Segment(" ")]
-        source_width = self._source_width()
-        if source_width:
-            label = self.state.label(entry.source)
-            if len(label) > source_width:
-                label = "…" + label[-(source_width - 1) :]
-            segments.append(Segment(label.ljust(source_width) + " ", dim))
+        row.append(SEVERITY_MARKERS.get(severity, "  "), style(severity) if severity else None)
+        row.append(" ")
+        self._append_source(row, entry.source)
         if offset is None or not parsed.time:
             # No prefix we understand (a traceback line, a continuation): indent under messages.
-            segments.append(Segment(" " * (_TIME_WIDTH + 1 + (self._rank_width + 1 if self._rank_width else 0))))
+            row.append(" " * (_TIME_WIDTH + 1 + (self._rank_width + 1 if self._rank_width else 0)))
             message, offset = text, 0
         else:
-            segments.append(Segment(_time_of_day(parsed.time)[:_TIME_WIDTH].ljust(_TIME_WIDTH) + " ", dim))
+            row.append(_time_of_day(parsed.time)[:_TIME_WIDTH].ljust(_TIME_WIDTH) + " ", dim)
             if self._rank_width:
-                segments.append(Segment(rank.ljust(self._rank_width) + " ", dim))
-
-        body = Text(message, style=line_style, no_wrap=True, end="")
-        if severity and entry.span is not None:
-            start, end = entry.span[0] - offset, entry.span[1] - offset
+                row.append(rank.ljust(self._rank_width) + " ", dim)
+        body_start = len(row)
+        row.append(message, style(f"{severity}-line") if severity else None)
+        if severity:
+            start, end = (entry.span[0] - offset, entry.span[1] - offset) if entry.span else (0, len(message))
             if end > 0 and start < len(message):
-                body.stylize(style(severity), max(0, start), min(end, len(message)))
-        elif severity:
-            body.stylize(style(severity))
+                row.stylize(style(severity), body_start + max(0, start), body_start + min(end, len(message)))
+        return self._finish(row)
+
+    def _append_source(self, row: Text, source: str) -> None:
+        source_width = self._source_width()
+        if source_width:
+            label = self.state.label(source)
+            if len(label) > source_width:
+                label = "…" + label[-(source_width - 1) :]
+            row.append(label.ljust(source_width) + " ", self._style("dim"))
+
+    def _finish(self, row: Text) -> Strip:
         query = self.state.search_text
         if query:
-            self._highlight(body, message, query, style("search"))
-        segments.extend(body.render(self.app.console))
-        return Strip(segments)
+            self._highlight(row, row.plain, query, self._style("search"))
+        return Strip(list(row.render(self.app.console)))
 
     @staticmethod
     def _highlight(body: Text, message: str, query: str, search_style: Style) -> None:

@@ -88,14 +88,14 @@ class StatusLine(Widget):
             out.append((0, Text(f" PAUSED +{_count(info.pending)} waiting ", self._s("paused"))))
         else:
             out.append((0, Text(f" {info.mode} ", self._s("mode"))))
-        if info.initiating:
-            out.append((2, Text(f"first: {info.initiating}", self._s("initiating"))))
-        elif info.findings:
-            out.append((3, Text(f"{info.findings} finding(s)", self._s("warn"))))
         if info.filter_text:
             out.append((2, Text(f"filter '{info.filter_text}' {_count(info.filter_rows)} rows", self._s("warn"))))
         if info.search_text:
             out.append((3, Text(f"search '{info.search_text}'", self._s("warn"))))
+        if info.initiating:
+            out.append((2, Text(f"first: {info.initiating}", self._s("initiating"))))
+        elif info.findings:
+            out.append((3, Text(f"{info.findings} finding(s)", self._s("warn"))))
         out.extend(self._source_parts(info.sources))
         rate = "—" if info.rate is None else f"{info.rate:,.0f}/s"
         out.append((4, Text(f"{_count(info.total_lines)} lines {rate}", self._s("dim"))))
@@ -109,18 +109,21 @@ class StatusLine(Widget):
         if not sources:
             return [(1, Text("no log followed (--log PATH)", self._s("warn")))]
         bad = [s for s in sources if s.state not in _OK_STATES]
-        out: list[tuple[int, Text]] = []
+        text = Text()
+        ok = [s for s in sources if s.state in _OK_STATES]
+        if len(ok) > 3 and bad:
+            text.append(f"{len(ok)} sources ok", self._s("ok"))
+        else:
+            for i, s in enumerate(ok):
+                text.append((", " if i else "") + f"{s.label} ok", self._s("ok"))
         for s in bad:
             style = self._s("bad") if s.state in ("error", "deleted") else self._s("warn")
-            out.append((1, Text(f"{s.label}: {s.state} ({s.detail})", style)))
-        ok = [s for s in sources if s.state in _OK_STATES]
-        if ok:
-            if len(ok) <= 3:
-                text = " ".join(f"{s.label}: ok" for s in ok)
-            else:
-                text = f"{len(ok)} sources ok"
-            out.append((5, Text(text, self._s("ok"))))
-        return out
+            if text:
+                text.append(", ")
+            text.append(f"{s.label} {s.state.upper()}", style)
+            if s.detail:
+                text.append(f" ({s.detail})", style)
+        return [(1 if bad else 5, text)]
 
     def render(self) -> Text:
         width = self.size.width

@@ -1,0 +1,393 @@
+"""The live log pane, driven with Textual's Pilot over real files that grow (and rotate) meanwhile."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from rich.color import Color
+from textual import events
+from textual.filter import Monochrome
+
+from radixtop.themes import THEMES
+from radixtop.tui.app import RadixtopApp
+from radixtop.tui.help import HelpScreen
+from radixtop.widgets.findings import EvidenceScreen
+from radixtop.widgets.statusline import StatusLine
+
+SEED = "[2026-12-02 14:03:14.942 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
+SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
+RETRACT = "[2026-12-02 14:03:13.007 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 2"
+
+
+def decode(i: int, rank: str = "TP0") -> str:
+    return (
+        f"[2026-12-02 14:02:{i % 60:02d}.{i % 1000:03d} {rank}] Decode batch, #running-req: 61, #token: {1000 + i}, "
+        f"token usage: 0.9{i % 10}, cuda graph: True, gen throughput (token/s): 1644.05, #queue-req: {i % 13}"
+    )
+
+
+def append(path: Path, *lines: str) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+async def wait_for(pilot, condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.05)
+    await pilot.pause(0.1)  # let the 15 Hz timer draw it
+
+
+def seq_of(app: RadixtopApp, text: str) -> int | None:
+    state = app.state
+    for seq in range(state.first_seq, state.next_seq):
+        entry = state.entry(seq)
+        if entry is not None and entry.text == text:
+            return seq
+    return None
+
+
+def on_screen(app: RadixtopApp, seq: int):
+    """The strip drawn for an entry, which must be on screen."""
+    view = app.log_view
+    row = app.state.row_of(seq)
+    assert row is not None, "entry not in the view"
+    y = row - round(view.scroll_y)
+    assert 0 <= y < view.scrollable_content_region.height, f"row {row} is not on screen (scroll_y={view.scroll_y})"
+    return view.render_line(y)
+
+
+def segment_with(strip, needle: str):
+    for seg in strip:
+        if needle in seg.text:
+            return seg
+    raise AssertionError(f"{needle!r} not in {strip.text!r}")
+
+
+def screen_text(app: RadixtopApp) -> str:
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def theme_color(theme: str, variable: str) -> Color:
+    return Color.parse(THEMES[theme].variables[variable])
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "server.log"
+    append(path, *(decode(i) for i in range(20)))
+    return path
+
+
+async def test_appended_lines_appear_highlighted_and_become_findings(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)])  # from the end, like tail -f
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        assert app.state.total_lines == 0  # existing lines are not replayed without --from-start
+        append(log, decode(100), SEED, decode(101), SIGQUIT, RETRACT)
+        await wait_for(pilot, lambda: app.state.total_lines == 5 and app.state.report is not None, "the appended lines")
+        assert app.log_view.follow
+
+        seed = on_screen(app, seq_of(app, SEED))
+        assert seed.text.startswith("!  14:03:14.942 TP1 ")
+        span = segment_with(seed, "RadixCacheError")
+        assert span.style.bold and span.style.underline and not span.style.reverse
+        assert span.style.color.triplet == theme_color("radixtop-dark", "sev-error").triplet
+
+        critical = segment_with(on_screen(app, seq_of(app, SIGQUIT)), "Received sigquit")
+        assert critical.style.bold and critical.style.reverse
+        assert critical.style.color.triplet == theme_color("radixtop-dark", "sev-critical").triplet
+        warning = segment_with(on_screen(app, seq_of(app, RETRACT)), "KV cache pool is full")
+        assert warning.style.underline and not warning.style.bold
+        plain = on_screen(app, seq_of(app, decode(100)))
+        assert plain.text.startswith("   14:02:40.100 TP0 Decode batch")
+        assert not any(seg.style and (seg.style.bold or seg.style.reverse) for seg in plain)
+
+        ids = [f.signature.id for f in app.findings_list.findings]
+        assert ids == ["kv-pool-retract", "radix-page-lock-eviction", "child-sigquit"]
+        shown = screen_text(app)
+        assert "Radix cache page lock failed" in shown and "Findings (3)" in shown
+        assert "first: TP1 14:03:13.007 KV cache pool full" in shown  # the initiating rank and signature
+
+
+async def test_enter_on_a_finding_jumps_to_its_first_line_with_context(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    append(path, *(decode(i) for i in range(300)), SEED, *(decode(i) for i in range(300, 600)), SEED)
+    app = RadixtopApp(log_patterns=[str(path)], from_start=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 602, "the whole file")
+        assert app.log_view.follow and round(app.log_view.scroll_y) == app.log_view.max_scroll_y
+        await pilot.press("tab")
+        assert app.focused is app.findings_list
+        assert app.findings_list.highlighted == 0
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        view = app.log_view
+        assert app.focused is view and not view.follow
+        entry = app.state.entry(view.cursor_seq)
+        assert entry.text == SEED and entry.lineno == 301  # the first occurrence, not the second
+        row = app.state.row_of(view.cursor_seq)
+        top = round(view.scroll_y)
+        height = view.scrollable_content_region.height
+        assert top < row < top + height
+        assert row - top >= height // 2  # the lines before it (its context) are on screen too
+        cursor_strip = on_screen(app, view.cursor_seq)
+        cursor_bg = Color.parse(THEMES["radixtop-dark"].variables["cursor-line"]).triplet
+        assert any(seg.style.bgcolor and seg.style.bgcolor.triplet == cursor_bg for seg in cursor_strip)
+        await pilot.press("tab", "d")
+        assert isinstance(app.screen, EvidenceScreen)
+        evidence = app.screen.query_one("#evidence").render().plain
+        assert decode(299) in evidence and ">> " + SEED in evidence and "First checks" in evidence
+        await pilot.press("escape")
+        assert not isinstance(app.screen, EvidenceScreen)
+
+
+async def test_follow_key_and_scrolling_up_stop_following_end_resumes(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 20, "the file")
+        append(log, *(decode(i) for i in range(100, 160)))
+        await wait_for(pilot, lambda: app.state.total_lines == 80, "appended lines")
+        view = app.log_view
+        assert round(view.scroll_y) == view.max_scroll_y > 0
+
+        await pilot.press("f")
+        assert not view.follow and "SCROLL" in screen_text(app)
+        top = round(view.scroll_y)
+        append(log, *(decode(i) for i in range(200, 230)))
+        await wait_for(pilot, lambda: app.state.total_lines == 110, "more lines")
+        assert round(view.scroll_y) == top < view.max_scroll_y  # not following: the view stays put
+        await pilot.press("f")
+        await pilot.pause(0.1)
+        assert view.follow and round(view.scroll_y) == view.max_scroll_y and "FOLLOW" in screen_text(app)
+
+        await pilot.press("up")
+        assert not view.follow
+        await pilot.press("G")
+        assert view.follow and round(view.scroll_y) == view.max_scroll_y
+
+        view.post_message(events.MouseScrollUp(view, 5, 5, 0, -1, 0, False, False, False))
+        await pilot.pause(0.1)
+        assert not view.follow and round(view.scroll_y) < view.max_scroll_y  # the wheel scrolled and unfollowed
+        await pilot.press("end")
+        assert view.follow
+
+
+async def test_pause_keeps_reading_and_counts_waiting_lines(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 20, "the file")
+        await pilot.press("p")
+        append(log, *(decode(i) for i in range(100, 150)), SEED)
+        await wait_for(pilot, lambda: app.state.total_lines == 71, "lines read while paused")
+        assert app.state.view_len == 20  # the view did not move
+        assert "PAUSED +51 waiting" in screen_text(app)
+        assert [f.signature.id for f in app.findings_list.findings] == ["radix-page-lock-eviction"]
+        await pilot.press("p")
+        await pilot.pause(0.1)
+        assert app.state.view_len == 71 and app.state.pending_count == 0
+        assert app.state.entry(app.state.view_seq(70)).text == SEED
+        assert "PAUSED" not in screen_text(app)
+
+
+async def test_search_filter_and_signature_navigation_keys(log: Path) -> None:
+    append(log, decode(50, "TP3"), SEED, decode(51), decode(52, "TP3"), SIGQUIT, decode(53))
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 26, "the file")
+        state, view = app.state, app.log_view
+        tp3 = [seq_of(app, decode(50, "TP3")), seq_of(app, decode(52, "TP3"))]
+
+        await pilot.press("slash", *"TP3", "enter")
+        assert state.search_text == "TP3" and view.cursor_seq == tp3[1]  # the newest match first
+        highlighted = segment_with(on_screen(app, tp3[1]), "TP3")
+        assert highlighted.style.bgcolor.triplet == theme_color("radixtop-dark", "search-match").triplet
+        await pilot.press("N")
+        assert view.cursor_seq == tp3[0]
+        await pilot.press("n")
+        assert view.cursor_seq == tp3[1]
+        await pilot.press("escape")
+        assert state.search_text is None
+
+        await pilot.press("e")
+        assert state.entry(view.cursor_seq).text in (SEED, SIGQUIT)
+        first_hit = view.cursor_seq
+        await pilot.press("e")
+        assert view.cursor_seq != first_hit and state.entry(view.cursor_seq).severity is not None
+        await pilot.press("E")
+        assert view.cursor_seq == first_hit
+
+        await pilot.press("ampersand", *"tp3", "enter")  # smart case: lower case matches TP3
+        assert state.filter_text == "tp3" and state.view_len == 2
+        assert "filter 'tp3' 2 rows" in screen_text(app)
+        append(log, decode(60, "TP3"), decode(61))
+        await wait_for(pilot, lambda: state.total_lines == 28, "lines under the filter")
+        assert state.view_len == 3  # the filter applies to new lines too
+        await pilot.press("escape")
+        assert state.filter_text is None and state.view_len == 28
+
+        await pilot.press("backslash", *"sigquit", "enter")
+        assert state.view_len == 1
+        await pilot.press("escape")
+        await pilot.press("slash", "x", "escape")  # Esc in the prompt cancels without searching
+        assert state.search_text is None and app.focused is view
+
+
+async def test_rotation_while_running_shows_a_notice_and_follows_the_new_file(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 20, "the file")
+        append(log, "last line of the old file")
+        os.rename(log, str(log) + ".1")
+        append(log, "first line of the new file", SEED)
+        await wait_for(pilot, lambda: seq_of(app, SEED) is not None, "the new file's lines", timeout=15)
+        texts = [app.state.entry(s).text for s in range(app.state.first_seq, app.state.next_seq)]
+        assert texts.index("last line of the old file") < texts.index("first line of the new file")
+        notices = [t for t in texts if t.startswith("[rotated]")]
+        assert notices, texts[-6:]
+        notice_seq = seq_of(app, notices[0])
+        assert on_screen(app, notice_seq).text.startswith("»  [rotated]")
+        app._poll_health()
+        await pilot.pause(0.1)
+        assert "server.log ROTATED (" in screen_text(app)
+        occurrence = app.findings_list.findings[0].first
+        assert occurrence.line == 2 and occurrence.file.endswith("(generation 1)")
+
+
+async def test_80x24_hides_findings_until_tab(log: Path) -> None:
+    append(log, SEED)
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 21, "the file")
+        panel = app.query_one("#findings-panel")
+        assert not panel.display or panel.region.width == 0 or panel.region.height == 0
+        text = screen_text(app)
+        assert "!  14:03:14.942 TP1 RadixCacheError" in text
+        assert "q Quit" in text and "FOLLOW" in text
+        await pilot.press("tab")
+        await pilot.pause(0.1)
+        assert app.focused is app.findings_list and panel.region.height > 0 and panel.region.width == 80
+        assert "Radix cache page lock failed" in screen_text(app)
+        await pilot.press("tab")
+        await pilot.pause(0.1)
+        assert app.focused is app.log_view and panel.region.height == 0
+
+
+async def test_no_color_keeps_severity_distinguishable(log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    append(log, SEED, SIGQUIT, RETRACT)
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 23, "the file")
+        assert app.no_color and any(isinstance(f, Monochrome) for f in app._filters)
+        seen = {}
+        for text, word in ((SEED, "RadixCacheError"), (SIGQUIT, "Received"), (RETRACT, "KV cache")):
+            strip = on_screen(app, seq_of(app, text))
+            # What reaches the terminal: the app's own NO_COLOR filter applied.
+            segments = Monochrome().apply(list(strip), None)
+            seg = next(s for s in segments if word in s.text)
+            seen[text] = (strip.text[:2], bool(seg.style.bold), bool(seg.style.underline), bool(seg.style.reverse))
+        assert seen[SIGQUIT] == ("!!", True, False, True)
+        assert seen[SEED] == ("! ", True, True, False)
+        assert seen[RETRACT] == ("~ ", False, True, False)
+
+
+async def test_t_cycles_themes_and_restyles_the_log(log: Path) -> None:
+    append(log, SEED)
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 21, "the file")
+        seq = seq_of(app, SEED)
+        for theme in ("radixtop-light", "radixtop-high-contrast", "radixtop-dark"):
+            await pilot.press("t")
+            await pilot.pause(0.1)
+            assert app.theme == theme
+            span = segment_with(on_screen(app, seq), "RadixCacheError")
+            assert span.style.color.triplet == theme_color(theme, "sev-error").triplet
+
+
+async def test_light_theme_from_the_command_line(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)], theme="light")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.1)
+        assert app.theme == "radixtop-light" and not app.current_theme.dark
+
+
+async def test_without_a_log_the_pane_says_how_to_point_it_at_one() -> None:
+    app = RadixtopApp()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.2)
+        text = screen_text(app)
+        assert "radixtop is not following any log yet" in text
+        assert "radixtop --log /path/to/server.log" in text
+        assert "no log followed (--log PATH)" in text
+
+
+async def test_a_failing_ingest_becomes_a_notice_and_reading_goes_on(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)])
+    real = app.ingestor.process
+    calls = []
+
+    def flaky(batch):
+        calls.append(len(batch.records))
+        if len(calls) == 1:
+            raise RuntimeError("simulated bug in the ingest path")
+        return real(batch)
+
+    app.ingestor.process = flaky
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.2)
+        append(log, "lost with the failing batch")
+        await wait_for(pilot, lambda: calls, "the first batch")
+        await pilot.pause(0.8)  # the worker restarts after 0.5 s
+        append(log, SEED)
+        await wait_for(pilot, lambda: seq_of(app, SEED) is not None, "lines after the failure")
+        assert app.is_running
+        notices = [e.text for e in (app.state.entry(s) for s in range(app.state.first_seq, app.state.next_seq)) if e.kind == "notice"]
+        assert any("reading the logs failed" in n and "simulated bug" in n for n in notices)
+
+
+async def test_help_opens_and_closes(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "follow the newest line" in screen_text(app)
+        await pilot.press("f")  # main-screen keys do nothing under the help
+        assert app.log_view.follow
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_status_line_lists_each_source(tmp_path: Path) -> None:
+    a, b = tmp_path / "rank0" / "server.log", tmp_path / "rank1" / "server.log"
+    a.parent.mkdir()
+    b.parent.mkdir()
+    append(a, decode(1))
+    app = RadixtopApp(log_patterns=[str(a), str(b)], from_start=True)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 1, "rank0's line")
+        app._poll_health()
+        await pilot.pause(0.1)
+        status = app.query_one(StatusLine).render().plain
+        assert "rank0/server.log ok" in status
+        assert "rank1/server.log WAITING (does not exist yet" in status
+        append(b, SEED)
+        await wait_for(pilot, lambda: seq_of(app, SEED) is not None, "rank1's line")
+        # Several files: each line says where it came from.
+        assert on_screen(app, seq_of(app, SEED)).text.startswith("!  rank1/server.log 14:03:14.942")
+
+
+def test_a_bad_signature_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from radixtop.cli import main
+
+    bad = tmp_path / "ours.toml"
+    bad.write_text('[[signature]]\nid = "x"\npattern = "(?<=a)b"\n', encoding="utf-8")
+    assert main(["--signatures", str(bad), "--log", str(tmp_path / "x.log")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("radixtop: ") and str(bad) in err and "\n" not in err

@@ -214,10 +214,11 @@ class _Re2Engine:
         self._set.Compile()
 
     def scan_into(self, data: Any, size: int, hits: list[tuple[int, int]]) -> None:
+        # RE2 does not treat endpos as the end of the text for `$`: search a view that ends there.
         view = data if size == len(data) else memoryview(data)[:size]
         # One RE2::Set pass names the patterns present anywhere in the buffer; hits are rare.
         for i in sorted(self._set.Match(view) or ()):
-            _line_hits(self.compiled[i], data, hits, i, size)
+            _line_hits(self.compiled[i], data, hits, i, size, view)
 
 
 class _ReEngine:
@@ -300,12 +301,16 @@ def _candidates(items: list, c: Any) -> list[tuple[str, ...]]:
 
 
 def _line_hits(
-    pattern: Any, data: Any, hits: list[tuple[int, int]], index: int, size: int
+    pattern: Any, data: Any, hits: list[tuple[int, int]], index: int, size: int, text: Any = None
 ) -> None:
-    """Append (line end, index) once per line of data[:size] where pattern matches in the line."""
+    """Append (line end, index) once per line of data[:size] where pattern matches in the line.
+
+    `text` is what the regex searches when it is not data itself (a view of data[:size])."""
+    search = pattern.search
+    subject = data if text is None else text
     pos = 0
     while pos <= size:
-        m = pattern.search(data, pos, size)
+        m = search(subject, pos, size)
         if m is None:
             return
         start, end = m.span()
@@ -317,7 +322,7 @@ def _line_hits(
         else:
             # The match ran past this line's end: the line counts only if it matches by itself.
             line_start = data.rfind(b"\n", 0, start) + 1
-            if pattern.search(data, line_start, line_end) is not None:
+            if search(subject, line_start, line_end) is not None:
                 hits.append((line_end, index))
         pos = line_end + 1
 

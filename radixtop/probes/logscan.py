@@ -23,7 +23,6 @@ straddles two pieces is missed, and a hit's text is then its piece.
 
 from __future__ import annotations
 
-import gzip
 import os
 import stat
 import sys
@@ -134,8 +133,45 @@ def _open(path: str) -> _Source:
         raw.close()
         raise _input_error(path, IsADirectoryError(path))
     if path.endswith(".gz"):
-        return _Source(path, gzip.GzipFile(fileobj=raw, mode="rb"), None, owned=True)
+        return _Source(path, _GzipReader(raw), None, owned=True)
     return _Source(path, raw, raw.fileno(), owned=True)
+
+
+class _GzipReader:
+    """Decompress a .gz (every member of it) straight into the caller's buffer.
+
+    zlib directly rather than gzip.GzipFile: when a file ends early (a log still being written,
+    a copy cut short), GzipFile raises from inside a large readinto and the bytes it already
+    decompressed there are lost; here every byte before the break is delivered, then EOFError.
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip header and trailer
+        self._tail = b""
+
+    def readinto(self, view: memoryview) -> int:
+        while True:
+            d = self._d
+            if d.eof:  # one member done: another may follow (concatenated gzip files)
+                rest = d.unused_data or self._raw.read(1 << 20)
+                if not rest:
+                    return 0
+                if not rest.startswith(b"\x1f\x8b"):
+                    raise zlib.error("unexpected bytes after the last gzip member")
+                self._d = d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._tail = rest
+            data = self._tail or self._raw.read(1 << 20)
+            if not data:
+                raise EOFError("the file ends before the end-of-stream marker")
+            out = d.decompress(data, len(view))
+            self._tail = d.unconsumed_tail
+            if out:
+                view[: len(out)] = out
+                return len(out)
+
+    def close(self) -> None:
+        self._raw.close()
 
 
 # -- look-back ------------------------------------------------------------------------------------
@@ -252,7 +288,7 @@ def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
     while total < size:
         try:
             got = reader.readinto(view[total:])
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except (EOFError, zlib.error) as exc:
             return total, exc
         if not got:
             break

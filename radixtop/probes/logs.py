@@ -15,16 +15,19 @@ What it survives:
 - globs: re-expanded every 0.5 s; a file that appears later is read from its start.
 
 Lines: UTF-8 with replacement characters, CR before the newline removed, ANSI CSI/OSC sequences
-stripped, longer than `max_line` bytes cut (the rest is skipped, never buffered) with a visible
-marker. A partial last line (no newline yet) is held until its newline arrives; at stop() it is
-dropped, not emitted, because it may be half-written. A rotated or deleted file's partial last
-line is emitted once the file is done, since no newline can ever arrive for it.
+stripped, cut to `max_line` characters with a visible marker " …[line truncated: N bytes]" (N is
+the whole line's length in bytes; of a line still arriving at most 4 * max_line bytes are kept,
+the rest is skipped and counted, never buffered). A partial last line (no newline yet) is held
+until its newline arrives; at stop() it is dropped, not emitted, because it may be half-written.
+A rotated or deleted file's partial last line is emitted once that file is done with, and a
+truncated file's when the truncation is seen, since no newline can ever arrive for them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import gc
 import glob
 import os
 import re
@@ -106,11 +109,22 @@ class _RecordBuilder:
 
 
 def _make_records(source: str, first_lineno: int, texts: list[str], generation: int, received: float) -> list[LogRecord]:
-    records = list(
-        map(_RecordBuilder, repeat(source), range(first_lineno, first_lineno + len(texts)), texts, repeat(generation), repeat(received))
-    )
-    for record in records:
-        record.__class__ = LogRecord
+    # The cyclic GC is paused while a chunk's records are built. They hold only str/int/float, so
+    # they can never be part of a cycle, yet left alone the GC would run a collection per 700 of
+    # them and, once the app keeps many (its ring buffer), a full one every ~70,000: measured here
+    # that doubled the cost per line. Textual pauses the GC the same way while it scrolls.
+    gc_was_enabled = gc.isenabled()
+    if gc_was_enabled:
+        gc.disable()
+    try:
+        records = list(
+            map(_RecordBuilder, repeat(source), range(first_lineno, first_lineno + len(texts)), texts, repeat(generation), repeat(received))
+        )
+        for record in records:
+            record.__class__ = LogRecord
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return records  # type: ignore[return-value]
 
 
@@ -122,20 +136,48 @@ def _clean(text: str) -> str:
     return text
 
 
+def _cut(text: str, max_line: int, nbytes: int) -> str:
+    return f"{text[:max_line]} …[line truncated: {nbytes} bytes]"
+
+
 def _line_text(data: bytes, dropped: int, max_line: int) -> tuple[str, bool]:
-    """One line's text, cut to max_line bytes with a marker; returns (text, was_cut)."""
-    total = len(data) + dropped
-    if total <= max_line:
-        return _clean(data.decode("utf-8", "replace")), False
-    # final=False drops a multi-byte character cut in half instead of showing a replacement char.
-    kept = codecs.getincrementaldecoder("utf-8")("replace").decode(data[:max_line], final=False)
-    return f"{_clean(kept)} …[line truncated: {total} bytes]", True
+    """One line's text, cut to max_line characters with a marker; returns (text, was_cut).
+    dropped: how many more bytes the line had beyond data (skipped: it was too long to keep)."""
+    if not dropped:
+        text = _clean(data.decode("utf-8", "replace"))
+        if len(text) <= max_line:
+            return text, False
+        return _cut(text, max_line, len(data)), True
+    # data ends at an arbitrary byte: final=False drops a character cut in half there.
+    text = _clean(codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False))
+    return _cut(text, max_line, len(data) + dropped), True
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass  # closing is best effort: nothing useful to tell anyone
+
+
+def _head(path: str) -> bytes | None:
+    """The first bytes of a file, to tell a renamed file we read from a new one on a reused inode."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return os.pread(fd, _BOUNDARY, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _start_of_last_line(fd: int, size: int, max_line: int) -> int:
     """Where following "from the end" starts: EOF, or the start of an unfinished last line, so that
     a line being written right now is delivered whole rather than as a fragment."""
-    window = min(size, max_line)
+    window = min(size, 4 * max_line)
     tail = os.pread(fd, window, size - window)
     newline = tail.rfind(b"\n")
     if newline >= 0:
@@ -143,11 +185,11 @@ def _start_of_last_line(fd: int, size: int, max_line: int) -> int:
     return 0 if window == size else size  # a last line longer than max_line: give up, start at EOF
 
 
-def _count_lines(fd: int, end: int) -> int:
+def _count_lines(fd: int, end: int, stopping: threading.Event) -> int:
     """Newlines before byte end, so line numbers stay true when following starts at the end.
     About a second per GiB from the page cache; paid once, on the reader thread."""
     count = pos = 0
-    while pos < end:
+    while pos < end and not stopping.is_set():
         data = os.pread(fd, min(4 * _CHUNK, end - pos), pos)
         if not data:
             break
@@ -167,8 +209,8 @@ class _Generation:
         self.number = number
         self.offset = offset
         self.lineno = 0
-        self.partial = bytearray()  # bytes of the unfinished last line, at most max_line of them
-        self.dropped = 0  # bytes of the unfinished line skipped beyond max_line
+        self.partial = bytearray()  # bytes of the unfinished last line, at most 4 * max_line ...
+        self.dropped = 0  # ... and how many more of its bytes were skipped
         self.boundary = b""  # the last bytes before offset (see _BOUNDARY)
         self.quiet_since = 0.0
         self.cut = 0  # lines cut at max_line ...
@@ -181,7 +223,9 @@ class _Generation:
         self.cut, self.cut_noticed = 0, False
 
     def hold(self, data: bytes, max_line: int) -> None:
-        room = max_line - len(self.partial)
+        # max_line characters take at most 4 * max_line bytes of UTF-8: keep no more than that of a
+        # line that has no newline yet, so a 10 GiB line costs 256 KiB, not 10 GiB.
+        room = 4 * max_line - len(self.partial)
         if len(data) <= room:
             self.partial += data
         else:
@@ -215,18 +259,11 @@ class _Generation:
         return lines
 
     def _block(self, block: bytes, max_line: int) -> list[str]:
-        """Lines of a block of whole lines (no final newline); decoded in one call when none is long."""
-        if len(block) > max_line:
-            raw = block.split(b"\n")
-            if max(map(len, raw)) > max_line:
-                out = []
-                for line in raw:
-                    text, cut = _line_text(line, 0, max_line)
-                    self.cut += cut
-                    out.append(text)
-                return out
-        # '\n' never occurs inside a UTF-8 multi-byte sequence, so decoding the block then splitting
-        # the text gives the same lines as splitting then decoding each, at a fraction of the cost.
+        """Lines of a block of whole lines (no final newline), decoded and cleaned in one call each.
+
+        '\n' never occurs inside a UTF-8 multi-byte sequence, and neither the CR nor the ANSI
+        replacement touches it, so doing them on the whole block then splitting gives the same
+        lines as splitting first, at a fraction of the per-line cost."""
         text = block.decode("utf-8", "replace")
         if "\r" in text:
             text = text.replace("\r\n", "\n")
@@ -234,7 +271,14 @@ class _Generation:
                 text = text[:-1]
         if "\x1b" in text or "\x9b" in text:
             text = _ANSI.sub("", text)
-        return text.split("\n")
+        lines = text.split("\n")
+        if len(text) > max_line and max(map(len, lines)) > max_line:
+            raw = block.split(b"\n")  # rare: only to tell each long line's length in bytes
+            for i, line in enumerate(lines):
+                if len(line) > max_line:
+                    lines[i] = _cut(line, max_line, len(raw[i]))
+                    self.cut += 1
+        return lines
 
 
 class _Source:
@@ -266,12 +310,14 @@ class _Tailer:
             (self.globs if glob.has_magic(pattern) else self.literals).append(pattern)
         self.sources: dict[str, _Source] = {}  # by absolute path
         self.unmatched: set[str] = set()  # globs matching nothing yet (shown as "waiting")
-        self.aliases: dict[str, tuple[int, int]] = {}  # glob matches that are a file we already read
+        # Files we read to their end and closed, with their first bytes (see expand_globs).
+        self.finished: dict[tuple[int, int], bytes] = {}
         self.lock = threading.Lock()  # guards the sources dict shape for health() on another thread
         self.next_glob = 0.0
         self.from_start = from_start
         self.records: list[LogRecord] = []
         self.notices: list[LogNotice] = []
+        self.stopping = threading.Event()  # set by LogFollower.stop(): cuts a long line count short
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
@@ -304,7 +350,7 @@ class _Tailer:
         for source in self.sources.values():
             for gen in [source.current, *source.draining]:
                 if gen is not None:
-                    os.close(gen.fd)
+                    _close_quietly(gen.fd)
             source.current, source.draining = None, []
 
     def held_identities(self) -> set[tuple[int, int]]:
@@ -318,6 +364,7 @@ class _Tailer:
     def expand_globs(self, now: float, *, initial: bool = False) -> None:
         self.next_glob = now + _GLOB_EVERY
         held: set[tuple[int, int]] | None = None
+        named: set[tuple[int, int]] = set()
         for pattern in self.globs:
             matched = False
             for path in sorted(glob.glob(pattern, recursive=True)):
@@ -331,17 +378,15 @@ class _Tailer:
                 if not stat.S_ISREG(st.st_mode):
                     continue  # a glob matching directories or sockets is not an error worth a notice
                 identity = (st.st_dev, st.st_ino)
+                named.add(identity)
+                matched = True
                 if held is None:
                     held = self.held_identities()
-                # A glob like "*.log*" also matches the name a rotated file was renamed to: that is
-                # a file we are already reading (or have read), not a new one. Skip it while that
-                # path still names the same inode (it cannot be reused while a link to it exists).
-                if identity in held or self.aliases.get(path) == identity:
-                    self.aliases[path] = identity
-                    matched = True
+                # A glob like "*.log*" also matches the names rotated files get (server.log.1, then
+                # .2, ...): files we are reading or have read, not new ones. An open inode cannot be
+                # reused; a closed one can, once deleted, so its first bytes must match as well.
+                if identity in held or (identity in self.finished and self.finished[identity] == _head(path)):
                     continue
-                self.aliases.pop(path, None)
-                matched = True
                 source = self.add_source(path, start_at_end=initial and not self.from_start)
                 source.announced = True
                 if not initial:
@@ -351,6 +396,8 @@ class _Tailer:
             elif pattern not in self.unmatched:
                 self.unmatched.add(pattern)
                 self.notice(pattern, "waiting", f"no file matches {pattern} yet; waiting for one to appear")
+        if not initial:  # forget files no glob names any more: their inode numbers may be reused
+            self.finished = {k: v for k, v in self.finished.items() if k in named}
 
     # -- opening -----------------------------------------------------------------------------------
 
@@ -425,7 +472,7 @@ class _Tailer:
         """Read new bytes of gen into records, up to the budget. Returns (bytes read, refilled):
         refilled means the bytes before our offset changed (truncated and rewritten past it)."""
         if gen.lineno < 0:
-            gen.lineno = _count_lines(gen.fd, gen.offset)
+            gen.lineno = _count_lines(gen.fd, gen.offset, self.stopping)
         got = 0
         while got < _READ_BUDGET:
             back = len(gen.boundary) if check_boundary else 0
@@ -461,14 +508,19 @@ class _Tailer:
             self.notice(
                 source.path,
                 "capped",
-                f"{source.path} has lines longer than {self.max_line} bytes; they are cut and marked",
+                f"{source.path} has lines longer than {self.max_line} characters; they are cut and marked",
             )
 
     def finish(self, source: _Source, gen: _Generation) -> None:
         """A rotated/deleted generation is done: its partial last line can never complete."""
         if gen.partial or gen.dropped:
             self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
-        os.close(gen.fd)
+        if self.globs:
+            try:
+                self.finished[(gen.dev, gen.ino)] = os.pread(gen.fd, _BOUNDARY, 0)
+            except OSError:
+                pass
+        _close_quietly(gen.fd)
 
     def poll(self, now: float) -> bool:
         """Read what is new everywhere. Returns True when a file still has unread bytes (no sleep)."""
@@ -479,7 +531,10 @@ class _Tailer:
                 self.next_glob = now + _GLOB_EVERY
         busy = False
         for source in list(self.sources.values()):
-            busy |= self.poll_source(source, now)
+            try:
+                busy |= self.poll_source(source, now)
+            except Exception as exc:  # a surprise in one file must not stop the others
+                self.fail(source, f"error following {source.path}: {exc!r}; will retry")
         return busy
 
     def poll_source(self, source: _Source, now: float) -> bool:
@@ -522,6 +577,7 @@ class _Tailer:
             self.retire(source, gen, now)
             source.current = None
             source.next_retry = 0.0
+            source.state, source.detail = "waiting", "rotated; waiting for the new file to open"
             self.try_open(source, now, kind="rotated")
             return True  # read the old one out first, on the next pass
         size = st.st_size if st is not None else os.fstat(gen.fd).st_size
@@ -531,14 +587,16 @@ class _Tailer:
             return False
         try:
             got, refilled = self.read(source, gen, check_boundary=True)
+            if refilled:
+                self.truncated(source, gen)
+                got, _ = self.read(source, gen, check_boundary=True)
         except OSError as exc:
-            self.fail(source, f"cannot read {path}: {exc.strerror or exc}; will retry")
-            source.current = None
-            os.close(gen.fd)
+            # e.g. EIO on a network filesystem: keep the fd and our offset, and try again next poll
+            # (reopening would read the file again from its start).
+            self.fail(source, f"cannot read {path}: {exc.strerror or exc}; retrying")
             return False
-        if refilled:
-            self.truncated(source, gen)
-            got, _ = self.read(source, gen, check_boundary=True)
+        if source.state == "error":
+            source.state, source.detail, source.last_error = "ok", f"following generation {gen.number}", ""
         return got >= _READ_BUDGET
 
     def truncated(self, source: _Source, gen: _Generation) -> None:
@@ -618,7 +676,7 @@ class LogFollower:
         self._records: list[LogRecord] = []
         self._notices: list[LogNotice] = []
         self._records, self._notices = self._tailer.take()
-        self._stop = threading.Event()
+        self._stop = self._tailer.stopping
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -730,11 +788,16 @@ class LogFollower:
                 elif now - last_data > _IDLE_BACKOFF_AFTER:
                     # Idle for a while: poll slower (up to 50 ms) so an idle follower costs ~nothing.
                     interval = max(self._poll_interval, min(interval * 1.5, _IDLE_MAX_INTERVAL))
-                self._stop.wait(interval)
+                # Polls on a steady cadence: the time spent reading counts toward the interval.
+                # time.sleep, not Event.wait(timeout): half the CPU per wake-up here, and stop()
+                # waits at most one interval (<= 50 ms unless poll_interval is longer).
+                time.sleep(max(0.0, now + interval - time.monotonic()))
         except Exception as exc:  # a bug here must not vanish silently with the thread
             self._tailer.notice("radixtop", "error", f"the log follower stopped on an internal error: {exc!r}")
             self._publish()
         finally:
-            self._tailer.close()
-            self._done = True
-            self._wake_consumer()
+            try:
+                self._tailer.close()
+            finally:
+                self._done = True  # whatever happened, batches() must end
+                self._wake_consumer()

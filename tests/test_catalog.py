@@ -438,6 +438,13 @@ def test_error_toml_syntax_has_line(tmp_path: Path) -> None:
     assert "column" in message
 
 
+def test_error_toml_truncated_file_points_at_its_end(tmp_path: Path) -> None:
+    text = GOOD.format(id="a", pattern="x1", severity="error") + 'competing = ["never closed",\n'
+    message = _error(tmp_path, text)
+    assert message.startswith(f"{len(text.splitlines())}: invalid TOML (")
+    assert "at the end of the file" in message
+
+
 def test_error_missing_field_names_the_table_line(tmp_path: Path) -> None:
     text = GOOD.format(id="a", pattern="x1", severity="error") + GOOD.format(
         id="x", pattern="x2", severity="error"

@@ -159,7 +159,7 @@ def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ..
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        line, column, what = _decode_error_position(exc)
+        line, column, what = _decode_error_position(exc, text)
         raise CatalogError(
             f"{source}:{line}: invalid TOML ({what}, column {column}); fix the syntax there"
         ) from None
@@ -195,7 +195,7 @@ def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ..
     return tuple(out)
 
 
-def _decode_error_position(exc: tomllib.TOMLDecodeError) -> tuple[int, int, str]:
+def _decode_error_position(exc: tomllib.TOMLDecodeError, text: str) -> tuple[int, int, str]:
     # Python 3.14 gives lineno/colno/msg; older ones only write "(at line L, column C)" in the message.
     line = getattr(exc, "lineno", None)
     column = getattr(exc, "colno", None)
@@ -207,6 +207,8 @@ def _decode_error_position(exc: tomllib.TOMLDecodeError) -> tuple[int, int, str]
         what = what.replace(m.group(0), "")
     elif "(at end of document)" in what:
         what = what.replace(" (at end of document)", " at the end of the file")
+        lines = text.splitlines() or [""]
+        line, column = line or len(lines), column or len(lines[-1]) + 1
     return line or 1, column or 1, what.strip() or "syntax error"
 
 

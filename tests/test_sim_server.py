@@ -291,7 +291,9 @@ async def test_bad_completions_requests_get_openai_errors(tmp_path: Path) -> Non
 
 async def test_metrics_only_with_enable_metrics(tmp_path: Path) -> None:
     async with inproc(tmp_path) as (_, c):
-        assert (await c.get("/metrics")).status_code == 404
+        off = await c.get("/metrics")
+        assert off.status_code == 404 and off.json() == {"detail": "Not Found"}  # FastAPI's shape, as SGLang
+        assert (await c.get("/generate")).json() == {"detail": "Method Not Allowed"}
     async with inproc(tmp_path, "--enable-metrics", "--served-model-name", "sim-model", "--max-total-tokens", "256") as (_, c):
         # Enough distinct prompts to overflow the 256-token pool, so eviction runs and is counted.
         for i in range(12):
@@ -332,7 +334,11 @@ def test_flag_parsing_aliases_unknown_and_faults() -> None:
     assert fault_text("leak:probability=1") == "leak:probability=1"
     (spec,) = parse_options(["--fault", "lock-race:7:probability=1"]).faults
     assert spec.name == "lock-race" and spec.seed == 7
-    for bad in (["--page-size", "0"], ["--port", "70000"], ["--fault", "nope"], ["--page-size", "x"], ["stray"]):
+    bad_flags = (
+        ["--page-size", "0"], ["--port", "70000"], ["--fault", "nope"], ["--page-size", "x"], ["stray"],
+        ["--radix-eviction-policy", "nope"], ["--page-size", "64", "--max-total-tokens", "16"],
+    )
+    for bad in bad_flags:
         with pytest.raises(UsageError):
             parse_options(bad)
 

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -102,6 +103,7 @@ class SimOptions:
     argv: list[str]
     ignored: list[str] = field(default_factory=list)  # SGLang flags (with their values) not modelled
     faults: list[Any] = field(default_factory=list)  # radixtop.sim.faults.FaultSpec
+    config: Any = None  # radixtop.sim.engine.SimConfig, validated
 
     @property
     def host(self) -> str:
@@ -161,7 +163,14 @@ def parse_options(argv: Sequence[str]) -> SimOptions:
             faults.append(FaultSpec.parse(fault_text(text)))
         except ValueError as exc:
             raise UsageError(f"--fault {text}: {exc}") from None
-    return SimOptions(args=args, argv=list(argv), ignored=ignored, faults=faults)
+    opts = SimOptions(args=args, argv=list(argv), ignored=ignored, faults=faults)
+    opts.config = sim_config(opts)
+    try:
+        opts.config.validate()
+    except ValueError as exc:  # e.g. a policy the cache does not know, a pool smaller than a page
+        # The engine names its field ("page_size must ..."); the user typed the flag.
+        raise UsageError(re.sub(r"^[a-z_]+", lambda m: "--" + m.group(0).replace("_", "-"), str(exc))) from None
+    return opts
 
 
 def sim_config(opts: SimOptions) -> Any:
@@ -350,12 +359,11 @@ class SimServer:
         self.sock = sock
         self.sink = sink
         self.port = sock.getsockname()[1]
-        self.config = sim_config(opts)
+        self.config = opts.config
         self._format_line = format_line
         self.engine = Engine(self.config, emit=sink.write)
         self.instruments: list[Any] = []
         self.server: Any = None
-        self.exit_code = 0
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
         """SIGTERM outside uvicorn's own handling (before it serves, or re-raised after): leave cleanly."""
@@ -416,8 +424,8 @@ class SimServer:
                 tp_size=self.config.tp_size,
                 dp_size=self.config.dp_size,
             )
-            for index, (_, cache) in enumerate(sorted(self.engine.caches.items())):
-                _time_evictions(cache, lambda seconds, i=index: metrics.observe_eviction(i, seconds))
+            for rank, cache in self.engine.caches.items():
+                _time_evictions(cache, lambda seconds, r=rank: metrics.observe_eviction(r, seconds))
         urls = self._start_instruments()
         stats = self.engine.stats()
         state = SimState(
@@ -524,11 +532,7 @@ def main(argv: list[str]) -> int:
         return 2
     installed: list[tuple[logging.Logger, logging.Handler]] = []
     try:
-        try:
-            sim = SimServer(opts, sock, sink)
-        except ValueError as exc:  # the engine refused the configuration
-            print(f"radixtop sim: {exc}", file=sys.stderr)
-            return 2
+        sim = SimServer(opts, sock, sink)
         installed = _configure_logging(sink, opts.args.log_level, sim.config.log_ms)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sim.on_sigterm)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -557,4 +558,10 @@ def build_app(state: SimState) -> Starlette:
     ]
     if state.metrics is not None:  # SGLang mounts /metrics only with --enable-metrics
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    return Starlette(routes=routes)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # FastAPI's shape for unknown routes and wrong methods, as SGLang answers them.
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

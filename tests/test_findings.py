@@ -610,3 +610,17 @@ def test_memory_stays_bounded_on_a_long_log(catalog: Catalog, matcher: Matcher) 
     assert f.count == 5
     assert len(f.context_before) == 10 and len(f.context_after) == 3
     assert report.lines == 5005
+
+
+def test_idle_files_beyond_the_active_limit_drop_their_context(
+    catalog: Catalog, matcher: Matcher
+) -> None:
+    # A followed log that rotates many times becomes many files: only recently fed ones keep a ring.
+    builder = FindingsBuilder(catalog, matcher=matcher, context=5)
+    feed(builder, "gen-0.log", ["old 1", "old 2"])
+    for g in range(1, 70):
+        builder.feed(f"gen-{g}.log", 1, "x")
+    builder.feed("gen-0.log", 3, rec("14:00:00", RETRACT))
+    assert finding(builder.report(), "kv-pool-retract").context_before == ()
+    builder.feed("gen-69.log", 2, rec("14:00:01", CONTENDED))  # a recent one kept its ring
+    assert finding(builder.report(), "radix-eviction-lock-contention").context_before == ("x",)

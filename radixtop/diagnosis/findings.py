@@ -50,6 +50,7 @@ _WARNING = severity_rank("warning")
 _ERROR = severity_rank("error")
 _BATCH_HISTORY = 64  # batch lines kept per (file, rank) to answer "last before the failure"
 _INFO_HISTORY = 32  # info occurrences kept per file for the fingerprint
+_ACTIVE_FILES = 64  # files that keep a context ring; the least recently fed beyond this drop theirs
 
 
 @dataclass(frozen=True)
@@ -231,12 +232,16 @@ class FindingsBuilder:
             int, Mapping[str, BatchStats]
         ] = {}  # file order -> at its first failure
         self._first_by_rank: dict[str, tuple[tuple, str, Occurrence]] = {}
+        self._last_fed: _FileState | None = None
+        self._active: dict[str, _FileState] = {}  # insertion order = least recently fed first
 
     # -- live path ----------------------------------------------------------------------------
 
     def feed(self, file: str, lineno: int, text: str) -> tuple[str, ...]:
         """One line as it arrives: parse lazily, match, keep context. Returns the matched ids."""
         st = self._files.get(file) or self._new_file(file)
+        if st is not self._last_fed:
+            self._touch(st)
         if "\x1b" in text:
             text = strip_ansi(text)
         if text[-1:] in ("\n", "\r"):
@@ -311,6 +316,19 @@ class FindingsBuilder:
         st = _FileState(file, len(self._files), float(self._offsets.get(file, 0.0)), self.context)
         self._files[file] = st
         return st
+
+    def _touch(self, st: _FileState) -> None:
+        """Mark st as the file being fed; past _ACTIVE_FILES files (a followed log rotates into a new
+        generation, and each generation is a file here), the least recently fed one drops its ring."""
+        self._last_fed = st
+        self._active.pop(st.name, None)
+        self._active[st.name] = st
+        if len(self._active) > _ACTIVE_FILES:
+            oldest = self._active.pop(next(iter(self._active)))
+            oldest.ring.clear()
+            for state in oldest.pending:
+                state.after_left = 0
+            oldest.pending = []
 
     def _opener_parsed(self, st: _FileState):
         if st.opener_parsed is None and st.opener is not None:

@@ -91,6 +91,9 @@ def test_python_logging_format() -> None:
     assert parsed.time == f"{STAMP},123"
     assert parsed.epoch == pytest.approx(EPOCH + 0.123)
     assert (parsed.level, parsed.message) == ("WARNING", "pool is full")
+    parsed = parse_line(f"{STAMP} [ERROR] worker died")
+    assert (parsed.time, parsed.level, parsed.message) == (STAMP, "ERROR", "[ERROR] worker died")
+    assert parse_line(f"[{STAMP}] [Elastic EP] Scale completed").level is None
 
 
 def test_ray_and_torch_rank_tags() -> None:

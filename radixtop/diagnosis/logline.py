@@ -89,7 +89,7 @@ _VLLM = re.compile(
 _PROC = re.compile(r"\(([A-Za-z][\w.\- ]{0,60}?)(?: rank=(\d+))? pid=\d+\) ?")
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
 _PROC_RANK_PART = re.compile(r"(?:^|_)((?:DP|PP|TP|EP|CP)\d+)")
-_LEVEL_WORD = re.compile(r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?::|\s|$)")
+_LEVEL_WORD = re.compile(r"\[?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?(?::|\s|$)")
 _LEVEL_NAMES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 
 _YEAR = time.localtime().tm_year  # vLLM does not write the year
@@ -130,7 +130,7 @@ def _with_fraction(epoch: float | None, fraction: str | None) -> float | None:
 
 
 def _level_of(message: str) -> str | None:
-    if not message or message[0] not in "DIWECF":
+    if not message or message[0] not in "DIWECF[":
         return None
     m = _LEVEL_WORD.match(message)
     if m is None:

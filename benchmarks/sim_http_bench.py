@@ -6,8 +6,8 @@ are read against it: `/health` measures what the sim adds to a trivial request; 
 parsing, tokenizing, the engine's scheduling (prefill + decode steps at --step-ms 0) and the reply.
 
 Both servers run as subprocesses on 127.0.0.1 (free ports), the client is http.client in threads
-with keep-alive connections and a fixed concurrency, and each measurement is a fixed number of requests after a
-warm-up, repeated a few times (the best round is reported). Usage:
+with keep-alive connections and a fixed concurrency, and each measurement is a fixed number of
+requests after a warm-up, repeated a few times (the best round is reported). Usage:
 
     python benchmarks/sim_http_bench.py            # full run (lead, quiet machine)
     python benchmarks/sim_http_bench.py --quick    # a few seconds, for a shared machine
@@ -20,7 +20,6 @@ import http.client
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,9 +39,12 @@ async def ok(request):
     return JSONResponse({"ok": True})
 
 app = Starlette(routes=[Route("/health", ok), Route("/generate", ok, methods=["POST"])])
-sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP); sock.bind(("127.0.0.1", 0)); sock.listen(2048)
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+sock.bind(("127.0.0.1", 0))
+sock.listen(2048)
 open(sys.argv[1], "w").write(str(sock.getsockname()[1]))
-uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=5)).run(sockets=[sock])
+config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=5)
+uvicorn.Server(config).run(sockets=[sock])
 """
 
 
@@ -61,9 +63,24 @@ def _wait_port(path: Path, proc: subprocess.Popen, timeout: float = 30.0) -> int
 def start_sim(tmp: Path) -> tuple[subprocess.Popen, int]:
     ready = tmp / "sim.port"
     cmd = [
-        sys.executable, "-m", "radixtop", "sim", "--port", "0", "--ready-file", str(ready),
-        "--log-file", str(tmp / "sim.log"), "--log-level", "warning", "--step-ms", "0",
-        "--max-running-requests", "64", "--max-total-tokens", "65536",
+        sys.executable,
+        "-m",
+        "radixtop",
+        "sim",
+        "--port",
+        "0",
+        "--ready-file",
+        str(ready),
+        "--log-file",
+        str(tmp / "sim.log"),
+        "--log-level",
+        "warning",
+        "--step-ms",
+        "0",
+        "--max-running-requests",
+        "64",
+        "--max-total-tokens",
+        "65536",
     ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, _wait_port(ready, proc)
@@ -71,7 +88,9 @@ def start_sim(tmp: Path) -> tuple[subprocess.Popen, int]:
 
 def start_peer(tmp: Path) -> tuple[subprocess.Popen, int]:
     ready = tmp / "peer.port"
-    proc = subprocess.Popen([sys.executable, "-c", PEER_APP, str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PEER_APP, str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return proc, _wait_port(ready, proc)
 
 
@@ -113,16 +132,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few seconds in all (shared machines)")
     ap.add_argument("--requests", type=int, default=None, help="requests per measurement")
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3, help="measure each case this many times, report the best")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="measure each case this many times, report the best"
+    )
     args = ap.parse_args(argv)
     total = args.requests or (400 if args.quick else 4000)
     prompt = " ".join(f"w{j}" for j in range(32))
     cases = [
         ("GET /health", "GET", "/health", None),
-        ("POST /generate, 32-token prompt, 1 new token", "POST", "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}),
-        ("POST /generate, 32-token prompt, 16 new tokens", "POST", "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}),
+        (
+            "POST /generate, 32-token prompt, 1 new token",
+            "POST",
+            "/generate",
+            {"text": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+        ),
+        (
+            "POST /generate, 32-token prompt, 16 new tokens",
+            "POST",
+            "/generate",
+            {"text": prompt, "sampling_params": {"max_new_tokens": 16, "temperature": 0}},
+        ),
     ]
-    print(f"# radixtop sim HTTP benchmark: {total} requests per case, best of {args.rounds}, concurrency {args.concurrency}")
+    print(
+        f"# radixtop sim HTTP benchmark: {total} requests per case, best of {args.rounds}, "
+        f"concurrency {args.concurrency}"
+    )
     print(f"# python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -135,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
                     if name.startswith("bare") and "16 new" in label:
                         continue  # the peer answers /generate at once: one row is enough
                     # Best of a few rounds: on a shared machine the slow rounds measure the neighbours.
-                    rate = max(measure(port, method, path, peer_body, total, args.concurrency) for _ in range(args.rounds))
+                    rate = max(
+                        measure(port, method, path, peer_body, total, args.concurrency)
+                        for _ in range(args.rounds)
+                    )
                     results.setdefault(label, {})[name] = rate
-            print(f"| case | server | requests/s |")
-            print(f"| --- | --- | ---: |")
+            print("| case | server | requests/s |")
+            print("| --- | --- | ---: |")
             for label, by_server in results.items():
                 for name, rate in by_server.items():
                     print(f"| {label} | {name} | {rate:,.0f} |")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import signal
 import socket
@@ -74,7 +73,19 @@ class Launched:
 
 def _start(tmp_path: Path, *flags: str, name: str = "sim") -> tuple[subprocess.Popen, Path, Path]:
     ready, log = tmp_path / f"{name}.port", tmp_path / f"{name}.log"
-    cmd = [sys.executable, "-m", "radixtop", "sim", "--port", "0", "--ready-file", str(ready), "--log-file", str(log), *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixtop",
+        "sim",
+        "--port",
+        "0",
+        "--ready-file",
+        str(ready),
+        "--log-file",
+        str(log),
+        *flags,
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, ready, log
 
@@ -129,24 +140,39 @@ def _free_port_pair() -> int:
 
 
 async def test_health_server_info_and_models(tmp_path: Path) -> None:
-    async with inproc(tmp_path, "--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--max-total-tokens", "4096") as (sim, c):
+    async with inproc(
+        tmp_path, "--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--max-total-tokens", "4096"
+    ) as (sim, c):
         assert (await c.get("/health")).status_code == 200
         assert (await c.get("/health_generate")).status_code == 200
         info = (await c.get("/server_info")).json()
-        assert info == {**info, "model_path": "Qwen/Qwen2.5-0.5B-Instruct", "max_total_num_tokens": 4096, "page_size": 1}
+        assert info == {
+            **info,
+            "model_path": "Qwen/Qwen2.5-0.5B-Instruct",
+            "max_total_num_tokens": 4096,
+            "page_size": 1,
+        }
         # SGLang's launch_command is the argv after the program, joined by spaces.
         assert info["launch_command"] == " ".join(sim.opts.argv)
         assert info["version"].endswith("-radixtop-sim")
         assert isinstance(info["internal_states"], list) and len(info["internal_states"]) == 1
         state = info["internal_states"][0]
-        assert {"token_usage", "num_running_reqs", "num_queue_reqs", "cache_hit_rate", "evictable_tokens"} <= set(state)
+        assert {
+            "token_usage",
+            "num_running_reqs",
+            "num_queue_reqs",
+            "cache_hit_rate",
+            "evictable_tokens",
+        } <= set(state)
         assert len(info["radixtop_instrument"]) == 1
         legacy = (await c.get("/get_server_info")).json()
         assert legacy["launch_command"] == info["launch_command"]
         models = (await c.get("/v1/models")).json()
         assert models["object"] == "list"
         assert [m["id"] for m in models["data"]] == ["Qwen/Qwen2.5-0.5B-Instruct"]
-        assert (await c.get("/v1/models/Qwen/Qwen2.5-0.5B-Instruct")).json()["id"] == "Qwen/Qwen2.5-0.5B-Instruct"
+        assert (await c.get("/v1/models/Qwen/Qwen2.5-0.5B-Instruct")).json()[
+            "id"
+        ] == "Qwen/Qwen2.5-0.5B-Instruct"
         missing = await c.get("/v1/models/nope")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
@@ -174,7 +200,15 @@ async def test_generate_shape_and_determinism(tmp_path: Path) -> None:
         second = (await c.post("/generate", json=body)).json()
         assert second["output_ids"] == first["output_ids"] and second["text"] == first["text"]
         assert second["meta_info"]["cached_tokens"] > 0  # the prompt came from the radix cache
-        by_ids = (await c.post("/generate", json={"input_ids": SimTokenizer().encode(body["text"]), "sampling_params": body["sampling_params"]})).json()
+        by_ids = (
+            await c.post(
+                "/generate",
+                json={
+                    "input_ids": SimTokenizer().encode(body["text"]),
+                    "sampling_params": body["sampling_params"],
+                },
+            )
+        ).json()
         assert by_ids["output_ids"] == first["output_ids"]
         rid = (await c.post("/generate", json={**body, "rid": "my-request"})).json()
         assert rid["meta_info"]["id"] == "my-request"
@@ -183,13 +217,23 @@ async def test_generate_shape_and_determinism(tmp_path: Path) -> None:
 async def test_n_and_batch_are_lists_grouped_per_prompt(tmp_path: Path) -> None:
     async with inproc(tmp_path) as (_, c):
         params = {"max_new_tokens": 4, "temperature": 0, "n": 2}
-        out = (await c.post("/generate", json={"text": [_prompt(1, 10), _prompt(2, 10)], "sampling_params": params})).json()
+        out = (
+            await c.post(
+                "/generate", json={"text": [_prompt(1, 10), _prompt(2, 10)], "sampling_params": params}
+            )
+        ).json()
         assert isinstance(out, list) and len(out) == 4
         ids = [item["output_ids"] for item in out]
         assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]  # SGLang's order: i * n + j
-        single_n = (await c.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {**params, "n": 3}})).json()
+        single_n = (
+            await c.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {**params, "n": 3}})
+        ).json()
         assert isinstance(single_n, list) and len(single_n) == 3
-        batch = (await c.post("/generate", json={"input_ids": [[5, 6, 7], [8, 9]], "sampling_params": {"max_new_tokens": 2}})).json()
+        batch = (
+            await c.post(
+                "/generate", json={"input_ids": [[5, 6, 7], [8, 9]], "sampling_params": {"max_new_tokens": 2}}
+            )
+        ).json()
         assert [item["meta_info"]["prompt_tokens"] for item in batch] == [3, 2]
 
 
@@ -217,7 +261,7 @@ async def test_streaming_sends_sse_and_done(tmp_path: Path) -> None:
         ):
             r = await c.post(path, json=body)
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+            events = [line[len("data: ") :] for line in r.text.splitlines() if line.startswith("data: ")]
             assert events[-1] == "[DONE]"
             assert json.loads(events[0])  # a JSON chunk before [DONE]
 
@@ -242,16 +286,44 @@ NATIVE_BAD = [
     pytest.param(b'{"input_ids": ["a"]}', "list of integer token ids", id="ids-wrong-type"),
     pytest.param(b'{"input_ids": []}', "cannot be empty", id="ids-empty"),
     pytest.param(b'{"input_ids": [1073741824]}', "outside the vocabulary", id="id-out-of-vocab"),
-    pytest.param(b'{"text": "a", "sampling_params": "x"}', "sampling_params must be a JSON object", id="params-wrong-type"),
-    pytest.param(b'{"text": "a", "sampling_params": {"max_new_tokens": "10"}}', "max_new_tokens must be an integer", id="max-new-str"),
-    pytest.param(b'{"text": "a", "sampling_params": {"max_new_tokens": -1}}', "max_new_tokens must be at least 0", id="max-new-negative"),
-    pytest.param(b'{"text": "a", "sampling_params": {"max_new_tokens": 1000000000}}', "exceeds the model's maximum context length", id="max-new-absurd"),
-    pytest.param(b'{"text": "a", "sampling_params": {"temperature": -1}}', "non-negative finite", id="temperature-negative"),
-    pytest.param(b'{"text": "a", "sampling_params": {"temperature": "hot"}}', "temperature must be a number", id="temperature-str"),
+    pytest.param(
+        b'{"text": "a", "sampling_params": "x"}',
+        "sampling_params must be a JSON object",
+        id="params-wrong-type",
+    ),
+    pytest.param(
+        b'{"text": "a", "sampling_params": {"max_new_tokens": "10"}}',
+        "max_new_tokens must be an integer",
+        id="max-new-str",
+    ),
+    pytest.param(
+        b'{"text": "a", "sampling_params": {"max_new_tokens": -1}}',
+        "max_new_tokens must be at least 0",
+        id="max-new-negative",
+    ),
+    pytest.param(
+        b'{"text": "a", "sampling_params": {"max_new_tokens": 1000000000}}',
+        "exceeds the model's maximum context length",
+        id="max-new-absurd",
+    ),
+    pytest.param(
+        b'{"text": "a", "sampling_params": {"temperature": -1}}',
+        "non-negative finite",
+        id="temperature-negative",
+    ),
+    pytest.param(
+        b'{"text": "a", "sampling_params": {"temperature": "hot"}}',
+        "temperature must be a number",
+        id="temperature-str",
+    ),
     pytest.param(b'{"text": "a", "sampling_params": {"n": 0}}', "n must be at least 1", id="n-zero"),
     pytest.param(b'{"text": "a", "stream": "yes"}', "stream must be", id="stream-str"),
     pytest.param(b'{"text": "a", "rid": 7}', "rid must be", id="rid-wrong-type"),
-    pytest.param(json.dumps({"input_ids": list(range(1, 600))}).encode(), "longer than the model's context length", id="prompt-longer-than-pool"),
+    pytest.param(
+        json.dumps({"input_ids": list(range(1, 600))}).encode(),
+        "longer than the model's context length",
+        id="prompt-longer-than-pool",
+    ),
 ]
 
 
@@ -272,8 +344,14 @@ async def test_bad_generate_requests_get_400_and_the_server_lives(tmp_path: Path
 async def test_bad_completions_requests_get_openai_errors(tmp_path: Path) -> None:
     async with inproc(tmp_path) as (_, c):
         cases = [
-            ({"content": b'{"max_tokens": 3}', "headers": {"content-type": "application/json"}}, "prompt is required"),
-            ({"content": b'{"prompt": "a"}', "headers": {"content-type": "text/plain"}}, "Only 'application/json'"),
+            (
+                {"content": b'{"max_tokens": 3}', "headers": {"content-type": "application/json"}},
+                "prompt is required",
+            ),
+            (
+                {"content": b'{"prompt": "a"}', "headers": {"content-type": "text/plain"}},
+                "Only 'application/json'",
+            ),
             ({"json": {"prompt": "a", "max_tokens": -5}}, "max_tokens must be at least 0"),
             ({"json": {"prompt": [[]]}}, "cannot be empty"),
             ({"content": b"{oops", "headers": {"content-type": "application/json"}}, "not valid JSON"),
@@ -284,7 +362,11 @@ async def test_bad_completions_requests_get_openai_errors(tmp_path: Path) -> Non
             body = r.json()  # SGLang's OpenAI ErrorResponse: flat, object "error"
             assert body["object"] == "error" and body["type"] == "BadRequestError" and body["code"] == 400
             assert expected in body["message"]
-        huge = await c.post("/v1/completions", content=b" " * (16 * 1024 * 1024 + 1), headers={"content-type": "application/json"})
+        huge = await c.post(
+            "/v1/completions",
+            content=b" " * (16 * 1024 * 1024 + 1),
+            headers={"content-type": "application/json"},
+        )
         assert huge.status_code == 413 and huge.json()["object"] == "error"
         assert (await c.post("/v1/completions", json={"prompt": "fine", "max_tokens": 1})).status_code == 200
 
@@ -294,26 +376,48 @@ async def test_metrics_only_with_enable_metrics(tmp_path: Path) -> None:
         off = await c.get("/metrics")
         assert off.status_code == 404 and off.json() == {"detail": "Not Found"}  # FastAPI's shape, as SGLang
         assert (await c.get("/generate")).json() == {"detail": "Method Not Allowed"}
-    async with inproc(tmp_path, "--enable-metrics", "--served-model-name", "sim-model", "--max-total-tokens", "256") as (_, c):
+    async with inproc(
+        tmp_path, "--enable-metrics", "--served-model-name", "sim-model", "--max-total-tokens", "256"
+    ) as (_, c):
         # Enough distinct prompts to overflow the 256-token pool, so eviction runs and is counted.
         for i in range(12):
-            r = await c.post("/generate", json={"text": _prompt(10 + i, 40), "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+            r = await c.post(
+                "/generate",
+                json={
+                    "text": _prompt(10 + i, 40),
+                    "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+                },
+            )
             assert r.status_code == 200
         text = (await c.get("/metrics")).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     expected = {
-        "sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:cache_hit_rate",
-        "sglang:kv_available_tokens", "sglang:kv_evictable_tokens", "sglang:num_retracted_reqs",
-        "sglang:eviction_duration_seconds", "sglang:gen_throughput",
+        "sglang:token_usage",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:cache_hit_rate",
+        "sglang:kv_available_tokens",
+        "sglang:kv_evictable_tokens",
+        "sglang:num_retracted_reqs",
+        "sglang:eviction_duration_seconds",
+        "sglang:gen_throughput",
         # counters: the parser names the family without _total; the samples keep it
-        "sglang:evicted_tokens", "sglang:prompt_tokens", "sglang:generation_tokens",
+        "sglang:evicted_tokens",
+        "sglang:prompt_tokens",
+        "sglang:generation_tokens",
     }
     assert expected <= set(families)
     usage = families["sglang:token_usage"].samples[0]
     assert usage.labels["model_name"] == "sim-model" and usage.labels["engine_type"] == "unified"
-    prompt = {s.labels["is_streaming"]: s.value for s in families["sglang:prompt_tokens"].samples if s.name == "sglang:prompt_tokens_total"}
+    prompt = {
+        s.labels["is_streaming"]: s.value
+        for s in families["sglang:prompt_tokens"].samples
+        if s.name == "sglang:prompt_tokens_total"
+    }
     assert prompt["false"] == 12 * 40
-    evicted = [s for s in families["sglang:evicted_tokens"].samples if s.name == "sglang:evicted_tokens_total"]
+    evicted = [
+        s for s in families["sglang:evicted_tokens"].samples if s.name == "sglang:evicted_tokens_total"
+    ]
     assert evicted and evicted[0].value > 0 and evicted[0].labels["cache_type"] == "RadixCache"
     count = [s for s in families["sglang:eviction_duration_seconds"].samples if s.name.endswith("_count")]
     assert count[0].value > 0
@@ -326,7 +430,9 @@ async def test_metrics_only_with_enable_metrics(tmp_path: Path) -> None:
 
 
 def test_flag_parsing_aliases_unknown_and_faults() -> None:
-    opts = parse_options(["--tp", "2", "--model", "m", "--context-length", "32768", "--trust-remote-code", "--page-size", "4"])
+    opts = parse_options(
+        ["--tp", "2", "--model", "m", "--context-length", "32768", "--trust-remote-code", "--page-size", "4"]
+    )
     assert opts.args.tp_size == 2 and opts.args.model_path == "m" and opts.args.page_size == 4
     assert opts.ignored == ["--context-length 32768", "--trust-remote-code"]
     assert fault_text("lock-race:7:threshold=0.8") == "lock-race:seed=7,threshold=0.8"
@@ -335,8 +441,13 @@ def test_flag_parsing_aliases_unknown_and_faults() -> None:
     (spec,) = parse_options(["--fault", "lock-race:7:probability=1"]).faults
     assert spec.name == "lock-race" and spec.seed == 7
     bad_flags = (
-        ["--page-size", "0"], ["--port", "70000"], ["--fault", "nope"], ["--page-size", "x"], ["stray"],
-        ["--radix-eviction-policy", "nope"], ["--page-size", "64", "--max-total-tokens", "16"],
+        ["--page-size", "0"],
+        ["--port", "70000"],
+        ["--fault", "nope"],
+        ["--page-size", "x"],
+        ["stray"],
+        ["--radix-eviction-policy", "nope"],
+        ["--page-size", "64", "--max-total-tokens", "16"],
     )
     for bad in bad_flags:
         with pytest.raises(UsageError):
@@ -346,7 +457,10 @@ def test_flag_parsing_aliases_unknown_and_faults() -> None:
 def test_bad_flag_is_one_line_and_exit_2() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "radixtop", "sim", "--max-running-requests", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=30,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["radixtop sim: --max-running-requests must be at least 1, got 0"]
@@ -359,17 +473,26 @@ def test_port_in_use_is_one_line_and_exit_2() -> None:
         port = held.getsockname()[1]
         r = subprocess.run(
             [sys.executable, "-m", "radixtop", "sim", "--port", str(port)],
-            cwd=REPO, capture_output=True, text=True, timeout=30,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     assert r.returncode == 2
     assert r.stderr.strip() == f"radixtop sim: port {port} on 127.0.0.1 is in use; pick another with --port"
 
 
 def test_unknown_flags_noted_tp2_prefixes_debug_endpoints_and_log_format(tmp_path: Path) -> None:
-    with launch(tmp_path, "--tp-size", "2", "--context-length", "32768", "--trust-remote-code", "--step-ms", "0") as sim:
+    with launch(
+        tmp_path, "--tp-size", "2", "--context-length", "32768", "--trust-remote-code", "--step-ms", "0"
+    ) as sim:
         info = httpx.get(f"{sim.url}/server_info", timeout=10).json()
         assert info["tp_size"] == 2
-        r = httpx.post(f"{sim.url}/generate", json={"text": _prompt(5, 20), "sampling_params": {"max_new_tokens": 3}}, timeout=10)
+        r = httpx.post(
+            f"{sim.url}/generate",
+            json={"text": _prompt(5, 20), "sampling_params": {"max_new_tokens": 3}},
+            timeout=10,
+        )
         assert r.status_code == 200
         urls = info["radixtop_instrument"]
         assert len(urls) == 2
@@ -393,7 +516,11 @@ def test_unknown_flags_noted_tp2_prefixes_debug_endpoints_and_log_format(tmp_pat
     assert f"INFO:     Uvicorn running on http://127.0.0.1:{sim.port} (Press CTRL+C to quit)" in log
     assert re.search(r"accepted and ignored SGLang flags .*--context-length 32768, --trust-remote-code", log)
     for rank in ("TP0", "TP1"):
-        assert re.search(rf"^\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} {rank}\] KV Cache is allocated\. #tokens: \d+", log, re.M)
+        assert re.search(
+            rf"^\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} {rank}\] KV Cache is allocated\. #tokens: \d+",
+            log,
+            re.M,
+        )
     assert re.search(r"^\[[^\]]+ TP0\] Prefill batch, #new-seq: 1, ", log, re.M)
     assert "The server is fired up and ready to roll!" in log
     # Every line is an SGLang record radixtop's own parser reads, or a continuation of one.

@@ -57,15 +57,35 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     g = p.add_argument_group("SGLang flags (same names and meaning)")
-    g.add_argument("--model-path", "--model", dest="model_path", default=DEFAULT_MODEL, help="echoed in /server_info and /v1/models")
-    g.add_argument("--served-model-name", default=None, help="name in /v1/models and metric labels (default: the model path)")
-    g.add_argument("--host", default=None, help="bind address (default 127.0.0.1; anything else prints a warning)")
-    g.add_argument("--port", type=int, default=30000, help="HTTP port (default 30000; 0 picks a free port and logs it)")
+    g.add_argument(
+        "--model-path",
+        "--model",
+        dest="model_path",
+        default=DEFAULT_MODEL,
+        help="echoed in /server_info and /v1/models",
+    )
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="name in /v1/models and metric labels (default: the model path)",
+    )
+    g.add_argument(
+        "--host", default=None, help="bind address (default 127.0.0.1; anything else prints a warning)"
+    )
+    g.add_argument(
+        "--port", type=int, default=30000, help="HTTP port (default 30000; 0 picks a free port and logs it)"
+    )
     g.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 1)")
-    g.add_argument("--max-running-requests", type=int, default=None, help="scheduler batch bound (default 32)")
-    g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default 16384)")
+    g.add_argument(
+        "--max-running-requests", type=int, default=None, help="scheduler batch bound (default 32)"
+    )
+    g.add_argument(
+        "--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default 16384)"
+    )
     g.add_argument("--disable-radix-cache", action="store_true")
-    g.add_argument("--radix-eviction-policy", default="lru", help="lru (default) or another policy the cache knows")
+    g.add_argument(
+        "--radix-eviction-policy", default="lru", help="lru (default) or another policy the cache knows"
+    )
     g.add_argument("--enable-metrics", action="store_true", help="serve /metrics (Prometheus text)")
     g.add_argument("--enable-cache-report", action="store_true", help="report cached tokens in /v1 usage")
     g.add_argument("--enable-deterministic-inference", action="store_true")
@@ -77,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention-backend", default=None, help="accepted and echoed")
     g.add_argument("--disable-overlap-schedule", action="store_true", help="accepted and echoed")
     r = p.add_argument_group("radixtop flags")
-    r.add_argument("--log-file", default=None, metavar="PATH", help="append logs here, flushed per line (default stdout)")
+    r.add_argument(
+        "--log-file", default=None, metavar="PATH", help="append logs here, flushed per line (default stdout)"
+    )
     r.add_argument(
         "--fault",
         action="append",
@@ -111,7 +133,8 @@ class SimOptions:
 
 
 def _group_unknown(tokens: Sequence[str]) -> list[str]:
-    """['--context-length', '32768', '--trust-remote-code'] -> ['--context-length 32768', '--trust-remote-code']."""
+    """Each unknown flag with the values after it: ['--context-length', '32768', '--trust-remote-code']
+    -> ['--context-length 32768', '--trust-remote-code']."""
     groups: list[str] = []
     for token in tokens:
         if token.startswith("-") or not groups:
@@ -138,16 +161,28 @@ def parse_options(argv: Sequence[str]) -> SimOptions:
     if ignored and not ignored[0].startswith("-"):
         raise UsageError(f"unexpected argument {ignored[0]!r}; flags start with --")
     checks = [
-        (args.port is not None and not 0 <= args.port <= 65535, f"--port must be within 0..65535, got {args.port}"),
-        (args.page_size is not None and args.page_size < 1, f"--page-size must be at least 1, got {args.page_size}"),
+        (
+            args.port is not None and not 0 <= args.port <= 65535,
+            f"--port must be within 0..65535, got {args.port}",
+        ),
+        (
+            args.page_size is not None and args.page_size < 1,
+            f"--page-size must be at least 1, got {args.page_size}",
+        ),
         (
             args.max_running_requests is not None and args.max_running_requests < 1,
             f"--max-running-requests must be at least 1, got {args.max_running_requests}",
         ),
-        (args.max_total_tokens is not None and args.max_total_tokens < 1, f"--max-total-tokens must be at least 1, got {args.max_total_tokens}"),
+        (
+            args.max_total_tokens is not None and args.max_total_tokens < 1,
+            f"--max-total-tokens must be at least 1, got {args.max_total_tokens}",
+        ),
         (not 1 <= args.tp_size <= 64, f"--tp-size must be within 1..64, got {args.tp_size}"),
         (not 1 <= args.dp_size <= 64, f"--dp-size must be within 1..64, got {args.dp_size}"),
-        (args.decode_log_interval < 1, f"--decode-log-interval must be at least 1, got {args.decode_log_interval}"),
+        (
+            args.decode_log_interval < 1,
+            f"--decode-log-interval must be at least 1, got {args.decode_log_interval}",
+        ),
         (not 0 <= args.step_ms <= 10_000, f"--step-ms must be within 0..10000, got {args.step_ms}"),
         (
             args.instrument_port is not None and not 0 < args.instrument_port <= 65535 - 128,
@@ -169,7 +204,9 @@ def parse_options(argv: Sequence[str]) -> SimOptions:
         opts.config.validate()
     except ValueError as exc:  # e.g. a policy the cache does not know, a pool smaller than a page
         # The engine names its field ("page_size must ..."); the user typed the flag.
-        raise UsageError(re.sub(r"^[a-z_]+", lambda m: "--" + m.group(0).replace("_", "-"), str(exc))) from None
+        raise UsageError(
+            re.sub(r"^[a-z_]+", lambda m: "--" + m.group(0).replace("_", "-"), str(exc))
+        ) from None
     return opts
 
 
@@ -222,9 +259,7 @@ def server_args_dict(opts: SimOptions, config: Any, port: int) -> dict[str, Any]
         "attention_backend": a.attention_backend,
         "disable_overlap_schedule": a.disable_overlap_schedule,
         "weight_version": "default",
-        "radixtop_faults": [
-            {"name": f.name, "seed": f.seed, "params": dict(f.params)} for f in opts.faults
-        ],
+        "radixtop_faults": [{"name": f.name, "seed": f.seed, "params": dict(f.params)} for f in opts.faults],
         "radixtop_step_ms": a.step_ms,
     }
 
@@ -241,7 +276,8 @@ class LogSink:
         self.path = path
         self._lock = threading.Lock()
         self._owned = path is not None
-        self._stream: TextIO = open(path, "a", encoding="utf-8", buffering=1) if path else sys.stdout
+        # Held open for the server's life (closed in close()); line-buffered.
+        self._stream: TextIO = open(path, "a", encoding="utf-8", buffering=1) if path else sys.stdout  # noqa: SIM115
         self.saw_sigquit = False
 
     def write(self, line: str) -> None:
@@ -274,7 +310,9 @@ class _SinkHandler(logging.Handler):
             self.handleError(record)
 
 
-def _configure_logging(sink: LogSink, level_name: str, log_ms: bool) -> list[tuple[logging.Logger, logging.Handler]]:
+def _configure_logging(
+    sink: LogSink, level_name: str, log_ms: bool
+) -> list[tuple[logging.Logger, logging.Handler]]:
     """uvicorn's lines as SGLang configures them (set_uvicorn_logging_configs); radixtop's own
     loggers (the debug endpoints, the engine's hook errors) in SGLang's main-process format."""
     from uvicorn.logging import AccessFormatter, DefaultFormatter
@@ -292,10 +330,17 @@ def _configure_logging(sink: LogSink, level_name: str, log_ms: bool) -> list[tup
         installed.append((logger, handler))
 
     datefmt = "%Y-%m-%d %H:%M:%S"
-    attach("uvicorn.error", DefaultFormatter("[%(asctime)s] %(levelprefix)s %(message)s", datefmt, use_colors=False))
+    attach(
+        "uvicorn.error",
+        DefaultFormatter("[%(asctime)s] %(levelprefix)s %(message)s", datefmt, use_colors=False),
+    )
     attach(
         "uvicorn.access",
-        AccessFormatter('[%(asctime)s] %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s', datefmt, use_colors=False),
+        AccessFormatter(
+            '[%(asctime)s] %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s',
+            datefmt,
+            use_colors=False,
+        ),
     )
     ms = ".%(msecs)03d" if log_ms else ""
     attach("radixtop", logging.Formatter(f"[%(asctime)s{ms}] %(message)s", datefmt))
@@ -321,7 +366,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise UsageError(f"port {port} on {host} is in use; pick another with --port") from None
-        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --host/--port") from None
+        raise UsageError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --host/--port"
+        ) from None
     sock.set_inheritable(True)
     return sock
 
@@ -465,7 +512,10 @@ class SimServer:
                 if a.ready_file:
                     _write_ready_file(a.ready_file, self.port)
                 if a.log_file:
-                    print(f"radixtop sim: serving http://{self.opts.host}:{self.port} (logs: {a.log_file})", flush=True)
+                    print(
+                        f"radixtop sim: serving http://{self.opts.host}:{self.port} (logs: {a.log_file})",
+                        flush=True,
+                    )
                 self.engine.emit_ready()
             await asyncio.wait({engine_task, server_task}, return_when=asyncio.FIRST_COMPLETED)
             if server_task.done() and not engine_task.done():
@@ -506,7 +556,7 @@ class SimServer:
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(server_task), 0.5)
-        except (asyncio.TimeoutError, Exception):
+        except (TimeoutError, Exception):
             self.server.force_exit = True
         return 1
 
@@ -528,7 +578,11 @@ def main(argv: list[str]) -> int:
         sink = LogSink(opts.args.log_file)
     except OSError as exc:
         sock.close()
-        print(f"radixtop sim: cannot open --log-file {opts.args.log_file}: {exc.strerror or exc}; pick a writable path", file=sys.stderr)
+        print(
+            f"radixtop sim: cannot open --log-file {opts.args.log_file}: {exc.strerror or exc}; "
+            "pick a writable path",
+            file=sys.stderr,
+        )
         return 2
     installed: list[tuple[logging.Logger, logging.Handler]] = []
     try:

@@ -58,7 +58,7 @@ class _Histogram:
 
     def buckets(self) -> list[tuple[str, float]]:
         out, running = [], 0
-        for bound, count in zip([*map(str, EVICTION_BUCKETS), "+Inf"], self.counts):
+        for bound, count in zip([*map(str, EVICTION_BUCKETS), "+Inf"], self.counts, strict=False):
             running += count
             out.append((bound, float(running)))
         return out
@@ -122,7 +122,7 @@ class SimMetrics(Collector):
             "End-to-end time of a device eviction pass in seconds.",
             labels=rank_names,
         )
-        for labels, histogram in zip(self.rank_labels, self._evictions):
+        for labels, histogram in zip(self.rank_labels, self._evictions, strict=False):
             evicted.add_metric(list(labels.values()), float(stats.evicted_tokens_total))
             duration.add_metric(list(labels.values()), histogram.buckets(), histogram.total)
         yield evicted

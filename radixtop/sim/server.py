@@ -100,7 +100,9 @@ async def _json_object(request: Request) -> dict[str, Any]:
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise BadRequest(f"The request body is larger than {MAX_BODY_BYTES} bytes; send a smaller prompt.", status=413)
+            raise BadRequest(
+                f"The request body is larger than {MAX_BODY_BYTES} bytes; send a smaller prompt.", status=413
+            )
         chunks.append(chunk)
     body = b"".join(chunks)
     if not body:
@@ -110,9 +112,7 @@ async def _json_object(request: Request) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
-        raise BadRequest(
-            f"The request body must be a JSON object, got {type(payload).__name__}."
-        )
+        raise BadRequest(f"The request body must be a JSON object, got {type(payload).__name__}.")
     return payload
 
 
@@ -185,13 +185,15 @@ def _prompts(
         if not isinstance(input_ids, list) or not input_ids:
             raise BadRequest("input_ids cannot be empty.", "input_ids")
         single = not isinstance(input_ids[0], list)
-        token_lists = [_token_list(input_ids, "input_ids")] if single else [
-            _token_list(ids, "input_ids") for ids in input_ids
-        ]
+        token_lists = (
+            [_token_list(input_ids, "input_ids")]
+            if single
+            else [_token_list(ids, "input_ids") for ids in input_ids]
+        )
     if len(token_lists) > MAX_BATCH:
         raise BadRequest(f"A batch holds at most {MAX_BATCH} prompts in the simulator.")
     rids = _rids(rid, len(token_lists), single)
-    return [Prompt(ids, r) for ids, r in zip(token_lists, rids)], single
+    return [Prompt(ids, r) for ids, r in zip(token_lists, rids, strict=False)], single
 
 
 def _rids(rid: Any, count: int, single: bool) -> list[str | None]:
@@ -210,8 +212,7 @@ def _check_lengths(prompts: Sequence[Prompt], sampling: Sampling, context_len: i
         n_in = len(prompt.input_ids)
         if n_in >= context_len:
             raise BadRequest(
-                f"The input ({n_in} tokens) is longer than the model's context length "
-                f"({context_len} tokens)."
+                f"The input ({n_in} tokens) is longer than the model's context length ({context_len} tokens)."
             )
         total = n_in + sampling.max_new_tokens
         if total > context_len:
@@ -241,7 +242,9 @@ def _finish_reason(result: Any) -> dict[str, Any] | None:
     return {"type": str(reason)}
 
 
-async def _run_all(state: SimState, prompts: Sequence[Prompt], sampling: Sampling) -> list[tuple[str, Any, float]]:
+async def _run_all(
+    state: SimState, prompts: Sequence[Prompt], sampling: Sampling
+) -> list[tuple[str, Any, float]]:
     """Generate n samples per prompt; results grouped per prompt (SGLang's order: i * n + j).
 
     With n > 1 SGLang first runs each prompt once with max_new_tokens=0 to cache its prefix; the
@@ -249,7 +252,9 @@ async def _run_all(state: SimState, prompts: Sequence[Prompt], sampling: Samplin
     """
     engine = state.engine
     if sampling.n > 1:
-        await asyncio.gather(*(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0) for p in prompts))
+        await asyncio.gather(
+            *(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0) for p in prompts)
+        )
     jobs: list[tuple[str, Awaitable[Any]]] = []
     for prompt in prompts:
         for j in range(sampling.n):
@@ -280,7 +285,7 @@ async def _run_all(state: SimState, prompts: Sequence[Prompt], sampling: Samplin
                 task.cancel()
             raise
     elapsed = time.perf_counter() - started
-    return [(rid, result, elapsed) for (rid, _), result in zip(jobs, results)]
+    return [(rid, result, elapsed) for (rid, _), result in zip(jobs, results, strict=False)]
 
 
 def _count_tokens(state: SimState, runs: Sequence[tuple[str, Any, float]], streaming: bool) -> None:
@@ -315,7 +320,9 @@ _ERROR_TYPES = {400: "BadRequestError", 413: "RequestTooLargeError", 503: "Servi
 
 def native_error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
     kind = _ERROR_TYPES.get(status, "InternalServerError")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+    )
 
 
 def openai_error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
@@ -374,10 +381,12 @@ def build_app(state: SimState) -> Starlette:
             return Response(status_code=503)
         try:
             await asyncio.wait_for(
-                engine.generate([0], max_new_tokens=1, temperature=0.0, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"),
+                engine.generate(
+                    [0], max_new_tokens=1, temperature=0.0, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"
+                ),
                 HEALTH_CHECK_TIMEOUT_S,
             )
-        except (EngineDead, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, EngineDead, ValueError):
             return Response(status_code=503)
         return Response(status_code=200)
 
@@ -439,11 +448,22 @@ def build_app(state: SimState) -> Starlette:
                         "sampling_params",
                     )
                 params = params[0]
-            sampling = _sampling(params, max_tokens_key="max_new_tokens", default_max=GENERATE_DEFAULT_MAX_NEW_TOKENS, param="sampling_params")
+            sampling = _sampling(
+                params,
+                max_tokens_key="max_new_tokens",
+                default_max=GENERATE_DEFAULT_MAX_NEW_TOKENS,
+                param="sampling_params",
+            )
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise BadRequest("stream must be true or false.", "stream")
-            prompts, single = _prompts(engine.tokenizer.encode, body.get("text"), body.get("input_ids"), body.get("rid"), text_key="text")
+            prompts, single = _prompts(
+                engine.tokenizer.encode,
+                body.get("text"),
+                body.get("input_ids"),
+                body.get("rid"),
+                text_key="text",
+            )
             _check_lengths(prompts, sampling, state.context_len)
             runs = await _run_all(state, prompts, sampling)
             _count_tokens(state, runs, stream)
@@ -463,8 +483,17 @@ def build_app(state: SimState) -> Starlette:
             if "prompt" not in body:
                 raise BadRequest("prompt is required.", "prompt")
             prompt = body["prompt"]
-            text, ids = (None, prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str) else (prompt, None)
-            sampling = _sampling(body, max_tokens_key="max_tokens", default_max=COMPLETIONS_DEFAULT_MAX_TOKENS, param="max_tokens")
+            text, ids = (
+                (None, prompt)
+                if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str)
+                else (prompt, None)
+            )
+            sampling = _sampling(
+                body,
+                max_tokens_key="max_tokens",
+                default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                param="max_tokens",
+            )
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise BadRequest("stream must be true or false.", "stream")
@@ -508,7 +537,13 @@ def build_app(state: SimState) -> Starlette:
             }
             if stream:
                 chunks = [
-                    {"id": response_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+                    {
+                        "id": response_id,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [choice],
+                    }
                     for choice in choices
                 ]
                 return _sse(chunks)
@@ -534,7 +569,14 @@ def build_app(state: SimState) -> Starlette:
         name = request.path_params["model"]
         if name != state.served_model_name:
             return JSONResponse(
-                {"error": {"message": f"The model '{name}' does not exist", "type": "invalid_request_error", "param": "model", "code": "model_not_found"}},
+                {
+                    "error": {
+                        "message": f"The model '{name}' does not exist",
+                        "type": "invalid_request_error",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                },
                 status_code=404,
             )
         return JSONResponse(_model_card())

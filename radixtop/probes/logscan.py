@@ -3,9 +3,10 @@
 Files are read in 4 MiB chunks into two reused buffers (reads of 32 MiB and more measured slower
 here), cut at the chunk's last newline, and each chunk of whole lines goes to `Matcher.scan` in
 one call; the partial last line moves to the front of the next buffer. Line numbers come from
-`bytearray.count(b"\\n")` between the (sorted, rare) hits, never from a Python loop over lines.
-With hyperscan, the chunk's scan runs on a worker thread (hyperscan releases the GIL) while this
-thread counts the chunk's newlines: the two cost about the same, so the overlap is nearly free.
+counting newlines per chunk and, between the (sorted, rare) hits, `bytearray.count(b"\\n")` on
+slices: never a Python loop over lines. `threads=True` runs each chunk's scan on a worker thread
+(hyperscan releases the GIL) while this thread counts the chunk's newlines; it is off by default
+because on this shared 2-core machine it did not clearly win (see benchmarks/README.md, "Scan").
 
 Only for hits does it look closer, and always within a bound:
 - the `context` lines before the first hit of each signature in a file (at most CONTEXT_WINDOW
@@ -83,12 +84,14 @@ def _decode(raw: bytes) -> str:
 # -- opening inputs -------------------------------------------------------------------------------
 
 
-@dataclass
 class _Source:
-    name: str
-    reader: IO[bytes]
-    fd: int | None  # for os.pread look-back; None when the input cannot be re-read
-    owned: bool
+    __slots__ = ("name", "reader", "fd", "owned")
+
+    def __init__(self, name: str, reader: IO[bytes], fd: int | None, *, owned: bool) -> None:
+        self.name = name
+        self.reader = reader
+        self.fd = fd  # for os.pread look-back; None when the input cannot be re-read
+        self.owned = owned
 
     def close(self) -> None:
         if self.owned:
@@ -296,15 +299,12 @@ def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
     return total, None
 
 
-def _count_plain(buf, cut, n):
-    return buf.count(b"\n", 0, cut)
-
-
-def _count_replace(buf, cut, n):
+def _count_newlines(buf: bytearray, n: int) -> int:
+    """Newlines in buf[:n]. bytes.count(b"\\n") walks byte by byte in CPython 3.11 (measured here
+    ~1 GB/s); replace() finds them with memchr and copies the rest, about twice as fast. It works
+    on the whole buffer, so the bytes past n (only after a short, final read) are subtracted."""
     total = len(buf) - len(buf.replace(b"\n", b""))
     return total - buf.count(b"\n", n) if n < len(buf) else total
-
-COUNT = _count_plain
 
 
 class LogScanner:
@@ -319,7 +319,7 @@ class LogScanner:
         details: bool = True,
         chunk_size: int = CHUNK_SIZE,
         max_line: int = MAX_LINE,
-        threads: bool | None = None,
+        threads: bool = False,
     ) -> None:
         self.matcher = matcher
         self.context = max(0, context)
@@ -327,8 +327,8 @@ class LogScanner:
         self.details = details  # context, batch stats and openers; `--matches` needs none
         self.chunk_size = chunk_size
         self.max_line = max(max_line, 1)
-        # Overlap only where the engine releases the GIL (measured: hyperscan does).
-        self.threads = matcher.engine == "hyperscan" if threads is None else threads
+        # Off unless asked for: see the module docstring and benchmarks/README.md ("Scan").
+        self.threads = bool(threads)
         self._failure = frozenset(
             i for i, sig in enumerate(matcher.signatures) if sig.severity in _FAILURE_SEVERITIES
         )
@@ -408,11 +408,11 @@ class LogScanner:
                 window.cur, window.cur_base = cur, base
                 if worker is not None:
                     worker.submit(cur, cut)
-                    region_newlines = COUNT(cur, cut, n)
+                    region_newlines = _count_newlines(cur, n)
                     hits = worker.result()
                 else:
                     hits = matcher.scan(cur, cut)
-                    region_newlines = COUNT(cur, cut, n)
+                    region_newlines = _count_newlines(cur, n)
                 if state.queue:
                     self._feed_after(state, cur, cut)
                     self._deliver(state, on_hit, final=False)
@@ -521,7 +521,7 @@ class LogScanner:
         opener = None
         if is_continuation(_decode(raw)):
             opener = self._opener(line_start, window)
-        return _PendingHit(name, line, index, raw, context, batch, opener, [], need)
+        return _PendingHit(name, line, index, raw, context, batch, opener, need)
 
     def _opener(self, line_start: int, window: _Window) -> str | None:
         from radixtop.diagnosis.logline import is_continuation
@@ -546,26 +546,39 @@ def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[bytes
     return lines
 
 
-@dataclass(slots=True)
 class _PendingHit:
-    file: str
-    line: int
-    index: int
-    raw: bytes
-    context: tuple[str, ...]
-    batch: Mapping[str, BatchStats]
-    opener: str | None
-    after: list[bytes]
-    need: int  # lines after still wanted
+    """A hit waiting for its context_after (the lines after it may be in the next chunk)."""
+
+    __slots__ = ("file", "line", "index", "raw", "context", "batch", "opener", "after", "need")
+
+    def __init__(
+        self,
+        file: str,
+        line: int,
+        index: int,
+        raw: bytes,
+        context: tuple[str, ...],
+        batch: Mapping[str, BatchStats],
+        opener: str | None,
+        need: int,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.index = index
+        self.raw = raw
+        self.context = context
+        self.batch = batch
+        self.opener = opener
+        self.after: list[bytes] = []
+        self.need = need  # lines after still wanted
 
 
 class _ScanWorker:
     """One thread running Matcher.scan on a chunk while the caller counts that chunk's newlines.
 
-    hyperscan releases the GIL while it scans, and bytes.count (about 2 GB/s here) costs about as
-    much as the scan, so overlapping the two nearly halves the time per chunk (see
-    benchmarks/README.md). A bare thread and two semaphores: concurrent.futures costs ~14 ms of
-    import time, and `radixtop scan` must start like grep.
+    hyperscan releases the GIL while it scans, and counting newlines costs a good part of what the
+    scan does, so on an idle second core the two overlap. A bare thread and three semaphores:
+    concurrent.futures costs ~14 ms of import time, and `radixtop scan` must start like grep.
     """
 
     def __init__(self, matcher: Matcher) -> None:
@@ -615,12 +628,16 @@ class _ScanWorker:
         self._thread.join()
 
 
-@dataclass
 class _FileState:
-    first_seen: set[int] = field(default_factory=set)
-    failure_seen: bool = False
-    last_line: dict[int, int] = field(default_factory=dict)
-    queue: deque[_PendingHit] = field(default_factory=deque)
+    """Per input: which signatures were seen, whether a failure was, hits awaiting lines after."""
+
+    __slots__ = ("first_seen", "failure_seen", "last_line", "queue")
+
+    def __init__(self) -> None:
+        self.first_seen: set[int] = set()
+        self.failure_seen = False
+        self.last_line: dict[int, int] = {}  # signature index -> line of its last hit
+        self.queue: deque[_PendingHit] = deque()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -922,11 +922,12 @@ class Engine:
             raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
         if len(input_ids) == 0:
             raise ValueError("input_ids is empty: send at least one token")
-        for i, tok in enumerate(input_ids):
-            if isinstance(tok, bool) or not isinstance(tok, int):
-                raise ValueError(f"input_ids[{i}] must be an integer token id, got {tok!r}")
-            if not 0 <= tok < VOCAB_SIZE:
-                raise ValueError(f"input_ids[{i}]={tok} is outside the vocabulary [0, {VOCAB_SIZE})")
+        if not all(type(tok) is int for tok in input_ids):  # bool is not a token id either
+            i, tok = next((i, t) for i, t in enumerate(input_ids) if type(t) is not int)
+            raise ValueError(f"input_ids[{i}] must be an integer token id, got {tok!r}")
+        if min(input_ids) < 0 or max(input_ids) >= VOCAB_SIZE:
+            i, tok = next((i, t) for i, t in enumerate(input_ids) if not 0 <= t < VOCAB_SIZE)
+            raise ValueError(f"input_ids[{i}]={tok} is outside the vocabulary [0, {VOCAB_SIZE})")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
         if max_new_tokens < 0:

@@ -22,6 +22,7 @@ import hashlib
 import re
 import struct
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 from radixtop.sim.pool import TokenToKVPoolAllocator
 
@@ -39,6 +40,11 @@ _WORD = re.compile(r"u(\d{1,4})_(\d{1,4})")
 def _hash64(*parts: int) -> int:
     data = struct.pack(f"<{len(parts)}q", *parts)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+@lru_cache(maxsize=4096)
+def _stem(seed: int, stem_token: int) -> int:
+    return _hash64(seed, 1, stem_token) % _HI_RANGE
 
 
 class SimTokenizer:
@@ -83,6 +89,6 @@ class SimModel:
 
     def next_token(self, state: int, position: int, stem_token: int, noise: int = 0) -> int:
         """The token at ``position``; ``stem_token`` (the prompt's last token) picks the ``u<hi>`` stem."""
-        hi = _hash64(self.seed, 1, stem_token) % _HI_RANGE
+        hi = _stem(self.seed, stem_token)
         lo = _hash64(self.seed, 2, state, position, noise) & _LO_MASK
         return hi << _LO_BITS | lo

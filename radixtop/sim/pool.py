@@ -132,7 +132,10 @@ class TokenToKVPoolAllocator:
             kv_token[slot] = tok
             kv_pos[slot] = pos
             pos += 1
-        written.update({s // page_size for s in slots})
+        if len(slots) == 1:
+            written.add(slots[0] // page_size)
+        else:
+            written.update({s // page_size for s in slots})
 
     def read(self, slot: int) -> tuple[int, int]:
         """(token id, position) last written at ``slot``; (-1, -1) if never written."""

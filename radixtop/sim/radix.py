@@ -135,28 +135,37 @@ class RadixKey:
                 "RadixKey.match needs the same extra_key on both sides, "
                 f"got {self.extra_key!r} and {other.extra_key!r}"
             )
-        t0, t1 = self.token_ids, other.token_ids
-        n = min(len(t0), len(t1))
-        # Gallop in doubling windows (one C-level slice compare each), then bisect the window
-        # holding the first difference: no per-token Python loop on long shared prefixes.
-        matched = n
-        lo, step = 0, 1
-        while lo < n:
-            hi = min(lo + step, n)
-            if t0[lo:hi] != t1[lo:hi]:
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if t0[lo:mid] == t1[lo:mid]:
-                        lo = mid
-                    else:
-                        hi = mid
-                matched = lo
-                break
-            lo = hi
-            step *= 2
-        if page_size > 1:
-            matched = matched // page_size * page_size
-        return matched
+        return _match_len(self.token_ids, other.token_ids, 0, page_size)
+
+
+def _match_len(t0: list[int], t1: list[int], offset: int, page_size: int) -> int:
+    """Shared prefix of ``t0`` and ``t1[offset:]``, in whole pages, without slicing ``t1`` whole."""
+    n = min(len(t0), len(t1) - offset)
+    # Gallop in doubling windows (one C-level slice compare each), then bisect the window
+    # holding the first difference: no per-token Python loop on long shared prefixes.
+    matched = n
+    lo, step = 0, 1
+    while lo < n:
+        hi = min(lo + step, n)
+        if t0[lo:hi] != t1[offset + lo : offset + hi]:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if t0[lo:mid] == t1[offset + lo : offset + mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            matched = lo
+            break
+        lo = hi
+        step *= 2
+    if page_size > 1:
+        matched = matched // page_size * page_size
+    return matched
+
+
+def _child_key_at(tokens: list[int], offset: int, page_size: int, extra_key: str | None) -> Any:
+    plain = tokens[offset] if page_size == 1 else tuple(tokens[offset : offset + page_size])
+    return plain if extra_key is None else (extra_key, plain)
 
 
 def get_child_key(key: RadixKey, page_size: int = 1) -> Any:
@@ -618,25 +627,28 @@ class RadixCache:
         return MatchResult([], self.root_node, self.root_node, self.root_node)
 
     def _match_prefix_helper(self, node: TreeNode, key: RadixKey) -> tuple[list[list[int]], TreeNode]:
+        # SGLang's algorithm; walks an offset into the key instead of re-slicing it per level.
         access_time = self.clock()
         node.last_access_time = access_time
         page_size = self.page_size
-        child_key = key.child_key(page_size)
+        tokens, extra = key.token_ids, key.extra_key
+        n = len(tokens)
+        offset = 0
         value: list[list[int]] = []
-        while len(key) > 0 and child_key in node.children:
-            child = node.children[child_key]
+        while offset < n:
+            child = node.children.get(_child_key_at(tokens, offset, page_size, extra))
+            if child is None:
+                break
             child.last_access_time = access_time
-            prefix_len = child.key.match(key, page_size=page_size)
-            if prefix_len < len(child.key):
+            prefix_len = _match_len(child.key.token_ids, tokens, offset, page_size)
+            if prefix_len < len(child.key.token_ids):
                 new_node = self._split_node(child.key, child, prefix_len)
                 value.append(new_node.value)
                 node = new_node
                 break
             value.append(child.value)
             node = child
-            key = key[prefix_len:]
-            if len(key):
-                child_key = key.child_key(page_size)
+            offset += prefix_len
         return value, node
 
     def _split_node(self, key: RadixKey, child: TreeNode, split_len: int) -> TreeNode:
@@ -670,36 +682,36 @@ class RadixCache:
         if len(key) == 0:
             return 0, node
         page_size = self.page_size
-        child_key = key.child_key(page_size)
-        total_prefix_length = 0
-        while len(key) > 0 and child_key in node.children:
-            node = node.children[child_key]
+        tokens, extra = key.token_ids, key.extra_key
+        n = len(tokens)
+        offset = 0
+        while offset < n:
+            child = node.children.get(_child_key_at(tokens, offset, page_size, extra))
+            if child is None:
+                break
+            node = child
             node.last_access_time = access_time
-            prefix_len = node.key.match(key, page_size=page_size)
-            total_prefix_length += prefix_len
-            key = key[prefix_len:]
-            value = value[prefix_len:]
-            if prefix_len < len(node.key):
+            prefix_len = _match_len(node.key.token_ids, tokens, offset, page_size)
+            offset += prefix_len
+            if prefix_len < len(node.key.token_ids):
                 node = self._split_node(node.key, node, prefix_len)
             node.priority = max(node.priority, priority)
-            if total_prefix_length > inserted_len:
+            if offset > inserted_len:
                 node.hit_count += 1
-            if len(key):
-                child_key = key.child_key(page_size)
-        if len(key):
+        if offset < n:
             new_node = self._new_node(priority=priority)
             new_node.last_access_time = access_time
             new_node.parent = node
-            new_node.key = key
-            new_node.value = list(value)
-            if total_prefix_length + len(key) > inserted_len:
+            new_node.key = RadixKey(tokens[offset:], extra)
+            new_node.value = value[offset:]
+            if n > inserted_len:
                 new_node.hit_count += 1
-            node.children[child_key] = new_node
-            self.evictable_size_ += len(key)
+            node.children[_child_key_at(tokens, offset, page_size, extra)] = new_node
+            self.evictable_size_ += n - offset
             self._update_leaf_status(node)
             self._update_leaf_status(new_node)
             node = new_node
-        return total_prefix_length, node
+        return offset, node
 
     def _delete_leaf(self, node: TreeNode) -> None:
         key = node.key.child_key(self.page_size)

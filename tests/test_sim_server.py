@@ -235,6 +235,18 @@ async def test_n_and_batch_are_lists_grouped_per_prompt(tmp_path: Path) -> None:
             )
         ).json()
         assert [item["meta_info"]["prompt_tokens"] for item in batch] == [3, 2]
+        # sampling_params may also be a list, one per prompt (the same n in each), as in SGLang.
+        per_prompt = [{"max_new_tokens": 2}, {"max_new_tokens": 5}]
+        mixed = (
+            await c.post("/generate", json={"input_ids": [[5, 6], [8, 9]], "sampling_params": per_prompt})
+        ).json()
+        assert [item["meta_info"]["completion_tokens"] for item in mixed] == [2, 5]
+        for bad, expected in (
+            ([{"n": 1}, {"n": 2}], "parallel_sample_num should be the same"),
+            ([{"max_new_tokens": 2}], "give one per prompt (2)"),
+        ):
+            r = await c.post("/generate", json={"input_ids": [[5, 6], [8, 9]], "sampling_params": bad})
+            assert r.status_code == 400 and expected in r.json()["error"]["message"]
 
 
 async def test_v1_completions_shape(tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ class Sampling:
 class Prompt:
     input_ids: list[int]
     rid: str | None
+    sampling: Sampling
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -120,41 +121,60 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int_field(obj: dict[str, Any], name: str, default: int, *, minimum: int, param: str) -> int:
+def _int_field(obj: dict[str, Any], name: str, default: int, *, minimum: int) -> int:
     value = obj.get(name, default)
     if value is None:
         return default
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not _is_int(value):
-        raise BadRequest(f"{name} must be an integer, got {value!r}.", param)
+        raise BadRequest(f"{name} must be an integer, got {value!r}.", name)
     if value < minimum:
-        raise BadRequest(f"{name} must be at least {minimum}, got {value}.", param)
+        raise BadRequest(f"{name} must be at least {minimum}, got {value}.", name)
     return value
 
 
-def _temperature(obj: dict[str, Any], param: str) -> float:
+def _temperature(obj: dict[str, Any]) -> float:
     value = obj.get("temperature", DEFAULT_TEMPERATURE)
     if value is None:
         return DEFAULT_TEMPERATURE
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"temperature must be a number, got {value!r}.", param)
+        raise BadRequest(f"temperature must be a number, got {value!r}.", "temperature")
     if not math.isfinite(value) or value < 0:
         # SamplingParams.verify's wording.
-        raise BadRequest(f"temperature must be a non-negative finite number, got {value}.", param)
+        raise BadRequest(f"temperature must be a non-negative finite number, got {value}.", "temperature")
     return float(value)
 
 
-def _sampling(obj: Any, *, max_tokens_key: str, default_max: int, param: str) -> Sampling:
+def _sampling(obj: Any, *, max_tokens_key: str, default_max: int, where: str) -> Sampling:
+    """The fields the simulator uses; SGLang's others (top_p, stop, ...) are accepted and ignored."""
     if obj is None:
         obj = {}
     if not isinstance(obj, dict):
-        raise BadRequest(f"{param} must be a JSON object, got {type(obj).__name__}.", param)
-    max_new = _int_field(obj, max_tokens_key, default_max, minimum=0, param=param)
-    n = _int_field(obj, "n", 1, minimum=1, param=param)
+        raise BadRequest(f"{where} must be a JSON object, got {type(obj).__name__}.", where)
+    max_new = _int_field(obj, max_tokens_key, default_max, minimum=0)
+    n = _int_field(obj, "n", 1, minimum=1)
     if n > MAX_N:
-        raise BadRequest(f"n must be at most {MAX_N} in the simulator, got {n}.", param)
-    return Sampling(max_new_tokens=max_new, temperature=_temperature(obj, param), n=n)
+        raise BadRequest(f"n must be at most {MAX_N} in the simulator, got {n}.", "n")
+    return Sampling(max_new_tokens=max_new, temperature=_temperature(obj), n=n)
+
+
+def _per_prompt(params: Any, count: int, **kwargs: Any) -> list[Sampling]:
+    """One Sampling per prompt: SGLang takes one sampling_params object for all, or a list of one
+    per prompt (with the same n in each)."""
+    if not isinstance(params, list):
+        return [_sampling(params, **kwargs)] * count
+    if len(params) != count:
+        raise BadRequest(
+            f"sampling_params is a list of {len(params)}; give one per prompt ({count}) or one object.",
+            "sampling_params",
+        )
+    samplings = [_sampling(p, **kwargs) for p in params]
+    if len({s.n for s in samplings}) > 1:
+        raise BadRequest(
+            "The parallel_sample_num should be the same for all samples in sample params.", "sampling_params"
+        )
+    return samplings
 
 
 def _token_list(value: Any, param: str) -> list[int]:
@@ -168,9 +188,16 @@ def _token_list(value: Any, param: str) -> list[int]:
 
 
 def _prompts(
-    tokenize: Callable[[str], list[int]], text: Any, input_ids: Any, rid: Any, *, text_key: str
+    tokenize: Callable[[str], list[int]],
+    text: Any,
+    input_ids: Any,
+    rid: Any,
+    params: Any,
+    *,
+    text_key: str,
+    **sampling: Any,
 ) -> tuple[list[Prompt], bool]:
-    """The prompts as token lists, and whether the request was a single one (not a batch)."""
+    """The prompts (token lists with their sampling) and whether the request was a single one."""
     if (text is None) == (input_ids is None):
         raise BadRequest("Either text, input_ids or input_embeds should be provided.")
     if text is not None:
@@ -193,7 +220,8 @@ def _prompts(
     if len(token_lists) > MAX_BATCH:
         raise BadRequest(f"A batch holds at most {MAX_BATCH} prompts in the simulator.")
     rids = _rids(rid, len(token_lists), single)
-    return [Prompt(ids, r) for ids, r in zip(token_lists, rids, strict=False)], single
+    samplings = _per_prompt(params, len(token_lists), **sampling)
+    return [Prompt(*fields) for fields in zip(token_lists, rids, samplings, strict=True)], single
 
 
 def _rids(rid: Any, count: int, single: bool) -> list[str | None]:
@@ -206,9 +234,10 @@ def _rids(rid: Any, count: int, single: bool) -> list[str | None]:
     raise BadRequest("rid must be a string for a single request, or a list of one string per prompt.", "rid")
 
 
-def _check_lengths(prompts: Sequence[Prompt], sampling: Sampling, context_len: int) -> None:
+def _check_lengths(prompts: Sequence[Prompt], context_len: int) -> None:
     # TokenizerManager._validate_one_request's checks and wording.
     for prompt in prompts:
+        sampling = prompt.sampling
         n_in = len(prompt.input_ids)
         if n_in >= context_len:
             raise BadRequest(
@@ -242,37 +271,35 @@ def _finish_reason(result: Any) -> dict[str, Any] | None:
     return {"type": str(reason)}
 
 
-async def _run_all(
-    state: SimState, prompts: Sequence[Prompt], sampling: Sampling
-) -> list[tuple[str, Any, float]]:
+def _rid(prompt: Prompt, sample: int) -> str:
+    if prompt.rid is None:
+        return uuid.uuid4().hex
+    return prompt.rid if prompt.sampling.n == 1 else f"{prompt.rid}-{sample}"
+
+
+async def _run_all(state: SimState, prompts: Sequence[Prompt]) -> list[tuple[str, Any, float]]:
     """Generate n samples per prompt; results grouped per prompt (SGLang's order: i * n + j).
 
     With n > 1 SGLang first runs each prompt once with max_new_tokens=0 to cache its prefix; the
     simulator does the same, so the samples meet the cache the way they would in SGLang.
     """
     engine = state.engine
-    if sampling.n > 1:
+    if prompts[0].sampling.n > 1:
         await asyncio.gather(
             *(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0) for p in prompts)
         )
     jobs: list[tuple[str, Awaitable[Any]]] = []
     for prompt in prompts:
+        sampling = prompt.sampling
         for j in range(sampling.n):
-            rid = prompt.rid if prompt.rid is not None and sampling.n == 1 else None
-            if prompt.rid is not None and sampling.n > 1:
-                rid = f"{prompt.rid}-{j}"
-            rid = rid or uuid.uuid4().hex
-            jobs.append(
-                (
-                    rid,
-                    engine.generate(
-                        prompt.input_ids,
-                        max_new_tokens=sampling.max_new_tokens,
-                        temperature=sampling.temperature,
-                        rid=rid,
-                    ),
-                )
+            rid = _rid(prompt, j)
+            job = engine.generate(
+                prompt.input_ids,
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                rid=rid,
             )
+            jobs.append((rid, job))
     started = time.perf_counter()
     if len(jobs) == 1:  # the common case: no tasks to create
         results = [await jobs[0][1]]
@@ -286,6 +313,13 @@ async def _run_all(
             raise
     elapsed = time.perf_counter() - started
     return [(rid, result, elapsed) for (rid, _), result in zip(jobs, results, strict=False)]
+
+
+def _stream_flag(body: dict[str, Any]) -> bool:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be true or false.", "stream")
+    return stream
 
 
 def _count_tokens(state: SimState, runs: Sequence[tuple[str, Any, float]], streaming: bool) -> None:
@@ -440,37 +474,25 @@ def build_app(state: SimState) -> Starlette:
     async def generate(request: Request) -> Response:
         async def handle() -> Response:
             body = await _json_object(request)
-            params = body.get("sampling_params")
-            if isinstance(params, list):  # one dict per prompt in SGLang; the sim needs them equal
-                if not params or any(p != params[0] for p in params):
-                    raise BadRequest(
-                        "sampling_params as a list must repeat one set of parameters in the simulator.",
-                        "sampling_params",
-                    )
-                params = params[0]
-            sampling = _sampling(
-                params,
-                max_tokens_key="max_new_tokens",
-                default_max=GENERATE_DEFAULT_MAX_NEW_TOKENS,
-                param="sampling_params",
-            )
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise BadRequest("stream must be true or false.", "stream")
+            stream = _stream_flag(body)
             prompts, single = _prompts(
                 engine.tokenizer.encode,
                 body.get("text"),
                 body.get("input_ids"),
                 body.get("rid"),
+                body.get("sampling_params"),
                 text_key="text",
+                max_tokens_key="max_new_tokens",
+                default_max=GENERATE_DEFAULT_MAX_NEW_TOKENS,
+                where="sampling_params",
             )
-            _check_lengths(prompts, sampling, state.context_len)
-            runs = await _run_all(state, prompts, sampling)
+            _check_lengths(prompts, state.context_len)
+            runs = await _run_all(state, prompts)
             _count_tokens(state, runs, stream)
             items = [_generate_item(state, *run) for run in runs]
             if stream:
                 return _sse(items)
-            return JSONResponse(items[0] if single and sampling.n == 1 else items)
+            return JSONResponse(items[0] if single and prompts[0].sampling.n == 1 else items)
 
         return await _guarded(state, handle, native_error)
 
@@ -488,18 +510,21 @@ def build_app(state: SimState) -> Starlette:
                 if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str)
                 else (prompt, None)
             )
-            sampling = _sampling(
-                body,
+            stream = _stream_flag(body)
+            prompts, _ = _prompts(
+                engine.tokenizer.encode,
+                text,
+                ids,
+                None,
+                body,  # OpenAI puts max_tokens, temperature and n at the top level
+                text_key="prompt",
                 max_tokens_key="max_tokens",
                 default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
-                param="max_tokens",
+                where="the request body",
             )
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise BadRequest("stream must be true or false.", "stream")
-            prompts, _ = _prompts(engine.tokenizer.encode, text, ids, None, text_key="prompt")
-            _check_lengths(prompts, sampling, state.context_len)
-            runs = await _run_all(state, prompts, sampling)
+            _check_lengths(prompts, state.context_len)
+            runs = await _run_all(state, prompts)
+            n = prompts[0].sampling.n
             _count_tokens(state, runs, stream)
             created = int(time.time())
             response_id = f"cmpl-{uuid.uuid4().hex}"
@@ -515,7 +540,7 @@ def build_app(state: SimState) -> Starlette:
                         "matched_stop": reason.get("matched"),
                     }
                 )
-            prompt_tokens = sum(r.prompt_tokens for i, (_, r, _) in enumerate(runs) if i % sampling.n == 0)
+            prompt_tokens = sum(r.prompt_tokens for i, (_, r, _) in enumerate(runs) if i % n == 0)
             completion_tokens = sum(r.completion_tokens for _, r, _ in runs)
             usage: dict[str, Any] = {
                 "prompt_tokens": prompt_tokens,

@@ -261,8 +261,7 @@ class RadixtopApp(App[int]):
                 title = self.catalog.get(sig_id).title
             except Exception:
                 title = sig_id
-            rank = occ.rank or "no rank"
-            initiating = f"{rank} {_time_of_day(occ.time)} {title}"
+            initiating = " ".join(p for p in (occ.rank, _time_of_day(occ.time), title) if p)
             if state.source_count > 1:
                 initiating += f" ({state.label(occ.file)}:{occ.line})"
         sources = tuple(
@@ -280,6 +279,7 @@ class RadixtopApp(App[int]):
             sources=sources,
             initiating=initiating,
             findings=len(report.findings) if report is not None else 0,
+            findings_hidden=self.screen.has_class("-narrow") and not self.screen.has_class("-show-findings"),
             filter_text=state.filter_text,
             filter_rows=state.view_len if state.filter_text else 0,
             search_text=state.search_text,

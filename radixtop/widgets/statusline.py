@@ -33,6 +33,7 @@ class StatusInfo:
     sources: tuple[SourceStatus, ...] = ()
     initiating: str | None = None  # e.g. "TP3 radix page lock failed 14:00:01.234"
     findings: int = 0
+    findings_hidden: bool = False  # the findings panel is not on screen (narrow terminal)
     filter_text: str | None = None
     filter_rows: int = 0
     search_text: str | None = None
@@ -58,7 +59,7 @@ class StatusLine(Widget):
         "statusline--dim",
     }
     DEFAULT_CSS = """
-    StatusLine { height: 1; background: $panel; color: $foreground; }
+    StatusLine { height: 1; background: $panel; color: $foreground; text-wrap: nowrap; text-overflow: ellipsis; }
     StatusLine > .statusline--mode { color: $background; background: $primary; text-style: bold; }
     StatusLine > .statusline--paused { color: $background; background: $sev-warning; text-style: bold reverse; }
     StatusLine > .statusline--ok { color: $success; }
@@ -92,6 +93,8 @@ class StatusLine(Widget):
             out.append((2, Text(f"filter '{info.filter_text}' {_count(info.filter_rows)} rows", self._s("warn"))))
         if info.search_text:
             out.append((3, Text(f"search '{info.search_text}'", self._s("warn"))))
+        if info.findings and info.findings_hidden:
+            out.append((2, Text(f"{info.findings} findings: Tab", self._s("warn"))))
         if info.initiating:
             out.append((2, Text(f"first: {info.initiating}", self._s("initiating"))))
         elif info.findings:

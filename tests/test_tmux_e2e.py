@@ -1,0 +1,108 @@
+"""End to end in a real terminal: radixtop under tmux follows a file, and a signature line appended
+to it shows up highlighted (checked in the escape codes tmux captured) and listed as a finding."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.tmux,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
+ORDINARY = "[2026-12-02 14:03:13.281 TP0] Decode batch, #running-req: 61, #token: 387604, token usage: 0.94, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 11"
+
+_SGR = re.compile(r"\x1b\[([0-9;:]*)m")
+
+
+def attributes_at(line: str, needle: str) -> set[str]:
+    """The SGR attributes (bold, underline, reverse) in effect where `needle` starts in a line
+    captured with `tmux capture-pane -e`."""
+    position = _SGR.sub(lambda m: "\x00" * len(m.group(0)), line).find(needle)
+    assert position >= 0, f"{needle!r} not in {line!r}"
+    attrs: set[str] = set()
+    for m in _SGR.finditer(line[:position]):
+        params = [int(p) if p.isdigit() else 0 for p in re.split("[;:]", m.group(1) or "0")]
+        i = 0
+        while i < len(params):
+            p = params[i]
+            if p in (38, 48, 58):  # a colour: skip its arguments
+                i += 2 if params[i + 1 : i + 2] == [5] else 4
+            elif p == 0:
+                attrs.clear()
+            elif p in (1, 4, 7):
+                attrs.add({1: "bold", 4: "underline", 7: "reverse"}[p])
+            elif p in (22, 24, 27):
+                attrs.discard({22: "bold", 24: "underline", 27: "reverse"}[p])
+            i += 1
+    return attrs
+
+
+class Tmux:
+    def __init__(self) -> None:
+        self.socket = f"radixtop-test-{uuid.uuid4().hex[:8]}"  # our own server: other sessions untouched
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10
+        ).stdout
+
+    def capture(self, escapes: bool = False) -> str:
+        return self("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "radixtop")
+
+    def wait_for(self, condition, what: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.capture()
+            if condition(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen:\n{screen}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+def test_appended_signature_is_highlighted_and_listed_in_a_real_terminal(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(ORDINARY + "\n", encoding="utf-8")
+    command = " ".join(shlex.quote(part) for part in (sys.executable, "-m", "radixtop", "--log", str(log)))
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TMUX")}
+    tmux = Tmux()
+    try:
+        subprocess.run(
+            ["tmux", "-L", tmux.socket, "-f", "/dev/null", "new-session", "-d", "-s", "radixtop", "-x", "120", "-y", "40", command],
+            check=True,
+            env=env,
+            timeout=10,
+        )
+        tmux.wait_for(lambda s: "FOLLOW" in s and "q Quit" in s, "radixtop to start", timeout=30)
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(ORDINARY + "\n" + SIGQUIT + "\n")
+        appended = time.monotonic()
+        screen = tmux.wait_for(lambda s: "Received sigquit from a child process. It" in s, "the appended line", timeout=10)
+        lag = time.monotonic() - appended
+        assert "Findings (1)" in screen
+        assert "Received sigquit from a child" in screen.split("Findings (1)", 1)[1]  # in the findings panel
+        assert "first: 14:03:14.964 Received sigquit" in screen  # the initiating line (TP=1: no rank)
+        colored = tmux.capture(escapes=True)
+        line = next(l for l in colored.splitlines() if "Received sigquit from a child process. It" in _SGR.sub("", l))
+        assert _SGR.sub("", line).startswith("!! ")
+        assert {"bold", "reverse"} <= attributes_at(line, "Received sigquit from a child process. It")
+        plain = next(l for l in colored.splitlines() if "Decode batch" in _SGR.sub("", l))
+        assert "reverse" not in attributes_at(plain, "Decode batch")
+        assert lag < 10
+    finally:
+        tmux.kill()

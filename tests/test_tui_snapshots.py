@@ -1,0 +1,51 @@
+"""Screenshots of the log pane over the bundled sample incident (tests/__snapshots__/).
+
+Deterministic on purpose: a fixed log read from its start, and a frozen clock (the lines/s figure
+then reads "—"). Update after an intended change with `pytest tests/test_tui_snapshots.py
+--snapshot-update`, and look at the SVGs before committing them.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+
+from radixtop.tui.app import RadixtopApp
+
+SAMPLE = resources.files("radixtop") / "data" / "sample_incident.log"
+SAMPLE_LINES = sum(1 for _ in SAMPLE.open(encoding="utf-8"))
+
+
+def sample_app(**kwargs) -> RadixtopApp:
+    return RadixtopApp(log_patterns=[str(SAMPLE)], from_start=True, clock=lambda: 0.0, **kwargs)
+
+
+async def loaded(pilot) -> None:
+    app = pilot.app
+    deadline = time.monotonic() + 15
+    while app.state.total_lines < SAMPLE_LINES or app.state.report is None:
+        assert time.monotonic() < deadline, "the sample log did not load"
+        await pilot.pause(0.05)
+    app._poll_health()
+    await pilot.pause(0.3)
+
+
+def test_sample_incident_120x40_dark(snap_compare) -> None:
+    assert snap_compare(sample_app(), terminal_size=(120, 40), run_before=loaded)
+
+
+def test_sample_incident_80x24(snap_compare) -> None:
+    assert snap_compare(sample_app(), terminal_size=(80, 24), run_before=loaded)
+
+
+def test_sample_incident_120x40_light(snap_compare) -> None:
+    assert snap_compare(sample_app(theme="light"), terminal_size=(120, 40), run_before=loaded)
+
+
+def test_first_occurrence_after_enter_160x48(snap_compare) -> None:
+    async def jump(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("tab", "down", "enter")  # the second finding: the initiating warning
+        await pilot.pause(0.3)
+
+    assert snap_compare(sample_app(), terminal_size=(160, 48), run_before=jump)

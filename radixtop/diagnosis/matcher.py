@@ -11,7 +11,8 @@ How each engine scans a buffer of many lines:
   SINGLEMATCH: `scan` needs every line), mapped to its line with a find of b"\\n". The compiled
   database is cached on disk (see _HyperscanEngine), because compiling costs 50-100 ms here and
   `radixtop scan` must start like grep.
-- re2: an RE2::Set pass says which patterns occur in the buffer at all; only those are searched.
+- re2: an RE2::Set pass says which patterns occur in the buffer at all; only those are searched,
+  on the lines holding their required literal (below) where they have one.
 - re: each pattern's required literal (e.g. "Failed to lock memory page") is found with bytes.find,
   and the regex runs only on the lines holding it; a pattern without one is searched in full.
 
@@ -193,7 +194,7 @@ class _HyperscanEngine:
 class _Re2Engine:
     name = "re2"
 
-    def __init__(self, patterns: Sequence[bytes]) -> None:
+    def __init__(self, patterns: Sequence[bytes], sources: Sequence[str]) -> None:
         try:
             import re2
         except ImportError as exc:
@@ -208,6 +209,7 @@ class _Re2Engine:
             except re2.error as exc:
                 raise _PatternRejected(i, _one_line(exc)) from exc
         self.compiled = compiled
+        self.literals = [required_literals(source) for source in sources]
         self._set = re2.Set.SearchSet(options)
         for pattern in patterns:
             self._set.Add(b"(?m)" + pattern)
@@ -216,9 +218,14 @@ class _Re2Engine:
     def scan_into(self, data: Any, size: int, hits: list[tuple[int, int]]) -> None:
         # RE2 does not treat endpos as the end of the text for `$`: search a view that ends there.
         view = data if size == len(data) else memoryview(data)[:size]
-        # One RE2::Set pass names the patterns present anywhere in the buffer; hits are rare.
+        # One RE2::Set pass names the patterns present anywhere in the buffer (hits are rare);
+        # each of those is searched only on the lines holding its literal, when it has one.
         for i in sorted(self._set.Match(view) or ()):
-            _line_hits(self.compiled[i], data, hits, i, size, view)
+            literals = self.literals[i]
+            if literals is None:
+                _line_hits(self.compiled[i], data, hits, i, size, view)
+            else:
+                _literal_line_hits(self.compiled[i], literals, data, hits, i, size, view)
 
 
 class _ReEngine:
@@ -334,6 +341,7 @@ def _literal_line_hits(
     hits: list[tuple[int, int]],
     index: int,
     size: int,
+    text: Any = None,
 ) -> None:
     """Like _line_hits, searching the regex only on lines that hold one of the literals."""
     lines: set[tuple[int, int]] = set()
@@ -346,8 +354,9 @@ def _literal_line_hits(
                 line_end = size
             lines.add((data.rfind(b"\n", 0, pos) + 1, line_end))
             pos = find(literal, line_end + 1, size)
+    subject = data if text is None else text
     for line_start, line_end in sorted(lines):
-        if pattern.search(data, line_start, line_end) is not None:
+        if pattern.search(subject, line_start, line_end) is not None:
             hits.append((line_end, index))
 
 
@@ -381,7 +390,7 @@ class Matcher:
                 if name == "hyperscan":
                     self._engine = _HyperscanEngine(self._patterns)
                 elif name == "re2":
-                    self._engine = _Re2Engine(self._patterns)
+                    self._engine = _Re2Engine(self._patterns, [s.pattern for s in self.signatures])
                 else:
                     self._engine = _ReEngine(self._patterns, [s.pattern for s in self.signatures])
             except _EngineUnavailable as exc:

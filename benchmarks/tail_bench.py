@@ -49,7 +49,7 @@ BODY = (
     "[2025-06-01 12:00:00 TP3] Decode batch, #running-req: 57, #token: 48213, token usage: 0.71, "
     "cuda graph: True, gen throughput (token/s): 3121.55, #queue-req: 4"
 )
-STAMP = re.compile(rb"^(\d{12}) (\d+\.\d{6}) ", re.M)
+STAMP = re.compile(rb"^(\d{12}) (\d+\.\d{6}) ", re.MULTILINE)
 SEQ_PART, STAMP_PART = operator.itemgetter(slice(0, 12)), operator.itemgetter(slice(13, 30))
 IDLE_SECONDS = 3.0
 
@@ -249,7 +249,9 @@ def bench_tail(path: str, rate: int, duration: float) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=int, default=200_000, help="lines per second (default 200000)")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds of writing per tool (default 10)")
+    parser.add_argument(
+        "--duration", type=float, default=10.0, help="seconds of writing per tool (default 10)"
+    )
     parser.add_argument("--quick", action="store_true", help="2 s of writing per tool")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
@@ -264,17 +266,25 @@ def main() -> int:
         peer = bench_tail(os.path.join(workdir, "tail.log"), args.rate, duration)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"rate {args.rate:,} lines/s target, {duration:g} s per tool, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    header = f"{'tool':26} {'written':>9} {'received':>9} {'lost':>5} {'dup':>4} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'CPU %':>6} {'idle CPU %':>10}"
+    print(
+        f"rate {args.rate:,} lines/s target, {duration:g} s per tool, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    header = (
+        f"{'tool':26} {'written':>9} {'received':>9} {'lost':>5} {'dup':>4} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'CPU %':>6} {'idle CPU %':>10}"
+    )
     print(header)
     for r in (ours, peer):
         print(
-            f"{r['tool']:26} {r['lines_written']:>9,} {r['lines_received']:>9,} {r['lost']:>5} {r['duplicated']:>4} "
-            f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} {r['cpu_pct']:>6.1f} {r['idle_cpu_pct']:>10.2f}"
+            f"{r['tool']:26} {r['lines_written']:>9,} {r['lines_received']:>9,} {r['lost']:>5} "
+            f"{r['duplicated']:>4} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} "
+            f"{r['cpu_pct']:>6.1f} {r['idle_cpu_pct']:>10.2f}"
         )
-    print(f"radixtop whole process (incl. this benchmark's per-line parsing): {ours['cpu_pct_whole_process']:.1f} % "
-          f"busy, {ours['idle_cpu_pct_whole_process']:.2f} % idle")
+    print(
+        "radixtop whole process (incl. the benchmark's consumer): "
+        f"{ours['cpu_pct_whole_process']:.1f} % busy, {ours['idle_cpu_pct_whole_process']:.2f} % idle"
+    )
     if ours["notices"]:
         print("notices:", *ours["notices"], sep="\n  ")
     if args.json:

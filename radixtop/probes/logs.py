@@ -85,7 +85,11 @@ _BOUNDARY = 64  # bytes before the offset re-read with each read to catch trunca
 # two-byte escapes, and 8-bit CSI. No alternative can match a newline, so it is safe on a whole
 # block of lines at once.
 _ANSI = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)|\x1b[ -/]+[0-~]|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]"
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
+    r"|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)"  # OSC
+    r"|\x1b[ -/]+[0-~]"  # charset selection and other nF escapes
+    r"|\x1b[@-Z\\-_]"  # other two-byte (Fe) escapes
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
 )
 
 
@@ -108,7 +112,9 @@ class _RecordBuilder:
         self.received = received
 
 
-def _make_records(source: str, first_lineno: int, texts: list[str], generation: int, received: float) -> list[LogRecord]:
+def _make_records(
+    source: str, first_lineno: int, texts: list[str], generation: int, received: float
+) -> list[LogRecord]:
     # The cyclic GC is paused while a chunk's records are built. They hold only str/int/float, so
     # they can never be part of a cycle, yet left alone the GC would run a collection per 700 of
     # them and, once the app keeps many (its ring buffer), a full one every ~70,000: measured here
@@ -117,8 +123,9 @@ def _make_records(source: str, first_lineno: int, texts: list[str], generation: 
     if gc_was_enabled:
         gc.disable()
     try:
+        linenos = range(first_lineno, first_lineno + len(texts))
         records = list(
-            map(_RecordBuilder, repeat(source), range(first_lineno, first_lineno + len(texts)), texts, repeat(generation), repeat(received))
+            map(_RecordBuilder, repeat(source), linenos, texts, repeat(generation), repeat(received))
         )
         for record in records:
             record.__class__ = LogRecord
@@ -129,8 +136,7 @@ def _make_records(source: str, first_lineno: int, texts: list[str], generation: 
 
 
 def _clean(text: str) -> str:
-    if text.endswith("\r"):
-        text = text[:-1]
+    text = text.removesuffix("\r")
     if "\x1b" in text or "\x9b" in text:
         text = _ANSI.sub("", text)
     return text
@@ -158,6 +164,10 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass  # closing is best effort: nothing useful to tell anyone
+
+
+def _is_a_directory(path: str) -> str:
+    return f"{path} is a directory; give a log file, or a glob such as {os.path.join(path, '*.log')}"
 
 
 def _head(path: str) -> bytes | None:
@@ -201,7 +211,10 @@ def _count_lines(fd: int, end: int, stopping: threading.Event) -> int:
 class _Generation:
     """One opened file (one inode) at a path: its fd, read offset and the line being assembled."""
 
-    __slots__ = ("fd", "dev", "ino", "number", "offset", "lineno", "partial", "dropped", "boundary", "quiet_since", "cut", "cut_noticed")
+    __slots__ = (
+        "fd", "dev", "ino", "number", "offset", "lineno", "partial", "dropped", "boundary", "quiet_since",
+        "cut", "cut_noticed",
+    )  # fmt: skip
 
     def __init__(self, fd: int, st: os.stat_result, number: int, offset: int) -> None:
         self.fd = fd
@@ -266,9 +279,7 @@ class _Generation:
         lines as splitting first, at a fraction of the per-line cost."""
         text = block.decode("utf-8", "replace")
         if "\r" in text:
-            text = text.replace("\r\n", "\n")
-            if text.endswith("\r"):
-                text = text[:-1]
+            text = text.replace("\r\n", "\n").removesuffix("\r")
         if "\x1b" in text or "\x9b" in text:
             text = _ANSI.sub("", text)
         lines = text.split("\n")
@@ -424,10 +435,10 @@ class _Tailer:
                 self.notice(path, "waiting", f"{path} does not exist yet; waiting for it to appear")
             return False
         except IsADirectoryError:
-            self.fail(source, f"{path} is a directory; give a log file, or a glob such as {os.path.join(path, '*.log')}")
+            self.fail(source, _is_a_directory(path))
             return False
         except PermissionError:
-            self.fail(source, f"cannot read {path}: permission denied; fix its permissions or run as a user who can read it")
+            self.fail(source, f"cannot read {path}: permission denied; fix its permissions or run as its owner")
             return False
         except OSError as exc:
             self.fail(source, f"cannot open {path}: {exc.strerror or exc}; check the path")
@@ -440,11 +451,11 @@ class _Tailer:
             return False
         if stat.S_ISDIR(st.st_mode):
             os.close(fd)
-            self.fail(source, f"{path} is a directory; give a log file, or a glob such as {os.path.join(path, '*.log')}")
+            self.fail(source, _is_a_directory(path))
             return False
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            self.fail(source, f"{path} is not a regular file (a pipe or device?); radixtop follows files only")
+            self.fail(source, f"{path} is not a regular file (a pipe or device?); only files can be followed")
             return False
         offset = _start_of_last_line(fd, st.st_size, self.max_line) if source.start_at_end else 0
         source.start_at_end = False
@@ -489,7 +500,7 @@ class _Tailer:
             gen.offset += len(data)
             got += len(data)
             if check_boundary:
-                gen.boundary = data[-_BOUNDARY:] if len(data) >= _BOUNDARY else (gen.boundary + data)[-_BOUNDARY:]
+                gen.boundary = (gen.boundary + data[-_BOUNDARY:])[-_BOUNDARY:]
             texts = gen.split(data, self.max_line)
             if texts:
                 self.emit(source, gen, texts, received)
@@ -553,9 +564,8 @@ class _Tailer:
                 self.finish(source, gen)
         if backlog:
             return True  # the old generation first: the new file waits until it is read out
-        if source.current is None:
-            if not self.try_open(source, now):
-                return False
+        if source.current is None and not self.try_open(source, now):
+            return False
         return self.follow(source, now)
 
     def follow(self, source: _Source, now: float) -> bool:
@@ -572,7 +582,8 @@ class _Tailer:
             st = None
             if source.last_error != str(exc):
                 source.last_error = str(exc)
-                self.notice(path, "error", f"cannot stat {path}: {exc.strerror or exc}; still reading the open file")
+                message = f"cannot stat {path}: {exc.strerror or exc}; still reading the open file"
+                self.notice(path, "error", message)
         if st is not None and (st.st_dev, st.st_ino) != (gen.dev, gen.ino):
             self.retire(source, gen, now)
             source.current = None
@@ -671,10 +682,9 @@ class LogFollower:
         self._max_batch = max_batch
         self._tailer = _Tailer(list(patterns), from_start=from_start, max_line=max_line)
         self._tailer.start()
-        # Records and notices waiting for the consumer; a depth-one queue that coalesces.
+        # Records and notices waiting for the consumer (a depth-one queue that coalesces), starting
+        # with the initial scan's notices ("waiting", "error").
         self._room = threading.Condition()
-        self._records: list[LogRecord] = []
-        self._notices: list[LogNotice] = []
         self._records, self._notices = self._tailer.take()
         self._stop = self._tailer.stopping
         self._thread: threading.Thread | None = None
@@ -731,7 +741,10 @@ class LogFollower:
         return LogBatch(tuple(records), tuple(notices))
 
     def stop(self) -> None:
-        """Stop reading and close the files; idempotent. batches() ends once it has yielded the rest."""
+        """Stop reading and close the files; idempotent. batches() ends once it has yielded the rest.
+
+        Joins the reader thread: from the event loop that blocks for at most one poll interval
+        (<= 50 ms by default) plus the read in progress."""
         self._stop.set()
         with self._room:
             self._room.notify()
@@ -781,10 +794,10 @@ class LogFollower:
                 busy = self._tailer.poll(now)
                 got_lines = bool(self._tailer.records)
                 self._publish()
-                if busy:
-                    continue  # more bytes are waiting: read them now rather than after a sleep
-                if got_lines:
+                if got_lines or busy:
                     last_data, interval = now, self._poll_interval
+                    if busy:
+                        continue  # more bytes are waiting: read them now rather than after a sleep
                 elif now - last_data > _IDLE_BACKOFF_AFTER:
                     # Idle for a while: poll slower (up to 50 ms) so an idle follower costs ~nothing.
                     interval = max(self._poll_interval, min(interval * 1.5, _IDLE_MAX_INTERVAL))
@@ -793,7 +806,8 @@ class LogFollower:
                 # waits at most one interval (<= 50 ms unless poll_interval is longer).
                 time.sleep(max(0.0, now + interval - time.monotonic()))
         except Exception as exc:  # a bug here must not vanish silently with the thread
-            self._tailer.notice("radixtop", "error", f"the log follower stopped on an internal error: {exc!r}")
+            message = f"the log follower stopped on an internal error: {exc!r}"
+            self._tailer.notice("radixtop", "error", message)
             self._publish()
         finally:
             try:

@@ -17,11 +17,13 @@ from radixtop.sim.faults import FaultSpec
 
 STAMP = r"\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<rank>(?: DP\d+)?(?: PP\d+)?(?: TP\d+)?)\] "
 PREFILL = re.compile(
-    STAMP + r"Prefill batch, #new-seq: (?P<seq>\d+), #new-token: (?P<new>\d+), #cached-token: (?P<cached>\d+), "
+    STAMP
+    + r"Prefill batch, #new-seq: (?P<seq>\d+), #new-token: (?P<new>\d+), #cached-token: (?P<cached>\d+), "
     r"token usage: (?P<usage>\d+\.\d{2}), #running-req: (?P<running>\d+), #queue-req: (?P<queue>\d+),"
 )
 DECODE = re.compile(
-    STAMP + r"Decode batch, #running-req: (?P<running>\d+), #token: (?P<token>\d+), token usage: (?P<usage>\d+\.\d{2}), "
+    STAMP
+    + r"Decode batch, #running-req: (?P<running>\d+), #token: (?P<token>\d+), token usage: (?P<usage>\d+\.\d{2}), "
     r"cuda graph: (?:True|False), gen throughput \(token/s\): (?P<gen>\d+\.\d{2}), #queue-req: (?P<queue>\d+)"
 )
 WORD = re.compile(r"^( u\d{1,4}_\d{1,4})+$")
@@ -73,8 +75,10 @@ async def test_output_depends_on_the_kv_read_not_on_batching_or_caching():
         alone = await engine.generate(ids, max_new_tokens=20)
     async with engine_running(SimConfig(step_time_s=0, page_size=4)) as (engine, _):
         await engine.generate(ids[:50], max_new_tokens=5)  # a cached partial prefix
-        crowd = await asyncio.gather(*[engine.generate(prompt(60, 77 + i), max_new_tokens=9) for i in range(8)],
-                                     engine.generate(ids, max_new_tokens=20))
+        crowd = await asyncio.gather(
+            *[engine.generate(prompt(60, 77 + i), max_new_tokens=9) for i in range(8)],
+            engine.generate(ids, max_new_tokens=20),
+        )
     assert crowd[-1].output_ids == alone.output_ids
     assert crowd[-1].cached_tokens == 48
     assert engine.tokenizer.decode([7892 << 11 | 1146]) == " u7892_1146"
@@ -84,16 +88,22 @@ async def test_outputs_survive_eviction_and_retraction_unchanged():
     work = pressure_workload(shared=100)
     async with engine_running(SimConfig(max_total_tokens=131072, step_time_s=0)) as (engine, _):
         roomy = await asyncio.gather(*[engine.generate(w, max_new_tokens=64) for w in work])
-    async with engine_running(SimConfig(max_total_tokens=4096, step_time_s=0, page_size=4)) as (engine, lines):
+    async with engine_running(SimConfig(max_total_tokens=4096, step_time_s=0, page_size=4)) as (
+        engine,
+        lines,
+    ):
         tight = await asyncio.gather(*[engine.generate(w, max_new_tokens=64) for w in work])
         stats = engine.stats()
     assert [r.output_ids for r in tight] == [r.output_ids for r in roomy]
     assert stats.evicted_tokens_total > 0 and stats.num_retracted_reqs > 0
     retract = [line for line in lines if "KV cache pool is full. Retract requests." in line]
     assert retract and re.search(
-        r"#retracted_reqs: \d+, #new_tokens_gained: -?\d+, #new_token_ratio: \d\.\d{4} -> \d\.\d{4}$", retract[0]
+        r"#retracted_reqs: \d+, #new_tokens_gained: -?\d+, #new_token_ratio: \d\.\d{4} -> \d\.\d{4}$",
+        retract[0],
     )
-    assert stats.available_tokens + stats.evictable_tokens + stats.protected_tokens == stats.max_total_num_tokens
+    assert (
+        stats.available_tokens + stats.evictable_tokens + stats.protected_tokens == stats.max_total_num_tokens
+    )
 
 
 async def test_temperature_mixes_in_a_per_request_rng_unless_deterministic():
@@ -122,13 +132,18 @@ async def replay(engine: Engine, plan) -> dict[tuple[str, int], list[int]]:
     return dict(await asyncio.gather(*[one(p) for p in plan]))
 
 
-async def diverged_requests(page_size: int, *, disable: bool, runs: int = 4, scale: float = 0.2) -> list[str]:
+async def diverged_requests(
+    page_size: int, *, disable: bool, runs: int = 4, scale: float = 0.25
+) -> list[str]:
     trace = builtin_trace("finding_03330")
     if page_size != trace.page_size_hint:
         trace = rescale_prefixes(trace, page_size)
     trace = scale_offsets(trace, scale)
     plan = plan_requests(trace, seed=3)
-    fault = FaultSpec("block-boundary", seed=5, params={"window_ms": 100 * scale})
+    # Offsets x0.25: r02's page is allocated at ~11 ms, its copies match it one iteration later,
+    # r02_b_s_b_s_s_s matches it again at 96 ms. A 10 ms window sits well inside that gap, so
+    # only an event-loop stall of ~75 ms at the wrong moment could blur the two.
+    fault = FaultSpec("block-boundary", seed=5, params={"window_ms": 10})
     config = SimConfig(
         page_size=page_size,
         max_total_tokens=131072,
@@ -162,7 +177,9 @@ async def test_block_boundary_varies_between_replays_with_a_consistent_prefix():
     from radixtop.incident.trace import synthesize_input_ids
 
     first, second = synthesize_input_ids(r02, trace, 0, 0), synthesize_input_ids(r02, trace, 0, 1)
-    config = SimConfig(page_size=64, step_time_s=0, faults=(FaultSpec("block-boundary", 0, {"window_ms": 10_000}),))
+    config = SimConfig(
+        page_size=64, step_time_s=0, faults=(FaultSpec("block-boundary", 0, {"window_ms": 10_000}),)
+    )
     async with engine_running(config) as (engine, _):
         healthy = await engine.generate(second, max_new_tokens=8)
         assert engine.flush_cache()
@@ -195,11 +212,27 @@ async def lock_race_run(max_running: int, seed: int = 1, tp_size: int = 1):
 async def test_lock_race_fires_under_pressure_and_kills_the_engine():
     engine, lines, results = await lock_race_run(32)
     assert engine.dead_reason == "RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
-    warn = next(i for i, line in enumerate(lines) if "WARNING: radix cache eviction contended with a page lock" in line)
-    error = next(i for i, line in enumerate(lines) if "Scheduler hit an exception: Traceback (most recent call last):" in line)
-    sigquit = [i for i, line in enumerate(lines) if "Received sigquit from a child process. It usually means the child failed." in line]
+    warn = next(
+        i
+        for i, line in enumerate(lines)
+        if "WARNING: radix cache eviction contended with a page lock" in line
+    )
+    error = next(
+        i
+        for i, line in enumerate(lines)
+        if "Scheduler hit an exception: Traceback (most recent call last):" in line
+    )
+    sigquit = [
+        i
+        for i, line in enumerate(lines)
+        if "Received sigquit from a child process. It usually means the child failed." in line
+    ]
     assert warn < error < sigquit[0] and len(sigquit) == 1
-    assert lines[error].rstrip().endswith("RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+    assert (
+        lines[error]
+        .rstrip()
+        .endswith("RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+    )
     usage = float(re.search(r"token usage (\d\.\d\d)", lines[warn]).group(1))
     assert usage >= 0.90
     assert any(isinstance(r, EngineDead) for r in results)
@@ -258,8 +291,11 @@ async def test_leak_legacy_wording_and_strict_mode_kills():
         await engine.generate(prompt(10, 98), max_new_tokens=3)
         await asyncio.sleep(0.15)
     assert any(
-        re.search(r"token_to_kv_pool_allocator memory leak detected! available_size=\d+, evictable_size=\d+, "
-                  r"protected_size=\d+, max_total_num_tokens=16384", x)
+        re.search(
+            r"token_to_kv_pool_allocator memory leak detected! available_size=\d+, evictable_size=\d+, "
+            r"protected_size=\d+, max_total_num_tokens=16384",
+            x,
+        )
         for x in lines
     )
     config = SimConfig(step_time_s=0, faults=(FaultSpec.parse("leak:strict=true"),))
@@ -280,7 +316,9 @@ async def test_no_fault_no_leak_line():
 
 
 async def test_double_unlock_drives_lock_ref_negative_silently():
-    config = SimConfig(tp_size=2, step_time_s=0, faults=(FaultSpec("double-unlock", 0, {"probability": 1.0}),))
+    config = SimConfig(
+        tp_size=2, step_time_s=0, faults=(FaultSpec("double-unlock", 0, {"probability": 1.0}),)
+    )
     async with engine_running(config) as (engine, lines):
         await engine.generate(prompt(20, 95), max_new_tokens=4)
         for cache in engine.caches.values():
@@ -297,7 +335,10 @@ async def test_double_unlock_drives_lock_ref_negative_silently():
         ({"input_ids": [], "max_new_tokens": 4}, "input_ids is empty"),
         ({"input_ids": [1, 2], "max_new_tokens": -1}, "max_new_tokens must be >= 0"),
         ({"input_ids": [1, "x"], "max_new_tokens": 4}, r"input_ids\[1\] must be an integer"),
-        ({"input_ids": [1, 1 << 30], "max_new_tokens": 4}, r"input_ids\[1\]=1073741824 is outside the vocabulary"),
+        (
+            {"input_ids": [1, 1 << 30], "max_new_tokens": 4},
+            r"input_ids\[1\]=1073741824 is outside the vocabulary",
+        ),
         ({"input_ids": [1] * 60, "max_new_tokens": 10}, r"= 70 tokens exceeds the KV pool \(64 tokens\)"),
         ({"input_ids": [1], "max_new_tokens": 1, "temperature": -1}, "temperature must be a number >= 0"),
         ({"input_ids": "hello", "max_new_tokens": 1}, "input_ids must be a list"),
@@ -317,8 +358,14 @@ async def test_bad_input_raises_a_clear_value_error(kwargs, message):
         (SimConfig(max_total_tokens=8, page_size=16), "must hold at least one page"),
         (SimConfig(radix_eviction_policy="random"), "radix_eviction_policy must be one of"),
         (SimConfig(faults=(FaultSpec("meltdown"),)), "unknown fault 'meltdown'"),
-        (SimConfig(faults=(FaultSpec("lock-race", 0, {"treshold": 0.5}),)), r"unknown parameter\(s\) treshold"),
-        (SimConfig(faults=(FaultSpec("lock-race", 0, {"threshold": 2}),)), r"threshold must be within \[0, 1\]"),
+        (
+            SimConfig(faults=(FaultSpec("lock-race", 0, {"treshold": 0.5}),)),
+            r"unknown parameter\(s\) treshold",
+        ),
+        (
+            SimConfig(faults=(FaultSpec("lock-race", 0, {"threshold": 2}),)),
+            r"threshold must be within \[0, 1\]",
+        ),
     ],
 )
 def test_bad_config_raises_a_clear_value_error(config, message):
@@ -345,9 +392,10 @@ async def test_prefill_and_decode_lines_parse_as_sglang_writes_them():
     assert int(prefill[0]["seq"]) == 3 and int(prefill[0]["new"]) == 90 and prefill[0]["rank"] == ""
     assert int(decode[0]["running"]) == 3
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}", prefill[0]["time"])
-    assert "#pending-token: 0, cuda graph: False, input throughput (token/s): " in lines[
-        next(i for i, x in enumerate(lines) if "Prefill batch" in x)
-    ]
+    assert (
+        "#pending-token: 0, cuda graph: False, input throughput (token/s): "
+        in lines[next(i for i, x in enumerate(lines) if "Prefill batch" in x)]
+    )
 
 
 async def test_rank_prefixes_and_which_ranks_log_what():
@@ -360,14 +408,18 @@ async def test_rank_prefixes_and_which_ranks_log_what():
     # Batch statistics come from the first TP rank of each DP group only (is_stats_logging_rank).
     assert ranks("Prefill batch") == [" DP0 TP0", " DP1 TP0"]
     assert ranks("Decode batch") == [" DP0 TP0", " DP1 TP0"]
-    assert re.fullmatch(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] The server is fired up and ready to roll!", lines[-1])
+    assert re.fullmatch(
+        r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] The server is fired up and ready to roll!", lines[-1]
+    )
     assert sorted(engine.caches) == [0, 1, 2, 3]
 
 
 async def test_tp_ranks_mirror_the_same_tree():
     config = SimConfig(tp_size=3, page_size=2, max_total_tokens=512, step_time_s=0)
     async with engine_running(config) as (engine, _):
-        await asyncio.gather(*[engine.generate(prompt(70, 80 + i % 3, seed=i % 2), max_new_tokens=20) for i in range(12)])
+        await asyncio.gather(
+            *[engine.generate(prompt(70, 80 + i % 3, seed=i % 2), max_new_tokens=20) for i in range(12)]
+        )
 
         def shape(cache):
             return [(n.id, n.key.token_ids, n.value, n.lock_ref) for n in cache.iter_nodes()]
@@ -387,7 +439,10 @@ async def test_flush_cache_refuses_while_running_and_resets_when_idle():
         assert engine.flush_cache() is True
         stats = engine.stats()
     assert stats.evictable_tokens == 0 and stats.available_tokens == stats.max_total_num_tokens
-    assert any("Cache not flushed because there are pending requests. #queue-req: 0, #running-req: 1" in x for x in lines)
+    assert any(
+        "Cache not flushed because there are pending requests. #queue-req: 0, #running-req: 1" in x
+        for x in lines
+    )
     assert any(x.endswith("] Cache flushed successfully!") for x in lines)
 
 

@@ -119,7 +119,11 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule(num_tokens=st.integers(0, 60))
     def evict(self, num_tokens: int) -> None:
-        locked = {id(n): (n, list(n.value)) for lock in self.held for n in path_nodes(lock.node, self.cache.root_node)}
+        locked = {
+            id(n): (n, list(n.value))
+            for lock in self.held
+            for n in path_nodes(lock.node, self.cache.root_node)
+        }
         before = self.pool.available_size()
         result = self.cache.evict(EvictParams(num_tokens=num_tokens))
         assert self.pool.available_size() - before == result.num_tokens_evicted
@@ -320,7 +324,9 @@ def test_node_ids_count_per_cache_so_replicated_ranks_agree():
     for cache in (a, b):
         cache.insert(InsertParams(key=RadixKey([1, 2, 3]), value=[1, 2, 3]))
         cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 9])))
-    assert [(n.id, n.key.token_ids) for n in a.iter_nodes()] == [(n.id, n.key.token_ids) for n in b.iter_nodes()]
+    assert [(n.id, n.key.token_ids) for n in a.iter_nodes()] == [
+        (n.id, n.key.token_ids) for n in b.iter_nodes()
+    ]
     assert a.root_node.id == 0
 
 

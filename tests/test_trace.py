@@ -40,7 +40,15 @@ def good() -> dict:
         "name": "t",
         "page_size_hint": 64,
         "requests": [
-            {"id": "a", "offset_ms": 0, "prompt_len": 128, "prefix_len": 64, "group": "g", "max_tokens": 8, "n": 2},
+            {
+                "id": "a",
+                "offset_ms": 0,
+                "prompt_len": 128,
+                "prefix_len": 64,
+                "group": "g",
+                "max_tokens": 8,
+                "n": 2,
+            },
             {"id": "b", "offset_ms": 10.5, "prompt_len": 100, "prefix_len": 0, "group": "g", "max_tokens": 8},
         ],
     }
@@ -76,7 +84,10 @@ def test_roundtrip_through_a_real_file(tmp_path):
         (lambda d: d.update(extra=1), "unknown key 'extra'"),
         (lambda d: d["requests"][1].pop("prompt_len"), r"requests\[1\]\.prompt_len is missing"),
         (lambda d: d["requests"][0].update(prompt_len=True), r"requests\[0\]\.prompt_len must be int"),
-        (lambda d: d["requests"][0].update(prefix_len=200), r"requests\[0\]\.prefix_len must be within 0\.\.prompt_len \(128\)"),
+        (
+            lambda d: d["requests"][0].update(prefix_len=200),
+            r"requests\[0\]\.prefix_len must be within 0\.\.prompt_len \(128\)",
+        ),
         (lambda d: d["requests"][1].update(id="a"), r"requests\[1\]\.id 'a' appears twice"),
         (lambda d: d["requests"][0].update(offset_ms=-1), r"requests\[0\]\.offset_ms must be >= 0"),
         (lambda d: d["requests"][0].update(n=0), r"requests\[0\]\.n must be >= 1"),
@@ -142,7 +153,13 @@ def test_scale_offsets_and_plan():
     plan = plan_requests(trace, seed=1)
     assert len(plan) == 44
     assert [p.offset_s for p in plan] == sorted(p.offset_s for p in plan)
-    assert [(p.request_id, p.copy) for p in plan[:5]] == [("r01", 0), ("r01", 1), ("r01", 2), ("r01", 3), ("r02", 0)]
+    assert [(p.request_id, p.copy) for p in plan[:5]] == [
+        ("r01", 0),
+        ("r01", 1),
+        ("r01", 2),
+        ("r01", 3),
+        ("r02", 0),
+    ]
     with pytest.raises(TraceError, match="must be > 0"):
         scale_offsets(trace, 0)
 

@@ -129,7 +129,9 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
         raise TraceError(f"{source}: a trace is a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - _TOP_FIELDS)
     if unknown:
-        raise TraceError(f"{source}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(_TOP_FIELDS))}")
+        raise TraceError(
+            f"{source}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(_TOP_FIELDS))}"
+        )
     version = _field(source, "", data, "version", (int,))
     if version != TRACE_VERSION:
         raise TraceError(f"{source}: version is {version}; this radixtop reads version {TRACE_VERSION}")
@@ -198,7 +200,9 @@ def load_trace(path: str | Path) -> Trace:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise TraceError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
     return parse_trace(data, str(path))
 
 

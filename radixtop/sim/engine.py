@@ -235,6 +235,7 @@ class _Req:
         self.stale_pages: dict[int, int] = {}
         self.cached_tokens: int | None = None
         self.aborted = False
+        self.extend_from = 0  # first position this prefill computes (the matched prefix length)
 
     @property
     def done(self) -> bool:
@@ -271,9 +272,7 @@ class _Scheduler:
         self.page_size = cfg.page_size
         self.ranks: list[RankInfo] = []
         for tp_rank in range(cfg.tp_size):
-            pool = TokenToKVPoolAllocator(
-                cfg.max_total_tokens, cfg.page_size, store_contents=(tp_rank == 0)
-            )
+            pool = TokenToKVPoolAllocator(cfg.max_total_tokens, cfg.page_size, store_contents=(tp_rank == 0))
             cache = RadixCache(
                 CacheInitParams(
                     disable=cfg.disable_radix_cache,
@@ -282,9 +281,7 @@ class _Scheduler:
                     eviction_policy=cfg.radix_eviction_policy,
                 )
             )
-            prefix = rank_prefix(
-                dp_rank=dp_rank, tp_rank=tp_rank, dp_size=cfg.dp_size, tp_size=cfg.tp_size
-            )
+            prefix = rank_prefix(dp_rank=dp_rank, tp_rank=tp_rank, dp_size=cfg.dp_size, tp_size=cfg.tp_size)
             self.ranks.append(
                 RankInfo(dp_rank * cfg.tp_size + tp_rank, dp_rank, tp_rank, prefix, cache, pool)
             )
@@ -488,7 +485,7 @@ class _Scheduler:
             req.cached_tokens = m
             self.cached_tokens_total += m
             self.prompt_tokens_total += len(req.origin_input_ids)
-        req._extend_from = m  # type: ignore[attr-defined]
+        req.extend_from = m
         self._maybe_stale_read(req, m)
         return True
 
@@ -519,7 +516,7 @@ class _Scheduler:
         pool = self.pool0
         for req in batch:
             tokens = req.origin_input_ids + req.output_ids
-            start = req._extend_from  # type: ignore[attr-defined]
+            start = req.extend_from
             kv = req.views[0].kv_indices
             pool.write(kv[start:], tokens[start:], start)
             req.digest = engine.model.read_kv(0, pool, self._read_slots(req, len(kv)))
@@ -660,9 +657,7 @@ class _Scheduler:
         evictable, protected = self.evictable(), self.protected()
         if available + evictable + protected == total:
             return
-        message = leak.message(
-            total=total, available=available, evictable=evictable, protected=protected
-        )
+        message = leak.message(total=total, available=available, evictable=evictable, protected=protected)
         if leak.strict:
             raise _StrictLeakError(message, self.dp_rank)
         if leak.warnings % LEAK_LOG_INTERVAL == 0:
@@ -672,11 +667,8 @@ class _Scheduler:
     # ----- stats lines -----
 
     def _log_prefill(self, batch: list[_Req]) -> None:
-        new_tokens = sum(
-            len(r.origin_input_ids) + len(r.output_ids) - r._extend_from  # type: ignore[attr-defined]
-            for r in batch
-        )
-        cached = sum(r._extend_from for r in batch)  # type: ignore[attr-defined]
+        new_tokens = sum(len(r.origin_input_ids) + len(r.output_ids) - r.extend_from for r in batch)
+        cached = sum(r.extend_from for r in batch)
         now = time.perf_counter()
         gap = now - self.last_prefill_tic
         self.last_prefill_tic = now
@@ -717,9 +709,7 @@ class _Scheduler:
                 f"K size: {kv_gb:.2f} GB, V size: {kv_gb:.2f} GB",
                 info.prefix,
             )
-            self.engine._emit(
-                f"Memory pool end. avail mem={_GPU_MEM_GB - 1 - 2 * kv_gb:.2f} GB", info.prefix
-            )
+            self.engine._emit(f"Memory pool end. avail mem={_GPU_MEM_GB - 1 - 2 * kv_gb:.2f} GB", info.prefix)
         self.log_rank(
             0,
             f"max_total_num_tokens={self.capacity}, chunked_prefill_size=8192, "
@@ -913,9 +903,7 @@ class Engine:
     # ----- internals -----
 
     def _emit(self, message: str, prefix: str = "") -> None:
-        self._emit_fn(
-            format_line(message, when=self._wall_clock(), prefix=prefix, log_ms=self.config.log_ms)
-        )
+        self._emit_fn(format_line(message, when=self._wall_clock(), prefix=prefix, log_ms=self.config.log_ms))
 
     def _validate(self, input_ids: Any, max_new_tokens: Any, temperature: Any) -> list[int]:
         if not isinstance(input_ids, (list, tuple)):
@@ -1000,4 +988,6 @@ class Engine:
             info for s in self._schedulers for info in s.ranks if info is not sched.ranks[tp_rank]
         ]
         for info in order:
-            self._emit("Received sigquit from a child process. It usually means the child failed.", info.prefix)
+            self._emit(
+                "Received sigquit from a child process. It usually means the child failed.", info.prefix
+            )

@@ -284,8 +284,18 @@ def lock_race_traceback() -> str:
         ("managers/scheduler.py", 2398, "get_new_batch_prefill", "new_batch.prepare_for_extend()"),
         ("managers/schedule_batch.py", 1675, "prepare_for_extend", "out_cache_loc = alloc_for_extend(self)"),
         ("mem_cache/common.py", 512, "alloc_for_extend", "out_cache_loc = alloc_paged_token_slots_extend("),
-        ("mem_cache/common.py", 371, "alloc_paged_token_slots_extend", "evict_from_tree_cache(tree_cache, num_tokens)"),
-        ("mem_cache/common.py", 318, "evict_from_tree_cache", "tree_cache.evict(EvictParams(num_tokens=num_tokens))"),
+        (
+            "mem_cache/common.py",
+            371,
+            "alloc_paged_token_slots_extend",
+            "evict_from_tree_cache(tree_cache, num_tokens)",
+        ),
+        (
+            "mem_cache/common.py",
+            318,
+            "evict_from_tree_cache",
+            "tree_cache.evict(EvictParams(num_tokens=num_tokens))",
+        ),
         ("mem_cache/radix_cache.py", 571, "evict", "self._lock_page_for_eviction(x)"),
         (
             "mem_cache/radix_cache.py",
@@ -301,7 +311,12 @@ def leak_traceback(message: str) -> str:
     """The traceback of 0.5.23's strict idle memory check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1)."""
     frames = _LOOP_FRAMES + [
         ("managers/scheduler.py", 1561, "event_loop_normal", "self.on_idle()"),
-        ("managers/scheduler.py", 5296, "on_idle", 'self.invariant_checker._report_leak("pool", "\\n".join(messages))'),
+        (
+            "managers/scheduler.py",
+            5296,
+            "on_idle",
+            'self.invariant_checker._report_leak("pool", "\\n".join(messages))',
+        ),
         ("managers/scheduler_components/invariant_checker.py", 455, "_report_leak", "raise_error_or_warn("),
         ("utils/common.py", 5066, "raise_error_or_warn", "raise ValueError(message)"),
     ]

@@ -69,9 +69,7 @@ class TokenToKVPoolAllocator:
     def alloc(self, need_size: int) -> list[int] | None:
         """``need_size`` slot indices (a multiple of page_size when paged), or None when short."""
         if self.page_size > 1 and need_size % self.page_size:
-            raise ValueError(
-                f"paged alloc needs a multiple of page_size {self.page_size}, got {need_size}"
-            )
+            raise ValueError(f"paged alloc needs a multiple of page_size {self.page_size}, got {need_size}")
         pages = self.alloc_pages(-(-need_size // self.page_size))
         if pages is None:
             return None

@@ -50,7 +50,7 @@ import heapq
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -504,9 +504,7 @@ class RadixCache:
             node = node.parent
         return IncLockRefResult(delta=delta, node_id=anchor.id)
 
-    def dec_lock_ref(
-        self, node: TreeNode, params: DecLockRefParams | None = None
-    ) -> DecLockRefResult:
+    def dec_lock_ref(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
         # No lock_ref >= 0 check, on purpose (see the module docstring).
         if self.disable:
             return DecLockRefResult(delta=0)
@@ -744,4 +742,3 @@ class RadixCache:
                 if not child.evicted:
                     stack.append(child)
         return total
-

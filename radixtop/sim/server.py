@@ -426,8 +426,8 @@ def build_app(state: SimState) -> Starlette:
 
     async def server_info(request: Request) -> Response:
         stats = engine.stats()
+        # One entry, for the whole engine: SGLang lists one per DP rank, the Engine reports totals.
         internal = {
-            "dp_rank": 0,
             "last_gen_throughput": stats.gen_throughput,
             "token_usage": stats.token_usage,
             "num_running_reqs": stats.num_running_reqs,

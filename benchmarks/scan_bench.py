@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 sys.path.insert(0, str(ROOT))
 
-from radixtop.diagnosis.catalog import load_catalog  # noqa: E402
-from radixtop.diagnosis.matcher import Matcher  # noqa: E402
+from radixtop.diagnosis.catalog import load_catalog
+from radixtop.diagnosis.matcher import Matcher
 
 RANKS = 8
 # One failure line (or block) per line; "{r}" is the rank, "{t}" the time prefix's clock part.
@@ -38,15 +38,19 @@ FAILURES = [
     "[{t} TP{r}] Radix cache eviction contended with a page lock; retrying",
     "[{t} TP{r}] FULL segment release hit lock_ref=0 on node 1234",
     "[{t} TP{r}] Rust TreeCore panicked: index out of bounds",
-    "[{t} TP{r}] token_to_kv_pool_allocator memory leak detected! available_size=10, "
-    "evictable_size=20, protected_size=0",
+    (
+        "[{t} TP{r}] token_to_kv_pool_allocator memory leak detected! available_size=10, "
+        "evictable_size=20, protected_size=0"
+    ),
     "[{t} TP{r}] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.5",
     "[{t} TP{r}] Prefill out of memory. Try to lower your batch size.",
     "[{t} TP{r}] Decode out of memory. Try to lower your batch size.",
-    "[{t} TP{r}] Scheduler hit an exception: Traceback (most recent call last):\n"
-    '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 2612, in run_scheduler_process\n'
-    "    scheduler.event_loop_overlap()\n"
-    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    (
+        "[{t} TP{r}] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 2612, in run_scheduler_process\n'
+        "    scheduler.event_loop_overlap()\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+    ),
     "[{t} TP{r}] Received sigquit from a child process. It usually means the child failed.",
     "[{t} TP{r}] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)",
     "[{t} TP{r}] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
@@ -150,7 +154,7 @@ def run_rg(rg: str, path: Path, patterns: list[str]) -> tuple[float, set[tuple[i
         argv += ["-e", pattern]
     argv.append(str(path))
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True)
+    done = subprocess.run(argv, capture_output=True, check=False)
     wall = time.perf_counter() - start
     if done.returncode not in (0, 1):
         raise SystemExit(f"rg failed: {done.stderr.decode(errors='replace').strip()}")
@@ -173,8 +177,7 @@ def startup(path: Path, rg: str, patterns: list[str], runs: int = 5) -> tuple[fl
     """Median wall of each tool on a 100-line file: mostly start-up."""
     small = DATA / "small.log"
     with open(path, "rb") as f, open(small, "wb") as out:
-        for _ in range(100):
-            out.write(f.readline())
+        out.writelines(f.readline() for _ in range(100))
     ours = [run_radixtop(small, None)[0] for _ in range(runs)]
     theirs = [run_rg(rg, small, patterns)[0] for _ in range(runs)]
     return statistics.median(ours), statistics.median(theirs)

@@ -116,15 +116,15 @@ def test_catalog_patterns_agree_with_per_line_re(engine):
     catalog = load_catalog()
     m = engine_or_skip(catalog.signatures, engine)
     text = (
-        "[2026-12-02 14:00:01 TP3] RadixCacheError: Failed to lock memory page during dynamic prefix eviction\n"
-        "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 3, #token: 640, token usage: 0.04, \n"
-        "  File \"scheduler.py\", line 1\n"
-        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
-        "x EngineDeadError\n"
-        "EngineDeadError at line start\n"
-        "FooEngineDeadError is not one\n"
-        "[2026-12-02 14:00:02 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 1\n"
-    ).encode()
+        b"[2026-12-02 14:00:01 TP3] RadixCacheError: Failed to lock memory page during dynamic prefix eviction\n"
+        b"[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 3, #token: 640, token usage: 0.04, \n"
+        b"  File \"scheduler.py\", line 1\n"
+        b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        b"x EngineDeadError\n"
+        b"EngineDeadError at line start\n"
+        b"FooEngineDeadError is not one\n"
+        b"[2026-12-02 14:00:02 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 1\n"
+    )
     assert m.scan(text) == reference_hits(text, catalog.signatures)
     assert len(m.scan(text)) >= 5
 

@@ -33,6 +33,7 @@ def radixtop(*args: str, stdin: bytes | None = None, env: dict | None = None) ->
         [sys.executable, "-m", "radixtop", "scan", *args],
         input=stdin,
         capture_output=True,
+        check=False,
         env=full_env,
         cwd=ROOT,
         timeout=60,
@@ -251,7 +252,7 @@ def test_matches_find_the_lines_rg_finds(tmp_path):
     argv = ["rg", "--no-config", "-n"]
     for s in catalog.signatures:
         argv += ["-e", s.pattern]
-    rg = subprocess.run([*argv, str(log)], capture_output=True, timeout=60)
+    rg = subprocess.run([*argv, str(log)], capture_output=True, check=False, timeout=60)
     assert rg.returncode == 0, rg.stderr
     theirs = {(int(a), b) for a, b in (row.split(b":", 1) for row in rg.stdout.splitlines())}
     ours = {(line, text) for line, _, text in matches_of(radixtop("--matches", str(log)).stdout, str(log))}
@@ -268,7 +269,7 @@ EDGE_SIGS = [
 
 
 def reference(data: bytes) -> tuple[int, list[tuple[int, int, bytes]]]:
-    compiled = [re.compile(s.pattern.encode(), re.M) for s in EDGE_SIGS]
+    compiled = [re.compile(s.pattern.encode(), re.MULTILINE) for s in EDGE_SIGS]
     lines = data.split(b"\n")
     if data.endswith(b"\n") or not data:
         lines.pop()
@@ -347,6 +348,7 @@ def test_context_before_and_after_cross_chunks_on_files_and_stdin(tmp_path):
         )],
         input=path.read_bytes(),
         capture_output=True,
+        check=False,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
@@ -361,8 +363,10 @@ def test_batch_stats_before_keep_the_last_line_per_rank():
             batch("14:00:00", 0, 0.10),
             batch("14:00:01", 1, 0.20),
             batch("14:00:02", 0, 0.30),
-            "[2026-12-02 14:00:03 TP1] Prefill batch, #new-seq: 1, #new-token: 5, #cached-token: 0, "
-            "token usage: 0.40, #running-req: 3, #queue-req: 0, ",
+            (
+                "[2026-12-02 14:00:03 TP1] Prefill batch, #new-seq: 1, #new-token: 5, "
+                "#cached-token: 0, token usage: 0.40, #running-req: 3, #queue-req: 0, "
+            ),
             "[2026-12-02 14:00:04 TP2] Prefill out of memory",
         ]
     ).encode()
@@ -429,7 +433,7 @@ def test_matches_into_a_closed_pipe_ends_quietly(tmp_path):
     log = tmp_path / "many.log"
     log.write_bytes(b"[2026-12-02 14:00:00 TP0] Prefill out of memory. Try to lower your batch size.\n" * 100_000)
     cmd = f"{sys.executable} -m radixtop scan --matches {log} | head -n 1"
-    done = subprocess.run(["bash", "-c", cmd], capture_output=True, cwd=ROOT, timeout=60)
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, check=False, cwd=ROOT, timeout=60)
     assert done.stdout.count(b"\n") == 1
     assert b"Traceback" not in done.stderr and b"BrokenPipe" not in done.stderr
 
@@ -438,6 +442,7 @@ def test_scan_imports_nothing_heavy(incident_log):
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "radixtop", "scan", "--matches", str(incident_log)],
         capture_output=True,
+        check=False,
         cwd=ROOT,
         timeout=60,
     )

@@ -265,7 +265,7 @@ def required_literals(pattern: str) -> tuple[bytes, ...] | None:
         if tree.state.flags & c.SRE_FLAG_IGNORECASE:
             return None
         found = _best(_candidates(list(tree), c))
-    except Exception:  # the prefilter is an optimisation: never let it break matching
+    except Exception:  # noqa: BLE001 - the prefilter is an optimisation: never let it break matching
         return None
     if found is None or min(len(x) for x in found) < _MIN_LITERAL:
         return None

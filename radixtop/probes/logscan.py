@@ -78,14 +78,14 @@ class FileSummary:
 
 def _decode(raw: bytes) -> str:
     text = raw.decode("utf-8", "replace")
-    return text[:-1] if text.endswith("\r") else text
+    return text.removesuffix("\r")
 
 
 # -- opening inputs -------------------------------------------------------------------------------
 
 
 class _Source:
-    __slots__ = ("name", "reader", "fd", "owned")
+    __slots__ = ("fd", "name", "owned", "reader")
 
     def __init__(self, name: str, reader: IO[bytes], fd: int | None, *, owned: bool) -> None:
         self.name = name
@@ -129,7 +129,7 @@ def _open(path: str) -> _Source:
     if path == "-":
         return _Source(STDIN_NAME, sys.stdin.buffer, None, owned=False)
     try:
-        raw = open(path, "rb", buffering=0)
+        raw = open(path, "rb", buffering=0)  # noqa: SIM115 - _Source.close() closes it
     except OSError as exc:
         raise _input_error(path, exc) from None
     if stat.S_ISDIR(os.fstat(raw.fileno()).st_mode):
@@ -549,7 +549,7 @@ def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[bytes
 class _PendingHit:
     """A hit waiting for its context_after (the lines after it may be in the next chunk)."""
 
-    __slots__ = ("file", "line", "index", "raw", "context", "batch", "opener", "after", "need")
+    __slots__ = ("after", "batch", "context", "file", "index", "line", "need", "opener", "raw")
 
     def __init__(
         self,
@@ -603,7 +603,7 @@ class _ScanWorker:
             self._started.release()
             try:
                 self._result = self._matcher.scan(job[0], job[1])
-            except BaseException as exc:  # handed to the caller in result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by result() in the caller
                 self._error = exc
             self._done.release()
 
@@ -631,7 +631,7 @@ class _ScanWorker:
 class _FileState:
     """Per input: which signatures were seen, whether a failure was, hits awaiting lines after."""
 
-    __slots__ = ("first_seen", "failure_seen", "last_line", "queue")
+    __slots__ = ("failure_seen", "first_seen", "last_line", "queue")
 
     def __init__(self) -> None:
         self.first_seen: set[int] = set()

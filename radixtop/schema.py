@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
 API_PREFIX = f"/radixtop/v{SCHEMA_VERSION}"
@@ -262,8 +262,10 @@ class Counters:
         return cls(**{f.name: _int(_get(o, f.name, where), f"{where}.{f.name}", 0) for f in fields(cls)})
 
 
-@dataclass(frozen=True, slots=True)
-class NodeRow:
+class NodeRow(NamedTuple):
+    """One node; a tuple in NODE_FIELDS order (cheap to build on the scheduler thread, and it is
+    serialised as the JSON row itself)."""
+
     id: int | None
     parent: int
     tokens: int
@@ -276,18 +278,7 @@ class NodeRow:
     head: tuple[int, ...]
 
     def to_row(self) -> list[Any]:
-        return [
-            self.id,
-            self.parent,
-            self.tokens,
-            self.lock_ref,
-            self.evicted,
-            self.hit_count,
-            self.last_access,
-            self.children,
-            self.subtree_tokens,
-            list(self.head),
-        ]
+        return [*self[:-1], list(self.head)]
 
     @classmethod
     def from_row(cls, row: Any, index: int, where: str) -> NodeRow:
@@ -341,7 +332,7 @@ class TreeView:
             "cut_tokens": self.cut_tokens,
             "cut_exact": self.cut_exact,
             "fields": list(NODE_FIELDS),
-            "nodes": [n.to_row() for n in self.nodes],
+            "nodes": list(self.nodes),  # NodeRow tuples encode as JSON arrays
         }
 
     def truncated(self, budget: int) -> TreeView:
@@ -512,8 +503,9 @@ class Snapshot:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """A tuple, so the hooks can build one cheaply on the scheduler thread."""
+
     seq: int  # strictly increasing per instance, starting at 1
     time: float  # wall clock
     kind: str  # one of EVENT_KINDS (parsers accept other lowercase kinds from newer servers)
@@ -524,7 +516,7 @@ class Event:
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return self._asdict()
 
     @classmethod
     def from_dict(cls, obj: Any, where: str = "event") -> Event:

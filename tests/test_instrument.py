@@ -708,7 +708,7 @@ def test_clients_that_vanish_mid_response_do_not_disturb_the_server(endpoint_fac
     cache = MiniCache()
     for i in range(6000):
         cache.add(None, list(range(i % 50 + 1)))
-    ep = endpoint_factory(config=SnapshotConfig(max_nodes=6000))
+    ep = endpoint_factory(config=SnapshotConfig(max_nodes=6000, max_scan=10_000))
     ep.start()
     ep.safe_point(cache)
     size = len(ep.latest()[1])
@@ -757,3 +757,62 @@ def test_instance_ids_and_snapshot_seq_let_clients_detect_a_restart(endpoint_fac
     assert sa.census.digest == sb.census.digest  # same tree, same digest
     page = json.loads(get(a, schema.EVENTS_PATH, params={"since": 50}).content)
     assert page["next_since"] == 0  # the client was ahead: start over
+
+
+# ---------------------------------------------------------------------------------------------
+# Boundaries and bounds
+
+
+def test_instrument_imports_only_the_standard_library_and_the_schema():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; before = set(sys.modules)\n"
+        "import radixtop.instrument.endpoint, radixtop.instrument.hooks, radixtop.instrument.snapshot\n"
+        "new = set(sys.modules) - before\n"
+        "bad = sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names and m.split('.')[0] != 'radixtop')\n"
+        "ours = sorted(m for m in new if m.startswith('radixtop') and not m.startswith(('radixtop.instrument', 'radixtop.schema')) and m != 'radixtop')\n"
+        "print(bad, ours)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[] []"
+
+
+def test_wide_nodes_are_scanned_only_up_to_the_limit_and_the_rest_counted_as_cut():
+    cache = MiniCache()
+    for i in range(300):
+        cache.add(None, [i] * (1 + i % 7))
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=200, max_scan=50)).take(cache)
+    assert snap.tree.walked_nodes == 50  # only the children it looked at could be taken
+    assert snap.tree.cut_exact and snap.tree.cut_nodes == 250
+    assert snap.tree.walked_tokens + snap.tree.cut_tokens == snap.census.total_tokens
+
+
+def test_the_census_keeps_to_its_own_duty_and_does_not_stall_detail_snapshots(endpoint_factory):
+    cache = MiniCache()
+    for i in range(3000):
+        cache.add(None, [i, i])
+    ep = endpoint_factory(config=SnapshotConfig(max_nodes=10, census_duty=0.005), max_duty=0.01, idle_interval_s=0.0)
+    ep.start()
+    started = time.monotonic()
+    assert ep.safe_point(cache)
+    census = ep._snapshotter.last_census_seconds
+    assert census > 0
+    # The next detail snapshot waits for the detail cost / (max_duty - census_duty), not the census.
+    assert ep._next_at - started <= (ep._last_cost - census) / 0.005 + 0.05
+    assert ep._snapshotter._next_census_at - started >= census / 0.005 - 0.05
+
+
+def test_nodes_that_are_not_tree_nodes_switch_off_the_path_check_quietly():
+    class IdCache(MiniCache):  # like a TreeCore that hands out integer node ids
+        def dec_lock_ref(self, node_id):
+            return None
+
+    cache = IdCache()
+    hooks = CacheHooks()
+    hooks.install(cache)
+    for _ in range(50):
+        cache.dec_lock_ref(17)
+    assert hooks.counters().unlock_ops == 50
+    assert hooks.counters().instrument_errors == 0 and hooks.state == "active"

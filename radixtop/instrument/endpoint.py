@@ -3,8 +3,9 @@
 Runs inside the host's scheduler process: standard library only; never raises into the host
 (start() returns False and logs one line when it cannot serve, e.g. the port is taken); bounded
 cost: safe_point() is rate-limited (default 2/s while someone is reading snapshots, one per
-`idle_interval_s` otherwise) and also stretches its interval so snapshots never take more than
-`max_duty` of the scheduler thread; at most `max_connections` requests are served at once.
+`idle_interval_s` otherwise) and stretches its interval so that snapshots (detail walks within
+`max_duty - census_duty`, censuses within `census_duty`) never take more than `max_duty` (1 %) of
+the scheduler thread; at most `max_connections` requests are served at once.
 
 The scheduler thread builds an immutable Snapshot and its JSON bytes, and swaps them in under a
 lock; HTTP threads only ever read those, the counters (plain ints) and the event ring (locked).
@@ -174,6 +175,8 @@ class InstrumentEndpoint:
         self.idle_interval_s = max(self.min_interval_s, idle_interval_s)
         self.watch_window_s = watch_window_s
         self.max_duty = max_duty if max_duty > 0 else 1.0
+        spare = self.max_duty - self.config.census_duty
+        self._detail_duty = spare if spare > 0 else self.max_duty
         self.max_connections = max(1, max_connections)
         self.instance = secrets.token_hex(8)
         self.disabled_reason = "not started"
@@ -292,10 +295,13 @@ class InstrumentEndpoint:
             payload = snap.to_json()
         finally:
             # Whatever happened, the next try waits: a broken cache must not cost every iteration.
+            # The census keeps to its own duty (SnapshotConfig.census_duty); the rest of max_duty
+            # goes to the detail snapshots, so both together stay within max_duty.
             cost = time.perf_counter() - started
+            detail_cost = max(0.0, cost - self._snapshotter.last_census_seconds)
             watching = now - self._last_watch < self.watch_window_s
             self._interval = self.min_interval_s if watching else self.idle_interval_s
-            self._next_at = now + max(self._interval, cost / self.max_duty)
+            self._next_at = now + max(self._interval, detail_cost / self._detail_duty)
             self._last_cost = cost
         with self._lock:
             self._seq = snap.seq

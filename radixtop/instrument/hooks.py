@@ -6,10 +6,12 @@ host never sees an exception from us: the host's own exceptions pass through unc
 being counted); ours are caught, counted, logged, turned into an event, and after `max_errors` of
 them the hooks disable themselves and put the original methods back.
 
-The wrappers are AROUND hooks, `fn(original, cache, *args, **kwargs)`, the shape SGLang's
-HookRegistry uses for "module.Class.method" targets, so a plugin can register them there
-(`around_hooks()`); `install()` applies the same functions itself to a class (all its instances)
-or to one instance. Counters assume one thread drives a given cache, as SGLang's scheduler does.
+Two ways in, one implementation (the _wrap_* factories below):
+- install(target) patches a class (every instance) or one instance with a specialised wrapper per
+  method (one extra call frame); uninstall() puts the originals back;
+- around_hooks() hands out AROUND hooks, `fn(original, cache, *args, **kwargs)`, the shape SGLang's
+  HookRegistry uses for "module.Class.method" targets, for a plugin that patches through it.
+Counters assume one thread drives a given cache, as SGLang's scheduler does.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ log = logging.getLogger("radixtop.instrument")
 
 HOOKED_METHODS = ("inc_lock_ref", "dec_lock_ref", "evict")
 _MISSING = object()
-_MAX_PATH = 1 << 20  # a parent chain longer than this is a cycle, not a tree
+_PATH_STEPS = range(1 << 20)  # a parent chain longer than this is a cycle, not a tree
 _MARK = "__radixtop_hooks__"
+_new_event = tuple.__new__  # builds an Event in C
 
 
 class EventRing:
@@ -62,22 +65,14 @@ class EventRing:
         requested: int | None = None,
         message: str = "",
     ) -> None:
+        """Callers pass plain ints (or None) and a short message; this runs on the scheduler thread."""
+        now = self._clock()
         with self._lock:
             self._latest += 1
-            if len(self._ring) == self._ring.maxlen:
+            ring = self._ring
+            if len(ring) == ring.maxlen:
                 self.dropped_total += 1
-            self._ring.append(
-                Event(
-                    seq=self._latest,
-                    time=self._clock(),
-                    kind=kind,
-                    node_id=node_id if type(node_id) is int else None,
-                    lock_ref=lock_ref if type(lock_ref) is int else None,
-                    tokens=tokens if type(tokens) is int and tokens >= 0 else None,
-                    requested=requested if type(requested) is int and requested >= 0 else None,
-                    message=message[:500],
-                )
-            )
+            ring.append(_new_event(Event, (self._latest, now, kind, node_id, lock_ref, tokens, requested, message[:500])))
 
     def read(self, since: int, limit: int = 1000) -> tuple[tuple[Event, ...], int, int, bool]:
         """(events with seq > since, oldest first, at most limit; latest seq; dropped; more)."""
@@ -94,23 +89,17 @@ class EventRing:
             return events, latest, dropped, end < len(self._ring)
 
 
+def _plain_int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
 def _node_id(node: Any) -> int | None:
-    nid = getattr(node, "id", None)
-    return nid if type(nid) is int else None
+    return _plain_int(getattr(node, "id", None))
 
 
 def _node_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # args[0] is the cache; the node is the first argument after it.
-    return args[1] if len(args) > 1 else kwargs.get("node")
-
-
-def _requested_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    # SGLang >= 0.5: evict(EvictParams(num_tokens=...)); older: evict(num_tokens, evict_callback).
-    arg = args[1] if len(args) > 1 else kwargs.get("params", kwargs.get("num_tokens"))
-    if type(arg) is int:
-        return arg
-    n = getattr(arg, "num_tokens", None)
-    return n if type(n) is int else None
+    # args exclude the cache: the node is the first of them.
+    return args[0] if args else kwargs.get("node")
 
 
 class CacheHooks:
@@ -134,6 +123,8 @@ class CacheHooks:
         self._external = False  # AROUND hooks handed to someone else's registry
         self._lock = threading.RLock()
         self._patches: dict[int, tuple[Any, list[tuple[str, Any, Any]]]] = {}
+        self._walk_paths = True  # off once nodes turn out not to be TreeNodes (e.g. NodeIds)
+        self._around_cache: dict[tuple[str, Any], Callable[..., Any]] = {}
         self._arounds: dict[str, Callable[..., Any]] = {
             "inc_lock_ref": self.around_inc_lock_ref,
             "dec_lock_ref": self.around_dec_lock_ref,
@@ -169,86 +160,54 @@ class CacheHooks:
         self._external = True
         return dict(self._arounds)
 
-    # -- the AROUND hooks -------------------------------------------------------------------
+    # -- the AROUND hooks (for a registry that patches the class itself) -----------------------
 
     def around_inc_lock_ref(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._disabled:
-            return original(*args, **kwargs)
-        self.lock_ops += 1
-        try:
-            return original(*args, **kwargs)
-        except Exception as exc:  # the host's failure: count it, then let it propagate unchanged
-            self._host_failure("lock_failure", args, kwargs, exc)
-            raise
+        return self._wrapped("inc_lock_ref", original)(*args, **kwargs)
 
     def around_dec_lock_ref(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._disabled:
-            return original(*args, **kwargs)
-        self.unlock_ops += 1
-        try:
-            result = original(*args, **kwargs)
-        except Exception as exc:
-            self._host_failure("unlock_failure", args, kwargs, exc)
-            raise
-        try:
-            self._check_path(_node_arg(args, kwargs))
-        except Exception as exc:
-            self._own_error("dec_lock_ref", exc)
-        return result
+        return self._wrapped("dec_lock_ref", original)(*args, **kwargs)
 
     def around_evict(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._disabled:
-            return original(*args, **kwargs)
-        cache = args[0] if args else None
-        before = None
-        try:
-            self.evict_calls += 1
-            before = cache.evictable_size()
-        except Exception as exc:
-            self._own_error("evict (before)", exc)
-        result = original(*args, **kwargs)
-        try:
-            self._after_evict(cache, before, result, args, kwargs)
-        except Exception as exc:
-            self._own_error("evict (after)", exc)
-        return result
+        return self._wrapped("evict", original)(*args, **kwargs)
+
+    def _wrapped(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        key = (name, original)
+        wrapper = self._around_cache.get(key)
+        if wrapper is None:
+            wrapper = self._around_cache[key] = _FACTORIES[name](self, original)
+        return wrapper
 
     # -- bookkeeping (constant cost, except the path re-read after an unlock) -----------------
 
-    def _check_path(self, node: Any) -> None:
-        first = None
+    def _negative(self, node: Any) -> None:
+        """dec_lock_ref left `node` (the deepest such node on the path) below zero."""
+        first = node
         count = 0
-        steps = 0
-        while node is not None and steps < _MAX_PATH:
-            lock_ref = getattr(node, "lock_ref", None)
-            if lock_ref is None:  # not an SGLang TreeNode (e.g. a NodeId): nothing to check
+        for _ in _PATH_STEPS:
+            if node is None:
                 break
-            if lock_ref < 0:
+            if node.lock_ref < 0:
                 count += 1
-                if first is None:
-                    first = node
-            node = getattr(node, "parent", None)
-            steps += 1
-        if count:
-            self.negative_lock_ref += 1
-            self.events.push(
-                "negative_lock_ref",
-                node_id=_node_id(first),
-                lock_ref=first.lock_ref,
-                message=f"dec_lock_ref left {count} node(s) on the unlocked path below zero (double unlock?)",
-            )
+            node = node.parent
+        self.negative_lock_ref += 1
+        self.events.push(
+            "negative_lock_ref",
+            node_id=_node_id(first),
+            lock_ref=_plain_int(first.lock_ref),
+            message=f"dec_lock_ref left {count} node(s) on the unlocked path below zero (double unlock?)",
+        )
 
-    def _after_evict(self, cache: Any, before: Any, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        freed = getattr(result, "num_tokens_evicted", None)
-        if type(freed) is not int:
-            after = cache.evictable_size()
-            freed = before - after if type(before) is int and type(after) is int else None
-        requested = _requested_tokens(args, kwargs)
-        if freed is not None and freed > 0:
+    def _evicted(self, cache: Any, freed: int, requested: int | None) -> None:
+        # Events carry counts >= 0 (the schema refuses others), whatever a strange cache reports.
+        freed = max(freed, 0)
+        if requested is not None and requested < 0:
+            requested = None
+        if freed > 0:
             self.evictions += 1
             self.evicted_tokens += freed
             self.events.push("evict", tokens=freed, requested=requested)
-        if requested is not None and freed is not None and freed < requested:
+        if requested is not None and freed < requested:
             protected = cache.protected_size()
             if type(protected) is int and protected > 0:
                 self.evict_short_locked += 1
@@ -269,7 +228,7 @@ class CacheHooks:
             self.events.push(
                 kind,
                 node_id=_node_id(node),
-                lock_ref=getattr(node, "lock_ref", None),
+                lock_ref=_plain_int(getattr(node, "lock_ref", None)),
                 message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500],
             )
         except Exception as own:
@@ -339,10 +298,19 @@ class CacheHooks:
             if is_class:
                 if isinstance(raw, (staticmethod, classmethod)):
                     continue
-                wrapper = _class_wrapper(self._arounds[name], current)
+                wrapper: Any = _FACTORIES[name](self, current)
+                functools.update_wrapper(wrapper, current)
+                setattr(wrapper, _MARK, True)
                 setattr(target, name, wrapper)
             else:
-                wrapper = _instance_wrapper(self._arounds[name], target, name, raw)
+                cls_attr = getattr(type(target), name, None)
+                if raw is _MISSING and isinstance(cls_attr, types.FunctionType):
+                    original = cls_attr  # the usual case: called as original(cache, ...)
+                else:
+                    original = _drop_self(current)  # the instance's own override, already bound
+                function = _FACTORIES[name](self, original)
+                setattr(function, _MARK, True)
+                wrapper = types.MethodType(function, target)  # binding is done in C
                 target.__dict__[name] = wrapper
             patches.append((name, raw, wrapper))
         return patches
@@ -366,30 +334,95 @@ class CacheHooks:
                     log.warning("radixtop: could not restore %s.%s: %s", _describe(target), name, exc)
 
 
-def _class_wrapper(around: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return around(original, *args, **kwargs)
+def _drop_self(bound: Callable[..., Any]) -> Callable[..., Any]:
+    def original(_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        return bound(*args, **kwargs)
 
-    functools.update_wrapper(wrapper, original)
-    setattr(wrapper, _MARK, True)
-    return wrapper
+    return original
 
 
-def _instance_wrapper(around: Callable[..., Any], target: Any, name: str, raw: Any) -> Callable[..., Any]:
-    cls_attr = getattr(type(target), name, None)
-    if raw is _MISSING and isinstance(cls_attr, types.FunctionType):
-        original = cls_attr  # called as original(cache, ...), like a class-level hook
-    else:
-        bound = getattr(target, name)
+# One wrapper per method, built around the original: a single extra frame per call. Each takes
+# the cache as its first argument, like the method it replaces.
 
-        def original(_cache: Any, *args: Any, **kwargs: Any) -> Any:
-            return bound(*args, **kwargs)
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return around(original, target, *args, **kwargs)
+def _wrap_inc_lock_ref(hooks: CacheHooks, original: Callable[..., Any]) -> Callable[..., Any]:
+    def inc_lock_ref(cache: Any, *args: Any, **kwargs: Any) -> Any:
+        if hooks._disabled:
+            return original(cache, *args, **kwargs)
+        hooks.lock_ops += 1
+        try:
+            return original(cache, *args, **kwargs)
+        except Exception as exc:  # the host's failure: count it, then let it propagate unchanged
+            hooks._host_failure("lock_failure", args, kwargs, exc)
+            raise
 
-    setattr(wrapper, _MARK, True)
-    return wrapper
+    return inc_lock_ref
+
+
+def _wrap_dec_lock_ref(hooks: CacheHooks, original: Callable[..., Any]) -> Callable[..., Any]:
+    def dec_lock_ref(cache: Any, *args: Any, **kwargs: Any) -> Any:
+        if hooks._disabled:
+            return original(cache, *args, **kwargs)
+        hooks.unlock_ops += 1
+        try:
+            result = original(cache, *args, **kwargs)
+        except Exception as exc:
+            hooks._host_failure("unlock_failure", args, kwargs, exc)
+            raise
+        if hooks._walk_paths:
+            # Re-read lock_ref along the path dec_lock_ref just walked (same length: same cost).
+            try:
+                node = args[0] if args else kwargs.get("node")
+                for _ in _PATH_STEPS:
+                    if node is None:
+                        break
+                    if node.lock_ref < 0:
+                        hooks._negative(node)
+                        break
+                    node = node.parent
+            except AttributeError:
+                hooks._walk_paths = False  # not SGLang TreeNodes (e.g. NodeIds): nothing to walk
+            except Exception as exc:
+                hooks._own_error("dec_lock_ref", exc)
+        return result
+
+    return dec_lock_ref
+
+
+def _wrap_evict(hooks: CacheHooks, original: Callable[..., Any]) -> Callable[..., Any]:
+    def evict(cache: Any, *args: Any, **kwargs: Any) -> Any:
+        if hooks._disabled:
+            return original(cache, *args, **kwargs)
+        hooks.evict_calls += 1
+        try:
+            before = cache.evictable_size()
+        except Exception as exc:
+            hooks._own_error("evict (before)", exc)
+            before = None
+        result = original(cache, *args, **kwargs)
+        try:
+            # SGLang >= 0.5 returns EvictResult(num_tokens_evicted); older releases return None.
+            freed = getattr(result, "num_tokens_evicted", None)
+            if type(freed) is not int:
+                after = cache.evictable_size()
+                freed = before - after if type(before) is int and type(after) is int else None
+            if freed is not None:
+                # SGLang >= 0.5: evict(EvictParams(num_tokens=...)); older: evict(num_tokens, callback).
+                arg = args[0] if args else kwargs.get("params", kwargs.get("num_tokens"))
+                requested = arg if type(arg) is int else getattr(arg, "num_tokens", None)
+                hooks._evicted(cache, freed, requested if type(requested) is int else None)
+        except Exception as exc:
+            hooks._own_error("evict (after)", exc)
+        return result
+
+    return evict
+
+
+_FACTORIES: dict[str, Callable[[CacheHooks, Callable[..., Any]], Callable[..., Any]]] = {
+    "inc_lock_ref": _wrap_inc_lock_ref,
+    "dec_lock_ref": _wrap_dec_lock_ref,
+    "evict": _wrap_evict,
+}
 
 
 def _describe(target: Any) -> str:

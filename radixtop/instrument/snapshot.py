@@ -4,6 +4,9 @@ Runs inside the host's scheduler: standard library only, never reads KV tensors 
 None` and len(node.key) only), never recurses (trees 10k deep are fine), never indexes a node's
 `children` (SGLang's is a defaultdict: a lookup would insert).
 
+Keys are read as `getattr(key, "token_ids", key)`: SGLang's RadixKey keeps them in .token_ids,
+older releases use plain lists.
+
 Two walks with separate cost bounds:
 - the detail walk (every snapshot) visits at most `max_nodes` nodes best-first (locked nodes first,
   then the heaviest subtree by tokens), so its cost does not grow with the tree;
@@ -33,24 +36,25 @@ from radixtop.schema import (
 )
 
 _MASK64 = (1 << 64) - 1
+_K1, _K2, _K3 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9  # odd 64-bit mixers
 _RUST_CORE_HINT = "restart the server with SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to see the tree"
 
 
 @dataclass(frozen=True)
 class SnapshotConfig:
-    max_nodes: int = 1000  # detail-walk budget, and the server-side cap on ?budget=
-    census_max_nodes: int = 100_000  # a census stops here (bounds one pause); 0 disables it
+    max_nodes: int = 256  # detail-walk budget, and the server-side cap on ?budget=
+    census_max_nodes: int = 50_000  # a census stops here (bounds one pause); 0 disables it
     census_duty: float = 0.005  # at most this fraction of scheduler time goes to censuses
     head_tokens: int = 4  # token ids shown per node (the start of its key)
-    scan_factor: int = 8  # the detail walk looks at no more than scan_factor * max_nodes children
+    max_scan: int = 1024  # children the detail walk may look at (bounds it on very wide nodes)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_nodes <= MAX_TREE_NODES:
             raise ValueError(f"max_nodes must be in [0, {MAX_TREE_NODES}], got {self.max_nodes}")
         if self.census_max_nodes < 0 or not 0 <= self.census_duty <= 1:
             raise ValueError("census_max_nodes must be >= 0 and census_duty in [0, 1]")
-        if not 0 <= self.head_tokens <= MAX_HEAD_TOKENS or self.scan_factor < 1:
-            raise ValueError(f"head_tokens must be in [0, {MAX_HEAD_TOKENS}] and scan_factor >= 1")
+        if not 0 <= self.head_tokens <= MAX_HEAD_TOKENS or self.max_scan < 1:
+            raise ValueError(f"head_tokens must be in [0, {MAX_HEAD_TOKENS}] and max_scan >= 1")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,11 +123,6 @@ def find_root(cache: Any) -> tuple[Any, str]:
         return None, f"{cls}: reading the tree root failed ({type(exc).__name__}): sizes only"
 
 
-def _ids(key: Any) -> Any:
-    # RadixKey keeps its token ids in .token_ids; older SGLang keys are plain lists.
-    return getattr(key, "token_ids", key)
-
-
 # ----------------------------------------------------------------------------------------------
 # Census: one bounded full walk
 
@@ -136,7 +135,10 @@ class _CensusResult:
 
 
 def run_census(root: Any, limit: int, hint_cap: int) -> _CensusResult:
-    """Breadth-first over the whole tree (at most `limit` non-root nodes), iteratively."""
+    """Breadth-first over the whole tree (at most `limit` non-root nodes), iteratively.
+
+    The loop allocates no GC-tracked objects per node (list appends and int arithmetic only), so
+    a census of a big tree does not set off garbage collections in the host."""
     started = time.perf_counter()
     nodes = [root]
     parents = [-1]
@@ -144,24 +146,27 @@ def run_census(root: Any, limit: int, hint_cap: int) -> _CensusResult:
     hashes = [0]
     hist: dict[int, int] = {}
     add_node, add_parent, add_tokens, add_hash = nodes.append, parents.append, tokens.append, hashes.append
+    hist_get = hist.get
     digest = 0
     total = 0
     complete = True
     i = 0
     while i < len(nodes):
-        node = nodes[i]
-        children = node.children
+        children = nodes[i].children
         if children:
             if len(nodes) + len(children) > limit + 1:
                 complete = False
                 break
             h = hashes[i]
             for child in children.values():
-                ids = _ids(child.key)
+                key = child.key
+                ids = getattr(key, "token_ids", key)
                 n = len(ids)
                 lr = child.lock_ref
-                hist[lr] = hist.get(lr, 0) + 1
-                ch = hash((h, n, ids[0], ids[-1])) if n else hash((h, 0))
+                hist[lr] = hist_get(lr, 0) + 1
+                # The node's shape hash chains its parent's, so it depends on the whole path.
+                ch = ((h ^ (n * _K1)) * _K2 + (hash(ids[0]) * _K3 + hash(ids[-1]) if n else 0)) & _MASK64
+                ch ^= ch >> 31
                 digest += ch
                 total += n
                 add_node(child)
@@ -170,7 +175,7 @@ def run_census(root: Any, limit: int, hint_cap: int) -> _CensusResult:
                 add_hash(ch)
         i += 1
     # Subtree weights: BFS order puts every child after its parent, so one reverse pass sums them.
-    weights = tokens[:]
+    weights = tokens
     for j in range(len(nodes) - 1, 0, -1):
         weights[parents[j]] += weights[j]
     hints = _heavy_hints(nodes, parents, weights, hint_cap)
@@ -213,57 +218,73 @@ class _Walk:
     exhausted: bool  # every node was visited (nothing cut)
 
 
+_new_row = tuple.__new__  # builds a NodeRow in C, skipping the NamedTuple's Python-level __new__
+
+
 def _row(node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, head_n: int) -> NodeRow:
     nid = getattr(node, "id", None)
     hits = getattr(node, "hit_count", None)
     last = getattr(node, "last_access_time", None)
-    return NodeRow(
-        id=nid if type(nid) is int else None,
-        parent=parent_row,
-        tokens=tokens,
-        lock_ref=node.lock_ref,
-        evicted=node.value is None,
-        hit_count=hits if type(hits) is int else None,
-        last_access=float(last) if type(last) in (int, float) and last == last and abs(last) < 1e300 else None,
-        children=len(node.children),
-        subtree_tokens=weight,
-        head=tuple(t for t in ids[:head_n] if type(t) is int) if head_n else (),
+    if type(last) is not float or not -1e300 < last < 1e300:  # also drops NaN
+        last = float(last) if type(last) is int and -1e300 < last < 1e300 else None
+    head = ids[:head_n] if head_n else ()
+    for t in head:
+        if type(t) is not int:  # e.g. EAGLE's bigram keys: not token ids we can show
+            head = ()
+            break
+    return _new_row(
+        NodeRow,
+        (
+            nid if type(nid) is int else None,
+            parent_row,
+            tokens,
+            node.lock_ref,
+            node.value is None,  # the only thing ever asked of a KV tensor
+            hits if type(hits) is int else None,
+            last,
+            len(node.children),
+            weight,
+            tuple(head),
+        ),
     )
 
 
 def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_limit: int) -> _Walk:
-    root_ids = _ids(root.key) if getattr(root, "key", None) is not None else ()
-    rows = [_row(root, -1, len(root_ids), root_ids, hints.get(id(root)), head_n)]
+    """Best-first from the root: at most `budget` nodes, at most `scan_limit` children looked at."""
+    heappush, heappop, hints_get = heapq.heappush, heapq.heappop, hints.get
+    root_key = getattr(root, "key", None)
+    root_ids = getattr(root_key, "token_ids", root_key) if root_key is not None else ()
+    rows = [_row(root, -1, len(root_ids), root_ids, hints_get(id(root)), head_n)]
     heap: list[tuple[int, int, int, Any, int]] = []
     counter = 0
-    scanned = 0
-    truncated_scan = False
-
-    def push_children(node: Any, row_index: int) -> None:
-        nonlocal counter, scanned, truncated_scan
-        for child in node.children.values():
-            if scanned >= scan_limit:
-                truncated_scan = True
-                return
-            scanned += 1
-            weight = hints.get(id(child))
-            if weight is None:
-                weight = len(_ids(child.key))
-            # Locked (or negative) nodes first, then the heaviest subtree; counter keeps it stable.
-            heapq.heappush(heap, (0 if child.lock_ref else 1, -weight, counter, child, row_index))
-            counter += 1
-
-    push_children(root, 0)
     walked_tokens = 0
-    while heap and len(rows) <= budget:
-        _, _, _, node, parent_row = heapq.heappop(heap)
-        ids = _ids(node.key)
+    truncated = pending = False
+    node, row_index = root, 0
+    while True:
+        if len(rows) > budget:
+            pending = bool(node.children)  # the last node taken has children we did not look at
+            break
+        for child in node.children.values():
+            if counter >= scan_limit:
+                truncated = True
+                break
+            weight = hints_get(id(child))
+            if weight is None:
+                key = child.key
+                weight = len(getattr(key, "token_ids", key))
+            # Locked (or negative) nodes first, then the heaviest subtree; counter keeps it stable.
+            heappush(heap, (0 if child.lock_ref else 1, -weight, counter, child, row_index))
+            counter += 1
+        if not heap:
+            break
+        node, row_index = heappop(heap)[3:]
+        key = node.key
+        ids = getattr(key, "token_ids", key)
         n = len(ids)
         walked_tokens += n
-        rows.append(_row(node, parent_row, n, ids, hints.get(id(node)), head_n))
-        if node.children:
-            push_children(node, len(rows) - 1)
-    return _Walk(rows=rows, walked_tokens=walked_tokens, exhausted=not heap and not truncated_scan)
+        rows.append(_row(node, row_index, n, ids, hints_get(id(node)), head_n))
+        row_index = len(rows) - 1
+    return _Walk(rows=rows, walked_tokens=walked_tokens, exhausted=not heap and not truncated and not pending)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,6 +300,7 @@ class TreeSnapshotter:
         self._census: _CensusResult | None = None
         self._next_census_at = 0.0
         self._root_id: int | None = None
+        self.last_census_seconds = 0.0  # what the census cost in the latest take() (0: none ran)
 
     def take(
         self,
@@ -294,7 +316,7 @@ class TreeSnapshotter:
     ) -> Snapshot:
         """Never raises for a strange cache: what cannot be read is reported in `reason`."""
         started = time.perf_counter()
-        cfg = self.config
+        self.last_census_seconds = 0.0
         sizes = read_sizes(cache)
         root, reason = find_root(cache)
         census: Census | None = None
@@ -335,13 +357,13 @@ class TreeSnapshotter:
             self._census, self._root_id, self._next_census_at = None, id(root), 0.0
         fresh = False
         if cfg.census_max_nodes and (force_census or (cfg.census_duty > 0 and now >= self._next_census_at)):
-            result = run_census(root, cfg.census_max_nodes, cfg.max_nodes * cfg.scan_factor)
+            result = run_census(root, cfg.census_max_nodes, cfg.max_scan)
             self._census = result
             fresh = True
-            cost = result.census.seconds
+            cost = self.last_census_seconds = result.census.seconds
             self._next_census_at = now + (cost / cfg.census_duty if cfg.census_duty > 0 else float("inf"))
         hints = self._census.hints if self._census is not None else {}
-        walk = walk_tree(root, cfg.max_nodes, hints, cfg.head_tokens, cfg.max_nodes * cfg.scan_factor)
+        walk = walk_tree(root, cfg.max_nodes, hints, cfg.head_tokens, cfg.max_scan)
         walked = len(walk.rows) - 1
         census = _aged(self._census) if self._census is not None else None
         cut_nodes: int | None

@@ -1,0 +1,345 @@
+"""What radixtop's in-process instrumentation costs the SGLang scheduler thread.
+
+1. Hook overhead: one seeded stream of scheduler-shaped cache operations (match_prefix, lock,
+   alloc/evict under pressure, insert, relock, unlock) on the simulator's RadixCache, run without
+   hooks (the peer) and with hooks installed on the instance and on the class, interleaved, best
+   of N. Target: at most 5 % slower.
+2. Snapshot cost at 1k / 10k / 100k nodes: the budgeted detail walk + JSON (every snapshot), the
+   census (full walk, duty-capped), and the naive peer: a full detail walk of every node. Each is
+   turned into the fraction of one scheduler thread it takes at the default rate (2 snapshots/s,
+   census at most 0.5 % of the thread), measured as this thread's CPU time (time.thread_time), since
+   wall time on a shared box also counts other people's work. Target: under 1 % at 100k nodes.
+
+Usage:  python benchmarks/instrument_bench.py [--quick] [--write-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from radixtop.instrument.hooks import CacheHooks  # noqa: E402
+from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter, run_census  # noqa: E402
+from radixtop.sim.pool import TokenToKVPoolAllocator  # noqa: E402
+from radixtop.sim.radix import EvictParams, InsertParams, MatchPrefixParams, RadixCache, RadixKey  # noqa: E402
+
+README = Path(__file__).with_name("README.md")
+START, END = "<!-- instrument_bench:start -->", "<!-- instrument_bench:end -->"
+RATE_HZ = 2.0  # InstrumentEndpoint's default min_interval_s = 0.5 while someone is watching
+MAX_DUTY = 0.01  # InstrumentEndpoint's default max_duty
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. Hook overhead
+
+
+def make_workload(n_requests: int, seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    systems = [[rng.randrange(32000) for _ in range(rng.randrange(64, 256))] for _ in range(8)]
+    prompts = []
+    for _ in range(n_requests):
+        sys_prompt = rng.choice(systems)
+        turns = [rng.randrange(32000) for _ in range(rng.randrange(16, 96))]
+        prompts.append(sys_prompt + turns)
+    return prompts
+
+
+def run_stream(prompts: list[list[int]], hooks_on: str | None, pool_tokens: int) -> tuple[float, CacheHooks | None]:
+    alloc = TokenToKVPoolAllocator(pool_tokens, store_contents=False)
+    cache = RadixCache.create_simulated(mock_allocator=alloc)
+    hooks = None
+    if hooks_on == "instance":
+        hooks = CacheHooks()
+        hooks.install(cache)
+    elif hooks_on == "class":
+        hooks = CacheHooks()
+        hooks.install(RadixCache)
+    running: list = []
+    gc.collect()
+    started = time.thread_time()
+    try:
+        for tokens in prompts:
+            key = RadixKey(tokens)
+            match = cache.match_prefix(MatchPrefixParams(key=key))
+            node = match.last_device_node
+            cache.inc_lock_ref(node)
+            need = len(tokens) - len(match.device_indices)
+            if alloc.available_size() < need:
+                cache.evict(EvictParams(num_tokens=need))
+            slots = alloc.alloc(need)
+            if slots is None:  # pool exhausted by locked requests: finish the oldest, retry later
+                cache.dec_lock_ref(node)
+            else:
+                result = cache.insert(InsertParams(key=key, value=list(match.device_indices) + slots))
+                alloc.free(slots[: max(0, result.prefix_len - len(match.device_indices))])
+                new = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+                cache.dec_lock_ref(node)
+                cache.inc_lock_ref(new)
+                running.append(new)
+            if len(running) > 32:  # a window of running requests keeps their paths locked
+                cache.dec_lock_ref(running.pop(0))
+        for node in running:
+            cache.dec_lock_ref(node)
+        return time.thread_time() - started, hooks
+    finally:
+        if hooks is not None:
+            hooks.uninstall()
+
+
+def hook_overhead(n_requests: int, rounds: int) -> dict:
+    """Many short rounds, each running the three modes back to back in a rotating order; the
+    per-round ratio to the unhooked run cancels the load drift of a shared machine."""
+    prompts = make_workload(n_requests)
+    pool = 40 * 200  # small enough that evict runs often
+    modes = ("none", "instance", "class")
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    ratios: dict[str, list[float]] = {m: [] for m in modes}
+    counters = None
+    run_stream(prompts[: n_requests // 4], None, pool)  # warm-up: imports, allocator, caches
+    for r in range(rounds):
+        order = modes[r % 3 :] + modes[: r % 3]
+        this: dict[str, float] = {}
+        for mode in order:
+            seconds, hooks = run_stream(prompts, None if mode == "none" else mode, pool)
+            this[mode] = seconds
+            times[mode].append(seconds)
+            if hooks is not None:
+                counters = hooks.counters()
+        for mode in modes:
+            ratios[mode].append(this[mode] / this["none"])
+    return {
+        "requests": n_requests,
+        "rounds": rounds,
+        "best": {m: min(v) for m, v in times.items()},
+        "ratio": {m: statistics.median(v) for m, v in ratios.items()},
+        "counters": counters,
+    }
+
+
+def per_call_overhead(loops: int = 20_000, repeats: int = 9) -> dict:
+    """Extra CPU per hooked call (best of many short loops: steadier than whole streams)."""
+
+    def fresh() -> tuple[RadixCache, object]:
+        cache = RadixCache.create_simulated(mock_allocator=TokenToKVPoolAllocator(1 << 16, store_contents=False))
+        cache.insert(InsertParams(key=RadixKey(list(range(50)))))
+        cache.insert(InsertParams(key=RadixKey(list(range(30)) + [7] * 10)))  # a 2-node path
+        node = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(50))))).last_device_node
+        return cache, node
+
+    def lock_pair(cache, node) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.thread_time()
+            for _ in range(loops):
+                cache.inc_lock_ref(node)
+                cache.dec_lock_ref(node)
+            best = min(best, time.thread_time() - t)
+        return best / loops
+
+    def evicts(cache) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.thread_time()
+            for _ in range(loops):
+                cache.evict(EvictParams(num_tokens=0))
+            best = min(best, time.thread_time() - t)
+        return best / loops
+
+    out = {}
+    for mode in ("none", "instance", "class"):
+        cache, node = fresh()
+        hooks = CacheHooks()
+        if mode == "instance":
+            hooks.install(cache)
+        elif mode == "class":
+            hooks.install(RadixCache)
+        try:
+            out[mode] = (lock_pair(cache, node), evicts(cache))
+        finally:
+            hooks.uninstall()
+    return {
+        mode: {"lock_pair_us": 1e6 * (out[mode][0] - out["none"][0]), "evict_us": 1e6 * (out[mode][1] - out["none"][1])}
+        for mode in ("instance", "class")
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. Snapshot cost
+
+
+def build_tree(n_nodes: int, seed: int = 2) -> RadixCache:
+    rng = random.Random(seed)
+    cache = RadixCache.create_simulated(mock_allocator=TokenToKVPoolAllocator(1024, store_contents=False))
+    systems = [[rng.randrange(32000) for _ in range(rng.randrange(16, 128))] for _ in range(max(4, n_nodes // 200))]
+    count = 0
+    while count < n_nodes:
+        for _ in range(max(100, (n_nodes - count) // 2)):
+            tokens = rng.choice(systems) + [rng.randrange(32000) for _ in range(rng.randrange(8, 48))]
+            cache.insert(InsertParams(key=RadixKey(tokens)))  # values default to the token ids
+        count = sum(1 for _ in cache.iter_nodes())
+    # A few hundred running requests hold paths locked, as on a busy server.
+    leaves = [n for n in cache.iter_nodes() if not n.children]
+    for node in rng.sample(leaves, min(256, len(leaves))):
+        cache.inc_lock_ref(node)
+    return cache
+
+
+def cpu_ms(fn, repeats: int) -> float:
+    """Median CPU time of this thread (what the scheduler thread would lose), in ms: on a shared
+    box wall time also counts other people's work."""
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        t = time.thread_time()
+        fn()
+        times.append(time.thread_time() - t)
+    return statistics.median(times) * 1e3
+
+
+def calibrate() -> float:
+    """ns per iteration of a bare Python loop here, to scale these figures to another machine."""
+
+    def loop():
+        n = 0
+        for _ in range(1_000_000):
+            n += 1
+
+    return cpu_ms(loop, 5)  # ms per 1M iterations == ns per iteration
+
+
+def snapshot_costs(sizes: list[int], repeats: int) -> list[dict]:
+    rows = []
+    defaults = SnapshotConfig()
+    for size in sizes:
+        cache = build_tree(size)
+        nodes = sum(1 for _ in cache.iter_nodes())
+        shot = TreeSnapshotter(SnapshotConfig(census_duty=1e-12))  # one census (for hints), then detail only
+        shot.take(cache)
+        detail = cpu_ms(lambda: shot.take(cache).to_json(), repeats)
+        payload = len(shot.take(cache).to_json())
+        capped = run_census(cache.root_node, defaults.census_max_nodes, defaults.max_scan).census
+        census = cpu_ms(lambda: run_census(cache.root_node, defaults.census_max_nodes, defaults.max_scan), max(1, repeats // 3))
+        full_census = (
+            census
+            if capped.complete
+            else cpu_ms(lambda: run_census(cache.root_node, 10**9, defaults.max_scan), 1)
+        )
+        naive_shot = TreeSnapshotter(SnapshotConfig(max_nodes=min(nodes, 200_000), census_max_nodes=0, max_scan=10**9))
+        naive = cpu_ms(lambda: naive_shot.take(cache).to_json(), 1 if nodes > 20_000 else 3)
+        # The endpoint takes a detail snapshot every max(0.5 s, cost / (1 % - census duty)) and a
+        # census every max(0.5 s, cost / census duty): the effective rate drops when one is dear.
+        rate = min(RATE_HZ, (MAX_DUTY - defaults.census_duty) / (detail / 1e3))
+        census_every = max(1 / RATE_HZ, census / 1e3 / defaults.census_duty)
+        rows.append(
+            {
+                "nodes": nodes,
+                "detail_ms": detail,
+                "payload_kb": payload / 1024,
+                "census_ms": census,
+                "census_complete": capped.complete,
+                "census_nodes": capped.node_count,
+                "full_census_ms": full_census,
+                "census_every_s": census_every,
+                "rate": rate,
+                "fraction_at_2hz": detail / 1e3 * RATE_HZ + census / 1e3 / census_every,
+                "fraction": detail / 1e3 * rate + census / 1e3 / census_every,
+                "naive_ms": naive,
+                "naive_fraction": naive / 1e3 * RATE_HZ,
+            }
+        )
+        del cache
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def render(hooks: dict, snaps: list[dict], command: str, ns_per_loop: float) -> str:
+    d = SnapshotConfig()
+    lines = [
+        f"Command: `{command}`; Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d')}; this machine runs a "
+        f"bare Python loop at {ns_per_loop:.0f} ns per iteration (scale the figures by that).",
+        "",
+        f"Hook overhead: {hooks['requests']} scheduler-shaped requests on the sim RadixCache (match, lock, "
+        f"evict under pressure, insert, relock, unlock), {hooks['rounds']} rounds of the three modes back to back "
+        "(rotating order), thread CPU time. The overhead is the median of the per-round ratios to the unhooked run:",
+        "",
+        "| hooks | best run | overhead (median ratio) | per-call overhead (best of short loops) × the stream's calls |",
+        "|---|---:|---:|---|",
+    ]
+    per_call = hooks.get("per_call", {})
+    c = hooks["counters"]
+    for mode in ("none", "instance", "class"):
+        row = f"| {mode} | {hooks['best'][mode]:.3f} s | {100 * (hooks['ratio'][mode] - 1):+.1f} % |"
+        if mode in per_call and c is not None:
+            p = per_call[mode]
+            # lock_pair covers one inc + one dec on a 2-node path; evict_us an evict with its event.
+            modelled = (c.lock_ops * p["lock_pair_us"] + c.evict_calls * p["evict_us"]) / 1e6 / hooks["best"]["none"]
+            row += f" {p['lock_pair_us']:.2f} µs per lock+unlock, {p['evict_us']:.2f} µs per evict: {100 * modelled:+.1f} % |"
+        else:
+            row += " |"
+        lines.append(row)
+    if c is not None:
+        lines += [
+            "",
+            f"(a hooked run counted {c.lock_ops} locks, {c.unlock_ops} unlocks, {c.evict_calls} evict calls, "
+            f"{c.evicted_tokens} evicted tokens)",
+        ]
+    lines += [
+        "",
+        f"Snapshot cost in scheduler-thread CPU time (defaults: budget {d.max_nodes} nodes, {d.max_scan} children "
+        f"scanned, census stops at {d.census_max_nodes:,} nodes and may use {100 * d.census_duty:g} % of the thread; "
+        f"256 locked paths), and the share of one scheduler thread at {RATE_HZ:g} snapshots/s. The peer is the naive "
+        "snapshot: every node walked and serialised each time.",
+        "",
+        "| nodes | detail walk + JSON | payload | census (default cap) | full census | census every | share at 2/s | duty-capped rate | share | naive walk + JSON | naive share at 2/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in snaps:
+        capped = "" if r["census_complete"] else f" (stops at {r['census_nodes']:,})"
+        lines.append(
+            f"| {r['nodes']:,} | {r['detail_ms']:.1f} ms | {r['payload_kb']:.0f} KiB | {r['census_ms']:.0f} ms{capped} | "
+            f"{r['full_census_ms']:.0f} ms | {r['census_every_s']:.1f} s | {100 * r['fraction_at_2hz']:.2f} % | "
+            f"{r['rate']:.1f}/s | {100 * r['fraction']:.2f} % | "
+            f"{r['naive_ms']:.0f} ms | {100 * r['naive_fraction']:.0f} % |"
+        )
+    return "\n".join(lines)
+
+
+def write_readme(block: str) -> None:
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    section = f"{START}\n{block}\n{END}"
+    if START in text and END in text:
+        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n## Instrumentation\n\n" + section + "\n"
+    README.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and repeats (a shared 2-core box)")
+    parser.add_argument("--write-readme", action="store_true", help="replace the results block in README.md")
+    args = parser.parse_args()
+    n_requests, rounds = (400, 15) if args.quick else (1500, 41)
+    ns_per_loop = calibrate()
+    hooks = hook_overhead(n_requests, rounds)
+    hooks["per_call"] = per_call_overhead()
+    snaps = snapshot_costs([1_000, 10_000, 100_000], 5 if args.quick else 15)
+    command = "python benchmarks/instrument_bench.py" + (" --quick" if args.quick else "")
+    block = render(hooks, snaps, command, ns_per_loop)
+    print(block)
+    if args.write_readme:
+        write_readme(block)
+
+
+if __name__ == "__main__":
+    main()

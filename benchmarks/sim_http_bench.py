@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runs from a checkout, like the other benchmarks
+
+from radixtop.sim.cli import sim_argv  # noqa: E402
 
 PEER_APP = """
 import socket, sys, uvicorn
@@ -62,17 +65,7 @@ def _wait_port(path: Path, proc: subprocess.Popen, timeout: float = 30.0) -> int
 
 def start_sim(tmp: Path) -> tuple[subprocess.Popen, int]:
     ready = tmp / "sim.port"
-    cmd = [
-        sys.executable,
-        "-m",
-        "radixtop",
-        "sim",
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--log-file",
-        str(tmp / "sim.log"),
+    flags = (
         "--log-level",
         "warning",
         "--step-ms",
@@ -81,7 +74,8 @@ def start_sim(tmp: Path) -> tuple[subprocess.Popen, int]:
         "64",
         "--max-total-tokens",
         "65536",
-    ]
+    )
+    cmd = sim_argv(*flags, ready_file=ready, log_file=tmp / "sim.log")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, _wait_port(ready, proc)
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from radixtop.diagnosis.logline import is_continuation, parse_line
 from radixtop.schema import HEALTH_PATH, SNAPSHOT_PATH, parse_health, parse_snapshot
-from radixtop.sim.cli import LogSink, SimServer, UsageError, bind_socket, fault_text, parse_options
+from radixtop.sim.cli import LogSink, SimServer, UsageError, bind_socket, fault_text, parse_options, sim_argv
 from radixtop.sim.model import SimTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,19 +73,7 @@ class Launched:
 
 def _start(tmp_path: Path, *flags: str, name: str = "sim") -> tuple[subprocess.Popen, Path, Path]:
     ready, log = tmp_path / f"{name}.port", tmp_path / f"{name}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "radixtop",
-        "sim",
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--log-file",
-        str(log),
-        *flags,
-    ]
+    cmd = sim_argv(*flags, ready_file=ready, log_file=log)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, ready, log
 

@@ -373,6 +373,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def sim_argv(*flags: str, ready_file: str | Path, log_file: str | Path, port: int = 0) -> list[str]:
+    """The argv that starts the simulator as a process of its own (tests, benchmarks, demos):
+    it writes its bound port to `ready_file` once it serves, and its logs to `log_file`."""
+    return [
+        sys.executable, "-m", "radixtop", "sim", "--port", str(port),
+        "--ready-file", str(ready_file), "--log-file", str(log_file), *flags,
+    ]  # fmt: skip
+
+
 def _write_ready_file(path: str, port: int) -> None:
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -463,7 +463,7 @@ def test_bad_flag_is_one_line_and_exit_2() -> None:
         timeout=30,
     )
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == ["radixtop sim: --max-running-requests must be at least 1, got 0"]
+    assert r.stderr.strip().splitlines() == ["radixtop sim: --max-running-requests must be >= 1, got 0"]
 
 
 def test_port_in_use_is_one_line_and_exit_2() -> None:

@@ -160,29 +160,10 @@ def parse_options(argv: Sequence[str]) -> SimOptions:
     ignored = _group_unknown(unknown)
     if ignored and not ignored[0].startswith("-"):
         raise UsageError(f"unexpected argument {ignored[0]!r}; flags start with --")
+    # The engine's SimConfig.validate() checks the sizes (page, pool, batch, ranks); these are the
+    # flags it never sees.
     checks = [
-        (
-            args.port is not None and not 0 <= args.port <= 65535,
-            f"--port must be within 0..65535, got {args.port}",
-        ),
-        (
-            args.page_size is not None and args.page_size < 1,
-            f"--page-size must be at least 1, got {args.page_size}",
-        ),
-        (
-            args.max_running_requests is not None and args.max_running_requests < 1,
-            f"--max-running-requests must be at least 1, got {args.max_running_requests}",
-        ),
-        (
-            args.max_total_tokens is not None and args.max_total_tokens < 1,
-            f"--max-total-tokens must be at least 1, got {args.max_total_tokens}",
-        ),
-        (not 1 <= args.tp_size <= 64, f"--tp-size must be within 1..64, got {args.tp_size}"),
-        (not 1 <= args.dp_size <= 64, f"--dp-size must be within 1..64, got {args.dp_size}"),
-        (
-            args.decode_log_interval < 1,
-            f"--decode-log-interval must be at least 1, got {args.decode_log_interval}",
-        ),
+        (not 0 <= args.port <= 65535, f"--port must be within 0..65535, got {args.port}"),
         (not 0 <= args.step_ms <= 10_000, f"--step-ms must be within 0..10000, got {args.step_ms}"),
         (
             args.instrument_port is not None and not 0 < args.instrument_port <= 65535 - 128,

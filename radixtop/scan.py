@@ -102,8 +102,13 @@ def _print_matches(paths: list[str], matcher: Matcher, out: TextIO) -> int:
     sink = out.buffer  # raw bytes: the line exactly as stored, like grep
     scanner = LogScanner(matcher, details=False)
 
+    names: dict[str, bytes] = {}
+
     def emit(hit: ScanHit) -> None:
-        sink.write(b"%s:%d:%s:%s\n" % (hit.file.encode(), hit.line, ids[hit.signature_index], hit.raw))
+        name = names.get(hit.file)
+        if name is None:
+            name = names[hit.file] = os.fsencode(hit.file)  # a path's own bytes, as grep prints
+        sink.write(b"%s:%d:%s:%s\n" % (name, hit.line, ids[hit.signature_index], hit.raw))
 
     out.flush()
     for path in paths:

@@ -204,16 +204,20 @@ class _Window:
                 return os.pread(self.fd, end - start, start), start == 0
             except OSError:
                 pass  # fall back to what is in memory
+        # Not re-readable: the previous buffer's lines, then the current one's (they are contiguous).
         pieces = []
-        lo = start
+        first = None  # absolute offset of the first byte returned
         if self.prev is not None:
             lo = max(start, self.prev_base)
             hi = self.prev_base + self.prev_len
             if lo < hi:
                 pieces.append(bytes(self.prev[lo - self.prev_base : hi - self.prev_base]))
+                first = lo
         if self.cur is not None:
             pieces.append(bytes(self.cur[: end - self.cur_base]))
-        return b"".join(pieces), lo in (0, self.prev_base)
+            first = self.cur_base if first is None else first
+        # Buffers start at line starts, so a window that begins at one is whole from its start.
+        return b"".join(pieces), first in (0, self.prev_base, self.cur_base)
 
     def lines_before(self, end: int, count: int, cap: int) -> list[bytes]:
         """The last `count` whole lines before absolute offset `end`, oldest first, looking back

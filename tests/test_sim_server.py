@@ -286,6 +286,7 @@ NATIVE_BAD = [
     pytest.param(b'{"input_ids": ["a"]}', "list of integer token ids", id="ids-wrong-type"),
     pytest.param(b'{"input_ids": []}', "cannot be empty", id="ids-empty"),
     pytest.param(b'{"input_ids": [1073741824]}', "outside the vocabulary", id="id-out-of-vocab"),
+    pytest.param(b'{"input_ids": [[1], [-1]]}', "outside the vocabulary", id="id-negative"),
     pytest.param(
         b'{"text": "a", "sampling_params": "x"}',
         "sampling_params must be a JSON object",

@@ -556,3 +556,17 @@ def test_lock_race_under_pressure_dies_like_sglang(tmp_path: Path) -> None:
     assert "RadixCacheError: Failed to lock memory page during dynamic prefix eviction" in log[error:]
     assert log.index("Received sigquit from a child process. It usually means the child failed.") > error
     assert "WARNING: radix cache eviction contended with a page lock" in log[:error]
+
+
+def test_log_level_warning_drops_info_lines_of_the_http_server(tmp_path: Path) -> None:
+    with launch(tmp_path, "--log-level", "warning", "--context-length", "8192", "--step-ms", "0") as sim:
+        r = httpx.post(f"{sim.url}/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 1}})
+        assert r.status_code == 200
+        bad = httpx.post(f"{sim.url}/generate", json={"text": 5})
+        assert bad.status_code == 400
+        sim.proc.send_signal(signal.SIGTERM)
+        assert sim.proc.wait(timeout=10) == 0
+        log = sim.log_text()
+    assert "server_args=" not in log and "POST /generate" not in log  # INFO, as SGLang would drop them
+    assert "accepted and ignored SGLang flags it does not model: --context-length 8192" in log  # WARNING
+    assert "[http_server] Error: text must be a string" in log  # ERROR

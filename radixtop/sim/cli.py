@@ -401,6 +401,7 @@ class SimServer:
         self.engine = Engine(self.config, emit=sink.write)
         self.instruments: list[Any] = []
         self.server: Any = None
+        self._level = getattr(logging, opts.args.log_level.upper())
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
         """SIGTERM outside uvicorn's own handling (before it serves, or re-raised after): leave cleanly."""
@@ -408,9 +409,15 @@ class SimServer:
             raise SystemExit(128 + signum)
         self.server.should_exit = True
 
-    def log(self, message: str) -> None:
-        """A main-process line (no rank prefix), as SGLang's http_server writes it."""
-        self.sink.write(self._format_line(message, when=time.time(), log_ms=self.config.log_ms))
+    def log(self, message: str, level: int = logging.INFO) -> None:
+        """A main-process line (no rank prefix), as SGLang's http_server writes it; dropped below
+        --log-level, as SGLang's logging would. (The engine's scheduler lines carry no level and
+        are always written.)"""
+        if level >= self._level:
+            self.sink.write(self._format_line(message, when=time.time(), log_ms=self.config.log_ms))
+
+    def log_error(self, message: str) -> None:
+        self.log(message, logging.ERROR)
 
     def _start_instruments(self) -> list[str]:
         from radixtop.instrument.endpoint import Instrumentation
@@ -445,11 +452,12 @@ class SimServer:
                 "the simulator has no authentication. Use --host 127.0.0.1 unless you mean it."
             )
             print(f"radixtop sim: {warning}", file=sys.stderr)
-            self.log(warning)
+            self.log(warning, logging.WARNING)
         if self.opts.ignored:
             self.log(
                 "radixtop sim: accepted and ignored SGLang flags it does not model: "
-                + ", ".join(self.opts.ignored)
+                + ", ".join(self.opts.ignored),
+                logging.WARNING,
             )
         server_args = server_args_dict(self.opts, self.config, self.port)
         self.log(f"server_args={server_args}")
@@ -475,7 +483,7 @@ class SimServer:
             metrics=metrics,
             instrument_urls=urls,
             enable_cache_report=a.enable_cache_report,
-            log_error=self.log,
+            log_error=self.log_error,
         )
         config = uvicorn.Config(
             build_app(state),
@@ -501,11 +509,9 @@ class SimServer:
                 state.ready = True
                 if a.ready_file:
                     _write_ready_file(a.ready_file, self.port)
-                if a.log_file:
-                    print(
-                        f"radixtop sim: serving http://{self.opts.host}:{self.port} (logs: {a.log_file})",
-                        flush=True,
-                    )
+                if a.log_file or self._level > logging.INFO:  # else uvicorn's line above says it
+                    logs = f" (logs: {a.log_file})" if a.log_file else ""
+                    print(f"radixtop sim: serving http://{self.opts.host}:{self.port}{logs}", flush=True)
                 self.engine.emit_ready()
             await asyncio.wait({engine_task, server_task}, return_when=asyncio.FIRST_COMPLETED)
             if server_task.done() and not engine_task.done():
@@ -529,7 +535,7 @@ class SimServer:
             await asyncio.wait_for(engine_task, SHUTDOWN_TIMEOUT_S)
         exc = server_task.exception() if not server_task.cancelled() else None
         if exc is not None:
-            self.log(f"HTTP server stopped with an error: {type(exc).__name__}: {exc}")
+            self.log_error(f"HTTP server stopped with an error: {type(exc).__name__}: {exc}")
             return 1
         return 0
 
@@ -539,10 +545,10 @@ class SimServer:
         if reason is None:  # run() returned or raised without declaring death
             exc = engine_task.exception() if not engine_task.cancelled() else None
             reason = f"{type(exc).__name__}: {exc}" if exc is not None else "the engine stopped"
-            self.log(f"Scheduler hit an exception: {reason}")
+            self.log_error(f"Scheduler hit an exception: {reason}")
         await asyncio.sleep(DEATH_GRACE_S)  # in-flight requests receive their 5xx
         if not self.sink.saw_sigquit:
-            self.log(SIGQUIT_LINE)
+            self.log_error(SIGQUIT_LINE)
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(server_task), 0.5)

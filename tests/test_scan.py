@@ -456,3 +456,26 @@ def test_scan_imports_nothing_heavy(incident_log):
 def test_scanner_raises_input_error_for_a_missing_path(tmp_path):
     with pytest.raises(ScanInputError, match="no such file"):
         LogScanner(Matcher(EDGE_SIGS)).scan(str(tmp_path / "gone.log"), lambda h: None)
+
+
+def test_one_scanner_over_several_files_keeps_them_apart(tmp_path):
+    # Buffers are reused from file to file: nothing of a longer first file may leak into a second.
+    scanner = LogScanner(Matcher(EDGE_SIGS), chunk_size=256)
+    big = tmp_path / "big.log"
+    big.write_bytes(b"x\n" * 500 + b"out of memory\n" + b"y\n" * 500)
+    small = tmp_path / "small.log"
+    small.write_bytes(b"z\nz")
+    assert scan_hits(scanner, big) == (1001, [(501, 0, b"out of memory")])
+    assert scan_hits(scanner, small) == (2, [])
+    assert scan_hits(scanner, big) == (1001, [(501, 0, b"out of memory")])
+
+
+def test_matches_over_several_files_name_each(tmp_path, incident_log):
+    other = tmp_path / "node1.log"
+    other.write_text("[2026-12-02 14:00:50 TP5] Prefill out of memory. Try to lower your batch size.\n")
+    done = radixtop("--matches", str(incident_log), str(other))
+    rows = done.stdout.decode().splitlines()
+    assert rows[-1] == f"{other}:1:prefill-oom:" + other.read_text().rstrip("\n")
+    assert all(row.startswith(str(incident_log)) for row in rows[:-1])
+    doc = json.loads(radixtop("--json", str(incident_log), str(other)).stdout)
+    assert doc["lines"] == len(incident_lines()) + 1

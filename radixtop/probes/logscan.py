@@ -305,10 +305,11 @@ def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
 
 def _count_newlines(buf: bytearray, n: int) -> int:
     """Newlines in buf[:n]. bytes.count(b"\\n") walks byte by byte in CPython 3.11 (measured here
-    ~1 GB/s); replace() finds them with memchr and copies the rest, about twice as fast. It works
-    on the whole buffer, so the bytes past n (only after a short, final read) are subtracted."""
-    total = len(buf) - len(buf.replace(b"\n", b""))
-    return total - buf.count(b"\n", n) if n < len(buf) else total
+    ~1 GB/s); replace() finds them with memchr and copies the rest, about twice as fast. replace()
+    works on the whole buffer, so a short (final) read is counted the plain way."""
+    if n < len(buf):
+        return buf.count(b"\n", 0, n)
+    return len(buf) - len(buf.replace(b"\n", b""))
 
 
 class LogScanner:
@@ -336,6 +337,7 @@ class LogScanner:
         self._failure = frozenset(
             i for i, sig in enumerate(matcher.signatures) if sig.severity in _FAILURE_SEVERITIES
         )
+        self._buffers = [bytearray(), bytearray()]  # grown to chunk_size (+ a line) on first use
 
     def scan(self, path: str, on_hit: Callable[[ScanHit], None]) -> FileSummary:
         """Scan one input ("-" is stdin, ".gz" is decompressed). Raises ScanInputError."""
@@ -358,7 +360,7 @@ class LogScanner:
     ) -> FileSummary:
         matcher = self.matcher
         chunk = self.chunk_size
-        bufs = [bytearray(chunk + 65536), bytearray(chunk + 65536)]
+        bufs = self._buffers  # reused from file to file: zeroing 8 MiB per small file adds up
         which = 0
         window = _Window(source.fd)
         carry = 0  # bytes at the front of the current buffer: a line begun in the previous one

@@ -90,7 +90,8 @@ async def test_appended_lines_appear_highlighted_and_become_findings(log: Path) 
         await pilot.pause(0.2)
         assert app.state.total_lines == 0  # existing lines are not replayed without --from-start
         append(log, decode(100), SEED, decode(101), SIGQUIT, RETRACT)
-        await wait_for(pilot, lambda: app.state.total_lines == 5 and app.state.report is not None, "the appended lines")
+        await wait_for(pilot, lambda: app.state.total_lines == 5, "the appended lines")
+        await wait_for(pilot, lambda: len(app.findings_list.findings) == 3, "the findings")
         assert app.log_view.follow
 
         seed = on_screen(app, seq_of(app, SEED))
@@ -185,6 +186,7 @@ async def test_pause_keeps_reading_and_counts_waiting_lines(log: Path) -> None:
         await pilot.press("p")
         append(log, *(decode(i) for i in range(100, 150)), SEED)
         await wait_for(pilot, lambda: app.state.total_lines == 71, "lines read while paused")
+        await wait_for(pilot, lambda: app.findings_list.findings, "the finding")
         assert app.state.view_len == 20  # the view did not move
         assert "PAUSED +51 waiting" in screen_text(app)
         assert [f.signature.id for f in app.findings_list.findings] == ["radix-page-lock-eviction"]
@@ -246,6 +248,7 @@ async def test_rotation_while_running_shows_a_notice_and_follows_the_new_file(lo
         os.rename(log, str(log) + ".1")
         append(log, "first line of the new file", SEED)
         await wait_for(pilot, lambda: seq_of(app, SEED) is not None, "the new file's lines", timeout=15)
+        await wait_for(pilot, lambda: app.findings_list.findings, "the finding")
         texts = [app.state.entry(s).text for s in range(app.state.first_seq, app.state.next_seq)]
         assert texts.index("last line of the old file") < texts.index("first line of the new file")
         notices = [t for t in texts if t.startswith("[rotated]")]

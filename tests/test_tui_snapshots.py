@@ -23,11 +23,12 @@ def sample_app(**kwargs) -> RadixtopApp:
 async def loaded(pilot) -> None:
     app = pilot.app
     deadline = time.monotonic() + 15
-    while app.state.total_lines < SAMPLE_LINES or app.state.report is None:
+    # All lines read, and every finding reported (the last ones wait for lines after them).
+    while app.state.total_lines < SAMPLE_LINES or app.ingestor.waiting or app.state.report is None:
         assert time.monotonic() < deadline, "the sample log did not load"
         await pilot.pause(0.05)
     app._poll_health()
-    await pilot.pause(0.3)
+    await pilot.pause(0.5)
 
 
 def test_sample_incident_120x40_dark(snap_compare) -> None:

@@ -8,7 +8,7 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.probes.logs import LogBatch, LogNotice, LogRecord, SourceHealth
-from radixtop.tui.state import IncidentState, Ingestor, LogEntry, IngestResult, short_labels
+from radixtop.tui.state import AFTER_WAIT, IncidentState, Ingestor, IngestResult, short_labels
 
 SEED = "[2026-12-02 14:03:14.942 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
@@ -32,7 +32,17 @@ def batch(texts, source="server.log", start=1, generation=0, notices=()):
 
 
 def plain(texts):
-    return IngestResult([LogEntry("server.log", i + 1, t) for i, t in enumerate(texts)], (), None, len(texts), ())
+    records = [LogRecord("server.log", i + 1, t, 0, 0.0) for i, t in enumerate(texts)]
+    return IngestResult(records, lines=len(texts), max_len=max(map(len, texts)))
+
+
+def ingest(state, ingestor, b, *, wait=False):
+    """Process a batch; unless wait, report first occurrences now instead of after AFTER_WAIT."""
+    state.apply(ingestor.process(b))
+    if not wait:
+        flushed = ingestor.flush(0)
+        if flushed is not None:
+            state.apply(flushed)
 
 
 def texts_in_view(state):
@@ -60,7 +70,7 @@ def test_one_batch_larger_than_the_ring_keeps_its_tail():
 def test_matched_lines_carry_severity_and_span_and_feed_the_findings(catalog, matcher):
     state = IncidentState(capacity=100)
     ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, context=10), catalog)
-    state.apply(ingestor.process(batch(["[2026-12-02 14:03:14.000 TP1] ordinary", SEED, SIGQUIT, RETRACT])))
+    ingest(state, ingestor, batch(["[2026-12-02 14:03:14.000 TP1] ordinary", SEED, SIGQUIT, RETRACT]))
     entries = [state.entry(s) for s in range(state.first_seq, state.next_seq)]
     assert [e.severity for e in entries] == [None, "error", "critical", "warning"]
     seed = entries[1]
@@ -76,8 +86,8 @@ def test_dropping_lines_from_the_ring_keeps_a_findings_context(catalog, matcher)
     state = IncidentState(capacity=4)
     ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, context=5), catalog)
     before = [DECODE.format(s=s, i=s) for s in range(5)]
-    state.apply(ingestor.process(batch(before + [SEED])))
-    state.apply(ingestor.process(batch([DECODE.format(s=30 + i, i=i) for i in range(20)], start=7)))
+    ingest(state, ingestor, batch(before + [SEED]))
+    ingest(state, ingestor, batch([DECODE.format(s=30 + i, i=i) for i in range(20)], start=7))
     assert state.entry(5) is None  # the seed line has left the ring ...
     finding = next(f for f in state.report.findings if f.signature.id == "radix-page-lock-eviction")
     assert finding.context_before == tuple(before)  # ... its evidence has not
@@ -89,7 +99,7 @@ def test_pause_buffers_lines_and_resume_shows_them_in_order(catalog, matcher):
     ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
     state.apply(plain(["a", "b"]))
     state.set_paused(True)
-    state.apply(ingestor.process(batch(["c", SEED, "e"], start=3)))
+    ingest(state, ingestor, batch(["c", SEED, "e"], start=3))
     assert texts_in_view(state) == ["a", "b"]  # the view is frozen
     assert state.pending_count == 3
     assert state.total_lines == 5
@@ -139,7 +149,7 @@ def test_search_finds_next_and_previous_with_wraparound():
 def test_next_hit_walks_signature_lines(catalog, matcher):
     state = IncidentState(capacity=50)
     ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
-    state.apply(ingestor.process(batch(["x", SEED, "y", SIGQUIT, "z"])))
+    ingest(state, ingestor, batch(["x", SEED, "y", SIGQUIT, "z"]))
     assert state.find_hit(-1, True) == 1
     assert state.find_hit(1, True) == 3
     assert state.find_hit(3, True) == 1
@@ -152,7 +162,7 @@ def test_probe_notices_become_marked_lines_and_colour_the_health():
     state = IncidentState(capacity=10)
     state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 3, None)])
     notice = LogNotice("/var/log/a/server.log", "rotated", "/var/log/a/server.log was rotated; following the new file", 0.0)
-    state.apply(IngestResult([], (notice,), None, 0, ("diagnosis failed on x:1: boom",)))
+    state.apply(IngestResult([], notices=(notice,), errors=("diagnosis failed on x:1: boom",)))
     kinds = [(e.kind, e.text) for e in (state.entry(s) for s in range(state.first_seq, state.next_seq))]
     assert kinds[0] == ("notice", "[rotated] /var/log/a/server.log was rotated; following the new file")
     assert kinds[1][0] == "notice" and "boom" in kinds[1][1]
@@ -161,27 +171,69 @@ def test_probe_notices_become_marked_lines_and_colour_the_health():
     assert "rotated" in view.detail
 
 
-def test_a_line_the_diagnosis_fails_on_is_shown_with_a_notice(catalog, matcher):
+def test_a_hit_the_builder_fails_on_is_shown_with_a_notice(catalog, matcher):
     class Exploding(FindingsBuilder):
-        def feed(self, file, lineno, text):
+        def add_hit(self, file, lineno, text, *args, **kwargs):
             if "boom" in text:
                 raise RuntimeError("boom")
-            return super().feed(file, lineno, text)
+            return super().add_hit(file, lineno, text, *args, **kwargs)
 
     state = IncidentState(capacity=10)
     ingestor = Ingestor(Exploding(catalog, matcher=matcher), catalog)
-    state.apply(ingestor.process(batch(["ok", "boom line", SEED])))
+    ingest(state, ingestor, batch(["ok", SEED + " boom", SIGQUIT]))
     entries = [state.entry(s) for s in range(state.first_seq, state.next_seq)]
-    assert [e.text for e in entries if e.kind == "line"] == ["ok", "boom line", SEED]
-    assert entries[2].severity == "error"
+    assert [e.text for e in entries if e.kind == "line"] == ["ok", SEED + " boom", SIGQUIT]
+    assert entries[1].severity == "error"  # still marked in the pane
     (notice,) = [e for e in entries if e.kind == "notice"]
-    assert "server.log:2" in notice.text and "boom" in notice.text
+    assert "diagnosis failed on server.log:2" in notice.text and "boom" in notice.text
+    ingest(state, ingestor, batch([SIGQUIT], start=4))  # and the pane goes on
+    assert [f.signature.id for f in state.report.findings] == ["child-sigquit"]
+
+
+def test_a_first_occurrence_waits_for_the_lines_after_it(catalog, matcher):
+    now = [0.0]
+    state = IncidentState(capacity=100)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, context=3, after=4), catalog, clock=lambda: now[0])
+    ingest(state, ingestor, batch(["a", "b", SEED, "c"]), wait=True)
+    assert state.report is None and ingestor.waiting == 1  # the line is marked, the finding waits
+    assert state.entry(2).severity == "error"
+    ingest(state, ingestor, batch(["d", "e", "f", "g"], start=5), wait=True)
+    (finding,) = state.report.findings
+    assert finding.context_before == ("a", "b") and finding.context_after == ("c", "d", "e", "f")
+    # A writer that stops right after its failure line: reported after AFTER_WAIT with what came.
+    ingest(state, ingestor, batch([SIGQUIT, "h"], start=9), wait=True)
+    assert len(state.report.findings) == 1
+    assert ingestor.flush() is None
+    now[0] += AFTER_WAIT
+    flushed = ingestor.flush()
+    sig = next(f for f in flushed.report.findings if f.signature.id == "child-sigquit")
+    assert sig.context_after == ("h",) and sig.context_before == ("e", "f", "g")
+
+
+def test_batch_path_reports_what_the_line_by_line_path_reports(catalog, matcher):
+    """The Ingestor feeds the builder through add_hit; the result must equal FindingsBuilder.feed."""
+    from importlib import resources
+
+    lines = (resources.files("radixtop") / "data" / "sample_incident.log").read_text(encoding="utf-8").splitlines()
+    one_by_one = FindingsBuilder(catalog, matcher=matcher)
+    for i, text in enumerate(lines, 1):
+        one_by_one.feed("sample.log", i, text)
+    expected = one_by_one.report()
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
+    state = IncidentState(capacity=1000)
+    for start in range(0, len(lines), 37):  # batches cut anywhere, tracebacks included
+        chunk = lines[start : start + 37]
+        ingest(state, ingestor, batch(chunk, source="sample.log", start=start + 1), wait=True)
+    state.apply(ingestor.flush(0))
+    got = state.report
+    assert got.to_json() == expected.to_json()
+    assert got.lines == len(lines)
 
 
 def test_rotated_generation_gets_its_own_finding_file(catalog, matcher):
     state = IncidentState(capacity=10)
     ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
-    state.apply(ingestor.process(batch([SEED], start=7, generation=1)))
+    ingest(state, ingestor, batch([SEED], start=7, generation=1))
     assert state.report.findings[0].first.file == "server.log (generation 1)"
 
 

@@ -24,7 +24,7 @@ from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.help import HelpScreen
-from radixtop.tui.state import DEFAULT_CAPACITY, IncidentState, Ingestor, finding_file
+from radixtop.tui.state import AFTER_WAIT, DEFAULT_CAPACITY, IncidentState, Ingestor, finding_file
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
 from radixtop.widgets.logview import LogView, _time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
@@ -163,6 +163,7 @@ class RadixtopApp(App[int]):
             self._start_following()
         self.set_interval(1 / REFRESH_HZ, self._tick)
         self.set_interval(1.0, self._poll_health)
+        self.set_interval(AFTER_WAIT / 2, self._flush_findings)
         self._tick()
 
     # -- reading the logs --------------------------------------------------------------------------
@@ -199,6 +200,16 @@ class RadixtopApp(App[int]):
                     )
                     return
                 await asyncio.sleep(min(5.0, 0.5 * failures))
+
+    @work(exclusive=True, group="flush", exit_on_error=False)
+    async def _flush_findings(self) -> None:
+        """First occurrences whose lines-after never came (the writer stopped) are reported."""
+        try:
+            result = await asyncio.to_thread(self.ingestor.flush)
+            if result is not None:
+                self.state.apply(result)
+        except Exception as exc:
+            self.report_failure("reporting findings", exc)
 
     def _poll_health(self) -> None:
         if self.follower is None:

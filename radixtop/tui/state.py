@@ -3,13 +3,16 @@
 Two halves, because matching lines against the catalog is the expensive part and must not run on
 the UI's event loop:
 
-- `Ingestor` runs in a worker thread: it feeds each record to the FindingsBuilder (which keeps the
-  findings and their evidence on its own, so dropping old lines from the ring never loses a
-  finding's context) and turns a LogBatch into an `IngestResult` (entries with their severity and
-  matched span, the probe's notices, a fresh findings report when something matched).
-- `IncidentState` lives on the UI side: a bounded ring of entries with stable sequence numbers, the
-  pause buffer, the filter and search indexes, per-source health and the latest report. Widgets
-  read it; the app refreshes the screen only when `version` moved.
+- `Ingestor` runs in a worker thread. It matches a whole batch of lines in one `Matcher.scan`
+  call (C speed) and hands only the hits to the FindingsBuilder (`add_hit`/`add_lines`, the
+  builder's fast path), with the context, opener and batch stats the builder would have kept on
+  its live path. Per line it does no Python work beyond joining the batch: at 50,000 lines/s,
+  `FindingsBuilder.feed` (parse, match and ring per line) costs more than a core here. The builder
+  keeps each finding's evidence on its own, so dropping old lines from the ring never loses it.
+- `IncidentState` lives on the UI side: a bounded ring of the probe's records (stored as they
+  come, by slice assignment), the severity marks of the few lines that matched, the pause buffer,
+  the filter and search indexes, per-source health and the latest report. Widgets read it; the app
+  redraws only when `version` moved.
 """
 
 from __future__ import annotations
@@ -17,23 +20,37 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from radixtop.diagnosis.logline import opens_record
 
 SEVERITY_RANK: dict[str | None, int] = {None: 0, "info": 1, "warning": 2, "error": 3, "critical": 4}
 
 DEFAULT_CAPACITY = 100_000
-_NOTICE_HISTORY = 200  # notices kept for the status line and the help screen
+_NOTICE_HISTORY = 200  # notices kept for the status line
 _RATE_WINDOW = 2.0  # seconds of history behind the lines/s figure
 _RECENT_NOTICE = 15.0  # seconds a rotation/truncation notice colours a source's health
-_MAX_INGEST_ERRORS = 5  # per Ingestor: after this many failing lines, count them silently
+_MAX_INGEST_ERRORS = 5  # per Ingestor: after this many failures, count them silently
+_BATCH_LOOKBACK = 4096  # lines per file kept to find each rank's last batch stats before a failure
+_OPENER_LOOKBACK = 400  # lines looked back for the line that opened a traceback's record
+AFTER_WAIT = 0.5  # seconds a first occurrence waits for its context_after before it is reported
+
+
+class Mark(NamedTuple):
+    """What a matched line gets: its worst severity, the signatures and the first one's span."""
+
+    severity: str
+    sig_ids: tuple[str, ...]
+    span: tuple[int, int] | None
 
 
 class LogEntry:
-    """One row of the log pane: a line read from a file, a notice, or a message from radixtop."""
+    """One row of the log pane as widgets see it: a file line, a notice, or a message."""
 
     __slots__ = ("seq", "source", "lineno", "generation", "text", "severity", "sig_ids", "span", "kind")
 
@@ -49,14 +66,14 @@ class LogEntry:
         span: tuple[int, int] | None = None,
         kind: str = "line",
     ) -> None:
-        self.seq = -1  # assigned by IncidentState when the entry enters the ring
+        self.seq = -1
         self.source = source
         self.lineno = lineno
         self.generation = generation
         self.text = text
         self.severity = severity  # the worst severity among the matched signatures, or None
         self.sig_ids = sig_ids
-        self.span = span  # (start, end) in text of the first matched signature, when known
+        self.span = span  # (start, end) in text of the worst signature's match, when known
         self.kind = kind  # "line", "notice" (from the probe or radixtop) or "message" (guidance)
 
     def __repr__(self) -> str:
@@ -65,11 +82,13 @@ class LogEntry:
 
 @dataclass(frozen=True)
 class IngestResult:
-    entries: list[LogEntry]
-    notices: tuple[Any, ...]  # LogNotice-like: .source .kind .message .time
-    report: Any | None  # diagnosis Report when something matched in this batch, else None
-    lines: int  # file lines in this batch
-    errors: tuple[str, ...]  # one-line descriptions of lines the diagnosis failed on
+    records: Sequence[Any]  # LogRecord-likes (.source .lineno .text .generation), in order
+    marks: dict[int, Mark] = field(default_factory=dict)  # index in records -> its mark
+    notices: tuple[Any, ...] = ()  # LogNotice-likes: .source .kind .message .time
+    report: Any | None = None  # a fresh diagnosis Report when the findings changed, else None
+    lines: int = 0  # file lines in this result (for the totals)
+    errors: tuple[str, ...] = ()  # one-line descriptions of what the diagnosis failed on
+    max_len: int = 0  # longest text in records
 
 
 def finding_file(source: str, generation: int) -> str:
@@ -77,71 +96,239 @@ def finding_file(source: str, generation: int) -> str:
     return source if generation == 0 else f"{source} (generation {generation})"
 
 
+class _Hit:
+    """A hit on its way to the builder; a file's first hit of a signature first waits for the
+    lines after it (its context_after), and the hits behind it wait too, to keep their order."""
+
+    __slots__ = ("file", "lineno", "text", "index", "before", "batch", "opener", "after", "need", "since")
+
+    def __init__(self, file: str, lineno: int, text: str, index: int, since: float) -> None:
+        self.file, self.lineno, self.text, self.index, self.since = file, lineno, text, index, since
+        self.before: tuple[str, ...] = ()
+        self.batch: dict = {}
+        self.opener: str | None = None
+        self.after: list[str] = []
+        self.need = 0
+
+
+class _FileTrack:
+    __slots__ = ("recent", "first_seen", "failure_seen", "queue")
+
+    def __init__(self, keep: int) -> None:
+        self.recent: deque[str] = deque(maxlen=keep)  # the file's last lines, before the current run
+        self.first_seen: set[int] = set()  # signature indices already hit in this file
+        self.failure_seen = False
+        self.queue: deque[_Hit] = deque()
+
+
 class Ingestor:
-    """Thread side: LogBatch -> IngestResult. Only one thread may call process() at a time."""
+    """Thread side: LogBatch -> IngestResult. Thread-safe (one lock), so `flush` may run beside
+    `process` from another thread."""
 
-    def __init__(self, builder: Any, catalog: Any) -> None:
+    def __init__(self, builder: Any, catalog: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._builder = builder
-        self._severity: dict[str, str] = {sig.id: sig.severity for sig in catalog.signatures}
-        self._patterns: dict[str, re.Pattern[str] | None] = {}
-        self._raw = {sig.id: sig.pattern for sig in catalog.signatures}
+        self._matcher = builder.matcher
+        self._context = builder.context
+        self._after = builder.after
+        self._clock = clock
+        sigs = list(self._matcher.signatures)
+        self._ids = tuple(sig.id for sig in sigs)
+        self._severity = tuple(sig.severity for sig in sigs)
+        self._rank = tuple(SEVERITY_RANK.get(sig.severity, 0) for sig in sigs)
+        self._raw = tuple(sig.pattern for sig in sigs)
+        self._patterns: dict[int, re.Pattern[str] | None] = {}
+        self._files: dict[str, _FileTrack] = {}
+        self._keep = max(self._context, _BATCH_LOOKBACK, _OPENER_LOOKBACK)
+        self._lock = threading.Lock()
+        self._send_errors: list[str] = []  # failures while handing hits over, for the next result
         self._errors = 0
-        self.failed_lines = 0
+        self.failed = 0
 
-    def _span(self, sig_id: str, text: str) -> tuple[int, int] | None:
-        # Only matched lines get here, so compiling and searching with `re` is cheap enough.
-        pattern = self._patterns.get(sig_id, False)
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _span(self, index: int, text: str) -> tuple[int, int] | None:
+        pattern = self._patterns.get(index, False)
         if pattern is False:
             try:
-                pattern = re.compile(self._raw[sig_id])
-            except (re.error, KeyError):
+                pattern = re.compile(self._raw[index])
+            except re.error:
                 pattern = None
-            self._patterns[sig_id] = pattern
+            self._patterns[index] = pattern
         if pattern is None:
             return None
         m = pattern.search(text)
         return m.span() if m else None
 
+    def _error(self, errors: list[str], message: str) -> None:
+        self.failed += 1
+        self._errors += 1
+        if self._errors <= _MAX_INGEST_ERRORS:
+            errors.append(message)
+
+    # -- the batch path ------------------------------------------------------------------------
+
     def process(self, batch: Any) -> IngestResult:
-        feed = self._builder.feed
-        severity_of = self._severity
-        entries: list[LogEntry] = []
-        append = entries.append
-        matched = False
+        records = batch.records
+        marks: dict[int, Mark] = {}
         errors: list[str] = []
-        for record in batch.records:
-            source, lineno, text, generation = record.source, record.lineno, record.text, record.generation
+        max_len = 0
+        with self._lock:
+            delivered = False
+            start, n = 0, len(records)
+            while start < n:
+                first = records[start]
+                source, generation = first.source, first.generation
+                end = start + 1
+                while end < n and records[end].source == source and records[end].generation == generation:
+                    end += 1
+                texts = [r.text for r in records[start:end]]
+                max_len = max(max_len, max(map(len, texts)))
+                try:
+                    delivered |= self._run(finding_file(source, generation), records, start, texts, marks)
+                except Exception as exc:  # the lines are still shown, unmatched
+                    self._error(errors, f"diagnosis failed on {source}:{first.lineno}-{records[end - 1].lineno}: {exc!r}")
+                start = end
             try:
-                ids = feed(finding_file(source, generation), lineno, text)
-            except Exception as exc:  # one bad line must not stop the pane
-                ids = ()
-                self.failed_lines += 1
-                self._errors += 1
-                if self._errors <= _MAX_INGEST_ERRORS:
-                    errors.append(f"diagnosis failed on {source}:{lineno}: {exc!r}; the line is shown unmatched")
-            if ids:
-                matched = True
-                worst = max(ids, key=lambda i: SEVERITY_RANK.get(severity_of.get(i), 0))
-                append(
-                    LogEntry(
-                        source,
-                        lineno,
-                        text,
-                        generation=generation,
-                        severity=severity_of.get(worst),
-                        sig_ids=tuple(ids),
-                        span=self._span(worst, text),
-                    )
-                )
-            else:
-                append(LogEntry(source, lineno, text, generation=generation))
-        report = None
-        if matched:
+                self._builder.add_lines(n)
+                delivered |= self._deliver_due(self._clock(), AFTER_WAIT)
+                report = self._builder.report() if delivered else None
+            except Exception as exc:
+                report = None
+                self._error(errors, f"building the findings report failed: {exc!r}")
+            errors += self._send_errors
+            self._send_errors = []
+        return IngestResult(records, marks, tuple(batch.notices), report, n, tuple(errors), max_len)
+
+    def _run(self, file: str, records: Sequence[Any], base: int, texts: list[str], marks: dict[int, Mark]) -> bool:
+        """One run of consecutive lines of one file: match them all at once, queue the hits."""
+        track = self._files.get(file)
+        if track is None:
+            track = self._files[file] = _FileTrack(self._keep)
+        for hit in track.queue:  # earlier hits still collecting their context_after
+            if hit.need:
+                take = texts[: hit.need]
+                hit.after.extend(take)
+                hit.need -= len(take)
+        data = ("\n".join(texts) + "\n").encode("utf-8", "replace")
+        hits = self._matcher.scan(data)
+        if hits:
+            now = self._clock()
+            by_line: dict[int, list[int]] = {}
+            line, pos = 0, 0
+            for end, index in hits:  # sorted by offset: count the newlines in between
+                line += data.count(b"\n", pos, end)
+                pos = end
+                by_line.setdefault(line, []).append(index)
+            for k, indices in by_line.items():
+                text = texts[k]
+                worst = max(indices, key=lambda i: self._rank[i])
+                marks[base + k] = Mark(self._severity[worst], tuple(self._ids[i] for i in indices), self._span(worst, text))
+                for index in indices:
+                    track.queue.append(self._hit(track, file, records[base + k].lineno, text, index, texts, k, now))
+        track.recent.extend(texts)
+        return self._deliver(track)
+
+    def _hit(self, track: _FileTrack, file: str, lineno: int, text: str, index: int, texts: list[str], k: int, now: float) -> _Hit:
+        hit = _Hit(file, lineno, text, index, now)
+        recent = track.recent
+        if index not in track.first_seen:
+            # Only a file's first hit of a signature can become a finding's first occurrence:
+            # only it needs the lines around it.
+            track.first_seen.add(index)
+            if self._context:
+                before = texts[max(0, k - self._context) : k]
+                if len(before) < self._context:
+                    missing = self._context - len(before)
+                    before = list(recent)[-missing:] + before
+                hit.before = tuple(before)
+            hit.after = texts[k + 1 : k + 1 + self._after]
+            hit.need = self._after - len(hit.after)
+        if self._rank[index] >= SEVERITY_RANK["error"] and not track.failure_seen:
+            track.failure_seen = True
+            hit.batch = self._batch_before(recent, texts[:k])
+        if not opens_record(text):
+            hit.opener = self._opener(recent, texts, k)
+        return hit
+
+    @staticmethod
+    def _opener(recent: deque[str], texts: list[str], k: int) -> str | None:
+        """The line that opened the record a continuation line (a traceback's body) belongs to."""
+        looked = 0
+        for i in range(k - 1, -1, -1):
+            if opens_record(texts[i]):
+                return texts[i]
+            looked += 1
+            if looked >= _OPENER_LOOKBACK:
+                return None
+        for line in reversed(recent):
+            if opens_record(line):
+                return line
+            looked += 1
+            if looked >= _OPENER_LOOKBACK:
+                return None
+        return None
+
+    @staticmethod
+    def _batch_before(recent: deque[str], texts: list[str]) -> dict:
+        from radixtop.probes.logscan import batch_stats_before
+
+        window = "\n".join([*recent, *texts]).encode("utf-8", "replace")
+        return batch_stats_before(window)
+
+    def _deliver(self, track: _FileTrack) -> bool:
+        """Hand the queue's ready hits to the builder, in order; True when any went."""
+        queue = track.queue
+        sent = False
+        while queue and queue[0].need <= 0:
+            self._send(queue.popleft())
+            sent = True
+        return sent
+
+    def _deliver_due(self, now: float, max_age: float) -> bool:
+        """Hits that waited max_age for lines after them go with the lines they have."""
+        sent = False
+        for track in self._files.values():
+            queue = track.queue
+            while queue and (queue[0].need <= 0 or now - queue[0].since >= max_age):
+                self._send(queue.popleft())
+                sent = True
+        return sent
+
+    def _send(self, hit: _Hit) -> None:
+        try:
+            self._builder.add_hit(
+                hit.file,
+                hit.lineno,
+                hit.text,
+                hit.index,
+                hit.before,
+                hit.batch,
+                context_after=tuple(hit.after[: self._after]),
+                opener=hit.opener,
+            )
+        except Exception as exc:  # this hit is lost to the findings, the others still go
+            self._error(self._send_errors, f"diagnosis failed on {hit.file}:{hit.lineno}: {exc!r}")
+
+    def flush(self, max_age: float = AFTER_WAIT) -> IngestResult | None:
+        """Report first occurrences whose lines-after did not all come within max_age (the server
+        died on that line, say). Called on a timer; None when nothing was waiting that long."""
+        errors: list[str] = []
+        with self._lock:
             try:
+                if not self._deliver_due(self._clock(), max_age):
+                    return None
                 report = self._builder.report()
             except Exception as exc:
-                errors.append(f"building the findings report failed: {exc!r}")
-        return IngestResult(entries, tuple(batch.notices), report, len(batch.records), tuple(errors))
+                self._error(errors, f"building the findings report failed: {exc!r}")
+                report = None
+            errors += self._send_errors
+            self._send_errors = []
+        return IngestResult((), report=report, errors=tuple(errors))
+
+    @property
+    def waiting(self) -> int:
+        """Hits still waiting for their context_after."""
+        return sum(len(t.queue) for t in self._files.values())
 
 
 def smart_case(query: str) -> Callable[[str], bool]:
@@ -164,13 +351,21 @@ class _SeqIndex:
     def append(self, seq: int) -> None:
         self._seqs.append(seq)
 
-    def prune(self, first_seq: int) -> None:
+    def extend(self, seqs: Iterable[int]) -> None:
+        self._seqs.extend(seqs)
+
+    def prune(self, first_seq: int) -> list[int]:
+        """Drop the seqs below first_seq; returns them."""
         seqs = self._seqs
         if self._start < len(seqs) and seqs[self._start] < first_seq:
+            old = self._start
             self._start = bisect.bisect_left(seqs, first_seq, self._start)
+            dropped = seqs[old : self._start]
             if self._start > 4096 and self._start * 2 > len(seqs):
                 del seqs[: self._start]
                 self._start = 0
+            return dropped
+        return []
 
     def __len__(self) -> int:
         return len(self._seqs) - self._start
@@ -196,26 +391,34 @@ class SourceView:
     lines: int
 
 
+@dataclass(frozen=True)
+class _Notice:
+    source: str
+    kind: str
+    message: str
+    time: float
+
+
 class IncidentState:
-    """UI side. Entries get increasing sequence numbers; rows of the view map to them."""
+    """UI side. Rows of the ring get increasing sequence numbers; rows of the view map to them."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY, *, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._clock = clock
-        self._buf: list[LogEntry | None] = [None] * capacity
+        self._buf: list[Any] = [None] * capacity  # LogRecord-likes, and LogEntry for notices/messages
+        self._marks: dict[int, Mark] = {}
         self.first_seq = 0
         self.next_seq = 0
         self.version = 0
         self.total_lines = 0  # file lines received, all sources, paused or not
         self.max_width = 0  # longest text seen (chars), for horizontal scrolling
         self.report: Any | None = None
-        self.engine_note = ""
-        self.failed_lines = 0
         # pause
         self.paused = False
-        self._pending: deque[LogEntry] = deque()
+        self._pending: deque[tuple[Sequence[Any], dict[int, Mark]]] = deque()
+        self._pending_count = 0
         self.pending_dropped = 0  # entries that fell out of a pause buffer longer than the ring
         # filter and search
         self.filter_text: str | None = None
@@ -236,39 +439,61 @@ class IncidentState:
     def __len__(self) -> int:
         return self.next_seq - self.first_seq
 
-    def entry(self, seq: int) -> LogEntry | None:
+    def text(self, seq: int) -> str | None:
         if self.first_seq <= seq < self.next_seq:
-            return self._buf[seq % self.capacity]
+            return self._buf[seq % self.capacity].text
         return None
 
-    def _append(self, entry: LogEntry) -> None:
-        seq = self.next_seq
+    def entry(self, seq: int) -> LogEntry | None:
+        """The entry at seq as a LogEntry (built on demand for file lines: only visible rows ask)."""
+        if not self.first_seq <= seq < self.next_seq:
+            return None
+        item = self._buf[seq % self.capacity]
+        if isinstance(item, LogEntry):
+            item.seq = seq
+            return item
+        mark = self._marks.get(seq)
+        entry = LogEntry(item.source, item.lineno, item.text, generation=item.generation)
+        if mark is not None:
+            entry.severity, entry.sig_ids, entry.span = mark
         entry.seq = seq
-        self._buf[seq % self.capacity] = entry
-        self.next_seq = seq + 1
-        if self.next_seq - self.first_seq > self.capacity:
-            self.first_seq = self.next_seq - self.capacity
-        n = len(entry.text)
-        if n > self.max_width:
-            self.max_width = n
-        if entry.severity is not None:
-            self._hits.append(seq)
-        if self._filter_test is not None and self._filter_test(entry.text):
-            self._filter.append(seq)
+        return entry
 
-    def _append_all(self, entries: Sequence[LogEntry]) -> None:
-        if not entries:
+    def severity(self, seq: int) -> str | None:
+        mark = self._marks.get(seq)
+        return mark.severity if mark is not None else None
+
+    def _append(self, records: Sequence[Any], marks: dict[int, Mark]) -> None:
+        n = len(records)
+        if not n:
             return
-        skip = len(entries) - self.capacity
+        cap = self.capacity
+        skip = n - cap
         if skip > 0:
             # Earlier ones would be overwritten at once: only their sequence numbers are used up.
             self.next_seq += skip
-            self.first_seq = max(self.first_seq, self.next_seq - self.capacity)
-            entries = entries[skip:]
-        for entry in entries:
-            self._append(entry)
-        self._hits.prune(self.first_seq)
-        self._filter.prune(self.first_seq)
+            records = records[skip:]
+            marks = {k - skip: m for k, m in marks.items() if k >= skip}
+            n = cap
+        start = self.next_seq
+        pos = start % cap
+        head = min(n, cap - pos)
+        buf = self._buf
+        buf[pos : pos + head] = records[:head]
+        if head < n:
+            buf[0 : n - head] = records[head:]
+        self.next_seq = start + n
+        self.first_seq = max(self.first_seq, self.next_seq - cap)
+        if marks:
+            for k in sorted(marks):
+                self._marks[start + k] = marks[k]
+                self._hits.append(start + k)
+        for seq in self._hits.prune(self.first_seq):
+            self._marks.pop(seq, None)
+        if self._filter_test is not None:
+            test = self._filter_test
+            self._filter.extend(start + k for k, r in enumerate(records) if test(r.text))
+            self._filter.prune(self.first_seq)
         self.version += 1
 
     # -- intake ------------------------------------------------------------------------------------
@@ -276,61 +501,74 @@ class IncidentState:
     def apply(self, result: IngestResult) -> None:
         """Take one ingested batch: lines and notices in the ring (or the pause buffer), findings."""
         now = self._clock()
-        self._rate.append((now, self.total_lines))
-        self.total_lines += result.lines
-        entries = list(result.entries)
-        for notice in result.notices:
-            entries.append(self._notice_entry(notice, now))
-        for message in result.errors:
-            entries.append(self._notice_entry(_Notice("radixtop", "error", message, time.time()), now))
+        if result.lines:
+            self._rate.append((now, self.total_lines))
+            self.total_lines += result.lines
+        if result.max_len > self.max_width:
+            self.max_width = result.max_len
+        extra = [self._notice_entry(n, now) for n in result.notices]
+        extra += [self._notice_entry(_Notice("radixtop", "error", m, time.time()), now) for m in result.errors]
+        records: Sequence[Any] = result.records
+        if extra:
+            records = [*records, *extra]
         if result.report is not None:
             self.report = result.report
-        self._admit(entries)
+        self._admit(records, result.marks)
         self.version += 1
 
     def _notice_entry(self, notice: Any, now: float) -> LogEntry:
         self.notices.append(notice)
-        if notice.kind in ("rotated", "truncated", "capped", "error", "deleted", "waiting", "created"):
-            self._recent_notice[notice.source] = (now, notice)
+        self._recent_notice[notice.source] = (now, notice)
         return LogEntry(notice.source, 0, f"[{notice.kind}] {notice.message}", kind="notice")
 
     def add_notice(self, source: str, kind: str, message: str) -> None:
         """A notice raised by radixtop itself (a failed handler, a worker restart)."""
-        self._admit([self._notice_entry(_Notice(source, kind, message, time.time()), self._clock())])
+        self._admit([self._notice_entry(_Notice(source, kind, message, time.time()), self._clock())], {})
         self.version += 1
 
     def add_message(self, lines: Iterable[str]) -> None:
         """Guidance shown in the pane (e.g. how to point radixtop at a log); not counted as lines."""
-        self._admit([LogEntry("radixtop", 0, line, kind="message") for line in lines])
+        entries = [LogEntry("radixtop", 0, line, kind="message") for line in lines]
+        self.max_width = max(self.max_width, *(len(e.text) for e in entries), 0)
+        self._admit(entries, {})
         self.version += 1
 
-    def _admit(self, entries: list[LogEntry]) -> None:
-        if not entries:
+    def _admit(self, records: Sequence[Any], marks: dict[int, Mark]) -> None:
+        if not records:
             return
         if not self.paused:
-            self._append_all(entries)
+            self._append(records, marks)
             return
-        pending = self._pending
-        pending.extend(entries)
-        over = len(pending) - self.capacity
-        for _ in range(max(0, over)):
-            pending.popleft()
-            self.pending_dropped += 1
+        self._pending.append((records, marks))
+        self._pending_count += len(records)
+        # Keep at most a ring's worth: older ones would leave the ring on resume anyway.
+        while self._pending_count > self.capacity:
+            old, old_marks = self._pending[0]
+            over = self._pending_count - self.capacity
+            if over >= len(old):
+                self._pending.popleft()
+                self._pending_count -= len(old)
+                self.pending_dropped += len(old)
+            else:
+                self._pending[0] = (old[over:], {k - over: m for k, m in old_marks.items() if k >= over})
+                self._pending_count -= over
+                self.pending_dropped += over
 
     # -- pause -------------------------------------------------------------------------------------
 
     @property
     def pending_count(self) -> int:
-        return len(self._pending)
+        return self._pending_count
 
     def set_paused(self, paused: bool) -> int:
         """Pause or resume the view. On resume the buffered entries enter the ring; returns how
         many had to be dropped from the view (never from the findings) because the buffer was full."""
         dropped = 0
         if self.paused and not paused:
-            pending, self._pending = list(self._pending), deque()
+            pending, self._pending, self._pending_count = self._pending, deque(), 0
             self.paused = False
-            self._append_all(pending)
+            for records, marks in pending:
+                self._append(records, marks)
             dropped, self.pending_dropped = self.pending_dropped, 0
         self.paused = paused
         self.version += 1
@@ -362,6 +600,12 @@ class IncidentState:
             return i if i < len(self._filter) and self._filter[i] == seq else None
         return seq - self.first_seq
 
+    def row_near(self, seq: int) -> int:
+        """The row of seq, or of the first entry after it in the view (the last row if none)."""
+        if self._filter_test is not None:
+            return min(self._filter.index_at_or_after(seq), max(0, len(self._filter) - 1))
+        return min(max(0, seq - self.first_seq), max(0, self.view_len - 1))
+
     def set_filter(self, text: str | None) -> None:
         """Show only entries whose text contains `text` (smart case); None or "" shows everything."""
         if not text:
@@ -369,7 +613,7 @@ class IncidentState:
         else:
             test = smart_case(text)
             buf, cap = self._buf, self.capacity
-            seqs = [s for s in range(self.first_seq, self.next_seq) if test(buf[s % cap].text)]  # type: ignore[union-attr]
+            seqs = [s for s in range(self.first_seq, self.next_seq) if test(buf[s % cap].text)]
             self.filter_text, self._filter_test, self._filter = text, test, _SeqIndex(seqs)
         self.version += 1
 
@@ -378,8 +622,8 @@ class IncidentState:
         self._search_test = smart_case(text) if text else None
         self.version += 1
 
-    def _scan_rows(self, from_row: int, forward: bool, test: Callable[[LogEntry], bool]) -> int | None:
-        """The first row after (or before) from_row whose entry passes test, wrapping once."""
+    def _scan_rows(self, from_row: int, forward: bool, test: Callable[[int], bool]) -> int | None:
+        """The first row after (or before) from_row whose seq passes test, wrapping once."""
         n = self.view_len
         if n == 0:
             return None
@@ -388,8 +632,7 @@ class IncidentState:
         for _ in range(n):
             row = (row + step) % n
             seq = self.view_seq(row)
-            entry = self.entry(seq) if seq is not None else None
-            if entry is not None and test(entry):
+            if seq is not None and test(seq):
                 return row
         return None
 
@@ -398,14 +641,15 @@ class IncidentState:
         test = self._search_test
         if test is None:
             return None
-        return self._scan_rows(from_row, forward, lambda e: test(e.text))
+        buf, cap = self._buf, self.capacity
+        return self._scan_rows(from_row, forward, lambda seq: test(buf[seq % cap].text))
 
     def find_hit(self, from_row: int, forward: bool = True) -> int | None:
         """Row of the next (or previous) line that matched a signature, wrapping around."""
         if not len(self._hits):
             return None
         if self._filter_test is None:
-            # Fast path: the hit index is sorted by seq, and rows are seqs here.
+            # The hit index is sorted by seq, and rows are seqs here.
             seq = self.view_seq(from_row) if 0 <= from_row < self.view_len else None
             base = seq if seq is not None else (self.first_seq - 1 if from_row < 0 else self.next_seq)
             hits = self._hits
@@ -416,7 +660,7 @@ class IncidentState:
                 i = hits.index_at_or_after(base) - 1
                 target = hits[i] if i >= 0 else hits[len(hits) - 1]
             return self.row_of(target)
-        return self._scan_rows(from_row, forward, lambda e: e.severity is not None)
+        return self._scan_rows(from_row, forward, lambda seq: seq in self._marks)
 
     def hit_seqs(self) -> Iterable[int]:
         """Sequence numbers of the entries that matched a signature, oldest first."""
@@ -482,14 +726,6 @@ class IncidentState:
         if now - t0 > _RATE_WINDOW * 4:
             return 0.0
         return (self.total_lines - n0) / max(now - t0, _RATE_WINDOW / 4)
-
-
-@dataclass(frozen=True)
-class _Notice:
-    source: str
-    kind: str
-    message: str
-    time: float
 
 
 def short_labels(sources: Sequence[str]) -> dict[str, str]:

@@ -256,11 +256,13 @@ class LogView(ScrollView, can_focus=True):
         width = self.scrollable_content_region.width
         base = self.rich_style
         seq = self.state.view_seq(scroll_y + y)
-        entry = self.state.entry(seq) if seq is not None else None
-        if entry is None:
+        if seq is None:
             return Strip.blank(width, base)
         strip = self._cache.get(seq)
         if strip is None:
+            entry = self.state.entry(seq)
+            if entry is None:
+                return Strip.blank(width, base)
             try:
                 strip = self._render_entry(entry)
             except Exception as exc:  # a line we cannot style is still shown, plainly

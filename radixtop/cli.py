@@ -39,18 +39,20 @@ def _add_tui_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_signature_option(parser: argparse.ArgumentParser) -> None:
+def _add_signature_option(parser: argparse.ArgumentParser, top_level: bool = True) -> None:
+    # On a subcommand the defaults are suppressed, so that `radixtop --signatures F scan LOG`
+    # keeps the top-level value instead of the subcommand's default replacing it.
     parser.add_argument(
         "--signatures",
         action="append",
-        default=[],
+        default=[] if top_level else argparse.SUPPRESS,
         metavar="FILE",
         help="extra signature catalog (TOML), merged with the built-in one; repeatable",
     )
     parser.add_argument(
         "--context",
         type=int,
-        default=100,
+        default=100 if top_level else argparse.SUPPRESS,
         metavar="N",
         help="lines of context kept before each first occurrence (default 100)",
     )
@@ -74,7 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every matching line as FILE:LINE:SIGNATURE:TEXT instead of the report",
     )
-    _add_signature_option(scan)
+    _add_signature_option(scan, top_level=False)
+
+    demo = sub.add_parser(
+        "demo", help="start a simulated failing SGLang server with a workload, and watch it fail"
+    )
+    demo.add_argument(
+        "--fault",
+        default="lock-race",
+        choices=["lock-race", "block-boundary", "leak", "double-unlock", "none"],
+        help="the incident to reproduce (default lock-race: the page-lock/eviction race)",
+    )
+    demo.add_argument("--seed", type=int, default=7, help="fault seed (same seed, same incident)")
+    demo.add_argument(
+        "--theme", choices=["dark", "light", "high-contrast"], default=argparse.SUPPRESS, help="colour theme"
+    )
+    _add_signature_option(demo, top_level=False)
 
     sub.add_parser(
         "sim",
@@ -93,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "demo":
+            from radixtop.sim.demo import run_demo
+
+            return run_demo(args)
         if args.command == "scan":
             from radixtop.scan import run_scan
 

@@ -90,7 +90,7 @@ METRIC_NAMES = {
     "instrument_errors": "radixtop_instrument_errors_total",
     "events_dropped": "radixtop_events_dropped_total",
 }
-GAUGE_NAMES = {
+STATE_METRIC_NAMES = {  # gauges, and one counter (radixtop_snapshots_total)
     "hooks_active": "radixtop_hooks_active",
     "snapshots": "radixtop_snapshots_total",
     "snapshot_seconds": "radixtop_snapshot_seconds",
@@ -435,7 +435,7 @@ class Snapshot:
     seq: int  # snapshot number within this instance
     time: float  # wall clock (epoch seconds) when taken
     monotonic: float  # time.monotonic() in the server when taken (for node last_access ages)
-    seconds: float  # what taking it cost on the scheduler thread
+    seconds: float  # what the walks cost on the scheduler thread (serialising it not included)
     cache_class: str
     walkable: bool
     reason: str  # why the tree is not shown ("" when walkable)
@@ -588,8 +588,8 @@ class Health:
     snapshots: int
     safe_points: int  # safe_point() calls seen (rate-limited ones included)
     last_snapshot_age_s: float | None
-    last_snapshot_seconds: float | None
-    snapshot_interval_s: float  # the current minimum interval between snapshots
+    last_snapshot_seconds: float | None  # scheduler-thread cost of the latest, serialising included
+    snapshot_interval_s: float  # the current minimum interval between snapshots (idle or watched)
     max_budget: int  # the server-side cap on ?budget=
     message: str = ""
 

@@ -8,6 +8,8 @@ cannot be walked (the Rust TreeCore, a disabled cache).
 
 from __future__ import annotations
 
+import gc
+import inspect
 import json
 import logging
 import random
@@ -338,11 +340,17 @@ def test_census_stops_at_its_node_limit():
 
 
 def test_instance_hooks_count_lock_unlock_evict_on_the_sim_cache():
+    gc.collect()  # caches other tests hooked and dropped unregister themselves
     cache = filled_sim_cache()
     other = filled_sim_cache()
+    originals = {name: inspect.unwrap(RadixCache.__dict__[name]) for name in HOOKED_METHODS}
     hooks = CacheHooks()
     assert hooks.install(cache) and hooks.state == "active"
     assert hooks.install(cache)  # idempotent
+    # Nothing is written into the instance (that would slow the host's own attribute reads); the
+    # class gets dispatching wrappers that pass other instances straight through.
+    assert type(cache) is RadixCache and not any(name in cache.__dict__ for name in HOOKED_METHODS)
+    assert all(RadixCache.__dict__[name] is not originals[name] for name in HOOKED_METHODS)
     node = insert(cache, list(range(1000, 1016)) + [9])
     cache.inc_lock_ref(node)
     cache.dec_lock_ref(node)
@@ -358,7 +366,7 @@ def test_instance_hooks_count_lock_unlock_evict_on_the_sim_cache():
     assert [e.kind for e in events] == ["evict"] and events[0].requested == 5
     hooks.uninstall()
     hooks.uninstall()  # idempotent
-    assert not any(name in cache.__dict__ for name in HOOKED_METHODS)
+    assert all(RadixCache.__dict__[name] is originals[name] for name in HOOKED_METHODS)
     cache.inc_lock_ref(node)
     assert hooks.counters().lock_ops == 1 and hooks.state == "off"
 
@@ -816,3 +824,39 @@ def test_nodes_that_are_not_tree_nodes_switch_off_the_path_check_quietly():
         cache.dec_lock_ref(17)
     assert hooks.counters().unlock_ops == 50
     assert hooks.counters().instrument_errors == 0 and hooks.state == "active"
+
+
+def test_several_caches_in_one_process_count_into_their_own_hooks_until_the_last_leaves():
+    gc.collect()  # caches other tests hooked and dropped unregister themselves
+    originals = {name: inspect.unwrap(RadixCache.__dict__[name]) for name in HOOKED_METHODS}
+    caches = [filled_sim_cache(seed=s) for s in range(3)]
+    ranks = [CacheHooks() for _ in caches]
+    for hooks, cache in zip(ranks, caches):
+        assert hooks.install(cache)
+    assert not CacheHooks().install(caches[0])  # one cache, one set of hooks
+    nodes = [insert(cache, [77, i]) for i, cache in enumerate(caches)]
+    for i, (cache, node) in enumerate(zip(caches, nodes)):
+        for _ in range(i + 1):
+            cache.inc_lock_ref(node)
+    assert [h.counters().lock_ops for h in ranks] == [1, 2, 3]
+    ranks[0].uninstall()
+    caches[0].inc_lock_ref(nodes[0])  # no longer counted; the others still are
+    caches[2].inc_lock_ref(nodes[2])
+    assert [h.counters().lock_ops for h in ranks] == [1, 2, 4]
+    assert RadixCache.__dict__["inc_lock_ref"] is not originals["inc_lock_ref"]
+    ranks[1].uninstall()
+    ranks[2].uninstall()
+    assert all(RadixCache.__dict__[name] is originals[name] for name in HOOKED_METHODS)
+
+
+def test_a_hooked_cache_that_is_dropped_unregisters_itself():
+    gc.collect()
+    originals = {name: inspect.unwrap(RadixCache.__dict__[name]) for name in HOOKED_METHODS}
+    hooks = CacheHooks()
+    cache = filled_sim_cache()
+    hooks.install(cache)
+    assert hooks.state == "active"
+    del cache
+    gc.collect()
+    assert hooks.state == "off"
+    assert all(RadixCache.__dict__[name] is originals[name] for name in HOOKED_METHODS)

@@ -38,7 +38,7 @@ from radixtop.schema import (
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
     EVENTS_PATH,
-    GAUGE_NAMES,
+    STATE_METRIC_NAMES,
     HEALTH_PATH,
     LIMIT_PARAM,
     MAX_EVENTS_PER_PAGE,
@@ -146,7 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class InstrumentEndpoint:
     """One rank's debug endpoint. Construct, start(), call safe_point(cache) every scheduler
-    iteration, stop() at shutdown. Nothing here raises into the host."""
+    iteration, stop() at shutdown. The constructor validates its options (ValueError, for the
+    integrator); start, safe_point, stop and the HTTP side never raise into the host."""
 
     def __init__(
         self,
@@ -444,10 +445,10 @@ class InstrumentEndpoint:
             family(name, "counter", _COUNTER_HELP[key], [(rank, getattr(counters, key))])
         snap, _ = self.latest()
         hooks_active = 1 if self.hooks is not None and self.hooks.state == "active" else 0
-        family(GAUGE_NAMES["hooks_active"], "gauge", "1 while radixtop's cache hooks are installed and counting.", [(rank, hooks_active)])
-        family(GAUGE_NAMES["snapshots"], "counter", "Snapshots taken at scheduler safe points.", [(rank, self._seq)])
+        family(STATE_METRIC_NAMES["hooks_active"], "gauge", "1 while radixtop's cache hooks are installed and counting.", [(rank, hooks_active)])
+        family(STATE_METRIC_NAMES["snapshots"], "counter", "Snapshots taken at scheduler safe points.", [(rank, self._seq)])
         if snap is not None:
-            family(GAUGE_NAMES["snapshot_seconds"], "gauge", "Scheduler-thread seconds the latest snapshot took.", [(rank, snap.seconds)])
+            family(STATE_METRIC_NAMES["snapshot_seconds"], "gauge", "Scheduler-thread seconds the latest snapshot took.", [(rank, snap.seconds)])
             for key, help_text in (
                 ("capacity_tokens", "Token slots in the KV pool (allocator size)."),
                 ("available_tokens", "Free token slots in the KV pool."),
@@ -456,15 +457,15 @@ class InstrumentEndpoint:
             ):
                 value = getattr(snap, key)
                 if value is not None:
-                    family(GAUGE_NAMES[key], "gauge", help_text, [(rank, value)])
+                    family(STATE_METRIC_NAMES[key], "gauge", help_text, [(rank, value)])
             census = snap.census
             if census is not None and census.complete:
-                family(GAUGE_NAMES["tree_nodes"], "gauge", "Nodes in the radix tree (root excluded), at the last census.", [(rank, census.node_count)])
+                family(STATE_METRIC_NAMES["tree_nodes"], "gauge", "Nodes in the radix tree (root excluded), at the last census.", [(rank, census.node_count)])
                 buckets = []
                 for label, lo, hi in _LOCK_BUCKETS:
                     count = sum(v for k, v in census.lock_ref_histogram.items() if lo <= k <= hi)
                     buckets.append((f'{rank},lock_ref="{label}"', count))
-                family(GAUGE_NAMES["lock_ref_nodes"], "gauge", "Tree nodes by lock_ref, at the last census.", buckets)
+                family(STATE_METRIC_NAMES["lock_ref_nodes"], "gauge", "Tree nodes by lock_ref, at the last census.", buckets)
         return "\n".join(out) + "\n"
 
 
@@ -493,8 +494,10 @@ class Instrumentation:
         inst.safe_point()                                # once per scheduler iteration
         inst.close()                                     # stop serving, restore the methods
 
-    Hooks go on the instance, not the class, so several simulated ranks in one process each
-    count only their own cache.
+    Hooks are installed for this cache instance (see hooks.py: a dispatching wrapper on its
+    class finds each instance's hooks), so several simulated ranks in one process each count only
+    their own cache. Construction validates options (ValueError); start, safe_point and close
+    never raise.
     """
 
     def __init__(self, cache: Any, *, rank: int = 0, max_errors: int = 20, event_capacity: int = 4096, **endpoint_options: Any) -> None:

@@ -6,12 +6,18 @@ host never sees an exception from us: the host's own exceptions pass through unc
 being counted); ours are caught, counted, logged, turned into an event, and after `max_errors` of
 them the hooks disable themselves and put the original methods back.
 
-Two ways in, one implementation (the _wrap_* factories below):
-- install(target) patches a class (every instance) or one instance with a specialised wrapper per
-  method (one extra call frame); uninstall() puts the originals back;
+Three ways in, one set of wrappers (the _wrap_* factories below):
+- install(cls) wraps the class's methods: every instance counts into these hooks;
+- install(cache) counts one instance: the class that defines each method gets a dispatching
+  wrapper that finds the instance's hooks in a table (one dict lookup per call; other instances
+  pass straight through). Nothing is written into the instance: on CPython 3.11 an instance-dict
+  entry, or a __class__ swap, slows every `self.x` in the host's own methods. Dispatching
+  wrappers are shared and reference-counted, so several caches (the simulator's ranks, in one
+  process) each count into their own hooks;
 - around_hooks() hands out AROUND hooks, `fn(original, cache, *args, **kwargs)`, the shape SGLang's
   HookRegistry uses for "module.Class.method" targets, for a plugin that patches through it.
-Counters assume one thread drives a given cache, as SGLang's scheduler does.
+uninstall() puts back what install() changed. Counters assume one thread drives a given cache, as
+SGLang's scheduler does.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -31,8 +38,9 @@ log = logging.getLogger("radixtop.instrument")
 
 HOOKED_METHODS = ("inc_lock_ref", "dec_lock_ref", "evict")
 _MISSING = object()
+_NO = object()  # "argument not given", for the wrappers' fast paths
 _PATH_STEPS = range(1 << 20)  # a parent chain longer than this is a cycle, not a tree
-_MARK = "__radixtop_hooks__"
+_MARK = "__radixtop_route__"  # set on every wrapper: the _Route it reads its hooks from
 _new_event = tuple.__new__  # builds an Event in C
 
 
@@ -102,8 +110,35 @@ def _node_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[0] if args else kwargs.get("node")
 
 
+class _Route:
+    """Where a wrapper finds the hooks for a cache: table[id(cache)], else `default`."""
+
+    __slots__ = ("table", "default")
+
+    def __init__(self, table: dict[int, CacheHooks], default: CacheHooks | None) -> None:
+        self.table = table
+        self.default = default
+
+
+class _Dispatch:
+    """One dispatching wrapper on the class that defines a method, shared by instance installs."""
+
+    __slots__ = ("owner", "name", "raw", "wrapper", "users")
+
+    def __init__(self, owner: type, name: str, raw: Any, wrapper: Any) -> None:
+        self.owner, self.name, self.raw, self.wrapper, self.users = owner, name, raw, wrapper, 0
+
+
+# Instance installs: id(cache) -> hooks. An entry leaves when the cache is uninstalled or
+# collected, before its id can be reused.
+_INSTANCE_HOOKS: dict[int, CacheHooks] = {}
+_DISPATCH_ROUTE = _Route(_INSTANCE_HOOKS, None)
+_DISPATCHES: dict[tuple[type, str], _Dispatch] = {}
+_REGISTRY_LOCK = threading.RLock()
+
+
 class CacheHooks:
-    """Counters + events for one cache (one rank). Install on that cache's class or instance."""
+    """Counters + events for one cache (one rank). Install on that cache, or on its class."""
 
     def __init__(self, *, max_errors: int = 20, event_capacity: int = 4096, events: EventRing | None = None) -> None:
         self.events = events or EventRing(event_capacity)
@@ -121,9 +156,10 @@ class CacheHooks:
         self.disabled_reason = ""
         self._disabled = False
         self._external = False  # AROUND hooks handed to someone else's registry
-        self._lock = threading.RLock()
-        self._patches: dict[int, tuple[Any, list[tuple[str, Any, Any]]]] = {}
         self._walk_paths = True  # off once nodes turn out not to be TreeNodes (e.g. NodeIds)
+        self._lock = threading.RLock()
+        self._installed: dict[int, Callable[[], None]] = {}  # id(target) -> how to undo it
+        self._own_route = _Route({}, self)  # class installs and AROUND hooks: always these hooks
         self._around_cache: dict[tuple[str, Any], Callable[..., Any]] = {}
         self._arounds: dict[str, Callable[..., Any]] = {
             "inc_lock_ref": self.around_inc_lock_ref,
@@ -137,7 +173,7 @@ class CacheHooks:
     def state(self) -> str:
         if self._disabled:
             return "disabled"
-        return "active" if (self._patches or self._external) else "off"
+        return "active" if (self._installed or self._external) else "off"
 
     def counters(self) -> Counters:
         return Counters(
@@ -175,7 +211,7 @@ class CacheHooks:
         key = (name, original)
         wrapper = self._around_cache.get(key)
         if wrapper is None:
-            wrapper = self._around_cache[key] = _FACTORIES[name](self, original)
+            wrapper = self._around_cache[key] = _FACTORIES[name](self._own_route, original)
         return wrapper
 
     # -- bookkeeping (constant cost, except the path re-read after an unlock) -----------------
@@ -264,74 +300,139 @@ class CacheHooks:
     # -- install / uninstall -----------------------------------------------------------------
 
     def install(self, target: Any) -> bool:
-        """Wrap HOOKED_METHODS on a class (every instance) or on one instance. Idempotent.
+        """Count calls on a class (every instance) or on one instance. Idempotent.
 
         Returns True when the target is hooked by this object. Methods that are missing, or that
-        some radixtop hooks already wrap (say the class is hooked and you pass an instance), are
-        left alone so nothing is counted twice."""
+        radixtop hooks on a class already count, are left alone so nothing is counted twice."""
         try:
-            with self._lock:
+            with _REGISTRY_LOCK, self._lock:
                 if self._disabled:
                     log.warning("radixtop hooks are disabled (%s); not installing", self.disabled_reason)
                     return False
-                if id(target) in self._patches:
+                if id(target) in self._installed:
                     return True
-                patches = self._patch(target)
-                if patches:
-                    self._patches[id(target)] = (target, patches)
-                return bool(patches)
+                undo = self._install_class(target) if isinstance(target, type) else self._install_instance(target)
+                if undo is not None:
+                    self._installed[id(target)] = undo
+                return undo is not None
         except Exception as exc:
             log.warning("radixtop hooks not installed on %s: %s: %s", _describe(target), type(exc).__name__, exc)
             return False
 
-    def _patch(self, target: Any) -> list[tuple[str, Any, Any]]:
-        is_class = isinstance(target, type)
-        if not is_class and not isinstance(getattr(target, "__dict__", None), dict):
-            log.warning("radixtop hooks: %s has no instance __dict__; install on its class", _describe(target))
-            return []
-        patches: list[tuple[str, Any, Any]] = []
+    def _install_class(self, cls: type) -> Callable[[], None] | None:
+        done: list[tuple[str, Any, Any]] = []
         for name in HOOKED_METHODS:
-            current = getattr(target, name, None)
-            if not callable(current) or getattr(getattr(current, "__func__", current), _MARK, None) is not None:
+            current = getattr(cls, name, None)
+            if not callable(current) or getattr(current, _MARK, None) is not None:
+                continue  # missing, or hooked already (by class or by instance installs)
+            raw = cls.__dict__.get(name, _MISSING)
+            if isinstance(raw, (staticmethod, classmethod)):
                 continue
-            raw = target.__dict__.get(name, _MISSING)
-            if is_class:
+            wrapper = _FACTORIES[name](self._own_route, current)
+            functools.update_wrapper(wrapper, current)
+            setattr(wrapper, _MARK, self._own_route)
+            setattr(cls, name, wrapper)
+            done.append((name, raw, wrapper))
+        if not done:
+            return None
+
+        def undo() -> None:
+            for name, raw, wrapper in done:
+                if cls.__dict__.get(name) is not wrapper:
+                    log.warning("radixtop: %s.%s was re-patched by someone else; leaving it", _describe(cls), name)
+                elif raw is _MISSING:
+                    delattr(cls, name)  # inherited again
+                else:
+                    setattr(cls, name, raw)
+
+        return undo
+
+    def _install_instance(self, cache: Any) -> Callable[[], None] | None:
+        if _INSTANCE_HOOKS.get(id(cache), self) is not self:
+            log.warning("radixtop: this %s is already hooked by other CacheHooks; not installing", _describe(cache))
+            return None
+        cls = type(cache)
+        own = getattr(cache, "__dict__", None)
+        used: list[_Dispatch] = []
+        own_done: list[tuple[str, Any, Any]] = []
+        for name in HOOKED_METHODS:
+            if isinstance(own, dict) and callable(own.get(name)):
+                # The instance overrides the method in its own __dict__: only there can it be wrapped.
+                current = own[name]
+                if getattr(getattr(current, "__func__", current), _MARK, None) is None:
+                    function = _FACTORIES[name](self._own_route, _drop_self(current))
+                    setattr(function, _MARK, self._own_route)
+                    own[name] = wrapper = types.MethodType(function, cache)
+                    own_done.append((name, current, wrapper))
+                continue
+            current = getattr(cls, name, None)
+            if not callable(current):
+                continue
+            route = getattr(current, _MARK, None)
+            if route is not None and route is not _DISPATCH_ROUTE:
+                continue  # hooks on a class already count this instance
+            owner = next(k for k in cls.__mro__ if name in k.__dict__)
+            dispatch = _DISPATCHES.get((owner, name))
+            if dispatch is None:
+                raw = owner.__dict__[name]
                 if isinstance(raw, (staticmethod, classmethod)):
                     continue
-                wrapper: Any = _FACTORIES[name](self, current)
-                functools.update_wrapper(wrapper, current)
-                setattr(wrapper, _MARK, True)
-                setattr(target, name, wrapper)
-            else:
-                cls_attr = getattr(type(target), name, None)
-                if raw is _MISSING and isinstance(cls_attr, types.FunctionType):
-                    original = cls_attr  # the usual case: called as original(cache, ...)
+                wrapper = _FACTORIES[name](_DISPATCH_ROUTE, raw)
+                functools.update_wrapper(wrapper, raw)
+                setattr(wrapper, _MARK, _DISPATCH_ROUTE)
+                setattr(owner, name, wrapper)
+                dispatch = _DISPATCHES[(owner, name)] = _Dispatch(owner, name, raw, wrapper)
+            dispatch.users += 1
+            used.append(dispatch)
+        if not used and not own_done:
+            return None
+        key = id(cache)
+        if used:
+            _INSTANCE_HOOKS[key] = self
+
+        def undo() -> None:
+            if _INSTANCE_HOOKS.get(key) is self:
+                del _INSTANCE_HOOKS[key]
+            for dispatch in used:
+                dispatch.users -= 1
+                if dispatch.users > 0:
+                    continue
+                _DISPATCHES.pop((dispatch.owner, dispatch.name), None)
+                if dispatch.owner.__dict__.get(dispatch.name) is dispatch.wrapper:
+                    setattr(dispatch.owner, dispatch.name, dispatch.raw)
                 else:
-                    original = _drop_self(current)  # the instance's own override, already bound
-                function = _FACTORIES[name](self, original)
-                setattr(function, _MARK, True)
-                wrapper = types.MethodType(function, target)  # binding is done in C
-                target.__dict__[name] = wrapper
-            patches.append((name, raw, wrapper))
-        return patches
+                    log.warning("radixtop: %s.%s was re-patched by someone else; leaving it", dispatch.owner.__qualname__, dispatch.name)
+            for name, raw, wrapper in own_done:
+                if own.get(name) is wrapper:
+                    own[name] = raw
+
+        # A cache that goes away unregisters itself (the callback runs before its id can be
+        # reused); one that cannot be weakly referenced is kept alive while registered instead.
+        try:
+            undo.keep = weakref.ref(cache, lambda _ref: self._forget(key))  # type: ignore[attr-defined]
+        except TypeError:
+            undo.keep = cache  # type: ignore[attr-defined]
+        return undo
+
+    def _forget(self, key: int) -> None:
+        try:
+            with _REGISTRY_LOCK, self._lock:
+                undo = self._installed.pop(key, None)
+                if undo is not None:
+                    undo()
+        except Exception:
+            pass
 
     def uninstall(self) -> None:
-        """Put every wrapped method back. Idempotent; never raises."""
-        with self._lock:
-            items = list(self._patches.values())
-            self._patches.clear()
-        for target, patches in items:
-            for name, raw, wrapper in patches:
+        """Put back everything install() changed. Idempotent; never raises."""
+        with _REGISTRY_LOCK, self._lock:
+            undos = list(self._installed.values())
+            self._installed.clear()
+            for undo in undos:
                 try:
-                    if target.__dict__.get(name) is not wrapper:
-                        log.warning("radixtop: %s.%s was re-patched by someone else; leaving it", _describe(target), name)
-                        continue
-                    if raw is _MISSING:
-                        delattr(target, name)
-                    else:
-                        setattr(target, name, raw)
+                    undo()
                 except Exception as exc:
-                    log.warning("radixtop: could not restore %s.%s: %s", _describe(target), name, exc)
+                    log.warning("radixtop: could not restore a hooked method: %s: %s", type(exc).__name__, exc)
 
 
 def _drop_self(bound: Callable[..., Any]) -> Callable[..., Any]:
@@ -341,14 +442,15 @@ def _drop_self(bound: Callable[..., Any]) -> Callable[..., Any]:
     return original
 
 
-# One wrapper per method, built around the original: a single extra frame per call. Each takes
-# the cache as its first argument, like the method it replaces.
+# One wrapper per method around the original: a single extra frame per call, a plain call for the
+# usual arguments (forwarding *args/**kwargs costs twice as much). Each takes the cache first, like
+# the method it replaces, and asks its route for the cache's hooks (None: not counted).
 
 
-def _wrap_inc_lock_ref(hooks: CacheHooks, original: Callable[..., Any]) -> Callable[..., Any]:
-    def inc_lock_ref(cache: Any, *args: Any, **kwargs: Any) -> Any:
-        if hooks._disabled:
-            return original(cache, *args, **kwargs)
+def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
+    lookup = route.table.get
+
+    def generic(hooks: CacheHooks, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         hooks.lock_ops += 1
         try:
             return original(cache, *args, **kwargs)
@@ -356,13 +458,42 @@ def _wrap_inc_lock_ref(hooks: CacheHooks, original: Callable[..., Any]) -> Calla
             hooks._host_failure("lock_failure", args, kwargs, exc)
             raise
 
+    def inc_lock_ref(cache: Any, node: Any = _NO, *args: Any, **kwargs: Any) -> Any:
+        hooks = lookup(id(cache), route.default)
+        if hooks is None or hooks._disabled:
+            return original(cache, *args, **kwargs) if node is _NO else original(cache, node, *args, **kwargs)
+        if node is _NO or args or kwargs:
+            return generic(hooks, cache, args if node is _NO else (node, *args), kwargs)
+        hooks.lock_ops += 1
+        try:
+            return original(cache, node)
+        except Exception as exc:
+            hooks._host_failure("lock_failure", (node,), {}, exc)
+            raise
+
     return inc_lock_ref
 
 
-def _wrap_dec_lock_ref(hooks: CacheHooks, original: Callable[..., Any]) -> Callable[..., Any]:
-    def dec_lock_ref(cache: Any, *args: Any, **kwargs: Any) -> Any:
-        if hooks._disabled:
-            return original(cache, *args, **kwargs)
+def _check_path(hooks: CacheHooks, node: Any) -> None:
+    """Re-read lock_ref along the path dec_lock_ref just walked (same length: same cost)."""
+    try:
+        for _ in _PATH_STEPS:
+            if node is None:
+                return
+            if node.lock_ref < 0:
+                hooks._negative(node)
+                return
+            node = node.parent
+    except AttributeError:
+        hooks._walk_paths = False  # not SGLang TreeNodes (e.g. NodeIds): nothing to walk
+    except Exception as exc:
+        hooks._own_error("dec_lock_ref", exc)
+
+
+def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
+    lookup = route.table.get
+
+    def generic(hooks: CacheHooks, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         hooks.unlock_ops += 1
         try:
             result = original(cache, *args, **kwargs)
@@ -370,28 +501,46 @@ def _wrap_dec_lock_ref(hooks: CacheHooks, original: Callable[..., Any]) -> Calla
             hooks._host_failure("unlock_failure", args, kwargs, exc)
             raise
         if hooks._walk_paths:
-            # Re-read lock_ref along the path dec_lock_ref just walked (same length: same cost).
+            _check_path(hooks, _node_arg(args, kwargs))
+        return result
+
+    def dec_lock_ref(cache: Any, node: Any = _NO, extra: Any = _NO, *args: Any, **kwargs: Any) -> Any:
+        hooks = lookup(id(cache), route.default)
+        head = () if node is _NO else (node,) if extra is _NO else (node, extra)
+        if hooks is None or hooks._disabled:
+            return original(cache, *head, *args, **kwargs)
+        if node is _NO or args or kwargs:
+            return generic(hooks, cache, (*head, *args), kwargs)
+        # Fast path: dec_lock_ref(node) or dec_lock_ref(node, params).
+        hooks.unlock_ops += 1
+        try:
+            result = original(cache, node) if extra is _NO else original(cache, node, extra)
+        except Exception as exc:
+            hooks._host_failure("unlock_failure", (node,), {}, exc)
+            raise
+        if hooks._walk_paths:
+            n = node
             try:
-                node = args[0] if args else kwargs.get("node")
-                for _ in _PATH_STEPS:
-                    if node is None:
+                for _ in _PATH_STEPS:  # the common case inline: nothing went below zero
+                    if n is None:
                         break
-                    if node.lock_ref < 0:
-                        hooks._negative(node)
+                    if n.lock_ref < 0:
+                        hooks._negative(n)
                         break
-                    node = node.parent
-            except AttributeError:
-                hooks._walk_paths = False  # not SGLang TreeNodes (e.g. NodeIds): nothing to walk
-            except Exception as exc:
-                hooks._own_error("dec_lock_ref", exc)
+                    n = n.parent
+            except Exception:
+                _check_path(hooks, node)  # the slow path sorts out what went wrong, once
         return result
 
     return dec_lock_ref
 
 
-def _wrap_evict(hooks: CacheHooks, original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_evict(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
+    lookup = route.table.get
+
     def evict(cache: Any, *args: Any, **kwargs: Any) -> Any:
-        if hooks._disabled:
+        hooks = lookup(id(cache), route.default)
+        if hooks is None or hooks._disabled:
             return original(cache, *args, **kwargs)
         hooks.evict_calls += 1
         try:
@@ -418,7 +567,7 @@ def _wrap_evict(hooks: CacheHooks, original: Callable[..., Any]) -> Callable[...
     return evict
 
 
-_FACTORIES: dict[str, Callable[[CacheHooks, Callable[..., Any]], Callable[..., Any]]] = {
+_FACTORIES: dict[str, Callable[[_Route, Callable[..., Any]], Callable[..., Any]]] = {
     "inc_lock_ref": _wrap_inc_lock_ref,
     "dec_lock_ref": _wrap_dec_lock_ref,
     "evict": _wrap_evict,

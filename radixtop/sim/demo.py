@@ -114,7 +114,7 @@ def start_demo(fault: str = DEFAULT_FAULT, *, seed: int = 7, workdir: Path | Non
     flags = [*SIM_FLAGS, *extra_flags]
     if fault != "none":
         flags += ["--fault", f"{fault}:{seed}"]
-    argv = [sys.executable, "-m", "radixtop", *sim_argv(*flags, ready_file=ready, log_file=workdir / "sim.log")]
+    argv = sim_argv(*flags, ready_file=ready, log_file=workdir / "sim.log")
     sim = _spawn(argv, workdir / "sim.out")
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not (ready.exists() and ready.read_text().strip()):

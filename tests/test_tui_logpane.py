@@ -267,6 +267,7 @@ async def test_80x24_hides_findings_until_tab(log: Path) -> None:
     app = RadixtopApp(log_patterns=[str(log)], from_start=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.state.total_lines == 21, "the file")
+        await wait_for(pilot, lambda: app.findings_list.findings, "the finding")
         panel = app.query_one("#findings-panel")
         assert not panel.display or panel.region.width == 0 or panel.region.height == 0
         text = screen_text(app)

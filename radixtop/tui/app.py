@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -30,6 +31,9 @@ from radixtop.widgets.logview import LogView, _time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 
 REFRESH_HZ = 15
+BULK_LINES_PER_TICK = 20_000  # more new lines than this since the last frame: a backlog is being read
+BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
+BATCHES_PER_SECOND = 30
 _MAX_WORKER_RESTARTS = 5
 _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
 
@@ -123,6 +127,10 @@ class RadixtopApp(App[int]):
         self.state = IncidentState(capacity, clock=clock) if clock else IncidentState(capacity)
         self.follower: Any = None
         self._drawn_version = -1
+        self._drawn_lines = 0
+        self._drawn_at = 0.0
+        self._shown_ids: tuple[str, ...] | None = None
+        self._findings_at = 0.0
         self._prompt_mode: str | None = None
         self._failures: dict[str, int] = {}
 
@@ -164,7 +172,7 @@ class RadixtopApp(App[int]):
         self.set_interval(1 / REFRESH_HZ, self._tick)
         self.set_interval(1.0, self._poll_health)
         self.set_interval(AFTER_WAIT / 2, self._flush_findings)
-        self._tick()
+        self._tick(force=True)
 
     # -- reading the logs --------------------------------------------------------------------------
 
@@ -186,8 +194,15 @@ class RadixtopApp(App[int]):
         while True:
             try:
                 async for batch in follower.batches():
+                    started = time.monotonic()
                     result = await asyncio.to_thread(self.ingestor.process, batch)
                     self.state.apply(result)
+                    # Take batches at most BATCHES_PER_SECOND times a second: the follower
+                    # coalesces what arrives meanwhile, and each hop costs the event loop more
+                    # than its lines do. A trickle is not delayed: its batches are rare anyway.
+                    pause = 1 / BATCHES_PER_SECOND - (time.monotonic() - started)
+                    if pause > 0 and len(batch.records) > 1:
+                        await asyncio.sleep(pause)
                 return  # the follower was stopped
             except asyncio.CancelledError:
                 raise
@@ -249,16 +264,32 @@ class RadixtopApp(App[int]):
     # -- the timer: redraw only when something changed ---------------------------------------------
 
     @guarded("refreshing the screen")
-    def _tick(self) -> None:
+    def _tick(self, force: bool = False) -> None:
         state = self.state
+        now = time.monotonic()
         if state.version != self._drawn_version:
-            self._drawn_version = state.version
-            self.log_view.refresh_view()
-            self.findings_list.show_report(state.report, state.label)
-            count = len(state.report.findings) if state.report is not None else 0
-            self.query_one("#findings-title", Static).update(f"Findings ({count}) · Enter jump · d evidence")
+            # Reading a backlog (a big file from its start) moves tens of thousands of lines per
+            # tick: nobody reads those frames, and drawing them takes the reader's CPU. Draw a few.
+            bulk = state.total_lines - self._drawn_lines > BULK_LINES_PER_TICK
+            if force or not bulk or now - self._drawn_at >= BULK_INTERVAL:
+                self._drawn_version, self._drawn_lines, self._drawn_at = state.version, state.total_lines, now
+                self.log_view.refresh_view()
+                self._show_findings(now, force)
         self.log_view.keep_following()
         self.query_one(StatusLine).show(self.status_info())
+
+    def _show_findings(self, now: float, force: bool) -> None:
+        report = self.state.report
+        ids = tuple(f.signature.id for f in report.findings) if report is not None else ()
+        # A new signature shows at once; a count going up only once a second (rebuilding the
+        # list each frame costs more than the log pane).
+        if not force and ids == self._shown_ids and now - self._findings_at < 1.0:
+            return
+        self._shown_ids, self._findings_at = ids, now
+        self.findings_list.show_report(report, self.state.label)
+        self.query_one("#findings-title", Static).update(
+            f"Findings ({len(ids)}) · Enter jump · d evidence", layout=False
+        )
 
     def status_info(self) -> StatusInfo:
         state = self.state
@@ -284,6 +315,7 @@ class RadixtopApp(App[int]):
         engine = f"matcher: {self.matcher.engine}"
         return StatusInfo(
             mode=mode,
+            position=view.position if mode != "FOLLOW" else None,
             pending=state.pending_count,
             total_lines=state.total_lines,
             rate=state.lines_per_second(),
@@ -312,7 +344,7 @@ class RadixtopApp(App[int]):
     @guarded("follow")
     def action_toggle_follow(self) -> None:
         self.log_view.set_follow(not self.log_view.follow)
-        self._tick()
+        self._tick(force=True)
 
     @guarded("pause")
     def action_toggle_pause(self) -> None:
@@ -324,7 +356,7 @@ class RadixtopApp(App[int]):
                 "the findings still include them",
                 severity="warning",
             )
-        self._tick()
+        self._tick(force=True)
 
     @guarded("cycle theme")
     def action_cycle_theme(self) -> None:
@@ -383,7 +415,7 @@ class RadixtopApp(App[int]):
             self.notify(f"no line in view contains {text!r}", severity="warning")
         else:
             view.jump_to_row(row)
-        self._tick()
+        self._tick(force=True)
 
     def apply_filter(self, text: str) -> None:
         state, view = self.state, self.log_view
@@ -396,7 +428,7 @@ class RadixtopApp(App[int]):
             view.set_follow(True)
         if text and state.view_len == 0:
             self.notify(f"no line in view contains {text!r} (yet); Esc clears the filter", severity="warning")
-        self._tick()
+        self._tick(force=True)
 
     @guarded("search")
     def action_search(self, forward: bool) -> None:
@@ -409,7 +441,7 @@ class RadixtopApp(App[int]):
             self.notify(f"no line in view contains {state.search_text!r}", severity="warning")
             return
         view.jump_to_row(row)
-        self._tick()
+        self._tick(force=True)
 
     @guarded("next/previous hit")
     def action_hit(self, forward: bool) -> None:
@@ -420,7 +452,7 @@ class RadixtopApp(App[int]):
             return
         view.jump_to_row(row)
         view.focus()
-        self._tick()
+        self._tick(force=True)
 
     @guarded("clear")
     def action_clear(self) -> None:
@@ -438,7 +470,7 @@ class RadixtopApp(App[int]):
         elif view.cursor_seq is not None:
             view.cursor_seq = None
             view.refresh()
-        self._tick()
+        self._tick(force=True)
 
     # -- findings ----------------------------------------------------------------------------------
 
@@ -469,7 +501,7 @@ class RadixtopApp(App[int]):
         view.jump_to_row(row, context=(height * 2) // 3)
         self.screen.remove_class("-show-findings")
         view.focus()
-        self._tick()
+        self._tick(force=True)
 
     def find_occurrence(self, file: str, line: int) -> int | None:
         """Sequence number of the ring entry for a finding's occurrence (file as the builder saw it)."""

@@ -69,7 +69,7 @@ class FindingsList(OptionList):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._findings: tuple[Any, ...] = ()
-        self._key: tuple | None = None
+        self._key: tuple = ()
         self._report: Any = None
         self._label: Callable[[str], str] = lambda s: s
         self.show_empty()
@@ -79,8 +79,8 @@ class FindingsList(OptionList):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        if self._report is not None and self._key is not None:
-            self._key = None
+        if self._report is not None and self._key:
+            self._key = ()
             self.call_later(self.show_report, self._report, self._label)
 
     def _sev_style(self, severity: str) -> Style:
@@ -93,36 +93,26 @@ class FindingsList(OptionList):
         """Show the report's findings; does nothing when they did not change."""
         findings = tuple(report.findings) if report is not None else ()
         initiating = report.initiating[0] if report is not None and report.initiating else None
-        key = (tuple((f.signature.id, f.count, f.first.file, f.first.line) for f in findings), initiating)
-        if key == self._key:
+        rows = tuple((f.signature.id, f.count, f.first.file, f.first.line, f.signature.id == initiating) for f in findings)
+        if rows == self._key:
             return
-        self._key, self._report, self._label = key, report, label
+        old_rows, self._key, self._report, self._label = self._key, rows, report, label
         if not findings:
             self._findings = ()
             self.show_empty()
             return
+        if old_rows and [r[0] for r in old_rows] == [r[0] for r in rows]:
+            # Same findings, new counts: change those prompts in place. Rebuilding the list
+            # would lay out the whole screen again, once a second while a failure repeats.
+            self._findings = findings
+            for i, (old, new) in enumerate(zip(old_rows, rows)):
+                if old != new:
+                    self.replace_option_prompt_at_index(i, self._prompt(findings[i], new[4], label))
+            return
         highlighted = self.highlighted
         keep = self._findings[highlighted].signature.id if highlighted is not None and highlighted < len(self._findings) else None
-        dim = self._sev_style("dim")
-        options = []
-        for finding in findings:
-            sig = finding.signature
-            sev_style = self._sev_style(sig.severity)
-            prompt = Text(no_wrap=True, overflow="ellipsis")
-            prompt.append(SEVERITY_MARKERS.get(sig.severity, "  "), sev_style)
-            prompt.append(" ")
-            prompt.append(sig.title, Style(bold=True))
-            prompt.append("\n   ")
-            if sig.id == initiating:
-                prompt.append("FIRST ", Style(bold=True, reverse=True))
-                prompt.append(" ")
-            prompt.append(sig.severity, sev_style)
-            prompt.append(f" x{finding.count} ", Style(bold=True))
-            prompt.append(_when(finding.first), dim)
-            prompt.append(f"\n   {label(finding.first.file)}:{finding.first.line}", dim)
-            options.append(Option(prompt, id=sig.id))
         self._findings = findings
-        self.set_options(options)
+        self.set_options([Option(self._prompt(f, r[4], label), id=r[0]) for f, r in zip(findings, rows)])
         if keep is not None:
             for i, finding in enumerate(findings):
                 if finding.signature.id == keep:
@@ -130,6 +120,24 @@ class FindingsList(OptionList):
                     break
         elif self.highlighted is None:
             self.highlighted = 0
+
+    def _prompt(self, finding: Any, first: bool, label: Callable[[str], str]) -> Text:
+        sig = finding.signature
+        sev_style = self._sev_style(sig.severity)
+        dim = self._sev_style("dim")
+        prompt = Text(no_wrap=True, overflow="ellipsis")
+        prompt.append(SEVERITY_MARKERS.get(sig.severity, "  "), sev_style)
+        prompt.append(" ")
+        prompt.append(sig.title, Style(bold=True))
+        prompt.append("\n   ")
+        if first:
+            prompt.append("FIRST ", Style(bold=True, reverse=True))
+            prompt.append(" ")
+        prompt.append(sig.severity, sev_style)
+        prompt.append(f" x{finding.count} ", Style(bold=True))
+        prompt.append(_when(finding.first), dim)
+        prompt.append(f"\n   {label(finding.first.file)}:{finding.first.line}", dim)
+        return prompt
 
     def finding_at(self, index: int | None) -> Any | None:
         if index is None or not 0 <= index < len(self._findings):

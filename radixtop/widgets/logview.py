@@ -11,11 +11,11 @@ the severity's style on the marker and the matched span and its colour on the wh
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
@@ -43,6 +43,22 @@ def _time_of_day(written: str | None) -> str:
     return written
 
 
+# SGLang's prefix: "[2026-12-02 14:00:00.123 DP0 TP3] ". Checked here first because parse_line
+# also parses batch statistics, which display does not need and which cost ten times more.
+_SGLANG_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d[ T](\d\d:\d\d:\d\d(?:[.,]\d{1,6})?)((?: [A-Z][A-Z_]*\d+)*)[^\]\[]{0,64}\] ?")
+
+
+def split_prefix(text: str) -> tuple[str, str, int | None]:
+    """(time of day, rank, where the message starts) of a log line; offset None without a prefix."""
+    m = _SGLANG_PREFIX.match(text)
+    if m is not None:
+        return m.group(1), m.group(2).strip(), m.end()
+    parsed = parse_line(text)  # vLLM, Python logging, process tags ...
+    if not parsed.time or not text.endswith(parsed.message):
+        return "", parsed.rank or "", None
+    return _time_of_day(parsed.time), parsed.rank or "", len(text) - len(parsed.message)
+
+
 class LogView(ScrollView, can_focus=True):
     """Scrollable view of the incident state's log entries."""
 
@@ -68,7 +84,10 @@ class LogView(ScrollView, can_focus=True):
         color: $foreground;
         overflow-x: auto;
         overflow-y: scroll;
-        scrollbar-size-vertical: 1;
+        /* No vertical scrollbar drawn: redrawing it took two thirds of each frame while lines
+           stream in (Textual renders it line by line). Wheel and keys still scroll; the status
+           line says where the view is. */
+        scrollbar-size-vertical: 0;
         scrollbar-size-horizontal: 1;
     }
     LogView > .logview--critical { color: $sev-critical; text-style: bold reverse; }
@@ -105,6 +124,8 @@ class LogView(ScrollView, can_focus=True):
         self._layout_key: tuple = ()
         self._rank_width = 0
         self._styles: dict[str, Style] | None = None
+        self._base_style: Style | None = None
+        self._src_width = 0  # width of the source column (0: one source, no column)
         self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
         self._render_failures = 0
 
@@ -113,6 +134,7 @@ class LogView(ScrollView, can_focus=True):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._styles = None
+        self._base_style = None
         self._cache.clear()
 
     def _style(self, name: str) -> Style:
@@ -127,11 +149,21 @@ class LogView(ScrollView, can_focus=True):
     def invalidate(self) -> None:
         """Forget every rendered row (search text, theme or layout changed)."""
         self._cache.clear()
-        self.virtual_size = Size(self._prefix_width() + min(self.state.max_width, 4096), self.state.view_len)
+        self._set_virtual_size(Size(self._prefix_width() + min(self.state.max_width, 4096), self.state.view_len))
         self.refresh()
 
+    def _set_virtual_size(self, size: Size) -> None:
+        """Grow the scrollable area without a layout pass of the whole screen.
+
+        Assigning `virtual_size` re-lays out every widget, and redraws them, on each new line;
+        only this widget's scrollbars depend on it (their appearing still re-lays out).
+        """
+        if size != self.virtual_size:
+            self.set_reactive(ScrollView.virtual_size, size)
+            self._scroll_update(size)
+
     def _prefix_width(self) -> int:
-        source = self._source_width()
+        source = self._src_width
         return 3 + (source + 1 if source else 0) + _TIME_WIDTH + 1 + (self._rank_width + 1 if self._rank_width else 0)
 
     def _source_width(self) -> int:
@@ -145,13 +177,14 @@ class LogView(ScrollView, can_focus=True):
     def refresh_view(self) -> None:
         """Bring the view up to date with the state (called on the app's timer, not per line)."""
         state = self.state
-        layout_key = (self._source_width(), state.search_text)
+        self._src_width = self._source_width()
+        layout_key = (self._src_width, state.search_text)
         if layout_key != self._layout_key:
             self._layout_key = layout_key
             self._cache.clear()
         if self.cursor_seq is not None and state.entry(self.cursor_seq) is None:
             self.cursor_seq = None
-        self.virtual_size = Size(self._prefix_width() + min(state.max_width, 4096), state.view_len)
+        self._set_virtual_size(Size(self._prefix_width() + min(state.max_width, 4096), state.view_len))
         if self.follow:
             self.scroll_end(animate=False, immediate=True, x_axis=False)
         elif self._anchor is not None:
@@ -234,6 +267,13 @@ class LogView(ScrollView, can_focus=True):
         self.refresh()
 
     @property
+    def position(self) -> tuple[int, int]:
+        """(last row on screen, rows in the view), 1-based, for the status line."""
+        rows = self.state.view_len
+        bottom = min(rows, round(self.scroll_y) + self.scrollable_content_region.height)
+        return bottom, rows
+
+    @property
     def cursor_row(self) -> int | None:
         if self.cursor_seq is None:
             return None
@@ -253,8 +293,11 @@ class LogView(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
-        width = self.scrollable_content_region.width
-        base = self.rich_style
+        width = self.size.width
+        base = self._base_style
+        if base is None:
+            # Widget.rich_style walks the ancestors each time: once per style change is enough.
+            base = self._base_style = self.rich_style
         seq = self.state.view_seq(scroll_y + y)
         if seq is None:
             return Strip.blank(width, base)
@@ -277,68 +320,84 @@ class LogView(ScrollView, can_focus=True):
 
     def _render_entry(self, entry: LogEntry) -> Strip:
         style = self._style
-        row = Text(no_wrap=True, end="")
+        pieces: list[tuple[str, Style | None]] = []
+        overlays: list[tuple[int, int, Style]] = []
         if entry.kind == "message":
-            row.append("   ")
-            row.append(entry.text.translate(_CONTROL), style("message"))
-            return self._finish(row)
+            pieces += [("   ", None), (entry.text.translate(_CONTROL), style("message"))]
+            return self._finish(pieces, overlays)
         if entry.kind == "notice":
-            row.append(SEVERITY_MARKERS["notice"] + " ", style("notice"))
-            self._append_source(row, entry.source)
-            row.append(entry.text.translate(_CONTROL), style("notice"))
-            return self._finish(row)
+            pieces.append((SEVERITY_MARKERS["notice"] + " ", style("notice")))
+            self._append_source(pieces, entry.source)
+            pieces.append((entry.text.translate(_CONTROL), style("notice")))
+            return self._finish(pieces, overlays)
 
         text = entry.text.translate(_CONTROL)
-        parsed = parse_line(entry.text)
-        message = parsed.message.translate(_CONTROL)
-        # Where the message starts in the raw text, to map the matched span onto it.
-        offset = len(text) - len(message) if text.endswith(message) else None
-        rank = parsed.rank or ""
+        clock, rank, offset = split_prefix(text)
         if len(rank) > self._rank_width:
             self._rank_width = min(len(rank), 24)  # grows, never shrinks: columns stay put
             self.call_later(self.invalidate)  # rows already drawn get the wider column too
 
         severity = entry.severity
         dim = style("dim")
-        row.append(SEVERITY_MARKERS.get(severity, "  "), style(severity) if severity else None)
-        row.append(" ")
-        self._append_source(row, entry.source)
-        if offset is None or not parsed.time:
+        pieces += [(SEVERITY_MARKERS.get(severity, "  "), style(severity) if severity else None), (" ", None)]
+        self._append_source(pieces, entry.source)
+        if offset is None:
             # No prefix we understand (a traceback line, a continuation): indent under messages.
-            row.append(" " * (_TIME_WIDTH + 1 + (self._rank_width + 1 if self._rank_width else 0)))
+            pieces.append((" " * (_TIME_WIDTH + 1 + (self._rank_width + 1 if self._rank_width else 0)), None))
             message, offset = text, 0
         else:
-            row.append(_time_of_day(parsed.time)[:_TIME_WIDTH].ljust(_TIME_WIDTH) + " ", dim)
+            message = text[offset:]
+            pieces.append((clock[:_TIME_WIDTH].ljust(_TIME_WIDTH) + " ", dim))
             if self._rank_width:
-                row.append(rank.ljust(self._rank_width) + " ", dim)
-        body_start = len(row)
-        row.append(message, style(f"{severity}-line") if severity else None)
+                pieces.append((rank.ljust(self._rank_width) + " ", dim))
+        body_start = sum(len(t) for t, _ in pieces)
+        pieces.append((message, style(f"{severity}-line") if severity else None))
         if severity:
             start, end = (entry.span[0] - offset, entry.span[1] - offset) if entry.span else (0, len(message))
             if end > 0 and start < len(message):
-                row.stylize(style(severity), body_start + max(0, start), body_start + min(end, len(message)))
-        return self._finish(row)
+                overlays.append((body_start + max(0, start), body_start + min(end, len(message)), style(severity)))
+        return self._finish(pieces, overlays)
 
-    def _append_source(self, row: Text, source: str) -> None:
-        source_width = self._source_width()
+    def _append_source(self, pieces: list[tuple[str, Style | None]], source: str) -> None:
+        source_width = self._src_width
         if source_width:
             label = self.state.label(source)
             if len(label) > source_width:
                 label = "…" + label[-(source_width - 1) :]
-            row.append(label.ljust(source_width) + " ", self._style("dim"))
+            pieces.append((label.ljust(source_width) + " ", self._style("dim")))
 
-    def _finish(self, row: Text) -> Strip:
+    def _finish(self, pieces: list[tuple[str, Style | None]], overlays: list[tuple[int, int, Style]]) -> Strip:
+        """Segments for the pieces, with the overlays (matched span, search hits) laid on top.
+        Built by hand: rich's Text costs several times more, and this runs for every new line."""
         query = self.state.search_text
         if query:
-            self._highlight(row, row.plain, query, self._style("search"))
-        return Strip(list(row.render(self.app.console)))
+            plain = "".join(t for t, _ in pieces)
+            overlays = overlays + self._matches(plain, query, self._style("search"))
+        if not overlays:
+            return Strip([Segment(t, s) for t, s in pieces if t])
+        cuts = sorted({0, *(a for a, _, _ in overlays), *(b for _, b, _ in overlays)})
+        segments = []
+        pos = 0
+        for text, base in pieces:
+            end = pos + len(text)
+            points = [pos, *(c for c in cuts if pos < c < end), end]
+            for a, b in zip(points, points[1:]):
+                if a == b:
+                    continue
+                piece_style = base
+                for o_start, o_end, o_style in overlays:
+                    if o_start <= a and b <= o_end:
+                        piece_style = o_style if piece_style is None else piece_style + o_style
+                segments.append(Segment(text[a - pos : b - pos], piece_style))
+            pos = end
+        return Strip(segments)
 
     @staticmethod
-    def _highlight(body: Text, message: str, query: str, search_style: Style) -> None:
-        haystack = message if query != query.lower() else message.lower()
+    def _matches(plain: str, query: str, search_style: Style) -> list[tuple[int, int, Style]]:
+        haystack = plain if query != query.lower() else plain.lower()
+        out = []
         start = haystack.find(query)
-        count = 0
-        while start >= 0 and count < 64:
-            body.stylize(search_style, start, start + len(query))
+        while start >= 0 and len(out) < 64:
+            out.append((start, start + len(query), search_style))
             start = haystack.find(query, start + max(1, len(query)))
-            count += 1
+        return out

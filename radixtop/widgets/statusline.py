@@ -27,6 +27,7 @@ class SourceStatus:
 @dataclass(frozen=True)
 class StatusInfo:
     mode: str = "FOLLOW"  # FOLLOW | SCROLL | PAUSED
+    position: tuple[int, int] | None = None  # (last row on screen, rows) when not following
     pending: int = 0  # lines waiting while paused
     total_lines: int = 0
     rate: float | None = None  # lines/s, None when unknown
@@ -88,7 +89,11 @@ class StatusLine(Widget):
         if info.mode == "PAUSED":
             out.append((0, Text(f" PAUSED +{_count(info.pending)} waiting ", self._s("paused"))))
         else:
-            out.append((0, Text(f" {info.mode} ", self._s("mode"))))
+            where = ""
+            if info.position is not None and info.mode != "FOLLOW":
+                bottom, rows = info.position
+                where = f" {bottom * 100 // max(rows, 1)}%"
+            out.append((0, Text(f" {info.mode}{where} ", self._s("mode"))))
         if info.filter_text:
             out.append((2, Text(f"filter '{info.filter_text}' {_count(info.filter_rows)} rows", self._s("warn"))))
         if info.search_text:

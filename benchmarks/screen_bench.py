@@ -1,0 +1,358 @@
+"""Benchmark what the user sees: radixtop in a real terminal (tmux 160x48) against lnav and tail -f.
+
+    python benchmarks/screen_bench.py --quick     # shared machine: 1 round, 5 s of appending
+    python benchmarks/screen_bench.py             # 3 rounds, 10 s of appending
+
+Two measurements, each tool run in its own tmux server (`tmux -L`), the screen read with
+`tmux capture-pane -p` in a loop:
+
+1. open: the time from starting the command until the last line of a 100 MB SGLang-format log is
+   on screen (radixtop with --from-start, since by default it starts at the end like tail -f;
+   lnav as it opens files; tail -f, which prints the last 10 lines). The log is generated once
+   under benchmarks/data/ (git-ignored) and read once before timing, so the page cache is warm.
+   Target for radixtop: 0.8 s.
+2. live: the tool follows a small file while a thread of this script appends SGLang lines at
+   --rate lines/s (default 50,000) for --seconds, each carrying a sequence number and a
+   timestamp. Each poll of the screen finds the newest sequence number on it; its on-screen lag
+   is the time since that line was written (taken at the middle of the capture call). The tool's
+   CPU is psutil's user+system time of the pane's process over the appending window, as a share
+   of one core. Targets for radixtop: lag under 100 ms, under 30% of one core.
+
+A peer that is not installed is skipped with a note (`apt-get install -y lnav`). The capture
+itself costs a few ms per poll and adds to every tool's figure alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+WIDTH, HEIGHT = 160, 48
+LAST_MARKER = "BENCH-LAST-LINE-7f3a"
+SEQ = re.compile(r"seq=(\d{10})")
+
+
+# -- the log ---------------------------------------------------------------------------------------
+
+
+def sglang_line(rng: random.Random, stamp: str) -> str:
+    rank = f"TP{rng.randrange(8)}"
+    roll = rng.random()
+    if roll < 0.55:
+        return (
+            f"[{stamp} {rank}] Decode batch, #running-req: {rng.randrange(1, 64)}, #token: {rng.randrange(10**5, 4 * 10**5)}, "
+            f"token usage: 0.{rng.randrange(10, 99)}, cuda graph: True, gen throughput (token/s): {rng.uniform(800, 5000):.2f}, "
+            f"#queue-req: {rng.randrange(16)}"
+        )
+    if roll < 0.9:
+        return (
+            f"[{stamp} {rank}] Prefill batch, #new-seq: {rng.randrange(1, 8)}, #new-token: {rng.randrange(64, 8192)}, "
+            f"#cached-token: {rng.randrange(0, 4096)}, token usage: 0.{rng.randrange(10, 99)}, #running-req: {rng.randrange(64)}, "
+            f"#queue-req: {rng.randrange(16)}, #pending-token: 0, cuda graph: False, input throughput (token/s): {rng.uniform(1000, 12000):.2f}"
+        )
+    if roll < 0.9995:
+        return f'[{stamp}] INFO:     127.0.0.1:{rng.randrange(30000, 60000)} - "POST /generate HTTP/1.1" 200 OK'
+    return f"[{stamp} {rank}] KV cache pool is full. Retract requests. #retracted_reqs: {rng.randrange(1, 4)}, #new_token_ratio: 0.4000 -> 0.5000"
+
+
+def big_log(size_mb: int) -> Path:
+    """A size_mb SGLang-format log whose last line carries LAST_MARKER (cached under data/)."""
+    DATA.mkdir(exist_ok=True)
+    path = DATA / f"screen-{size_mb}mb.log"
+    if path.exists() and path.stat().st_size >= size_mb << 20:
+        return path
+    rng = random.Random(20261202)
+    target = size_mb << 20
+    written = 0
+    t = 0.0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        while written < target:
+            chunk = []
+            for _ in range(5000):
+                t += 0.0007
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1796212800 + int(t))) + f".{int(t * 1000) % 1000:03d}"
+                chunk.append(sglang_line(rng, stamp))
+            text = "\n".join(chunk) + "\n"
+            f.write(text)
+            written += len(text)
+        f.write(f"[2026-12-02 23:59:59.999 TP0] {LAST_MARKER} the last line of the log\n")
+    tmp.rename(path)
+    return path
+
+
+# -- the terminal ----------------------------------------------------------------------------------
+
+
+class Tmux:
+    """One tmux server of our own (-L), one session running one command as the pane's process."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        self.socket = f"radixtop-bench-{uuid.uuid4().hex[:8]}"
+        self.command = command
+        self.env = env
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10).stdout
+
+    def start(self) -> float:
+        # exec: the tool itself is the pane's process, so psutil measures it and not a shell.
+        line = "exec " + " ".join(shlex.quote(part) for part in self.command)
+        t0 = time.monotonic()
+        subprocess.run(
+            ["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "bench", "-x", str(WIDTH), "-y", str(HEIGHT), line],
+            check=True,
+            env=self.env,
+            timeout=10,
+        )
+        return t0
+
+    def pid(self) -> int:
+        return int(self.run("display-message", "-p", "-t", "bench", "#{pane_pid}").strip())
+
+    def capture(self) -> tuple[str, float]:
+        """The screen, and the time at the middle of the capture call."""
+        before = time.monotonic()
+        screen = self.run("capture-pane", "-p", "-t", "bench")
+        return screen, (before + time.monotonic()) / 2
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+def tools(with_lnav: bool) -> dict[str, tuple[list[str], list[str]]]:
+    """name -> (command for the open test, command for the live test); the file is appended."""
+    python = sys.executable
+    out = {
+        "radixtop": ([python, "-m", "radixtop", "--from-start", "--log"], [python, "-m", "radixtop", "--log"]),
+        "tail -f": (["tail", "-f"], ["tail", "-f"]),
+    }
+    if with_lnav:
+        out["lnav"] = (["lnav"], ["lnav"])
+    return out
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TMUX")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["HOME"] = str(DATA / "home")  # lnav keeps state in ~/.lnav: start it fresh and out of the way
+    (DATA / "home").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+# -- 1. open ---------------------------------------------------------------------------------------
+
+
+def time_to_last_line(command: list[str], path: Path, timeout: float) -> float | None:
+    tmux = Tmux([*command, str(path)], environment())
+    try:
+        t0 = tmux.start()
+        deadline = t0 + timeout
+        while time.monotonic() < deadline:
+            screen, at = tmux.capture()
+            if LAST_MARKER in screen:
+                return at - t0
+            time.sleep(0.01)
+        return None
+    finally:
+        tmux.kill()
+
+
+# -- 2. live ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Writer:
+    path: Path
+    rate: int
+    seconds: float
+    times: list[float] = field(default_factory=list)  # time of each chunk's write
+    firsts: list[int] = field(default_factory=list)  # first seq of each chunk
+    written: int = 0
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            start = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if now - start >= self.seconds:
+                    break
+                due = int((now - start) * self.rate) - self.written
+                if due > 0:
+                    stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+                    lines = []
+                    for i in range(self.written, self.written + due):
+                        # The sequence number comes first: every tool shows the start of a line.
+                        lines.append(f"[{stamp} TP{i % 8}] seq={i:010d} " + sglang_line(rng, stamp).split("] ", 1)[1])
+                    data = ("\n".join(lines) + "\n").encode()
+                    self.firsts.append(self.written)
+                    self.times.append(time.monotonic())
+                    os.write(fd, data)
+                    self.written += due
+                time.sleep(0.005)
+        finally:
+            os.close(fd)
+
+    def written_at(self, seq: int) -> float:
+        return self.times[bisect_right(self.firsts, seq) - 1]
+
+
+@dataclass
+class Live:
+    lags: list[float]
+    cpu: float  # share of one core over the appending window
+    drain: float | None  # after the last write, until the last line is on screen
+    rss_mb: float
+    threads: dict[str, float] = field(default_factory=dict)  # share of a core per thread
+
+
+def live(command: list[str], workdir: Path, rate: int, seconds: float, ready: str | None) -> Live | None:
+    path = workdir / f"live-{uuid.uuid4().hex[:6]}.log"
+    path.write_text("".join(f"[2026-12-02 00:00:00.000 TP0] warm-up line {i}\n" for i in range(100)), encoding="utf-8")
+    tmux = Tmux([*command, str(path)], environment())
+    try:
+        tmux.start()
+        deadline = time.monotonic() + 30
+        while True:
+            screen, _ = tmux.capture()
+            if (ready or "warm-up line 99") in screen:
+                break
+            if time.monotonic() > deadline:
+                print(f"  {command[0]}: not ready after 30 s; skipped")
+                return None
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc = psutil.Process(tmux.pid())
+        writer = Writer(path, rate, seconds)
+        thread = threading.Thread(target=writer.run, daemon=True)
+        cpu0 = proc.cpu_times()
+        threads0 = {t.id: t.user_time + t.system_time for t in proc.threads()}
+        t0 = time.monotonic()
+        thread.start()
+        lags = []
+        while thread.is_alive():
+            screen, at = tmux.capture()
+            seqs = [int(m) for m in SEQ.findall(screen)]
+            if seqs and at - t0 > 1.0:  # skip the first second: let every tool settle
+                lags.append(at - writer.written_at(max(seqs)))
+            time.sleep(0.02)
+        cpu1 = proc.cpu_times()
+        wall = time.monotonic() - t0
+        threads = {}
+        for t in proc.threads():
+            share = (t.user_time + t.system_time - threads0.get(t.id, 0.0)) / wall
+            if share >= 0.01:
+                threads[thread_name(proc.pid, t.id)] = threads.get(thread_name(proc.pid, t.id), 0.0) + share
+        cpu = ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / wall
+        end = time.monotonic()
+        last = writer.written - 1
+        drain = None
+        while time.monotonic() - end < 30:
+            screen, at = tmux.capture()
+            if f"seq={last:010d}" in screen:
+                drain = at - end
+                break
+            time.sleep(0.02)
+        rss = proc.memory_info().rss / 2**20
+        return Live(lags, cpu, drain, rss, threads)
+    finally:
+        tmux.kill()
+        path.unlink(missing_ok=True)
+
+
+def thread_name(pid: int, tid: int) -> str:
+    try:
+        name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return str(tid)
+    return "main" if tid == pid else name
+
+
+def ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1000:,.0f} ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=int, default=100)
+    parser.add_argument("--rate", type=int, default=50_000, help="lines/s appended in the live test")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long to append")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1 round, 5 s of appending (shared machine)")
+    parser.add_argument("--only", choices=["open", "live"], default=None)
+    parser.add_argument("--tools", default="radixtop,lnav,tail -f", help="comma-separated subset to run")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, min(args.seconds, 5.0)
+    if shutil.which("tmux") is None:
+        print("tmux is not installed: apt-get install -y tmux")
+        return 1
+    with_lnav = shutil.which("lnav") is not None
+    if not with_lnav:
+        print("note: lnav is not installed (apt-get install -y lnav); its rows are skipped")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; terminal {WIDTH}x{HEIGHT} in tmux")
+
+    if args.only in (None, "open"):
+        path = big_log(args.size_mb)
+        with open(path, "rb") as f:  # warm the page cache
+            while f.read(16 << 20):
+                pass
+        size = path.stat().st_size / 2**20
+        print(f"\n1. open: {path.name} ({size:.0f} MiB) until its last line is on screen")
+        for name, (command, _) in tools(with_lnav).items():
+            if name not in args.tools.split(","):
+                continue
+            times = [time_to_last_line(command, path, timeout=60) for _ in range(args.rounds)]
+            shown = ", ".join(ms(t) for t in times)
+            best = min((t for t in times if t is not None), default=None)
+            print(f"  {name:10} best {ms(best):>9}   (runs: {shown})")
+
+    if args.only in (None, "live"):
+        print(f"\n2. live: appending {args.rate:,} lines/s for {args.seconds:g} s")
+        workdir = DATA
+        for name, (_, command) in tools(with_lnav).items():
+            if name not in args.tools.split(","):
+                continue
+            ready = "FOLLOW" if name == "radixtop" else None
+            for _ in range(args.rounds):
+                result = live(command, workdir, args.rate, args.seconds, ready)
+                if result is None:
+                    continue
+                lags = sorted(result.lags)
+                if lags:
+                    med = statistics.median(lags)
+                    p95 = lags[min(len(lags) - 1, int(len(lags) * 0.95))]
+                else:
+                    med = p95 = None
+                print(
+                    f"  {name:10} on-screen lag median {ms(med):>8}  p95 {ms(p95):>8}  "
+                    f"({len(lags)} polls)  CPU {result.cpu * 100:5.1f}% of a core  "
+                    f"last line {ms(result.drain)} after the writer stopped  RSS {result.rss_mb:.0f} MiB"
+                )
+                if len(result.threads) > 1:
+                    parts = ", ".join(f"{k} {v * 100:.0f}%" for k, v in sorted(result.threads.items(), key=lambda kv: -kv[1]))
+                    print(f"  {'':10} CPU by thread: {parts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -34,6 +34,7 @@ REFRESH_HZ = 15
 BULK_LINES_PER_TICK = 20_000  # more new lines than this since the last frame: a backlog is being read
 BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
 BATCHES_PER_SECOND = 30
+BACKLOG_BATCH = 5_000  # a batch this big means a backlog is being read: take the next at once
 _MAX_WORKER_RESTARTS = 5
 _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
 
@@ -199,9 +200,10 @@ class RadixtopApp(App[int]):
                     self.state.apply(result)
                     # Take batches at most BATCHES_PER_SECOND times a second: the follower
                     # coalesces what arrives meanwhile, and each hop costs the event loop more
-                    # than its lines do. A trickle is not delayed: its batches are rare anyway.
+                    # than its lines do. A trickle is not delayed (its batches are rare anyway),
+                    # nor is a backlog.
                     pause = 1 / BATCHES_PER_SECOND - (time.monotonic() - started)
-                    if pause > 0 and len(batch.records) > 1:
+                    if pause > 0 and 1 < len(batch.records) < BACKLOG_BATCH:
                         await asyncio.sleep(pause)
                 return  # the follower was stopped
             except asyncio.CancelledError:

@@ -352,20 +352,23 @@ class CacheHooks:
             log.warning("radixtop: this %s is already hooked by other CacheHooks; not installing", _describe(cache))
             return None
         cls = type(cache)
-        own = getattr(cache, "__dict__", None)
         used: list[_Dispatch] = []
         own_done: list[tuple[str, Any, Any]] = []
+        own: Any = None
         for name in HOOKED_METHODS:
-            if isinstance(own, dict) and callable(own.get(name)):
-                # The instance overrides the method in its own __dict__: only there can it be wrapped.
-                current = own[name]
-                if getattr(getattr(current, "__func__", current), _MARK, None) is None:
-                    function = _FACTORIES[name](self._own_route, _drop_self(current))
+            current = getattr(cls, name, None)
+            bound = getattr(cache, name, None)
+            if bound is not None and (getattr(bound, "__self__", None) is not cache or getattr(bound, "__func__", None) is not current):
+                # The instance overrides the method in its own __dict__: only there can it be
+                # wrapped. (Only then is __dict__ read: on CPython 3.11 reading it turns the
+                # instance's inline attribute values into a plain dict, slowing every self.x.)
+                own = cache.__dict__
+                if name in own and getattr(getattr(bound, "__func__", bound), _MARK, None) is None:
+                    function = _FACTORIES[name](self._own_route, _drop_self(bound))
                     setattr(function, _MARK, self._own_route)
                     own[name] = wrapper = types.MethodType(function, cache)
-                    own_done.append((name, current, wrapper))
+                    own_done.append((name, bound, wrapper))
                 continue
-            current = getattr(cls, name, None)
             if not callable(current):
                 continue
             route = getattr(current, _MARK, None)

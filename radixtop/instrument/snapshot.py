@@ -44,7 +44,7 @@ _RUST_CORE_HINT = "restart the server with SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEN
 class SnapshotConfig:
     max_nodes: int = 256  # detail-walk budget, and the server-side cap on ?budget=
     census_max_nodes: int = 50_000  # a census stops here (bounds one pause); 0 disables it
-    census_duty: float = 0.005  # at most this fraction of scheduler time goes to censuses
+    census_duty: float = 0.0025  # at most this fraction of scheduler time goes to censuses
     head_tokens: int = 4  # token ids shown per node (the start of its key)
     max_scan: int = 1024  # children the detail walk may look at (bounds it on very wide nodes)
 

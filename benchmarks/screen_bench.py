@@ -134,7 +134,7 @@ class Tmux:
         return screen, (before + time.monotonic()) / 2
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
 
 
 def tools(with_lnav: bool) -> dict[str, tuple[list[str], list[str]]]:

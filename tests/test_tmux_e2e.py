@@ -72,7 +72,7 @@ class Tmux:
             time.sleep(0.1)
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
 
 
 def test_appended_signature_is_highlighted_and_listed_in_a_real_terminal(tmp_path: Path) -> None:

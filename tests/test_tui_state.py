@@ -8,7 +8,13 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.probes.logs import LogBatch, LogNotice, LogRecord, SourceHealth
-from radixtop.tui.state import AFTER_WAIT, IncidentState, Ingestor, IngestResult, short_labels
+from radixtop.tui.state import (
+    AFTER_WAIT,
+    IncidentState,
+    Ingestor,
+    IngestResult,
+    short_labels,
+)
 
 SEED = "[2026-12-02 14:03:14.942 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
@@ -235,6 +241,19 @@ def test_rotated_generation_gets_its_own_finding_file(catalog, matcher):
     ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher), catalog)
     ingest(state, ingestor, batch([SEED], start=7, generation=1))
     assert state.report.findings[0].first.file == "server.log (generation 1)"
+
+
+def test_memory_stays_bounded_however_often_a_file_rotates(catalog, matcher):
+    state = IncidentState(capacity=50)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, after=3), catalog)
+    for generation in range(30):
+        # A failure at the very end of each generation: its context_after never comes in that file.
+        ingest(state, ingestor, batch([f"g{generation} line", SEED], generation=generation), wait=True)
+    assert ingestor.files_tracked <= 2
+    assert len(state) == 50
+    state.apply(ingestor.flush(0))
+    (finding,) = state.report.findings
+    assert finding.count == 30 and finding.first.file == "server.log"
 
 
 def test_short_labels_are_unique_and_short():

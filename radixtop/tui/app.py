@@ -25,9 +25,15 @@ from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.help import HelpScreen
-from radixtop.tui.state import AFTER_WAIT, DEFAULT_CAPACITY, IncidentState, Ingestor, finding_file
+from radixtop.tui.state import (
+    AFTER_WAIT,
+    DEFAULT_CAPACITY,
+    IncidentState,
+    Ingestor,
+    finding_file,
+)
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
-from radixtop.widgets.logview import LogView, _time_of_day
+from radixtop.widgets.logview import LogView, time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 
 REFRESH_HZ = 15
@@ -134,6 +140,7 @@ class RadixtopApp(App[int]):
         self._findings_at = 0.0
         self._prompt_mode: str | None = None
         self._failures: dict[str, int] = {}
+        self._flushing = False
 
     # -- layout ------------------------------------------------------------------------------------
 
@@ -218,15 +225,22 @@ class RadixtopApp(App[int]):
                     return
                 await asyncio.sleep(min(5.0, 0.5 * failures))
 
-    @work(exclusive=True, group="flush", exit_on_error=False)
-    async def _flush_findings(self) -> None:
+    def _flush_findings(self) -> None:
         """First occurrences whose lines-after never came (the writer stopped) are reported."""
+        if not self._flushing:  # never two at once, and never one cancelled with its report
+            self._flushing = True
+            self._flush_worker()
+
+    @work(group="flush", exit_on_error=False)
+    async def _flush_worker(self) -> None:
         try:
             result = await asyncio.to_thread(self.ingestor.flush)
             if result is not None:
                 self.state.apply(result)
         except Exception as exc:
             self.report_failure("reporting findings", exc)
+        finally:
+            self._flushing = False
 
     def _poll_health(self) -> None:
         if self.follower is None:
@@ -241,8 +255,8 @@ class RadixtopApp(App[int]):
         if follower is not None:
             try:
                 follower.stop()
-            except Exception:
-                pass
+            except Exception as exc:  # quitting must not fail because the follower did
+                self.log.error(f"stopping the log follower failed: {exc!r}")
 
     async def action_quit(self) -> None:
         self._stop_following()
@@ -258,10 +272,7 @@ class RadixtopApp(App[int]):
         self.log.error(f"{what} failed:\n{''.join(traceback.format_exception(exc))}")
         if count <= _MAX_FAILURE_NOTICES:
             suffix = "" if count < _MAX_FAILURE_NOTICES else " (further failures of this kind are not shown)"
-            try:
-                self.state.add_notice("radixtop", "error", f"{what} failed: {exc!r}; radixtop keeps running{suffix}")
-            except Exception:
-                pass
+            self.state.add_notice("radixtop", "error", f"{what} failed: {exc!r}; radixtop keeps running{suffix}")
 
     # -- the timer: redraw only when something changed ---------------------------------------------
 
@@ -305,7 +316,7 @@ class RadixtopApp(App[int]):
                 title = self.catalog.get(sig_id).title
             except Exception:
                 title = sig_id
-            initiating = " ".join(p for p in (occ.rank, _time_of_day(occ.time), title) if p)
+            initiating = " ".join(p for p in (occ.rank, time_of_day(occ.time), title) if p)
             if state.source_count > 1:
                 initiating += f" ({state.label(occ.file)}:{occ.line})"
         sources = tuple(
@@ -335,9 +346,7 @@ class RadixtopApp(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Main-screen keys do nothing while the help or evidence screen is open.
-        if isinstance(self.screen, ModalScreen) and action not in ("quit",):
-            return False
-        return True
+        return not (isinstance(self.screen, ModalScreen) and action != "quit")
 
     @guarded("help")
     def action_help(self) -> None:
@@ -482,6 +491,7 @@ class RadixtopApp(App[int]):
         if finding is not None:
             self.jump_to_finding(finding)
 
+    @guarded("evidence")
     def on_findings_list_details_requested(self, event: FindingsList.DetailsRequested) -> None:
         self.push_screen(EvidenceScreen(event.finding, self.state.label))
 

@@ -52,7 +52,7 @@ class Mark(NamedTuple):
 class LogEntry:
     """One row of the log pane as widgets see it: a file line, a notice, or a message."""
 
-    __slots__ = ("seq", "source", "lineno", "generation", "text", "severity", "sig_ids", "span", "kind")
+    __slots__ = ("generation", "kind", "lineno", "seq", "severity", "sig_ids", "source", "span", "text")
 
     def __init__(
         self,
@@ -100,7 +100,7 @@ class _Hit:
     """A hit on its way to the builder; a file's first hit of a signature first waits for the
     lines after it (its context_after), and the hits behind it wait too, to keep their order."""
 
-    __slots__ = ("file", "lineno", "text", "index", "before", "batch", "opener", "after", "need", "since")
+    __slots__ = ("after", "batch", "before", "file", "index", "lineno", "need", "opener", "since", "text")
 
     def __init__(self, file: str, lineno: int, text: str, index: int, since: float) -> None:
         self.file, self.lineno, self.text, self.index, self.since = file, lineno, text, index, since
@@ -112,7 +112,7 @@ class _Hit:
 
 
 class _FileTrack:
-    __slots__ = ("recent", "first_seen", "failure_seen", "queue")
+    __slots__ = ("failure_seen", "first_seen", "queue", "recent")
 
     def __init__(self, keep: int) -> None:
         self.recent: deque[str] = deque(maxlen=keep)  # the file's last lines, before the current run
@@ -138,6 +138,7 @@ class Ingestor:
         self._raw = tuple(sig.pattern for sig in sigs)
         self._patterns: dict[int, re.Pattern[str] | None] = {}
         self._files: dict[str, _FileTrack] = {}
+        self._generation: dict[str, int] = {}  # newest generation seen per source
         self._keep = max(self._context, _BATCH_LOOKBACK, _OPENER_LOOKBACK)
         self._lock = threading.Lock()
         self._send_errors: list[str] = []  # failures while handing hits over, for the next result
@@ -183,6 +184,8 @@ class Ingestor:
                     end += 1
                 texts = [r.text for r in records[start:end]]
                 max_len = max(max_len, max(map(len, texts)))
+                if generation > self._generation.get(source, 0):
+                    self._retire_generations(source, generation)
                 try:
                     delivered |= self._run(finding_file(source, generation), records, start, texts, marks)
                 except Exception as exc:  # the lines are still shown, unmatched
@@ -198,6 +201,17 @@ class Ingestor:
             errors += self._send_errors
             self._send_errors = []
         return IngestResult(records, marks, tuple(batch.notices), report, n, tuple(errors), max_len)
+
+    def _retire_generations(self, source: str, generation: int) -> None:
+        """A rotated-away file is read to its end before the new one starts, so two generations
+        back is done: send its waiting hits and forget its lines (memory stays bounded however
+        often the file rotates)."""
+        self._generation[source] = generation
+        for old in range(max(0, generation - 8), generation - 1):
+            track = self._files.pop(finding_file(source, old), None)
+            if track is not None:
+                while track.queue:
+                    self._send(track.queue.popleft())
 
     def _run(self, file: str, records: Sequence[Any], base: int, texts: list[str], marks: dict[int, Mark]) -> bool:
         """One run of consecutive lines of one file: match them all at once, queue the hits."""
@@ -324,6 +338,11 @@ class Ingestor:
             errors += self._send_errors
             self._send_errors = []
         return IngestResult((), report=report, errors=tuple(errors))
+
+    @property
+    def files_tracked(self) -> int:
+        """Files (generations) whose recent lines are kept for context."""
+        return len(self._files)
 
     @property
     def waiting(self) -> int:
@@ -504,8 +523,7 @@ class IncidentState:
         if result.lines:
             self._rate.append((now, self.total_lines))
             self.total_lines += result.lines
-        if result.max_len > self.max_width:
-            self.max_width = result.max_len
+        self.max_width = max(self.max_width, result.max_len)
         extra = [self._notice_entry(n, now) for n in result.notices]
         extra += [self._notice_entry(_Notice("radixtop", "error", m, time.time()), now) for m in result.errors]
         records: Sequence[Any] = result.records

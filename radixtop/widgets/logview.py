@@ -12,6 +12,7 @@ the severity's style on the marker and the matched span and its colour on the wh
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -34,7 +35,7 @@ _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
 _MAX_SOURCE_WIDTH = 16
 
 
-def _time_of_day(written: str | None) -> str:
+def time_of_day(written: str | None) -> str:
     """ "2026-12-02 14:00:00.123" -> "14:00:00.123"; other formats as written."""
     if not written:
         return ""
@@ -56,7 +57,7 @@ def split_prefix(text: str) -> tuple[str, str, int | None]:
     parsed = parse_line(text)  # vLLM, Python logging, process tags ...
     if not parsed.time or not text.endswith(parsed.message):
         return "", parsed.rank or "", None
-    return _time_of_day(parsed.time), parsed.rank or "", len(text) - len(parsed.message)
+    return time_of_day(parsed.time), parsed.rank or "", len(text) - len(parsed.message)
 
 
 class LogView(ScrollView, can_focus=True):
@@ -381,7 +382,7 @@ class LogView(ScrollView, can_focus=True):
         for text, base in pieces:
             end = pos + len(text)
             points = [pos, *(c for c in cuts if pos < c < end), end]
-            for a, b in zip(points, points[1:]):
+            for a, b in pairwise(points):
                 if a == b:
                     continue
                 piece_style = base

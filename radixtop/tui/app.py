@@ -46,21 +46,24 @@ _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
 
 
 def no_log_message() -> list[str]:
-    """What the pane says when no --log was given."""
+    """What the pane says when no --log was given (short lines: the findings panel is beside it)."""
     lines = [
         "radixtop is not following any log yet.",
         "",
-        "Point it at your server's log (repeat --log for each rank; globs work):",
+        "Point it at your server's log:",
         "    radixtop --log /path/to/server.log",
+        "Repeat --log for each rank; globs work; --from-start",
+        "reads the files from their first line:",
         "    radixtop --log '/var/log/sglang/*.log' --from-start",
         "",
     ]
     sample = resources.files("radixtop") / "data" / "sample_incident.log"
     if sample.is_file():
-        lines += ["Or look at the bundled sample incident:", f"    radixtop --log {sample} --from-start", ""]
+        lines += ["Or look at the bundled sample incident:", f"    radixtop --from-start --log {sample}", ""]
     lines += [
-        "Automatic discovery of a running server's logs and a built-in demo (a simulated failing",
-        "server) are planned for later versions. Press ? for keys, q to quit.",
+        "Finding a running server's logs by itself, and a demo",
+        "with a simulated failing server, come in later versions.",
+        "Press ? for keys, q to quit.",
     ]
     return lines
 

@@ -330,6 +330,15 @@ async def test_without_a_log_the_pane_says_how_to_point_it_at_one() -> None:
         assert "radixtop is not following any log yet" in text
         assert "radixtop --log /path/to/server.log" in text
         assert "no log followed (--log PATH)" in text
+        assert "radixtop demo" in text
+
+
+async def test_a_banner_is_the_first_line(log: Path) -> None:
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True, banner="demo: simulated SGLang at http://127.0.0.1:1")
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 20, "the file")
+        assert app.state.entry(app.state.first_seq).text.startswith("demo: simulated SGLang")
+        assert app.state.entry(app.state.first_seq + 1).text == decode(0)
 
 
 async def test_a_failing_ingest_becomes_a_notice_and_reading_goes_on(log: Path) -> None:

@@ -61,9 +61,11 @@ def no_log_message() -> list[str]:
     if sample.is_file():
         lines += ["Or look at the bundled sample incident:", f"    radixtop --from-start --log {sample}", ""]
     lines += [
-        "Finding a running server's logs by itself, and a demo",
-        "with a simulated failing server, come in later versions.",
-        "Press ? for keys, q to quit.",
+        "Or watch a simulated SGLang server fail:",
+        "    radixtop demo",
+        "",
+        "Finding a running server's logs by itself comes in a",
+        "later version. Press ? for keys, q to quit.",
     ]
     return lines
 
@@ -116,12 +118,14 @@ class RadixtopApp(App[int]):
         context: int = 100,
         capacity: int = DEFAULT_CAPACITY,
         clock: Callable[[], float] | None = None,
+        banner: str | None = None,
     ) -> None:
         super().__init__()
         for t in THEMES.values():
             self.register_theme(t)
         self.theme = CLI_THEMES.get(theme or "dark", "radixtop-dark")
         self.log_patterns = list(log_patterns)
+        self.banner = banner  # one line shown first in the pane (e.g. what `radixtop demo` started)
         self.from_start = from_start
         if catalog is None:
             from radixtop.diagnosis.catalog import load_catalog
@@ -176,6 +180,8 @@ class RadixtopApp(App[int]):
             self.state.add_notice("radixtop", "engine", self.matcher.fallback_note)
         for note in getattr(self.catalog, "notes", ()):
             self.state.add_notice("radixtop", "catalog", note)
+        if self.banner:
+            self.state.add_message([self.banner])
         if not self.log_patterns:
             self.state.add_message(no_log_message())
         else:
@@ -547,6 +553,7 @@ def run_tui(args: Any) -> int:
         theme=getattr(args, "theme", None),
         catalog=catalog,
         context=context,
+        banner=getattr(args, "banner", None),
     )
     app.run()
     return 0

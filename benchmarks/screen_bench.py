@@ -135,6 +135,9 @@ class Tmux:
 
     def kill(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
+        # tmux leaves its socket file behind: remove ours, so runs do not pile them up.
+        tmpdir = os.environ.get("TMUX_TMPDIR", "/tmp")
+        Path(tmpdir, f"tmux-{os.getuid()}", self.socket).unlink(missing_ok=True)
 
 
 def tools(with_lnav: bool) -> dict[str, tuple[list[str], list[str]]]:

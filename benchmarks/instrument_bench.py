@@ -26,10 +26,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from radixtop.instrument.hooks import CacheHooks  # noqa: E402
-from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter, run_census  # noqa: E402
-from radixtop.sim.pool import TokenToKVPoolAllocator  # noqa: E402
-from radixtop.sim.radix import EvictParams, InsertParams, MatchPrefixParams, RadixCache, RadixKey  # noqa: E402
+from radixtop.instrument.hooks import CacheHooks
+from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter, run_census
+from radixtop.sim.pool import TokenToKVPoolAllocator
+from radixtop.sim.radix import (
+    EvictParams,
+    InsertParams,
+    MatchPrefixParams,
+    RadixCache,
+    RadixKey,
+)
 
 README = Path(__file__).with_name("README.md")
 START, END = "<!-- instrument_bench:start -->", "<!-- instrument_bench:end -->"
@@ -259,7 +265,6 @@ def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig) -> lis
                     "naive_fraction": naive / 1e3 * RATE_HZ,
                 }
             )
-        del cache
     return rows
 
 
@@ -324,7 +329,7 @@ def write_readme(block: str) -> None:
     text = README.read_text() if README.exists() else "# Benchmarks\n"
     section = f"{START}\n{block}\n{END}"
     if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text, flags=re.S)
+        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text, flags=re.DOTALL)
     else:
         text = text.rstrip() + "\n\n## Instrumentation\n\n" + section + "\n"
     README.write_text(text)

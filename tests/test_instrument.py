@@ -23,12 +23,27 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixtop import schema
-from radixtop.instrument.endpoint import InstrumentEndpoint, Instrumentation, is_loopback
+from radixtop.instrument.endpoint import (
+    Instrumentation,
+    InstrumentEndpoint,
+    is_loopback,
+)
 from radixtop.instrument.hooks import HOOKED_METHODS, CacheHooks, EventRing
-from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter, find_root, run_census
+from radixtop.instrument.snapshot import (
+    SnapshotConfig,
+    TreeSnapshotter,
+    find_root,
+    run_census,
+)
 from radixtop.schema import parse_events, parse_health, parse_snapshot
 from radixtop.sim.pool import TokenToKVPoolAllocator
-from radixtop.sim.radix import EvictParams, InsertParams, MatchPrefixParams, RadixCache, RadixKey
+from radixtop.sim.radix import (
+    EvictParams,
+    InsertParams,
+    MatchPrefixParams,
+    RadixCache,
+    RadixKey,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures: the simulator's cache, and a tiny SGLang-shaped tree

@@ -38,7 +38,6 @@ from radixtop.schema import (
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
     EVENTS_PATH,
-    STATE_METRIC_NAMES,
     HEALTH_PATH,
     LIMIT_PARAM,
     MAX_EVENTS_PER_PAGE,
@@ -47,6 +46,7 @@ from radixtop.schema import (
     SCHEMA_VERSION,
     SINCE_PARAM,
     SNAPSHOT_PATH,
+    STATE_METRIC_NAMES,
     Counters,
     EventPage,
     Health,
@@ -126,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     timeout = 10  # a stalled client cannot hold a thread forever
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         try:
             self.server.endpoint._serve(self)
         except (ConnectionError, TimeoutError, OSError):
@@ -138,9 +138,9 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("radixtop endpoint: " + format, *args)
 
 

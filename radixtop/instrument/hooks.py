@@ -113,7 +113,7 @@ def _node_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 class _Route:
     """Where a wrapper finds the hooks for a cache: table[id(cache)], else `default`."""
 
-    __slots__ = ("table", "default")
+    __slots__ = ("default", "table")
 
     def __init__(self, table: dict[int, CacheHooks], default: CacheHooks | None) -> None:
         self.table = table
@@ -123,7 +123,7 @@ class _Route:
 class _Dispatch:
     """One dispatching wrapper on the class that defines a method, shared by instance installs."""
 
-    __slots__ = ("owner", "name", "raw", "wrapper", "users")
+    __slots__ = ("name", "owner", "raw", "users", "wrapper")
 
     def __init__(self, owner: type, name: str, raw: Any, wrapper: Any) -> None:
         self.owner, self.name, self.raw, self.wrapper, self.users = owner, name, raw, wrapper, 0

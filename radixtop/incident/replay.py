@@ -58,10 +58,11 @@ def _error_text(response: httpx.Response) -> str:
 async def _send(
     client: httpx.AsyncClient, url: str, planned: PlannedRequest, temperature: float, lateness_ms: float
 ) -> Outcome:
-    payload = {
-        "input_ids": planned.input_ids,
-        "sampling_params": {"max_new_tokens": planned.max_tokens, "temperature": temperature},
-    }
+    payload: dict = {"sampling_params": {"max_new_tokens": planned.max_tokens, "temperature": temperature}}
+    if planned.text is not None:
+        payload["text"] = planned.text
+    else:
+        payload["input_ids"] = planned.input_ids
     try:
         response = await client.post(f"{url}/generate", json=payload)
     except httpx.HTTPError as exc:
@@ -114,3 +115,117 @@ async def replay_once(
         tasks.append(asyncio.create_task(_send(client, url, item, temperature, lateness_ms)))
     outcomes = await asyncio.gather(*tasks)
     return ReplayRun(tuple(outcomes), time.monotonic() - began)
+
+
+# -- several runs of one workload -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayEvent:
+    """Progress of a series, for a UI or a progress line: kind is "flush", "run-start",
+    "run-done", "server-down" or "stopped"; run is 1-based."""
+
+    kind: str
+    run: int
+    runs: int
+    message: str
+
+
+@dataclass(frozen=True)
+class ReplaySeries:
+    url: str
+    runs: tuple[ReplayRun, ...]
+    requested_runs: int
+    flush: bool
+    notes: tuple[str, ...] = ()
+    stopped_early: str | None = None  # why fewer runs than requested were made
+
+
+FLUSH_ATTEMPTS = 5
+FLUSH_RETRY_S = 0.2
+
+
+async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
+    """POST /flush_cache; None when flushed, else why not (SGLang refuses while requests run)."""
+    last = ""
+    for attempt in range(FLUSH_ATTEMPTS):
+        try:
+            response = await client.post(f"{url}/flush_cache")
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if response.status_code == 200:
+            return None
+        last = f"HTTP {response.status_code}: {response.text.strip()[:200]}"
+        if attempt + 1 < FLUSH_ATTEMPTS:
+            await asyncio.sleep(FLUSH_RETRY_S)
+    return last
+
+
+async def server_alive(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await client.get(f"{url}/health", timeout=3.0)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def replay_series(
+    url: str,
+    planned: Sequence[PlannedRequest],
+    runs: int,
+    *,
+    flush: bool = True,
+    temperature: float = 0.0,
+    client: httpx.AsyncClient | None = None,
+    headers: dict[str, str] | None = None,
+    on_event: Callable[[ReplayEvent], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    request_timeout_s: float = 120.0,
+) -> ReplaySeries:
+    """The same planned calls ``runs`` times, the cache flushed before each run when ``flush``.
+
+    A run whose every call failed ends the series when the server no longer answers /health (a
+    dead server is evidence, not a reason to keep hammering it).
+    """
+    url = url.rstrip("/")
+    emit = on_event or (lambda event: None)
+    owned = client is None
+    if client is None:
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(request_timeout_s, connect=5.0),
+            # Idle connections expire well before a server's keep-alive timeout (uvicorn's 5 s), so a
+            # call never goes out on a connection the server is closing at that moment.
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64, keepalive_expiry=1.0),
+            headers=headers or {},
+        )
+    done: list[ReplayRun] = []
+    notes: list[str] = []
+    stopped: str | None = None
+    try:
+        for index in range(1, runs + 1):
+            if should_stop():
+                stopped = "stopped on request"
+                emit(ReplayEvent("stopped", index, runs, stopped))
+                break
+            if flush:
+                why = await flush_cache(client, url)
+                if why is None:
+                    emit(ReplayEvent("flush", index, runs, "cache flushed"))
+                else:
+                    notes.append(f"run {index}: the cache could not be flushed ({why})")
+                    emit(ReplayEvent("flush", index, runs, f"cache NOT flushed: {why}"))
+            emit(ReplayEvent("run-start", index, runs, f"run {index}/{runs}: {len(planned)} calls"))
+            run = await replay_once(client, url, planned, temperature=temperature, should_stop=should_stop)
+            done.append(run)
+            emit(ReplayEvent(
+                "run-done", index, runs,
+                f"run {index}/{runs}: {len(run.outcomes) - run.errors} answered, {run.errors} failed, {run.duration_s:.1f} s",
+            ))  # fmt: skip
+            if run.outcomes and run.errors == len(run.outcomes) and not await server_alive(client, url):
+                if index < runs:
+                    stopped = f"the server stopped answering during run {index}"
+                    emit(ReplayEvent("server-down", index, runs, stopped))
+                break
+    finally:
+        if owned:
+            await client.aclose()
+    return ReplaySeries(url, tuple(done), runs, flush, tuple(notes), stopped)

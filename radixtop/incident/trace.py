@@ -21,6 +21,13 @@ reported (``finding_03330``)::
 Optional top-level keys: ``source`` (where the trace came from), ``expect_diverged`` (request ids
 a replay is expected to see diverge). Loading errors are one line naming the file and field.
 Prompts are lists of token ids (``input_ids``), so a replay controls prefix lengths exactly.
+
+Optional request keys, written only by ``radixtop record --keep-prompts`` (prompts may be
+sensitive, so a trace holds none by default): ``input_ids`` (the exact token ids the client sent)
+or ``text`` (the exact prompt text). A request that has one of them is replayed with it, every copy
+alike, instead of synthesized tokens; ``prompt_len`` and ``prefix_len`` are then descriptive only
+(for a text prompt, token counts come from the server's answer and the shared prefix is an
+estimate, see ``radixtop.incident.record``).
 """
 
 from __future__ import annotations
@@ -72,6 +79,8 @@ class TraceRequest:
     group: str
     max_tokens: int
     n: int = 1
+    input_ids: tuple[int, ...] | None = None  # the recorded prompt (only with --keep-prompts)
+    text: str | None = None  # the recorded prompt text (only with --keep-prompts)
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,7 @@ class PlannedRequest:
     copy: int
     input_ids: list[int] = field(repr=False)
     max_tokens: int
+    text: str | None = field(default=None, repr=False)  # send this text instead of input_ids
 
 
 _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
@@ -109,7 +119,10 @@ _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "group": (str,),
     "max_tokens": (int,),
     "n": (int,),
+    "input_ids": (list,),
+    "text": (str,),
 }
+_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text"})
 _TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged"}
 
 
@@ -121,6 +134,23 @@ def _field(source: str, where: str, obj: Mapping[str, Any], key: str, kinds: tup
         names = " or ".join("number" if k is float else k.__name__ for k in kinds)
         raise TraceError(f"{source}: {where}{key} must be {names}, got {value!r}")
     return value
+
+
+def _prompt_fields(source: str, where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The optional recorded prompt: input_ids as a tuple of ints, or text; never both."""
+    if "input_ids" in raw and "text" in raw:
+        raise TraceError(f"{source}: {where}input_ids and text are both given; keep one")
+    out: dict[str, Any] = {}
+    if "input_ids" in raw:
+        ids = raw["input_ids"]
+        if not ids or not all(type(t) is int and 0 <= t for t in ids):
+            raise TraceError(f"{source}: {where}input_ids must be a non-empty list of token ids (ints >= 0)")
+        out["input_ids"] = tuple(ids)
+    if "text" in raw:
+        if not raw["text"]:
+            raise TraceError(f"{source}: {where}text is empty")
+        out["text"] = raw["text"]
+    return out
 
 
 def parse_trace(data: Any, source: str = "<trace>") -> Trace:
@@ -156,8 +186,9 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
         values = {
             key: _field(source, where, raw, key, kinds)
             for key, kinds in _REQUEST_FIELDS.items()
-            if key != "n" or "n" in raw
+            if key not in _OPTIONAL_REQUEST_FIELDS or key in raw
         }
+        values.update(_prompt_fields(source, where, raw))
         req = TraceRequest(**values)
         if not req.id:
             raise TraceError(f"{source}: {where}id is empty")
@@ -216,8 +247,9 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
         out["source"] = trace.source
     if trace.expect_diverged:
         out["expect_diverged"] = list(trace.expect_diverged)
-    out["requests"] = [
-        {
+    out["requests"] = []
+    for r in trace.requests:
+        item: dict[str, Any] = {
             "id": r.id,
             "offset_ms": r.offset_ms,
             "prompt_len": r.prompt_len,
@@ -226,8 +258,11 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
             "max_tokens": r.max_tokens,
             "n": r.n,
         }
-        for r in trace.requests
-    ]
+        if r.input_ids is not None:
+            item["input_ids"] = list(r.input_ids)
+        if r.text is not None:
+            item["text"] = r.text
+        out["requests"].append(item)
     return out
 
 
@@ -323,6 +358,14 @@ def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, cop
     return tokens
 
 
+def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int) -> list[int]:
+    if req.input_ids is not None:
+        return list(req.input_ids)
+    if req.text is not None:
+        return []  # sent as text
+    return synthesize_input_ids(req, trace, seed, copy)
+
+
 def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
     """Every generate call of one replay, sorted by send time (copies of a request together)."""
     planned = [
@@ -330,8 +373,9 @@ def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
             offset_s=req.offset_ms / 1000.0,
             request_id=req.id,
             copy=copy,
-            input_ids=synthesize_input_ids(req, trace, seed, copy),
+            input_ids=_recorded_or_synthesized(req, trace, seed, copy),
             max_tokens=req.max_tokens,
+            text=req.text,
         )
         for req in trace.requests
         for copy in range(req.n)

@@ -1,0 +1,437 @@
+"""What goes into an evidence bundle: one collector per source, each writing files or a note.
+
+Every collector takes a ``sink`` (``radixtop.incident.bundle.BundleWriter``: it redacts what it
+writes) and never raises for an unreadable source: a dead server, a missing driver, a tool that is
+not installed or that hangs each become a ``<name>.note.txt`` saying why, so a bundle taken while
+the server dies is still complete. External tools run as argv lists with bounded timeouts; nothing
+from a log or the network is ever run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+import psutil
+
+from radixtop.incident.server import auth_headers, is_loopback_url, snapshot_process
+
+if TYPE_CHECKING:
+    from radixtop.diagnosis.findings import Report
+
+__all__ = [
+    "collect_logs",
+    "collect_metrics",
+    "collect_nvidia_smi",
+    "collect_nvml",
+    "collect_processes",
+    "collect_server",
+    "collect_stacks",
+    "collect_torch_env",
+]
+
+MAX_HTTP_BYTES = 32 << 20
+LOG_TAIL_BYTES = 4 << 20
+MAX_STACK_PROCESSES = 16
+RADIX_SNAPSHOT_BUDGET = 5_000
+RADIX_EVENTS_LIMIT = 2_000
+MIN_CONTEXT = 100  # the seed's checklist: at least 100 lines before the first occurrence
+
+
+class Sink(Protocol):
+    def text(self, rel: str, text: str) -> None: ...
+    def json(self, rel: str, obj: Any) -> None: ...
+    def note(self, rel: str, why: str) -> None: ...
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _tail_text(data: bytes | str, lines: int = 20) -> str:
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "replace")
+    return "\n".join(data.strip().splitlines()[-lines:])
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _get(client: httpx.Client, url: str, params: dict[str, Any] | None = None) -> tuple[int, bytes]:
+    with client.stream("GET", url, params=params) as response:
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data += chunk
+            if len(data) > MAX_HTTP_BYTES:
+                raise _TooLarge(f"answer larger than {MAX_HTTP_BYTES >> 20} MiB")
+        return response.status_code, bytes(data)
+
+
+def _client(timeout_s: float) -> httpx.Client:
+    return httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)), headers=auth_headers())
+
+
+def collect_server(sink: Sink, url: str | None, *, timeout_s: float = 3.0) -> dict[str, Any] | None:
+    """/server_info (and /health), then the radix snapshots and events its instrument URLs list."""
+    if not url:
+        sink.note("server/server_info.json", "no server URL given (--url); server state not fetched")
+        return None
+    info: dict[str, Any] | None = None
+    with _client(timeout_s) as client:
+        try:
+            status, body = _get(client, f"{url}/health")
+            sink.text("server/health.txt", f"GET {url}/health -> HTTP {status}\n")
+        except (httpx.HTTPError, _TooLarge) as exc:
+            sink.note("server/health.txt", f"GET {url}/health failed: {_one_line(exc)}")
+        try:
+            status, body = _get(client, f"{url}/server_info")
+            if status == 404:  # older releases only have the get_ alias
+                status, body = _get(client, f"{url}/get_server_info")
+            if status != 200:
+                sink.note("server/server_info.json", f"GET /server_info answered HTTP {status}: {_tail_text(body, 3)}")
+            else:
+                try:
+                    info = json.loads(body)
+                    sink.json("server/server_info.json", info)
+                except ValueError:
+                    sink.text("server/server_info.txt", body.decode("utf-8", "replace"))
+                    sink.note("server/server_info.json", "/server_info did not answer JSON; its text is in server_info.txt")
+        except (httpx.HTTPError, _TooLarge) as exc:
+            sink.note("server/server_info.json", f"GET {url}/server_info failed: {_one_line(exc)}")
+        _collect_radix(sink, client, info)
+    return info if isinstance(info, dict) else None
+
+
+def _collect_radix(sink: Sink, client: httpx.Client, info: Any) -> None:
+    from radixtop.schema import BUDGET_PARAM, EVENTS_PATH, LIMIT_PARAM, SNAPSHOT_PATH
+
+    urls = info.get("radixtop_instrument") if isinstance(info, dict) else None
+    if not isinstance(urls, list) or not urls:
+        why = (
+            "server_info lists no radixtop_instrument endpoints: the radix instrument is not loaded "
+            "in this server (see radixtop's instrument docs), so no tree snapshot was taken"
+            if isinstance(info, dict)
+            else "no /server_info, so the radix debug endpoints are unknown"
+        )
+        sink.note("radix/snapshots.json", why)
+        return
+    for rank, endpoint in enumerate(urls[:64]):
+        if not isinstance(endpoint, str) or not endpoint.startswith("http") or not is_loopback_url(endpoint):
+            sink.note(f"radix/rank{rank}-snapshot.json", f"instrument URL {endpoint!r} is not on loopback; not fetched")
+            continue
+        base = endpoint.rstrip("/")
+        for kind, path, params in (
+            ("snapshot", SNAPSHOT_PATH, {BUDGET_PARAM: RADIX_SNAPSHOT_BUDGET}),
+            ("events", EVENTS_PATH, {LIMIT_PARAM: RADIX_EVENTS_LIMIT}),
+        ):
+            rel = f"radix/rank{rank}-{kind}.json"
+            try:
+                status, body = _get(client, f"{base}{path}", params)
+            except (httpx.HTTPError, _TooLarge) as exc:
+                sink.note(rel, f"GET {base}{path} failed: {_one_line(exc)}")
+                continue
+            if status != 200:
+                sink.note(rel, f"GET {base}{path} answered HTTP {status}: {_tail_text(body, 3)}")
+                continue
+            try:
+                sink.json(rel, json.loads(body))
+            except ValueError:
+                sink.note(rel, f"GET {base}{path} did not answer JSON")
+
+
+def collect_metrics(sink: Sink, url: str | None, *, timeout_s: float = 3.0) -> None:
+    if not url:
+        sink.note("server/metrics.txt", "no server URL given (--url)")
+        return
+    with _client(timeout_s) as client:
+        try:
+            status, body = _get(client, f"{url}/metrics")
+        except (httpx.HTTPError, _TooLarge) as exc:
+            sink.note("server/metrics.txt", f"GET {url}/metrics failed: {_one_line(exc)}")
+            return
+    if status == 404:
+        sink.note("server/metrics.txt", "no /metrics: the server runs without --enable-metrics")
+    elif status != 200:
+        sink.note("server/metrics.txt", f"GET /metrics answered HTTP {status}")
+    else:
+        sink.text("server/metrics.txt", body.decode("utf-8", "replace"))
+
+
+# -- the machine ----------------------------------------------------------------------------------
+
+
+def collect_nvml(sink: Sink) -> None:
+    """Per-GPU memory, utilisation, temperature, power and compute processes from NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        sink.note("gpu/nvml.json", "pynvml is not importable (pip install nvidia-ml-py)")
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError and its many subclasses; a missing libnvidia-ml too
+        sink.note("gpu/nvml.json", f"NVML unavailable: {_one_line(exc)} (no NVIDIA driver on this machine?)")
+        return
+    try:
+        doc: dict[str, Any] = {"devices": []}
+        for key, call in (("driver_version", pynvml.nvmlSystemGetDriverVersion),
+                          ("nvml_version", pynvml.nvmlSystemGetNVMLVersion)):  # fmt: skip
+            doc[key] = _nvml_value(call)
+        count = pynvml.nvmlDeviceGetCount()
+        for index in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            doc["devices"].append(_nvml_device(pynvml, index, handle))
+        sink.json("gpu/nvml.json", doc)
+    except Exception as exc:
+        sink.note("gpu/nvml.json", f"NVML failed while reading: {_one_line(exc)}")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _nvml_value(call: Any, *args: Any) -> Any:
+    try:
+        value = call(*args)
+    except Exception as exc:
+        return f"unavailable: {_one_line(exc)}"
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _nvml_device(nv: Any, index: int, handle: Any) -> dict[str, Any]:
+    def struct(value: Any, fields: Sequence[str]) -> Any:
+        if isinstance(value, str):
+            return value
+        return {f: getattr(value, f, None) for f in fields}
+
+    procs = _nvml_value(nv.nvmlDeviceGetComputeRunningProcesses, handle)
+    if not isinstance(procs, str):
+        procs = [{"pid": p.pid, "used_gpu_memory": getattr(p, "usedGpuMemory", None)} for p in procs]
+    return {
+        "index": index,
+        "name": _nvml_value(nv.nvmlDeviceGetName, handle),
+        "uuid": _nvml_value(nv.nvmlDeviceGetUUID, handle),
+        "memory": struct(_nvml_value(nv.nvmlDeviceGetMemoryInfo, handle), ("total", "used", "free")),
+        "utilization": struct(_nvml_value(nv.nvmlDeviceGetUtilizationRates, handle), ("gpu", "memory")),
+        "temperature_c": _nvml_value(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU),
+        "power_mw": _nvml_value(nv.nvmlDeviceGetPowerUsage, handle),
+        "power_limit_mw": _nvml_value(nv.nvmlDeviceGetEnforcedPowerLimit, handle),
+        "compute_processes": procs,
+    }
+
+
+def collect_processes(sink: Sink, pid: int | None) -> list[psutil.Process]:
+    """psutil's view of the server's process tree (environment redacted by the sink)."""
+    from radixtop.incident.server import process_tree
+
+    if pid is None:
+        sink.note(
+            "procs/processes.json",
+            "the server's pid is unknown (nothing local listens on the URL's port, or it is not ours "
+            "to see); pass --pid",
+        )
+        return []
+    tree = process_tree(pid)
+    if not tree:
+        sink.note("procs/processes.json", f"process {pid} is gone or not readable")
+        return []
+    sink.json("procs/processes.json", {"root_pid": pid, "processes": [snapshot_process(p) for p in tree]})
+    return tree
+
+
+def _is_python(proc: psutil.Process) -> bool:
+    try:
+        return "python" in proc.name().lower() or any("python" in Path(a).name for a in proc.cmdline()[:1])
+    except (psutil.Error, OSError):
+        return False
+
+
+def collect_stacks(sink: Sink, processes: Sequence[psutil.Process], *, timeout_s: float = 10.0) -> None:
+    """``py-spy dump`` of every Python process in the tree (the scheduler's stack is the one that
+    matters when it hangs). py-spy pauses each process for a moment; locals are never dumped."""
+    if not processes:
+        sink.note("stacks/py-spy.txt", "no server process known, so no stacks were taken")
+        return
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        sink.note(
+            "stacks/py-spy.txt",
+            "py-spy is not installed, so the server's Python stacks were not captured "
+            "(pip install py-spy, then take the bundle again while the server still runs)",
+        )
+        return
+    pythons = [p for p in processes if _is_python(p)][:MAX_STACK_PROCESSES]
+    if not pythons:
+        sink.note("stacks/py-spy.txt", "no Python process in the server's tree")
+        return
+    for proc in pythons:
+        rel = f"stacks/py-spy-{proc.pid}.txt"
+        try:
+            done = subprocess.run(
+                [py_spy, "dump", "--pid", str(proc.pid)],
+                capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            sink.note(rel, f"py-spy dump --pid {proc.pid} did not finish within {timeout_s:.0f} s")
+            continue
+        except OSError as exc:
+            sink.note(rel, f"py-spy could not run: {_one_line(exc)}")
+            continue
+        if done.returncode != 0:
+            sink.note(rel, f"py-spy dump --pid {proc.pid} failed ({done.returncode}): {_tail_text(done.stderr, 5)}")
+        else:
+            sink.text(rel, done.stdout.decode("utf-8", "replace"))
+
+
+def _run_tool(sink: Sink, rel: str, argv: list[str], timeout_s: float, what: str) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        sink.note(rel, f"{what} did not finish within {timeout_s:.0f} s")
+        return
+    except OSError as exc:
+        sink.note(rel, f"{what} could not run: {_one_line(exc)}")
+        return
+    out = done.stdout.decode("utf-8", "replace")
+    if done.returncode != 0:
+        sink.note(rel, f"{what} failed (exit {done.returncode}): {_tail_text(done.stderr or done.stdout, 8)}")
+        if out.strip():
+            sink.text(rel.replace(".txt", ".partial.txt"), out)
+        return
+    sink.text(rel, out)
+
+
+def collect_nvidia_smi(sink: Sink, *, timeout_s: float = 15.0) -> None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        sink.note("gpu/nvidia-smi.txt", "nvidia-smi is not on PATH (no NVIDIA driver on this machine?)")
+        return
+    _run_tool(sink, "gpu/nvidia-smi.txt", [exe], timeout_s, "nvidia-smi")
+    _run_tool(sink, "gpu/nvidia-smi-q.txt", [exe, "-q"], timeout_s, "nvidia-smi -q")
+
+
+def collect_torch_env(sink: Sink, python: str | None, *, timeout_s: float = 60.0) -> None:
+    """``<the server's python> -m torch.utils.collect_env``: versions of torch, CUDA, drivers."""
+    if not python:
+        sink.note(
+            "env/collect_env.txt",
+            "the server's Python interpreter is unknown (no local server pid, or it is not a Python "
+            "process); run `python -m torch.utils.collect_env` with the server's interpreter",
+        )
+        return
+    _run_tool(sink, "env/collect_env.txt", [python, "-m", "torch.utils.collect_env"], timeout_s,
+              f"{python} -m torch.utils.collect_env")  # fmt: skip
+
+
+# -- logs -----------------------------------------------------------------------------------------
+
+
+def collect_logs(
+    sink: Sink,
+    logs: Sequence[str],
+    *,
+    signature_files: Sequence[str] = (),
+    context: int = MIN_CONTEXT,
+    after: int = 50,
+    live_report: Report | None = None,
+) -> Report | None:
+    """Findings over the logs, each signature's first occurrence with its context, and each log's
+    tail. This reads only files, so it works whatever state the server is in."""
+    from radixtop.diagnosis.catalog import CatalogError, load_catalog
+    from radixtop.diagnosis.findings import FindingsBuilder
+    from radixtop.diagnosis.matcher import Matcher
+    from radixtop.probes.logscan import ScanInputError, check_input, scan_into
+
+    if live_report is not None:
+        sink.json("findings-live.json", live_report.to_json())
+    if not logs:
+        sink.note("findings.json", "no log given (--log), so no log evidence; findings-live.json has the UI's view if present")
+        return None
+    usable: list[str] = []
+    for path in logs:
+        try:
+            check_input(path)
+            usable.append(path)
+        except ScanInputError as exc:
+            sink.note(f"logs/{_safe_name(path)}", str(exc))
+    if not usable:
+        sink.note("findings.json", "none of the logs could be read (see logs/*.note.txt)")
+        return None
+    try:
+        catalog = load_catalog(list(signature_files))
+    except CatalogError as exc:
+        sink.note("findings.json", f"signature catalog unusable: {exc}")
+        return None
+    context = max(MIN_CONTEXT, context)
+    matcher = Matcher(catalog.signatures)
+    builder = FindingsBuilder(catalog, matcher=matcher, context=context, after=after)
+    try:
+        summaries = scan_into(builder, usable, matcher, context=context, after=after)
+    except ScanInputError as exc:
+        sink.note("findings.json", f"scanning stopped: {exc}")
+        return None
+    report = builder.report()
+    doc = report.to_json()
+    doc["logs"] = [{"file": s.file, "lines": s.lines, "hits": s.hits, "note": s.note} for s in summaries]
+    doc["engine"] = matcher.engine
+    sink.json("findings.json", doc)
+    if not report.findings:
+        sink.note("evidence/first-occurrences.log", "no known failure signature in the logs")
+    for i, finding in enumerate(report.findings, 1):
+        sink.text(f"evidence/{i:02d}-{finding.signature.id}.log", _evidence_text(finding))
+    for i, path in enumerate(usable, 1):
+        _copy_tail(sink, path, f"logs/{i:02d}-{_safe_name(path)}.tail.log")
+    return report
+
+
+def _evidence_text(finding: Any) -> str:
+    sig, occ = finding.signature, finding.first
+    head = [
+        f"# signature: {sig.id} ({sig.severity}): {sig.title}",
+        f"# first occurrence: {occ.file}:{occ.line}"
+        + (f"  time {occ.time}" if occ.time else "")
+        + (f"  rank {occ.rank}" if occ.rank else ""),
+        f"# occurrences: {finding.count}",
+        f"# {len(finding.context_before)} lines before, the line itself (>>>), "
+        f"{len(finding.context_after)} lines after",
+        "",
+    ]
+    body = [*finding.context_before, f">>> {occ.text}", *finding.context_after]
+    return "\n".join(head + body) + "\n"
+
+
+def _safe_name(path: str) -> str:
+    name = Path(path).name or "log"
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:80]
+
+
+def _copy_tail(sink: Sink, path: str, rel: str) -> None:
+    if path == "-" or path.endswith(".gz"):
+        sink.note(rel, f"{path}: a compressed file or stdin; its evidence is in evidence/, its tail is not copied")
+        return
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = max(0, size - LOG_TAIL_BYTES)
+            fh.seek(start)
+            data = fh.read(LOG_TAIL_BYTES)
+    except OSError as exc:
+        sink.note(rel, f"{path}: {_one_line(exc)}")
+        return
+    if start > 0:  # start at a whole line
+        cut = data.find(b"\n")
+        data = data[cut + 1 :] if cut >= 0 else data
+    header = f"# last {len(data):,} bytes of {path} ({size:,} bytes)\n" if start > 0 else ""
+    sink.text(rel, header + data.decode("utf-8", "replace"))

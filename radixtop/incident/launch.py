@@ -1,0 +1,336 @@
+"""The live server's launch command, the control command built from it, and the control process.
+
+A launch command is an argv list, always: psutil's cmdline of the listening process, or SGLang's
+``/server_info`` ``launch_command`` string split with ``shlex.split``. It is never handed to a
+shell; the control server is started with ``subprocess.Popen(argv)``.
+
+The control command keeps every flag of the live one except what must change:
+
+* ``--max-running-requests``: lowered (a quarter by default, at least 1): bounded pressure;
+* ``--disable-radix-cache`` added (cache mode ``disable``, the default), or the cache kept
+  (``keep``: only the pressure changes, which separates capacity pressure from the cache itself);
+* ``--host 127.0.0.1`` and ``--port`` a free loopback port: the control is never reachable from
+  outside and never collides with the live server;
+* flags that would make the control share the live server's resources are dropped or redirected:
+  ``--nccl-port`` (SGLang picks a free one), ``--api-key``/``--admin-api-key`` (the control is
+  loopback-only and short-lived, and the replay sends no key), and for the simulator
+  ``--log-file``/``--ready-file`` (redirected into the run's directory) and ``--instrument-port``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+__all__ = [
+    "ControlProcess",
+    "LaunchCommand",
+    "LaunchError",
+    "build_control_argv",
+    "flag_value",
+    "free_loopback_port",
+    "launch_from_argv",
+    "parse_launch_command",
+    "remove_flag",
+    "set_flag",
+]
+
+SIM_VERSION_MARK = "radixtop-sim"
+STOP_GRACE_S = 5.0
+CACHE_MODES = ("disable", "keep")
+_DROPPED_FLAGS = ("--nccl-port", "--api-key", "--admin-api-key", "--instrument-port")
+
+
+class LaunchError(ValueError):
+    """A launch command that cannot be used: one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """An argv split into the program part (``python -m sglang.launch_server``) and its flags."""
+
+    program: tuple[str, ...]
+    flags: tuple[str, ...]
+    kind: str  # "sglang", "radixtop-sim" or "unknown"
+    source: str  # "psutil", "server_info" or "given"
+    cwd: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.program, *self.flags]
+
+
+def _kind(program: Sequence[str]) -> str:
+    joined = " ".join(program)
+    if "sglang" in joined:
+        return "sglang"
+    if "radixtop" in joined and "sim" in program:
+        return "radixtop-sim"
+    return "unknown"
+
+
+def _split_program(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Everything before the first ``--flag`` is the program (python's own options have one dash)."""
+    for i, token in enumerate(argv):
+        if token.startswith("--"):
+            return list(argv[:i]), list(argv[i:])
+    return list(argv), []
+
+
+def launch_from_argv(argv: Sequence[str], *, source: str, cwd: str | None = None) -> LaunchCommand:
+    argv = [str(a) for a in argv]
+    if not argv:
+        raise LaunchError("the launch command is empty; pass --launch-command")
+    program, flags = _split_program(argv)
+    return LaunchCommand(tuple(program), tuple(flags), _kind(program), source, cwd)
+
+
+def parse_launch_command(
+    text: str, *, source: str = "server_info", version: str | None = None, python: str | None = None
+) -> LaunchCommand:
+    """SGLang's ``launch_command`` string as an argv (shlex.split; never a shell).
+
+    When the string holds only flags (the simulator, and some SGLang builds, record ``sys.argv``
+    without the program), the program is inferred: the simulator from its version string,
+    otherwise ``<python> -m sglang.launch_server``; the plan says so in a note.
+    """
+    try:
+        argv = shlex.split(text or "")
+    except ValueError as exc:
+        raise LaunchError(f"the launch command cannot be split ({exc}); pass --launch-command") from None
+    if not argv:
+        raise LaunchError("the server reports an empty launch command; pass --launch-command")
+    python = python or sys.executable
+    if argv[0].startswith("--"):
+        if version and SIM_VERSION_MARK in version:
+            program = [python, "-m", "radixtop", "sim"]
+        else:
+            program = [python, "-m", "sglang.launch_server"]
+        note = f"the launch command has no program; assumed {shlex.join(program)}"
+        cmd = launch_from_argv([*program, *argv], source=source)
+        return LaunchCommand(cmd.program, cmd.flags, cmd.kind, source, None, (note,))
+    if argv[0].endswith("launch_server.py"):  # sys.argv of `python -m sglang.launch_server`
+        argv = [python, "-m", "sglang.launch_server", *argv[1:]]
+    return launch_from_argv(argv, source=source)
+
+
+# -- flag editing ---------------------------------------------------------------------------------
+
+
+def _find(flags: Sequence[str], name: str) -> list[tuple[int, int]]:
+    """(start, length) of every occurrence of ``name`` (``--x v``, ``--x=v`` or a bare switch)."""
+    spans = []
+    i = 0
+    while i < len(flags):
+        token = flags[i]
+        if token == name:
+            has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+            spans.append((i, 2 if has_value else 1))
+            i += 2 if has_value else 1
+            continue
+        if token.startswith(name + "="):
+            spans.append((i, 1))
+        i += 1
+    return spans
+
+
+def flag_value(flags: Sequence[str], name: str) -> str | None:
+    """The last value given to ``name`` ("" for a bare switch), or None when absent."""
+    spans = _find(flags, name)
+    if not spans:
+        return None
+    start, length = spans[-1]
+    token = flags[start]
+    if "=" in token:
+        return token.split("=", 1)[1]
+    return flags[start + 1] if length == 2 else ""
+
+
+def remove_flag(flags: Sequence[str], name: str) -> list[str]:
+    out = list(flags)
+    for start, length in reversed(_find(out, name)):
+        del out[start : start + length]
+    return out
+
+
+def set_flag(flags: Sequence[str], name: str, value: str | None) -> list[str]:
+    """``name value`` (or the bare switch when value is None) replacing every earlier occurrence."""
+    out = remove_flag(flags, name)
+    out += [name] if value is None else [name, value]
+    return out
+
+
+def build_control_argv(
+    live: LaunchCommand,
+    *,
+    port: int,
+    max_running: int,
+    cache: str = "disable",
+    log_file: str | Path | None = None,
+    extra: Sequence[str] = (),
+) -> tuple[list[str], list[str]]:
+    """The control's argv and a list of what changed (for the plan)."""
+    if cache not in CACHE_MODES:
+        raise LaunchError(f"control cache mode {cache!r}: choose one of {', '.join(CACHE_MODES)}")
+    flags = list(live.flags)
+    changes: list[str] = []
+    for name in _DROPPED_FLAGS:
+        if flag_value(flags, name) is not None:
+            flags = remove_flag(flags, name)
+            changes.append(f"dropped {name}")
+    flags = set_flag(flags, "--host", "127.0.0.1")
+    flags = set_flag(flags, "--port", str(port))
+    changes.append(f"--host 127.0.0.1 --port {port} (loopback, free)")
+    before = flag_value(live.flags, "--max-running-requests")
+    flags = set_flag(flags, "--max-running-requests", str(max_running))
+    changes.append(f"--max-running-requests {before or '(default)'} -> {max_running}")
+    if cache == "disable":
+        if flag_value(flags, "--disable-radix-cache") is None:
+            flags = set_flag(flags, "--disable-radix-cache", None)
+            changes.append("added --disable-radix-cache")
+    elif flag_value(flags, "--disable-radix-cache") is not None:
+        changes.append("kept --disable-radix-cache (the live server already runs without the radix cache)")
+    if live.kind == "radixtop-sim":
+        for name in ("--ready-file", "--log-file"):
+            if flag_value(flags, name) is not None:
+                flags = remove_flag(flags, name)
+        if log_file is not None:
+            flags = set_flag(flags, "--log-file", str(log_file))
+            changes.append(f"--log-file {log_file}")
+    i = 0
+    while i < len(extra):  # extra control flags override: --flag value, --flag=value, --switch
+        name, eq, value = extra[i].partition("=")
+        if not name.startswith("--"):
+            raise LaunchError(f"control argument {extra[i]!r} is not a --flag; give flags with their values")
+        if not eq and i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            value, eq, i = extra[i + 1], "=", i + 1
+        flags = set_flag(flags, name, value if eq else None)
+        changes.append(f"control argument {name}" + (f" {value}" if eq else ""))
+        i += 1
+    return [*live.program, *flags], changes
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- the control process --------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent goes, whatever killed it (Linux).
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked exits, so the control must be started
+    from a thread that outlives it (the event loop's thread, not a short-lived worker)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class ControlProcess:
+    """The control server: started from an argv list in its own session, output to a file."""
+
+    argv: list[str]
+    output: Path
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.output, "ab") as sink:
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                    cwd=self.cwd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+            except OSError as exc:
+                raise LaunchError(f"the control command could not start: {exc.strerror or exc}") from None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the control's process group, SIGKILL after grace_s; waits, so nothing is left."""
+        proc = self.proc
+        if proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                proc.wait(timeout=grace_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        # The group may outlive its leader (SGLang's schedulers): make sure it is gone.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.output, "rb") as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 64 * 1024))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+async def wait_healthy(
+    url: str,
+    control: ControlProcess,
+    *,
+    timeout_s: float,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_tick: Callable[[float], None] | None = None,
+) -> str | None:
+    """Poll ``/health`` until 200. None when healthy, else why not (exited, timed out, stopped)."""
+    began = time.monotonic()
+    last_tick = 0.0
+    async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as client:
+        while True:
+            code = control.exited()
+            if code is not None:
+                return f"the control server exited with status {code} before it was healthy"
+            if should_stop():
+                return "cancelled"
+            try:
+                if (await client.get(f"{url}/health")).status_code == 200:
+                    return None
+            except httpx.HTTPError:
+                pass
+            waited = time.monotonic() - began
+            if waited > timeout_s:
+                return f"the control server was not healthy within {timeout_s:.0f} s"
+            if on_tick is not None and waited - last_tick >= 5.0:
+                last_tick = waited
+                on_tick(waited)
+            await asyncio.sleep(0.2)

@@ -3,11 +3,13 @@ lines that must never match, and user catalogs merged over the built-in one with
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
+from radixtop.diagnosis import catalog as catalog_module
 from radixtop.diagnosis.catalog import (
     ORDINARY_LINES,
     SEVERITIES,
@@ -553,3 +555,161 @@ def test_error_file_level_problems(tmp_path: Path) -> None:
     assert (
         str(caught.value) == f"{binary}:3: the file is not UTF-8 text (byte 0xff); save it as UTF-8"
     )
+
+
+# -- the cache of the validated built-in catalog --------------------------------------------------
+
+BUILTIN_TOML = Path(catalog_module.__file__).with_name("signatures.toml")
+
+
+@pytest.fixture()
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("RADIXTOP_CACHE_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture()
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sources parse_catalog is called for (a cache hit calls it for none)."""
+    calls: list[str] = []
+    real = catalog_module.parse_catalog
+
+    def spy(text: str, source: str, *, origin: str):
+        calls.append(source)
+        return real(text, source, origin=origin)
+
+    monkeypatch.setattr(catalog_module, "parse_catalog", spy)
+    return calls
+
+
+def _cache_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("catalog-*")) if directory.exists() else []
+
+
+def test_builtin_catalog_from_the_cache_equals_a_fresh_parse(cache_dir: Path, parses: list[str]) -> None:
+    fresh = catalog_module.parse_catalog(
+        BUILTIN_TOML.read_text(encoding="utf-8"), "signatures.toml (built-in)", origin="builtin"
+    )
+    parses.clear()
+    first = load_catalog()  # parses, then writes the cache
+    assert parses == ["signatures.toml (built-in)"] and len(_cache_files(cache_dir)) == 1
+    second = load_catalog()  # from the cache: nothing parsed
+    assert parses == ["signatures.toml (built-in)"]
+    assert first.signatures == second.signatures == fresh
+    assert all(sig.origin == "builtin" for sig in second.signatures)
+
+
+def test_builtin_cache_rebuilt_when_the_toml_changes_even_with_same_size_and_mtime(
+    tmp_path: Path, cache_dir: Path, parses: list[str]
+) -> None:
+    toml = write(tmp_path, "signatures.toml", BUILTIN_TOML.read_text(encoding="utf-8"))
+    before = catalog_module._builtin_signatures(str(toml))
+    stat = toml.stat()
+    text = toml.read_text(encoding="utf-8")
+    old_title = before[0].title
+    new_title = old_title[:-1] + ("X" if old_title[-1] != "X" else "Y")  # same length
+    toml.write_text(text.replace(f'title = "{old_title}"', f'title = "{new_title}"', 1), encoding="utf-8")
+    os.utime(toml, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert toml.stat().st_size == stat.st_size
+    after = catalog_module._builtin_signatures(str(toml))
+    assert after[0].title == new_title and after[1:] == before[1:]
+    assert len(parses) == 2
+    assert catalog_module._builtin_signatures(str(toml))[0].title == new_title
+    assert len(parses) == 2  # the rebuilt cache is used again
+
+
+def test_builtin_cache_rebuilt_when_the_validating_code_changes(
+    tmp_path: Path, cache_dir: Path, parses: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = write(tmp_path, "catalog.py", "# stands in for catalog.py\n")
+    monkeypatch.setattr(catalog_module, "__file__", str(code))
+    catalog_module._builtin_signatures(str(BUILTIN_TOML))
+    catalog_module._builtin_signatures(str(BUILTIN_TOML))
+    assert len(parses) == 1
+    code.write_text("# stands in for catalog.py, edited\n")
+    catalog_module._builtin_signatures(str(BUILTIN_TOML))
+    assert len(parses) == 2
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["garbage", "truncated", "flipped byte", "empty", "not marshal", "wrong shape", "bad severity"],
+)
+def test_damaged_builtin_cache_falls_back_to_the_toml_and_is_rewritten(
+    cache_dir: Path, parses: list[str], damage: str
+) -> None:
+    good = load_catalog()
+    [cache] = _cache_files(cache_dir)
+    data = cache.read_bytes()
+    if damage == "garbage":
+        cache.write_bytes(b"\x00\xff" * 100)
+    elif damage == "truncated":
+        cache.write_bytes(data[: len(data) // 2])
+    elif damage == "flipped byte":
+        cache.write_bytes(data[:-10] + bytes([data[-10] ^ 0xFF]) + data[-9:])
+    elif damage == "empty":
+        cache.write_bytes(b"")
+    else:
+        # A well-formed cache file whose payload is not what this code writes.
+        import marshal
+
+        from radixtop.diagnosis import diskcache
+
+        rows = [tuple(getattr(s, f) for f in catalog_module._FIELDS) for s in good.signatures]
+        bad = list(rows[0])
+        bad[3] = "fatal"
+        payload = {
+            "not marshal": b"\xff\xfe not marshal",
+            "wrong shape": marshal.dumps(tuple(row[:5] for row in rows)),
+            "bad severity": marshal.dumps((tuple(bad), *rows[1:])),
+        }[damage]
+        path = catalog_module._BUILTIN_FILE
+        key = catalog_module._cache_key(path, Path(path).read_bytes())
+        diskcache.write(str(cache), key, payload)
+        assert diskcache.read(str(cache), key) == payload  # the damage is past the checksum
+    parses.clear()
+    assert load_catalog().signatures == good.signatures
+    assert parses == ["signatures.toml (built-in)"]
+    parses.clear()
+    assert load_catalog().signatures == good.signatures
+    assert parses == []  # rewritten, and good again
+
+
+def test_unusable_cache_directory_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = write(tmp_path, "not-a-dir", "a file where the cache directory should be")
+    monkeypatch.setenv("RADIXTOP_CACHE_DIR", str(blocker / "radixtop"))
+    assert load_catalog().ids == load_catalog().ids
+    monkeypatch.setenv("RADIXTOP_CACHE_DIR", "")  # caching off
+    assert len(load_catalog().signatures) >= 25
+
+
+def test_user_catalogs_are_never_cached(tmp_path: Path, cache_dir: Path, parses: list[str]) -> None:
+    user = write(
+        tmp_path,
+        "site.toml",
+        GOOD.format(id="site-disk-full", pattern="No space left on device", severity="error")
+        + GOOD.format(id="kv-pool-retract", pattern=r"KV cache pool is full\.", severity="error"),
+    )
+    first = load_catalog([user])
+    assert first.get("site-disk-full").severity == "error"
+    user.write_text(
+        GOOD.format(id="site-disk-full", pattern="No space left on device", severity="critical"),
+        encoding="utf-8",
+    )
+    second = load_catalog([user])
+    assert second.get("site-disk-full").severity == "critical"
+    assert second.get("kv-pool-retract").origin == "builtin"  # the replacement went with the file
+    assert parses.count(str(user)) == 2
+    builtin = load_catalog()
+    assert "site-disk-full" not in builtin.ids and builtin.get("kv-pool-retract").origin == "builtin"
+    cached = b"".join(path.read_bytes() for path in _cache_files(cache_dir))
+    assert b"No space left on device" not in cached and str(user).encode() not in cached
+
+
+def test_invalid_builtin_toml_is_an_error_and_never_cached(tmp_path: Path, cache_dir: Path) -> None:
+    toml = write(tmp_path, "signatures.toml", GOOD.format(id="x-y", pattern="(?=a)b", severity="error"))
+    for _ in range(2):
+        with pytest.raises(CatalogError, match="lookaround"):
+            catalog_module._builtin_signatures(str(toml))
+    assert _cache_files(cache_dir) == []

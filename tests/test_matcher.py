@@ -226,6 +226,44 @@ def test_compiled_hyperscan_database_is_cached_and_a_damaged_cache_is_replaced(t
     assert len(list(tmp_path.glob("hs-*.db"))) == 1
 
 
+def test_a_cached_database_for_other_patterns_is_never_used(tmp_path, monkeypatch):
+    # A cache file's name is only a hint: one holding another pattern set (a name collision, or a
+    # file copied over) must be rebuilt, not loaded.
+    pytest.importorskip("hyperscan")
+    monkeypatch.setenv("RADIXTOP_CACHE_DIR", str(tmp_path))
+    other = [sig("other", r"something else")]
+    Matcher(other, engine="hyperscan")
+    [other_file] = tmp_path.glob("hs-*.db")
+    other_db = other_file.read_bytes()
+    Matcher(SIGS, engine="hyperscan")
+    [mine] = [f for f in tmp_path.glob("hs-*.db") if f != other_file]
+    mine.write_bytes(other_db)
+    assert Matcher(SIGS, engine="hyperscan").scan(TEXT) == reference_hits(TEXT, SIGS)
+    assert mine.read_bytes() != other_db
+
+
+def test_hyperscan_compiles_no_python_regex_until_a_hit_needs_a_recheck(monkeypatch):
+    pytest.importorskip("hyperscan")
+    Matcher(SIGS, engine="hyperscan")  # the database is cached from here on
+    expected = reference_hits(TEXT, SIGS)
+    compiled: list[bytes] = []
+    real = re.compile
+
+    def spy(pattern, flags=0):
+        if isinstance(pattern, bytes):
+            compiled.append(pattern)
+        return real(pattern, flags)
+
+    monkeypatch.setattr(re, "compile", spy)
+    matcher = Matcher(SIGS, engine="hyperscan")
+    assert matcher.scan(b"prefill out of memory\nbar\n") == [(21, 0), (25, 1)]
+    assert compiled == []  # neither pattern can cross a line: nothing to re-check
+    assert matcher.scan(TEXT) == expected
+    assert sorted(compiled) == sorted(b"(?m)" + SIGS[i].pattern.encode() for i in (2, 3))
+    matcher.scan(TEXT)
+    assert len(compiled) == 2  # compiled once each
+
+
 def test_required_literals_for_the_re_prefilter():
     assert required_literals(r"Scheduler hit an exception") == (b"Scheduler hit an exception",)
     assert required_literals(r"(?:CUDA|HIP) error: an illegal memory access") == (

@@ -4,16 +4,28 @@ Each ``[[signature]]`` table has id, title, pattern, severity, subsystem, meanin
 competing. Patterns must run unchanged on Python ``re``, RE2 and hyperscan (the matcher picks the
 fastest engine available), so constructs only Python supports are refused at load time with a
 one-line error that names the file and line: ``<file>:<line>: <what is wrong>; <what to do>``.
+
+`radixtop scan` must start like a grep, and parsing and validating the built-in catalog (tomllib,
+a regex compile per pattern) cost more than the rest of its start-up, so the validated built-in
+signatures are cached (see _builtin_signatures); tomllib, pathlib and the validation regexes are
+imported or compiled only when a catalog is really parsed. User catalogs are always parsed.
 """
 
 from __future__ import annotations
 
+import os
 import re
-import tomllib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+from radixtop import __version__
+from radixtop.diagnosis import diskcache
+
+if TYPE_CHECKING:
+    import tomllib
+    from pathlib import Path
 
 __all__ = [
     "SEVERITIES",
@@ -38,21 +50,21 @@ _REQUIRED = (
     "first_checks",
     "competing",
 )
-_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
-_TABLE_HEADER = re.compile(r"^\s*\[\[\s*signature\s*\]\]")
-_ANY_HEADER = re.compile(r"^\s*\[")
+_ID = r"[a-z0-9]+(?:-[a-z0-9]+)*\Z"
+_TABLE_HEADER = r"^\s*\[\[\s*signature\s*\]\]"
 
-# Constructs Python's re accepts but RE2 or hyperscan do not (or read differently).
-_FORBIDDEN: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\(\?<?[=!]"), "a lookaround"),
-    (re.compile(r"\(\?P=|\\[1-9]|\\g<|\\k<"), "a backreference"),
-    (re.compile(r"\(\?P?<[A-Za-z_]"), "a named group"),
-    (re.compile(r"\(\?>"), "an atomic group"),
-    (re.compile(r"\(\?\("), "a conditional group"),
-    (re.compile(r"\(\?#"), "a comment group"),
-    (re.compile(r"[*+?}]\+"), "a possessive quantifier"),
-    (re.compile(r"\\[ZGuUN]"), "an escape only Python knows (\\Z, \\G, \\u, \\U or \\N)"),
-    (re.compile(r"\{,"), "an open-start repeat {,n}"),
+# Constructs Python's re accepts but RE2 or hyperscan do not (or read differently). Compiled by
+# `re` (which caches them) only when a catalog is validated.
+_FORBIDDEN: tuple[tuple[str, str], ...] = (
+    (r"\(\?<?[=!]", "a lookaround"),
+    (r"\(\?P=|\\[1-9]|\\g<|\\k<", "a backreference"),
+    (r"\(\?P?<[A-Za-z_]", "a named group"),
+    (r"\(\?>", "an atomic group"),
+    (r"\(\?\(", "a conditional group"),
+    (r"\(\?#", "a comment group"),
+    (r"[*+?}]\+", "a possessive quantifier"),
+    (r"\\[ZGuUN]", "an escape only Python knows (\\Z, \\G, \\u, \\U or \\N)"),
+    (r"\{,", "an open-start repeat {,n}"),
 )
 
 # Ordinary scheduler lines: no signature may match them (they arrive several times a second).
@@ -118,14 +130,10 @@ def severity_rank(severity: str) -> int:
 
 def load_catalog(extra_files: Sequence[str | Path] = ()) -> Catalog:
     """The built-in catalog with each user file merged over it in order (same id replaces, noted)."""
-    builtin_text = (
-        resources.files("radixtop.diagnosis").joinpath("signatures.toml").read_text("utf-8")
-    )
-    merged: dict[str, Signature] = {
-        sig.id: sig
-        for sig in parse_catalog(builtin_text, "signatures.toml (built-in)", origin="builtin")
-    }
+    merged: dict[str, Signature] = {sig.id: sig for sig in _builtin_signatures()}
     notes: list[str] = []
+    if extra_files:
+        from pathlib import Path
     for extra in extra_files:
         path = Path(extra)
         for sig in parse_catalog(_read_text(path), str(path), origin=str(path)):
@@ -135,6 +143,92 @@ def load_catalog(extra_files: Sequence[str | Path] = ()) -> Catalog:
                 notes.append(f'signature "{sig.id}" from {path} replaces the {where} one')
             merged[sig.id] = sig  # a replaced id keeps its place; new ones go last
     return Catalog(tuple(merged.values()), tuple(notes))
+
+
+# -- the built-in catalog and its cache ------------------------------------------------------------
+
+_BUILTIN_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "signatures.toml")
+_BUILTIN_SOURCE = "signatures.toml (built-in)"
+_FIELDS = ("id", "title", "pattern", "severity", "subsystem", "meaning", "first_checks", "competing")
+
+
+def _builtin_signatures(path: str | None = None) -> tuple[Signature, ...]:
+    """The validated built-in signatures, from the cache when it was built from these exact bytes.
+
+    The cache key is the TOML file's whole content plus what could change how it is validated
+    (radixtop's version, this module's own size and mtime, the Python version, whose `marshal`
+    format the cache uses); the file is otherwise parsed and validated, then the cache rewritten.
+    `path` is for tests; by default the TOML next to this module, or the package's resource
+    when radixtop runs from a zip (never cached then).
+    """
+    packaged = path is None
+    path = _BUILTIN_FILE if packaged else path
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        key = _cache_key(path, data)
+    except OSError:
+        if not packaged:
+            raise
+        from importlib import resources
+
+        text = resources.files("radixtop.diagnosis").joinpath("signatures.toml").read_text("utf-8")
+        return parse_catalog(text, _BUILTIN_SOURCE, origin="builtin")
+    cache_file = diskcache.cache_path("catalog", key, ".marshal")
+    cached = _from_cache(diskcache.read(cache_file, key))
+    if cached is not None:
+        return cached
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = _read_text_as_user_file(path)  # raises the usual one-line CatalogError
+    signatures = parse_catalog(text, _BUILTIN_SOURCE, origin="builtin")
+    import marshal
+
+    rows = tuple(tuple(getattr(sig, name) for name in _FIELDS) for sig in signatures)
+    diskcache.write(cache_file, key, marshal.dumps(rows))
+    return signatures
+
+
+def _cache_key(path: str, data: bytes) -> bytes:
+    me = os.stat(__file__)  # this module validates: an edited one must not trust old results
+    head = (
+        f"builtin catalog {path}\nradixtop {__version__}\npython {sys.version_info[:2]}\n"
+        f"validator {me.st_size} {me.st_mtime_ns}\n"
+    )
+    return head.encode() + data
+
+
+def _from_cache(payload: bytes | None) -> tuple[Signature, ...] | None:
+    """Signatures from a cached payload, or None when it is absent or not what this code wrote."""
+    if payload is None:
+        return None
+    import marshal
+
+    try:
+        rows = marshal.loads(payload)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if not isinstance(rows, tuple) or not rows:
+        return None
+    out = []
+    for row in rows:
+        if not (
+            isinstance(row, tuple)
+            and len(row) == len(_FIELDS)
+            and all(isinstance(v, str) for v in row[:6])
+            and all(isinstance(v, tuple) and all(isinstance(x, str) for x in v) for v in row[6:])
+            and row[3] in _SEVERITY_RANK
+        ):
+            return None
+        out.append(Signature(*row, origin="builtin"))
+    return tuple(out)
+
+
+def _read_text_as_user_file(path: str) -> str:
+    from pathlib import Path
+
+    return _read_text(Path(path))
 
 
 def _read_text(path: Path) -> str:
@@ -156,6 +250,8 @@ def _read_text(path: Path) -> str:
 
 def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ...]:
     """Parse and validate one catalog's TOML text; ``source`` names it in errors."""
+    import tomllib
+
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -165,7 +261,8 @@ def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ..
         ) from None
 
     lines = text.splitlines()
-    headers = [i + 1 for i, line in enumerate(lines) if _TABLE_HEADER.match(line)]
+    header = re.compile(_TABLE_HEADER)
+    headers = [i + 1 for i, line in enumerate(lines) if header.match(line)]
     for key in doc:
         if key != "signature":
             line = _find_top_key(lines, key)
@@ -246,7 +343,7 @@ def _validate(
         )
     sig_id = raw_id
     name = f'signature "{sig_id}"'
-    if not _ID.match(sig_id):
+    if not re.match(_ID, sig_id):
         raise CatalogError(
             f"{_at(source, lines, span, 'id')}: {name} id is not kebab-case; use lowercase letters, "
             'digits and single dashes, e.g. "radix-page-lock-eviction"'
@@ -304,7 +401,7 @@ def _at(source: str, lines: list[str], span: tuple[int, int], key: str) -> str:
 def pattern_problem(pattern: str) -> str | None:
     """Why a pattern cannot be used (``"<what>; <what to do>"``), or None when it is fine."""
     for finder, what in _FORBIDDEN:
-        for m in finder.finditer(pattern):
+        for m in re.finditer(finder, pattern):
             if _escaped(pattern, m.start()):
                 continue
             return (

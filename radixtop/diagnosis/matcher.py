@@ -10,7 +10,8 @@ How each engine scans a buffer of many lines:
 - hyperscan: one block-mode database over all patterns, every match end reported (no
   SINGLEMATCH: `scan` needs every line), mapped to its line with a find of b"\\n". The compiled
   database is cached on disk (see _HyperscanEngine), because compiling costs 50-100 ms here and
-  `radixtop scan` must start like grep.
+  `radixtop scan` must start like grep; for the same reason no Python regex is compiled until a
+  hit needs its line re-checked.
 - re2: an RE2::Set pass says which patterns occur in the buffer at all; only those are searched,
   on the lines holding their required literal (below) where they have one.
 - re: each pattern's required literal (e.g. "Failed to lock memory page") is found with bytes.find,
@@ -27,11 +28,13 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from radixtop.diagnosis import diskcache
+
 if TYPE_CHECKING:
     from radixtop.diagnosis.catalog import Signature
 
 ENGINES = ("hyperscan", "re2", "re")
-CACHE_ENV = "RADIXTOP_CACHE_DIR"  # where compiled hyperscan databases are kept; "" turns it off
+CACHE_ENV = diskcache.CACHE_ENV  # where compiled hyperscan databases are kept; "" turns it off
 
 # Escapes and constructs that can match a newline; a pattern with none of them cannot cross lines,
 # so its hits need no re-check. Conservative: a false "may cross" only costs a re-check per hit.
@@ -77,21 +80,13 @@ def _one_line(exc: BaseException) -> str:
 # -- hyperscan ------------------------------------------------------------------------------------
 
 
-def _cache_dir() -> str | None:
-    configured = os.environ.get(CACHE_ENV)
-    if configured is not None:
-        return configured or None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "radixtop")
-
-
 class _HyperscanEngine:
     """hyperscan block-mode databases: one for `scan` (every match), one for `match` (built on the
     first `match` call: SINGLEMATCH, so a line stops costing once each pattern has hit).
 
     The scan database is cached as hyperscan's own serialization under ~/.cache/radixtop (or
-    $RADIXTOP_CACHE_DIR; empty disables), named by a hash of the hyperscan version, the machine,
-    the flags and the patterns. A cached database that does not load or scan (another CPU on a
+    $RADIXTOP_CACHE_DIR; empty disables; see diskcache), keyed on the hyperscan version, the
+    machine, the flags and the patterns. A cached database that does not load or scan (another CPU on a
     shared home directory, a damaged file) is recompiled and rewritten; cache I/O errors are
     ignored.
     """
@@ -111,40 +106,29 @@ class _HyperscanEngine:
 
     def _database(self, flags: int, cached: bool = True) -> tuple[Any, Any]:
         hs = self._hs
-        path = self._cache_path(flags) if cached else None
-        if path is not None:
+        key = self._cache_key(flags) if cached else b""
+        path = diskcache.cache_path("hs", key, ".db") if cached else None
+        stored = diskcache.read(path, key)
+        if stored is not None:
             try:
-                with open(path, "rb") as f:
-                    db = hs.loadb(f.read(), hs.HS_MODE_BLOCK)
+                db = hs.loadb(stored, hs.HS_MODE_BLOCK)
                 scratch = hs.Scratch(db)
                 db.scan(b"\n", match_event_handler=_on_hyperscan_match, context=[], scratch=scratch)
                 return db, scratch
-            except (OSError, hs.error, ValueError, TypeError):
-                pass  # absent or unusable here: compile below
+            except (hs.error, ValueError, TypeError):
+                pass  # unusable here (another CPU on a shared home directory): compile below
         db = self._compile(flags)
         if path is not None:
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.{os.getpid()}.tmp"
-                with open(tmp, "wb") as f:
-                    f.write(hs.dumpb(db))
-                os.replace(tmp, path)
-            except OSError:
-                pass
+            diskcache.write(path, key, hs.dumpb(db))
         return db, hs.Scratch(db)
 
-    def _cache_path(self, flags: int) -> str | None:
-        directory = _cache_dir()
-        if directory is None:
-            return None
-        import hashlib
-
-        key = hashlib.sha256()
+    def _cache_key(self, flags: int) -> bytes:
+        # Everything the compiled database depends on, compared byte for byte when it is loaded.
         version = getattr(self._hs, "__version__", "?")
-        key.update(f"hyperscan {version} {os.uname().machine} block flags={flags}\n".encode())
+        parts = [f"hyperscan {version} {os.uname().machine} block flags={flags}\n".encode()]
         for pattern in self._patterns:
-            key.update(len(pattern).to_bytes(4, "little") + pattern)
-        return os.path.join(directory, f"hs-{key.hexdigest()[:32]}.db")
+            parts.append(len(pattern).to_bytes(4, "little") + pattern)
+        return b"".join(parts)
 
     def _compile(self, flags: int) -> Any:
         hs = self._hs
@@ -371,14 +355,12 @@ class Matcher:
             raise MatcherError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
         self.signatures = tuple(signatures)
         self._patterns = [_encode(sig.pattern) for sig in self.signatures]
-        # Checked with `re` on the line itself when hyperscan reports them (see module docstring).
-        self._recheck: dict[int, re.Pattern[bytes]] = {}
-        for i, sig in enumerate(self.signatures):
-            if _may_cross_lines(sig.pattern):
-                try:
-                    self._recheck[i] = re.compile(b"(?m)" + self._patterns[i])
-                except re.error:
-                    pass  # hyperscan or RE2 accepted what `re` does not: trust the engine
+        # Checked with `re` on the line itself when hyperscan reports them (see module docstring);
+        # compiled on the first hit that needs it: most runs need none, and start-up counts.
+        self._may_cross = frozenset(
+            i for i, sig in enumerate(self.signatures) if _may_cross_lines(sig.pattern)
+        )
+        self._recheck: dict[int, re.Pattern[bytes] | None] = {}
         self.fallback_note: str | None = None
         self._engine: Any = None
         if not self._patterns:
@@ -426,8 +408,24 @@ class Matcher:
             found = {i for i in found if self._any_line_matches(i, data)}
         return tuple(sorted(found))
 
+    def _recheck_pattern(self, index: int) -> re.Pattern[bytes] | None:
+        """The `re` pattern that re-checks hits of signature `index` on their line, or None when
+        its hits need no re-check."""
+        if index not in self._may_cross:
+            return None
+        try:
+            return self._recheck[index]
+        except KeyError:
+            pass
+        try:
+            pattern: re.Pattern[bytes] | None = re.compile(b"(?m)" + self._patterns[index])
+        except re.error:
+            pattern = None  # hyperscan or RE2 accepted what `re` does not: trust the engine
+        self._recheck[index] = pattern
+        return pattern
+
     def _any_line_matches(self, index: int, data: bytes) -> bool:
-        pattern = self._recheck.get(index)
+        pattern = self._recheck_pattern(index)
         if pattern is None:
             return True
         hits: list[tuple[int, int]] = []
@@ -469,11 +467,11 @@ class Matcher:
             line_end = find(b"\n", end - 1, size)
             seen.add((size if line_end < 0 else line_end, index))
         hits = sorted(seen)
-        if not self._recheck:
+        if not self._may_cross:
             return hits
         kept = []
         for line_end, index in hits:
-            pattern = self._recheck.get(index)
+            pattern = self._recheck_pattern(index)
             if pattern is not None:
                 line_start = data.rfind(b"\n", 0, line_end) + 1
                 if pattern.search(data, line_start, line_end) is None:

@@ -85,13 +85,16 @@ def _decode(raw: bytes) -> str:
 
 
 class _Source:
-    __slots__ = ("fd", "name", "owned", "reader")
+    __slots__ = ("fd", "name", "owned", "reader", "size")
 
-    def __init__(self, name: str, reader: IO[bytes], fd: int | None, *, owned: bool) -> None:
+    def __init__(
+        self, name: str, reader: IO[bytes], fd: int | None, *, owned: bool, size: int | None = None
+    ) -> None:
         self.name = name
         self.reader = reader
         self.fd = fd  # for os.pread look-back; None when the input cannot be re-read
         self.owned = owned
+        self.size = size  # a regular file's size when opened; None for stdin, pipes, .gz
 
     def close(self) -> None:
         if self.owned:
@@ -132,12 +135,14 @@ def _open(path: str) -> _Source:
         raw = open(path, "rb", buffering=0)  # noqa: SIM115 - _Source.close() closes it
     except OSError as exc:
         raise _input_error(path, exc) from None
-    if stat.S_ISDIR(os.fstat(raw.fileno()).st_mode):
+    st = os.fstat(raw.fileno())
+    if stat.S_ISDIR(st.st_mode):
         raw.close()
         raise _input_error(path, IsADirectoryError(path))
     if path.endswith(".gz"):
         return _Source(path, _GzipReader(raw), None, owned=True)
-    return _Source(path, raw, raw.fileno(), owned=True)
+    size = st.st_size if stat.S_ISREG(st.st_mode) else None
+    return _Source(path, raw, raw.fileno(), owned=True, size=size)
 
 
 class _GzipReader:
@@ -303,6 +308,15 @@ def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
     return total, None
 
 
+def _chunk_for(chunk_size: int, file_size: int | None) -> int:
+    """The read size for one input: chunk_size, or less for a smaller regular file, because
+    zeroing two 4 MiB buffers costs more (~10 ms here) than scanning a small file does."""
+    if file_size is None:
+        return chunk_size
+    step = 64 << 10
+    return max(1, min(chunk_size, (file_size // step + 1) * step))
+
+
 def _count_newlines(buf: bytearray, n: int) -> int:
     """Newlines in buf[:n]. bytes.count(b"\\n") walks byte by byte in CPython 3.11 (measured here
     ~1 GB/s); replace() finds them with memchr and copies the rest, about twice as fast. replace()
@@ -359,7 +373,7 @@ class LogScanner:
         self, source: _Source, on_hit: Callable[[ScanHit], None], worker: _ScanWorker | None
     ) -> FileSummary:
         matcher = self.matcher
-        chunk = self.chunk_size
+        chunk = _chunk_for(self.chunk_size, source.size)
         bufs = self._buffers  # reused from file to file: zeroing 8 MiB per small file adds up
         which = 0
         window = _Window(source.fd)
@@ -429,11 +443,13 @@ class LogScanner:
                 lineno += region_newlines
                 newlines += region_newlines
                 last_byte = cur[cut - 1 : cut]
+            if eof:
+                break
             # Move the partial line to the front of the other buffer; keep this one for look-back.
             carry = n - cut
             nxt = bufs[which ^ 1]
-            if len(nxt) < carry + chunk:
-                nxt.extend(bytes(carry + chunk - len(nxt)))
+            if len(nxt) < carry:
+                nxt.extend(bytes(carry - len(nxt)))
             nxt[:carry] = cur[cut:n]
             window.prev, window.prev_base, window.prev_len = cur, base, cut
             base += cut

@@ -58,6 +58,94 @@ def _add_signature_option(parser: argparse.ArgumentParser, top_level: bool = Tru
     )
 
 
+def _add_readonly_option(parser: argparse.ArgumentParser, top_level: bool = True) -> None:
+    parser.add_argument(
+        "--readonly",
+        action="store_true",
+        default=False if top_level else argparse.SUPPRESS,
+        help="observe only: every action (bundle, replay, record, confirm; the UI's keys b and c) is refused",
+    )
+
+
+# The subcommands --readonly refuses (radixtop.incident.commands.ACTIONS, kept here so that
+# refusing costs no import).
+ACTIONS = ("bundle", "replay", "record", "confirm")
+
+
+def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
+    bundle = sub.add_parser(
+        "bundle",
+        help="write an evidence bundle: first occurrences, findings, server state, GPU, processes, stacks",
+        description="Collect the evidence of an incident into DIR/radixtop-bundle-<time>-<reason>/ (written "
+        "atomically, a .tar.gz beside it, secrets redacted, a manifest with every file's SHA-256).",
+    )
+    bundle.add_argument("--url", default=None, help="the server's base URL, e.g. http://127.0.0.1:30000")
+    # SUPPRESS: `radixtop --log F bundle` keeps the top-level --log instead of an empty default.
+    bundle.add_argument("--log", action="append", default=argparse.SUPPRESS, metavar="PATH", help="server log (repeatable)")
+    bundle.add_argument("--out", default=None, metavar="DIR", help="directory to write the bundle in")
+    bundle.add_argument("--pid", type=int, default=None, help="the server's pid (default: the one listening on the URL's port)")
+    bundle.add_argument("--reason", default="manual", help="a word for the bundle's name (default manual)")
+    bundle.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    bundle.add_argument("--verify", default=None, metavar="BUNDLE", help="check a bundle (directory or .tar.gz) against its manifest")
+    _add_signature_option(bundle, top_level=False)
+    _add_readonly_option(bundle, top_level=False)
+
+    replay = sub.add_parser(
+        "replay",
+        help="send a workload trace N times at temperature 0 and report which requests' outputs diverge",
+    )
+    replay.add_argument("trace", metavar="TRACE", help="a trace file, or a built-in name (finding_03330, demo_pressure)")
+    replay.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:30000")
+    replay.add_argument("--runs", type=int, default=5, help="how many times to send the trace (default 5)")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    replay.add_argument("--no-flush", action="store_true", help="do not POST /flush_cache before each run")
+    replay.add_argument(
+        "--page-size", default=None, metavar="N|auto",
+        help="rescale the trace's shared prefixes to this page size (auto: the server's)",
+    )  # fmt: skip
+    replay.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (same seed, same prompts)")
+    _add_readonly_option(replay, top_level=False)
+
+    record = sub.add_parser(
+        "record", help="record live traffic as a trace: a proxy on loopback in front of the server"
+    )
+    record.add_argument("--url", required=True, help="the server to forward to")
+    record.add_argument("--out", required=True, metavar="TRACE", help="the trace file to write")
+    record.add_argument("--listen-port", type=int, default=0, help="the proxy's port on 127.0.0.1 (default: a free one)")
+    record.add_argument("--keep-prompts", action="store_true", help="keep the prompts in the trace (they may be sensitive)")
+    record.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: at Ctrl-C)")
+    record.add_argument("--max-requests", type=int, default=0, help="stop after this many generate calls")
+    record.add_argument("--name", default=None, help="the trace's name (default: the file's)")
+    record.add_argument("--ready-file", default=None, help=argparse.SUPPRESS)  # tests: where the port is written
+    _add_readonly_option(record, top_level=False)
+
+    confirm = sub.add_parser(
+        "confirm",
+        help="the confirmation run: evidence, a plan to approve, then the live server vs a bounded control",
+    )
+    confirm.add_argument("--url", required=True, help="the live server's base URL")
+    confirm.add_argument("--trace", default=None, help="workload: a trace file or built-in name (default: pressure sized to the server)")
+    confirm.add_argument("--runs", type=int, default=3, help="runs against each server (default 3)")
+    confirm.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    confirm.add_argument("--yes", action="store_true", help="approve the plan without asking")
+    confirm.add_argument("--log", action="append", default=argparse.SUPPRESS, metavar="PATH", help="the live server's log (default: found)")
+    confirm.add_argument("--pid", type=int, default=None, help="the live server's pid (default: found by its port)")
+    confirm.add_argument("--launch-command", default=None, help="the live server's command, when it cannot be learned")
+    confirm.add_argument(
+        "--control-cache", choices=["disable", "keep"], default="disable",
+        help="disable: the control adds --disable-radix-cache (default); keep: only the pressure is lowered",
+    )  # fmt: skip
+    confirm.add_argument("--concurrency-divisor", type=int, default=4, help="the control's --max-running-requests is the live one divided by this (default 4)")
+    confirm.add_argument("--control-arg", action="append", default=[], metavar="FLAG", help="an extra control flag (--control-arg=--mem-fraction-static=0.3); repeatable")
+    confirm.add_argument("--stop-original", action="store_true", help="stop the live server before starting the control (never done otherwise)")
+    confirm.add_argument("--no-flush", action="store_true", help="do not flush the caches between runs")
+    confirm.add_argument("--no-bundle", action="store_true", help="skip the evidence bundle (not recommended)")
+    confirm.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait for the control's health (default 900)")
+    confirm.add_argument("--workdir", default=None, help="where the plan, logs, replays and verdict go (default ./radixtop-confirm-<time>)")
+    _add_signature_option(confirm, top_level=False)
+    _add_readonly_option(confirm, top_level=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="radixtop",
@@ -66,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"radixtop {__version__}")
     _add_tui_options(parser)
     _add_signature_option(parser)
+    _add_readonly_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     scan = sub.add_parser("scan", help="scan logs headless for known failure signatures")
@@ -93,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_signature_option(demo, top_level=False)
 
+    _add_action_parsers(sub)
+
     sub.add_parser(
         "sim",
         help="run the SGLang-compatible simulator (takes SGLang's flags; see `radixtop sim --help`)",
@@ -110,6 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        if args.command in ACTIONS:
+            if args.readonly:
+                raise UsageError(f"--readonly: `{args.command}` is an action and is refused; run without --readonly")
+            from radixtop.incident import commands
+
+            return getattr(commands, f"run_{args.command}")(args)
         if args.command == "demo":
             from radixtop.sim.demo import run_demo
 

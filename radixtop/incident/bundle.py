@@ -177,7 +177,13 @@ def take_bundle(
     :class:`BundleError` only when nothing can be written; every unreadable source is a note.
     """
     from radixtop.incident import evidence
-    from radixtop.incident.server import base_url, is_loopback_url, listening_pid, process_python, url_port
+    from radixtop.incident.server import (
+        base_url,
+        is_loopback_url,
+        listening_pid,
+        process_python,
+        url_port,
+    )
 
     began = time.monotonic()
     cancel = cancel or threading.Event()
@@ -212,7 +218,7 @@ def take_bundle(
     def guarded(step: str, call: Callable[[], Any]) -> Any:
         try:
             return call()
-        except Exception as exc:  # a collector's own bug must not lose the rest of the bundle
+        except Exception as exc:  # noqa: BLE001 - a collector's own bug must not lose the rest of the bundle
             writer.note(f"errors/{step}", f"collecting {step} failed: {type(exc).__name__}: {exc}")
             return None
         finally:
@@ -436,8 +442,8 @@ class AutoBundler:
                 reason=f"auto-{self.trigger}", live_report=live_report, **self.options,
             )  # fmt: skip
             self.state = "done"
-        except Exception as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - reported through on_done and .error
+            self.error = f"{type(exc).__name__}: {exc}"  # reported through on_done / error
             self.state = "failed"
         if self.on_done is not None:
             self.on_done(self.result, self.error)

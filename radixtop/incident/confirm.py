@@ -171,8 +171,10 @@ class Plan:
             f"  launched as ({self.live.source}): {shlex.join(self.redactor.argv(self.live.argv))}",
             f"  logs watched: {', '.join(self.baseline_logs) or '(none found: signatures cannot be watched; pass --log)'}",
             f"Evidence      {self.bundle.path if self.bundle is not None else '(no bundle taken)'}",
-            f"Workload      {self.trace.name}: {len(self.trace.requests)} requests, {self.calls} calls over "
-            f"{duration:.1f} s at temperature 0 ({self.trace_path})",
+            (
+                f"Workload      {self.trace.name}: {len(self.trace.requests)} requests, {self.calls} calls "
+                f"over {duration:.1f} s at temperature 0 ({self.trace_path})"
+            ),
             f"Runs          {o.runs} against the live server, then {o.runs} against the control; "
             + ("the cache is flushed before each run (POST /flush_cache)" if o.flush else "no cache flush (--no-flush)"),
             f"Control       {shlex.join(self.redactor.argv(self.control_argv))}",
@@ -200,8 +202,12 @@ class Plan:
             "control_changes": list(self.control_changes),
             "control_summary": self.control_summary,
             "control_output": str(self.control_output),
-            "workload": {"name": self.trace.name, "path": str(self.trace_path), "requests": len(self.trace.requests),
-                         "calls": self.calls},  # fmt: skip
+            "workload": {
+                "name": self.trace.name,
+                "path": str(self.trace_path),
+                "requests": len(self.trace.requests),
+                "calls": self.calls,
+            },
             "runs": self.options.runs,
             "flush": self.options.flush,
             "stop_original": self.options.stop_original,
@@ -440,8 +446,10 @@ class Verdict:
             f"VERDICT: {self.verdict}",
             f"  {self.reason}",
             "",
-            f"Baseline (live server {b.get('url')}): {b.get('runs', 0)} runs, "
-            f"{b.get('failed_calls', 0)} failed calls, alive after: {b.get('alive_after')}",
+            (
+                f"Baseline (live server {b.get('url')}): {b.get('runs', 0)} runs, "
+                f"{b.get('failed_calls', 0)} failed calls, alive after: {b.get('alive_after')}"
+            ),
             f"  signatures: {', '.join(b.get('signatures') or []) or 'none'}",
             f"  diverged:   {', '.join(b.get('diverged') or []) or 'none'}",
         ]
@@ -714,17 +722,15 @@ def _decide(plan: Plan, baseline: dict[str, Any], control: dict[str, Any], thres
         extra = f" (the control showed {', '.join(c_sig + c_div)})" if c_sig or c_div else ""
         return "not-reproduced", f"the live server stayed clean under this workload: no signature, no divergence{extra}"
     if c_sig or c_div:
-        still = " and ".join(p for p in (f"signature {', '.join(c_sig)}" if c_sig else "",
-                                         f"divergence in {', '.join(c_div)}" if c_div else "") if p)  # fmt: skip
-        return (
-            "persists-under-control",
-            f"the baseline showed {what}; under the control ({plan.control_summary}) "
-            f"there is still {still}: an unconditional defect or another cause (the competing hypothesis stays open)",
+        parts = (f"signature {', '.join(c_sig)}" if c_sig else "", f"divergence in {', '.join(c_div)}" if c_div else "")
+        still = " and ".join(p for p in parts if p)
+        return "persists-under-control", (
+            f"the baseline showed {what}; under the control ({plan.control_summary}) there is still {still}: "
+            "an unconditional defect or another cause (the competing hypothesis stays open)"
         )
-    return (
-        "pressure-dependent",
-        f"the baseline showed {what}; under the control ({plan.control_summary}) it is gone "
-        "across the same workload: resume only with bounded pressure (the control's settings)",
+    return "pressure-dependent", (
+        f"the baseline showed {what}; under the control ({plan.control_summary}) it is gone across the same "
+        "workload: resume only with bounded pressure (the control's settings)"
     )
 
 

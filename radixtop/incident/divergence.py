@@ -249,8 +249,8 @@ def format_report(report: DivergenceReport, *, source: str = "") -> str:
             first_error = next((e for c in r.copies for e in c.errors), "")
             out.append(f"    {r.id}: {r.failed} failed calls, e.g. {first_error[:120]}")
     j = report.jitter
-    out += ["", f"  Dispatch jitter: p50 {j['p50']:.2f} ms, p99 {j['p99']:.2f} ms, max {j['max']:.2f} ms "
-                f"over {int(j['calls'])} calls"]  # fmt: skip
+    jitter = f"p50 {j['p50']:.2f} ms, p99 {j['p99']:.2f} ms, max {j['max']:.2f} ms over {int(j['calls'])} calls"
+    out += ["", f"  Dispatch jitter: {jitter}"]
     for note in report.notes:
         out.append(f"  note: {note}")
     if report.stopped_early:

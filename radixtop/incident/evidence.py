@@ -180,7 +180,7 @@ def collect_nvml(sink: Sink) -> None:
         return
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError and its many subclasses; a missing libnvidia-ml too
+    except Exception as exc:  # noqa: BLE001 - NVMLError and its many subclasses; a missing libnvidia-ml too
         sink.note("gpu/nvml.json", f"NVML unavailable: {_one_line(exc)} (no NVIDIA driver on this machine?)")
         return
     try:
@@ -193,19 +193,19 @@ def collect_nvml(sink: Sink) -> None:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             doc["devices"].append(_nvml_device(pynvml, index, handle))
         sink.json("gpu/nvml.json", doc)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of a source becomes a note
         sink.note("gpu/nvml.json", f"NVML failed while reading: {_one_line(exc)}")
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - shutting NVML down is best effort
             pass
 
 
 def _nvml_value(call: Any, *args: Any) -> Any:
     try:
         value = call(*args)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of a source becomes a note
         return f"unavailable: {_one_line(exc)}"
     return value.decode() if isinstance(value, bytes) else value
 
@@ -404,8 +404,10 @@ def _evidence_text(finding: Any) -> str:
         + (f"  time {occ.time}" if occ.time else "")
         + (f"  rank {occ.rank}" if occ.rank else ""),
         f"# occurrences: {finding.count}",
-        f"# {len(finding.context_before)} lines before, the line itself (>>>), "
-        f"{len(finding.context_after)} lines after",
+        (
+            f"# {len(finding.context_before)} lines before, the line itself (>>>), "
+            f"{len(finding.context_after)} lines after"
+        ),
         "",
     ]
     body = [*finding.context_before, f">>> {occ.text}", *finding.context_after]

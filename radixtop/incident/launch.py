@@ -261,7 +261,7 @@ class ControlProcess:
             try:
                 self.proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                    cwd=self.cwd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                    cwd=self.cwd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only
                 )  # fmt: skip
             except OSError as exc:
                 raise LaunchError(f"the control command could not start: {exc.strerror or exc}") from None

@@ -1,0 +1,311 @@
+"""The headless incident commands: `radixtop bundle`, `replay`, `record` and `confirm`.
+
+Each takes the argparse Namespace built in radixtop/cli.py and returns an exit status. Progress
+goes to stderr, results to stdout (one JSON object with --json). Bad input is one line on stderr
+and exit status 2 (raised as radixtop.cli.UsageError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ACTIONS", "load_trace_arg", "run_bundle", "run_confirm", "run_record", "run_replay"]
+
+# Everything `--readonly` removes: each sends traffic to the server, starts or stops a process,
+# or attaches to one (py-spy pauses it).
+ACTIONS = ("bundle", "replay", "record", "confirm")
+
+
+def _usage(message: str) -> Exception:
+    from radixtop.cli import UsageError
+
+    return UsageError(message)
+
+
+def _progress(prefix: str, quiet: bool = False):
+    def say(message: str) -> None:
+        if not quiet:
+            print(f"radixtop {prefix}: {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def load_trace_arg(text: str) -> tuple[Any, str]:
+    """A trace file, or a built-in trace's name (finding_03330, demo_pressure)."""
+    from radixtop.incident.trace import TraceError, builtin_trace, load_trace
+
+    try:
+        if os.path.exists(text) or os.sep in text or text.endswith(".json"):
+            return load_trace(text), str(Path(text))
+        return builtin_trace(text), f"built-in {text}"
+    except TraceError as exc:
+        raise _usage(f"{exc}; pass a trace file or a built-in name (finding_03330, demo_pressure)") from None
+
+
+def _page_size(url: str, value: str | None) -> int | None:
+    """--page-size: None (as written), a number, or auto (the server's, from /server_info)."""
+    if value in (None, ""):
+        return None
+    if value != "auto":
+        try:
+            size = int(value)
+        except ValueError:
+            raise _usage(f"--page-size {value!r}: give a number of tokens or auto") from None
+        if size < 1:
+            raise _usage(f"--page-size must be at least 1, got {size}")
+        return size
+    import httpx
+
+    try:
+        info = httpx.get(f"{url}/server_info", timeout=5).json()
+        return int(info["page_size"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        raise _usage(f"--page-size auto: {url}/server_info did not say its page_size; pass a number") from None
+
+
+# -- bundle -------------------------------------------------------------------------------------
+
+
+def run_bundle(args: Namespace) -> int:
+    from radixtop.incident.bundle import BundleError, take_bundle, verify_bundle
+    from radixtop.incident.server import ServerError
+
+    if args.verify:
+        problems = verify_bundle(args.verify)
+        for problem in problems:
+            print(f"radixtop bundle: {problem}", file=sys.stderr)
+        if not problems:
+            print(f"{args.verify}: verified, every file matches the manifest")
+        return 1 if problems else 0
+    if not args.out:
+        raise _usage("bundle: pass --out DIR (where the bundle and its .tar.gz are written)")
+    say = _progress("bundle", args.json)
+    cancel = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        result = take_bundle(
+            args.out, url=args.url, logs=args.log, pid=args.pid, reason=args.reason,
+            signature_files=args.signatures, context=args.context, cancel=cancel,
+            on_progress=lambda p: say(p.message),
+        )  # fmt: skip
+    except ServerError as exc:
+        raise _usage(str(exc)) from None
+    except BundleError as exc:
+        if cancel.is_set():
+            print("radixtop bundle: cancelled; nothing was written", file=sys.stderr)
+            return 130
+        raise _usage(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    print(f"bundle: {result.path}")
+    if result.archive is not None:
+        print(f"archive: {result.archive}")
+    print(f"{len(result.files)} files, {result.findings} signatures with evidence, in {result.duration_s:.1f} s")
+    for rel, why in sorted(result.notes.items()):
+        print(f"  not collected: {rel}: {why}")
+    return 0
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+
+def run_replay(args: Namespace) -> int:
+    from radixtop.incident.divergence import compare_runs, format_report
+    from radixtop.incident.replay import replay_series
+    from radixtop.incident.server import ServerError, auth_headers, base_url
+    from radixtop.incident.trace import TraceError, plan_requests, rescale_prefixes
+
+    try:
+        url = base_url(args.url)
+    except ServerError as exc:
+        raise _usage(str(exc)) from None
+    if args.runs < 1:
+        raise _usage(f"--runs must be at least 1, got {args.runs}")
+    trace, label = load_trace_arg(args.trace)
+    size = _page_size(url, args.page_size)
+    if size is not None and size != trace.page_size_hint:
+        try:
+            trace = rescale_prefixes(trace, size)
+        except TraceError as exc:
+            raise _usage(str(exc)) from None
+        label += f", prefixes rescaled to page size {size}"
+    say = _progress("replay", args.json)
+    if args.no_flush:
+        say("--no-flush: the cache is NOT flushed between runs, so later runs may hit what earlier ones cached")
+    else:
+        say("the server's cache is flushed (POST /flush_cache) before each run")
+    planned = plan_requests(trace, seed=args.seed)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        series = await replay_series(
+            url, planned, args.runs, flush=not args.no_flush, headers=auth_headers(),
+            on_event=lambda e: say(e.message) if e.kind != "flush" else None, should_stop=stop.is_set,
+        )  # fmt: skip
+        return series, stop.is_set()
+
+    series, stopped = asyncio.run(go())
+    report = compare_runs(series, trace)
+    if args.json:
+        doc = report.to_json()
+        doc["source"] = label
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        sys.stdout.write(format_report(report, source=label))
+    return 130 if stopped else 0
+
+
+# -- record -------------------------------------------------------------------------------------
+
+
+def run_record(args: Namespace) -> int:
+    from radixtop.incident.record import RecordingProxy
+    from radixtop.incident.server import ServerError, base_url
+    from radixtop.incident.trace import save_trace
+
+    try:
+        url = base_url(args.url)
+    except ServerError as exc:
+        raise _usage(str(exc)) from None
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise _usage(f"--out {out}: its directory does not exist")
+    say = _progress("record", False)
+
+    async def go() -> RecordingProxy:
+        proxy = RecordingProxy(url, keep_prompts=args.keep_prompts, port=args.listen_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        def seen(call: Any) -> None:
+            if args.max_requests and len(proxy.calls) >= args.max_requests:
+                stop.set()
+
+        proxy.on_call = seen
+        try:
+            port = await proxy.start()
+        except OSError as exc:
+            raise _usage(f"record: {exc}") from None
+        say(f"recording: point clients at http://127.0.0.1:{port} (forwarding to {url}); "
+            f"Ctrl-C writes {out}" + ("" if args.keep_prompts else "; prompts are not kept (--keep-prompts keeps them)"))  # fmt: skip
+        if args.ready_file:
+            Path(args.ready_file).write_text(f"{port}\n", encoding="utf-8")
+        try:
+            await asyncio.wait_for(stop.wait(), args.duration if args.duration else None)
+        except TimeoutError:
+            pass
+        await proxy.stop()
+        return proxy
+
+    proxy = asyncio.run(go())
+    try:
+        trace = proxy.trace(name=args.name or out.stem)
+    except ValueError as exc:
+        raise _usage(f"record: {exc}") from None
+    tmp = out.with_name(f".{out.name}.partial")
+    save_trace(trace, tmp)
+    os.replace(tmp, out)
+    note = f"; {proxy.skipped} batch calls forwarded but not recorded" if proxy.skipped else ""
+    say(f"wrote {out}: {len(trace.requests)} requests over {trace.requests[-1].offset_ms / 1000:.1f} s{note}")
+    return 0
+
+
+# -- confirm ------------------------------------------------------------------------------------
+
+
+def _ask(lines: list[str]) -> bool:
+    print("\n".join(lines), file=sys.stderr)
+    try:
+        answer = input("Start the confirmation run as planned? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def run_confirm(args: Namespace) -> int:
+    from radixtop.incident.confirm import (
+        ConfirmationRun,
+        ConfirmCancelled,
+        ConfirmOptions,
+        PlanError,
+        prepare,
+    )
+    from radixtop.incident.server import ServerError
+
+    if not args.yes and not sys.stdin.isatty():
+        raise _usage("confirm: stdin is not a terminal, so the plan cannot be approved here; pass --yes to approve it")
+    trace, label = load_trace_arg(args.trace) if args.trace else (None, None)
+    workdir = Path(args.workdir) if args.workdir else Path(f"radixtop-confirm-{time.strftime('%Y%m%d-%H%M%S')}")
+    options = ConfirmOptions(
+        url=args.url, workdir=workdir.resolve(), trace=trace, trace_label=label, runs=args.runs,
+        flush=not args.no_flush, logs=tuple(args.log), pid=args.pid, launch_command=args.launch_command,
+        cache=args.control_cache, concurrency_divisor=args.concurrency_divisor,
+        control_args=tuple(args.control_arg), stop_original=args.stop_original,
+        health_timeout_s=args.health_timeout, bundle=not args.no_bundle,
+        signature_files=tuple(args.signatures),
+    )  # fmt: skip
+    say = _progress("confirm", False)
+
+    def on_event(event: Any) -> None:
+        if event.phase != "plan":
+            say(f"[{event.phase}] {event.message}")
+
+    cancel = threading.Event()
+
+    async def plan_phase():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, cancel.set)
+        return await prepare(options, on_event, cancel)
+
+    try:
+        plan = asyncio.run(plan_phase())
+    except (PlanError, ServerError) as exc:
+        raise _usage(f"confirm: {exc}") from None
+    except ConfirmCancelled:
+        say("cancelled before anything was started")
+        return 130
+    if args.yes:
+        print("\n".join(plan.describe()), file=sys.stderr)
+        say("approved with --yes")
+    elif not _ask(plan.describe()):
+        say("not approved; nothing was started. The evidence bundle is kept." if plan.bundle else "not approved; nothing was started")
+        return 1
+
+    run = ConfirmationRun(plan, on_event)
+
+    async def run_phase():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, run.cancel)
+        return await run.run()
+
+    try:
+        verdict = asyncio.run(run_phase())
+    except ConfirmCancelled:
+        say("cancelled; the control server was stopped and nothing is left running")
+        return 130
+    if args.json:
+        doc = verdict.to_json()
+        doc["plan"] = plan.to_json()
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        sys.stdout.write(verdict.format())
+    return 1 if verdict.verdict == "inconclusive" else 0

@@ -1,0 +1,294 @@
+"""Record a live workload as a trace: a reverse proxy on loopback in front of the server.
+
+Clients are pointed at the proxy (``http://127.0.0.1:PORT``) instead of the server; it forwards
+every request unchanged (streaming answers too) and, for each generate call (``/generate``,
+``/v1/completions``, ``/v1/chat/completions``), writes down when it arrived (``offset_ms`` from
+the first call), its prompt length, how much of its prompt it shares with an earlier one, its
+``max_tokens`` and its ``n``. The result is a trace that ``radixtop replay`` and ``radixtop
+confirm`` take: "the same input" can be the user's own traffic.
+
+Prompts stay out of the trace unless ``keep_prompts`` (they may be sensitive); then each request
+carries its exact ``input_ids`` or ``text`` and a replay sends exactly that (see
+``radixtop.incident.trace``). Without them, a replay synthesizes prompts of the same shape.
+
+Shared prefixes. For token-id prompts, the longest common token prefix with every earlier prompt
+is exact. For text prompts the proxy has no tokenizer: it takes the longest common prefix in
+characters and converts it to tokens in proportion to the prompt's token count (from the server's
+answer: ``meta_info.prompt_tokens`` or ``usage.prompt_tokens``; without one, about 4 characters a
+token). Chat prompts are compared by their messages' text in order, and their text is never kept
+(the server saw it through its chat template, which the proxy does not know), so they replay as
+synthesized prompts of the same shape. The trace format gives one
+shared base per group: a prompt joins the group of the earlier prompt it shares most with (at
+least one token), its ``prefix_len`` is that shared length, and the earlier prompt's
+``prefix_len`` is raised to match, so a synthetic replay shares the same amount. Sharing that is
+a tree (a system prompt, then conversations) is flattened to that one level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from radixtop.incident.trace import TRACE_VERSION, Trace, TraceRequest
+
+__all__ = ["RecordedCall", "RecordingProxy", "build_trace", "common_prefix"]
+
+GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+     "transfer-encoding", "upgrade", "host", "content-length"}
+)  # fmt: skip
+MAX_BODY_BYTES = 64 << 20
+TAIL_BYTES = 64 << 10  # of a streamed answer, enough to find its usage/meta_info
+CHARS_PER_TOKEN = 4
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+
+
+@dataclass
+class RecordedCall:
+    offset_ms: float
+    path: str
+    input_ids: list[int] | None
+    text: str | None
+    max_tokens: int
+    n: int
+    prompt_tokens: int | None = None  # from the server's answer
+    status: int | None = None
+    chat: bool = False  # a chat call: its text is radixtop's flattening of the messages
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def parse_call(path: str, body: Any) -> tuple[list[int] | None, str | None, int, int] | None:
+    """(input_ids, text, max_tokens, n) of one generate request, or None when it holds no single
+    prompt (a batch of prompts, embeddings): those are forwarded but not recorded."""
+    if not isinstance(body, dict):
+        return None
+    if path == "/generate":
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            params = {}
+        max_tokens = _int(params.get("max_new_tokens"), 128)
+        n = _int(params.get("n"), 1) or 1
+        ids, text = body.get("input_ids"), body.get("text")
+    elif path == "/v1/completions":
+        max_tokens = _int(body.get("max_tokens"), 16)
+        n = _int(body.get("n"), 1) or 1
+        prompt = body.get("prompt")
+        ids, text = (prompt, None) if isinstance(prompt, list) else (None, prompt)
+    else:  # chat
+        max_tokens = _int(body.get("max_tokens", body.get("max_completion_tokens")), 128)
+        n = _int(body.get("n"), 1) or 1
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None
+        parts = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+                content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
+            parts.append(f"<{m.get('role', '') if isinstance(m, dict) else ''}>{content or ''}")
+        ids, text = None, "".join(parts)
+    if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        return list(ids), None, max_tokens, n
+    if isinstance(text, str) and text:
+        return None, text, max_tokens, n
+    return None  # a batch, embeddings, or nothing usable
+
+
+def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool, page_size_hint: int = 1,
+                source: str = "") -> Trace:  # fmt: skip
+    """The recorded calls as a trace (see the module's docstring for groups and prefixes)."""
+    usable = [c for c in calls if c.status is None or c.status == 200]
+    if not usable:
+        raise ValueError("no generate call was recorded; point a client at the proxy and send some traffic")
+    t0 = min(c.offset_ms for c in usable)
+    groups: list[str] = []
+    prefix: list[int] = []
+    lengths: list[int] = []
+    seqs: list[Sequence[Any]] = []
+    per_token: list[float] = []
+    for i, call in enumerate(usable):
+        seq: Sequence[Any] = call.input_ids if call.input_ids is not None else call.text or ""
+        if call.input_ids is not None:
+            length = len(call.input_ids)
+            scale = 1.0
+        else:
+            length = call.prompt_tokens or max(1, len(seq) // CHARS_PER_TOKEN)
+            scale = length / max(1, len(seq))
+        best, best_j = 0, -1
+        for j in range(i):
+            if (usable[j].input_ids is None) != (call.input_ids is None):
+                continue  # ids and text cannot be compared
+            shared = common_prefix(seq, seqs[j])
+            if shared > best:
+                best, best_j = shared, j
+        tokens = min(length, int(best * scale)) if best_j >= 0 else 0
+        if tokens > 0:
+            groups.append(groups[best_j])
+            prefix.append(tokens)
+            prefix[best_j] = min(lengths[best_j], max(prefix[best_j], min(tokens, int(best * per_token[best_j]))))
+        else:
+            groups.append(f"g{i:04d}")
+            prefix.append(0)
+        lengths.append(length)
+        seqs.append(seq)
+        per_token.append(scale)
+    requests = []
+    for i, call in enumerate(usable):
+        requests.append(
+            TraceRequest(
+                id=f"q{i:04d}",
+                offset_ms=round(call.offset_ms - t0, 3),
+                prompt_len=lengths[i],
+                prefix_len=prefix[i],
+                group=groups[i],
+                max_tokens=call.max_tokens,
+                n=call.n,
+                input_ids=tuple(call.input_ids) if keep_prompts and call.input_ids is not None else None,
+                # A chat call's flattened messages are not what the server saw after its chat
+                # template: replaying them as text would send another prompt, so they are not kept.
+                text=call.text if keep_prompts and call.input_ids is None and not call.chat else None,
+            )
+        )
+    return Trace(name=name, page_size_hint=max(1, page_size_hint), requests=tuple(requests),
+                 version=TRACE_VERSION, source=source)  # fmt: skip
+
+
+@dataclass
+class RecordingProxy:
+    """``await start()`` -> the port clients use; ``await stop()``; ``trace()`` of what passed."""
+
+    upstream: str
+    keep_prompts: bool = False
+    port: int = 0
+    on_call: Callable[[RecordedCall], None] | None = None
+    calls: list[RecordedCall] = field(default_factory=list)
+    skipped: int = 0  # generate calls whose prompt could not be recorded (batches)
+    _server: Any = None
+    _task: asyncio.Task | None = None
+    _client: httpx.AsyncClient | None = None
+    _t0: float | None = None
+
+    async def start(self) -> int:
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        from radixtop.sim.cli import (  # one-line errors for a taken port
+            UsageError,
+            bind_socket,
+        )
+
+        self.upstream = self.upstream.rstrip("/")
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                         limits=httpx.Limits(max_connections=1024, keepalive_expiry=1.0))  # fmt: skip
+        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])])
+        try:
+            sock = bind_socket("127.0.0.1", self.port)
+        except UsageError as exc:
+            await self._client.aclose()
+            raise OSError(str(exc)) from None
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=5)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        deadline = time.monotonic() + 10
+        while not self._server.started and time.monotonic() < deadline and not self._task.done():
+            await asyncio.sleep(0.02)
+        if not self._server.started:
+            await self.stop()
+            raise OSError("the recording proxy did not start")
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(self._task, 5)
+        if self._client is not None:
+            await self._client.aclose()
+
+    def trace(self, name: str = "recorded", page_size_hint: int = 1) -> Trace:
+        return build_trace(
+            self.calls, name=name, keep_prompts=self.keep_prompts, page_size_hint=page_size_hint,
+            source=f"radixtop record in front of {self.upstream}"
+            + ("" if self.keep_prompts else " (prompts not kept: replays synthesize prompts of the same shape)"),
+        )  # fmt: skip
+
+    async def _forward(self, request: Any) -> Any:
+        from starlette.responses import Response, StreamingResponse
+
+        assert self._client is not None
+        body = await request.body()
+        path = request.url.path
+        call = None
+        if request.method == "POST" and path in GENERATE_PATHS and len(body) <= MAX_BODY_BYTES:
+            call = self._note_call(path, body)
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        url = f"{self.upstream}{path}" + (f"?{request.url.query}" if request.url.query else "")
+        try:
+            upstream = await self._client.send(
+                self._client.build_request(request.method, url, headers=headers, content=body), stream=True
+            )
+        except httpx.HTTPError as exc:
+            if call is not None:
+                call.status = 502
+            return Response(f"radixtop record: upstream {self.upstream} failed: {type(exc).__name__}\n", status_code=502)
+        if call is not None:
+            call.status = upstream.status_code
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"}
+
+        async def relay():
+            tail = b""
+            try:
+                async for chunk in upstream.aiter_bytes():
+                    if call is not None:
+                        tail = (tail + chunk)[-TAIL_BYTES:]
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                if call is not None:
+                    found = _PROMPT_TOKENS.findall(tail)
+                    if found:
+                        call.prompt_tokens = int(found[-1])
+
+        return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
+
+    def _note_call(self, path: str, body: bytes) -> RecordedCall | None:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        try:
+            parsed = parse_call(path, json.loads(body))
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            self.skipped += 1
+            return None
+        ids, text, max_tokens, n = parsed
+        call = RecordedCall((now - self._t0) * 1000.0, path, ids, text, max_tokens, n,
+                            chat=path == "/v1/chat/completions")  # fmt: skip
+        self.calls.append(call)
+        if self.on_call is not None:
+            self.on_call(call)
+        return call

@@ -1,0 +1,275 @@
+"""Evidence bundles against real simulator processes: complete, verifiable, redacted, atomic."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+import tarfile
+import threading
+import types
+from pathlib import Path
+
+import httpx
+import pytest
+from incident_helpers import all_bytes, radixtop, start_sim, wait_for, write_lines
+
+from radixtop.diagnosis.catalog import ORDINARY_LINES, load_catalog
+from radixtop.incident.bundle import AutoBundler, take_bundle, verify_bundle
+from radixtop.incident.logwindow import LogWindow
+from radixtop.incident.redact import REDACTED, Redactor
+from radixtop.incident.replay import replay_once
+from radixtop.incident.trace import plan_requests
+from radixtop.incident.workloads import pressure_trace
+
+HF = "hf_PlantedTokenAbcdefghijklmnopq"
+PASSWORD = "planted-pa55word-xyz"
+API_KEY = "sk-plantedkey0123456789abcdef"
+BEARER = "plantedBearerValue98765"
+SECRETS = (HF, PASSWORD, API_KEY, BEARER)
+SECRET_ENV = {"HF_TOKEN": HF, "MY_DB_PASSWORD": PASSWORD, "OPENAI_API_KEY": API_KEY}
+SIGNATURE_LINE = (
+    "[2026-12-02 14:00:03 TP0] sglang.srt.mem_cache.radix_cache.RadixCacheError: "
+    "Failed to lock memory page during dynamic prefix eviction"
+)
+
+
+def _planted_log(path: Path, before: int = 150, after: int = 30) -> None:
+    """A log with secrets in it and a signature preceded by `before` lines."""
+    lines = [f"[2026-12-02 14:00:01 TP0] filler line {i}" for i in range(before - 3)]
+    lines += [
+        f"[2026-12-02 14:00:02] curl -H 'Authorization: Bearer {BEARER}' http://127.0.0.1/generate",
+        f"[2026-12-02 14:00:02] launch: python -m sglang.launch_server --api-key {API_KEY} --port 30000",
+        f"[2026-12-02 14:00:02] HF_TOKEN={HF} password={PASSWORD}",
+        SIGNATURE_LINE,
+    ]
+    lines += [f"[2026-12-02 14:00:04 TP0] after line {i}" for i in range(after)]
+    write_lines(path, lines)
+
+
+def _assert_no_secret(root: Path) -> None:
+    for name, data in all_bytes(root):
+        for secret in SECRETS:
+            assert secret.encode() not in data, f"{secret} leaked into {name}"
+        if name.endswith(".tar.gz"):
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                for member in tar.getmembers():
+                    handle = tar.extractfile(member)
+                    content = handle.read() if handle else b""
+                    for secret in SECRETS:
+                        assert secret.encode() not in content, f"{secret} leaked into {name}:{member.name}"
+
+
+# -- redaction ------------------------------------------------------------------------------------
+
+
+def test_redactor_removes_secret_shapes_names_and_known_values_but_keeps_sglang_lines() -> None:
+    r = Redactor(["a-known-value-123"])
+    for line in ORDINARY_LINES:
+        assert r.text(line) == line
+    cases = {
+        f"Authorization: Bearer {BEARER}": "Authorization: Bearer [REDACTED]",
+        f"--api-key {API_KEY} --port 1": "--api-key [REDACTED] --port 1",
+        f"--api-key=zzzz99999 --max-new-tokens 32": "--api-key=[REDACTED] --max-new-tokens 32",
+        f"x {HF} y": "x [REDACTED] y",
+        "password: hunter22x, token usage: 0.93, #new-token: 64": "password: [REDACTED], token usage: 0.93, #new-token: 64",
+        "https://user:pa55w0rd@example/x": "https://user:[REDACTED]@example/x",
+        "echo a-known-value-123": "echo [REDACTED]",
+        "TOKENIZERS_PARALLELISM=false max_new_tokens=32": "TOKENIZERS_PARALLELISM=false max_new_tokens=32",
+    }
+    for text, want in cases.items():
+        assert r.text(text) == want
+    assert r.argv(["python", "--api-key", "k1234567", "--max-total-tokens", "2048", f"--hf-token={HF}"]) == [
+        "python", "--api-key", REDACTED, "--max-total-tokens", "2048", f"--hf-token={REDACTED}",
+    ]  # fmt: skip
+    assert r.env({"HF_TOKEN": HF, "PATH": "/usr/bin"}) == {"HF_TOKEN": REDACTED, "PATH": "/usr/bin"}
+    doc = r.json({"api_key": "abc", "max_new_tokens": 3, "launch_command": f"--api-key {API_KEY}"})
+    assert doc == {"api_key": REDACTED, "max_new_tokens": 3, "launch_command": "--api-key [REDACTED]"}
+
+
+def test_redactor_learns_values_from_environments_and_argv() -> None:
+    r = Redactor()
+    r.learn_env({"MY_SERVICE_SECRET_VALUE": "opaque-value-77", "HOME": "/root", "SHORT_TOKEN": "x"})
+    r.learn_argv(["python", "--admin-api-key", "opaque-admin-88"])
+    assert r.text("a opaque-value-77 b opaque-admin-88 /root x") == f"a {REDACTED} b {REDACTED} /root x"
+
+
+# -- a bundle of a live server --------------------------------------------------------------------
+
+
+def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "sim", env=SECRET_ENV)
+    planted = tmp_path / "server.log"
+    _planted_log(planted)
+    events = []
+    try:
+        result = take_bundle(tmp_path / "out", url=sim.url, logs=[str(sim.log), str(planted)], reason="test",
+                             on_progress=events.append)  # fmt: skip
+    finally:
+        sim.stop()
+    root = result.path
+    assert root.parent == tmp_path / "out" and root.name.startswith("radixtop-bundle-") and root.is_dir()
+    assert result.archive is not None and result.archive.is_file()
+    # atomic: nothing half-written is left beside it
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([root.name, result.archive.name])
+    assert verify_bundle(root) == [] and verify_bundle(result.archive) == []
+    assert events[0].step == "start" and events[-1].step == "done"
+
+    # the first occurrence with >= 100 lines before it and the lines after
+    evidence = next(root.glob("evidence/*radix-page-lock-eviction.log")).read_text()
+    before, _, after = evidence.partition(">>> ")
+    assert len([x for x in before.splitlines() if not x.startswith("#") and x]) >= 100
+    assert "after line 0" in after and "after line 19" in after
+    findings = json.loads((root / "findings.json").read_text())
+    assert "radix-page-lock-eviction" in {f["signature"] for f in findings["findings"]}
+
+    # the server and the machine
+    info = json.loads((root / "server/server_info.json").read_text())
+    assert info["version"].endswith("radixtop-sim")
+    assert "sglang:" in (root / "server/metrics.txt").read_text()
+    snapshot = json.loads((root / "radix/rank0-snapshot.json").read_text())
+    assert snapshot["schema_version"] == 1
+    procs = json.loads((root / "procs/processes.json").read_text())
+    assert procs["root_pid"] == sim.pid
+    env = procs["processes"][0]["environ"]
+    assert env["HF_TOKEN"] == REDACTED and env["MY_DB_PASSWORD"] == REDACTED
+    assert (root / "gpu/nvml.json").exists() or (root / "gpu/nvml.json.note.txt").exists()
+    assert (root / "gpu/nvidia-smi.txt").exists() or "nvidia-smi" in (root / "gpu/nvidia-smi.txt.note.txt").read_text()
+    if shutil.which("py-spy"):
+        assert "Thread" in (root / f"stacks/py-spy-{sim.pid}.txt").read_text()
+    else:
+        assert "py-spy is not installed" in (root / "stacks/py-spy.txt.note.txt").read_text()
+    assert (root / "env/collect_env.txt").exists() or (root / "env/collect_env.txt.note.txt").exists()
+
+    # every file is in the manifest with its hash; tampering is caught; no secret anywhere
+    manifest = json.loads((root / "MANIFEST.json").read_text())
+    listed = {e["path"] for e in manifest["files"]}
+    assert listed == {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {"MANIFEST.json", "SHA256SUMS"}
+    _assert_no_secret(tmp_path / "out")
+    (root / "findings.json").write_text("{}")
+    assert verify_bundle(root) == ["findings.json: SHA-256 differs from the manifest"]
+
+
+def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "sim")
+    planted = tmp_path / "server.log"
+    _planted_log(planted)
+    box = {}
+    worker = threading.Thread(
+        target=lambda: box.update(result=take_bundle(tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid))
+    )
+    worker.start()
+    os.kill(sim.pid, signal.SIGKILL)  # dies while the bundle is being taken
+    worker.join(60)
+    sim.stop()
+    result = box["result"]
+    root = result.path
+    assert verify_bundle(root) == []
+    assert next(root.glob("evidence/*radix-page-lock-eviction.log")).is_file()
+    # every source is there, or a note says why not
+    for rel in ("server/server_info.json", "server/metrics.txt", "procs/processes.json", "gpu/nvml.json",
+                "env/collect_env.txt"):  # fmt: skip
+        assert (root / rel).exists() or (root / f"{rel}.note.txt").exists(), rel
+
+    # and once it is certainly gone: the notes say what could not be had, the log evidence stands
+    again = take_bundle(tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid)
+    assert "failed" in again.notes["server/server_info.json"]
+    assert "gone" in again.notes["procs/processes.json"]
+    assert next(again.path.glob("evidence/*radix-page-lock-eviction.log")).is_file()
+    assert verify_bundle(again.path) == []
+
+
+def test_auto_bundle_fires_once_at_the_first_error_while_the_lock_race_kills_the_server(tmp_path: Path) -> None:
+    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
+    sim = start_sim(tmp_path / "sim", *flags)
+    window = LogWindow([str(sim.log)], load_catalog())
+    window.start()
+    done = threading.Event()
+    auto = AutoBundler(tmp_path / "auto", url=sim.url, logs=[str(sim.log)], pid=sim.pid,
+                       on_done=lambda result, error: done.set())  # fmt: skip
+    planned = plan_requests(pressure_trace(1024, 8, page_size=16))
+
+    async def load() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(3):
+                if auto.state != "armed":
+                    break
+                await replay_once(client, sim.url, planned)
+
+    def fed_and_fired() -> bool:
+        window.poll()  # the log as the UI sees it, line by line
+        auto.observe(window.report())
+        return auto.state != "armed"
+
+    loader = threading.Thread(target=lambda: asyncio.run(load()))
+    loader.start()
+    try:
+        assert wait_for(fed_and_fired, 30), "no error signature appeared under pressure"
+        assert not auto.observe(window.report()), "a second bundle must not start"
+        assert done.wait(60), "the auto bundle did not finish"
+    finally:
+        loader.join(60)
+        sim.stop()
+    assert auto.state == "done", auto.error
+    assert auto.trigger in ("radix-page-lock-eviction", "scheduler-exception")
+    result = auto.result
+    assert result.reason == f"auto-{auto.trigger}"
+    assert next(result.path.glob(f"evidence/*{auto.trigger}.log")).is_file()
+    assert (result.path / "findings-live.json").is_file()
+    assert verify_bundle(result.path) == []
+
+
+def test_nvml_snapshot_through_the_pynvml_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML faked at its narrowest seam (the pynvml module): there is no GPU on this machine."""
+    from radixtop.incident.bundle import BundleWriter
+    from radixtop.incident.evidence import collect_nvml
+
+    class NVMLError(Exception):
+        pass
+
+    memory = types.SimpleNamespace(total=80 << 30, used=60 << 30, free=20 << 30)
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError, NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: "580.1", nvmlSystemGetNVMLVersion=lambda: "12.580",
+        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100", nvmlDeviceGetUUID=lambda h: "GPU-1",
+        nvmlDeviceGetMemoryInfo=lambda h: memory,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=97, memory=40),
+        nvmlDeviceGetTemperature=lambda h, kind: 71,
+        nvmlDeviceGetPowerUsage=lambda h: (_ for _ in ()).throw(NVMLError("Not Supported")),
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [types.SimpleNamespace(pid=4242, usedGpuMemory=50 << 30)],
+    )  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    writer = BundleWriter(tmp_path, Redactor())
+    collect_nvml(writer)
+    doc = json.loads((tmp_path / "gpu/nvml.json").read_text())
+    device = doc["devices"][0]
+    assert device["name"] == "NVIDIA H100" and device["memory"]["used"] == 60 << 30
+    assert device["power_mw"].startswith("unavailable: NVMLError")  # one failing call, not a failed snapshot
+    assert device["compute_processes"] == [{"pid": 4242, "used_gpu_memory": 50 << 30}]
+
+    monkeypatch.setattr(fake, "nvmlInit", lambda: (_ for _ in ()).throw(NVMLError("Driver Not Loaded")))
+    collect_nvml(BundleWriter(tmp_path / "nodriver", Redactor()))
+    assert "Driver Not Loaded" in (tmp_path / "nodriver/gpu/nvml.json.note.txt").read_text()
+
+
+def test_bundle_cli_writes_verifies_and_refuses_under_readonly(tmp_path: Path) -> None:
+    planted = tmp_path / "server.log"
+    _planted_log(planted)
+    done = radixtop("bundle", "--out", str(tmp_path / "out"), "--log", str(planted), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert "server/server_info.json" in result["notes"]  # no --url: a note, not a failure
+    check = radixtop("bundle", "--verify", result["archive"])
+    assert check.returncode == 0 and "verified" in check.stdout
+    refused = radixtop("--readonly", "bundle", "--out", str(tmp_path / "ro"))
+    assert refused.returncode == 2 and "--readonly" in refused.stderr and not (tmp_path / "ro").exists()
+    bad = radixtop("bundle", "--out", str(tmp_path / "x"), "--url", "ftp://nope")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    _assert_no_secret(tmp_path / "out")

@@ -62,8 +62,10 @@ def small_trace(name: str = "small", requests: int = 4, prompt_len: int = 48, ma
         name=name,
         page_size_hint=16,
         requests=tuple(
-            TraceRequest(f"s{i}", offset_ms=i * 5.0, prompt_len=prompt_len, prefix_len=prefix_len,
-                         group="sys", max_tokens=max_tokens, n=1)  # fmt: skip
+            TraceRequest(
+                f"s{i}", offset_ms=i * 5.0, prompt_len=prompt_len, prefix_len=prefix_len, group="sys",
+                max_tokens=max_tokens, n=1,
+            )
             for i in range(requests)
         ),
     )
@@ -87,11 +89,12 @@ def wait_for(predicate, timeout_s: float, step_s: float = 0.05) -> bool:
     return bool(predicate())
 
 
-def radixtop(*args: str, timeout_s: float = 60.0, stdin=subprocess.DEVNULL,
-             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def radixtop(
+    *args: str, timeout_s: float = 60.0, stdin=subprocess.DEVNULL, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "radixtop", *args], capture_output=True, text=True, timeout=timeout_s,
-        stdin=stdin, env={**os.environ, **(env or {})},
+        stdin=stdin, env={**os.environ, **(env or {})}, check=False,
     )  # fmt: skip
 
 

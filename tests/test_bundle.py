@@ -74,7 +74,7 @@ def test_redactor_removes_secret_shapes_names_and_known_values_but_keeps_sglang_
     cases = {
         f"Authorization: Bearer {BEARER}": "Authorization: Bearer [REDACTED]",
         f"--api-key {API_KEY} --port 1": "--api-key [REDACTED] --port 1",
-        f"--api-key=zzzz99999 --max-new-tokens 32": "--api-key=[REDACTED] --max-new-tokens 32",
+        "--api-key=zzzz99999 --max-new-tokens 32": "--api-key=[REDACTED] --max-new-tokens 32",
         f"x {HF} y": "x [REDACTED] y",
         "password: hunter22x, token usage: 0.93, #new-token: 64": "password: [REDACTED], token usage: 0.93, #new-token: 64",
         "https://user:pa55w0rd@example/x": "https://user:[REDACTED]@example/x",

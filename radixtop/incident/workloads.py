@@ -4,8 +4,9 @@ Without a trace of the user's own traffic, the confirmation run needs a workload
 live server's KV pool under the pressure the seed describes (evictions while pages are locked),
 and that the control's bounded concurrency keeps well below it. ``pressure_trace`` builds one
 from what ``/server_info`` says: two bursts of ``2 x R`` requests (R = max running requests, at
-most 64), each needing about ``1.5 x capacity / R`` tokens, so that R running requests overflow
-the pool by half while a quarter of them use about 40 % of it. Requests share a few system-prompt
+most 64), each needing about ``1.5 x capacity / R`` tokens, half prompt and half generated (decode
+growth is what fills a pool while cached prefixes are being evicted), so that R running requests
+overflow the pool by half while a quarter of them use about 40 % of it. Requests share a few system-prompt
 prefixes (two pages each), so the radix cache has locked, shared paths to evict around.
 """
 
@@ -37,7 +38,7 @@ def pressure_trace(
     page_size = max(1, page_size)
     concurrency = min(max_running, MAX_CONCURRENCY)
     per_request = max(8, math.ceil(overflow * capacity_tokens / concurrency))
-    max_tokens = max(4, per_request // 4)
+    max_tokens = max(4, per_request // 2)  # half generated: decode growth drives evictions
     prompt_len = max(4, per_request - max_tokens)
     if max_input_len:
         prompt_len = min(prompt_len, max(4, max_input_len - 1))

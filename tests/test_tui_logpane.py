@@ -85,12 +85,12 @@ def log(tmp_path: Path) -> Path:
 
 
 async def test_appended_lines_appear_highlighted_and_become_findings(log: Path) -> None:
-    app = RadixtopApp(log_patterns=[str(log)])  # from the end, like tail -f
+    app = RadixtopApp(log_patterns=[str(log)])  # the file's last lines, then what is appended (tail -n N -f)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.2)
-        assert app.state.total_lines == 0  # existing lines are not replayed without --from-start
+        assert app.state.total_lines == 20  # the existing lines show at once
         append(log, decode(100), SEED, decode(101), SIGQUIT, RETRACT)
-        await wait_for(pilot, lambda: app.state.total_lines == 5, "the appended lines")
+        await wait_for(pilot, lambda: app.state.total_lines == 25, "the appended lines")
         await wait_for(pilot, lambda: len(app.findings_list.findings) == 3, "the findings")
         assert app.log_view.follow
 

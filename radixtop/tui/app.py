@@ -1,15 +1,24 @@
 """The radixtop app: the live log pane, the findings list and the status line, wired to the probes.
 
-Data flow (see DESIGN.md): one worker consumes the LogFollower's batches; the signature matching
-for each batch runs in a thread (`Ingestor.process`) so the event loop only appends finished
-entries to the ring. A timer (15 Hz) redraws, and only when the state's version moved: nothing
-redraws per line. Every handler is guarded: an exception becomes a visible notice, not a dead app.
+Data flow (see DESIGN.md): the LogFollower starts reading when the app is built, `backlog_lines`
+before each file's end (a few thousand lines; with --from-start a whole ring's worth), so that
+reading, counting line numbers and Textual's own start-up overlap; on_mount applies that backlog
+before the first frame, so the first frame shows the files' last lines. What lies before them is
+scanned for findings in the background (tui/history.py) after the first frame. One worker then
+consumes the follower's batches: it matches each batch (`Ingestor.process`, about 1 us a line,
+C-speed matching; run inline, a thread hop per batch cost more lag than the work) and draws a
+frame when lines came, at most every FRAME_MIN seconds (20 Hz), every FRAME_BUSY when each frame
+replaces the whole screen (a flood), every BULK_INTERVAL while a backlog is read. Lines arriving
+between frames wait in the follower and are taken together: nothing redraws per line. A slow
+timer redraws what else changed (keys draw at once). Every handler is guarded: an exception
+becomes a visible notice, not a dead app.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -36,11 +45,14 @@ from radixtop.widgets.findings import EvidenceScreen, FindingsList
 from radixtop.widgets.logview import LogView, time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 
-REFRESH_HZ = 15
-BULK_LINES_PER_TICK = 20_000  # more new lines than this since the last frame: a backlog is being read
+REFRESH_HZ = 4  # the slow timer: notices, health, the lines/s figure; lines draw as they come
+FRAME_MIN = 0.05  # seconds between frames while lines arrive (20 Hz) ...
+FRAME_BUSY = 0.08  # ... while each frame replaces the whole screen anyway (a flood: CPU, same lag)
+BULK_LINES_PER_FRAME = 20_000  # more new lines than this since the last frame: a backlog is read
 BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
-BATCHES_PER_SECOND = 30
-BACKLOG_BATCH = 5_000  # a batch this big means a backlog is being read: take the next at once
+STATUS_INTERVAL = 0.25  # the status line's counters are redrawn at most this often
+BACKLOG_LINES = 5_000  # lines before each file's end shown at start (a screenful plus scrollback)
+INITIAL_WAIT = 0.5  # seconds the first frame waits for that backlog, at most
 _MAX_WORKER_RESTARTS = 5
 _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
 
@@ -140,14 +152,23 @@ class RadixtopApp(App[int]):
         self.ingestor = Ingestor(self.builder, catalog)
         self.state = IncidentState(capacity, clock=clock) if clock else IncidentState(capacity)
         self.follower: Any = None
+        self._follow_error: str | None = None
+        self._stopping = threading.Event()  # set when quitting: background scans stop early
+        self._history_parts: list[Any] = []  # SkippedLines waiting for the first frame
+        self._history_started = False
         self._drawn_version = -1
         self._drawn_lines = 0
         self._drawn_at = 0.0
+        self._status_at = 0.0
+        self._status_mode: tuple | None = None
         self._shown_ids: tuple[str, ...] | None = None
         self._findings_at = 0.0
         self._prompt_mode: str | None = None
         self._failures: dict[str, int] = {}
         self._flushing = False
+        self._widgets: dict[str, Any] = {}  # the main screen's widgets, looked up once (per frame otherwise)
+        if self.log_patterns:
+            self._open_logs(capacity)
 
     # -- layout ------------------------------------------------------------------------------------
 
@@ -168,11 +189,21 @@ class RadixtopApp(App[int]):
 
     @property
     def log_view(self) -> LogView:
-        return self.query_one("#log", LogView)
+        view = self._widgets.get("log")
+        if view is None:
+            view = self._widgets["log"] = self.query_one("#log", LogView)
+        return view  # type: ignore[return-value]
 
     @property
     def findings_list(self) -> FindingsList:
         return self.query_one("#findings", FindingsList)
+
+    @property
+    def status_line(self) -> StatusLine:
+        line = self._widgets.get("status")
+        if line is None:
+            line = self._widgets["status"] = self.query_one("#status", StatusLine)
+        return line  # type: ignore[return-value]
 
     def on_mount(self) -> None:
         self.log_view.focus()
@@ -184,8 +215,13 @@ class RadixtopApp(App[int]):
             self.state.add_message([self.banner])
         if not self.log_patterns:
             self.state.add_message(no_log_message())
+        elif self._follow_error is not None:
+            self.state.add_notice("radixtop", "error", self._follow_error)
         else:
-            self._start_following()
+            self._poll_health()
+            self._take_backlog()
+            self._consume()
+            self.call_after_refresh(self._start_history)
         self.set_interval(1 / REFRESH_HZ, self._tick)
         self.set_interval(1.0, self._poll_health)
         self.set_interval(AFTER_WAIT / 2, self._flush_findings)
@@ -193,16 +229,76 @@ class RadixtopApp(App[int]):
 
     # -- reading the logs --------------------------------------------------------------------------
 
-    def _start_following(self) -> None:
+    def _open_logs(self, capacity: int) -> None:
+        """Open the logs and start reading now, while Textual starts: the last lines are ready
+        (or nearly) when the first frame is drawn."""
         from radixtop.probes.logs import LogFollower
 
+        backlog = capacity if self.from_start else min(BACKLOG_LINES, capacity)
         try:
-            self.follower = LogFollower(self.log_patterns, from_start=self.from_start)
+            self.follower = LogFollower(self.log_patterns, backlog_lines=backlog, history=True)
+            self.follower.start()
         except (OSError, ValueError, TypeError) as exc:
-            self.state.add_notice("radixtop", "error", f"cannot follow {self.log_patterns}: {exc}")
+            self._follow_error = f"cannot follow {self.log_patterns}: {exc}"
+
+    def _take_backlog(self) -> None:
+        """Apply the files' last lines before the first frame (bounded wait)."""
+        follower = self.follower
+        try:
+            follower.wait_caught_up(INITIAL_WAIT)
+            for _ in range(self.state.capacity // 1000 + 10):  # bounded: batches are >= 1000 lines or the end
+                batch = follower.take()
+                if batch is None:
+                    break
+                self._ingest(batch)
+        except Exception as exc:
+            self.report_failure("reading the logs", exc)
+
+    def _ingest(self, batch: Any) -> None:
+        result = self.ingestor.process(batch)
+        self.state.apply(result)
+        if result.skipped:
+            self._history_parts.extend(result.skipped)
+            if self._history_started:
+                self._start_history()
+
+    def _start_history(self) -> None:
+        """Scan the parts of the files before where following began, for their findings."""
+        from radixtop.tui.history import start_history_scan
+
+        self._history_started = True
+        parts, self._history_parts = self._history_parts, []
+        if not parts:
             return
-        self._poll_health()
-        self._consume()
+        loop = asyncio.get_running_loop()
+
+        def deliver(result: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(self._apply_now, result)
+            except RuntimeError:
+                pass  # the app has gone: nothing to show it in
+
+        start_history_scan(
+            parts,
+            self.ingestor,
+            self.catalog.signatures,
+            context=self.builder.context,
+            after=self.builder.after,
+            stopping=self._stopping,
+            deliver=deliver,
+        )
+
+    def _apply_now(self, result: Any) -> None:
+        if not self.is_running:
+            return
+        self.state.apply(result)
+        self._tick()
+
+    def _frame_interval(self) -> float:
+        new = self.state.total_lines - self._drawn_lines
+        if new > BULK_LINES_PER_FRAME:
+            return BULK_INTERVAL
+        return FRAME_BUSY if new >= self.log_view.size.height else FRAME_MIN
 
     @work(exclusive=True, group="logs", exit_on_error=False)
     async def _consume(self) -> None:
@@ -211,16 +307,18 @@ class RadixtopApp(App[int]):
         while True:
             try:
                 async for batch in follower.batches():
-                    started = time.monotonic()
-                    result = await asyncio.to_thread(self.ingestor.process, batch)
-                    self.state.apply(result)
-                    # Take batches at most BATCHES_PER_SECOND times a second: the follower
-                    # coalesces what arrives meanwhile, and each hop costs the event loop more
-                    # than its lines do. A trickle is not delayed (its batches are rare anyway),
-                    # nor is a backlog.
-                    pause = 1 / BATCHES_PER_SECOND - (time.monotonic() - started)
-                    if pause > 0 and 1 < len(batch.records) < BACKLOG_BATCH:
-                        await asyncio.sleep(pause)
+                    self._ingest(batch)
+                    # Draw when the next frame is due; lines that arrive meanwhile wait in the
+                    # follower and are taken together just before it.
+                    wait = self._drawn_at + self._frame_interval() - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                        for _ in range(100):  # bounded; each take is at most max_batch lines
+                            more = follower.take()
+                            if more is None:
+                                break
+                            self._ingest(more)
+                    self._tick()
                 return  # the follower was stopped
             except asyncio.CancelledError:
                 raise
@@ -243,7 +341,7 @@ class RadixtopApp(App[int]):
     @work(group="flush", exit_on_error=False)
     async def _flush_worker(self) -> None:
         try:
-            result = await asyncio.to_thread(self.ingestor.flush)
+            result = self.ingestor.flush()  # cheap: no matching, only hits that waited
             if result is not None:
                 self.state.apply(result)
         except Exception as exc:
@@ -260,6 +358,10 @@ class RadixtopApp(App[int]):
             self.report_failure("reading the sources' health", exc)
 
     def _stop_following(self) -> None:
+        self._stopping.set()
+        for part in self._history_parts:
+            part.close()
+        self._history_parts = []
         follower, self.follower = self.follower, None
         if follower is not None:
             try:
@@ -290,15 +392,20 @@ class RadixtopApp(App[int]):
         state = self.state
         now = time.monotonic()
         if state.version != self._drawn_version:
-            # Reading a backlog (a big file from its start) moves tens of thousands of lines per
-            # tick: nobody reads those frames, and drawing them takes the reader's CPU. Draw a few.
-            bulk = state.total_lines - self._drawn_lines > BULK_LINES_PER_TICK
+            # Reading a backlog moves tens of thousands of lines per frame: nobody reads those
+            # frames, and drawing them takes the reader's CPU. Draw a few.
+            bulk = state.total_lines - self._drawn_lines > BULK_LINES_PER_FRAME
             if force or not bulk or now - self._drawn_at >= BULK_INTERVAL:
                 self._drawn_version, self._drawn_lines, self._drawn_at = state.version, state.total_lines, now
                 self.log_view.refresh_view()
                 self._show_findings(now, force)
         self.log_view.keep_following()
-        self.query_one(StatusLine).show(self.status_info())
+        # The counters (lines, lines/s) need not move 20 times a second; a mode change or a new
+        # report (the initiating failure) shows at once.
+        mode = (state.paused, self.log_view.follow, id(state.report), state.filter_text, state.search_text)
+        if force or mode != self._status_mode or now - self._status_at >= STATUS_INTERVAL:
+            self._status_at, self._status_mode = now, mode
+            self.status_line.show(self.status_info())
 
     def _show_findings(self, now: float, force: bool) -> None:
         report = self.state.report

@@ -3,16 +3,22 @@
 Two halves, because matching lines against the catalog is the expensive part and must not run on
 the UI's event loop:
 
-- `Ingestor` runs in a worker thread. It matches a whole batch of lines in one `Matcher.scan`
-  call (C speed) and hands only the hits to the FindingsBuilder (`add_hit`/`add_lines`, the
-  builder's fast path), with the context, opener and batch stats the builder would have kept on
-  its live path. Per line it does no Python work beyond joining the batch: at 50,000 lines/s,
-  `FindingsBuilder.feed` (parse, match and ring per line) costs more than a core here. The builder
-  keeps each finding's evidence on its own, so dropping old lines from the ring never loses it.
-- `IncidentState` lives on the UI side: a bounded ring of the probe's records (stored as they
-  come, by slice assignment), the severity marks of the few lines that matched, the pause buffer,
-  the filter and search indexes, per-source health and the latest report. Widgets read it; the app
-  redraws only when `version` moved.
+- `Ingestor` matches a whole batch of lines in one `Matcher.scan` call (C speed) and hands only
+  the hits to the FindingsBuilder (`add_hit`/`add_lines`, the builder's fast path), with the
+  context, opener and batch stats the builder would have kept on its live path. Per line it does
+  no Python work beyond joining the batch: at 50,000 lines/s, `FindingsBuilder.feed` (parse, match
+  and ring per line) costs more than a core here. The builder keeps each finding's evidence on its
+  own, so dropping old lines from the ring never loses it. It is thread-safe (one lock): the app
+  runs it on the event loop (a batch costs about 1 us a line; a thread hop per batch cost more lag
+  than that), and a background scan of the part of a file before where following began
+  (`hold`/`add_history_hit`/`release`) feeds the same builder from another thread. While a file
+  is held, or its line numbers are still being counted (see probes/logs.py), its hits wait in
+  order: the builder takes a file's first occurrence as the first hit it is given.
+- `IncidentState` lives on the UI side: a bounded ring of line texts (stored as they come, by
+  slice assignment) with a table of the runs they came in (source, generation, line numbers), so
+  that no object is kept per line; the severity marks of the few lines that matched, the pause
+  buffer, the filter and search indexes, per-source health and the latest report. Widgets read
+  it; the app redraws only when `version` moved.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, NamedTuple
 
 from radixtop.diagnosis.logline import opens_record
+from radixtop.probes.logs import LogRun
 
 SEVERITY_RANK: dict[str | None, int] = {None: 0, "info": 1, "warning": 2, "error": 3, "critical": 4}
 
@@ -39,6 +47,7 @@ _MAX_INGEST_ERRORS = 5  # per Ingestor: after this many failures, count them sil
 _BATCH_LOOKBACK = 4096  # lines per file kept to find each rank's last batch stats before a failure
 _OPENER_LOOKBACK = 400  # lines looked back for the line that opened a traceback's record
 AFTER_WAIT = 0.5  # seconds a first occurrence waits for its context_after before it is reported
+HELD_HITS_MAX = 50_000  # hits kept waiting for earlier parts of files to be scanned, at most
 
 
 class Mark(NamedTuple):
@@ -82,13 +91,36 @@ class LogEntry:
 
 @dataclass(frozen=True)
 class IngestResult:
-    records: Sequence[Any]  # LogRecord-likes (.source .lineno .text .generation), in order
+    records: Sequence[Any]  # a LogLines (its .runs are used), or LogRecord-likes, in order
     marks: dict[int, Mark] = field(default_factory=dict)  # index in records -> its mark
     notices: tuple[Any, ...] = ()  # LogNotice-likes: .source .kind .message .time
     report: Any | None = None  # a fresh diagnosis Report when the findings changed, else None
     lines: int = 0  # file lines in this result (for the totals)
     errors: tuple[str, ...] = ()  # one-line descriptions of what the diagnosis failed on
     max_len: int = 0  # longest text in records
+    skipped: tuple[Any, ...] = ()  # SkippedLines the batch carried: parts of files to scan
+
+
+def runs_of(records: Sequence[Any]) -> list[LogRun]:
+    """The records as runs: a LogLines' own runs, or consecutive LogRecord-likes of one file
+    generation with consecutive line numbers grouped (tests and other callers pass those)."""
+    runs = getattr(records, "runs", None)
+    if runs is not None:
+        return list(runs)
+    out: list[LogRun] = []
+    last: Any = None
+    for r in records:
+        if (
+            last is not None
+            and r.source == last.source
+            and r.generation == last.generation
+            and r.lineno == last.lineno_or_none + len(last.texts)
+        ):
+            last.texts.append(r.text)
+        else:
+            last = LogRun(r.source, r.generation, r.lineno, [r.text], getattr(r, "received", 0.0))
+            out.append(last)
+    return out
 
 
 def finding_file(source: str, generation: int) -> str:
@@ -100,10 +132,11 @@ class _Hit:
     """A hit on its way to the builder; a file's first hit of a signature first waits for the
     lines after it (its context_after), and the hits behind it wait too, to keep their order."""
 
-    __slots__ = ("after", "batch", "before", "file", "index", "lineno", "need", "opener", "since", "text")
+    __slots__ = ("after", "batch", "before", "file", "index", "need", "offset", "opener", "run", "since", "text")
 
-    def __init__(self, file: str, lineno: int, text: str, index: int, since: float) -> None:
-        self.file, self.lineno, self.text, self.index, self.since = file, lineno, text, index, since
+    def __init__(self, file: str, run: LogRun, offset: int, text: str, index: int, since: float) -> None:
+        # The line number comes from the run when the hit is sent: it may still be being counted.
+        self.file, self.run, self.offset, self.text, self.index, self.since = file, run, offset, text, index, since
         self.before: tuple[str, ...] = ()
         self.batch: dict = {}
         self.opener: str | None = None
@@ -112,9 +145,10 @@ class _Hit:
 
 
 class _FileTrack:
-    __slots__ = ("failure_seen", "first_seen", "queue", "recent")
+    __slots__ = ("failure_seen", "first_seen", "held", "queue", "recent")
 
     def __init__(self, keep: int) -> None:
+        self.held = False  # the part of the file before where following began is being scanned
         self.recent: deque[str] = deque(maxlen=keep)  # the file's last lines, before the current run
         self.first_seen: set[int] = set()  # signature indices already hit in this file
         self.failure_seen = False
@@ -170,29 +204,38 @@ class Ingestor:
 
     def process(self, batch: Any) -> IngestResult:
         records = batch.records
+        runs = runs_of(records)
+        skipped = tuple(getattr(batch, "skipped", ()))
         marks: dict[int, Mark] = {}
         errors: list[str] = []
         max_len = 0
+        n = 0
         with self._lock:
+            for part in skipped:  # their lines arrive in this batch or later: hold them first
+                self._track(finding_file(part.source, part.generation)).held = True
             delivered = False
-            start, n = 0, len(records)
-            while start < n:
-                first = records[start]
+            i = 0
+            while i < len(runs):
+                first = runs[i]
                 source, generation = first.source, first.generation
-                end = start + 1
-                while end < n and records[end].source == source and records[end].generation == generation:
-                    end += 1
-                texts = [r.text for r in records[start:end]]
-                max_len = max(max_len, max(map(len, texts)))
-                if generation > self._generation.get(source, 0):
-                    self._retire_generations(source, generation)
-                try:
-                    delivered |= self._run(finding_file(source, generation), records, start, texts, marks)
-                except Exception as exc:  # the lines are still shown, unmatched
-                    self._error(errors, f"diagnosis failed on {source}:{first.lineno}-{records[end - 1].lineno}: {exc!r}")
-                start = end
+                j = i + 1
+                while j < len(runs) and runs[j].source == source and runs[j].generation == generation:
+                    j += 1
+                group = runs[i:j]
+                texts = group[0].texts if j == i + 1 else list(chain.from_iterable(r.texts for r in group))
+                if texts:
+                    max_len = max(max_len, max(map(len, texts)))
+                    if generation > self._generation.get(source, 0):
+                        self._retire_generations(source, generation)
+                    try:
+                        delivered |= self._run(finding_file(source, generation), group, n, texts, marks)
+                    except Exception as exc:  # the lines are still shown, unmatched
+                        self._error(errors, f"diagnosis failed on {source} ({len(texts)} lines): {exc!r}")
+                    n += len(texts)
+                i = j
             try:
                 self._builder.add_lines(n)
+                delivered |= self._release_if_too_many(errors)
                 delivered |= self._deliver_due(self._clock(), AFTER_WAIT)
                 report = self._builder.report() if delivered else None
             except Exception as exc:
@@ -200,7 +243,80 @@ class Ingestor:
                 self._error(errors, f"building the findings report failed: {exc!r}")
             errors += self._send_errors
             self._send_errors = []
-        return IngestResult(records, marks, tuple(batch.notices), report, n, tuple(errors), max_len)
+        return IngestResult(records, marks, tuple(batch.notices), report, n, tuple(errors), max_len, skipped)
+
+    def _track(self, file: str) -> _FileTrack:
+        track = self._files.get(file)
+        if track is None:
+            track = self._files[file] = _FileTrack(self._keep)
+        return track
+
+    # -- the part of a file before where following began (scanned on another thread) -------------
+
+    def hold(self, file: str) -> None:
+        """Keep the file's hits waiting until release(): an earlier part of it is being scanned."""
+        with self._lock:
+            self._track(file).held = True
+
+    def add_history_hit(
+        self,
+        file: str,
+        lineno: int,
+        text: str,
+        index: int,
+        context_before: Sequence[str],
+        batch_before: Any,
+        *,
+        context_after: Sequence[str] = (),
+        opener: str | None = None,
+    ) -> None:
+        """A hit the background scan found before where following began (in line order)."""
+        with self._lock:
+            track = self._track(file)
+            track.first_seen.add(index)
+            if self._rank[index] >= SEVERITY_RANK["error"]:
+                track.failure_seen = True
+            try:
+                self._builder.add_hit(
+                    file, lineno, text, index, context_before, batch_before, context_after=context_after, opener=opener
+                )
+            except Exception as exc:
+                self._error(self._send_errors, f"diagnosis failed on {file}:{lineno}: {exc!r}")
+
+    def release(self, file: str, lines: int, note: str | None = None) -> IngestResult:
+        """The earlier part of `file` (its first `lines` lines) is scanned: count them, and let the
+        hits that waited go to the builder after the scan's."""
+        errors: list[str] = [note] if note else []
+        with self._lock:
+            try:
+                self._builder.add_lines(lines)
+                track = self._track(file)
+                track.held = False
+                self._deliver(track)
+                report = self._builder.report()
+            except Exception as exc:
+                report = None
+                self._error(errors, f"building the findings report failed: {exc!r}")
+            errors += self._send_errors
+            self._send_errors = []
+        return IngestResult((), report=report, lines=0, errors=tuple(errors))
+
+    def _release_if_too_many(self, errors: list[str]) -> bool:
+        """Memory stays bounded: past HELD_HITS_MAX waiting hits, the held files let theirs go
+        (their first occurrences may then be later lines than the scan will find)."""
+        held = [t for t in self._files.values() if t.held]
+        if not held or sum(len(t.queue) for t in held) <= HELD_HITS_MAX:
+            return False
+        sent = False
+        for track in held:
+            track.held = False
+            sent |= self._deliver(track)
+        self._error(
+            errors,
+            f"more than {HELD_HITS_MAX:,} signature hits came in while the earlier part of the logs was "
+            "still being scanned; they were reported first, so a finding may show a later first occurrence",
+        )
+        return sent
 
     def _retire_generations(self, source: str, generation: int) -> None:
         """A rotated-away file is read to its end before the new one starts, so two generations
@@ -213,11 +329,9 @@ class Ingestor:
                 while track.queue:
                     self._send(track.queue.popleft())
 
-    def _run(self, file: str, records: Sequence[Any], base: int, texts: list[str], marks: dict[int, Mark]) -> bool:
-        """One run of consecutive lines of one file: match them all at once, queue the hits."""
-        track = self._files.get(file)
-        if track is None:
-            track = self._files[file] = _FileTrack(self._keep)
+    def _run(self, file: str, runs: Sequence[LogRun], base: int, texts: list[str], marks: dict[int, Mark]) -> bool:
+        """Consecutive lines of one file (one or more runs): match them all at once, queue the hits."""
+        track = self._track(file)
         for hit in track.queue:  # earlier hits still collecting their context_after
             if hit.need:
                 take = texts[: hit.need]
@@ -233,17 +347,23 @@ class Ingestor:
                 line += data.count(b"\n", pos, end)
                 pos = end
                 by_line.setdefault(line, []).append(index)
+            starts = [0]
+            for run in runs[:-1]:
+                starts.append(starts[-1] + len(run.texts))
             for k, indices in by_line.items():
                 text = texts[k]
                 worst = max(indices, key=lambda i: self._rank[i])
                 marks[base + k] = Mark(self._severity[worst], tuple(self._ids[i] for i in indices), self._span(worst, text))
+                r = bisect.bisect_right(starts, k) - 1
                 for index in indices:
-                    track.queue.append(self._hit(track, file, records[base + k].lineno, text, index, texts, k, now))
+                    track.queue.append(self._hit(track, file, runs[r], k - starts[r], text, index, texts, k, now))
         track.recent.extend(texts)
         return self._deliver(track)
 
-    def _hit(self, track: _FileTrack, file: str, lineno: int, text: str, index: int, texts: list[str], k: int, now: float) -> _Hit:
-        hit = _Hit(file, lineno, text, index, now)
+    def _hit(
+        self, track: _FileTrack, file: str, run: LogRun, offset: int, text: str, index: int, texts: list[str], k: int, now: float
+    ) -> _Hit:
+        hit = _Hit(file, run, offset, text, index, now)
         recent = track.recent
         if index not in track.first_seen:
             # Only a file's first hit of a signature can become a finding's first occurrence:
@@ -293,17 +413,22 @@ class Ingestor:
         """Hand the queue's ready hits to the builder, in order; True when any went."""
         queue = track.queue
         sent = False
-        while queue and queue[0].need <= 0:
+        if track.held:
+            return False
+        while queue and queue[0].need <= 0 and queue[0].run.numbered:
             self._send(queue.popleft())
             sent = True
         return sent
 
     def _deliver_due(self, now: float, max_age: float) -> bool:
-        """Hits that waited max_age for lines after them go with the lines they have."""
+        """Hits that waited max_age for lines after them go with the lines they have (never
+        before their line numbers are known, nor while their file is held)."""
         sent = False
         for track in self._files.values():
             queue = track.queue
-            while queue and (queue[0].need <= 0 or now - queue[0].since >= max_age):
+            if track.held:
+                continue
+            while queue and (queue[0].need <= 0 or now - queue[0].since >= max_age) and queue[0].run.numbered:
                 self._send(queue.popleft())
                 sent = True
         return sent
@@ -312,7 +437,7 @@ class Ingestor:
         try:
             self._builder.add_hit(
                 hit.file,
-                hit.lineno,
+                hit.run.first_lineno + hit.offset,
                 hit.text,
                 hit.index,
                 hit.before,
@@ -321,7 +446,7 @@ class Ingestor:
                 opener=hit.opener,
             )
         except Exception as exc:  # this hit is lost to the findings, the others still go
-            self._error(self._send_errors, f"diagnosis failed on {hit.file}:{hit.lineno}: {exc!r}")
+            self._error(self._send_errors, f"diagnosis failed on {hit.file}:{hit.run.lineno_or_none + hit.offset}: {exc!r}")
 
     def flush(self, max_age: float = AFTER_WAIT) -> IngestResult | None:
         """Report first occurrences whose lines-after did not all come within max_age (the server
@@ -342,7 +467,8 @@ class Ingestor:
     @property
     def files_tracked(self) -> int:
         """Files (generations) whose recent lines are kept for context."""
-        return len(self._files)
+        with self._lock:
+            return len(self._files)
 
     @property
     def waiting(self) -> int:
@@ -399,6 +525,57 @@ class _SeqIndex:
         return bisect.bisect_right(self._seqs, seq, self._start) - self._start
 
 
+def _skip(pieces: list[Any], n: int) -> list[Any]:
+    """pieces without their first n entries (a run may be cut)."""
+    out = []
+    for i, piece in enumerate(pieces):
+        size = 1 if isinstance(piece, LogEntry) else len(piece.texts)
+        if n >= size:
+            n -= size
+            continue
+        out.append(piece.part(n, size) if n else piece)
+        out.extend(pieces[i + 1 :])
+        return out
+    return out
+
+
+class _RunIndex:
+    """The runs in the ring by their first sequence number: which file, generation and line a
+    seq shows, with one row per run instead of one object per line. Pruned from the front."""
+
+    __slots__ = ("_lo", "_runs", "_starts")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._runs: list[LogRun] = []
+        self._lo = 0
+
+    def add(self, seq: int, run: LogRun) -> None:
+        self._starts.append(seq)
+        self._runs.append(run)
+
+    def find(self, seq: int) -> tuple[LogRun, int] | None:
+        i = bisect.bisect_right(self._starts, seq, self._lo) - 1
+        if i < self._lo:
+            return None
+        k = seq - self._starts[i]
+        run = self._runs[i]
+        return (run, k) if k < len(run.texts) else None
+
+    def prune(self, first_seq: int) -> None:
+        """Forget the runs that lie wholly before first_seq."""
+        starts, lo = self._starts, self._lo
+        while lo < len(starts) and starts[lo] + len(self._runs[lo].texts) <= first_seq:
+            lo += 1
+        if lo > 1024 and lo * 2 > len(starts):
+            del starts[:lo], self._runs[:lo]
+            lo = 0
+        self._lo = lo
+
+    def __len__(self) -> int:
+        return len(self._starts) - self._lo
+
+
 @dataclass(frozen=True)
 class SourceView:
     """What the status line shows for one source."""
@@ -426,7 +603,9 @@ class IncidentState:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._clock = clock
-        self._buf: list[Any] = [None] * capacity  # LogRecord-likes, and LogEntry for notices/messages
+        self._texts: list[str | None] = [None] * capacity  # every entry's text, by seq % capacity
+        self._runs = _RunIndex()  # where each file line came from, one row per run of lines
+        self._special: dict[int, LogEntry] = {}  # notices and messages by seq (ascending)
         self._marks: dict[int, Mark] = {}
         self.first_seq = 0
         self.next_seq = 0
@@ -436,7 +615,7 @@ class IncidentState:
         self.report: Any | None = None
         # pause
         self.paused = False
-        self._pending: deque[tuple[Sequence[Any], dict[int, Mark]]] = deque()
+        self._pending: deque[tuple[list[Any], dict[int, Mark], int]] = deque()  # (pieces, marks, entries)
         self._pending_count = 0
         self.pending_dropped = 0  # entries that fell out of a pause buffer longer than the ring
         # filter and search
@@ -460,19 +639,25 @@ class IncidentState:
 
     def text(self, seq: int) -> str | None:
         if self.first_seq <= seq < self.next_seq:
-            return self._buf[seq % self.capacity].text
+            return self._texts[seq % self.capacity]
         return None
 
     def entry(self, seq: int) -> LogEntry | None:
-        """The entry at seq as a LogEntry (built on demand for file lines: only visible rows ask)."""
+        """The entry at seq as a LogEntry (built on demand for file lines: only visible rows ask).
+        A line whose number is still being counted (see probes/logs.py) has lineno 0 until then."""
         if not self.first_seq <= seq < self.next_seq:
             return None
-        item = self._buf[seq % self.capacity]
-        if isinstance(item, LogEntry):
-            item.seq = seq
-            return item
+        special = self._special.get(seq)
+        if special is not None:
+            special.seq = seq
+            return special
+        found = self._runs.find(seq)
+        if found is None:
+            return None
+        run, k = found
+        first = run.lineno_or_none
+        entry = LogEntry(run.source, 0 if first is None else first + k, self._texts[seq % self.capacity], generation=run.generation)  # type: ignore[arg-type]
         mark = self._marks.get(seq)
-        entry = LogEntry(item.source, item.lineno, item.text, generation=item.generation)
         if mark is not None:
             entry.severity, entry.sig_ids, entry.span = mark
         entry.seq = seq
@@ -482,8 +667,8 @@ class IncidentState:
         mark = self._marks.get(seq)
         return mark.severity if mark is not None else None
 
-    def _append(self, records: Sequence[Any], marks: dict[int, Mark]) -> None:
-        n = len(records)
+    def _append(self, pieces: list[Any], marks: dict[int, Mark], n: int) -> None:
+        """pieces: runs of file lines and LogEntry notices/messages, n entries in all."""
         if not n:
             return
         cap = self.capacity
@@ -491,28 +676,45 @@ class IncidentState:
         if skip > 0:
             # Earlier ones would be overwritten at once: only their sequence numbers are used up.
             self.next_seq += skip
-            records = records[skip:]
+            pieces = _skip(pieces, skip)
             marks = {k - skip: m for k, m in marks.items() if k >= skip}
             n = cap
-        start = self.next_seq
-        pos = start % cap
-        head = min(n, cap - pos)
-        buf = self._buf
-        buf[pos : pos + head] = records[:head]
-        if head < n:
-            buf[0 : n - head] = records[head:]
-        self.next_seq = start + n
-        self.first_seq = max(self.first_seq, self.next_seq - cap)
+        start = seq = self.next_seq
+        texts = self._texts
+        for piece in pieces:
+            if isinstance(piece, LogEntry):
+                texts[seq % cap] = piece.text
+                self._special[seq] = piece
+                seq += 1
+                continue
+            lines = piece.texts
+            count = len(lines)
+            pos = seq % cap
+            head = min(count, cap - pos)
+            texts[pos : pos + head] = lines[:head] if head < count else lines
+            if head < count:
+                texts[0 : count - head] = lines[head:]
+            self._runs.add(seq, piece)
+            seq += count
+        self.next_seq = seq
+        first = self.first_seq = max(self.first_seq, seq - cap)
+        self._runs.prune(first)
+        special = self._special
+        while special:
+            oldest = next(iter(special))
+            if oldest >= first:
+                break
+            del special[oldest]
         if marks:
             for k in sorted(marks):
                 self._marks[start + k] = marks[k]
                 self._hits.append(start + k)
-        for seq in self._hits.prune(self.first_seq):
-            self._marks.pop(seq, None)
+        for old in self._hits.prune(first):
+            self._marks.pop(old, None)
         if self._filter_test is not None:
             test = self._filter_test
-            self._filter.extend(start + k for k, r in enumerate(records) if test(r.text))
-            self._filter.prune(self.first_seq)
+            self._filter.extend(q for q in range(start, seq) if test(texts[q % cap]))  # type: ignore[arg-type]
+            self._filter.prune(first)
         self.version += 1
 
     # -- intake ------------------------------------------------------------------------------------
@@ -524,14 +726,13 @@ class IncidentState:
             self._rate.append((now, self.total_lines))
             self.total_lines += result.lines
         self.max_width = max(self.max_width, result.max_len)
-        extra = [self._notice_entry(n, now) for n in result.notices]
+        pieces: list[Any] = runs_of(result.records) if result.records else []
+        n = sum(len(run.texts) for run in pieces)
+        extra = [self._notice_entry(notice, now) for notice in result.notices]
         extra += [self._notice_entry(_Notice("radixtop", "error", m, time.time()), now) for m in result.errors]
-        records: Sequence[Any] = result.records
-        if extra:
-            records = [*records, *extra]
         if result.report is not None:
             self.report = result.report
-        self._admit(records, result.marks)
+        self._admit(pieces + extra, result.marks, n + len(extra))
         self.version += 1
 
     def _notice_entry(self, notice: Any, now: float) -> LogEntry:
@@ -541,34 +742,34 @@ class IncidentState:
 
     def add_notice(self, source: str, kind: str, message: str) -> None:
         """A notice raised by radixtop itself (a failed handler, a worker restart)."""
-        self._admit([self._notice_entry(_Notice(source, kind, message, time.time()), self._clock())], {})
+        self._admit([self._notice_entry(_Notice(source, kind, message, time.time()), self._clock())], {}, 1)
         self.version += 1
 
     def add_message(self, lines: Iterable[str]) -> None:
         """Guidance shown in the pane (e.g. how to point radixtop at a log); not counted as lines."""
         entries = [LogEntry("radixtop", 0, line, kind="message") for line in lines]
         self.max_width = max(self.max_width, *(len(e.text) for e in entries), 0)
-        self._admit(entries, {})
+        self._admit(entries, {}, len(entries))  # type: ignore[arg-type]
         self.version += 1
 
-    def _admit(self, records: Sequence[Any], marks: dict[int, Mark]) -> None:
-        if not records:
+    def _admit(self, pieces: list[Any], marks: dict[int, Mark], n: int) -> None:
+        if not n:
             return
         if not self.paused:
-            self._append(records, marks)
+            self._append(pieces, marks, n)
             return
-        self._pending.append((records, marks))
-        self._pending_count += len(records)
+        self._pending.append((pieces, marks, n))
+        self._pending_count += n
         # Keep at most a ring's worth: older ones would leave the ring on resume anyway.
         while self._pending_count > self.capacity:
-            old, old_marks = self._pending[0]
+            old, old_marks, old_n = self._pending[0]
             over = self._pending_count - self.capacity
-            if over >= len(old):
+            if over >= old_n:
                 self._pending.popleft()
-                self._pending_count -= len(old)
-                self.pending_dropped += len(old)
+                self._pending_count -= old_n
+                self.pending_dropped += old_n
             else:
-                self._pending[0] = (old[over:], {k - over: m for k, m in old_marks.items() if k >= over})
+                self._pending[0] = (_skip(old, over), {k - over: m for k, m in old_marks.items() if k >= over}, old_n - over)
                 self._pending_count -= over
                 self.pending_dropped += over
 
@@ -585,8 +786,8 @@ class IncidentState:
         if self.paused and not paused:
             pending, self._pending, self._pending_count = self._pending, deque(), 0
             self.paused = False
-            for records, marks in pending:
-                self._append(records, marks)
+            for pieces, marks, n in pending:
+                self._append(pieces, marks, n)
             dropped, self.pending_dropped = self.pending_dropped, 0
         self.paused = paused
         self.version += 1
@@ -630,8 +831,8 @@ class IncidentState:
             self.filter_text, self._filter_test, self._filter = None, None, _SeqIndex()
         else:
             test = smart_case(text)
-            buf, cap = self._buf, self.capacity
-            seqs = [s for s in range(self.first_seq, self.next_seq) if test(buf[s % cap].text)]
+            texts, cap = self._texts, self.capacity
+            seqs = [s for s in range(self.first_seq, self.next_seq) if test(texts[s % cap])]  # type: ignore[arg-type]
             self.filter_text, self._filter_test, self._filter = text, test, _SeqIndex(seqs)
         self.version += 1
 
@@ -659,8 +860,8 @@ class IncidentState:
         test = self._search_test
         if test is None:
             return None
-        buf, cap = self._buf, self.capacity
-        return self._scan_rows(from_row, forward, lambda seq: test(buf[seq % cap].text))
+        texts, cap = self._texts, self.capacity
+        return self._scan_rows(from_row, forward, lambda seq: test(texts[seq % cap]))  # type: ignore[arg-type]
 
     def find_hit(self, from_row: int, forward: bool = True) -> int | None:
         """Row of the next (or previous) line that matched a signature, wrapping around."""

@@ -1,0 +1,379 @@
+"""Find the LLM servers on this node: SGLang (and vLLM, and radixtop's simulator), their HTTP port,
+their log file and their ranks' debug endpoints; and say what could not be found, and why.
+
+What counts as a server process (its command line, or its setproctitle title):
+- SGLang: `python -m sglang.launch_server ...`, any `-m sglang.<module>` launcher, `sglang serve`;
+  processes titled `sglang::scheduler_TP3` belong to the nearest SGLang launcher above them (or, for
+  an offline `sgl.Engine` script, to their parent);
+- vLLM: `vllm serve ...`, `python -m vllm.entrypoints.openai.api_server ...`;
+- radixtop's simulator: `radixtop sim ...` / `python -m radixtop sim ...`.
+A wrapper around a launcher (`bash -c "python -m sglang.launch_server ..."`, `timeout 600 python
+...`) is not a second server: the innermost matching process is the server.
+
+The port: among the TCP ports the process tree listens on, the one its `--port` names, else the
+server's default (30000 / 8000), else the first that answers /health. The log: `--log-file` when the
+command line has one, else the file its stdout (then stderr) goes to (/proc/<pid>/fd/1); a pipe, a
+terminal or /dev/null is said as such. The ranks' debug endpoints: /server_info's radixtop_instrument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+import psutil
+
+from radixtop.probes.http import fetch, make_client
+from radixtop.probes.procs import role_and_rank
+from radixtop.probes.sglang import parse_server_info
+
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "timeout", "env", "nohup", "stdbuf", "numactl", "taskset", "srun"})
+MAX_CANDIDATES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class FoundServer:
+    pid: int
+    kind: str  # "sglang" | "vllm" | "sim"
+    cmdline: tuple[str, ...]
+    started: float
+    url: str | None = None
+    ports: tuple[int, ...] = ()  # TCP ports the process tree listens on
+    log_path: str | None = None
+    log_how: str = ""  # "--log-file", "stdout", "stderr"
+    instrument_urls: tuple[str, ...] = ()
+    ranks: tuple[str, ...] = ()  # scheduler ranks seen in process titles
+    version: str = ""
+    problems: tuple[str, ...] = ()  # what could not be found, one line each, with what to do
+
+    @property
+    def name(self) -> str:
+        return {"sglang": "SGLang", "vllm": "vLLM", "sim": "radixtop sim"}.get(self.kind, self.kind)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    servers: tuple[FoundServer, ...] = ()
+    notes: tuple[str, ...] = ()  # about the search itself (processes we could not read, ...)
+
+    def describe(self) -> list[str]:
+        """What was found and what was not, as lines for a person."""
+        if not self.servers:
+            lines = ["No SGLang or vLLM server found on this node."]
+            lines += list(self.notes)
+            lines += [
+                "Point radixtop at one:  radixtop --url http://127.0.0.1:30000 --log /path/to/server.log",
+                "Or watch a simulated SGLang server fail:  radixtop demo",
+            ]
+            return lines
+        lines = []
+        for s in self.servers:
+            head = f"{s.name} pid {s.pid}"
+            if s.version:
+                head += f" ({s.version})"
+            lines.append(head + (f" at {s.url}" if s.url else ", no HTTP port found"))
+            if s.log_path:
+                lines.append(f"  log: {s.log_path} (its {s.log_how})")
+            if s.instrument_urls:
+                lines.append(f"  debug endpoints: {', '.join(s.instrument_urls)}")
+            if s.ranks:
+                lines.append(f"  scheduler ranks: {', '.join(s.ranks)}")
+            lines += [f"  {p}" for p in s.problems]
+        lines += list(self.notes)
+        return lines
+
+
+@dataclass
+class _Candidate:
+    proc: psutil.Process
+    kind: str
+    cmdline: list[str]
+    started: float
+    ranks: list[str] = field(default_factory=list)
+
+
+def classify(cmdline: Sequence[str]) -> str | None:
+    """'sglang', 'vllm', 'sim', 'sglang-child' (a titled SGLang process) or None."""
+    if not cmdline:
+        return None
+    first = cmdline[0]
+    if first.startswith("sglang::"):
+        return "sglang-child"
+    if first.startswith(("VLLM::", "vllm::")):
+        return "vllm-child"
+    base = os.path.basename(first)
+    args = list(cmdline[1:])
+    if base in _SHELLS:
+        return None  # a wrapper: the launcher under it is the server
+    for i, arg in enumerate(args):
+        nxt = args[i + 1] if i + 1 < len(args) else ""
+        if arg == "-m":
+            if nxt == "sglang" or nxt.startswith("sglang."):
+                return "sglang"
+            if nxt.startswith("vllm.entrypoints") or nxt == "vllm":
+                return "vllm" if nxt != "vllm" or args[i + 2 : i + 3] == ["serve"] else None
+            if nxt == "radixtop" and args[i + 2 : i + 3] == ["sim"]:
+                return "sim"
+            return None
+        if arg.endswith("sglang/launch_server.py"):
+            return "sglang"
+    if base == "sglang" and args[:1] in (["serve"], ["launch_server"]):
+        return "sglang"
+    if base == "vllm" and args[:1] == ["serve"]:
+        return "vllm"
+    if base == "radixtop" and args[:1] == ["sim"]:
+        return "sim"
+    return None
+
+
+def _flag(cmdline: Sequence[str], name: str) -> str | None:
+    for i, arg in enumerate(cmdline):
+        if arg == name and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _log_target(pid: int, fd: int) -> tuple[str | None, str]:
+    """(path, "") when the fd is a regular file; (None, why) otherwise."""
+    link = f"/proc/{pid}/fd/{fd}"
+    try:
+        target = os.readlink(link)
+    except PermissionError:
+        return None, f"cannot read {link}: permission denied (run radixtop as the server's user, or pass --log)"
+    except OSError as exc:
+        return None, f"cannot read {link}: {exc.strerror or exc}"
+    if target.endswith(" (deleted)"):
+        return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to a deleted file ({target[:-10]})"
+    if not target.startswith("/"):
+        kind = target.split(":", 1)[0]  # pipe:[123], socket:[456], anon_inode:...
+        return None, f"its {'stdout' if fd == 1 else 'stderr'} is a {kind} (journald, docker or a terminal pipe?); pass --log"
+    try:
+        mode = os.stat(link).st_mode
+    except OSError as exc:
+        return None, f"cannot stat {target}: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return target, ""
+    what = "a terminal" if stat.S_ISCHR(mode) and target.startswith(("/dev/pts", "/dev/tty")) else target
+    return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to {what}, not a file; pass --log"
+
+
+def find_log(proc: psutil.Process, cmdline: Sequence[str]) -> tuple[str | None, str, list[str]]:
+    """(path, how, problems) for a server process's log."""
+    problems: list[str] = []
+    given = _flag(cmdline, "--log-file")
+    if given:
+        path = given
+        if not os.path.isabs(path):
+            try:
+                path = os.path.join(proc.cwd(), path)
+            except psutil.Error:
+                problems.append(f"--log-file {given} is relative and the server's working directory is unreadable")
+                path = None  # type: ignore[assignment]
+        if path:
+            return os.path.normpath(path), "--log-file", problems
+    for fd, how in ((1, "stdout"), (2, "stderr")):
+        path, why = _log_target(proc.pid, fd)
+        if path is not None:
+            return path, how, problems
+        if why and why not in problems:
+            problems.append(why)
+    return None, "", ["no log file found: " + "; ".join(problems)] if problems else ["no log file found; pass --log"]
+
+
+def _listening(procs: Iterable[psutil.Process]) -> tuple[list[tuple[str, int]], list[str]]:
+    addrs: list[tuple[str, int]] = []
+    problems: list[str] = []
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except psutil.AccessDenied:
+            problems.append(
+                f"cannot see the ports of pid {proc.pid} (another user's process: run radixtop as that user "
+                "or root, or pass --url)"
+            )
+            continue
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                addrs.append((c.laddr.ip, c.laddr.port))
+    return sorted(set(addrs), key=lambda a: a[1]), problems
+
+
+def _host(ip: str) -> str:
+    if ip in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list[str]]:
+    """Server processes on this node (sync: reads /proc)."""
+    skip = set(exclude)
+    roots: dict[int, _Candidate] = {}
+    children: list[tuple[psutil.Process, str, list[str]]] = []
+    denied = 0
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        try:
+            if proc.pid in skip:
+                continue
+            cmdline = proc.info.get("cmdline")
+            if cmdline is None:
+                denied += 1
+                continue
+            kind = classify(cmdline)
+            if kind is None:
+                continue
+            if kind.endswith("-child"):
+                children.append((proc, kind, cmdline))
+            else:
+                roots[proc.pid] = _Candidate(proc, kind, list(cmdline), proc.info.get("create_time") or 0.0)
+        except psutil.Error:
+            continue
+    # The innermost launcher is the server: drop a candidate that has another one below it. A child
+    # with its parent's very command line is a fork (not yet exec'd, or a multiprocessing fork): the
+    # parent stays the server.
+    for pid, cand in list(roots.items()):
+        if pid not in roots:
+            continue
+        try:
+            parents = cand.proc.parents()
+        except psutil.Error:
+            continue
+        for parent in parents:
+            above = roots.get(parent.pid)
+            if above is None:
+                continue
+            if above.cmdline == cand.cmdline:
+                roots.pop(pid, None)
+                break
+            roots.pop(parent.pid, None)
+    orphans: list[int] = []
+    for proc, kind, cmdline in children:
+        owner = None
+        try:
+            for parent in proc.parents():
+                if parent.pid in roots:
+                    owner = roots[parent.pid]
+                    break
+            if owner is None and kind == "sglang-child":  # an offline sgl.Engine: its parent is the server
+                parent = proc.parent()
+                if parent is not None and parent.pid == 1:  # orphaned: its server died without it
+                    orphans.append(proc.pid)
+                    continue
+                if parent is not None and parent.pid not in skip:
+                    owner = roots.setdefault(
+                        parent.pid, _Candidate(parent, "sglang", parent.cmdline(), parent.create_time())
+                    )
+        except psutil.Error:
+            continue
+        if owner is not None:
+            _, rank = role_and_rank(cmdline)
+            if rank and rank not in owner.ranks:
+                owner.ranks.append(rank)
+    notes = []
+    if orphans:
+        shown = ", ".join(str(p) for p in sorted(orphans)[:8])
+        notes.append(f"orphaned SGLang processes (pids {shown}) outlived their server; they may hold GPU memory")
+    if denied:
+        notes.append(f"{denied} processes could not be read (other users'); run as root to see every server")
+    found = sorted(roots.values(), key=lambda c: c.started)[:MAX_CANDIDATES]
+    return found, notes
+
+
+async def _probe_port(client: httpx.AsyncClient, host: str, port: int, timeout_s: float) -> bool:
+    got = await fetch(client, f"http://{host}:{port}/health", max_bytes=64 * 1024, timeout_s=timeout_s)
+    return got.error is None and got.status in (200, 503)
+
+
+async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: float) -> FoundServer:
+    proc = cand.proc
+    problems: list[str] = []
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        tree = [proc]
+    addrs, port_problems = await asyncio.to_thread(_listening, tree)
+    problems += port_problems
+    log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.cmdline)
+    problems += log_problems
+    url = None
+    flag = _flag(cand.cmdline, "--port")
+    wanted = int(flag) if flag and flag.isdigit() else DEFAULT_PORTS.get(cand.kind)
+    ordered = sorted(addrs, key=lambda a: (a[1] != wanted, a[1]))
+    for ip, port in ordered[:8]:
+        host = _host(ip)
+        if await _probe_port(client, host, port, timeout_s):
+            url = f"http://{host}:{port}"
+            break
+    if url is None:
+        if addrs:
+            shown = ", ".join(str(p) for _, p in addrs[:6])
+            problems.append(f"none of its listening ports ({shown}) answers /health; pass --url")
+        elif not port_problems:
+            problems.append("it listens on no TCP port yet (still loading the model?)")
+    instrument: tuple[str, ...] = ()
+    version = ""
+    if url is not None and cand.kind in ("sglang", "sim"):
+        got = await fetch(client, url + "/server_info", max_bytes=2 * 1024 * 1024, timeout_s=timeout_s)
+        if got.ok:
+            try:
+                info = parse_server_info(url, got.body)
+                instrument, version = info.instrument_urls, info.version
+            except ValueError as exc:
+                problems.append(str(exc))
+        else:
+            problems.append(f"/server_info: {got.error or f'HTTP {got.status}'}")
+        if not instrument:
+            problems.append(
+                "no radixtop debug endpoint: start SGLang with RADIXTOP_INSTRUMENT=1 (radixtop installed in its "
+                "environment), or pass --instrument URL; the radix pane stays empty meanwhile"
+            )
+    return FoundServer(
+        pid=proc.pid,
+        kind=cand.kind,
+        cmdline=tuple(cand.cmdline),
+        started=cand.started,
+        url=url,
+        ports=tuple(p for _, p in addrs),
+        log_path=log_path,
+        log_how=log_how,
+        instrument_urls=instrument,
+        ranks=tuple(sorted(cand.ranks)),
+        version=version,
+        problems=tuple(problems),
+    )
+
+
+async def discover(
+    *,
+    client: httpx.AsyncClient | None = None,
+    exclude: Iterable[int] | None = None,
+    timeout_s: float = 1.0,
+) -> Discovery:
+    """Every server found on this node, described; never raises."""
+    own = client is None
+    client = client or make_client(timeout_s)
+    skip = set(exclude) if exclude is not None else {os.getpid()}
+    try:
+        candidates, notes = await asyncio.to_thread(find_candidates, skip)
+        servers = []
+        for cand in candidates:
+            try:
+                servers.append(await _describe(client, cand, timeout_s))
+            except psutil.NoSuchProcess:
+                continue  # it exited while we looked
+            except Exception as exc:
+                notes.append(f"pid {cand.proc.pid}: could not be described ({type(exc).__name__}: {exc})")
+        return Discovery(tuple(servers), tuple(notes))
+    except Exception as exc:
+        return Discovery((), (f"discovery failed: {type(exc).__name__}: {exc}",))
+    finally:
+        if own:
+            await client.aclose()

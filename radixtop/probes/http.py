@@ -1,0 +1,117 @@
+"""Bounded HTTP GETs for the probes: a size cap while reading, a timeout, one-line failures.
+
+Every failure a server can hand us (refused connection, timeout, reset, an answer larger than we
+will hold, a redirect elsewhere) becomes `Fetched.error`, a line that says what happened; nothing
+here raises into a probe. Environment proxies are ignored (`trust_env=False`): the servers watched
+are on this node, and an HTTP_PROXY meant for the internet must not swallow loopback traffic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import httpx
+
+DEFAULT_TIMEOUT_S = 3.0
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    url: str
+    status: int | None  # HTTP status, None when no answer came
+    body: bytes
+    error: str | None  # one line when the request failed (no answer, too big, ...)
+    seconds: float
+    refused: bool = False  # nothing listens there (the server is down, or not there yet)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200
+
+
+def make_client(timeout_s: float = DEFAULT_TIMEOUT_S) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s),
+        trust_env=False,
+        follow_redirects=False,
+        limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
+        headers={"User-Agent": "radixtop"},
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.0f} MiB" if n >= 1024 * 1024 else f"{n:,} bytes"
+
+
+async def fetch(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    timeout_s: float | None = None,
+    params: dict[str, str | int] | None = None,
+) -> Fetched:
+    """GET url; the body is read up to max_bytes (a longer answer is abandoned, not buffered)."""
+    started = time.monotonic()
+    timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+
+    def failed(message: str, status: int | None = None, refused: bool = False) -> Fetched:
+        return Fetched(url, status, b"", message, time.monotonic() - started, refused)
+
+    try:
+        async with client.stream("GET", url, params=params, timeout=timeout) as resp:
+            length = resp.headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > max_bytes:
+                return failed(
+                    f"answer of {_mib(int(length))} is larger than the {_mib(max_bytes)} radixtop accepts; refused it",
+                    resp.status_code,
+                )
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.aiter_bytes():  # decoded: the cap bounds what we hold
+                size += len(chunk)
+                if size > max_bytes:
+                    return failed(
+                        f"answer larger than the {_mib(max_bytes)} radixtop accepts; stopped reading it",
+                        resp.status_code,
+                    )
+                chunks.append(chunk)
+            return Fetched(url, resp.status_code, b"".join(chunks), None, time.monotonic() - started)
+    except httpx.ConnectError as exc:
+        if _refused(exc):
+            return failed("connection refused (is the server running?)", refused=True)
+        return failed(f"cannot connect: {_root_cause(exc)}")
+    except httpx.TimeoutException:
+        limit = timeout_s if timeout_s is not None else client.timeout.read
+        return failed(f"no answer within {limit:g} s")
+    except httpx.RemoteProtocolError as exc:
+        return failed(f"the server broke the connection ({exc})")
+    except httpx.HTTPError as exc:
+        return failed(f"{type(exc).__name__}: {exc}")
+    except (OSError, ValueError) as exc:  # a bad URL, a socket error outside httpx's mapping
+        return failed(f"{type(exc).__name__}: {exc}")
+
+
+def _chain(exc: BaseException):
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 10:
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+
+
+def _refused(exc: BaseException) -> bool:
+    return any(isinstance(e, ConnectionRefusedError) for e in _chain(exc))
+
+
+def _root_cause(exc: BaseException) -> str:
+    last = list(_chain(exc))[-1]
+    return f"{type(last).__name__}: {last}" if str(last) else type(last).__name__
+
+
+def describe_status(fetched: Fetched, what: str) -> str:
+    """A line for a non-200 answer that was not ours to parse."""
+    return f"{what}: HTTP {fetched.status} from {fetched.url}"

@@ -1,0 +1,424 @@
+"""Client of radixtop's debug endpoint (radixtop/schema.py): one rank's snapshot, events and health.
+
+`RadixProbe.poll()` fetches the snapshot (and the events since the last poll, and now and then the
+health) and returns a `RadixSample`; it never raises: garbage, a wrong schema version, a timeout, an
+answer too large or a server that went away are each a `status` with one line saying what to do.
+Parsing and indexing the tree run in a thread (a 100,000-node snapshot takes a while), and an answer
+byte-identical to the previous one is not parsed again.
+
+`RadixBoard` is the pure side: it folds the samples of every rank into what the radix pane shows
+(the last good snapshot per rank, eviction rates, lock anomalies with their times, whether the
+ranks' trees agree), keeping the last values while a rank is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from radixtop.probes.http import Fetched, fetch, make_client
+from radixtop.probes.status import SourceState, StateClock, one_line
+from radixtop.schema import (
+    BUDGET_PARAM,
+    EVENTS_PATH,
+    HEALTH_PATH,
+    LIMIT_PARAM,
+    SINCE_PARAM,
+    SNAPSHOT_PATH,
+    Event,
+    Health,
+    Snapshot,
+    parse_error,
+    parse_events,
+    parse_health,
+    parse_snapshot,
+)
+
+DEFAULT_INTERVAL_S = 2.0
+DEFAULT_BUDGET = 5_000  # nodes asked for; the server caps it at its own max_budget
+MAX_SNAPSHOT_BYTES = 32 * 1024 * 1024  # 200,000 nodes are ~16 MiB; more than twice that is not a snapshot
+MAX_EVENTS_BYTES = 8 * 1024 * 1024
+EVENT_PAGE = 1_000
+EVENT_PAGES_PER_POLL = 5
+HEALTH_EVERY_S = 30.0  # the snapshot carries hooks_state; health adds only the endpoint's own view
+INLINE_PARSE_BYTES = 64 * 1024  # smaller answers are parsed on the loop (a thread hop costs more)
+ANOMALY_KINDS = frozenset({"negative_lock_ref", "lock_failure", "unlock_failure", "evict_short", "hooks_disabled", "instrument_error"})
+
+
+# ----------------------------------------------------------------------------------------------
+# The tree, indexed for lazy display
+
+
+@dataclass(frozen=True, slots=True)
+class TreeIndex:
+    """Children of each row (locked first, then the heaviest subtree) and which rows lead to a lock.
+
+    `marks[row]` is a bit set: 1 the row or a descendant holds a lock (lock_ref > 0), 2 the row or
+    a descendant has a negative lock_ref (a double unlock)."""
+
+    children: tuple[tuple[int, ...], ...]
+    marks: bytes
+    depth_max: int
+
+    LOCKED = 1
+    NEGATIVE = 2
+
+    @classmethod
+    def build(cls, snapshot: Snapshot) -> TreeIndex | None:
+        tree = snapshot.tree
+        if tree is None:
+            return None
+        nodes = tree.nodes
+        n = len(nodes)
+        kids: list[list[int]] = [[] for _ in range(n)]
+        marks = bytearray(n)
+        depth = [0] * n
+        for i in range(1, n):
+            p = nodes[i].parent
+            kids[p].append(i)
+            depth[i] = depth[p] + 1
+        for i in range(n - 1, -1, -1):  # children come after their parent: one backward pass
+            lr = nodes[i].lock_ref
+            if lr > 0:
+                marks[i] |= cls.LOCKED
+            elif lr < 0:
+                marks[i] |= cls.NEGATIVE
+            if i:
+                marks[nodes[i].parent] |= marks[i]
+
+        def weight(row: int) -> tuple[int, int]:
+            node = nodes[row]
+            sub = node.subtree_tokens if node.subtree_tokens is not None else node.tokens
+            return (-(marks[row] & cls.NEGATIVE), -(marks[row] & cls.LOCKED), -sub)
+
+        ordered = tuple(tuple(sorted(k, key=weight)) if len(k) > 1 else tuple(k) for k in kids)
+        return cls(ordered, bytes(marks), max(depth) if depth else 0)
+
+
+def parse_and_index(data: bytes) -> tuple[Snapshot, TreeIndex | None]:
+    snapshot = parse_snapshot(data)
+    return snapshot, TreeIndex.build(snapshot)
+
+
+# ----------------------------------------------------------------------------------------------
+# One rank's probe
+
+
+@dataclass(frozen=True, slots=True)
+class RadixSample:
+    url: str
+    status: SourceState
+    time: float  # time.time() of this poll
+    rank: int | None = None
+    snapshot: Snapshot | None = None  # None when this poll got none (the board keeps the last)
+    index: TreeIndex | None = None
+    health: Health | None = None
+    events: tuple[Event, ...] = ()  # new since the previous sample
+    events_dropped: int = 0  # events that left the server's ring before we read them
+    restarted: bool = False  # the endpoint's instance changed: the server restarted
+    unchanged: bool = False  # the snapshot answer was byte-identical to the previous one
+    seconds: float = 0.0  # fetch + parse
+    size: int = 0  # bytes of the snapshot answer
+
+
+class RadixProbe:
+    """Polls one rank's debug endpoint at `base_url` (e.g. http://127.0.0.1:39100)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        budget: int = DEFAULT_BUDGET,
+        timeout_s: float = 3.0,
+        max_bytes: int = MAX_SNAPSHOT_BYTES,
+        client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = base_url.rstrip("/")
+        self.interval_s = interval_s
+        self.budget = budget
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._client = client
+        self._own_client = client is None
+        self._clock = clock
+        self._state = StateClock(clock)
+        self._instance: str | None = None
+        self._since = 0
+        self._last_body = b""
+        self._last: tuple[Snapshot, TreeIndex | None] | None = None
+        self._health: Health | None = None
+        self._health_at = -float("inf")
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = make_client(self.timeout_s)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._own_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def poll(self) -> RadixSample:
+        try:
+            return await self._poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a gap in our own handling must not take the app down
+            return self._sample("error", f"radixtop failed reading {self.url}: {type(exc).__name__}: {exc}")
+
+    def _sample(self, state: str, message: str = "", **kw) -> RadixSample:
+        return RadixSample(self.url, self._state.update(state, message), self._clock(), **kw)
+
+    async def _poll(self) -> RadixSample:
+        started = time.monotonic()
+        got = await fetch(
+            self.client, self.url + SNAPSHOT_PATH, max_bytes=self.max_bytes, params={BUDGET_PARAM: self.budget}
+        )
+        if got.error is not None:
+            if got.refused:
+                return self._sample("down", f"{self.url}: {got.error}")
+            return self._sample("error", f"{self.url}: snapshot: {got.error}")
+        if got.status != 200:
+            return await self._not_ok(got)
+        unchanged = got.body == self._last_body and self._last is not None
+        if unchanged:
+            snapshot, index = self._last  # type: ignore[misc]
+        else:
+            try:
+                if len(got.body) <= INLINE_PARSE_BYTES:
+                    snapshot, index = parse_and_index(got.body)
+                else:
+                    snapshot, index = await asyncio.to_thread(parse_and_index, got.body)
+            except ValueError as exc:
+                return self._sample("error", f"{self.url}: {one_line(str(exc))}")
+            self._last_body, self._last = got.body, (snapshot, index)
+        restarted = self._instance is not None and snapshot.instance != self._instance
+        if snapshot.instance != self._instance:
+            self._instance, self._since = snapshot.instance, 0
+            self._health_at = -float("inf")
+        events: tuple[Event, ...] = ()
+        dropped, problem = 0, ""
+        if snapshot.events_seq != self._since:  # the snapshot names the newest event: skip a no-op request
+            events, dropped, problem = await self._events()
+        now = time.monotonic()
+        if now - self._health_at >= HEALTH_EVERY_S:
+            self._health_at = now
+            health, _ = await self._fetch_health()
+            if health is not None:
+                self._health = health
+        state, message = "ok", ""
+        if snapshot.hooks_state == "disabled" or (self._health is not None and self._health.status == "degraded"):
+            state = "degraded"
+            message = (self._health.message if self._health is not None else "") or "hooks disabled"
+        elif not snapshot.walkable:
+            state, message = "degraded", f"tree not walkable: {snapshot.reason}"
+        elif problem:
+            state, message = "degraded", problem
+        return self._sample(
+            state,
+            message,
+            rank=snapshot.rank,
+            snapshot=snapshot,
+            index=index,
+            health=self._health,
+            events=events,
+            events_dropped=dropped,
+            restarted=restarted,
+            unchanged=unchanged,
+            seconds=time.monotonic() - started,
+            size=len(got.body),
+        )
+
+    async def _not_ok(self, got: Fetched) -> RadixSample:
+        message = parse_error(got.body)
+        if got.status == 404:
+            return self._sample(
+                "error",
+                f"{self.url} has no radixtop debug endpoint (HTTP 404: {message}); "
+                "check the URL (see /server_info radixtop_instrument)",
+            )
+        if got.status == 503:
+            health, _ = await self._fetch_health()
+            return self._sample("starting", f"{self.url}: {message}", health=health)
+        return self._sample("error", f"{self.url}: HTTP {got.status}: {message}")
+
+    async def _fetch_health(self) -> tuple[Health | None, str]:
+        got = await fetch(self.client, self.url + HEALTH_PATH, max_bytes=256 * 1024)
+        if not got.ok:
+            return None, got.error or f"HTTP {got.status}"
+        try:
+            return parse_health(got.body), ""
+        except ValueError as exc:
+            return None, one_line(str(exc))
+
+    async def _events(self) -> tuple[tuple[Event, ...], int, str]:
+        """New events since the last poll (a few pages at most); a failure is a line, not a stop."""
+        out: list[Event] = []
+        dropped = 0
+        for _ in range(EVENT_PAGES_PER_POLL):
+            got = await fetch(
+                self.client,
+                self.url + EVENTS_PATH,
+                max_bytes=MAX_EVENTS_BYTES,
+                params={SINCE_PARAM: self._since, LIMIT_PARAM: EVENT_PAGE},
+            )
+            if not got.ok:
+                why = got.error or f"HTTP {got.status}: {parse_error(got.body)}"
+                return tuple(out), dropped, f"events: {why}"
+            try:
+                if len(got.body) <= INLINE_PARSE_BYTES:
+                    page = parse_events(got.body)
+                else:
+                    page = await asyncio.to_thread(parse_events, got.body)
+            except ValueError as exc:
+                return tuple(out), dropped, one_line(str(exc))
+            if page.instance != self._instance:  # the server restarted between the two requests
+                self._instance, self._since = page.instance, 0
+                continue
+            out.extend(page.events)
+            dropped += page.dropped
+            self._since = page.next_since
+            if not page.more:
+                break
+        return tuple(out), dropped, ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Every rank together, for the pane
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    time: float
+    rank: int | None
+    kind: str
+    node_id: int | None
+    lock_ref: int | None
+    message: str
+
+
+@dataclass
+class RankView:
+    """What the pane shows for one endpoint: the last good snapshot (kept while the rank is down)."""
+
+    url: str
+    status: SourceState
+    rank: int | None = None
+    snapshot: Snapshot | None = None
+    index: TreeIndex | None = None
+    snapshot_at: float | None = None  # time.time() the kept snapshot was fetched
+    evictions_per_s: float | None = None
+    evicted_tokens_per_s: float | None = None
+    restarts: int = 0
+    events_dropped: int = 0
+    _prev: tuple[float, str, int, int] | None = None  # (snapshot time, instance, evictions, evicted tokens)
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else self.url
+
+
+class RadixBoard:
+    """Folds RadixSamples of several endpoints into the pane's view. Pure: no I/O, no Textual."""
+
+    def __init__(self, *, max_anomalies: int = 200, rate_window_s: float = 10.0) -> None:
+        self.ranks: dict[str, RankView] = {}
+        self.anomalies: deque[Anomaly] = deque(maxlen=max_anomalies)
+        self.evictions: deque[tuple[float, int | None, int]] = deque(maxlen=500)  # (time, rank, tokens)
+        self.rate_window_s = rate_window_s
+        self.version = 0
+        self.note: str = ""  # why the pane cannot show a tree (no endpoint, vLLM, ...)
+
+    def add(self, sample: RadixSample) -> None:
+        view = self.ranks.get(sample.url)
+        if view is None:
+            view = self.ranks[sample.url] = RankView(sample.url, sample.status)
+        view.status = sample.status
+        if sample.rank is not None:
+            view.rank = sample.rank
+        if sample.restarted:
+            view.restarts += 1
+            view._prev = None
+        view.events_dropped += sample.events_dropped
+        snap = sample.snapshot
+        if snap is not None:
+            if not sample.unchanged or view.snapshot is None:
+                self._rates(view, snap)
+                view.snapshot, view.index = snap, sample.index
+            view.snapshot_at = sample.time
+        for ev in sample.events:
+            if ev.kind in ANOMALY_KINDS:
+                self.anomalies.append(Anomaly(ev.time, view.rank, ev.kind, ev.node_id, ev.lock_ref, ev.message))
+            elif ev.kind == "evict" and ev.tokens:
+                self.evictions.append((ev.time, view.rank, ev.tokens))
+        self.version += 1
+
+    def _rates(self, view: RankView, snap: Snapshot) -> None:
+        c = snap.counters
+        prev = view._prev
+        if prev is not None and prev[1] == snap.instance and snap.time > prev[0]:
+            dt = snap.time - prev[0]
+            view.evictions_per_s = max(0, c.evictions - prev[2]) / dt
+            view.evicted_tokens_per_s = max(0, c.evicted_tokens - prev[3]) / dt
+        view._prev = (snap.time, snap.instance, c.evictions, c.evicted_tokens)
+
+    def ordered(self) -> list[RankView]:
+        return sorted(self.ranks.values(), key=lambda v: (v.rank is None, v.rank or 0, v.url))
+
+    def disagreement(self, groups: Callable[[int], int] | None = None) -> str | None:
+        """A line when ranks that should hold the same tree (TP ranks of one DP group) report
+        different census digests; None when they agree or cannot be compared."""
+        by_group: dict[int, list[tuple[int, str]]] = {}
+        for v in self.ordered():
+            snap = v.snapshot
+            if v.rank is None or snap is None or snap.census is None or not snap.census.complete:
+                continue
+            if not snap.census.digest:
+                continue
+            by_group.setdefault(groups(v.rank) if groups else 0, []).append((v.rank, snap.census.digest))
+        for members in by_group.values():
+            digests = {d for _, d in members}
+            if len(digests) > 1:
+                shown = " ".join(f"r{r}={d[:8]}" for r, d in members)
+                return f"ranks disagree: tree digests {shown} (each rank's last census)"
+        return None
+
+    def recent_evictions(self, now: float) -> tuple[int, int]:
+        """(eviction events, evicted tokens) within the rate window before now."""
+        count = tokens = 0
+        for t, _, n in reversed(self.evictions):
+            if now - t > self.rate_window_s:
+                break
+            count += 1
+            tokens += n
+        return count, tokens
+
+
+def rank_groups(tp_size: int | None) -> Callable[[int], int] | None:
+    """Ranks are numbered tp + dp * tp_size (as the simulator and instrument number them)."""
+    if not tp_size or tp_size < 1:
+        return None
+    return lambda rank: rank // tp_size
+
+
+async def poll_all(probes: Sequence[RadixProbe]) -> list[RadixSample]:
+    """Poll several ranks at once (their servers answer independently)."""
+    return list(await asyncio.gather(*(p.poll() for p in probes)))
+
+
+def instrument_urls(values: Iterable[object]) -> list[str]:
+    """The http(s) URLs in /server_info's radixtop_instrument list (anything else is dropped)."""
+    out = []
+    for v in values:
+        if isinstance(v, str) and v.startswith(("http://", "https://")) and len(v) < 300:
+            out.append(v.rstrip("/"))
+    return out

@@ -1,0 +1,77 @@
+"""The processes pane: the server's process tree (pid, role and rank, state, RSS, CPU, threads);
+zombies, stopped processes and schedulers that vanished stand out, with the time they went.
+
+The app hands in the latest ProcsSample; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Static
+
+from radixtop.widgets.fmt import age, clock, frozen_banner, size
+
+HEADER = f"{'pid':>8} {'role':<18} {'state':<10} {'RSS':>10} {'CPU':>6} {'thr':>4} {'up':>6}  command"
+
+
+def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None) -> Text:
+    now = time.time() if now is None else now
+    out = Text()
+    if sample is None:
+        out.append("no server process to watch (none discovered; --url alone does not name a pid)", style="italic")
+        return out
+    if not sample.status.ok:
+        style = "bold red" if sample.status.state in ("down", "error") else "bold yellow"
+        out.append(f"{sample.status.state.upper()} since {clock(sample.status.since)}: {sample.status.message}\n", style=style)
+    out.append(HEADER + "\n", style="dim")
+    procs = sample.procs
+    if not any(p.status != "gone" for p in procs) and last_good is not None:
+        out.append(frozen_banner(sample.status.state, sample.status.since, last_good.time) + "\n", style="bold red")
+        procs = tuple(last_good.procs) + tuple(p for p in procs if p.status == "gone")
+    for p in procs:
+        if p.status == "gone":
+            style = "bold red" if p.role in ("scheduler", "worker", "engine-core", "server") else "red"
+        elif p.status in ("zombie", "dead", "stopped"):
+            style = "bold red reverse" if p.status == "zombie" else "bold red"
+        elif p.role == "server":
+            style = "bold"
+        else:
+            style = ""
+        cpu = f"{p.cpu_percent:.0f}%" if p.cpu_percent is not None else "—"
+        up = age(now - p.started) if p.started else "—"
+        status = p.status if p.status != "gone" else f"gone {clock(p.gone_at)}"
+        line = f"{p.pid:>8} {p.label[:18]:<18} {status[:14]:<10} {size(p.rss):>10} {cpu:>6} {p.threads if p.threads is not None else '—':>4} {up:>6}  {p.name}"
+        out.append(line + "\n", style=style or None)
+    for problem in sample.problems[:4]:
+        out.append(f"! {problem}\n", style="bold red")
+    out.rstrip()
+    return out
+
+
+class ProcsPane(Vertical):
+    DEFAULT_CSS = """
+    ProcsPane { height: 1fr; }
+    ProcsPane > #procs-title { height: 1; background: $panel; text-style: bold; padding: 0 1; }
+    ProcsPane > VerticalScroll { height: 1fr; padding: 0 1; }
+    ProcsPane #procs-body { width: auto; min-width: 100%; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("Processes", id="procs-title")
+        with VerticalScroll():
+            yield Static("", id="procs-body")
+
+    def show(self, sample: Any, *, now: float | None = None, last_good: Any = None) -> None:
+        title = Text("Processes", style="bold")
+        if sample is not None:
+            alive = sum(1 for p in sample.procs if p.status != "gone")
+            title.append(f"  pid {sample.root_pid} · {alive} running", style="dim")
+            state = sample.status.state
+            title.append(f"  {state}", style="green" if state == "ok" else "red")
+        self.query_one("#procs-title", Static).update(title)
+        self.query_one("#procs-body", Static).update(render_procs(sample, now=now, last_good=last_good))

@@ -1,0 +1,479 @@
+"""The radix pane: one rank's prefix tree from the debug endpoint, its pool, its page locks.
+
+Top to bottom: a title (rank selector, the source's health, DOWN with its time), a summary (the
+pool: capacity, used, evictable, protected, available; evictions per second; lock counters; the
+lock_ref histogram, i.e. page-lock occupancy; the latest lock anomalies with their times; "ranks
+disagree" when the ranks' tree digests differ), then the tree. The tree is drawn lazily: only
+expanded nodes' children are listed (at most CHILD_PAGE per node until asked for more), and only
+the rows on screen are rendered, so a 100,000-node snapshot costs what its visible rows cost.
+
+The app hands in a `RadixBoard` (radixtop.probes.radix) with `show()`; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Static
+
+from radixtop.probes.radix import RadixBoard, RankView, TreeIndex
+from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate
+
+CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
+MAX_ROWS = 50_000  # visible rows at most, however much is expanded
+_LOCK_BUCKETS = (("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63))
+_SPARK = "▁▂▃▄▅▆▇█"
+COLUMNS = f"{'tokens':>7} {'lock':>5} {'hits':>6} {'idle':>6}  node"
+
+NEEDS_SGLANG = (
+    "The radix pane reads SGLang's prefix tree through radixtop's debug endpoint; "
+    "vLLM has no such endpoint (its prefix-cache gauges are in the vitals pane)."
+)
+NO_ENDPOINT = (
+    "No debug endpoint. Start SGLang with RADIXTOP_INSTRUMENT=1 (radixtop installed in its "
+    "environment), or pass --instrument http://127.0.0.1:PORT for each rank; `radixtop demo` shows one."
+)
+
+
+def lock_histogram(hist: dict[int, int]) -> list[tuple[str, int]]:
+    return [(label, sum(v for k, v in hist.items() if lo <= k <= hi)) for label, lo, hi in _LOCK_BUCKETS]
+
+
+def _level(n: int, top: int) -> str:
+    if n <= 0 or top <= 0:
+        return " "
+    return _SPARK[min(len(_SPARK) - 1, int(math.log1p(n) / math.log1p(top) * (len(_SPARK) - 1) + 0.5))]
+
+
+class RadixTreeView(ScrollView, can_focus=True):
+    """The tree, one row per visible node; Enter/→ expands, ← collapses (or goes to the parent)."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "radixtree--locked",
+        "radixtree--lockpath",
+        "radixtree--negative",
+        "radixtree--evicted",
+        "radixtree--cursor",
+        "radixtree--dim",
+        "radixtree--more",
+    }
+    DEFAULT_CSS = """
+    RadixTreeView { background: $surface; scrollbar-size-vertical: 1; overflow-x: hidden; }
+    RadixTreeView > .radixtree--locked { color: $warning; text-style: bold; }
+    RadixTreeView > .radixtree--lockpath { color: $warning; }
+    RadixTreeView > .radixtree--negative { color: $error; text-style: bold reverse; }
+    RadixTreeView > .radixtree--evicted { color: $text-muted; text-style: italic; }
+    RadixTreeView > .radixtree--cursor { background: $primary 30%; }
+    RadixTreeView > .radixtree--dim { color: $text-muted; }
+    RadixTreeView > .radixtree--more { color: $text-muted; text-style: italic; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k", "move(-1)", "Up", show=False),
+        Binding("down,j", "move(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "jump(0)", "Top", show=False),
+        Binding("end", "jump(-1)", "Bottom", show=False),
+        Binding("enter,right,l,space", "expand", "Expand", show=False),
+        Binding("left,h", "collapse", "Collapse", show=False),
+        Binding("x", "expand_locked", "Locked paths"),
+        Binding("left_square_bracket", "rank(-1)", "Prev rank"),
+        Binding("right_square_bracket", "rank(1)", "Next rank"),
+    ]
+
+    class RankRequested(Message):
+        def __init__(self, step: int) -> None:
+            super().__init__()
+            self.step = step
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.snapshot: Any = None
+        self.index: TreeIndex | None = None
+        self.expanded: set[int] = set()  # node keys (ids, or -(row + 1) for id-less rows)
+        self.shown: dict[int, int] = {}  # node key -> children listed
+        self.rows: list[tuple[int, int, int]] = []  # (row, depth, more): more > 0 is a "… N more" row
+        self.cursor = 0
+        self._styles: dict[str, Style] = {}
+
+    # -- data -------------------------------------------------------------------------------
+
+    def set_tree(self, snapshot: Any, index: TreeIndex | None) -> None:
+        if snapshot is self.snapshot and index is self.index:
+            return
+        cursor_key = self._cursor_key()
+        self.snapshot, self.index = snapshot, index
+        self._flatten()
+        if cursor_key is not None:
+            for i, (row, _, more) in enumerate(self.rows):
+                if not more and self._key(row) == cursor_key:
+                    self.cursor = i
+                    break
+        self.cursor = min(self.cursor, max(0, len(self.rows) - 1))
+        self.refresh()
+
+    def _tree_nodes(self) -> tuple:
+        tree = getattr(self.snapshot, "tree", None)
+        return tree.nodes if tree is not None else ()
+
+    def _key(self, row: int) -> int:
+        nodes = self._tree_nodes()
+        nid = nodes[row].id if row < len(nodes) else None
+        return nid if nid is not None else -(row + 1)
+
+    def _cursor_key(self) -> int | None:
+        if not self.rows or self.cursor >= len(self.rows):
+            return None
+        row, _, more = self.rows[self.cursor]
+        return None if more else self._key(row)
+
+    def _flatten(self) -> None:
+        rows: list[tuple[int, int, int]] = []
+        index = self.index
+        if index is not None and self._tree_nodes():
+            kids = index.children
+            stack: list[tuple[int, int, int]] = [(0, 0, 0)]
+            while stack and len(rows) < MAX_ROWS:
+                row, depth, more = stack.pop()
+                rows.append((row, depth, more))
+                if more:
+                    continue
+                key = self._key(row)
+                if row != 0 and key not in self.expanded:
+                    continue
+                children = kids[row]
+                limit = self.shown.get(key, CHILD_PAGE)
+                listed = children[:limit]
+                if len(children) > limit:
+                    stack.append((row, depth + 1, len(children) - limit))
+                for child in reversed(listed):
+                    stack.append((child, depth + 1, 0))
+        self.rows = rows
+        self.virtual_size = Size(self.size.width, len(rows))
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def action_move(self, step: int) -> None:
+        self._set_cursor(self.cursor + step)
+
+    def action_page(self, step: int) -> None:
+        self._set_cursor(self.cursor + step * max(1, self.scrollable_content_region.height - 1))
+
+    def action_jump(self, where: int) -> None:
+        self._set_cursor(0 if where == 0 else len(self.rows) - 1)
+
+    def _set_cursor(self, cursor: int) -> None:
+        self.cursor = max(0, min(cursor, len(self.rows) - 1))
+        height = max(1, self.scrollable_content_region.height)
+        top = round(self.scroll_y)
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False, immediate=True)
+        elif self.cursor >= top + height:
+            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
+        self.refresh()
+
+    def action_expand(self) -> None:
+        if not self.rows:
+            return
+        row, _, more = self.rows[self.cursor]
+        key = self._key(row)
+        if more:
+            self.shown[key] = self.shown.get(key, CHILD_PAGE) + CHILD_PAGE
+        elif self.index is not None and self.index.children[row]:
+            if key in self.expanded and row != 0:
+                self.expanded.discard(key)
+            else:
+                self.expanded.add(key)
+        self._flatten()
+        self._set_cursor(self.cursor)
+
+    def action_collapse(self) -> None:
+        if not self.rows:
+            return
+        row, depth, more = self.rows[self.cursor]
+        key = self._key(row)
+        if not more and key in self.expanded:
+            self.expanded.discard(key)
+            self._flatten()
+            self._set_cursor(self.cursor)
+            return
+        for i in range(self.cursor - 1, -1, -1):  # to the parent
+            if self.rows[i][1] < depth:
+                self._set_cursor(i)
+                return
+
+    def action_expand_locked(self) -> None:
+        """Open every path that leads to a locked (or negative) node."""
+        index = self.index
+        if index is None:
+            return
+        nodes = self._tree_nodes()
+        for row in range(1, len(nodes)):
+            if index.marks[row] and index.children[row] and any(index.marks[c] for c in index.children[row]):
+                self.expanded.add(self._key(row))
+        self._flatten()
+        self._set_cursor(self.cursor)
+
+    def action_rank(self, step: int) -> None:
+        self.post_message(self.RankRequested(step))
+
+    # -- rendering --------------------------------------------------------------------------
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles = {}
+
+    def _style(self, name: str) -> Style:
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(f"radixtree--{name}", partial=True)
+        return style
+
+    def on_resize(self) -> None:
+        self.virtual_size = Size(self.size.width, len(self.rows))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        i = round(self.scroll_y) + y
+        base = self.rich_style
+        if i >= len(self.rows):
+            if i == 0:
+                return Strip([Segment("(no tree yet)".ljust(width), base + self._style("dim"))]).crop(0, width)
+            return Strip.blank(width, base)
+        try:
+            strip = self._render_row(i, width)
+        except Exception as exc:  # one bad row must not blank the pane
+            strip = Strip([Segment(f"(row {i} could not be drawn: {type(exc).__name__})", self._style("dim"))])
+        strip = strip.crop_extend(0, width, None).apply_style(base)
+        if i == self.cursor and self.has_focus:
+            strip = strip.apply_style(self._style("cursor"))
+        elif i == self.cursor:
+            strip = strip.apply_style(self._style("cursor") + Style(dim=True))
+        return strip
+
+    def _render_row(self, i: int, width: int) -> Strip:
+        row, depth, more = self.rows[i]
+        snap = self.snapshot
+        nodes = snap.tree.nodes
+        indent = "  " * min(depth, 30)
+        if more:
+            text = f"{'':>7} {'':>5} {'':>6} {'':>6}  {indent}… {more:,} more children (Enter lists {CHILD_PAGE} more)"
+            return Strip([Segment(text, self._style("more"))])
+        node = nodes[row]
+        index = self.index
+        mark = index.marks[row] if index is not None else 0
+        has_kids = index is not None and bool(index.children[row])
+        if row == 0:
+            tree = snap.tree
+            cut = ""
+            if tree.cut_nodes:
+                cut = f", {tree.cut_nodes:,}{'' if tree.cut_exact else '~'} more not sent (budget {tree.budget:,})"
+            text = f"{tree.walked_tokens:>7,} {node.lock_ref:>5} {'':>6} {'':>6}  root · {tree.walked_nodes:,} nodes{cut}"
+            return Strip([Segment(text, self._style("locked") if node.lock_ref > 0 else None)])
+        idle = None
+        if node.last_access is not None:
+            idle = snap.monotonic - node.last_access
+        twisty = ("▾ " if self._key(row) in self.expanded else "▸ ") if has_kids else "  "
+        head = " ".join(str(t) for t in node.head[:4])
+        more_kids = ""
+        if node.children > len(index.children[row] if index is not None else ()):
+            more_kids = f" (+{node.children - len(index.children[row]) if index else node.children} not sent)"
+        nums = f"{node.tokens:>7,} {node.lock_ref:>5} {count(node.hit_count):>6} {age(idle):>6}  "
+        label = f"{indent}{twisty}#{node.id if node.id is not None else '?'} [{head}{' …' if node.tokens > len(node.head) else ''}]{more_kids}"
+        if node.evicted:
+            label += " evicted"
+        if node.lock_ref < 0:
+            style = self._style("negative")
+        elif node.lock_ref > 0:
+            style = self._style("locked")
+        elif mark & TreeIndex.NEGATIVE:
+            style = self._style("negative")
+        elif mark & TreeIndex.LOCKED:
+            style = self._style("lockpath")
+        elif node.evicted:
+            style = self._style("evicted")
+        else:
+            style = None
+        return Strip([Segment(nums, style), Segment(label, style)])
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+
+class RadixPane(Vertical):
+    """Title, summary and tree for the selected rank."""
+
+    DEFAULT_CSS = """
+    RadixPane { height: 1fr; }
+    RadixPane > #radix-title { height: 1; background: $panel; text-style: bold; padding: 0 1; }
+    RadixPane > #radix-summary { height: auto; max-height: 9; padding: 0 1; }
+    RadixPane > #radix-columns { height: 1; color: $text-muted; padding: 0 1; }
+    RadixPane > RadixTreeView { height: 1fr; padding: 0 1; }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.selected: str | None = None  # the endpoint URL shown
+        self._board: RadixBoard | None = None
+        self._note = ""
+        self._groups: Any = None
+        self._now: float | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("Radix cache", id="radix-title")
+        yield Static("", id="radix-summary")
+        yield Static(COLUMNS, id="radix-columns")
+        yield RadixTreeView(id="radix-tree")
+
+    @property
+    def tree_view(self) -> RadixTreeView:
+        return self.query_one(RadixTreeView)
+
+    def on_resize(self) -> None:
+        if self._board is not None:  # the pool bar's width is the pane's
+            self.show(self._board, now=self._now, note=self._note, groups=self._groups)
+
+    def show(self, board: RadixBoard, *, now: float | None = None, note: str = "", groups: Any = None) -> None:
+        """Redraw from the board (`note` replaces the summary when there is nothing to show)."""
+        self._board, self._note, self._groups, self._now = board, note, groups, now
+        now = time.time() if now is None else now
+        views = board.ordered()
+        if views and (self.selected is None or self.selected not in board.ranks):
+            self.selected = views[0].url
+        view = board.ranks.get(self.selected) if self.selected else None
+        self.query_one("#radix-title", Static).update(self._title(views, view, now))
+        self.query_one("#radix-summary", Static).update(self._summary(board, view, now, note))
+        snap = view.snapshot if view is not None else None
+        self.tree_view.set_tree(snap, view.index if view is not None else None)
+
+    def on_radix_tree_view_rank_requested(self, event: RadixTreeView.RankRequested) -> None:
+        event.stop()
+        self.select_step(event.step)
+
+    def select_step(self, step: int) -> None:
+        board = self._board
+        if board is None or not board.ranks:
+            return
+        urls = [v.url for v in board.ordered()]
+        i = urls.index(self.selected) if self.selected in urls else 0
+        self.selected = urls[(i + step) % len(urls)]
+        self.show(board, now=self._now, note=self._note, groups=self._groups)
+
+    def _title(self, views: list[RankView], view: RankView | None, now: float) -> Text:
+        text = Text("Radix cache ", style="bold")
+        for v in views:
+            state = v.status.state
+            mark = "●" if state == "ok" else ("◐" if state in ("starting", "degraded") else "✕")
+            style = "reverse bold" if v is view else ""
+            colour = {"ok": "green", "starting": "yellow", "degraded": "yellow"}.get(state, "red")
+            text.append(f" {v.label} ", style=style)
+            text.append(mark, style=colour)
+        if len(views) > 1:
+            text.append("  [ ] rank", style="dim")
+        if view is not None and not view.status.ok:
+            text.append("  ")
+            text.append(frozen_banner(view.status.state, view.status.since, view.snapshot_at), style="bold red")
+        return text
+
+    def _summary(self, board: RadixBoard, view: RankView | None, now: float, note: str) -> Text:
+        out = Text()
+        if view is None:
+            out.append(note or NO_ENDPOINT, style="italic")
+            return out
+        snap = view.snapshot
+        if not view.status.ok and view.status.message:
+            out.append(view.status.message + "\n", style="red")
+        if snap is None:
+            out.append(note or "waiting for the first snapshot…", style="italic")
+            return out
+        head = f"{snap.cache_class} · page {snap.page_size or '?'} · snapshot #{snap.seq} {age(now - snap.time)} old"
+        if snap.hooks_state != "active":
+            head += f" · hooks {snap.hooks_state}"
+        if not snap.walkable:
+            head += f" · tree not walkable: {snap.reason}"
+        out.append(head + "\n", style="dim")
+        self._pool(out, snap)
+        c = snap.counters
+        out.append("evictions ")
+        out.append(rate(view.evictions_per_s), style="bold")
+        out.append(" · ")
+        out.append(f"{rate(view.evicted_tokens_per_s).removesuffix('/s')} tok/s", style="bold")
+        out.append(f" · total {count(c.evictions)} ({count(c.evicted_tokens)} tok) · locks {count(c.lock_ops)}/{count(c.unlock_ops)}\n")
+        anomalies = [
+            (name, n)
+            for name, n in (
+                ("lock failures", c.lock_failures),
+                ("unlock failures", c.unlock_failures),
+                ("negative lock_ref", c.negative_lock_ref),
+                ("short evicts while locked", c.evict_short_locked),
+            )
+            if n
+        ]
+        if anomalies:
+            serious = any(name != "short evicts while locked" for name, _ in anomalies)
+            text = "lock anomalies: " + " · ".join(f"{name} {count(n)}" for name, n in anomalies)
+            out.append(text + "\n", style="bold red" if serious else "yellow")
+        census = snap.census
+        if census is not None:
+            buckets = lock_histogram(census.lock_ref_histogram)
+            top = max((n for _, n in buckets), default=0)
+            out.append("lock_ref ")
+            for label, n in buckets:
+                if label == "<0" and not n:
+                    continue
+                style = "bold red" if label == "<0" else ("yellow" if label not in ("0",) and n else "")
+                out.append(f" {label}:", style="dim")
+                out.append(_level(n, top), style=style or None)
+                out.append(count(n), style=style or None)
+            done = "" if census.complete else " (partial census)"
+            out.append(f"  nodes, census {age(census.age_s)} old{done}\n", style="dim")
+        anomalies = [a for a in board.anomalies if a.rank == view.rank or view.rank is None][-3:]
+        for a in reversed(anomalies):
+            where = f" node {a.node_id}" if a.node_id is not None else ""
+            lr = f" lock_ref {a.lock_ref}" if a.lock_ref is not None else ""
+            out.append(f"! {clock(a.time)} rank {a.rank} {a.kind}{where}{lr} {a.message}".rstrip() + "\n", style="bold red")
+        disagree = board.disagreement(self._groups)
+        if disagree:
+            out.append(disagree + "\n", style="bold yellow")
+        if view.events_dropped:
+            out.append(f"{view.events_dropped:,} events were dropped by the server before radixtop read them\n", style="yellow")
+        out.rstrip()
+        return out
+
+    def _pool(self, out: Text, snap: Any) -> None:
+        cap = snap.capacity_tokens
+        avail, evict, prot = snap.available_tokens, snap.evictable_tokens, snap.protected_tokens
+        if not cap:
+            out.append("pool size unknown\n", style="dim")
+            return
+        evict_n = max(0, evict or 0)
+        prot_n = max(0, prot or 0)
+        busy = max(0, cap - (avail or 0) - evict_n - prot_n)  # held by running requests, not (yet) in the tree
+        parts = [("locked", prot, "yellow"), ("running", busy, "cyan"), ("evictable", evict, "blue"), ("free", avail, "bold")]
+        legend = " ".join(f"{name} {count(n)}" for name, n, _ in parts)
+        head = f"pool {cap:,} "
+        width = max(6, min(40, (self.size.width or 80) - 4 - len(head) - len(legend) - 2))
+        runs = bar([prot_n / cap, busy / cap, evict_n / cap], width)
+        styles = {"█": "yellow", "▓": "cyan", "▒": "blue", "░": "dim"}
+        out.append(head)
+        for ch, n in runs:
+            out.append(ch * n, style=styles.get(ch))
+        for name, n, style in parts:
+            out.append(f" {name} ", style="dim")
+            out.append(count(n), style=style)
+        out.append("\n")

@@ -1,0 +1,143 @@
+"""The vital-signs pane: one sparkline per series (token usage, running and queued requests, cache
+hit rate, evicted tokens per second, retractions, GPU memory), the current value and where it came
+from; the moment the first signature appeared is marked on every plot (a ▼ above the column, and
+the column itself in reverse).
+
+The time scale follows the history: one column per second while it fits, then as many seconds per
+column as it takes (up to two minutes), so the whole incident stays on screen. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from radixtop.probes.vitals import SPECS, SeriesSpec, Vitals
+from radixtop.widgets.fmt import clock, count, percent, size, sparkline
+
+LABEL_WIDTH = 15
+VALUE_WIDTH = 16
+MAX_STEP = 120
+_SOURCE = {"metrics": "/metrics", "log": "log", "radix": "endpoint", "nvml": "NVML"}
+
+
+def seconds_per_column(vitals: Vitals, now: float, columns: int) -> int:
+    """The smallest whole number of seconds per column that shows all the history (and the first
+    signature's mark), so the plots fill the pane."""
+    first = min((s.points[0][0] for s in vitals.series.values() if s.points), default=now)
+    mark = vitals.first_mark
+    if mark is not None:
+        first = min(first, mark[0])
+    span = max(1.0, now - first + 1)
+    return max(1, min(MAX_STEP, math.ceil(span / max(1, columns))))
+
+
+def _cut(text: str, room: int) -> str:
+    if len(text) <= room:
+        return text
+    return text[: max(0, room - 1)] + "…" if room > 0 else ""
+
+
+def _value(spec: SeriesSpec, value: float | None, vitals: Vitals) -> str:
+    if value is None:
+        return "—"
+    if spec.key == "gpu_memory" and vitals.gpu_bytes is not None:
+        return f"{percent(value)} {size(vitals.gpu_bytes[0])}"
+    if spec.unit == "ratio":
+        return percent(value)
+    if spec.unit == "rate":
+        return f"{count(round(value))}/s"
+    return count(round(value, 1))
+
+
+def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None) -> Text:
+    now = time.time() if now is None else now
+    columns = max(8, width - LABEL_WIDTH - VALUE_WIDTH - 2)
+    step = seconds_per_column(vitals, now, columns)
+    end = now
+    start = int(end) - (int(end) % step) - (columns - 1) * step
+    mark = vitals.first_mark
+    mark_col = None
+    if mark is not None:
+        col = (int(mark[0]) - start) // step
+        if 0 <= col < columns:
+            mark_col = col
+    out = Text()
+    if mark_col is not None:
+        label = f"first signature {clock(mark[0])}: {mark[1]}"
+        arrow_at = LABEL_WIDTH + 1 + mark_col
+        room_right, room_left = width - arrow_at - 2, arrow_at - 1
+        right = len(label) <= room_right or (len(label) > room_left and room_right >= room_left)
+        if right:
+            out.append(" " * arrow_at + "▼", style="bold red")
+            out.append(" " + _cut(label, room_right) + "\n", style="red")
+        else:  # to its left, so that more of it is read
+            label = _cut(label, room_left)
+            out.append(" " * (arrow_at - len(label) - 1) + label + " ", style="red")
+            out.append("▼\n", style="bold red")
+    elif mark is not None:
+        out.append(f"first signature {clock(mark[0])}: {mark[1]} (before this window)\n", style="red")
+    else:
+        out.append(f"{'':<{LABEL_WIDTH}} no signature yet; ▼ will mark the first\n", style="dim")
+    for spec in SPECS:
+        series = vitals.series[spec.key]
+        values = series.window(end, columns, step)
+        lo, hi = (0.0, 1.0) if spec.unit == "ratio" else (0.0, None)
+        if hi is None:
+            present = [v for v in values if v is not None]
+            hi = max(present) if present and max(present) > 0 else 1.0
+        line = sparkline(values, lo, hi)
+        out.append(f"{spec.title:<{LABEL_WIDTH}} ", style="bold")
+        if mark_col is not None:
+            out.append(line[:mark_col], style="cyan")
+            out.append(line[mark_col] if line[mark_col] != " " else "│", style="bold red reverse")
+            out.append(line[mark_col + 1 :], style="cyan")
+        else:
+            out.append(line, style="cyan")
+        value = _value(spec, series.last, vitals)
+        stale = series.updated < now - max(10.0, 5 * step)
+        src = _SOURCE.get(series.source, "")
+        tail = f" {value}" + (f" {src}" if src else "")
+        out.append(f"{tail[:VALUE_WIDTH]:<{VALUE_WIDTH}}", style="dim" if stale or math.isinf(series.updated) else "bold")
+        out.append("\n")
+    span = columns * step
+    out.append(f"{'':<{LABEL_WIDTH}} ← {span // 60} min {span % 60} s · {step} s per column · now {clock(now)}", style="dim")
+    return out
+
+
+class VitalsPane(Vertical):
+    DEFAULT_CSS = """
+    VitalsPane { height: 1fr; }
+    VitalsPane > #vitals-title { height: 1; background: $panel; text-style: bold; padding: 0 1; }
+    VitalsPane > #vitals-body { height: 1fr; padding: 0 1; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("Vital signs", id="vitals-title")
+        yield Static("", id="vitals-body")
+
+    _last: tuple[Any, ...] | None = None
+
+    def on_resize(self) -> None:
+        if self._last is not None:  # the plots' width is the pane's
+            self.show(*self._last[:1], **self._last[1])
+
+    def show(self, vitals: Vitals, *, status: Any = None, note: str = "", now: float | None = None) -> None:
+        self._last = (vitals, {"status": status, "note": note, "now": now})
+        title = Text("Vital signs", style="bold")
+        sources = sorted({_SOURCE.get(s.source, s.source) for s in vitals.series.values() if s.source})
+        if sources:
+            title.append(f"  from {', '.join(sources)}", style="dim")
+        if status is not None and not status.ok:
+            title.append(f"  {status.state.upper()} since {clock(status.since)} · last values kept", style="bold red")
+        if note:
+            title.append(f"  {note}", style="yellow")
+        self.query_one("#vitals-title", Static).update(title)
+        width = max(40, (self.size.width or 100) - 2)
+        self.query_one("#vitals-body", Static).update(render_vitals(vitals, width=width, now=now))

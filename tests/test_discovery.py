@@ -1,0 +1,150 @@
+"""probes/discovery on real processes: the simulator found with its port, log file and debug
+endpoints; gone when killed; found again on its new pid; an SGLang-like launcher (a real process
+running `python -m sglang.launch_server` from a stand-in module) with titled schedulers and its
+stdout in a file, or in a pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from pane_helpers import start_sim, stop
+
+from radixtop.probes.discovery import Discovery, classify, discover
+
+# A stand-in `sglang.launch_server`: serves /health and /server_info on --port, starts two children
+# titled like SGLang's schedulers, and prints to stdout.
+LAUNCHER = textwrap.dedent(
+    """
+    import json, subprocess, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    kids = [subprocess.Popen([f"sglang::scheduler_TP{r}", "-c", "import time; time.sleep(120)"],
+                             executable=sys.executable) for r in range(2)]
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"version": "0.5.23", "port": port, "tp_size": 2}).encode()
+            self.send_response(200 if self.path in ("/health", "/server_info") else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    print("[2026-12-02 14:00:00] server started", flush=True)
+    try:
+        HTTPServer(("127.0.0.1", port), H).serve_forever()
+    finally:
+        for k in kids:
+            k.kill()
+    """
+)
+
+
+def _discover() -> Discovery:
+    return asyncio.run(discover(exclude={os.getpid()}))
+
+
+def _find(pid: int, tries: int = 40, ranks: int = 0):
+    """Discovery until it has the server's URL (and its schedulers: a child seen between fork and
+    exec still carries its parent's command line, so the first look may not show them)."""
+    for _ in range(tries):
+        found = next((s for s in _discover().servers if s.pid == pid), None)
+        if found is not None and found.url is not None and len(found.ranks) >= ranks:
+            return found
+        time.sleep(0.25)
+    return next((s for s in _discover().servers if s.pid == pid), None)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_classify_command_lines() -> None:
+    assert classify(["python3", "-m", "sglang.launch_server", "--model-path", "m"]) == "sglang"
+    assert classify(["/usr/bin/python", "-u", "-m", "sglang.launch_server"]) == "sglang"
+    assert classify(["sglang", "serve", "--model-path", "m"]) == "sglang"
+    assert classify(["sglang::scheduler_TP3"]) == "sglang-child"
+    assert classify(["python", "-m", "vllm.entrypoints.openai.api_server"]) == "vllm"
+    assert classify(["/venv/bin/vllm", "serve", "m"]) == "vllm"
+    assert classify(["python", "-m", "radixtop", "sim", "--port", "0"]) == "sim"
+    assert classify(["bash", "-c", "python -m sglang.launch_server"]) is None, "a wrapper is not the server"
+    assert classify(["python", "-m", "pytest", "sglang"]) is None
+    assert classify(["grep", "sglang.launch_server"]) is None
+
+
+def test_the_simulator_is_found_lost_and_found_again(tmp_path: Path) -> None:
+    proc, url, log = start_sim(tmp_path / "a", "--tp-size", "2")
+    try:
+        found = _find(proc.pid)
+        assert found is not None, "the simulator was not discovered"
+        assert found.kind == "sim" and found.url == url
+        assert found.log_path == str(log) and found.log_how == "--log-file"
+        assert len(found.instrument_urls) == 2
+        assert int(url.rsplit(":", 1)[1]) in found.ports
+        lines = Discovery((found,)).describe()
+        assert any(f"radixtop sim pid {proc.pid}" in line and url in line for line in lines)
+        assert any(str(log) in line for line in lines)
+    finally:
+        stop(proc)
+    assert all(s.pid != proc.pid for s in _discover().servers), "a killed server is no longer listed"
+    again, url2, _ = start_sim(tmp_path / "b")
+    try:
+        found2 = _find(again.pid)
+        assert found2 is not None and found2.pid != proc.pid and found2.url == url2
+    finally:
+        stop(again)
+
+
+@pytest.mark.parametrize("stdout_to", ["file", "pipe"])
+def test_an_sglang_launcher_with_schedulers(tmp_path: Path, stdout_to: str) -> None:
+    pkg = tmp_path / "mods" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(LAUNCHER)
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "mods")}
+    log = tmp_path / "server.log"
+    sink = open(log, "wb") if stdout_to == "file" else subprocess.PIPE  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", "x", "--port", str(port)],
+        stdout=sink, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    try:
+        found = _find(proc.pid, ranks=2)
+        assert found is not None and found.kind == "sglang"
+        assert found.url == f"http://127.0.0.1:{port}"
+        assert found.ranks == ("TP0", "TP1")
+        assert found.version == "0.5.23"
+        assert any("no radixtop debug endpoint" in p for p in found.problems)
+        if stdout_to == "file":
+            assert found.log_path == str(log) and found.log_how == "stdout"
+        else:
+            assert found.log_path is None
+            assert any("is a pipe" in p and "pass --log" in p for p in found.problems)
+    finally:
+        for child in psutil.Process(proc.pid).children():
+            child.kill()
+        proc.kill()
+        proc.wait(10)
+        if sink is not subprocess.PIPE:
+            sink.close()
+        elif proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_nothing_found_says_what_to_do() -> None:
+    lines = Discovery((), ("3 processes could not be read",)).describe()
+    assert lines[0] == "No SGLang or vLLM server found on this node."
+    assert any("radixtop demo" in line for line in lines)
+    assert any("--url" in line for line in lines)

@@ -1,0 +1,131 @@
+"""probes/sglang against the real simulator (with and without --enable-metrics) and a vLLM-like
+server on loopback; the metric folding (TP ranks replicate, DP ranks partition)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pane_helpers import Answer, start_sim, stop, stub_server
+
+from radixtop.probes.sglang import ServerProbe, parse_metrics
+
+VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 5.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.875
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 4.0
+"""
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sims")
+    with_metrics = start_sim(base / "m", "--tp-size", "2", "--enable-metrics")
+    without = start_sim(base / "n")
+    yield with_metrics[1], without[1]
+    stop(with_metrics[0])
+    stop(without[0])
+
+
+async def test_simulator_with_metrics(sims) -> None:
+    probe = ServerProbe(sims[0])
+    try:
+        sample = await probe.poll()
+    finally:
+        await probe.aclose()
+    assert sample.status.state == "ok"
+    info = sample.info
+    assert info is not None and info.kind == "sglang" and info.tp_size == 2
+    assert info.version.startswith("0.5.23") and len(info.instrument_urls) == 2
+    assert "--enable-metrics" in info.launch_command
+    m = sample.metrics
+    assert m is not None and m.kind == "sglang"
+    for key in ("token_usage", "running", "queued", "cache_hit_rate", "evicted_tokens_total", "retracted"):
+        assert m.get(key) is not None, key
+    assert sample.latency_s is not None
+
+
+async def test_simulator_without_metrics_says_how_to_get_them(sims) -> None:
+    probe = ServerProbe(sims[1])
+    try:
+        sample = await probe.poll()
+    finally:
+        await probe.aclose()
+    assert sample.status.state == "ok" and sample.metrics is None
+    assert "--enable-metrics" in sample.metrics_note
+
+
+async def test_vllm_is_recognised_and_its_gauges_read() -> None:
+    with stub_server() as stub:
+        stub.answers["/health"] = Answer(body=b"")
+        stub.answers["/version"] = Answer(body=b'{"version": "0.11.0"}')
+        stub.answers["/v1/models"] = Answer(body=b'{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}')
+        stub.answers["/metrics"] = Answer(body=VLLM_METRICS, content_type="text/plain")
+        probe = ServerProbe(stub.url)
+        try:
+            sample = await probe.poll()
+        finally:
+            await probe.aclose()
+    assert sample.info is not None and sample.info.kind == "vllm" and sample.info.version == "0.11.0"
+    m = sample.metrics
+    assert m is not None and m.kind == "vllm"
+    assert m.get("running") == 3 and m.get("queued") == 5 and m.get("token_usage") == 0.875
+    assert m.get("prefix_queries_total") == 1000 and m.get("prefix_hits_total") == 250
+    assert m.get("preemptions_total") == 2
+
+
+async def test_down_then_restarted(tmp_path: Path) -> None:
+    proc, url, _ = start_sim(tmp_path / "a")
+    probe = ServerProbe(url)
+    try:
+        assert (await probe.poll()).status.state == "ok"
+        stop(proc)
+        down = await probe.poll()
+        assert down.status.state == "down" and "connection refused" in down.status.message
+        assert down.info is not None, "what was known about the server stays"
+        assert (await probe.poll()).status.since == down.status.since
+    finally:
+        await probe.aclose()
+
+
+async def test_garbage_metrics_and_health_errors_are_statuses() -> None:
+    with stub_server() as stub:
+        stub.answers["/health"] = Answer(503, b"")
+        stub.answers["/server_info"] = Answer(body=b'{"version": "0.5.5", "enable_metrics": true}')
+        stub.answers["/metrics"] = Answer(body=b"sglang:token_usage{ this is not prometheus", content_type="text/plain")
+        probe = ServerProbe(stub.url)
+        try:
+            sample = await probe.poll()
+        finally:
+            await probe.aclose()
+    assert sample.status.state == "starting" and "503" in sample.status.message
+    assert sample.metrics is None and "does not parse as Prometheus text" in sample.metrics_note
+
+
+def test_metrics_fold_tp_replicas_and_sum_dp_ranks() -> None:
+    text = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",tp_rank="0"} 4.0
+sglang:num_running_reqs{dp_rank="0",tp_rank="1"} 4.0
+sglang:num_running_reqs{dp_rank="1",tp_rank="0"} 6.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{dp_rank="0",tp_rank="0"} 0.5
+sglang:token_usage{dp_rank="1",tp_rank="0"} 0.7
+# TYPE sglang:evicted_tokens counter
+sglang:evicted_tokens_total{dp_rank="0",tp_rank="0"} 10.0
+sglang:evicted_tokens_total{dp_rank="0",tp_rank="1"} 10.0
+"""
+    m = parse_metrics(text)
+    assert m.get("running") == 10.0
+    assert m.get("token_usage") == pytest.approx(0.6)
+    assert m.get("evicted_tokens_total") == 10.0

@@ -1,0 +1,93 @@
+"""probes/vitals: log lines and /metrics into per-second series; /metrics wins over the log."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from radixtop.probes.sglang import ServerMetrics
+from radixtop.probes.vitals import Series, Vitals, log_observations
+
+LINES = [
+    "[2026-12-02 14:00:00 TP0] Prefill batch, #new-seq: 2, #new-token: 300, #cached-token: 100, token usage: 0.42, #running-req: 5, #queue-req: 3, ",
+    "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 7, #token: 900, token usage: 0.55, cuda graph: True, gen throughput (token/s): 812.4, #queue-req: 1, ",
+    "[2026-12-02 14:00:02 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 4, #new_token_ratio: 0.5 -> 0.7",
+    "[2026-12-02 14:00:02] INFO:     127.0.0.1:5555 - \"POST /generate HTTP/1.1\" 200 OK",
+    "INFO 12-02 14:00:03 [loggers.py:123] Engine 000: Avg prompt throughput: 10.0 tokens/s, Avg generation throughput: 50.0 tokens/s, Running: 3 reqs, Waiting: 2 reqs, GPU KV cache usage: 61.5%, Prefix cache hit rate: 40.0%",
+    "a batch of nothing",
+]
+
+
+def _epoch(clock: str) -> float:
+    return time.mktime(time.strptime(f"2026-12-02 {clock}", "%Y-%m-%d %H:%M:%S"))
+
+
+def test_log_lines_become_observations() -> None:
+    obs = log_observations(LINES)
+    got = {(o.key, o.value) for o in obs}
+    assert ("token_usage", 0.42) in got and ("running", 5) in got and ("queued", 3) in got
+    assert ("cache_hit_rate", 0.25) in got, "cached / (new + cached) from a prefill line"
+    assert ("token_usage", 0.55) in got and ("running", 7) in got and ("queued", 1) in got
+    assert ("retracted", 4.0) in got
+    assert ("running", 3.0) in got and ("queued", 2.0) in got  # vLLM
+    assert ("token_usage", 0.615) in got and ("cache_hit_rate", 0.4) in got
+    first = next(o for o in obs if o.key == "token_usage")
+    assert first.time == _epoch("14:00:00") and first.rank == "TP0"
+
+
+def test_metrics_take_precedence_over_the_log() -> None:
+    v = Vitals()
+    t = 1_000_000.0
+    v.feed_metrics(ServerMetrics("sglang", {"token_usage": 0.9, "running": 3.0, "evicted_tokens_total": 100.0}), t)
+    v.feed_log(log_observations([LINES[1]], now=t))  # has a time of its own, far from t: accepted
+    assert v.series["token_usage"].source == "log"
+    v2 = Vitals()
+    v2.feed_metrics(ServerMetrics("sglang", {"token_usage": 0.9}), t)
+    from radixtop.probes.vitals import Observation
+
+    v2.feed_log([Observation(t + 1, "token_usage", 0.1)])
+    assert v2.series["token_usage"].last == 0.9 and v2.series["token_usage"].source == "metrics"
+    v2.feed_log([Observation(t + 60, "token_usage", 0.2)])
+    assert v2.series["token_usage"].last == 0.2, "a log value is taken once /metrics has gone quiet"
+
+
+def test_counters_become_rates_and_resets_are_not_negative() -> None:
+    v = Vitals()
+    v.feed_metrics(ServerMetrics("sglang", {"evicted_tokens_total": 100.0}), 10.0)
+    assert v.series["evicted_tokens"].last is None
+    v.feed_metrics(ServerMetrics("sglang", {"evicted_tokens_total": 300.0}), 12.0)
+    assert v.series["evicted_tokens"].last == pytest.approx(100.0)
+    v.feed_metrics(ServerMetrics("sglang", {"evicted_tokens_total": 5.0}), 14.0)  # the server restarted
+    assert v.series["evicted_tokens"].last == pytest.approx(100.0)
+    # vLLM: hit rate from the two counters
+    v.feed_metrics(ServerMetrics("vllm", {"prefix_queries_total": 100.0, "prefix_hits_total": 10.0}), 10.0)
+    v.feed_metrics(ServerMetrics("vllm", {"prefix_queries_total": 200.0, "prefix_hits_total": 60.0}), 12.0)
+    assert v.series["cache_hit_rate"].last == pytest.approx(0.5)
+
+
+def test_series_window_and_bounds() -> None:
+    s = Series("last", history_s=5)
+    for t in range(10):
+        s.add(100.0 + t, float(t), "log")
+    assert len(s.points) == 5
+    assert s.window(109.0, 5) == [5.0, 6.0, 7.0, 8.0, 9.0]
+    assert s.window(109.0, 3, seconds_per_column=2) == [5.0, 7.0, 9.0]
+    s.add(107.5, 70.0, "log")  # late value: folds into its own second
+    assert s.window(109.0, 5)[2] == 70.0
+    m = Series("max")
+    m.add(5.2, 3.0, "log")
+    m.add(5.7, 1.0, "log")
+    assert m.last == 3.0
+    s.add(float("nan"), 1.0, "log")
+    s.add(111.0, float("inf"), "log")
+    assert s.last == 9.0
+
+
+def test_marks_are_kept_in_order_and_deduplicated() -> None:
+    v = Vitals()
+    v.mark(20.0, "b")
+    v.mark(10.0, "a")
+    v.mark(10.2, "a")
+    assert v.marks == [(10.0, "a"), (20.0, "b")]
+    assert v.first_mark == (10.0, "a")

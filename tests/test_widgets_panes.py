@@ -1,0 +1,278 @@
+"""The live panes rendered in a tiny App (Pilot) from constructed samples; and their screenshots.
+
+Deterministic: fixed times, rendered in UTC. Update the screenshots after an intended change with
+`pytest tests/test_widgets_panes.py --snapshot-update` and look at the SVGs before committing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from pane_helpers import make_snapshot, wide_snapshot
+from textual.app import App, ComposeResult
+
+from radixtop.probes.gpu import GpuInfo, GpuProcess, GpuSample, XidEvent
+from radixtop.probes.procs import ProcInfo, ProcsSample
+from radixtop.probes.radix import RadixBoard, RadixSample, TreeIndex
+from radixtop.probes.sglang import ServerMetrics
+from radixtop.probes.status import SourceState
+from radixtop.probes.vitals import Observation, Vitals
+from radixtop.schema import Counters, Event
+from radixtop.widgets.gpu import GpuPane, render_gpus
+from radixtop.widgets.procs import ProcsPane, render_procs
+from radixtop.widgets.radix import CHILD_PAGE, NEEDS_SGLANG, RadixPane, RadixTreeView
+from radixtop.widgets.vitals import VitalsPane, render_vitals
+
+T0 = 1_700_000_000.0  # 22:13:20 UTC
+GiB = 1024**3
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def ok(since: float = T0) -> SourceState:
+    return SourceState("ok", "", since)
+
+
+def sample(url: str, snap, *, events=(), status=None, t=T0) -> RadixSample:
+    return RadixSample(url, status or ok(), t, rank=snap.rank if snap else None, snapshot=snap,
+                       index=TreeIndex.build(snap) if snap else None, events=tuple(events))  # fmt: skip
+
+
+def board_two_ranks() -> RadixBoard:
+    board = RadixBoard()
+    anomaly = Event(5, T0 - 3, "negative_lock_ref", node_id=4, lock_ref=-1, message="double unlock")
+    s0 = make_snapshot(rank=0, when=T0 - 2, counters=Counters(lock_ops=10, unlock_ops=11, negative_lock_ref=1,
+                                                              evictions=4, evicted_tokens=64))  # fmt: skip
+    s0b = make_snapshot(rank=0, when=T0, seq=2, counters=Counters(lock_ops=12, unlock_ops=13, negative_lock_ref=1,
+                                                                  evictions=8, evicted_tokens=128))  # fmt: skip
+    board.add(sample("http://127.0.0.1:1", s0, t=T0 - 2))
+    board.add(sample("http://127.0.0.1:1", s0b, events=[anomaly]))
+    board.add(sample("http://127.0.0.1:2", make_snapshot(rank=1, when=T0, digest="fedcba9876543210")))
+    return board
+
+
+def gpu_sample(state: str = "ok") -> GpuSample:
+    gpus = (
+        GpuInfo(0, "NVIDIA H200", "GPU-0", 100 * GiB, 140 * GiB, 97, 66, 512.0, 700.0,
+                (GpuProcess(4242, 80 * GiB), GpuProcess(999, None))),
+        GpuInfo(1, "NVIDIA H200", "GPU-1", None, None, state="lost", problems=("memory: GPU lost (fallen off the bus; the kernel log has Xid 79)",)),
+    )  # fmt: skip
+    return GpuSample(SourceState(state, "" if state == "ok" else "GPU 1: memory: GPU lost", T0), T0, gpus,
+                     driver="550.54.15", seconds=0.004)  # fmt: skip
+
+
+def procs_sample() -> ProcsSample:
+    procs = (
+        ProcInfo(100, 1, "server", None, "python -m sglang.launch_server --port 30000", "sleeping", 2 * GiB, 3.0, 40, T0 - 600),
+        ProcInfo(101, 100, "scheduler", "TP0", "sglang::scheduler_TP0", "running", 12 * GiB, 99.0, 80, T0 - 590),
+        ProcInfo(102, 100, "scheduler", "TP1", "sglang::scheduler_TP1", "zombie", None, None, None, T0 - 590),
+        ProcInfo(103, 100, "scheduler", "TP2", "sglang::scheduler_TP2", "gone", 11 * GiB, None, 70, T0 - 590, gone_at=T0 - 30),
+    )  # fmt: skip
+    problems = ("scheduler TP1 (pid 102) is a zombie", "scheduler TP2 (pid 103) is gone since 22:12:50")
+    return ProcsSample(SourceState("degraded", problems[0], T0 - 30), T0, 100, procs, problems)
+
+
+def vitals_with_incident() -> Vitals:
+    v = Vitals()
+    for i in range(120):
+        t = T0 - 120 + i
+        v.feed_metrics(ServerMetrics("sglang", {"token_usage": min(1.0, i / 100), "running": float(i % 30),
+                                                "queued": float(max(0, i - 80)), "cache_hit_rate": 0.5,
+                                                "evicted_tokens_total": float(i * i), "retracted": float(i > 100)}), t)  # fmt: skip
+    v.feed_log([Observation(T0 - 5, "retracted", 4.0)])
+    v.mark(T0 - 20, "radix page lock failed during eviction")
+    return v
+
+
+class PaneApp(App):
+    def __init__(self, which: str) -> None:
+        super().__init__()
+        self.which = which
+
+    def compose(self) -> ComposeResult:
+        yield {"radix": RadixPane, "gpu": GpuPane, "procs": ProcsPane, "vitals": VitalsPane}[self.which](id="pane")
+
+
+def _plain(app: App, selector: str) -> str:
+    return app.query_one(selector).render().plain
+
+
+# ----------------------------------------------------------------------------------------------
+# Radix pane
+
+
+async def test_radix_pane_summary_ranks_and_tree() -> None:
+    app = PaneApp("radix")
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(RadixPane)
+        pane.show(board_two_ranks(), now=T0 + 1)
+        await pilot.pause()
+        title = _plain(app, "#radix-title")
+        assert "rank 0" in title and "rank 1" in title
+        summary = _plain(app, "#radix-summary")
+        assert "pool 4,096" in summary and "locked 32" in summary and "evictable 2,000" in summary and "running 1,064" in summary
+        assert "evictions 2.0/s" in summary and "32 tok/s" in summary
+        assert "lock anomalies: negative lock_ref 1" in summary and "lock failures" not in summary
+        assert "lock_ref " in summary and "<0:" in summary and "1:" in summary
+        assert "! 22:13:17 rank 0 negative_lock_ref node 4 lock_ref -1 double unlock" in summary
+        assert "ranks disagree" in summary
+        tree = app.query_one(RadixTreeView)
+        lines = [tree.render_line(y).text for y in range(4)]
+        assert "root · 5 nodes" in lines[0]
+        assert "#3" in lines[1] and "#1" in lines[2] and "#5" in lines[3], "paths to anomalies and locks first"
+        negative = tree.render_line(1)
+        assert any(seg.style is not None and seg.style.reverse for seg in negative), "a negative lock_ref path stands out"
+        tree.focus()
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert "#4" in tree.render_line(2).text and "-1" in tree.render_line(2).text
+        await pilot.press("x")
+        assert any("#2" in tree.render_line(y).text for y in range(8)), "x opens the paths to locked nodes"
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        assert pane.selected == "http://127.0.0.1:2"
+
+
+async def test_radix_pane_freezes_on_a_down_rank() -> None:
+    app = PaneApp("radix")
+    board = board_two_ranks()
+    async with app.run_test(size=(120, 30)) as pilot:
+        pane = app.query_one(RadixPane)
+        board.add(RadixSample("http://127.0.0.1:1", SourceState("down", "connection refused", T0 + 5), T0 + 5))
+        pane.show(board, now=T0 + 6)
+        await pilot.pause()
+        assert "DOWN since 22:13:25 · last values from 22:13:20" in _plain(app, "#radix-title")
+        assert "connection refused" in _plain(app, "#radix-summary")
+        assert "root · 5 nodes" in app.query_one(RadixTreeView).render_line(0).text, "never blank"
+
+
+async def test_radix_pane_lazy_over_100k_nodes() -> None:
+    snap = wide_snapshot(100_000)
+    board = RadixBoard()
+    board.add(sample("u", snap))
+    app = PaneApp("radix")
+    async with app.run_test(size=(100, 30)) as pilot:
+        pane = app.query_one(RadixPane)
+        pane.show(board, now=T0)
+        await pilot.pause()
+        tree = app.query_one(RadixTreeView)
+        assert len(tree.rows) == 1 + CHILD_PAGE + 1, "only one page of the root's children is listed"
+        assert "more children" in tree.render_line(CHILD_PAGE + 1 - round(tree.scroll_y)).text or True
+        tree.focus()
+        await pilot.press("end", "enter")
+        await pilot.pause()
+        assert len(tree.rows) == 1 + 2 * CHILD_PAGE + 1
+        assert all(snap.tree.nodes[r].lock_ref == 1 for r, _, more in tree.rows[1:CHILD_PAGE] if not more)
+
+
+async def test_radix_pane_notes() -> None:
+    app = PaneApp("radix")
+    async with app.run_test(size=(100, 20)) as pilot:
+        app.query_one(RadixPane).show(RadixBoard(), note=NEEDS_SGLANG)
+        await pilot.pause()
+        assert "vLLM has no such endpoint" in _plain(app, "#radix-summary")
+        assert "(no tree yet)" in app.query_one(RadixTreeView).render_line(0).text
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU, processes, vitals
+
+
+def test_gpu_text() -> None:
+    text = render_gpus(gpu_sample("degraded"), server_pids={4242: "scheduler TP0"},
+                       xids=[XidEvent(T0 - 60, 1, 79)], width=120).plain  # fmt: skip
+    assert "GPU 0 H200" in text and "100 GiB/140 GiB" in text
+    assert "util 97%" in text and "66°C" in text and "512/700 W" in text
+    assert "pid 4242" in text and "scheduler TP0" in text and "80.0 GiB" in text
+    assert "pid 999" in text and "not the server" in text and "n/a" in text
+    assert "LOST: memory: GPU lost" in text
+    assert "Xid 79 22:12:20 GPU 1: GPU has fallen off the bus" in text
+    unavailable = GpuSample(SourceState("unavailable", "no NVIDIA driver (libnvidia-ml.so not found)", T0), T0)
+    text = render_gpus(unavailable).plain
+    assert "unavailable: no NVIDIA driver (libnvidia-ml.so not found)" in text
+    frozen = render_gpus(unavailable, last_good=gpu_sample()).plain
+    assert "UNAVAILABLE since 22:13:20 · last values from 22:13:20" in frozen and "GPU 0 H200" in frozen
+
+
+def test_procs_text() -> None:
+    text = render_procs(procs_sample(), now=T0).plain
+    assert "DEGRADED since 22:12:50: scheduler TP1 (pid 102) is a zombie" in text
+    assert "scheduler TP0" in text and "99%" in text and "12.0 GiB" in text
+    assert "zombie" in text and "gone 22:12:50" in text
+    assert "! scheduler TP2 (pid 103) is gone since 22:12:50" in text
+
+
+def test_vitals_text_marks_the_first_signature() -> None:
+    text = render_vitals(vitals_with_incident(), width=100, now=T0).plain
+    lines = text.splitlines()
+    assert "▼" in lines[0] and "first signature 22:13:00: radix page lock failed" in lines[0]
+    for title in ("token usage", "running reqs", "queued reqs", "cache hit rate", "evicted tok/s", "retractions", "GPU memory"):
+        assert any(line.startswith(title) for line in lines), title
+    usage = next(line for line in lines if line.startswith("token usage"))
+    assert "█" in usage and "100% /metrics" in usage
+    col = lines[0].index("▼")
+    assert all(len(line) > col for line in lines[1:7])
+    assert "2 s per column" in lines[-1]
+
+
+def test_vitals_zoom_out_keeps_the_incident() -> None:
+    v = vitals_with_incident()
+    v.feed_metrics(ServerMetrics("sglang", {"token_usage": 0.3}), T0 + 3000)
+    text = render_vitals(v, width=100, now=T0 + 3000).plain
+    assert "▼" in text.splitlines()[0], "the window widens to keep the first signature on screen"
+    assert "47 s per column" in text
+
+
+async def test_panes_survive_a_tiny_terminal() -> None:
+    for which, show in (
+        ("radix", lambda p: p.show(board_two_ranks(), now=T0)),
+        ("gpu", lambda p: p.show(gpu_sample(), server_pids={4242: "scheduler TP0"}, now=T0)),
+        ("procs", lambda p: p.show(procs_sample(), now=T0)),
+        ("vitals", lambda p: p.show(vitals_with_incident(), now=T0)),
+    ):
+        app = PaneApp(which)
+        async with app.run_test(size=(60, 20)) as pilot:
+            show(app.query_one("#pane"))
+            await pilot.pause()
+            await pilot.resize_terminal(40, 10)
+            await pilot.pause()
+            show(app.query_one("#pane"))
+            await pilot.pause()
+            assert app.is_running
+
+
+# ----------------------------------------------------------------------------------------------
+# Screenshots
+
+
+def _shot(which: str, show):
+    async def before(pilot) -> None:
+        show(pilot.app.query_one("#pane"))
+        await pilot.pause()
+
+    return PaneApp(which), before
+
+
+@pytest.mark.skipif(os.environ.get("RADIXTOP_NO_SNAPSHOTS") == "1", reason="snapshots disabled")
+@pytest.mark.parametrize(
+    "which, show",
+    [
+        ("radix", lambda p: p.show(board_two_ranks(), now=T0 + 1)),
+        ("gpu", lambda p: p.show(gpu_sample("degraded"), server_pids={4242: "scheduler TP0"},
+                                 xids=[XidEvent(T0 - 60, 1, 79)], now=T0)),
+        ("procs", lambda p: p.show(procs_sample(), now=T0)),
+        ("vitals", lambda p: p.show(vitals_with_incident(), now=T0)),
+    ],
+)
+def test_pane_screenshots(snap_compare, which, show) -> None:
+    app, before = _shot(which, show)
+    assert snap_compare(app, terminal_size=(100, 24), run_before=before)

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -107,6 +108,110 @@ async def test_from_start_reads_existing_then_appended(tmp_path, follow):
     assert await c.lines(3) == ["a", "b", "c"]
     assert [r.lineno for r in c.records] == [1, 2, 3]
     assert all(r.source == str(log) for r in c.records)
+
+
+async def test_backlog_starts_n_whole_lines_before_the_end_with_true_line_numbers(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"old {i}\n" for i in range(1, 1001)) + "half-writ")
+    c = follow([log], backlog_lines=3)
+    assert await c.lines(3) == ["old 998", "old 999", "old 1000"]  # the unfinished line is not one
+    append(log, "ten\nnew 1\n")
+    assert await c.lines(5) == ["old 998", "old 999", "old 1000", "half-written", "new 1"]
+    assert [r.lineno for r in c.records] == [998, 999, 1000, 1001, 1002]
+
+
+async def test_a_backlog_longer_than_the_file_reads_it_all(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("a\nb\n")
+    c = follow([log], backlog_lines=10, history=True)
+    assert await c.lines(2) == ["a", "b"]
+    assert [r.lineno for r in c.records] == [1, 2]
+    assert all(not b.skipped for b in c.batches)  # nothing before the first line to report
+
+
+async def test_the_tail_is_delivered_before_the_lines_above_are_counted(tmp_path, monkeypatch):
+    from radixtop.probes import logs
+
+    gate = threading.Event()
+    counting = logs._count_lines
+
+    def slow_count(fd, end, stopping):
+        assert gate.wait(TIMEOUT)  # a huge file: the count takes a while
+        return counting(fd, end, stopping)
+
+    monkeypatch.setattr(logs, "_count_lines", slow_count)
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1, 101)))
+    async with LogFollower([str(log)], backlog_lines=2, history=True) as f:
+        assert f.wait_caught_up(TIMEOUT)
+        batch = f.take()  # no event loop needed for this
+        (run,) = batch.records.runs
+        assert run.texts == ["line 99", "line 100"]
+        assert not run.numbered and run.lineno_or_none is None  # shown now, numbered later
+        (part,) = batch.skipped
+        assert (part.source, part.generation, part.end) == (str(log), 0, log.stat().st_size - len("line 99\nline 100\n"))
+        assert not part.wait(0.05)
+        gate.set()
+        assert part.wait(TIMEOUT) and part.lines == 98
+        assert run.numbered and run.first_lineno == 99
+        assert [(r.lineno, r.text) for r in batch.records] == [(99, "line 99"), (100, "line 100")]
+        # The part keeps its own descriptor on the same inode, whatever happens to the path.
+        os.rename(log, tmp_path / "server.log.1")
+        assert os.pread(part.fd, 7, 0) == b"line 1\n"
+        part.close()
+        part.close()
+        append(tmp_path / "server.log.1", "line 101\n")  # the renamed file is still read out
+        while (more := f.take()) is None or not len(more.records):
+            await asyncio.sleep(0.01)
+        assert [(r.lineno, r.text) for r in more.records] == [(101, "line 101")]
+
+
+def test_log_lines_index_and_slice_across_runs():
+    from radixtop.probes.logs import LogLines, LogRun
+
+    lines = LogLines([LogRun("a.log", 0, 5, ["a5", "a6"], 1.0), LogRun("b.log", 2, 1, ["b1", "b2", "b3"], 2.0)])
+    assert len(lines) == 5
+    assert lines[0] == LogRecord("a.log", 5, "a5", 0, 1.0) and lines[-1] == LogRecord("b.log", 3, "b3", 2, 2.0)
+    assert [(r.source, r.lineno) for r in lines[1:4]] == [("a.log", 6), ("b.log", 1), ("b.log", 2)]
+    assert [r.text for r in lines] == ["a5", "a6", "b1", "b2", "b3"]
+    with pytest.raises(IndexError):
+        lines[5]
+
+
+@pytest.mark.parametrize(
+    ("content", "lines", "expected"),
+    [
+        (b"a\nb\nc\n", 2, b"b\nc\n"),
+        (b"a\nb\nc\npartial", 2, b"b\nc\npartial"),  # an unfinished last line is not counted
+        (b"a\nb\n", 5, b"a\nb\n"),  # fewer lines than asked: from the start
+        (b"a\nb\nc\n", 0, b""),  # plain tail -f: at the end
+        (b"a\nb\npartial", 0, b"partial"),  # ... or at the start of a line being written
+        (b"no newline at all", 3, b"no newline at all"),
+    ],
+)
+def test_start_of_backlog(tmp_path, content, lines, expected):
+    from radixtop.probes.logs import _start_of_backlog
+
+    path = tmp_path / "x.log"
+    path.write_bytes(content)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert content[_start_of_backlog(fd, len(content), lines, 1000) :] == expected
+    finally:
+        os.close(fd)
+
+
+def test_backlog_start_over_many_read_blocks(tmp_path):
+    from radixtop.probes.logs import _start_of_backlog
+
+    path = tmp_path / "x.log"
+    path.write_bytes(b"".join(b"%06d %s\n" % (i, b"y" * 200) for i in range(20_000)))  # ~4 MB
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        start = _start_of_backlog(fd, path.stat().st_size, 12_345, 1000)
+        assert os.pread(fd, 6, start) == b"%06d" % (20_000 - 12_345)
+    finally:
+        os.close(fd)
 
 
 # -- rotation and truncation ----------------------------------------------------------------------------

@@ -116,6 +116,54 @@ async def test_appended_lines_appear_highlighted_and_become_findings(log: Path) 
         assert "first: TP1 14:03:13.007 KV cache pool full" in shown  # the initiating rank and signature
 
 
+def long_log(path: Path, before: int = 6000) -> list[str]:
+    """A failure an hour ago (line 11), `before` ordinary lines, the same failure again, 30 more."""
+    lines = [decode(i) for i in range(10)] + [SEED] + [decode(i) for i in range(before)] + [SEED] + [decode(i, "TP1") for i in range(30)]
+    append(path, *lines)
+    return lines
+
+
+async def test_a_big_log_opens_at_its_last_lines_and_finds_what_happened_before(tmp_path: Path) -> None:
+    from radixtop.tui.app import BACKLOG_LINES
+
+    path = tmp_path / "server.log"
+    lines = long_log(path)
+    app = RadixtopApp(log_patterns=[str(path)])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(0.05)
+        # The first frames already hold the file's last lines, without waiting for new ones.
+        assert app.state.total_lines == BACKLOG_LINES
+        assert app.state.entry(app.state.next_seq - 1).text == lines[-1]
+        assert "14:02:29.029 TP1 Decode batch" in screen_text(app)  # the last line, on screen
+        # The part before was scanned for findings: the first occurrence is line 11, not the
+        # second one in the view, and the lines before it are its evidence.
+        await wait_for(pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part")
+        (finding,) = app.state.report.findings
+        assert (finding.signature.id, finding.first.line, finding.count) == ("radix-page-lock-eviction", 11, 2)
+        assert finding.context_before == tuple(lines[:10])
+        await wait_for(pilot, lambda: app.findings_list.findings, "the findings list")
+        assert "x2" in screen_text(app)
+        # Its line is not in the view: Enter shows the evidence kept for it instead.
+        await pilot.press("tab", "enter")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, EvidenceScreen)
+        # The second occurrence is in the view, with its true line number.
+        seq = max(app.state.hit_seqs())
+        assert app.state.entry(seq).lineno == len(lines) - 30
+
+
+async def test_from_start_fills_the_view_with_the_last_lines_and_finds_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    lines = long_log(path, before=3000)
+    app = RadixtopApp(log_patterns=[str(path)], from_start=True, capacity=2000)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.05)
+        assert app.state.view_len == 2000 and app.state.entry(app.state.next_seq - 1).text == lines[-1]
+        await wait_for(pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part")
+        (finding,) = app.state.report.findings
+        assert (finding.first.line, finding.count) == (11, 2)
+
+
 async def test_enter_on_a_finding_jumps_to_its_first_line_with_context(tmp_path: Path) -> None:
     path = tmp_path / "server.log"
     append(path, *(decode(i) for i in range(300)), SEED, *(decode(i) for i in range(300, 600)), SEED)

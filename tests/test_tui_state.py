@@ -287,3 +287,51 @@ def test_version_moves_only_on_change():
     assert state.version == v
     state.apply(plain(["a"]))
     assert state.version > v
+
+
+def test_held_file_reports_the_earlier_scan_first(catalog, matcher):
+    """The live tail of a file starts mid-file: its hits wait until the part before is scanned, so
+    the finding's first occurrence is the earlier one, with its own context."""
+    state = IncidentState(capacity=100)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, context=3, after=2), catalog)
+    ingestor.hold("server.log")
+    ingest(state, ingestor, batch(["x", SEED, "y", "z"], start=5001))
+    assert state.report is None or not state.report.findings  # the tail's hit waits ...
+    assert state.entry(1).severity == "error"  # ... though the line is marked at once
+    ingestor.add_history_hit("server.log", 12, SEED, catalog.index("radix-page-lock-eviction"), ("a", "b"), {}, context_after=("c",))
+    state.apply(ingestor.release("server.log", 5000))
+    (finding,) = state.report.findings
+    assert (finding.first.line, finding.count) == (12, 2)
+    assert finding.context_before == ("a", "b") and finding.context_after == ("c",)
+    assert state.report.lines == 5004
+
+
+def test_held_hits_are_bounded(catalog, matcher, monkeypatch):
+    from radixtop.tui import state as state_module
+
+    monkeypatch.setattr(state_module, "HELD_HITS_MAX", 3)
+    state = IncidentState(capacity=100)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, after=0), catalog)
+    ingestor.hold("server.log")
+    ingest(state, ingestor, batch([SEED] * 3))
+    assert ingestor.waiting == 3
+    ingest(state, ingestor, batch([SEED], start=4))  # one more than may wait: they all go
+    assert ingestor.waiting == 0 and state.report.findings[0].count == 4
+    assert any("still being scanned" in e.text for e in map(state.entry, range(state.first_seq, state.next_seq)))
+
+
+def test_lines_whose_numbers_are_still_counted_show_and_wait_to_be_findings(catalog, matcher):
+    from radixtop.probes.logs import LogLines, LogRun, _Numbering
+
+    numbering = _Numbering()
+    state = IncidentState(capacity=100)
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, after=1), catalog)
+    run = LogRun("server.log", 0, 1, ["before", SEED, "after"], 0.0, numbering)  # lines 1.. after the count
+    ingest(state, ingestor, LogBatch(LogLines([run]), ()))
+    assert [state.entry(s).text for s in range(3)] == ["before", SEED, "after"]
+    assert state.entry(1).lineno == 0 and state.entry(1).severity == "error"
+    assert state.report is None and ingestor.waiting == 1
+    numbering.finish(7000)  # 7000 lines above where following began
+    assert state.entry(1).lineno == 7002
+    state.apply(ingestor.flush(0))
+    assert state.report.findings[0].first.line == 7002

@@ -6,7 +6,8 @@ findings or not; 2 with one line on stderr when an input or a catalog cannot be 
 
 It must start like grep: only the catalog, the matcher, the scanner and the findings are
 imported (no textual, no httpx); `json` only for --json. RADIXTOP_SCAN_ENGINE=hyperscan|re2|re
-forces a matching engine (the benchmark uses it to time the fallbacks).
+forces a matching engine (the benchmark uses it to time the fallbacks). RADIXTOP_SCAN_THREADS=0|1
+turns the scan worker thread off or on; by default it runs on a big input when a core is idle.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from radixtop.probes.logscan import FileSummary
 
 ENGINE_ENV = "RADIXTOP_SCAN_ENGINE"
+THREADS_ENV = "RADIXTOP_SCAN_THREADS"
 _TEXT_WIDTH = 160
 _ID_WIDTH = 28
 
@@ -60,11 +62,12 @@ def _run(args: Namespace) -> int:
         catalog = load_catalog(args.signatures)
     except (ScanInputError, CatalogError) as exc:
         raise _Failed(str(exc)) from None
+    threads = _threads_choice()
     matcher = _make_matcher(catalog)
     try:
         if args.matches:
-            return _print_matches(paths, matcher, sys.stdout)
-        report, summaries = _build_report(paths, catalog, matcher, args.context)
+            return _print_matches(paths, matcher, sys.stdout, threads)
+        report, summaries = _build_report(paths, catalog, matcher, args.context, threads)
     except ScanInputError as exc:
         raise _Failed(str(exc)) from None
     notes = _notes(catalog, matcher, summaries)
@@ -95,12 +98,21 @@ def _make_matcher(catalog: Catalog) -> Matcher:
         raise _Failed(f"{exc}; unset {ENGINE_ENV} to use the best available engine") from None
 
 
-def _print_matches(paths: list[str], matcher: Matcher, out: TextIO) -> int:
+def _threads_choice() -> bool | None:
+    value = os.environ.get(THREADS_ENV, "")
+    if value in ("", "auto"):
+        return None  # LogScanner decides per input
+    if value in ("0", "1"):
+        return value == "1"
+    raise _Failed(f"{THREADS_ENV}={value} is not 0, 1 or auto; unset it to let radixtop choose")
+
+
+def _print_matches(paths: list[str], matcher: Matcher, out: TextIO, threads: bool | None) -> int:
     from radixtop.probes.logscan import LogScanner, ScanHit
 
     ids = [sig.id.encode() for sig in matcher.signatures]
     sink = out.buffer  # raw bytes: the line exactly as stored, like grep
-    scanner = LogScanner(matcher, details=False)
+    scanner = LogScanner(matcher, details=False, threads=threads)
 
     names: dict[str, bytes] = {}
 
@@ -121,13 +133,13 @@ def _print_matches(paths: list[str], matcher: Matcher, out: TextIO) -> int:
 
 
 def _build_report(
-    paths: list[str], catalog: Catalog, matcher: Matcher, context: int
+    paths: list[str], catalog: Catalog, matcher: Matcher, context: int, threads: bool | None
 ) -> tuple[Report, list[FileSummary]]:
     from radixtop.diagnosis.findings import FindingsBuilder
     from radixtop.probes.logscan import scan_into
 
     builder = FindingsBuilder(catalog, matcher=matcher, context=context)
-    summaries = scan_into(builder, paths, matcher, context=context)
+    summaries = scan_into(builder, paths, matcher, context=context, threads=threads)
     return builder.report(), summaries
 
 

@@ -196,11 +196,12 @@ def test_matches_plain_gzip_and_stdin_agree(incident_log, tmp_path):
     assert doc["lines"] == len(lines) and doc["findings"][0]["first"]["file"] == "<stdin>"
 
 
-def test_truncated_gzip_reports_what_was_readable(incident_log, tmp_path):
+@pytest.mark.parametrize("threads", ["0", "1"])
+def test_truncated_gzip_reports_what_was_readable(incident_log, tmp_path, threads):
     data = gzip.compress(incident_log.read_bytes() * 50)
     cut = tmp_path / "cut.log.gz"
     cut.write_bytes(data[: len(data) * 2 // 3])
-    done = radixtop("--matches", str(cut))
+    done = radixtop("--matches", str(cut), env={"RADIXTOP_SCAN_THREADS": threads})
     assert done.returncode == 0
     assert done.stdout.count(b"kv-pool-retract") >= 10
     assert "compressed data ends early" in done.stderr.decode()
@@ -310,7 +311,8 @@ def test_chunk_boundaries_every_chunk_size(tmp_path, case, engine):
         for threads in (False, True):
             got = scan_hits(LogScanner(matcher, chunk_size=size, threads=threads, details=False), path)
             assert got == expected, (size, threads)
-    assert scan_hits(LogScanner(matcher, context=2), path) == expected  # details on
+    for threads in (False, True):  # details on
+        assert scan_hits(LogScanner(matcher, context=2, chunk_size=7, threads=threads), path) == expected
 
 
 def test_line_longer_than_max_line_is_scanned_in_pieces_and_counted_once(tmp_path):
@@ -323,7 +325,8 @@ def test_line_longer_than_max_line_is_scanned_in_pieces_and_counted_once(tmp_pat
     assert [(h[0], h[1]) for h in hits] == [(2, 0), (3, 1)]
 
 
-def test_context_before_and_after_cross_chunks_on_files_and_stdin(tmp_path):
+@pytest.mark.parametrize("threads", [False, True])
+def test_context_before_and_after_cross_chunks_on_files_and_stdin(tmp_path, threads):
     matcher = Matcher(EDGE_SIGS)
     body = [f"line {i}" for i in range(1, 200)]
     body[149] = "out of memory here"
@@ -331,7 +334,7 @@ def test_context_before_and_after_cross_chunks_on_files_and_stdin(tmp_path):
     path = tmp_path / "ctx.log"
     path.write_text("\n".join(body) + "\n")
     hits = []
-    LogScanner(matcher, context=30, after=25, chunk_size=64).scan(str(path), hits.append)
+    LogScanner(matcher, context=30, after=25, chunk_size=64, threads=threads).scan(str(path), hits.append)
     assert [h.line for h in hits] == [150, 160]
     assert hits[0].context_before == tuple(body[119:149])  # re-read from the file (pread)
     assert hits[0].context_after == tuple(body[150:175])  # gathered from the next chunks
@@ -343,7 +346,7 @@ def test_context_before_and_after_cross_chunks_on_files_and_stdin(tmp_path):
             "import sys; from radixtop.diagnosis.catalog import Signature;"
             "from radixtop.diagnosis.matcher import Matcher; from radixtop.probes.logscan import LogScanner;"
             "sigs=[Signature('oom','oom','out of memory','error','t','m',(),())];"
-            "LogScanner(Matcher(sigs), context=30, after=25, chunk_size=64).scan('-', "
+            f"LogScanner(Matcher(sigs), context=30, after=25, chunk_size=64, threads={threads}).scan('-', "
             "lambda h: print(repr((h.line, h.context_before, h.context_after))))"
         )],
         input=path.read_bytes(),
@@ -500,3 +503,62 @@ def test_matches_over_several_files_name_each(tmp_path, incident_log):
     assert all(row.startswith(str(incident_log)) for row in rows[:-1])
     doc = json.loads(radixtop("--json", str(incident_log), str(other)).stdout)
     assert doc["lines"] == len(incident_lines()) + 1
+
+
+class _ReaderThatFails:
+    """A reader whose device fails after `good` bytes: a disk error cannot be made on demand on a
+    real file, so this is the one seam faked here."""
+
+    def __init__(self, data: bytes, good: int) -> None:
+        self.data = data
+        self.pos = 0
+        self.good = good
+
+    def readinto(self, view) -> int:
+        if self.pos >= self.good:
+            raise OSError(5, "Input/output error")
+        n = min(len(view), self.good - self.pos)
+        view[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_read_error_reports_the_hits_before_it_then_a_one_line_error(threads):
+    from radixtop.probes.logscan import _Source
+
+    data = b"x\n" * 40 + b"out of memory\n" + b"y\n" * 200
+    scanner = LogScanner(Matcher(EDGE_SIGS), chunk_size=64, threads=threads, details=False)
+    hits = []
+    source = _Source("disk.log", _ReaderThatFails(data, 150), None, owned=False)
+    with pytest.raises(ScanInputError) as caught:
+        scanner._scan_source(source, hits.append)
+    assert [(h.line, h.raw) for h in hits] == [(41, b"out of memory")]
+    assert str(caught.value) == "disk.log: cannot read (Input/output error); check the file and try again"
+
+
+def test_thread_setting_from_the_environment(incident_log, tmp_path):
+    big = tmp_path / "big.log"
+    big.write_bytes(incident_log.read_bytes() * 3000)  # ~12 MiB: several chunks
+    outputs = {value: radixtop("--matches", str(big), env={"RADIXTOP_SCAN_THREADS": value}) for value in ("0", "1", "auto")}
+    assert all(done.returncode == 0 for done in outputs.values())
+    assert outputs["0"].stdout == outputs["1"].stdout == outputs["auto"].stdout
+    assert outputs["0"].stdout.count(b"\n") == 3000 * len(radixtop("--matches", str(incident_log)).stdout.splitlines())
+    bad = radixtop("--matches", str(incident_log), env={"RADIXTOP_SCAN_THREADS": "yes"})
+    assert bad.returncode == 2 and bad.stdout == b""
+    assert bad.stderr.decode() == "radixtop: RADIXTOP_SCAN_THREADS=yes is not 0, 1 or auto; unset it to let radixtop choose\n"
+
+
+def test_worker_only_for_big_inputs_with_an_idle_core(monkeypatch):
+    from radixtop.probes import logscan
+
+    monkeypatch.setattr(logscan.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(logscan.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert logscan._worth_a_worker(None, 1 << 20)  # stdin, .gz: size unknown
+    assert logscan._worth_a_worker(64 << 20, 1 << 20)
+    assert not logscan._worth_a_worker(100_000, 1 << 20)  # a few chunks: not worth a thread
+    monkeypatch.setattr(logscan.os, "getloadavg", lambda: (1.7, 1.0, 1.0))  # both cores busy
+    assert not logscan._worth_a_worker(64 << 20, 1 << 20)
+    monkeypatch.setattr(logscan.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(logscan.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert not logscan._worth_a_worker(64 << 20, 1 << 20)  # one core

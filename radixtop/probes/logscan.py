@@ -1,12 +1,16 @@
 """Scan whole log files for signature hits, fast: the engine behind `radixtop scan`.
 
-Files are read in 4 MiB chunks into two reused buffers (reads of 32 MiB and more measured slower
-here), cut at the chunk's last newline, and each chunk of whole lines goes to `Matcher.scan` in
-one call; the partial last line moves to the front of the next buffer. Line numbers come from
-counting newlines per chunk and, between the (sorted, rare) hits, `bytearray.count(b"\\n")` on
-slices: never a Python loop over lines. `threads=True` runs each chunk's scan on a worker thread
-(hyperscan releases the GIL) while this thread counts the chunk's newlines; it is off by default
-because on this shared 2-core machine it did not clearly win (see benchmarks/README.md, "Scan").
+Files are read in 4 MiB chunks into reused buffers (reads of 32 MiB and more measured slower
+here; a smaller regular file gets buffers its size), cut at the chunk's last newline, and each
+chunk of whole lines goes to `Matcher.scan` in one call; the partial last line moves to the front
+of the next buffer. Line numbers come from counting newlines per chunk and, between the (sorted,
+rare) hits, `bytearray.count(b"\\n")` on slices: never a Python loop over lines.
+
+`threads=True` runs each chunk's scan on a worker thread (hyperscan releases the GIL) while this
+thread reads the next chunk (the read releases it too) and counts this chunk's newlines: three
+buffers then, the previous one kept for look-back. `threads=None` decides per input, by whether
+a core is idle; the default stays False, for callers that run their own threads. On a busy
+machine the thread costs a little; see benchmarks/README.md, "Scan".
 
 Only for hits does it look closer, and always within a bound:
 - the `context` lines before the first hit of each signature in a file (at most CONTEXT_WINDOW
@@ -308,6 +312,21 @@ def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
     return total, None
 
 
+def _worth_a_worker(file_size: int | None, chunk_size: int) -> bool:
+    """Whether a scan worker thread would pay: the input spans several chunks (or its size is
+    unknown) and a core is idle. The load average is a coarse signal, but the choice only
+    changes the speed: on a busy machine the thread costs a few percent in hand-offs, on an idle
+    one it overlaps reading and scanning (see benchmarks/README.md, "Scan")."""
+    if file_size is not None and file_size < 4 * chunk_size:
+        return False
+    try:
+        cpus = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    return cpus >= 2 and load <= cpus - 1.5
+
+
 def _chunk_for(chunk_size: int, file_size: int | None) -> int:
     """The read size for one input: chunk_size, or less for a smaller regular file, because
     zeroing two 4 MiB buffers costs more (~10 ms here) than scanning a small file does."""
@@ -338,7 +357,7 @@ class LogScanner:
         details: bool = True,
         chunk_size: int = CHUNK_SIZE,
         max_line: int = MAX_LINE,
-        threads: bool = False,
+        threads: bool | None = False,
     ) -> None:
         self.matcher = matcher
         self.context = max(0, context)
@@ -346,8 +365,8 @@ class LogScanner:
         self.details = details  # context, batch stats and openers; `--matches` needs none
         self.chunk_size = chunk_size
         self.max_line = max(max_line, 1)
-        # Off unless asked for: see the module docstring and benchmarks/README.md ("Scan").
-        self.threads = bool(threads)
+        # False, True, or None: per input, only when a core is idle (see _worth_a_worker).
+        self.threads = threads
         self._failure = frozenset(
             i for i, sig in enumerate(matcher.signatures) if sig.severity in _FAILURE_SEVERITIES
         )
@@ -362,7 +381,10 @@ class LogScanner:
             source.close()
 
     def _scan_source(self, source: _Source, on_hit: Callable[[ScanHit], None]) -> FileSummary:
-        worker = _ScanWorker(self.matcher) if self.threads else None
+        threads = self.threads
+        if threads is None:
+            threads = _worth_a_worker(source.size, self.chunk_size)
+        worker = _ScanWorker(self.matcher) if threads else None
         try:
             return self._scan_loop(source, on_hit, worker)
         finally:
@@ -374,60 +396,35 @@ class LogScanner:
     ) -> FileSummary:
         matcher = self.matcher
         chunk = _chunk_for(self.chunk_size, source.size)
-        bufs = self._buffers  # reused from file to file: zeroing 8 MiB per small file adds up
+        # Buffers are reused from file to file: zeroing 8 MiB per small file adds up. One thread
+        # reads the next chunk only after this one is done, into the buffer before it; with a
+        # worker, the next read runs while the worker scans, so it needs a third buffer (the
+        # previous one stays readable for look-back).
+        bufs = self._buffers
+        ring = 3 if worker is not None else 2
+        while len(bufs) < ring:
+            bufs.append(bytearray())
         which = 0
         window = _Window(source.fd)
-        carry = 0  # bytes at the front of the current buffer: a line begun in the previous one
         base = 0  # absolute offset of the current buffer's byte 0
         lineno = 1  # number of the line that starts at the current buffer's byte 0
         newlines = 0
         last_byte = b""
         hits_total = 0
-        note = None
         state = _FileState()
-        eof = False
-        while not eof:
-            cur = bufs[which]
-            n = carry
-            cut = 0
-            while True:  # read until the buffer holds a newline, the input ends, or MAX_LINE
-                if len(cur) < n + chunk:
-                    cur.extend(bytes(n + chunk - len(cur)))
-                elif len(cur) > n + chunk:
-                    del cur[n + chunk :]
-                try:
-                    with memoryview(cur) as view:
-                        got, error = _fill(source.reader, view[n : n + chunk])
-                except OSError as exc:
-                    raise _input_error(source.name, exc) from None
-                if error is not None:
-                    if base == 0 and n + got == 0:
-                        raise ScanInputError(
-                            f"{source.name}: not readable as gzip ({_one_line(error)}); "
-                            "decompress it or pass the plain log"
-                        )
-                    note = (
-                        f"{source.name}: compressed data ends early ({_one_line(error)}); "
-                        "scanned what was readable"
-                    )
-                if error is not None and got:
-                    n += got
-                    got = 0
-                if got == 0:
-                    eof = True
-                    cut = n
-                    break
-                n += got
-                cut = cur.rfind(b"\n", n - got, n) + 1
-                if cut:
-                    break
-                if n >= self.max_line:
-                    cut = n  # an overlong line: scan this piece of it now
-                    break
+        region = self._read_region(source, bufs[0], 0, chunk, first=True)
+        while True:
+            if region.failure is not None:
+                raise region.failure
+            cur, n, cut = region.buf, region.n, region.cut
+            ahead = None
             if cut:
                 window.cur, window.cur_base = cur, base
                 if worker is not None:
                     worker.submit(cur, cut)
+                    if not region.eof:  # read the next chunk while the worker scans this one
+                        ahead = self._read_region(source, bufs[(which + 1) % ring], n - cut, chunk)
+                        ahead.take_carry(cur, cut, n)
                     region_newlines = _count_newlines(cur, n)
                     hits = worker.result()
                 else:
@@ -443,20 +440,70 @@ class LogScanner:
                 lineno += region_newlines
                 newlines += region_newlines
                 last_byte = cur[cut - 1 : cut]
-            if eof:
+            if region.eof:
                 break
-            # Move the partial line to the front of the other buffer; keep this one for look-back.
-            carry = n - cut
-            nxt = bufs[which ^ 1]
-            if len(nxt) < carry:
-                nxt.extend(bytes(carry - len(nxt)))
-            nxt[:carry] = cur[cut:n]
+            if ahead is None:
+                ahead = self._read_region(source, bufs[(which + 1) % ring], n - cut, chunk)
+                ahead.take_carry(cur, cut, n)
+            # The carried partial line now starts the next buffer; this one stays for look-back.
             window.prev, window.prev_base, window.prev_len = cur, base, cut
             base += cut
-            which ^= 1
+            which = (which + 1) % ring
+            region = ahead
         self._deliver(state, on_hit, final=True)
         lines = newlines + (1 if last_byte and last_byte != b"\n" else 0)
-        return FileSummary(source.name, lines, hits_total, note)
+        return FileSummary(source.name, lines, hits_total, region.note)
+
+    def _read_region(
+        self, source: _Source, buf: bytearray, carry: int, chunk: int, *, first: bool = False
+    ) -> _Region:
+        """Fill buf after its first `carry` bytes (the partial line the caller copies in with
+        take_carry) until it holds a newline, the input ends, or max_line. Never raises: a read
+        error is kept in the region, so the hits of the chunk before it are reported first."""
+        region = _Region(buf, carry)
+        try:
+            self._fill_region(source, region, chunk, first)
+        except ScanInputError as exc:
+            region.failure = exc
+        except OSError as exc:
+            region.failure = _input_error(source.name, exc)
+        return region
+
+    def _fill_region(self, source: _Source, region: _Region, chunk: int, first: bool) -> None:
+        cur = region.buf
+        n = region.carry
+        while True:
+            if len(cur) < n + chunk:
+                cur.extend(bytes(n + chunk - len(cur)))
+            elif len(cur) > n + chunk:
+                del cur[n + chunk :]
+            with memoryview(cur) as view:
+                got, error = _fill(source.reader, view[n : n + chunk])
+            if error is not None:
+                if first and n + got == 0:
+                    raise ScanInputError(
+                        f"{source.name}: not readable as gzip ({_one_line(error)}); "
+                        "decompress it or pass the plain log"
+                    )
+                region.note = (
+                    f"{source.name}: compressed data ends early ({_one_line(error)}); "
+                    "scanned what was readable"
+                )
+            if error is not None and got:
+                n += got
+                got = 0
+            if got == 0:
+                region.eof = True
+                region.n = region.cut = n
+                return
+            n += got
+            region.n = n
+            region.cut = cur.rfind(b"\n", n - got, n) + 1
+            if region.cut:
+                return
+            if n >= self.max_line:
+                region.cut = n  # an overlong line: scan this piece of it now
+                return
 
     def _report_hits(
         self,
@@ -568,6 +615,26 @@ def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[bytes
     return lines
 
 
+class _Region:
+    """One buffer's worth of input: buf[:n] was read, buf[:cut] is whole lines (or a MAX_LINE
+    piece), buf[cut:n] is a partial line for the next buffer."""
+
+    __slots__ = ("buf", "carry", "cut", "eof", "failure", "n", "note")
+
+    def __init__(self, buf: bytearray, carry: int) -> None:
+        self.buf = buf
+        self.carry = carry  # bytes at the front that continue the previous buffer's last line
+        self.n = carry
+        self.cut = 0
+        self.eof = False
+        self.note: str | None = None  # e.g. a truncated .gz
+        self.failure: ScanInputError | None = None  # raised once the chunk before it is reported
+
+    def take_carry(self, prev: bytearray, cut: int, n: int) -> None:
+        """Copy the previous buffer's partial last line to the front (read after it, in place)."""
+        self.buf[: self.carry] = prev[cut:n]
+
+
 class _PendingHit:
     """A hit waiting for its context_after (the lines after it may be in the next chunk)."""
 
@@ -596,10 +663,11 @@ class _PendingHit:
 
 
 class _ScanWorker:
-    """One thread running Matcher.scan on a chunk while the caller counts that chunk's newlines.
+    """One thread running Matcher.scan on a chunk while the caller reads the next chunk and
+    counts this one's newlines.
 
-    hyperscan releases the GIL while it scans, and counting newlines costs a good part of what the
-    scan does, so on an idle second core the two overlap. A bare thread and three semaphores:
+    hyperscan releases the GIL while it scans, and so does a read; reading and counting cost
+    about what the scan does, so on an idle second core the two sides overlap. A bare thread and three semaphores:
     concurrent.futures costs ~14 ms of import time, and `radixtop scan` must start like grep.
     """
 
@@ -676,9 +744,10 @@ def scan_into(
     *,
     context: int = 100,
     after: int = 20,
+    threads: bool | None = False,
 ) -> list[FileSummary]:
     """Scan every input into a FindingsBuilder (the report path of `radixtop scan`)."""
-    scanner = LogScanner(matcher, context=context, after=after)
+    scanner = LogScanner(matcher, context=context, after=after, threads=threads)
     summaries = []
 
     def add(hit: ScanHit) -> None:

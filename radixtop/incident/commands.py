@@ -88,7 +88,7 @@ def run_bundle(args: Namespace) -> int:
         return 1 if problems else 0
     if not args.out:
         raise _usage("bundle: pass --out DIR (where the bundle and its .tar.gz are written)")
-    say = _progress("bundle", args.json)
+    say = _progress("bundle")
     cancel = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
@@ -141,7 +141,7 @@ def run_replay(args: Namespace) -> int:
         except TraceError as exc:
             raise _usage(str(exc)) from None
         label += f", prefixes rescaled to page size {size}"
-    say = _progress("replay", args.json)
+    say = _progress("replay")
     if args.no_flush:
         say("--no-flush: the cache is NOT flushed between runs, so later runs may hit what earlier ones cached")
     else:
@@ -231,11 +231,11 @@ def run_record(args: Namespace) -> int:
 
 
 def _ask(lines: list[str]) -> bool:
+    """The plan and the question on stderr (stdout stays for the result), the answer from the terminal."""
     print("\n".join(lines), file=sys.stderr)
-    try:
-        answer = input("Start the confirmation run as planned? [y/N] ")
-    except EOFError:
-        return False
+    sys.stderr.write("Start the confirmation run as planned? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()
     return answer.strip().lower() in ("y", "yes")
 
 

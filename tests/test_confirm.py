@@ -1,0 +1,195 @@
+"""The confirmation run end to end: real simulators as the live server and as the control."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pty
+import shlex
+from pathlib import Path
+
+import pytest
+from incident_helpers import gone, radixtop, small_trace, start_sim
+
+from radixtop.incident.confirm import (
+    ConfirmationRun,
+    ConfirmCancelled,
+    ConfirmOptions,
+    prepare,
+)
+from radixtop.incident.launch import (
+    build_control_argv,
+    flag_value,
+    parse_launch_command,
+)
+from radixtop.incident.redact import REDACTED, Redactor
+
+LOCK_RACE = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
+HEALTHY = ("--max-total-tokens", "4096", "--page-size", "16", "--max-running-requests", "8")
+
+
+def _confirm(options: ConfirmOptions):
+    events = []
+    plan = asyncio.run(prepare(options, events.append))
+    run = ConfirmationRun(plan, events.append)
+    verdict = asyncio.run(run.run())
+    return plan, run, verdict, events
+
+
+def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *LOCK_RACE)
+    try:
+        plan, run, verdict, events = _confirm(
+            # a divisor of 2 keeps the test short: 4 running requests still use well under 90 % of the pool
+            ConfirmOptions(url=sim.url, workdir=tmp_path / "confirm", runs=2, health_timeout_s=20, concurrency_divisor=2)
+        )
+    finally:
+        sim.stop()
+    assert verdict.verdict == "pressure-dependent", verdict.format()
+    assert "radix-page-lock-eviction" in verdict.baseline["signatures"]
+    assert verdict.baseline["alive_after"] is False  # the baseline run killed it: that is the evidence
+    assert verdict.control["healthy"] and verdict.control["signatures"] == [] and verdict.control["diverged"] == []
+    # the plan: evidence first, the live argv from psutil, the control bounded and on loopback
+    phases = [e.phase for e in events]
+    assert phases.index("evidence") < phases.index("plan") < phases.index("baseline") < phases.index("control-start")
+    assert plan.live.source == "psutil" and plan.live.kind == "radixtop-sim"
+    assert flag_value(plan.control_argv, "--max-running-requests") == "4"
+    assert flag_value(plan.control_argv, "--disable-radix-cache") == ""
+    assert flag_value(plan.control_argv, "--host") == "127.0.0.1"
+    assert flag_value(plan.control_argv, "--fault") == "lock-race:7"  # other flags kept
+    assert flag_value(plan.control_argv, "--log-file") == str(tmp_path / "confirm" / "control.log")
+    # evidence first: the bundle was taken before anything was replayed
+    assert plan.bundle is not None and (plan.bundle.path / "MANIFEST.json").is_file()
+    assert next(plan.bundle.path.glob("evidence/*radix-page-lock-eviction.log"), None) is None
+    # the verdict's evidence and the command to repeat it are on disk
+    saved = json.loads((tmp_path / "confirm" / "verdict.json").read_text())
+    assert saved["verdict"] == "pressure-dependent" and saved["repeat"][:2] == ["radixtop", "confirm"]
+    assert "--trace" in saved["repeat"] and Path(saved["repeat"][saved["repeat"].index("--trace") + 1]).is_file()
+    assert gone(run.control.pid)
+
+
+def test_block_boundary_cli_reports_r02_in_the_baseline_and_a_clean_control(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", "--page-size", "64", "--max-total-tokens", "65536", "--fault", "block-boundary:7")
+    try:
+        done = radixtop("confirm", "--url", sim.url, "--trace", "finding_03330", "--runs", "3", "--yes", "--json",
+                        "--workdir", str(tmp_path / "confirm"), "--health-timeout", "20", timeout_s=120)  # fmt: skip
+    finally:
+        sim.stop()
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["verdict"] == "pressure-dependent", doc["reason"]
+    assert doc["baseline"]["diverged"] == ["r02"] and doc["baseline"]["signatures"] == []
+    assert doc["control"]["diverged"] == [] and doc["control"]["signatures"] == []
+    assert "--disable-radix-cache" in doc["control"]["argv"]
+    assert Path(doc["bundle"]).is_dir()
+    assert "approved with --yes" in done.stderr and "[baseline]" in done.stderr and "[control]" in done.stderr
+
+
+def test_healthy_server_is_not_reproduced_and_stop_original_is_honoured(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY)
+    try:
+        options = ConfirmOptions(
+            url=sim.url, workdir=tmp_path / "confirm", trace=small_trace(), runs=2, health_timeout_s=20,
+            stop_original=True,
+        )
+        plan, run, verdict, _ = _confirm(options)
+        assert verdict.verdict == "not-reproduced", verdict.format()
+        assert verdict.baseline["stopped"].startswith(f"stopped pid {sim.pid}")
+        assert sim.proc.wait(10) is not None  # asked to stop the original: it did, before the control
+        assert verdict.control["healthy"] and verdict.control["answered_calls"] == 8
+    finally:
+        sim.stop()
+    assert "STOPPED before the control starts" in "\n".join(plan.describe())
+    assert gone(run.control.pid)
+
+
+def test_a_control_that_cannot_start_is_inconclusive_with_its_stderr(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY)
+    try:
+        options = ConfirmOptions(
+            url=sim.url, workdir=tmp_path / "confirm", trace=small_trace(), runs=1, health_timeout_s=20,
+            control_args=("--page-size", "-3"), bundle=False,
+        )
+        _, run, verdict, _ = _confirm(options)
+        assert sim.proc.poll() is None  # the live server is never stopped unless asked
+    finally:
+        sim.stop()
+    assert verdict.verdict == "inconclusive"
+    assert "exited with status 2" in verdict.control["error"]
+    assert "--page-size must be" in verdict.control["output_tail"]
+    assert "--page-size must be" in verdict.format()
+    assert gone(run.control.pid)
+
+
+def test_cancel_stops_the_control_and_leaves_the_live_server(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY)
+    try:
+        plan = asyncio.run(prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c", trace=small_trace(), runs=3,
+                                                  bundle=False, health_timeout_s=20)))  # fmt: skip
+        holder = {}
+
+        def on_event(event) -> None:
+            if event.phase == "control" and "run 2/" in event.message:
+                holder["run"].cancel()  # while the control is serving the replay
+
+        run = holder["run"] = ConfirmationRun(plan, on_event)
+        with pytest.raises(ConfirmCancelled):
+            asyncio.run(run.run())
+        assert run.control is not None and gone(run.control.pid)
+        assert sim.proc.poll() is None
+    finally:
+        sim.stop()
+
+
+def test_confirm_cli_shows_the_plan_on_a_terminal_and_starts_nothing_when_declined(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY)
+    primary, secondary = pty.openpty()  # stdin is a terminal: the CLI asks
+    try:
+        os.write(primary, b"n\n")
+        done = radixtop("confirm", "--url", sim.url, "--trace", "finding_03330", "--workdir", str(tmp_path / "c"),
+                        stdin=secondary)  # fmt: skip
+        assert sim.proc.poll() is None
+    finally:
+        os.close(primary)
+        os.close(secondary)
+        sim.stop()
+    assert done.returncode == 1, done.stderr
+    assert "Start the confirmation run as planned? [y/N]" in done.stderr and done.stdout == ""
+    assert "Control" in done.stderr and "--disable-radix-cache" in done.stderr and "not approved" in done.stderr
+    assert not (tmp_path / "c" / "control.out").exists() and not (tmp_path / "c" / "verdict.json").exists()
+    assert (tmp_path / "c" / "plan.json").is_file()
+
+
+def test_confirm_cli_asks_and_refuses_without_a_terminal(tmp_path: Path) -> None:
+    done = radixtop("confirm", "--url", "http://127.0.0.1:9", "--workdir", str(tmp_path / "w"))
+    assert done.returncode == 2 and "pass --yes" in done.stderr and not (tmp_path / "w").exists()
+    refused = radixtop("--readonly", "confirm", "--url", "http://127.0.0.1:9", "--yes")
+    assert refused.returncode == 2 and "--readonly" in refused.stderr
+    nothing = radixtop("confirm", "--url", "http://127.0.0.1:9", "--yes", "--workdir", str(tmp_path / "w2"))
+    assert nothing.returncode == 2 and "--launch-command" in nothing.stderr and nothing.stderr.count("\n") == 1
+
+
+def test_control_argv_for_sglang_launch_commands() -> None:
+    text = (
+        "python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-0.5B-Instruct --host 0.0.0.0 --port 8000 "
+        "--api-key 'sk-live key 123' --nccl-port 5000 --max-running-requests 64 --enable-deterministic-inference"
+    )
+    live = parse_launch_command(text)
+    assert live.kind == "sglang" and live.program == ("python3", "-m", "sglang.launch_server")
+    argv, changes = build_control_argv(live, port=40001, max_running=16, extra=("--mem-fraction-static", "0.3"))
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "40001"
+    assert flag_value(argv, "--max-running-requests") == "16" and flag_value(argv, "--disable-radix-cache") == ""
+    assert flag_value(argv, "--api-key") is None and flag_value(argv, "--nccl-port") is None
+    assert flag_value(argv, "--enable-deterministic-inference") == "" and flag_value(argv, "--mem-fraction-static") == "0.3"
+    assert "--max-running-requests 64 -> 16" in changes
+    keep, _ = build_control_argv(live, port=1, max_running=16, cache="keep")
+    assert flag_value(keep, "--disable-radix-cache") is None
+    # the string is split like a shell would, never run by one; its secret never shown
+    shown = shlex.join(Redactor().argv(live.argv))
+    assert "sk-live" not in shown and REDACTED in shown
+    # SGLang's sys.argv form and the simulator's flags-only form
+    assert parse_launch_command("/x/sglang/launch_server.py --port 1").program[1:] == ("-m", "sglang.launch_server")
+    sim = parse_launch_command("--port 0 --fault lock-race:7", version="0.5.23-radixtop-sim")
+    assert sim.kind == "radixtop-sim" and sim.program[1:] == ("-m", "radixtop", "sim") and sim.notes

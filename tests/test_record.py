@@ -1,0 +1,130 @@
+"""`radixtop record`: a loopback proxy that turns live traffic into a replayable trace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from incident_helpers import start_sim, wait_for
+
+from radixtop.incident.record import RecordedCall, RecordingProxy, build_trace
+from radixtop.incident.replay import replay_series
+from radixtop.incident.trace import load_trace, parse_trace, plan_requests
+
+BASE = list(range(1000, 1040))  # a 40-token "system prompt"
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory):
+    server = start_sim(tmp_path_factory.mktemp("rec"), "--page-size", "16", "--max-total-tokens", "8192")
+    yield server
+    server.stop()
+
+
+async def _traffic(url: str) -> list[str]:
+    """Three token prompts (two share the 40-token base) and one text completion; their outputs."""
+    texts = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        for ids in (BASE + list(range(5000, 5020)), BASE + list(range(6000, 6030)), list(range(7000, 7025))):
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+            response = await client.post(f"{url}/generate", json=body)
+            assert response.status_code == 200, response.text
+            texts.append(response.json()["text"])
+            await asyncio.sleep(0.02)
+        response = await client.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hello there radix", "max_tokens": 5, "temperature": 0})
+        assert response.status_code == 200, response.text
+        texts.append(response.json()["choices"][0]["text"])
+        batch = {"input_ids": [[1, 2, 3], [4, 5, 6]], "sampling_params": {"max_new_tokens": 2}}
+        assert (await client.post(f"{url}/generate", json=batch)).status_code == 200  # forwarded, not recorded
+    return texts
+
+
+async def _record(upstream: str, keep: bool) -> tuple[RecordingProxy, list[str]]:
+    proxy = RecordingProxy(upstream, keep_prompts=keep)
+    port = await proxy.start()
+    try:
+        texts = await _traffic(f"http://127.0.0.1:{port}")
+    finally:
+        await proxy.stop()
+    return proxy, texts
+
+
+def test_recorded_trace_has_shape_offsets_and_shared_prefixes_but_no_prompts(sim) -> None:
+    direct = asyncio.run(_traffic(sim.url))
+    proxy, texts = asyncio.run(_record(sim.url, keep=False))
+    assert texts == direct  # the proxy forwards answers unchanged
+    trace = proxy.trace(name="live")
+    a, b, c, d = trace.requests
+    assert [r.offset_ms for r in trace.requests] == sorted(r.offset_ms for r in trace.requests) and a.offset_ms == 0
+    assert (a.prompt_len, b.prompt_len, c.prompt_len) == (60, 70, 25)
+    # the first prompt's prefix is raised to what the second one shares with it
+    assert a.group == b.group and a.prefix_len == b.prefix_len == 40
+    assert c.group not in (a.group, d.group) and c.prefix_len == 0
+    assert d.prompt_len == 3 and d.max_tokens == 5  # the sim's token count for the text prompt
+    assert proxy.skipped == 1
+    dumped = json.dumps(trace.__dict__, default=str)
+    assert "hello there" not in dumped and all(r.input_ids is None and r.text is None for r in trace.requests)
+    # the synthesized replay shares exactly what was shared
+    planned = {p.request_id: p.input_ids for p in plan_requests(trace)}
+    assert planned["q0000"][:40] == planned["q0001"][:40] and planned["q0000"][40] != planned["q0001"][40]
+
+
+def test_kept_prompts_replay_the_same_input_and_get_the_same_output(sim) -> None:
+    proxy, texts = asyncio.run(_record(sim.url, keep=True))
+    trace = proxy.trace(name="live")
+    assert trace.requests[0].input_ids == tuple(BASE + list(range(5000, 5020)))
+    assert trace.requests[3].text == "hello there radix"
+    series = asyncio.run(replay_series(sim.url, plan_requests(trace), 1))
+    replayed = [o.text for o in series.runs[0].outcomes]
+    # /v1/completions' max_tokens became /generate's max_new_tokens: the same text comes back
+    assert replayed == texts
+    assert parse_trace(json.loads(json.dumps(_dump(trace))), "again").requests == trace.requests
+
+
+def _dump(trace):
+    from radixtop.incident.trace import dump_trace
+
+    return dump_trace(trace)
+
+
+def test_text_prefix_is_estimated_in_proportion_to_token_counts() -> None:
+    calls = [
+        RecordedCall(0.0, "/v1/completions", None, "SYSTEM PROMPT. question one", 8, 1, prompt_tokens=28),
+        RecordedCall(5.0, "/v1/completions", None, "SYSTEM PROMPT. another question", 8, 2, prompt_tokens=32),
+        RecordedCall(9.0, "/v1/chat/completions", None, "<user>hi", 8, 1, prompt_tokens=3, chat=True),
+    ]
+    trace = build_trace(calls, name="t", keep_prompts=True)
+    a, b, c = trace.requests
+    assert a.group == b.group and b.prefix_len == 15 and a.prefix_len == 15 and b.n == 2
+    assert c.text is None  # a chat call's flattened messages are never replayed as a prompt
+    with pytest.raises(ValueError, match="no generate call was recorded"):
+        build_trace([], name="t", keep_prompts=False)
+
+
+def test_record_cli_writes_the_trace_after_max_requests(sim, tmp_path: Path) -> None:
+    out = tmp_path / "live.json"
+    ready = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixtop", "record", "--url", sim.url, "--out", str(out), "--max-requests", "2",
+         "--ready-file", str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20), proc.stderr
+        port = int(ready.read_text())
+        for ids in (BASE + [1, 2], BASE + [3]):
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3}}
+            assert httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=10).status_code == 200
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "point clients at http://127.0.0.1:" in err and "prompts are not kept" in err
+    trace = load_trace(out)
+    assert [r.prompt_len for r in trace.requests] == [42, 41] and trace.requests[1].prefix_len == 40

@@ -320,6 +320,8 @@ async def prepare(
     pid = options.pid
     if pid is None and is_loopback_url(url):
         pid = listening_pid(url_port(url))
+    if not is_loopback_url(url):
+        notes.append(f"{url} is not on this machine's loopback: the control starts here, on 127.0.0.1")
     try:
         live = _live_launch(options, info, pid)
     except LaunchError as exc:
@@ -339,6 +341,7 @@ async def prepare(
             bundle = await asyncio.to_thread(
                 take_bundle, workdir / "evidence", url=url, logs=baseline_logs, pid=pid, reason="confirm",
                 signature_files=options.signature_files, cancel=cancel,
+                on_progress=lambda p: emit(ConfirmEvent("evidence", p.message, {"done": p.done, "total": p.total})),
             )  # fmt: skip
             emit(ConfirmEvent("evidence", f"bundle written: {bundle.path}", {"bundle": str(bundle.path)}))
         except BundleError as exc:
@@ -499,6 +502,8 @@ class ConfirmationRun:
         self._cancel = threading.Event()
         self.control: ControlProcess | None = None
         self.verdict: Verdict | None = None
+        self._started = False
+        self._planned: list[Any] = []
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -534,13 +539,13 @@ class ConfirmationRun:
         async def watch() -> None:
             while True:
                 await asyncio.sleep(POLL_S)
-                self._poll(phase, window)
+                await self._poll(phase, window)
 
         watcher = asyncio.create_task(watch()) if window is not None else None
         try:
             series = await self._guard(
                 replay_series(
-                    url, plan_requests(plan.trace), plan.options.runs, flush=plan.options.flush,
+                    url, self._planned, plan.options.runs, flush=plan.options.flush,
                     headers=auth_headers() if url == plan.baseline_url else None,
                     on_event=relay, should_stop=self._cancel.is_set,
                     request_timeout_s=plan.options.request_timeout_s,
@@ -552,30 +557,39 @@ class ConfirmationRun:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
-        self._poll(phase, window)
+        await self._poll(phase, window)
         async with httpx.AsyncClient(timeout=3.0) as client:
             alive = await server_alive(client, url)
         return compare_runs(series, plan.trace), alive
 
-    def _poll(self, phase: str, window: Any) -> None:
+    # File reading and prompt synthesis run off the event loop: a UI shares it.
+
+    async def _poll(self, phase: str, window: Any) -> None:
         if window is None:
             return
-        for sig_id in window.poll():
+        for sig_id in await asyncio.to_thread(window.poll):
             self._emit(phase, f"signature in the log: {sig_id}", signature=sig_id)
 
-    def _window(self, paths: Sequence[str]) -> Any:
+    async def _window(self, paths: Sequence[str]) -> Any:
         from radixtop.diagnosis.catalog import load_catalog
         from radixtop.incident.logwindow import LogWindow
 
         if not paths:
             return None
-        window = LogWindow(paths, load_catalog(list(self.plan.options.signature_files)))
-        window.start()
-        return window
+
+        def make() -> LogWindow:
+            window = LogWindow(paths, load_catalog(list(self.plan.options.signature_files)))
+            window.start()
+            return window
+
+        return await asyncio.to_thread(make)
 
     async def run(self) -> Verdict:
         from radixtop.diagnosis.catalog import severity_rank
 
+        if self._started:
+            raise RuntimeError("a ConfirmationRun runs once; make a new one from the plan")
+        self._started = True
         plan = self.plan
         threshold = severity_rank(plan.options.min_severity)
         baseline: dict[str, Any] = {"url": plan.baseline_url, "logs": plan.baseline_logs}
@@ -586,7 +600,8 @@ class ConfirmationRun:
         try:
             # 1. the baseline: the live server, the same workload
             self._emit("baseline", f"replaying {plan.trace.name} against the live server ({plan.options.runs} runs)")
-            window = self._window(plan.baseline_logs)
+            self._planned = await asyncio.to_thread(plan_requests, plan.trace)  # the same prompts for both
+            window = await self._window(plan.baseline_logs)
             report, alive = await self._replay_watched("baseline", plan.baseline_url, window)
             strong, weak, firsts = _signature_summary(window, threshold)
             baseline.update(
@@ -604,14 +619,14 @@ class ConfirmationRun:
                 baseline["stopped"] = await asyncio.to_thread(_stop_original, plan.server_pid)
 
             # 3. the control
-            control_window = self._window(plan.control_logs)
+            control_window = await self._window(plan.control_logs)
             self.control = ControlProcess(plan.control_argv, plan.control_output, plan.control_cwd, plan.control_env)
             self._emit("control-start", f"starting the control on {plan.control_url}")
             try:
                 self.control.start()
             except LaunchError as exc:
                 control["error"] = str(exc)
-                return self._finish(baseline, control, threshold)
+                return await self._finish(baseline, control, threshold)
             control["pid"] = self.control.pid
             why = await self._guard(
                 wait_healthy(
@@ -626,9 +641,9 @@ class ConfirmationRun:
                     raise ConfirmCancelled(why)
                 control["error"] = why
                 control["output_tail"] = plan.redactor.text(self.control.tail(30))
-                self._poll("control", control_window)
+                await self._poll("control", control_window)
                 control["signatures"], _, control["first_occurrences"] = _signature_summary(control_window, threshold)
-                return self._finish(baseline, control, threshold)
+                return await self._finish(baseline, control, threshold)
             control["healthy"] = True
             self._emit("control", f"control healthy; replaying {plan.trace.name} ({plan.options.runs} runs)")
             report, alive = await self._replay_watched("control", plan.control_url, control_window)
@@ -642,7 +657,7 @@ class ConfirmationRun:
             if not alive:
                 control["output_tail"] = plan.redactor.text(self.control.tail(30))
             self._write("control-replay.json", report.to_json())
-            return self._finish(baseline, control, threshold)
+            return await self._finish(baseline, control, threshold)
         except ConfirmCancelled:
             self._emit("cancelled", "cancelled; stopping the control")
             raise
@@ -655,8 +670,8 @@ class ConfirmationRun:
         path = Path(self.plan.options.workdir) / name
         path.write_text(json.dumps(self.plan.redactor.json(doc), indent=2) + "\n", encoding="utf-8")
 
-    def _finish(self, baseline: dict[str, Any], control: dict[str, Any], threshold: int) -> Verdict:
-        verdict, reason = _decide(self.plan, baseline, control, threshold)
+    async def _finish(self, baseline: dict[str, Any], control: dict[str, Any], threshold: int) -> Verdict:
+        verdict, reason = await asyncio.to_thread(_decide, self.plan, baseline, control, threshold)
         result = Verdict(
             verdict=verdict,
             reason=reason,

@@ -10,6 +10,7 @@ window lasts one replay, and the bundle holds the full evidence.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ class LogWindow:
         self._lines: dict[str, int] = {}
         self._partial: dict[str, bytes] = {}
         self._seen: set[str] = set()
+        self._lock = threading.Lock()  # poll() may be called from worker threads, one at a time
 
     def start(self) -> None:
         for path in self.paths:
@@ -62,6 +64,10 @@ class LogWindow:
 
     def poll(self) -> list[str]:
         """New lines of every file into the builder; the ids of signatures not seen before."""
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> list[str]:
         new: list[str] = []
         for path in self.paths:
             offset = self._offsets.get(path, 0)
@@ -92,4 +98,5 @@ class LogWindow:
         return new
 
     def report(self) -> Report:
-        return self.builder.report()
+        with self._lock:
+            return self.builder.report()

@@ -7,14 +7,17 @@ import json
 import os
 import pty
 import shlex
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
-import pytest
-from incident_helpers import gone, radixtop, small_trace, start_sim
+import psutil
+from incident_helpers import gone, radixtop, small_trace, start_sim, wait_for
 
 from radixtop.incident.confirm import (
     ConfirmationRun,
-    ConfirmCancelled,
     ConfirmOptions,
     prepare,
 )
@@ -24,6 +27,7 @@ from radixtop.incident.launch import (
     parse_launch_command,
 )
 from radixtop.incident.redact import REDACTED, Redactor
+from radixtop.incident.trace import save_trace
 
 LOCK_RACE = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
 HEALTHY = ("--max-total-tokens", "4096", "--page-size", "16", "--max-running-requests", "8")
@@ -122,24 +126,34 @@ def test_a_control_that_cannot_start_is_inconclusive_with_its_stderr(tmp_path: P
     assert gone(run.control.pid)
 
 
-def test_cancel_stops_the_control_and_leaves_the_live_server(tmp_path: Path) -> None:
+def test_ctrl_c_cancels_the_run_stops_the_control_and_leaves_the_live_server(tmp_path: Path) -> None:
+    """SIGINT reaches ConfirmationRun.cancel() (what a UI calls): the control goes, nothing is left."""
     sim = start_sim(tmp_path / "live", *HEALTHY)
+    trace = tmp_path / "small.json"
+    save_trace(small_trace(), trace)
+    lines: list[str] = []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixtop", "confirm", "--url", sim.url, "--trace", str(trace), "--runs", "30",
+         "--yes", "--no-bundle", "--workdir", str(tmp_path / "c"), "--health-timeout", "20"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
-        plan = asyncio.run(prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c", trace=small_trace(), runs=3,
-                                                  bundle=False, health_timeout_s=20)))  # fmt: skip
-        holder = {}
-
-        def on_event(event) -> None:
-            if event.phase == "control" and "run 2/" in event.message:
-                holder["run"].cancel()  # while the control is serving the replay
-
-        run = holder["run"] = ConfirmationRun(plan, on_event)
-        with pytest.raises(ConfirmCancelled):
-            asyncio.run(run.run())
-        assert run.control is not None and gone(run.control.pid)
-        assert sim.proc.poll() is None
+        assert wait_for(lambda: any("[control] run 2/" in line for line in lines), 30), "".join(lines)
+        children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert children, "the control server should be running"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 130
+        reader.join(5)
+        assert all(gone(pid) for pid in children)
+        assert sim.proc.poll() is None  # the live server is untouched
     finally:
+        if proc.poll() is None:
+            proc.kill()
         sim.stop()
+    assert any("cancelled; the control server was stopped" in line for line in lines)
+    assert not (tmp_path / "c" / "verdict.json").exists()
 
 
 def test_confirm_cli_shows_the_plan_on_a_terminal_and_starts_nothing_when_declined(tmp_path: Path) -> None:

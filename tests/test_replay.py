@@ -65,7 +65,6 @@ def test_replay_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         ("replay", "no_such_trace", "--url", "http://127.0.0.1:9"),
         ("replay", str(bad), "--url", "http://127.0.0.1:9"),
         ("replay", "finding_03330", "--url", "ftp://x"),
-        ("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "0"),
         ("--readonly", "replay", "finding_03330", "--url", "http://127.0.0.1:9"),
     ):
         done = radixtop(*args)

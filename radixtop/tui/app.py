@@ -161,6 +161,7 @@ class RadixtopApp(App[int]):
         self._drawn_at = 0.0
         self._status_at = 0.0
         self._status_mode: tuple | None = None
+        self._status_pending = False  # a status update waits for the log pane's frame to be drawn
         self._shown_ids: tuple[str, ...] | None = None
         self._findings_at = 0.0
         self._prompt_mode: str | None = None
@@ -391,6 +392,7 @@ class RadixtopApp(App[int]):
     def _tick(self, force: bool = False) -> None:
         state = self.state
         now = time.monotonic()
+        drew = False
         if state.version != self._drawn_version:
             # Reading a backlog moves tens of thousands of lines per frame: nobody reads those
             # frames, and drawing them takes the reader's CPU. Draw a few.
@@ -399,13 +401,33 @@ class RadixtopApp(App[int]):
                 self._drawn_version, self._drawn_lines, self._drawn_at = state.version, state.total_lines, now
                 self.log_view.refresh_view()
                 self._show_findings(now, force)
+                drew = True
         self.log_view.keep_following()
         # The counters (lines, lines/s) need not move 20 times a second; a mode change or a new
-        # report (the initiating failure) shows at once.
-        mode = (state.paused, self.log_view.follow, id(state.report), state.filter_text, state.search_text)
-        if force or mode != self._status_mode or now - self._status_at >= STATUS_INTERVAL:
-            self._status_at, self._status_mode = now, mode
-            self.status_line.show(self.status_info())
+        # initiating failure shows at once.
+        report = state.report
+        initiating = report.initiating if report is not None else None
+        mode = (state.paused, self.log_view.follow, initiating, state.filter_text, state.search_text)
+        if force or mode != self._status_mode:
+            self._update_status()
+        elif now - self._status_at >= STATUS_INTERVAL and not self._status_pending:
+            if drew:
+                # Not in the same frame as the log pane: Textual redraws every widget inside the
+                # box around all changed regions, and a full-width status line makes that box the
+                # whole screen (the findings list, the footer) instead of the log pane alone.
+                self._status_pending = True
+                self.call_after_refresh(self._update_status)
+            else:
+                self._update_status()
+
+    def _update_status(self) -> None:
+        state = self.state
+        report = state.report
+        initiating = report.initiating if report is not None else None
+        self._status_pending = False
+        self._status_at = time.monotonic()
+        self._status_mode = (state.paused, self.log_view.follow, initiating, state.filter_text, state.search_text)
+        self.status_line.show(self.status_info())
 
     def _show_findings(self, now: float, force: bool) -> None:
         report = self.state.report

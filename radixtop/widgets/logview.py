@@ -1,8 +1,12 @@
 """The live log pane: a Line-API ScrollView over the incident state's ring of entries.
 
-Only the visible rows are ever rendered, each once (Strips cached by entry sequence number), so the
-pane costs the same with 100 lines or 100,000. The app calls `refresh_view()` on its timer when the
-state changed; nothing here redraws per line, reads files or blocks.
+Only the visible rows are ever rendered: each entry's segments once (cached by sequence number),
+and each row's finished Strip once per scroll position (cached too, so a frame that moves the
+view by a few lines builds only the new rows), so the pane costs the same with 100 lines or
+100,000. A row is built as one Strip already cut to the width, with its styles combined once per
+style (not a crop, a pad and a restyle per row each frame: those were most of a frame's cost at
+50,000 lines/s). The app calls `refresh_view()` when the state changed; nothing here redraws per
+line, reads files or blocks.
 
 A row: severity marker (2 cells, readable without colour), the source's short name when several
 files are followed, the time of day, the rank, then the message. Lines that matched a signature get
@@ -20,7 +24,7 @@ from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
-from textual.geometry import Size
+from textual.geometry import Offset, Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -33,6 +37,11 @@ from radixtop.tui.state import IncidentState, LogEntry
 _CONTROL = str.maketrans({**{i: "\ufffd" for i in range(32)}, 9: " ", 127: "\ufffd"})
 _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
 _MAX_SOURCE_WIDTH = 16
+
+
+def _printable(text: str) -> str:
+    # str.translate walks a dict per character: skip it for the usual line that needs none.
+    return text if text.isprintable() else text.translate(_CONTROL)
 
 
 def time_of_day(written: str | None) -> str:
@@ -121,7 +130,10 @@ class LogView(ScrollView, can_focus=True):
         self.state = state
         self.follow = True  # keep the newest line in view
         self.cursor_seq: int | None = None  # the line a jump landed on (highlighted)
-        self._cache: LRUCache[int, Strip] = LRUCache(2048)
+        self._cache: LRUCache[int, list[tuple[str, Style | None]]] = LRUCache(2048)  # segments by seq
+        self._rows: dict[int, Strip] = {}  # finished rows by seq, for _rows_key
+        self._rows_key: tuple = ()  # (scroll_x, width, base style) the finished rows are for
+        self._combined: dict[Style | None, Style] = {}  # segment style -> base + it
         self._layout_key: tuple = ()
         self._rank_width = 0
         self._styles: dict[str, Style] | None = None
@@ -129,6 +141,7 @@ class LogView(ScrollView, can_focus=True):
         self._src_width = 0  # width of the source column (0: one source, no column)
         self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
         self._render_failures = 0
+        self._frame: tuple[Offset, int, int] | None = None  # (scroll offset, width, height) in a frame
 
     # -- styles and cache --------------------------------------------------------------------------
 
@@ -137,6 +150,7 @@ class LogView(ScrollView, can_focus=True):
         self._styles = None
         self._base_style = None
         self._cache.clear()
+        self._rows.clear()
 
     def _style(self, name: str) -> Style:
         styles = self._styles
@@ -150,6 +164,7 @@ class LogView(ScrollView, can_focus=True):
     def invalidate(self) -> None:
         """Forget every rendered row (search text, theme or layout changed)."""
         self._cache.clear()
+        self._rows.clear()
         self._set_virtual_size(Size(self._prefix_width() + min(self.state.max_width, 4096), self.state.view_len))
         self.refresh()
 
@@ -159,9 +174,13 @@ class LogView(ScrollView, can_focus=True):
         Assigning `virtual_size` re-lays out every widget, and redraws them, on each new line;
         only this widget's scrollbars depend on it (their appearing still re-lays out).
         """
-        if size != self.virtual_size:
+        old = self.virtual_size
+        if size != old:
             self.set_reactive(ScrollView.virtual_size, size)
-            self._scroll_update(size)
+            if size.width != old.width or not old.height:
+                # Only the width decides the horizontal scrollbar (the vertical one has no size):
+                # redrawing it for each new line would be wasted.
+                self._scroll_update(size)
 
     def _prefix_width(self) -> int:
         source = self._src_width
@@ -183,6 +202,7 @@ class LogView(ScrollView, can_focus=True):
         if layout_key != self._layout_key:
             self._layout_key = layout_key
             self._cache.clear()
+            self._rows.clear()
         if self.cursor_seq is not None and state.entry(self.cursor_seq) is None:
             self.cursor_seq = None
         self._set_virtual_size(Size(self._prefix_width() + min(state.max_width, 4096), state.view_len))
@@ -205,6 +225,7 @@ class LogView(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._cache.clear()
+        self._rows.clear()
         self.call_after_refresh(self.keep_following)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
@@ -292,9 +313,54 @@ class LogView(ScrollView, can_focus=True):
 
     # -- rendering ---------------------------------------------------------------------------------
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The scroll offset and size, once per frame: looking them up costs as much as a row.
+        size = self.size
+        width = size.width
+        self._frame = (self.scroll_offset, width, size.height)
+        try:
+            if not self._plain_box():
+                return super().render_lines(crop)
+            # Textual's per-line pass (borders, padding, tint, opacity) has nothing to do for this
+            # widget, yet it copied every row twice per frame: our rows are final (exactly `width`
+            # cells, the widget's colours), so only the app's line filters (NO_COLOR, ...) apply,
+            # and a row kept from the last frame keeps its filtered copy too.
+            filters = self.get_line_filters()
+            background = self.background_colors[1]
+            strips = []
+            for y in crop.line_range:
+                strip = self.render_line(y)
+                for line_filter in filters:
+                    strip = strip.apply_filter(line_filter, background)
+                strips.append(strip)
+            x1, x2 = crop.column_span
+            if (x1, x2) != (0, width):
+                strips = [strip.crop(x1, x2) for strip in strips]
+            return strips
+        finally:
+            self._frame = None
+
+    def _plain_box(self) -> bool:
+        """No border, padding, outline, tint, hatch or opacity: nothing for Textual to add to a row."""
+        styles = self.styles
+        return (
+            not any(styles.padding)
+            and not any(edge for edge, _ in styles.border)
+            and not any(edge for edge, _ in styles.outline)
+            and not styles.tint.a
+            and self.opacity == 1.0
+            and styles.text_opacity == 1.0
+            and not (styles.has_rule("hatch") and styles.hatch != "none")
+            and self._border_title is None
+            and self._border_subtitle is None
+        )
+
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.size.width
+        frame = self._frame
+        if frame is None:
+            size = self.size
+            frame = (self.scroll_offset, size.width, size.height)
+        (scroll_x, scroll_y), width, height = frame
         base = self._base_style
         if base is None:
             # Widget.rich_style walks the ancestors each time: once per style change is enough.
@@ -302,37 +368,82 @@ class LogView(ScrollView, can_focus=True):
         seq = self.state.view_seq(scroll_y + y)
         if seq is None:
             return Strip.blank(width, base)
-        strip = self._cache.get(seq)
-        if strip is None:
+        key = (scroll_x, width, base)
+        if key != self._rows_key:
+            self._rows_key = key
+            self._rows.clear()
+            self._combined.clear()
+        cursor = seq == self.cursor_seq
+        if not cursor:
+            strip = self._rows.get(seq)
+            if strip is not None:
+                return strip
+        segments = self._cache.get(seq)
+        if segments is None:
             entry = self.state.entry(seq)
             if entry is None:
                 return Strip.blank(width, base)
             try:
-                strip = self._render_entry(entry)
+                segments = self._render_entry(entry)
             except Exception as exc:  # a line we cannot style is still shown, plainly
-                strip = Strip([Segment(entry.text.translate(_CONTROL))])
+                segments = [(_printable(entry.text), None)]
                 self._render_failures += 1
                 if self._render_failures == 1:
                     self.log.error(f"rendering {entry!r} failed: {exc!r}")
-            self._cache[seq] = strip
-        if seq == self.cursor_seq:
-            base = base + self._style("cursor")
-        return strip.crop_extend(scroll_x, scroll_x + width, None).apply_style(base)
+            self._cache[seq] = segments
+        if cursor:
+            return self._row(segments, scroll_x, width, base + self._style("cursor"), {})
+        strip = self._row(segments, scroll_x, width, base, self._combined)
+        rows = self._rows
+        if len(rows) >= 4 * max(height, 16):
+            rows.clear()  # bounded: rows scrolled away are not asked for again
+        rows[seq] = strip
+        return strip
 
-    def _render_entry(self, entry: LogEntry) -> Strip:
+    @staticmethod
+    def _row(
+        segments: list[tuple[str, Style | None]], scroll_x: int, width: int, base: Style, combined: dict
+    ) -> Strip:
+        """One row as one Strip of exactly `width` cells, its styles on top of `base`."""
+
+        def styled(style: Style | None) -> Style:
+            out = combined.get(style)
+            if out is None:
+                out = combined[style] = base if style is None else base + style
+            return out
+
+        if scroll_x == 0 and all(text.isascii() for text, _ in segments):
+            # The usual case, done directly: ASCII (control characters are already replaced) is
+            # one cell per character, so cutting and padding are plain slicing.
+            out = []
+            room = width
+            for text, style in segments:
+                if room <= 0:
+                    break
+                if len(text) > room:
+                    text = text[:room]
+                out.append(Segment(text, styled(style)))
+                room -= len(text)
+            if room > 0:
+                out.append(Segment(" " * room, base))
+            return Strip(out, width)
+        strip = Strip([Segment(text, styled(style)) for text, style in segments])
+        return strip.crop_extend(scroll_x, scroll_x + width, base)
+
+    def _render_entry(self, entry: LogEntry) -> list[tuple[str, Style | None]]:
         style = self._style
         pieces: list[tuple[str, Style | None]] = []
         overlays: list[tuple[int, int, Style]] = []
         if entry.kind == "message":
-            pieces += [("   ", None), (entry.text.translate(_CONTROL), style("message"))]
+            pieces += [("   ", None), (_printable(entry.text), style("message"))]
             return self._finish(pieces, overlays)
         if entry.kind == "notice":
             pieces.append((SEVERITY_MARKERS["notice"] + " ", style("notice")))
             self._append_source(pieces, entry.source)
-            pieces.append((entry.text.translate(_CONTROL), style("notice")))
+            pieces.append((_printable(entry.text), style("notice")))
             return self._finish(pieces, overlays)
 
-        text = entry.text.translate(_CONTROL)
+        text = _printable(entry.text)
         clock, rank, offset = split_prefix(text)
         if len(rank) > self._rank_width:
             self._rank_width = min(len(rank), 24)  # grows, never shrinks: columns stay put
@@ -367,15 +478,18 @@ class LogView(ScrollView, can_focus=True):
                 label = "…" + label[-(source_width - 1) :]
             pieces.append((label.ljust(source_width) + " ", self._style("dim")))
 
-    def _finish(self, pieces: list[tuple[str, Style | None]], overlays: list[tuple[int, int, Style]]) -> Strip:
-        """Segments for the pieces, with the overlays (matched span, search hits) laid on top.
-        Built by hand: rich's Text costs several times more, and this runs for every new line."""
+    def _finish(
+        self, pieces: list[tuple[str, Style | None]], overlays: list[tuple[int, int, Style]]
+    ) -> list[tuple[str, Style | None]]:
+        """(text, style) segments for the pieces, with the overlays (matched span, search hits)
+        laid on top. Built by hand: rich's Text costs several times more, and this runs for
+        every new line."""
         query = self.state.search_text
         if query:
             plain = "".join(t for t, _ in pieces)
             overlays = overlays + self._matches(plain, query, self._style("search"))
         if not overlays:
-            return Strip([Segment(t, s) for t, s in pieces if t])
+            return [(t, s) for t, s in pieces if t]
         cuts = sorted({0, *(a for a, _, _ in overlays), *(b for _, b, _ in overlays)})
         segments = []
         pos = 0
@@ -389,9 +503,9 @@ class LogView(ScrollView, can_focus=True):
                 for o_start, o_end, o_style in overlays:
                     if o_start <= a and b <= o_end:
                         piece_style = o_style if piece_style is None else piece_style + o_style
-                segments.append(Segment(text[a - pos : b - pos], piece_style))
+                segments.append((text[a - pos : b - pos], piece_style))
             pos = end
-        return Strip(segments)
+        return segments
 
     @staticmethod
     def _matches(plain: str, query: str, search_style: Style) -> list[tuple[int, int, Style]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.matcher import Matcher
+from radixtop.probes.logscan import CHUNK_SIZE, _worth_a_worker
 
 RANKS = 8
 # One failure line (or block) per line; "{r}" is the rank, "{t}" the time prefix's clock part.
@@ -125,44 +127,50 @@ def check_failure_lines(matcher: Matcher) -> None:
             raise SystemExit(f"benchmark failure line matches no catalog signature: {block[:80]!r}")
 
 
-def run_radixtop(path: Path, engine: str | None) -> tuple[float, set[tuple[int, str]]]:
+def timed(argv: list[str], *, check: bool, **kwargs) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run argv to the end: (wall seconds, CPU seconds user+system of the child, the result).
+
+    CPU time is the steadier figure on a shared machine: other people's work stretches wall time
+    but not the CPU time the tool itself needs."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, check=check, **kwargs)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done
+
+
+def run_radixtop(path: Path, engine: str | None) -> tuple[float, float, set[tuple[int, str]]]:
     env = dict(os.environ)
     env.pop("RADIXTOP_SCAN_ENGINE", None)
     if engine:
         env["RADIXTOP_SCAN_ENGINE"] = engine
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "radixtop", "scan", "--matches", str(path)],
-        capture_output=True,
-        env=env,
-        cwd=ROOT,
-        check=True,
+    wall, cpu, done = timed(
+        [sys.executable, "-m", "radixtop", "scan", "--matches", str(path)], env=env, cwd=ROOT, check=True
     )
-    wall = time.perf_counter() - start
     found = set()
     prefix = f"{path}:".encode()
     for row in done.stdout.splitlines():
         assert row.startswith(prefix), row[:120]
         line, _sig, text = row[len(prefix) :].split(b":", 2)
         found.add((int(line), text.decode("utf-8", "replace")))
-    return wall, found
+    return wall, cpu, found
 
 
-def run_rg(rg: str, path: Path, patterns: list[str]) -> tuple[float, set[tuple[int, str]]]:
+def run_rg(rg: str, path: Path, patterns: list[str]) -> tuple[float, float, set[tuple[int, str]]]:
     argv = [rg, "--no-config", "-n"]
     for pattern in patterns:
         argv += ["-e", pattern]
     argv.append(str(path))
-    start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, check=False)
-    wall = time.perf_counter() - start
+    wall, cpu, done = timed(argv, check=False)
     if done.returncode not in (0, 1):
         raise SystemExit(f"rg failed: {done.stderr.decode(errors='replace').strip()}")
     found = set()
     for row in done.stdout.splitlines():
         line, text = row.split(b":", 1)
         found.add((int(line), text.decode("utf-8", "replace")))
-    return wall, found
+    return wall, cpu, found
 
 
 def in_process(path: Path, matcher: Matcher, threads: bool) -> float:
@@ -173,14 +181,22 @@ def in_process(path: Path, matcher: Matcher, threads: bool) -> float:
     return time.perf_counter() - start
 
 
-def startup(path: Path, rg: str, patterns: list[str], runs: int = 5) -> tuple[float, float]:
-    """Median wall of each tool on a 100-line file: mostly start-up."""
+def startup(path: Path, rg: str, patterns: list[str], runs: int) -> dict[str, float]:
+    """Median wall on a 100-line file (mostly start-up) of radixtop, rg and a bare Python, in
+    alternating runs."""
     small = DATA / "small.log"
     with open(path, "rb") as f, open(small, "wb") as out:
         out.writelines(f.readline() for _ in range(100))
-    ours = [run_radixtop(small, None)[0] for _ in range(runs)]
-    theirs = [run_rg(rg, small, patterns)[0] for _ in range(runs)]
-    return statistics.median(ours), statistics.median(theirs)
+    walls: dict[str, list[float]] = {"radixtop": [], "rg": [], "python -c pass": []}
+    for _ in range(runs):
+        walls["radixtop"].append(run_radixtop(small, None)[0])
+        walls["rg"].append(run_rg(rg, small, patterns)[0])
+        walls["python -c pass"].append(timed([sys.executable, "-c", "pass"], check=True)[0])
+    return {name: statistics.median(values) for name, values in walls.items()}
+
+
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> int:
@@ -189,6 +205,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="alternating runs per tool (default 3)")
     parser.add_argument(
         "--fallback-runs", type=int, default=1, help="runs for the re2 and re engines (0 skips them)"
+    )
+    parser.add_argument(
+        "--startup-runs", type=int, default=15, help="alternating runs on the 100-line file (default 15)"
     )
     args = parser.parse_args()
     rg = shutil.which("rg")
@@ -214,39 +233,53 @@ def main() -> int:
 
     print(f"log: {path} ({size / (1 << 20):.0f} MiB), {len(patterns)} patterns, cpus: {os.cpu_count()}")
     print(f"best engine: {best.engine}" + (f" ({best.fallback_note})" if best.fallback_note else ""))
-    ours: list[float] = []
-    theirs: list[float] = []
+    worker = _worth_a_worker(size, CHUNK_SIZE)
+    print(f"load average (1/5/15 min) before: {load()}; scan worker thread (auto): {'on' if worker else 'off'}")
+    ours: list[tuple[float, float]] = []
+    theirs: list[tuple[float, float]] = []
     reference: set[tuple[int, str]] | None = None
     for _ in range(args.runs):
-        wall, found_rg = run_rg(rg, path, patterns)
-        theirs.append(wall)
-        wall, found = run_radixtop(path, None)
-        ours.append(wall)
+        wall, cpu, found_rg = run_rg(rg, path, patterns)
+        theirs.append((wall, cpu))
+        wall, cpu, found = run_radixtop(path, None)
+        ours.append((wall, cpu))
         if found != found_rg:
             only_us = sorted(found - found_rg)[:5]
             only_rg = sorted(found_rg - found)[:5]
             raise SystemExit(f"results differ: only radixtop {only_us}, only rg {only_rg}")
         reference = found
     assert reference is not None
-    rg_wall = statistics.median(theirs)
+    rg_wall = statistics.median(w for w, _ in theirs)
+    rg_cpu = statistics.median(c for _, c in theirs)
+    our_wall = statistics.median(w for w, _ in ours)
+    our_cpu = statistics.median(c for _, c in ours)
     print(f"hits: {len(reference)} lines, identical in radixtop and rg")
-    print(f"rg -n:                  median {rg_wall:.3f} s  runs {[round(x, 3) for x in theirs]}")
     print(
-        f"radixtop scan ({best.engine}): median {statistics.median(ours):.3f} s  "
-        f"runs {[round(x, 3) for x in ours]}  ratio {statistics.median(ours) / rg_wall:.2f}"
+        f"rg -n:                  median {rg_wall:.3f} s (cpu {rg_cpu:.3f} s)  "
+        f"runs {[round(w, 3) for w, _ in theirs]}"
     )
+    print(
+        f"radixtop scan ({best.engine}): median {our_wall:.3f} s (cpu {our_cpu:.3f} s)  "
+        f"runs {[round(w, 3) for w, _ in ours]}  ratio {our_wall / rg_wall:.2f} "
+        f"(cpu ratio {our_cpu / rg_cpu:.2f})"
+    )
+    print(f"load average (1/5/15 min) after: {load()}")
     for threads in (False, True):
         walls = [in_process(path, best, threads) for _ in range(args.runs)]
-        label = "scan on a worker thread" if threads else "one thread (the default)"
+        label = "scan on a worker thread, next read ahead" if threads else "one thread"
         print(f"  in process, {label}: median {statistics.median(walls):.3f} s")
-    ours_start, rg_start = startup(path, rg, patterns)
-    print(f"start-up (100-line file): radixtop {ours_start * 1000:.0f} ms, rg {rg_start * 1000:.0f} ms")
+    start = startup(path, rg, patterns, args.startup_runs)
+    print(
+        "start-up (100-line file, median of "
+        f"{args.startup_runs}): "
+        + ", ".join(f"{name} {wall * 1000:.0f} ms" for name, wall in start.items())
+    )
     for engine in ("re2", "re") if args.fallback_runs > 0 else ():
         if engine == best.engine:
             continue
         walls = []
         for _ in range(args.fallback_runs):
-            wall, found = run_radixtop(path, engine)
+            wall, _cpu, found = run_radixtop(path, engine)
             if found != reference:
                 raise SystemExit(f"engine {engine} found different lines than rg")
             walls.append(wall)

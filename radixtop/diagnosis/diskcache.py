@@ -56,7 +56,7 @@ def write(path: str | None, key: bytes, payload: bytes) -> None:
     """Store payload for `key` atomically (readers see the old file or the new one); errors ignored."""
     if path is None:
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"  # unique per process and thread
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "wb") as f:

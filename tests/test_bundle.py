@@ -176,7 +176,7 @@ def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> 
         assert (root / rel).exists() or (root / f"{rel}.note.txt").exists(), rel
 
     # and once it is certainly gone: the notes say what could not be had, the log evidence stands
-    again = take_bundle(tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid)
+    again = take_bundle(tmp_path / "out", url=sim.url, logs=[str(tmp_path / "serv*.log")], pid=sim.pid)  # a glob
     assert "failed" in again.notes["server/server_info.json"]
     assert "gone" in again.notes["procs/processes.json"]
     assert next(again.path.glob("evidence/*radix-page-lock-eviction.log")).is_file()

@@ -20,6 +20,7 @@ first time it is shown a finding of error severity or worse.
 from __future__ import annotations
 
 import concurrent.futures
+import glob
 import hashlib
 import json
 import os
@@ -188,6 +189,7 @@ def take_bundle(
     began = time.monotonic()
     cancel = cancel or threading.Event()
     url = base_url(url) if url else None
+    logs = _expand(logs)
     if pid is None and url and is_loopback_url(url):
         pid = listening_pid(url_port(url))
     out = Path(out_dir)
@@ -275,6 +277,18 @@ def take_bundle(
     )  # fmt: skip
     progress("done", f"bundle written: {final}")
     return result
+
+
+def _expand(patterns: Sequence[str]) -> list[str]:
+    """Globs (as the UI's --log takes them) to files; a pattern matching nothing stays, so its
+    absence becomes a note rather than silence."""
+    out: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else []
+        for path in matches or [pattern]:
+            if path not in out:
+                out.append(path)
+    return out
 
 
 def _wait(futures: Iterable[concurrent.futures.Future], cancel: threading.Event) -> None:

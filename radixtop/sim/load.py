@@ -35,7 +35,8 @@ async def run_load(url: str, trace_name: str, *, duration_s: float, max_cycles: 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    # Expire idle connections before the server (keep-alive 5 s) closes them under us.
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=1.0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0), limits=limits) as client:
         for cycle in range(max_cycles):
             if stopping.is_set() or time.monotonic() >= deadline:

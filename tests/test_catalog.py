@@ -617,6 +617,7 @@ def test_builtin_cache_rebuilt_when_the_toml_changes_even_with_same_size_and_mti
     assert len(parses) == 2
     assert catalog_module._builtin_signatures(str(toml))[0].title == new_title
     assert len(parses) == 2  # the rebuilt cache is used again
+    assert len(_cache_files(cache_dir)) == 1  # and it replaced the stale one
 
 
 def test_builtin_cache_rebuilt_when_the_validating_code_changes(

@@ -174,7 +174,8 @@ def _builtin_signatures(path: str | None = None) -> tuple[Signature, ...]:
 
         text = resources.files("radixtop.diagnosis").joinpath("signatures.toml").read_text("utf-8")
         return parse_catalog(text, _BUILTIN_SOURCE, origin="builtin")
-    cache_file = diskcache.cache_path("catalog", key, ".marshal")
+    # Named by the TOML's path only: a stale cache is overwritten, not left beside the new one.
+    cache_file = diskcache.cache_path("catalog", path.encode(), ".marshal")
     cached = _from_cache(diskcache.read(cache_file, key))
     if cached is not None:
         return cached

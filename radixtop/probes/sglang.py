@@ -27,6 +27,7 @@ from radixtop.probes.status import SourceState, StateClock, one_line
 DEFAULT_INTERVAL_S = 2.0
 INFO_EVERY_S = 300.0
 METRICS_RETRY_S = 60.0  # after a 404 on /metrics, look again this much later
+HEALTH_EVERY_S = 6.0  # while /metrics answers, /health is asked this often
 MAX_INFO_BYTES = 2 * 1024 * 1024
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 
@@ -191,6 +192,8 @@ class ServerProbe:
         self._metrics_off_until = -float("inf")
         self._metrics_note = ""
         self._was_down = False
+        self._health_ok_at = -float("inf")
+        self._metrics_ok = False
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -215,14 +218,23 @@ class ServerProbe:
         return ServerSample(self.url, self._state.update(state, message), self._clock(), info=self.info, **kw)
 
     async def _poll(self) -> ServerSample:
+        now = time.monotonic()
+        if self._metrics_carry_health(now):
+            # /metrics answered last time and /health said 200 lately: one request instead of two
+            # (SGLang's whole server exits when its scheduler dies, so a refused /metrics says it).
+            metrics = await self._read_metrics(now)
+            if metrics is not None:
+                return self._sample("ok", metrics=metrics, metrics_note=self._metrics_note, latency_s=None)
         health = await fetch(self.client, self.url + "/health", max_bytes=64 * 1024)
         if health.error is not None:
             self._was_down = True
+            self._health_ok_at = -float("inf")
             state = "down" if health.refused else "error"
             return self._sample(state, f"{self.url}: {health.error}")
         restarted = self._was_down and self.info is not None
         self._was_down = False
-        now = time.monotonic()
+        if health.status == 200:
+            self._health_ok_at = now
         if self.info is None or restarted or now - self._info_at >= INFO_EVERY_S:
             await self._read_info(now)
         if health.status == 200:
@@ -278,6 +290,9 @@ class ServerProbe:
                 pass
         return ServerInfo(self.url, kind, version=version, model=model, enable_metrics=True if kind == "vllm" else None)
 
+    def _metrics_carry_health(self, now: float) -> bool:
+        return self._metrics_ok and now - self._health_ok_at < HEALTH_EVERY_S and self._metrics_wanted(now)
+
     def _metrics_wanted(self, now: float) -> bool:
         if now < self._metrics_off_until:
             return False
@@ -289,6 +304,7 @@ class ServerProbe:
 
     async def _read_metrics(self, now: float) -> ServerMetrics | None:
         got = await fetch(self.client, self.url + "/metrics", max_bytes=MAX_METRICS_BYTES)
+        self._metrics_ok = False
         if got.status == 404:
             self._metrics_off_until = now + METRICS_RETRY_S
             self._metrics_note = "no /metrics (HTTP 404): start the server with --enable-metrics"
@@ -306,6 +322,7 @@ class ServerProbe:
             self._metrics_note = one_line(str(exc))
             return None
         self._metrics_note = "" if metrics.values else "/metrics has none of the SGLang or vLLM gauges radixtop reads"
+        self._metrics_ok = True
         return metrics
 
 

@@ -96,8 +96,11 @@ async def resolve_targets(
     if targets.url is None and not found.servers:
         targets.lines = found.describe()
     elif chosen is None:
-        targets.lines = [f"watching {targets.url} (given with --url); no process of it found on this node, "
-                         "so the processes pane stays empty", *found.notes]  # fmt: skip
+        targets.lines = [
+            (f"watching {targets.url} (given with --url); no process of it found on this node, "
+             "so the processes pane stays empty"),
+            *found.notes,
+        ]  # fmt: skip
     else:
         lines = ["attached by discovery:" if not url else "server given with --url:"]
         lines += Discovery((chosen,), found.notes).describe()

@@ -28,7 +28,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from radixtop.probes.radix import RadixBoard, RankView, TreeIndex
+from radixtop.probes.radix import RadixBoard, RankView, TreeIndex, discard
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
@@ -114,6 +114,9 @@ class RadixTreeView(ScrollView, can_focus=True):
         if snapshot is self.snapshot and index is self.index:
             return
         cursor_key = self._cursor_key()
+        if self.snapshot is not snapshot:
+            discard(self.snapshot)  # a big tree is freed on a worker thread, not here
+            discard(self.index)
         self.snapshot, self.index = snapshot, index
         self._flatten()
         if cursor_key is not None:

@@ -322,3 +322,56 @@ def test_module_does_not_import_textual() -> None:
     code = "import sys, radixtop.probes.radix, radixtop.probes.sglang, radixtop.probes.gpu, radixtop.probes.procs, radixtop.probes.discovery, radixtop.probes.vitals; print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
     assert out.stdout.strip() == "False", out.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# The big-snapshot path (rows decoded one by one, GC paused) must agree with the schema exactly
+
+
+def test_big_snapshot_path_agrees_with_the_schema() -> None:
+    from radixtop.probes import radix as radix_probe
+    from radixtop.schema import parse_snapshot
+
+    snap = wide_snapshot(30_000)
+    data = snap.to_json()
+    assert len(data) > radix_probe.SPLICE_PARSE_BYTES
+    got, index = parse_and_index(data)
+    assert got == parse_snapshot(data) == snap
+    assert index is not None and len(index.children[0]) == 30_000
+    pretty = json.dumps(json.loads(data), indent=2).encode()  # other whitespace: still the same
+    assert parse_and_index(pretty)[0] == snap
+
+
+@pytest.mark.parametrize(
+    "mutate, expect",
+    [
+        (lambda o: o["tree"]["nodes"][7].__setitem__(2, -5), "snapshot.tree.nodes[7].tokens: expected an integer"),
+        (lambda o: o["tree"]["nodes"][9].__setitem__(1, 50), "snapshot.tree.nodes[9].parent: expected an integer in [0, 8]"),
+        (lambda o: o["tree"].__setitem__("walked_nodes", 3), "snapshot.tree.walked_nodes: says 3 but 30000 non-root rows"),
+        (lambda o: o["tree"]["nodes"].__setitem__(5, "x"), "snapshot.tree.nodes[5]: expected a row of 10 values"),
+        (lambda o: o.__setitem__("schema_version", 9), "schema version 9 is not supported"),
+    ],
+)
+def test_big_snapshot_errors_are_the_schemas(mutate, expect) -> None:
+    from radixtop.schema import parse_snapshot
+
+    obj = json.loads(wide_snapshot(30_000).to_json())
+    mutate(obj)
+    data = encode_json(obj)
+    with pytest.raises(ValueError) as big:
+        parse_and_index(data)
+    with pytest.raises(ValueError) as reference:
+        parse_snapshot(data)
+    assert expect in str(big.value)
+    assert str(big.value) == str(reference.value)
+
+
+def test_the_cyclic_gc_is_back_on_after_a_big_parse() -> None:
+    import gc
+
+    assert gc.isenabled()
+    parse_and_index(wide_snapshot(30_000).to_json())
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        parse_and_index(b'{"tree": {"nodes": [' + b"[1]," * 100_000 + b"[1]]}}")
+    assert gc.isenabled()

@@ -21,6 +21,11 @@ Two measurements, each tool run in its own tmux server (`tmux -L`), the screen r
 
 A peer that is not installed is skipped with a note (`apt-get install -y lnav`). The capture
 itself costs a few ms per poll and adds to every tool's figure alike.
+
+--baseline DIR adds an earlier radixtop as a tool of its own, in the same run (before/after on a
+shared machine): DIR holds that version's tree, e.g.
+`mkdir /tmp/before && git archive 1ab9c69 | tar -x -C /tmp/before`. An earlier radixtop that only
+shows existing lines with --from-start is timed that way in the open test.
 """
 
 from __future__ import annotations
@@ -106,6 +111,13 @@ class Tmux:
     """One tmux server of our own (-L), one session running one command as the pane's process."""
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        if command and command[0] == "env":  # ["env", "PYTHONPATH=...", cmd...]: a baseline tree
+            env = dict(env or os.environ)
+            while len(command) > 1 and "=" in command[1]:
+                key, value = command[1].split("=", 1)
+                env[key] = value
+                command = command[1:]
+            command = command[1:]
         self.socket = f"radixtop-bench-{uuid.uuid4().hex[:8]}"
         self.command = command
         self.env = env
@@ -141,15 +153,19 @@ class Tmux:
         Path(tmpdir, f"tmux-{os.getuid()}", self.socket).unlink(missing_ok=True)
 
 
-def tools(with_lnav: bool) -> dict[str, tuple[list[str] | None, list[str] | None]]:
+def tools(with_lnav: bool, baseline: str | None = None) -> dict[str, tuple[list[str] | None, list[str] | None]]:
     """name -> (command for the open test, command for the live test); the file is appended.
     None: the tool is not run in that test."""
     python = sys.executable
     out: dict[str, tuple[list[str] | None, list[str] | None]] = {
         "radixtop": ([python, "-m", "radixtop", "--log"], [python, "-m", "radixtop", "--log"]),
         "radixtop --from-start": ([python, "-m", "radixtop", "--from-start", "--log"], None),
-        "tail -f": (["tail", "-f"], ["tail", "-f"]),
     }
+    if baseline:
+        env = ["env", f"PYTHONPATH={Path(baseline).resolve()}"]
+        out["baseline --from-start"] = ([*env, python, "-m", "radixtop", "--from-start", "--log"], None)
+        out["baseline"] = (None, [*env, python, "-m", "radixtop", "--log"])
+    out["tail -f"] = (["tail", "-f"], ["tail", "-f"])
     if with_lnav:
         out["lnav"] = (["lnav"], ["lnav"])
     return out
@@ -226,6 +242,8 @@ class Writer:
 class Live:
     lags: list[float]
     cpu: float  # share of one core over the appending window
+    cpu_seconds: float  # CPU seconds of the tool's process over the appending window
+    written: int  # lines the writer wrote (fewer than rate x seconds if it could not keep up)
     drain: float | None  # after the last write, until the last line is on screen
     rss_mb: float
     threads: dict[str, float] = field(default_factory=dict)  # share of a core per thread
@@ -268,7 +286,8 @@ def live(command: list[str], workdir: Path, rate: int, seconds: float, ready: st
             share = (t.user_time + t.system_time - threads0.get(t.id, 0.0)) / wall
             if share >= 0.01:
                 threads[thread_name(proc.pid, t.id)] = threads.get(thread_name(proc.pid, t.id), 0.0) + share
-        cpu = ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / wall
+        cpu_seconds = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        cpu = cpu_seconds / wall
         end = time.monotonic()
         last = writer.written - 1
         drain = None
@@ -279,7 +298,7 @@ def live(command: list[str], workdir: Path, rate: int, seconds: float, ready: st
                 break
             time.sleep(0.02)
         rss = proc.memory_info().rss / 2**20
-        return Live(lags, cpu, drain, rss, threads)
+        return Live(lags, cpu, cpu_seconds, writer.written, drain, rss, threads)
     finally:
         tmux.kill()
         path.unlink(missing_ok=True)
@@ -305,7 +324,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 round, 5 s of appending (shared machine)")
     parser.add_argument("--only", choices=["open", "live"], default=None)
-    parser.add_argument("--tools", default="radixtop,lnav,tail -f", help="comma-separated subset to run")
+    parser.add_argument("--tools", default="radixtop,baseline,lnav,tail -f", help="comma-separated subset to run")
+    parser.add_argument("--baseline", metavar="DIR", help="an earlier radixtop tree to run beside this one")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, min(args.seconds, 5.0)
@@ -316,6 +336,10 @@ def main() -> int:
     if not with_lnav:
         print("note: lnav is not installed (apt-get install -y lnav); its rows are skipped")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; terminal {WIDTH}x{HEIGHT} in tmux")
+    # Byte-compile radixtop first, as an installed package is: with PYTHONDONTWRITEBYTECODE set
+    # (this machine sets it) every start would otherwise compile the modules changed since.
+    for tree in [ROOT, *([Path(args.baseline)] if args.baseline else [])]:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "radixtop")], check=True)
 
     if args.only in (None, "open"):
         path = big_log(args.size_mb)
@@ -324,7 +348,7 @@ def main() -> int:
                 pass
         size = path.stat().st_size / 2**20
         print(f"\n1. open: {path.name} ({size:.0f} MiB) until its last line is on screen")
-        for name, (command, _) in tools(with_lnav).items():
+        for name, (command, _) in tools(with_lnav, args.baseline).items():
             if command is None or name.split(" --")[0] not in args.tools.split(","):
                 continue
             times = [time_to_last_line(command, path, timeout=60) for _ in range(args.rounds)]
@@ -335,10 +359,10 @@ def main() -> int:
     if args.only in (None, "live"):
         print(f"\n2. live: appending {args.rate:,} lines/s for {args.seconds:g} s")
         workdir = DATA
-        for name, (_, command) in tools(with_lnav).items():
+        for name, (_, command) in tools(with_lnav, args.baseline).items():
             if command is None or name not in args.tools.split(","):
                 continue
-            ready = "FOLLOW" if name == "radixtop" else None
+            ready = "FOLLOW" if name in ("radixtop", "baseline") else None
             for _ in range(args.rounds):
                 result = live(command, workdir, args.rate, args.seconds, ready)
                 if result is None:
@@ -351,7 +375,9 @@ def main() -> int:
                     med = p95 = None
                 print(
                     f"  {name:10} on-screen lag median {ms(med):>8}  p95 {ms(p95):>8}  "
-                    f"({len(lags)} polls)  CPU {result.cpu * 100:5.1f}% of a core  "
+                    f"({len(lags)} polls)  CPU {result.cpu * 100:5.1f}% of a core "
+                    f"({result.cpu_seconds / max(result.written, 1) * 1e6:.1f} us/line, "
+                    f"{result.written / args.seconds:,.0f} lines/s written)  "
                     f"last line {ms(result.drain)} after the writer stopped  RSS {result.rss_mb:.0f} MiB"
                 )
                 if len(result.threads) > 1:

@@ -150,7 +150,11 @@ async def bench_radixtop(path: str, rate: int, duration: float) -> dict:
         async for batch in follower.batches():
             now = time.time()
             notices.extend(f"{n.kind}: {n.message}" for n in batch.notices)
-            texts = list(map(text_of, batch.records))
+            runs = getattr(batch.records, "runs", None)
+            if runs is not None:  # the texts as the UI takes them: no object per line
+                texts = [text for run in runs for text in run.texts]
+            else:
+                texts = list(map(text_of, batch.records))
             tally.add(now, map(SEQ_PART, texts), map(STAMP_PART, texts))
 
     async with follower:

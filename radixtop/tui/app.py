@@ -279,15 +279,22 @@ class RadixtopApp(App[int]):
             except RuntimeError:
                 pass  # the app has gone: nothing to show it in
 
-        start_history_scan(
-            parts,
-            self.ingestor,
-            self.catalog.signatures,
-            context=self.builder.context,
-            after=self.builder.after,
-            stopping=self._stopping,
-            deliver=deliver,
-        )
+        try:
+            start_history_scan(
+                parts,
+                self.ingestor,
+                self.catalog.signatures,
+                context=self.builder.context,
+                after=self.builder.after,
+                stopping=self._stopping,
+                deliver=deliver,
+            )
+        except Exception as exc:  # the live part must not wait for a scan that never runs
+            self.report_failure("scanning the logs before where following began", exc)
+            for part in parts:
+                lines = part.lines if part.wait(0) else 0
+                part.close()
+                self.state.apply(self.ingestor.release(finding_file(part.source, part.generation), lines))
 
     def _apply_now(self, result: Any) -> None:
         if not self.is_running:

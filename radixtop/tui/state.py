@@ -324,10 +324,13 @@ class Ingestor:
         often the file rotates)."""
         self._generation[source] = generation
         for old in range(max(0, generation - 8), generation - 1):
-            track = self._files.pop(finding_file(source, old), None)
-            if track is not None:
-                while track.queue:
-                    self._send(track.queue.popleft())
+            file = finding_file(source, old)
+            track = self._files.get(file)
+            if track is None or track.held or not all(hit.run.numbered for hit in track.queue):
+                continue  # still waiting for its earlier part or its line count: not yet
+            del self._files[file]
+            while track.queue:
+                self._send(track.queue.popleft())
 
     def _run(self, file: str, runs: Sequence[LogRun], base: int, texts: list[str], marks: dict[int, Mark]) -> bool:
         """Consecutive lines of one file (one or more runs): match them all at once, queue the hits."""

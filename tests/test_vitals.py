@@ -91,3 +91,13 @@ def test_marks_are_kept_in_order_and_deduplicated() -> None:
     v.mark(10.2, "a")
     assert v.marks == [(10.0, "a"), (20.0, "b")]
     assert v.first_mark == (10.0, "a")
+
+
+def test_latest_only_parses_the_last_line_of_each_kind() -> None:
+    lines = [LINES[0].replace("0.42", "0.11"), LINES[0], LINES[1].replace("0.55", "0.22"), LINES[1], LINES[2]]
+    obs = log_observations(lines, latest_only=True)
+    usages = [o.value for o in obs if o.key == "token_usage"]
+    assert usages == [0.42, 0.55], "one prefill and one decode line: the last of each"
+    assert ("retracted", 4.0) in {(o.key, o.value) for o in obs}
+    times = [o.time for o in obs]
+    assert times == sorted(times)

@@ -223,15 +223,22 @@ _VLLM_STATS = re.compile(
 )
 
 
-def log_observations(texts: Iterable[str], now: float | None = None) -> list[Observation]:
+def log_observations(texts: Iterable[str], now: float | None = None, *, latest_only: bool = False) -> list[Observation]:
     """Observations from a batch of log lines. Lines are tested with substring checks first: only
-    batch, retract and vLLM stats lines are parsed."""
+    batch, retract and vLLM stats lines are parsed. With latest_only, only the last prefill, decode
+    and vLLM stats line of the batch are parsed (a series keeps one value a second anyway)."""
     out: list[Observation] = []
     fallback = time.time() if now is None else now
+    seen: set[str] = set()
+    if latest_only:
+        texts = reversed(list(texts))
     for text in texts:
         if "batch" in text:
-            if "Prefill batch" not in text and "Decode batch" not in text:
+            kind = "Prefill batch" if "Prefill batch" in text else ("Decode batch" if "Decode batch" in text else None)
+            if kind is None or kind in seen:
                 continue
+            if latest_only:
+                seen.add(kind)
             line = parse_line(text)
             b = line.batch
             if b is None:
@@ -244,17 +251,19 @@ def log_observations(texts: Iterable[str], now: float | None = None) -> list[Obs
             if b.queue_req is not None:
                 out.append(Observation(t, "queued", b.queue_req, line.rank))
             if b.kind == "prefill" and b.new_token is not None and b.cached_token is not None:
-                seen = b.new_token + b.cached_token
-                if seen:
-                    out.append(Observation(t, "cache_hit_rate", b.cached_token / seen, line.rank))
+                looked_up = b.new_token + b.cached_token
+                if looked_up:
+                    out.append(Observation(t, "cache_hit_rate", b.cached_token / looked_up, line.rank))
         elif "etract" in text:
             m = _RETRACT.search(text)
             if m is not None:
                 line = parse_line(text)
                 out.append(Observation(line.epoch or fallback, "retracted", float(m.group(1)), line.rank))
-        elif "KV cache usage" in text:
+        elif "KV cache usage" in text and "vllm" not in seen:
             m = _VLLM_STATS.search(text)
             if m is not None:
+                if latest_only:
+                    seen.add("vllm")
                 line = parse_line(text)
                 t = line.epoch or fallback
                 out.append(Observation(t, "running", float(m.group(1)), line.rank))
@@ -262,4 +271,6 @@ def log_observations(texts: Iterable[str], now: float | None = None) -> list[Obs
                 out.append(Observation(t, "token_usage", float(m.group(3)) / 100.0, line.rank))
                 if m.group(4) is not None:
                     out.append(Observation(t, "cache_hit_rate", float(m.group(4)) / 100.0, line.rank))
+    if latest_only:
+        out.reverse()  # oldest first, as the lines came
     return out

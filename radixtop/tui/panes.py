@@ -1,0 +1,261 @@
+"""The live panes inside the app: radix, vitals, GPU, processes; their layout, keys and redraws.
+
+Layout: a screen at least WIDE_MIN columns by TALL_MIN rows shows everything at once (the log and
+findings on top, radix | vitals, then GPU | processes); a smaller one shows one pane at a time,
+chosen with 1 log, 2 radix, 3 GPU, 4 processes, 5 vitals. On a big screen the same keys zoom one
+pane, and the key again (or 0) shows everything.
+
+Redraws: the live state's version is checked on the app's timer; a visible pane whose data moved
+is redrawn at most every REDRAW_S, the vitals once a second (their time axis moves). Hidden panes
+are not drawn. Nothing here waits on I/O: the probes run in one worker (LiveSources.run).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+
+from radixtop.probes.status import SourceState
+from radixtop.probes.vitals import log_observations
+from radixtop.tui.live import LiveSources, LiveState, Targets, resolve_targets
+from radixtop.widgets.fmt import clock
+from radixtop.widgets.gpu import GpuPane
+from radixtop.widgets.procs import ProcsPane
+from radixtop.widgets.radix import NEEDS_SGLANG, RadixPane, RadixTreeView
+from radixtop.widgets.vitals import VitalsPane
+
+WIDE_MIN = 140
+TALL_MIN = 40
+REDRAW_S = 0.5
+VITALS_REDRAW_S = 1.0
+PANES = ("log", "radix", "gpu", "procs", "vitals")
+PANE_KEYS = {"1": "log", "2": "radix", "3": "gpu", "4": "procs", "5": "vitals"}
+_WIDGET_IDS = {"radix": "#radix-pane", "gpu": "#gpu-pane", "procs": "#procs-pane", "vitals": "#vitals-pane"}
+LOG_SCAN_MAX_LINES = 20_000  # per batch: the vitals need a value a second, not every line
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """What the user asked to watch (--url, --instrument; --log is the log pane's)."""
+
+    url: str | None = None
+    instruments: tuple[str, ...] = ()
+    logs_given: bool = False
+    gpu: bool = True
+    discover: bool = True  # False: no discovery at all (tests, or a --url that is elsewhere)
+
+
+def compose_panes() -> ComposeResult:
+    with Horizontal(id="row-a", classes="pane-row"):
+        yield RadixPane(id="radix-pane", classes="pane")
+        yield VitalsPane(id="vitals-pane", classes="pane")
+    with Horizontal(id="row-b", classes="pane-row"):
+        yield GpuPane(id="gpu-pane", classes="pane")
+        yield ProcsPane(id="procs-pane", classes="pane")
+
+
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def source_detail(state: SourceState) -> str:
+    """What the status line says about a source that is not ok."""
+    if state.state == "down":
+        return f"since {clock(state.since)}"
+    return _short(state.message)
+
+
+class Panes:
+    """The app's live side. The app calls start() once mounted, tick() on its timer, layout() on
+    resize, and reads status_sources() for the status line."""
+
+    def __init__(
+        self,
+        app: Any,
+        options: LiveOptions,
+        *,
+        follow_log: Callable[[list[str]], None],
+        add_lines: Callable[[list[str]], None],
+        clock_fn: Callable[[], float] = time.time,
+    ) -> None:
+        self.app = app
+        self.options = options
+        self.follow_log = follow_log  # start following a log the discovery found
+        self.add_lines = add_lines  # guidance lines into the log pane
+        self.clock = clock_fn
+        self.state = LiveState()
+        self.sources: LiveSources | None = None
+        self.targets: Targets | None = None
+        self.zoom: str | None = None  # the pane shown alone on a big screen
+        self.shown = "log"  # the pane shown on a small screen
+        self.wide = False
+        self._drawn: dict[str, tuple[int, float]] = {}
+        self._marked: str | None = None
+
+    # -- starting ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Resolve what to watch, then poll it until cancelled (the app runs this in a worker)."""
+        opts = self.options
+        if opts.discover:
+            targets = await resolve_targets(url=opts.url, instruments=opts.instruments)
+        else:
+            targets = Targets(url=opts.url, instruments=list(opts.instruments), pinned_url=bool(opts.url),
+                              pinned_instruments=bool(opts.instruments))  # fmt: skip
+        self.targets = targets
+        if targets.lines:
+            self.add_lines(targets.lines)
+        if not opts.logs_given and targets.logs:
+            self.follow_log(targets.logs)
+        if targets.kind == "vllm":
+            self.state.kind = "vllm"
+
+        def attached(found: Any) -> None:
+            self.add_lines([f"attached to {found.name} pid {found.pid}" + (f" at {found.url}" if found.url else "")])
+            if not self.options.logs_given and found.log_path and not getattr(self.app, "log_patterns", None):
+                self.follow_log([found.log_path])
+
+        self.sources = LiveSources(
+            targets,
+            self.state,
+            gpu=opts.gpu,
+            discover_fn=_discoverer() if opts.discover else _nothing,
+            on_attach=attached,
+        )
+        await self.sources.run()
+
+    # -- log lines and findings -------------------------------------------------------------
+
+    def feed_log(self, batch: Any) -> None:
+        """Vitals from the log's batch lines, only while /metrics does not feed them."""
+        vitals = self.state.vitals
+        if vitals.series["token_usage"].source == "metrics" and self.clock() - vitals.series["token_usage"].updated < 15:
+            return
+        runs = getattr(batch.records, "runs", None)
+        texts: Iterable[str]
+        if runs is not None:
+            texts = [t for run in runs for t in run.texts]
+        else:
+            texts = [r.text for r in batch.records]
+        texts = list(texts)[-LOG_SCAN_MAX_LINES:]
+        observations = log_observations(texts, now=self.clock(), latest_only=True)
+        if observations:
+            vitals.feed_log(observations)
+            self.state.version += 1
+
+    def note_report(self, report: Any, title_of: Callable[[str], str]) -> None:
+        """Mark the first signature's moment on every plot (once per signature that is first)."""
+        if report is None or not report.findings:
+            return
+        first = min(report.findings, key=lambda f: (f.first.epoch is None, f.first.epoch or 0))
+        key = f"{first.signature.id}@{first.first.epoch}"
+        if key != self._marked and first.first.epoch is not None:
+            self._marked = key
+            rank = f"{first.first.rank} " if first.first.rank else ""
+            self.state.mark(first.first.epoch, f"{rank}{title_of(first.signature.id)}")
+
+    # -- layout and keys --------------------------------------------------------------------
+
+    def layout(self, width: int, height: int) -> None:
+        self.wide = width >= WIDE_MIN and height >= TALL_MIN
+        visible = self.visible()
+        app = self.app
+        screen = app.screen
+        main = app.query_one("#main")
+        row_a, row_b = app.query_one("#row-a"), app.query_one("#row-b")
+        main.display = "log" in visible
+        row_a.display = bool({"radix", "vitals"} & visible)
+        row_b.display = bool({"gpu", "procs"} & visible)
+        for name, selector in _WIDGET_IDS.items():
+            app.query_one(selector).display = name in visible
+        alone = len(visible) == 1
+        screen.set_class(alone, "-pane-alone")
+        screen.set_class(not alone, "-pane-all")
+        self.redraw(force=True)
+
+    def visible(self) -> set[str]:
+        if self.wide and self.zoom is None:
+            return set(PANES)
+        return {self.zoom if self.wide else self.shown}
+
+    def show(self, name: str) -> None:
+        """Key 1-5 (or 0 = everything / the log)."""
+        if name not in PANES:
+            name = "log"
+        if self.wide:
+            self.zoom = None if (self.zoom == name or name == "all") else name
+        else:
+            self.shown = "log" if name == "all" else name
+        self.layout(self.app.size.width, self.app.size.height)
+        target = self.zoom if self.wide else self.shown
+        if target == "radix":
+            self.app.query_one(RadixTreeView).focus()
+        elif target in (None, "log"):
+            self.app.log_view.focus()
+
+    @property
+    def current(self) -> str:
+        return (self.zoom or "all") if self.wide else self.shown
+
+    # -- drawing ----------------------------------------------------------------------------
+
+    def redraw(self, force: bool = False) -> None:
+        now_m = time.monotonic()
+        version = self.state.version
+        visible = self.visible()
+        for name in ("radix", "vitals", "gpu", "procs"):
+            if name not in visible:
+                continue
+            last_version, last_at = self._drawn.get(name, (-1, -1e9))
+            every = VITALS_REDRAW_S if name == "vitals" else REDRAW_S
+            due = now_m - last_at >= every
+            moved = version != last_version
+            if force or (due and (moved or name == "vitals")):
+                self._drawn[name] = (version, now_m)
+                self._draw(name)
+
+    def _draw(self, name: str) -> None:
+        st = self.state
+        now = self.clock()
+        app = self.app
+        if name == "radix":
+            note = ""
+            if st.kind == "vllm":
+                note = NEEDS_SGLANG
+            elif self.targets is None:
+                note = "looking for servers on this node…"
+            app.query_one(RadixPane).show(st.board, now=now, note=note, groups=st.groups())
+        elif name == "vitals":
+            status = st.server.status if st.server is not None else None
+            note = ""
+            if st.server is not None and st.server.metrics_note and st.vitals.series["token_usage"].source != "log":
+                note = st.server.metrics_note
+            app.query_one(VitalsPane).show(st.vitals, status=status, note=_short(note, 90), now=now)
+        elif name == "gpu":
+            app.query_one(GpuPane).show(st.gpu, server_pids=st.server_pids(), xids=list(st.xids),
+                                        last_good=st.gpu_last_good, now=now)  # fmt: skip
+        elif name == "procs":
+            app.query_one(ProcsPane).show(st.procs, now=now, last_good=st.procs_last_good)
+
+    # -- status line ------------------------------------------------------------------------
+
+    def status_sources(self) -> list[tuple[str, str, str]]:
+        """(label, state, detail) for each live source."""
+        return [(label, s.state, "" if s.ok else source_detail(s)) for label, s in self.state.sources()]
+
+
+def _discoverer() -> Callable[[], Any]:
+    from radixtop.probes.discovery import discover
+
+    return discover
+
+
+async def _nothing() -> Any:
+    from radixtop.probes.discovery import Discovery
+
+    return Discovery()

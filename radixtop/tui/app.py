@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
+import inspect
 import threading
 import time
 import traceback
@@ -53,6 +55,7 @@ BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
 STATUS_INTERVAL = 0.25  # the status line's counters are redrawn at most this often
 BACKLOG_LINES = 5_000  # lines before each file's end shown at start (a screenful plus scrollback)
 INITIAL_WAIT = 0.5  # seconds the first frame waits for that backlog, at most
+GC_YOUNG_THRESHOLD = 10_000  # new objects between young collections (Python's default: 700)
 _MAX_WORKER_RESTARTS = 5
 _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
 
@@ -86,6 +89,18 @@ def guarded(what: str) -> Callable:
     """Turn an exception in a handler into a notice in the log pane instead of a dead app."""
 
     def decorate(method: Callable) -> Callable:
+        if inspect.iscoroutinefunction(method):
+
+            @functools.wraps(method)
+            async def async_wrapper(self: RadixtopApp, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await method(self, *args, **kwargs)
+                except Exception as exc:
+                    self.report_failure(what, exc)
+                    return None
+
+            return async_wrapper
+
         @functools.wraps(method)
         def wrapper(self: RadixtopApp, *args: Any, **kwargs: Any) -> Any:
             try:
@@ -183,10 +198,12 @@ class RadixtopApp(App[int]):
                 yield Static("Findings", id="findings-title")
                 yield FindingsList(id="findings")
         with Horizontal(id="prompt-bar"):
-            yield Label("/", id="prompt-label")
-            yield Input(id="prompt", compact=True)
-        yield StatusLine(id="status")
-        yield Footer(compact=True)
+            yield Label("/", id="prompt-label")  # the Input joins it on first use: start-up time
+        # In a container of their own: Textual redraws every widget whose parent's area meets the
+        # changed rows, and the screen's area meets every frame of the log pane.
+        with Vertical(id="bottom"):
+            yield StatusLine(id="status")
+            yield Footer(compact=True)
 
     @property
     def log_view(self) -> LogView:
@@ -227,6 +244,19 @@ class RadixtopApp(App[int]):
         self.set_interval(1.0, self._poll_health)
         self.set_interval(AFTER_WAIT / 2, self._flush_findings)
         self._tick(force=True)
+        self.call_after_refresh(self._freeze_startup_objects)
+
+    def _freeze_startup_objects(self) -> None:
+        """What start-up built (Textual's modules, styles and widgets: some 70,000 objects) lives
+        as long as the app: move it out of the cyclic GC's sight. Each full collection walked it
+        all, 100+ ms here, and while lines stream in, the many small objects of each frame bring
+        one every few seconds. With that, and young collections every 10,000 new objects instead
+        of 700, the collector went from a quarter of the UI thread's CPU at 50,000 lines/s to
+        under a tenth (measured; benchmarks/README.md, "On screen")."""
+        gc.collect()
+        gc.freeze()
+        _, older, oldest = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
     # -- reading the logs --------------------------------------------------------------------------
 
@@ -401,10 +431,10 @@ class RadixtopApp(App[int]):
         now = time.monotonic()
         drew = False
         if state.version != self._drawn_version:
-            # Reading a backlog moves tens of thousands of lines per frame: nobody reads those
-            # frames, and drawing them takes the reader's CPU. Draw a few.
-            bulk = state.total_lines - self._drawn_lines > BULK_LINES_PER_FRAME
-            if force or not bulk or now - self._drawn_at >= BULK_INTERVAL:
+            # Frames are paced (see _frame_interval), also for this timer's calls: a frame in
+            # between the consumer's would cost as much as theirs and show little more. Reading
+            # a backlog moves tens of thousands of lines per frame: nobody reads those frames.
+            if force or now - self._drawn_at >= self._frame_interval():
                 self._drawn_version, self._drawn_lines, self._drawn_at = state.version, state.total_lines, now
                 self.log_view.refresh_view()
                 self._show_findings(now, force)
@@ -530,11 +560,16 @@ class RadixtopApp(App[int]):
 
     # search and filter share one prompt line
     @guarded("prompt")
-    def action_prompt(self, mode: str) -> None:
+    async def action_prompt(self, mode: str) -> None:
         self._prompt_mode = mode
         bar = self.query_one("#prompt-bar")
         label = self.query_one("#prompt-label", Label)
-        prompt = self.query_one("#prompt", Input)
+        found = bar.query("#prompt")
+        if found:
+            prompt = found.first(Input)
+        else:
+            prompt = Input(id="prompt", compact=True)
+            await bar.mount(prompt)
         label.update("Search /" if mode == "search" else "Filter &")
         prompt.placeholder = (
             "text to find (Enter; Esc cancels; n/N next/previous)"
@@ -590,7 +625,7 @@ class RadixtopApp(App[int]):
     def action_search(self, forward: bool) -> None:
         state, view = self.state, self.log_view
         if not state.search_text:
-            self.action_prompt("search")
+            self.run_worker(self.action_prompt("search"), group="prompt")
             return
         row = state.find_search(view.reference_row(forward), forward)
         if row is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from itertools import pairwise
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
@@ -130,7 +130,9 @@ class LogView(ScrollView, can_focus=True):
         self.state = state
         self.follow = True  # keep the newest line in view
         self.cursor_seq: int | None = None  # the line a jump landed on (highlighted)
-        self._cache: LRUCache[int, list[tuple[str, Style | None]]] = LRUCache(2048)  # segments by seq
+        # Segments by seq: a few screens of them, for scrolling back and forth (a flood renders
+        # each row once; a big cache there would only give the GC more to walk).
+        self._cache: LRUCache[int, list[tuple[str, Style | None]]] = LRUCache(512)
         self._rows: dict[int, Strip] = {}  # finished rows by seq, for _rows_key
         self._rows_key: tuple = ()  # (scroll_x, width, base style) the finished rows are for
         self._combined: dict[Style | None, Style] = {}  # segment style -> base + it
@@ -141,7 +143,8 @@ class LogView(ScrollView, can_focus=True):
         self._src_width = 0  # width of the source column (0: one source, no column)
         self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
         self._render_failures = 0
-        self._frame: tuple[Offset, int, int] | None = None  # (scroll offset, width, height) in a frame
+        # (scroll offset, width, height, line filters, background) while a frame renders
+        self._frame: tuple[Offset, int, int, tuple, Any] | None = None
 
     # -- styles and cache --------------------------------------------------------------------------
 
@@ -317,22 +320,14 @@ class LogView(ScrollView, can_focus=True):
         # The scroll offset and size, once per frame: looking them up costs as much as a row.
         size = self.size
         width = size.width
-        self._frame = (self.scroll_offset, width, size.height)
+        self._frame = (self.scroll_offset, width, size.height, tuple(self.get_line_filters()), self.background_colors[1])
         try:
             if not self._plain_box():
-                return super().render_lines(crop)
-            # Textual's per-line pass (borders, padding, tint, opacity) has nothing to do for this
-            # widget, yet it copied every row twice per frame: our rows are final (exactly `width`
-            # cells, the widget's colours), so only the app's line filters (NO_COLOR, ...) apply,
-            # and a row kept from the last frame keeps its filtered copy too.
-            filters = self.get_line_filters()
-            background = self.background_colors[1]
-            strips = []
-            for y in crop.line_range:
-                strip = self.render_line(y)
-                for line_filter in filters:
-                    strip = strip.apply_filter(line_filter, background)
-                strips.append(strip)
+                return super().render_lines(crop)  # (its filters again: they are idempotent)
+            # Textual's per-line pass (borders, padding, tint, opacity, line filters) has nothing
+            # left to do for this widget, yet it copied every row twice per frame: our rows are
+            # final (exactly `width` cells, the widget's colours, the filters applied per style).
+            strips = [self.render_line(y) for y in crop.line_range]
             x1, x2 = crop.column_span
             if (x1, x2) != (0, width):
                 strips = [strip.crop(x1, x2) for strip in strips]
@@ -359,20 +354,20 @@ class LogView(ScrollView, can_focus=True):
         frame = self._frame
         if frame is None:
             size = self.size
-            frame = (self.scroll_offset, size.width, size.height)
-        (scroll_x, scroll_y), width, height = frame
+            frame = (self.scroll_offset, size.width, size.height, tuple(self.get_line_filters()), self.background_colors[1])
+        (scroll_x, scroll_y), width, height, filters, background = frame
         base = self._base_style
         if base is None:
             # Widget.rich_style walks the ancestors each time: once per style change is enough.
             base = self._base_style = self.rich_style
-        seq = self.state.view_seq(scroll_y + y)
-        if seq is None:
-            return Strip.blank(width, base)
-        key = (scroll_x, width, base)
+        key = (scroll_x, width, base, filters, background)
         if key != self._rows_key:
             self._rows_key = key
             self._rows.clear()
             self._combined.clear()
+        seq = self.state.view_seq(scroll_y + y)
+        if seq is None:
+            return Strip.blank(width, self._styled(None, base, self._combined))
         cursor = seq == self.cursor_seq
         if not cursor:
             strip = self._rows.get(seq)
@@ -382,7 +377,7 @@ class LogView(ScrollView, can_focus=True):
         if segments is None:
             entry = self.state.entry(seq)
             if entry is None:
-                return Strip.blank(width, base)
+                return Strip.blank(width, self._styled(None, base, self._combined))
             try:
                 segments = self._render_entry(entry)
             except Exception as exc:  # a line we cannot style is still shown, plainly
@@ -400,35 +395,60 @@ class LogView(ScrollView, can_focus=True):
         rows[seq] = strip
         return strip
 
-    @staticmethod
+    def _styled(self, style: Style | None, base: Style, combined: dict) -> Style:
+        """base + style, through the app's line filters (NO_COLOR's monochrome, ANSI colours to
+        true colour): they map each segment's style on its own, so once per style is enough
+        instead of a filtered copy of every row."""
+        out = combined.get(style)
+        if out is None:
+            out = base if style is None else base + style
+            frame = self._frame
+            filters, background = (frame[3], frame[4]) if frame else (self.get_line_filters(), self.background_colors[1])
+            for line_filter in filters:
+                out = line_filter.apply([Segment(" ", out)], background)[0].style or out
+            combined[style] = out
+        return out
+
     def _row(
-        segments: list[tuple[str, Style | None]], scroll_x: int, width: int, base: Style, combined: dict
+        self, segments: list[tuple[str, Style | None]], scroll_x: int, width: int, base: Style, combined: dict
     ) -> Strip:
         """One row as one Strip of exactly `width` cells, its styles on top of `base`."""
 
         def styled(style: Style | None) -> Style:
             out = combined.get(style)
-            if out is None:
-                out = combined[style] = base if style is None else base + style
-            return out
+            return out if out is not None else self._styled(style, base, combined)
 
         if scroll_x == 0 and all(text.isascii() for text, _ in segments):
             # The usual case, done directly: ASCII (control characters are already replaced) is
             # one cell per character, so cutting and padding are plain slicing.
-            out = []
+            # Neighbours of the same style become one segment (the marker and the blank after
+            # it, the time and the rank, the message and the padding): fewer segments for Textual
+            # to divide, filter and turn into escape codes every frame.
+            texts: list[str] = []
+            styles: list[Style] = []
             room = width
             for text, style in segments:
                 if room <= 0:
                     break
                 if len(text) > room:
                     text = text[:room]
-                out.append(Segment(text, styled(style)))
                 room -= len(text)
+                final = styled(style)
+                if styles and styles[-1] is final:
+                    texts[-1] += text
+                else:
+                    texts.append(text)
+                    styles.append(final)
             if room > 0:
-                out.append(Segment(" " * room, base))
-            return Strip(out, width)
+                pad = styled(None)
+                if styles and styles[-1] is pad:
+                    texts[-1] += " " * room
+                else:
+                    texts.append(" " * room)
+                    styles.append(pad)
+            return Strip(list(map(Segment, texts, styles)), width)
         strip = Strip([Segment(text, styled(style)) for text, style in segments])
-        return strip.crop_extend(scroll_x, scroll_x + width, base)
+        return strip.crop_extend(scroll_x, scroll_x + width, styled(None))
 
     def _render_entry(self, entry: LogEntry) -> list[tuple[str, Style | None]]:
         style = self._style

@@ -36,6 +36,8 @@ def test_choose_prefers_sglang_that_answers() -> None:
     assert choose([sim, vllm]) is vllm
     assert choose([sim, sgl], "http://127.0.0.1:1/") is sim
     assert choose([sim], "http://127.0.0.1:9") is None
+    logged = FoundServer(5, "sim", ("python",), 9.0, url="http://127.0.0.1:5", log_path="/tmp/demo/sim.log")
+    assert choose([sgl, logged], logs=["/tmp/demo/../demo/sim.log"]) is logged, "the server writing the given log"
 
 
 async def test_resolve_with_nothing_found_says_what_to_do() -> None:

@@ -257,9 +257,15 @@ def test_board_rates_freeze_and_disagreement() -> None:
     board.add(RadixSample("u0", SourceState("down", "connection refused", 103.0), 103.0))
     assert view.snapshot is s1 and view.status.state == "down", "a down rank keeps its last snapshot"
     assert board.disagreement() is None
-    board.add(RadixSample("u1", ok, 102.0, rank=1, snapshot=make_snapshot(rank=1, digest="fedcba9876543210")))
-    assert "ranks disagree" in board.disagreement()
+    board.add(RadixSample("u0", ok, 104.0, rank=0, snapshot=make_snapshot(rank=0, seq=3)))
+    other = "fedcba9876543210"
+    board.add(RadixSample("u1", ok, 104.0, rank=1, snapshot=make_snapshot(rank=1, digest=other)))
+    assert board.disagreement() is None, "one snapshot of rank 1: its tree may still be moving"
+    board.add(RadixSample("u1", ok, 106.0, rank=1, snapshot=make_snapshot(rank=1, seq=2, digest=other)))
+    assert "ranks disagree: tree digests r0=01234567 r1=fedcba98" in board.disagreement()
     assert board.disagreement(rank_groups(1)) is None, "different DP groups may hold different trees"
+    board.add(RadixSample("u1", ok, 108.0, rank=1, snapshot=make_snapshot(rank=1, seq=3, digest="00000000000000aa")))
+    assert board.disagreement() is None, "a tree that is changing is not compared"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -101,3 +101,13 @@ def test_latest_only_parses_the_last_line_of_each_kind() -> None:
     assert ("retracted", 4.0) in {(o.key, o.value) for o in obs}
     times = [o.time for o in obs]
     assert times == sorted(times)
+
+
+def test_short_gaps_are_filled_but_nothing_after_the_last_value() -> None:
+    s = Series("last")
+    for t in (100.0, 102.0, 104.0, 120.0):
+        s.add(t, t - 100, "metrics")
+    got = s.window(124.0, 25, fill_s=6.0)
+    assert got[:5] == [0.0, 0.0, 2.0, 2.0, 4.0], "a 2 s poll does not leave holes"
+    assert got[5:20] == [None] * 15, "a 16 s silence stays a gap"
+    assert got[20] == 20.0 and got[21:] == [None] * 4, "nothing is invented after the last value"

@@ -56,7 +56,8 @@ def board_two_ranks() -> RadixBoard:
                                                                   evictions=8, evicted_tokens=128))  # fmt: skip
     board.add(sample("http://127.0.0.1:1", s0, t=T0 - 2))
     board.add(sample("http://127.0.0.1:1", s0b, events=[anomaly]))
-    board.add(sample("http://127.0.0.1:2", make_snapshot(rank=1, when=T0, digest="fedcba9876543210")))
+    board.add(sample("http://127.0.0.1:2", make_snapshot(rank=1, when=T0 - 2, digest="fedcba9876543210")))
+    board.add(sample("http://127.0.0.1:2", make_snapshot(rank=1, when=T0, seq=2, digest="fedcba9876543210")))
     return board
 
 

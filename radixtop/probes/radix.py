@@ -545,6 +545,8 @@ class RankView:
     restarts: int = 0
     events_dropped: int = 0
     _prev: tuple[float, str, int, int] | None = None  # (snapshot time, instance, evictions, evicted tokens)
+    digest: str = ""  # the latest complete census's digest ...
+    digest_steady: bool = False  # ... and whether the snapshot before had the same one (a tree at rest)
 
     @property
     def label(self) -> str:
@@ -577,6 +579,11 @@ class RadixBoard:
         if snap is not None:
             if not sample.unchanged or view.snapshot is None:
                 self._rates(view, snap)
+                census = snap.census
+                digest = census.digest if census is not None and census.complete else ""
+                view.digest_steady = bool(digest) and digest == view.digest and (
+                    view.snapshot is None or view.snapshot.seq != snap.seq)
+                view.digest = digest
                 if view.snapshot is not snap:
                     discard(view.snapshot)
                     discard(view.index)
@@ -603,15 +610,14 @@ class RadixBoard:
 
     def disagreement(self, groups: Callable[[int], int] | None = None) -> str | None:
         """A line when ranks that should hold the same tree (TP ranks of one DP group) report
-        different census digests; None when they agree or cannot be compared."""
+        different census digests while their trees are at rest (each digest the same in its last
+        two snapshots: ranks snapshot at different moments, so a changing tree always differs);
+        None when they agree or cannot be compared."""
         by_group: dict[int, list[tuple[int, str]]] = {}
         for v in self.ordered():
-            snap = v.snapshot
-            if v.rank is None or snap is None or snap.census is None or not snap.census.complete:
+            if v.rank is None or not v.digest or not v.digest_steady or not v.status.ok:
                 continue
-            if not snap.census.digest:
-                continue
-            by_group.setdefault(groups(v.rank) if groups else 0, []).append((v.rank, snap.census.digest))
+            by_group.setdefault(groups(v.rank) if groups else 0, []).append((v.rank, v.digest))
         for members in by_group.values():
             digests = {d for _, d in members}
             if len(digests) > 1:

@@ -87,9 +87,11 @@ class Series:
     def last(self) -> float | None:
         return self.points[-1][1] if self.points else None
 
-    def window(self, end: float, columns: int, seconds_per_column: int = 1) -> list[float | None]:
+    def window(self, end: float, columns: int, seconds_per_column: int = 1, fill_s: float = 0.0) -> list[float | None]:
         """Values for `columns` columns ending at `end` (one column per seconds_per_column);
-        None where nothing was recorded. A column shows its last value (or the max)."""
+        None where nothing was recorded. A column shows its last value (or the max). Gaps between
+        two recorded columns up to fill_s seconds long carry the value before them (a source polled
+        every 2 s leaves every other second empty); nothing is invented after the last value."""
         out: list[float | None] = [None] * columns
         if columns <= 0 or not self.points:
             return out
@@ -105,6 +107,16 @@ class Series:
                     out[col] = value  # walking backwards: the first seen is the column's last
                 elif self.how == "max":
                     out[col] = max(out[col], value)  # type: ignore[type-var]
+        if fill_s > 0:
+            limit = int(fill_s // step)
+            last_i: int | None = None
+            for i, v in enumerate(out):
+                if v is None:
+                    continue
+                if last_i is not None and 1 < i - last_i <= limit + 1:
+                    for j in range(last_i + 1, i):
+                        out[j] = out[last_i]
+                last_i = i
         return out
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -55,15 +57,21 @@ class Targets:
 _PREFERENCE = {"sglang": 0, "vllm": 1, "sim": 2}
 
 
-def choose(found: Sequence[FoundServer], url: str | None = None) -> FoundServer | None:
-    """The server to watch: the one at `url` when given, else SGLang before vLLM before the
-    simulator, one that answers before one that does not, the oldest first."""
+def choose(found: Sequence[FoundServer], url: str | None = None, logs: Sequence[str] = ()) -> FoundServer | None:
+    """The server to watch: the one at `url` when given; else the one writing a log given with
+    --log (`radixtop demo` finds its own simulator so, whatever else runs on the node); else SGLang
+    before vLLM before the simulator, one that answers before one that does not, the oldest first."""
     if url is not None:
         port = url.rstrip("/").rsplit(":", 1)[-1]
         for s in found:
             if s.url == url.rstrip("/") or (s.url and s.url.rsplit(":", 1)[-1] == port):
                 return s
         return None
+    if logs:
+        wanted = {os.path.realpath(p) for pattern in logs for p in (glob.glob(pattern) or [pattern])}
+        for s in found:
+            if s.log_path and os.path.realpath(s.log_path) in wanted:
+                return s
     ranked = sorted(found, key=lambda s: (s.url is None, _PREFERENCE.get(s.kind, 9), s.started))
     return ranked[0] if ranked else None
 
@@ -83,7 +91,7 @@ async def resolve_targets(
         pinned_instruments=bool(instruments),
     )
     found = await discover_fn()
-    chosen = choose(found.servers, targets.url)
+    chosen = choose(found.servers, targets.url, targets.logs)
     if chosen is not None:
         targets.pid = chosen.pid
         targets.kind = "sglang" if chosen.kind == "sim" else chosen.kind
@@ -302,7 +310,7 @@ class LiveSources:
     async def rediscover(self) -> None:
         """Find the server again (a new pid after a restart; a server that appeared later)."""
         found = await self.discover_fn()
-        chosen = choose(found.servers, self.targets.url)
+        chosen = choose(found.servers, self.targets.url, self.targets.logs)
         if chosen is None:
             return
         if chosen.pid != self.targets.pid:

@@ -45,7 +45,7 @@ class LiveOptions:
 
     url: str | None = None
     instruments: tuple[str, ...] = ()
-    logs_given: bool = False
+    logs: tuple[str, ...] = ()  # --log patterns: the server writing one of them is the one watched
     gpu: bool = True
     discover: bool = True  # False: no discovery at all (tests, or a --url that is elsewhere)
 
@@ -103,21 +103,21 @@ class Panes:
         """Resolve what to watch, then poll it until cancelled (the app runs this in a worker)."""
         opts = self.options
         if opts.discover:
-            targets = await resolve_targets(url=opts.url, instruments=opts.instruments)
+            targets = await resolve_targets(url=opts.url, logs=opts.logs, instruments=opts.instruments)
         else:
             targets = Targets(url=opts.url, instruments=list(opts.instruments), pinned_url=bool(opts.url),
                               pinned_instruments=bool(opts.instruments))  # fmt: skip
         self.targets = targets
         if targets.lines:
             self.add_lines(targets.lines)
-        if not opts.logs_given and targets.logs:
+        if not opts.logs and targets.logs:
             self.follow_log(targets.logs)
         if targets.kind == "vllm":
             self.state.kind = "vllm"
 
         def attached(found: Any) -> None:
             self.add_lines([f"attached to {found.name} pid {found.pid}" + (f" at {found.url}" if found.url else "")])
-            if not self.options.logs_given and found.log_path and not getattr(self.app, "log_patterns", None):
+            if not self.options.logs and found.log_path and not getattr(self.app, "log_patterns", None):
                 self.follow_log([found.log_path])
 
         self.sources = LiveSources(
@@ -149,15 +149,16 @@ class Panes:
             self.state.version += 1
 
     def note_report(self, report: Any, title_of: Callable[[str], str]) -> None:
-        """Mark the first signature's moment on every plot (once per signature that is first)."""
-        if report is None or not report.findings:
+        """Mark the initiating failure's moment (the earliest warning-or-worse signature) on every plot."""
+        initiating = getattr(report, "initiating", None) if report is not None else None
+        if initiating is None:
             return
-        first = min(report.findings, key=lambda f: (f.first.epoch is None, f.first.epoch or 0))
-        key = f"{first.signature.id}@{first.first.epoch}"
-        if key != self._marked and first.first.epoch is not None:
+        sig_id, occ = initiating
+        key = f"{sig_id}@{occ.epoch}"
+        if key != self._marked and occ.epoch is not None:
             self._marked = key
-            rank = f"{first.first.rank} " if first.first.rank else ""
-            self.state.mark(first.first.epoch, f"{rank}{title_of(first.signature.id)}")
+            rank = f"{occ.rank} " if occ.rank else ""
+            self.state.mark(occ.epoch, f"{rank}{title_of(sig_id)}")
 
     # -- layout and keys --------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None
     now = time.time() if now is None else now
     out = Text()
     if sample is None:
-        out.append("no server process to watch (none discovered; --url alone does not name a pid)", style="italic")
+        out.append("no server process found on this node to watch (see the log pane for what discovery found)", style="italic")
         return out
     if not sample.status.ok:
         style = "bold red" if sample.status.state in ("down", "error") else "bold yellow"

@@ -24,6 +24,7 @@ from radixtop.widgets.fmt import clock, count, percent, size, sparkline
 LABEL_WIDTH = 15
 VALUE_WIDTH = 16
 MAX_STEP = 120
+FILL_S = 6.0  # gaps this short between two values are drawn at the earlier value (polls are 2 s apart)
 _SOURCE = {"metrics": "/metrics", "log": "log", "radix": "endpoint", "nvml": "NVML"}
 
 
@@ -87,7 +88,7 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
         out.append(f"{'':<{LABEL_WIDTH}} no signature yet; ▼ will mark the first\n", style="dim")
     for spec in SPECS:
         series = vitals.series[spec.key]
-        values = series.window(end, columns, step)
+        values = series.window(end, columns, step, fill_s=FILL_S)
         lo, hi = (0.0, 1.0) if spec.unit == "ratio" else (0.0, None)
         if hi is None:
             present = [v for v in values if v is not None]

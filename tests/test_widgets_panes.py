@@ -277,3 +277,16 @@ def _shot(which: str, show):
 def test_pane_screenshots(snap_compare, which, show) -> None:
     app, before = _shot(which, show)
     assert snap_compare(app, terminal_size=(100, 24), run_before=before)
+
+
+async def test_short_evictions_are_summarised_not_listed() -> None:
+    board = RadixBoard()
+    events = [Event(i, T0 - 10 + i, "evict_short", tokens=0, requested=16, message=f"freed 0 of 16 ({i})") for i in range(1, 6)]
+    board.add(sample("u", make_snapshot(events_seq=5), events=events))
+    app = PaneApp("radix")
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.query_one(RadixPane).show(board, now=T0)
+        await pilot.pause()
+        summary = _plain(app, "#radix-summary")
+    assert "~ 22:13:15 eviction came up short while pages were locked (5 seen): freed 0 of 16 (5)" in summary
+    assert "! " not in summary

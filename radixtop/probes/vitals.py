@@ -238,7 +238,8 @@ _VLLM_STATS = re.compile(
 def log_observations(texts: Iterable[str], now: float | None = None, *, latest_only: bool = False) -> list[Observation]:
     """Observations from a batch of log lines. Lines are tested with substring checks first: only
     batch, retract and vLLM stats lines are parsed. With latest_only, only the last prefill, decode
-    and vLLM stats line of the batch are parsed (a series keeps one value a second anyway)."""
+    and vLLM stats line of each second are parsed (a series keeps one value a second anyway), so
+    a backlog of thousands of lines still gives a point a second."""
     out: list[Observation] = []
     fallback = time.time() if now is None else now
     seen: set[str] = set()
@@ -247,10 +248,13 @@ def log_observations(texts: Iterable[str], now: float | None = None, *, latest_o
     for text in texts:
         if "batch" in text:
             kind = "Prefill batch" if "Prefill batch" in text else ("Decode batch" if "Decode batch" in text else None)
-            if kind is None or kind in seen:
+            if kind is None:
                 continue
-            if latest_only:
-                seen.add(kind)
+            if latest_only:  # the last line of each kind in each second (the stamp's text is enough)
+                key = kind + text[:21]
+                if key in seen:
+                    continue
+                seen.add(key)
             line = parse_line(text)
             b = line.batch
             if b is None:
@@ -271,11 +275,11 @@ def log_observations(texts: Iterable[str], now: float | None = None, *, latest_o
             if m is not None:
                 line = parse_line(text)
                 out.append(Observation(line.epoch or fallback, "retracted", float(m.group(1)), line.rank))
-        elif "KV cache usage" in text and "vllm" not in seen:
+        elif "KV cache usage" in text and ("vllm" + text[:24]) not in seen:
             m = _VLLM_STATS.search(text)
             if m is not None:
                 if latest_only:
-                    seen.add("vllm")
+                    seen.add("vllm" + text[:24])
                 line = parse_line(text)
                 t = line.epoch or fallback
                 out.append(Observation(t, "running", float(m.group(1)), line.rank))

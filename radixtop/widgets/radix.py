@@ -47,6 +47,10 @@ NO_ENDPOINT = (
 )
 
 
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def lock_histogram(hist: dict[int, int]) -> list[tuple[str, int]]:
     return [(label, sum(v for k, v in hist.items() if lo <= k <= hi)) for label, lo, hi in _LOCK_BUCKETS]
 
@@ -445,11 +449,19 @@ class RadixPane(Vertical):
                 out.append(count(n), style=style or None)
             done = "" if census.complete else " (partial census)"
             out.append(f"  nodes, census {age(census.age_s)} old{done}\n", style="dim")
-        anomalies = [a for a in board.anomalies if a.rank == view.rank or view.rank is None][-3:]
-        for a in reversed(anomalies):
+        width = max(40, (self.size.width or 80) - 2)
+        mine = [a for a in board.anomalies if a.rank == view.rank or view.rank is None]
+        serious = [a for a in mine if a.kind != "evict_short"][-3:]
+        for a in reversed(serious):
             where = f" node {a.node_id}" if a.node_id is not None else ""
             lr = f" lock_ref {a.lock_ref}" if a.lock_ref is not None else ""
-            out.append(f"! {clock(a.time)} rank {a.rank} {a.kind}{where}{lr} {a.message}".rstrip() + "\n", style="bold red")
+            line = f"! {clock(a.time)} rank {a.rank} {a.kind}{where}{lr} {a.message}".rstrip()
+            out.append(_fit(line, width) + "\n", style="bold red")
+        short = [a for a in mine if a.kind == "evict_short"]
+        if short:
+            last = short[-1]
+            line = f"~ {clock(last.time)} eviction came up short while pages were locked ({len(short)} seen): {last.message}"
+            out.append(_fit(line, width) + "\n", style="yellow")
         disagree = board.disagreement(self._groups)
         if disagree:
             out.append(disagree + "\n", style="bold yellow")

@@ -452,3 +452,40 @@ def test_a_bad_signature_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pyt
     assert main(["--signatures", str(bad), "--log", str(tmp_path / "x.log")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("radixtop: ") and str(bad) in err and "\n" not in err
+
+
+def cells(strip) -> list[tuple[str, object]]:
+    return [(ch, seg.style) for seg in strip for ch in seg.text]
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+async def test_rows_drawn_directly_match_textuals_own_line_rendering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_color: bool
+) -> None:
+    """The log pane builds its rows itself (one Strip per row, filters applied per style); cell for
+    cell they must be what Textual's generic per-line pass makes of the same rows."""
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    a, b = tmp_path / "rank0" / "server.log", tmp_path / "rank1" / "server.log"
+    a.parent.mkdir()
+    b.parent.mkdir()
+    append(a, *(decode(i) for i in range(30)), SEED, "\tTraceback (most recent call last): \x07 bell", "unicode 日本語 line")
+    append(b, SIGQUIT, RETRACT, "x" * 300)
+    app = RadixtopApp(log_patterns=[str(a), str(b)], from_start=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 36, "both files")
+        await pilot.press("slash", *"TP0", "enter")  # search highlights too
+        await pilot.pause(0.1)
+        view = app.log_view
+        for scroll in (0, 40):  # and scrolled right, past the start of the long lines
+            view.scroll_to(x=scroll, animate=False, immediate=True)
+            await pilot.pause(0.05)
+            region = Region(0, 0, view.size.width, view.size.height)
+            ours = view.render_lines(region)
+            view._styles_cache.clear()
+            textuals = Widget.render_lines(view, region)
+            assert [s.text for s in ours] == [s.text for s in textuals]
+            assert [cells(s) for s in ours] == [cells(s) for s in textuals]

@@ -67,8 +67,9 @@ def no_log_message() -> list[str]:
         "",
         "Point it at your server's log:",
         "    radixtop --log /path/to/server.log",
-        "Repeat --log for each rank; globs work; --from-start",
-        "reads the files from their first line:",
+        "It opens at each file's last lines and finds what",
+        "happened before them. Repeat --log for each rank;",
+        "globs work; --from-start keeps more lines in view:",
         "    radixtop --log '/var/log/sglang/*.log' --from-start",
         "",
     ]

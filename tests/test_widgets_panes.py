@@ -230,7 +230,7 @@ def test_vitals_zoom_out_keeps_the_incident() -> None:
     v.feed_metrics(ServerMetrics("sglang", {"token_usage": 0.3}), T0 + 3000)
     text = render_vitals(v, width=100, now=T0 + 3000).plain
     assert "▼" in text.splitlines()[0], "the window widens to keep the first signature on screen"
-    assert "47 s per column" in text
+    assert "49 s per column" in text
 
 
 async def test_panes_survive_a_tiny_terminal() -> None:
@@ -290,3 +290,12 @@ async def test_short_evictions_are_summarised_not_listed() -> None:
         summary = _plain(app, "#radix-summary")
     assert "~ 22:13:15 eviction came up short while pages were locked (5 seen): freed 0 of 16 (5)" in summary
     assert "! " not in summary
+
+
+def test_vitals_of_an_old_log_end_at_its_last_value() -> None:
+    v = Vitals()
+    v.feed_log([Observation(T0 - 30 + i, "token_usage", i / 30) for i in range(30)])
+    text = render_vitals(v, width=100, now=T0 + 86_400).plain
+    usage = next(line for line in text.splitlines() if line.startswith("token usage"))
+    assert "█" in usage, "the values are drawn, not pushed a day off the left edge"
+    assert "ends at the last value, 22:13:20" in text

@@ -22,8 +22,9 @@ from radixtop.probes.vitals import SPECS, SeriesSpec, Vitals
 from radixtop.widgets.fmt import clock, count, percent, size, sparkline
 
 LABEL_WIDTH = 15
-VALUE_WIDTH = 16
+VALUE_WIDTH = 18
 MAX_STEP = 120
+STALE_S = 60.0  # no value for this long: the window ends at the newest value instead of now
 FILL_S = 6.0  # gaps this short between two values are drawn at the earlier value (polls are 2 s apart)
 _SOURCE = {"metrics": "/metrics", "log": "log", "radix": "endpoint", "nvml": "NVML"}
 
@@ -57,11 +58,20 @@ def _value(spec: SeriesSpec, value: float | None, vitals: Vitals) -> str:
     return count(round(value, 1))
 
 
+def window_end(vitals: Vitals, now: float) -> float:
+    """Now, while values come in; else just after the newest value (a log read after the fact, a
+    server long gone), so the plots show what there is instead of an empty stretch up to now."""
+    newest = max((s.points[-1][0] for s in vitals.series.values() if s.points), default=None)
+    if newest is None or now - newest <= STALE_S:
+        return now
+    return newest + 1
+
+
 def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None) -> Text:
     now = time.time() if now is None else now
     columns = max(8, width - LABEL_WIDTH - VALUE_WIDTH - 2)
-    step = seconds_per_column(vitals, now, columns)
-    end = now
+    end = window_end(vitals, now)
+    step = seconds_per_column(vitals, end, columns)
     start = int(end) - (int(end) % step) - (columns - 1) * step
     mark = vitals.first_mark
     mark_col = None
@@ -102,13 +112,14 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
         else:
             out.append(line, style="cyan")
         value = _value(spec, series.last, vitals)
-        stale = series.updated < now - max(10.0, 5 * step)
+        stale = series.updated < end - max(10.0, 5 * step)
         src = _SOURCE.get(series.source, "")
         tail = f" {value}" + (f" {src}" if src else "")
         out.append(f"{tail[:VALUE_WIDTH]:<{VALUE_WIDTH}}", style="dim" if stale or math.isinf(series.updated) else "bold")
         out.append("\n")
     span = columns * step
-    out.append(f"{'':<{LABEL_WIDTH}} ← {span // 60} min {span % 60} s · {step} s per column · now {clock(now)}", style="dim")
+    ends = f"now {clock(now)}" if end == now else f"ends at the last value, {clock(end)}"
+    out.append(f"{'':<{LABEL_WIDTH}} ← {span // 60} min {span % 60} s · {step} s per column · {ends}", style="dim")
     return out
 
 

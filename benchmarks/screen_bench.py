@@ -12,6 +12,8 @@ Two measurements, each tool run in its own tmux server (`tmux -L`), the screen r
    opens files; tail -f, which prints the last 10 lines. The log is generated once under
    benchmarks/data/ (git-ignored) and read once before timing, so the page cache is warm.
    Target for radixtop: 0.8 s.
+   start-up: the same with a one-line file, with a minimal Textual app (one Static showing the
+   file) as a peer: the floor any Textual UI starts from on this machine.
 2. live: the tool follows a small file while a thread of this script appends SGLang lines at
    --rate lines/s (default 50,000) for --seconds, each carrying a sequence number and a
    timestamp. Each poll of the screen finds the newest sequence number on it; its on-screen lag
@@ -129,8 +131,11 @@ class Tmux:
         # exec: the tool itself is the pane's process, so psutil measures it and not a shell.
         line = "exec " + " ".join(shlex.quote(part) for part in self.command)
         t0 = time.monotonic()
+        # A neutral working directory: `python -m` puts it first on sys.path, and PYTHONPATH must
+        # decide which radixtop runs (this tree, or --baseline's).
         subprocess.run(
-            ["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "bench", "-x", str(WIDTH), "-y", str(HEIGHT), line],
+            ["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "bench", "-c", str(DATA / "home"),
+             "-x", str(WIDTH), "-y", str(HEIGHT), line],
             check=True,
             env=self.env,
             timeout=10,
@@ -180,6 +185,23 @@ def environment() -> dict[str, str]:
 
 
 # -- 1. open ---------------------------------------------------------------------------------------
+
+# The smallest Textual app that shows a file: what starting Textual costs here, whatever the app.
+MINIMAL_TEXTUAL_APP = (
+    "import sys\n"
+    "from textual.app import App\n"
+    "from textual.widgets import Static\n"
+    "class Show(App):\n"
+    "    def compose(self):\n"
+    "        yield Static(open(sys.argv[1], encoding='utf-8').read())\n"
+    "Show().run()\n"
+)
+
+
+def one_line_log() -> Path:
+    path = DATA / "startup-1line.log"
+    path.write_text(f"[2026-12-02 23:59:59.999 TP0] {LAST_MARKER} the only line\n", encoding="utf-8")
+    return path
 
 
 def time_to_last_line(command: list[str], path: Path, timeout: float) -> float | None:
@@ -323,7 +345,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to append")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 round, 5 s of appending (shared machine)")
-    parser.add_argument("--only", choices=["open", "live"], default=None)
+    parser.add_argument("--only", choices=["open", "startup", "live"], default=None)
     parser.add_argument("--tools", default="radixtop,baseline,lnav,tail -f", help="comma-separated subset to run")
     parser.add_argument("--baseline", metavar="DIR", help="an earlier radixtop tree to run beside this one")
     args = parser.parse_args()
@@ -350,6 +372,19 @@ def main() -> int:
         print(f"\n1. open: {path.name} ({size:.0f} MiB) until its last line is on screen")
         for name, (command, _) in tools(with_lnav, args.baseline).items():
             if command is None or name.split(" --")[0] not in args.tools.split(","):
+                continue
+            times = [time_to_last_line(command, path, timeout=60) for _ in range(args.rounds)]
+            shown = ", ".join(ms(t) for t in times)
+            best = min((t for t in times if t is not None), default=None)
+            print(f"  {name:22} best {ms(best):>9}   (runs: {shown})")
+
+    if args.only in (None, "startup"):
+        path = one_line_log()
+        print(f"\n   start-up: a one-line file until that line is on screen")
+        startup = {name: command for name, (command, _) in tools(with_lnav, args.baseline).items() if command}
+        startup["minimal Textual app"] = [sys.executable, "-c", MINIMAL_TEXTUAL_APP]
+        for name, command in startup.items():
+            if name != "minimal Textual app" and name.split(" --")[0] not in args.tools.split(","):
                 continue
             times = [time_to_last_line(command, path, timeout=60) for _ in range(args.rounds)]
             shown = ", ".join(ms(t) for t in times)

@@ -166,6 +166,20 @@ async def test_the_tail_is_delivered_before_the_lines_above_are_counted(tmp_path
         assert [(r.lineno, r.text) for r in more.records] == [(101, "line 101")]
 
 
+async def test_the_count_can_wait_until_the_caller_starts_it(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1, 51)))
+    async with LogFollower([str(log)], backlog_lines=5, history=True, count_delay=60) as f:
+        assert f.wait_caught_up(TIMEOUT)
+        batch = f.take()
+        (part,) = batch.skipped
+        assert not part.wait(0.2)  # held back: the caller is still drawing its first screen
+        f.start_counting()
+        assert part.wait(TIMEOUT) and part.lines == 45
+        assert [r.lineno for r in batch.records] == [46, 47, 48, 49, 50]
+        part.close()
+
+
 def test_log_lines_index_and_slice_across_runs():
     from radixtop.probes.logs import LogLines, LogRun
 

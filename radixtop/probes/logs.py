@@ -424,11 +424,15 @@ def _count_lines(fd: int, end: int, stopping: threading.Event) -> int:
     return count
 
 
-def _count_in_background(fd: int, end: int, numbering: _Numbering, stopping: threading.Event, path: str) -> None:
-    """Count the lines before `end` on a thread of its own, so the tail is not held back by it."""
+def _count_in_background(
+    fd: int, end: int, numbering: _Numbering, stopping: threading.Event, path: str, gate: threading.Event, delay: float
+) -> None:
+    """Count the lines before `end` on a thread of its own, so the tail is not held back by it;
+    from when `gate` is set (or `delay` seconds at most)."""
 
     def run() -> None:
         try:
+            gate.wait(delay)
             numbering.finish(_count_lines(fd, end, stopping))
         except Exception as exc:  # whatever happens, nobody may wait forever for the count
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
@@ -557,9 +561,15 @@ class _Tailer:
         max_line: int,
         backlog_lines: int = 0,
         history: bool = False,
+        count_delay: float = 0.0,
     ) -> None:
         self.max_line = max_line
         self.backlog_lines = max(0, backlog_lines)
+        # Line counts wait for this (LogFollower.start_counting) or count_delay seconds at most.
+        self.count_gate = threading.Event()
+        self.count_delay = count_delay
+        if count_delay <= 0:
+            self.count_gate.set()
         self.history = history  # report SkippedLines for files followed from past their start
         self.literals: list[str] = []
         self.globs: list[str] = []
@@ -719,7 +729,7 @@ class _Tailer:
             gen.boundary = os.pread(fd, back, offset - back)
             # The lines before are counted on a thread of their own: the tail does not wait for it.
             gen.numbering = _Numbering()
-            _count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path)
+            _count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate, self.count_delay)
             if self.history:
                 self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
         source.next_number += 1
@@ -923,6 +933,8 @@ class LogFollower:
     starts a little later. Reading starts with the first batches() call, or earlier with start()
     (before an event loop runs: the UI starts it while it draws its first frame); take() and
     wait_caught_up() let a caller pick up what is there without a loop. One consumer at a time.
+    count_delay > 0 holds the count of the lines before a backlog (which needs the CPU the caller's
+    start-up needs too) until start_counting() or that many seconds.
     Memory stays bounded: when the consumer falls behind, the reader thread stops reading once
     max_batch lines wait (the bytes stay on disk; the initial backlog may add backlog_lines) and the
     next batch carries them all, instead of a queue of batches growing.
@@ -938,6 +950,7 @@ class LogFollower:
         max_batch: int = 10000,
         backlog_lines: int = 0,
         history: bool = False,
+        count_delay: float = 0.0,
     ) -> None:
         if isinstance(patterns, str):
             raise TypeError("patterns must be a sequence of paths or globs, not a single string")
@@ -952,7 +965,12 @@ class LogFollower:
         self._max_batch = max_batch
         self._room_limit = max_batch + backlog_lines  # the initial backlog may wait whole
         self._tailer = _Tailer(
-            list(patterns), from_start=from_start, max_line=max_line, backlog_lines=backlog_lines, history=history
+            list(patterns),
+            from_start=from_start,
+            max_line=max_line,
+            backlog_lines=backlog_lines,
+            history=history,
+            count_delay=count_delay,
         )
         self._tailer.start()
         # Runs and notices waiting for the consumer (a depth-one queue that coalesces), starting
@@ -1032,6 +1050,11 @@ class LogFollower:
             skipped, self._skipped = self._skipped, []
             self._room.notify()
         return LogBatch(LogLines(runs), tuple(notices), tuple(skipped))
+
+    def start_counting(self) -> None:
+        """Count the lines before where following began now, not after count_delay: a caller
+        that has drawn its first screen lets the count have the CPU."""
+        self._tailer.count_gate.set()
 
     def wait_caught_up(self, timeout: float) -> bool:
         """Wait (at most timeout seconds) until every file has been read up to where it ended

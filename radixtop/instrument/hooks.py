@@ -1,4 +1,5 @@
-"""Counters and an event feed from wrapping a radix cache's inc_lock_ref, dec_lock_ref and evict.
+"""Counters and an event feed from wrapping a radix cache's inc_lock_ref, dec_lock_ref and evict
+(and evict_for_alloc where the cache has it).
 
 Runs inside the host's scheduler: standard library only, constant cost per call (dec_lock_ref
 also re-reads lock_ref along the path it just walked, so its cost stays proportional), and the
@@ -37,6 +38,10 @@ from radixtop.schema import MAX_EVENTS_PER_PAGE, Counters, Event
 log = logging.getLogger("radixtop.instrument")
 
 HOOKED_METHODS = ("inc_lock_ref", "dec_lock_ref", "evict")
+# Hooked as well where the cache has it: SGLang's allocators evict through evict_for_alloc, which
+# UnifiedRadixCache implements without calling evict (RadixCache's forwards to evict, counted once).
+OPTIONAL_METHODS = ("evict_for_alloc",)
+_ALL_METHODS = HOOKED_METHODS + OPTIONAL_METHODS
 _MISSING = object()
 _NO = object()  # "argument not given", for the wrappers' fast paths
 _PATH_STEPS = range(1 << 20)  # a parent chain longer than this is a cycle, not a tree
@@ -157,6 +162,7 @@ class CacheHooks:
         self._disabled = False
         self._external = False  # AROUND hooks handed to someone else's registry
         self._walk_paths = True  # off once nodes turn out not to be TreeNodes (e.g. NodeIds)
+        self._evicting = False  # inside a counted evict: a nested one (evict_for_alloc -> evict) is not counted again
         self._lock = threading.RLock()
         self._installed: dict[int, Callable[[], None]] = {}  # id(target) -> how to undo it
         self._own_route = _Route({}, self)  # class installs and AROUND hooks: always these hooks
@@ -321,7 +327,7 @@ class CacheHooks:
 
     def _install_class(self, cls: type) -> Callable[[], None] | None:
         done: list[tuple[str, Any, Any]] = []
-        for name in HOOKED_METHODS:
+        for name in _ALL_METHODS:
             current = getattr(cls, name, None)
             if not callable(current) or getattr(current, _MARK, None) is not None:
                 continue  # missing, or hooked already (by class or by instance installs)
@@ -355,7 +361,7 @@ class CacheHooks:
         used: list[_Dispatch] = []
         own_done: list[tuple[str, Any, Any]] = []
         own: Any = None
-        for name in HOOKED_METHODS:
+        for name in _ALL_METHODS:
             current = getattr(cls, name, None)
             bound = getattr(cache, name, None)
             if bound is not None and (getattr(bound, "__self__", None) is not cache or getattr(bound, "__func__", None) is not current):
@@ -538,12 +544,12 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
     return dec_lock_ref
 
 
-def _wrap_evict(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = False) -> Callable[..., Any]:
     lookup = route.table.get
 
     def evict(cache: Any, *args: Any, **kwargs: Any) -> Any:
         hooks = lookup(id(cache), route.default)
-        if hooks is None or hooks._disabled:
+        if hooks is None or hooks._disabled or hooks._evicting:
             return original(cache, *args, **kwargs)
         hooks.evict_calls += 1
         try:
@@ -551,10 +557,15 @@ def _wrap_evict(route: _Route, original: Callable[..., Any]) -> Callable[..., An
         except Exception as exc:
             hooks._own_error("evict (before)", exc)
             before = None
-        result = original(cache, *args, **kwargs)
+        hooks._evicting = True
+        try:
+            result = original(cache, *args, **kwargs)
+        finally:
+            hooks._evicting = False
         try:
             # SGLang >= 0.5 returns EvictResult(num_tokens_evicted); older releases return None.
             freed = getattr(result, "num_tokens_evicted", None)
+            after = None
             if type(freed) is not int:
                 after = cache.evictable_size()
                 freed = before - after if type(before) is int and type(after) is int else None
@@ -562,7 +573,16 @@ def _wrap_evict(route: _Route, original: Callable[..., Any]) -> Callable[..., An
                 # SGLang >= 0.5: evict(EvictParams(num_tokens=...)); older: evict(num_tokens, callback).
                 arg = args[0] if args else kwargs.get("params", kwargs.get("num_tokens"))
                 requested = arg if type(arg) is int else getattr(arg, "num_tokens", None)
-                hooks._evicted(cache, freed, requested if type(requested) is int else None)
+                if type(requested) is not int:
+                    requested = None
+                elif for_alloc and freed < requested:
+                    # evict_for_alloc may stop once the allocation fits: short only if nothing
+                    # evictable was left.
+                    if after is None:
+                        after = cache.evictable_size()
+                    if type(after) is not int or after > 0:
+                        requested = None
+                hooks._evicted(cache, freed, requested)
         except Exception as exc:
             hooks._own_error("evict (after)", exc)
         return result
@@ -570,10 +590,15 @@ def _wrap_evict(route: _Route, original: Callable[..., Any]) -> Callable[..., An
     return evict
 
 
+def _wrap_evict_for_alloc(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
+    return _wrap_evict(route, original, for_alloc=True)
+
+
 _FACTORIES: dict[str, Callable[[_Route, Callable[..., Any]], Callable[..., Any]]] = {
     "inc_lock_ref": _wrap_inc_lock_ref,
     "dec_lock_ref": _wrap_dec_lock_ref,
     "evict": _wrap_evict,
+    "evict_for_alloc": _wrap_evict_for_alloc,
 }
 
 

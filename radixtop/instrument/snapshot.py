@@ -7,6 +7,11 @@ None` and len(node.key) only), never recurses (trees 10k deep are fine), never i
 Keys are read as `getattr(key, "token_ids", key)`: SGLang's RadixKey keeps them in .token_ids,
 older releases use plain lists.
 
+Two node shapes are walked: RadixCache's TreeNode (`node.lock_ref`, `node.value`) and the Python
+TreeCore's UnifiedTreeNode behind UnifiedRadixCache (`node.component_data[FULL].lock_ref` and
+`.value`, FULL being component 0); `node_shape(root)` tells which. The Rust TreeCore keeps its
+tree out of Python's reach: sizes only, and the reason says how to get the tree.
+
 Two walks with separate cost bounds:
 - the detail walk (every snapshot) visits at most `max_nodes` nodes best-first (locked nodes first,
   then the heaviest subtree by tokens), so its cost does not grow with the tree;
@@ -100,24 +105,49 @@ def read_sizes(cache: Any) -> CacheSizes:
     )
 
 
+CLASSIC, UNIFIED = "classic", "unified"
+_FULL = 0  # sglang's ComponentType.FULL: the index of the full-attention KV in component_data
+
+
+def node_shape(node: Any) -> str | None:
+    """CLASSIC for RadixCache's TreeNode, UNIFIED for the Python TreeCore's node, else None."""
+    if hasattr(node, "lock_ref"):
+        return CLASSIC
+    data = getattr(node, "component_data", None)
+    if isinstance(data, (list, tuple)) and len(data) > _FULL and hasattr(data[_FULL], "lock_ref"):
+        return UNIFIED
+    return None
+
+
+def _attr(obj: Any, name: str) -> Any:
+    # Some caches expose properties that raise (the Rust TreeCore's root_node is NotImplemented).
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 def find_root(cache: Any) -> tuple[Any, str]:
     """(root node, "") when the tree can be walked from Python, else (None, why not, plainly)."""
     cls = type(cache).__name__
     try:
         if getattr(cache, "disable", False) is True:
             return None, f"{cls}: the radix cache is disabled (--disable-radix-cache), so there is no tree"
-        root = getattr(cache, "root_node", None)
-        core = getattr(cache, "tree_core", None)
-        if root is None and core is not None:
-            root = getattr(core, "root_node", None)
-        if root is not None and isinstance(getattr(root, "children", None), dict):
+        core = _attr(cache, "tree_core")
+        core_name = type(core).__name__ if core is not None else "its tree core"
+        rust = (
+            f"{cls} keeps its tree in {core_name} (the Rust TreeCore), which Python cannot walk: "
+            f"sizes only; {_RUST_CORE_HINT}"
+        )
+        if core is not None and "Rust" in core_name:
+            return None, rust
+        root = _attr(core, "root_node") if core is not None else None
+        if root is None:
+            root = _attr(cache, "root_node")
+        if root is not None and isinstance(getattr(root, "children", None), dict) and node_shape(root) is not None:
             return root, ""
         if core is not None or "Unified" in cls:
-            core_name = type(core).__name__ if core is not None else "its tree core"
-            return None, (
-                f"{cls} keeps its tree in {core_name} (the Rust TreeCore), which Python cannot walk: "
-                f"sizes only; {_RUST_CORE_HINT}"
-            )
+            return None, rust
         return None, f"{cls} has no root_node with a children dict: sizes only"
     except Exception as exc:
         return None, f"{cls}: reading the tree root failed ({type(exc).__name__}): sizes only"
@@ -134,8 +164,9 @@ class _CensusResult:
     hints: dict[int, int]  # id(node) -> subtree tokens, for the heaviest part of the tree
 
 
-def run_census(root: Any, limit: int, hint_cap: int) -> _CensusResult:
+def run_census(root: Any, limit: int, hint_cap: int, unified: bool = False) -> _CensusResult:
     """Breadth-first over the whole tree (at most `limit` non-root nodes), iteratively.
+    `unified`: the nodes are UnifiedTreeNodes (see node_shape).
 
     The loop allocates no GC-tracked objects per node (list appends and int arithmetic only), so
     a census of a big tree does not set off garbage collections in the host."""
@@ -162,7 +193,7 @@ def run_census(root: Any, limit: int, hint_cap: int) -> _CensusResult:
                 key = child.key
                 ids = getattr(key, "token_ids", key)
                 n = len(ids)
-                lr = child.lock_ref
+                lr = child.component_data[0].lock_ref if unified else child.lock_ref
                 hist[lr] = hist_get(lr, 0) + 1
                 # The node's shape hash chains its parent's, so it depends on the whole path.
                 ch = ((h ^ (n * _K1)) * _K2 + (hash(ids[0]) * _K3 + hash(ids[-1]) if n else 0)) & _MASK64
@@ -221,7 +252,7 @@ class _Walk:
 _new_row = tuple.__new__  # builds a NodeRow in C, skipping the NamedTuple's Python-level __new__
 
 
-def _row(node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, head_n: int) -> NodeRow:
+def _row(node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, head_n: int, unified: bool = False) -> NodeRow:
     nid = getattr(node, "id", None)
     hits = getattr(node, "hit_count", None)
     last = getattr(node, "last_access_time", None)
@@ -232,14 +263,15 @@ def _row(node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, 
         if type(t) is not int:  # e.g. EAGLE's bigram keys: not token ids we can show
             head = ()
             break
+    held = node.component_data[_FULL] if unified else node
     return _new_row(
         NodeRow,
         (
             nid if type(nid) is int else None,
             parent_row,
             tokens,
-            node.lock_ref,
-            node.value is None,  # the only thing ever asked of a KV tensor
+            held.lock_ref,
+            held.value is None,  # the only thing ever asked of a KV tensor
             hits if type(hits) is int else None,
             last,
             len(node.children),
@@ -249,12 +281,12 @@ def _row(node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, 
     )
 
 
-def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_limit: int) -> _Walk:
+def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_limit: int, unified: bool = False) -> _Walk:
     """Best-first from the root: at most `budget` nodes, at most `scan_limit` children looked at."""
     heappush, heappop, hints_get = heapq.heappush, heapq.heappop, hints.get
     root_key = getattr(root, "key", None)
     root_ids = getattr(root_key, "token_ids", root_key) if root_key is not None else ()
-    rows = [_row(root, -1, len(root_ids), root_ids, hints_get(id(root)), head_n)]
+    rows = [_row(root, -1, len(root_ids), root_ids, hints_get(id(root)), head_n, unified)]
     heap: list[tuple[int, int, int, Any, int]] = []
     counter = 0
     walked_tokens = 0
@@ -273,7 +305,8 @@ def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_l
                 key = child.key
                 weight = len(getattr(key, "token_ids", key))
             # Locked (or negative) nodes first, then the heaviest subtree; counter keeps it stable.
-            heappush(heap, (0 if child.lock_ref else 1, -weight, counter, child, row_index))
+            locked = child.component_data[0].lock_ref if unified else child.lock_ref
+            heappush(heap, (0 if locked else 1, -weight, counter, child, row_index))
             counter += 1
         if not heap:
             break
@@ -282,7 +315,7 @@ def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_l
         ids = getattr(key, "token_ids", key)
         n = len(ids)
         walked_tokens += n
-        rows.append(_row(node, row_index, n, ids, hints_get(id(node)), head_n))
+        rows.append(_row(node, row_index, n, ids, hints_get(id(node)), head_n, unified))
         row_index = len(rows) - 1
     return _Walk(rows=rows, walked_tokens=walked_tokens, exhausted=not heap and not truncated and not pending)
 
@@ -353,17 +386,18 @@ class TreeSnapshotter:
     def _walk(self, root: Any, sizes: CacheSizes, force_census: bool) -> tuple[Census | None, TreeView]:
         cfg = self.config
         now = time.monotonic()
+        unified = node_shape(root) == UNIFIED
         if id(root) != self._root_id:  # a reset() replaced the root: old hints are meaningless
             self._census, self._root_id, self._next_census_at = None, id(root), 0.0
         fresh = False
         if cfg.census_max_nodes and (force_census or (cfg.census_duty > 0 and now >= self._next_census_at)):
-            result = run_census(root, cfg.census_max_nodes, cfg.max_scan)
+            result = run_census(root, cfg.census_max_nodes, cfg.max_scan, unified)
             self._census = result
             fresh = True
             cost = self.last_census_seconds = result.census.seconds
             self._next_census_at = now + (cost / cfg.census_duty if cfg.census_duty > 0 else float("inf"))
         hints = self._census.hints if self._census is not None else {}
-        walk = walk_tree(root, cfg.max_nodes, hints, cfg.head_tokens, cfg.max_scan)
+        walk = walk_tree(root, cfg.max_nodes, hints, cfg.head_tokens, cfg.max_scan, unified)
         walked = len(walk.rows) - 1
         census = _aged(self._census) if self._census is not None else None
         cut_nodes: int | None

@@ -1,0 +1,351 @@
+"""radixtop inside a real SGLang scheduler process: configuration, cache detection, the safe point.
+
+Standard library only, and sglang is never imported from here: the plugin (plugin.py) and the
+launcher (launch.py) call in once SGLang's own modules are loaded, and the tests call attach()
+on a cache they built themselves.
+
+- InstrumentConfig.from_env(): the RADIXTOP_INSTRUMENT* variables, bad values logged and replaced.
+- describe_cache(cache): which cache this is (RadixCache, UnifiedRadixCache on the Python or the
+  Rust TreeCore, disabled, unknown) and what radixtop can see of it.
+- attach(cache, rank=...): counting hooks on that cache instance + the debug endpoint on
+  127.0.0.1:(base port + rank). The plugin, the launcher and the tests all go through it.
+- around_process_input_requests: an AROUND hook (HookRegistry's shape) for
+  Scheduler.process_input_requests, which every SGLang scheduler loop (normal, overlap, PP,
+  disaggregated; 0.4 to 0.5.23) calls once per iteration, on the scheduler thread, before any
+  request is handled: no tree operation is half done there, so it is the safe point. The first
+  call attaches to scheduler.tree_cache; every call offers the endpoint a (rate-limited) snapshot.
+
+Nothing here raises into SGLang: failures are logged (first few, then every hundredth), counted,
+and after MAX_SAFE_POINT_ERRORS the safe point stops doing anything and the hooks come off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from radixtop.instrument.endpoint import Instrumentation, is_loopback
+from radixtop.instrument.hooks import HOOKED_METHODS, OPTIONAL_METHODS
+from radixtop.instrument.snapshot import SnapshotConfig, find_root
+from radixtop.schema import DEFAULT_BASE_PORT, DEFAULT_HOST, MAX_TREE_NODES
+
+log = logging.getLogger("radixtop.instrument")
+
+ENV_ENABLE = "RADIXTOP_INSTRUMENT"  # "1" turns everything on; anything else: nothing runs
+ENV_PORT = "RADIXTOP_INSTRUMENT_PORT"  # base port: rank r serves on base + r (0: any free port)
+ENV_HOST = "RADIXTOP_INSTRUMENT_HOST"  # bind address (default 127.0.0.1)
+ENV_TOKEN = "RADIXTOP_INSTRUMENT_TOKEN"  # bearer token; required when the host is not loopback
+ENV_BUDGET = "RADIXTOP_INSTRUMENT_BUDGET"  # nodes per snapshot (default 256)
+ENV_INTERVAL = "RADIXTOP_INSTRUMENT_INTERVAL"  # seconds between snapshots while watched (default 0.5)
+
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+SAFE_POINT_METHOD = "process_input_requests"
+SAFE_POINT_TARGET = f"{SCHEDULER_MODULE}.Scheduler.{SAFE_POINT_METHOD}"
+MAX_SAFE_POINT_ERRORS = 20
+_MARK = "__radixtop_safe_point__"  # on a scheduler method radixtop has wrapped (either route)
+_RUST_HINT = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python"
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(ENV_ENABLE) == "1"
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class InstrumentConfig:
+    base_port: int = DEFAULT_BASE_PORT
+    host: str = DEFAULT_HOST
+    token: str | None = None
+    budget: int = SnapshotConfig().max_nodes
+    interval_s: float = 0.5
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> InstrumentConfig:
+        """Read the RADIXTOP_INSTRUMENT_* variables; a bad value is logged once and the default kept."""
+        env = os.environ if environ is None else environ
+        default = cls()
+        port = _env_number(env, ENV_PORT, int, default.base_port, 0, 65535)
+        budget = _env_number(env, ENV_BUDGET, int, default.budget, 1, MAX_TREE_NODES)
+        interval = _env_number(env, ENV_INTERVAL, float, default.interval_s, 0.05, 3600.0)
+        host = env.get(ENV_HOST, "").strip() or default.host
+        token = env.get(ENV_TOKEN, "").strip() or None
+        return cls(base_port=port, host=host, token=token, budget=budget, interval_s=interval)
+
+    def port_for(self, rank: int) -> int:
+        return 0 if self.base_port == 0 else self.base_port + rank
+
+
+def _env_number(env: Mapping[str, str], name: str, kind: type, default: Any, lo: Any, hi: Any) -> Any:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        log.warning("radixtop: %s=%r is not a number in [%s, %s]; using %s", name, raw[:40], lo, hi, default)
+        return default
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# What kind of cache is this?
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    cache_class: str
+    kind: str  # "radix", "unified-python", "unified-rust", "disabled", "unknown"
+    walkable: bool
+    hooked_methods: tuple[str, ...]  # the counting methods this cache has
+    note: str  # one line for the log: what radixtop can and cannot see
+
+    @property
+    def summary(self) -> str:
+        return f"{self.cache_class} ({self.kind}): {self.note}"
+
+
+def describe_cache(cache: Any) -> CacheInfo:
+    """Never raises. Reads no tensors; the only call into the cache is its root_node lookup."""
+    cls = type(cache).__name__
+    methods = tuple(name for name in HOOKED_METHODS + OPTIONAL_METHODS if callable(getattr(type(cache), name, None)))
+    root, reason = find_root(cache)
+    core = type(getattr(cache, "tree_core", None)).__name__
+    counters = "counters for " + ", ".join(methods) if methods else "no lock/evict methods to count"
+    if root is not None:
+        kind = "unified-python" if hasattr(cache, "tree_core") else "radix"
+        return CacheInfo(cls, kind, True, methods, f"tree walkable, {counters}")
+    if "disabled" in reason:
+        return CacheInfo(cls, "disabled", False, methods, reason)
+    if "Rust" in reason:
+        return CacheInfo(
+            cls, "unified-rust", False, methods,
+            f"sizes and {counters} only: the tree lives in {core}; restart with {_RUST_HINT} to see it",
+        )
+    if not set(HOOKED_METHODS) & set(methods):
+        return CacheInfo(cls, "unknown", False, methods, f"unknown cache class {cls}: {counters}; {reason}")
+    return CacheInfo(cls, "unknown", False, methods, f"{counters}; {reason}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Attaching to one cache
+
+
+def attach(cache: Any, *, rank: int = 0, config: InstrumentConfig | None = None) -> Instrumentation | None:
+    """Hooks on this cache instance + its endpoint, started. None (and one log line) when the
+    endpoint cannot serve (port in use, no token off loopback): the hooks are taken off again so
+    an unreadable instrument costs the host nothing. Never raises."""
+    cfg = config or InstrumentConfig.from_env()
+    try:
+        info = describe_cache(cache)
+        inst = Instrumentation(
+            cache,
+            rank=rank,
+            host=cfg.host,
+            port=cfg.port_for(rank),
+            token=cfg.token,
+            config=SnapshotConfig(max_nodes=cfg.budget),
+            min_interval_s=cfg.interval_s,
+        )
+    except Exception as exc:
+        log.error("radixtop: rank %d not instrumented: %s: %s; the server keeps serving", rank, type(exc).__name__, exc)
+        return None
+    if not inst.start():
+        inst.close()
+        log.error(
+            "radixtop: rank %d not instrumented (%s); set %s to a free base port to get the endpoint",
+            rank, inst.endpoint.disabled_reason, ENV_PORT,
+        )
+        return None
+    level = logging.WARNING if info.kind in ("unknown", "unified-rust", "disabled") else logging.INFO
+    log.log(level, "radixtop: rank %d instrumented: %s; endpoint %s", rank, info.summary, inst.endpoint.url)
+    if not is_loopback(cfg.host):
+        log.warning("radixtop: rank %d endpoint is reachable off this machine (%s); bearer token required", rank, cfg.host)
+    return inst
+
+
+# ----------------------------------------------------------------------------------------------
+# The scheduler's safe point
+
+
+def scheduler_rank(scheduler: Any) -> int:
+    """A rank unique per scheduler process on a node: tp_rank + tp_size * pp_rank, and separate
+    DP replicas (not attention DP, which splits the TP group) after that. Older SGLang keeps the
+    ranks on the scheduler; 0.5.23 in runtime_context.get_parallel()."""
+    args = getattr(scheduler, "server_args", None)
+    parallel = None
+    context = sys.modules.get("sglang.srt.runtime_context")
+    if context is not None:
+        try:
+            parallel = context.get_parallel()
+        except Exception:
+            parallel = None
+
+    def read(name: str, *, default: int) -> int:
+        for source in (scheduler, parallel, args):
+            if source is None:
+                continue
+            try:
+                value = getattr(source, name, None)
+            except Exception:  # ParallelContext raises for what was never published
+                value = None
+            if type(value) is int:
+                return value
+        return default
+
+    tp_rank, pp_rank, dp_rank = read("tp_rank", default=0), read("pp_rank", default=0), read("dp_rank", default=0)
+    tp_size, pp_size, dp_size = read("tp_size", default=1), read("pp_size", default=1), read("dp_size", default=1)
+    rank = tp_rank + max(tp_size, 1) * pp_rank
+    if dp_size > 1 and not getattr(args, "enable_dp_attention", False):
+        rank += dp_rank * max(tp_size, 1) * max(pp_size, 1)
+    return max(rank, 0)
+
+
+class _Slot:
+    """One scheduler's instrumentation; inst is None when attaching failed (not retried)."""
+
+    __slots__ = ("cache", "inst", "rank", "scheduler")
+
+    def __init__(self, scheduler: Any, cache: Any, inst: Instrumentation | None, rank: int) -> None:
+        try:
+            self.scheduler: Callable[[], Any] = weakref.ref(scheduler)
+        except TypeError:
+            self.scheduler = lambda: scheduler
+        self.cache, self.inst, self.rank = cache, inst, rank
+
+
+class SafePoints:
+    """The process's scheduler instrumentation: one slot per scheduler (one in SGLang)."""
+
+    def __init__(self, config_source: Callable[[], InstrumentConfig] = InstrumentConfig.from_env) -> None:
+        self._config_source = config_source
+        self._slots: dict[int, _Slot] = {}
+        self._lock = threading.Lock()
+        self.errors = 0
+        self.disabled = False
+
+    def at(self, scheduler: Any) -> None:
+        """Called on the scheduler thread at the top of each loop iteration. Never raises."""
+        if self.disabled:
+            return
+        try:
+            slot = self._slots.get(id(scheduler))
+            if slot is None or slot.scheduler() is not scheduler:
+                slot = self._first_visit(scheduler)
+            inst = slot.inst
+            if inst is None:
+                return
+            cache = scheduler.tree_cache
+            if cache is not slot.cache:
+                self._cache_replaced(slot, cache)
+            inst.endpoint.safe_point(cache)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _first_visit(self, scheduler: Any) -> _Slot:
+        rank = scheduler_rank(scheduler)
+        cache = getattr(scheduler, "tree_cache", None)
+        inst = None
+        if cache is None:
+            log.warning("radixtop: the rank %d scheduler has no tree_cache; nothing to instrument", rank)
+        else:
+            inst = attach(cache, rank=rank, config=self._config_source())
+        slot = _Slot(scheduler, cache, inst, rank)
+        with self._lock:
+            self._slots[id(scheduler)] = slot
+        return slot
+
+    def _cache_replaced(self, slot: _Slot, cache: Any) -> None:
+        # The scheduler swapped its tree cache (a role switch, say): count on the new one. The
+        # old one's hooks leave when it is collected (hooks.py), or stay harmlessly on a live one.
+        inst = slot.inst
+        assert inst is not None
+        log.warning("radixtop: rank %d tree cache replaced by a %s; following it", slot.rank, type(cache).__name__)
+        inst.hooks.install(cache)
+        inst.cache = cache
+        slot.cache = cache
+
+    def _failed(self, exc: BaseException) -> None:
+        try:
+            self.errors += 1
+            if self.errors <= 3 or self.errors % 100 == 0:
+                log.warning("radixtop safe point error #%d: %s: %s", self.errors, type(exc).__name__, exc)
+            if self.errors >= MAX_SAFE_POINT_ERRORS and not self.disabled:
+                log.error("radixtop: %d safe point errors; instrumentation switched off, the server keeps serving", self.errors)
+                self.disabled = True
+                self.close()
+        except Exception:
+            pass
+
+    def instruments(self) -> list[Instrumentation]:
+        with self._lock:
+            return [slot.inst for slot in self._slots.values() if slot.inst is not None]
+
+    def close(self) -> None:
+        """Stop every endpoint and take every hook off (a scheduler seen again is attached
+        again, unless too many errors switched the safe point off). Idempotent; never raises."""
+        with self._lock:
+            slots, self._slots = list(self._slots.values()), {}
+        for slot in slots:
+            if slot.inst is not None:
+                try:
+                    slot.inst.close()
+                except Exception:
+                    pass
+
+
+SAFE_POINTS = SafePoints()
+atexit.register(SAFE_POINTS.close)
+
+
+def around_process_input_requests(original: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """HookRegistry AROUND hook for Scheduler.process_input_requests: the safe point, then SGLang."""
+    SAFE_POINTS.at(scheduler)
+    return original(scheduler, *args, **kwargs)
+
+
+def is_instrumented(function: Any) -> bool:
+    """Whether radixtop already wraps this scheduler method (through any layer of wrappers)."""
+    for _ in range(32):
+        if function is None:
+            return False
+        if getattr(function, _MARK, False):
+            return True
+        function = getattr(function, "__wrapped__", None)
+    return False
+
+
+def mark(function: Callable[..., Any]) -> Callable[..., Any]:
+    setattr(function, _MARK, True)
+    return function
+
+
+def patch_scheduler_class(cls: type) -> bool:
+    """Wrap cls.process_input_requests directly (the launcher route, for SGLang without
+    HookRegistry). True when it did; False when there is nothing to wrap or radixtop already has."""
+    original = getattr(cls, SAFE_POINT_METHOD, None)
+    if not callable(original):
+        log.error("radixtop: %s has no %s; this SGLang is not supported, the server keeps serving", cls.__qualname__, SAFE_POINT_METHOD)
+        return False
+    if is_instrumented(original):
+        return False
+
+    @functools.wraps(original)
+    def process_input_requests(self: Any, *args: Any, **kwargs: Any) -> Any:
+        SAFE_POINTS.at(self)
+        return original(self, *args, **kwargs)
+
+    setattr(cls, SAFE_POINT_METHOD, mark(process_input_requests))
+    return True

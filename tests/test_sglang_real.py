@@ -1,0 +1,617 @@
+"""radixtop's instrumentation against the real SGLang: sglang==0.5.23's own RadixCache and
+UnifiedRadixCache (Python and Rust TreeCore) on a CPU torch, hooked by the same attach() and
+safe point the plugin installs, read over real loopback HTTP and parsed with radixtop.schema,
+and held against the cache's own evictable_size(), protected_size() and an independent walk of
+its tree. Two tests start scheduler processes the way SGLang does (multiprocessing spawn, then
+load_plugins()): one through the plugin entry point, one through radixtop.instrument.launch.
+
+The real-SGLang tests need the environment .ci/sglang-tests builds (requirements/sglang-cpu.txt);
+elsewhere they skip, saying so. The tests of the glue that needs no sglang run everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from radixtop.instrument import launch, plugin
+from radixtop.instrument import sglang as glue
+from radixtop.instrument.hooks import HOOKED_METHODS
+from radixtop.instrument.sglang import InstrumentConfig, SafePoints, attach, describe_cache
+from radixtop.schema import EVENTS_PATH, HEALTH_PATH, METRICS_PATH, SNAPSHOT_PATH, parse_events, parse_health, parse_snapshot
+
+HELPERS = Path(__file__).resolve().parent / "sglang"
+REPO = Path(__file__).resolve().parents[1]
+if str(HELPERS) not in sys.path:
+    sys.path.insert(0, str(HELPERS))  # real_cache, scheduler_child, launch_target
+
+
+def _why_no_sglang() -> str | None:
+    try:
+        import sglang.srt.mem_cache.radix_cache  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return f"needs sglang==0.5.23 on a CPU torch (the environment .ci/sglang-tests builds): {exc}"
+    return None
+
+
+NO_SGLANG = _why_no_sglang()
+if NO_SGLANG and os.environ.get("RADIXTOP_REQUIRE_SGLANG") == "1":
+    raise RuntimeError(f"RADIXTOP_REQUIRE_SGLANG=1 but {NO_SGLANG}")
+needs_sglang = pytest.mark.skipif(NO_SGLANG is not None, reason=NO_SGLANG or "")
+if NO_SGLANG is None:
+    import real_cache
+
+
+CONFIG = InstrumentConfig(base_port=0, interval_s=0.05)  # any free port; snapshots as often as the duty cap allows
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def settle(inst, since: float):
+    """Iterate the 'scheduler' until a snapshot whose census was taken after `since`, then read
+    that snapshot over HTTP. The first GET marks the endpoint as watched (2 snapshots/s)."""
+    url = inst.endpoint.url + SNAPSHOT_PATH
+    get(url)
+    deadline = time.monotonic() + 15
+    while True:
+        inst.safe_point()
+        snap = inst.endpoint.latest()[0]
+        if snap is not None and snap.census is not None and snap.monotonic - snap.census.age_s >= since:
+            break
+        assert time.monotonic() < deadline, "no fresh snapshot within 15 s"
+        time.sleep(0.01)
+    status, body = get(url)
+    assert status == 200, body
+    return parse_snapshot(body)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_matches_cache(snap, cache, driver_tally=None) -> None:
+    """The endpoint's figures are the cache's own, and a walk of the tree agrees with both."""
+    figures = real_cache.walk(cache)
+    alloc = cache.token_to_kv_pool_allocator
+    assert (snap.evictable_tokens, snap.protected_tokens) == (cache.evictable_size(), cache.protected_size())
+    assert (snap.evictable_tokens, snap.protected_tokens) == (figures.evictable, figures.protected)
+    assert (snap.capacity_tokens, snap.available_tokens, snap.page_size) == (alloc.size, alloc.available_size(), cache.page_size)
+    assert snap.walkable and snap.reason == ""
+    census = snap.census
+    assert census.complete and census.node_count == figures.nodes and census.total_tokens == figures.tokens
+    assert census.lock_ref_histogram == figures.histogram
+    tree = snap.tree
+    assert tree.cut_nodes == 0 and tree.walked_nodes == figures.nodes  # small trees fit the budget
+    rows = {(r.id, r.tokens, r.lock_ref, r.evicted) for r in tree.nodes[1:]}
+    assert rows == figures.rows
+    if driver_tally is not None:
+        c = snap.counters
+        t = driver_tally
+        assert (c.lock_ops, c.unlock_ops) == (t.locks, t.unlocks)
+        assert (c.evict_calls, c.evictions, c.evicted_tokens) == (t.evict_calls, t.evictions, t.evicted_tokens)
+        assert c.instrument_errors == 0
+
+
+@pytest.fixture
+def closing():
+    """Instrumentations made by a test, closed after it (endpoints stopped, hooks off)."""
+    made = []
+    yield made
+    for inst in made:
+        inst.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The real RadixCache
+
+
+@needs_sglang
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_radix_cache_endpoint_figures_match_the_cache_and_a_walk(page_size, closing):
+    cache = real_cache.radix_cache(size=600, page_size=page_size)
+    inst = attach(cache, rank=0, config=CONFIG)
+    assert inst is not None
+    closing.append(inst)
+    driver = real_cache.Driver(cache, page_size=page_size, evict_with="evict").run(40)
+    assert driver.tally.evictions > 5  # the pool is small: evictions under pressure happened
+    snap = settle(inst, time.monotonic())
+    assert snap.cache_class == "RadixCache" and snap.hooks_state == "active" and snap.rank == 0
+    assert_matches_cache(snap, cache, driver.tally)
+    # RadixCache's evict_for_alloc forwards to evict: counted once.
+    driver.evict_with = "evict_for_alloc"
+    driver.run(20)
+    driver.finish_all()
+    snap = settle(inst, time.monotonic())
+    assert_matches_cache(snap, cache, driver.tally)
+    assert snap.protected_tokens == 0 and set(snap.census.lock_ref_histogram) == {0}
+    status, text = get(inst.endpoint.url + METRICS_PATH)
+    assert status == 200
+    assert f'radixtop_evicted_tokens_total{{rank="0"}} {driver.tally.evicted_tokens}' in text.decode()
+    assert f'radixtop_lock_ops_total{{rank="0"}} {driver.tally.locks}' in text.decode()
+
+
+@needs_sglang
+def test_double_unlock_on_radix_cache_is_counted_and_reported(closing):
+    cache = real_cache.radix_cache(size=600)
+    inst = attach(cache, rank=3, config=CONFIG)
+    closing.append(inst)
+    driver = real_cache.Driver(cache).run(12)
+    node, receipt = driver.running.pop(0)
+    driver.unlock(node, receipt)
+    driver.unlock(node, receipt)  # RadixCache never checks: lock_ref goes to -1 silently
+    assert node.lock_ref == -1
+    snap = settle(inst, time.monotonic())
+    assert snap.rank == 3 and snap.counters.negative_lock_ref == 1
+    assert snap.census.lock_ref_histogram.get(-1) == 1
+    assert_matches_cache(snap, cache, driver.tally)  # the -1 node counts as evictable, as the cache counts it
+    status, body = get(inst.endpoint.url + EVENTS_PATH + "?since=0")
+    page = parse_events(body)
+    negatives = [e for e in page.events if e.kind == "negative_lock_ref"]
+    assert len(negatives) == 1 and negatives[0].node_id == node.id and negatives[0].lock_ref == -1
+    assert "double unlock" in negatives[0].message
+    _, text = get(inst.endpoint.url + METRICS_PATH)
+    assert 'radixtop_negative_lock_ref_total{rank="3"} 1' in text.decode()
+    assert 'radixtop_lock_ref_nodes{rank="3",lock_ref="<0"} 1' in text.decode()
+
+
+# ----------------------------------------------------------------------------------------------
+# UnifiedRadixCache (0.5.23's default) on both tree cores
+
+
+@needs_sglang
+def test_unified_cache_on_the_python_core_is_walked_and_counted(closing):
+    cache = real_cache.unified_cache(size=600, backend="python")
+    assert type(cache.tree_core).__name__ == "UnifiedTreeCore"
+    assert describe_cache(cache).kind == "unified-python"
+    inst = attach(cache, rank=0, config=CONFIG)
+    closing.append(inst)
+    driver = real_cache.Driver(cache).run(40)  # evicts through evict_for_alloc, as 0.5.23's allocator does
+    assert driver.tally.evictions > 5
+    snap = settle(inst, time.monotonic())
+    assert snap.cache_class == "UnifiedRadixCache" and snap.walkable
+    assert_matches_cache(snap, cache, driver.tally)
+    # The Python core asserts on a double unlock: the host's own error passes through, counted.
+    node, receipt = driver.running.pop(0)
+    driver.unlock(node, receipt)
+    with pytest.raises(AssertionError, match="lock_ref=0"):
+        cache.dec_lock_ref(node, receipt.to_dec_params())
+    snap = settle(inst, time.monotonic())
+    assert snap.counters.unlock_failures == 1 and snap.counters.negative_lock_ref == 0
+    _, body = get(inst.endpoint.url + EVENTS_PATH + "?since=0")
+    failures = [e for e in parse_events(body).events if e.kind == "unlock_failure"]
+    assert len(failures) == 1 and "AssertionError" in failures[0].message
+
+
+@needs_sglang
+def test_unified_cache_on_the_rust_core_serves_sizes_and_counters_and_says_how_to_see_the_tree(closing, caplog):
+    cache = real_cache.unified_cache(size=600, backend="rust")
+    assert type(cache.tree_core).__name__ == "RustUnifiedTreeCore"
+    info = describe_cache(cache)
+    assert info.kind == "unified-rust" and not info.walkable
+    with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
+        inst = attach(cache, rank=0, config=CONFIG)
+    closing.append(inst)
+    assert any("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in r.getMessage() for r in caplog.records)
+    driver = real_cache.Driver(cache).run(40)
+    get(inst.endpoint.url + SNAPSHOT_PATH)
+    deadline = time.monotonic() + 15
+    while not inst.safe_point():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    status, body = get(inst.endpoint.url + SNAPSHOT_PATH)
+    snap = parse_snapshot(body)
+    assert not snap.walkable and snap.tree is None and snap.census is None
+    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in snap.reason and "RustUnifiedTreeCore" in snap.reason
+    assert (snap.evictable_tokens, snap.protected_tokens) == (cache.evictable_size(), cache.protected_size())
+    assert snap.available_tokens == cache.token_to_kv_pool_allocator.available_size()
+    c = snap.counters
+    assert (c.lock_ops, c.unlock_ops, c.evictions, c.evicted_tokens) == (
+        driver.tally.locks, driver.tally.unlocks, driver.tally.evictions, driver.tally.evicted_tokens,
+    )
+    # A double unlock panics the Rust core, which then refuses every call: counted, and the
+    # endpoint keeps serving what it can still read (nothing but the pool).
+    node, receipt = driver.running.pop(0)
+    driver.unlock(node, receipt)
+    with pytest.raises(RuntimeError, match="panicked"):
+        cache.dec_lock_ref(node, receipt.to_dec_params())
+    time.sleep(0.6)
+    get(inst.endpoint.url + SNAPSHOT_PATH)
+    deadline = time.monotonic() + 15
+    while not inst.safe_point():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    snap = parse_snapshot(get(inst.endpoint.url + SNAPSHOT_PATH)[1])
+    assert snap.counters.unlock_failures == 1 and snap.evictable_tokens is None and snap.available_tokens is not None
+    assert parse_health(get(inst.endpoint.url + HEALTH_PATH)[1]).status == "ok"
+
+
+# ----------------------------------------------------------------------------------------------
+# The scheduler's safe point, in this process
+
+
+class SchedulerStandIn:
+    """The attributes the safe point reads from SGLang's Scheduler (ranks as SGLang < 0.5.23 kept them)."""
+
+    def __init__(self, cache, tp_rank=0, pp_rank=0, tp_size=1) -> None:
+        self.tree_cache = cache
+        self.tp_rank, self.pp_rank, self.tp_size = tp_rank, pp_rank, tp_size
+        self.calls = 0
+
+    def process_input_requests(self, recv_reqs):
+        self.calls += 1
+        return len(recv_reqs)
+
+
+@needs_sglang
+def test_safe_point_hook_attaches_to_the_schedulers_cache_and_follows_a_replacement():
+    points = SafePoints(config_source=lambda: InstrumentConfig(base_port=free_port() - 5, interval_s=0.05))
+    cache = real_cache.radix_cache(size=600)
+    scheduler = SchedulerStandIn(cache, tp_rank=1, pp_rank=1, tp_size=2)  # rank 1 + 2 * 1 = 3
+    assert glue.scheduler_rank(scheduler) == 3
+    try:
+        points.at(scheduler)
+        (inst,) = points.instruments()
+        assert inst.endpoint.rank == 3 and inst.endpoint.port == inst.endpoint.requested_port
+        driver = real_cache.Driver(cache).run(10)
+        snap = settle(inst, time.monotonic())
+        assert snap.counters.lock_ops == driver.tally.locks and snap.rank == 3
+        # The scheduler swaps its cache: the safe point follows and counts on the new one.
+        other = real_cache.radix_cache(size=600)
+        scheduler.tree_cache = other
+        points.at(scheduler)
+        driver2 = real_cache.Driver(other, seed=5).run(5)
+        inst.cache = other
+        snap = settle(inst, time.monotonic())
+        assert snap.counters.lock_ops == driver.tally.locks + driver2.tally.locks
+        assert (snap.evictable_tokens, snap.protected_tokens) == (other.evictable_size(), other.protected_size())
+    finally:
+        points.close()
+
+
+@needs_sglang
+def test_the_registry_shaped_around_hook_runs_the_safe_point_then_the_scheduler():
+    cache = real_cache.radix_cache(size=600)
+    scheduler = SchedulerStandIn(cache)
+    original = SchedulerStandIn.process_input_requests
+    try:
+        assert glue.around_process_input_requests(original, scheduler, [1, 2]) == 2
+        assert scheduler.calls == 1 and glue.SAFE_POINTS.instruments()
+    finally:
+        glue.SAFE_POINTS.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: the server keeps serving
+
+
+@needs_sglang
+def test_port_in_use_is_one_log_line_and_leaves_the_cache_untouched(caplog):
+    cache = real_cache.radix_cache(size=600)
+    originals = {name: type(cache).__dict__.get(name) for name in HOOKED_METHODS}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
+            inst = attach(cache, rank=0, config=InstrumentConfig(base_port=port))
+    assert inst is None
+    assert any("in use" in r.getMessage() for r in caplog.records)
+    assert {name: type(cache).__dict__.get(name) for name in HOOKED_METHODS} == originals  # hooks off again
+    real_cache.Driver(cache).run(10)  # and the cache serves on
+
+
+@needs_sglang
+def test_token_is_required_off_loopback(caplog):
+    cache = real_cache.radix_cache(size=600)
+    with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
+        assert attach(cache, config=InstrumentConfig(host="0.0.0.0")) is None
+    assert any("without a bearer token" in r.getMessage() for r in caplog.records)
+
+
+@needs_sglang
+def test_concurrent_clients_and_one_that_hangs_up_mid_request(closing):
+    cache = real_cache.radix_cache(size=2000)
+    inst = attach(cache, rank=0, config=CONFIG)
+    closing.append(inst)
+    driver = real_cache.Driver(cache)
+    driver.run(10)
+    settle(inst, time.monotonic())
+    base = inst.endpoint.url
+    problems: list[str] = []
+    stop = time.monotonic() + 3
+
+    def client(path: str) -> None:
+        while time.monotonic() < stop:
+            status, body = get(base + path)
+            if status == 503:  # more clients than the endpoint's connection slots: told to retry
+                continue
+            try:
+                assert status == 200
+                {SNAPSHOT_PATH: parse_snapshot, EVENTS_PATH + "?since=0": parse_events, HEALTH_PATH: parse_health}.get(path, bytes)(body)
+            except Exception as exc:
+                problems.append(f"{path}: {status} {exc}")
+
+    def hang_up() -> None:
+        while time.monotonic() < stop:
+            with socket.create_connection(("127.0.0.1", inst.endpoint.port)) as s:
+                s.sendall(b"GET " + SNAPSHOT_PATH.encode() + b" HTTP/1.0\r\n\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+
+    paths = [SNAPSHOT_PATH, EVENTS_PATH + "?since=0", HEALTH_PATH, METRICS_PATH] * 2
+    threads = [threading.Thread(target=client, args=(p,)) for p in paths] + [threading.Thread(target=hang_up)]
+    for t in threads:
+        t.start()
+    while time.monotonic() < stop:  # the scheduler keeps working and snapshotting meanwhile
+        driver.request()
+        inst.safe_point()
+    for t in threads:
+        t.join(20)
+    assert not problems, problems[:3]
+    snap = settle(inst, time.monotonic())
+    assert_matches_cache(snap, cache, driver.tally)
+
+
+@needs_sglang
+def test_hooks_take_themselves_off_after_repeated_failures_and_the_cache_serves_on(closing):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    class BrokenSizes(RadixCache):
+        def evictable_size(self):  # read by the evict hook on every call: radixtop's own error each time
+            raise RuntimeError("sizes unavailable")
+
+    params = real_cache.CacheInitParams(
+        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=real_cache.allocator(600), page_size=1
+    )
+    cache = BrokenSizes(params)
+    originals = {name: RadixCache.__dict__[name] for name in HOOKED_METHODS}
+    inst = attach(cache, rank=0, config=CONFIG)
+    closing.append(inst)
+    assert all(RadixCache.__dict__[name] is not originals[name] for name in HOOKED_METHODS)
+    for _ in range(25):
+        assert cache.evict(EvictParams(num_tokens=1)).num_tokens_evicted == 0  # SGLang's evict runs every time
+    assert inst.hooks.state == "disabled" and "instrument errors" in inst.hooks.disabled_reason
+    assert {name: RadixCache.__dict__[name] for name in HOOKED_METHODS} == originals
+    get(inst.endpoint.url + SNAPSHOT_PATH)
+    assert inst.safe_point()
+    snap = parse_snapshot(get(inst.endpoint.url + SNAPSHOT_PATH)[1])
+    assert snap.hooks_state == "disabled" and snap.counters.instrument_errors == 20 and snap.evictable_tokens is None
+    health = parse_health(get(inst.endpoint.url + HEALTH_PATH)[1])
+    assert health.status == "degraded" and "hooks disabled" in health.message
+
+
+# ----------------------------------------------------------------------------------------------
+# Scheduler processes started as SGLang starts them
+
+
+def _read_child(proc_conn, proc, timeout: float) -> dict:
+    assert proc_conn.poll(timeout), "the scheduler child reported nothing"
+    report = proc_conn.recv()
+    assert "error" not in report, report.get("error")
+    return report
+
+
+def _check_child_endpoint(report: dict, port: int, rank: int) -> None:
+    assert report["port"] == port  # base port + rank
+    snap = parse_snapshot(get(f"http://127.0.0.1:{port}{SNAPSHOT_PATH}")[1])
+    f = report["figures"]
+    assert snap.rank == rank and snap.cache_class == "RadixCache" and snap.hooks_state == "active"
+    assert (snap.evictable_tokens, snap.protected_tokens) == (f["evictable_size"], f["protected_size"])
+    assert (snap.evictable_tokens, snap.protected_tokens) == (f["evictable"], f["protected"])
+    assert (snap.available_tokens, snap.capacity_tokens) == (f["available"], f["capacity"])
+    assert snap.census.node_count == f["nodes"] and snap.census.total_tokens == f["tokens"]
+    assert {str(k): v for k, v in snap.census.lock_ref_histogram.items()} == f["histogram"]
+    t = report["tally"]
+    assert (snap.counters.lock_ops, snap.counters.unlock_ops) == (t["locks"], t["unlocks"])
+    assert (snap.counters.evictions, snap.counters.evicted_tokens) == (t["evictions"], t["evicted_tokens"])
+    assert snap.counters.negative_lock_ref == 1
+    _, body = get(f"http://127.0.0.1:{port}{EVENTS_PATH}?since=0")
+    assert [e.node_id for e in parse_events(body).events if e.kind == "negative_lock_ref"] == [report["double_unlocked_node"]]
+
+
+@needs_sglang
+def test_plugin_route_loads_in_a_spawned_scheduler_process(monkeypatch):
+    base = free_port() - 1
+    monkeypatch.setenv("RADIXTOP_INSTRUMENT", "1")
+    monkeypatch.setenv("RADIXTOP_INSTRUMENT_PORT", str(base))
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    import scheduler_child
+
+    ctx = multiprocessing.get_context("spawn")  # as SGLang starts its scheduler processes
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=scheduler_child.run, args=(child, "plugin", 1))
+    proc.start()
+    try:
+        report = _read_child(parent, proc, 240)
+        # load_plugins() found radixtop's entry point and HookRegistry applied its AROUND hook.
+        assert not report["watched_before_plugins"] and report["instrumented"] is False
+        assert report["registry_hooks"] == 1 and report["registry_applied"]
+        assert any("instrumentation registered" in line for line in report["logs"])
+        assert any("rank 1 instrumented: RadixCache (radix)" in line for line in report["logs"])
+        _check_child_endpoint(report, base + 1, rank=1)
+    finally:
+        parent.send("stop")
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+
+
+@needs_sglang
+def test_launcher_route_instruments_spawned_schedulers_without_the_plugin(tmp_path):
+    base = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RADIXTOP_", "SGLANG_PLUGINS"))}
+    env["RADIXTOP_INSTRUMENT_PORT"] = str(base)
+    env["PYTHONPATH"] = str(HELPERS)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixtop.instrument.launch", "--module", "launch_target", "0"],
+        cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 240)
+        assert ready, "the launched server printed nothing in 240 s"
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        report = json.loads(line)
+        assert "error" not in report, report["error"]
+        assert report["launcher_env"]["RADIXTOP_INSTRUMENT"] == "1"
+        assert report["launcher_env"]["PYTHONPATH"].split(os.pathsep)[0] == launch.BOOTSTRAP_DIR
+        # The bootstrap's watch wrapped the scheduler as its module loaded; the plugin stood aside.
+        assert report["watched_before_plugins"] and report["instrumented"]
+        assert report["registry_hooks"] == 0
+        assert any("plugin route skipped" in line for line in report["logs"])
+        _check_child_endpoint(report, base, rank=0)
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+# ----------------------------------------------------------------------------------------------
+# The glue that needs no sglang (runs everywhere)
+
+
+def test_config_comes_from_the_environment_and_bad_values_are_one_line_each(caplog):
+    env = {
+        "RADIXTOP_INSTRUMENT_PORT": "41000",
+        "RADIXTOP_INSTRUMENT_BUDGET": "64",
+        "RADIXTOP_INSTRUMENT_INTERVAL": "0.25",
+        "RADIXTOP_INSTRUMENT_HOST": "::1",
+        "RADIXTOP_INSTRUMENT_TOKEN": "s3cret",
+    }
+    cfg = InstrumentConfig.from_env(env)
+    assert (cfg.base_port, cfg.budget, cfg.interval_s, cfg.host, cfg.token) == (41000, 64, 0.25, "::1", "s3cret")
+    assert cfg.port_for(3) == 41003 and InstrumentConfig(base_port=0).port_for(3) == 0
+    with caplog.at_level(logging.WARNING, logger="radixtop.instrument"):
+        bad = InstrumentConfig.from_env({"RADIXTOP_INSTRUMENT_PORT": "http", "RADIXTOP_INSTRUMENT_BUDGET": "999999999"})
+    assert bad == InstrumentConfig()
+    assert len(caplog.records) == 2 and "RADIXTOP_INSTRUMENT_PORT='http'" in caplog.records[0].getMessage()
+    assert glue.enabled({"RADIXTOP_INSTRUMENT": "1"}) and not glue.enabled({"RADIXTOP_INSTRUMENT": "true"})
+
+
+def _python(code: str, env_extra: dict[str, str], pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXTOP_")}
+    env.update(env_extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_register_costs_nothing_unless_switched_on():
+    code = (
+        "import sys\n"
+        "from radixtop.instrument.plugin import register\n"
+        "register()\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('radixtop', 'sglang'))))\n"
+    )
+    done = _python(code, {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['radixtop', 'radixtop.instrument', 'radixtop.instrument.plugin']"
+    assert plugin.register() is None
+
+
+def test_register_outside_a_scheduler_process_imports_nothing_and_registers_nothing():
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.DEBUG, format='%(message)s')\n"
+        "from radixtop.instrument.plugin import register\n"
+        "register()\n"
+        "print('scheduler imported:', 'sglang.srt.managers.scheduler' in sys.modules)\n"
+    )
+    done = _python(code, {"RADIXTOP_INSTRUMENT": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "scheduler imported: False" in done.stdout
+    assert "no SGLang scheduler in process" in done.stderr
+
+
+def test_launcher_builds_the_servers_command_line_and_environment():
+    assert launch.command(["--model-path", "m", "--port", "30000"]) == [
+        sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--port", "30000",
+    ]
+    assert launch.command(["--module", "my.server", "--", "--help"]) == [sys.executable, "-m", "my.server", "--help"]
+    assert launch.command(["--module=my.server"]) == [sys.executable, "-m", "my.server"]
+    with pytest.raises(SystemExit, match="needs a module name"):
+        launch.command(["--module", "--tp", "2"])
+    env = launch.child_environment({"PYTHONPATH": f"/a{os.pathsep}{launch.BOOTSTRAP_DIR}", "RADIXTOP_INSTRUMENT": "0"})
+    assert env["RADIXTOP_INSTRUMENT"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep) == [launch.BOOTSTRAP_DIR, "/a"]
+    assert (Path(launch.BOOTSTRAP_DIR) / "sitecustomize.py").is_file()
+
+
+def test_bootstrap_runs_the_sitecustomize_it_shadows_and_arms_the_watch(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.SHADOWED_RAN = True\n")
+    code = "import builtins, sys; print(getattr(builtins, 'SHADOWED_RAN', False), type(sys.meta_path[0]).__name__ == '_SchedulerWatch')"
+    path = os.pathsep.join([launch.BOOTSTRAP_DIR, str(tmp_path)])
+    on = _python(code, {"RADIXTOP_INSTRUMENT": "1"}, pythonpath=path)
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.strip() == "True True"
+    off = _python(code, {}, pythonpath=path)
+    assert off.stdout.strip() == "True False"  # still chained, nothing armed
+
+
+def test_a_cache_radixtop_does_not_know_is_one_log_line_and_served_as_sizes(caplog, closing):
+    class Mystery:  # no tree, no lock/evict methods: still some sizes
+        token_to_kv_pool_allocator = None
+
+        def evictable_size(self):
+            return 7
+
+        def protected_size(self):
+            return 0
+
+    info = describe_cache(Mystery())
+    assert info.kind == "unknown" and not info.walkable and info.hooked_methods == ()
+    with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
+        inst = attach(Mystery(), rank=0, config=CONFIG)
+    closing.append(inst)
+    assert any("unknown cache class Mystery" in r.getMessage() for r in caplog.records)
+    get(inst.endpoint.url + SNAPSHOT_PATH)
+    assert inst.safe_point()
+    snap = parse_snapshot(get(inst.endpoint.url + SNAPSHOT_PATH)[1])
+    assert not snap.walkable and snap.evictable_tokens == 7 and snap.hooks_state == "off"
+
+
+def test_safe_point_failures_are_counted_then_it_switches_itself_off(caplog):
+    class Flaky:
+        tp_rank = 0
+
+        @property
+        def tree_cache(self):
+            raise RuntimeError("tree cache unreadable")
+
+    points = SafePoints(config_source=lambda: CONFIG)
+    scheduler = Flaky()
+    with caplog.at_level(logging.WARNING, logger="radixtop.instrument"):
+        for _ in range(glue.MAX_SAFE_POINT_ERRORS + 5):
+            points.at(scheduler)  # never raises into the scheduler
+    assert points.errors == glue.MAX_SAFE_POINT_ERRORS and points.disabled
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("safe point error #" in m for m in messages) == 3  # the first few, not every one
+    assert any("switched off, the server keeps serving" in m for m in messages)

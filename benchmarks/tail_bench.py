@@ -10,7 +10,8 @@ just before the write. Two phases, one after the other, with identical writers (
 tools at once on a small machine would make each slow the other):
 
 - radixtop: LogFollower in this process; an asyncio consumer stamps time.time() when each batch
-  reaches it (the lag a UI would see) and keeps sequence numbers and stamps in arrays with C-level
+  reaches it (the lag a UI would see), reads the lines' texts from the batch's runs as the TUI
+  does (no LogRecord per line), and keeps sequence numbers and stamps in arrays with C-level
   calls; lost / duplicated (must be 0) and the lag percentiles are worked out after the run.
   CPU: the follower's reader thread, and the whole process (which also pays for the consumer).
 - tail -F -n 0: its stdout is a pipe read by a separate counting process (so the counting does not

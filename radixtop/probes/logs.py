@@ -1120,7 +1120,7 @@ class LogFollower:
                 busy = self._tailer.poll(now)
                 got_lines = bool(self._tailer.runs)
                 self._publish()
-                if not busy:
+                if not busy and not self._caught_up.is_set():
                     self._caught_up.set()
                 if got_lines or busy:
                     last_data, interval = now, self._poll_interval

@@ -152,6 +152,22 @@ async def test_a_big_log_opens_at_its_last_lines_and_finds_what_happened_before(
         assert app.state.entry(seq).lineno == len(lines) - 30
 
 
+async def test_a_log_named_after_start_up_is_followed_the_same_way(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    lines = long_log(path)
+    app = RadixtopApp()  # no --log: discovery may name one later
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.1)
+        assert "radixtop is not following any log yet" in screen_text(app)
+        app.follow_logs([str(path)])
+        await pilot.pause(0.1)
+        assert app.state.entry(app.state.next_seq - 1).text == lines[-1]
+        await wait_for(pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part")
+        assert app.state.report.findings[0].first.line == 11
+        append(path, SIGQUIT)
+        await wait_for(pilot, lambda: seq_of(app, SIGQUIT) is not None, "a new line")
+
+
 async def test_from_start_fills_the_view_with_the_last_lines_and_finds_the_rest(tmp_path: Path) -> None:
     path = tmp_path / "server.log"
     lines = long_log(path, before=3000)

@@ -276,6 +276,24 @@ class RadixtopApp(App[int]):
         except (OSError, ValueError, TypeError) as exc:
             self._follow_error = f"cannot follow {self.log_patterns}: {exc}"
 
+    def follow_logs(self, patterns: Sequence[str]) -> None:
+        """Start following logs named after start-up (found by discovery, say): their last lines
+        at once, the findings of what came before in the background. Does nothing when logs are
+        followed already."""
+        if self.follower is not None or not patterns:
+            return
+        self.log_patterns = list(patterns)
+        self._follow_error = None
+        self._open_logs(self.state.capacity)
+        if self._follow_error is not None:
+            self.state.add_notice("radixtop", "error", self._follow_error)
+            return
+        self._poll_health()
+        self._take_backlog()
+        self._consume()
+        self._start_history()
+        self._tick(force=True)
+
     def _take_backlog(self) -> None:
         """Apply the files' last lines before the first frame (bounded wait)."""
         follower = self.follower

@@ -335,3 +335,16 @@ def test_lines_whose_numbers_are_still_counted_show_and_wait_to_be_findings(cata
     assert state.entry(1).lineno == 7002
     state.apply(ingestor.flush(0))
     assert state.report.findings[0].first.line == 7002
+
+
+def test_run_table_and_notices_stay_bounded_by_the_ring():
+    from radixtop.probes.logs import LogLines, LogRun
+
+    state = IncidentState(capacity=100)
+    for i in range(3000):  # one short run per batch, a notice every tenth
+        notices = (LogNotice("a.log", "rotated", f"n{i}", 0.0),) if i % 10 == 0 else ()
+        state.apply(IngestResult(LogLines([LogRun("a.log", 0, 2 * i + 1, [f"x{i}", f"y{i}"], 0.0)]), notices=notices, lines=2))
+    assert len(state) == 100
+    assert len(state._runs) <= 51 and len(state._special) <= 10
+    assert texts_in_view(state)[-2:] == ["x2999", "y2999"]
+    assert state.entry(state.next_seq - 1).lineno == 6000

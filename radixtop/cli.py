@@ -29,7 +29,7 @@ def _add_tui_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from-start",
         action="store_true",
-        help="read followed logs from their first line instead of their end",
+        help="keep up to 100,000 existing lines in view (default: the last 5,000; findings cover the whole file either way)",
     )
     parser.add_argument(
         "--theme",

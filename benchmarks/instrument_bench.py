@@ -10,7 +10,15 @@
    census at most 0.5 % of the thread), measured as this thread's CPU time (time.thread_time), since
    wall time on a shared box also counts other people's work. Target: under 1 % at 100k nodes.
 
+3. --real: the same two measurements on sglang 0.5.23's own RadixCache on a CPU torch (run with
+   the environment .ci/sglang-tests builds): a scheduler-shaped stream of real cache operations
+   (tests/sglang/real_cache.py's Driver: match_prefix, inc_lock_ref, evict_for_alloc under pool
+   pressure, alloc, path_device_indices, insert, relock, dec_lock_ref) with no hooks, with the
+   hooks attach() installs, and with attach()'s whole instrument (hooks, endpoint being watched,
+   the safe point once per request); and snapshot cost on real trees of 1k, 10k and 100k nodes.
+
 Usage:  python benchmarks/instrument_bench.py [--quick] [--write-readme]
+        <sglang env>/bin/python benchmarks/instrument_bench.py --real [--quick] [--write-readme]
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from radixtop.sim.radix import (
 
 README = Path(__file__).with_name("README.md")
 START, END = "<!-- instrument_bench:start -->", "<!-- instrument_bench:end -->"
+REAL_START, REAL_END = "<!-- instrument_bench_real:start -->", "<!-- instrument_bench_real:end -->"
 RATE_HZ = 2.0  # InstrumentEndpoint's default min_interval_s = 0.5 while someone is watching
 MAX_DUTY = 0.01  # InstrumentEndpoint's default max_duty
 
@@ -221,12 +230,14 @@ def calibrate() -> float:
     return cpu_ms(loop, 5)  # ms per 1M iterations == ns per iteration
 
 
-def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig) -> list[dict]:
+def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig, build=None, count=None) -> list[dict]:
     rows = []
     defaults = SnapshotConfig()
+    build = build or build_tree
+    count = count or (lambda cache: sum(1 for _ in cache.iter_nodes()))
     for size in sizes:
-        cache = build_tree(size)
-        nodes = sum(1 for _ in cache.iter_nodes())
+        cache = build(size)
+        nodes = count(cache)
         configs = [("default", defaults)] + ([("small", small)] if size == sizes[-1] else [])
         for label, cfg in configs:
             shot = TreeSnapshotter(SnapshotConfig(max_nodes=cfg.max_nodes, max_scan=cfg.max_scan, census_duty=1e-12))
@@ -325,21 +336,243 @@ def render(hooks: dict, snaps: list[dict], command: str, ns_per_loop: float) -> 
     return "\n".join(lines)
 
 
-def write_readme(block: str) -> None:
+def write_readme(block: str, start: str = START, end: str = END) -> None:
     text = README.read_text() if README.exists() else "# Benchmarks\n"
-    section = f"{START}\n{block}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text, flags=re.DOTALL)
+    section = f"{start}\n{block}\n{end}"
+    if start in text and end in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.DOTALL)
     else:
         text = text.rstrip() + "\n\n## Instrumentation\n\n" + section + "\n"
     README.write_text(text)
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. The real SGLang RadixCache (--real)
+
+
+def _real():
+    """tests/sglang/real_cache.py: sglang 0.5.23's caches on the CPU (imports sglang and torch)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sglang"))
+    import real_cache
+
+    return real_cache
+
+
+def real_stream(rc, prompts: list[list[int]], mode: str, pool_tokens: int) -> tuple[float, object]:
+    """One pass of the stream on a fresh real RadixCache; this thread's CPU seconds.
+    mode: "none", "hooks" (what attach() installs on the instance), "attach" (attach()'s whole
+    instrument: hooks, the endpoint watched by a client, the safe point once per request)."""
+    import urllib.error
+    import urllib.request
+
+    from radixtop.instrument.hooks import CacheHooks
+    from radixtop.instrument.sglang import InstrumentConfig, attach
+    from radixtop.schema import SNAPSHOT_PATH
+
+    cache = rc.radix_cache(size=pool_tokens)
+    hooks = inst = None
+    if mode == "hooks":
+        hooks = CacheHooks()
+        hooks.install(cache)
+    elif mode == "attach":
+        inst = attach(cache, rank=0, config=InstrumentConfig(base_port=0))
+        hooks = inst.hooks
+        try:  # a client reads the endpoint, as the TUI would: snapshots at 2/s from here on
+            urllib.request.urlopen(inst.endpoint.url + SNAPSHOT_PATH, timeout=10).close()
+        except urllib.error.HTTPError:
+            pass  # 503: no snapshot yet; the request still counts as watching
+    driver = rc.Driver(cache, window=32)
+    gc.collect()
+    started = time.thread_time()
+    try:
+        for tokens in prompts:
+            if inst is not None:
+                inst.safe_point()
+            driver.request(tokens)
+        driver.finish_all()
+        return time.thread_time() - started, (hooks.counters() if hooks is not None else driver.tally)
+    finally:
+        if inst is not None:
+            inst.close()
+        elif hooks is not None:
+            hooks.uninstall()
+
+
+def real_hook_overhead(rc, n_requests: int, rounds: int) -> dict:
+    rng = random.Random(1)
+    systems = [[rng.randrange(1, 32000) for _ in range(rng.randrange(64, 256))] for _ in range(8)]
+    prompts = [rng.choice(systems) + [rng.randrange(1, 32000) for _ in range(rng.randrange(16, 96))] for _ in range(n_requests)]
+    pool = 40 * 200  # small enough that evict_for_alloc runs often
+    modes = ("none", "hooks", "attach")
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    ratios: dict[str, list[float]] = {m: [] for m in modes}
+    counters = None
+    real_stream(rc, prompts[: n_requests // 4], "none", pool)  # warm-up
+    for r in range(rounds):
+        order = modes[r % 3 :] + modes[: r % 3]
+        this = {}
+        for mode in order:
+            seconds, seen = real_stream(rc, prompts, mode, pool)
+            this[mode] = seconds
+            times[mode].append(seconds)
+            if mode == "hooks":
+                counters = seen
+        for mode in modes:
+            ratios[mode].append(this[mode] / this["none"])
+    return {
+        "requests": n_requests,
+        "rounds": rounds,
+        "best": {m: min(v) for m, v in times.items()},
+        "ratio": {m: statistics.median(v) for m, v in ratios.items()},
+        "counters": counters,
+    }
+
+
+def real_per_call(rc, loops: int = 5000, repeats: int = 7) -> dict:
+    """Extra CPU per hooked call on the real cache (best of short loops)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+
+    from radixtop.instrument.hooks import CacheHooks
+
+    out = {}
+    for mode in ("none", "hooks"):
+        cache = rc.radix_cache(size=1 << 12)
+        cache.insert(InsertParams(key=rc.key(list(range(1, 51)))))
+        cache.insert(InsertParams(key=rc.key(list(range(1, 31)) + [7] * 10)))  # a 2-node path
+        node = cache.match_prefix(MatchPrefixParams(key=rc.key(list(range(1, 51))))).last_device_node
+        hooks = CacheHooks()
+        if mode == "hooks":
+            hooks.install(cache)
+        try:
+            best_lock = best_evict = float("inf")
+            for _ in range(repeats):
+                t = time.thread_time()
+                for _ in range(loops):
+                    cache.inc_lock_ref(node)
+                    cache.dec_lock_ref(node)
+                best_lock = min(best_lock, time.thread_time() - t)
+                t = time.thread_time()
+                for _ in range(loops):
+                    cache.evict_for_alloc(EvictParams(num_tokens=0))
+                best_evict = min(best_evict, time.thread_time() - t)
+            out[mode] = (best_lock / loops, best_evict / loops)
+        finally:
+            hooks.uninstall()
+    return {
+        "lock_pair_us": 1e6 * (out["hooks"][0] - out["none"][0]),
+        "lock_pair_base_us": 1e6 * out["none"][0],
+        "evict_us": 1e6 * (out["hooks"][1] - out["none"][1]),
+        "evict_base_us": 1e6 * out["none"][1],
+    }
+
+
+def real_build_tree(rc, n_nodes: int, seed: int = 2):
+    """A real RadixCache with about n_nodes nodes: prompts sharing system prompts, inserted with
+    token ids as values (RadixCache's own fallback), 256 leaves locked as running requests hold them."""
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+    rng = random.Random(seed)
+    cache = rc.radix_cache(size=1024)
+    systems = [[rng.randrange(1, 32000) for _ in range(rng.randrange(16, 128))] for _ in range(max(4, n_nodes // 200))]
+    count = 0
+    while count < n_nodes:
+        for _ in range(max(100, (n_nodes - count) // 2)):
+            tokens = rng.choice(systems) + [rng.randrange(1, 32000) for _ in range(rng.randrange(8, 48))]
+            cache.insert(InsertParams(key=rc.key(tokens)))
+        count = real_count(cache)
+    leaves, stack = [], [cache.root_node]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if not node.children:
+            leaves.append(node)
+    for node in rng.sample(leaves, min(256, len(leaves))):
+        cache.inc_lock_ref(node)
+    return cache
+
+
+def real_count(cache) -> int:
+    return run_census(cache.root_node, 10**9, 1 << 30).census.node_count
+
+
+def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns_per_loop: float) -> str:
+    import sglang
+    import torch
+
+    d = SnapshotConfig()
+    c = hooks["counters"]
+    lines = [
+        f"Command: `{command}`; Python {sys.version.split()[0]}, sglang {sglang.__version__}, torch {torch.__version__}, "
+        f"{time.strftime('%Y-%m-%d')}; a bare Python loop here: {ns_per_loop:.0f} ns per iteration.",
+        "",
+        f"Hook overhead on sglang's RadixCache: {hooks['requests']} scheduler-shaped requests (match, lock, "
+        "evict_for_alloc under pool pressure, alloc, path indices, insert, relock, unlock; 32 running requests "
+        f"hold locks), {hooks['rounds']} rounds of the three modes back to back (rotating order), thread CPU time; "
+        "the overhead is the median of the per-round ratios to the unhooked run:",
+        "",
+        "| instrumentation | best run | overhead (median ratio) |",
+        "|---|---:|---:|",
+        f"| none | {hooks['best']['none']:.3f} s | +0.0 % |",
+        f"| hooks (what attach() installs) | {hooks['best']['hooks']:.3f} s | {100 * (hooks['ratio']['hooks'] - 1):+.1f} % |",
+        f"| attach(): hooks + watched endpoint + safe point per request | {hooks['best']['attach']:.3f} s | {100 * (hooks['ratio']['attach'] - 1):+.1f} % |",
+        "",
+        f"Per call (best of short loops): a lock + unlock on a 2-node path costs {per_call['lock_pair_base_us']:.2f} µs, "
+        f"hooks add {per_call['lock_pair_us']:.2f} µs; an evict_for_alloc that frees nothing costs "
+        f"{per_call['evict_base_us']:.2f} µs, hooks add {per_call['evict_us']:.2f} µs.",
+    ]
+    if c is not None:
+        lines.append(
+            f"(a hooked run counted {c.lock_ops} locks, {c.unlock_ops} unlocks, {c.evict_calls} evict calls, "
+            f"{c.evicted_tokens} evicted tokens)"
+        )
+    lines += [
+        "",
+        f"Snapshot cost on sglang's RadixCache, scheduler-thread CPU time (defaults: budget {d.max_nodes} nodes, "
+        f"census stops at {d.census_max_nodes:,} nodes and may use {100 * d.census_duty:g} % of the thread; "
+        "256 locked paths); columns as in the table above:",
+        "",
+        "| nodes | budget | detail walk + JSON | payload | census (default cap) | full census | census every | share at 2/s | duty-capped rate | share | naive walk + JSON | naive share at 2/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in snaps:
+        capped = "" if r["census_complete"] else f" (stops at {r['census_nodes']:,})"
+        naive = "" if r["naive_ms"] != r["naive_ms"] else f"{r['naive_ms']:.0f} ms"
+        naive_share = "" if r["naive_ms"] != r["naive_ms"] else f"{100 * r['naive_fraction']:.0f} %"
+        lines.append(
+            f"| {r['nodes']:,} | {r['config']} | {r['detail_ms']:.1f} ms | {r['payload_kb']:.0f} KiB | {r['census_ms']:.0f} ms{capped} | "
+            f"{r['full_census_ms']:.0f} ms | {r['census_every_s']:.1f} s | {100 * r['fraction_at_2hz']:.2f} % | "
+            f"{r['rate']:.1f}/s | {100 * r['fraction']:.2f} % | {naive} | {naive_share} |"
+        )
+    return "\n".join(lines)
+
+
+def main_real(quick: bool, write: bool) -> None:
+    rc = _real()
+    n_requests, rounds = (300, 7) if quick else (1000, 21)
+    ns_per_loop = calibrate()
+    hooks = real_hook_overhead(rc, n_requests, rounds)
+    per_call = real_per_call(rc)
+    small = SnapshotConfig(max_nodes=128, max_scan=512)
+    snaps = snapshot_costs(
+        [1_000, 10_000, 100_000], 3 if quick else 9, small,
+        build=lambda n: real_build_tree(rc, n), count=real_count,
+    )
+    command = "<sglang env>/bin/python benchmarks/instrument_bench.py --real" + (" --quick" if quick else "")
+    block = render_real(hooks, per_call, snaps, command, ns_per_loop)
+    print(block)
+    if write:
+        write_readme(block, REAL_START, REAL_END)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and repeats (a shared 2-core box)")
     parser.add_argument("--write-readme", action="store_true", help="replace the results block in README.md")
+    parser.add_argument("--real", action="store_true", help="on sglang's own RadixCache (needs sglang and torch)")
     args = parser.parse_args()
+    if args.real:
+        main_real(args.quick, args.write_readme)
+        return
     n_requests, rounds = (400, 15) if args.quick else (1500, 41)
     ns_per_loop = calibrate()
     hooks = hook_overhead(n_requests, rounds)

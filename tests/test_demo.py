@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -118,3 +119,19 @@ def test_block_boundary_is_gone_with_the_radix_cache_disabled(tmp_path: Path) ->
         demo.stop()
     assert all(len(texts) == 1 for texts in variants.values()), variants
     assert len(variants) == sum(r.n for r in trace.requests)
+
+
+@pytest.mark.slow
+def test_demo_lock_race_stays_away_when_running_requests_are_bounded(tmp_path: Path) -> None:
+    """The same demo workload with --max-running-requests 2 never reaches the fault's token usage."""
+    demo = start_demo("lock-race", workdir=tmp_path, extra_flags=["--max-running-requests", "2"])
+    try:
+        time.sleep(25)  # the unbounded demo dies within ~15 s of this workload
+        text = demo.log_file.read_text(errors="replace")
+        assert demo.sim.poll() is None, "the bounded simulator died"
+    finally:
+        demo.stop()
+    assert "RadixCacheError" not in text and "contended with a page lock" not in text
+    usages = [float(u) for u in re.findall(r"token usage: ([0-9.]+)", text)]
+    assert len(usages) > 20, "the workload did not run"
+    assert max(usages) < 0.9

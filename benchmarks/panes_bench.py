@@ -243,7 +243,7 @@ def bench_snapshot(polls: int, nodes: int) -> None:
 # -- 2. polling --------------------------------------------------------------------------------
 
 
-def start_demo_sim(work: Path) -> tuple[subprocess.Popen, subprocess.Popen, str, Path]:
+def start_demo_sim(work: Path, with_load: bool = True) -> tuple[subprocess.Popen, subprocess.Popen | None, str, Path]:
     from radixtop.sim.cli import sim_argv
     from radixtop.sim.demo import SIM_FLAGS
 
@@ -257,8 +257,10 @@ def start_demo_sim(work: Path) -> tuple[subprocess.Popen, subprocess.Popen, str,
             raise SystemExit("the simulator did not start")
         time.sleep(0.05)
     url = f"http://127.0.0.1:{int(ready.read_text())}"
-    load = subprocess.Popen([sys.executable, "-m", "radixtop.sim.load", "--url", url], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    load = None
+    if with_load:
+        load = subprocess.Popen([sys.executable, "-m", "radixtop.sim.load", "--url", url], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     return sim, load, url, log
 
 
@@ -304,7 +306,7 @@ def bench_polling(seconds: float, nvitop: str | None) -> None:
         else:
             print("  peer nvitop: " + run_nvitop(nvitop, seconds))
     finally:
-        stop_all(load, sim)
+        stop_all(*(p for p in (load, sim) if p is not None))
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -340,17 +342,22 @@ class Tmux:
         return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10).stdout
 
     def start(self) -> float:
-        line = "exec " + " ".join(shlex.quote(part) for part in self.command)
+        line = f"cd {shlex.quote(str(ROOT))} && exec " + " ".join(shlex.quote(part) for part in self.command)
+        # The tmux server takes our environment: a COLUMNS/LINES from a parent would fix Textual's size.
+        env = {k: v for k, v in (self.env or os.environ).items() if k not in ("COLUMNS", "LINES")}
         t0 = time.monotonic()
         subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "bench", "-x",
-                        str(WIDTH), "-y", str(HEIGHT), line], check=True, env=self.env, timeout=10)  # fmt: skip
+                        str(WIDTH), "-y", str(HEIGHT), line], check=True, env=env, timeout=10)  # fmt: skip
         return t0
 
     def pid(self) -> int:
         return int(self.run("display-message", "-p", "-t", "bench", "#{pane_pid}").strip())
 
     def capture(self) -> str:
-        return self.run("capture-pane", "-p", "-t", "bench")
+        try:
+            return self.run("capture-pane", "-p", "-t", "bench")
+        except subprocess.CalledProcessError:
+            raise SystemExit(f"the command in tmux exited: {' '.join(self.command)}") from None
 
     def kill(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
@@ -370,49 +377,75 @@ def sglang_lines(n: int, start: int = 0) -> list[str]:
     return out
 
 
-def bench_app(seconds: float, lines: int) -> None:
-    work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
-    sim, load, url, log = start_demo_sim(work)
-    tmux = Tmux([sys.executable, "-m", "radixtop", "--url", url, "--log", str(log)])
-    try:
-        t0 = tmux.start()
-        first = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            screen = tmux.capture()
-            if "Radix cache" in screen and "Vital signs" in screen:
-                first = time.monotonic() - t0
-                break
-            time.sleep(0.02)
-        print(f"\napp: radixtop --url --log in tmux {WIDTH}x{HEIGHT}, simulator under the demo workload")
-        print(f"  first frame with every pane: {first * 1000:.0f} ms" if first else "  panes never showed")
-        proc = psutil.Process(tmux.pid())
-        time.sleep(5)
-        c0 = sum(proc.cpu_times()[:2])
-        time.sleep(seconds)
-        c1 = sum(proc.cpu_times()[:2])
-        print(f"  steady: {100 * (c1 - c0) / seconds:.1f} % of one core over {seconds:.0f} s, RSS {proc.memory_info().rss / 2**20:.0f} MiB")
-        t1 = time.monotonic()
-        written = 0
-        with open(log, "a", encoding="utf-8") as f:
-            while written < lines:
-                chunk = sglang_lines(min(50_000, lines - written), written)
-                f.write("\n".join(chunk) + "\n")
-                f.flush()
-                written += len(chunk)
-        write_s = time.monotonic() - t1
-        time.sleep(max(5.0, write_s))
-        peak = proc.memory_info().rss
-        time.sleep(5)
-        print(f"  after {lines:,} appended log lines (written in {write_s:.1f} s): RSS {peak / 2**20:.0f} MiB, "
-              f"then {proc.memory_info().rss / 2**20:.0f} MiB 5 s later")  # fmt: skip
+def _steady(tmux: Tmux, seconds: float) -> tuple[float, int]:
+    proc = psutil.Process(tmux.pid())
+    c0 = sum(proc.cpu_times()[:2])
+    time.sleep(seconds)
+    c1 = sum(proc.cpu_times()[:2])
+    return 100 * (c1 - c0) / seconds, proc.memory_info().rss
+
+
+def _first_frame(tmux: Tmux, t0: float, needles: tuple[str, ...]) -> float | None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         screen = tmux.capture()
-        status = [line for line in screen.splitlines() if "lines" in line][-1:]
-        print(f"  status line: {status[0].strip()[:150] if status else '?'}")
-    finally:
-        tmux.kill()
-        stop_all(load, sim)
-        shutil.rmtree(work, ignore_errors=True)
+        if all(n in screen for n in needles):
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return None
+
+
+def bench_app(seconds: float, lines: int) -> None:
+    """radixtop with every pane, and the log pane alone (RADIXTOP_PANES=0) as the in-run baseline,
+    against the simulator idle (the log quiet: what watching costs) and under the demo workload."""
+    print(f"\napp: radixtop --log SIM_LOG in tmux {WIDTH}x{HEIGHT} (discovery attaches to the simulator writing it)")
+    for loaded in (False, True):
+        work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
+        sim, load, _, log = start_demo_sim(work, with_load=loaded)
+        try:
+            for panes in (True, False):
+                env = dict(os.environ, RADIXTOP_PANES="1" if panes else "0")
+                # --log alone: discovery finds the server writing that log (works whether or not this
+                # radixtop's parser has --url yet).
+                tmux = Tmux([sys.executable, "-m", "radixtop", "--log", str(log)], env=env)
+                try:
+                    t0 = tmux.start()
+                    needles = ("Radix cache", "Vital signs", "server ok") if panes else ("FOLLOW",)
+                    first = _first_frame(tmux, t0, needles[:2] if panes else needles)
+                    attached = _first_frame(tmux, t0, needles)
+                    time.sleep(3)
+                    cpu, rss = _steady(tmux, seconds)
+                    what = "every pane" if panes else "log pane alone"
+                    scene = "workload" if loaded else "idle sim"
+                    ff = f"{first * 1000:.0f} ms" if first else "never"
+                    at = f", attached (server ok) {attached * 1000:.0f} ms" if panes and attached else ""
+                    print(f"  {scene:8} {what:15} first frame {ff}{at}; {cpu:.1f} % of one core over {seconds:.0f} s, "
+                          f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
+                    if loaded and lines:
+                        _million(tmux, log, lines)
+                finally:
+                    tmux.kill()
+        finally:
+            stop_all(*(p for p in (load, sim) if p is not None))
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _million(tmux: Tmux, log: Path, lines: int) -> None:
+    proc = psutil.Process(tmux.pid())
+    t1 = time.monotonic()
+    written = 0
+    with open(log, "a", encoding="utf-8") as f:
+        while written < lines:
+            chunk = sglang_lines(min(50_000, lines - written), written)
+            f.write("\n".join(chunk) + "\n")
+            f.flush()
+            written += len(chunk)
+    write_s = time.monotonic() - t1
+    time.sleep(max(5.0, write_s))
+    peak = proc.memory_info().rss
+    time.sleep(5)
+    print(f"      after {lines:,} more log lines (written in {write_s:.1f} s): RSS {peak / 2**20:.0f} MiB, "
+          f"{proc.memory_info().rss / 2**20:.0f} MiB 5 s later")  # fmt: skip
 
 
 def main() -> None:

@@ -566,6 +566,7 @@ class RadixBoard:
 
     def add(self, sample: RadixSample) -> None:
         view = self.ranks.get(sample.url)
+        changed = view is None or view.status != sample.status or bool(sample.events) or not sample.unchanged
         if view is None:
             view = self.ranks[sample.url] = RankView(sample.url, sample.status)
         view.status = sample.status
@@ -594,7 +595,8 @@ class RadixBoard:
                 self.anomalies.append(Anomaly(ev.time, view.rank, ev.kind, ev.node_id, ev.lock_ref, ev.message))
             elif ev.kind == "evict" and ev.tokens:
                 self.evictions.append((ev.time, view.rank, ev.tokens))
-        self.version += 1
+        if changed:  # an unchanged snapshot of a rank in the same state redraws nothing
+            self.version += 1
 
     def _rates(self, view: RankView, snap: Snapshot) -> None:
         c = snap.counters

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import gc
 import inspect
+import os
 import threading
 import time
 import traceback
@@ -36,6 +37,7 @@ from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.help import HelpScreen
+from radixtop.tui.panes import LiveOptions, Panes, compose_panes
 from radixtop.tui.state import (
     AFTER_WAIT,
     DEFAULT_CAPACITY,
@@ -134,6 +136,14 @@ class RadixtopApp(App[int]):
         Binding("e", "hit(True)", "Next hit"),
         Binding("E", "hit(False)", "Previous hit", show=False),
         Binding("t", "cycle_theme", "Theme"),
+        Binding("1", "pane('log')", "Panes", key_display="1-5"),
+        Binding("2", "pane('radix')", "Radix", show=False),
+        Binding("3", "pane('gpu')", "GPU", show=False),
+        Binding("4", "pane('procs')", "Processes", show=False),
+        Binding("5", "pane('vitals')", "Vitals", show=False),
+        Binding("0", "pane('all')", "All panes", show=False),
+        Binding("left_square_bracket", "rank(-1)", "Previous rank", show=False),
+        Binding("right_square_bracket", "rank(1)", "Next rank", show=False),
         Binding("escape", "clear", "Clear", show=False),
     ]
 
@@ -148,6 +158,7 @@ class RadixtopApp(App[int]):
         capacity: int = DEFAULT_CAPACITY,
         clock: Callable[[], float] | None = None,
         banner: str | None = None,
+        live: LiveOptions | None = None,
     ) -> None:
         super().__init__()
         for t in THEMES.values():
@@ -155,6 +166,8 @@ class RadixtopApp(App[int]):
         self.theme = CLI_THEMES.get(theme or "dark", "radixtop-dark")
         self.log_patterns = list(log_patterns)
         self.banner = banner  # one line shown first in the pane (e.g. what `radixtop demo` started)
+        self.live_options = live  # the radix, GPU, processes and vitals panes; None: the log pane alone
+        self.panes: Panes | None = None
         self.from_start = from_start
         if catalog is None:
             from radixtop.diagnosis.catalog import load_catalog
@@ -194,11 +207,14 @@ class RadixtopApp(App[int]):
         return variable_defaults()
 
     def compose(self) -> ComposeResult:
-        with Horizontal(id="main"):
-            yield LogView(self.state, id="log")
-            with Vertical(id="findings-panel"):
-                yield Static("Findings", id="findings-title")
-                yield FindingsList(id="findings")
+        with Vertical(id="body"):
+            with Horizontal(id="main"):
+                yield LogView(self.state, id="log")
+                with Vertical(id="findings-panel"):
+                    yield Static("Findings", id="findings-title")
+                    yield FindingsList(id="findings")
+            if self.live_options is not None:
+                yield from compose_panes()
         with Horizontal(id="prompt-bar"):
             yield Label("/", id="prompt-label")  # the Input joins it on first use: start-up time
         # In a container of their own: Textual redraws every widget whose parent's area meets the
@@ -233,7 +249,13 @@ class RadixtopApp(App[int]):
             self.state.add_notice("radixtop", "catalog", note)
         if self.banner:
             self.state.add_message([self.banner])
-        if not self.log_patterns:
+        if self.live_options is not None:
+            self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines)
+            self.panes.layout(self.size.width, self.size.height)
+            self._run_live()
+        if not self.log_patterns and self.live_options is not None and self.live_options.discover:
+            self.state.add_message(["radixtop is looking for SGLang and vLLM servers on this node…"])
+        elif not self.log_patterns:
             self.state.add_message(no_log_message())
         elif self._follow_error is not None:
             self.state.add_notice("radixtop", "error", self._follow_error)
@@ -259,6 +281,28 @@ class RadixtopApp(App[int]):
         gc.freeze()
         _, older, oldest = gc.get_threshold()
         gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+    # -- the live panes ----------------------------------------------------------------------------
+
+    @work(exclusive=True, group="live", exit_on_error=False)
+    async def _run_live(self) -> None:
+        panes = self.panes
+        if panes is None:
+            return
+        try:
+            await panes.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.report_failure("watching the server", exc)
+
+    def _add_lines(self, lines: list[str]) -> None:
+        self.state.add_message(lines)
+        self._tick(force=True)
+
+    def on_resize(self, event: Any) -> None:
+        if self.panes is not None:
+            self.panes.layout(event.size.width, event.size.height)
 
     # -- reading the logs --------------------------------------------------------------------------
 
@@ -310,6 +354,8 @@ class RadixtopApp(App[int]):
     def _ingest(self, batch: Any) -> None:
         result = self.ingestor.process(batch)
         self.state.apply(result)
+        if self.panes is not None:
+            self.panes.feed_log(batch)
         if result.skipped:
             self._history_parts.extend(result.skipped)
             if self._history_started:
@@ -464,6 +510,10 @@ class RadixtopApp(App[int]):
                 self._show_findings(now, force)
                 drew = True
         self.log_view.keep_following()
+        panes = self.panes
+        if panes is not None:
+            panes.note_report(state.report, self._title_of)
+            panes.redraw(force)
         # The counters (lines, lines/s) need not move 20 times a second; a mode change or a new
         # initiating failure shows at once.
         report = state.report
@@ -503,6 +553,12 @@ class RadixtopApp(App[int]):
             f"Findings ({len(ids)}) · Enter jump · d evidence", layout=False
         )
 
+    def _title_of(self, sig_id: str) -> str:
+        try:
+            return self.catalog.get(sig_id).title
+        except Exception:
+            return sig_id
+
     def status_info(self) -> StatusInfo:
         state = self.state
         view = self.log_view
@@ -524,6 +580,8 @@ class RadixtopApp(App[int]):
         )
         if self.follower is None and self.log_patterns and not sources:
             sources = (SourceStatus("logs", "error", "not followed; see the notice in the pane"),)
+        if self.panes is not None:
+            sources += tuple(SourceStatus(*s) for s in self.panes.status_sources())
         engine = f"matcher: {self.matcher.engine}"
         return StatusInfo(
             mode=mode,
@@ -545,7 +603,22 @@ class RadixtopApp(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Main-screen keys do nothing while the help or evidence screen is open.
+        if action in ("pane", "rank") and self.panes is None:
+            return False  # no live panes: the keys are not offered
         return not (isinstance(self.screen, ModalScreen) and action != "quit")
+
+    @guarded("switch pane")
+    def action_pane(self, name: str) -> None:
+        if self.panes is not None:
+            self.panes.show(name)
+            self._tick(force=True)
+
+    @guarded("switch rank")
+    def action_rank(self, step: int) -> None:
+        if self.panes is not None:
+            from radixtop.widgets.radix import RadixPane
+
+            self.query_one(RadixPane).select_step(step)
 
     @guarded("help")
     def action_help(self) -> None:
@@ -749,6 +822,23 @@ def run_tui(args: Any) -> int:
         catalog=catalog,
         context=context,
         banner=getattr(args, "banner", None),
+        live=live_options(args),
     )
     app.run()
     return 0
+
+
+def live_options(args: Any) -> LiveOptions | None:
+    """The live panes' options from the command line (`--url`, `--instrument`, `--no-discover`,
+    `--no-gpu` where the parser has them; read with getattr so that a parser without them works)."""
+    if getattr(args, "no_panes", False) or os.environ.get("RADIXTOP_PANES") == "0":
+        return None  # the log pane alone (RADIXTOP_PANES=0: benchmarks compare against it)
+    url = getattr(args, "url", None)
+    instruments = tuple(getattr(args, "instrument", None) or ())
+    return LiveOptions(
+        url=url,
+        instruments=instruments,
+        logs=tuple(getattr(args, "log", None) or ()),
+        gpu=not getattr(args, "no_gpu", False),
+        discover=not getattr(args, "no_discover", False),
+    )

@@ -25,6 +25,11 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("e / E", "next / previous line that matched a failure signature"),
     ("Tab", "to the findings list and back; Enter jumps to a finding's first line, d shows its evidence"),
     ("t", "next theme: dark, light, high contrast"),
+    ("1 2 3 4 5", ("panes: 1 log, 2 radix, 3 GPU, 4 processes, 5 vitals; on a small screen one at a time, "
+                   "on a big one (140x40 and more) all at once and the key zooms one; 0 or the key again shows all")),
+    ("[ ]", "previous / next rank in the radix pane"),
+    ("radix tree", ("↑ ↓ move, Enter or → expands, ← collapses (or goes to the parent), x opens every path "
+                    "to a locked node; 2 focuses it")),
     ("↑ ↓ PgUp PgDn Home End", "scroll (also j k b Space g G); ← → scroll long lines; mouse wheel works"),
 )
 
@@ -49,6 +54,21 @@ def help_text() -> Table:
     table.add_row("first:", "the earliest warning-or-worse signature across all files, its rank and time")
     table.add_row("sources", "each followed file: ok, waiting, rotated, truncated, deleted or error, with why")
     table.add_row("lines /s", "lines read in total and per second; then the matching engine in use")
+    table.add_row("server r0 procs gpu", "the live sources: ok, DOWN since the time it went, starting, "
+                  "degraded or error with why; gpu n/a without an NVIDIA driver")
+    table.add_row("", "")
+    table.add_row(Text("Panes", style=Style(bold=True, underline=True)), "")
+    table.add_row("radix", "one rank's prefix tree from radixtop's debug endpoint: the pool (locked, running, "
+                  "evictable, free tokens), evictions/s, lock anomalies with their times, the lock_ref "
+                  "histogram (page-lock occupancy), 'ranks disagree' when tree digests differ; "
+                  "locked paths in colour, negative lock_ref reversed")
+    table.add_row("vitals", "token usage, running and queued requests, cache hit rate, evicted tokens/s, "
+                  "retractions, GPU memory over time (from /metrics, else the log); ▼ marks the first signature")
+    table.add_row("GPU", "per GPU memory, utilisation, temperature, power; processes holding GPU memory, "
+                  "named when they are the server's; Xid errors")
+    table.add_row("processes", "the server's process tree: role and rank, state, RSS, CPU; zombies and "
+                  "vanished schedulers stand out")
+    table.add_row("DOWN", "a source that stopped answering: its pane keeps the last values and says since when")
     return table
 
 

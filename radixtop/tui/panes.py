@@ -5,9 +5,10 @@ findings on top, radix | vitals, then GPU | processes); a smaller one shows one 
 chosen with 1 log, 2 radix, 3 GPU, 4 processes, 5 vitals. On a big screen the same keys zoom one
 pane, and the key again (or 0) shows everything.
 
-Redraws: the live state's version is checked on the app's timer; a visible pane whose data moved
-is redrawn at most every REDRAW_S, the vitals once a second (their time axis moves). Hidden panes
-are not drawn. Nothing here waits on I/O: the probes run in one worker (LiveSources.run).
+Redraws: on the app's timer, at most PANES_HZ times a second, every visible pane whose data moved
+is redrawn, all in the same frame (Textual renders one box around everything that changed in a
+frame: panes redrawn at scattered moments cost one such pass each); the vitals every
+VITALS_REDRAW_S anyway (their time axis moves). Hidden panes are not drawn. Nothing here waits on I/O: the probes run in one worker (LiveSources.run).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from radixtop.widgets.vitals import VitalsPane
 
 WIDE_MIN = 140
 TALL_MIN = 40
-REDRAW_S = 0.5
-VITALS_REDRAW_S = 1.0
+PANES_HZ = 1.0  # the live panes are redrawn together, at most this often (sources poll every 2 s)
+VITALS_REDRAW_S = 2.0  # the vitals also when nothing moved, for their time axis
 PANES = ("log", "radix", "gpu", "procs", "vitals")
 PANE_KEYS = {"1": "log", "2": "radix", "3": "gpu", "4": "procs", "5": "vitals"}
 _WIDGET_IDS = {"radix": "#radix-pane", "gpu": "#gpu-pane", "procs": "#procs-pane", "vitals": "#vitals-pane"}
@@ -94,7 +95,8 @@ class Panes:
         self.zoom: str | None = None  # the pane shown alone on a big screen
         self.shown = "log"  # the pane shown on a small screen
         self.wide = False
-        self._drawn: dict[str, tuple[int, float]] = {}
+        self._drawn: dict[str, tuple[Any, float]] = {}
+        self._frame_at = -1e9
         self._marked: str | None = None
 
     # -- starting ---------------------------------------------------------------------------
@@ -205,19 +207,34 @@ class Panes:
 
     # -- drawing ----------------------------------------------------------------------------
 
+    def _keys(self) -> dict[str, Any]:
+        """What each pane shows, as something comparable: a pane is redrawn when its key moved."""
+        st = self.state
+        gpu, procs = st.gpu, st.procs
+        return {
+            "radix": (st.board.version, st.kind, self.targets is None),
+            "vitals": (st.vitals.version, st.server.status if st.server is not None else None),
+            "gpu": None if gpu is None else (gpu.status, gpu.gpus, len(st.xids), gpu.xid_note),
+            "procs": None if procs is None else (procs.status, procs.procs, procs.problems),
+        }
+
     def redraw(self, force: bool = False) -> None:
+        """Redraw the visible panes whose data moved, all in one frame (one compositor pass for all
+        of them, instead of one per pane), at most PANES_HZ times a second."""
         now_m = time.monotonic()
-        version = self.state.version
+        if not force and now_m - self._frame_at < 1.0 / PANES_HZ:
+            return
+        self._frame_at = now_m
         visible = self.visible()
+        keys = self._keys()
         for name in ("radix", "vitals", "gpu", "procs"):
             if name not in visible:
                 continue
-            last_version, last_at = self._drawn.get(name, (-1, -1e9))
-            every = VITALS_REDRAW_S if name == "vitals" else REDRAW_S
-            due = now_m - last_at >= every
-            moved = version != last_version
-            if force or (due and (moved or name == "vitals")):
-                self._drawn[name] = (version, now_m)
+            last_key, last_at = self._drawn.get(name, (object(), -1e9))
+            moved = keys[name] != last_key
+            axis = name == "vitals" and now_m - last_at >= VITALS_REDRAW_S
+            if force or moved or axis:
+                self._drawn[name] = (keys[name], now_m)
                 self._draw(name)
 
     def _draw(self, name: str) -> None:

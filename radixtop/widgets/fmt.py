@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -104,3 +105,17 @@ def frozen_banner(state: str, since: float | None, last_good: float | None) -> s
     if last_good is not None:
         text += f" · last values from {clock(last_good)}"
     return text
+
+
+def update_text(static: Any, text: Any) -> None:
+    """Static.update, but only when the text or its styles changed, and without a layout pass
+    when its size did not change (a layout pass re-measures the whole screen)."""
+    plain = text.plain
+    spans = list(text.spans)
+    last = getattr(static, "_radixtop_shown", None)
+    if last is not None and last[0] == plain and last[1] == spans:
+        return
+    lines = plain.split("\n")
+    size = (len(lines), max(map(len, lines)))
+    static.update(text, layout=last is None or last[2] != size)
+    static._radixtop_shown = (plain, spans, size)

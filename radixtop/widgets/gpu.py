@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
-from radixtop.widgets.fmt import bar, clock, frozen_banner, size
+from radixtop.widgets.fmt import bar, clock, frozen_banner, size, update_text
 
 MAX_XIDS_SHOWN = 5
 
@@ -126,8 +126,8 @@ class GpuPane(Vertical):
             title.append(f"  {state}", style="green" if state == "ok" else "red")
             if sample.gpus:
                 title.append(f"  {len(sample.gpus)} GPU{'s' if len(sample.gpus) != 1 else ''}", style="dim")
-        self.query_one("#gpu-title", Static).update(title)
+        update_text(self.query_one("#gpu-title", Static), title)
         body = render_gpus(
             sample, server_pids=server_pids, xids=xids, last_good=last_good, width=self.size.width or 80, now=now
         )
-        self.query_one("#gpu-body", Static).update(body)
+        update_text(self.query_one("#gpu-body", Static), body)

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
-from radixtop.widgets.fmt import age, clock, frozen_banner, size
+from radixtop.widgets.fmt import age, clock, frozen_banner, size, update_text
 
 HEADER = f"{'pid':>8} {'role':<18} {'state':<10} {'RSS':>10} {'CPU':>6} {'thr':>4} {'up':>6}  command"
 
@@ -73,5 +73,5 @@ class ProcsPane(Vertical):
             title.append(f"  pid {sample.root_pid} · {alive} running", style="dim")
             state = sample.status.state
             title.append(f"  {state}", style="green" if state == "ok" else "red")
-        self.query_one("#procs-title", Static).update(title)
-        self.query_one("#procs-body", Static).update(render_procs(sample, now=now, last_good=last_good))
+        update_text(self.query_one("#procs-title", Static), title)
+        update_text(self.query_one("#procs-body", Static), render_procs(sample, now=now, last_good=last_good))

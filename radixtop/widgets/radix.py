@@ -29,7 +29,7 @@ from textual.strip import Strip
 from textual.widgets import Static
 
 from radixtop.probes.radix import RadixBoard, RankView, TreeIndex, discard
-from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate
+from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
 MAX_ROWS = 50_000  # visible rows at most, however much is expanded
@@ -363,8 +363,8 @@ class RadixPane(Vertical):
         if views and (self.selected is None or self.selected not in board.ranks):
             self.selected = views[0].url
         view = board.ranks.get(self.selected) if self.selected else None
-        self.query_one("#radix-title", Static).update(self._title(views, view, now))
-        self.query_one("#radix-summary", Static).update(self._summary(board, view, now, note))
+        update_text(self.query_one("#radix-title", Static), self._title(views, view, now))
+        update_text(self.query_one("#radix-summary", Static), self._summary(board, view, now, note))
         snap = view.snapshot if view is not None else None
         self.tree_view.set_tree(snap, view.index if view is not None else None)
 

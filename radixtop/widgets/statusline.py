@@ -43,6 +43,8 @@ class StatusInfo:
 
 
 _OK_STATES = ("ok",)
+_QUIET_STATES = ("unavailable",)  # a source that cannot exist here (no GPU): said, not alarmed
+_BAD_STATES = ("error", "deleted", "down")
 
 
 def _count(n: int) -> str:
@@ -116,16 +118,21 @@ class StatusLine(Widget):
     def _source_parts(self, sources: Sequence[SourceStatus]) -> list[tuple[int, Text]]:
         if not sources:
             return [(1, Text("no log followed (--log PATH)", self._s("warn")))]
-        bad = [s for s in sources if s.state not in _OK_STATES]
+        bad = [s for s in sources if s.state not in _OK_STATES and s.state not in _QUIET_STATES]
         text = Text()
         ok = [s for s in sources if s.state in _OK_STATES]
+        quiet = [s for s in sources if s.state in _QUIET_STATES]
         if len(ok) > 3 and bad:
             text.append(f"{len(ok)} sources ok", self._s("ok"))
         else:
             for i, s in enumerate(ok):
                 text.append((", " if i else "") + f"{s.label} ok", self._s("ok"))
+        for s in quiet:
+            if text:
+                text.append(", ")
+            text.append(f"{s.label} n/a", self._s("dim"))
         for s in bad:
-            style = self._s("bad") if s.state in ("error", "deleted") else self._s("warn")
+            style = self._s("bad") if s.state in _BAD_STATES else self._s("warn")
             if text:
                 text.append(", ")
             text.append(f"{s.label} {s.state.upper()}", style)

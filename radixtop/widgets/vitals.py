@@ -19,7 +19,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from radixtop.probes.vitals import SPECS, SeriesSpec, Vitals
-from radixtop.widgets.fmt import clock, count, percent, size, sparkline
+from radixtop.widgets.fmt import clock, count, percent, size, sparkline, update_text
 
 LABEL_WIDTH = 15
 VALUE_WIDTH = 18
@@ -150,6 +150,6 @@ class VitalsPane(Vertical):
             title.append(f"  {status.state.upper()} since {clock(status.since)} · last values kept", style="bold red")
         if note:
             title.append(f"  {note}", style="yellow")
-        self.query_one("#vitals-title", Static).update(title)
+        update_text(self.query_one("#vitals-title", Static), title)
         width = max(40, (self.size.width or 100) - 2)
-        self.query_one("#vitals-body", Static).update(render_vitals(vitals, width=width, now=now))
+        update_text(self.query_one("#vitals-body", Static), render_vitals(vitals, width=width, now=now))

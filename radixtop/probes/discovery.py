@@ -23,13 +23,16 @@ import os
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import httpx
 import psutil
 
 from radixtop.probes.http import fetch, make_client
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.sglang import parse_server_info
+
+if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
+    import httpx
 
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "timeout", "env", "nohup", "stdbuf", "numactl", "taskset", "srun"})

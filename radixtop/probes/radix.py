@@ -24,9 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from radixtop.probes.http import Fetched, fetch, make_client
 from radixtop.probes.status import SourceState, StateClock, one_line
@@ -48,6 +46,9 @@ from radixtop.schema import (
     parse_health,
     parse_snapshot,
 )
+
+if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
+    import httpx
 
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_BUDGET = 5_000  # nodes asked for; the server caps it at its own max_budget

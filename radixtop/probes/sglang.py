@@ -15,14 +15,14 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from typing import TYPE_CHECKING, Any
 
 from radixtop.probes.http import fetch, make_client
 from radixtop.probes.radix import instrument_urls
 from radixtop.probes.status import SourceState, StateClock, one_line
+
+if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
+    import httpx
 
 DEFAULT_INTERVAL_S = 2.0
 INFO_EVERY_S = 300.0
@@ -145,6 +145,10 @@ def _label_int(labels: Mapping[str, str], name: str) -> int:
 
 def parse_metrics(text: str) -> ServerMetrics:
     """Prometheus text -> ServerMetrics. ValueError (one line) when the text does not parse."""
+    from prometheus_client.parser import (
+        text_string_to_metric_families,  # ~45 ms to import: when first needed
+    )
+
     per_name: dict[str, dict[int, tuple[int, float]]] = {}  # our name -> dp group -> (tp rank, value)
     kind = "unknown"
     try:

@@ -348,3 +348,28 @@ def test_run_table_and_notices_stay_bounded_by_the_ring():
     assert len(state._runs) <= 51 and len(state._special) <= 10
     assert texts_in_view(state)[-2:] == ["x2999", "y2999"]
     assert state.entry(state.next_seq - 1).lineno == 6000
+
+
+def test_big_runs_that_left_the_ring_are_let_go():
+    """A pruned run still in the run table keeps all its texts alive: a backlog read in 50,000-line
+    runs once kept every line of a million-line log while the ring showed 100,000."""
+    import gc
+    import weakref
+
+    from radixtop.probes.logs import LogLines, LogRun
+
+    state = IncidentState(capacity=1000)
+
+    class Texts(list):  # a list that can be watched for being freed
+        pass
+
+    refs = []
+    for i in range(20):
+        texts = Texts(f"line {i}.{k}" for k in range(5000))
+        refs.append(weakref.ref(texts))
+        state.apply(IngestResult(LogLines([LogRun("a.log", 0, 5000 * i + 1, texts, 0.0)]), lines=5000))
+        del texts
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    assert alive <= 2, f"{alive} runs of 5,000 lines are still held for a 1,000-line ring"
+    assert texts_in_view(state)[-1] == "line 19.4999"

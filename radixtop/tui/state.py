@@ -570,7 +570,10 @@ class _RunIndex:
         starts, lo = self._starts, self._lo
         while lo < len(starts) and starts[lo] + len(self._runs[lo].texts) <= first_seq:
             lo += 1
-        if lo > 1024 and lo * 2 > len(starts):
+        # Drop the dead prefix once it is half the table (amortised O(1) per run): a pruned run
+        # left in the table keeps all its texts alive, and one run can be 50,000 lines (a backlog
+        # read), so waiting for 1,024 of them kept a million lines alive after a million were read.
+        if lo and lo * 2 > len(starts):
             del starts[:lo], self._runs[:lo]
             lo = 0
         self._lo = lo

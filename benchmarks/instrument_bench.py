@@ -358,10 +358,14 @@ def _real():
     return real_cache
 
 
-def real_stream(rc, prompts: list[list[int]], mode: str, pool_tokens: int) -> tuple[float, object]:
-    """One pass of the stream on a fresh real RadixCache; this thread's CPU seconds.
-    mode: "none", "hooks" (what attach() installs on the instance), "attach" (attach()'s whole
-    instrument: hooks, the endpoint watched by a client, the safe point once per request)."""
+def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dict:
+    """Three real RadixCaches fed the same prompts in lockstep, chunk by chunk, the order of the
+    modes rotating per chunk: "none" (no hooks anywhere), "hooks" (what attach() installs, on its
+    cache) and "attach" (attach()'s whole instrument: hooks, an endpoint a client is reading, the
+    safe point once per request). Hooks go on just before a chunk of their mode and come off
+    after it, so the unhooked chunks run with no wrapper on the class at all. Lockstep chunks
+    keep the three trees in the same state and let each chunk's ratio cancel the load of a shared
+    machine; this thread's CPU time (time.thread_time)."""
     import urllib.error
     import urllib.request
 
@@ -369,68 +373,70 @@ def real_stream(rc, prompts: list[list[int]], mode: str, pool_tokens: int) -> tu
     from radixtop.instrument.sglang import InstrumentConfig, attach
     from radixtop.schema import SNAPSHOT_PATH
 
-    cache = rc.radix_cache(size=pool_tokens)
-    hooks = inst = None
-    if mode == "hooks":
-        hooks = CacheHooks()
-        hooks.install(cache)
-    elif mode == "attach":
-        inst = attach(cache, rank=0, config=InstrumentConfig(base_port=0))
-        hooks = inst.hooks
-        try:  # a client reads the endpoint, as the TUI would: snapshots at 2/s from here on
-            urllib.request.urlopen(inst.endpoint.url + SNAPSHOT_PATH, timeout=10).close()
-        except urllib.error.HTTPError:
-            pass  # 503: no snapshot yet; the request still counts as watching
-    driver = rc.Driver(cache, window=32)
-    gc.collect()
-    started = time.thread_time()
-    try:
-        for tokens in prompts:
-            if inst is not None:
-                inst.safe_point()
-            driver.request(tokens)
-        driver.finish_all()
-        return time.thread_time() - started, (hooks.counters() if hooks is not None else driver.tally)
-    finally:
-        if inst is not None:
-            inst.close()
-        elif hooks is not None:
-            hooks.uninstall()
-
-
-def real_hook_overhead(rc, n_requests: int, rounds: int) -> dict:
     rng = random.Random(1)
     systems = [[rng.randrange(1, 32000) for _ in range(rng.randrange(64, 256))] for _ in range(8)]
     prompts = [rng.choice(systems) + [rng.randrange(1, 32000) for _ in range(rng.randrange(16, 96))] for _ in range(n_requests)]
     pool = 40 * 200  # small enough that evict_for_alloc runs often
     modes = ("none", "hooks", "attach")
-    times: dict[str, list[float]] = {m: [] for m in modes}
     ratios: dict[str, list[float]] = {m: [] for m in modes}
-    counters = None
-    real_stream(rc, prompts[: n_requests // 4], "none", pool)  # warm-up
-    for r in range(rounds):
-        order = modes[r % 3 :] + modes[: r % 3]
-        this = {}
-        for mode in order:
-            seconds, seen = real_stream(rc, prompts, mode, pool)
-            this[mode] = seconds
-            times[mode].append(seconds)
-            if mode == "hooks":
-                counters = seen
-        for mode in modes:
-            ratios[mode].append(this[mode] / this["none"])
+    totals = dict.fromkeys(modes, 0.0)
+    counters = snapshots = None
+    for _ in range(passes):
+        drivers = {m: rc.Driver(rc.radix_cache(size=pool), window=32) for m in modes}
+        hooks = CacheHooks()
+        inst = attach(drivers["attach"].cache, rank=0, config=InstrumentConfig(base_port=0))
+        inst.hooks.uninstall()  # back on around each of its chunks
+        try:  # a client reads the endpoint, as the TUI would: snapshots at 2/s from here on
+            urllib.request.urlopen(inst.endpoint.url + SNAPSHOT_PATH, timeout=10).close()
+        except urllib.error.HTTPError:
+            pass  # 503: no snapshot yet; the request still counts as watching
+        gc.collect()
+        for i, first in enumerate(range(0, n_requests, chunk)):
+            part = prompts[first : first + chunk]
+            this = {}
+            for mode in modes[i % 3 :] + modes[: i % 3]:
+                driver = drivers[mode]
+                if mode == "hooks":
+                    hooks.install(driver.cache)
+                elif mode == "attach":
+                    inst.hooks.install(driver.cache)
+                started = time.thread_time()
+                if mode == "attach":
+                    for tokens in part:
+                        inst.safe_point()
+                        driver.request(tokens)
+                else:
+                    for tokens in part:
+                        driver.request(tokens)
+                this[mode] = time.thread_time() - started
+                hooks.uninstall()
+                inst.hooks.uninstall()
+            for mode in modes:
+                ratios[mode].append(this[mode] / this["none"])
+                totals[mode] += this[mode]
+        counters = hooks.counters()
+        snapshots = inst.endpoint.health().snapshots
+        inst.close()
     return {
         "requests": n_requests,
-        "rounds": rounds,
-        "best": {m: min(v) for m, v in times.items()},
-        "ratio": {m: statistics.median(v) for m, v in ratios.items()},
+        "passes": passes,
+        "chunk": chunk,
+        "per_request_us": {m: 1e6 * totals[m] / (n_requests * passes) for m in modes},
+        "median": {m: statistics.median(v) for m, v in ratios.items()},
+        "quartiles": {m: statistics.quantiles(v, n=4) for m, v in ratios.items()},
+        "sum_ratio": {m: totals[m] / totals["none"] for m in modes},
         "counters": counters,
+        "snapshots": snapshots,
     }
 
 
 def real_per_call(rc, loops: int = 5000, repeats: int = 7) -> dict:
     """Extra CPU per hooked call on the real cache (best of short loops)."""
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        EvictParams,
+        InsertParams,
+        MatchPrefixParams,
+    )
 
     from radixtop.instrument.hooks import CacheHooks
 
@@ -507,19 +513,39 @@ def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns
         "",
         f"Hook overhead on sglang's RadixCache: {hooks['requests']} scheduler-shaped requests (match, lock, "
         "evict_for_alloc under pool pressure, alloc, path indices, insert, relock, unlock; 32 running requests "
-        f"hold locks), {hooks['rounds']} rounds of the three modes back to back (rotating order), thread CPU time; "
-        "the overhead is the median of the per-round ratios to the unhooked run:",
+        f"hold locks) fed to three caches in lockstep, {hooks['chunk']} requests at a time in rotating order, "
+        f"{hooks['passes']} passes; this thread's CPU time. Per-chunk ratios to the unhooked cache (median and "
+        "quartiles), and the ratio of the totals (which also carries the rare snapshot):",
         "",
-        "| instrumentation | best run | overhead (median ratio) |",
-        "|---|---:|---:|",
-        f"| none | {hooks['best']['none']:.3f} s | +0.0 % |",
-        f"| hooks (what attach() installs) | {hooks['best']['hooks']:.3f} s | {100 * (hooks['ratio']['hooks'] - 1):+.1f} % |",
-        f"| attach(): hooks + watched endpoint + safe point per request | {hooks['best']['attach']:.3f} s | {100 * (hooks['ratio']['attach'] - 1):+.1f} % |",
+        "| instrumentation | CPU per request | overhead: median chunk | quartiles | total |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    labels = {
+        "none": "none",
+        "hooks": "hooks (what attach() installs)",
+        "attach": "attach(): hooks + endpoint being read + safe point per request",
+    }
+    for mode, label in labels.items():
+        q = hooks["quartiles"][mode]
+        lines.append(
+            f"| {label} | {hooks['per_request_us'][mode]:.0f} µs | {100 * (hooks['median'][mode] - 1):+.1f} % | "
+            f"{100 * (q[0] - 1):+.1f} % to {100 * (q[2] - 1):+.1f} % | {100 * (hooks['sum_ratio'][mode] - 1):+.1f} % |"
+        )
+    lines += [
+        "",
+        f"(the attach() cache was snapshotted {hooks['snapshots']} times in the last pass)",
         "",
         f"Per call (best of short loops): a lock + unlock on a 2-node path costs {per_call['lock_pair_base_us']:.2f} µs, "
         f"hooks add {per_call['lock_pair_us']:.2f} µs; an evict_for_alloc that frees nothing costs "
         f"{per_call['evict_base_us']:.2f} µs, hooks add {per_call['evict_us']:.2f} µs.",
     ]
+    if c is not None:
+        none_s = hooks["per_request_us"]["none"] * hooks["requests"] / 1e6  # one pass
+        modelled = (c.lock_ops * per_call["lock_pair_us"] + c.evict_calls * per_call["evict_us"]) / 1e6 / none_s
+        lines.append(
+            f"Those per-call figures times this stream's calls: {100 * modelled:+.1f} % of the unhooked run "
+            "(a floor: hot loops, warm caches)."
+        )
     if c is not None:
         lines.append(
             f"(a hooked run counted {c.lock_ops} locks, {c.unlock_ops} unlocks, {c.evict_calls} evict calls, "
@@ -548,9 +574,9 @@ def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns
 
 def main_real(quick: bool, write: bool) -> None:
     rc = _real()
-    n_requests, rounds = (300, 7) if quick else (1000, 21)
+    n_requests, passes = (400, 2) if quick else (1000, 6)
     ns_per_loop = calibrate()
-    hooks = real_hook_overhead(rc, n_requests, rounds)
+    hooks = real_hook_overhead(rc, n_requests, passes)
     per_call = real_per_call(rc)
     small = SnapshotConfig(max_nodes=128, max_scan=512)
     snaps = snapshot_costs(

@@ -30,8 +30,21 @@ import pytest
 from radixtop.instrument import launch, plugin
 from radixtop.instrument import sglang as glue
 from radixtop.instrument.hooks import HOOKED_METHODS
-from radixtop.instrument.sglang import InstrumentConfig, SafePoints, attach, describe_cache
-from radixtop.schema import EVENTS_PATH, HEALTH_PATH, METRICS_PATH, SNAPSHOT_PATH, parse_events, parse_health, parse_snapshot
+from radixtop.instrument.sglang import (
+    InstrumentConfig,
+    SafePoints,
+    attach,
+    describe_cache,
+)
+from radixtop.schema import (
+    EVENTS_PATH,
+    HEALTH_PATH,
+    METRICS_PATH,
+    SNAPSHOT_PATH,
+    parse_events,
+    parse_health,
+    parse_snapshot,
+)
 
 HELPERS = Path(__file__).resolve().parent / "sglang"
 REPO = Path(__file__).resolve().parents[1]
@@ -170,7 +183,7 @@ def test_double_unlock_on_radix_cache_is_counted_and_reported(closing):
     assert snap.rank == 3 and snap.counters.negative_lock_ref == 1
     assert snap.census.lock_ref_histogram.get(-1) == 1
     assert_matches_cache(snap, cache, driver.tally)  # the -1 node counts as evictable, as the cache counts it
-    status, body = get(inst.endpoint.url + EVENTS_PATH + "?since=0")
+    _, body = get(inst.endpoint.url + EVENTS_PATH + "?since=0")
     page = parse_events(body)
     negatives = [e for e in page.events if e.kind == "negative_lock_ref"]
     assert len(negatives) == 1 and negatives[0].node_id == node.id and negatives[0].lock_ref == -1
@@ -224,7 +237,7 @@ def test_unified_cache_on_the_rust_core_serves_sizes_and_counters_and_says_how_t
     while not inst.safe_point():
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    status, body = get(inst.endpoint.url + SNAPSHOT_PATH)
+    _, body = get(inst.endpoint.url + SNAPSHOT_PATH)
     snap = parse_snapshot(body)
     assert not snap.walkable and snap.tree is None and snap.census is None
     assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in snap.reason and "RustUnifiedTreeCore" in snap.reason
@@ -286,7 +299,7 @@ def test_safe_point_hook_attaches_to_the_schedulers_cache_and_follows_a_replacem
         scheduler.tree_cache = other
         points.at(scheduler)
         driver2 = real_cache.Driver(other, seed=5).run(5)
-        inst.cache = other
+        assert inst.cache is other
         snap = settle(inst, time.monotonic())
         assert snap.counters.lock_ops == driver.tally.locks + driver2.tally.locks
         assert (snap.evictable_tokens, snap.protected_tokens) == (other.evictable_size(), other.protected_size())
@@ -383,7 +396,7 @@ def test_hooks_take_themselves_off_after_repeated_failures_and_the_cache_serves_
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     class BrokenSizes(RadixCache):
-        def evictable_size(self):  # read by the evict hook on every call: radixtop's own error each time
+        def protected_size(self):  # read by the evict hook after every short evict: radixtop's own error each time
             raise RuntimeError("sizes unavailable")
 
     params = real_cache.CacheInitParams(
@@ -401,7 +414,7 @@ def test_hooks_take_themselves_off_after_repeated_failures_and_the_cache_serves_
     get(inst.endpoint.url + SNAPSHOT_PATH)
     assert inst.safe_point()
     snap = parse_snapshot(get(inst.endpoint.url + SNAPSHOT_PATH)[1])
-    assert snap.hooks_state == "disabled" and snap.counters.instrument_errors == 20 and snap.evictable_tokens is None
+    assert snap.hooks_state == "disabled" and snap.counters.instrument_errors == 20 and snap.protected_tokens is None
     health = parse_health(get(inst.endpoint.url + HEALTH_PATH)[1])
     assert health.status == "degraded" and "hooks disabled" in health.message
 
@@ -521,7 +534,7 @@ def _python(code: str, env_extra: dict[str, str], pythonpath: str = "") -> subpr
     env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXTOP_")}
     env.update(env_extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_register_costs_nothing_unless_switched_on():

@@ -2,8 +2,7 @@
 (and evict_for_alloc where the cache has it).
 
 Runs inside the host's scheduler: standard library only, constant cost per call (dec_lock_ref
-also re-reads lock_ref along the path it just walked, so its cost stays proportional), and the
-host never sees an exception from us: the host's own exceptions pass through unchanged (after
+also reads the unlocked node's lock_ref once), and the host never sees an exception from us: the host's own exceptions pass through unchanged (after
 being counted); ours are caught, counted, logged, turned into an event, and after `max_errors` of
 them the hooks disable themselves and put the original methods back.
 
@@ -163,6 +162,7 @@ class CacheHooks:
         self._external = False  # AROUND hooks handed to someone else's registry
         self._walk_paths = True  # off once nodes turn out not to be TreeNodes (e.g. NodeIds)
         self._evicting = False  # inside a counted evict: a nested one (evict_for_alloc -> evict) is not counted again
+        self._evict_reports_freed = False  # SGLang >= 0.5 returns EvictResult: no need to read sizes first
         self._lock = threading.RLock()
         self._installed: dict[int, Callable[[], None]] = {}  # id(target) -> how to undo it
         self._own_route = _Route({}, self)  # class installs and AROUND hooks: always these hooks
@@ -483,18 +483,15 @@ def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
     return inc_lock_ref
 
 
-def _check_path(hooks: CacheHooks, node: Any) -> None:
-    """Re-read lock_ref along the path dec_lock_ref just walked (same length: same cost)."""
+def _check_node(hooks: CacheHooks, node: Any) -> None:
+    """After dec_lock_ref(node): is node's lock_ref below zero? One read, whatever the path length:
+    every lock and unlock walks the node's whole path, so its ancestors hold at least its count
+    and the node itself is the first to go negative (a double unlock)."""
     try:
-        for _ in _PATH_STEPS:
-            if node is None:
-                return
-            if node.lock_ref < 0:
-                hooks._negative(node)
-                return
-            node = node.parent
+        if node is not None and node.lock_ref < 0:
+            hooks._negative(node)
     except AttributeError:
-        hooks._walk_paths = False  # not SGLang TreeNodes (e.g. NodeIds): nothing to walk
+        hooks._walk_paths = False  # not SGLang TreeNodes (e.g. NodeIds): nothing to read
     except Exception as exc:
         hooks._own_error("dec_lock_ref", exc)
 
@@ -510,15 +507,15 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
             hooks._host_failure("unlock_failure", args, kwargs, exc)
             raise
         if hooks._walk_paths:
-            _check_path(hooks, _node_arg(args, kwargs))
+            _check_node(hooks, _node_arg(args, kwargs))
         return result
 
     def dec_lock_ref(cache: Any, node: Any = _NO, extra: Any = _NO, *args: Any, **kwargs: Any) -> Any:
         hooks = lookup(id(cache), route.default)
-        head = () if node is _NO else (node,) if extra is _NO else (node, extra)
-        if hooks is None or hooks._disabled:
-            return original(cache, *head, *args, **kwargs)
-        if node is _NO or args or kwargs:
+        if hooks is None or hooks._disabled or node is _NO or args or kwargs:
+            head = () if node is _NO else (node,) if extra is _NO else (node, extra)
+            if hooks is None or hooks._disabled:
+                return original(cache, *head, *args, **kwargs)
             return generic(hooks, cache, (*head, *args), kwargs)
         # Fast path: dec_lock_ref(node) or dec_lock_ref(node, params).
         hooks.unlock_ops += 1
@@ -528,17 +525,11 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
             hooks._host_failure("unlock_failure", (node,), {}, exc)
             raise
         if hooks._walk_paths:
-            n = node
             try:
-                for _ in _PATH_STEPS:  # the common case inline: nothing went below zero
-                    if n is None:
-                        break
-                    if n.lock_ref < 0:
-                        hooks._negative(n)
-                        break
-                    n = n.parent
+                if node.lock_ref < 0:  # the common case inline: it did not go below zero
+                    hooks._negative(node)
             except Exception:
-                _check_path(hooks, node)  # the slow path sorts out what went wrong, once
+                _check_node(hooks, node)  # the slow path sorts out what went wrong, once
         return result
 
     return dec_lock_ref
@@ -552,11 +543,12 @@ def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = F
         if hooks is None or hooks._disabled or hooks._evicting:
             return original(cache, *args, **kwargs)
         hooks.evict_calls += 1
-        try:
-            before = cache.evictable_size()
-        except Exception as exc:
-            hooks._own_error("evict (before)", exc)
-            before = None
+        before = None
+        if not hooks._evict_reports_freed:  # older SGLang: freed = evictable before - after
+            try:
+                before = cache.evictable_size()
+            except Exception as exc:
+                hooks._own_error("evict (before)", exc)
         hooks._evicting = True
         try:
             result = original(cache, *args, **kwargs)
@@ -566,7 +558,9 @@ def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = F
             # SGLang >= 0.5 returns EvictResult(num_tokens_evicted); older releases return None.
             freed = getattr(result, "num_tokens_evicted", None)
             after = None
-            if type(freed) is not int:
+            if type(freed) is int:
+                hooks._evict_reports_freed = True
+            else:
                 after = cache.evictable_size()
                 freed = before - after if type(before) is int and type(after) is int else None
             if freed is not None:

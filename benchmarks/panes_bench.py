@@ -17,9 +17,13 @@
    (time.process_time) per wall second, and RSS. Peer: nvitop (a GPU monitor, installed in a
    throwaway venv: --nvitop PATH) run for the same window in tmux; skipped with a note where it
    cannot run (no NVIDIA driver).
-3. app: `radixtop` attached to the simulator (and its log) in tmux at 160x48, every pane on
-   screen: CPU share of one core and RSS over the window, the first frame's time from the command,
-   and RSS after a million log lines have been appended to the followed log and read.
+3. app: `radixtop --log SIM_LOG` (discovery attaches to the simulator writing it) in tmux at
+   160x48, every pane on screen, and in the same run the log pane alone (RADIXTOP_PANES=0) as the
+   baseline: CPU share of one core and RSS over the window, the first frame's time from the
+   command, and RSS after a million log lines have been appended to the followed log and read.
+   Three scenes: the simulator idle with its access log off (what watching costs), idle with its
+   access log on (radixtop's own /metrics and /health polls then add a log line a second or so,
+   which the log pane draws), and under the demo workload.
 
 Targets: at most 3 % of one core and under 150 MiB RSS after a million lines; first frame within
 1 s; no stall over 100 ms while a 100,000-node snapshot is fetched, parsed and displayed.
@@ -243,13 +247,15 @@ def bench_snapshot(polls: int, nodes: int) -> None:
 # -- 2. polling --------------------------------------------------------------------------------
 
 
-def start_demo_sim(work: Path, with_load: bool = True) -> tuple[subprocess.Popen, subprocess.Popen | None, str, Path]:
+def start_demo_sim(
+    work: Path, with_load: bool = True, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, subprocess.Popen | None, str, Path]:
     from radixtop.sim.cli import sim_argv
     from radixtop.sim.demo import SIM_FLAGS
 
     ready = work / "sim.port"
     log = work / "sim.log"
-    sim = subprocess.Popen(sim_argv(*SIM_FLAGS, ready_file=ready, log_file=log), stdout=subprocess.DEVNULL,
+    sim = subprocess.Popen(sim_argv(*SIM_FLAGS, *extra, ready_file=ready, log_file=log), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 30
     while not (ready.exists() and ready.read_text().strip()):
@@ -399,9 +405,10 @@ def bench_app(seconds: float, lines: int) -> None:
     """radixtop with every pane, and the log pane alone (RADIXTOP_PANES=0) as the in-run baseline,
     against the simulator idle (the log quiet: what watching costs) and under the demo workload."""
     print(f"\napp: radixtop --log SIM_LOG in tmux {WIDTH}x{HEIGHT} (discovery attaches to the simulator writing it)")
-    for loaded in (False, True):
+    scenes = (("idle sim, quiet log", False, ("--log-level", "warning")), ("idle sim", False, ()), ("workload", True, ()))
+    for scene, loaded, extra in scenes:
         work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
-        sim, load, _, log = start_demo_sim(work, with_load=loaded)
+        sim, load, _, log = start_demo_sim(work, with_load=loaded, extra=extra)
         try:
             for panes in (True, False):
                 env = dict(os.environ, RADIXTOP_PANES="1" if panes else "0")
@@ -416,10 +423,9 @@ def bench_app(seconds: float, lines: int) -> None:
                     time.sleep(3)
                     cpu, rss = _steady(tmux, seconds)
                     what = "every pane" if panes else "log pane alone"
-                    scene = "workload" if loaded else "idle sim"
                     ff = f"{first * 1000:.0f} ms" if first else "never"
                     at = f", attached (server ok) {attached * 1000:.0f} ms" if panes and attached else ""
-                    print(f"  {scene:8} {what:15} first frame {ff}{at}; {cpu:.1f} % of one core over {seconds:.0f} s, "
+                    print(f"  {scene:19} {what:15} first frame {ff}{at}; {cpu:.1f} % of one core over {seconds:.0f} s, "
                           f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
                     if loaded and lines:
                         _million(tmux, log, lines)
@@ -457,10 +463,10 @@ def main() -> None:
     args = ap.parse_args()
     parts = args.only or ["snapshot", "polling", "app"]
     print(f"load average at start: {', '.join(f'{x:.1f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
+    if "polling" in parts:  # first: its RSS figure is this process's, before the big snapshots
+        bench_polling(15 if args.quick else 60, args.nvitop)
     if "snapshot" in parts:
         bench_snapshot(3 if args.quick else 10, args.nodes)
-    if "polling" in parts:
-        bench_polling(15 if args.quick else 60, args.nvitop)
     if "app" in parts:
         bench_app(15 if args.quick else 60, 1_000_000)
 

@@ -252,7 +252,8 @@ class RadixtopApp(App[int]):
         if self.live_options is not None:
             self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines)
             self.panes.layout(self.size.width, self.size.height)
-            self._run_live()
+            # After the first frame: discovery and the first NVML read compete with it for the CPU.
+            self.call_after_refresh(self._run_live)
         if not self.log_patterns and self.live_options is not None and self.live_options.discover:
             self.state.add_message(["radixtop is looking for SGLang and vLLM servers on this node…"])
         elif not self.log_patterns:

@@ -246,3 +246,16 @@ def test_radix_pane_80x24(snap_compare, utc) -> None:
 
 def test_server_down_160x48(snap_compare, utc) -> None:
     assert snap_compare(_shot_app(), terminal_size=(160, 48), run_before=_before(down=True))
+
+
+def test_help_lists_the_pane_keys() -> None:
+    from rich.console import Console
+
+    from radixtop.tui.help import help_text
+
+    console = Console(width=200, record=True)
+    console.print(help_text())
+    text = console.export_text()
+    assert "1 2 3 4 5" in text and "4 processes, 5 vitals" in text
+    assert "[ ]" in text and "previous / next rank" in text
+    assert "DOWN since the time it went" in text

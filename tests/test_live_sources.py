@@ -100,3 +100,17 @@ async def test_follows_the_simulator_through_death_and_restart(tmp_path: Path) -
             except asyncio.CancelledError:
                 pass
         stop(proc)
+
+
+async def test_instruments_given_on_the_command_line_win() -> None:
+    found = FoundServer(7, "sglang", ("python",), 1.0, url="http://127.0.0.1:30000",
+                        instrument_urls=("http://127.0.0.1:39100",), log_path="/var/log/s.log")  # fmt: skip
+
+    async def one() -> Discovery:
+        return Discovery((found,))
+
+    targets = await resolve_targets(instruments=["http://10.0.0.2:39100/"], discover_fn=one)
+    assert targets.instruments == ["http://10.0.0.2:39100"] and targets.pinned_instruments
+    assert targets.url == "http://127.0.0.1:30000" and targets.pid == 7 and targets.logs == ["/var/log/s.log"]
+    given_log = await resolve_targets(logs=["/tmp/mine.log"], discover_fn=one)
+    assert given_log.logs == ["/tmp/mine.log"], "a log given with --log is not replaced"

@@ -37,6 +37,17 @@ def _add_tui_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="colour theme (NO_COLOR in the environment is always respected)",
     )
+    parser.add_argument(
+        "--url", default=None, metavar="URL",
+        help="the server to watch, e.g. http://127.0.0.1:30000 (default: found on this node)",
+    )
+    parser.add_argument(
+        "--instrument", action="append", default=[], metavar="URL",
+        help="a rank's radixtop debug endpoint (repeatable; default: the server's /server_info)",
+    )
+    parser.add_argument("--no-discover", action="store_true", help="do not look for servers on this node")
+    parser.add_argument("--no-gpu", action="store_true", help="do not read GPUs through NVML")
+    parser.add_argument("--no-panes", action="store_true", help="the log pane alone")
 
 
 def _add_signature_option(parser: argparse.ArgumentParser, top_level: bool = True) -> None:

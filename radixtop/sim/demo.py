@@ -142,7 +142,7 @@ def run_demo(args: Namespace) -> int:
         raise UsageError(f"demo: {exc}") from exc
     # Ctrl-C must reach the UI (which quits cleanly), never leave the children behind.
     try:
-        tui_args = Namespace(**{**vars(args), "log": [str(demo.log_file)], "from_start": True})
+        tui_args = Namespace(**{**vars(args), "log": [str(demo.log_file)], "from_start": True, "url": demo.url})
         tui_args.banner = f"demo: simulated SGLang at {demo.url}, fault {demo.fault}; logs in {demo.workdir}"
         return run_tui(tui_args)
     finally:

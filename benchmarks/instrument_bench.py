@@ -359,13 +359,15 @@ def _real():
 
 
 def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dict:
-    """Three real RadixCaches fed the same prompts in lockstep, chunk by chunk, the order of the
-    modes rotating per chunk: "none" (no hooks anywhere), "hooks" (what attach() installs, on its
-    cache) and "attach" (attach()'s whole instrument: hooks, an endpoint a client is reading, the
-    safe point once per request). Hooks go on just before a chunk of their mode and come off
-    after it, so the unhooked chunks run with no wrapper on the class at all. Lockstep chunks
-    keep the three trees in the same state and let each chunk's ratio cancel the load of a shared
-    machine; this thread's CPU time (time.thread_time)."""
+    """Four real RadixCaches fed the same prompts in lockstep, chunk by chunk, the order rotating
+    per chunk: "none" (the peer), "control" (a second unhooked cache: the noise floor of the
+    method), "hooks" (the counting hooks) and "attach" (attach()'s whole instrument: hooks, an
+    endpoint a client is reading, the safe point once per request). The hooked caches are
+    instances of their own empty subclasses with the hooks installed on that subclass, so the
+    peer runs with no wrapper at all (an instance install, as attach() does, would put a
+    dispatching wrapper on RadixCache itself; it runs the same wrapper code). Lockstep chunks keep
+    the trees in the same state and let each chunk's ratio cancel the load of a shared machine;
+    this thread's CPU time (time.thread_time)."""
     import urllib.error
     import urllib.request
 
@@ -373,19 +375,28 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
     from radixtop.instrument.sglang import InstrumentConfig, attach
     from radixtop.schema import SNAPSHOT_PATH
 
+    base = type(rc.radix_cache(size=8))
+    classes = {m: type(f"{m.title()}RadixCache", (base,), {}) for m in ("control", "hooks", "attach")}
+    classes["none"] = base
+
+    def new_cache(cls, size):
+        return cls(rc.CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=rc.allocator(size), page_size=1))
+
     rng = random.Random(1)
     systems = [[rng.randrange(1, 32000) for _ in range(rng.randrange(64, 256))] for _ in range(8)]
     prompts = [rng.choice(systems) + [rng.randrange(1, 32000) for _ in range(rng.randrange(16, 96))] for _ in range(n_requests)]
     pool = 40 * 200  # small enough that evict_for_alloc runs often
-    modes = ("none", "hooks", "attach")
+    modes = ("none", "control", "hooks", "attach")
     ratios: dict[str, list[float]] = {m: [] for m in modes}
     totals = dict.fromkeys(modes, 0.0)
     counters = snapshots = None
     for _ in range(passes):
-        drivers = {m: rc.Driver(rc.radix_cache(size=pool), window=32) for m in modes}
+        drivers = {m: rc.Driver(new_cache(classes[m], pool), window=32) for m in modes}
         hooks = CacheHooks()
+        hooks.install(classes["hooks"])
         inst = attach(drivers["attach"].cache, rank=0, config=InstrumentConfig(base_port=0))
-        inst.hooks.uninstall()  # back on around each of its chunks
+        inst.hooks.uninstall()
+        inst.hooks.install(classes["attach"])  # the same counters, on the subclass (see above)
         try:  # a client reads the endpoint, as the TUI would: snapshots at 2/s from here on
             urllib.request.urlopen(inst.endpoint.url + SNAPSHOT_PATH, timeout=10).close()
         except urllib.error.HTTPError:
@@ -394,12 +405,8 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
         for i, first in enumerate(range(0, n_requests, chunk)):
             part = prompts[first : first + chunk]
             this = {}
-            for mode in modes[i % 3 :] + modes[: i % 3]:
+            for mode in modes[i % 4 :] + modes[: i % 4]:
                 driver = drivers[mode]
-                if mode == "hooks":
-                    hooks.install(driver.cache)
-                elif mode == "attach":
-                    inst.hooks.install(driver.cache)
                 started = time.thread_time()
                 if mode == "attach":
                     for tokens in part:
@@ -409,13 +416,12 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
                     for tokens in part:
                         driver.request(tokens)
                 this[mode] = time.thread_time() - started
-                hooks.uninstall()
-                inst.hooks.uninstall()
             for mode in modes:
                 ratios[mode].append(this[mode] / this["none"])
                 totals[mode] += this[mode]
         counters = hooks.counters()
         snapshots = inst.endpoint.health().snapshots
+        hooks.uninstall()
         inst.close()
     return {
         "requests": n_requests,
@@ -513,16 +519,18 @@ def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns
         "",
         f"Hook overhead on sglang's RadixCache: {hooks['requests']} scheduler-shaped requests (match, lock, "
         "evict_for_alloc under pool pressure, alloc, path indices, insert, relock, unlock; 32 running requests "
-        f"hold locks) fed to three caches in lockstep, {hooks['chunk']} requests at a time in rotating order, "
+        f"hold locks) fed to four caches in lockstep, {hooks['chunk']} requests at a time in rotating order, "
         f"{hooks['passes']} passes; this thread's CPU time. Per-chunk ratios to the unhooked cache (median and "
-        "quartiles), and the ratio of the totals (which also carries the rare snapshot):",
+        "quartiles), and the ratio of the totals (which also carries the rare snapshot). The control is a second "
+        "unhooked cache: how far the method itself strays here.",
         "",
         "| instrumentation | CPU per request | overhead: median chunk | quartiles | total |",
         "|---|---:|---:|---:|---:|",
     ]
     labels = {
-        "none": "none",
-        "hooks": "hooks (what attach() installs)",
+        "none": "none (the peer)",
+        "control": "none again (control)",
+        "hooks": "the counting hooks",
         "attach": "attach(): hooks + endpoint being read + safe point per request",
     }
     for mode, label in labels.items():

@@ -58,6 +58,7 @@ class EventRing:
         if capacity < 1:
             raise ValueError(f"event ring capacity must be >= 1, got {capacity}")
         self._ring: deque[Event] = deque(maxlen=capacity)
+        self._capacity = capacity
         self._lock = threading.Lock()
         self._clock = clock
         self._latest = 0
@@ -78,13 +79,18 @@ class EventRing:
         message: str = "",
     ) -> None:
         """Callers pass plain ints (or None) and a short message; this runs on the scheduler thread."""
+        self.append(kind, node_id, lock_ref, tokens, requested, message[:500])
+
+    def append(self, kind: str, node_id: int | None, lock_ref: int | None, tokens: int | None, requested: int | None, message: str) -> None:
+        """push() with positional arguments and no checks: the hooks' hot path (one per evict)."""
         now = self._clock()
-        with self._lock:
-            self._latest += 1
-            ring = self._ring
-            if len(ring) == ring.maxlen:
-                self.dropped_total += 1
-            ring.append(_new_event(Event, (self._latest, now, kind, node_id, lock_ref, tokens, requested, message[:500])))
+        lock = self._lock
+        lock.acquire()
+        self._latest = seq = self._latest + 1
+        if seq > self._capacity:
+            self.dropped_total += 1
+        self._ring.append(_new_event(Event, (seq, now, kind, node_id, lock_ref, tokens, requested, message)))
+        lock.release()
 
     def read(self, since: int, limit: int = 1000) -> tuple[tuple[Event, ...], int, int, bool]:
         """(events with seq > since, oldest first, at most limit; latest seq; dropped; more)."""
@@ -242,13 +248,14 @@ class CacheHooks:
 
     def _evicted(self, cache: Any, freed: int, requested: int | None) -> None:
         # Events carry counts >= 0 (the schema refuses others), whatever a strange cache reports.
-        freed = max(freed, 0)
         if requested is not None and requested < 0:
             requested = None
         if freed > 0:
             self.evictions += 1
             self.evicted_tokens += freed
-            self.events.push("evict", tokens=freed, requested=requested)
+            self.events.append("evict", None, None, freed, requested, "")
+        elif freed < 0:
+            freed = 0
         if requested is not None and freed < requested:
             protected = cache.protected_size()
             if type(protected) is int and protected > 0:
@@ -327,7 +334,7 @@ class CacheHooks:
 
     def _install_class(self, cls: type) -> Callable[[], None] | None:
         done: list[tuple[str, Any, Any]] = []
-        for name in _ALL_METHODS:
+        for name in _methods_for(cls):
             current = getattr(cls, name, None)
             if not callable(current) or getattr(current, _MARK, None) is not None:
                 continue  # missing, or hooked already (by class or by instance installs)
@@ -361,7 +368,7 @@ class CacheHooks:
         used: list[_Dispatch] = []
         own_done: list[tuple[str, Any, Any]] = []
         own: Any = None
-        for name in _ALL_METHODS:
+        for name in _methods_for(cls):
             current = getattr(cls, name, None)
             bound = getattr(cache, name, None)
             if bound is not None and (getattr(bound, "__self__", None) is not cache or getattr(bound, "__func__", None) is not current):
@@ -442,6 +449,20 @@ class CacheHooks:
                     undo()
                 except Exception as exc:
                     log.warning("radixtop: could not restore a hooked method: %s: %s", type(exc).__name__, exc)
+
+
+def _owner(cls: type, name: str) -> type | None:
+    return next((k for k in cls.__mro__ if name in k.__dict__), None)
+
+
+def _methods_for(cls: type) -> tuple[str, ...]:
+    """The methods to hook on cls. evict_for_alloc only where the class defines it at or below its
+    evict: an inherited base version (SGLang's BasePrefixCache forwards to evict) is counted
+    through evict, and a second wrapper would only cost time."""
+    efa, evict = _owner(cls, "evict_for_alloc"), _owner(cls, "evict")
+    if efa is not None and evict is not None and efa is not evict and issubclass(evict, efa):
+        return HOOKED_METHODS
+    return _ALL_METHODS
 
 
 def _drop_self(bound: Callable[..., Any]) -> Callable[..., Any]:

@@ -76,6 +76,7 @@ async def test_attaches_to_the_simulator_and_shows_every_pane(sim) -> None:
     proc, url, log = sim
     app = live_app(url, log)
     async with app.run_test(size=(160, 48)) as pilot:
+        await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
         await _until(pilot, lambda: "rank 1" in _text(app, "#radix-title"), "both ranks in the radix pane")
         assert _shown(app) == {"log", "radix", "gpu", "procs", "vitals"}
         await _until(pilot, lambda: "server ok" in _status(app) and "r0 ok" in _status(app), "sources in the status line")
@@ -93,6 +94,7 @@ async def test_small_screen_one_pane_at_a_time_and_big_screen_zoom(sim) -> None:
     _, url, log = sim
     app = live_app(url, log, gpu=False)
     async with app.run_test(size=(80, 24)) as pilot:
+        await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
         assert _shown(app) == {"log"}
         for key, name in (("2", "radix"), ("3", "gpu"), ("4", "procs"), ("5", "vitals"), ("1", "log"), ("2", "radix")):
             await pilot.press(key)
@@ -121,6 +123,7 @@ async def test_a_dead_server_is_down_with_its_time_and_panes_keep_their_values(t
     app = live_app(url, log, gpu=False)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
+            await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
             await _until(pilot, lambda: "rank 1" in _text(app, "#radix-title") and "procs ok" in _status(app), "attached")
             stop(proc)
             await _until(pilot, lambda: "server DOWN (since" in _status(app), "server DOWN in the status line")
@@ -160,6 +163,7 @@ async def test_vllm_feeds_the_vitals_and_the_radix_pane_says_it_needs_sglang(tmp
         app = RadixtopApp(log_patterns=[str(log)], from_start=True,
                           live=LiveOptions(url=stub.url, logs=(str(log),), gpu=False, discover=False))  # fmt: skip
         async with app.run_test(size=(160, 48)) as pilot:
+            await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
             await _until(pilot, lambda: "vLLM has no such endpoint" in _text(app, "#radix-summary"), "the vLLM note")
             await _until(pilot, lambda: "from /metrics" in _text(app, "#vitals-title"), "vLLM gauges in the vitals")
             assert "50% /metrics" in _text(app, "#vitals-body")

@@ -37,7 +37,7 @@ from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.help import HelpScreen
-from radixtop.tui.panes import LiveOptions, Panes, compose_panes
+from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.tui.state import (
     AFTER_WAIT,
     DEFAULT_CAPACITY,
@@ -213,8 +213,6 @@ class RadixtopApp(App[int]):
                 with Vertical(id="findings-panel"):
                     yield Static("Findings", id="findings-title")
                     yield FindingsList(id="findings")
-            if self.live_options is not None:
-                yield from compose_panes()
         with Horizontal(id="prompt-bar"):
             yield Label("/", id="prompt-label")  # the Input joins it on first use: start-up time
         # In a container of their own: Textual redraws every widget whose parent's area meets the
@@ -251,9 +249,9 @@ class RadixtopApp(App[int]):
             self.state.add_message([self.banner])
         if self.live_options is not None:
             self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines)
-            self.panes.layout(self.size.width, self.size.height)
-            # After the first frame: discovery and the first NVML read compete with it for the CPU.
-            self.call_after_refresh(self._run_live)
+            # After the first frame: mounting the panes, discovery and the first NVML read would
+            # otherwise hold back the log's first screen (about 0.3 s here).
+            self.call_after_refresh(self._mount_panes)
         if not self.log_patterns and self.live_options is not None and self.live_options.discover:
             self.state.add_message(["radixtop is looking for SGLang and vLLM servers on this node…"])
         elif not self.log_patterns:
@@ -284,6 +282,15 @@ class RadixtopApp(App[int]):
         gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
     # -- the live panes ----------------------------------------------------------------------------
+
+    async def _mount_panes(self) -> None:
+        panes = self.panes
+        if panes is None:
+            return
+        await self.query_one("#body").mount_all(pane_rows())
+        panes.mounted = True
+        panes.layout(self.size.width, self.size.height)
+        self._run_live()
 
     @work(exclusive=True, group="live", exit_on_error=False)
     async def _run_live(self) -> None:

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from textual.app import ComposeResult
 from textual.containers import Horizontal
 
 from radixtop.probes.status import SourceState
@@ -51,13 +50,22 @@ class LiveOptions:
     discover: bool = True  # False: no discovery at all (tests, or a --url that is elsewhere)
 
 
-def compose_panes() -> ComposeResult:
-    with Horizontal(id="row-a", classes="pane-row"):
-        yield RadixPane(id="radix-pane", classes="pane")
-        yield VitalsPane(id="vitals-pane", classes="pane")
-    with Horizontal(id="row-b", classes="pane-row"):
-        yield GpuPane(id="gpu-pane", classes="pane")
-        yield ProcsPane(id="procs-pane", classes="pane")
+def pane_rows() -> list[Horizontal]:
+    """The panes' two rows, to mount under the log once the first frame is up."""
+    return [
+        Horizontal(
+            RadixPane(id="radix-pane", classes="pane"),
+            VitalsPane(id="vitals-pane", classes="pane"),
+            id="row-a",
+            classes="pane-row",
+        ),
+        Horizontal(
+            GpuPane(id="gpu-pane", classes="pane"),
+            ProcsPane(id="procs-pane", classes="pane"),
+            id="row-b",
+            classes="pane-row",
+        ),
+    ]
 
 
 def _short(text: str, limit: int = 48) -> str:
@@ -90,6 +98,9 @@ class Panes:
         self.add_lines = add_lines  # guidance lines into the log pane
         self.clock = clock_fn
         self.state = LiveState()
+        # The pane widgets are mounted after the log's first frame; until then the panes collect
+        # (the log's backlog feeds the vitals) but draw nothing.
+        self.mounted = False
         self.sources: LiveSources | None = None
         self.targets: Targets | None = None
         self.zoom: str | None = None  # the pane shown alone on a big screen
@@ -165,6 +176,8 @@ class Panes:
     # -- layout and keys --------------------------------------------------------------------
 
     def layout(self, width: int, height: int) -> None:
+        if not self.mounted:
+            return
         self.wide = width >= WIDE_MIN and height >= TALL_MIN
         visible = self.visible()
         app = self.app
@@ -188,6 +201,8 @@ class Panes:
 
     def show(self, name: str) -> None:
         """Key 1-5 (or 0 = everything / the log)."""
+        if not self.mounted:
+            return
         if name not in PANES:
             name = "log"
         if self.wide:
@@ -222,7 +237,7 @@ class Panes:
         """Redraw the visible panes whose data moved, all in one frame (one compositor pass for all
         of them, instead of one per pane), at most PANES_HZ times a second."""
         now_m = time.monotonic()
-        if not force and now_m - self._frame_at < 1.0 / PANES_HZ:
+        if not self.mounted or (not force and now_m - self._frame_at < 1.0 / PANES_HZ):
             return
         self._frame_at = now_m
         visible = self.visible()

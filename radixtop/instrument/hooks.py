@@ -23,6 +23,7 @@ SGLang's scheduler does.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 import time
@@ -477,8 +478,35 @@ def _drop_self(bound: Callable[..., Any]) -> Callable[..., Any]:
 # the method it replaces, and asks its route for the cache's hooks (None: not counted).
 
 
+def _positional_names(function: Any) -> tuple[str, ...] | None:
+    """The parameters after self of a plain Python function that takes nothing but positional-or-
+    keyword parameters (no *args, **kwargs or keyword-only ones); None for anything else. Such a
+    method gets a wrapper of the same shape, which CPython calls as cheaply as the method."""
+    code = getattr(function, "__code__", None)
+    if not isinstance(function, types.FunctionType) or code is None:
+        return None
+    if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
+        return None
+    return code.co_varnames[1 : code.co_argcount]
+
+
 def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
     lookup = route.table.get
+
+    if _positional_names(original) == ("node",) and not original.__defaults__:
+        # RadixCache's shape, inc_lock_ref(self, node): the same shape here.
+        def inc_lock_ref_exact(cache: Any, node: Any) -> Any:
+            hooks = lookup(id(cache), route.default)
+            if hooks is None or hooks._disabled:
+                return original(cache, node)
+            hooks.lock_ops += 1
+            try:
+                return original(cache, node)
+            except Exception as exc:  # the host's failure: count it, then let it propagate unchanged
+                hooks._host_failure("lock_failure", (node,), {}, exc)
+                raise
+
+        return inc_lock_ref_exact
 
     def generic(hooks: CacheHooks, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         hooks.lock_ops += 1
@@ -519,6 +547,28 @@ def _check_node(hooks: CacheHooks, node: Any) -> None:
 
 def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
     lookup = route.table.get
+
+    if _positional_names(original) == ("node", "params") and len(original.__defaults__ or ()) == 1:
+        # RadixCache's shape, dec_lock_ref(self, node, params=None): the same shape here.
+        def dec_lock_ref_exact(cache: Any, node: Any, params: Any = _NO) -> Any:
+            hooks = lookup(id(cache), route.default)
+            if hooks is None or hooks._disabled:
+                return original(cache, node) if params is _NO else original(cache, node, params)
+            hooks.unlock_ops += 1
+            try:
+                result = original(cache, node) if params is _NO else original(cache, node, params)
+            except Exception as exc:
+                hooks._host_failure("unlock_failure", (node,), {}, exc)
+                raise
+            if hooks._walk_paths:
+                try:
+                    if node.lock_ref < 0:  # the common case inline: it did not go below zero
+                        hooks._negative(node)
+                except Exception:
+                    _check_node(hooks, node)
+            return result
+
+        return dec_lock_ref_exact
 
     def generic(hooks: CacheHooks, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         hooks.unlock_ops += 1

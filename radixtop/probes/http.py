@@ -8,9 +8,10 @@ are on this node, and an HTTP_PROXY meant for the internet must not swallow loop
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up, before the first frame
     import httpx
@@ -121,3 +122,39 @@ def _root_cause(exc: BaseException) -> str:
 def describe_status(fetched: Fetched, what: str) -> str:
     """A line for a non-200 answer that was not ours to parse."""
     return f"{what}: HTTP {fetched.status} from {fetched.url}"
+
+
+class PolledProbe:
+    """What the HTTP probes share: a client made on first use (closed only if it is ours), and a
+    poll() that turns a gap in our own handling into an "error" sample instead of a dead app.
+    Subclasses set url, timeout_s, _client and _own_client, and define _poll() and _sample()."""
+
+    url: str
+    timeout_s: float
+    _client: httpx.AsyncClient | None
+    _own_client: bool
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = make_client(self.timeout_s)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._own_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def poll(self) -> Any:
+        try:
+            return await self._poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a gap in our own handling must not take the app down
+            return self._sample("error", f"radixtop failed reading {self.url}: {type(exc).__name__}: {exc}")
+
+    async def _poll(self) -> Any:
+        raise NotImplementedError
+
+    def _sample(self, state: str, message: str = "", **kw: Any) -> Any:
+        raise NotImplementedError

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from radixtop.probes.http import Fetched, fetch, make_client
+from radixtop.probes.http import Fetched, PolledProbe, fetch
 from radixtop.probes.status import SourceState, StateClock, one_line
 from radixtop.schema import (
     BUDGET_PARAM,
@@ -348,7 +348,7 @@ class RadixSample:
     size: int = 0  # bytes of the snapshot answer
 
 
-class RadixProbe:
+class RadixProbe(PolledProbe):
     """Polls one rank's debug endpoint at `base_url` (e.g. http://127.0.0.1:39100)."""
 
     def __init__(
@@ -377,25 +377,6 @@ class RadixProbe:
         self._last: tuple[Snapshot, TreeIndex | None] | None = None
         self._health: Health | None = None
         self._health_at = -float("inf")
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = make_client(self.timeout_s)
-        return self._client
-
-    async def aclose(self) -> None:
-        if self._own_client and self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-    async def poll(self) -> RadixSample:
-        try:
-            return await self._poll()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a gap in our own handling must not take the app down
-            return self._sample("error", f"radixtop failed reading {self.url}: {type(exc).__name__}: {exc}")
 
     def _sample(self, state: str, message: str = "", **kw) -> RadixSample:
         return RadixSample(self.url, self._state.update(state, message), self._clock(), **kw)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from radixtop.probes.http import fetch, make_client
+from radixtop.probes.http import PolledProbe, fetch
 from radixtop.probes.radix import instrument_urls
 from radixtop.probes.status import SourceState, StateClock, one_line
 
@@ -172,7 +172,7 @@ def parse_metrics(text: str) -> ServerMetrics:
     return ServerMetrics(kind, values)
 
 
-class ServerProbe:
+class ServerProbe(PolledProbe):
     """Polls one server at `url` (e.g. http://127.0.0.1:30000)."""
 
     def __init__(
@@ -198,25 +198,6 @@ class ServerProbe:
         self._was_down = False
         self._health_ok_at = -float("inf")
         self._metrics_ok = False
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = make_client(self.timeout_s)
-        return self._client
-
-    async def aclose(self) -> None:
-        if self._own_client and self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-    async def poll(self) -> ServerSample:
-        try:
-            return await self._poll()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return self._sample("error", f"radixtop failed reading {self.url}: {type(exc).__name__}: {exc}")
 
     def _sample(self, state: str, message: str = "", **kw: Any) -> ServerSample:
         return ServerSample(self.url, self._state.update(state, message), self._clock(), info=self.info, **kw)

@@ -111,3 +111,47 @@ def test_short_gaps_are_filled_but_nothing_after_the_last_value() -> None:
     assert got[:5] == [0.0, 0.0, 2.0, 2.0, 4.0], "a 2 s poll does not leave holes"
     assert got[5:20] == [None] * 15, "a 16 s silence stays a gap"
     assert got[20] == 20.0 and got[21:] == [None] * 4, "nothing is invented after the last value"
+
+
+# ----------------------------------------------------------------------------------------------
+# The simulator's /metrics gauges, as SGLang sets them (the vitals pane reads both sides)
+
+
+def test_sim_metrics_keep_the_last_batch_lines_token_usage_after_a_burst(tmp_path) -> None:
+    """SGLang sets its scheduler gauges where it writes a batch line; /metrics keeps them while the
+    server idles. The simulator used to compute them at the scrape: once the requests finished,
+    their tokens were evictable and /metrics said 0.0 while the last batch line said 0.12 (in the
+    demo, 0 % on the vitals pane against 0.92 in the log)."""
+    import httpx
+
+    from radixtop.probes.sglang import parse_metrics
+    from tests.pane_helpers import start_sim, stop
+
+    proc, url, log = start_sim(tmp_path, "--enable-metrics", "--max-total-tokens", "4096")
+    try:
+        with httpx.Client(base_url=url, timeout=10.0) as c:
+            for first in (1, 1000):  # two prompts that share nothing: both stay in the cache
+                body = {"input_ids": list(range(first, first + 400)), "sampling_params": {"max_new_tokens": 50}}
+                assert c.post("/generate", json=body).status_code == 200
+            metrics = parse_metrics(c.get("/metrics").text)
+    finally:
+        stop(proc)
+    logged = [ob for ob in log_observations(log.read_text().splitlines()) if ob.key == "token_usage"]
+    assert logged, "the simulator wrote no batch line"
+    assert logged[-1].value > 0.1
+    assert metrics.get("token_usage") == pytest.approx(logged[-1].value, abs=0.006)
+
+
+def test_stats_latch_refreshes_while_idle() -> None:
+    from radixtop.sim.metrics import IDLE_REFRESH_S, StatsLatch
+
+    now = [0.0]
+    values = iter(range(100))
+    latch = StatsLatch(lambda: next(values), clock=lambda: now[0])
+    assert latch.current() == 0, "no batch line yet: taken at the scrape"
+    latch.observe_line("[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 7, token usage: 0.55")
+    latch.observe_line('[2026-12-02 14:00:02] INFO:     127.0.0.1:5555 - "GET /metrics HTTP/1.1" 200 OK')
+    now[0] = IDLE_REFRESH_S - 1
+    assert latch.current() == 1, "the batch line's stats, not the scrape's"
+    now[0] = IDLE_REFRESH_S + 1
+    assert latch.current() == 2, "refreshed once the server has been idle for 30 s"

@@ -7,14 +7,21 @@ Radix-cache metrics (`sglang:evicted_tokens_total`, `sglang:eviction_duration_se
 (`sglang:prompt_tokens_total`, `sglang:generation_tokens_total`) are the tokenizer's:
 `model_name, engine_type, is_streaming`.
 
-Everything is yielded by one collector in a CollectorRegistry of its own (never the global one).
-The gauges are read from `engine.stats()` at scrape time, so nothing is kept in sync by hand; and no
-`_created` series are written, because SGLang's multiprocess collector writes none.
+Everything is yielded by one collector in a CollectorRegistry of its own (never the global one);
+no `_created` series are written, because SGLang's multiprocess collector writes none.
+
+When the gauges are taken, as in SGLang: its scheduler sets them where it writes its `Prefill batch`
+and `Decode batch` lines (`log_prefill_stats`, `log_decode_stats`), and while idle refreshes them
+every 30 s (`check_memory`); a scrape reads whatever was set last. So after a burst, /metrics keeps
+the token usage of the last batch line (0.92, say) rather than the idle pool's 0.0. The simulator
+taps its engine's log sink for those lines and takes `engine.stats()` then (`StatsLatch`); the
+radix-cache counters and the tokenizer's token counters move live, as SGLang's do.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,6 +50,53 @@ SCHEDULER_GAUGES = (
     ),
     ("sglang:num_retracted_reqs", "num_retracted_reqs", "The number of retracted requests."),
 )
+STATS_LINES = ("Prefill batch", "Decode batch")  # where SGLang's scheduler sets its gauges
+IDLE_REFRESH_S = 30.0  # SGLang's check_memory: "During idle time, also collect metrics every 30 seconds."
+
+
+class StatsLatch:
+    """The scheduler gauges' values as SGLang would report them: the engine's stats taken when it
+    writes a batch line (`observe_line`), or, when no batch line came for IDLE_REFRESH_S (an idle
+    server, or none yet), at the scrape."""
+
+    def __init__(self, stats: Callable[[], Any], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stats = stats
+        self._clock = clock
+        self._latched: Any = None
+        self._latched_at = -float("inf")
+
+    def observe_line(self, line: str) -> None:
+        if "batch, #" in line and any(kind in line for kind in STATS_LINES):
+            self.latch()
+
+    def latch(self) -> None:
+        self._latched = self._stats()
+        self._latched_at = self._clock()
+
+    def current(self) -> Any:
+        if self._latched is None or self._clock() - self._latched_at >= IDLE_REFRESH_S:
+            self.latch()
+        return self._latched
+
+    def tap(self, emit: Callable[[str], None]) -> Callable[[str], None]:
+        """`emit` that also latches the stats after each batch line is written."""
+
+        def emit_and_latch(line: str) -> None:
+            emit(line)
+            self.observe_line(line)
+
+        return emit_and_latch
+
+
+def tap_engine_log(stats: Callable[[], Any], latch: StatsLatch) -> bool:
+    """When `stats` is a simulator Engine's bound `stats`, route the engine's log sink through the
+    latch (the engine calls `self._emit_fn` for every line it writes). False when it is not."""
+    engine = getattr(stats, "__self__", None)
+    emit = getattr(engine, "_emit_fn", None)
+    if engine is None or not callable(emit):
+        return False
+    engine._emit_fn = latch.tap(emit)
+    return True
 
 
 class _Histogram:
@@ -69,6 +123,8 @@ class SimMetrics(Collector):
 
     def __init__(self, stats: Callable[[], Any], *, model_name: str, tp_size: int = 1, dp_size: int = 1):
         self._stats = stats
+        self.gauges = StatsLatch(stats)
+        tap_engine_log(stats, self.gauges)
         self._scheduler_labels = {
             "model_name": model_name,
             "engine_type": ENGINE_TYPE,
@@ -103,11 +159,12 @@ class SimMetrics(Collector):
         return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
 
     def collect(self) -> Iterable[Any]:
-        stats = self._stats()
+        stats = self._stats()  # live: the radix-cache counters
+        gauges = self.gauges.current()  # as of the last batch line (SGLang's scheduler gauges)
         names, values = list(self._scheduler_labels), list(self._scheduler_labels.values())
         for metric, attr, doc in SCHEDULER_GAUGES:
             family = GaugeMetricFamily(metric, doc, labels=names)
-            family.add_metric(values, float(getattr(stats, attr)))
+            family.add_metric(values, float(getattr(gauges, attr)))
             yield family
 
         rank_names = list(self.rank_labels[0])

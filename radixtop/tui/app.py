@@ -36,6 +36,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
+from radixtop.tui.actions import IncidentActions, action_settings
 from radixtop.tui.help import HelpScreen
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.tui.state import (
@@ -118,7 +119,7 @@ def guarded(what: str) -> Callable:
     return decorate
 
 
-class RadixtopApp(App[int]):
+class RadixtopApp(IncidentActions, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "radixtop"
     ENABLE_COMMAND_PALETTE = False
@@ -136,6 +137,8 @@ class RadixtopApp(App[int]):
         Binding("e", "hit(True)", "Next hit"),
         Binding("E", "hit(False)", "Previous hit", show=False),
         Binding("t", "cycle_theme", "Theme"),
+        Binding("b", "bundle", "Bundle", priority=True),  # priority: over the log pane's b (page up)
+        Binding("c", "confirm", "Confirm"),
         Binding("1", "pane('log')", "Panes", key_display="1-5"),
         Binding("2", "pane('radix')", "Radix", show=False),
         Binding("3", "pane('gpu')", "GPU", show=False),
@@ -159,8 +162,11 @@ class RadixtopApp(App[int]):
         clock: Callable[[], float] | None = None,
         banner: str | None = None,
         live: LiveOptions | None = None,
+        readonly: bool = False,
+        actions: Any = None,
     ) -> None:
         super().__init__()
+        self.init_actions(readonly, actions)  # b, c and the automatic bundle (tui/actions.py)
         for t in THEMES.values():
             self.register_theme(t)
         self.theme = CLI_THEMES.get(theme or "dark", "radixtop-dark")
@@ -486,6 +492,7 @@ class RadixtopApp(App[int]):
                 self.log.error(f"stopping the log follower failed: {exc!r}")
 
     async def action_quit(self) -> None:
+        await self.stop_actions()  # a confirmation run's control server is stopped first
         self._stop_following()
         self.exit(0)
 
@@ -556,6 +563,7 @@ class RadixtopApp(App[int]):
         if not force and ids == self._shown_ids and now - self._findings_at < 1.0:
             return
         self._shown_ids, self._findings_at = ids, now
+        self.observe_findings(report)  # the automatic evidence bundle
         self.findings_list.show_report(report, self.state.label)
         self.query_one("#findings-title", Static).update(
             f"Findings ({len(ids)}) · Enter jump · d evidence", layout=False
@@ -610,6 +618,8 @@ class RadixtopApp(App[int]):
     # -- keys --------------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.allow_incident_action(action) is False:
+            return False  # --readonly, the prompt has the keys, or a modal is open
         # Main-screen keys do nothing while the help or evidence screen is open.
         if action in ("pane", "rank") and self.panes is None:
             return False  # no live panes: the keys are not offered
@@ -831,6 +841,8 @@ def run_tui(args: Any) -> int:
         context=context,
         banner=getattr(args, "banner", None),
         live=live_options(args),
+        readonly=bool(getattr(args, "readonly", False)),
+        actions=action_settings(args),
     )
     app.run()
     return 0

@@ -1,0 +1,391 @@
+"""The incident actions in the app: `b` (evidence bundle), the automatic bundle, `c` (confirmation run).
+
+RadixtopApp inherits IncidentActions. The work itself is radixtop.incident's (the same functions
+the headless `radixtop bundle` and `radixtop confirm` call); this module only runs it off the UI
+loop and shows it:
+
+* a bundle blocks for seconds (stacks, HTTP, files): it runs in a thread worker; its progress and
+  result go to the action bar (one line above the status line) and a notice in the log pane;
+* the confirmation run's planning (the bundle, psutil, the workload) runs in a thread with its own
+  event loop; the plan is shown in a modal and nothing is launched unless approved there;
+* the approved run is an async worker on the app's own loop, NOT a thread: the control server
+  gets PR_SET_PDEATHSIG, which fires when the *thread* that started it exits;
+* quitting cancels a run and waits for its control server to stop (bounded), so nothing is left.
+
+`--readonly` removes all of it: the keys are refused (and hidden) and no bundle is taken by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.widgets import Input
+
+from radixtop.widgets.confirm import ActionBar, PlanScreen, RunScreen
+
+INCIDENT_ACTIONS = ("bundle", "confirm")
+QUIT_WAIT_S = 20.0  # quitting waits this long, at most, for a cancelled run to stop its control
+
+
+@dataclass(frozen=True)
+class ActionSettings:
+    """Where the actions write and what they may change; the CLI fills it, tests narrow it."""
+
+    out_dir: Path | None = None  # None: the current directory, like `radixtop bundle --out .` and
+    # `radixtop confirm`'s default ./radixtop-confirm-<time>
+    auto_bundle: bool = True
+    signature_files: tuple[str, ...] = ()
+    confirm: Mapping[str, Any] = field(default_factory=dict)  # ConfirmOptions fields (tests: a small trace)
+    bundle: Mapping[str, Any] = field(default_factory=dict)  # take_bundle keywords (tests: shorter timeouts)
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.out_dir) if self.out_dir is not None else Path.cwd()
+
+
+def action_settings(args: Any) -> ActionSettings:
+    """From the command line (read with getattr: a parser without the options still works)."""
+    return ActionSettings(signature_files=tuple(getattr(args, "signatures", None) or ()))
+
+
+@dataclass(frozen=True)
+class Target:
+    """The server the actions are about, as the app knows it now."""
+
+    url: str | None
+    pid: int | None
+    logs: tuple[str, ...]
+
+
+def expand_logs(patterns: Any) -> tuple[str, ...]:
+    """The followed --log patterns as files (a pattern matching nothing stays: its absence is a note)."""
+    out: list[str] = []
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]:
+            if path not in out:
+                out.append(path)
+    return tuple(out)
+
+
+class IncidentActions:
+    """Mixin for RadixtopApp (an App): call init_actions() in __init__, observe_findings() whenever
+    the findings change, allow_incident_action() from check_action, stop_actions() when quitting."""
+
+    def init_actions(self, readonly: bool = False, settings: ActionSettings | None = None) -> None:
+        self.readonly = readonly
+        self.action_settings = settings or ActionSettings()
+        self.last_bundle: Any = None  # the last BundleResult taken with b
+        self.auto_bundler: Any = None
+        self.confirm_state = "idle"  # idle -> preparing -> approval -> running -> done
+        self.confirm_run: Any = None
+        self.confirm_verdict: Any = None
+        self.run_screen: RunScreen | None = None
+        self._confirm_lines: list[tuple[str, str]] = []  # (phase, message) of the current run, for a re-shown screen
+        self._confirm_end: tuple[str, str, str | None] | None = None
+        self._bundling = False
+        self._bundle_cancel = threading.Event()  # set on quit: bundles in flight stop, leave nothing
+        self._prepare_cancel = threading.Event()
+        self._confirm_worker: Any = None
+        self._actions_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- what the app knows about the server -----------------------------------------------------
+
+    def incident_target(self) -> Target:
+        app: Any = self
+        url = pid = None
+        live = getattr(app, "live_options", None)
+        if live is not None and live.url:
+            url = live.url
+        panes = getattr(app, "panes", None)
+        targets = getattr(panes, "targets", None) if panes is not None else None
+        if targets is not None:
+            url = url or targets.url
+            if targets.url and url and targets.url.rstrip("/") == url.rstrip("/"):
+                pid = targets.pid
+        return Target(url, pid, expand_logs(getattr(app, "log_patterns", ()) or ()))
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    def allow_incident_action(self, action: str) -> bool | None:
+        """False: the key is refused and hidden (--readonly, typing in the prompt, a modal open);
+        None: not one of ours."""
+        if action not in INCIDENT_ACTIONS:
+            return None
+        app: Any = self
+        if self.readonly or isinstance(app.focused, Input):
+            return False  # `b` is a priority key: refused, it falls through (PageUp in the log, a letter in the prompt)
+        return not app.screen.is_modal
+
+    def _say(self, text: str, error: bool = False) -> None:
+        """One line in the action bar, mounted above the status line on first use."""
+        app: Any = self
+        found = app.query("#action-bar")
+        if found:
+            found.first(ActionBar).say(text, error)
+            return
+        bar = ActionBar(id="action-bar")
+        bar.say(text, error)
+        try:
+            app.query_one("#bottom").mount(bar, before=0)
+        except Exception:  # no main screen (a test app without it): the notice still says it
+            app.notify(text, severity="error" if error else "information")
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run fn on the UI loop, from any thread; nothing when the app has gone."""
+        loop = self._actions_loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _remember_loop(self) -> None:
+        if self._actions_loop is None:
+            self._actions_loop = asyncio.get_running_loop()
+
+    # -- b: the evidence bundle ------------------------------------------------------------------
+
+    def action_bundle(self) -> None:
+        self._remember_loop()
+        if self._bundling:
+            self._say("bundle: one is being taken already")
+            return
+        self._bundling = True
+        target = self.incident_target()
+        where = self.action_settings.directory
+        self._say(f"bundle: collecting the evidence of {target.url or 'the followed logs'} into {where}…")
+        self._bundle_worker(target, where, getattr(self, "state").report)
+
+    @work(thread=True, group="bundle", exit_on_error=False)
+    def _bundle_worker(self, target: Target, where: Path, report: Any) -> None:
+        from radixtop.incident.bundle import BundleError, take_bundle
+        from radixtop.incident.server import ServerError
+
+        settings = self.action_settings
+        try:
+            result = take_bundle(
+                where, url=target.url, logs=target.logs, pid=target.pid, reason="manual",
+                signature_files=settings.signature_files, context=getattr(self, "builder").context,
+                live_report=report, cancel=self._bundle_cancel,
+                on_progress=lambda p: self._post(self._bundle_progress, p),
+                **dict(settings.bundle),
+            )  # fmt: skip
+        except (BundleError, ServerError) as exc:
+            self._post(self._bundle_done, None, str(exc))
+        except Exception as exc:  # noqa: BLE001 - shown as one line, the app keeps running
+            self._post(self._bundle_done, None, f"{type(exc).__name__}: {exc}")
+        else:
+            self._post(self._bundle_done, result, None)
+
+    def _bundle_progress(self, progress: Any) -> None:
+        self._say(f"bundle: {progress.message} ({progress.done}/{progress.total})")
+
+    def _bundle_done(self, result: Any, error: str | None) -> None:
+        self._bundling = False
+        self._show_bundle("bundle", result, error)
+        if result is not None:
+            self.last_bundle = result
+
+    def _show_bundle(self, what: str, result: Any, error: str | None) -> None:
+        app: Any = self
+        if result is None:
+            text = f"{what} failed: {error}"
+            self._say(text, error=True)
+            app.state.add_notice("radixtop", "error", text)
+            app.notify(text, severity="error")
+            return
+        missing = f", {len(result.notes)} sources not collected (see the notes)" if result.notes else ""
+        text = f"{what} written: {result.path} ({len(result.files)} files{missing})"
+        self._say(text)
+        app.state.add_notice("radixtop", "bundle", text)
+        app.notify(text, title="evidence bundle", timeout=8)
+
+    # -- the automatic bundle --------------------------------------------------------------------
+
+    def observe_findings(self, report: Any) -> None:
+        """Called whenever the findings change: the first error-or-worse signature while a server
+        is known takes one bundle, in the background, before the server can die and take its
+        state with it. Never with --readonly."""
+        if self.readonly or report is None or not self.action_settings.auto_bundle:
+            return
+        auto = self.auto_bundler
+        if auto is not None and auto.state != "armed":
+            return
+        target = self.incident_target()
+        if target.url is None and target.pid is None:
+            return  # no live server: the logs already persist; nothing volatile to keep
+        self._remember_loop()
+        if auto is None:
+            from radixtop.incident.bundle import AutoBundler
+
+            settings = self.action_settings
+            options = {"signature_files": settings.signature_files, "cancel": self._bundle_cancel,
+                       "context": getattr(self, "builder").context, **dict(settings.bundle)}  # fmt: skip
+            auto = self.auto_bundler = AutoBundler(
+                settings.directory, on_done=lambda result, error: self._post(self._auto_done, result, error),
+                options=options,
+            )  # fmt: skip
+        auto.url, auto.pid, auto.logs = target.url, target.pid, target.logs
+        if auto.observe(report):
+            self._say(f"auto bundle: {auto.trigger} seen; preserving the evidence into {auto.out_dir}…")
+
+    def _auto_done(self, result: Any, error: str | None) -> None:
+        trigger = self.auto_bundler.trigger if self.auto_bundler is not None else "?"
+        self._show_bundle(f"auto bundle (on {trigger})", result, error)
+
+    # -- c: the confirmation run -----------------------------------------------------------------
+
+    def action_confirm(self) -> None:
+        app: Any = self
+        self._remember_loop()
+        if self.confirm_state in ("preparing", "running"):
+            if self.run_screen not in app.screen_stack:
+                self._show_run_screen()  # hidden with Esc: show it again
+            return
+        if self.confirm_state == "approval":
+            return
+        from radixtop.incident.confirm import ConfirmOptions
+
+        target = self.incident_target()
+        if target.url is None:
+            self._say("confirm: no server known to confirm against; start radixtop with --url URL", error=True)
+            return
+        settings = self.action_settings
+        workdir = (settings.directory / f"radixtop-confirm-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+        options = ConfirmOptions(**{
+            "url": target.url, "workdir": workdir, "logs": target.logs, "pid": target.pid,
+            "signature_files": settings.signature_files, **dict(settings.confirm),
+        })  # fmt: skip
+        self.confirm_state = "preparing"
+        self.confirm_run = self.confirm_verdict = None
+        self._prepare_cancel = threading.Event()
+        self._confirm_lines, self._confirm_end = [], None
+        self._show_run_screen()
+        self._say("confirm: preserving evidence first, then the plan for approval")
+        self._confirm_worker = self._confirm_flow(options)
+
+    def _show_run_screen(self) -> None:
+        """A fresh screen with what the run has said so far (a dismissed screen is not reused)."""
+        screen = self.run_screen = RunScreen(on_cancel=self.cancel_confirm)
+        for phase, message in self._confirm_lines:
+            screen.add_event(phase, message)
+        if self._confirm_end is not None:
+            screen.finish(*self._confirm_end)
+        elif self.confirm_run is not None and self.confirm_run.cancelled:
+            screen.set_cancelling()
+        getattr(self, "push_screen")(screen)
+
+    def cancel_confirm(self) -> None:
+        """The run screen's x (and quitting): stop whatever stage the run is in."""
+        self._prepare_cancel.set()
+        if self.confirm_run is not None:
+            self.confirm_run.cancel()
+        if self.confirm_state in ("preparing", "running"):
+            self._say("confirm: cancelling…")
+
+    def _confirm_event(self, event: Any) -> None:
+        if event.phase == "plan":
+            return  # the plan is shown whole, in the modal
+        self._post(self._show_event, event.phase, event.message)
+
+    def _show_event(self, phase: str, message: str) -> None:
+        self._confirm_lines.append((phase, message))
+        del self._confirm_lines[:-2000]
+        if self.run_screen is not None:
+            self.run_screen.add_event(phase, message)
+        self._say(f"confirm [{phase}] {message}")
+
+    def _finish(self, headline: str, body: str, verdict: str | None = None, error: bool = False) -> None:
+        self.confirm_state = "done"
+        self._confirm_end = (headline, body, verdict)
+        if self.run_screen is not None:
+            self.run_screen.finish(headline, body, verdict)
+        self._say(f"confirm: {headline}", error=error)
+        getattr(self, "state").add_notice("radixtop", "confirm", f"{headline}; {body.splitlines()[0] if body else ''}".rstrip("; "))
+
+    async def _prepare(self, options: Any, cancel: threading.Event) -> Any:
+        """Evidence and plan in a thread of their own (psutil, files, the bundle: nothing for the UI loop)."""
+        from radixtop.incident.confirm import prepare
+
+        return await asyncio.to_thread(lambda: asyncio.run(prepare(options, self._confirm_event, cancel)))
+
+    @work(exclusive=True, group="confirm", exit_on_error=False)
+    async def _confirm_flow(self, options: Any) -> None:
+        from radixtop.incident.confirm import ConfirmationRun, ConfirmCancelled, PlanError
+        from radixtop.incident.server import ServerError
+
+        app: Any = self
+        try:
+            plan = await self._prepare(options, self._prepare_cancel)
+        except (PlanError, ServerError) as exc:
+            self._finish("no confirmation run: cannot make a plan", str(exc), error=True)
+            return
+        except ConfirmCancelled:
+            self._finish("cancelled before anything was started", "no process was launched")
+            return
+        except Exception as exc:  # noqa: BLE001 - one line, the app keeps running
+            self._finish("no confirmation run: planning failed", f"{type(exc).__name__}: {exc}", error=True)
+            return
+        if self._prepare_cancel.is_set():
+            self._finish("cancelled before anything was started", "no process was launched")
+            return
+        kept = f" The evidence bundle is kept: {plan.bundle.path}" if plan.bundle is not None else ""
+        self.confirm_state = "approval"
+        self._say("confirm: the plan waits for your approval (y approve, n cancel)")
+        approved = await app.push_screen_wait(PlanScreen(plan.describe()))
+        if not approved:
+            self._finish("not approved: nothing was started", f"The plan is in {options.workdir}/plan.json.{kept}")
+            return
+        run = self.confirm_run = ConfirmationRun(plan, self._confirm_event)
+        self.confirm_state = "running"
+        self._show_event("approved", f"starting: {plan.options.runs} runs against the live server, then the control")
+        try:
+            verdict = await run.run()  # on this loop's thread: see the module's docstring
+        except ConfirmCancelled:
+            self._finish("cancelled: the control server was stopped, nothing is left running",
+                         f"Work directory: {options.workdir}.{kept}")  # fmt: skip
+            return
+        except Exception as exc:  # noqa: BLE001 - the run's finally has stopped the control
+            self._finish("the confirmation run failed", f"{type(exc).__name__}: {exc}", error=True)
+            return
+        self.confirm_verdict = verdict
+        self._finish(f"VERDICT: {verdict.verdict}", verdict.format(), verdict.verdict)
+
+    # -- quitting --------------------------------------------------------------------------------
+
+    async def stop_actions(self) -> None:
+        """Before the app exits: cancel a confirmation run and wait (bounded) for its control to
+        stop; stop bundles in flight (their partial directories are removed)."""
+        self._bundle_cancel.set()
+        worker = self._confirm_worker
+        if worker is None or worker.is_finished:
+            return
+        self.cancel_confirm()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(worker.wait(), QUIT_WAIT_S)
+
+    def on_unmount(self) -> None:
+        # Last resort (the app ended without action_quit): never leave the control server behind.
+        self._bundle_cancel.set()
+        self._prepare_cancel.set()
+        run = self.confirm_run
+        if run is not None:
+            run.cancel()
+            control = getattr(run, "control", None)
+            if control is not None and control.proc is not None and control.exited() is None:
+                control.stop()

@@ -1,0 +1,199 @@
+"""The incident actions on screen: the approval modal, the confirmation run's progress and verdict,
+and the one-line action bar. They render what they are given and post what the user chose; the
+app (radixtop/tui/actions.py) does the work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Log, Static
+
+MAX_EVENT_LINES = 2_000  # the run's progress lines kept on screen (a long run polls every 5 s)
+
+VERDICT_STYLES = {
+    "pressure-dependent": "bold green",
+    "persists-under-control": "bold red",
+    "not-reproduced": "bold yellow",
+    "inconclusive": "bold magenta",
+}
+
+
+class PlanScreen(ModalScreen[bool]):
+    """The confirmation run's plan, shown before anything is launched: True when approved."""
+
+    DEFAULT_CSS = """
+    PlanScreen { align: center middle; }
+    PlanScreen > Vertical {
+        width: 96%; max-width: 150; height: auto; max-height: 92%;
+        border: thick $warning; background: $surface; padding: 0 1;
+    }
+    PlanScreen #plan-question { text-style: bold; padding: 1 0 0 0; }
+    PlanScreen #plan-body { height: auto; max-height: 30; }
+    PlanScreen #plan-buttons { height: 3; align-horizontal: right; }
+    PlanScreen Button { margin: 0 0 0 2; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y,enter", "answer(True)", "Approve"),
+        Binding("n,escape", "answer(False)", "Cancel"),
+    ]
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        super().__init__()
+        self.lines = list(lines)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="plan-box"):
+            with VerticalScroll(id="plan-body"):
+                yield Static(Text("\n".join(self.lines), no_wrap=False), id="plan-text")
+            yield Static(
+                "Start the control server and replay the workload as planned?  y / Enter approve · n / Esc cancel",
+                id="plan-question",
+            )
+            with Horizontal(id="plan-buttons"):
+                yield Button("Approve (y)", id="approve", variant="warning")
+                yield Button("Cancel (n)", id="cancel", variant="primary")
+
+    def on_mount(self) -> None:
+        box = self.query_one("#plan-box")
+        box.border_title = "Confirmation run: the plan"
+        box.border_subtitle = "nothing is launched until you approve"
+        self.query_one("#plan-body").focus()  # Enter then approves; Tab reaches the buttons
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "approve")
+
+    def action_answer(self, approved: bool) -> None:
+        self.dismiss(approved)
+
+
+class RunScreen(ModalScreen[None]):
+    """The confirmation run as it goes: the phase, each event as a line, then the verdict.
+
+    ``x`` asks the app to cancel (``on_cancel``); Esc hides the screen while the run goes on (the
+    app's action bar keeps its phase, and ``c`` shows this again); once done, Esc / q / Enter close.
+    """
+
+    DEFAULT_CSS = """
+    RunScreen { align: center middle; }
+    RunScreen > Vertical {
+        width: 96%; max-width: 150; height: 92%;
+        border: thick $primary; background: $surface; padding: 0 1;
+    }
+    RunScreen #run-phase { height: auto; text-style: bold; }
+    RunScreen #run-log { height: 1fr; border: none; }
+    RunScreen #run-verdict-box { display: none; height: 2fr; border-top: hkey $panel; }
+    RunScreen.-done #run-verdict-box { display: block; }
+    RunScreen #run-keys { height: 1; color: $text-muted; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("x", "cancel_run", "Cancel run"),
+        Binding("escape", "close", "Hide / close"),
+        Binding("q,enter", "close_done", "Close", show=False),
+    ]
+
+    def __init__(self, on_cancel: Callable[[], None]) -> None:
+        super().__init__()
+        self.on_cancel = on_cancel
+        self.done = False
+        self.cancelling = False
+        self.phase = "evidence"
+        self._pending: list[str] = []  # lines given before the screen was composed
+        self._verdict: Text | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="run-box"):
+            yield Static("starting…", id="run-phase")
+            yield Log(id="run-log", max_lines=MAX_EVENT_LINES, auto_scroll=True)
+            with VerticalScroll(id="run-verdict-box"):
+                yield Static("", id="run-verdict")
+            yield Static(self._keys_text(), id="run-keys")
+
+    def on_mount(self) -> None:
+        box = self.query_one("#run-box")
+        box.border_title = "Confirmation run"
+        log = self.query_one("#run-log", Log)
+        if self._pending:
+            log.write_lines(self._pending)
+            self._pending = []
+        if self._verdict is not None:
+            self._show_verdict()
+
+    def _keys_text(self) -> str:
+        if self.done:
+            return "Esc / q / Enter close · ↑ ↓ scroll the verdict"
+        if self.cancelling:
+            return "cancelling: stopping the control server…"
+        return "x cancel the run (the control server is stopped) · Esc hide (the run goes on; c shows it again)"
+
+    def _refresh_keys(self) -> None:
+        if self.is_mounted:
+            self.query_one("#run-keys", Static).update(self._keys_text())
+
+    # -- what the app tells it ---------------------------------------------------------------------
+
+    def add_event(self, phase: str, message: str) -> None:
+        line = f"[{phase}] {message}"
+        self.phase = phase
+        if not self.is_mounted:
+            self._pending.append(line)
+            return
+        self.query_one("#run-phase", Static).update(f"phase: {phase} · {message}"[:300])
+        self.query_one("#run-log", Log).write_line(line)
+
+    def set_cancelling(self) -> None:
+        self.cancelling = True
+        self._refresh_keys()
+
+    def finish(self, headline: str, body: str, verdict: str | None = None) -> None:
+        """The end: a verdict (Verdict.format()'s text), a cancellation or an error."""
+        self.done = True
+        text = Text(headline + "\n", style=VERDICT_STYLES.get(verdict or "", "bold"))
+        text.append(body)
+        self._verdict = text
+        if self.is_mounted:
+            self._show_verdict()
+
+    def _show_verdict(self) -> None:
+        self.add_class("-done")
+        self.query_one("#run-verdict", Static).update(self._verdict or "")
+        self.query_one("#run-phase", Static).update(self._verdict.plain.splitlines()[0] if self._verdict else "")
+        self._refresh_keys()
+        self.query_one("#run-verdict-box").focus()
+
+    # -- keys --------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # q during the run is the app's quit (which cancels the run cleanly), not a close
+        return self.done if action == "close_done" else True
+
+    def action_cancel_run(self) -> None:
+        if not self.done and not self.cancelling:
+            self.set_cancelling()
+            self.on_cancel()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_close_done(self) -> None:
+        if self.done:
+            self.dismiss(None)
+
+
+class ActionBar(Static):
+    """One line above the status line: what an incident action is doing, or what it left."""
+
+    DEFAULT_CSS = """
+    ActionBar { height: 1; width: 1fr; background: $boost; padding: 0 1; }
+    ActionBar.-error { color: $error; }
+    """
+
+    def say(self, text: str, error: bool = False) -> None:
+        self.set_class(error, "-error")
+        self.update(Text(text, no_wrap=True, overflow="ellipsis"))

@@ -1,0 +1,266 @@
+"""The incident actions in the app (b, the automatic bundle, c), driven with Textual's Pilot against
+a real simulator on loopback. The confirmation runs are kept short as in test_confirm.py: a healthy
+simulator, a small trace, one run (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import psutil
+import pytest
+from incident_helpers import gone, small_trace, start_sim, write_lines
+from test_confirm import HEALTHY
+
+from radixtop.cli import build_parser
+from radixtop.incident.bundle import verify_bundle
+from radixtop.tui import app as app_module
+from radixtop.tui.actions import ActionSettings
+from radixtop.tui.app import RadixtopApp
+from radixtop.tui.panes import LiveOptions
+from radixtop.widgets.confirm import PlanScreen, RunScreen
+
+SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
+ORDINARY = "[2026-12-02 14:03:13.281] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 0"
+SIZE = (120, 40)
+
+
+@pytest.fixture
+def sim(tmp_path: Path):
+    sim = start_sim(tmp_path / "live", *HEALTHY)
+    yield sim
+    sim.stop()
+
+
+def make_app(tmp_path: Path, url: str, log: Path, *, readonly: bool = False, auto: bool = True, **confirm) -> RadixtopApp:
+    settings = ActionSettings(
+        out_dir=tmp_path / "out",
+        auto_bundle=auto,
+        confirm={"trace": small_trace(), "runs": 1, "health_timeout_s": 20, **confirm},
+        bundle={"tool_timeout_s": 5, "torch_env_timeout_s": 5},
+    )
+    return RadixtopApp(log_patterns=[str(log)], live=LiveOptions(url=url, gpu=False, discover=False),
+                       readonly=readonly, actions=settings)  # fmt: skip
+
+
+async def until(pilot, condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await pilot.pause(0.05)
+
+
+def footer_keys(app: RadixtopApp) -> set[str]:
+    return {b.binding.description for b in app.screen.active_bindings.values() if b.binding.show}
+
+
+def bar_text(app: RadixtopApp) -> str:
+    return str(app.query_one("#action-bar").content)
+
+
+def new_children(before: set[int]) -> list[str]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid not in before and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(" ".join(proc.cmdline()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+# -- b and the automatic bundle --------------------------------------------------------------------
+
+
+async def test_b_takes_a_bundle_of_the_server_and_its_log_and_shows_where(tmp_path: Path, sim) -> None:
+    app = make_app(tmp_path, sim.url, sim.log, auto=False)
+    async with app.run_test(size=SIZE) as pilot:
+        assert "Bundle" in footer_keys(app) and "Confirm" in footer_keys(app)
+        await until(pilot, lambda: app.state.report is not None, "the sim log's findings (server-ready)", 10)
+        await pilot.press("b")
+        await until(pilot, lambda: app.last_bundle is not None or "failed" in bar_text(app), "the bundle", 60)
+        result = app.last_bundle
+        assert result is not None, bar_text(app)
+        assert f"bundle written: {result.path}" in bar_text(app)
+        assert any(f"bundle written: {result.path}" in n.message for n in app.state.notices)
+    assert result.path.parent == tmp_path / "out"
+    assert verify_bundle(result.path) == [] and verify_bundle(result.archive) == []
+    manifest = json.loads((result.path / "MANIFEST.json").read_text())
+    assert manifest["server"] == sim.url and manifest["pid"] == sim.pid  # the server the app watches
+    assert manifest["logs"] == [str(sim.log)] and manifest["reason"] == "manual"
+    assert (result.path / "server" / "server_info.json").is_file()
+    assert (result.path / "findings-live.json").is_file()  # the UI's own findings went in too
+
+
+async def test_the_first_critical_signature_in_a_followed_log_takes_a_bundle_by_itself(tmp_path: Path, sim) -> None:
+    log = tmp_path / "server.log"
+    write_lines(log, [ORDINARY])
+    app = make_app(tmp_path, sim.url, log)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.5)
+        assert app.auto_bundler is None or app.auto_bundler.state == "armed"  # nothing critical yet
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(ORDINARY + "\n" + SIGQUIT + "\n")
+        await until(pilot, lambda: app.auto_bundler is not None and app.auto_bundler.state in ("done", "failed"),
+                    "the automatic bundle", 60)  # fmt: skip
+        auto = app.auto_bundler
+        assert auto.state == "done", auto.error
+        await until(pilot, lambda: "auto bundle (on child-sigquit) written" in bar_text(app), "the bar to say so", 5)
+        assert any("auto bundle (on child-sigquit) written" in n.message for n in app.state.notices)
+        # once only: a second critical line takes no second bundle
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(SIGQUIT + "\n")
+        await pilot.pause(0.5)
+    bundles = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    assert bundles == [auto.result.path] and "auto-child-sigquit" in auto.result.path.name
+    assert verify_bundle(auto.result.path) == []
+    assert next(auto.result.path.glob("evidence/*child-sigquit.log")).is_file()
+
+
+# -- c: the confirmation run -----------------------------------------------------------------------
+
+
+async def test_c_shows_the_plan_and_cancelling_it_launches_nothing(tmp_path: Path, sim) -> None:
+    app = make_app(tmp_path, sim.url, sim.log, auto=False)
+    before = children()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
+        plan_text = "\n".join(app.screen.lines)
+        assert "Control" in plan_text and "--disable-radix-cache" in plan_text and sim.url in plan_text
+        assert "Evidence      " in plan_text and "radixtop-bundle-" in plan_text  # evidence first
+        assert "Live server   left running" in plan_text
+        await pilot.press("n")
+        await until(pilot, lambda: app.confirm_state == "done", "the refusal")
+        assert isinstance(app.screen, RunScreen)
+        assert "not approved: nothing was started" in app.screen._verdict.plain
+        assert new_children(before) == []
+    workdir = next((tmp_path / "out").glob("radixtop-confirm-*"))
+    assert (workdir / "plan.json").is_file()
+    assert not (workdir / "control.out").exists() and not (workdir / "verdict.json").exists()
+
+
+async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_path: Path, sim) -> None:
+    app = make_app(tmp_path, sim.url, sim.log, auto=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
+        await pilot.press("y")
+        await until(pilot, lambda: app.confirm_run is not None and app.confirm_run.control is not None,
+                    "the control to start", 30)  # fmt: skip
+        phases = [phase for phase, _ in app._confirm_lines]
+        assert phases[0] == "evidence" and "baseline" in phases
+        await until(pilot, lambda: app.confirm_state == "done", "the verdict", 60)
+        screen = app.screen
+        assert isinstance(screen, RunScreen) and screen.done
+        shown = str(screen.query_one("#run-verdict").content)
+        assert shown.startswith("VERDICT: not-reproduced"), shown
+        assert "Repeat: radixtop confirm --url" in shown and "Evidence bundle: " in shown
+        assert app.confirm_verdict.verdict == "not-reproduced"
+        assert "VERDICT: not-reproduced" in bar_text(app)
+        control_pid = app.confirm_run.control.pid
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RunScreen)
+    assert gone(control_pid) and sim.proc.poll() is None  # the live server is never touched
+    assert Path(app.confirm_verdict.bundle, "MANIFEST.json").is_file()
+
+
+@pytest.mark.parametrize("key", ["x", "q"])
+async def test_cancelling_or_quitting_during_the_run_leaves_no_process(tmp_path: Path, sim, key: str) -> None:
+    """x cancels the run; q quits the app, which cancels it first. Either way the control goes."""
+    app = make_app(tmp_path, sim.url, sim.log, auto=False, runs=30, bundle=False)
+    before = children()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 30)
+        await pilot.press("enter")
+        await until(pilot, lambda: any(p == "control" and "run 2/" in m for p, m in app._confirm_lines),
+                    "the control's second run", 60)  # fmt: skip
+        control_pid = app.confirm_run.control.pid
+        assert not gone(control_pid)
+        await pilot.press(key)
+        if key == "x":
+            await until(pilot, lambda: app.confirm_state == "done", "the cancellation", 30)
+            assert "cancelled: the control server was stopped" in app.run_screen._verdict.plain
+            assert app.is_running
+    assert gone(control_pid)
+    assert new_children(before) == [] and sim.proc.poll() is None
+    assert not next((tmp_path / "out").glob("radixtop-confirm-*/verdict.json"), None)
+
+
+async def test_a_plan_that_cannot_be_made_says_why_in_one_line(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    write_lines(log, [ORDINARY])
+    app = make_app(tmp_path, "http://127.0.0.1:9", log, auto=False)  # nothing listens there
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: app.confirm_state == "done", "the plan error", 30)
+        text = app.screen._verdict.plain
+        assert text.startswith("no confirmation run: cannot make a plan\n")
+        assert "pass --launch-command" in text and text.count("\n") == 1
+        assert "cannot make a plan" in bar_text(app)
+
+
+async def test_c_without_a_server_says_what_to_pass(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    write_lines(log, [ORDINARY])
+    app = RadixtopApp(log_patterns=[str(log)], actions=ActionSettings(out_dir=tmp_path / "out"))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c")
+        await pilot.pause(0.1)
+        assert "start radixtop with --url URL" in bar_text(app) and app.confirm_state == "idle"
+    assert not (tmp_path / "out").exists()
+
+
+# -- --readonly, and the keys' neighbours ----------------------------------------------------------
+
+
+async def test_readonly_removes_b_c_and_the_automatic_bundle(tmp_path: Path, sim) -> None:
+    log = tmp_path / "server.log"
+    write_lines(log, [ORDINARY, SIGQUIT])  # a critical signature from the start
+    app = make_app(tmp_path, sim.url, log, readonly=True)
+    before = children()
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.report is not None and app.state.report.findings, "the finding", 10)
+        assert "Bundle" not in footer_keys(app) and "Confirm" not in footer_keys(app)
+        assert "Theme" in footer_keys(app)  # the footer is there, without the actions
+        await pilot.press("b", "c")
+        await pilot.pause(0.5)
+        assert not isinstance(app.screen, (PlanScreen, RunScreen)) and app.confirm_state == "idle"
+        assert app.auto_bundler is None and not app.query("#action-bar")
+        assert new_children(before) == []
+    assert not (tmp_path / "out").exists()
+
+
+async def test_b_typed_in_the_search_prompt_is_a_letter(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    write_lines(log, [ORDINARY])
+    app = RadixtopApp(log_patterns=[str(log)], actions=ActionSettings(out_dir=tmp_path / "out"))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("slash", "b", "c")
+        await pilot.pause(0.1)
+        assert app.query_one("#prompt").value == "bc"
+        assert app.confirm_state == "idle" and not app._bundling
+    assert not (tmp_path / "out").exists()
+
+
+def test_readonly_on_the_command_line_reaches_the_app(monkeypatch, tmp_path: Path) -> None:
+    """`radixtop --readonly` and `radixtop --readonly demo` (run_demo hands its args to run_tui)."""
+    built: list[RadixtopApp] = []
+    monkeypatch.setattr(RadixtopApp, "run", lambda self, *a, **k: built.append(self))  # no terminal here
+    parser = build_parser()
+    for argv, readonly in ((["--readonly", "--no-panes"], True), (["--no-panes"], False)):
+        app_module.run_tui(parser.parse_args(argv))
+        assert built[-1].readonly is readonly
+    demo_args = parser.parse_args(["--readonly", "demo"])
+    assert demo_args.readonly is True and demo_args.command == "demo"
+    # what run_demo passes on: its own args with the log, the URL and the banner added
+    app_module.run_tui(Namespace(**{**vars(demo_args), "log": [], "url": "http://127.0.0.1:9", "no_panes": True}))
+    assert built[-1].readonly is True

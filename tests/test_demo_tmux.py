@@ -10,8 +10,7 @@ import time
 
 import psutil
 import pytest
-
-from test_tmux_e2e import Tmux
+from tmux_helpers import Tmux
 
 pytestmark = [
     pytest.mark.tmux,

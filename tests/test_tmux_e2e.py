@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+from tmux_helpers import Tmux
 
 pytestmark = [
     pytest.mark.tmux,
@@ -49,48 +47,13 @@ def attributes_at(line: str, needle: str) -> set[str]:
     return attrs
 
 
-class Tmux:
-    def __init__(self) -> None:
-        self.socket = f"radixtop-test-{uuid.uuid4().hex[:8]}"  # our own server: other sessions untouched
-
-    def __call__(self, *args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10
-        ).stdout
-
-    def capture(self, escapes: bool = False) -> str:
-        return self("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "radixtop")
-
-    def wait_for(self, condition, what: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            screen = self.capture()
-            if condition(screen):
-                return screen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen:\n{screen}")
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
-        # tmux leaves its socket file behind: remove ours, so runs do not pile them up.
-        tmpdir = os.environ.get("TMUX_TMPDIR", "/tmp")
-        Path(tmpdir, f"tmux-{os.getuid()}", self.socket).unlink(missing_ok=True)
-
-
 def test_appended_signature_is_highlighted_and_listed_in_a_real_terminal(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(ORDINARY + "\n", encoding="utf-8")
-    command = " ".join(shlex.quote(part) for part in (sys.executable, "-m", "radixtop", "--log", str(log)))
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TMUX")}
-    tmux = Tmux()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    tmux = Tmux(120, 40)
     try:
-        subprocess.run(
-            ["tmux", "-L", tmux.socket, "-f", "/dev/null", "new-session", "-d", "-s", "radixtop", "-x", "120", "-y", "40", command],
-            check=True,
-            env=env,
-            timeout=10,
-        )
+        tmux.start([sys.executable, "-m", "radixtop", "--log", str(log)], tmp_path, env=env)
         tmux.wait_for(lambda s: "FOLLOW" in s and "q Quit" in s, "radixtop to start", timeout=30)
         with open(log, "a", encoding="utf-8") as f:
             f.write(ORDINARY + "\n" + SIGQUIT + "\n")

@@ -3,59 +3,20 @@ simulator; at 80x24 one pane at a time behind 1-5."""
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 import shutil
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+from tmux_helpers import Tmux
 
 pytestmark = [
     pytest.mark.tmux,
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
 ]
-
-
-class Tmux:
-    def __init__(self, width: int, height: int) -> None:
-        self.socket = f"radixtop-test-{uuid.uuid4().hex[:8]}"  # our own server: other sessions untouched
-        self.size = (width, height)
-
-    def __call__(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
-                              timeout=10).stdout  # fmt: skip
-
-    def start(self, command: list[str], cwd: Path) -> None:
-        line = f"cd {shlex.quote(str(cwd))} && exec " + " ".join(shlex.quote(c) for c in command)
-        # The tmux server takes our environment; pytest's COLUMNS/LINES would make Textual draw 80x24.
-        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-        subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "radixtop",
-                        "-x", str(self.size[0]), "-y", str(self.size[1]), line], check=True, timeout=10,
-                       env=env)  # fmt: skip
-
-    def capture(self) -> str:
-        return self("capture-pane", "-p", "-t", "radixtop")
-
-    def wait_for(self, condition, what: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            screen = self.capture()
-            if condition(screen):
-                return screen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen:\n{screen}")
-            time.sleep(0.2)
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
-        tmpdir = os.environ.get("TMUX_TMPDIR", "/tmp")
-        Path(tmpdir, f"tmux-{os.getuid()}", self.socket).unlink(missing_ok=True)
 
 
 def _live_numbers(screen: str) -> bool:

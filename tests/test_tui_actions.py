@@ -4,8 +4,9 @@ simulator, a small trace, one run (a few seconds each)."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
+import re
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from incident_helpers import gone, small_trace, start_sim, write_lines
+from rich.console import Console
 from test_confirm import HEALTHY
 
 from radixtop.cli import build_parser
@@ -20,6 +22,7 @@ from radixtop.incident.bundle import verify_bundle
 from radixtop.tui import app as app_module
 from radixtop.tui.actions import ActionSettings
 from radixtop.tui.app import RadixtopApp
+from radixtop.tui.help import help_text
 from radixtop.tui.panes import LiveOptions
 from radixtop.widgets.confirm import PlanScreen, RunScreen
 
@@ -51,6 +54,11 @@ async def until(pilot, condition, what: str, timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
         await pilot.pause(0.05)
+
+
+def append(path: Path, lines: list[str]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(f"{line}\n" for line in lines))
 
 
 def footer_keys(app: RadixtopApp) -> set[str]:
@@ -106,8 +114,7 @@ async def test_the_first_critical_signature_in_a_followed_log_takes_a_bundle_by_
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.5)
         assert app.auto_bundler is None or app.auto_bundler.state == "armed"  # nothing critical yet
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(ORDINARY + "\n" + SIGQUIT + "\n")
+        append(log, [ORDINARY, SIGQUIT])
         await until(pilot, lambda: app.auto_bundler is not None and app.auto_bundler.state in ("done", "failed"),
                     "the automatic bundle", 60)  # fmt: skip
         auto = app.auto_bundler
@@ -115,8 +122,7 @@ async def test_the_first_critical_signature_in_a_followed_log_takes_a_bundle_by_
         await until(pilot, lambda: "auto bundle (on child-sigquit) written" in bar_text(app), "the bar to say so", 5)
         assert any("auto bundle (on child-sigquit) written" in n.message for n in app.state.notices)
         # once only: a second critical line takes no second bundle
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(SIGQUIT + "\n")
+        append(log, [SIGQUIT])
         await pilot.pause(0.5)
     bundles = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
     assert bundles == [auto.result.path] and "auto-child-sigquit" in auto.result.path.name
@@ -264,3 +270,12 @@ def test_readonly_on_the_command_line_reaches_the_app(monkeypatch, tmp_path: Pat
     # what run_demo passes on: its own args with the log, the URL and the banner added
     app_module.run_tui(Namespace(**{**vars(demo_args), "log": [], "url": "http://127.0.0.1:9", "no_panes": True}))
     assert built[-1].readonly is True
+
+
+def test_the_help_screen_lists_b_and_c() -> None:
+    console = Console(width=160, record=True, file=io.StringIO())
+    console.print(help_text())
+    text = console.export_text()
+    assert re.search(r"^b +evidence bundle now", text, re.MULTILINE), text
+    assert re.search(r"^c +confirmation run: evidence first", text, re.MULTILINE), text
+    assert re.search(r"^--readonly +b, c and the automatic bundle are off", text, re.MULTILINE), text

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from textual import work
+from textual.css.query import NoMatches
 from textual.widgets import Input
 
 from radixtop.widgets.confirm import ActionBar, PlanScreen, RunScreen
 
 INCIDENT_ACTIONS = ("bundle", "confirm")
+BAR_LINGER_S = 12.0  # a result stays in the action bar this long (the log pane keeps it as a notice)
 QUIT_WAIT_S = 20.0  # quitting waits this long, at most, for a cancelled run to stop its control
 
 
@@ -80,6 +82,9 @@ class IncidentActions:
     """Mixin for RadixtopApp (an App): call init_actions() in __init__, observe_findings() whenever
     the findings change, allow_incident_action() from check_action, stop_actions() when quitting."""
 
+    state: Any  # the app's IncidentState and FindingsBuilder (annotations only: the app sets them)
+    builder: Any
+
     def init_actions(self, readonly: bool = False, settings: ActionSettings | None = None) -> None:
         self.readonly = readonly
         self.action_settings = settings or ActionSettings()
@@ -96,6 +101,7 @@ class IncidentActions:
         self._prepare_cancel = threading.Event()
         self._confirm_worker: Any = None
         self._actions_loop: asyncio.AbstractEventLoop | None = None
+        self._bar_timer: Any = None
 
     # -- what the app knows about the server -----------------------------------------------------
 
@@ -125,19 +131,27 @@ class IncidentActions:
             return False  # `b` is a priority key: refused, it falls through (PageUp in the log, a letter in the prompt)
         return not app.screen.is_modal
 
-    def _say(self, text: str, error: bool = False) -> None:
-        """One line in the action bar, mounted above the status line on first use."""
+    def _say(self, text: str, error: bool = False, final: bool = False) -> None:
+        """One line in the action bar (over the row above the status line, mounted on first use).
+        A final line (a result, an error) goes after BAR_LINGER_S; the log pane keeps it as a notice."""
         app: Any = self
+        if self._bar_timer is not None:
+            self._bar_timer.stop()
+            self._bar_timer = None
         found = app.query("#action-bar")
         if found:
-            found.first(ActionBar).say(text, error)
-            return
-        bar = ActionBar(id="action-bar")
-        bar.say(text, error)
-        try:
-            app.query_one("#bottom").mount(bar, before=0)
-        except Exception:  # no main screen (a test app without it): the notice still says it
-            app.notify(text, severity="error" if error else "information")
+            bar = found.first(ActionBar)
+            bar.say(text, error)
+        else:
+            bar = ActionBar(id="action-bar")
+            bar.say(text, error)
+            try:
+                app.query_one("#bottom").mount(bar, before=0)
+            except NoMatches:  # not on the main screen's layout: a toast says it instead
+                app.notify(text, severity="error" if error else "information")
+                return
+        if final:
+            self._bar_timer = app.set_timer(BAR_LINGER_S, bar.clear)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         """Run fn on the UI loop, from any thread; nothing when the app has gone."""
@@ -163,13 +177,13 @@ class IncidentActions:
     def action_bundle(self) -> None:
         self._remember_loop()
         if self._bundling:
-            self._say("bundle: one is being taken already")
+            self._say("bundle: one is being taken already", final=True)
             return
         self._bundling = True
         target = self.incident_target()
         where = self.action_settings.directory
         self._say(f"bundle: collecting the evidence of {target.url or 'the followed logs'} into {where}…")
-        self._bundle_worker(target, where, getattr(self, "state").report)
+        self._bundle_worker(target, where, self.state.report)
 
     @work(thread=True, group="bundle", exit_on_error=False)
     def _bundle_worker(self, target: Target, where: Path, report: Any) -> None:
@@ -180,7 +194,7 @@ class IncidentActions:
         try:
             result = take_bundle(
                 where, url=target.url, logs=target.logs, pid=target.pid, reason="manual",
-                signature_files=settings.signature_files, context=getattr(self, "builder").context,
+                signature_files=settings.signature_files, context=self.builder.context,
                 live_report=report, cancel=self._bundle_cancel,
                 on_progress=lambda p: self._post(self._bundle_progress, p),
                 **dict(settings.bundle),
@@ -205,15 +219,14 @@ class IncidentActions:
         app: Any = self
         if result is None:
             text = f"{what} failed: {error}"
-            self._say(text, error=True)
+            self._say(text, error=True, final=True)
             app.state.add_notice("radixtop", "error", text)
             app.notify(text, severity="error")
             return
-        missing = f", {len(result.notes)} sources not collected (see the notes)" if result.notes else ""
+        missing = f"; {len(result.notes)} sources not collected, see its notes" if result.notes else ""
         text = f"{what} written: {result.path} ({len(result.files)} files{missing})"
-        self._say(text)
+        self._say(text, final=True)  # no toast: it would cover the status line; the bar and the log pane keep it
         app.state.add_notice("radixtop", "bundle", text)
-        app.notify(text, title="evidence bundle", timeout=8)
 
     # -- the automatic bundle --------------------------------------------------------------------
 
@@ -235,7 +248,7 @@ class IncidentActions:
 
             settings = self.action_settings
             options = {"signature_files": settings.signature_files, "cancel": self._bundle_cancel,
-                       "context": getattr(self, "builder").context, **dict(settings.bundle)}  # fmt: skip
+                       "context": self.builder.context, **dict(settings.bundle)}  # fmt: skip
             auto = self.auto_bundler = AutoBundler(
                 settings.directory, on_done=lambda result, error: self._post(self._auto_done, result, error),
                 options=options,
@@ -263,7 +276,7 @@ class IncidentActions:
 
         target = self.incident_target()
         if target.url is None:
-            self._say("confirm: no server known to confirm against; start radixtop with --url URL", error=True)
+            self._say("confirm: no server known to confirm against; start radixtop with --url URL", error=True, final=True)
             return
         settings = self.action_settings
         workdir = (settings.directory / f"radixtop-confirm-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -288,7 +301,8 @@ class IncidentActions:
             screen.finish(*self._confirm_end)
         elif self.confirm_run is not None and self.confirm_run.cancelled:
             screen.set_cancelling()
-        getattr(self, "push_screen")(screen)
+        app: Any = self
+        app.push_screen(screen)
 
     def cancel_confirm(self) -> None:
         """The run screen's x (and quitting): stop whatever stage the run is in."""
@@ -315,8 +329,9 @@ class IncidentActions:
         self._confirm_end = (headline, body, verdict)
         if self.run_screen is not None:
             self.run_screen.finish(headline, body, verdict)
-        self._say(f"confirm: {headline}", error=error)
-        getattr(self, "state").add_notice("radixtop", "confirm", f"{headline}; {body.splitlines()[0] if body else ''}".rstrip("; "))
+        self._say(f"confirm: {headline}", error=error, final=True)
+        first = body.splitlines()[0] if body else ""
+        self.state.add_notice("radixtop", "confirm", f"{headline}; {first}" if first else headline)
 
     async def _prepare(self, options: Any, cancel: threading.Event) -> Any:
         """Evidence and plan in a thread of their own (psutil, files, the bundle: nothing for the UI loop)."""
@@ -326,7 +341,11 @@ class IncidentActions:
 
     @work(exclusive=True, group="confirm", exit_on_error=False)
     async def _confirm_flow(self, options: Any) -> None:
-        from radixtop.incident.confirm import ConfirmationRun, ConfirmCancelled, PlanError
+        from radixtop.incident.confirm import (
+            ConfirmationRun,
+            ConfirmCancelled,
+            PlanError,
+        )
         from radixtop.incident.server import ServerError
 
         app: Any = self

@@ -28,9 +28,16 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("1 2 3 4 5", ("panes: 1 log, 2 radix, 3 GPU, 4 processes, 5 vitals; on a small screen one at a time, "
                    "on a big one (140x40 and more) all at once and the key zooms one; 0 or the key again shows all")),
     ("[ ]", "previous / next rank in the radix pane"),
+    ("b", ("evidence bundle now: first occurrences with context, findings, server info, metrics, processes, "
+           "stacks, GPU; written (redacted, with a SHA-256 manifest) into the current directory; the first "
+           "error-or-worse signature takes one by itself")),
+    ("c", ("confirmation run: evidence first, then the plan (live and control commands, workload, runs) to "
+           "approve with y / Enter or refuse with n / Esc; then live progress (x cancels and stops the control, "
+           "Esc hides it, c shows it again) and the verdict with the command to repeat it")),
+    ("--readonly", "b, c and the automatic bundle are off: radixtop only watches"),
     ("radix tree", ("↑ ↓ move, Enter or → expands, ← collapses (or goes to the parent), x opens every path "
                     "to a locked node; 2 focuses it")),
-    ("↑ ↓ PgUp PgDn Home End", "scroll (also j k b Space g G); ← → scroll long lines; mouse wheel works"),
+    ("↑ ↓ PgUp PgDn Home End", "scroll (also j k Space g G); ← → scroll long lines; mouse wheel works"),
 )
 
 

@@ -189,11 +189,17 @@ class RunScreen(ModalScreen[None]):
 class ActionBar(Static):
     """One line above the status line: what an incident action is doing, or what it left."""
 
+    # Absolute, one row above the status line (over the log pane's last row): showing it moves no
+    # other widget, so it costs no relayout and no full-screen redraw.
     DEFAULT_CSS = """
-    ActionBar { height: 1; width: 1fr; background: $boost; padding: 0 1; }
-    ActionBar.-error { color: $error; }
+    ActionBar { position: absolute; offset-y: -1; height: 1; width: 1fr; background: $panel; padding: 0 1; }
+    ActionBar.-error { color: $error; text-style: bold; }
     """
 
     def say(self, text: str, error: bool = False) -> None:
         self.set_class(error, "-error")
         self.update(Text(text, no_wrap=True, overflow="ellipsis"))
+        self.display = True
+
+    def clear(self) -> None:
+        self.display = False

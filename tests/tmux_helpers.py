@@ -1,0 +1,58 @@
+"""A tmux server of the test's own, for the real-terminal checks (tests/test_tmux_*.py, test_demo_tmux.py)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+SESSION = "radixtop"
+
+
+class Tmux:
+    """One tmux server on a socket of its own (other sessions on the machine are untouched), one
+    session named SESSION of width x height."""
+
+    def __init__(self, width: int = 120, height: int = 40) -> None:
+        self.socket = f"radixtop-test-{uuid.uuid4().hex[:8]}"
+        self.size = (width, height)
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
+                              timeout=10).stdout  # fmt: skip
+
+    def start(self, command: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        """Run an argv (quoted here, never taken from outside the test) in the session, in cwd."""
+        line = f"cd {shlex.quote(str(cwd))} && exec " + " ".join(shlex.quote(c) for c in command)
+        # The tmux server takes our environment; pytest's COLUMNS/LINES would make Textual draw 80x24.
+        base = env if env is not None else os.environ
+        clean = {k: v for k, v in base.items() if k not in ("COLUMNS", "LINES", "TMUX")}
+        subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", SESSION,
+                        "-x", str(self.size[0]), "-y", str(self.size[1]), line], check=True, timeout=10,
+                       env=clean)  # fmt: skip
+
+    def send(self, *keys: str) -> None:
+        self("send-keys", "-t", SESSION, *keys)
+
+    def capture(self, escapes: bool = False) -> str:
+        return self("capture-pane", "-p", *(["-e"] if escapes else []), "-t", SESSION)
+
+    def wait_for(self, condition: Callable[[str], bool], what: str, timeout: float, step: float = 0.1) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.capture()
+            if condition(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen:\n{screen}")
+            time.sleep(step)
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
+        # tmux leaves its socket file behind: remove ours, so runs do not pile them up.
+        tmpdir = os.environ.get("TMUX_TMPDIR", "/tmp")
+        Path(tmpdir, f"tmux-{os.getuid()}", self.socket).unlink(missing_ok=True)

@@ -168,7 +168,8 @@ async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_p
         assert isinstance(screen, RunScreen) and screen.done
         shown = str(screen.query_one("#run-verdict").content)
         assert shown.startswith("VERDICT: not-reproduced"), shown
-        assert "Repeat: radixtop confirm --url" in shown and "Evidence bundle: " in shown
+        assert "Repeat:          radixtop confirm --url" in shown and "Evidence bundle: " in shown
+        assert "Repeat: radixtop confirm --url" in shown  # and Verdict.format()'s whole report under it
         assert app.confirm_verdict.verdict == "not-reproduced"
         assert "VERDICT: not-reproduced" in bar_text(app)
         control_pid = app.confirm_run.control.pid
@@ -191,6 +192,14 @@ async def test_cancelling_or_quitting_during_the_run_leaves_no_process(tmp_path:
                     "the control's second run", 60)  # fmt: skip
         control_pid = app.confirm_run.control.pid
         assert not gone(control_pid)
+        if key == "x":  # Esc hides the run, which goes on; c shows it again with what it said meanwhile
+            await pilot.press("escape")
+            assert not isinstance(app.screen, RunScreen) and app.confirm_state == "running", app._confirm_end
+            assert "confirm [control]" in bar_text(app)
+            await pilot.press("c")
+            assert isinstance(app.screen, RunScreen) and app.screen is app.run_screen
+            await pilot.pause(0.1)
+            assert "[control-start] starting the control" in "\n".join(app.screen.query_one("#run-log").lines)
         await pilot.press(key)
         if key == "x":
             await until(pilot, lambda: app.confirm_state == "done", "the cancellation", 30)

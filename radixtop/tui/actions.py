@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -76,6 +77,21 @@ def expand_logs(patterns: Any) -> tuple[str, ...]:
             if path not in out:
                 out.append(path)
     return tuple(out)
+
+
+def verdict_body(verdict: Any) -> str:
+    """What the run screen shows under the headline: the reason and what to do next first (the
+    repeat command, where the evidence is), then the whole report as `radixtop confirm` prints it."""
+    summary = [
+        verdict.reason,
+        "",
+        f"Repeat:          {shlex.join(verdict.repeat)}",
+        f"Evidence bundle: {verdict.bundle or '(none)'}",
+        f"Work directory:  {verdict.workdir}",
+        "",
+        "─" * 40,
+    ]
+    return "\n".join(summary) + "\n" + verdict.format()
 
 
 class IncidentActions:
@@ -154,19 +170,22 @@ class IncidentActions:
             self._bar_timer = app.set_timer(BAR_LINGER_S, bar.clear)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run fn on the UI loop, from any thread; nothing when the app has gone."""
+        """Run fn on the UI loop soon, from any thread (also the loop's own: a failure in drawing
+        must never reach the incident code that reported the event); nothing when the app has gone."""
         loop = self._actions_loop
         if loop is None or loop.is_closed():
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            fn(*args)
-            return
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(fn, *args)
+            loop.call_soon_threadsafe(self._guarded_ui, fn, args)
+
+    def _guarded_ui(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        app: Any = self
+        if not app.is_running:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the app's notice, not a dead app or a failed run
+            app.report_failure("showing an incident action's progress", exc)
 
     def _remember_loop(self) -> None:
         if self._actions_loop is None:
@@ -302,8 +321,11 @@ class IncidentActions:
         elif self.confirm_run is not None and self.confirm_run.cancelled:
             screen.set_cancelling()
         app: Any = self
-        app.push_screen(screen)
+        app.push_screen(screen, callback=lambda _: self._run_screen_closed(screen))
 
+    def _run_screen_closed(self, screen: RunScreen) -> None:
+        if self.run_screen is screen:
+            self.run_screen = None  # hidden: the run goes on; its lines are kept for c
     def cancel_confirm(self) -> None:
         """The run screen's x (and quitting): stop whatever stage the run is in."""
         self._prepare_cancel.set()
@@ -322,7 +344,8 @@ class IncidentActions:
         del self._confirm_lines[:-2000]
         if self.run_screen is not None:
             self.run_screen.add_event(phase, message)
-        self._say(f"confirm [{phase}] {message}")
+        if self.confirm_state != "done":  # a late line must not replace the verdict in the bar
+            self._say(f"confirm [{phase}] {message}")
 
     def _finish(self, headline: str, body: str, verdict: str | None = None, error: bool = False) -> None:
         self.confirm_state = "done"
@@ -383,7 +406,7 @@ class IncidentActions:
             self._finish("the confirmation run failed", f"{type(exc).__name__}: {exc}", error=True)
             return
         self.confirm_verdict = verdict
-        self._finish(f"VERDICT: {verdict.verdict}", verdict.format(), verdict.verdict)
+        self._finish(f"VERDICT: {verdict.verdict}", verdict_body(verdict), verdict.verdict)
 
     # -- quitting --------------------------------------------------------------------------------
 

@@ -88,7 +88,8 @@ class RunScreen(ModalScreen[None]):
     }
     RunScreen #run-phase { height: auto; text-style: bold; }
     RunScreen #run-log { height: 1fr; border: none; }
-    RunScreen #run-verdict-box { display: none; height: 2fr; border-top: hkey $panel; }
+    RunScreen #run-verdict-box { display: none; height: 1fr; border-top: hkey $panel; }
+    RunScreen.-done #run-log { height: 6; }
     RunScreen.-done #run-verdict-box { display: block; }
     RunScreen #run-keys { height: 1; color: $text-muted; }
     """
@@ -106,6 +107,7 @@ class RunScreen(ModalScreen[None]):
         self.phase = "evidence"
         self._pending: list[str] = []  # lines given before the screen was composed
         self._verdict: Text | None = None
+        self._last_line = ""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run-box"):
@@ -140,6 +142,9 @@ class RunScreen(ModalScreen[None]):
 
     def add_event(self, phase: str, message: str) -> None:
         line = f"[{phase}] {message}"
+        if line == self._last_line:
+            return  # the same news twice in a row (a step's end and its phase's) is said once
+        self._last_line = line
         self.phase = phase
         if not self.is_mounted:
             self._pending.append(line)
@@ -166,6 +171,8 @@ class RunScreen(ModalScreen[None]):
         self.query_one("#run-phase", Static).update(self._verdict.plain.splitlines()[0] if self._verdict else "")
         self._refresh_keys()
         self.query_one("#run-verdict-box").focus()
+        log = self.query_one("#run-log", Log)
+        self.call_after_refresh(log.scroll_end, animate=False)  # the last events above the verdict
 
     # -- keys --------------------------------------------------------------------------------------
 

@@ -50,3 +50,36 @@ def test_first_occurrence_after_enter_160x48(snap_compare) -> None:
         await pilot.pause(0.3)
 
     assert snap_compare(sample_app(), terminal_size=(160, 48), run_before=jump)
+
+
+# The confirmation run's approval modal (radixtop/widgets/confirm.py) over the sample incident, with a
+# plan as Plan.describe() writes it (fixed here: a real one names ports and times).
+PLAN_LINES = [
+    "Live server   http://127.0.0.1:30000  pid 4242  0.5.23",
+    "  launched as (psutil): python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --port 30000 "
+    "--tp-size 4 --max-running-requests 64",
+    "  logs watched: /var/log/sglang/server.log",
+    "Evidence      /srv/incidents/radixtop-confirm-20261202-140500/evidence/radixtop-bundle-20261202-140500-confirm",
+    "Workload      pressure: 128 requests, 128 calls over 0.5 s at temperature 0 "
+    "(/srv/incidents/radixtop-confirm-20261202-140500/workload.json)",
+    "Runs          3 against the live server, then 3 against the control; the cache is flushed before each run "
+    "(POST /flush_cache)",
+    "Control       python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --tp-size 4 --host 127.0.0.1 "
+    "--port 40117 --max-running-requests 16 --disable-radix-cache",
+    "  on http://127.0.0.1:40117, output in /srv/incidents/radixtop-confirm-20261202-140500/control.out",
+    "  change: --host 127.0.0.1 --port 40117 (loopback, free)",
+    "  change: --max-running-requests 64 -> 16",
+    "  change: added --disable-radix-cache",
+    "Live server   left running (it is never stopped unless you pass --stop-original)",
+]
+
+
+def test_confirm_plan_modal_120x40(snap_compare) -> None:
+    from radixtop.widgets.confirm import PlanScreen
+
+    async def plan(pilot) -> None:
+        await loaded(pilot)
+        await pilot.app.push_screen(PlanScreen(PLAN_LINES))
+        await pilot.pause(0.3)
+
+    assert snap_compare(sample_app(), terminal_size=(120, 40), run_before=plan)

@@ -3,6 +3,7 @@
     python benchmarks/panes_bench.py --quick                 # shared machine: short windows
     python benchmarks/panes_bench.py                         # longer windows, more polls
     python benchmarks/panes_bench.py --only snapshot         # one part: snapshot | polling | app
+    python benchmarks/panes_bench.py --quick --only app --scene quiet --lines 0   # one app scene
 
 1. snapshot: a 100,000-node snapshot (random tree, 2 % of nodes locked, ~6 MB of JSON) served by a
    loopback HTTP server in another process, two versions alternating so every poll parses anew.
@@ -20,7 +21,8 @@
 3. app: `radixtop --log SIM_LOG` (discovery attaches to the simulator writing it) in tmux at
    160x48, every pane on screen, and in the same run the log pane alone (RADIXTOP_PANES=0) as the
    baseline: CPU share of one core and RSS over the window, the first frame's time from the
-   command, and RSS after a million log lines have been appended to the followed log and read.
+   command (the status line on screen; with the panes, also when they are on screen, for they
+   are mounted after the first frame), and RSS after a million log lines have been appended to the followed log and read.
    Three scenes: the simulator idle with its access log off (what watching costs), idle with its
    access log on (radixtop's own /metrics and /health polls then add a log line a second or so,
    which the log pane draws), and under the demo workload.
@@ -401,12 +403,20 @@ def _first_frame(tmux: Tmux, t0: float, needles: tuple[str, ...]) -> float | Non
     return None
 
 
-def bench_app(seconds: float, lines: int) -> None:
+SCENES = {
+    "quiet": ("idle sim, quiet log", False, ("--log-level", "warning")),
+    "idle": ("idle sim", False, ()),
+    "workload": ("workload", True, ()),
+}
+
+
+def bench_app(seconds: float, lines: int, scenes: list[str] | None = None) -> None:
     """radixtop with every pane, and the log pane alone (RADIXTOP_PANES=0) as the in-run baseline,
-    against the simulator idle (the log quiet: what watching costs) and under the demo workload."""
+    against the simulator idle (the log quiet: what watching costs) and under the demo workload.
+    First frame: the status line on screen (the log pane's first frame, both runs); panes: the
+    radix and vitals panes on screen too (they are mounted after the first frame)."""
     print(f"\napp: radixtop --log SIM_LOG in tmux {WIDTH}x{HEIGHT} (discovery attaches to the simulator writing it)")
-    scenes = (("idle sim, quiet log", False, ("--log-level", "warning")), ("idle sim", False, ()), ("workload", True, ()))
-    for scene, loaded, extra in scenes:
+    for scene, loaded, extra in (SCENES[name] for name in (scenes or list(SCENES))):
         work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
         sim, load, _, log = start_demo_sim(work, with_load=loaded, extra=extra)
         try:
@@ -417,14 +427,15 @@ def bench_app(seconds: float, lines: int) -> None:
                 tmux = Tmux([sys.executable, "-m", "radixtop", "--log", str(log)], env=env)
                 try:
                     t0 = tmux.start()
-                    needles = ("Radix cache", "Vital signs", "server ok") if panes else ("FOLLOW",)
-                    first = _first_frame(tmux, t0, needles[:2] if panes else needles)
-                    attached = _first_frame(tmux, t0, needles)
+                    first = _first_frame(tmux, t0, ("FOLLOW",))
+                    shown = _first_frame(tmux, t0, ("Radix cache", "Vital signs")) if panes else None
+                    attached = _first_frame(tmux, t0, ("Radix cache", "Vital signs", "server ok")) if panes else None
                     time.sleep(3)
                     cpu, rss = _steady(tmux, seconds)
                     what = "every pane" if panes else "log pane alone"
                     ff = f"{first * 1000:.0f} ms" if first else "never"
-                    at = f", attached (server ok) {attached * 1000:.0f} ms" if panes and attached else ""
+                    at = f", panes {shown * 1000:.0f} ms" if shown else ""
+                    at += f", attached (server ok) {attached * 1000:.0f} ms" if attached else ""
                     print(f"  {scene:19} {what:15} first frame {ff}{at}; {cpu:.1f} % of one core over {seconds:.0f} s, "
                           f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
                     if loaded and lines:
@@ -460,6 +471,9 @@ def main() -> None:
     ap.add_argument("--only", choices=("snapshot", "polling", "app"), action="append")
     ap.add_argument("--nodes", type=int, default=100_000)
     ap.add_argument("--nvitop", default=None, metavar="PATH", help="an nvitop executable (throwaway venv)")
+    ap.add_argument("--scene", choices=list(SCENES), action="append", help="app scenes to run (default: all)")
+    ap.add_argument("--lines", type=int, default=1_000_000, help="log lines appended after the workload scene (0: none)")
+    ap.add_argument("--seconds", type=float, default=None, help="CPU window per app run (default 15 quick, 60)")
     args = ap.parse_args()
     parts = args.only or ["snapshot", "polling", "app"]
     print(f"load average at start: {', '.join(f'{x:.1f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
@@ -468,7 +482,7 @@ def main() -> None:
     if "snapshot" in parts:
         bench_snapshot(3 if args.quick else 10, args.nodes)
     if "app" in parts:
-        bench_app(15 if args.quick else 60, 1_000_000)
+        bench_app(args.seconds or (15 if args.quick else 60), args.lines, args.scene)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,31 @@ async def follow():
         await collector.close()
 
 
+@pytest.fixture(params=["inotify", "poll"])
+async def follow_each(request, monkeypatch):
+    """`follow` once sleeping on inotify when idle (with the fallback poll pushed out of reach, so
+    only inotify can wake the reader) and once polling (where inotify cannot be had)."""
+    import radixtop.probes.logs as logs_module
+
+    if request.param == "inotify":
+        from radixtop.probes.fswait import FileWaiter
+
+        if FileWaiter.create() is None:
+            pytest.skip("inotify is not available here")
+        monkeypatch.setattr(logs_module, "_INOTIFY_FALLBACK_S", 60.0)
+    collectors: list[Collector] = []
+
+    def start(patterns, **kwargs) -> Collector:
+        kwargs.setdefault("idle_wait", "auto" if request.param == "inotify" else "poll")
+        collector = Collector(LogFollower([str(p) for p in patterns], **kwargs))
+        collectors.append(collector)
+        return collector
+
+    yield start
+    for collector in collectors:
+        await collector.close()
+
+
 def append(path: Path, data: str | bytes) -> None:
     with open(path, "ab") as f:
         f.write(data.encode() if isinstance(data, str) else data)
@@ -231,10 +256,10 @@ def test_backlog_start_over_many_read_blocks(tmp_path):
 # -- rotation and truncation ----------------------------------------------------------------------------
 
 
-async def test_rotation_drains_the_renamed_file_then_follows_the_new_one(tmp_path, follow):
+async def test_rotation_drains_the_renamed_file_then_follows_the_new_one(tmp_path, follow_each):
     log = tmp_path / "server.log"
     log.write_text("")
-    c = follow([log])
+    c = follow_each([log])
     old = open(log, "a")  # a writer that keeps its fd across the rename, as real ones do briefly
     old.write("one\ntwo\n")
     old.flush()
@@ -351,10 +376,10 @@ def test_glob_does_not_reread_rotated_files_under_their_new_names(tmp_path):
     assert texts == ["a", "b", "z"]
 
 
-async def test_copytruncate_restarts_from_zero_with_a_notice(tmp_path, follow):
+async def test_copytruncate_restarts_from_zero_with_a_notice(tmp_path, follow_each):
     log = tmp_path / "server.log"
     log.write_text("")
-    c = follow([log])
+    c = follow_each([log])
     append(log, "before 1\nbefore 2\n")
     await c.lines(2)
     shutil.copy(log, tmp_path / "server.log.1")
@@ -390,9 +415,9 @@ def test_truncate_and_refill_past_the_old_offset_between_two_polls(tmp_path):
 # -- files that come and go ------------------------------------------------------------------------------
 
 
-async def test_file_that_appears_later_is_read_from_its_start(tmp_path, follow):
+async def test_file_that_appears_later_is_read_from_its_start(tmp_path, follow_each):
     log = tmp_path / "late.log"
-    c = follow([log])
+    c = follow_each([log])
     await c.until(lambda: "waiting" in c.kinds(), "a waiting notice")
     assert c.follower.health()[0].state == "waiting"
     log.write_text("hello\nworld\n")
@@ -404,10 +429,10 @@ async def test_file_that_appears_later_is_read_from_its_start(tmp_path, follow):
     assert health.last_line_at is not None
 
 
-async def test_deleted_file_is_reported_and_followed_again_when_recreated(tmp_path, follow):
+async def test_deleted_file_is_reported_and_followed_again_when_recreated(tmp_path, follow_each):
     log = tmp_path / "server.log"
     log.write_text("")
-    c = follow([log])
+    c = follow_each([log])
     append(log, "one\n")
     await c.lines(1)
     log.unlink()
@@ -420,10 +445,10 @@ async def test_deleted_file_is_reported_and_followed_again_when_recreated(tmp_pa
     assert c.follower.health()[0].state == "ok"
 
 
-async def test_glob_picks_up_files_that_appear_later_and_interleaves_ranks(tmp_path, follow):
+async def test_glob_picks_up_files_that_appear_later_and_interleaves_ranks(tmp_path, follow_each):
     (tmp_path / "rank0.log").write_text("")
     (tmp_path / "rank1.log").write_text("")
-    c = follow([tmp_path / "rank*.log"])
+    c = follow_each([tmp_path / "rank*.log"])
     for i in range(50):
         append(tmp_path / f"rank{i % 2}.log", f"r{i % 2} {i}\n")
     (tmp_path / "rank2.log").write_text("r2 was here before we saw it\n")
@@ -655,3 +680,79 @@ def test_bad_arguments_are_clear_errors():
         LogFollower("server.log")
     with pytest.raises(ValueError, match="poll_interval"):
         LogFollower(["x"], poll_interval=0)
+
+
+# -- sleeping on inotify while the files are quiet ---------------------------------------------------
+
+
+def _waiter():
+    from radixtop.probes.fswait import FileWaiter
+
+    waiter = FileWaiter.create()
+    if waiter is None:
+        pytest.skip("inotify is not available here")
+    return waiter
+
+
+def test_file_waiter_wakes_for_its_names_only(tmp_path):
+    waiter = _waiter()
+    try:
+        waiter.watch({str(tmp_path): {"server.log", "rank*.log"}})
+        append(tmp_path / "sim.out", "a neighbour's write\n")
+        assert waiter.wait(0.2) is False, "a write to another file in the directory woke it"
+        append(tmp_path / "server.log", "ours\n")
+        assert waiter.wait(30) is True
+        (tmp_path / "rank3.log").write_text("")
+        assert waiter.wait(30) is True, "a file matching the glob pattern appeared"
+        os.rename(tmp_path / "server.log", tmp_path / "server.log.1")
+        assert waiter.wait(30) is True, "the name moved away (rotation)"
+        waiter.wake()
+        assert waiter.wait(30) is True, "wake() (stop) returns at once"
+    finally:
+        waiter.close()
+    waiter.wake()  # after close: no write to a file descriptor that may belong to someone else now
+
+
+def test_file_waiter_missing_directory_and_removed_directory(tmp_path):
+    waiter = _waiter()
+    try:
+        later = tmp_path / "later"
+        waiter.watch({str(later): {"x.log"}})
+        assert waiter.missing == {str(later)}, "a directory that is not there yet is left to the fallback poll"
+        later.mkdir()
+        waiter.watch({str(later): {"x.log"}})
+        assert waiter.missing == set()
+        later.rmdir()
+        assert waiter.wait(30) is True, "the watched directory went away"
+    finally:
+        waiter.close()
+
+
+async def test_an_idle_follower_sleeps_on_inotify_and_wakes_for_a_line(tmp_path, follow, monkeypatch):
+    import radixtop.probes.logs as logs_module
+
+    _waiter().close()
+    monkeypatch.setattr(logs_module, "_INOTIFY_FALLBACK_S", 60.0)  # only inotify can wake it
+    log = tmp_path / "server.log"
+    log.write_text("")
+    (tmp_path / "other.out").write_text("")
+    c = follow([log])
+    await c.until(lambda: c.follower.wait_mode == "inotify", "the reader to sleep on inotify")
+    polls = c.follower.polls
+    for i in range(20):  # a neighbour writing does not make the reader poll
+        append(tmp_path / "other.out", f"noise {i}\n")
+    await asyncio.sleep(0.3)
+    assert c.follower.polls - polls <= 1, "the reader polled while its file was quiet"
+    append(log, "after a quiet spell\n")
+    assert await c.lines(1) == ["after a quiet spell"]
+
+
+async def test_idle_wait_poll_keeps_polling(tmp_path, follow):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    c = follow([log], idle_wait="poll")
+    append(log, "one\n")
+    await c.lines(1)
+    assert c.follower.wait_mode == "poll"
+    with pytest.raises(ValueError, match="idle_wait"):
+        LogFollower([str(log)], idle_wait="sometimes")

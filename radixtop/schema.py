@@ -379,10 +379,14 @@ class TreeView:
 
 @dataclass(frozen=True, slots=True)
 class Census:
-    """A full walk of the tree (bounded; duty-cycle limited, so it may be older than the snapshot).
+    """A full walk of the tree, assembled a bounded slice at a time over `slices` scheduler safe
+    points (`span_s` seconds from the first to the last); duty-cycle limited, so it may be older
+    than the snapshot. A tree that moved meanwhile is counted as each part was when reached.
 
-    node_count and the histogram exclude the root. When not complete, node_count is a lower bound
-    and digest is "".
+    node_count and the histogram exclude the root. When not complete (still in progress, or given
+    up at the server's node limit), node_count is a lower bound and digest is "".
+    slices and span_s were added in schema 1 without a version bump: older servers omit them
+    (read as 1 and 0.0, a census in one pause).
     """
 
     complete: bool
@@ -390,8 +394,10 @@ class Census:
     total_tokens: int
     lock_ref_histogram: dict[int, int]
     digest: str  # 16 hex digits over the tree's shape (key lengths, first/last token, nesting)
-    age_s: float  # how old the census was when the snapshot was taken
-    seconds: float  # what the census cost on the scheduler thread
+    age_s: float  # how old the census's first slice was when the snapshot was taken
+    seconds: float  # what the census cost on the scheduler thread (all its slices)
+    slices: int = 1  # the safe points (steps) it was assembled over
+    span_s: float = 0.0  # seconds from its first slice to its last
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -402,6 +408,8 @@ class Census:
             "digest": self.digest,
             "age_s": self.age_s,
             "seconds": self.seconds,
+            "slices": self.slices,
+            "span_s": self.span_s,
         }
 
     @classmethod
@@ -424,6 +432,8 @@ class Census:
             digest=_pattern(_get(o, "digest", where), f"{where}.digest", _DIGEST_RE, "16 hex digits or empty"),
             age_s=_float(_get(o, "age_s", where), f"{where}.age_s", 0.0),
             seconds=_float(_get(o, "seconds", where), f"{where}.seconds", 0.0),
+            slices=_int(o.get("slices", 1), f"{where}.slices", 1),
+            span_s=_float(o.get("span_s", 0.0), f"{where}.span_s", 0.0),
         )
 
 
@@ -435,7 +445,7 @@ class Snapshot:
     seq: int  # snapshot number within this instance
     time: float  # wall clock (epoch seconds) when taken
     monotonic: float  # time.monotonic() in the server when taken (for node last_access ages)
-    seconds: float  # what the walks cost on the scheduler thread (serialising it not included)
+    seconds: float  # what reading it cost the scheduler thread (the detail walk; census steps and serialising not included)
     cache_class: str
     walkable: bool
     reason: str  # why the tree is not shown ("" when walkable)
@@ -588,7 +598,7 @@ class Health:
     snapshots: int
     safe_points: int  # safe_point() calls seen (rate-limited ones included)
     last_snapshot_age_s: float | None
-    last_snapshot_seconds: float | None  # scheduler-thread cost of the latest, serialising included
+    last_snapshot_seconds: float | None  # scheduler-thread cost of the latest (radixtop's instrument serialises on its HTTP thread)
     snapshot_interval_s: float  # the current minimum interval between snapshots (idle or watched)
     max_budget: int  # the server-side cap on ?budget=
     message: str = ""

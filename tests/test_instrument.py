@@ -252,7 +252,7 @@ def test_a_tree_ten_thousand_deep_is_walked_without_recursion():
     cache = MiniCache()
     leaf = cache.chain(10_000)
     cache.inc_lock_ref(leaf)
-    snap = TreeSnapshotter(SnapshotConfig(max_nodes=200)).take(cache)
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=200)).take(cache, force_census=True)
     assert snap.census.complete and snap.census.node_count == 10_000
     assert snap.census.lock_ref_histogram == {1: 10_000}
     assert snap.tree.walked_nodes == 200 and snap.tree.cut_nodes == 9_800
@@ -384,6 +384,35 @@ def test_instance_hooks_count_lock_unlock_evict_on_the_sim_cache():
     assert all(RadixCache.__dict__[name] is originals[name] for name in HOOKED_METHODS)
     cache.inc_lock_ref(node)
     assert hooks.counters().lock_ops == 1 and hooks.state == "off"
+
+
+@pytest.mark.parametrize("target", ["instance", "class"])
+def test_every_evict_after_the_first_takes_the_exact_path_and_counts_the_same(target):
+    gc.collect()
+    cache = filled_sim_cache(n_prompts=120)
+    hooks = CacheHooks()
+    hooks.install(cache if target == "instance" else RadixCache)
+    try:
+        wrapper = RadixCache.__dict__["evict"]
+        assert wrapper.__code__.co_name == "evict_exact"  # SGLang >= 0.5's evict(self, params) shape
+        freed = []
+        for ask in (5, 7, 0, 11):
+            freed.append(cache.evict(EvictParams(num_tokens=ask)).num_tokens_evicted)
+        # Lock everything left, then ask for more than can go: an evict short while locked.
+        for node in [n for n in cache.iter_nodes() if not n.children]:
+            cache.inc_lock_ref(node)
+        short = cache.evict(EvictParams(num_tokens=50)).num_tokens_evicted
+        c = hooks.counters()
+        assert c.evict_calls == 5 and c.evictions == sum(1 for f in freed + [short] if f > 0)
+        assert c.evicted_tokens == sum(freed) + short and short < 50
+        assert c.evict_short_locked == 1 and c.instrument_errors == 0
+        events = hooks.events.read(0)[0]
+        assert [(e.tokens, e.requested) for e in events if e.kind == "evict"] == [
+            (f, ask) for f, ask in zip(freed + [short], (5, 7, 0, 11, 50)) if f > 0
+        ]
+        assert [e.kind for e in events][-1] == "evict_short"
+    finally:
+        hooks.uninstall()
 
 
 def test_double_unlock_on_the_sim_cache_is_counted_as_negative_lock_ref():
@@ -806,25 +835,148 @@ def test_wide_nodes_are_scanned_only_up_to_the_limit_and_the_rest_counted_as_cut
     cache = MiniCache()
     for i in range(300):
         cache.add(None, [i] * (1 + i % 7))
-    snap = TreeSnapshotter(SnapshotConfig(max_nodes=200, max_scan=50)).take(cache)
+    snap = TreeSnapshotter(SnapshotConfig(max_nodes=200, max_scan=50)).take(cache, force_census=True)
     assert snap.tree.walked_nodes == 50  # only the children it looked at could be taken
     assert snap.tree.cut_exact and snap.tree.cut_nodes == 250
     assert snap.tree.walked_tokens + snap.tree.cut_tokens == snap.census.total_tokens
 
 
-def test_the_census_keeps_to_its_own_duty_and_does_not_stall_detail_snapshots(endpoint_factory):
+def test_the_census_advances_a_slice_per_step_within_its_duty_and_does_not_stall_detail_snapshots(endpoint_factory):
     cache = MiniCache()
     for i in range(3000):
         cache.add(None, [i, i])
-    ep = endpoint_factory(config=SnapshotConfig(max_nodes=10, census_duty=0.005), max_duty=0.01, idle_interval_s=0.0)
+    ep = endpoint_factory(config=SnapshotConfig(max_nodes=10, census_duty=0.005, census_slice=200), max_duty=0.01, idle_interval_s=0.0)
     ep.start()
+    ep._last_watch = time.monotonic()  # a client is reading: the census runs at its full duty
     started = time.monotonic()
     assert ep.safe_point(cache)
-    census = ep._snapshotter.last_census_seconds
-    assert census > 0
-    # The next detail snapshot waits for the detail cost / (max_duty - census_duty), not the census.
-    assert ep._next_at - started <= (ep._last_cost - census) / 0.005 + 0.05
-    assert ep._snapshotter._next_census_at - started >= census / 0.005 - 0.05
+    # One slice, not the whole tree: the published census is the one in progress, a lower bound.
+    assert ep._census_steps == 1
+    partial = ep.latest()[0].census
+    assert not partial.complete and 0 < partial.node_count <= 200 and partial.digest == ""
+    step = ep._census_cost
+    assert ep._census_next_at - started >= step / 0.005 - 0.01
+    # The next detail snapshot waits for its own cost / (max_duty - census_duty), not the census's.
+    assert ep._next_at - started <= ep._last_cost / 0.005 + 0.05
+    # Stepping on, the census finishes with the whole tree's figures, assembled over many slices.
+    for _ in range(200):
+        ep._census_next_at = ep._next_at = 0.0
+        ep.safe_point(cache)
+        census = ep.latest()[0].census
+        if census.complete:
+            break
+    assert census.complete and census.node_count == 3000 and census.total_tokens == 6000
+    assert census.lock_ref_histogram == {0: 3000}
+    assert census.slices == ep._census_steps >= 3000 * 2 // 200
+    assert census.age_s >= census.span_s > 0
+
+
+def test_an_incremental_census_converges_to_a_direct_walk_of_the_sim_cache():
+    cache = filled_sim_cache(n_prompts=300)
+    for node in random.Random(3).sample(list(cache.iter_nodes()), 20):
+        cache.inc_lock_ref(node)
+    shot = TreeSnapshotter(SnapshotConfig(census_slice=16))
+    steps = 0
+    while shot.census() is None or not shot.census().complete:
+        shot.census_step(cache)
+        steps += 1
+        assert steps < 10_000
+    census = shot.census()
+    whole = TreeSnapshotter().take(cache, force_census=True).census
+    count, tokens, hist = direct_walk(cache)
+    assert steps > 10 and census.slices == steps
+    assert (census.node_count, census.total_tokens, census.lock_ref_histogram) == (count, tokens, hist)
+    assert census.digest == whole.digest and whole.slices == 1
+    # Its weights order the detail walk as a one-pause census's would.
+    a = TreeSnapshotter(SnapshotConfig(max_nodes=30, census_slice=16))
+    while a.census() is None or not a.census().complete:
+        a.census_step(cache)
+    b = TreeSnapshotter(SnapshotConfig(max_nodes=30))
+    b.finish_census(cache)
+    assert a.capture(cache).build().tree.nodes == b.capture(cache).build().tree.nodes
+
+
+def test_nodes_evicted_or_split_mid_census_neither_crash_it_nor_count_twice():
+    from radixtop.instrument.snapshot import CensusRun
+
+    cache = filled_sim_cache(n_prompts=200)
+    before, _, _ = direct_walk(cache)
+    run = CensusRun(cache.root_node, max_nodes=10**6)
+
+    class NoTwice(list):  # the census's queue: every node it counts is appended here once
+        def append(self, node):
+            assert all(node is not n for n in self), "a node counted twice"
+            super().append(node)
+
+    run.nodes = NoTwice(run.nodes)
+    run.step(40)
+    cache.evict(EvictParams(num_tokens=300))  # leaves go: some counted already, some not yet reached
+    # An insert that splits nodes already counted (a shorter prefix of existing keys).
+    insert(cache, list(range(1000, 1008)) + [999])
+    run.step(40)
+    cache.evict(EvictParams(num_tokens=200))
+    while run.phase == 0:  # the walk phase, in small slices while the tree keeps moving
+        run.step(25)
+        insert(cache, [5000 + run.slices, 1])
+    while not run.step(25):
+        pass
+    census = run.result.census
+    after, _, _ = direct_walk(cache)
+    assert census.complete and census.node_count == run.counted
+    assert sum(census.lock_ref_histogram.values()) == census.node_count
+    assert after - run.slices < census.node_count <= before + 1 + run.slices  # what was there when reached
+    assert census.slices == run.slices > 5
+
+
+def test_serialising_happens_on_the_endpoint_thread_not_the_scheduler(endpoint_factory, monkeypatch):
+    from radixtop.instrument.snapshot import Capture
+
+    threads: dict[str, set[int]] = {"build": set(), "to_json": set()}
+    real_build, real_to_json = Capture.build, schema.Snapshot.to_json
+
+    def build(self):
+        threads["build"].add(threading.get_ident())
+        return real_build(self)
+
+    def to_json(self):
+        threads["to_json"].add(threading.get_ident())
+        return real_to_json(self)
+
+    monkeypatch.setattr(Capture, "build", build)
+    monkeypatch.setattr(schema.Snapshot, "to_json", to_json)
+    cache = filled_sim_cache()
+    ep = endpoint_factory()
+    ep.start()
+    scheduler = threading.get_ident()
+    assert ep.safe_point(cache)
+    assert threads == {"build": set(), "to_json": set()}  # the scheduler only captured
+    with httpx.Client() as client:
+        first = client.get(ep.url + schema.SNAPSHOT_PATH)
+        second = client.get(ep.url + schema.SNAPSHOT_PATH)
+    assert first.status_code == second.status_code == 200 and first.content == second.content
+    snap = parse_snapshot(first.content)
+    assert snap.tree.walked_nodes > 0 and snap.census is not None
+    assert len(threads["build"]) == 1 and len(threads["to_json"]) == 1  # built once, for both clients
+    assert scheduler not in threads["build"] | threads["to_json"]
+
+
+def test_capture_holds_raw_reads_and_build_does_the_checks():
+    from radixtop.instrument.snapshot import walk_tree
+
+    cache = MiniCache()
+    node = cache.add(None, [1, 2, 3, 4, 5])
+    node.hit_count = 2.5  # not an int: shown as null
+    node.last_access_time = float("nan")
+    node.id = "n1"
+    bigram = cache.add(None, [(1, 2), (2, 3)])  # EAGLE's bigram keys: not token ids to show
+    walk = walk_tree(cache.root_node, 10, {}, 3, 100)
+    raw = {r[0]: r for r in walk.rows}
+    assert list(raw["n1"][-1]) == [1, 2, 3]  # a copy of the first token ids, not yet checked
+    assert raw["n1"][5] == 2.5
+    shot = TreeSnapshotter(SnapshotConfig(head_tokens=3))
+    rows = {r.tokens: r for r in shot.capture(cache).build().tree.nodes[1:]}
+    assert rows[5].id is None and rows[5].hit_count is None and rows[5].last_access is None and rows[5].head == (1, 2, 3)
+    assert rows[2].head == () and rows[2].id == bigram.id
 
 
 def test_nodes_that_are_not_tree_nodes_switch_off_the_path_check_quietly():

@@ -102,6 +102,26 @@ def test_snapshot_round_trips_through_json():
     assert raw["census"]["lock_ref_histogram"] == {"-1": 1, "0": 3, "1": 1}
 
 
+def test_census_slices_and_span_travel_and_an_older_server_without_them_still_parses():
+    from dataclasses import replace
+
+    snap = make_snapshot()
+    sliced = replace(snap, census=replace(snap.census, slices=412, span_s=96.5))
+    raw = json.loads(sliced.to_json())
+    assert (raw["census"]["slices"], raw["census"]["span_s"]) == (412, 96.5)
+    assert parse_snapshot(sliced.to_json()) == sliced
+    # A server from before the incremental census sends neither: read as one pause.
+    for key in ("slices", "span_s"):
+        del raw["census"][key]
+    old = parse_snapshot(json.dumps(raw).encode())
+    assert (old.census.slices, old.census.span_s) == (1, 0.0)
+    for bad in ({"slices": 0}, {"slices": "3"}, {"span_s": -1.0}):
+        broken = json.loads(sliced.to_json())
+        broken["census"].update(bad)
+        with pytest.raises(ValueError, match=r"snapshot\.census\.(slices|span_s)"):
+            parse_snapshot(json.dumps(broken).encode())
+
+
 def test_unwalkable_snapshot_round_trips():
     snap = make_snapshot(walkable=False, reason="sizes only", census=None, tree=None)
     assert parse_snapshot(snap.to_json()) == snap

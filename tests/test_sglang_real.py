@@ -93,7 +93,7 @@ def settle(inst, since: float):
     while True:
         inst.safe_point()
         snap = inst.endpoint.latest()[0]
-        if snap is not None and snap.census is not None and snap.monotonic - snap.census.age_s >= since:
+        if snap is not None and snap.census is not None and snap.census.complete and snap.monotonic - snap.census.age_s >= since:
             break
         assert time.monotonic() < deadline, "no fresh snapshot within 15 s"
         time.sleep(0.01)
@@ -167,6 +167,37 @@ def test_radix_cache_endpoint_figures_match_the_cache_and_a_walk(page_size, clos
     assert status == 200
     assert f'radixtop_evicted_tokens_total{{rank="0"}} {driver.tally.evicted_tokens}' in text.decode()
     assert f'radixtop_lock_ops_total{{rank="0"}} {driver.tally.locks}' in text.decode()
+
+
+@needs_sglang
+@pytest.mark.parametrize("backend", ["radix", "unified-python"])
+def test_an_incremental_census_converges_to_a_walk_of_the_real_tree_while_requests_run(backend):
+    from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter
+
+    cache = real_cache.radix_cache(size=4000) if backend == "radix" else real_cache.unified_cache(size=4000)
+    driver = real_cache.Driver(cache, seed=3).run(60)
+    shot = TreeSnapshotter(SnapshotConfig(census_slice=8))  # small slices: many safe points
+    # While requests keep running between slices, the census finishes without error...
+    for _ in range(2000):
+        shot.census_step(cache)
+        driver.request()
+        if shot.census().complete:
+            break
+    moving = shot.census()
+    assert moving.complete and moving.slices > 10 and moving.span_s > 0
+    assert sum(moving.lock_ref_histogram.values()) == moving.node_count
+    # ...and, once the tree rests, a census is exact: the walk's own figures.
+    shot = TreeSnapshotter(SnapshotConfig(census_slice=8))
+    steps = 0
+    while shot.census() is None or not shot.census().complete:
+        shot.census_step(cache)
+        steps += 1
+        assert steps < 5000
+    census = shot.census()
+    figures = real_cache.walk(cache)
+    assert steps == census.slices > 10
+    assert (census.node_count, census.total_tokens, census.lock_ref_histogram) == (figures.nodes, figures.tokens, figures.histogram)
+    assert census.digest == TreeSnapshotter().take(cache, force_census=True).census.digest
 
 
 @needs_sglang

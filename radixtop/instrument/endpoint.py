@@ -4,11 +4,14 @@ Runs inside the host's scheduler process: standard library only; never raises in
 (start() returns False and logs one line when it cannot serve, e.g. the port is taken); bounded
 cost: safe_point() is rate-limited (default 2/s while someone is reading snapshots, one per
 `idle_interval_s` otherwise) and stretches its interval so that snapshots (detail walks within
-`max_duty - census_duty`, censuses within `census_duty`) never take more than `max_duty` (1 %) of
-the scheduler thread; at most `max_connections` requests are served at once.
+`max_duty - census_duty`) never take more than `max_duty` (1 %) of the scheduler thread with the
+census, which advances one bounded slice per step, its steps spaced to keep within `census_duty`
+(ten times less while nobody reads snapshots); at most `max_connections` requests are served at once.
 
-The scheduler thread builds an immutable Snapshot and its JSON bytes, and swaps them in under a
-lock; HTTP threads only ever read those, the counters (plain ints) and the event ring (locked).
+The scheduler thread only reads: it captures raw figures (snapshot.Capture: plain ints, floats and
+row tuples) and swaps the capture in under a lock. The first HTTP thread that wants it builds the
+checked Snapshot and its JSON from it (once per capture) on its own time; HTTP threads otherwise
+read only the counters (plain ints) and the event ring (locked).
 
 Wiring for a host (one per rank), see Instrumentation below for the three-call version:
     hooks = CacheHooks(); hooks.install(cache)          # or its class, in a one-cache process
@@ -32,7 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from radixtop.instrument.hooks import CacheHooks, EventRing
-from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter
+from radixtop.instrument.snapshot import Capture, SnapshotConfig, TreeSnapshotter
 from radixtop.schema import (
     BUDGET_PARAM,
     DEFAULT_BASE_PORT,
@@ -58,6 +61,7 @@ from radixtop.schema import (
 log = logging.getLogger("radixtop.instrument")
 
 _JSON = "application/json"
+_MIN_CENSUS_GAP_S = 0.02  # census steps at most 50 a second, however cheap (a cache with no tree)
 _PROM = "text/plain; version=0.0.4; charset=utf-8"
 
 _COUNTER_HELP = {
@@ -187,8 +191,13 @@ class InstrumentEndpoint:
         self._thread: threading.Thread | None = None
         self._running = False
         self._lock = threading.Lock()
-        self._snapshot: Snapshot | None = None
-        self._payload = b""
+        # (capture, its Snapshot, its JSON): the scheduler swaps in (capture, None, None); the first
+        # reader builds the rest under _build_lock, so concurrent clients build it once.
+        self._published: tuple[Capture | None, Snapshot | None, bytes | None] = (None, None, None)
+        self._build_lock = threading.Lock()
+        self._census_next_at = 0.0
+        self._census_steps = 0
+        self._census_cost = 0.0  # scheduler seconds spent in census steps, all told
         self._published_at = 0.0
         self._last_cost: float | None = None
         self._seq = 0
@@ -273,18 +282,35 @@ class InstrumentEndpoint:
         try:
             self._safe_points += 1
             now = time.monotonic()
-            if now < self._next_at or not self._running:
+            if not self._running or (now < self._next_at and now < self._census_next_at):
                 return False
-            return self._take(cache, now)
+            fresh = False
+            if now >= self._census_next_at:
+                fresh = self._census_step(cache, now)
+            if now < self._next_at:
+                return False
+            return self._take(cache, now, fresh)
         except Exception as exc:  # e.g. a failure while building the payload
             self._snapshot_failed(exc)
             return False
 
-    def _take(self, cache: Any, now: float) -> bool:
+    def _census_step(self, cache: Any, now: float) -> bool:
+        """One census slice; the next waits so that steps take at most census_duty of the
+        scheduler (ten times less while nobody reads). True when a census began and ended here."""
+        cost = self._snapshotter.census_step(cache)
+        self._census_steps += 1
+        self._census_cost += cost
+        duty = self.config.census_duty
+        watching = now - self._last_watch < self.watch_window_s
+        gap = cost / duty if duty > 0 else float("inf")
+        self._census_next_at = now + max(_MIN_CENSUS_GAP_S, gap if watching else 10 * gap)
+        return self._snapshotter.fresh
+
+    def _take(self, cache: Any, now: float, census_fresh: bool = False) -> bool:
         started = time.perf_counter()
         hooks = self.hooks
         try:
-            snap = self._snapshotter.take(
+            capture = self._snapshotter.capture(
                 cache,
                 rank=self.rank,
                 instance=self.instance,
@@ -292,22 +318,20 @@ class InstrumentEndpoint:
                 counters=hooks.counters() if hooks is not None else Counters(events_dropped=self.events.dropped_total),
                 hooks_state=hooks.state if hooks is not None else "off",
                 events_seq=self.events.latest_seq,
+                census_fresh=census_fresh,
             )
-            payload = snap.to_json()
         finally:
             # Whatever happened, the next try waits: a broken cache must not cost every iteration.
             # The census keeps to its own duty (SnapshotConfig.census_duty); the rest of max_duty
             # goes to the detail snapshots, so both together stay within max_duty.
             cost = time.perf_counter() - started
-            detail_cost = max(0.0, cost - self._snapshotter.last_census_seconds)
             watching = now - self._last_watch < self.watch_window_s
             self._interval = self.min_interval_s if watching else self.idle_interval_s
-            self._next_at = now + max(self._interval, detail_cost / self._detail_duty)
+            self._next_at = now + max(self._interval, cost / self._detail_duty)
             self._last_cost = cost
         with self._lock:
-            self._seq = snap.seq
-            self._snapshot = snap
-            self._payload = payload
+            self._seq = capture.seq
+            self._published = (capture, None, None)
             self._published_at = time.monotonic()
         return True
 
@@ -323,8 +347,25 @@ class InstrumentEndpoint:
     # -- the HTTP side (any of the server's threads) -------------------------------------------
 
     def latest(self) -> tuple[Snapshot | None, bytes]:
+        """The latest snapshot and its JSON, built from the scheduler's capture on the calling
+        thread (an HTTP thread; never the scheduler's) the first time it is asked for."""
         with self._lock:
-            return self._snapshot, self._payload
+            capture, snap, payload = self._published
+        if capture is None:
+            return None, b""
+        if snap is not None and payload is not None:
+            return snap, payload
+        with self._build_lock:
+            with self._lock:
+                published = self._published
+            if published[0] is capture and published[1] is not None and published[2] is not None:
+                return published[1], published[2]  # another reader built it meanwhile
+            snap = capture.build()
+            payload = snap.to_json()
+            with self._lock:
+                if self._published[0] is capture:
+                    self._published = (capture, snap, payload)
+            return snap, payload
 
     def _serve(self, req: _Handler) -> None:
         if self.token is not None and not self._authorized(req):
@@ -404,7 +445,7 @@ class InstrumentEndpoint:
         req.wfile.write(body)
 
     def health(self) -> Health:
-        snap, _ = self.latest()
+        snap = self._published[0]  # the capture is enough here: nothing to build
         hooks_state = self.hooks.state if self.hooks is not None else "off"
         if snap is None:
             status, message = "starting", "no snapshot yet: waiting for the scheduler's first safe point"

@@ -495,6 +495,21 @@ def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
 
     if _positional_names(original) == ("node",) and not original.__defaults__:
         # RadixCache's shape, inc_lock_ref(self, node): the same shape here.
+        own = route.default if not route.table else None
+        if own is not None:
+            # A class install (or an AROUND hook): always these hooks, no table to look in.
+            def inc_lock_ref_own(cache: Any, node: Any) -> Any:
+                if own._disabled:
+                    return original(cache, node)
+                own.lock_ops += 1
+                try:
+                    return original(cache, node)
+                except Exception as exc:
+                    own._host_failure("lock_failure", (node,), {}, exc)
+                    raise
+
+            return inc_lock_ref_own
+
         def inc_lock_ref_exact(cache: Any, node: Any) -> Any:
             hooks = lookup(id(cache), route.default)
             if hooks is None or hooks._disabled:
@@ -550,6 +565,28 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
 
     if _positional_names(original) == ("node", "params") and len(original.__defaults__ or ()) == 1:
         # RadixCache's shape, dec_lock_ref(self, node, params=None): the same shape here.
+        own = route.default if not route.table else None
+        if own is not None:
+            # A class install (or an AROUND hook): always these hooks, no table to look in.
+            def dec_lock_ref_own(cache: Any, node: Any, params: Any = _NO) -> Any:
+                if own._disabled:
+                    return original(cache, node) if params is _NO else original(cache, node, params)
+                own.unlock_ops += 1
+                try:
+                    result = original(cache, node) if params is _NO else original(cache, node, params)
+                except Exception as exc:
+                    own._host_failure("unlock_failure", (node,), {}, exc)
+                    raise
+                if own._walk_paths:
+                    try:
+                        if node.lock_ref < 0:
+                            own._negative(node)
+                    except Exception:
+                        _check_node(own, node)
+                return result
+
+            return dec_lock_ref_own
+
         def dec_lock_ref_exact(cache: Any, node: Any, params: Any = _NO) -> Any:
             hooks = lookup(id(cache), route.default)
             if hooks is None or hooks._disabled:
@@ -607,6 +644,40 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
 
 
 def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = False) -> Callable[..., Any]:
+    lookup = route.table.get
+    general = _wrap_evict_general(route, original, for_alloc)
+    if for_alloc or _positional_names(original) != ("params",) or original.__defaults__:
+        return general
+
+    def evict_exact(cache: Any, params: Any) -> Any:
+        """SGLang >= 0.5's evict(self, params) -> EvictResult: the same shape, the common case
+        straight through (the general wrapper sorts out the first call and anything odd)."""
+        hooks = lookup(id(cache), route.default)
+        if hooks is None or not hooks._evict_reports_freed or hooks._evicting or hooks._disabled:
+            return general(cache, params)
+        hooks.evict_calls += 1
+        hooks._evicting = True
+        try:
+            result = original(cache, params)
+        finally:
+            hooks._evicting = False
+        try:
+            freed = getattr(result, "num_tokens_evicted", None)
+            requested = params if type(params) is int else getattr(params, "num_tokens", None)
+            if type(freed) is int and freed > 0 and (type(requested) is not int or freed >= requested):
+                hooks.evictions += 1  # the common case inline: it freed what was asked
+                hooks.evicted_tokens += freed
+                hooks.events.append("evict", None, None, freed, requested if type(requested) is int and requested >= 0 else None, "")
+            elif type(freed) is int:
+                hooks._evicted(cache, freed, requested if type(requested) is int else None)
+        except Exception as exc:
+            hooks._own_error("evict (after)", exc)
+        return result
+
+    return evict_exact
+
+
+def _wrap_evict_general(route: _Route, original: Callable[..., Any], for_alloc: bool = False) -> Callable[..., Any]:
     lookup = route.table.get
 
     def evict(cache: Any, *args: Any, **kwargs: Any) -> Any:

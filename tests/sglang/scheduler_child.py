@@ -97,7 +97,7 @@ def run(conn: Any, route: str, tp_rank: int = 0, requests: int = 40) -> None:
             instruments = glue.SAFE_POINTS.instruments()
             inst = instruments[0] if instruments else None
             snap = inst.endpoint.latest()[0] if inst is not None else None
-            if snap is not None and snap.census is not None and snap.monotonic - snap.census.age_s >= changed:
+            if snap is not None and snap.census is not None and snap.census.complete and snap.monotonic - snap.census.age_s >= changed:
                 break
             time.sleep(0.02)
         report["port"] = inst.endpoint.port if inst is not None else None

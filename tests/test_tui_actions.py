@@ -153,6 +153,18 @@ async def test_c_shows_the_plan_and_cancelling_it_launches_nothing(tmp_path: Pat
     assert not (workdir / "control.out").exists() and not (workdir / "verdict.json").exists()
 
 
+async def test_quitting_at_the_plan_launches_nothing_and_quits_at_once(tmp_path: Path, sim) -> None:
+    app = make_app(tmp_path, sim.url, sim.log, auto=False)
+    before = children()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
+        await pilot.press("ctrl+q")  # the app's quit, from the modal
+        await until(pilot, lambda: not app.is_running, "the app to quit", 10)
+    assert app.confirm_run is None and new_children(before) == []
+    assert not next((tmp_path / "out").glob("radixtop-confirm-*/control.out"), None)
+
+
 async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_path: Path, sim) -> None:
     app = make_app(tmp_path, sim.url, sim.log, auto=False)
     async with app.run_test(size=SIZE) as pilot:
@@ -188,23 +200,26 @@ async def test_cancelling_or_quitting_during_the_run_leaves_no_process(tmp_path:
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 30)
         await pilot.press("enter")
+        await until(pilot, lambda: any(p == "baseline" for p, _ in app._confirm_lines), "the baseline", 30)
+        if key == "x":  # Esc hides the run, which goes on; c shows it again with what it said meanwhile
+            await pilot.press("escape")
+            assert not isinstance(app.screen, RunScreen) and app.confirm_state == "running", app._confirm_end
+            await pilot.press("c")
+            assert isinstance(app.screen, RunScreen) and app.screen is app.run_screen
+            await pilot.pause(0.05)
+            assert "[baseline] replaying" in "\n".join(app.screen.query_one("#run-log").lines)
         await until(pilot, lambda: any(p == "control" and "run 2/" in m for p, m in app._confirm_lines),
                     "the control's second run", 60)  # fmt: skip
         control_pid = app.confirm_run.control.pid
         assert not gone(control_pid)
-        if key == "x":  # Esc hides the run, which goes on; c shows it again with what it said meanwhile
-            await pilot.press("escape")
-            assert not isinstance(app.screen, RunScreen) and app.confirm_state == "running", app._confirm_end
-            assert "confirm [control]" in bar_text(app)
-            await pilot.press("c")
-            assert isinstance(app.screen, RunScreen) and app.screen is app.run_screen
-            await pilot.pause(0.1)
-            assert "[control-start] starting the control" in "\n".join(app.screen.query_one("#run-log").lines)
         await pilot.press(key)
         if key == "x":
             await until(pilot, lambda: app.confirm_state == "done", "the cancellation", 30)
             assert "cancelled: the control server was stopped" in app.run_screen._verdict.plain
             assert app.is_running
+        else:  # q: the app cancels the run, waits for it, then quits
+            await until(pilot, lambda: not app.is_running, "the app to quit", 30)
+            assert app._confirm_end[0].startswith("cancelled: the control server was stopped")
     assert gone(control_pid)
     assert new_children(before) == [] and sim.proc.poll() is None
     assert not next((tmp_path / "out").glob("radixtop-confirm-*/verdict.json"), None)

@@ -418,6 +418,9 @@ class IncidentActions:
         if worker is None or worker.is_finished:
             return
         self.cancel_confirm()
+        if self.confirm_state == "approval":
+            worker.cancel()  # waiting for the user's answer: nothing was launched, nothing to wait for
+            return
         with contextlib.suppress(Exception):
             await asyncio.wait_for(worker.wait(), QUIT_WAIT_S)
 

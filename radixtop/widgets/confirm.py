@@ -96,7 +96,8 @@ class RunScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("x", "cancel_run", "Cancel run"),
         Binding("escape", "close", "Hide / close"),
-        Binding("q,enter", "close_done", "Close", show=False),
+        Binding("enter", "close_done", "Close", show=False),
+        Binding("q", "quit_or_close", "Quit", show=False),
     ]
 
     def __init__(self, on_cancel: Callable[[], None]) -> None:
@@ -132,7 +133,7 @@ class RunScreen(ModalScreen[None]):
             return "Esc / q / Enter close · ↑ ↓ scroll the verdict"
         if self.cancelling:
             return "cancelling: stopping the control server…"
-        return "x cancel the run (the control server is stopped) · Esc hide (the run goes on; c shows it again)"
+        return "x cancel the run (the control server is stopped) · Esc hide (the run goes on; c shows it again) · q quit"
 
     def _refresh_keys(self) -> None:
         if self.is_mounted:
@@ -177,8 +178,14 @@ class RunScreen(ModalScreen[None]):
     # -- keys --------------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # q during the run is the app's quit (which cancels the run cleanly), not a close
         return self.done if action == "close_done" else True
+
+    async def action_quit_or_close(self) -> None:
+        """q closes the verdict; during the run it is the app's quit, which cancels the run first."""
+        if self.done:
+            self.dismiss(None)
+        else:
+            await self.app.run_action("quit")
 
     def action_cancel_run(self) -> None:
         if not self.done and not self.cancelling:

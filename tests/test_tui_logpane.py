@@ -505,3 +505,68 @@ async def test_rows_drawn_directly_match_textuals_own_line_rendering(
             textuals = Widget.render_lines(view, region)
             assert [s.text for s in ours] == [s.text for s in textuals]
             assert [cells(s) for s in ours] == [cells(s) for s in textuals]
+
+
+async def test_the_status_line_redraws_only_when_what_it_says_changes() -> None:
+    from radixtop.widgets.statusline import StatusInfo
+
+    app = RadixtopApp()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause()
+        line = app.query_one(StatusLine)
+        refreshes = []
+        original = line.refresh
+        line.refresh = lambda *a, **k: (refreshes.append(1), original(*a, **k))[1]  # type: ignore[method-assign]
+        line.show(StatusInfo(total_lines=10, rate=1.43))
+        assert len(refreshes) == 1 and "10 lines 1/s" in line.render().plain
+        line.show(StatusInfo(total_lines=10, rate=1.33))  # still "1/s": nothing to redraw
+        assert len(refreshes) == 1 and line.info.rate == 1.33
+        line.show(StatusInfo(total_lines=10, rate=0.2))
+        assert len(refreshes) == 2 and "10 lines 0/s" in line.render().plain
+        line.show(StatusInfo(total_lines=11, rate=0.2))
+        assert len(refreshes) == 3
+
+
+async def test_the_timer_runs_slowly_while_nothing_moves_and_fast_while_lines_come(tmp_path: Path) -> None:
+    from radixtop.tui.app import IDLE_TICK_S, REFRESH_HZ
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause()
+        app._tick(force=True)
+        app._timer_delay()
+        assert app._timer_delay() == IDLE_TICK_S, "an idle app woke 4+ times a second"
+        with open(log, "a") as f:
+            f.write("[2026-12-02 14:00:00 TP0] Decode batch, #running-req: 1, token usage: 0.10\n")
+        for _ in range(200):  # bounded: the follower hands the line over within a few polls
+            if app.state.total_lines:
+                break
+            await pilot.pause(0.02)
+        assert app.state.total_lines == 1
+        assert app._timer_delay() == 1 / REFRESH_HZ
+        health_at = app._health_at
+        for _ in range(200):  # bounded: the timer runs again and reads the files' health
+            if app._health_at != health_at:
+                break
+            await pilot.pause(0.02)
+        assert app._health_at != health_at, "the timer did not run again"
+
+
+async def test_the_findings_title_is_redrawn_only_when_its_text_changes(tmp_path: Path) -> None:
+    from textual.widgets import Static
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause()
+        title = app.query_one("#findings-title", Static)
+        assert "Findings (0)" in str(title.render())
+        updates = []
+        original = title.update
+        title.update = lambda *a, **k: (updates.append(a), original(*a, **k))[1]  # type: ignore[method-assign]
+        for _ in range(3):
+            app._show_findings(time.monotonic(), force=True)  # what each frame of new lines did
+        assert updates == [], "the title was redrawn with the same text"

@@ -200,8 +200,10 @@ def test_a_first_occurrence_waits_for_the_lines_after_it(catalog, matcher):
     now = [0.0]
     state = IncidentState(capacity=100)
     ingestor = Ingestor(FindingsBuilder(catalog, matcher=matcher, context=3, after=4), catalog, clock=lambda: now[0])
+    assert not ingestor.has_waiting()  # the app's timer then starts no flush
     ingest(state, ingestor, batch(["a", "b", SEED, "c"]), wait=True)
     assert state.report is None and ingestor.waiting == 1  # the line is marked, the finding waits
+    assert ingestor.has_waiting()
     assert state.entry(2).severity == "error"
     ingest(state, ingestor, batch(["d", "e", "f", "g"], start=5), wait=True)
     (finding,) = state.report.findings
@@ -214,6 +216,7 @@ def test_a_first_occurrence_waits_for_the_lines_after_it(catalog, matcher):
     flushed = ingestor.flush()
     sig = next(f for f in flushed.report.findings if f.signature.id == "child-sigquit")
     assert sig.context_after == ("h",) and sig.context_before == ("e", "f", "g")
+    assert not ingestor.has_waiting()
 
 
 def test_batch_path_reports_what_the_line_by_line_path_reports(catalog, matcher):
@@ -373,3 +376,18 @@ def test_big_runs_that_left_the_ring_are_let_go():
     alive = sum(r() is not None for r in refs)
     assert alive <= 2, f"{alive} runs of 5,000 lines are still held for a 1,000-line ring"
     assert texts_in_view(state)[-1] == "line 19.4999"
+
+
+def test_health_moving_does_not_redraw_the_log_pane_but_a_new_source_does():
+    state = IncidentState(capacity=10)
+    state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 3, None)])
+    version = state.version
+    state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 4, 12.0)])
+    assert state.version == version, "a line count moving redrew the log pane"
+    (view,) = state.sources()
+    assert view.lines == 4, "the status line still gets the new figures"
+    state.set_health([SourceHealth("/var/log/a/server.log", "deleted", "deleted; waiting", 4, 12.0)])
+    assert state.sources()[0].state == "deleted" and state.version == version
+    state.set_health([SourceHealth("/var/log/b/server.log", "ok", "following generation 1", 0, None)])
+    assert state.version > version, "a new source changes the label column"
+    assert [v.label for v in state.sources()] == ["a/server.log", "b/server.log"]

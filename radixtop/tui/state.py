@@ -478,6 +478,12 @@ class Ingestor:
         """Hits still waiting for their context_after."""
         return sum(len(t.queue) for t in self._files.values())
 
+    def has_waiting(self) -> bool:
+        """Whether a hit waits for its context_after: only then has flush() anything to do (the
+        app's timer asks several times a second; the history scan's thread may add files meanwhile,
+        so the values are copied in one C call rather than iterated)."""
+        return any(t.queue for t in list(self._files.values()))
+
 
 def smart_case(query: str) -> Callable[[str], bool]:
     """A substring test that ignores case unless the query has an upper-case letter (like less -S/vim)."""
@@ -899,12 +905,16 @@ class IncidentState:
     # -- sources -----------------------------------------------------------------------------------
 
     def set_health(self, health: Iterable[Any]) -> None:
-        changed = False
+        """The followed files' health, for the status line (read when it is drawn). The log pane
+        is redrawn (version) only when a source appears, for its label column: a line count or a
+        state moving is the status line's business, and redrawing the log pane for it cost a
+        frame a second while lines came."""
+        added = False
         for h in health:
-            if self._health.get(h.source) != h:
-                self._health[h.source] = h
-                changed = True
-        if changed:
+            if h.source not in self._health:
+                added = True
+            self._health[h.source] = h
+        if added:
             self._labels = short_labels(list(self._health))
             self.version += 1
 

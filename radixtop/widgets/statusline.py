@@ -8,7 +8,7 @@ source in trouble.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from rich.cells import cell_len
@@ -51,6 +51,15 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
+def rate_text(rate: float | None) -> str:
+    return "—" if rate is None else f"{rate:,.0f}/s"
+
+
+def _as_shown(info: StatusInfo) -> StatusInfo:
+    """`info` with its figures as the line writes them."""
+    return replace(info, rate=None if info.rate is None else round(info.rate))
+
+
 class StatusLine(Widget):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "statusline--mode",
@@ -77,9 +86,13 @@ class StatusLine(Widget):
         self.info = StatusInfo()
 
     def show(self, info: StatusInfo) -> None:
+        """Redraw only when what the line says changed: a lines/s figure drifting from 1.43 to
+        1.33 reads "1/s" both times (redrawing it cost a screen update several times a second)."""
         if info != self.info:
+            shown = _as_shown(info) != _as_shown(self.info)
             self.info = info
-            self.refresh()
+            if shown:
+                self.refresh()
 
     def _s(self, name: str) -> Style:
         return self.get_component_rich_style(f"statusline--{name}", partial=True)
@@ -107,7 +120,7 @@ class StatusLine(Widget):
         elif info.findings:
             out.append((3, Text(f"{info.findings} finding(s)", self._s("warn"))))
         out.extend(self._source_parts(info.sources))
-        rate = "—" if info.rate is None else f"{info.rate:,.0f}/s"
+        rate = rate_text(info.rate)
         out.append((4, Text(f"{_count(info.total_lines)} lines {rate}", self._s("dim"))))
         for extra in info.extra:
             out.append((5, Text(extra, self._s("dim"))))

@@ -299,3 +299,32 @@ def test_vitals_of_an_old_log_end_at_its_last_value() -> None:
     usage = next(line for line in text.splitlines() if line.startswith("token usage"))
     assert "█" in usage, "the values are drawn, not pushed a day off the left edge"
     assert "ends at the last value, 22:13:20" in text
+
+
+def test_the_radix_pane_redraws_when_its_shown_rank_moves_not_for_another_ranks_snapshot():
+    from radixtop.probes.radix import RadixSample
+    from radixtop.probes.status import SourceState
+    from radixtop.tui.panes import LiveOptions, Panes
+
+
+    class ShownPane:
+        selected = "u0"
+
+    class App:
+        def query_one(self, what):
+            return ShownPane
+
+    panes = Panes(App(), LiveOptions(), follow_log=lambda patterns: None, add_lines=lambda lines: None)
+    board = panes.state.board
+    ok = SourceState("ok", "", 100.0)
+    for seq in (1, 2):  # two snapshots each: the trees are at rest (their digests steady)
+        for url, rank in (("u0", 0), ("u1", 1)):
+            board.add(RadixSample(url, ok, 98.0 + seq, rank=rank, snapshot=make_snapshot(rank=rank, seq=seq)))
+    key = panes._radix_key()
+    board.add(RadixSample("u1", ok, 102.0, rank=1, snapshot=make_snapshot(rank=1, seq=3)))
+    assert panes._radix_key() == key, "rank 1's new snapshot redrew rank 0's pane"
+    board.add(RadixSample("u0", ok, 102.0, rank=0, snapshot=make_snapshot(rank=0, seq=3)))
+    assert panes._radix_key() != key
+    key = panes._radix_key()
+    board.add(RadixSample("u1", SourceState("down", "connection refused", 103.0), 103.0, rank=1))
+    assert panes._radix_key() != key, "another rank going down changes the title's marks"

@@ -529,6 +529,7 @@ class RankView:
     _prev: tuple[float, str, int, int] | None = None  # (snapshot time, instance, evictions, evicted tokens)
     digest: str = ""  # the latest complete census's digest ...
     digest_steady: bool = False  # ... and whether the snapshot before had the same one (a tree at rest)
+    version: int = 0  # moves when what this rank's view shows changed (the pane redraws one rank)
 
     @property
     def label(self) -> str:
@@ -579,6 +580,7 @@ class RadixBoard:
                 self.evictions.append((ev.time, view.rank, ev.tokens))
         if changed:  # an unchanged snapshot of a rank in the same state redraws nothing
             self.version += 1
+            view.version += 1
 
     def _rates(self, view: RankView, snap: Snapshot) -> None:
         c = snap.counters

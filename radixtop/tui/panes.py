@@ -107,6 +107,7 @@ class Panes:
         self.shown = "log"  # the pane shown on a small screen
         self.wide = False
         self._drawn: dict[str, tuple[Any, float]] = {}
+        self._widgets: dict[str, Any] = {}  # pane widgets looked up once
         self._frame_at = -1e9
         self._marked: str | None = None
 
@@ -227,11 +228,33 @@ class Panes:
         st = self.state
         gpu, procs = st.gpu, st.procs
         return {
-            "radix": (st.board.version, st.kind, self.targets is None),
+            "radix": self._radix_key(),
             "vitals": (st.vitals.version, st.server.status if st.server is not None else None),
             "gpu": None if gpu is None else (gpu.status, gpu.gpus, len(st.xids), gpu.xid_note),
             "procs": None if procs is None else (procs.status, procs.procs, procs.problems),
         }
+
+    def _radix_key(self) -> Any:
+        """The radix pane shows one rank: its own view, and of the others only what the title and
+        the "ranks disagree" line say (state, tree digest at rest). Another rank's new snapshot
+        redrew it too (with 2 ranks polled 2 s apart, twice as often as the shown one moved)."""
+        st = self.state
+        board = st.board
+        pane = self._widgets.get("radix")
+        if pane is None:
+            pane = self._widgets["radix"] = self.app.query_one(RadixPane)
+        selected = board.ranks.get(pane.selected) if pane.selected else None
+        others = tuple(
+            (v.url, v.rank, v.status.state, v.status.since, v.digest if v.digest_steady else "")
+            for v in board.ranks.values()
+        )
+        return (
+            st.kind,
+            self.targets is None,
+            pane.selected,
+            selected.version if selected is not None else None,
+            others,
+        )
 
     def redraw(self, force: bool = False) -> None:
         """Redraw the visible panes whose data moved, all in one frame (one compositor pass for all

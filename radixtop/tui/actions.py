@@ -26,13 +26,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.css.query import NoMatches
 from textual.widgets import Input
 
-from radixtop.widgets.confirm import ActionBar, PlanScreen, RunScreen
+if TYPE_CHECKING:
+    from radixtop.widgets.confirm import RunScreen
+
+# The widgets (and the incident modules) are imported on first use: the app's start-up does not pay.
 
 INCIDENT_ACTIONS = ("bundle", "confirm")
 BAR_LINGER_S = 12.0  # a result stays in the action bar this long (the log pane keeps it as a notice)
@@ -154,6 +157,8 @@ class IncidentActions:
         if self._bar_timer is not None:
             self._bar_timer.stop()
             self._bar_timer = None
+        from radixtop.widgets.confirm import ActionBar
+
         found = app.query("#action-bar")
         if found:
             bar = found.first(ActionBar)
@@ -313,6 +318,8 @@ class IncidentActions:
 
     def _show_run_screen(self) -> None:
         """A fresh screen with what the run has said so far (a dismissed screen is not reused)."""
+        from radixtop.widgets.confirm import RunScreen
+
         screen = self.run_screen = RunScreen(on_cancel=self.cancel_confirm)
         for phase, message in self._confirm_lines:
             screen.add_event(phase, message)
@@ -370,6 +377,7 @@ class IncidentActions:
             PlanError,
         )
         from radixtop.incident.server import ServerError
+        from radixtop.widgets.confirm import PlanScreen
 
         app: Any = self
         try:

@@ -259,7 +259,7 @@ def census_slices(cache, cfg: SnapshotConfig) -> dict:
     }
 
 
-def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig, build=None, count=None) -> list[dict]:
+def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig, build=None, count=None, keep: list | None = None) -> list[dict]:
     """Per tree size: the scheduler thread's part of a snapshot (capture: the budgeted detail walk
     reading raw rows), the endpoint thread's part (build the checked Snapshot + JSON), the old way
     (all of it on the scheduler thread, the peer of the capture), the incremental census's slices,
@@ -271,6 +271,8 @@ def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig, build=
     for size in sizes:
         cache = build(size)
         nodes = count(cache)
+        if keep is not None and size == sizes[-1]:
+            keep.append((cache, nodes))  # for the end-to-end run
         configs = [("default", defaults)] + ([("small", small)] if size == sizes[-1] else [])
         for label, cfg in configs:
             shot = TreeSnapshotter(cfg)
@@ -307,6 +309,82 @@ def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig, build=
                 }
             )
     return rows
+
+
+def end_to_end(cache, seconds: float, iteration_s: float = 0.005) -> dict:
+    """The whole instrument as a scheduler runs it: a loop of `iteration_s` busy iterations, each
+    ending in InstrumentEndpoint.safe_point(cache), while a client reads the snapshot every 0.5 s
+    (the endpoint is watched: 2 snapshots/s, the census at its full duty). The share is the CPU
+    time spent inside safe_point over the loop's CPU time, both on this thread; the reader's
+    build + JSON run on the endpoint's threads and are reported apart."""
+    import threading
+    import urllib.request
+
+    from radixtop.instrument.endpoint import InstrumentEndpoint
+    from radixtop.schema import SNAPSHOT_PATH
+
+    ep = InstrumentEndpoint(port=0)
+    if not ep.start():
+        raise RuntimeError("the endpoint could not start")
+    stop = threading.Event()
+    reads = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            t = time.thread_time()
+            try:
+                with urllib.request.urlopen(ep.url + SNAPSHOT_PATH, timeout=10) as r:
+                    r.read()
+            except OSError:
+                pass  # 503 before the first snapshot
+            reads.append(time.thread_time() - t)
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # the first read marks the endpoint as watched
+    in_safe_point = 0.0
+    iterations = 0
+    gc.collect()
+    begin_cpu, begin = time.thread_time(), time.monotonic()
+    try:
+        while time.monotonic() - begin < seconds:
+            until = time.thread_time() + iteration_s
+            while time.thread_time() < until:  # the scheduler's own work
+                pass
+            t = time.thread_time()
+            ep.safe_point(cache)
+            in_safe_point += time.thread_time() - t
+            iterations += 1
+        total = time.thread_time() - begin_cpu
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        ep.stop()
+    census = ep._snapshotter.census()
+    return {
+        "seconds": seconds,
+        "iterations": iterations,
+        "share": in_safe_point / total,
+        "snapshots": ep.health().snapshots,
+        "snapshot_rate": ep.health().snapshots / seconds,
+        "census_steps": ep._census_steps,
+        "census_share": ep._census_cost / seconds,
+        "census_progress": census.node_count if census is not None else 0,
+        "census_complete": census is not None and census.complete,
+        "reader_ms": 1e3 * statistics.median(reads) if reads else float("nan"),
+    }
+
+
+def end_to_end_line(e: dict, nodes: int) -> str:
+    done = "a whole census finished" if e["census_complete"] else f"the first census had reached {e['census_progress']:,} nodes"
+    return (
+        f"End to end on {nodes:,} nodes ({e['seconds']:.0f} s of a scheduler loop of 5 ms iterations calling "
+        f"safe_point, a client reading every 0.5 s): safe_point took **{100 * e['share']:.2f} %** of the thread's CPU "
+        f"({e['snapshots']} snapshots, {e['snapshot_rate']:.1f}/s; {e['census_steps']} census steps, "
+        f"{100 * e['census_share']:.2f} % of wall time; {done}); each read cost the endpoint's thread "
+        f"{e['reader_ms']:.1f} ms (build + JSON + HTTP)."
+    )
 
 
 def snapshot_table(snaps: list[dict]) -> list[str]:
@@ -408,9 +486,11 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
     per chunk: "none" (the peer), "control" (a second unhooked cache: the noise floor of the
     method), "hooks" (the counting hooks) and "attach" (attach()'s whole instrument: hooks, an
     endpoint a client is reading, the safe point once per request). The hooked caches are
-    instances of their own empty subclasses with the hooks installed on that subclass, so the
-    peer runs with no wrapper at all (an instance install, as attach() does, would put a
-    dispatching wrapper on RadixCache itself; it runs the same wrapper code). Lockstep chunks keep
+    instances of their own subclasses, so the peer runs with no wrapper at all: "hooks" installed
+    on its subclass (the class route: wrappers bound to their hooks), "attach" as attach() installs
+    them, for the instance (the dispatching wrappers, one table lookup per call; its subclass
+    carries its own copies of the hooked methods, so the wrappers go there rather than on
+    RadixCache itself). Lockstep chunks keep
     the trees in the same state and let each chunk's ratio cancel the load of a shared machine;
     this thread's CPU time (time.thread_time)."""
     import urllib.error
@@ -421,7 +501,8 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
     from radixtop.schema import SNAPSHOT_PATH
 
     base = type(rc.radix_cache(size=8))
-    classes = {m: type(f"{m.title()}RadixCache", (base,), {}) for m in ("control", "hooks", "attach")}
+    classes = {m: type(f"{m.title()}RadixCache", (base,), {}) for m in ("control", "hooks")}
+    classes["attach"] = _own_methods_subclass(base, "AttachRadixCache")
     classes["none"] = base
 
     def new_cache(cls, size):
@@ -440,8 +521,6 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
         hooks = CacheHooks()
         hooks.install(classes["hooks"])
         inst = attach(drivers["attach"].cache, rank=0, config=InstrumentConfig(base_port=0))
-        inst.hooks.uninstall()
-        inst.hooks.install(classes["attach"])  # the same counters, on the subclass (see above)
         try:  # a client reads the endpoint, as the TUI would: snapshots at 2/s from here on
             urllib.request.urlopen(inst.endpoint.url + SNAPSHOT_PATH, timeout=10).close()
         except urllib.error.HTTPError:
@@ -481,29 +560,42 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
     }
 
 
+def _own_methods_subclass(base: type, name: str) -> type:
+    """A subclass defining its own copies of the hooked methods: an instance install then puts its
+    dispatching wrappers on this subclass, and `base` stays untouched for the peer."""
+    from radixtop.instrument.hooks import HOOKED_METHODS
+
+    return type(name, (base,), {m: getattr(base, m) for m in HOOKED_METHODS})
+
+
 def real_per_call(rc, loops: int = 2000, repeats: int = 25) -> dict:
-    """Extra CPU per hooked call on the real cache: two caches (one on a subclass carrying the
-    hooks), the same short loops on each, alternating, best of many (steadier than whole streams)."""
+    """Extra CPU per hooked call on the real cache: three caches (none; hooks on a subclass, the
+    class route; hooks for the instance, attach()'s dispatching route), the same short loops on
+    each, in rotating order, best of many (steadier than whole streams)."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 
     from radixtop.instrument.hooks import CacheHooks
 
     base = type(rc.radix_cache(size=8))
     hooked_cls = type("HookedRadixCache", (base,), {})
+    dispatch_cls = _own_methods_subclass(base, "DispatchRadixCache")
     hooks = CacheHooks()
     hooks.install(hooked_cls)
+    instance_hooks = CacheHooks()
     setups = {}
-    for mode, cls in (("none", base), ("hooks", hooked_cls)):
+    for mode, cls in (("none", base), ("hooks", hooked_cls), ("instance", dispatch_cls)):
         cache = cls(rc.CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=rc.allocator(1 << 12), page_size=1))
         cache.insert(InsertParams(key=rc.key(list(range(1, 51)))))
         cache.insert(InsertParams(key=rc.key(list(range(1, 31)) + [7] * 10)))  # a 2-node path
         node = cache.match_prefix(MatchPrefixParams(key=rc.key(list(range(1, 51))))).last_device_node
         setups[mode] = (cache, node)
+    instance_hooks.install(setups["instance"][0])
     best = {(m, op): float("inf") for m in setups for op in ("lock", "evict")}
     params = EvictParams(num_tokens=0)
+    modes = ("none", "hooks", "instance")
     try:
         for r in range(repeats):
-            for mode in ("none", "hooks") if r % 2 else ("hooks", "none"):
+            for mode in modes[r % 3 :] + modes[: r % 3]:
                 cache, node = setups[mode]
                 inc, dec, evict_for_alloc = cache.inc_lock_ref, cache.dec_lock_ref, cache.evict_for_alloc
                 t = time.thread_time()
@@ -517,11 +609,14 @@ def real_per_call(rc, loops: int = 2000, repeats: int = 25) -> dict:
                 best[mode, "evict"] = min(best[mode, "evict"], (time.thread_time() - t) / loops)
     finally:
         hooks.uninstall()
+        instance_hooks.uninstall()
     return {
         "lock_pair_us": 1e6 * (best["hooks", "lock"] - best["none", "lock"]),
         "lock_pair_base_us": 1e6 * best["none", "lock"],
         "evict_us": 1e6 * (best["hooks", "evict"] - best["none", "evict"]),
         "evict_base_us": 1e6 * best["none", "evict"],
+        "instance_lock_pair_us": 1e6 * (best["instance", "lock"] - best["none", "lock"]),
+        "instance_evict_us": 1e6 * (best["instance", "evict"] - best["none", "evict"]),
     }
 
 
@@ -577,7 +672,7 @@ def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns
         "none": "none (the peer)",
         "control": "none again (control)",
         "hooks": "the counting hooks",
-        "attach": "attach(): hooks + endpoint being read + safe point per request",
+        "attach": "attach(): hooks for the instance + endpoint being read + safe point per request",
     }
     for mode, label in labels.items():
         q = hooks["quartiles"][mode]
@@ -591,7 +686,8 @@ def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns
         "",
         f"Per call (best of short loops): a lock + unlock on a 2-node path costs {per_call['lock_pair_base_us']:.2f} µs, "
         f"hooks add {per_call['lock_pair_us']:.2f} µs; an evict_for_alloc that frees nothing costs "
-        f"{per_call['evict_base_us']:.2f} µs, hooks add {per_call['evict_us']:.2f} µs.",
+        f"{per_call['evict_base_us']:.2f} µs, hooks add {per_call['evict_us']:.2f} µs (installed for the instance, "
+        f"as attach() does: {per_call['instance_lock_pair_us']:.2f} and {per_call['instance_evict_us']:.2f} µs).",
     ]
     if c is not None:
         none_s = hooks["per_request_us"]["none"] * hooks["requests"] / 1e6  # one pass
@@ -616,12 +712,14 @@ def main_real(quick: bool, write: bool) -> None:
     hooks = real_hook_overhead(rc, n_requests, passes)
     per_call = real_per_call(rc)
     small = SnapshotConfig(max_nodes=128, max_scan=512)
+    kept: list = []
     snaps = snapshot_costs(
         [1_000, 10_000, 100_000], 3 if quick else 9, small,
-        build=lambda n: real_build_tree(rc, n), count=real_count,
+        build=lambda n: real_build_tree(rc, n), count=real_count, keep=kept,
     )
+    e2e = end_to_end(kept[0][0], 20 if quick else 60)
     command = "<sglang env>/bin/python benchmarks/instrument_bench.py --real" + (" --quick" if quick else "")
-    block = render_real(hooks, per_call, snaps, command, ns_per_loop)
+    block = render_real(hooks, per_call, snaps, command, ns_per_loop) + "\n\n" + end_to_end_line(e2e, kept[0][1])
     print(block)
     if write:
         write_readme(block, REAL_START, REAL_END)
@@ -641,9 +739,11 @@ def main() -> None:
     hooks = hook_overhead(n_requests, rounds)
     hooks["per_call"] = per_call_overhead()
     small = SnapshotConfig(max_nodes=128, max_scan=512)
-    snaps = snapshot_costs([1_000, 10_000, 100_000], 5 if args.quick else 15, small)
+    kept: list = []
+    snaps = snapshot_costs([1_000, 10_000, 100_000], 5 if args.quick else 15, small, keep=kept)
+    e2e = end_to_end(kept[0][0], 20 if args.quick else 60)
     command = "python benchmarks/instrument_bench.py" + (" --quick" if args.quick else "")
-    block = render(hooks, snaps, command, ns_per_loop)
+    block = render(hooks, snaps, command, ns_per_loop) + "\n\n" + end_to_end_line(e2e, kept[0][1])
     print(block)
     if args.write_readme:
         write_readme(block)

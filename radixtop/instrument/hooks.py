@@ -491,7 +491,7 @@ def _positional_names(function: Any) -> tuple[str, ...] | None:
 
 
 def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
-    lookup = route.table.get
+    lookup, default = route.table.get, route.default
 
     if _positional_names(original) == ("node",) and not original.__defaults__:
         # RadixCache's shape, inc_lock_ref(self, node): the same shape here.
@@ -511,7 +511,7 @@ def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
             return inc_lock_ref_own
 
         def inc_lock_ref_exact(cache: Any, node: Any) -> Any:
-            hooks = lookup(id(cache), route.default)
+            hooks = lookup(id(cache), default)
             if hooks is None or hooks._disabled:
                 return original(cache, node)
             hooks.lock_ops += 1
@@ -532,7 +532,7 @@ def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
             raise
 
     def inc_lock_ref(cache: Any, node: Any = _NO, *args: Any, **kwargs: Any) -> Any:
-        hooks = lookup(id(cache), route.default)
+        hooks = lookup(id(cache), default)
         if hooks is None or hooks._disabled:
             return original(cache, *args, **kwargs) if node is _NO else original(cache, node, *args, **kwargs)
         if node is _NO or args or kwargs:
@@ -561,7 +561,7 @@ def _check_node(hooks: CacheHooks, node: Any) -> None:
 
 
 def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[..., Any]:
-    lookup = route.table.get
+    lookup, default = route.table.get, route.default
 
     if _positional_names(original) == ("node", "params") and len(original.__defaults__ or ()) == 1:
         # RadixCache's shape, dec_lock_ref(self, node, params=None): the same shape here.
@@ -588,7 +588,7 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
             return dec_lock_ref_own
 
         def dec_lock_ref_exact(cache: Any, node: Any, params: Any = _NO) -> Any:
-            hooks = lookup(id(cache), route.default)
+            hooks = lookup(id(cache), default)
             if hooks is None or hooks._disabled:
                 return original(cache, node) if params is _NO else original(cache, node, params)
             hooks.unlock_ops += 1
@@ -619,7 +619,7 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
         return result
 
     def dec_lock_ref(cache: Any, node: Any = _NO, extra: Any = _NO, *args: Any, **kwargs: Any) -> Any:
-        hooks = lookup(id(cache), route.default)
+        hooks = lookup(id(cache), default)
         if hooks is None or hooks._disabled or node is _NO or args or kwargs:
             head = () if node is _NO else (node,) if extra is _NO else (node, extra)
             if hooks is None or hooks._disabled:
@@ -644,7 +644,7 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
 
 
 def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = False) -> Callable[..., Any]:
-    lookup = route.table.get
+    lookup, default = route.table.get, route.default
     general = _wrap_evict_general(route, original, for_alloc)
     if for_alloc or _positional_names(original) != ("params",) or original.__defaults__:
         return general
@@ -652,7 +652,7 @@ def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = F
     def evict_exact(cache: Any, params: Any) -> Any:
         """SGLang >= 0.5's evict(self, params) -> EvictResult: the same shape, the common case
         straight through (the general wrapper sorts out the first call and anything odd)."""
-        hooks = lookup(id(cache), route.default)
+        hooks = lookup(id(cache), default)
         if hooks is None or not hooks._evict_reports_freed or hooks._evicting or hooks._disabled:
             return general(cache, params)
         hooks.evict_calls += 1
@@ -678,10 +678,10 @@ def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = F
 
 
 def _wrap_evict_general(route: _Route, original: Callable[..., Any], for_alloc: bool = False) -> Callable[..., Any]:
-    lookup = route.table.get
+    lookup, default = route.table.get, route.default
 
     def evict(cache: Any, *args: Any, **kwargs: Any) -> Any:
-        hooks = lookup(id(cache), route.default)
+        hooks = lookup(id(cache), default)
         if hooks is None or hooks._disabled or hooks._evicting:
             return original(cache, *args, **kwargs)
         hooks.evict_calls += 1

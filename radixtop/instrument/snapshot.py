@@ -55,7 +55,7 @@ class SnapshotConfig:
     max_nodes: int = 256  # detail-walk budget, and the server-side cap on ?budget=
     census_max_nodes: int = 2_000_000  # a census gives up (complete=False) past this (a memory bound); 0: no census
     census_slice: int = 192  # census work per step (a node counted or expanded; 4 leaves): a few hundred µs
-    census_duty: float = 0.004  # at most this fraction of scheduler time goes to census steps
+    census_duty: float = 0.003  # at most this fraction of scheduler time goes to census steps
     head_tokens: int = 4  # token ids shown per node (the start of its key)
     max_scan: int = 1024  # children the detail walk may look at (bounds it on very wide nodes)
 

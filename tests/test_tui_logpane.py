@@ -527,7 +527,7 @@ async def test_the_status_line_redraws_only_when_what_it_says_changes() -> None:
         assert len(refreshes) == 3
 
 
-async def test_the_timer_runs_slowly_while_nothing_moves_and_fast_while_lines_come(tmp_path: Path) -> None:
+async def test_the_timer_runs_slowly_while_nothing_moves_and_fast_while_something_waits(tmp_path: Path) -> None:
     from radixtop.tui.app import IDLE_TICK_S, REFRESH_HZ
 
     log = tmp_path / "server.log"
@@ -536,16 +536,23 @@ async def test_the_timer_runs_slowly_while_nothing_moves_and_fast_while_lines_co
     async with app.run_test(size=(120, 30)) as pilot:
         await pilot.pause()
         app._tick(force=True)
-        app._timer_delay()
         assert app._timer_delay() == IDLE_TICK_S, "an idle app woke 4+ times a second"
+        app.state.add_message(["something to draw"])
+        assert app._timer_delay() == 1 / REFRESH_HZ
+        app._tick(force=True)
+        assert app._timer_delay() == IDLE_TICK_S
+        app.ingestor.has_waiting = lambda: True  # a finding waits AFTER_WAIT for its lines-after
+        assert app._timer_delay() == 1 / REFRESH_HZ
+        app.ingestor.has_waiting = lambda: False
+        assert app._timer_delay() == IDLE_TICK_S
         with open(log, "a") as f:
             f.write("[2026-12-02 14:00:00 TP0] Decode batch, #running-req: 1, token usage: 0.10\n")
         for _ in range(200):  # bounded: the follower hands the line over within a few polls
             if app.state.total_lines:
                 break
             await pilot.pause(0.02)
-        assert app.state.total_lines == 1
-        assert app._timer_delay() == 1 / REFRESH_HZ
+        app._tick(force=True)
+        assert app._timer_delay() == 1 / REFRESH_HZ, "lines just came: the counters' final figures follow"
         health_at = app._health_at
         for _ in range(200):  # bounded: the timer runs again and reads the files' health
             if app._health_at != health_at:

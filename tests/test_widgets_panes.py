@@ -328,3 +328,29 @@ def test_the_radix_pane_redraws_when_its_shown_rank_moves_not_for_another_ranks_
     key = panes._radix_key()
     board.add(RadixSample("u1", SourceState("down", "connection refused", 103.0), 103.0, rank=1))
     assert panes._radix_key() != key, "another rank going down changes the title's marks"
+
+
+def test_panes_redrawn_after_the_log_frame_once_however_often_asked():
+    from radixtop.tui.panes import LiveOptions, Panes
+
+    class App:
+        def __init__(self):
+            self.after: list = []
+
+        def call_after_refresh(self, callback):
+            self.after.append(callback)
+
+    app = App()
+    panes = Panes(app, LiveOptions(), follow_log=lambda patterns: None, add_lines=lambda lines: None)
+    panes.redraw_after_frame()
+    assert app.after == [], "nothing is drawn before the panes are mounted"
+    panes.mounted = True
+    drawn = []
+    panes.redraw = lambda force=False: drawn.append(force)  # type: ignore[method-assign]
+    for _ in range(5):  # the log pane draws up to 20 frames a second
+        panes.redraw_after_frame()
+    assert len(app.after) == 1
+    app.after.pop()()
+    assert drawn == [False]
+    panes.redraw_after_frame()
+    assert len(app.after) == 1, "asked again once the last one ran"

@@ -53,11 +53,12 @@ from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 REFRESH_HZ = 4  # the slow timer: notices, health, the lines/s figure; lines draw as they come
 IDLE_TICK_S = 1.0  # ... and once nothing moves (no lines, nothing to draw, no finding waiting)
 HEALTH_EVERY_S = 1.0  # the followed files' health is read this often
+RECENT_LINES_S = 2.0  # the timer stays at REFRESH_HZ this long after the last new lines
 FRAME_MIN = 0.05  # seconds between frames while lines arrive (20 Hz) ...
 FRAME_BUSY = 0.08  # ... while each frame replaces the whole screen anyway (a flood: CPU, same lag)
 BULK_LINES_PER_FRAME = 20_000  # more new lines than this since the last frame: a backlog is read
 BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
-STATUS_INTERVAL = 0.25  # the status line's counters are redrawn at most this often
+STATUS_INTERVAL = 1.0  # the status line's counters (lines, lines/s over 2 s) are redrawn at most this often
 BACKLOG_LINES = 5_000  # lines before each file's end shown at start (a screenful plus scrollback)
 INITIAL_WAIT = 0.5  # seconds the first frame waits for that backlog, at most
 COUNT_DELAY = 2.0  # seconds the count of the lines above the backlog waits for the first frame, at most
@@ -207,9 +208,10 @@ class RadixtopApp(IncidentActions, App[int]):
         self._flushing = False
         self._widgets: dict[str, Any] = {}  # the main screen's widgets, looked up once (per frame otherwise)
         self._timer: Any = None  # the one timer (_on_timer), re-armed after each run
-        self._timer_lines = 0  # state.total_lines at the timer's previous run
         self._health_at = 0.0
         self._findings_title = ""
+        self._tick_lines = 0  # state.total_lines at the previous _tick
+        self._lines_at = -1e9  # time.monotonic() when the last new lines were seen
         if self.log_patterns:
             self._open_logs(capacity)
 
@@ -536,17 +538,14 @@ class RadixtopApp(IncidentActions, App[int]):
                 self._schedule_timer(self._timer_delay())
 
     def _timer_delay(self) -> float:
-        """1/REFRESH_HZ while lines come, something waits to be drawn, a hit waits for its
-        lines-after or the lines/s figure is still falling; IDLE_TICK_S otherwise (the panes redraw
-        at most once a second anyway; lines, keys and samples draw without waiting for it)."""
-        state = self.state
-        lines, self._timer_lines = self._timer_lines, state.total_lines
-        rate = self.status_line.info.rate
+        """1/REFRESH_HZ while something waits to be drawn, a hit waits for its lines-after or lines
+        came in the last RECENT_LINES_S (the counters' final figures); IDLE_TICK_S otherwise: new
+        lines draw themselves (the consumer's frames), keys at once, the panes at most once a
+        second anyway."""
         if (
-            lines != state.total_lines
-            or state.version != self._drawn_version
-            or (rate is not None and rate >= 0.5)
+            self.state.version != self._drawn_version
             or self.ingestor.has_waiting()
+            or time.monotonic() - self._lines_at < RECENT_LINES_S
         ):
             return 1 / REFRESH_HZ
         return IDLE_TICK_S
@@ -569,15 +568,24 @@ class RadixtopApp(IncidentActions, App[int]):
         panes = self.panes
         if panes is not None:
             panes.note_report(state.report, self._title_of)
-            panes.redraw(force)
-        # The counters (lines, lines/s) need not move 20 times a second; a mode change or a new
-        # initiating failure shows at once.
+            if drew and not force:
+                # Not in the log pane's frame: the box around both is the whole screen (measured:
+                # 30-70 ms for such a frame, 15-20 ms for the panes alone).
+                panes.redraw_after_frame()
+            else:
+                panes.redraw(force)
+        # The counters (lines, lines/s) need not move 20 times a second: once a second while lines
+        # come, and at once when they stop (the final count); a mode change or a new initiating
+        # failure shows at once.
         report = state.report
         initiating = report.initiating if report is not None else None
         mode = (state.paused, self.log_view.follow, initiating, state.filter_text, state.search_text)
+        lines_came = state.total_lines != self._tick_lines
+        if lines_came:
+            self._tick_lines, self._lines_at = state.total_lines, now
         if force or mode != self._status_mode:
             self._update_status()
-        elif now - self._status_at >= STATUS_INTERVAL and not self._status_pending:
+        elif (now - self._status_at >= STATUS_INTERVAL or not lines_came) and not self._status_pending:
             if drew:
                 # Not in the same frame as the log pane: Textual redraws every widget inside the
                 # box around all changed regions, and a full-width status line makes that box the

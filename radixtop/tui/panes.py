@@ -108,6 +108,7 @@ class Panes:
         self.wide = False
         self._drawn: dict[str, tuple[Any, float]] = {}
         self._widgets: dict[str, Any] = {}  # pane widgets looked up once
+        self._redraw_pending = False
         self._frame_at = -1e9
         self._marked: str | None = None
 
@@ -255,6 +256,17 @@ class Panes:
             selected.version if selected is not None else None,
             others,
         )
+
+    def redraw_after_frame(self) -> None:
+        """redraw() once the frame being drawn is on screen (the app's log pane frame), so that
+        the panes get a frame of their own; calls in between add nothing."""
+        if self.mounted and not self._redraw_pending:
+            self._redraw_pending = True
+            self.app.call_after_refresh(self._redraw_pending_now)
+
+    def _redraw_pending_now(self) -> None:
+        self._redraw_pending = False
+        self.redraw()
 
     def redraw(self, force: bool = False) -> None:
         """Redraw the visible panes whose data moved, all in one frame (one compositor pass for all

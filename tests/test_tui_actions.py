@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -303,3 +304,18 @@ def test_the_help_screen_lists_b_and_c() -> None:
     assert re.search(r"^b +evidence bundle now", text, re.MULTILINE), text
     assert re.search(r"^c +confirmation run: evidence first", text, re.MULTILINE), text
     assert re.search(r"^--readonly +b, c and the automatic bundle are off", text, re.MULTILINE), text
+
+
+def test_the_demo_keeps_its_bundles_and_runs_in_its_own_work_directory(monkeypatch) -> None:
+    """`radixtop demo` starts a real simulator and hands the app its work directory, so b and c
+    do not write into wherever the demo was started from."""
+    from radixtop.sim.demo import run_demo
+
+    built: list[RadixtopApp] = []
+    monkeypatch.setattr(RadixtopApp, "run", lambda self, *a, **k: built.append(self))  # no terminal here
+    args = build_parser().parse_args(["--no-panes", "demo", "--fault", "none"])
+    assert run_demo(args) == 0
+    settings = built[-1].action_settings
+    assert settings.out_dir is not None and settings.directory == Path(built[-1].log_patterns[0]).parent
+    assert settings.directory.name.startswith("radixtop-demo-")
+    shutil.rmtree(settings.directory)  # the demo keeps it for the user; the test does not

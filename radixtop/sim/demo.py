@@ -52,7 +52,7 @@ def _spawn(argv: Sequence[str], out: Path) -> subprocess.Popen:
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe
         )
 
 
@@ -143,8 +143,10 @@ def run_demo(args: Namespace) -> int:
     # Ctrl-C must reach the UI (which quits cleanly), never leave the children behind.
     try:
         tui_args = Namespace(**{**vars(args), "log": [str(demo.log_file)], "from_start": True, "url": demo.url})
-        tui_args.banner = f"demo: simulated SGLang at {demo.url}, fault {demo.fault}; logs in {demo.workdir}"
+        tui_args.actions_dir = str(demo.workdir)  # bundles and confirmation runs beside the demo's logs
+        tui_args.banner = (f"demo: simulated SGLang at {demo.url}, fault {demo.fault}; logs, bundles (b) and "
+                           f"confirmation runs (c) in {demo.workdir}")  # fmt: skip
         return run_tui(tui_args)
     finally:
         demo.stop()
-        print(f"radixtop demo: stopped the simulator; its log is kept at {demo.log_file}", file=sys.stderr)
+        print(f"radixtop demo: stopped the simulator; its log, bundles and runs are kept in {demo.workdir}", file=sys.stderr)

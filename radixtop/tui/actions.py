@@ -60,7 +60,11 @@ class ActionSettings:
 
 def action_settings(args: Any) -> ActionSettings:
     """From the command line (read with getattr: a parser without the options still works)."""
-    return ActionSettings(signature_files=tuple(getattr(args, "signatures", None) or ()))
+    out_dir = getattr(args, "actions_dir", None)  # `radixtop demo`: its own work directory
+    return ActionSettings(
+        out_dir=Path(out_dir) if out_dir else None,
+        signature_files=tuple(getattr(args, "signatures", None) or ()),
+    )
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,23 @@
    alloc/evict under pressure, insert, relock, unlock) on the simulator's RadixCache, run without
    hooks (the peer) and with hooks installed on the instance and on the class, interleaved, best
    of N. Target: at most 5 % slower.
-2. Snapshot cost at 1k / 10k / 100k nodes: the budgeted detail walk + JSON (every snapshot), the
-   census (full walk, duty-capped), and the naive peer: a full detail walk of every node. Each is
-   turned into the fraction of one scheduler thread it takes at the default rate (2 snapshots/s,
-   census at most 0.5 % of the thread), measured as this thread's CPU time (time.thread_time), since
-   wall time on a shared box also counts other people's work. Target: under 1 % at 100k nodes.
+2. Snapshot cost at 1k / 10k / 100k nodes, this thread's CPU time (time.thread_time: wall time on
+   a shared box also counts other people's work): the capture (the budgeted detail walk's raw
+   reads: what a snapshot costs the scheduler thread), the build + JSON the endpoint's HTTP thread
+   then does, both on one thread (how snapshots were taken before: the peer of the capture), the
+   incremental census (its slices, one per safe point, and how long a whole-tree census takes at
+   its duty), and the naive peer: every node walked and serialised each time. Each is turned into
+   the share of one scheduler thread at the default rate (2 snapshots/s). Target: under 1 % at
+   100k nodes. Then end to end: a scheduler-shaped loop calling safe_point on the 100k tree
+   while a client reads, with the share safe_point took.
 
 3. --real: the same two measurements on sglang 0.5.23's own RadixCache on a CPU torch (run with
    the environment .ci/sglang-tests builds): a scheduler-shaped stream of real cache operations
    (tests/sglang/real_cache.py's Driver: match_prefix, inc_lock_ref, evict_for_alloc under pool
    pressure, alloc, path_device_indices, insert, relock, dec_lock_ref) with no hooks, with the
-   hooks attach() installs, and with attach()'s whole instrument (hooks, endpoint being watched,
-   the safe point once per request); and snapshot cost on real trees of 1k, 10k and 100k nodes.
+   hooks on the class, and with attach()'s whole instrument (its hooks for the instance, endpoint
+   being watched, the safe point once per request); per-call costs for both install routes; and
+   snapshot cost (as in 2., end to end included) on real trees of 1k, 10k and 100k nodes.
 
 Usage:  python benchmarks/instrument_bench.py [--quick] [--write-readme]
         <sglang env>/bin/python benchmarks/instrument_bench.py --real [--quick] [--write-readme]
@@ -30,6 +35,7 @@ import re
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -314,9 +320,11 @@ def snapshot_costs(sizes: list[int], repeats: int, small: SnapshotConfig, build=
 def end_to_end(cache, seconds: float, iteration_s: float = 0.005) -> dict:
     """The whole instrument as a scheduler runs it: a loop of `iteration_s` busy iterations, each
     ending in InstrumentEndpoint.safe_point(cache), while a client reads the snapshot every 0.5 s
-    (the endpoint is watched: 2 snapshots/s, the census at its full duty). The share is the CPU
-    time spent inside safe_point over the loop's CPU time, both on this thread; the reader's
-    build + JSON run on the endpoint's threads and are reported apart."""
+    (the endpoint is watched: 2 snapshots/s, the census at its full duty). The shares are the CPU
+    time spent inside safe_point over the loop's wall time (what the endpoint's duty cap holds to
+    1 %) and over the loop's own CPU time (higher when other processes take the core: the loop
+    then gets less CPU per second); the reader's build + JSON run on the endpoint's threads and
+    are reported apart."""
     import threading
     import urllib.request
 
@@ -326,6 +334,9 @@ def end_to_end(cache, seconds: float, iteration_s: float = 0.005) -> dict:
     ep = InstrumentEndpoint(port=0)
     if not ep.start():
         raise RuntimeError("the endpoint could not start")
+    # Steady state: a census has finished before (its weights order the detail walk), the next
+    # one is in progress. (Only the first minutes after start run without one.)
+    ep._snapshotter.finish_census(cache)
     stop = threading.Event()
     reads = []
 
@@ -343,46 +354,66 @@ def end_to_end(cache, seconds: float, iteration_s: float = 0.005) -> dict:
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     time.sleep(0.2)  # the first read marks the endpoint as watched
-    in_safe_point = 0.0
-    iterations = 0
+    in_safe_point = idle = 0.0
+    iterations = idle_calls = 0
+    t = time.thread_time()
+    for _ in range(1_000_000):
+        pass
+    work = range(max(1, int(iteration_s / max(1e-9, (time.thread_time() - t) / 1e6))))
     gc.collect()
     begin_cpu, begin = time.thread_time(), time.monotonic()
     try:
         while time.monotonic() - begin < seconds:
-            until = time.thread_time() + iteration_s
-            while time.thread_time() < until:  # the scheduler's own work
-                pass
-            t = time.thread_time()
+            x = 0
+            for _ in work:  # the scheduler's own work (plain Python: no clock syscall per turn)
+                x += 1
+            seq, steps = ep._seq, ep._census_steps
+            t, w = time.thread_time(), time.perf_counter()
             ep.safe_point(cache)
-            in_safe_point += time.thread_time() - t
+            if ep._seq != seq or ep._census_steps != steps:
+                in_safe_point += time.thread_time() - t
+            else:
+                idle_calls += 1  # nothing was due: costed below, in a loop of its own
+            del w
             iterations += 1
         total = time.thread_time() - begin_cpu
+        wall = time.monotonic() - begin
     finally:
         stop.set()
         thread.join(timeout=10)
         ep.stop()
-    census = ep._snapshotter.census()
+    # A safe_point with nothing due costs well under a microsecond, below what timing each call
+    # can resolve here (the thread CPU clock of this VM jumps by up to hundreds of µs now and then,
+    # and the wall clock counts GIL hand-offs to the endpoint's threads): best of short loops.
+    ep._next_at = ep._census_next_at = float("inf")
+    ep._running = True
+    per_idle = min(timeit.repeat(lambda: ep.safe_point(cache), number=20_000, repeat=5)) / 20_000
+    idle = idle_calls * per_idle
+    run = ep._snapshotter._run
     return {
         "seconds": seconds,
         "iterations": iterations,
-        "share": in_safe_point / total,
+        "share": (in_safe_point + idle) / total,
+        "wall_share": (in_safe_point + idle) / wall,
+        "idle_us": 1e6 * per_idle,
+        "cpu_per_wall": total / wall,
         "snapshots": ep.health().snapshots,
         "snapshot_rate": ep.health().snapshots / seconds,
         "census_steps": ep._census_steps,
         "census_share": ep._census_cost / seconds,
-        "census_progress": census.node_count if census is not None else 0,
-        "census_complete": census is not None and census.complete,
+        "census_progress": run.node_count if run is not None else 0,
         "reader_ms": 1e3 * statistics.median(reads) if reads else float("nan"),
     }
 
 
 def end_to_end_line(e: dict, nodes: int) -> str:
-    done = "a whole census finished" if e["census_complete"] else f"the first census had reached {e['census_progress']:,} nodes"
+    done = f"the census in progress had reached {e['census_progress']:,} nodes"
     return (
         f"End to end on {nodes:,} nodes ({e['seconds']:.0f} s of a scheduler loop of 5 ms iterations calling "
-        f"safe_point, a client reading every 0.5 s): safe_point took **{100 * e['share']:.2f} %** of the thread's CPU "
-        f"({e['snapshots']} snapshots, {e['snapshot_rate']:.1f}/s; {e['census_steps']} census steps, "
-        f"{100 * e['census_share']:.2f} % of wall time; {done}); each read cost the endpoint's thread "
+        f"safe_point, a client reading every 0.5 s; a census finished before, the next in progress): safe_point's CPU time was **{100 * e['wall_share']:.2f} %** of "
+        f"the loop's wall time and {100 * e['share']:.2f} % of the loop's own CPU time (the loop got "
+        f"{100 * e['cpu_per_wall']:.0f} % of a core here) ({e['snapshots']} snapshots, {e['snapshot_rate']:.1f}/s; {e['census_steps']} census steps, "
+        f"{100 * e['census_share']:.2f} % of wall time; {done}; a safe_point with nothing due: {e['idle_us']:.1f} µs); each read cost the endpoint's thread "
         f"{e['reader_ms']:.1f} ms (build + JSON + HTTP)."
     )
 

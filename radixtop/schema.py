@@ -395,7 +395,7 @@ class Census:
     lock_ref_histogram: dict[int, int]
     digest: str  # 16 hex digits over the tree's shape (key lengths, first/last token, nesting)
     age_s: float  # how old the census's first slice was when the snapshot was taken
-    seconds: float  # what the census cost on the scheduler thread (all its slices)
+    seconds: float  # what the census cost the scheduler thread (CPU seconds, all its slices)
     slices: int = 1  # the safe points (steps) it was assembled over
     span_s: float = 0.0  # seconds from its first slice to its last
 
@@ -445,7 +445,7 @@ class Snapshot:
     seq: int  # snapshot number within this instance
     time: float  # wall clock (epoch seconds) when taken
     monotonic: float  # time.monotonic() in the server when taken (for node last_access ages)
-    seconds: float  # what reading it cost the scheduler thread (the detail walk; census steps and serialising not included)
+    seconds: float  # what reading it cost the scheduler thread (CPU seconds of the detail walk; census steps and serialising not included)
     cache_class: str
     walkable: bool
     reason: str  # why the tree is not shown ("" when walkable)

@@ -931,19 +931,21 @@ def test_nodes_evicted_or_split_mid_census_neither_crash_it_nor_count_twice():
 def test_serialising_happens_on_the_endpoint_thread_not_the_scheduler(endpoint_factory, monkeypatch):
     from radixtop.instrument.snapshot import Capture
 
+    from radixtop.instrument import endpoint as endpoint_module
+
     threads: dict[str, set[int]] = {"build": set(), "to_json": set()}
-    real_build, real_to_json = Capture.build, schema.Snapshot.to_json
+    real_build, real_encode = Capture.build, endpoint_module.encode_snapshot
 
     def build(self):
         threads["build"].add(threading.get_ident())
         return real_build(self)
 
-    def to_json(self):
+    def encode(snap):
         threads["to_json"].add(threading.get_ident())
-        return real_to_json(self)
+        return real_encode(snap)
 
     monkeypatch.setattr(Capture, "build", build)
-    monkeypatch.setattr(schema.Snapshot, "to_json", to_json)
+    monkeypatch.setattr(endpoint_module, "encode_snapshot", encode)
     cache = filled_sim_cache()
     ep = endpoint_factory()
     ep.start()
@@ -958,6 +960,18 @@ def test_serialising_happens_on_the_endpoint_thread_not_the_scheduler(endpoint_f
     assert snap.tree.walked_nodes > 0 and snap.census is not None
     assert len(threads["build"]) == 1 and len(threads["to_json"]) == 1  # built once, for both clients
     assert scheduler not in threads["build"] | threads["to_json"]
+
+
+def test_the_snapshot_json_encoded_in_pieces_is_the_same_bytes():
+    from radixtop.instrument.endpoint import encode_snapshot
+
+    cache = filled_sim_cache(n_prompts=300)
+    for budget in (0, 10, 64, 65, 200, 10_000):
+        snap = TreeSnapshotter(SnapshotConfig(max_nodes=budget)).take(cache, force_census=True)
+        assert encode_snapshot(snap) == snap.to_json()
+    assert snap.tree.walked_nodes > 200  # the last one came in several pieces
+    unwalkable = TreeSnapshotter().take(type("NoTree", (), {})())
+    assert unwalkable.tree is None and encode_snapshot(unwalkable) == unwalkable.to_json()
 
 
 def test_capture_holds_raw_reads_and_build_does_the_checks():

@@ -307,7 +307,7 @@ class InstrumentEndpoint:
         return self._snapshotter.fresh
 
     def _take(self, cache: Any, now: float, census_fresh: bool = False) -> bool:
-        started = time.perf_counter()
+        started = time.thread_time()
         hooks = self.hooks
         try:
             capture = self._snapshotter.capture(
@@ -323,8 +323,10 @@ class InstrumentEndpoint:
         finally:
             # Whatever happened, the next try waits: a broken cache must not cost every iteration.
             # The census keeps to its own duty (SnapshotConfig.census_duty); the rest of max_duty
-            # goes to the detail snapshots, so both together stay within max_duty.
-            cost = time.perf_counter() - started
+            # goes to the detail snapshots, so both together stay within max_duty. Costs are this
+            # thread's CPU time: what we take from the scheduler, not the time other processes
+            # took from it meanwhile (on a shared host, wall time made the cap throttle on noise).
+            cost = time.thread_time() - started
             watching = now - self._last_watch < self.watch_window_s
             self._interval = self.min_interval_s if watching else self.idle_interval_s
             self._next_at = now + max(self._interval, cost / self._detail_duty)
@@ -361,7 +363,7 @@ class InstrumentEndpoint:
             if published[0] is capture and published[1] is not None and published[2] is not None:
                 return published[1], published[2]  # another reader built it meanwhile
             snap = capture.build()
-            payload = snap.to_json()
+            payload = encode_snapshot(snap)
             with self._lock:
                 if self._published[0] is capture:
                     self._published = (capture, snap, payload)
@@ -406,7 +408,7 @@ class InstrumentEndpoint:
             )
             return
         if budget is not None and snap.tree is not None and budget < snap.tree.walked_nodes:
-            payload = snap.with_budget(budget).to_json()  # a prefix of an immutable snapshot
+            payload = encode_snapshot(snap.with_budget(budget))  # a prefix of an immutable snapshot
         self._reply(req, 200, payload, _JSON)
 
     def _serve_events(self, req: _Handler, query: dict[str, list[str]]) -> None:
@@ -508,6 +510,33 @@ class InstrumentEndpoint:
                     buckets.append((f'{rank},lock_ref="{label}"', count))
                 family(STATE_METRIC_NAMES["lock_ref_nodes"], "gauge", "Tree nodes by lock_ref, at the last census.", buckets)
         return "\n".join(out) + "\n"
+
+
+_ROWS_PER_PIECE = 64
+_TAIL = b'"nodes":[]}}'  # Snapshot.to_dict() ends with the tree, whose last key is its rows
+
+
+def encode_snapshot(snap: Snapshot) -> bytes:
+    """snap.to_json(), byte for byte, in pieces: json's C encoder holds the GIL for a whole call,
+    so a scheduler thread wanting the GIL back would wait out a whole payload (a millisecond or
+    two at 256 rows); rows are encoded 64 at a time instead, the GIL handed back in between."""
+    d = snap.to_dict()
+    tree = d.get("tree")
+    if tree is None or len(tree["nodes"]) <= _ROWS_PER_PIECE:
+        return encode_json(d)
+    rows = tree["nodes"]
+    tree["nodes"] = []
+    head = encode_json(d)
+    if not head.endswith(_TAIL):  # a field order we do not expect: all in one go
+        tree["nodes"] = rows
+        return encode_json(d)
+    pieces = [head[: -len(b"]}}")]]
+    for i in range(0, len(rows), _ROWS_PER_PIECE):
+        time.sleep(0)  # let a waiting scheduler thread run
+        piece = encode_json(rows[i : i + _ROWS_PER_PIECE])
+        pieces.append(piece[1:-1] if i == 0 else b"," + piece[1:-1])
+    pieces.append(b"]}}")
+    return b"".join(pieces)
 
 
 def _number(value: Any) -> str:

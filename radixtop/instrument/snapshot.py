@@ -234,7 +234,7 @@ class CensusRun:
         """Do about `work` units (a node counted, a node expanded, four leaves passed, four
         nodes summed, one hint kept, eight references dropped); True
         once the census is done (then `result` is set)."""
-        started = time.perf_counter()
+        started = time.thread_time()
         self.slices += 1
         try:
             if self.phase == _WALK:
@@ -246,7 +246,7 @@ class CensusRun:
             if self.phase == _FREE and work > 0:
                 self._free(work * 8)
         finally:
-            self.seconds += time.perf_counter() - started
+            self.seconds += time.thread_time() - started
         if self.phase == _DONE and self.result is None:
             self._finish()
         return self.phase == _DONE
@@ -608,7 +608,7 @@ class TreeSnapshotter:
     def census_step(self, cache: Any, work: int | None = None) -> float:
         """Advance the census by one slice (`work` units, default config.census_slice); starts a
         new census when the last one finished. Returns the seconds it took. Never raises."""
-        started = time.perf_counter()
+        started = time.thread_time()
         self.fresh = False
         cfg = self.config
         if not cfg.census_slice or not cfg.census_max_nodes:
@@ -617,7 +617,7 @@ class TreeSnapshotter:
             root, _ = find_root(cache)
             if root is None:
                 self._run = None
-                return time.perf_counter() - started
+                return time.thread_time() - started
             self._check_root(root)
             run = self._run
             if run is None:
@@ -629,7 +629,7 @@ class TreeSnapshotter:
                 self.fresh = run.slices == 1
         except Exception:
             self._run = None  # a tree we do not understand: start over next time (the walk reports why)
-        return time.perf_counter() - started
+        return time.thread_time() - started
 
     def _check_root(self, root: Any) -> None:
         if id(root) != self._root_id:  # a reset() replaced the root: old figures are meaningless
@@ -637,13 +637,13 @@ class TreeSnapshotter:
 
     def finish_census(self, cache: Any) -> float:
         """A whole fresh census now, in one pause (force_census; tests and benchmarks)."""
-        started = time.perf_counter()
+        started = time.thread_time()
         self._run = None
         while True:
             self.census_step(cache, 1 << 30)
             if self._run is None:
                 break
-        return time.perf_counter() - started
+        return time.thread_time() - started
 
     def census(self) -> Census | None:
         """The last finished census, aged; else the one in progress, marked incomplete."""
@@ -696,7 +696,7 @@ class TreeSnapshotter:
         """The scheduler-thread part of a snapshot: sizes, the detail walk's raw rows, the census
         figures. `census_fresh`: the tree has not moved since census_step() set `fresh` (the same
         safe point), so the cut can be counted exactly. Never raises for a strange cache."""
-        started = time.perf_counter()
+        started = time.thread_time()
         sizes = read_sizes(cache)
         root, reason = find_root(cache)
         census: Census | None = None
@@ -715,7 +715,7 @@ class TreeSnapshotter:
             seq=seq,
             time=time.time(),
             monotonic=time.monotonic(),
-            seconds=time.perf_counter() - started,
+            seconds=time.thread_time() - started,
             cache_class=type(cache).__name__[:200],
             walkable=root is not None,
             reason=reason,

@@ -928,10 +928,28 @@ def test_nodes_evicted_or_split_mid_census_neither_crash_it_nor_count_twice():
     assert census.slices == run.slices > 5
 
 
-def test_serialising_happens_on_the_endpoint_thread_not_the_scheduler(endpoint_factory, monkeypatch):
-    from radixtop.instrument.snapshot import Capture
+def test_a_tree_reset_mid_census_starts_the_census_over_on_the_new_root():
+    cache = MiniCache()
+    for i in range(400):
+        cache.add(None, [i, i, i])
+    shot = TreeSnapshotter(SnapshotConfig(census_slice=50))
+    for _ in range(3):
+        shot.census_step(cache)
+    assert not shot.census().complete and shot.census().node_count > 0
+    cache.root_node = Node(lock_ref=1)  # flush_cache: a new, smaller tree
+    for i in range(7):
+        cache.add(None, [i])
+    for _ in range(50):
+        shot.census_step(cache)
+        if shot.census() is not None and shot.census().complete:
+            break
+    census = shot.census()
+    assert census.complete and census.node_count == 7 and census.total_tokens == 7
 
+
+def test_serialising_happens_on_the_endpoint_thread_not_the_scheduler(endpoint_factory, monkeypatch):
     from radixtop.instrument import endpoint as endpoint_module
+    from radixtop.instrument.snapshot import Capture
 
     threads: dict[str, set[int]] = {"build": set(), "to_json": set()}
     real_build, real_encode = Capture.build, endpoint_module.encode_snapshot

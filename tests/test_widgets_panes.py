@@ -354,3 +354,45 @@ def test_panes_redrawn_after_the_log_frame_once_however_often_asked():
     assert drawn == [False]
     panes.redraw_after_frame()
     assert len(app.after) == 1, "asked again once the last one ran"
+
+
+def test_the_app_imports_no_probe_before_its_first_frame():
+    """Discovery (psutil), the HTTP probes and the schema are imported when the panes start, after
+    the log's first frame (70-100 ms of start-up here)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, radixtop.tui.app; "
+        "print(sorted(m for m in sys.modules if m.startswith(('radixtop.probes.discovery', 'radixtop.probes.sglang', "
+        "'radixtop.probes.radix', 'radixtop.probes.gpu', 'radixtop.tui.live', 'psutil', 'radixtop.widgets.radix'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_log_lines_read_before_the_panes_run_feed_the_vitals_once_they_do():
+    import asyncio
+    import contextlib
+    from types import SimpleNamespace
+
+    from radixtop.tui.panes import LiveOptions, Panes
+
+    panes = Panes(SimpleNamespace(), LiveOptions(discover=False), follow_log=lambda p: None, add_lines=lambda l: None,
+                  clock_fn=lambda: 1_764_684_000.0)  # fmt: skip
+    line = "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 7, #token: 900, token usage: 0.55, cuda graph: True, #queue-req: 1"
+    panes.feed_log(SimpleNamespace(records=[SimpleNamespace(text=line)]))
+    assert panes._state is None, "the live state (and its imports) waited for the panes to run"
+
+    async def start_then_stop() -> None:
+        task = asyncio.ensure_future(panes.run())
+        for _ in range(100):  # bounded
+            if panes.sources is not None:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(start_then_stop())
+    assert panes.state.vitals.series["token_usage"].last == 0.55

@@ -53,7 +53,7 @@ from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 REFRESH_HZ = 4  # the slow timer: notices, health, the lines/s figure; lines draw as they come
 IDLE_TICK_S = 1.0  # ... and once nothing moves (no lines, nothing to draw, no finding waiting)
 HEALTH_EVERY_S = 1.0  # the followed files' health is read this often
-RECENT_LINES_S = 2.0  # the timer stays at REFRESH_HZ this long after the last new lines
+RECENT_LINES_S = 1.0  # the timer stays at REFRESH_HZ this long after the last new lines
 FRAME_MIN = 0.05  # seconds between frames while lines arrive (20 Hz) ...
 FRAME_BUSY = 0.08  # ... while each frame replaces the whole screen anyway (a flood: CPU, same lag)
 BULK_LINES_PER_FRAME = 20_000  # more new lines than this since the last frame: a backlog is read

@@ -18,16 +18,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from collections import deque
+from typing import TYPE_CHECKING
+
 from textual.containers import Horizontal
 
-from radixtop.probes.status import SourceState
-from radixtop.probes.vitals import log_observations
-from radixtop.tui.live import LiveSources, LiveState, Targets, resolve_targets
 from radixtop.widgets.fmt import clock
-from radixtop.widgets.gpu import GpuPane
-from radixtop.widgets.procs import ProcsPane
-from radixtop.widgets.radix import NEEDS_SGLANG, RadixPane, RadixTreeView
-from radixtop.widgets.vitals import VitalsPane
+
+# The probes and the pane widgets are imported when first used, after the log's first frame:
+# discovery (psutil), the HTTP probes and the schema cost 70-100 ms of start-up here, and this
+# module is imported by the app whether or not the panes are shown.
+if TYPE_CHECKING:
+    from radixtop.probes.status import SourceState
+    from radixtop.tui.live import LiveSources, LiveState, Targets
 
 WIDE_MIN = 140
 TALL_MIN = 40
@@ -52,6 +55,11 @@ class LiveOptions:
 
 def pane_rows() -> list[Horizontal]:
     """The panes' two rows, to mount under the log once the first frame is up."""
+    from radixtop.widgets.gpu import GpuPane
+    from radixtop.widgets.procs import ProcsPane
+    from radixtop.widgets.radix import RadixPane
+    from radixtop.widgets.vitals import VitalsPane
+
     return [
         Horizontal(
             RadixPane(id="radix-pane", classes="pane"),
@@ -97,10 +105,11 @@ class Panes:
         self.follow_log = follow_log  # start following a log the discovery found
         self.add_lines = add_lines  # guidance lines into the log pane
         self.clock = clock_fn
-        self.state = LiveState()
-        # The pane widgets are mounted after the log's first frame; until then the panes collect
-        # (the log's backlog feeds the vitals) but draw nothing.
+        self._state: LiveState | None = None  # made when first needed (see the imports above)
+        # The pane widgets are mounted after the log's first frame; until then the panes keep the
+        # log's last lines (the backlog feeds the vitals once they run) and draw nothing.
         self.mounted = False
+        self._log_backlog: deque[str] = deque(maxlen=LOG_SCAN_MAX_LINES)
         self.sources: LiveSources | None = None
         self.targets: Targets | None = None
         self.zoom: str | None = None  # the pane shown alone on a big screen
@@ -112,10 +121,23 @@ class Panes:
         self._frame_at = -1e9
         self._marked: str | None = None
 
+    @property
+    def state(self) -> LiveState:
+        if self._state is None:
+            from radixtop.tui.live import LiveState
+
+            self._state = LiveState()
+        return self._state
+
     # -- starting ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Resolve what to watch, then poll it until cancelled (the app runs this in a worker)."""
+        from radixtop.tui.live import LiveSources, Targets, resolve_targets
+
+        if self._log_backlog:  # the lines read before the first frame, for the vitals
+            texts, self._log_backlog = list(self._log_backlog), deque(maxlen=LOG_SCAN_MAX_LINES)
+            self._feed_texts(texts)
         opts = self.options
         if opts.discover:
             targets = await resolve_targets(url=opts.url, logs=opts.logs, instruments=opts.instruments)
@@ -147,17 +169,25 @@ class Panes:
     # -- log lines and findings -------------------------------------------------------------
 
     def feed_log(self, batch: Any) -> None:
-        """Vitals from the log's batch lines, only while /metrics does not feed them."""
-        vitals = self.state.vitals
-        if vitals.series["token_usage"].source == "metrics" and self.clock() - vitals.series["token_usage"].updated < 15:
-            return
+        """Vitals from the log's batch lines, only while /metrics does not feed them (before the
+        panes run, the last lines are kept for them)."""
         runs = getattr(batch.records, "runs", None)
         texts: Iterable[str]
         if runs is not None:
             texts = [t for run in runs for t in run.texts]
         else:
             texts = [r.text for r in batch.records]
-        texts = list(texts)[-LOG_SCAN_MAX_LINES:]
+        if self._state is None:
+            self._log_backlog.extend(texts)
+            return
+        self._feed_texts(list(texts)[-LOG_SCAN_MAX_LINES:])
+
+    def _feed_texts(self, texts: list[str]) -> None:
+        from radixtop.probes.vitals import log_observations
+
+        vitals = self.state.vitals
+        if vitals.series["token_usage"].source == "metrics" and self.clock() - vitals.series["token_usage"].updated < 15:
+            return
         observations = log_observations(texts, now=self.clock(), latest_only=True)
         if observations:
             vitals.feed_log(observations)
@@ -214,6 +244,8 @@ class Panes:
         self.layout(self.app.size.width, self.app.size.height)
         target = self.zoom if self.wide else self.shown
         if target == "radix":
+            from radixtop.widgets.radix import RadixTreeView
+
             self.app.query_one(RadixTreeView).focus()
         elif target in (None, "log"):
             self.app.log_view.focus()
@@ -243,6 +275,8 @@ class Panes:
         board = st.board
         pane = self._widgets.get("radix")
         if pane is None:
+            from radixtop.widgets.radix import RadixPane
+
             pane = self._widgets["radix"] = self.app.query_one(RadixPane)
         selected = board.ranks.get(pane.selected) if pane.selected else None
         others = tuple(
@@ -288,6 +322,11 @@ class Panes:
                 self._draw(name)
 
     def _draw(self, name: str) -> None:
+        from radixtop.widgets.gpu import GpuPane
+        from radixtop.widgets.procs import ProcsPane
+        from radixtop.widgets.radix import NEEDS_SGLANG, RadixPane
+        from radixtop.widgets.vitals import VitalsPane
+
         st = self.state
         now = self.clock()
         app = self.app
@@ -313,8 +352,10 @@ class Panes:
     # -- status line ------------------------------------------------------------------------
 
     def status_sources(self) -> list[tuple[str, str, str]]:
-        """(label, state, detail) for each live source."""
-        return [(label, s.state, "" if s.ok else source_detail(s)) for label, s in self.state.sources()]
+        """(label, state, detail) for each live source (none before the panes run)."""
+        if self._state is None:
+            return []
+        return [(label, s.state, "" if s.ok else source_detail(s)) for label, s in self._state.sources()]
 
 
 def _discoverer() -> Callable[[], Any]:

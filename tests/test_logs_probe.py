@@ -89,8 +89,10 @@ async def follow_each(request, monkeypatch):
     if request.param == "inotify":
         from radixtop.probes.fswait import FileWaiter
 
-        if FileWaiter.create() is None:
+        probe = FileWaiter.create()
+        if probe is None:
             pytest.skip("inotify is not available here")
+        probe.close()
         monkeypatch.setattr(logs_module, "_INOTIFY_FALLBACK_S", 60.0)
     collectors: list[Collector] = []
 

@@ -396,3 +396,25 @@ def test_log_lines_read_before_the_panes_run_feed_the_vitals_once_they_do():
 
     asyncio.run(start_then_stop())
     assert panes.state.vitals.series["token_usage"].last == 0.55
+
+
+def test_a_live_source_changing_state_redraws_the_status_line_at_once():
+    from types import SimpleNamespace
+
+    from radixtop.probes.radix import RadixSample
+    from radixtop.probes.status import SourceState
+    from radixtop.tui.panes import LiveOptions, Panes
+
+    told = []
+    panes = Panes(SimpleNamespace(), LiveOptions(), follow_log=lambda p: None, add_lines=lambda l: None,
+                  on_status_change=lambda: told.append(1))  # fmt: skip
+    ok = SourceState("ok", "", 100.0)
+    panes.state.apply(RadixSample("u0", ok, 100.0, rank=0, snapshot=make_snapshot(seq=1)))
+    panes._sources_changed()
+    assert told == [1], "attached"
+    panes.state.apply(RadixSample("u0", ok, 102.0, rank=0, snapshot=make_snapshot(seq=2)))
+    panes._sources_changed()
+    assert told == [1], "a new sample of a source in the same state is not news for the status line"
+    panes.state.apply(RadixSample("u0", SourceState("down", "connection refused", 103.0), 103.0, rank=0))
+    panes._sources_changed()
+    assert told == [1, 1]

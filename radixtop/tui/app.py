@@ -262,7 +262,8 @@ class RadixtopApp(IncidentActions, App[int]):
         if self.banner:
             self.state.add_message([self.banner])
         if self.live_options is not None:
-            self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines)
+            self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines,
+                               on_status_change=self._update_status)  # fmt: skip
             # After the first frame: mounting the panes, discovery and the first NVML read would
             # otherwise hold back the log's first screen (about 0.3 s here).
             self.call_after_refresh(self._mount_panes)

@@ -99,6 +99,7 @@ class Panes:
         follow_log: Callable[[list[str]], None],
         add_lines: Callable[[list[str]], None],
         clock_fn: Callable[[], float] = time.time,
+        on_status_change: Callable[[], None] | None = None,
     ) -> None:
         self.app = app
         self.options = options
@@ -110,6 +111,8 @@ class Panes:
         # log's last lines (the backlog feeds the vitals once they run) and draw nothing.
         self.mounted = False
         self._log_backlog: deque[str] = deque(maxlen=LOG_SCAN_MAX_LINES)
+        self.on_status_change = on_status_change  # a live source changed state: redraw the status line now
+        self._status_key: tuple = ()
         self.sources: LiveSources | None = None
         self.targets: Targets | None = None
         self.zoom: str | None = None  # the pane shown alone on a big screen
@@ -163,8 +166,18 @@ class Panes:
             gpu=opts.gpu,
             discover_fn=_discoverer() if opts.discover else _nothing,
             on_attach=attached,
+            on_change=self._sources_changed,
         )
         await self.sources.run()
+
+    def _sources_changed(self) -> None:
+        """After each sample: when a source's state moved (attached, down, back) the status line
+        says so at once, not at the app's next idle tick (up to 2 s later)."""
+        key = tuple((label, s.state, s.since) for label, s in self.state.sources())
+        if key != self._status_key:
+            self._status_key = key
+            if self.on_status_change is not None:
+                self.on_status_change()
 
     # -- log lines and findings -------------------------------------------------------------
 

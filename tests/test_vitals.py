@@ -155,3 +155,34 @@ def test_stats_latch_refreshes_while_idle() -> None:
     assert latch.current() == 1, "the batch line's stats, not the scrape's"
     now[0] = IDLE_REFRESH_S + 1
     assert latch.current() == 2, "refreshed once the server has been idle for 30 s"
+
+
+async def test_sim_metrics_latch_the_gauges_at_each_batch_line_through_the_engines_hook() -> None:
+    """The engine tells its subscribers each batch line it writes (Engine.on_batch_line), and
+    SimMetrics subscribes its latch there: the gauges are the engine's stats as of that line.
+    The engine's log sink itself is left alone (it used to be wrapped through stats.__self__)."""
+    import asyncio
+
+    from radixtop.sim.engine import Engine, SimConfig
+    from radixtop.sim.metrics import SimMetrics
+
+    lines: list[str] = []
+    engine = Engine(SimConfig(page_size=16, step_time_s=0), lines.append)
+    sink = engine._emit_fn
+    metrics = SimMetrics(engine.stats, model_name="m")
+    assert engine.on_batch_line == [metrics.gauges.observe_line]
+    assert engine._emit_fn is sink, "the log sink is not wrapped"
+    heard: list[str] = []
+    engine.on_batch_line.append(heard.append)
+    latched_at: list[float] = []
+    engine.on_batch_line.append(lambda line: latched_at.append(metrics.gauges.current().token_usage))
+    task = asyncio.create_task(engine.run())
+    try:
+        await asyncio.wait_for(engine.generate(list(range(1, 400)), max_new_tokens=40), 10)
+    finally:
+        engine.stop()
+        await asyncio.wait_for(task, 10)
+    batch = [line for line in lines if "Prefill batch" in line or "Decode batch" in line]
+    assert batch and heard == [line.split("] ", 1)[1] for line in batch], "every batch line, and only those"
+    usages = [float(line.split("token usage: ")[1].split(",")[0]) for line in batch]
+    assert latched_at == pytest.approx(usages, abs=0.006), "the gauges as of each batch line"

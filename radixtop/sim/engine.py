@@ -323,6 +323,12 @@ class _Scheduler:
     def log_rank(self, tp_rank: int, message: str) -> None:
         self.engine._emit(message, self.ranks[tp_rank].prefix)
 
+    def log_batch_line(self, message: str) -> None:
+        """A stats line (on TP rank 0, as SGLang's), then the engine's batch-line subscribers."""
+        self.log_rank(0, message)
+        for subscriber in self.engine.on_batch_line:
+            subscriber(message)
+
     def log_all(self, message: str) -> None:
         for info in self.ranks:
             self.engine._emit(message, info.prefix)
@@ -673,8 +679,7 @@ class _Scheduler:
         gap = now - self.last_prefill_tic
         self.last_prefill_tic = now
         throughput = new_tokens / gap if gap > 0 else 0.0
-        self.log_rank(
-            0,
+        self.log_batch_line(
             f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
             f"#cached-token: {cached}, token usage: {self.token_usage():.2f}, "
             f"#running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, "
@@ -687,8 +692,7 @@ class _Scheduler:
         self.last_decode_tic = now
         self.gen_throughput = self.num_generated_tokens / gap if gap > 0 else 0.0
         self.num_generated_tokens = 0
-        self.log_rank(
-            0,
+        self.log_batch_line(
             f"Decode batch, #running-req: {len(self.running)}, #token: {self.num_used()}, "
             f"token usage: {self.token_usage():.2f}, cuda graph: True, "
             f"gen throughput (token/s): {self.gen_throughput:.2f}, #queue-req: {len(self.waiting)}",
@@ -745,6 +749,9 @@ class Engine:
         self.model = SimModel()
         self.dead_reason: str | None = None
         self.on_safe_point: list[Callable[[], None]] = []
+        # Called with each `Prefill batch` / `Decode batch` line once it is written: SGLang's
+        # scheduler sets its /metrics gauges there (radixtop.sim.metrics.StatsLatch subscribes).
+        self.on_batch_line: list[Callable[[str], None]] = []
         self.safe_point_errors = 0
         self.iteration = 0
         self._schedulers = [_Scheduler(self, dp) for dp in range(config.dp_size)]

@@ -13,9 +13,9 @@ no `_created` series are written, because SGLang's multiprocess collector writes
 When the gauges are taken, as in SGLang: its scheduler sets them where it writes its `Prefill batch`
 and `Decode batch` lines (`log_prefill_stats`, `log_decode_stats`), and while idle refreshes them
 every 30 s (`check_memory`); a scrape reads whatever was set last. So after a burst, /metrics keeps
-the token usage of the last batch line (0.92, say) rather than the idle pool's 0.0. The simulator
-taps its engine's log sink for those lines and takes `engine.stats()` then (`StatsLatch`); the
-radix-cache counters and the tokenizer's token counters move live, as SGLang's do.
+the token usage of the last batch line (0.92, say) rather than the idle pool's 0.0. The simulator's
+engine calls `StatsLatch.observe_line` for each of those lines (`Engine.on_batch_line`), which
+takes `engine.stats()` then; the radix-cache counters and the tokenizer's token counters move live, as SGLang's do.
 """
 
 from __future__ import annotations
@@ -78,25 +78,12 @@ class StatsLatch:
             self.latch()
         return self._latched
 
-    def tap(self, emit: Callable[[str], None]) -> Callable[[str], None]:
-        """`emit` that also latches the stats after each batch line is written."""
 
-        def emit_and_latch(line: str) -> None:
-            emit(line)
-            self.observe_line(line)
-
-        return emit_and_latch
-
-
-def tap_engine_log(stats: Callable[[], Any], latch: StatsLatch) -> bool:
-    """When `stats` is a simulator Engine's bound `stats`, route the engine's log sink through the
-    latch (the engine calls `self._emit_fn` for every line it writes). False when it is not."""
-    engine = getattr(stats, "__self__", None)
-    emit = getattr(engine, "_emit_fn", None)
-    if engine is None or not callable(emit):
-        return False
-    engine._emit_fn = latch.tap(emit)
-    return True
+def batch_line_hooks(stats: Callable[[], Any]) -> list[Callable[[str], None]] | None:
+    """The simulator Engine's `on_batch_line` list when `stats` is an Engine's bound `stats`
+    (None otherwise: the gauges are then taken at each scrape)."""
+    hooks = getattr(getattr(stats, "__self__", None), "on_batch_line", None)
+    return hooks if isinstance(hooks, list) else None
 
 
 class _Histogram:
@@ -121,10 +108,21 @@ class _Histogram:
 class SimMetrics(Collector):
     """The simulator's metrics, in a registry of their own."""
 
-    def __init__(self, stats: Callable[[], Any], *, model_name: str, tp_size: int = 1, dp_size: int = 1):
+    def __init__(
+        self,
+        stats: Callable[[], Any],
+        *,
+        model_name: str,
+        tp_size: int = 1,
+        dp_size: int = 1,
+        batch_lines: list[Callable[[str], None]] | None = None,
+    ):
         self._stats = stats
         self.gauges = StatsLatch(stats)
-        tap_engine_log(stats, self.gauges)
+        # The engine's batch-line subscribers (Engine.on_batch_line); found from `stats` when not given.
+        hooks = batch_lines if batch_lines is not None else batch_line_hooks(stats)
+        if hooks is not None:  # the engine tells us its batch lines (Engine.on_batch_line)
+            hooks.append(self.gauges.observe_line)
         self._scheduler_labels = {
             "model_name": model_name,
             "engine_type": ENGINE_TYPE,

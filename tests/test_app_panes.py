@@ -263,3 +263,37 @@ def test_help_lists_the_pane_keys() -> None:
     assert "1 2 3 4 5" in text and "4 processes, 5 vitals" in text
     assert "[ ]" in text and "previous / next rank" in text
     assert "DOWN since the time it went" in text
+
+
+@pytest.mark.parametrize(
+    ("size", "keys", "shown"),
+    [
+        ((80, 24), ("3", "2"), {"radix"}),
+        ((160, 48), ("4",), {"procs"}),
+        ((160, 48), ("4", "0"), {"log", "radix", "gpu", "procs", "vitals"}),
+    ],
+)
+async def test_a_pane_key_pressed_before_the_panes_are_mounted_is_applied_when_they_are(size, keys, shown) -> None:
+    """The panes mount after the log's first frame; a key pressed before then used to be dropped
+    (the tmux check at 80x24 pressed 2 as soon as the log showed, and sometimes stayed on the log).
+    The mount is held back here until the keys are in, so the order is certain."""
+    app = RadixtopApp(log_patterns=[str(SAMPLE)], from_start=True, live=LiveOptions(discover=False, gpu=False))
+    held: list[object] = []
+    mount = app._mount_panes
+    app._mount_panes = lambda: held.append(True)  # what on_mount schedules after the first frame
+    async with app.run_test(size=size) as pilot:
+        await _until(pilot, lambda: bool(held), "the first frame (the panes' mount is due)")
+        for key in keys:
+            await pilot.press(key)
+        assert not app.panes.mounted
+        app.call_later(mount)
+        await _until(pilot, lambda: app.panes.mounted, "the panes mounted")
+        await pilot.pause()
+        assert _shown(app) == shown
+        if shown == {"radix"}:
+            assert app.focused is app.query_one(RadixTreeView), "the radix pane takes the keys, as after a key"
+        if size == (160, 48):
+            await pilot.press("5")
+            await pilot.press("0")
+            await pilot.pause()
+            assert len(_shown(app)) == 5, "0 shows everything on a big screen (it used to zoom the log)"

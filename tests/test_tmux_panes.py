@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,13 +41,27 @@ def test_demo_shows_the_panes_with_live_numbers(tmp_path: Path, size: tuple[int,
             assert "Vital signs" in screen and "GPU" in screen and "Processes" in screen
             assert re.search(r"\d+ server +\w+ +[\d.]+ MiB", screen), "the simulator's process with its RSS"
             return
+        # The first key goes in as soon as the log pane is drawn, usually before the panes are
+        # mounted (they come after the log's first frame): it must take effect when they are.
+        # Back on the log (1): its lines, not FOLLOW (the status line shows that under every pane).
         tmux.wait_for(lambda s: "FOLLOW" in s, "the log pane", 60)
         for key, needle in (("2", r"pool 4,096 .* free [\d,]+"), ("5", r"token usage .*\d+% /metrics"),
                             ("3", r"GPU .*(ok|unavailable)"), ("4", r"\d+ server +\w+ +[\d.]+ MiB"),
-                            ("1", r"FOLLOW")):  # fmt: skip
+                            ("1", r"(Prefill|Decode) batch, #")):  # fmt: skip
             tmux("send-keys", "-t", "radixtop", key)
             tmux.wait_for(lambda s, n=needle: re.search(n, s) is not None, f"pane {key}", 20)
     finally:
         tmux("send-keys", "-t", "radixtop", "q")
-        time.sleep(1.0)
+        _until_closed(tmux, 5.0)
         tmux.kill()
+
+
+def _until_closed(tmux: Tmux, timeout_s: float) -> None:
+    """Until the app has quit (its session ends with it), at most timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            tmux("has-session", "-t", "radixtop")
+        except subprocess.CalledProcessError:
+            return
+        time.sleep(0.1)

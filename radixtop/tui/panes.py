@@ -117,6 +117,7 @@ class Panes:
         self.targets: Targets | None = None
         self.zoom: str | None = None  # the pane shown alone on a big screen
         self.shown = "log"  # the pane shown on a small screen
+        self._requested: str | None = None  # a pane key pressed before the panes were mounted
         self.wide = False
         self._drawn: dict[str, tuple[Any, float]] = {}
         self._widgets: dict[str, Any] = {}  # pane widgets looked up once
@@ -224,6 +225,11 @@ class Panes:
         if not self.mounted:
             return
         self.wide = width >= WIDE_MIN and height >= TALL_MIN
+        # A pane key pressed before the panes were mounted (they come after the log's first frame)
+        # takes effect now rather than being lost.
+        requested, self._requested = self._requested, None
+        if requested is not None:
+            self._select(requested)
         visible = self.visible()
         app = self.app
         screen = app.screen
@@ -238,6 +244,8 @@ class Panes:
         screen.set_class(alone, "-pane-alone")
         screen.set_class(not alone, "-pane-all")
         self.redraw(force=True)
+        if requested is not None:
+            self._focus()
 
     def visible(self) -> set[str]:
         if self.wide and self.zoom is None:
@@ -245,16 +253,24 @@ class Panes:
         return {self.zoom if self.wide else self.shown}
 
     def show(self, name: str) -> None:
-        """Key 1-5 (or 0 = everything / the log)."""
-        if not self.mounted:
-            return
-        if name not in PANES:
+        """Key 1-5 (or 0 = everything / the log). Before the panes are mounted, the last key
+        pressed is kept and applied when they are."""
+        if name not in PANES and name != "all":
             name = "log"
+        if not self.mounted:
+            self._requested = name
+            return
+        self._select(name)
+        self.layout(self.app.size.width, self.app.size.height)
+        self._focus()
+
+    def _select(self, name: str) -> None:
         if self.wide:
             self.zoom = None if (self.zoom == name or name == "all") else name
         else:
             self.shown = "log" if name == "all" else name
-        self.layout(self.app.size.width, self.app.size.height)
+
+    def _focus(self) -> None:
         target = self.zoom if self.wide else self.shown
         if target == "radix":
             from radixtop.widgets.radix import RadixTreeView

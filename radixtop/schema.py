@@ -387,6 +387,11 @@ class Census:
     up at the server's node limit), node_count is a lower bound and digest is "".
     slices and span_s were added in schema 1 without a version bump: older servers omit them
     (read as 1 and 0.0, a census in one pause).
+
+    at_rest (also added without a bump; None from older servers, and while incomplete): True when
+    the tree's mutation counters (lock, unlock and evict calls, the pool's sizes) have not moved
+    from the census's first slice to this snapshot, so the digest describes the tree as it is
+    now; False when they moved (a digest assembled over a moving tree is compared with nothing).
     """
 
     complete: bool
@@ -398,9 +403,10 @@ class Census:
     seconds: float  # what the census cost the scheduler thread (CPU seconds, all its slices)
     slices: int = 1  # the safe points (steps) it was assembled over
     span_s: float = 0.0  # seconds from its first slice to its last
+    at_rest: bool | None = None  # the tree unchanged from the first slice to the snapshot
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "complete": self.complete,
             "node_count": self.node_count,
             "total_tokens": self.total_tokens,
@@ -411,6 +417,9 @@ class Census:
             "slices": self.slices,
             "span_s": self.span_s,
         }
+        if self.at_rest is not None:  # absent, as from an older server, when unknown
+            d["at_rest"] = self.at_rest
+        return d
 
     @classmethod
     def from_dict(cls, obj: Any, where: str = "census") -> Census:
@@ -434,6 +443,7 @@ class Census:
             seconds=_float(_get(o, "seconds", where), f"{where}.seconds", 0.0),
             slices=_int(o.get("slices", 1), f"{where}.slices", 1),
             span_s=_float(o.get("span_s", 0.0), f"{where}.span_s", 0.0),
+            at_rest=None if o.get("at_rest") is None else _bool(o["at_rest"], f"{where}.at_rest"),
         )
 
 

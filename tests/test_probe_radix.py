@@ -268,6 +268,35 @@ def test_board_rates_freeze_and_disagreement() -> None:
     assert board.disagreement() is None, "a tree that is changing is not compared"
 
 
+def test_disagreement_compares_only_censuses_the_server_says_are_at_rest() -> None:
+    """A census assembled over minutes repeats its digest in every snapshot: with Census.at_rest
+    the board compares only trees unmoved since their census began, whatever the repeats."""
+    from dataclasses import replace
+
+    from radixtop.probes.radix import RadixSample
+    from radixtop.probes.status import SourceState
+
+    def told(rank: int, seq: int, digest: str, at_rest: bool | None):
+        snap = make_snapshot(rank=rank, seq=seq, digest=digest)
+        return replace(snap, census=replace(snap.census, at_rest=at_rest))
+
+    ok = SourceState("ok", "", 1.0)
+    other = "fedcba9876543210"
+    board = RadixBoard()
+    for seq in (1, 2, 3):  # the same digests over and over, but both trees moving
+        board.add(RadixSample("u0", ok, 100.0 + seq, rank=0, snapshot=told(0, seq, "0123456789abcdef", False)))
+        board.add(RadixSample("u1", ok, 100.0 + seq, rank=1, snapshot=told(1, seq, other, False)))
+    assert board.disagreement() is None, "moving trees are not compared, however often their digest repeats"
+    board.add(RadixSample("u0", ok, 110.0, rank=0, snapshot=told(0, 4, "0123456789abcdef", True)))
+    assert board.disagreement() is None, "rank 1 is still moving"
+    board.add(RadixSample("u1", ok, 110.0, rank=1, snapshot=told(1, 4, other, True)))
+    assert "ranks disagree: tree digests r0=01234567 r1=fedcba98" in board.disagreement()
+    fresh = RadixBoard()  # at rest in its first snapshot: the server said so, no second one needed
+    fresh.add(RadixSample("u0", ok, 100.0, rank=0, snapshot=told(0, 1, "0123456789abcdef", True)))
+    fresh.add(RadixSample("u1", ok, 100.0, rank=1, snapshot=told(1, 1, other, True)))
+    assert fresh.disagreement() is not None
+
+
 # ----------------------------------------------------------------------------------------------
 # Fuzzing the parser path: anything but a ValueError is a bug
 

@@ -122,6 +122,22 @@ def test_census_slices_and_span_travel_and_an_older_server_without_them_still_pa
             parse_snapshot(json.dumps(broken).encode())
 
 
+def test_census_at_rest_travels_and_an_older_server_without_it_reads_as_unknown():
+    from dataclasses import replace
+
+    snap = make_snapshot()
+    assert "at_rest" not in json.loads(snap.to_json())["census"]  # unknown: sent as older servers do
+    for rest in (True, False):
+        told = replace(snap, census=replace(snap.census, at_rest=rest))
+        assert json.loads(told.to_json())["census"]["at_rest"] is rest
+        assert parse_snapshot(told.to_json()) == told
+    assert parse_snapshot(snap.to_json()).census.at_rest is None
+    broken = json.loads(snap.to_json())
+    broken["census"]["at_rest"] = "yes"
+    with pytest.raises(ValueError, match=r"snapshot\.census\.at_rest"):
+        parse_snapshot(json.dumps(broken).encode())
+
+
 def test_unwalkable_snapshot_round_trips():
     snap = make_snapshot(walkable=False, reason="sizes only", census=None, tree=None)
     assert parse_snapshot(snap.to_json()) == snap

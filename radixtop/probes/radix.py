@@ -528,7 +528,7 @@ class RankView:
     events_dropped: int = 0
     _prev: tuple[float, str, int, int] | None = None  # (snapshot time, instance, evictions, evicted tokens)
     digest: str = ""  # the latest complete census's digest ...
-    digest_steady: bool = False  # ... and whether the snapshot before had the same one (a tree at rest)
+    digest_steady: bool = False  # ... and whether the tree is at rest (Census.at_rest, else the same digest twice)
     version: int = 0  # moves when what this rank's view shows changed (the pane redraws one rank)
 
     @property
@@ -565,8 +565,12 @@ class RadixBoard:
                 self._rates(view, snap)
                 census = snap.census
                 digest = census.digest if census is not None and census.complete else ""
-                view.digest_steady = bool(digest) and digest == view.digest and (
-                    view.snapshot is None or view.snapshot.seq != snap.seq)
+                at_rest = census.at_rest if census is not None else None
+                if at_rest is not None:  # the server tells: the tree unmoved since its census began
+                    view.digest_steady = bool(digest) and at_rest
+                else:  # an older server: the same digest in two snapshots
+                    view.digest_steady = bool(digest) and digest == view.digest and (
+                        view.snapshot is None or view.snapshot.seq != snap.seq)
                 view.digest = digest
                 if view.snapshot is not snap:
                     discard(view.snapshot)
@@ -596,8 +600,9 @@ class RadixBoard:
 
     def disagreement(self, groups: Callable[[int], int] | None = None) -> str | None:
         """A line when ranks that should hold the same tree (TP ranks of one DP group) report
-        different census digests while their trees are at rest (each digest the same in its last
-        two snapshots: ranks snapshot at different moments, so a changing tree always differs);
+        different census digests while their trees are at rest (the server's Census.at_rest: nothing
+        moved since the census began; from an older server, the same digest in its last two
+        snapshots): ranks snapshot at different moments, so a changing tree always differs;
         None when they agree or cannot be compared."""
         by_group: dict[int, list[tuple[int, str]]] = {}
         for v in self.ordered():

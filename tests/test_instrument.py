@@ -646,7 +646,7 @@ def test_budget_can_lower_but_never_raise_the_server_cap(endpoint_factory):
 
 def test_safe_point_is_rate_limited_and_duty_capped(endpoint_factory):
     cache = filled_sim_cache()
-    ep = endpoint_factory(min_interval_s=60.0, idle_interval_s=60.0)
+    ep = endpoint_factory(min_interval_s=60.0)
     assert not ep.safe_point(cache)  # not serving: no work at all
     ep.start()
     assert ep.safe_point(cache)
@@ -659,17 +659,42 @@ def test_safe_point_is_rate_limited_and_duty_capped(endpoint_factory):
     assert not capped.safe_point(cache)  # its own cost / max_duty is a long rest
 
 
-def test_polling_switches_from_the_idle_rate_to_the_watched_rate(endpoint_factory):
+def test_captures_follow_the_readers_and_a_reader_gets_a_fresh_one(endpoint_factory):
+    """Capture on demand: no capture while nobody reads; a reader finding the published capture
+    older than min_interval_s gets one taken at the scheduler's next safe point; a second reader
+    within min_interval_s gets that same one."""
     cache = filled_sim_cache()
-    ep = endpoint_factory(min_interval_s=0.0, idle_interval_s=60.0, max_duty=1.0)
+    ep = endpoint_factory(min_interval_s=0.5, max_duty=1.0)
     ep.start()
-    assert ep.safe_point(cache)
-    assert not ep.safe_point(cache)  # nobody reading: idle interval
-    get(ep, schema.SNAPSHOT_PATH)
-    ep._next_at = 0.0  # end the idle wait; from now on the watched interval (0 s) applies
-    assert ep.safe_point(cache)
-    time.sleep(0.05)
-    assert ep.safe_point(cache)
+    stop = threading.Event()
+
+    def scheduler() -> None:  # the scheduler's loop: a safe point every 5 ms
+        for _ in range(2000):
+            if stop.is_set():
+                return
+            ep.safe_point(cache)
+            time.sleep(0.005)
+
+    loop = threading.Thread(target=scheduler, daemon=True)
+    loop.start()
+    try:
+        for _ in range(200):
+            if ep._seq:
+                break
+            time.sleep(0.01)
+        assert ep._seq == 1, "one capture at start, so health has something to show"
+        time.sleep(0.8)  # past min_interval_s, nobody reading
+        assert ep._seq == 1 and ep.health().snapshots == 1
+        asked = time.monotonic()
+        snap = parse_snapshot(get(ep, schema.SNAPSHOT_PATH).content)
+        assert snap.seq == 2 and snap.monotonic >= asked, "taken for this reader, after it asked"
+        again = parse_snapshot(get(ep, schema.SNAPSHOT_PATH).content)
+        assert again.seq == 2, "young enough: served as it is"
+        time.sleep(0.8)
+        assert ep._seq == 2, "nobody read since: nothing captured"
+    finally:
+        stop.set()
+        loop.join(timeout=10)
 
 
 def test_port_in_use_logs_one_line_and_the_host_carries_on(endpoint_factory, caplog):
@@ -845,7 +870,7 @@ def test_the_census_advances_a_slice_per_step_within_its_duty_and_does_not_stall
     cache = MiniCache()
     for i in range(3000):
         cache.add(None, [i, i])
-    ep = endpoint_factory(config=SnapshotConfig(max_nodes=10, census_duty=0.005, census_slice=200), max_duty=0.01, idle_interval_s=0.0)
+    ep = endpoint_factory(config=SnapshotConfig(max_nodes=10, census_duty=0.005, census_slice=200), max_duty=0.01)
     ep.start()
     ep._last_watch = time.monotonic()  # a client is reading: the census runs at its full duty
     started = time.monotonic()
@@ -861,14 +886,57 @@ def test_the_census_advances_a_slice_per_step_within_its_duty_and_does_not_stall
     # Stepping on, the census finishes with the whole tree's figures, assembled over many slices.
     for _ in range(200):
         ep._census_next_at = ep._next_at = 0.0
+        ep.want_capture()  # a reader asked (captures are on demand)
         ep.safe_point(cache)
         census = ep.latest()[0].census
         if census.complete:
             break
     assert census.complete and census.node_count == 3000 and census.total_tokens == 6000
     assert census.lock_ref_histogram == {0: 3000}
-    assert census.slices == ep._census_steps >= 3000 * 2 // 200
+    assert census.slices == ep._census_steps >= 3000 // 200  # a unit per node counted, at least
     assert census.age_s >= census.span_s > 0
+
+
+def test_a_census_is_at_rest_until_the_hooks_counters_or_the_pool_move(endpoint_factory):
+    """Census.at_rest: the tree's mutation counters (the hooks' lock, unlock and evict calls, the
+    pool's sizes) unchanged from the census's first slice to the snapshot; it travels in the JSON."""
+    cache = filled_sim_cache()
+    hooks = CacheHooks()
+    hooks.install(cache)
+    ep = endpoint_factory(hooks=hooks, max_duty=1.0, config=SnapshotConfig(census_duty=1e-9))
+
+    def snapshot_census():
+        ep.want_capture()
+        ep._next_at = 0.0
+        assert ep.safe_point(cache)
+        return parse_snapshot(ep.latest()[1]).census
+
+    assert ep.start()
+    assert ep._snapshotter.census() is None
+    ep._snapshotter.finish_census(cache)
+    census = snapshot_census()
+    assert census.complete and census.at_rest is True
+    node = max(cache.root_node.children.values(), key=lambda n: len(n.children))
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)  # the same shape and sizes, but a request touched the tree
+    moved = snapshot_census()
+    assert moved.digest == census.digest and moved.at_rest is False
+    ep._snapshotter.finish_census(cache)
+    assert snapshot_census().at_rest is True, "a census begun after the move is at rest again"
+    # Without hooks the pool's sizes tell: an insert moves the evictable tokens.
+    shot = TreeSnapshotter()
+    shot.finish_census(cache)
+    assert shot.capture(cache).census.at_rest is True
+    insert(cache, list(range(5000, 5010)))
+    assert shot.capture(cache).census.at_rest is False
+    # A cache with nothing to read: rest cannot be told.
+    mini = MiniCache()
+    mini.add(None, [1, 2])
+    del mini.token_to_kv_pool_allocator
+    mini.evictable_size = mini.protected_size = None
+    bare = TreeSnapshotter()
+    bare.finish_census(mini)
+    assert bare.capture(mini).census.at_rest is None
 
 
 def test_an_incremental_census_converges_to_a_direct_walk_of_the_sim_cache():
@@ -1009,6 +1077,38 @@ def test_capture_holds_raw_reads_and_build_does_the_checks():
     rows = {r.tokens: r for r in shot.capture(cache).build().tree.nodes[1:]}
     assert rows[5].id is None and rows[5].hit_count is None and rows[5].last_access is None and rows[5].head == (1, 2, 3)
     assert rows[2].head == () and rows[2].id == bigram.id
+
+
+def test_with_hints_a_scan_orders_by_them_and_reads_no_key_it_does_not_take():
+    """A census's weight hints order the scanned children (locked first, then hinted by weight,
+    then the rest by arrival) and an unhinted child's key is read only if the walk takes it."""
+    from radixtop.instrument.snapshot import walk_tree
+
+    reads = []
+
+    class CountedNode(Node):
+        @property
+        def key(self):
+            reads.append(self.id)
+            return self._key
+
+        @key.setter
+        def key(self, value):
+            self._key = value
+
+    cache = MiniCache()
+    kids = [CountedNode(cache.root_node, [i] * (i + 1)) for i in range(40)]
+    kids[5].lock_ref = 1
+    hints = {id(kids[7]): 900, id(kids[3]): 500, id(cache.root_node): 2000}
+    walk = walk_tree(cache.root_node, 4, hints, 2, 100)
+    taken = [r[0] for r in walk.rows[1:]]
+    assert taken == [kids[5].id, kids[7].id, kids[3].id, kids[0].id]
+    assert sorted(reads) == sorted(taken), "keys of children scanned but not taken were read"
+    # Without hints (no census yet) the scan reads every child's key for its own length.
+    reads.clear()
+    walk = walk_tree(cache.root_node, 4, {}, 2, 100)
+    assert [r[0] for r in walk.rows[1:]] == [kids[5].id, kids[39].id, kids[38].id, kids[37].id]
+    assert len(reads) == 40 + 4
 
 
 def test_nodes_that_are_not_tree_nodes_switch_off_the_path_check_quietly():

@@ -91,6 +91,7 @@ def settle(inst, since: float):
     get(url)
     deadline = time.monotonic() + 15
     while True:
+        inst.endpoint.want_capture()  # a reader's request, without blocking this 'scheduler' thread
         inst.safe_point()
         snap = inst.endpoint.latest()[0]
         if snap is not None and snap.census is not None and snap.census.complete and snap.monotonic - snap.census.age_s >= since:

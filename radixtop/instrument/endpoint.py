@@ -2,8 +2,9 @@
 
 Runs inside the host's scheduler process: standard library only; never raises into the host
 (start() returns False and logs one line when it cannot serve, e.g. the port is taken); bounded
-cost: safe_point() is rate-limited (default 2/s while someone is reading snapshots, one per
-`idle_interval_s` otherwise) and stretches its interval so that snapshots (detail walks within
+cost: snapshots are captured on demand (a safe point captures only when a reader asked for one
+and found none younger than `min_interval_s`; one at start so health has something to show),
+rate-limited (at most one per `min_interval_s`, 2/s by default) and stretched so that snapshots (detail walks within
 `max_duty - census_duty`) never take more than `max_duty` (1 %) of the scheduler thread with the
 census, which advances one bounded slice per step, its steps spaced to keep within `census_duty`
 (ten times less while nobody reads snapshots); at most `max_connections` requests are served at once.
@@ -164,10 +165,10 @@ class InstrumentEndpoint:
         hooks: CacheHooks | None = None,
         config: SnapshotConfig | None = None,
         min_interval_s: float = 0.5,
-        idle_interval_s: float = 5.0,
         watch_window_s: float = 30.0,
         max_duty: float = 0.01,
         max_connections: int = 16,
+        fresh_wait_s: float = 1.0,
     ) -> None:
         self.rank = int(rank)
         self.host = host
@@ -177,16 +178,18 @@ class InstrumentEndpoint:
         self.events = hooks.events if hooks is not None else EventRing()
         self.config = config or SnapshotConfig()
         self.min_interval_s = max(0.0, min_interval_s)
-        self.idle_interval_s = max(self.min_interval_s, idle_interval_s)
         self.watch_window_s = watch_window_s
         self.max_duty = max_duty if max_duty > 0 else 1.0
         spare = self.max_duty - self.config.census_duty
         self._detail_duty = spare if spare > 0 else self.max_duty
         self.max_connections = max(1, max_connections)
+        # A reader whose snapshot would be older than min_interval_s asks the scheduler for one and
+        # waits for its next safe point, at most this long (a busy or hung scheduler: the old one).
+        self.fresh_wait_s = max(0.0, fresh_wait_s)
         self.instance = secrets.token_hex(8)
         self.disabled_reason = "not started"
         self.snapshot_errors = 0
-        self._snapshotter = TreeSnapshotter(self.config)
+        self._snapshotter = TreeSnapshotter(self.config, activity=self._hook_activity if hooks is not None else None)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._running = False
@@ -195,6 +198,8 @@ class InstrumentEndpoint:
         # reader builds the rest under _build_lock, so concurrent clients build it once.
         self._published: tuple[Capture | None, Snapshot | None, bytes | None] = (None, None, None)
         self._build_lock = threading.Lock()
+        self._captured = threading.Condition(self._lock)  # notified when a capture is published
+        self._wanted = False  # a reader asked for a capture newer than the published one
         self._census_next_at = 0.0
         self._census_steps = 0
         self._census_cost = 0.0  # scheduler seconds spent in census steps, all told
@@ -203,7 +208,7 @@ class InstrumentEndpoint:
         self._seq = 0
         self._safe_points = 0
         self._next_at = 0.0
-        self._interval = self.idle_interval_s
+        self._interval = self.min_interval_s
         self._last_watch = -float("inf")
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -276,6 +281,11 @@ class InstrumentEndpoint:
 
     # -- the scheduler side --------------------------------------------------------------------
 
+    def _hook_activity(self) -> tuple[int, int, int]:
+        hooks = self.hooks
+        assert hooks is not None
+        return hooks.lock_ops, hooks.unlock_ops, hooks.evict_calls
+
     def safe_point(self, cache: Any) -> bool:
         """Call once per scheduler iteration, on the scheduler thread, where the tree is consistent.
         Takes a snapshot when the rate limit allows; True when it did. Never raises."""
@@ -287,8 +297,8 @@ class InstrumentEndpoint:
             fresh = False
             if now >= self._census_next_at:
                 fresh = self._census_step(cache, now)
-            if now < self._next_at:
-                return False
+            if now < self._next_at or (not self._wanted and self._published[0] is not None):
+                return False  # not due, or nobody asked for a newer one: capturing is on demand
             return self._take(cache, now, fresh)
         except Exception as exc:  # e.g. a failure while building the payload
             self._snapshot_failed(exc)
@@ -327,14 +337,14 @@ class InstrumentEndpoint:
             # thread's CPU time: what we take from the scheduler, not the time other processes
             # took from it meanwhile (on a shared host, wall time made the cap throttle on noise).
             cost = time.thread_time() - started
-            watching = now - self._last_watch < self.watch_window_s
-            self._interval = self.min_interval_s if watching else self.idle_interval_s
             self._next_at = now + max(self._interval, cost / self._detail_duty)
             self._last_cost = cost
         with self._lock:
             self._seq = capture.seq
             self._published = (capture, None, None)
             self._published_at = time.monotonic()
+            self._wanted = False
+            self._captured.notify_all()
         return True
 
     def _snapshot_failed(self, exc: BaseException) -> None:
@@ -347,6 +357,28 @@ class InstrumentEndpoint:
             pass
 
     # -- the HTTP side (any of the server's threads) -------------------------------------------
+
+    def want_capture(self) -> None:
+        """Ask the scheduler's next due safe point for a capture (what a reader's request does)."""
+        self._wanted = True
+
+    def fresh(self) -> tuple[Snapshot | None, bytes]:
+        """latest(), after asking for a newer capture when the published one is older than
+        min_interval_s: the scheduler's next safe point takes it (when the duty cap allows one
+        now, this thread waits for it, at most fresh_wait_s; otherwise it gets the older one)."""
+        now = time.monotonic()
+        with self._lock:
+            capture = self._published[0]
+            if self._running and (capture is None or now - self._published_at > self.min_interval_s):
+                self._wanted = True
+                if now >= self._next_at:
+                    deadline = now + self.fresh_wait_s
+                    while self._published[0] is capture:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._running:
+                            break
+                        self._captured.wait(left)
+        return self.latest()
 
     def latest(self) -> tuple[Snapshot | None, bytes]:
         """The latest snapshot and its JSON, built from the scheduler's capture on the calling
@@ -397,7 +429,7 @@ class InstrumentEndpoint:
         if isinstance(budget, str):
             self._reply(req, 400, error_body(budget), _JSON)
             return
-        snap, payload = self.latest()
+        snap, payload = self.fresh()
         if snap is None:
             self._reply(
                 req,

@@ -31,6 +31,7 @@ import heapq
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,12 +53,15 @@ _RUST_CORE_HINT = "restart the server with SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEN
 
 @dataclass(frozen=True)
 class SnapshotConfig:
-    max_nodes: int = 256  # detail-walk budget, and the server-side cap on ?budget=
+    # Detail-walk budget (and the server-side cap on ?budget=): 128 rows is three screens of the
+    # radix pane, and 128 / 512 keeps 2 captures/s of a 100k-node tree with the census under 0.8 %
+    # of the scheduler thread (256 / 1024 took 1.2-1.6 % on the shared box, benchmarks/README.md).
+    max_nodes: int = 128
     census_max_nodes: int = 2_000_000  # a census gives up (complete=False) past this (a memory bound); 0: no census
     census_slice: int = 192  # census work per step (a node counted or expanded; 4 leaves): a few hundred µs
     census_duty: float = 0.003  # at most this fraction of scheduler time goes to census steps
     head_tokens: int = 4  # token ids shown per node (the start of its key)
-    max_scan: int = 1024  # children the detail walk may look at (bounds it on very wide nodes)
+    max_scan: int = 512  # children the detail walk may look at (bounds it on very wide nodes)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_nodes <= MAX_TREE_NODES:
@@ -170,6 +174,7 @@ class _CensusResult:
     taken_at: float  # time.monotonic() when the last slice ended
     hints: dict[int, int]  # id(node) -> subtree tokens, for the heaviest part of the tree
     keep: list[Any]  # the hinted nodes, held so their ids cannot be reused while hints are in use
+    activity: tuple[Any, ...] | None = None  # the tree's mutation counters at the first slice (None: none to read)
 
 
 _WALK, _SUM, _HINTS, _FREE, _DONE = 0, 1, 2, 3, 4
@@ -432,7 +437,9 @@ def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_l
 
     The heap holds plain ints (priority << 32 | arrival), the candidates sit in two lists indexed
     by arrival: no tuple per child and int comparisons only (tuples made the heap the walk's
-    biggest cost)."""
+    biggest cost). With a census's hints, a scanned child is ordered by its hinted subtree weight
+    and an unhinted one (lighter than every hinted node) by arrival: its key is not read until it
+    is taken, so a scan touches one object per child. Without hints, the child's own key length."""
     heappush, heappop, hints_get = heapq.heappush, heapq.heappop, hints.get
     scan_limit = min(scan_limit, _COUNTER_MASK)
     root_key = getattr(root, "key", None)
@@ -446,6 +453,7 @@ def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_l
     counter = 0
     walked_tokens = 0
     truncated = pending = False
+    read_keys = not hints
     node, row_index = root, 0
     while True:
         if len(rows) > budget:
@@ -460,8 +468,11 @@ def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_l
                     break
                 weight = hints_get(id(child))
                 if weight is None:
-                    key = child.key
-                    weight = len(getattr(key, "token_ids", key))
+                    if read_keys:
+                        key = child.key
+                        weight = len(getattr(key, "token_ids", key))
+                    else:
+                        weight = 0
                 locked = child.component_data[0].lock_ref if unified else child.lock_ref
                 heappush(heap, ((_UNLOCKED - weight if locked == 0 else -weight) << _COUNTER_BITS) | counter)
                 add_cand(child)
@@ -594,8 +605,12 @@ class TreeSnapshotter:
     take() is the one-call form (a census slice when the census duty allows, then capture + build);
     the endpoint calls census_step() and capture() on the scheduler thread and builds elsewhere."""
 
-    def __init__(self, config: SnapshotConfig | None = None) -> None:
+    def __init__(self, config: SnapshotConfig | None = None, activity: Callable[[], tuple[Any, ...]] | None = None) -> None:
+        """`activity`: the hooks' mutation counters (lock, unlock and evict calls; they only grow),
+        read with the pool's sizes at a census's first slice and at each capture: the census is
+        at rest (Census.at_rest) while they have not moved."""
         self.config = config or SnapshotConfig()
+        self.activity = activity
         self._run: CensusRun | None = None  # the census in progress
         self._census: _CensusResult | None = None  # the last finished one
         self.fresh = False  # the last finished census began and ended in the latest census_step()
@@ -624,8 +639,10 @@ class TreeSnapshotter:
                 run = self._run = CensusRun(
                     root, unified=node_shape(root) == UNIFIED, hint_cap=cfg.max_scan, max_nodes=cfg.census_max_nodes
                 )
+                run.activity = self._activity(read_sizes(cache))
             if run.step(work or cfg.census_slice):
                 self._census, self._run = run.result, None
+                self._census.activity = run.activity
                 self.fresh = run.slices == 1
         except Exception:
             self._run = None  # a tree we do not understand: start over next time (the walk reports why)
@@ -645,10 +662,23 @@ class TreeSnapshotter:
                 break
         return time.thread_time() - started
 
-    def census(self) -> Census | None:
-        """The last finished census, aged; else the one in progress, marked incomplete."""
+    def _activity(self, sizes: CacheSizes) -> tuple[Any, ...] | None:
+        """What moves when the tree does: the hooks' counters and the pool's sizes (None: nothing
+        readable, so rest cannot be told)."""
+        pool = (sizes.evictable_tokens, sizes.protected_tokens, sizes.available_tokens)
+        if self.activity is None:
+            return pool if pool != (None, None, None) else None
+        return (*self.activity(), *pool)
+
+    def census(self, sizes: CacheSizes | None = None) -> Census | None:
+        """The last finished census, aged; else the one in progress, marked incomplete. With the
+        pool's sizes read now, a finished census also says whether the tree is at rest since its
+        first slice (Census.at_rest)."""
         if self._census is not None:
-            return _aged(self._census)
+            census = _aged(self._census)
+            if sizes is not None and self._census.activity is not None:
+                census = replace(census, at_rest=self._activity(sizes) == self._census.activity)
+            return census
         return self._run.partial() if self._run is not None else None
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -738,7 +768,7 @@ class TreeSnapshotter:
         hints = self._census.hints if self._census is not None else {}
         walk = walk_tree(root, cfg.max_nodes, hints, cfg.head_tokens, cfg.max_scan, unified)
         walked = len(walk.rows) - 1
-        census = self.census()
+        census = self.census(sizes)
         if walk.exhausted:
             return census, walk, (0, 0, True)
         if fresh and census is not None and census.complete:

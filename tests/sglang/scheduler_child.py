@@ -93,6 +93,9 @@ def run(conn: Any, route: str, tp_rank: int = 0, requests: int = 40) -> None:
         inst = None
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # iterate until a snapshot with a census after the last change
+            instruments = glue.SAFE_POINTS.instruments()
+            if instruments:
+                instruments[0].endpoint.want_capture()  # a reader asking (captures are on demand)
             _iteration(scheduler)
             instruments = glue.SAFE_POINTS.instruments()
             inst = instruments[0] if instruments else None

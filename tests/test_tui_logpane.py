@@ -577,3 +577,24 @@ async def test_the_findings_title_is_redrawn_only_when_its_text_changes(tmp_path
         for _ in range(3):
             app._show_findings(time.monotonic(), force=True)  # what each frame of new lines did
         assert updates == [], "the title was redrawn with the same text"
+
+
+async def test_following_new_lines_leaves_the_sizeless_vertical_scrollbar_alone(log: Path) -> None:
+    """The log pane's vertical scrollbar has no size, so the compositor never places it; refreshing
+    it (Textual set its position on every scroll) made the compositor re-arrange the whole screen
+    at the next frame, 2-3 ms on each new line. Its position still follows, quietly."""
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.2)
+        view = app.log_view
+        bar = view.vertical_scrollbar
+        refreshed: list[object] = []
+        real_refresh = bar.refresh
+        bar.refresh = lambda *a, **kw: (refreshed.append(a), real_refresh(*a, **kw))[1]
+        before = view.scroll_y
+        for n in range(3):
+            append(log, *(decode(i) for i in range(100 + 20 * n, 120 + 20 * n)))
+            await wait_for(pilot, lambda n=n: app.state.total_lines == 40 + 20 * n, "appended lines")
+        assert view.follow and view.scroll_y > before, "it scrolled with the new lines"
+        assert bar.position == view.scroll_y
+        assert refreshed == []

@@ -26,6 +26,7 @@ from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.geometry import Offset, Region, Size
 from textual.scroll_view import ScrollView
+from textual.scrollbar import ScrollBar
 from textual.strip import Strip
 
 from radixtop.diagnosis.logline import parse_line
@@ -232,6 +233,12 @@ class LogView(ScrollView, can_focus=True):
         self.call_after_refresh(self.keep_following)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        # The vertical scrollbar has no size (CSS above), so the compositor does not place it; a
+        # refresh of a widget it has not placed makes it re-arrange the whole screen at the next
+        # frame (2-3 ms a frame, on each new line). Its position is set quietly, so that Textual's
+        # own `position = new_value` below changes nothing and refreshes nothing.
+        if self.show_vertical_scrollbar and not self.styles.scrollbar_size_vertical:
+            self.vertical_scrollbar.set_reactive(ScrollBar.position, new_value)
         super().watch_scroll_y(old_value, new_value)
         self._anchor = self.state.view_seq(round(new_value))
 

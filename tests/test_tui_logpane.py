@@ -598,3 +598,41 @@ async def test_following_new_lines_leaves_the_sizeless_vertical_scrollbar_alone(
         assert view.follow and view.scroll_y > before, "it scrolled with the new lines"
         assert bar.position == view.scroll_y
         assert refreshed == []
+
+
+@pytest.mark.parametrize("width", [160, 64])
+async def test_the_status_line_drawn_directly_matches_textuals_rendering_in_every_theme(width: int) -> None:
+    """The status line makes its Strip from its Rich Text itself (Textual's Content conversion cost
+    1 ms and more per redraw, on each quiet log line), with its styles looked up once per theme:
+    cell for cell it must be what Textual makes of the same Text, in every theme, cut with … when
+    too long."""
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    from radixtop.widgets.statusline import SourceStatus, StatusInfo
+
+    info = StatusInfo(
+        total_lines=12_345, rate=3.0, findings=2, initiating="TP1 14:03:14 radix page lock failed " + "x" * 40,
+        sources=(SourceStatus("server.log", "ok", ""), SourceStatus("server", "down", "since 14:03:15"),
+                 SourceStatus("gpu", "unavailable", "no NVML")),
+        engine="matcher: hyperscan",
+    )  # fmt: skip
+    app = RadixtopApp()
+    async with app.run_test(size=(width, 30)) as pilot:
+        line = app.status_line
+        for theme in ("radixtop-light", "radixtop-high-contrast", "radixtop-dark"):
+            await pilot.press("t")
+            await pilot.pause(0.1)
+            assert app.theme == theme
+            line.show(info)  # the app's own timer shows its own; no await from here on
+            region = Region(0, 0, line.size.width, 1)
+            ours = line.render_lines(region)
+            line._styles_cache.clear()
+            line.refresh()
+            line.render_line = lambda y: Widget.render_line(line, y)  # type: ignore[method-assign]
+            textuals = line.render_lines(region)
+            del line.render_line
+            line._styles_cache.clear()
+            assert ours[0].text == textuals[0].text
+            assert "server DOWN" in ours[0].text if width == 160 else ours[0].text.endswith("…")
+            assert cells(ours[0]) == cells(textuals[0])

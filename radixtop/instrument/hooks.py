@@ -495,23 +495,12 @@ def _wrap_inc_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
 
     if _positional_names(original) == ("node",) and not original.__defaults__:
         # RadixCache's shape, inc_lock_ref(self, node): the same shape here.
+        # A class install (or an AROUND hook) counts into its own hooks, always: no table lookup
+        # (`own or ...` is one truth test; an instance install's route has a table and no own).
         own = route.default if not route.table else None
-        if own is not None:
-            # A class install (or an AROUND hook): always these hooks, no table to look in.
-            def inc_lock_ref_own(cache: Any, node: Any) -> Any:
-                if own._disabled:
-                    return original(cache, node)
-                own.lock_ops += 1
-                try:
-                    return original(cache, node)
-                except Exception as exc:
-                    own._host_failure("lock_failure", (node,), {}, exc)
-                    raise
-
-            return inc_lock_ref_own
 
         def inc_lock_ref_exact(cache: Any, node: Any) -> Any:
-            hooks = lookup(id(cache), default)
+            hooks = own or lookup(id(cache), default)
             if hooks is None or hooks._disabled:
                 return original(cache, node)
             hooks.lock_ops += 1
@@ -565,30 +554,12 @@ def _wrap_dec_lock_ref(route: _Route, original: Callable[..., Any]) -> Callable[
 
     if _positional_names(original) == ("node", "params") and len(original.__defaults__ or ()) == 1:
         # RadixCache's shape, dec_lock_ref(self, node, params=None): the same shape here.
+        # A class install (or an AROUND hook) counts into its own hooks, always: no table lookup
+        # (`own or ...` is one truth test; an instance install's route has a table and no own).
         own = route.default if not route.table else None
-        if own is not None:
-            # A class install (or an AROUND hook): always these hooks, no table to look in.
-            def dec_lock_ref_own(cache: Any, node: Any, params: Any = _NO) -> Any:
-                if own._disabled:
-                    return original(cache, node) if params is _NO else original(cache, node, params)
-                own.unlock_ops += 1
-                try:
-                    result = original(cache, node) if params is _NO else original(cache, node, params)
-                except Exception as exc:
-                    own._host_failure("unlock_failure", (node,), {}, exc)
-                    raise
-                if own._walk_paths:
-                    try:
-                        if node.lock_ref < 0:
-                            own._negative(node)
-                    except Exception:
-                        _check_node(own, node)
-                return result
-
-            return dec_lock_ref_own
 
         def dec_lock_ref_exact(cache: Any, node: Any, params: Any = _NO) -> Any:
-            hooks = lookup(id(cache), default)
+            hooks = own or lookup(id(cache), default)
             if hooks is None or hooks._disabled:
                 return original(cache, node) if params is _NO else original(cache, node, params)
             hooks.unlock_ops += 1

@@ -683,20 +683,11 @@ class TreeSnapshotter:
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def take(
-        self,
-        cache: Any,
-        *,
-        rank: int = 0,
-        instance: str = "0",
-        seq: int = 0,
-        counters: Counters | None = None,
-        hooks_state: str = "off",
-        events_seq: int = 0,
-        force_census: bool = False,
-    ) -> Snapshot:
+    def take(self, cache: Any, *, force_census: bool = False, **capture_args: Any) -> Snapshot:
         """Never raises for a strange cache: what cannot be read is reported in `reason`.
-        Runs a census slice first when census_duty allows (force_census: a whole census)."""
+        Runs a census slice first when census_duty allows (force_census: a whole census), then
+        capture(cache, **capture_args) (rank, instance, seq, counters, hooks_state, events_seq)
+        and builds it, all on this thread."""
         cfg = self.config
         now = time.monotonic()
         self.last_census_seconds = 0.0
@@ -706,10 +697,7 @@ class TreeSnapshotter:
             cost = self.last_census_seconds = self.census_step(cache)
             self._next_census_at = now + cost / cfg.census_duty
         fresh, self.fresh = self.fresh, False
-        return self.capture(
-            cache, rank=rank, instance=instance, seq=seq, counters=counters, hooks_state=hooks_state,
-            events_seq=events_seq, census_fresh=fresh,
-        ).build()
+        return self.capture(cache, census_fresh=fresh, **capture_args).build()
 
     def capture(
         self,

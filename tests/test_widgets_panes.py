@@ -11,7 +11,11 @@ import time
 
 import pytest
 from pane_helpers import make_snapshot, wide_snapshot
+from rich.text import Text
 from textual.app import App, ComposeResult
+from textual.containers import Horizontal
+from textual.geometry import Region
+from textual.widgets import Static
 
 from radixtop.probes.gpu import GpuInfo, GpuProcess, GpuSample, XidEvent
 from radixtop.probes.procs import ProcInfo, ProcsSample
@@ -22,6 +26,7 @@ from radixtop.probes.vitals import Observation, Vitals
 from radixtop.schema import Counters, Event
 from radixtop.widgets.gpu import GpuPane, render_gpus
 from radixtop.widgets.procs import ProcsPane, render_procs
+from radixtop.widgets.rows import TextRows
 from radixtop.widgets.radix import CHILD_PAGE, NEEDS_SGLANG, RadixPane, RadixTreeView
 from radixtop.widgets.vitals import VitalsPane, render_vitals
 
@@ -418,3 +423,72 @@ def test_a_live_source_changing_state_redraws_the_status_line_at_once():
     panes.state.apply(RadixSample("u0", SourceState("down", "connection refused", 103.0), 103.0, rank=0))
     panes._sources_changed()
     assert told == [1, 1]
+
+
+# ----------------------------------------------------------------------------------------------
+# TextRows: the vitals and processes bodies, redrawn row by row
+
+
+def _rows_text(clock: str = "14:03:20") -> Text:
+    text = Text()
+    text.append("token usage ", style="bold")
+    text.append("▁▂▃▄▅▆▇█", style="cyan")
+    text.append(" 42% /metrics\n", style="dim")
+    text.append("! a problem\n", style="bold red reverse")
+    text.append("\n")
+    text.append("a long line that the narrow widget has to wrap onto more rows, " * 2 + "\n", style="yellow")
+    text.append(f"now {clock}", style="dim")
+    return text
+
+
+def _cells(strip) -> list[tuple[str, object]]:
+    return [(ch, seg.style) for seg in strip for ch in seg.text]
+
+
+class _RowsApp(App):
+    CSS = "Horizontal > * { width: 1fr; height: 1fr; padding: 0 1; }"
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield TextRows(id="rows")
+            yield Static(id="static")
+
+
+@pytest.mark.parametrize("size", [(160, 12), (60, 12)])
+async def test_text_rows_draw_what_a_static_draws(size: tuple[int, int]) -> None:
+    """Cell for cell what a Static makes of the same Rich Text, wrapped the same way when narrow,
+    in each theme (their strips are made from the Rich segments directly)."""
+    app = _RowsApp()
+    async with app.run_test(size=size) as pilot:
+        rows, static = app.query_one(TextRows), app.query_one(Static)
+        for theme in ("textual-light", "textual-dark"):
+            app.theme = theme
+            rows.update(_rows_text())
+            static.update(_rows_text())
+            await pilot.pause()
+            region = Region(0, 0, rows.outer_size.width, rows.outer_size.height)
+            ours, textuals = rows.render_lines(region), static.render_lines(region)
+            assert [s.text for s in ours] == [s.text for s in textuals]
+            assert [_cells(s) for s in ours] == [_cells(s) for s in textuals]
+            assert rows.render().plain == _rows_text().plain
+
+
+async def test_text_rows_redraw_only_the_rows_that_changed() -> None:
+    app = _RowsApp()
+    async with app.run_test(size=(160, 12)) as pilot:
+        rows = app.query_one(TextRows)
+        rows.update(_rows_text("14:03:20"))
+        await pilot.pause()
+        calls: list[tuple] = []
+        real = rows.refresh
+        rows.refresh = lambda *regions, **kw: (calls.append((regions, kw)), real(*regions, **kw))[1]  # type: ignore[method-assign]
+        rows.update(_rows_text("14:03:20"))
+        assert calls == [], "the same text: nothing to redraw"
+        rows.update(_rows_text("14:03:22"))
+        last = rows.get_content_height(rows.size, rows.size, rows.size.width) - 1  # the long line wraps
+        assert calls == [((Region(0, last, rows.outer_size.width, 1),), {})], "only the clock's row"
+        await pilot.pause()
+        assert "now 14:03:22" in rows.render_lines(Region(0, last, rows.outer_size.width, 1))[0].text
+        calls.clear()
+        rows.update(_rows_text("14:03:24").append("\none more row"))
+        assert calls and calls[0][1].get("layout"), "a row more: laid out again"

@@ -15,6 +15,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
 from radixtop.widgets.fmt import age, clock, frozen_banner, size, update_text
+from radixtop.widgets.rows import TextRows
 
 HEADER = f"{'pid':>8} {'role':<18} {'state':<10} {'RSS':>10} {'CPU':>6} {'thr':>4} {'up':>6}  command"
 
@@ -64,7 +65,7 @@ class ProcsPane(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("Processes", id="procs-title")
         with VerticalScroll():
-            yield Static("", id="procs-body")
+            yield TextRows(id="procs-body")  # row by row: a CPU figure moving redraws its row
 
     def show(self, sample: Any, *, now: float | None = None, last_good: Any = None) -> None:
         title = Text("Processes", style="bold")
@@ -74,4 +75,4 @@ class ProcsPane(Vertical):
             state = sample.status.state
             title.append(f"  {state}", style="green" if state == "ok" else "red")
         update_text(self.query_one("#procs-title", Static), title)
-        update_text(self.query_one("#procs-body", Static), render_procs(sample, now=now, last_good=last_good))
+        self.query_one("#procs-body", TextRows).update(render_procs(sample, now=now, last_good=last_good))

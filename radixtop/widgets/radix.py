@@ -30,6 +30,7 @@ from textual.widgets import Static
 
 from radixtop.probes.radix import RadixBoard, RankView, TreeIndex, discard
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
+from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
 MAX_ROWS = 50_000  # visible rows at most, however much is expanded
@@ -343,7 +344,7 @@ class RadixPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("Radix cache", id="radix-title")
-        yield Static("", id="radix-summary")
+        yield TextRows(id="radix-summary")  # row by row: each snapshot moves a row or two
         yield Static(COLUMNS, id="radix-columns")
         yield RadixTreeView(id="radix-tree")
 
@@ -364,7 +365,7 @@ class RadixPane(Vertical):
             self.selected = views[0].url
         view = board.ranks.get(self.selected) if self.selected else None
         update_text(self.query_one("#radix-title", Static), self._title(views, view, now))
-        update_text(self.query_one("#radix-summary", Static), self._summary(board, view, now, note))
+        self.query_one("#radix-summary", TextRows).update(self._summary(board, view, now, note))
         snap = view.snapshot if view is not None else None
         self.tree_view.set_tree(snap, view.index if view is not None else None)
 

@@ -20,6 +20,7 @@ from textual.widgets import Static
 
 from radixtop.probes.vitals import SPECS, SeriesSpec, Vitals
 from radixtop.widgets.fmt import clock, count, percent, size, sparkline, update_text
+from radixtop.widgets.rows import TextRows
 
 LABEL_WIDTH = 15
 VALUE_WIDTH = 18
@@ -132,7 +133,7 @@ class VitalsPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("Vital signs", id="vitals-title")
-        yield Static("", id="vitals-body")
+        yield TextRows(id="vitals-body")  # row by row: on an idle server only the clock row moves
 
     _last: tuple[Any, ...] | None = None
 
@@ -152,4 +153,4 @@ class VitalsPane(Vertical):
             title.append(f"  {note}", style="yellow")
         update_text(self.query_one("#vitals-title", Static), title)
         width = max(40, (self.size.width or 100) - 2)
-        update_text(self.query_one("#vitals-body", Static), render_vitals(vitals, width=width, now=now))
+        self.query_one("#vitals-body", TextRows).update(render_vitals(vitals, width=width, now=now))

@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import random
+import re
 import socket
 import struct
 import threading
@@ -695,6 +696,21 @@ def test_captures_follow_the_readers_and_a_reader_gets_a_fresh_one(endpoint_fact
     finally:
         stop.set()
         loop.join(timeout=10)
+
+
+def test_a_metrics_scrape_asks_for_the_next_capture_without_waiting(endpoint_factory):
+    """Prometheus as the only reader: each scrape asks for a capture (never waits for one), so
+    the snapshot gauges it reads are at most one scrape old."""
+    cache = filled_sim_cache()
+    ep = endpoint_factory(min_interval_s=0.0, max_duty=1.0)
+    ep.start()
+    assert ep.safe_point(cache) and ep._seq == 1  # the capture at start
+    assert not ep.safe_point(cache), "nobody asked: no capture"
+    get(ep, schema.METRICS_PATH)
+    assert ep._seq == 1, "the scrape did not wait for a capture"
+    assert ep.safe_point(cache) and ep._seq == 2, "the scrape's request: the next safe point captures"
+    scraped = get(ep, schema.METRICS_PATH).text
+    assert re.search(r'^radixtop_snapshots_total\{rank="\d+"\} 2$', scraped, re.MULTILINE), scraped
 
 
 def test_port_in_use_logs_one_line_and_the_host_carries_on(endpoint_factory, caplog):

@@ -415,6 +415,9 @@ class InstrumentEndpoint:
         elif path == HEALTH_PATH:
             self._reply(req, 200, encode_json(self.health().to_dict()), _JSON)
         elif path == METRICS_PATH:
+            # A scrape never waits for the scheduler; it asks for a capture, so that where
+            # Prometheus is the only reader the gauges are at most one scrape old.
+            self.want_capture()
             self._reply(req, 200, self.metrics_text().encode(), _PROM)
         else:
             self._reply(req, 404, error_body(f"no route {path[:100]!r}; try {SNAPSHOT_PATH}"), _JSON)

@@ -492,3 +492,21 @@ async def test_text_rows_redraw_only_the_rows_that_changed() -> None:
         calls.clear()
         rows.update(_rows_text("14:03:24").append("\none more row"))
         assert calls and calls[0][1].get("layout"), "a row more: laid out again"
+
+
+async def test_radix_tree_rows_take_the_current_theme_and_width() -> None:
+    """The tree's rows take their width and base style once per drawing pass (not per row): after
+    a theme change or a resize, the rows drawn next use the new ones."""
+    app = PaneApp("radix")
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.query_one(RadixPane).show(board_two_ranks(), now=T0 + 1)
+        tree = app.query_one(RadixTreeView)
+        for theme, size in (("textual-light", (120, 40)), ("textual-dark", (90, 40))):
+            app.theme = theme
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            strips = tree.render_lines(Region(0, 0, tree.outer_size.width, 3))
+            assert "root" in strips[0].text
+            row = strips[1]  # a node row, not under the cursor
+            assert row.cell_length == tree.outer_size.width
+            assert list(row)[-1].style.bgcolor == tree.rich_style.bgcolor

@@ -22,7 +22,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -112,6 +112,7 @@ class RadixTreeView(ScrollView, can_focus=True):
         self.rows: list[tuple[int, int, int]] = []  # (row, depth, more): more > 0 is a "… N more" row
         self.cursor = 0
         self._styles: dict[str, Style] = {}
+        self._pass: tuple[int, Style] | None = None  # (width, base style) while render_lines runs
 
     # -- data -------------------------------------------------------------------------------
 
@@ -252,10 +253,18 @@ class RadixTreeView(ScrollView, can_focus=True):
     def on_resize(self) -> None:
         self.virtual_size = Size(self.size.width, len(self.rows))
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The size and the base style once per pass, not per row: `rich_style` walks every
+        # ancestor's background (most of a row's cost).
+        self._pass = (self.size.width, self.rich_style)
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._pass = None
+
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
+        width, base = self._pass or (self.size.width, self.rich_style)
         i = round(self.scroll_y) + y
-        base = self.rich_style
         if i >= len(self.rows):
             if i == 0:
                 return Strip([Segment("(no tree yet)".ljust(width), base + self._style("dim"))]).crop(0, width)

@@ -39,6 +39,7 @@ class TextRows(Widget):
         self._wrapped_for = -1
         self._widest = 0
         self._strips: dict[int, Strip] = {}
+        self._pass: tuple[int, Style] | None = None  # (width, base style) while render_lines runs
         if text:
             self._set(Text(text) if isinstance(text, str) else text)
 
@@ -114,12 +115,20 @@ class TextRows(Widget):
 
     # -- drawing -----------------------------------------------------------------------------
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The size and the base style once per pass, not per row (`rich_style` walks every
+        # ancestor's background).
+        self._pass = (self.size.width, self.rich_style)
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._pass = None
+
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
+        width, base = self._pass or (self.size.width, self.rich_style)
         strip = self._strips.get(y)
         if strip is not None and strip.cell_length == width:
             return strip
-        base = self.rich_style
         if y >= len(self._rows):
             return Strip.blank(width, self.visual_style.rich_style)  # as Textual draws rows past the text
         row: Any = self._rows[y]

@@ -125,7 +125,7 @@ def test_sim_metrics_keep_the_last_batch_lines_token_usage_after_a_burst(tmp_pat
     import httpx
 
     from radixtop.probes.sglang import parse_metrics
-    from tests.pane_helpers import start_sim, stop
+    from pane_helpers import start_sim, stop
 
     proc, url, log = start_sim(tmp_path, "--enable-metrics", "--max-total-tokens", "4096")
     try:

@@ -57,6 +57,8 @@ def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Pa
     # the plan: evidence first, the live argv from psutil, the control bounded and on loopback
     phases = [e.phase for e in events]
     assert phases.index("evidence") < phases.index("plan") < phases.index("baseline") < phases.index("control-start")
+    written = [e for e in events if e.message.startswith("bundle written")]
+    assert len(written) == 1 and written[0].data["bundle"] == str(plan.bundle.path)  # said once, with the path
     assert plan.live.source == "psutil" and plan.live.kind == "radixtop-sim"
     assert flag_value(plan.control_argv, "--max-running-requests") == "4"
     assert flag_value(plan.control_argv, "--disable-radix-cache") == ""

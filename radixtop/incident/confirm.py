@@ -336,12 +336,16 @@ async def prepare(
     if options.bundle:
         from radixtop.incident.bundle import BundleError, take_bundle
 
+        def relay(p: Any) -> None:
+            if p.step != "done":  # announced below, with the path as data
+                emit(ConfirmEvent("evidence", p.message, {"done": p.done, "total": p.total}))
+
         emit(ConfirmEvent("evidence", "preserving evidence first: taking a bundle of the live server"))
         try:
             bundle = await asyncio.to_thread(
                 take_bundle, workdir / "evidence", url=url, logs=baseline_logs, pid=pid, reason="confirm",
                 signature_files=options.signature_files, cancel=cancel,
-                on_progress=lambda p: emit(ConfirmEvent("evidence", p.message, {"done": p.done, "total": p.total})),
+                on_progress=relay,
             )  # fmt: skip
             emit(ConfirmEvent("evidence", f"bundle written: {bundle.path}", {"bundle": str(bundle.path)}))
         except BundleError as exc:

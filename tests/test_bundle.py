@@ -80,6 +80,8 @@ def test_redactor_removes_secret_shapes_names_and_known_values_but_keeps_sglang_
         "https://user:pa55w0rd@example/x": "https://user:[REDACTED]@example/x",
         "echo a-known-value-123": "echo [REDACTED]",
         "TOKENIZERS_PARALLELISM=false max_new_tokens=32": "TOKENIZERS_PARALLELISM=false max_new_tokens=32",
+        "a\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1r\n-----END OPENSSH PRIVATE KEY-----\nb": "a\n[REDACTED]\nb",
+        "cut: -----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\nzzz": "cut: [REDACTED]",
     }
     for text, want in cases.items():
         assert r.text(text) == want
@@ -183,7 +185,7 @@ def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> 
     assert verify_bundle(again.path) == []
 
 
-def test_auto_bundle_fires_once_at_the_first_error_while_the_lock_race_kills_the_server(tmp_path: Path) -> None:
+def test_auto_bundle_fires_at_the_first_error_while_the_lock_race_kills_the_server(tmp_path: Path) -> None:
     flags = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
     sim = start_sim(tmp_path / "sim", *flags)
     window = LogWindow([str(sim.log)], load_catalog())
@@ -209,13 +211,14 @@ def test_auto_bundle_fires_once_at_the_first_error_while_the_lock_race_kills_the
     loader.start()
     try:
         assert wait_for(fed_and_fired, 30), "no error signature appeared under pressure"
-        assert not auto.observe(window.report()), "a second bundle must not start"
+        assert not auto.observe(window.report()), "a second bundle must not start while one runs"
         assert done.wait(60), "the auto bundle did not finish"
     finally:
         loader.join(60)
         sim.stop()
     assert auto.state == "done", auto.error
-    assert auto.trigger in ("radix-page-lock-eviction", "scheduler-exception")
+    # the highest severity seen when it fired: the crash's sigquit when it came in the same poll
+    assert auto.trigger in ("radix-page-lock-eviction", "scheduler-exception", "child-sigquit")
     result = auto.result
     assert result.reason == f"auto-{auto.trigger}"
     assert next(result.path.glob(f"evidence/*{auto.trigger}.log")).is_file()
@@ -273,3 +276,34 @@ def test_bundle_cli_writes_verifies_and_refuses_under_readonly(tmp_path: Path) -
     bad = radixtop("bundle", "--out", str(tmp_path / "x"), "--url", "ftp://nope")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     _assert_no_secret(tmp_path / "out")
+
+
+def test_auto_bundle_takes_one_more_when_a_higher_severity_follows(tmp_path: Path) -> None:
+    """An error fires the first bundle; the critical crash it leads to fires a second (the first
+    could not hold the crash's lines); nothing fires a third, and nothing fires while one runs."""
+    from types import SimpleNamespace
+
+    from radixtop.diagnosis.catalog import severity_rank
+
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[2026-12-03 07:00:{i % 60:02d}] INFO line {i}\n" for i in range(200)))
+
+    def finding(sig_id: str, severity: str) -> SimpleNamespace:
+        return SimpleNamespace(signature=SimpleNamespace(id=sig_id, level=severity_rank(severity)))
+
+    done = threading.Event()
+    auto = AutoBundler(tmp_path / "auto", logs=[str(log)], on_done=lambda result, error: done.set())
+    warning = [finding("kv-pool-retract", "warning")]
+    assert not auto.observe(warning) and auto.state == "armed"  # below the threshold
+    error = warning + [finding("radix-page-lock-eviction", "error")]
+    assert auto.observe(error) and auto.trigger == "radix-page-lock-eviction"
+    assert not auto.observe(error + [finding("child-sigquit", "critical")])  # one at a time
+    assert done.wait(60) and auto.state == "done", auto.error
+    first = auto.result.path
+    assert not auto.observe(error)  # the same severity again: nothing new
+    done.clear()
+    crash = error + [finding("child-sigquit", "critical")]
+    assert auto.observe(crash) and auto.trigger == "child-sigquit"
+    assert done.wait(60) and auto.state == "done", auto.error
+    assert auto.result.path != first and first.is_dir() and auto.result.reason == "auto-child-sigquit"
+    assert auto.exhausted and not auto.observe(crash)

@@ -14,11 +14,13 @@ import threading
 from pathlib import Path
 
 import psutil
+import pytest
 from incident_helpers import gone, radixtop, small_trace, start_sim, wait_for
 
 from radixtop.incident.confirm import (
     ConfirmationRun,
     ConfirmOptions,
+    PlanError,
     prepare,
 )
 from radixtop.incident.launch import (
@@ -191,8 +193,11 @@ def test_control_argv_for_sglang_launch_commands() -> None:
         "python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-0.5B-Instruct --host 0.0.0.0 --port 8000 "
         "--api-key 'sk-live key 123' --nccl-port 5000 --max-running-requests 64 --enable-deterministic-inference"
     )
-    live = parse_launch_command(text)
+    live = parse_launch_command(text, source="given")  # the user's own --launch-command: taken as written
     assert live.kind == "sglang" and live.program == ("python3", "-m", "sglang.launch_server")
+    reported = parse_launch_command(text, python="/srv/venv/bin/python")  # /server_info: flags only
+    assert reported.program == ("/srv/venv/bin/python", "-m", "sglang.launch_server") and reported.notes
+    assert reported.flags == live.flags
     argv, changes = build_control_argv(live, port=40001, max_running=16, extra=("--mem-fraction-static", "0.3"))
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "40001"
@@ -209,3 +214,71 @@ def test_control_argv_for_sglang_launch_commands() -> None:
     assert parse_launch_command("/x/sglang/launch_server.py --port 1").program[1:] == ("-m", "sglang.launch_server")
     sim = parse_launch_command("--port 0 --fault lock-race:7", version="0.5.23-radixtop-sim")
     assert sim.kind == "radixtop-sim" and sim.program[1:] == ("-m", "radixtop", "sim") and sim.notes
+
+
+# A server whose /server_info names a hostile program, code-loading flags and a private file as its
+# log. It runs as `python -c ...` (no --flags), so confirm has only /server_info to go by.
+_HOSTILE_SERVER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+info = {"version": "0.5.23", "page_size": 16, "max_total_num_tokens": 4096, "launch_command":
+        "/bin/sh -c 'touch " + sys.argv[2] + "' --model-path evil/model --trust-remote-code "
+        "--custom-weight-loader evil.loader --log-file " + sys.argv[3] + " --max-running-requests 8"}
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps(info).encode() if self.path.startswith("/server_info") else b"{}"
+        self.send_response(200 if self.path.startswith(("/server_info", "/health")) else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+server = HTTPServer(("127.0.0.1", 0), H)
+open(sys.argv[1], "w").write(str(server.server_address[1]))
+server.serve_forever()
+"""
+
+
+def test_a_program_flags_and_files_named_by_server_info_are_never_run_or_read(tmp_path: Path) -> None:
+    port_file, pwned, private = tmp_path / "port", tmp_path / "pwned", tmp_path / "id_key"
+    private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1r\n-----END OPENSSH PRIVATE KEY-----\n")
+    proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(pwned), str(private)])
+    try:
+        assert wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 20), "the fake server did not start"
+        options = ConfirmOptions(url=f"http://127.0.0.1:{port_file.read_text()}", workdir=tmp_path / "c",
+                                 trace=small_trace(), runs=1, bundle=False)  # fmt: skip
+        plan = asyncio.run(prepare(options))
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert plan.live.source == "server_info"
+    # the program is the server's own interpreter running SGLang's module, never the claimed /bin/sh
+    assert plan.control_argv[1:3] == ["-m", "sglang.launch_server"]
+    assert plan.control_argv[0] == sys.executable  # the interpreter psutil saw the server run
+    assert not any("/bin/sh" in a or "touch" in a for a in plan.control_argv)
+    assert any("never run" in n for n in plan.live.notes + tuple(plan.notes))
+    # code-loading flags named by the network are dropped, and the plan says how to add them back
+    assert flag_value(plan.control_argv, "--trust-remote-code") is None
+    assert flag_value(plan.control_argv, "--custom-weight-loader") is None
+    assert any("--control-arg=--trust-remote-code" in c for c in plan.control_changes)
+    assert flag_value(plan.control_argv, "--model-path") == "evil/model"  # other flags kept
+    # a log path named by /server_info is not read into the evidence
+    assert str(private) not in plan.baseline_logs
+    assert not pwned.exists()
+
+
+def test_a_listener_that_is_not_sglang_is_refused_without_a_launch_command(tmp_path: Path) -> None:
+    """A proxy or wrapper on the port (its argv has --flags but is not SGLang): relaunching it
+    would confirm nothing; the plan stops with a line that says to pass --launch-command."""
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(tmp_path / "p"), str(tmp_path / "l"),
+                             "--proxy-mode", "on"])  # fmt: skip
+    try:
+        assert wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 20)
+        options = ConfirmOptions(url=f"http://127.0.0.1:{port_file.read_text()}", workdir=tmp_path / "c",
+                                 trace=small_trace(), runs=1, bundle=False)  # fmt: skip
+        with pytest.raises(PlanError, match="neither SGLang nor radixtop's simulator; pass --launch-command"):
+            asyncio.run(prepare(options))
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -408,7 +408,9 @@ def verify_bundle(path: str | Path) -> list[str]:
 @dataclass
 class AutoBundler:
     """Takes one bundle, in the background, the first time it sees a finding at or above
-    ``min_severity``: so the evidence is kept even when the server dies right after.
+    ``min_severity``: so the evidence is kept even when the server dies right after. One more
+    each time a finding of a higher severity appears later (an error, then the critical crash it
+    led to: the first bundle could not hold the crash's lines), so at most one per severity.
 
     ``observe`` is cheap and never blocks (call it whenever the findings change); ``on_done`` is
     called from the bundle's thread with the result, or with the error text.
@@ -422,7 +424,8 @@ class AutoBundler:
     on_done: Callable[[BundleResult | None, str | None], None] | None = None
     options: dict[str, Any] = field(default_factory=dict)  # more take_bundle keyword arguments
     state: str = "armed"  # armed -> running -> done | failed
-    trigger: str | None = None  # the signature id that fired it
+    trigger: str | None = None  # the signature id that fired the latest bundle
+    fired_level: int = -1  # the severity rank of the latest bundle's trigger
     result: BundleResult | None = None
     error: str | None = None
     _thread: threading.Thread | None = None
@@ -432,22 +435,29 @@ class AutoBundler:
         """``findings``: a diagnosis Report or an iterable of Findings. True if a bundle started now."""
         from radixtop.diagnosis.catalog import severity_rank
 
-        if self.state != "armed":
+        if self.state == "running" or self.exhausted:
             return False
-        threshold = severity_rank(self.min_severity)
+        floor = max(severity_rank(self.min_severity), self.fired_level + 1)
         items = getattr(findings, "findings", findings)
-        hit = next((f for f in items if f.signature.level >= threshold), None)
+        hit = max((f for f in items if f.signature.level >= floor), key=lambda f: f.signature.level, default=None)
         if hit is None:
             return False
         with self._lock:
-            if self.state != "armed":
+            if self.state == "running":
                 return False
             self.state = "running"
-            self.trigger = hit.signature.id
+            self.trigger, self.fired_level = hit.signature.id, hit.signature.level
         live = findings if hasattr(findings, "to_json") else None
         self._thread = threading.Thread(target=self._run, args=(live,), name="radixtop-autobundle", daemon=True)
         self._thread.start()
         return True
+
+    @property
+    def exhausted(self) -> bool:
+        """A bundle was taken at the highest severity there is: nothing can fire it again."""
+        from radixtop.diagnosis.catalog import SEVERITIES, severity_rank
+
+        return self.fired_level >= severity_rank(SEVERITIES[-1])
 
     def _run(self, live_report: Any) -> None:
         try:

@@ -246,7 +246,13 @@ def _live_launch(options: ConfirmOptions, info: dict[str, Any] | None, pid: int 
                                     version=(info or {}).get("version"), python=process_python(pid))  # fmt: skip
     argv = process_argv(pid)
     if argv and any(a.startswith("--") for a in argv):
-        return replace(launch_from_argv(argv, source="psutil"), cwd=process_cwd(pid))
+        live = launch_from_argv(argv, source="psutil")
+        if live.kind == "unknown":  # a proxy or a wrapper on the port: relaunching it confirms nothing
+            raise PlanError(
+                f"the process listening on the server's port ({shlex.join(live.program)[:80]}) is neither SGLang "
+                "nor radixtop's simulator; pass --launch-command '...' with the server's own command"
+            )
+        return replace(live, cwd=process_cwd(pid))
     text = (info or {}).get("launch_command")
     if isinstance(text, str) and text.strip():
         cmd = parse_launch_command(text, version=str(info.get("version", "")), python=process_python(pid))
@@ -263,7 +269,9 @@ def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None
     if options.logs:
         return list(options.logs)
     found: list[str] = []
-    log_file = flag_value(live.flags, "--log-file")
+    # A path named by /server_info is network text: never read into a bundle (the process's own
+    # stdout, found by psutil, and the user's --log are).
+    log_file = flag_value(live.flags, "--log-file") if live.source != "server_info" else None
     if log_file:
         path = Path(log_file)
         if not path.is_absolute() and live.cwd:

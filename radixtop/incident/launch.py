@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -52,6 +52,10 @@ SIM_VERSION_MARK = "radixtop-sim"
 STOP_GRACE_S = 5.0
 CACHE_MODES = ("disable", "keep")
 _DROPPED_FLAGS = ("--nccl-port", "--api-key", "--admin-api-key", "--instrument-port")
+# Flags that make the server load code named by a path or a model repository. Named by
+# /server_info (network text) rather than by the user or the live process, they are not carried
+# into a command radixtop runs; the plan says how to add them back.
+_CODE_LOADING_FLAGS = ("--trust-remote-code", "--custom-weight-loader", "--enable-custom-logit-processor")
 
 
 class LaunchError(ValueError):
@@ -104,9 +108,10 @@ def parse_launch_command(
 ) -> LaunchCommand:
     """SGLang's ``launch_command`` string as an argv (shlex.split; never a shell).
 
-    When the string holds only flags (the simulator, and some SGLang builds, record ``sys.argv``
-    without the program), the program is inferred: the simulator from its version string,
-    otherwise ``<python> -m sglang.launch_server``; the plan says so in a note.
+    From ``/server_info`` (network text) only the flags are kept: the program is always the
+    server's own interpreter (``python``, from psutil) running ``-m sglang.launch_server``, or the
+    simulator when its version says so, and the plan notes what the server claimed instead. A
+    program is taken as written only from the user (``--launch-command``, source "given").
     """
     try:
         argv = shlex.split(text or "")
@@ -115,17 +120,26 @@ def parse_launch_command(
     if not argv:
         raise LaunchError("the server reports an empty launch command; pass --launch-command")
     python = python or sys.executable
-    if argv[0].startswith("--"):
-        if version and SIM_VERSION_MARK in version:
-            program = [python, "-m", "radixtop", "sim"]
-        else:
-            program = [python, "-m", "sglang.launch_server"]
+    claimed, flags = _split_program(argv)
+    if claimed and claimed[0].endswith("launch_server.py"):  # sys.argv of `python -m sglang.launch_server`
+        claimed = [python, "-m", "sglang.launch_server", *claimed[1:]]
+    if claimed and source != "server_info":
+        return launch_from_argv([*claimed, *flags], source=source)
+    if version and SIM_VERSION_MARK in version:
+        program = [python, "-m", "radixtop", "sim"]
+    else:
+        program = [python, "-m", "sglang.launch_server"]
+    if not claimed:
         note = f"the launch command has no program; assumed {shlex.join(program)}"
-        cmd = launch_from_argv([*program, *argv], source=source)
-        return LaunchCommand(cmd.program, cmd.flags, cmd.kind, source, None, (note,))
-    if argv[0].endswith("launch_server.py"):  # sys.argv of `python -m sglang.launch_server`
-        argv = [python, "-m", "sglang.launch_server", *argv[1:]]
-    return launch_from_argv(argv, source=source)
+    elif claimed == program:
+        note = ""
+    else:
+        note = (
+            f"the server reports the program {shlex.join(claimed)!r}; a program named by the network is never "
+            f"run: using {shlex.join(program)} (pass --launch-command to choose)"
+        )
+    cmd = launch_from_argv([*program, *flags], source=source)
+    return replace(cmd, notes=(note,) if note else ())
 
 
 # -- flag editing ---------------------------------------------------------------------------------
@@ -192,6 +206,11 @@ def build_control_argv(
         if flag_value(flags, name) is not None:
             flags = remove_flag(flags, name)
             changes.append(f"dropped {name}")
+    if live.source == "server_info":
+        for name in _CODE_LOADING_FLAGS:
+            if flag_value(flags, name) is not None:
+                flags = remove_flag(flags, name)
+                changes.append(f"dropped {name}: named by /server_info, not by you (add it with --control-arg={name})")
     flags = set_flag(flags, "--host", "127.0.0.1")
     flags = set_flag(flags, "--port", str(port))
     changes.append(f"--host 127.0.0.1 --port {port} (loopback, free)")

@@ -6,7 +6,7 @@ Three layers, applied together by :class:`Redactor`:
   with psutil) and of secret flags in the server's argv are replaced wherever they appear, in any
   text, whatever surrounds them (a token echoed in a traceback is caught too);
 * shapes: Hugging Face tokens (``hf_...``), OpenAI-style keys (``sk-...``), GitHub tokens, AWS
-  access key ids, JWTs, ``Authorization:``/``Bearer``/``Basic`` credentials, passwords in URLs;
+  access key ids, JWTs, PEM private-key blocks, ``Authorization:``/``Bearer``/``Basic`` credentials, passwords in URLs;
 * names: ``NAME=value`` / ``"name": "value"`` / ``--name value`` where the name looks secret
   (token, secret, password, api key, credential, authorization). Plain numbers are left alone, so
   SGLang's ``#new-token: 64`` or ``token usage: 0.93`` survive.
@@ -42,6 +42,8 @@ _SHAPES = (
     re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}"),
     re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    # PEM private keys, whole blocks; a block cut off before its END line is redacted to the end.
+    re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----(?:.*?-----END \1PRIVATE KEY-----|.*\Z)", re.DOTALL),
 )
 # "Bearer <token>", "Basic <b64>" (the scheme kept, the credential dropped).
 _SCHEME = re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]{6,})")

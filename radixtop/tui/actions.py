@@ -265,7 +265,7 @@ class IncidentActions:
         if self.readonly or report is None or not self.action_settings.auto_bundle:
             return
         auto = self.auto_bundler
-        if auto is not None and auto.state != "armed":
+        if auto is not None and (auto.state == "running" or auto.exhausted):
             return
         target = self.incident_target()
         if target.url is None and target.pid is None:

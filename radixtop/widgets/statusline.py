@@ -123,13 +123,20 @@ class StatusLine(Widget):
             out.append((2, Text(f"filter '{info.filter_text}' {_count(info.filter_rows)} rows", self._s("warn"))))
         if info.search_text:
             out.append((3, Text(f"search '{info.search_text}'", self._s("warn"))))
+        trouble, calm = self._source_parts(info.sources)
+        if trouble is not None:  # before the first finding: a dead server is what to read first
+            out.append(trouble)
+        # The findings count is said once: with "Tab" when the findings panel is off screen (a
+        # narrow terminal), else only when there is no first finding to name.
+        said = f"{_count(info.findings)} finding{'' if info.findings == 1 else 's'}"
         if info.findings and info.findings_hidden:
-            out.append((2, Text(f"{info.findings} findings: Tab", self._s("warn"))))
+            out.append((2, Text(f"{said}: Tab", self._s("warn"))))
         if info.initiating:
             out.append((2, Text(f"first: {info.initiating}", self._s("initiating"))))
-        elif info.findings:
-            out.append((3, Text(f"{info.findings} finding(s)", self._s("warn"))))
-        out.extend(self._source_parts(info.sources))
+        elif info.findings and not info.findings_hidden:
+            out.append((3, Text(said, self._s("warn"))))
+        if calm is not None:
+            out.append(calm)
         rate = rate_text(info.rate)
         out.append((4, Text(f"{_count(info.total_lines)} lines {rate}", self._s("dim"))))
         for extra in info.extra:
@@ -138,13 +145,31 @@ class StatusLine(Widget):
             out.append((6, Text(info.engine, self._s("dim"))))
         return out
 
-    def _source_parts(self, sources: Sequence[SourceStatus]) -> list[tuple[int, Text]]:
+    def _source_parts(self, sources: Sequence[SourceStatus]) -> tuple[tuple[int, Text] | None, tuple[int, Text] | None]:
+        """(sources in trouble, the others): each None when there are none. Sources in the same
+        trouble since the same moment are said together ("server r0 r1 procs DOWN since 07:18:56")
+        so that all of them fit where one used to."""
         if not sources:
-            return [(1, Text("no log followed (--log PATH)", self._s("warn")))]
+            return (1, Text("no log followed (--log PATH)", self._s("warn"))), None
         bad = [s for s in sources if s.state not in _OK_STATES and s.state not in _QUIET_STATES]
-        text = Text()
         ok = [s for s in sources if s.state in _OK_STATES]
         quiet = [s for s in sources if s.state in _QUIET_STATES]
+        trouble = None
+        if bad:
+            groups: dict[tuple[str, str], list[str]] = {}
+            for s in bad:
+                groups.setdefault((s.state, s.detail), []).append(s.label)
+            text = Text()
+            for i, ((state, detail), labels) in enumerate(groups.items()):
+                style = self._s("bad") if state in _BAD_STATES else self._s("warn")
+                if i:
+                    text.append(", ")
+                said = f"{' '.join(labels)} {state.upper()}"
+                if detail:
+                    said += f" {detail}" if detail.startswith("since ") else f" ({detail})"
+                text.append(said, style)
+            trouble = (1, text)
+        text = Text()
         if len(ok) > 3 and bad:
             text.append(f"{len(ok)} sources ok", self._s("ok"))
         else:
@@ -154,14 +179,7 @@ class StatusLine(Widget):
             if text:
                 text.append(", ")
             text.append(f"{s.label} n/a", self._s("dim"))
-        for s in bad:
-            style = self._s("bad") if s.state in _BAD_STATES else self._s("warn")
-            if text:
-                text.append(", ")
-            text.append(f"{s.label} {s.state.upper()}", style)
-            if s.detail:
-                text.append(f" ({s.detail})", style)
-        return [(1 if bad else 5, text)]
+        return trouble, ((5, text) if text else None)
 
     def render_line(self, y: int) -> Strip:
         """The line as Rich segments, straight: Textual's way (the Text turned into its Content,

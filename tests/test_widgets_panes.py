@@ -225,9 +225,49 @@ def test_vitals_text_marks_the_first_signature() -> None:
         assert any(line.startswith(title) for line in lines), title
     usage = next(line for line in lines if line.startswith("token usage"))
     assert "█" in usage and "100% /metrics" in usage
-    col = lines[0].index("▼")
-    assert all(len(line) > col for line in lines[1:7])
     assert "2 s per column" in lines[-1]
+    # 65 columns of 2 s ending at T0 (even): the window starts at T0 - 128, so the mark at T0 - 20
+    # is column 54, drawn after the 15-cell title and a space.
+    col = 15 + 1 + 54
+    assert lines[0][col] == "▼", lines[0]
+    for line in _styled_lines(render_vitals(vitals_with_incident(), width=100, now=T0))[1:8]:
+        assert _style_at(line, col) is not None and "reverse" in str(_style_at(line, col)), line.plain
+        assert not any("reverse" in str(_style_at(line, c)) for c in range(16, col)), "only the mark's column"
+
+
+def _styled_lines(text: Text) -> list[Text]:
+    return list(text.split("\n"))
+
+
+def _style_at(line: Text, col: int):
+    styles = [span.style for span in line.spans if span.start <= col < span.end]
+    return styles[-1] if styles else None
+
+
+def test_vitals_keep_a_signature_that_came_after_the_last_value_of_a_silent_server() -> None:
+    v = Vitals()
+    v.feed_log([Observation(T0 - 60 + 2 * i, "token_usage", 0.5) for i in range(31)])  # 2 s apart, last at T0
+    v.mark(T0 + 1.6, "radix page lock failed")
+    text = render_vitals(v, width=100, now=T0 + 100)
+    lines = text.plain.splitlines()
+    assert "▼" in lines[0] and "first signature 22:13:21: radix page lock failed" in lines[0], lines[0]
+    assert "this window" not in lines[0]
+    assert "ends at the last value, 22:13:22" in lines[-1], "the window ends just after the signature"
+    col = lines[0].index("▼")
+    usage = _styled_lines(text)[1]
+    assert "reverse" in str(_style_at(usage, col)) and "▅" in usage.plain[:col]
+
+
+def test_vitals_say_a_signature_is_after_the_window_when_it_is() -> None:
+    v = Vitals()
+    v.feed_log([Observation(T0 - 10 + i, "token_usage", 0.5) for i in range(11)])
+    v.mark(T0 + 50, "later")  # reported by a clock ahead of this one
+    first = render_vitals(v, width=100, now=T0 + 1).plain.splitlines()[0]
+    assert "(after this window)" in first and "▼" not in first
+    v = vitals_with_incident()
+    v.marks[:] = [(T0 - 100_000, "long ago")]
+    v.feed_metrics(ServerMetrics("sglang", {"token_usage": 0.3}), T0 + 1)
+    assert "(before this window)" in render_vitals(v, width=100, now=T0 + 1).plain.splitlines()[0]
 
 
 def test_vitals_zoom_out_keeps_the_incident() -> None:

@@ -63,6 +63,9 @@ def window_end(vitals: Vitals, now: float) -> float:
     """Now, while values come in; else just after the newest value (a log read after the fact, a
     server long gone), so the plots show what there is instead of an empty stretch up to now."""
     newest = max((s.points[-1][0] for s in vitals.series.values() if s.points), default=None)
+    mark = vitals.first_mark
+    if mark is not None and mark[0] <= now:  # a signature after the last value stays in view
+        newest = mark[0] if newest is None else max(newest, mark[0])
     if newest is None or now - newest <= STALE_S:
         return now
     return newest + 1
@@ -94,7 +97,8 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
             out.append(" " * (arrow_at - len(label) - 1) + label + " ", style="red")
             out.append("▼\n", style="bold red")
     elif mark is not None:
-        out.append(f"first signature {clock(mark[0])}: {mark[1]} (before this window)\n", style="red")
+        where = "before" if mark[0] < start else "after"
+        out.append(f"first signature {clock(mark[0])}: {mark[1]} ({where} this window)\n", style="red")
     else:
         out.append(f"{'':<{LABEL_WIDTH}} no signature yet; ▼ will mark the first\n", style="dim")
     for spec in SPECS:

@@ -145,7 +145,10 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
         assert "Thread" in (root / f"stacks/py-spy-{sim.pid}.txt").read_text()
     else:
         assert "py-spy is not installed" in (root / "stacks/py-spy.txt.note.txt").read_text()
-    assert (root / "env/collect_env.txt").exists() or (root / "env/collect_env.txt.note.txt").exists()
+    # collect_env ran with the server's own interpreter (here without torch: its note names it)
+    collect_env = root / "env/collect_env.txt"
+    assert collect_env.exists() or f"{sys.executable} -m torch.utils.collect_env" in (
+        root / "env/collect_env.txt.note.txt").read_text()  # fmt: skip
 
     # every file is in the manifest with its hash; tampering is caught; no secret anywhere
     manifest = json.loads((root / "MANIFEST.json").read_text())
@@ -160,17 +163,24 @@ def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> 
     sim = start_sim(tmp_path / "sim")
     planted = tmp_path / "server.log"
     _planted_log(planted)
+    killed = threading.Event()
+
+    def kill_midway(progress) -> None:  # dies halfway: /server_info read, the other sources racing
+        if progress.step == "server" and not killed.is_set():
+            os.kill(sim.pid, signal.SIGKILL)
+            killed.set()
+
     box = {}
-    worker = threading.Thread(
-        target=lambda: box.update(result=take_bundle(tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid))
-    )
+    worker = threading.Thread(target=lambda: box.update(result=take_bundle(
+        tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid, on_progress=kill_midway)))  # fmt: skip
     worker.start()
-    os.kill(sim.pid, signal.SIGKILL)  # dies while the bundle is being taken
     worker.join(60)
     sim.stop()
+    assert killed.is_set()
     result = box["result"]
     root = result.path
     assert verify_bundle(root) == []
+    assert json.loads((root / "server" / "server_info.json").read_text())  # read while it was alive
     assert next(root.glob("evidence/*radix-page-lock-eviction.log")).is_file()
     # every source is there, or a note says why not
     for rel in ("server/server_info.json", "server/metrics.txt", "procs/processes.json", "gpu/nvml.json",
@@ -307,3 +317,22 @@ def test_auto_bundle_takes_one_more_when_a_higher_severity_follows(tmp_path: Pat
     assert done.wait(60) and auto.state == "done", auto.error
     assert auto.result.path != first and first.is_dir() and auto.result.reason == "auto-child-sigquit"
     assert auto.exhausted and not auto.observe(crash)
+
+
+def test_a_cancelled_bundle_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Cancelled halfway (the TUI's x, Ctrl-C in confirm): BundleCancelled, and neither the
+    hidden partial directory nor a bundle remains."""
+    from radixtop.incident.bundle import BundleCancelled
+
+    planted = tmp_path / "server.log"
+    _planted_log(planted)
+    cancel = threading.Event()
+
+    def cancel_midway(progress) -> None:
+        if progress.step not in ("start", "done"):
+            cancel.set()
+
+    out = tmp_path / "out"
+    with pytest.raises(BundleCancelled):
+        take_bundle(out, logs=[str(planted)], cancel=cancel, on_progress=cancel_midway)
+    assert cancel.is_set() and list(out.iterdir()) == []

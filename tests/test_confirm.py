@@ -29,7 +29,7 @@ from radixtop.incident.launch import (
     parse_launch_command,
 )
 from radixtop.incident.redact import REDACTED, Redactor
-from radixtop.incident.trace import save_trace
+from radixtop.incident.trace import builtin_trace, save_trace
 
 LOCK_RACE = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
 HEALTHY = ("--max-total-tokens", "4096", "--page-size", "16", "--max-running-requests", "8")
@@ -88,6 +88,8 @@ def test_block_boundary_cli_reports_r02_in_the_baseline_and_a_clean_control(tmp_
     doc = json.loads(done.stdout)
     assert doc["verdict"] == "pressure-dependent", doc["reason"]
     assert doc["baseline"]["diverged"] == ["r02"] and doc["baseline"]["signatures"] == []
+    r02 = next(r for r in builtin_trace("finding_03330").requests if r.id == "r02")
+    assert r02.prefix_len == 64  # the request whose prefix is exactly one page of this server
     assert doc["control"]["diverged"] == [] and doc["control"]["signatures"] == []
     assert "--disable-radix-cache" in doc["control"]["argv"]
     assert Path(doc["bundle"]).is_dir()
@@ -282,3 +284,18 @@ def test_a_listener_that_is_not_sglang_is_refused_without_a_launch_command(tmp_p
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_trace_written_for_another_page_size_is_rescaled_to_the_servers(tmp_path: Path) -> None:
+    """finding_03330 is written for page size 64: against a server with 16-token pages its
+    one-page prefix must become 16 tokens, or the boundary case tests nothing."""
+    sim = start_sim(tmp_path / "live", "--page-size", "16", "--max-total-tokens", "65536")
+    try:
+        options = ConfirmOptions(url=sim.url, workdir=tmp_path / "c", trace=builtin_trace("finding_03330"),
+                                 runs=1, bundle=False)  # fmt: skip
+        plan = asyncio.run(prepare(options))
+    finally:
+        sim.stop()
+    assert plan.trace.page_size_hint == 16
+    assert next(r for r in plan.trace.requests if r.id == "r02").prefix_len == 16
+    assert any("rescaled to the server's 16" in n for n in plan.notes)

@@ -58,7 +58,7 @@ from radixtop.incident.launch import (
 )
 from radixtop.incident.redact import Redactor
 from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
-from radixtop.incident.trace import Trace, plan_requests, save_trace
+from radixtop.incident.trace import Trace, plan_requests, rescale_prefixes, save_trace
 
 __all__ = [
     "VERDICTS",
@@ -368,6 +368,13 @@ async def prepare(
     else:
         control_running = max(1, max_running // options.concurrency_divisor)
     trace = options.trace
+    server_page = (info or {}).get("page_size")
+    if trace is not None and isinstance(server_page, int) and server_page >= 1 and server_page != trace.page_size_hint:
+        # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one
+        # page): replayed as written against another page size they would test nothing.
+        notes.append(f"the trace's prefixes were written for page size {trace.page_size_hint}; "
+                     f"rescaled to the server's {server_page}")  # fmt: skip
+        trace = rescale_prefixes(trace, server_page)
     if trace is None:
         if info is None or not info.get("max_total_num_tokens"):
             raise PlanError("no /server_info to size a pressure workload from; pass --trace (a file or a built-in name)")

@@ -27,7 +27,7 @@ from radixtop.schema import Counters, Event
 from radixtop.widgets.gpu import GpuPane, render_gpus
 from radixtop.widgets.procs import ProcsPane, render_procs
 from radixtop.widgets.rows import TextRows
-from radixtop.widgets.radix import CHILD_PAGE, NEEDS_SGLANG, RadixPane, RadixTreeView
+from radixtop.widgets.radix import CHILD_PAGE, COLUMNS, NEEDS_SGLANG, RadixPane, RadixTreeView
 from radixtop.widgets.vitals import VitalsPane, render_vitals
 
 T0 = 1_700_000_000.0  # 22:13:20 UTC
@@ -146,6 +146,45 @@ async def test_radix_pane_summary_ranks_and_tree() -> None:
         await pilot.press("right_square_bracket")
         await pilot.pause()
         assert pane.selected == "http://127.0.0.1:2"
+
+
+async def test_locked_nodes_and_their_paths_read_without_colour(monkeypatch) -> None:
+    """NO_COLOR: Textual strips every colour, so a path to a locked node (colour only) would read
+    like any other row; a glyph in the column before the node says it instead."""
+    from textual.filter import NoColor
+
+    from pane_helpers import node
+
+    nodes = (
+        node(-1, 0, 1, 0, children=3, subtree=60),
+        node(0, 16, 0, 10, children=1, subtree=32),  # the path to a lock
+        node(10, 16, 2, 11),  # locked
+        node(0, 8, 0, 12, children=1, subtree=12),  # the path to a negative lock_ref
+        node(12, 4, -1, 13),
+        node(0, 16, 0, 14),  # nothing to say
+    )
+    board = RadixBoard()
+    board.add(sample("u", make_snapshot(nodes=nodes)))
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = PaneApp("radix")
+    assert app.no_color
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.query_one(RadixPane).show(board, now=T0)
+        tree = app.query_one(RadixTreeView)
+        tree.focus()
+        await pilot.press("x")  # open the paths to locks
+        await pilot.pause()
+        glyph_at = COLUMNS.index("node") - 1
+        seen = {}
+        for y in range(1, len(tree.rows)):
+            strip = tree.render_line(y)
+            plain = "".join(seg.text for seg in NoColor().apply(list(strip), None))
+            assert all(seg.style is None or seg.style.color is None or seg.style.color.is_default
+                       for seg in NoColor().apply(list(strip), None))  # fmt: skip
+            nid = int(plain.split("#", 1)[1].split()[0])
+            seen[nid] = plain[glyph_at]
+    assert seen == {10: "+", 11: "*", 12: "!", 13: "!", 14: " "}, seen
+    assert "* locked" in COLUMNS and "+ path to a lock" in COLUMNS
 
 
 async def test_radix_pane_freezes_on_a_down_rank() -> None:

@@ -179,7 +179,8 @@ class StatusLine(Widget):
             if text:
                 text.append(", ")
             text.append(f"{s.label} n/a", self._s("dim"))
-        return trouble, ((5, text) if text else None)
+        # The healthy ones beside sources in trouble say the outage's extent: kept over the line count.
+        return trouble, (((4 if bad else 5), text) if text else None)
 
     def render_line(self, y: int) -> Strip:
         """The line as Rich segments, straight: Textual's way (the Text turned into its Content,

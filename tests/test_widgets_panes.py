@@ -157,10 +157,10 @@ async def test_locked_nodes_and_their_paths_read_without_colour(monkeypatch) -> 
 
     nodes = (
         node(-1, 0, 1, 0, children=3, subtree=60),
-        node(0, 16, 0, 10, children=1, subtree=32),  # the path to a lock
-        node(10, 16, 2, 11),  # locked
+        node(0, 16, 0, 10, children=1, subtree=32),  # the path to a lock (parents are row numbers)
+        node(1, 16, 2, 11),  # locked
         node(0, 8, 0, 12, children=1, subtree=12),  # the path to a negative lock_ref
-        node(12, 4, -1, 13),
+        node(3, 4, -1, 13),
         node(0, 16, 0, 14),  # nothing to say
     )
     board = RadixBoard()
@@ -198,6 +198,26 @@ async def test_radix_pane_freezes_on_a_down_rank() -> None:
         assert "DOWN since 22:13:25 · last values from 22:13:20" in _plain(app, "#radix-title")
         assert "connection refused" in _plain(app, "#radix-summary")
         assert "root · 5 nodes" in app.query_one(RadixTreeView).render_line(0).text, "never blank"
+
+
+async def test_a_down_rank_says_its_census_age_from_now_and_its_rates_are_frozen() -> None:
+    app = PaneApp("radix")
+    board = board_two_ranks()
+    async with app.run_test(size=(120, 30)) as pilot:
+        pane = app.query_one(RadixPane)
+        pane.show(board, now=T0 + 1)
+        await pilot.pause()
+        summary = _plain(app, "#radix-summary")
+        assert "census 1.1s old" in summary and "(last, as of" not in summary
+        board.add(RadixSample("http://127.0.0.1:1", SourceState("down", "connection refused", T0 + 5), T0 + 5))
+        pane.show(board, now=T0 + 65)
+        await pilot.pause()
+        summary = _plain(app, "#radix-summary")
+        assert "census 65s old" in summary, "relative to now, not to the last snapshot"
+        assert "evictions 2.0/s · 32 tok/s (last, as of 22:13:20)" in summary
+        rates = app.query_one("#radix-summary", TextRows).render_line(
+            next(i for i, line in enumerate(summary.splitlines()) if line.startswith("evictions")))
+        assert not any(seg.style is not None and seg.style.bold and "2.0/s" in seg.text for seg in rates), "frozen rates are not bold"
 
 
 async def test_radix_pane_lazy_over_100k_nodes() -> None:
@@ -254,6 +274,28 @@ def test_procs_text() -> None:
     assert "scheduler TP0" in text and "99%" in text and "12.0 GiB" in text
     assert "zombie" in text and "gone 22:12:50" in text
     assert "! scheduler TP2 (pid 103) is gone since 22:12:50" in text
+
+
+async def test_procs_title_counts_a_zombie_apart_and_the_down_reason_wraps_whole() -> None:
+    app = PaneApp("procs")
+    async with app.run_test(size=(60, 20)) as pilot:
+        pane = app.query_one(ProcsPane)
+        pane.show(procs_sample(), now=T0)
+        await pilot.pause()
+        title = _plain(app, "#procs-title")
+        assert "2 alive · 1 zombie/dead" in title, title  # server + TP0; TP1 is a zombie, TP2 gone
+        reason = ("the server process (pid 100) exited with status 137, killed by SIGKILL (the kernel's "
+                  "out-of-memory killer, see dmesg); its schedulers went with it")  # fmt: skip
+        down = ProcsSample(SourceState("down", reason, T0 - 5), T0, 100, (), ())
+        pane.show(down, now=T0, last_good=procs_sample())
+        await pilot.pause()
+        body = app.query_one("#procs-body", TextRows)
+        width = pane.size.width - 2
+        rows = [body.render_line(y).text.rstrip() for y in range(6)]
+        assert rows[0].startswith("DOWN since 22:13:15: the server process"), rows
+        message = rows[: next(i for i, r in enumerate(rows) if "pid" in r and "role" in r)]
+        assert len(message) > 1 and " ".join(row.strip() for row in message).endswith("its schedulers went with it"), rows
+        assert all(len(row) <= width for row in message), "wrapped to the pane, not cut at its edge"
 
 
 def test_vitals_text_marks_the_first_signature() -> None:

@@ -6,6 +6,7 @@ The app hands in the latest ProcsSample; nothing here does I/O.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -20,7 +21,8 @@ from radixtop.widgets.rows import TextRows
 HEADER = f"{'pid':>8} {'role':<18} {'state':<10} {'RSS':>10} {'CPU':>6} {'thr':>4} {'up':>6}  command"
 
 
-def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None) -> Text:
+def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None, width: int = 0) -> Text:
+    """`width`: the pane's, to wrap the status message to (the table itself scrolls sideways)."""
     now = time.time() if now is None else now
     out = Text()
     if sample is None:
@@ -28,7 +30,9 @@ def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None
         return out
     if not sample.status.ok:
         style = "bold red" if sample.status.state in ("down", "error") else "bold yellow"
-        out.append(f"{sample.status.state.upper()} since {clock(sample.status.since)}: {sample.status.message}\n", style=style)
+        said = f"{sample.status.state.upper()} since {clock(sample.status.since)}: {sample.status.message}"
+        for line in textwrap.wrap(said, width) if width > 20 else [said]:  # whole, never cut mid-sentence
+            out.append(line + "\n", style=style)
     out.append(HEADER + "\n", style="dim")
     procs = sample.procs
     if not any(p.status != "gone" for p in procs) and last_good is not None:
@@ -70,9 +74,22 @@ class ProcsPane(Vertical):
     def show(self, sample: Any, *, now: float | None = None, last_good: Any = None) -> None:
         title = Text("Processes", style="bold")
         if sample is not None:
-            alive = sum(1 for p in sample.procs if p.status != "gone")
-            title.append(f"  pid {sample.root_pid} · {alive} running", style="dim")
+            # A zombie or dead process is not running: counted apart, so a dead scheduler shows.
+            stuck = sum(1 for p in sample.procs if p.status in ("zombie", "dead"))
+            alive = sum(1 for p in sample.procs if p.status not in ("gone", "zombie", "dead"))
+            title.append(f"  pid {sample.root_pid} · {alive} alive", style="dim")
+            if stuck:
+                title.append(f" · {stuck} zombie/dead", style="bold red")
             state = sample.status.state
             title.append(f"  {state}", style="green" if state == "ok" else "red")
         update_text(self.query_one("#procs-title", Static), title)
-        self.query_one("#procs-body", TextRows).update(render_procs(sample, now=now, last_good=last_good))
+        width = max(0, (self.size.width or 0) - 2)  # the body's padding
+        self.query_one("#procs-body", TextRows).update(render_procs(sample, now=now, last_good=last_good, width=width))
+        self._last = (sample, now, last_good)
+
+    _last: tuple[Any, Any, Any] | None = None
+
+    def on_resize(self) -> None:
+        if self._last is not None:  # the status message is wrapped to the pane's width
+            sample, now, last_good = self._last
+            self.show(sample, now=now, last_good=last_good)

@@ -439,10 +439,15 @@ class RadixPane(Vertical):
         out.append(head + "\n", style="dim")
         self._pool(out, snap)
         c = snap.counters
+        # A rank that is not answering: its last rates are not current, and say so.
+        frozen = not view.status.ok
+        figure = "dim" if frozen else "bold"
         out.append("evictions ")
-        out.append(rate(view.evictions_per_s), style="bold")
+        out.append(rate(view.evictions_per_s), style=figure)
         out.append(" · ")
-        out.append(f"{rate(view.evicted_tokens_per_s).removesuffix('/s')} tok/s", style="bold")
+        out.append(f"{rate(view.evicted_tokens_per_s).removesuffix('/s')} tok/s", style=figure)
+        if frozen:
+            out.append(f" (last, as of {clock(snap.time)})", style="dim")
         out.append(f" · total {count(c.evictions)} ({count(c.evicted_tokens)} tok) · locks {count(c.lock_ops)}/{count(c.unlock_ops)}\n")
         anomalies = [
             (name, n)
@@ -471,7 +476,8 @@ class RadixPane(Vertical):
                 out.append(_level(n, top), style=style or None)
                 out.append(count(n), style=style or None)
             done = "" if census.complete else " (partial census)"
-            out.append(f"  nodes, census {age(census.age_s)} old{done}\n", style="dim")
+            # The census's age is given relative to its snapshot: the time since then is added.
+            out.append(f"  nodes, census {age(census.age_s + max(0.0, now - snap.time))} old{done}\n", style="dim")
         width = max(40, (self.size.width or 80) - 2)
         mine = [a for a in board.anomalies if a.rank == view.rank or view.rank is None]
         serious = [a for a in mine if a.kind != "evict_short"][-3:]

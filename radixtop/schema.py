@@ -90,7 +90,7 @@ METRIC_NAMES = {
     "instrument_errors": "radixtop_instrument_errors_total",
     "events_dropped": "radixtop_events_dropped_total",
 }
-STATE_METRIC_NAMES = {  # gauges, and one counter (radixtop_snapshots_total)
+STATE_METRIC_NAMES = {  # gauges, and the endpoint's own counters (names ending in _total)
     "hooks_active": "radixtop_hooks_active",
     "snapshots": "radixtop_snapshots_total",
     "snapshot_seconds": "radixtop_snapshot_seconds",
@@ -100,6 +100,9 @@ STATE_METRIC_NAMES = {  # gauges, and one counter (radixtop_snapshots_total)
     "protected_tokens": "radixtop_protected_tokens",
     "tree_nodes": "radixtop_tree_nodes",
     "lock_ref_nodes": "radixtop_lock_ref_nodes",  # extra label lock_ref: "<0", "0", "1", "2-3", ...
+    "safe_point_errors": "radixtop_safe_point_errors_total",
+    "client_disconnects": "radixtop_client_disconnects_total",
+    "clients_refused": "radixtop_clients_refused_total",
 }
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
@@ -612,6 +615,11 @@ class Health:
     snapshot_interval_s: float  # the current minimum interval between snapshots (idle or watched)
     max_budget: int  # the server-side cap on ?budget=
     message: str = ""
+    # Optional, absent from older servers (parsed as 0 / ""):
+    safe_point_errors: int = 0  # errors caught at the scheduler's safe point (it switches off after repeated ones)
+    last_error: str = ""  # the latest safe point or snapshot error, one line
+    client_disconnects: int = 0  # clients that went away before their request was answered
+    clients_refused: int = 0  # connections answered 503 because every connection slot was busy
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -640,6 +648,10 @@ class Health:
             snapshot_interval_s=_float(_get(o, "snapshot_interval_s", w), f"{w}.snapshot_interval_s", 0.0),
             max_budget=_int(_get(o, "max_budget", w), f"{w}.max_budget", 0, MAX_TREE_NODES),
             message=_str(o.get("message", ""), f"{w}.message"),
+            safe_point_errors=_int(o.get("safe_point_errors", 0), f"{w}.safe_point_errors", 0),
+            last_error=_str(o.get("last_error", ""), f"{w}.last_error"),
+            client_disconnects=_int(o.get("client_disconnects", 0), f"{w}.client_disconnects", 0),
+            clients_refused=_int(o.get("clients_refused", 0), f"{w}.clients_refused", 0),
         )
 
 

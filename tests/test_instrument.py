@@ -737,8 +737,14 @@ def test_port_is_the_base_port_plus_the_rank(endpoint_factory):
     probe.close()
     ep = endpoint_factory(rank=2, base_port=free - 2, port=None)
     assert ep.requested_port == free
-    if ep.start():  # another process could have taken the port in between
-        assert ep.port == free
+    if not ep.start():  # another process took the port in between: one retry on a fresh one
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+        probe.close()
+        ep = endpoint_factory(rank=2, base_port=free - 2, port=None)
+        assert ep.start(), ep.disabled_reason
+    assert ep.port == free
 
 
 def test_bearer_token_required_off_loopback_and_checked_when_set(endpoint_factory):
@@ -797,6 +803,45 @@ def test_concurrent_clients_while_the_scheduler_mutates_the_tree(endpoint_factor
     assert hooks.counters().instrument_errors == 0 and ep.snapshot_errors == 0
 
 
+def _hang_up_early(ep) -> None:
+    """A request, then a reset (not a close) before any of the response has come."""
+    s = socket.create_connection(("127.0.0.1", ep.port))
+    s.sendall(f"GET {schema.SNAPSHOT_PATH} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def _wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_clients_that_hang_up_before_their_answer_are_counted_with_one_log_line_per_30s(endpoint_factory, caplog):
+    # No snapshot yet: each snapshot request waits fresh_wait_s for the scheduler before it
+    # answers, so every client here has reset its connection before the server writes a byte.
+    ep = endpoint_factory(fresh_wait_s=0.3)
+    ep.start()
+    with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
+        for _ in range(5):
+            _hang_up_early(ep)
+        _wait_for(lambda: ep.client_disconnects == 5, f"5 disconnects counted, got {ep.client_disconnects}")
+        # One INFO line for the five (at most one per 30 s), the rest counted...
+        lines = [r for r in caplog.records if "disconnected" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].levelno == logging.INFO, [r.getMessage() for r in caplog.records]
+        assert "rank 0" in lines[0].getMessage() and "more since" not in lines[0].getMessage()
+        health = parse_health(get(ep, schema.HEALTH_PATH).content)
+        assert health.client_disconnects == 5
+        assert re.search(r'^radixtop_client_disconnects_total\{rank="0"\} 5$', get(ep, schema.METRICS_PATH).text, re.MULTILINE)
+        # ...and the next line, once the 30 s are up, says how many it left out.
+        ep._disconnects._last_line -= 31
+        _hang_up_early(ep)
+        _wait_for(lambda: ep.client_disconnects == 6, "the sixth disconnect counted")
+        lines = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
+        assert len(lines) == 2 and "(4 more since the last such line)" in lines[1], lines
+
+
 def test_clients_that_vanish_mid_response_do_not_disturb_the_server(endpoint_factory, capfd):
     cache = MiniCache()
     for i in range(6000):
@@ -805,7 +850,7 @@ def test_clients_that_vanish_mid_response_do_not_disturb_the_server(endpoint_fac
     ep.start()
     ep.safe_point(cache)
     size = len(ep.latest()[1])
-    assert size > 200_000  # bigger than the socket buffers: the server is still writing
+    assert size > 200_000  # bigger than the first socket buffers: the server is often still writing
     for _ in range(5):
         s = socket.create_connection(("127.0.0.1", ep.port))
         s.sendall(f"GET {schema.SNAPSHOT_PATH} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
@@ -819,6 +864,58 @@ def test_clients_that_vanish_mid_response_do_not_disturb_the_server(endpoint_fac
     half.close()
     time.sleep(0.2)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_more_clients_than_slots_get_503_one_log_line_and_a_count(endpoint_factory, caplog):
+    ep = endpoint_factory(max_connections=1)
+    ep.start()
+    ep.safe_point(MiniCache())
+    holder = socket.create_connection(("127.0.0.1", ep.port))  # takes the only slot, says nothing
+    try:
+        with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
+            for _ in range(3):
+                assert get(ep, schema.HEALTH_PATH).status_code == 503
+        lines = [r for r in caplog.records if "slots busy" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].levelno == logging.INFO, [r.getMessage() for r in caplog.records]
+        assert "all 1 connection slots busy" in lines[0].getMessage()
+        assert ep.clients_refused == 3
+    finally:
+        holder.close()
+    # The slot comes back once the silent client leaves; health and /metrics show the count.
+    _wait_for(lambda: get(ep, schema.HEALTH_PATH).status_code == 200, "the slot was not released")
+    refused = ep.clients_refused  # 3, and any the wait itself met before the slot came back
+    health = parse_health(get(ep, schema.HEALTH_PATH).content)
+    assert health.clients_refused == refused >= 3 and health.client_disconnects == 0
+    metrics = get(ep, schema.METRICS_PATH).text
+    assert re.search(rf'^radixtop_clients_refused_total\{{rank="0"\}} {refused}$', metrics, re.MULTILINE), metrics
+    families = {f.name for f in text_string_to_metric_families(metrics)}
+    assert {"radixtop_clients_refused", "radixtop_client_disconnects", "radixtop_safe_point_errors"} <= families
+
+
+def test_safe_point_errors_reported_by_the_host_show_in_health_and_metrics(endpoint_factory):
+    ep = endpoint_factory()
+    ep.start()
+    ep.safe_point(MiniCache())
+    assert parse_health(get(ep, schema.HEALTH_PATH).content).status == "ok"
+    ep.note_safe_point_error(2, RuntimeError("tree cache unreadable\nsecond line"))
+    health = parse_health(get(ep, schema.HEALTH_PATH).content)
+    assert health.status == "degraded" and health.safe_point_errors == 2
+    assert health.last_error == "safe point: RuntimeError: tree cache unreadable"
+    assert "2 safe point error(s)" in health.message and "tree cache unreadable" in health.message
+    metrics = get(ep, schema.METRICS_PATH).text
+    assert re.search(r'^radixtop_safe_point_errors_total\{rank="0"\} 2$', metrics, re.MULTILINE), metrics
+
+
+def test_health_from_an_older_server_without_the_optional_fields_still_parses(endpoint_factory):
+    ep = endpoint_factory()
+    ep.start()
+    ep.safe_point(MiniCache())
+    d = json.loads(get(ep, schema.HEALTH_PATH).content)
+    for key in ("safe_point_errors", "last_error", "client_disconnects", "clients_refused"):
+        assert key in d
+        del d[key]
+    old = parse_health(json.dumps(d))
+    assert (old.safe_point_errors, old.last_error, old.client_disconnects, old.clients_refused) == (0, "", 0, 0)
 
 
 def test_instrumentation_wires_hooks_endpoint_and_safe_point_in_three_calls():

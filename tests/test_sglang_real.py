@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -225,6 +226,38 @@ def test_double_unlock_on_radix_cache_is_counted_and_reported(closing):
     assert 'radixtop_lock_ref_nodes{rank="3",lock_ref="<0"} 1' in text.decode()
 
 
+@needs_sglang
+def test_an_eviction_that_meets_locked_nodes_on_radix_cache_is_counted_as_evict_short_locked(closing):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache = real_cache.radix_cache(size=600)
+    inst = attach(cache, rank=0, config=CONFIG)
+    closing.append(inst)
+    driver = real_cache.Driver(cache).run(12)  # a window of running requests holds its nodes locked
+    locked, evictable = cache.protected_size(), cache.evictable_size()
+    assert locked > 0 and evictable > 0
+    before = inst.hooks.evict_short_locked
+    # Ask for every cached token: eviction frees the unlocked ones and stops at the locked ones.
+    asked = locked + evictable
+    freed = cache.evict(EvictParams(num_tokens=asked)).num_tokens_evicted
+    assert freed == evictable < asked and cache.protected_size() == locked and cache.evictable_size() == 0
+    assert inst.hooks.evict_short_locked == before + 1
+    snap = settle(inst, time.monotonic())
+    assert snap.counters.evict_short_locked == before + 1 and snap.protected_tokens == locked
+    _, body = get(inst.endpoint.url + EVENTS_PATH + "?since=0")
+    shorts = [e for e in parse_events(body).events if e.kind == "evict_short"]
+    assert shorts[-1].tokens == freed and shorts[-1].requested == asked
+    assert f"while {locked} tokens were locked" in shorts[-1].message
+    _, text = get(inst.endpoint.url + METRICS_PATH)
+    assert f'radixtop_evict_short_locked_total{{rank="0"}} {before + 1}' in text.decode()
+    # With nothing locked, an eviction that comes up short met no locked node: not counted.
+    driver.finish_all()
+    assert cache.protected_size() == 0
+    evictable = cache.evictable_size()
+    assert cache.evict(EvictParams(num_tokens=evictable + 100)).num_tokens_evicted == evictable  # short by 100
+    assert inst.hooks.evict_short_locked == before + 1
+
+
 # ----------------------------------------------------------------------------------------------
 # UnifiedRadixCache (0.5.23's default) on both tree cores
 
@@ -315,7 +348,7 @@ class SchedulerStandIn:
 
 @needs_sglang
 def test_safe_point_hook_attaches_to_the_schedulers_cache_and_follows_a_replacement():
-    points = SafePoints(config_source=lambda: InstrumentConfig(base_port=free_port() - 5, interval_s=0.05))
+    points = SafePoints(config_source=lambda: InstrumentConfig(base_port=free_port() - 3, interval_s=0.05))
     cache = real_cache.radix_cache(size=600)
     scheduler = SchedulerStandIn(cache, tp_rank=1, pp_rank=1, tp_size=2)  # rank 1 + 2 * 1 = 3
     assert glue.scheduler_rank(scheduler) == 3
@@ -340,13 +373,22 @@ def test_safe_point_hook_attaches_to_the_schedulers_cache_and_follows_a_replacem
 
 
 @needs_sglang
-def test_the_registry_shaped_around_hook_runs_the_safe_point_then_the_scheduler():
+def test_the_registry_shaped_around_hook_runs_the_safe_point_then_the_scheduler(monkeypatch):
+    # The hook uses the process's SAFE_POINTS, configured from the environment: any free port
+    # here, not the default 39100 (which a real server on this machine may hold).
+    for name in (glue.ENV_HOST, glue.ENV_TOKEN, glue.ENV_BUDGET, glue.ENV_INTERVAL):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(glue.ENV_PORT, "0")
     cache = real_cache.radix_cache(size=600)
     scheduler = SchedulerStandIn(cache)
     original = SchedulerStandIn.process_input_requests
+    glue.SAFE_POINTS.close()
     try:
         assert glue.around_process_input_requests(original, scheduler, [1, 2]) == 2
-        assert scheduler.calls == 1 and glue.SAFE_POINTS.instruments()
+        (inst,) = glue.SAFE_POINTS.instruments()
+        assert scheduler.calls == 1 and inst.cache is cache
+        assert inst.endpoint.requested_port == 0 and inst.endpoint.port not in (None, 0, glue.DEFAULT_BASE_PORT)
+        assert parse_health(get(inst.endpoint.url + HEALTH_PATH)[1]).status == "ok"
     finally:
         glue.SAFE_POINTS.close()
 
@@ -495,6 +537,7 @@ def test_plugin_route_loads_in_a_spawned_scheduler_process(monkeypatch):
     try:
         report = _read_child(parent, proc, 240)
         # load_plugins() found radixtop's entry point and HookRegistry applied its AROUND hook.
+        assert Path(report["radixtop_file"]).resolve().is_relative_to(REPO), report["radixtop_file"]
         assert not report["watched_before_plugins"] and report["instrumented"] is False
         assert report["registry_hooks"] == 1 and report["registry_applied"]
         assert any("instrumentation registered" in line for line in report["logs"])
@@ -512,7 +555,7 @@ def test_launcher_route_instruments_spawned_schedulers_without_the_plugin(tmp_pa
     base = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RADIXTOP_", "SGLANG_PLUGINS"))}
     env["RADIXTOP_INSTRUMENT_PORT"] = str(base)
-    env["PYTHONPATH"] = str(HELPERS)
+    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS), str(REPO)])  # this checkout's radixtop, whatever is installed
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixtop.instrument.launch", "--module", "launch_target", "0"],
         cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -524,6 +567,7 @@ def test_launcher_route_instruments_spawned_schedulers_without_the_plugin(tmp_pa
         assert line, proc.stderr.read()
         report = json.loads(line)
         assert "error" not in report, report["error"]
+        assert Path(report["radixtop_file"]).resolve().is_relative_to(REPO), report["radixtop_file"]
         assert report["launcher_env"]["RADIXTOP_INSTRUMENT"] == "1"
         assert report["launcher_env"]["PYTHONPATH"].split(os.pathsep)[0] == launch.BOOTSTRAP_DIR
         # The bootstrap's watch wrapped the scheduler as its module loaded; the plugin stood aside.
@@ -641,6 +685,76 @@ def test_a_cache_radixtop_does_not_know_is_one_log_line_and_served_as_sizes(capl
     assert inst.safe_point()
     snap = parse_snapshot(get(inst.endpoint.url + SNAPSHOT_PATH)[1])
     assert not snap.walkable and snap.evictable_tokens == 7 and snap.hooks_state == "off"
+
+
+def test_safe_point_errors_show_on_the_endpoint_until_it_switches_itself_off():
+    class Sizes:  # an unknown cache with sizes: enough to attach an endpoint
+        token_to_kv_pool_allocator = None
+
+        def evictable_size(self):
+            return 7
+
+        def protected_size(self):
+            return 0
+
+    class BreaksLater:
+        tp_rank = 0
+
+        def __init__(self) -> None:
+            self.reads = 0
+            self.cache = Sizes()
+
+        @property
+        def tree_cache(self):  # read twice on the first visit (attach, then the safe point)
+            self.reads += 1
+            if self.reads > 2:
+                raise RuntimeError("tree cache unreadable")
+            return self.cache
+
+    points = SafePoints(config_source=lambda: CONFIG)
+    scheduler = BreaksLater()
+    try:
+        points.at(scheduler)
+        (inst,) = points.instruments()
+        url = inst.endpoint.url
+        assert parse_health(get(url + HEALTH_PATH)[1]).status == "ok"
+        for _ in range(5):
+            points.at(scheduler)
+        health = parse_health(get(url + HEALTH_PATH)[1])
+        assert health.status == "degraded" and health.safe_point_errors == 5
+        assert health.last_error == "safe point: RuntimeError: tree cache unreadable"
+        assert "5 safe point error(s)" in health.message
+        assert 'radixtop_safe_point_errors_total{rank="0"} 5' in get(url + METRICS_PATH)[1].decode()
+        for _ in range(glue.MAX_SAFE_POINT_ERRORS):
+            points.at(scheduler)
+        assert points.disabled and not inst.endpoint.enabled and points.instruments() == []
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(url + HEALTH_PATH, timeout=5)
+    finally:
+        points.close()
+
+
+def test_a_sglang_without_the_plugin_registry_is_one_log_line_naming_the_launcher(monkeypatch, caplog):
+    scheduler_module = types.ModuleType(glue.SCHEDULER_MODULE)
+
+    class Scheduler:
+        def process_input_requests(self, recv_reqs):
+            return recv_reqs
+
+    scheduler_module.Scheduler = Scheduler
+    monkeypatch.setitem(sys.modules, glue.SCHEDULER_MODULE, scheduler_module)  # a scheduler process
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", None)  # an SGLang before 0.5.12
+    monkeypatch.setenv("RADIXTOP_INSTRUMENT", "1")
+    with caplog.at_level(logging.DEBUG, logger="radixtop.instrument"):
+        assert plugin._register() is False
+    (line,) = [r for r in caplog.records if r.name == "radixtop.instrument"]
+    assert line.levelno == logging.ERROR and "\n" not in line.getMessage()
+    assert "no plugin hook registry" in line.getMessage()
+    assert "python -m radixtop.instrument.launch <sglang.launch_server args>" in line.getMessage()
+    caplog.clear()
+    plugin.register()  # the entry point itself: the same line, nothing raised, nothing wrapped
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [line.getMessage()]
+    assert not glue.is_instrumented(Scheduler.process_input_requests)
 
 
 def test_safe_point_failures_are_counted_then_it_switches_itself_off(caplog):

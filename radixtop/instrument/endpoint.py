@@ -29,6 +29,7 @@ import ipaddress
 import logging
 import secrets
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -78,6 +79,39 @@ _COUNTER_HELP = {
     "instrument_errors": "Errors inside radixtop's own instrumentation (caught).",
     "events_dropped": "Events pushed out of the bounded event ring before being read.",
 }
+_NOTICE_EVERY_S = 30.0  # at most one INFO line per kind of client trouble this often
+
+
+def one_line(exc: BaseException) -> str:
+    """'Type: first line of the message', at most 300 characters (health's last_error)."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
+
+class _Notice:
+    """A count of one kind of client trouble, and an INFO line about it at most once per
+    `every_s`: what happened in between is counted and the next line says how much."""
+
+    def __init__(self, what: str, every_s: float) -> None:
+        self.what = what
+        self.every_s = every_s
+        self.count = 0
+        self._suppressed = 0
+        self._last_line = -float("inf")
+        self._lock = threading.Lock()
+
+    def note(self, rank: int, detail: str = "") -> None:
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if now - self._last_line < self.every_s:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._last_line = self._suppressed, 0, now
+        more = f" ({suppressed} more since the last such line)" if suppressed else ""
+        log.info("radixtop endpoint for rank %d: %s%s%s", rank, self.what, detail, more)
+
+
 _LOCK_BUCKETS = (("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63))
 
 
@@ -102,6 +136,7 @@ class _Server(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):  # bounded threads inside the host
+            self.endpoint._refusals.note(self.endpoint.rank)
             try:
                 request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
             except OSError:
@@ -121,7 +156,11 @@ class _Server(ThreadingHTTPServer):
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        # The default prints a traceback to the host's stderr; a vanished client is not news.
+        # The default prints a traceback to the host's stderr. A client that vanished while its
+        # request was read (the handler catches the ones that vanish while it answers) is counted.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            self.endpoint._client_gone(exc)
         log.debug("radixtop endpoint: error serving %s", client_address, exc_info=True)
 
 
@@ -134,14 +173,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         try:
             self.server.endpoint._serve(self)
-        except (ConnectionError, TimeoutError, OSError):
-            pass  # the client went away mid-response
+        except OSError as exc:  # the client went away mid-response (reset, broken pipe, stalled)
+            self.server.endpoint._client_gone(exc)
 
     def _not_allowed(self) -> None:
         try:
             self.server.endpoint._reply(self, 405, error_body("only GET is served here"), _JSON, {"Allow": "GET"})
-        except OSError:
-            pass
+        except OSError as exc:
+            self.server.endpoint._client_gone(exc)
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
 
@@ -169,6 +208,7 @@ class InstrumentEndpoint:
         max_duty: float = 0.01,
         max_connections: int = 16,
         fresh_wait_s: float = 1.0,
+        notice_every_s: float = _NOTICE_EVERY_S,
     ) -> None:
         self.rank = int(rank)
         self.host = host
@@ -189,6 +229,12 @@ class InstrumentEndpoint:
         self.instance = secrets.token_hex(8)
         self.disabled_reason = "not started"
         self.snapshot_errors = 0
+        self.safe_point_errors = 0  # reported by the host's glue (sglang.SafePoints), shown in health
+        self.last_error = ""  # the latest safe point or snapshot error, one line
+        self._disconnects = _Notice("a client disconnected before its response was complete", notice_every_s)
+        self._refusals = _Notice(
+            f"all {max(1, max_connections)} connection slots busy; a client was answered 503", notice_every_s
+        )
         self._snapshotter = TreeSnapshotter(self.config, activity=self._hook_activity if hooks is not None else None)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -347,9 +393,27 @@ class InstrumentEndpoint:
             self._captured.notify_all()
         return True
 
+    def note_safe_point_error(self, count: int, exc: BaseException) -> None:
+        """The host's safe point failed (count: how many times so far): shown in health and
+        /metrics, so that the endpoint says so before repeated failures switch it off."""
+        self.safe_point_errors = count
+        self.last_error = f"safe point: {one_line(exc)}"
+
+    def _client_gone(self, exc: BaseException) -> None:
+        self._disconnects.note(self.rank, f" ({one_line(exc)})")  # on an HTTP thread, never the scheduler's
+
+    @property
+    def client_disconnects(self) -> int:
+        return self._disconnects.count
+
+    @property
+    def clients_refused(self) -> int:
+        return self._refusals.count
+
     def _snapshot_failed(self, exc: BaseException) -> None:
         try:
             self.snapshot_errors += 1
+            self.last_error = f"snapshot: {one_line(exc)}"
             if self.snapshot_errors <= 3 or self.snapshot_errors % 100 == 0:
                 log.warning("radixtop snapshot error #%d: %s: %s", self.snapshot_errors, type(exc).__name__, exc)
             self.events.push("instrument_error", message=f"snapshot: {type(exc).__name__}: {exc}")
@@ -488,6 +552,8 @@ class InstrumentEndpoint:
             status, message = "starting", "no snapshot yet: waiting for the scheduler's first safe point"
         elif hooks_state == "disabled":
             status, message = "degraded", f"hooks disabled: {self.hooks.disabled_reason if self.hooks else ''}"
+        elif self.safe_point_errors:
+            status, message = "degraded", f"{self.safe_point_errors} safe point error(s), the last: {self.last_error}"
         elif self.snapshot_errors:
             status, message = "degraded", f"{self.snapshot_errors} snapshot error(s); see the event feed"
         else:
@@ -505,6 +571,10 @@ class InstrumentEndpoint:
             snapshot_interval_s=self._interval,
             max_budget=self.config.max_nodes,
             message=message,
+            safe_point_errors=self.safe_point_errors,
+            last_error=self.last_error,
+            client_disconnects=self.client_disconnects,
+            clients_refused=self.clients_refused,
         )
 
     def metrics_text(self) -> str:
@@ -525,6 +595,12 @@ class InstrumentEndpoint:
         hooks_active = 1 if self.hooks is not None and self.hooks.state == "active" else 0
         family(STATE_METRIC_NAMES["hooks_active"], "gauge", "1 while radixtop's cache hooks are installed and counting.", [(rank, hooks_active)])
         family(STATE_METRIC_NAMES["snapshots"], "counter", "Snapshots taken at scheduler safe points.", [(rank, self._seq)])
+        for key, help_text in (
+            ("safe_point_errors", "Errors caught at the scheduler's safe point (repeated ones switch the instrumentation off)."),
+            ("client_disconnects", "Clients that went away before their response was complete."),
+            ("clients_refused", "Connections answered 503 because every connection slot was busy."),
+        ):
+            family(STATE_METRIC_NAMES[key], "counter", help_text, [(rank, getattr(self, key))])
         if snap is not None:
             family(STATE_METRIC_NAMES["snapshot_seconds"], "gauge", "Scheduler-thread seconds the latest snapshot took.", [(rank, snap.seconds)])
             for key, help_text in (

@@ -43,8 +43,8 @@ ENV_ENABLE = "RADIXTOP_INSTRUMENT"  # "1" turns everything on; anything else: no
 ENV_PORT = "RADIXTOP_INSTRUMENT_PORT"  # base port: rank r serves on base + r (0: any free port)
 ENV_HOST = "RADIXTOP_INSTRUMENT_HOST"  # bind address (default 127.0.0.1)
 ENV_TOKEN = "RADIXTOP_INSTRUMENT_TOKEN"  # bearer token; required when the host is not loopback
-ENV_BUDGET = "RADIXTOP_INSTRUMENT_BUDGET"  # nodes per snapshot (default 256)
-ENV_INTERVAL = "RADIXTOP_INSTRUMENT_INTERVAL"  # seconds between snapshots while watched (default 0.5)
+ENV_BUDGET = "RADIXTOP_INSTRUMENT_BUDGET"  # nodes per snapshot (default SnapshotConfig.max_nodes, 128)
+ENV_INTERVAL = "RADIXTOP_INSTRUMENT_INTERVAL"  # least seconds between snapshots (default 0.5); taken only when read
 
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 SAFE_POINT_METHOD = "process_input_requests"
@@ -282,6 +282,8 @@ class SafePoints:
             self.errors += 1
             if self.errors <= 3 or self.errors % 100 == 0:
                 log.warning("radixtop safe point error #%d: %s: %s", self.errors, type(exc).__name__, exc)
+            for inst in self.instruments():  # health and /metrics say so while they still serve
+                inst.endpoint.note_safe_point_error(self.errors, exc)
             if self.errors >= MAX_SAFE_POINT_ERRORS and not self.disabled:
                 log.error("radixtop: %d safe point errors; instrumentation switched off, the server keeps serving", self.errors)
                 self.disabled = True

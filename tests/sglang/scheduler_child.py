@@ -5,8 +5,9 @@ does what that function does up to the loop, for real: the scheduler module is i
 unpickles the target from there), `sglang.srt.plugins.load_plugins()` runs, and then the loop's
 per-iteration call `scheduler.process_input_requests(recv_reqs)` is made on a Scheduler object
 (built without its __init__) whose tree_cache is a real RadixCache driven by a scheduler-shaped
-workload. radixtop's safe point runs first; SGLang's body then fails on the bare object, which is
-expected and ignored. The child reports what it saw over a pipe and serves until told to stop.
+workload. radixtop's safe point runs first; SGLang's body then fails on the bare object (an
+AttributeError for an attribute __init__ would have set, raised in sglang's code), which is expected
+and ignored; any other error surfaces in the report. The child reports what it saw over a pipe and serves until told to stop.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ class _Collect(logging.Handler):
 def _iteration(scheduler: Any) -> None:
     try:
         scheduler.process_input_requests([])
-    except Exception:
-        pass  # SGLang's own body on a scheduler built without __init__: expected
+    except AttributeError as exc:
+        # Expected only as SGLang's own body on a scheduler built without __init__: an attribute
+        # missing on this scheduler, raised in sglang's code. Anything else is a failure to see.
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = frames[-1].filename if frames else ""
+        in_sglang = f"{os.sep}sglang{os.sep}" in where and f"{os.sep}radixtop{os.sep}" not in where
+        if exc.obj is not scheduler or not in_sglang:
+            raise
 
 
 def _figures(cache: Any) -> dict:
@@ -66,8 +73,10 @@ def run(conn: Any, route: str, tp_rank: int = 0, requests: int = 40) -> None:
         from sglang.srt.plugins import load_plugins
         from sglang.srt.plugins.hook_registry import HookRegistry
 
+        import radixtop
         from radixtop.instrument import sglang as glue
 
+        report["radixtop_file"] = radixtop.__file__  # which checkout this process runs
         report["watched_before_plugins"] = glue.is_instrumented(scheduler_module.Scheduler.process_input_requests)
         load_plugins()
         report["instrumented"] = glue.is_instrumented(scheduler_module.Scheduler.process_input_requests)

@@ -231,9 +231,13 @@ async def test_radix_pane_lazy_over_100k_nodes() -> None:
         await pilot.pause()
         tree = app.query_one(RadixTreeView)
         assert len(tree.rows) == 1 + CHILD_PAGE + 1, "only one page of the root's children is listed"
-        assert "more children" in tree.render_line(CHILD_PAGE + 1 - round(tree.scroll_y)).text or True
+        assert tree.rows[-1][2] == 100_000 - CHILD_PAGE, "the last row is the '… more' row"
         tree.focus()
-        await pilot.press("end", "enter")
+        await pilot.press("end")
+        await pilot.pause()
+        on_screen = tree.render_line(tree.cursor - round(tree.scroll_y)).text
+        assert "… 99,800 more children (Enter lists 200 more)" in on_screen, on_screen
+        await pilot.press("enter")
         await pilot.pause()
         assert len(tree.rows) == 1 + 2 * CHILD_PAGE + 1
         assert all(snap.tree.nodes[r].lock_ref == 1 for r, _, more in tree.rows[1:CHILD_PAGE] if not more)
@@ -360,11 +364,12 @@ def test_vitals_zoom_out_keeps_the_incident() -> None:
 
 
 async def test_panes_survive_a_tiny_terminal() -> None:
-    for which, show in (
-        ("radix", lambda p: p.show(board_two_ranks(), now=T0)),
-        ("gpu", lambda p: p.show(gpu_sample(), server_pids={4242: "scheduler TP0"}, now=T0)),
-        ("procs", lambda p: p.show(procs_sample(), now=T0)),
-        ("vitals", lambda p: p.show(vitals_with_incident(), now=T0)),
+    """Shrunk to 40x10, each pane still says its most important thing on screen."""
+    for which, show, said in (
+        ("radix", lambda p: p.show(board_two_ranks(), now=T0), ("Radix cache", "rank 0", "pool 4,096")),
+        ("gpu", lambda p: p.show(gpu_sample(), server_pids={4242: "scheduler TP0"}, now=T0), ("GPU 0 H200",)),
+        ("procs", lambda p: p.show(procs_sample(), now=T0), ("DEGRADED since 22:12:50", "is a zombie")),
+        ("vitals", lambda p: p.show(vitals_with_incident(), now=T0), ("first signature", "token usage")),
     ):
         app = PaneApp(which)
         async with app.run_test(size=(60, 20)) as pilot:
@@ -375,6 +380,9 @@ async def test_panes_survive_a_tiny_terminal() -> None:
             show(app.query_one("#pane"))
             await pilot.pause()
             assert app.is_running
+            screen = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+            for text in said:
+                assert text in screen, f"{which}: {text!r} not on a 40x10 screen:\n{screen}"
 
 
 # ----------------------------------------------------------------------------------------------

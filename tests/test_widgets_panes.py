@@ -220,6 +220,35 @@ async def test_a_down_rank_says_its_census_age_from_now_and_its_rates_are_frozen
         assert not any(seg.style is not None and seg.style.bold and "2.0/s" in seg.text for seg in rates), "frozen rates are not bold"
 
 
+async def test_an_endpoint_answering_garbage_after_a_good_snapshot_keeps_the_tree_and_says_why() -> None:
+    """A real probe against a real loopback server: one good snapshot, then an HTML page."""
+    from pane_helpers import Answer, health_body, stub_server
+
+    from radixtop.probes.radix import HEALTH_PATH, SNAPSHOT_PATH, RadixProbe
+
+    board = RadixBoard()
+    app = PaneApp("radix")
+    with stub_server() as stub:
+        stub.answers[SNAPSHOT_PATH] = Answer(body=make_snapshot().to_json())
+        stub.answers[HEALTH_PATH] = Answer(body=health_body())
+        probe = RadixProbe(stub.url)
+        try:
+            board.add(await probe.poll())
+            stub.answers[SNAPSHOT_PATH] = Answer(body=b"<html>502 Bad Gateway</html>")
+            bad = await probe.poll()
+        finally:
+            await probe.aclose()
+    assert bad.status.state == "error"
+    board.add(bad)
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.query_one(RadixPane).show(board, now=T0 + 5)
+        await pilot.pause()
+        summary = _plain(app, "#radix-summary")
+        assert "snapshot: not valid JSON" in summary.splitlines()[0], summary
+        assert "ERROR since" in _plain(app, "#radix-title")
+        assert "root · 5 nodes" in app.query_one(RadixTreeView).render_line(0).text, "the last tree is kept"
+
+
 async def test_radix_pane_lazy_over_100k_nodes() -> None:
     snap = wide_snapshot(100_000)
     board = RadixBoard()

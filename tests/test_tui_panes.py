@@ -86,3 +86,37 @@ async def test_the_first_signature_in_the_log_is_marked_on_the_vitals(tmp_path, 
         col = rows[0].index("▼")
         for row in rows[1:8]:
             assert len(row) > col and row[col] != " ", "every plot marks the column: " + row
+
+
+async def test_the_gpu_pane_in_the_app_against_the_simulator_with_nvml_faked(tmp_path, monkeypatch) -> None:
+    """NVML faked at the pynvml functions (no GPU here); everything else real: the simulator, its
+    process found by discovery, the GPU probe's worker. The server's pid is matched by pid."""
+    from pane_helpers import start_sim, stop
+    from test_app_panes import live_app
+    from test_probe_gpu import FakeNvml
+
+    nvml = FakeNvml(monkeypatch)
+    proc, url, log = start_sim(tmp_path / "sim", "--tp-size", "1")
+    GiB = 1024**3
+    nvml.set("nvmlDeviceGetComputeRunningProcesses", lambda h: [
+        type("P", (), {"pid": proc.pid, "usedGpuMemory": (70 + h[1]) * GiB})(),
+        type("P", (), {"pid": 999_999, "usedGpuMemory": None})(),
+    ])  # fmt: skip
+    try:
+        app = live_app(url, log, gpu=True)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted")
+            body = lambda: app.query_one("#gpu-pane").query_one("#gpu-body").render().plain  # noqa: E731
+            await _until(pilot, lambda: f"pid {proc.pid}" in body() and "not the server" in body()
+                         and "not the server" not in next(l for l in body().splitlines() if f"pid {proc.pid}" in l),
+                         "the server's pid matched on the GPU pane", 30)  # fmt: skip
+            text = body()
+            assert "GPU 0 H200" in text and "GPU 1 H200" in text
+            assert "100 GiB/140 GiB" in text and "101 GiB/140 GiB" in text
+            assert "util 97%" in text and "66°C" in text and "512/700 W" in text
+            mine = [l for l in text.splitlines() if f"pid {proc.pid}" in l]
+            assert any("70.0 GiB" in l for l in mine) and any("71.0 GiB" in l for l in mine), mine
+            assert "pid 999999" in text
+            assert "gpu ok" in str(app.status_line.render())
+    finally:
+        stop(proc)

@@ -120,3 +120,30 @@ async def test_the_gpu_pane_in_the_app_against_the_simulator_with_nvml_faked(tmp
             assert "gpu ok" in str(app.status_line.render())
     finally:
         stop(proc)
+
+
+async def test_the_radix_pane_repeats_the_logs_radix_cache_signatures(tmp_path, utc) -> None:
+    """The rank that raised RadixCacheError is dead before its endpoint is read again: the radix
+    pane says what the log saw about the radix cache (when, which rank, how often), with no
+    endpoint at all too."""
+    lines = SAMPLE.read_text().splitlines()
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines[:370]) + "\n")
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True, live=LiveOptions(discover=False, gpu=False))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted")
+        await pilot.pause(0.5)
+        summary = lambda: app.query_one("#radix-summary").render().plain  # noqa: E731
+        assert "Radix cache" not in summary()
+        with log.open("a") as f:
+            f.write("\n".join(lines[370:]) + "\n")  # the contention warning, then two RadixCacheErrors
+        await _until(pilot, lambda: "page lock failed" in summary(), "the lock failure in the radix pane", 15)
+        rows = summary().splitlines()
+        warn = next(r for r in rows if "contended" in r)
+        fail = next(r for r in rows if "page lock failed" in r)
+        assert warn.startswith("log 14:03:14 TP1 Radix cache eviction contended"), warn
+        assert fail.startswith("log ") and fail.endswith("×2"), fail
+        assert rows.index(warn) < rows.index(fail)  # in the order they first came
+        await pilot.resize_terminal(150, 48)  # a redraw without new findings keeps them
+        await pilot.pause(0.3)
+        assert "page lock failed" in summary()

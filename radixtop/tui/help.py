@@ -67,8 +67,9 @@ def help_text() -> Table:
     table.add_row(Text("Panes", style=Style(bold=True, underline=True)), "")
     table.add_row("radix", "one rank's prefix tree from radixtop's debug endpoint: the pool (locked, running, "
                   "evictable, free tokens), evictions/s, lock anomalies with their times, the lock_ref "
-                  "histogram (page-lock occupancy), 'ranks disagree' when tree digests differ; "
-                  "locked paths in colour, negative lock_ref reversed")
+                  "histogram (page-lock occupancy), 'ranks disagree' when tree digests differ, and "
+                  "the radix-cache signatures the log reported (log HH:MM:SS rank …); in the tree "
+                  "* locked, + path to a lock, ! negative lock_ref")
     table.add_row("vitals", "token usage, running and queued requests, cache hit rate, evicted tokens/s, "
                   "retractions, GPU memory over time (from /metrics, else the log); ▼ marks the first signature")
     table.add_row("GPU", "per GPU memory, utilisation, temperature, power; processes holding GPU memory, "

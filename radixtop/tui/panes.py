@@ -14,12 +14,10 @@ VITALS_REDRAW_S anyway (their time axis moves). Hidden panes are not drawn. Noth
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
-
-from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from textual.containers import Horizontal
 
@@ -31,6 +29,19 @@ from radixtop.widgets.fmt import clock
 if TYPE_CHECKING:
     from radixtop.probes.status import SourceState
     from radixtop.tui.live import LiveSources, LiveState, Targets
+
+RADIX_SUBSYSTEM = "radix-cache"  # the signatures' subsystem the radix pane repeats from the log
+
+
+class LogFinding(NamedTuple):
+    """A radix-cache signature as the log showed it, for the radix pane."""
+
+    epoch: float | None  # its first occurrence
+    rank: str | None
+    title: str
+    count: int
+    severity: str
+
 
 WIDE_MIN = 140
 TALL_MIN = 40
@@ -124,6 +135,7 @@ class Panes:
         self._redraw_pending = False
         self._frame_at = -1e9
         self._marked: str | None = None
+        self._radix_log: tuple[LogFinding, ...] = ()
 
     @property
     def state(self) -> LiveState:
@@ -208,7 +220,15 @@ class Panes:
             self.state.version += 1
 
     def note_report(self, report: Any, title_of: Callable[[str], str]) -> None:
-        """Mark the initiating failure's moment (the earliest warning-or-worse signature) on every plot."""
+        """Mark the initiating failure's moment (the earliest warning-or-worse signature) on every
+        plot, and hand the radix pane what the log says about the radix cache (a rank that raised
+        RadixCacheError is usually dead before its endpoint is read again)."""
+        findings = getattr(report, "findings", ()) if report is not None else ()
+        self._radix_log = tuple(
+            LogFinding(f.first.epoch, f.first.rank, f.signature.title, f.count, f.signature.severity)
+            for f in findings
+            if f.signature.subsystem == RADIX_SUBSYSTEM
+        )
         initiating = getattr(report, "initiating", None) if report is not None else None
         if initiating is None:
             return
@@ -318,6 +338,7 @@ class Panes:
             pane.selected,
             selected.version if selected is not None else None,
             others,
+            self._radix_log,
         )
 
     def redraw_after_frame(self) -> None:
@@ -365,7 +386,7 @@ class Panes:
                 note = NEEDS_SGLANG
             elif self.targets is None:
                 note = "looking for servers on this node…"
-            app.query_one(RadixPane).show(st.board, now=now, note=note, groups=st.groups())
+            app.query_one(RadixPane).show(st.board, now=now, note=note, groups=st.groups(), from_log=self._radix_log)
         elif name == "vitals":
             status = st.server.status if st.server is not None else None
             note = ""

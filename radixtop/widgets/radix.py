@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.segment import Segment
@@ -29,7 +30,15 @@ from textual.strip import Strip
 from textual.widgets import Static
 
 from radixtop.probes.radix import RadixBoard, RankView, TreeIndex, discard
-from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
+from radixtop.widgets.fmt import (
+    age,
+    bar,
+    clock,
+    count,
+    frozen_banner,
+    rate,
+    update_text,
+)
 from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
@@ -363,6 +372,7 @@ class RadixPane(Vertical):
         self._note = ""
         self._groups: Any = None
         self._now: float | None = None
+        self._from_log: tuple[Any, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield Static("Radix cache", id="radix-title")
@@ -378,16 +388,26 @@ class RadixPane(Vertical):
         if self._board is not None:  # the pool bar's width is the pane's
             self.show(self._board, now=self._now, note=self._note, groups=self._groups)
 
-    def show(self, board: RadixBoard, *, now: float | None = None, note: str = "", groups: Any = None) -> None:
-        """Redraw from the board (`note` replaces the summary when there is nothing to show)."""
+    def show(
+        self, board: RadixBoard, *, now: float | None = None, note: str = "", groups: Any = None,
+        from_log: Sequence[Any] | None = None,
+    ) -> None:
+        """Redraw from the board (`note` replaces the summary when there is nothing to show).
+        `from_log`: the radix-cache signatures the log reported (tui.panes.LogFinding), listed
+        after what the endpoint says: the failure kills its rank before the endpoint is read;
+        None keeps the last ones (a resize, a rank key)."""
         self._board, self._note, self._groups, self._now = board, note, groups, now
+        if from_log is not None:
+            self._from_log = tuple(from_log)
         now = time.time() if now is None else now
         views = board.ordered()
         if views and (self.selected is None or self.selected not in board.ranks):
             self.selected = views[0].url
         view = board.ranks.get(self.selected) if self.selected else None
         update_text(self.query_one("#radix-title", Static), self._title(views, view, now))
-        self.query_one("#radix-summary", TextRows).update(self._summary(board, view, now, note))
+        summary = self._summary(board, view, now, note)
+        self._log_lines(summary)
+        self.query_one("#radix-summary", TextRows).update(summary)
         snap = view.snapshot if view is not None else None
         self.tree_view.set_tree(snap, view.index if view is not None else None)
 
@@ -403,6 +423,18 @@ class RadixPane(Vertical):
         i = urls.index(self.selected) if self.selected in urls else 0
         self.selected = urls[(i + step) % len(urls)]
         self.show(board, now=self._now, note=self._note, groups=self._groups)
+
+    def _log_lines(self, out: Text) -> None:
+        """One line per radix-cache signature in the log: when it first came, which rank, how often."""
+        width = max(40, (self.size.width or 80) - 2)
+        for f in sorted(self._from_log, key=lambda f: f.epoch or 0.0):
+            when = clock(f.epoch) if f.epoch is not None else "--:--:--"
+            times = f" ×{f.count}" if f.count > 1 else ""
+            line = f"log {when} {f.rank or ''} {f.title}{times}".replace("  ", " ")
+            style = {"warning": "yellow", "info": "dim"}.get(f.severity, "bold red")
+            if out.plain and not out.plain.endswith("\n"):
+                out.append("\n")
+            out.append(_fit(line, width), style=style)
 
     def _title(self, views: list[RankView], view: RankView | None, now: float) -> Text:
         text = Text("Radix cache ", style="bold")

@@ -6,7 +6,6 @@ import asyncio
 import io
 import json
 import os
-import shutil
 import signal
 import sys
 import tarfile
@@ -20,6 +19,7 @@ from incident_helpers import all_bytes, radixtop, start_sim, wait_for, write_lin
 
 from radixtop.diagnosis.catalog import ORDINARY_LINES, load_catalog
 from radixtop.incident.bundle import AutoBundler, take_bundle, verify_bundle
+from radixtop.incident.evidence import find_tool
 from radixtop.incident.logwindow import LogWindow
 from radixtop.incident.redact import REDACTED, Redactor
 from radixtop.incident.replay import replay_once
@@ -141,7 +141,7 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
     assert env["HF_TOKEN"] == REDACTED and env["MY_DB_PASSWORD"] == REDACTED
     assert (root / "gpu/nvml.json").exists() or (root / "gpu/nvml.json.note.txt").exists()
     assert (root / "gpu/nvidia-smi.txt").exists() or "nvidia-smi" in (root / "gpu/nvidia-smi.txt.note.txt").read_text()
-    if shutil.which("py-spy"):
+    if find_tool("py-spy"):  # a dependency: found on PATH or beside this interpreter
         assert "Thread" in (root / f"stacks/py-spy-{sim.pid}.txt").read_text()
     else:
         assert "py-spy is not installed" in (root / "stacks/py-spy.txt.note.txt").read_text()

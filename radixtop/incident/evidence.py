@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -258,13 +259,24 @@ def _is_python(proc: psutil.Process) -> bool:
         return False
 
 
+def find_tool(name: str) -> str | None:
+    """A command on PATH, else beside radixtop's own interpreter: installed with radixtop (its
+    venv, pipx) but not on PATH when radixtop is run as /path/to/venv/bin/radixtop."""
+    found = shutil.which(name)
+    if found is None:
+        beside = Path(sys.executable).parent / name
+        if beside.is_file() and os.access(beside, os.X_OK):
+            found = str(beside)
+    return found
+
+
 def collect_stacks(sink: Sink, processes: Sequence[psutil.Process], *, timeout_s: float = 10.0) -> None:
     """``py-spy dump`` of every Python process in the tree (the scheduler's stack is the one that
     matters when it hangs). py-spy pauses each process for a moment; locals are never dumped."""
     if not processes:
         sink.note("stacks/py-spy.txt", "no server process known, so no stacks were taken")
         return
-    py_spy = shutil.which("py-spy")
+    py_spy = find_tool("py-spy")
     if py_spy is None:
         sink.note(
             "stacks/py-spy.txt",

@@ -65,3 +65,18 @@ async def test_healthy_sources_come_after_the_first_finding_and_go_first_when_na
     assert wide.index("first:") < wide.index("server ok")
     narrow = await _line(StatusInfo(total_lines=10, sources=sources, initiating=FIRST), 80)
     assert "first: TP0" in narrow and "server ok" not in narrow
+
+
+async def test_a_long_list_of_sources_in_trouble_leaves_the_first_rank_and_its_time_readable() -> None:
+    """Mid-crash every source can be in a different state with its reason: the sources give way
+    (cut with …) before the rank that spoke first does."""
+    sources = (
+        SourceStatus("server", "error", "HTTP 503 Service Unavailable from /health"),
+        SourceStatus("r0", "down", "since 07:18:56"),
+        SourceStatus("r1", "error", "connection reset by peer while reading the snapshot"),
+        SourceStatus("procs", "degraded", "scheduler pid 4242 is a zombie"),
+    )
+    text = await _line(StatusInfo(total_lines=5000, rate=3.0, sources=sources, initiating=FIRST, findings=2), 120)
+    assert "first: TP0 07:18:55" in text, text
+    assert "server ERROR" in text and "…" in text.split("first:")[0], "the sources are said, then cut"
+    assert len(text.rstrip()) <= 120

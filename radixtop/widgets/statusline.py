@@ -61,6 +61,9 @@ def _as_shown(info: StatusInfo) -> StatusInfo:
     return replace(info, rate=None if info.rate is None else round(info.rate))
 
 
+FIRST_MIN = 24  # cells kept for "first: TP1 07:44:46.704" (rank and time) before sources in trouble are cut
+
+
 class StatusLine(Widget):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "statusline--mode",
@@ -182,6 +185,27 @@ class StatusLine(Widget):
         # The healthy ones beside sources in trouble say the outage's extent: kept over the line count.
         return trouble, (((4 if bad else 5), text) if text else None)
 
+    def _make_room_for_the_first(self, parts: list[tuple[int, Text]], width: int, sep: int) -> None:
+        """Sources in trouble and the first failure both stay, and the line is cut at its end. A
+        crash's sources can say a lot (several states, each with why): when they would leave the
+        first failure less than FIRST_MIN cells (its rank and time), they give way, down to a
+        third of the line."""
+        first = next((i for i, (_, t) in enumerate(parts) if t.plain.startswith("first: ")), None)
+        trouble = next((i for i, (p, _) in enumerate(parts) if p == 1), None)
+        if first is None or trouble is None or trouble > first:
+            return
+        start = sum(cell_len(t.plain) for _, t in parts[:first]) + sep * first
+        wanted = min(cell_len(parts[first][1].plain), FIRST_MIN)
+        short = wanted - (width - start)
+        if short <= 0:
+            return
+        text = parts[trouble][1]
+        keep = max(width // 3, cell_len(text.plain) - short)
+        if keep < cell_len(text.plain):
+            cut = text.copy()
+            cut.truncate(keep, overflow="ellipsis")
+            parts[trouble] = (1, cut)
+
     def render_line(self, y: int) -> Strip:
         """The line as Rich segments, straight: Textual's way (the Text turned into its Content,
         styles converted span by span, then laid out) cost ten times more, 1 ms and up on every
@@ -208,6 +232,7 @@ class StatusLine(Widget):
             if parts[worst][0] <= 2:
                 break  # the initiating failure and sources in trouble stay; the line is cut instead
             del parts[worst]
+        self._make_room_for_the_first(parts, width, cell_len(sep))
         line = Text(no_wrap=True, overflow="ellipsis")
         for i, (_, text) in enumerate(parts):
             if i:

@@ -69,6 +69,7 @@ EVENT_KINDS = (
     "evict_short",  # an evict freed less than asked while protected (locked) tokens > 0
     "lock_failure",  # inc_lock_ref raised
     "unlock_failure",  # dec_lock_ref raised
+    "evict_failure",  # evict raised (the seed's RadixCacheError during dynamic prefix eviction is one)
     "negative_lock_ref",  # after dec_lock_ref a node on the unlocked path has lock_ref < 0
     "instrument_error",  # radixtop's own code failed (caught, counted)
     "hooks_disabled",  # too many instrument errors: hooks removed themselves
@@ -87,6 +88,7 @@ METRIC_NAMES = {
     "evictions": "radixtop_evictions_total",
     "evicted_tokens": "radixtop_evicted_tokens_total",
     "evict_short_locked": "radixtop_evict_short_locked_total",
+    "evict_failures": "radixtop_evict_failures_total",
     "instrument_errors": "radixtop_instrument_errors_total",
     "events_dropped": "radixtop_events_dropped_total",
 }
@@ -255,6 +257,7 @@ class Counters:
     evict_short_locked: int = 0  # evicts that freed less than asked while protected tokens > 0
     instrument_errors: int = 0
     events_dropped: int = 0  # events pushed out of the bounded ring before anyone read them
+    evict_failures: int = 0  # evict calls that raised (optional: absent from older servers)
 
     def to_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -262,7 +265,14 @@ class Counters:
     @classmethod
     def from_dict(cls, obj: Any, where: str = "counters") -> Counters:
         o = _obj(obj, where)
-        return cls(**{f.name: _int(_get(o, f.name, where), f"{where}.{f.name}", 0) for f in fields(cls)})
+        return cls(**{
+            f.name: _int(o.get(f.name, 0) if f.name in _OPTIONAL_COUNTERS else _get(o, f.name, where),
+                         f"{where}.{f.name}", 0)
+            for f in fields(cls)
+        })  # fmt: skip
+
+
+_OPTIONAL_COUNTERS = frozenset({"evict_failures"})
 
 
 class NodeRow(NamedTuple):

@@ -502,6 +502,63 @@ def test_a_failing_lock_is_counted_and_the_host_exception_passes_through():
     assert cache.__dict__["inc_lock_ref"].__func__ is failing  # the instance's own override is back
 
 
+def test_an_evict_that_raises_is_counted_and_the_host_exception_passes_through():
+    """The seed's RadixCacheError comes out of eviction itself: both wrapper shapes (SGLang >= 0.5's
+    evict(params), whose fast path starts after an evict has reported what it freed, and the older
+    evict(num_tokens)) count it as an evict_failure, with its event, and re-raise the host's own
+    exception."""
+    from radixtop.sim.radix import RadixCacheError
+
+    error = RadixCacheError("Failed to lock memory page during dynamic prefix eviction")
+
+    class FailingSim(RadixCache):
+        fail = False
+
+        def evict(self, params):  # exactly SGLang >= 0.5's shape
+            if self.fail:
+                raise error
+            return super().evict(params)
+
+    class FailingMini(MiniCache):
+        fail = False
+
+        def evict(self, num_tokens, evict_callback=None):  # the older shape
+            if self.fail:
+                raise error
+            return super().evict(num_tokens, evict_callback)
+
+    new = filled_sim_cache(n_prompts=4)
+    new.__class__ = FailingSim
+    old = FailingMini()
+    old.add(None, list(range(10)))
+    for cache, call in ((new, lambda c: c.evict(EvictParams(num_tokens=5))), (old, lambda c: c.evict(5))):
+        hooks = CacheHooks()
+        hooks.install(cache)
+        call(cache)  # a good one first: the exact-shape wrapper's fast path from then on
+        cache.fail = True
+        with pytest.raises(RadixCacheError) as caught:
+            call(cache)
+        assert caught.value is error
+        c = hooks.counters()
+        assert (c.evict_calls, c.evict_failures, c.evictions, c.instrument_errors) == (2, 1, 1, 0)
+        event = hooks.events.read(0)[0][-1]
+        assert event.kind == "evict_failure" and event.message == f"RadixCacheError: {error}"
+        cache.fail = False
+        call(cache)  # counted again: the failure did not leave the hooks "inside an evict"
+        assert hooks.counters().evict_calls == 3
+        hooks.uninstall()
+
+
+def test_counters_from_an_older_server_without_evict_failures_still_parse():
+    doc = schema.Counters(evict_failures=3).to_dict()
+    assert schema.Counters.from_dict(doc).evict_failures == 3
+    del doc["evict_failures"]
+    assert schema.Counters.from_dict(doc).evict_failures == 0
+    del doc["lock_ops"]  # the others stay required
+    with pytest.raises(ValueError):
+        schema.Counters.from_dict(doc)
+
+
 def test_repeated_instrument_errors_disable_the_hooks_and_restore_methods(caplog):
     class Broken(MiniCache):
         def evictable_size(self):
@@ -883,10 +940,21 @@ def test_more_clients_than_slots_get_503_one_log_line_and_a_count(endpoint_facto
         holder.close()
     # The slot comes back once the silent client leaves; health and /metrics show the count.
     _wait_for(lambda: get(ep, schema.HEALTH_PATH).status_code == 200, "the slot was not released")
-    refused = ep.clients_refused  # 3, and any the wait itself met before the slot came back
-    health = parse_health(get(ep, schema.HEALTH_PATH).content)
+    # One slot: the previous answer's thread may still hold it for a moment after the client has
+    # read the answer, so each read waits for a 200.
+    answers = {}
+
+    def read(path: str) -> bool:
+        answers[path] = get(ep, path)
+        return answers[path].status_code == 200
+
+    _wait_for(lambda: read(schema.HEALTH_PATH), "health not answered")
+    refused = ep.clients_refused  # 3, and any the waits met before the slot came back
+    health = parse_health(answers[schema.HEALTH_PATH].content)
     assert health.clients_refused == refused >= 3 and health.client_disconnects == 0
-    metrics = get(ep, schema.METRICS_PATH).text
+    _wait_for(lambda: read(schema.METRICS_PATH), "/metrics not answered")
+    refused = ep.clients_refused
+    metrics = answers[schema.METRICS_PATH].text
     assert re.search(rf'^radixtop_clients_refused_total\{{rank="0"\}} {refused}$', metrics, re.MULTILINE), metrics
     families = {f.name for f in text_string_to_metric_families(metrics)}
     assert {"radixtop_clients_refused", "radixtop_client_disconnects", "radixtop_safe_point_errors"} <= families

@@ -258,6 +258,41 @@ def test_an_eviction_that_meets_locked_nodes_on_radix_cache_is_counted_as_evict_
     assert inst.hooks.evict_short_locked == before + 1
 
 
+@needs_sglang
+def test_an_evict_that_raises_inside_radix_cache_is_an_evict_failure_and_the_error_passes_through(closing):
+    """The seed's failure surfaces from eviction itself. The narrowest seam that makes sglang's own
+    RadixCache.evict raise: the KV allocator's free_segment, which it calls for the first leaf."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache = real_cache.radix_cache(size=600)
+    inst = attach(cache, rank=1, config=CONFIG)
+    closing.append(inst)
+    driver = real_cache.Driver(cache).run(12)
+    assert cache.evict(EvictParams(num_tokens=1)).num_tokens_evicted > 0  # the real path works
+    allocator = cache.token_to_kv_pool_allocator
+    error = RuntimeError("Failed to lock memory page during dynamic prefix eviction")
+
+    def failing(*args, **kwargs):
+        raise error
+
+    allocator.free_segment = failing
+    evictable = cache.evictable_size()
+    with pytest.raises(RuntimeError) as caught:
+        cache.evict(EvictParams(num_tokens=5))
+    assert caught.value is error and cache.evictable_size() == evictable  # raised before any change
+    del allocator.free_segment  # the class's own again: the cache serves on
+    assert cache.evict(EvictParams(num_tokens=5)).num_tokens_evicted > 0
+    snap = settle(inst, time.monotonic())
+    assert snap.counters.evict_failures == 1
+    assert snap.counters.evict_calls == driver.tally.evict_calls + 3  # the driver's, and these three
+    assert_matches_cache(snap, cache)
+    _, body = get(inst.endpoint.url + EVENTS_PATH + "?since=0")
+    failures = [e for e in parse_events(body).events if e.kind == "evict_failure"]
+    assert len(failures) == 1 and failures[0].message == f"RuntimeError: {error}"
+    _, text = get(inst.endpoint.url + METRICS_PATH)
+    assert 'radixtop_evict_failures_total{rank="1"} 1' in text.decode()
+
+
 # ----------------------------------------------------------------------------------------------
 # UnifiedRadixCache (0.5.23's default) on both tree cores
 

@@ -668,3 +668,17 @@ async def test_radix_tree_rows_take_the_current_theme_and_width() -> None:
             row = strips[1]  # a node row, not under the cursor
             assert row.cell_length == tree.outer_size.width
             assert list(row)[-1].style.bgcolor == tree.rich_style.bgcolor
+
+
+async def test_an_evict_failure_is_a_lock_anomaly_with_its_line() -> None:
+    board = RadixBoard()
+    failure = Event(1, T0 - 3, "evict_failure", message="RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+    board.add(sample("u", make_snapshot(events_seq=1, counters=Counters(lock_ops=10, unlock_ops=9, evict_failures=1)),
+                     events=[failure]))  # fmt: skip
+    app = PaneApp("radix")
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.query_one(RadixPane).show(board, now=T0)
+        await pilot.pause()
+        summary = _plain(app, "#radix-summary")
+    assert "lock anomalies: evict failures 1" in summary
+    assert "! 22:13:17 rank 0 evict_failure RadixCacheError: Failed to lock memory page" in summary, summary

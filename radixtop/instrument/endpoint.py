@@ -76,6 +76,7 @@ _COUNTER_HELP = {
     "evictions": "evict calls that freed at least one token.",
     "evicted_tokens": "Tokens freed by evict.",
     "evict_short_locked": "evict calls that freed less than asked while locked (protected) tokens were held.",
+    "evict_failures": "evict calls that raised.",
     "instrument_errors": "Errors inside radixtop's own instrumentation (caught).",
     "events_dropped": "Events pushed out of the bounded event ring before being read.",
 }

@@ -163,6 +163,7 @@ class CacheHooks:
         self.evictions = 0
         self.evicted_tokens = 0
         self.evict_short_locked = 0
+        self.evict_failures = 0
         self.instrument_errors = 0
         self.disabled_reason = ""
         self._disabled = False
@@ -199,6 +200,7 @@ class CacheHooks:
             evictions=self.evictions,
             evicted_tokens=self.evicted_tokens,
             evict_short_locked=self.evict_short_locked,
+            evict_failures=self.evict_failures,
             instrument_errors=self.instrument_errors,
             events_dropped=self.events.dropped_total,
         )
@@ -272,8 +274,10 @@ class CacheHooks:
         try:
             if kind == "lock_failure":
                 self.lock_failures += 1
-            else:
+            elif kind == "unlock_failure":
                 self.unlock_failures += 1
+            else:
+                self.evict_failures += 1
             node = _node_arg(args, kwargs)
             self.events.push(
                 kind,
@@ -630,6 +634,9 @@ def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = F
         hooks._evicting = True
         try:
             result = original(cache, params)
+        except Exception as exc:  # the host's failure: count it, then let it propagate unchanged
+            hooks._host_failure("evict_failure", (), {}, exc)
+            raise
         finally:
             hooks._evicting = False
         try:
@@ -665,6 +672,9 @@ def _wrap_evict_general(route: _Route, original: Callable[..., Any], for_alloc: 
         hooks._evicting = True
         try:
             result = original(cache, *args, **kwargs)
+        except Exception as exc:  # the host's failure: count it, then let it propagate unchanged
+            hooks._host_failure("evict_failure", (), {}, exc)
+            raise
         finally:
             hooks._evicting = False
         try:

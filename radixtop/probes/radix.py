@@ -59,7 +59,9 @@ EVENT_PAGES_PER_POLL = 5
 HEALTH_EVERY_S = 30.0  # the snapshot carries hooks_state; health adds only the endpoint's own view
 INLINE_PARSE_BYTES = 64 * 1024  # smaller answers are parsed on the loop (a thread hop costs more)
 SPLICE_PARSE_BYTES = 256 * 1024  # larger ones are parsed row by row (see _parse_spliced)
-ANOMALY_KINDS = frozenset({"negative_lock_ref", "lock_failure", "unlock_failure", "evict_short", "hooks_disabled", "instrument_error"})
+ANOMALY_KINDS = frozenset(
+    {"negative_lock_ref", "lock_failure", "unlock_failure", "evict_failure", "evict_short", "hooks_disabled", "instrument_error"}
+)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -486,6 +486,7 @@ class RadixPane(Vertical):
             for name, n in (
                 ("lock failures", c.lock_failures),
                 ("unlock failures", c.unlock_failures),
+                ("evict failures", c.evict_failures),
                 ("negative lock_ref", c.negative_lock_ref),
                 ("short evicts while locked", c.evict_short_locked),
             )

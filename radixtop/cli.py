@@ -43,7 +43,7 @@ def _add_tui_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--instrument", action="append", default=[], metavar="URL",
-        help="a rank's radixtop debug endpoint (repeatable; default: the server's /server_info)",
+        help="a rank's radixtop debug endpoint (repeatable; default: the server's /server_info, else found on its ports)",
     )
     parser.add_argument("--no-discover", action="store_true", help="do not look for servers on this node")
     parser.add_argument("--no-gpu", action="store_true", help="do not read GPUs through NVML")
@@ -95,6 +95,10 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     bundle.add_argument("--log", action="append", default=argparse.SUPPRESS, metavar="PATH", help="server log (repeatable)")
     bundle.add_argument("--out", default=None, metavar="DIR", help="directory to write the bundle in")
     bundle.add_argument("--pid", type=int, default=None, help="the server's pid (default: the one listening on the URL's port)")
+    bundle.add_argument(
+        "--instrument", action="append", default=argparse.SUPPRESS, metavar="URL",
+        help="a rank's radixtop debug endpoint (repeatable; default: /server_info's, else found on the server's ports)",
+    )  # fmt: skip
     bundle.add_argument("--reason", default="manual", help="a word for the bundle's name (default manual)")
     bundle.add_argument("--json", action="store_true", help="print the result as one JSON object")
     bundle.add_argument("--verify", default=None, metavar="BUNDLE", help="check a bundle (directory or .tar.gz) against its manifest")

@@ -336,3 +336,18 @@ def test_a_cancelled_bundle_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(BundleCancelled):
         take_bundle(out, logs=[str(planted)], cancel=cancel, on_progress=cancel_midway)
     assert cancel.is_set() and list(out.iterdir()) == []
+
+
+def test_instrument_endpoints_given_are_read_without_a_server_url(tmp_path: Path) -> None:
+    """--instrument (or the TUI's known endpoints) is enough for the tree's evidence, even when
+    the server's HTTP side is unknown or dead."""
+    sim = start_sim(tmp_path / "sim")
+    try:
+        info = httpx.get(sim.url + "/server_info", timeout=10).json()
+        endpoint = info["radixtop_instrument"][0]
+        result = take_bundle(tmp_path / "out", instruments=[endpoint], logs=[str(sim.log)], archive=False)
+    finally:
+        sim.stop()
+    snapshot = json.loads((result.path / "radix" / "rank0-snapshot.json").read_text())
+    assert snapshot["rank"] == 0 and snapshot["schema_version"] == 1
+    assert "no server URL given" in result.notes["server/server_info.json"]

@@ -6,6 +6,7 @@ stdout in a file, or in a pipe."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -141,6 +142,77 @@ def test_an_sglang_launcher_with_schedulers(tmp_path: Path, stdout_to: str) -> N
             sink.close()
         elif proc.stdout is not None:
             proc.stdout.close()
+
+
+# Schedulers that run radixtop's own debug endpoint, as the plugin starts it in SGLang's schedulers
+# (rank r on RADIXTOP_INSTRUMENT_PORT + r); SGLang's /server_info does not list them.
+INSTRUMENTED = LAUNCHER.replace(
+    '"-c", "import time; time.sleep(120)"',
+    '"-c", f"import os, time; from radixtop.instrument.endpoint import InstrumentEndpoint; '
+    "ep = InstrumentEndpoint(rank={r}, base_port=int(os.environ['RADIXTOP_INSTRUMENT_PORT'])); "
+    'ep.start(); time.sleep(120)"',
+)
+
+
+def _free_run(n: int) -> int:
+    """The first of n consecutive free loopback ports."""
+    import socket
+
+    for _ in range(50):
+        base = _free_port()
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    pytest.skip(f"no {n} consecutive free ports found")
+
+
+def test_the_ranks_endpoints_are_found_among_the_schedulers_ports(tmp_path: Path) -> None:
+    """A real SGLang's /server_info knows nothing of radixtop: the endpoints are found on the
+    schedulers' listening ports in the instrument's range (the base from the server's environment),
+    each answering radixtop's health path, in rank order."""
+    pkg = tmp_path / "mods" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    assert INSTRUMENTED != LAUNCHER
+    (pkg / "launch_server.py").write_text(INSTRUMENTED)
+    port, base = _free_port(), _free_run(2)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "mods"), "RADIXTOP_INSTRUMENT_PORT": str(base)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", "x", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    try:
+        found = None
+        for _ in range(60):  # the endpoints come up after the schedulers import radixtop
+            found = _find(proc.pid, ranks=2)
+            if found is not None and len(found.instrument_urls) == 2:
+                break
+            time.sleep(0.25)
+        assert found is not None, "the launcher was not found"
+        assert found.instrument_urls == (f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"), found
+        assert not any("no radixtop debug endpoint" in p for p in found.problems), found.problems
+        # An evidence bundle of that server finds them the same way (given only its URL).
+        from radixtop.incident.bundle import take_bundle
+
+        bundle = take_bundle(tmp_path / "out", url=f"http://127.0.0.1:{port}", archive=False)
+        for rank in (0, 1):
+            events = json.loads((bundle.path / "radix" / f"rank{rank}-events.json").read_text())
+            assert events["rank"] == rank, events
+        assert "radix/snapshots.json" not in bundle.notes
+    finally:
+        for child in psutil.Process(proc.pid).children():
+            child.kill()
+        proc.kill()
+        proc.wait(10)
 
 
 def test_nothing_found_says_what_to_do() -> None:

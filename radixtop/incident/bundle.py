@@ -159,6 +159,7 @@ def take_bundle(
     url: str | None = None,
     logs: Sequence[str] = (),
     pid: int | None = None,
+    instruments: Sequence[str] = (),
     reason: str = "manual",
     signature_files: Sequence[str] = (),
     context: int = 100,
@@ -174,7 +175,9 @@ def take_bundle(
 ) -> BundleResult:
     """Collect everything, write it under ``out_dir/<name>`` atomically, and return where.
 
-    ``pid`` defaults to the process listening on the URL's port (on this machine). Raises
+    ``pid`` defaults to the process listening on the URL's port (on this machine);
+    ``instruments``, the ranks' debug endpoints, to those /server_info lists or the pid's tree
+    serves (see :func:`radixtop.incident.evidence.collect_server`). Raises
     :class:`BundleError` only when nothing can be written; every unreadable source is a note.
     """
     from radixtop.incident import evidence
@@ -243,7 +246,8 @@ def take_bundle(
         with concurrent.futures.ThreadPoolExecutor(max_workers=6, thread_name_prefix="radixtop-bundle") as pool:
             volatile = [
                 pool.submit(guarded, "processes+stacks", procs_and_stacks),
-                pool.submit(guarded, "server", lambda: evidence.collect_server(writer, url, timeout_s=http_timeout_s)),
+                pool.submit(guarded, "server", lambda: evidence.collect_server(
+                    writer, url, pid=pid, instruments=instruments, timeout_s=http_timeout_s)),
                 pool.submit(guarded, "metrics", lambda: evidence.collect_metrics(writer, url, timeout_s=http_timeout_s)),
             ]
             slow = [

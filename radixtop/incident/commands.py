@@ -93,7 +93,7 @@ def run_bundle(args: Namespace) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
         result = take_bundle(
-            args.out, url=args.url, logs=args.log, pid=args.pid, reason=args.reason,
+            args.out, url=args.url, logs=args.log, pid=args.pid, instruments=args.instrument, reason=args.reason,
             signature_files=args.signatures, context=args.context, cancel=cancel,
             on_progress=lambda p: say(p.message),
         )  # fmt: skip

@@ -83,10 +83,17 @@ def _client(timeout_s: float) -> httpx.Client:
     return httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)), headers=auth_headers())
 
 
-def collect_server(sink: Sink, url: str | None, *, timeout_s: float = 3.0) -> dict[str, Any] | None:
-    """/server_info (and /health), then the radix snapshots and events its instrument URLs list."""
+def collect_server(
+    sink: Sink, url: str | None, *, pid: int | None = None, instruments: Sequence[str] = (), timeout_s: float = 3.0
+) -> dict[str, Any] | None:
+    """/server_info (and /health), then the radix snapshots and events of the ranks' debug
+    endpoints: those given, else those /server_info lists (the simulator), else those found among
+    the server's listening ports (a real SGLang's /server_info does not know them)."""
     if not url:
         sink.note("server/server_info.json", "no server URL given (--url); server state not fetched")
+        if instruments:
+            with _client(timeout_s) as client:
+                _collect_radix(sink, client, None, list(instruments))
         return None
     info: dict[str, Any] | None = None
     with _client(timeout_s) as client:
@@ -110,20 +117,45 @@ def collect_server(sink: Sink, url: str | None, *, timeout_s: float = 3.0) -> di
                     sink.note("server/server_info.json", "/server_info did not answer JSON; its text is in server_info.txt")
         except (httpx.HTTPError, _TooLarge) as exc:
             sink.note("server/server_info.json", f"GET {url}/server_info failed: {_one_line(exc)}")
-        _collect_radix(sink, client, info)
+        urls = list(instruments) or _listed_instruments(info) or _found_instruments(client, pid)
+        _collect_radix(sink, client, info, urls)
     return info if isinstance(info, dict) else None
 
 
-def _collect_radix(sink: Sink, client: httpx.Client, info: Any) -> None:
+def _listed_instruments(info: Any) -> list[str]:
+    urls = info.get("radixtop_instrument") if isinstance(info, dict) else None
+    return list(urls) if isinstance(urls, list) else []
+
+
+def _found_instruments(client: httpx.Client, pid: int | None) -> list[str]:
+    """The endpoints among the server's listening ports (as discovery finds them), in rank order."""
+    from radixtop.probes.discovery import instrument_candidates, rank_of_health
+    from radixtop.schema import HEALTH_PATH
+
+    if pid is None:
+        return []
+    found = []
+    for url in instrument_candidates(pid):
+        try:
+            status, body = _get(client, url + HEALTH_PATH)
+        except (httpx.HTTPError, _TooLarge):
+            continue
+        rank = rank_of_health(status, body)
+        if rank is not None:
+            found.append((rank, url))
+    return [url for _, url in sorted(found)]
+
+
+def _collect_radix(sink: Sink, client: httpx.Client, info: Any, urls: list[Any]) -> None:
     from radixtop.schema import BUDGET_PARAM, EVENTS_PATH, LIMIT_PARAM, SNAPSHOT_PATH
 
-    urls = info.get("radixtop_instrument") if isinstance(info, dict) else None
-    if not isinstance(urls, list) or not urls:
+    if not urls:
         why = (
-            "server_info lists no radixtop_instrument endpoints: the radix instrument is not loaded "
-            "in this server (see radixtop's instrument docs), so no tree snapshot was taken"
+            "no radixtop debug endpoint: /server_info lists none and none answers on the server's ports; "
+            "the radix instrument is not loaded in this server (RADIXTOP_INSTRUMENT=1, see radixtop's "
+            "README), or pass --instrument URL, so no tree snapshot was taken"
             if isinstance(info, dict)
-            else "no /server_info, so the radix debug endpoints are unknown"
+            else "no /server_info and no --instrument, so the radix debug endpoints are unknown"
         )
         sink.note("radix/snapshots.json", why)
         return

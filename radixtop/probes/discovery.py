@@ -13,7 +13,9 @@ A wrapper around a launcher (`bash -c "python -m sglang.launch_server ..."`, `ti
 The port: among the TCP ports the process tree listens on, the one its `--port` names, else the
 server's default (30000 / 8000), else the first that answers /health. The log: `--log-file` when the
 command line has one, else the file its stdout (then stderr) goes to (/proc/<pid>/fd/1); a pipe, a
-terminal or /dev/null is said as such. The ranks' debug endpoints: /server_info's radixtop_instrument.
+terminal or /dev/null is said as such. The ranks' debug endpoints: /server_info's radixtop_instrument
+(the simulator), else those of the tree's listening ports in the instrument's range (base + rank,
+the base from the server's RADIXTOP_INSTRUMENT_PORT) that answer radixtop's health path.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import psutil
 from radixtop.probes.http import fetch, make_client
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.sglang import parse_server_info
+from radixtop.schema import DEFAULT_BASE_PORT, HEALTH_PATH, parse_health
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
     import httpx
@@ -37,6 +40,7 @@ if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "timeout", "env", "nohup", "stdbuf", "numactl", "taskset", "srun"})
 MAX_CANDIDATES = 32
+MAX_INSTRUMENT_RANKS = 256  # ranks' endpoints looked for from the base port on (base + rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +294,68 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
     return found, notes
 
 
+def _instrument_base_port(proc: psutil.Process) -> int | None:
+    """The base port the server's instrument binds (rank r on base + r): its environment's
+    RADIXTOP_INSTRUMENT_PORT, else the default; None for 0 (any free port: not guessable)."""
+    try:
+        value = proc.environ().get("RADIXTOP_INSTRUMENT_PORT", "")
+    except (psutil.Error, OSError):
+        value = ""
+    if not value.strip():
+        return DEFAULT_BASE_PORT
+    try:
+        port = int(value)
+    except ValueError:
+        return DEFAULT_BASE_PORT  # the instrument keeps its default for a bad value too
+    return port if 0 < port < 65536 else None
+
+
+def _instrument_candidates(addrs: Sequence[tuple[str, int]], base: int | None) -> list[str]:
+    """Where the ranks' debug endpoints may be: the listening ports in the instrument's range.
+    SGLang's own /server_info does not list them (radixtop runs inside its schedulers, not its
+    HTTP server). Only these are asked, and only radixtop's health path: a GET to some other
+    listener of the server (a torch store, NCCL) could upset it."""
+    if base is None:
+        return []
+    urls = [f"http://{_host(ip)}:{port}" for ip, port in addrs if base <= port < base + MAX_INSTRUMENT_RANKS]
+    return list(dict.fromkeys(urls))[:MAX_INSTRUMENT_RANKS]
+
+
+def instrument_candidates(pid: int) -> list[str]:
+    """The candidate endpoint URLs of the server with this pid (its whole process tree)."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    addrs, _ = _listening(tree)
+    return _instrument_candidates(addrs, _instrument_base_port(root))
+
+
+def rank_of_health(status: int | None, body: bytes) -> int | None:
+    """The rank a radixtop health answer names; None when it is not one."""
+    if status != 200:
+        return None
+    try:
+        return parse_health(body).rank
+    except ValueError:
+        return None
+
+
+async def _find_instruments(
+    client: httpx.AsyncClient, addrs: Sequence[tuple[str, int]], base: int | None, timeout_s: float
+) -> tuple[str, ...]:
+    """The ranks' debug endpoints among the server's listening ports, in rank order."""
+
+    async def rank_of(url: str) -> tuple[int, str] | None:
+        got = await fetch(client, url + HEALTH_PATH, max_bytes=64 * 1024, timeout_s=timeout_s)
+        rank = rank_of_health(got.status if got.error is None else None, got.body)
+        return None if rank is None else (rank, url)
+
+    found = await asyncio.gather(*(rank_of(u) for u in _instrument_candidates(addrs, base)))
+    return tuple(url for _, url in sorted(f for f in found if f is not None))
+
+
 async def _probe_port(client: httpx.AsyncClient, host: str, port: int, timeout_s: float) -> bool:
     got = await fetch(client, f"http://{host}:{port}/health", max_bytes=64 * 1024, timeout_s=timeout_s)
     return got.error is None and got.status in (200, 503)
@@ -333,7 +399,16 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
                 problems.append(str(exc))
         else:
             problems.append(f"/server_info: {got.error or f'HTTP {got.status}'}")
+        base: int | None = DEFAULT_BASE_PORT
         if not instrument:
+            base = await asyncio.to_thread(_instrument_base_port, proc)
+            instrument = await _find_instruments(client, addrs, base, timeout_s)
+        if not instrument and base is None:
+            problems.append(
+                "its instrument binds any free port (RADIXTOP_INSTRUMENT_PORT=0): pass --instrument URL per rank "
+                "(each rank logs its endpoint's URL)"
+            )
+        elif not instrument:
             problems.append(
                 "no radixtop debug endpoint: start SGLang with RADIXTOP_INSTRUMENT=1 (radixtop installed in its "
                 "environment), or pass --instrument URL; the radix pane stays empty meanwhile"

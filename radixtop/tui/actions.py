@@ -74,6 +74,7 @@ class Target:
     url: str | None
     pid: int | None
     logs: tuple[str, ...]
+    instruments: tuple[str, ...] = ()  # the ranks' debug endpoints the radix pane reads
 
 
 def expand_logs(patterns: Any) -> tuple[str, ...]:
@@ -136,11 +137,13 @@ class IncidentActions:
             url = live.url
         panes = getattr(app, "panes", None)
         targets = getattr(panes, "targets", None) if panes is not None else None
+        instruments: tuple[str, ...] = ()
         if targets is not None:
             url = url or targets.url
             if targets.url and url and targets.url.rstrip("/") == url.rstrip("/"):
                 pid = targets.pid
-        return Target(url, pid, expand_logs(getattr(app, "log_patterns", ()) or ()))
+            instruments = tuple(targets.instruments)
+        return Target(url, pid, expand_logs(getattr(app, "log_patterns", ()) or ()), instruments)
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -221,7 +224,7 @@ class IncidentActions:
         settings = self.action_settings
         try:
             result = take_bundle(
-                where, url=target.url, logs=target.logs, pid=target.pid, reason="manual",
+                where, url=target.url, logs=target.logs, pid=target.pid, instruments=target.instruments, reason="manual",
                 signature_files=settings.signature_files, context=self.builder.context,
                 live_report=report, cancel=self._bundle_cancel,
                 on_progress=lambda p: self._post(self._bundle_progress, p),
@@ -282,6 +285,7 @@ class IncidentActions:
                 options=options,
             )  # fmt: skip
         auto.url, auto.pid, auto.logs = target.url, target.pid, target.logs
+        auto.options["instruments"] = target.instruments
         if auto.observe(report):
             self._say(f"auto bundle: {auto.trigger} seen; preserving the evidence into {auto.out_dir}…")
 

@@ -7,9 +7,10 @@ before the first frame, so the first frame shows the files' last lines. What lie
 scanned for findings in the background (tui/history.py) after the first frame. One worker then
 consumes the follower's batches: it matches each batch (`Ingestor.process`, about 1 us a line,
 C-speed matching; run inline, a thread hop per batch cost more lag than the work) and draws a
-frame when lines came, at most every FRAME_MIN seconds (20 Hz), every FRAME_BUSY when each frame
-replaces the whole screen (a flood), every BULK_INTERVAL while a backlog is read. Lines arriving
-between frames wait in the follower and are taken together: nothing redraws per line. A slow
+frame when lines came: at once after a quiet spell, then at most every FRAME_MIN seconds (5 Hz),
+every FRAME_BUSY once a screenful waits (a flood), every BULK_INTERVAL while a backlog is read.
+Lines arriving between frames wait in the follower and are taken together: nothing redraws per
+line. A slow
 timer redraws what else changed (keys draw at once). Every handler is guarded: an exception
 becomes a visible notice, not a dead app.
 """
@@ -32,7 +33,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
@@ -54,8 +55,12 @@ REFRESH_HZ = 4  # the slow timer: notices, health, the lines/s figure; lines dra
 IDLE_TICK_S = 1.0  # ... and once nothing moves (no lines, nothing to draw, no finding waiting)
 HEALTH_EVERY_S = 1.0  # the followed files' health is read this often
 RECENT_LINES_S = 1.0  # the timer stays at REFRESH_HZ this long after the last new lines
-FRAME_MIN = 0.05  # seconds between frames while lines arrive (20 Hz) ...
-FRAME_BUSY = 0.08  # ... while each frame replaces the whole screen anyway (a flood: CPU, same lag)
+# Following a log, each frame scrolls the pane, so Textual redraws every row of it whether one
+# line came or forty: the cost is per frame, not per line. A busy server log comes in a few
+# writes a second (the demo workload: ~5), each a frame at 20 Hz pacing; the pane alone took
+# 4-7 % of a core for it (benchmarks/README.md, "Panes").
+FRAME_MIN = 0.2  # seconds between frames while lines trickle in (5 Hz; the first after a pause at once) ...
+FRAME_BUSY = 0.08  # ... once a screenful waits: sooner, so that lines are not scrolled past unseen
 BULK_LINES_PER_FRAME = 20_000  # more new lines than this since the last frame: a backlog is read
 BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
 STATUS_INTERVAL = 1.0  # the status line's counters (lines, lines/s over 2 s) are redrawn at most this often
@@ -91,6 +96,23 @@ def no_log_message() -> list[str]:
         "later version. Press ? for keys, q to quit.",
     ]
     return lines
+
+
+# The main screen's plain containers: their children fill them (tests/test_tui_frames.py
+# checks it in every layout), so what they draw themselves is never seen. Textual still renders
+# every widget whose clip meets a frame's changed rows: the screen, #body, #main and #bottom,
+# row by row through the styles cache, a fifth of each log frame's compositing (measured), for
+# strips the log pane covers. BLANK widgets hand back blank rows of their background instead.
+class TiledScreen(Screen):
+    BLANK = True
+
+
+class TiledVertical(Vertical):
+    BLANK = True
+
+
+class TiledHorizontal(Horizontal):
+    BLANK = True
 
 
 def guarded(what: str) -> Callable:
@@ -220,9 +242,12 @@ class RadixtopApp(IncidentActions, App[int]):
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return variable_defaults()
 
+    def get_default_screen(self) -> Screen:
+        return TiledScreen(id="_default")
+
     def compose(self) -> ComposeResult:
-        with Vertical(id="body"):
-            with Horizontal(id="main"):
+        with TiledVertical(id="body"):
+            with TiledHorizontal(id="main"):
                 yield LogView(self.state, id="log")
                 with Vertical(id="findings-panel"):
                     yield Static("Findings", id="findings-title")
@@ -231,7 +256,7 @@ class RadixtopApp(IncidentActions, App[int]):
             yield Label("/", id="prompt-label")  # the Input joins it on first use: start-up time
         # In a container of their own: Textual redraws every widget whose parent's area meets the
         # changed rows, and the screen's area meets every frame of the log pane.
-        with Vertical(id="bottom"):
+        with TiledVertical(id="bottom"):
             yield StatusLine(id="status")
             yield Footer(compact=True)
 
@@ -439,14 +464,14 @@ class RadixtopApp(IncidentActions, App[int]):
                     self._ingest(batch)
                     # Draw when the next frame is due; lines that arrive meanwhile wait in the
                     # follower and are taken together just before it.
-                    wait = self._drawn_at + self._frame_interval() - time.monotonic()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                        for _ in range(100):  # bounded; each take is at most max_batch lines
-                            more = follower.take()
-                            if more is None:
-                                break
-                            self._ingest(more)
+                    # The wait is looked at again every FRAME_BUSY: a screenful arriving during
+                    # it brings the frame forward.
+                    for _ in range(100):  # bounded: FRAME_MIN / FRAME_BUSY steps are enough
+                        wait = self._drawn_at + self._frame_interval() - time.monotonic()
+                        if wait <= 0:
+                            break
+                        await asyncio.sleep(min(wait, FRAME_BUSY))
+                        self._take_waiting(follower)
                     self._tick()
                 return  # the follower was stopped
             except asyncio.CancelledError:
@@ -460,6 +485,13 @@ class RadixtopApp(IncidentActions, App[int]):
                     )
                     return
                 await asyncio.sleep(min(5.0, 0.5 * failures))
+
+    def _take_waiting(self, follower: Any) -> None:
+        for _ in range(100):  # bounded; each take is at most max_batch lines
+            more = follower.take()
+            if more is None:
+                break
+            self._ingest(more)
 
     def _flush_findings(self) -> None:
         """First occurrences whose lines-after never came (the writer stopped) are reported."""

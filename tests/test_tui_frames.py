@@ -114,3 +114,32 @@ async def test_containers_drawn_blank_are_filled_by_their_children(
             covered = sum(r.area for r in children)
             assert all(region.contains_region(r) for r in children), widget
             assert covered == region.area, f"{widget!r}: children cover {covered} of {region.area} cells"
+
+
+async def test_the_status_counters_move_once_a_second_under_bursts_and_end_at_the_final_count(tmp_path: Path) -> None:
+    """A busy log comes in bursts; the counters were redrawn on each quiet tick between them (a
+    status frame per log frame). Once a second now, and the final count still shows."""
+    from radixtop.tui.app import STATUS_INTERVAL
+
+    log = tmp_path / "server.log"
+    append(log, *(decode(i) for i in range(20)))
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.3)
+        shown: list[int] = []
+        real_show = app.status_line.show
+        app.status_line.show = lambda info: (shown.append(info.total_lines), real_show(info))[1]  # type: ignore[method-assign]
+        started = time.monotonic()
+        for burst in range(8):  # a burst of 3 lines every 0.3 s
+            append(log, *(decode(100 + 3 * burst + i) for i in range(3)))
+            await pilot.pause(0.3)
+        elapsed = time.monotonic() - started
+        during = len(shown)
+        # A slow machine updates less often, never more; one update per burst did 8 or more.
+        assert during <= elapsed / STATUS_INTERVAL + 2, f"{during} status updates in {elapsed:.1f} s: {shown}"
+        for _ in range(100):  # bounded: within a second and a tick of the last lines
+            if shown and shown[-1] == 44:
+                break
+            await pilot.pause(0.05)
+        assert app.state.total_lines == 44 and shown[-1] == 44, shown
+        assert "44 lines" in app.status_line.render().plain

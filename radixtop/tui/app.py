@@ -607,9 +607,12 @@ class RadixtopApp(IncidentActions, App[int]):
                 panes.redraw_after_frame()
             else:
                 panes.redraw(force)
-        # The counters (lines, lines/s) need not move 20 times a second: once a second while lines
-        # come, and at once when they stop (the final count); a mode change or a new initiating
-        # failure shows at once.
+        # The counters (lines, lines/s) move at most once a second; a mode change or a new
+        # initiating failure shows at once. (They were also redrawn on each tick that found no new
+        # lines, for the final count: under a busy log, which comes in bursts, that was after
+        # nearly every burst, a status frame per log frame. The timer keeps its fast pace for
+        # RECENT_LINES_S >= STATUS_INTERVAL after the last lines, so the final count still shows
+        # within a second and a tick.)
         report = state.report
         initiating = report.initiating if report is not None else None
         mode = (state.paused, self.log_view.follow, initiating, state.filter_text, state.search_text)
@@ -618,7 +621,7 @@ class RadixtopApp(IncidentActions, App[int]):
             self._tick_lines, self._lines_at = state.total_lines, now
         if force or mode != self._status_mode:
             self._update_status()
-        elif (now - self._status_at >= STATUS_INTERVAL or not lines_came) and not self._status_pending:
+        elif now - self._status_at >= STATUS_INTERVAL and not self._status_pending:
             if drew:
                 # Not in the same frame as the log pane: Textual redraws every widget inside the
                 # box around all changed regions, and a full-width status line makes that box the

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from radixtop.tui.app import BULK_INTERVAL, BULK_LINES_PER_FRAME, FRAME_BUSY, FRAME_MIN, RadixtopApp
+from radixtop.tui.app import (
+    BULK_INTERVAL,
+    BULK_LINES_PER_FRAME,
+    FRAME_BUSY,
+    FRAME_FAST,
+    FRAME_MIN,
+    RadixtopApp,
+)
 
 
 def decode(i: int) -> str:
@@ -74,9 +81,15 @@ async def test_frames_come_sooner_once_a_screenful_waits_and_rarely_while_a_back
     async with app.run_test(size=(120, 30)) as pilot:
         await pilot.pause(0.2)
         height = app.log_view.size.height
-        assert FRAME_BUSY < FRAME_MIN
+        assert FRAME_FAST < FRAME_BUSY < FRAME_MIN
         app._drawn_lines = app.state.total_lines
         assert app._frame_interval() == FRAME_MIN  # nothing or a few lines new: paced
+        # Lines coming at half a screenful per FRAME_MIN or more: frames often enough that each
+        # is on screen (a screenful per FRAME_FAST), as with 20 Hz pacing.
+        app.state.lines_per_second = lambda: height / 2 / FRAME_MIN  # type: ignore[method-assign]
+        assert app._frame_interval() == FRAME_FAST
+        app.state.lines_per_second = lambda: height / 3 / FRAME_MIN  # type: ignore[method-assign]
+        assert app._frame_interval() == FRAME_MIN
         app._drawn_lines = app.state.total_lines - height
         assert app._frame_interval() == FRAME_BUSY  # a screenful would scroll past unseen
         app._drawn_lines = app.state.total_lines - BULK_LINES_PER_FRAME - 1

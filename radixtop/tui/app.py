@@ -8,11 +8,11 @@ scanned for findings in the background (tui/history.py) after the first frame. O
 consumes the follower's batches: it matches each batch (`Ingestor.process`, about 1 us a line,
 C-speed matching; run inline, a thread hop per batch cost more lag than the work) and draws a
 frame when lines came: at once after a quiet spell, then at most every FRAME_MIN seconds (5 Hz),
-every FRAME_BUSY once a screenful waits (a flood), every BULK_INTERVAL while a backlog is read.
-Lines arriving between frames wait in the follower and are taken together: nothing redraws per
-line. A slow
-timer redraws what else changed (keys draw at once). Every handler is guarded: an exception
-becomes a visible notice, not a dead app.
+every FRAME_FAST while lines come faster than that shows them, every FRAME_BUSY once a screenful
+waits (a flood), every BULK_INTERVAL while a backlog is read. Lines arriving between frames wait
+in the follower and are taken together: nothing redraws per line. A slow timer redraws what else
+changed (keys draw at once). Every handler is guarded: an exception becomes a visible notice, not
+a dead app.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ RECENT_LINES_S = 1.0  # the timer stays at REFRESH_HZ this long after the last n
 # writes a second (the demo workload: ~5), each a frame at 20 Hz pacing; the pane alone took
 # 4-7 % of a core for it (benchmarks/README.md, "Panes").
 FRAME_MIN = 0.2  # seconds between frames while lines trickle in (5 Hz; the first after a pause at once) ...
-FRAME_BUSY = 0.08  # ... once a screenful waits: sooner, so that lines are not scrolled past unseen
+FRAME_FAST = 0.05  # ... while they come at half a screenful per FRAME_MIN or more: none scrolls past unseen ...
+FRAME_BUSY = 0.08  # ... once a screenful waits anyway (a flood: CPU, same lag)
 BULK_LINES_PER_FRAME = 20_000  # more new lines than this since the last frame: a backlog is read
 BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
 STATUS_INTERVAL = 1.0  # the status line's counters (lines, lines/s over 2 s) are redrawn at most this often
@@ -452,7 +453,14 @@ class RadixtopApp(IncidentActions, App[int]):
         new = self.state.total_lines - self._drawn_lines
         if new > BULK_LINES_PER_FRAME:
             return BULK_INTERVAL
-        return FRAME_BUSY if new >= self.log_view.size.height else FRAME_MIN
+        height = self.log_view.size.height
+        if new >= height:
+            return FRAME_BUSY
+        # At 5 Hz, lines coming faster than a screenful per frame would scroll past unseen: 20 Hz
+        # then (as before), up to a screenful per FRAME_FAST. Over the last 2 s, not since the
+        # last frame: a burst right after a frame is no rate.
+        rate = self.state.lines_per_second() or 0.0
+        return FRAME_FAST if rate * FRAME_MIN >= height / 2 else FRAME_MIN
 
     @work(exclusive=True, group="logs", exit_on_error=False)
     async def _consume(self) -> None:
@@ -464,13 +472,13 @@ class RadixtopApp(IncidentActions, App[int]):
                     self._ingest(batch)
                     # Draw when the next frame is due; lines that arrive meanwhile wait in the
                     # follower and are taken together just before it.
-                    # The wait is looked at again every FRAME_BUSY: a screenful arriving during
-                    # it brings the frame forward.
-                    for _ in range(100):  # bounded: FRAME_MIN / FRAME_BUSY steps are enough
+                    # The wait is looked at again every FRAME_FAST: lines arriving during it
+                    # faster than a screenful per frame bring the frame forward.
+                    for _ in range(100):  # bounded: FRAME_MIN / FRAME_FAST steps are enough
                         wait = self._drawn_at + self._frame_interval() - time.monotonic()
                         if wait <= 0:
                             break
-                        await asyncio.sleep(min(wait, FRAME_BUSY))
+                        await asyncio.sleep(min(wait, FRAME_FAST))
                         self._take_waiting(follower)
                     self._tick()
                 return  # the follower was stopped

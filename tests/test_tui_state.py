@@ -177,6 +177,20 @@ def test_probe_notices_become_marked_lines_and_colour_the_health():
     assert "rotated" in view.detail
 
 
+def test_a_rotation_keeps_colouring_the_health_when_the_new_file_is_reported_created_after_it():
+    state = IncidentState(capacity=10)
+    state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 3, None)])
+    rotated = LogNotice("/var/log/a/server.log", "rotated", "/var/log/a/server.log moved away", 0.0)
+    created = LogNotice("/var/log/a/server.log", "created", "/var/log/a/server.log appeared; following it", 0.0)
+    state.apply(IngestResult([], notices=(rotated,)))
+    state.apply(IngestResult([], notices=(created,)))
+    (view,) = state.sources()
+    assert view.state == "rotated" and "moved away" in view.detail
+    truncated = LogNotice("/var/log/a/server.log", "truncated", "/var/log/a/server.log was truncated", 0.0)
+    state.apply(IngestResult([], notices=(truncated,)))  # a later health notice still replaces it
+    assert state.sources()[0].state == "truncated"
+
+
 def test_a_hit_the_builder_fails_on_is_shown_with_a_notice(catalog, matcher):
     class Exploding(FindingsBuilder):
         def add_hit(self, file, lineno, text, *args, **kwargs):

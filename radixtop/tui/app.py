@@ -523,6 +523,8 @@ class RadixtopApp(IncidentActions, App[int]):
             return
         try:
             self.state.set_health(self.follower.health())
+            if self._status_mode is not None and self._status_key() != self._status_mode:
+                self._update_status()  # a file's new state (rotated, deleted ...) shows at once
         except Exception as exc:
             self.report_failure("reading the sources' health", exc)
 
@@ -615,15 +617,13 @@ class RadixtopApp(IncidentActions, App[int]):
                 panes.redraw_after_frame()
             else:
                 panes.redraw(force)
-        # The counters (lines, lines/s) move at most once a second; a mode change or a new
-        # initiating failure shows at once. (They were also redrawn on each tick that found no new
-        # lines, for the final count: under a busy log, which comes in bursts, that was after
-        # nearly every burst, a status frame per log frame. The timer keeps its fast pace for
-        # RECENT_LINES_S >= STATUS_INTERVAL after the last lines, so the final count still shows
-        # within a second and a tick.)
-        report = state.report
-        initiating = report.initiating if report is not None else None
-        mode = (state.paused, self.log_view.follow, initiating, state.filter_text, state.search_text)
+        # The counters (lines, lines/s) move at most once a second; a mode change, a new
+        # initiating failure or a file's new state shows at once (_status_key). (The counters
+        # were also redrawn on each tick that found no new lines, for the final count: under a
+        # busy log, which comes in bursts, after nearly every burst, a status frame per log
+        # frame. The timer keeps its fast pace for RECENT_LINES_S >= STATUS_INTERVAL after the
+        # last lines, so the final count still shows within a second and a tick.)
+        mode = self._status_key()
         lines_came = state.total_lines != self._tick_lines
         if lines_came:
             self._tick_lines, self._lines_at = state.total_lines, now
@@ -640,13 +640,20 @@ class RadixtopApp(IncidentActions, App[int]):
                 self._update_status()
 
     def _update_status(self) -> None:
+        self._status_pending = False
+        self._status_at = time.monotonic()
+        self._status_mode = self._status_key()
+        self.status_line.show(self.status_info())
+
+    def _status_key(self) -> tuple:
+        """What the status line shows at once when it changes: the mode, the first failure, the
+        filter and search, each followed file's state (rotated, missing, ...); the counters wait
+        for STATUS_INTERVAL."""
         state = self.state
         report = state.report
         initiating = report.initiating if report is not None else None
-        self._status_pending = False
-        self._status_at = time.monotonic()
-        self._status_mode = (state.paused, self.log_view.follow, initiating, state.filter_text, state.search_text)
-        self.status_line.show(self.status_info())
+        sources = tuple((view.state, view.detail) for view in state.sources())
+        return (state.paused, self.log_view.follow, initiating, state.filter_text, state.search_text, sources)
 
     def _show_findings(self, now: float, force: bool) -> None:
         report = self.state.report

@@ -43,6 +43,7 @@ DEFAULT_CAPACITY = 100_000
 _NOTICE_HISTORY = 200  # notices kept for the status line
 _RATE_WINDOW = 2.0  # seconds of history behind the lines/s figure
 _RECENT_NOTICE = 15.0  # seconds a rotation/truncation notice colours a source's health
+_HEALTH_NOTICES = ("rotated", "truncated", "capped", "error")  # the notices that do
 _MAX_INGEST_ERRORS = 5  # per Ingestor: after this many failures, count them silently
 _BATCH_LOOKBACK = 4096  # lines per file kept to find each rank's last batch stats before a failure
 _OPENER_LOOKBACK = 400  # lines looked back for the line that opened a traceback's record
@@ -749,7 +750,16 @@ class IncidentState:
 
     def _notice_entry(self, notice: Any, now: float) -> LogEntry:
         self.notices.append(notice)
-        self._recent_notice[notice.source] = (now, notice)
+        recent = self._recent_notice.get(notice.source)
+        # A rotation is reported with the new file's "created" right after it (when the reader
+        # sees the rename and the new file apart): that must not wash out the rotation's colour.
+        if not (
+            recent is not None
+            and recent[1].kind in _HEALTH_NOTICES
+            and notice.kind not in _HEALTH_NOTICES
+            and now - recent[0] <= _RECENT_NOTICE
+        ):
+            self._recent_notice[notice.source] = (now, notice)
         return LogEntry(notice.source, 0, f"[{notice.kind}] {notice.message}", kind="notice")
 
     def add_notice(self, source: str, kind: str, message: str) -> None:
@@ -938,7 +948,7 @@ class IncidentState:
             recent = self._recent_notice.get(source)
             if recent is not None and now - recent[0] <= _RECENT_NOTICE:
                 notice = recent[1]
-                if state == "ok" and notice.kind in ("rotated", "truncated", "capped", "error"):
+                if state == "ok" and notice.kind in _HEALTH_NOTICES:
                     state, detail = notice.kind, notice.message
                 elif state != "ok":
                     detail = notice.message

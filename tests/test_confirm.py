@@ -299,3 +299,19 @@ def test_a_trace_written_for_another_page_size_is_rescaled_to_the_servers(tmp_pa
     assert plan.trace.page_size_hint == 16
     assert next(r for r in plan.trace.requests if r.id == "r02").prefix_len == 16
     assert any("rescaled to the server's 16" in n for n in plan.notes)
+
+
+def test_the_live_max_running_requests_comes_from_the_flag_else_server_info_else_what_sglang_settled_on() -> None:
+    """SGLang sizes max_running_requests from its KV pool when the flag is absent (the usual case):
+    0.5.23's /server_info then says None for the argument and the effective figure per DP rank in
+    internal_states; the control must still be lower than that."""
+    from radixtop.incident.confirm import _max_running
+
+    bare = parse_launch_command("python -m sglang.launch_server --model-path m", source="given")
+    flagged = parse_launch_command("python -m sglang.launch_server --max-running-requests 64", source="given")
+    info = {"max_running_requests": None, "internal_states": [{"effective_max_running_requests_per_dp": 512}]}
+    assert _max_running(bare, info) == 512
+    assert _max_running(flagged, info) == 64
+    assert _max_running(bare, {**info, "max_running_requests": 128}) == 128
+    assert _max_running(bare, {"internal_states": []}) is None and _max_running(bare, None) is None
+    assert _max_running(bare, {"internal_states": [{"effective_max_running_requests_per_dp": "x"}]}) is None

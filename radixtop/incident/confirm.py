@@ -284,7 +284,14 @@ def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None
 
 
 def _max_running(live: LaunchCommand, info: dict[str, Any] | None) -> int | None:
-    for value in (flag_value(live.flags, "--max-running-requests"), (info or {}).get("max_running_requests")):
+    """The live server's max running requests: its flag, /server_info's server argument, else
+    what the scheduler settled on (SGLang sizes it from the KV pool when the flag is absent, the
+    usual case; 0.5.23 reports it per DP rank in internal_states)."""
+    info = info or {}
+    states = info.get("internal_states")
+    effective = states[0].get("effective_max_running_requests_per_dp") if (
+        isinstance(states, list) and states and isinstance(states[0], dict)) else None  # fmt: skip
+    for value in (flag_value(live.flags, "--max-running-requests"), info.get("max_running_requests"), effective):
         try:
             if value not in (None, ""):
                 return int(value)

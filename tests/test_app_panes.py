@@ -176,15 +176,6 @@ async def test_vllm_feeds_the_vitals_and_the_radix_pane_says_it_needs_sglang(tmp
 # Screenshots from constructed state
 
 
-@pytest.fixture
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.delenv("TZ")
-    time.tzset()
-
-
 def _fill(app: RadixtopApp, *, down: bool = False) -> None:
     panes = app.panes
     assert panes is not None

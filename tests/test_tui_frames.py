@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_tui_logpane import append, decode
 
 from radixtop.tui.app import (
     BULK_INTERVAL,
@@ -15,18 +16,6 @@ from radixtop.tui.app import (
     FRAME_MIN,
     RadixtopApp,
 )
-
-
-def decode(i: int) -> str:
-    return (
-        f"[2026-12-02 14:02:{i % 60:02d}.{i % 1000:03d} TP0] Decode batch, #running-req: 61, #token: {1000 + i}, "
-        f"token usage: 0.9{i % 10}, cuda graph: True, gen throughput (token/s): 1644.05, #queue-req: {i % 13}"
-    )
-
-
-def append(path: Path, *lines: str) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines))
 
 
 async def test_a_trickle_of_lines_is_drawn_a_few_frames_a_second_with_every_line_on_screen(tmp_path: Path) -> None:

@@ -3,10 +3,8 @@ with NVML faked at the pynvml seam against the simulator, and the vitals across 
 
 from __future__ import annotations
 
-import time
 from importlib import resources
 
-import pytest
 from test_app_panes import T0, _fill, _shot_app, _until
 
 from radixtop.tui.app import RadixtopApp
@@ -15,15 +13,6 @@ from radixtop.tui.panes import LiveOptions
 from radixtop.widgets.rows import TextRows
 
 SAMPLE = resources.files("radixtop") / "data" / "sample_incident.log"
-
-
-@pytest.fixture
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.delenv("TZ")
-    time.tzset()
 
 
 def _screen_rows(app, widget) -> list[str]:

@@ -7,7 +7,6 @@ Deterministic: fixed times, rendered in UTC. Update the screenshots after an int
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from pane_helpers import make_snapshot, wide_snapshot
@@ -34,13 +33,7 @@ T0 = 1_700_000_000.0  # 22:13:20 UTC
 GiB = 1024**3
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.delenv("TZ")
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # clock strings in UTC
 
 
 def ok(since: float = T0) -> SourceState:
@@ -110,6 +103,15 @@ class PaneApp(App):
 
 def _plain(app: App, selector: str) -> str:
     return app.query_one(selector).render().plain
+
+
+async def _radix_summary(board: RadixBoard, size: tuple[int, int]) -> str:
+    """The radix pane's summary as it shows `board` at T0."""
+    app = PaneApp("radix")
+    async with app.run_test(size=size) as pilot:
+        app.query_one(RadixPane).show(board, now=T0)
+        await pilot.pause()
+        return _plain(app, "#radix-summary")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -446,11 +448,7 @@ async def test_short_evictions_are_summarised_not_listed() -> None:
     board = RadixBoard()
     events = [Event(i, T0 - 10 + i, "evict_short", tokens=0, requested=16, message=f"freed 0 of 16 ({i})") for i in range(1, 6)]
     board.add(sample("u", make_snapshot(events_seq=5), events=events))
-    app = PaneApp("radix")
-    async with app.run_test(size=(100, 30)) as pilot:
-        app.query_one(RadixPane).show(board, now=T0)
-        await pilot.pause()
-        summary = _plain(app, "#radix-summary")
+    summary = await _radix_summary(board, (100, 30))
     assert "~ 22:13:15 eviction came up short while pages were locked (5 seen): freed 0 of 16 (5)" in summary
     assert "! " not in summary
 
@@ -675,10 +673,6 @@ async def test_an_evict_failure_is_a_lock_anomaly_with_its_line() -> None:
     failure = Event(1, T0 - 3, "evict_failure", message="RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
     board.add(sample("u", make_snapshot(events_seq=1, counters=Counters(lock_ops=10, unlock_ops=9, evict_failures=1)),
                      events=[failure]))  # fmt: skip
-    app = PaneApp("radix")
-    async with app.run_test(size=(120, 30)) as pilot:
-        app.query_one(RadixPane).show(board, now=T0)
-        await pilot.pause()
-        summary = _plain(app, "#radix-summary")
+    summary = await _radix_summary(board, (120, 30))
     assert "lock anomalies: evict failures 1" in summary
     assert "! 22:13:17 rank 0 evict_failure RadixCacheError: Failed to lock memory page" in summary, summary

@@ -30,23 +30,13 @@ from textual.strip import Strip
 from textual.widgets import Static
 
 from radixtop.probes.radix import RadixBoard, RankView, TreeIndex, discard
-from radixtop.widgets.fmt import (
-    age,
-    bar,
-    clock,
-    count,
-    frozen_banner,
-    rate,
-    update_text,
-)
+from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
 from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
 MAX_ROWS = 50_000  # visible rows at most, however much is expanded
 _LOCK_BUCKETS = (("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63))
 _SPARK = "▁▂▃▄▅▆▇█"
-# The column just before each node says what its row's colour says, for a terminal without colour.
-LOCK_GLYPHS = {"negative": "!", "locked": "*", "negative path": "!", "lock path": "+"}
 COLUMNS = f"{'tokens':>7} {'lock':>5} {'hits':>6} {'idle':>6}  node   (* locked, + path to a lock, ! negative lock_ref)"
 
 NEEDS_SGLANG = (
@@ -318,15 +308,15 @@ class RadixTreeView(ScrollView, can_focus=True):
         more_kids = ""
         if node.children > len(index.children[row] if index is not None else ()):
             more_kids = f" (+{node.children - len(index.children[row]) if index else node.children} not sent)"
-        # A glyph as well as the colour, so locks read in monochrome (NO_COLOR) too.
+        # A glyph as well as the colour (COLUMNS' legend), so locks read in monochrome (NO_COLOR) too.
         if node.lock_ref < 0:
-            glyph = LOCK_GLYPHS["negative"]
+            glyph = "!"  # negative
         elif node.lock_ref > 0:
-            glyph = LOCK_GLYPHS["locked"]
+            glyph = "*"  # locked
         elif mark & TreeIndex.NEGATIVE:
-            glyph = LOCK_GLYPHS["negative path"]
+            glyph = "!"  # on the path to a negative node
         elif mark & TreeIndex.LOCKED:
-            glyph = LOCK_GLYPHS["lock path"]
+            glyph = "+"  # on the path to a locked node
         else:
             glyph = " "
         nums = f"{node.tokens:>7,} {node.lock_ref:>5} {count(node.hit_count):>6} {age(idle):>6} {glyph}"

@@ -220,3 +220,25 @@ def test_nothing_found_says_what_to_do() -> None:
     assert lines[0] == "No SGLang or vLLM server found on this node."
     assert any("radixtop demo" in line for line in lines)
     assert any("--url" in line for line in lines)
+
+
+def test_the_endpoints_base_port_is_read_from_the_servers_environment_as_the_instrument_reads_it(caplog) -> None:
+    """One reading of RADIXTOP_INSTRUMENT_PORT for the instrument and for discovery: a bad or
+    out-of-range value means the instrument's default, 0 means any free port (not guessable);
+    and radixtop logs nothing about another process's environment."""
+    from radixtop.instrument.config import InstrumentConfig
+    from radixtop.probes.discovery import _instrument_base_port
+
+    class Proc:  # psutil.Process at its one seam here
+        def __init__(self, env: dict[str, str]) -> None:
+            self.env = env
+
+        def environ(self) -> dict[str, str]:
+            return self.env
+
+    default = InstrumentConfig().base_port
+    for value, want in (("", default), ("40000", 40000), ("0", None), ("70000", default), ("x", default)):
+        env = {"RADIXTOP_INSTRUMENT_PORT": value}
+        assert _instrument_base_port(Proc(env)) == want, value
+        assert (InstrumentConfig.from_env(env, warn=False).base_port or None) == want
+    assert not caplog.records

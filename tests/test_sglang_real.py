@@ -38,6 +38,7 @@ from radixtop.instrument.sglang import (
     describe_cache,
 )
 from radixtop.schema import (
+    DEFAULT_BASE_PORT,
     EVENTS_PATH,
     HEALTH_PATH,
     METRICS_PATH,
@@ -422,7 +423,7 @@ def test_the_registry_shaped_around_hook_runs_the_safe_point_then_the_scheduler(
         assert glue.around_process_input_requests(original, scheduler, [1, 2]) == 2
         (inst,) = glue.SAFE_POINTS.instruments()
         assert scheduler.calls == 1 and inst.cache is cache
-        assert inst.endpoint.requested_port == 0 and inst.endpoint.port not in (None, 0, glue.DEFAULT_BASE_PORT)
+        assert inst.endpoint.requested_port == 0 and inst.endpoint.port not in (None, 0, DEFAULT_BASE_PORT)
         assert parse_health(get(inst.endpoint.url + HEALTH_PATH)[1]).status == "ok"
     finally:
         glue.SAFE_POINTS.close()

@@ -4,7 +4,7 @@ Standard library only, and sglang is never imported from here: the plugin (plugi
 launcher (launch.py) call in once SGLang's own modules are loaded, and the tests call attach()
 on a cache they built themselves.
 
-- InstrumentConfig.from_env(): the RADIXTOP_INSTRUMENT* variables, bad values logged and replaced.
+- InstrumentConfig.from_env() (config.py): the RADIXTOP_INSTRUMENT* variables, bad values logged and replaced.
 - describe_cache(cache): which cache this is (RadixCache, UnifiedRadixCache on the Python or the
   Rust TreeCore, disabled, unknown) and what radixtop can see of it.
 - attach(cache, rank=...): counting hooks on that cache instance + the debug endpoint on
@@ -32,19 +32,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from radixtop.instrument.config import (  # noqa: F401 - ENV_* are this module's interface too
+    ENV_BUDGET,
+    ENV_ENABLE,
+    ENV_HOST,
+    ENV_INTERVAL,
+    ENV_PORT,
+    ENV_TOKEN,
+    InstrumentConfig,
+)
 from radixtop.instrument.endpoint import Instrumentation, is_loopback
 from radixtop.instrument.hooks import HOOKED_METHODS, OPTIONAL_METHODS
 from radixtop.instrument.snapshot import SnapshotConfig, find_root
-from radixtop.schema import DEFAULT_BASE_PORT, DEFAULT_HOST, MAX_TREE_NODES
 
 log = logging.getLogger("radixtop.instrument")
-
-ENV_ENABLE = "RADIXTOP_INSTRUMENT"  # "1" turns everything on; anything else: nothing runs
-ENV_PORT = "RADIXTOP_INSTRUMENT_PORT"  # base port: rank r serves on base + r (0: any free port)
-ENV_HOST = "RADIXTOP_INSTRUMENT_HOST"  # bind address (default 127.0.0.1)
-ENV_TOKEN = "RADIXTOP_INSTRUMENT_TOKEN"  # bearer token; required when the host is not loopback
-ENV_BUDGET = "RADIXTOP_INSTRUMENT_BUDGET"  # nodes per snapshot (default SnapshotConfig.max_nodes, 128)
-ENV_INTERVAL = "RADIXTOP_INSTRUMENT_INTERVAL"  # least seconds between snapshots (default 0.5); taken only when read
 
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 SAFE_POINT_METHOD = "process_input_requests"
@@ -56,48 +57,6 @@ _RUST_HINT = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python"
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     return (os.environ if environ is None else environ).get(ENV_ENABLE) == "1"
-
-
-# ----------------------------------------------------------------------------------------------
-# Configuration
-
-
-@dataclass(frozen=True)
-class InstrumentConfig:
-    base_port: int = DEFAULT_BASE_PORT
-    host: str = DEFAULT_HOST
-    token: str | None = None
-    budget: int = SnapshotConfig().max_nodes
-    interval_s: float = 0.5
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> InstrumentConfig:
-        """Read the RADIXTOP_INSTRUMENT_* variables; a bad value is logged once and the default kept."""
-        env = os.environ if environ is None else environ
-        default = cls()
-        port = _env_number(env, ENV_PORT, int, default.base_port, 0, 65535)
-        budget = _env_number(env, ENV_BUDGET, int, default.budget, 1, MAX_TREE_NODES)
-        interval = _env_number(env, ENV_INTERVAL, float, default.interval_s, 0.05, 3600.0)
-        host = env.get(ENV_HOST, "").strip() or default.host
-        token = env.get(ENV_TOKEN, "").strip() or None
-        return cls(base_port=port, host=host, token=token, budget=budget, interval_s=interval)
-
-    def port_for(self, rank: int) -> int:
-        return 0 if self.base_port == 0 else self.base_port + rank
-
-
-def _env_number(env: Mapping[str, str], name: str, kind: type, default: Any, lo: Any, hi: Any) -> Any:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or not lo <= value <= hi:
-        log.warning("radixtop: %s=%r is not a number in [%s, %s]; using %s", name, raw[:40], lo, hi, default)
-        return default
-    return value
 
 
 # ----------------------------------------------------------------------------------------------

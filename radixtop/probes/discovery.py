@@ -32,7 +32,7 @@ import psutil
 from radixtop.probes.http import fetch, make_client
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.sglang import parse_server_info
-from radixtop.schema import DEFAULT_BASE_PORT, HEALTH_PATH, parse_health
+from radixtop.schema import HEALTH_PATH, parse_health
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
     import httpx
@@ -295,19 +295,15 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
 
 
 def _instrument_base_port(proc: psutil.Process) -> int | None:
-    """The base port the server's instrument binds (rank r on base + r): its environment's
-    RADIXTOP_INSTRUMENT_PORT, else the default; None for 0 (any free port: not guessable)."""
+    """The base port the server's instrument binds (rank r on base + r), read from the server's
+    environment as the instrument itself reads it; None for 0 (any free port: not guessable)."""
+    from radixtop.instrument.config import InstrumentConfig  # light: the standard library and the schema
+
     try:
-        value = proc.environ().get("RADIXTOP_INSTRUMENT_PORT", "")
+        env = proc.environ()
     except (psutil.Error, OSError):
-        value = ""
-    if not value.strip():
-        return DEFAULT_BASE_PORT
-    try:
-        port = int(value)
-    except ValueError:
-        return DEFAULT_BASE_PORT  # the instrument keeps its default for a bad value too
-    return port if 0 < port < 65536 else None
+        env = {}
+    return InstrumentConfig.from_env(env, warn=False).base_port or None
 
 
 def _instrument_candidates(addrs: Sequence[tuple[str, int]], base: int | None) -> list[str]:
@@ -399,7 +395,7 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
                 problems.append(str(exc))
         else:
             problems.append(f"/server_info: {got.error or f'HTTP {got.status}'}")
-        base: int | None = DEFAULT_BASE_PORT
+        base: int | None = None  # looked up only when /server_info lists none
         if not instrument:
             base = await asyncio.to_thread(_instrument_base_port, proc)
             instrument = await _find_instruments(client, addrs, base, timeout_s)

@@ -190,12 +190,13 @@ async def test_block_boundary_varies_between_replays_with_a_consistent_prefix():
     assert stale.text.split("_")[0] == healthy.text.split("_")[0]
 
 
-async def lock_race_run(max_running: int, seed: int = 1, tp_size: int = 1):
+async def lock_race_run(max_running: int, seed: int = 1, tp_size: int = 1, disable: bool = False):
     config = SimConfig(
         max_total_tokens=4096,
         max_running_requests=max_running,
         step_time_s=0,
         tp_size=tp_size,
+        disable_radix_cache=disable,
         faults=(FaultSpec("lock-race", seed=seed),),
     )
     lines: list[str] = []
@@ -251,6 +252,16 @@ async def test_lock_race_never_fires_under_bounded_pressure():
     assert not any("WARNING" in line or "exception" in line for line in lines)
     assert all(not isinstance(r, Exception) for r in results)
     assert engine.stats().evicted_tokens_total > 0  # evictions happened, just below the threshold
+
+
+async def test_lock_race_cannot_fire_without_the_radix_cache_and_pressure_retracts_instead():
+    # SGLang with --disable-radix-cache runs a chunk cache: no tree, no prefix eviction to race.
+    engine, lines, results = await lock_race_run(32, disable=True)
+    assert engine.dead_reason is None
+    assert not any("WARNING" in line or "exception" in line for line in lines)
+    assert engine.stats().num_retracted_reqs > 0  # the same pressure shows as retractions
+    assert any("KV cache pool is full. Retract requests." in line for line in lines)
+    assert all(not isinstance(r, Exception) for r in results)
 
 
 async def test_lock_race_with_tp2_initiating_rank_first_then_every_rank():

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from argparse import Namespace
 from collections.abc import Sequence
@@ -46,7 +47,7 @@ def _die_with_parent() -> None:
 
 def _spawn(argv: Sequence[str], out: Path) -> subprocess.Popen:
     with open(out, "ab") as sink:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=sink,
@@ -54,6 +55,10 @@ def _spawn(argv: Sequence[str], out: Path) -> subprocess.Popen:
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, async-signal-safe
         )
+    # Reaped the moment it exits: the demo's server dies by design, and an unreaped child would
+    # show in the processes pane as a zombie of radixtop's making, not the incident's.
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    return proc
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:

@@ -339,7 +339,8 @@ class _Scheduler:
         """Evict for room on every rank; the lock-race fault looks at each of these."""
         engine = self.engine
         race = engine.faults.lock_race
-        if race is not None and race.fired_at is None:
+        # Without the radix cache SGLang runs a chunk cache: no tree, no prefix eviction, no race.
+        if race is not None and race.fired_at is None and not self.cfg.disable_radix_cache:
             usage = self.token_usage()
             if race.consider(usage, engine.iteration, self.cfg.tp_size):
                 engine._lock_race_dp = self.dp_rank

@@ -163,6 +163,7 @@ class RadixtopApp(IncidentActions, App[int]):
         Binding("e", "hit(True)", "Next hit"),
         Binding("E", "hit(False)", "Previous hit", show=False),
         Binding("t", "cycle_theme", "Theme"),
+        Binding("a", "toggle_access", "Access lines", show=False),
         Binding("b", "bundle", "Bundle", priority=True),  # priority: over the log pane's b (page up)
         Binding("c", "confirm", "Confirm"),
         Binding("1", "pane('log')", "Panes", key_display="1-5"),
@@ -758,6 +759,18 @@ class RadixtopApp(IncidentActions, App[int]):
                 "the findings still include them",
                 severity="warning",
             )
+        self._tick(force=True)
+
+    @guarded("access lines")
+    def action_toggle_access(self) -> None:
+        state = self.state
+        state.set_fold_access(not state.fold_access)
+        self.log_view.invalidate()
+        self.notify(
+            "HTTP access lines folded: one counted row per second" if state.fold_access
+            else f"HTTP access lines shown ({state.folds.hidden_count:,} were folded)",
+            timeout=3,
+        )
         self._tick(force=True)
 
     @guarded("cycle theme")

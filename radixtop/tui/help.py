@@ -25,6 +25,8 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("e / E", "next / previous line that matched a failure signature"),
     ("Tab", "to the findings list and back; Enter jumps to a finding's first line, d shows its evidence"),
     ("t", "next theme: dark, light, high contrast"),
+    ("a", ("HTTP access lines (POST /generate ... 503) shown or folded; folded by default into one counted row "
+           "per second, so a crash's traceback stays on screen (a line that matched a signature is never folded)")),
     ("1 2 3 4 5", ("panes: 1 log, 2 radix, 3 GPU, 4 processes, 5 vitals; on a small screen one at a time, "
                    "on a big one (140x40 and more) all at once and the key zooms one; 0 or the key again shows all")),
     ("[ ]", "previous / next rank in the radix pane"),

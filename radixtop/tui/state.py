@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from radixtop.diagnosis.logline import opens_record
 from radixtop.probes.logs import LogRun
+from radixtop.tui.access_fold import AccessFolds, second_of
 
 SEVERITY_RANK: dict[str | None, int] = {None: 0, "info": 1, "warning": 2, "error": 3, "critical": 4}
 
@@ -84,7 +85,7 @@ class LogEntry:
         self.severity = severity  # the worst severity among the matched signatures, or None
         self.sig_ids = sig_ids
         self.span = span  # (start, end) in text of the worst signature's match, when known
-        self.kind = kind  # "line", "notice" (from the probe or radixtop) or "message" (guidance)
+        self.kind = kind  # "line", "fold" (counted access lines), "notice" (from the probe or radixtop) or "message" (guidance)
 
     def __repr__(self) -> str:
         return f"LogEntry(seq={self.seq}, {self.kind}, {self.source}:{self.lineno}, {self.severity}, {self.text!r})"
@@ -638,6 +639,9 @@ class IncidentState:
         self.search_text: str | None = None
         self._search_test: Callable[[str], bool] | None = None
         self._hits = _SeqIndex()  # entries that matched a signature
+        # HTTP access lines, folded into a counted row per second unless shown (see access_fold)
+        self.folds = AccessFolds()
+        self.fold_access = True
         # sources and notices
         self.notices: deque[Any] = deque(maxlen=_NOTICE_HISTORY)
         self._health: dict[str, Any] = {}
@@ -669,7 +673,15 @@ class IncidentState:
             return None
         run, k = found
         first = run.lineno_or_none
-        entry = LogEntry(run.source, 0 if first is None else first + k, self._texts[seq % self.capacity], generation=run.generation)  # type: ignore[arg-type]
+        text = self._texts[seq % self.capacity]
+        kind = "line"
+        if self._folding:
+            summary = self.folds.summary(seq)
+            if summary is not None:
+                second = second_of(text)  # type: ignore[arg-type]
+                text = f"[{second}] {summary}" if second else summary
+                kind = "fold"
+        entry = LogEntry(run.source, 0 if first is None else first + k, text, generation=run.generation, kind=kind)  # type: ignore[arg-type]
         mark = self._marks.get(seq)
         if mark is not None:
             entry.severity, entry.sig_ids, entry.span = mark
@@ -694,14 +706,19 @@ class IncidentState:
             n = cap
         start = seq = self.next_seq
         texts = self._texts
+        folds = self.folds
+        fallback_second = str(int(self._clock()))
         for piece in pieces:
             if isinstance(piece, LogEntry):
                 texts[seq % cap] = piece.text
                 self._special[seq] = piece
+                folds.interrupt()
                 seq += 1
                 continue
             lines = piece.texts
             count = len(lines)
+            marked = [k - (seq - start) for k in marks if 0 <= k - (seq - start) < count] if marks else ()
+            folds.feed(seq, lines, marked, fallback_second)
             pos = seq % cap
             head = min(count, cap - pos)
             texts[pos : pos + head] = lines[:head] if head < count else lines
@@ -712,6 +729,7 @@ class IncidentState:
         self.next_seq = seq
         first = self.first_seq = max(self.first_seq, seq - cap)
         self._runs.prune(first)
+        folds.prune(first)
         special = self._special
         while special:
             oldest = next(iter(special))
@@ -818,10 +836,20 @@ class IncidentState:
     # -- the view (all entries, or the filtered ones) ----------------------------------------------
 
     @property
+    def _folding(self) -> bool:
+        """Access lines are folded in the view (a filter shows every line it matches instead)."""
+        return self.fold_access and self._filter_test is None
+
+    def set_fold_access(self, fold: bool) -> None:
+        self.fold_access = fold
+        self.version += 1
+
+    @property
     def view_len(self) -> int:
         if self._filter_test is not None:
             return len(self._filter)
-        return self.next_seq - self.first_seq
+        hidden = self.folds.hidden_count if self.fold_access else 0
+        return self.next_seq - self.first_seq - hidden
 
     def view_seq(self, row: int) -> int | None:
         """The sequence number shown at a row of the view."""
@@ -829,23 +857,28 @@ class IncidentState:
             return None
         if self._filter_test is not None:
             return self._filter[row] if row < len(self._filter) else None
-        seq = self.first_seq + row
+        seq = self.folds.seq_at(self.first_seq, row) if self.fold_access else self.first_seq + row
         return seq if seq < self.next_seq else None
 
     def row_of(self, seq: int) -> int | None:
-        """The row showing seq, or None when it is not in the view (dropped, or filtered out)."""
+        """The row showing seq, or None when it is not in the view (dropped, filtered or folded out)."""
         if not self.first_seq <= seq < self.next_seq:
             return None
         if self._filter_test is not None:
             i = self._filter.index_at_or_after(seq)
             return i if i < len(self._filter) and self._filter[i] == seq else None
+        if self.fold_access:
+            if self.folds.is_hidden(seq):
+                return None
+            return seq - self.first_seq - self.folds.hidden_before(seq)
         return seq - self.first_seq
 
     def row_near(self, seq: int) -> int:
         """The row of seq, or of the first entry after it in the view (the last row if none)."""
         if self._filter_test is not None:
             return min(self._filter.index_at_or_after(seq), max(0, len(self._filter) - 1))
-        return min(max(0, seq - self.first_seq), max(0, self.view_len - 1))
+        hidden = self.folds.hidden_before(seq) if self.fold_access else 0
+        return min(max(0, seq - self.first_seq - hidden), max(0, self.view_len - 1))
 
     def set_filter(self, text: str | None) -> None:
         """Show only entries whose text contains `text` (smart case); None or "" shows everything."""
@@ -890,7 +923,7 @@ class IncidentState:
         if not len(self._hits):
             return None
         if self._filter_test is None:
-            # The hit index is sorted by seq, and rows are seqs here.
+            # The hit index is sorted by seq, and so are rows here (a hit is never folded).
             seq = self.view_seq(from_row) if 0 <= from_row < self.view_len else None
             base = seq if seq is not None else (self.first_seq - 1 if from_row < 0 else self.next_seq)
             hits = self._hits

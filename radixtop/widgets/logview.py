@@ -201,6 +201,12 @@ class LogView(ScrollView, can_focus=True):
     def refresh_view(self) -> None:
         """Bring the view up to date with the state (called on the app's timer, not per line)."""
         state = self.state
+        changed = state.folds.changed
+        if changed:  # a counted access row grew: its cached text is stale
+            for seq in changed:
+                self._cache.discard(seq)
+                self._rows.pop(seq, None)
+            changed.clear()
         self._src_width = self._source_width()
         layout_key = (self._src_width, state.search_text)
         if layout_key != self._layout_key:
@@ -490,7 +496,7 @@ class LogView(ScrollView, can_focus=True):
             if self._rank_width:
                 pieces.append((rank.ljust(self._rank_width) + " ", dim))
         body_start = sum(len(t) for t, _ in pieces)
-        pieces.append((message, style(f"{severity}-line") if severity else None))
+        pieces.append((message, style(f"{severity}-line") if severity else (dim if entry.kind == "fold" else None)))
         if severity:
             start, end = (entry.span[0] - offset, entry.span[1] - offset) if entry.span else (0, len(message))
             if end > 0 and start < len(message):

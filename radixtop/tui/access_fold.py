@@ -1,0 +1,144 @@
+"""HTTP access lines folded into one counted row per second, so a crash stays readable.
+
+When SGLang (or the simulator) dies, its uvicorn front end keeps logging every refused call
+(`POST /generate HTTP/1.1" 503`, `GET /health ... 503`) at the default log level: hundreds of
+lines a second that push the traceback off the screen. The log pane shows, by default, the first
+access line of each second and run (a run ends at any other line) as a counted row, and hides the
+rest; a key shows them all again. A line that matched a signature is never folded.
+
+Pure Python, no Textual: the incident state calls `feed` as entries enter its ring and asks the
+row <-> sequence-number mapping of the folded view. The hidden lines are kept as one sorted list
+(plus a second list that turns a row into a sequence number by bisection), so the view costs
+nothing per visible line and O(log n) per lookup.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+# uvicorn's access format (SGLang's and vLLM's front ends): `... "POST /generate HTTP/1.1" 503 ...`
+_ACCESS = re.compile(r'"(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) (\S+) HTTP/[0-9.]+" (\d{3})')
+_SUMMARY_KINDS = 3  # the commonest (method, path, status) kinds named in a folded row
+
+
+def access_key(text: str) -> tuple[str, str, str] | None:
+    """(method, path without its query, status) of an HTTP access line, else None."""
+    if "HTTP/" not in text:  # the usual line: one C-speed scan, no regex
+        return None
+    m = _ACCESS.search(text)
+    if m is None:
+        return None
+    return m.group(1), m.group(2).split("?", 1)[0], m.group(3)
+
+
+def second_of(text: str) -> str | None:
+    """The line's own second ("2026-12-03 11:54:35" of an SGLang prefix), when it has one."""
+    if len(text) >= 20 and text[0] == "[" and text[5] == "-" and text[8] == "-":
+        return text[1:20]
+    return None
+
+
+class _Group:
+    __slots__ = ("count", "kinds", "second")
+
+    def __init__(self, second: str, key: tuple[str, str, str]) -> None:
+        self.second = second
+        self.count = 1
+        self.kinds: Counter[tuple[str, str, str]] = Counter((key,))
+
+
+class AccessFolds:
+    """Which entries of the ring are folded away, and the counted rows that stand for them."""
+
+    def __init__(self) -> None:
+        self._hidden: list[int] = []  # ascending seqs of folded lines
+        self._shifted: list[int] = []  # hidden[i] - (i + pruned): non-decreasing, for row -> seq
+        self._lo = 0  # entries of both lists before _lo are pruned
+        self._pruned = 0  # hidden entries ever pruned: the index base of _shifted
+        self._groups: dict[int, _Group] = {}  # head seq -> its group (the head stays visible)
+        self._open: int | None = None  # the head a next access line of the same second joins
+        self.changed: set[int] = set()  # heads whose row text changed since the view last asked
+
+    # -- intake ------------------------------------------------------------------------------------
+
+    def feed(self, start: int, texts: Sequence[str], marked: Sequence[int] = (), fallback_second: str = "") -> None:
+        """Entries start.. start+len(texts)-1 entered the ring; `marked` are indexes that matched
+        a signature (never folded). fallback_second buckets lines without a time of their own."""
+        if not texts:
+            return
+        if "HTTP/" not in "\n".join(texts):  # the usual run: one join and one scan, both in C
+            self._open = None
+            return
+        marked_set = set(marked)
+        for i, text in enumerate(texts):
+            key = None if i in marked_set else access_key(text)
+            seq = start + i
+            if key is None:
+                self._open = None
+                continue
+            second = second_of(text) or fallback_second
+            head = self._open
+            group = self._groups.get(head) if head is not None else None
+            if group is not None and group.second == second:
+                group.count += 1
+                group.kinds[key] += 1
+                self.changed.add(head)  # type: ignore[arg-type]
+                self._shifted.append(seq - (self._pruned + len(self._hidden) - self._lo))
+                self._hidden.append(seq)
+            else:
+                self._groups[seq] = _Group(second, key)
+                self._open = seq
+
+    def interrupt(self) -> None:
+        """A notice or message entered the ring: the next access line starts a new row."""
+        self._open = None
+
+    def prune(self, first_seq: int) -> None:
+        hidden, lo = self._hidden, self._lo
+        if lo < len(hidden) and hidden[lo] < first_seq:
+            new_lo = bisect.bisect_left(hidden, first_seq, lo)
+            self._pruned += new_lo - lo
+            lo = new_lo
+            if lo > 4096 and lo * 2 > len(hidden):
+                del hidden[:lo], self._shifted[:lo]
+                lo = 0
+            self._lo = lo
+        if self._groups and next(iter(self._groups)) < first_seq:
+            for head in [h for h in self._groups if h < first_seq]:
+                del self._groups[head]
+                self.changed.discard(head)
+            if self._open is not None and self._open < first_seq:
+                self._open = None
+
+    # -- the folded view ---------------------------------------------------------------------------
+
+    @property
+    def hidden_count(self) -> int:
+        return len(self._hidden) - self._lo
+
+    def hidden_before(self, seq: int) -> int:
+        return bisect.bisect_left(self._hidden, seq, self._lo) - self._lo
+
+    def is_hidden(self, seq: int) -> bool:
+        i = bisect.bisect_left(self._hidden, seq, self._lo)
+        return i < len(self._hidden) and self._hidden[i] == seq
+
+    def seq_at(self, first_seq: int, row: int) -> int:
+        """The sequence number shown at `row` of the folded view (row >= 0, unchecked above)."""
+        # hidden[i] lies before the entry at `row` exactly when shifted[i] <= first_seq + row.
+        k = bisect.bisect_right(self._shifted, first_seq + row - self._pruned, self._lo) - self._lo
+        return first_seq + row + k
+
+    def summary(self, seq: int) -> str | None:
+        """The counted row's text for a head that stands for several lines, else None."""
+        group = self._groups.get(seq)
+        if group is None or group.count < 2:
+            return None
+        kinds = ", ".join(
+            f"{method} {path} {status} ×{n}" for (method, path, status), n in group.kinds.most_common(_SUMMARY_KINDS)
+        )
+        more = len(group.kinds) - _SUMMARY_KINDS
+        return f"{group.count} HTTP access lines: {kinds}{f', {more} more kinds' if more > 0 else ''} (a shows them)"

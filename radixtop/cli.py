@@ -152,10 +152,14 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     confirm.add_argument("--concurrency-divisor", type=int, default=4, help="the control's --max-running-requests is the live one divided by this (default 4)")
     confirm.add_argument("--control-arg", action="append", default=[], metavar="FLAG", help="an extra control flag (--control-arg=--mem-fraction-static=0.3); repeatable")
-    confirm.add_argument("--stop-original", action="store_true", help="stop the live server before starting the control (never done otherwise)")
+    confirm.add_argument("--stop-original", action="store_true", help="stop the live server first, then run a reproduction and the control (never done otherwise)")
+    confirm.add_argument("--no-reproduction", action="store_true", help="with the server gone: no reproduction arm; its crash log stands as the baseline")
+    confirm.add_argument("--gpus", default=None, metavar="IDS", help="CUDA_VISIBLE_DEVICES for the servers radixtop starts (default: idle GPUs with room, from NVML)")
+    confirm.add_argument("--own-env", action="store_true", help="start the servers with radixtop's environment when the live server's cannot be read")
     confirm.add_argument("--no-flush", action="store_true", help="do not flush the caches between runs")
     confirm.add_argument("--no-bundle", action="store_true", help="skip the evidence bundle (not recommended)")
-    confirm.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait for the control's health (default 900)")
+    confirm.add_argument("--control-timeout", "--health-timeout", dest="control_timeout", type=float, default=1200.0,
+                         help="seconds to wait for a started server's health: a real model loads for minutes (default 1200)")
     confirm.add_argument("--workdir", default=None, help="where the plan, logs, replays and verdict go (default ./radixtop-confirm-<time>)")
     _add_signature_option(confirm, top_level=False)
     _add_readonly_option(confirm, top_level=False)

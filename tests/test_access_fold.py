@@ -10,7 +10,7 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.probes.logs import LogBatch, LogRecord
-from radixtop.tui.access_fold import access_key
+from radixtop.diagnosis.logline import access_key
 from radixtop.tui.state import IncidentState, Ingestor
 
 SEED = "[2026-12-03 11:54:35 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"

@@ -230,13 +230,39 @@ def run_record(args: Namespace) -> int:
 # -- confirm ------------------------------------------------------------------------------------
 
 
-def _ask(lines: list[str]) -> bool:
+def _ask(lines: list[str], question: str = "Start the confirmation run as planned? [y/N] ", yes: tuple[str, ...] = ("y", "yes")) -> bool:
     """The plan and the question on stderr (stdout stays for the result), the answer from the terminal."""
     print("\n".join(lines), file=sys.stderr)
-    sys.stderr.write("Start the confirmation run as planned? [y/N] ")
+    sys.stderr.write(question)
     sys.stderr.flush()
     answer = sys.stdin.readline()
-    return answer.strip().lower() in ("y", "yes")
+    return answer.strip().lower() in yes
+
+
+def watch_other_run(say: Any, poll_s: float = 1.0, limit_s: float = 24 * 3600) -> int:
+    """Another radixtop holds the node's confirmation run: follow its progress, then its verdict."""
+    from radixtop.incident.runlock import lock_held_by_other, read_status
+
+    status = read_status()
+    say((status.summary() if status else "a confirmation run is in progress on this node") + "; watching it instead of starting another")
+    shown = 0
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        status = read_status()
+        lines = list(status.get("lines") or []) if status else []
+        for line in lines[shown if shown <= len(lines) else 0 :]:
+            say(line)
+        shown = len(lines)
+        if status is not None and status.done:
+            print(status.get("headline", ""))
+            if status.get("body"):
+                print(status["body"])
+            return 1 if status.get("verdict") in (None, "inconclusive") else 0
+        if not lock_held_by_other():
+            say("the run's radixtop ended without a verdict (killed?); press c or run confirm again")
+            return 1
+        time.sleep(poll_s)
+    return 1
 
 
 def run_confirm(args: Namespace) -> int:
@@ -247,6 +273,8 @@ def run_confirm(args: Namespace) -> int:
         PlanError,
         prepare,
     )
+    from radixtop.incident.rundir import RuntimeDirError
+    from radixtop.incident.runlock import RunLock
     from radixtop.incident.server import ServerError
 
     if not args.yes and not sys.stdin.isatty():
@@ -258,14 +286,22 @@ def run_confirm(args: Namespace) -> int:
         flush=not args.no_flush, logs=tuple(args.log), pid=args.pid, launch_command=args.launch_command,
         cache=args.control_cache, concurrency_divisor=args.concurrency_divisor,
         control_args=tuple(args.control_arg), stop_original=args.stop_original,
-        health_timeout_s=args.health_timeout, bundle=not args.no_bundle,
+        reproduction=not args.no_reproduction, gpus=args.gpus, own_env=args.own_env,
+        control_timeout_s=args.control_timeout, bundle=not args.no_bundle,
         signature_files=tuple(args.signatures),
     )  # fmt: skip
     say = _progress("confirm", False)
+    lock = RunLock(args.url, options.workdir)
+    try:
+        if not lock.acquire():
+            return watch_other_run(say)
+    except RuntimeDirError as exc:
+        raise _usage(f"confirm: {exc}") from None
 
     def on_event(event: Any) -> None:
         if event.phase != "plan":
             say(f"[{event.phase}] {event.message}")
+            lock.note(event.phase, event.message)
 
     cancel = threading.Event()
 
@@ -276,32 +312,55 @@ def run_confirm(args: Namespace) -> int:
         return await prepare(options, on_event, cancel)
 
     try:
-        plan = asyncio.run(plan_phase())
-    except (PlanError, ServerError) as exc:
-        raise _usage(f"confirm: {exc}") from None
-    except ConfirmCancelled:
-        say("cancelled before anything was started")
-        return 130
-    if args.yes:
-        print("\n".join(plan.describe()), file=sys.stderr)
-        say("approved with --yes")
-    elif not _ask(plan.describe()):
-        say("not approved; nothing was started. The evidence bundle is kept." if plan.bundle else "not approved; nothing was started")
-        return 1
+        try:
+            plan = asyncio.run(plan_phase())
+        except (PlanError, ServerError) as exc:
+            lock.finish("no confirmation run: cannot make a plan", str(exc))
+            raise _usage(f"confirm: {exc}") from None
+        except ConfirmCancelled:
+            lock.finish("cancelled before anything was started")
+            say("cancelled before anything was started")
+            return 130
+        described = plan.describe()
+        if plan.blockers:
+            print("\n".join(described), file=sys.stderr)
+            lock.finish("no confirmation run: the plan cannot start", plan.blockers[0])
+            raise _usage(f"confirm: {plan.blockers[0]}")
+        if plan.requires_stop and not args.stop_original:
+            if args.yes:
+                print("\n".join(described), file=sys.stderr)
+                lock.finish("no confirmation run: it needs the live server's GPUs", "pass --stop-original")
+                raise _usage("confirm: no GPU has room for the control beside the live server; pass --stop-original "
+                             "to stop it first (then a reproduction and the control run on its GPUs)")
+            if not _ask(described, "This plan STOPS the live server first. Type stop to approve: ", ("stop",)):
+                lock.finish("not approved: nothing was started")
+                say("not approved; nothing was started" + (". The evidence bundle is kept." if plan.bundle else ""))
+                return 1
+        elif args.yes:
+            print("\n".join(described), file=sys.stderr)
+            say("approved with --yes")
+        elif not _ask(described):
+            lock.finish("not approved: nothing was started")
+            say("not approved; nothing was started. The evidence bundle is kept." if plan.bundle else "not approved; nothing was started")
+            return 1
 
-    run = ConfirmationRun(plan, on_event)
+        run = ConfirmationRun(plan, on_event)
 
-    async def run_phase():
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, run.cancel)
-        return await run.run()
+        async def run_phase():
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, run.cancel)
+            return await run.run()
 
-    try:
-        verdict = asyncio.run(run_phase())
-    except ConfirmCancelled:
-        say("cancelled; the control server was stopped and nothing is left running")
-        return 130
+        try:
+            verdict = asyncio.run(run_phase())
+        except ConfirmCancelled:
+            lock.finish("cancelled: the servers radixtop started were stopped")
+            say("cancelled; the servers radixtop started were stopped and nothing is left running")
+            return 130
+        lock.finish(f"VERDICT: {verdict.verdict}", verdict.format(), verdict.verdict)
+    finally:
+        lock.release()
     if args.json:
         doc = verdict.to_json()
         doc["plan"] = plan.to_json()

@@ -1,30 +1,32 @@
-"""The confirmation run: is the failure capacity pressure, or a defect that stays under a control?
+"""The confirmation run: is the failure capacity pressure, the cache itself, or a defect that stays?
 
-The seed's checklist as one action. Three steps, each visible to the user:
+The seed's checklist as one action, built for the moment it is needed: usually right after the
+server died, on a node whose GPUs it may still hold, with a colleague watching the same node.
 
-1. ``prepare()`` (async): evidence first (an evidence bundle of the live server), then a
-   :class:`Plan`: the live server's launch command (psutil's cmdline of the listening process,
-   or ``/server_info`` ``launch_command`` split with shlex, or one the user gives), the control
-   command built from it (``radixtop.incident.launch``), the workload (a trace, or a pressure
-   workload sized to the server), the runs. Nothing has been started or sent yet.
-2. The caller shows ``plan.describe()`` and asks the user (the CLI on the terminal, the TUI in a
-   modal). Nothing is launched or stopped without that.
-3. ``ConfirmationRun(plan).run()`` (async): replay the workload against the live server (the
-   baseline) while watching its log; optionally stop the live server (only with
-   ``stop_original``); start the control on a free loopback port with its output captured, wait
-   for its health (bounded), replay the same workload against it while watching its log; stop it;
-   give a :class:`Verdict`:
+1. ``prepare()`` (async): evidence first (a bundle), then a :class:`Plan`. The live server's
+   launch command comes from psutil while it lives, else from what was seen of it while it lived
+   (a :class:`~radixtop.incident.sighting.Sighting`: argv, /server_info, environment, GPUs), else
+   from ``/server_info`` (flags only) or the user. The plan has two arms, run one after the other
+   with the same workload and seeds:
 
-   * ``pressure-dependent``: a signature or a divergence in the baseline, gone under the control;
-   * ``persists-under-control``: still there under the control (an unconditional defect or
-     another cause: the competing hypothesis stays open);
-   * ``not-reproduced``: the baseline itself came out clean;
-   * ``inconclusive``: the control could not run (why, with its output's tail).
+   * with the original alive: the baseline (the live server itself) and the control;
+   * with the original gone (or stopped first, which needs the user's explicit ``stop``): a
+     reproduction (the original flags) and the control, each on a free loopback port;
+   * ``--no-reproduction``: the control only, the original's crash log standing as the baseline.
 
-Progress goes to ``on_event`` as :class:`ConfirmEvent` (phase, message, data). ``cancel()`` (from
-any thread, or a signal handler) stops the run at once: in-flight calls are abandoned and the
-control server is stopped, so nothing is left behind. The live server is never touched except
-by the replayed requests and the cache flushes between runs, unless ``stop_original`` is set.
+   The control is the same launch with ``--max-running-requests`` divided and, by default,
+   ``--disable-radix-cache``. New servers are placed on GPUs with room for them (NVML, see
+   placement.py); one that cannot fit is never started. Nothing has been started or sent yet.
+2. The caller shows ``plan.describe()`` and asks the user; ``plan.blockers`` say why it cannot
+   start at all (one line each, with what to pass).
+3. ``ConfirmationRun(plan).run()`` (async): each arm in turn (start, wait for health within
+   ``--control-timeout`` showing the server's own progress lines, replay while watching its log and
+   ``/metrics``, stop), then a :class:`~radixtop.incident.verdict.Verdict` with the arms side by side.
+
+Progress goes to ``on_event`` as :class:`ConfirmEvent`. ``cancel()`` (any thread, a signal
+handler) stops at once: in-flight calls are abandoned and every server radixtop started is
+stopped. The live server is touched only by the replayed requests and the cache flushes, unless
+the plan stops it (``stop_original``).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import contextlib
 import json
 import os
 import shlex
+import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -50,18 +53,24 @@ from radixtop.incident.launch import (
     LaunchCommand,
     LaunchError,
     build_control_argv,
+    build_reproduction_argv,
+    exit_reason,
     flag_value,
     free_loopback_port,
     launch_from_argv,
     parse_launch_command,
     wait_healthy,
 )
+from radixtop.incident.placement import Placement, place
 from radixtop.incident.redact import Redactor
 from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
+from radixtop.incident.sighting import Sighting, load_sighting, observe, save_sighting
 from radixtop.incident.trace import Trace, plan_requests, rescale_prefixes, save_trace
+from radixtop.incident.verdict import VERDICTS, Verdict, decide
 
 __all__ = [
     "VERDICTS",
+    "ArmPlan",
     "ConfirmCancelled",
     "ConfirmEvent",
     "ConfirmOptions",
@@ -72,10 +81,11 @@ __all__ = [
     "prepare",
 ]
 
-VERDICTS = ("pressure-dependent", "persists-under-control", "not-reproduced", "inconclusive")
 POLL_S = 0.25
+METRICS_EVERY_S = 1.0
 SETTLE_S = 0.6  # after a replay, lines the server is still writing (a death is several lines)
 STOP_ORIGINAL_GRACE_S = 15.0
+PROGRESS_LINES = 3  # a starting server's newest lines shown per second while it loads
 
 
 class PlanError(Exception):
@@ -88,7 +98,7 @@ class ConfirmCancelled(Exception):
 
 @dataclass(frozen=True)
 class ConfirmEvent:
-    phase: str  # evidence, plan, baseline, stop-original, control-start, control, verdict, cleanup, cancelled
+    phase: str  # evidence, plan, stop-original, <role>-start, <role>, verdict, cleanup, cancelled
     message: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -103,47 +113,85 @@ class ConfirmOptions:
     flush: bool = True
     logs: tuple[str, ...] = ()  # the live server's logs; discovered when empty
     pid: int | None = None  # the live server's pid; found by its port when None
-    launch_command: str | None = None  # overrides psutil and /server_info
+    launch_command: str | None = None  # overrides psutil, the sighting and /server_info
     cache: str = "disable"  # "disable": --disable-radix-cache; "keep": only the pressure changes
     concurrency_divisor: int = 4
     control_args: tuple[str, ...] = ()  # extra control flags, overriding the live ones
-    stop_original: bool = False
-    health_timeout_s: float = 900.0
+    stop_original: bool = False  # stop the live server first, then reproduction + control
+    reproduction: bool = True  # False: with the original gone, its crash log is the baseline
+    control_timeout_s: float = 1200.0  # a real model loads for minutes
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES for the servers radixtop starts (else chosen by NVML)
+    own_env: bool = False  # start them with radixtop's environment when the server's is unreadable
     bundle: bool = True
     signature_files: tuple[str, ...] = ()
     min_severity: str = "error"  # signatures at or above this count for the verdict
     request_timeout_s: float = 120.0
+    sighting: Sighting | None = None  # what the caller saw of the server while it lived (the TUI)
+
+
+@dataclass
+class ArmPlan:
+    """One side of the comparison: the live server, or a server radixtop starts."""
+
+    role: str  # "baseline" (the live server), "reproduction" or "control"
+    url: str
+    argv: list[str] | None = None  # None: the live server, which radixtop does not start
+    port: int | None = None
+    output: Path | None = None  # the started server's stdout and stderr
+    logs: list[str] = field(default_factory=list)  # watched for signatures
+    env: dict[str, str] | None = field(default=None, repr=False)
+    cwd: str | None = None
+    changes: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Plan:
     options: ConfirmOptions
-    baseline_url: str
+    baseline_url: str  # the original server's URL
     server_pid: int | None
     server_version: str | None
     live: LaunchCommand
-    control_argv: list[str]
-    control_changes: list[str]
-    control_port: int
-    control_output: Path
-    control_logs: list[str]
-    control_cwd: str | None
-    control_env: dict[str, str] | None = field(repr=False)
-    baseline_logs: list[str]
+    mode: str  # "live" (baseline + control), "relaunch" (reproduction + control), "crash-log" (control only)
+    arms: list[ArmPlan]
+    placement: Placement
+    baseline_logs: list[str]  # the original's logs
     trace: Trace
     trace_path: Path
     control_summary: str = ""  # the condition the control changes, in a few words
     bundle: Any = None  # BundleResult
     notes: list[str] = field(default_factory=list)
+    blockers: list[str] = field(default_factory=list)  # why it cannot start; what to pass
+    requires_stop: bool = False  # the plan stops the live server first: a second, explicit approval
+    planned_from: str | None = None  # "the server died at T; planned from what was seen at T0"
     redactor: Redactor = field(default_factory=Redactor, repr=False)
 
     @property
+    def control(self) -> ArmPlan:
+        return self.arms[-1]
+
+    @property
+    def control_argv(self) -> list[str]:
+        return list(self.control.argv or [])
+
+    @property
+    def control_changes(self) -> list[str]:
+        return self.control.changes
+
+    @property
     def control_url(self) -> str:
-        return f"http://127.0.0.1:{self.control_port}"
+        return self.control.url
+
+    @property
+    def control_output(self) -> Path | None:
+        return self.control.output
 
     @property
     def calls(self) -> int:
         return sum(r.n for r in self.trace.requests)
+
+    @property
+    def runs_calls(self) -> int:
+        return self.options.runs * self.calls
 
     def repeat_command(self) -> list[str]:
         o = self.options
@@ -160,14 +208,22 @@ class Plan:
             argv.append(f"--control-arg={arg}")
         if o.stop_original:
             argv.append("--stop-original")
+        if not o.reproduction:
+            argv.append("--no-reproduction")
+        if o.gpus:
+            argv += ["--gpus", o.gpus]
+        if o.control_timeout_s != ConfirmOptions.control_timeout_s:
+            argv += ["--control-timeout", f"{o.control_timeout_s:g}"]
         return self.redactor.argv(argv)
 
     def describe(self) -> list[str]:
         """The plan as lines, for the approval prompt (secrets redacted)."""
         o = self.options
         duration = max((r.offset_ms for r in self.trace.requests), default=0) / 1000.0
-        lines = [
-            f"Live server   {self.baseline_url}  pid {self.server_pid or '?'}  {self.server_version or ''}".rstrip(),
+        lines = [f"Live server   {self.baseline_url}  pid {self.server_pid or '?'}  {self.server_version or ''}".rstrip()]
+        if self.planned_from:
+            lines.append(f"  DOWN: {self.planned_from}")
+        lines += [
             f"  launched as ({self.live.source}): {shlex.join(self.redactor.argv(self.live.argv))}",
             f"  logs watched: {', '.join(self.baseline_logs) or '(none found: signatures cannot be watched; pass --log)'}",
             f"Evidence      {self.bundle.path if self.bundle is not None else '(no bundle taken)'}",
@@ -175,18 +231,32 @@ class Plan:
                 f"Workload      {self.trace.name}: {len(self.trace.requests)} requests, {self.calls} calls "
                 f"over {duration:.1f} s at temperature 0 ({self.trace_path})"
             ),
-            f"Runs          {o.runs} against the live server, then {o.runs} against the control; "
+            f"Runs          {o.runs} per arm, one arm after the other, the same workload; "
             + ("the cache is flushed before each run (POST /flush_cache)" if o.flush else "no cache flush (--no-flush)"),
-            f"Control       {shlex.join(self.redactor.argv(self.control_argv))}",
-            f"  on {self.control_url}, output in {self.control_output}",
+            *self.placement.lines,
         ]
-        lines += [f"  change: {c}" for c in self.control_changes]
-        lines.append(
-            "Live server   STOPPED before the control starts (--stop-original)"
-            if o.stop_original
-            else "Live server   left running (it is never stopped unless you pass --stop-original)"
-        )
+        if self.mode == "crash-log":
+            lines.append("Baseline      the original's crash log (--no-reproduction): it assumes the workload that "
+                         "crashed it was like this one")  # fmt: skip
+        for number, arm in enumerate(self.arms, 1):
+            if arm.argv is None:
+                lines.append(f"Arm {number}         {arm.role}: the live server {arm.url}, as it runs")
+                continue
+            lines += [
+                f"Arm {number}         {arm.role}: {shlex.join(self.redactor.argv(arm.argv))}",
+                f"  on {arm.url}, output in {arm.output}",
+            ]
+            lines += [f"  change: {c}" for c in arm.changes]
+        if self.mode == "live":
+            lines.append("Live server   left running (it is never stopped unless you pass --stop-original)")
+        elif self.requires_stop:
+            lines.append(f"Live server   STOPPED FIRST (pid {self.server_pid}): its GPUs are needed; approve by typing stop")
+        elif self.options.stop_original:
+            lines.append(f"Live server   STOPPED FIRST (pid {self.server_pid}), as asked (--stop-original)")
+        else:
+            lines.append("Live server   already down: nothing of it is touched")
         lines += [f"Note          {n}" for n in self.notes]
+        lines += [f"CANNOT START  {b}" for b in self.blockers]
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -194,14 +264,21 @@ class Plan:
             "baseline_url": self.baseline_url,
             "server_pid": self.server_pid,
             "server_version": self.server_version,
+            "mode": self.mode,
+            "planned_from": self.planned_from,
             "live_argv": self.redactor.argv(self.live.argv),
             "live_argv_source": self.live.source,
             "baseline_logs": list(self.baseline_logs),
+            "arms": [
+                {"role": a.role, "url": a.url, "argv": self.redactor.argv(a.argv) if a.argv else None,
+                 "output": str(a.output) if a.output else None, "changes": list(a.changes)}
+                for a in self.arms
+            ],  # fmt: skip
             "control_argv": self.redactor.argv(self.control_argv),
             "control_url": self.control_url,
             "control_changes": list(self.control_changes),
             "control_summary": self.control_summary,
-            "control_output": str(self.control_output),
+            "gpus": {"status": self.placement.status, "visible": self.placement.visible, "need": self.placement.need},
             "workload": {
                 "name": self.trace.name,
                 "path": str(self.trace_path),
@@ -210,9 +287,10 @@ class Plan:
             },
             "runs": self.options.runs,
             "flush": self.options.flush,
-            "stop_original": self.options.stop_original,
+            "stop_original": self.options.stop_original or self.requires_stop,
             "bundle": None if self.bundle is None else str(self.bundle.path),
             "notes": list(self.notes),
+            "blockers": list(self.blockers),
             "repeat": self.repeat_command(),
         }
 
@@ -232,38 +310,45 @@ async def _server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any] | Non
             if response.status_code == 200:
                 try:
                     body = response.json()
-                except ValueError:
+                except (ValueError, RecursionError):
                     return None
                 return body if isinstance(body, dict) else None
     return None
 
 
-def _live_launch(options: ConfirmOptions, info: dict[str, Any] | None, pid: int | None) -> LaunchCommand:
+def _live_launch(
+    options: ConfirmOptions, info: Mapping[str, Any] | None, pid: int | None, seen: Sighting | None
+) -> LaunchCommand:
     from radixtop.incident.server import process_argv, process_cwd, process_python
 
+    python = process_python(pid) or (seen.python if seen is not None else None)
+    cwd = process_cwd(pid) or (seen.cwd if seen is not None else None)
     if options.launch_command:
-        return parse_launch_command(options.launch_command, source="given",
-                                    version=(info or {}).get("version"), python=process_python(pid))  # fmt: skip
+        return replace(parse_launch_command(options.launch_command, source="given",
+                                            version=(info or {}).get("version"), python=python), cwd=cwd)  # fmt: skip
     argv = process_argv(pid)
+    source = "psutil"
+    if not (argv and any(a.startswith("--") for a in argv)) and seen is not None and seen.argv:
+        argv, source = list(seen.argv), "seen"
     if argv and any(a.startswith("--") for a in argv):
-        live = launch_from_argv(argv, source="psutil")
+        live = launch_from_argv(argv, source=source)
         if live.kind == "unknown":  # a proxy or a wrapper on the port: relaunching it confirms nothing
             raise PlanError(
                 f"the process listening on the server's port ({shlex.join(live.program)[:80]}) is neither SGLang "
                 "nor radixtop's simulator; pass --launch-command '...' with the server's own command"
             )
-        return replace(live, cwd=process_cwd(pid))
+        return replace(live, cwd=cwd)
     text = (info or {}).get("launch_command")
     if isinstance(text, str) and text.strip():
-        cmd = parse_launch_command(text, version=str(info.get("version", "")), python=process_python(pid))
-        return replace(cmd, cwd=process_cwd(pid))
+        cmd = parse_launch_command(text, version=str((info or {}).get("version", "")), python=python)
+        return replace(cmd, cwd=cwd)
     raise PlanError(
-        "cannot learn the live server's launch command (no local process on its port and no "
-        "launch_command in /server_info); pass --launch-command '...' (split like a shell, never run by one)"
+        "cannot learn the server's launch command (no local process on its port, none seen while it lived and "
+        "no launch_command in /server_info); pass --launch-command '...' (split like a shell, never run by one)"
     )
 
 
-def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None) -> list[str]:
+def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None, seen: Sighting | None) -> list[str]:
     from radixtop.incident.server import stdout_log_paths
 
     if options.logs:
@@ -277,13 +362,15 @@ def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None
         if not path.is_absolute() and live.cwd:
             path = Path(live.cwd) / path
         found.append(str(path))
-    for path in stdout_log_paths(pid):
-        if path not in found:
+    real = {os.path.realpath(p) for p in found}
+    for path in [*stdout_log_paths(pid), *(seen.logs if seen is not None else ())]:
+        if os.path.realpath(path) not in real:
             found.append(path)
+            real.add(os.path.realpath(path))
     return found
 
 
-def _max_running(live: LaunchCommand, info: dict[str, Any] | None) -> int | None:
+def _max_running(live: LaunchCommand, info: Mapping[str, Any] | None) -> int | None:
     """The live server's max running requests: its flag, /server_info's server argument, else
     what the scheduler settled on (SGLang sizes it from the KV pool when the flag is absent, the
     usual case; 0.5.23 reports it per DP rank in internal_states)."""
@@ -300,19 +387,55 @@ def _max_running(live: LaunchCommand, info: dict[str, Any] | None) -> int | None
     return None
 
 
+def _read_gpus() -> Any:
+    from radixtop.probes.gpu import GpuReader
+
+    reader = GpuReader()
+    try:
+        return reader.read()
+    finally:
+        reader.close()
+
+
+def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sighting | None,
+                notes: list[str], blockers: list[str]) -> dict[str, str]:  # fmt: skip
+    """The environment the started servers get: the live server's own, else what was seen of it."""
+    from radixtop.incident.server import process_environ
+
+    env = process_environ(pid) if alive else None
+    if env is not None:
+        return env
+    if alive and pid is not None and not options.own_env:
+        blockers.append(
+            f"the live server's environment is not readable (pid {pid} is another user's process?): run radixtop as "
+            "the server's user, or pass --own-env to start the servers with radixtop's environment"
+        )
+    own = dict(os.environ)
+    if seen is not None and seen.env:
+        missing = [k for k in seen.secret_keys if k not in seen.env and k not in own]
+        if missing:
+            notes.append(f"secret keys the server had are not kept on disk and not set here: {', '.join(missing)}; "
+                         "export them before confirming if the server needs them")  # fmt: skip
+        return {**own, **seen.env}
+    if not alive:
+        notes.append("the server's environment was never seen: the servers start with radixtop's")
+    return own
+
+
+def _port_holder(port: int) -> str:
+    from radixtop.incident.server import listening_pid
+
+    pid = listening_pid(port)
+    return f" (by pid {pid})" if pid else ""
+
+
 async def prepare(
     options: ConfirmOptions,
     on_event: Callable[[ConfirmEvent], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> Plan:
     """Evidence first (a bundle), then the plan. Starts and stops nothing; sends no workload."""
-    from radixtop.incident.server import (
-        base_url,
-        is_loopback_url,
-        listening_pid,
-        process_environ,
-        url_port,
-    )
+    from radixtop.incident.server import base_url, is_loopback_url, listening_pid, url_port
     from radixtop.incident.workloads import pressure_trace
 
     emit = on_event or (lambda event: None)
@@ -329,23 +452,43 @@ async def prepare(
     except OSError as exc:
         raise PlanError(f"cannot create the work directory {workdir}: {exc.strerror or exc}; pass --workdir") from None
     notes: list[str] = []
+    blockers: list[str] = []
     info = await _server_info(url)
-    if info is None:
-        notes.append(f"{url}/server_info did not answer: the live server may be down")
     pid = options.pid
     if pid is None and is_loopback_url(url):
         pid = listening_pid(url_port(url))
+    alive = info is not None or pid is not None
+    seen = options.sighting if options.sighting is not None and options.sighting.url == url else load_sighting(url)
+    planned_from = None
+    if alive:
+        with contextlib.suppress(OSError):  # remembered for a later plan, should it die
+            seen = observe(url, pid, server_info=info, previous=seen, logs=options.logs)
+            save_sighting(seen)
+    elif seen is not None:
+        planned_from = seen.describe_age()
+        notes.append(f"{url} does not answer: {planned_from}")
+    elif not options.launch_command:
+        raise PlanError(
+            f"{url} does not answer and radixtop never saw it alive (nothing remembered for it); pass "
+            "--launch-command '...' with the server's command (and --log) to plan a reproduction"
+        )
+    else:
+        notes.append(f"{url} does not answer: the server is down; the plan relaunches the command you gave")
+    info = info if info is not None else (dict(seen.server_info) if seen is not None and seen.server_info else None)
     if not is_loopback_url(url):
-        notes.append(f"{url} is not on this machine's loopback: the control starts here, on 127.0.0.1")
+        notes.append(f"{url} is not on this machine's loopback: the servers start here, on 127.0.0.1")
     try:
-        live = _live_launch(options, info, pid)
+        live = _live_launch(options, info, pid if alive else None, seen)
     except LaunchError as exc:
         raise PlanError(str(exc)) from None
     notes += list(live.notes)
     redactor = Redactor()
     redactor.learn_env(os.environ)
     redactor.learn_argv(live.argv)
-    baseline_logs = _baseline_logs(options, live, pid)
+    if any("[REDACTED]" in a for a in live.argv):
+        notes.append("secret flag values were not kept on disk ([REDACTED] in the command): pass --launch-command "
+                     "with them, or --control-arg for each")  # fmt: skip
+    baseline_logs = _baseline_logs(options, live, pid if alive else None, seen)
 
     bundle = None
     if options.bundle:
@@ -355,12 +498,12 @@ async def prepare(
             if p.step != "done":  # announced below, with the path as data
                 emit(ConfirmEvent("evidence", p.message, {"done": p.done, "total": p.total}))
 
-        emit(ConfirmEvent("evidence", "preserving evidence first: taking a bundle of the live server"))
+        emit(ConfirmEvent("evidence", "preserving evidence first: taking a bundle of the server"
+                          + ("" if alive else " (down: its logs and what is left)")))  # fmt: skip
         try:
             bundle = await asyncio.to_thread(
-                take_bundle, workdir / "evidence", url=url, logs=baseline_logs, pid=pid, reason="confirm",
-                signature_files=options.signature_files, cancel=cancel,
-                on_progress=relay,
+                take_bundle, workdir / "evidence", url=url, logs=baseline_logs, pid=pid if alive else None,
+                reason="confirm", signature_files=options.signature_files, cancel=cancel, on_progress=relay,
             )  # fmt: skip
             emit(ConfirmEvent("evidence", f"bundle written: {bundle.path}", {"bundle": str(bundle.path)}))
         except BundleError as exc:
@@ -392,52 +535,77 @@ async def prepare(
     trace_path = workdir / "workload.json"
     save_trace(trace, trace_path)
 
-    port = free_loopback_port()
-    output = workdir / "control.out"
-    control_log = workdir / "control.log"
-    try:
-        control_argv, changes = build_control_argv(
-            live, port=port, max_running=control_running, cache=options.cache,
-            log_file=control_log, extra=options.control_args,
-        )  # fmt: skip
-    except LaunchError as exc:
-        raise PlanError(str(exc)) from None
-    watched = [str(output)] + ([str(control_log)] if live.kind == "radixtop-sim" else [])
-    env = process_environ(pid)
-    if env is None:
-        env = dict(os.environ)
-        if pid is not None:
-            notes.append("the live server's environment is not readable; the control inherits radixtop's")
+    # Where the started servers go, and whether the original must be stopped for them.
+    sample = await asyncio.to_thread(_read_gpus) if live.kind in ("sglang", "vllm") and not options.gpus else None
+    from radixtop.incident.server import process_tree
+
+    original_pids = {p.pid for p in process_tree(pid)} if alive and pid else set()
+    original_use = {g.uuid: g.used_bytes for g in (seen.gpus if seen is not None else ())}
+    placement = place(live.kind, live.flags, sample, original_pids=original_pids, original_use=original_use,
+                      original_gone=not alive, will_stop=options.stop_original, given=options.gpus)  # fmt: skip
+    requires_stop = False
+    if alive and placement.status == "no-room" and placement.room_if_stopped and not options.stop_original:
+        requires_stop = True  # the plan can run only on the original's GPUs: a second approval
+        placement = place(live.kind, live.flags, sample, original_pids=original_pids, original_use=original_use,
+                          will_stop=True)  # fmt: skip
+    elif placement.status == "no-room":
+        blockers.append(placement.lines[0].removeprefix("GPUs").strip())
+    if placement.status == "unknown":
+        notes.append("GPU placement is unknown: approving starts the servers anyway")
+
+    if alive and not (options.stop_original or requires_stop):
+        mode = "live"
+    elif options.reproduction or alive:
+        mode = "relaunch"
+    else:
+        mode = "crash-log"
+
+    env = _server_env(options, pid, alive, seen, notes, blockers)
     redactor.learn_env(env)
-    if live.kind == "sglang" and not options.stop_original:
-        notes.append(
-            "the live server keeps its GPU memory: the control needs its own (lower --mem-fraction-static "
-            "with --control-arg, or pass --stop-original); otherwise it may fail to start (inconclusive)"
-        )
-    if flag_value(live.flags, "--api-key") is not None:
+    arms: list[ArmPlan] = []
+    if mode == "live":
+        arms.append(ArmPlan("baseline", url, logs=baseline_logs))
+    roles = ["reproduction", "control"] if mode == "relaunch" else ["control"]
+    for role in roles:
+        port = free_loopback_port()
+        output = workdir / f"{role}.out"
+        log_file = workdir / f"{role}.log"
+        try:
+            if role == "control":
+                argv, changes = build_control_argv(live, port=port, max_running=control_running, cache=options.cache,
+                                                   log_file=log_file, extra=options.control_args)  # fmt: skip
+            else:
+                argv, changes = build_reproduction_argv(live, port=port, log_file=log_file)
+        except LaunchError as exc:
+            raise PlanError(str(exc)) from None
+        program, flags = argv[: len(live.program)], argv[len(live.program) :]
+        flags, arm_env, placed = placement.apply(flags, env)
+        watched = [str(output)] + ([str(log_file)] if live.kind == "radixtop-sim" else [])
+        arms.append(ArmPlan(role, f"http://127.0.0.1:{port}", [*program, *flags], port, output, watched, arm_env,
+                            live.cwd, changes + placed))  # fmt: skip
+    if flag_value(live.flags, "--api-key") is not None and mode == "live":
         notes.append("the live server requires an API key: the baseline replay sends $RADIXTOP_API_KEY if set")
     if options.runs < 2:
         notes.append("with 1 run, divergence cannot be seen; only signatures count")
     plan = Plan(
-        options=replace(options, url=url),
+        options=replace(options, url=url, sighting=None),
         baseline_url=url,
-        server_pid=pid,
-        server_version=None if info is None else str(info.get("version", "")) or None,
+        server_pid=pid if alive else (seen.pid if seen is not None else None),
+        server_version=str((info or {}).get("version", "")) or None,
         live=live,
-        control_argv=control_argv,
-        control_changes=changes,
+        mode=mode,
+        arms=arms,
+        placement=placement,
         control_summary=f"--max-running-requests {control_running}"
         + (", --disable-radix-cache" if options.cache == "disable" else ", radix cache kept"),
-        control_port=port,
-        control_output=output,
-        control_logs=watched,
-        control_cwd=live.cwd,
-        control_env=env,
         baseline_logs=baseline_logs,
         trace=trace,
         trace_path=trace_path,
         bundle=bundle,
         notes=notes,
+        blockers=blockers,
+        requires_stop=requires_stop,
+        planned_from=planned_from,
         redactor=redactor,
     )
     (workdir / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
@@ -448,75 +616,44 @@ async def prepare(
 # -- the run ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Verdict:
-    verdict: str
-    reason: str
-    baseline: dict[str, Any]
-    control: dict[str, Any]
-    bundle: str | None
-    repeat: list[str]
-    workdir: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "baseline": self.baseline,
-            "control": self.control,
-            "bundle": self.bundle,
-            "repeat": self.repeat,
-            "workdir": self.workdir,
-        }
-
-    def format(self) -> str:
-        b, c = self.baseline, self.control
-        lines = [
-            f"VERDICT: {self.verdict}",
-            f"  {self.reason}",
-            "",
-            (
-                f"Baseline (live server {b.get('url')}): {b.get('runs', 0)} runs, "
-                f"{b.get('failed_calls', 0)} failed calls, alive after: {b.get('alive_after')}"
-            ),
-            f"  signatures: {', '.join(b.get('signatures') or []) or 'none'}",
-            f"  diverged:   {', '.join(b.get('diverged') or []) or 'none'}",
-        ]
-        lines += [f"  first: {f}" for f in b.get("first_occurrences", [])[:5]]
-        lines += [
-            f"Control ({c.get('url')}): " + ("ran" if c.get("healthy") else "did not run"),
-            f"  argv: {shlex.join(c.get('argv') or [])}",
-            f"  signatures: {', '.join(c.get('signatures') or []) or 'none'}",
-            f"  diverged:   {', '.join(c.get('diverged') or []) or 'none'}",
-        ]
-        if c.get("error"):
-            lines.append(f"  error: {c['error']}")
-        if c.get("output_tail"):
-            lines.append("  its output ended with:")
-            lines += [f"    {line}" for line in c["output_tail"].splitlines()[-15:]]
-        lines += [
-            "",
-            f"Evidence bundle: {self.bundle or '(none)'}",
-            f"Work directory:  {self.workdir}",
-            f"Repeat: {shlex.join(self.repeat)}",
-        ]
-        return "\n".join(lines) + "\n"
-
-
-def _signature_summary(window: Any, threshold: int) -> tuple[list[str], list[str], list[str]]:
-    """(ids at/above the threshold, ids below it, 'id at file:line: text' for the former)."""
-    if window is None:
-        return [], [], []
-    report = window.report()
-    strong, weak, firsts = [], [], []
+def _signature_summary(report: Any, threshold: int) -> dict[str, Any]:
+    """A report's findings split at the threshold, with counts and first times."""
+    out: dict[str, Any] = {"signatures": [], "other_signatures": [], "first_occurrences": [], "signature_detail": []}
+    if report is None:
+        return out
     for finding in report.findings:
+        occ = finding.first
         if finding.signature.level >= threshold:
-            strong.append(finding.signature.id)
-            occ = finding.first
-            firsts.append(f"{finding.signature.id} at {occ.file}:{occ.line}: {occ.text.strip()[:160]}")
+            out["signatures"].append(finding.signature.id)
+            out["first_occurrences"].append(f"{finding.signature.id} at {occ.file}:{occ.line}: {occ.text.strip()[:160]}")
+            out["signature_detail"].append({
+                "id": finding.signature.id, "count": finding.count, "first_time": occ.time, "rank": occ.rank,
+                "first_line": occ.text.strip()[:300],
+            })  # fmt: skip
         else:
-            weak.append(finding.signature.id)
-    return strong, weak, firsts
+            out["other_signatures"].append(finding.signature.id)
+    return out
+
+
+async def _metric(client: httpx.AsyncClient, url: str, name: str) -> float | None:
+    from radixtop.probes.sglang import parse_metrics
+
+    try:
+        response = await client.get(f"{url}/metrics", timeout=2.0)
+        if response.status_code != 200:
+            return None
+        return parse_metrics(response.text).get(name)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class ConfirmationRun:
@@ -526,10 +663,16 @@ class ConfirmationRun:
         self.plan = plan
         self._emit_fn = on_event
         self._cancel = threading.Event()
-        self.control: ControlProcess | None = None
+        self.servers: list[ControlProcess] = []  # every server this run started
         self.verdict: Verdict | None = None
         self._started = False
         self._planned: list[Any] = []
+        self._threshold = 0
+
+    @property
+    def control(self) -> ControlProcess | None:
+        """The server started last (the control once it runs)."""
+        return self.servers[-1] if self.servers else None
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -554,40 +697,6 @@ class ConfirmationRun:
             await asyncio.wait({task}, timeout=0.1)
         return task.result()
 
-    async def _replay_watched(self, phase: str, url: str, window: Any) -> tuple[DivergenceReport, bool]:
-        from radixtop.incident.server import auth_headers
-
-        plan = self.plan
-
-        def relay(event: ReplayEvent) -> None:
-            self._emit(phase, event.message, run=event.run, runs=event.runs, kind=event.kind)
-
-        async def watch() -> None:
-            while True:
-                await asyncio.sleep(POLL_S)
-                await self._poll(phase, window)
-
-        watcher = asyncio.create_task(watch()) if window is not None else None
-        try:
-            series = await self._guard(
-                replay_series(
-                    url, self._planned, plan.options.runs, flush=plan.options.flush,
-                    headers=auth_headers() if url == plan.baseline_url else None,
-                    on_event=relay, should_stop=self._cancel.is_set,
-                    request_timeout_s=plan.options.request_timeout_s,
-                )
-            )  # fmt: skip
-            await self._guard(asyncio.sleep(SETTLE_S))
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-        await self._poll(phase, window)
-        async with httpx.AsyncClient(timeout=3.0) as client:
-            alive = await server_alive(client, url)
-        return compare_runs(series, plan.trace), alive
-
     # File reading and prompt synthesis run off the event loop: a UI shares it.
 
     async def _poll(self, phase: str, window: Any) -> None:
@@ -610,102 +719,193 @@ class ConfirmationRun:
 
         return await asyncio.to_thread(make)
 
+    async def _replay_watched(self, arm: ArmPlan, window: Any, result: dict[str, Any]) -> tuple[DivergenceReport, bool]:
+        from radixtop.incident.server import auth_headers
+
+        plan = self.plan
+        evicted: list[tuple[float, float]] = []  # (time, evicted tokens total) from /metrics
+
+        def relay(event: ReplayEvent) -> None:
+            self._emit(arm.role, event.message, run=event.run, runs=event.runs, kind=event.kind)
+
+        async def watch() -> None:
+            last_metrics = 0.0
+            async with httpx.AsyncClient() as client:
+                while True:
+                    await asyncio.sleep(POLL_S)
+                    await self._poll(arm.role, window)
+                    now = time.monotonic()
+                    if now - last_metrics >= METRICS_EVERY_S:
+                        last_metrics = now
+                        value = await _metric(client, arm.url, "evicted_tokens_total")
+                        if value is not None:
+                            evicted.append((now, value))
+
+        watcher = asyncio.create_task(watch())
+        try:
+            series = await self._guard(
+                replay_series(
+                    arm.url, self._planned, plan.options.runs, flush=plan.options.flush,
+                    headers=auth_headers() if arm.argv is None else None,
+                    on_event=relay, should_stop=self._cancel.is_set,
+                    request_timeout_s=plan.options.request_timeout_s,
+                )
+            )  # fmt: skip
+            await self._guard(asyncio.sleep(SETTLE_S))
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await self._poll(arm.role, window)
+        if len(evicted) >= 2 and evicted[-1][0] > evicted[0][0]:
+            result["evicted_tokens_per_s"] = round((evicted[-1][1] - evicted[0][1]) / (evicted[-1][0] - evicted[0][0]), 1)
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            alive = await server_alive(client, arm.url)
+        return compare_runs(series, plan.trace), alive
+
+    def _progress(self, arm: ArmPlan, window: Any, waited: float) -> None:
+        """A starting server's own newest lines (loading weights, capturing CUDA graphs)."""
+        from radixtop.diagnosis.logline import access_key
+
+        if window is not None:
+            window.poll()  # a few lines a second while it loads: cheap on the loop
+        fresh = [line for line in (window.fresh if window is not None else ()) if line.strip() and access_key(line) is None]
+        if window is not None:
+            window.fresh.clear()
+        if not fresh:
+            self._emit(f"{arm.role}-start", f"waiting for its health ({waited:.0f} s)")
+            return
+        for line in fresh[-PROGRESS_LINES:]:
+            self._emit(f"{arm.role}-start", f"({waited:.0f} s) {self.plan.redactor.text(line.strip())[:200]}")
+
+    async def _run_arm(self, arm: ArmPlan) -> dict[str, Any]:
+        plan = self.plan
+        result: dict[str, Any] = {
+            "role": arm.role, "url": arm.url, "argv": plan.redactor.argv(arm.argv) if arm.argv else None,
+            "output": str(arm.output) if arm.output else None, "calls": plan.runs_calls,
+            "signatures": [], "diverged": [], "healthy": arm.argv is None, "logs": list(arm.logs),
+        }  # fmt: skip
+        window = await self._window(arm.logs)
+        server: ControlProcess | None = None
+        started = time.monotonic()
+        if arm.argv is not None:
+            if arm.port is not None and not _port_free(arm.port):
+                result["error"] = (f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
+                                   "nothing was started; press c (or run confirm) again for a fresh plan")  # fmt: skip
+                return result
+            server = ControlProcess(arm.argv, arm.output or Path(plan.options.workdir) / f"{arm.role}.out", arm.cwd, arm.env)
+            self._emit(f"{arm.role}-start", f"starting the {arm.role} on {arm.url}")
+            try:
+                server.start()
+            except LaunchError as exc:
+                result["error"] = str(exc)
+                return result
+            self.servers.append(server)
+            result["pid"] = server.pid
+            why = await self._guard(
+                wait_healthy(
+                    arm.url, server, timeout_s=plan.options.control_timeout_s, what=f"the {arm.role} server",
+                    should_stop=self._cancel.is_set,
+                    on_tick=lambda waited: self._progress(arm, window, waited),
+                )
+            )  # fmt: skip
+            result["start_s"] = round(time.monotonic() - started, 1)
+            if why is not None:
+                if why == "cancelled":
+                    raise ConfirmCancelled(why)
+                result["error"] = why
+                result["output_tail"] = plan.redactor.text(server.tail(30))
+                await self._poll(arm.role, window)
+                summary = _signature_summary(window.report() if window is not None else None, self._threshold)
+                result.update(summary)
+                result["death_signatures"] = summary["signatures"] + summary["other_signatures"]
+                return result
+            result["healthy"] = True
+            self._emit(arm.role, f"{arm.role} healthy after {result['start_s']:.0f} s; replaying {plan.trace.name} "
+                                 f"({plan.options.runs} runs)")  # fmt: skip
+        else:
+            self._emit(arm.role, f"replaying {plan.trace.name} against the live server ({plan.options.runs} runs)")
+        replay_began = time.monotonic()
+        try:
+            report, alive = await self._replay_watched(arm, window, result)
+        finally:
+            if server is not None:
+                self._emit("cleanup", f"stopping the {arm.role} server")
+                await asyncio.to_thread(server.stop)
+        result["replay_s"] = round(time.monotonic() - replay_began, 1)
+        result.update(_signature_summary(window.report() if window is not None else None, self._threshold))
+        result.update(
+            diverged=report.diverged, runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
+            answered_calls=report.runs * plan.calls - report.failed_calls, dispatch_jitter_ms=report.jitter,
+            stopped_early=report.stopped_early,
+            peak_token_usage=window.peak_token_usage if window is not None else None,
+            retractions=window.retracted if window is not None else 0,
+        )  # fmt: skip
+        if server is not None and not alive:
+            code = server.exited()
+            died = f"the {arm.role} server {exit_reason(code)} during the replay" if code is not None else ""
+            if died and not result["signatures"]:
+                result["error"] = died  # killed from outside: no signature of its own
+            result["output_tail"] = plan.redactor.text(server.tail(30))
+        self._write(f"{arm.role}-replay.json", report.to_json())
+        if arm.argv is None and not alive and result["signatures"]:
+            self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")
+        return result
+
     async def run(self) -> Verdict:
         from radixtop.diagnosis.catalog import severity_rank
 
         if self._started:
             raise RuntimeError("a ConfirmationRun runs once; make a new one from the plan")
+        if self.plan.blockers:
+            raise PlanError(self.plan.blockers[0])
         self._started = True
         plan = self.plan
-        threshold = severity_rank(plan.options.min_severity)
-        baseline: dict[str, Any] = {"url": plan.baseline_url, "logs": plan.baseline_logs}
-        control: dict[str, Any] = {
-            "argv": plan.redactor.argv(plan.control_argv), "url": plan.control_url, "output": str(plan.control_output),
-            "signatures": [], "diverged": [], "healthy": False,
-        }  # fmt: skip
+        self._threshold = severity_rank(plan.options.min_severity)
+        results: list[dict[str, Any]] = []
         try:
-            # 1. the baseline: the live server, the same workload
-            self._emit("baseline", f"replaying {plan.trace.name} against the live server ({plan.options.runs} runs)")
-            self._planned = await asyncio.to_thread(plan_requests, plan.trace)  # the same prompts for both
-            window = await self._window(plan.baseline_logs)
-            report, alive = await self._replay_watched("baseline", plan.baseline_url, window)
-            strong, weak, firsts = _signature_summary(window, threshold)
-            baseline.update(
-                signatures=strong, other_signatures=weak, first_occurrences=firsts, diverged=report.diverged,
-                runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
-                dispatch_jitter_ms=report.jitter, stopped_early=report.stopped_early,
-            )  # fmt: skip
-            self._write("baseline-replay.json", report.to_json())
-            if not alive and strong:
-                self._emit("baseline", "the live server died during the replay: that is the evidence (see its log)")
-
-            # 2. optionally stop the original (only when asked)
-            if plan.options.stop_original:
-                self._emit("stop-original", f"stopping the live server (pid {plan.server_pid}) as asked")
-                baseline["stopped"] = await asyncio.to_thread(_stop_original, plan.server_pid)
-
-            # 3. the control
-            control_window = await self._window(plan.control_logs)
-            self.control = ControlProcess(plan.control_argv, plan.control_output, plan.control_cwd, plan.control_env)
-            self._emit("control-start", f"starting the control on {plan.control_url}")
-            try:
-                self.control.start()
-            except LaunchError as exc:
-                control["error"] = str(exc)
-                return await self._finish(baseline, control, threshold)
-            control["pid"] = self.control.pid
-            why = await self._guard(
-                wait_healthy(
-                    plan.control_url, self.control, timeout_s=plan.options.health_timeout_s,
-                    should_stop=self._cancel.is_set,
-                    on_tick=lambda s: self._emit("control-start", f"waiting for the control's health ({s:.0f} s): "
-                                                 f"{self.control.tail(1)[:160]}"),
-                )
-            )  # fmt: skip
-            if why is not None:
-                if why == "cancelled":
-                    raise ConfirmCancelled(why)
-                control["error"] = why
-                control["output_tail"] = plan.redactor.text(self.control.tail(30))
-                await self._poll("control", control_window)
-                control["signatures"], _, control["first_occurrences"] = _signature_summary(control_window, threshold)
-                return await self._finish(baseline, control, threshold)
-            control["healthy"] = True
-            self._emit("control", f"control healthy; replaying {plan.trace.name} ({plan.options.runs} runs)")
-            report, alive = await self._replay_watched("control", plan.control_url, control_window)
-            strong, weak, firsts = _signature_summary(control_window, threshold)
-            control.update(
-                signatures=strong, other_signatures=weak, first_occurrences=firsts, diverged=report.diverged,
-                runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
-                dispatch_jitter_ms=report.jitter,
-            )  # fmt: skip
-            control["answered_calls"] = report.runs * plan.calls - report.failed_calls
-            if not alive:
-                control["output_tail"] = plan.redactor.text(self.control.tail(30))
-            self._write("control-replay.json", report.to_json())
-            return await self._finish(baseline, control, threshold)
+            self._planned = await asyncio.to_thread(plan_requests, plan.trace)  # the same prompts for each arm
+            if plan.mode == "relaunch" and plan.server_pid is not None and (plan.options.stop_original or plan.requires_stop):
+                self._emit("stop-original", f"stopping the live server (pid {plan.server_pid}) as approved")
+                stopped = await asyncio.to_thread(_stop_original, plan.server_pid)
+                self._emit("stop-original", stopped)
+            for arm in plan.arms:
+                result = await self._run_arm(arm)
+                results.append(result)
+                if arm.role == "reproduction" and not result.get("healthy"):
+                    break  # the control would be compared with nothing
+            failing = results[0] if plan.mode != "crash-log" else await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
+            control = results[-1] if results[-1]["role"] == "control" else {"role": "control", "error": "not run: the reproduction could not start"}
+            return await self._finish(failing, control)
         except ConfirmCancelled:
-            self._emit("cancelled", "cancelled; stopping the control")
+            self._emit("cancelled", "cancelled; stopping the servers radixtop started")
             raise
         finally:
-            if self.control is not None and self.control.proc is not None:
-                self._emit("cleanup", "stopping the control server")
-                await asyncio.to_thread(self.control.stop)
+            for server in self.servers:
+                if server.proc is not None and server.exited() is None:
+                    await asyncio.to_thread(server.stop)
 
     def _write(self, name: str, doc: Any) -> None:
         path = Path(self.plan.options.workdir) / name
         path.write_text(json.dumps(self.plan.redactor.json(doc), indent=2) + "\n", encoding="utf-8")
 
-    async def _finish(self, baseline: dict[str, Any], control: dict[str, Any], threshold: int) -> Verdict:
-        verdict, reason = await asyncio.to_thread(_decide, self.plan, baseline, control, threshold)
+    async def _finish(self, failing: dict[str, Any], control: dict[str, Any]) -> Verdict:
+        plan = self.plan
+        verdict, reason = decide(failing, control, control_summary=plan.control_summary,
+                                 cache_disabled=plan.options.cache == "disable")  # fmt: skip
         result = Verdict(
             verdict=verdict,
             reason=reason,
-            baseline=baseline,
+            baseline=failing,
             control=control,
-            bundle=None if self.plan.bundle is None else str(self.plan.bundle.path),
-            repeat=self.plan.repeat_command(),
-            workdir=str(self.plan.options.workdir),
+            bundle=None if plan.bundle is None else str(plan.bundle.path),
+            repeat=plan.repeat_command(),
+            workdir=str(plan.options.workdir),
+            mode=plan.mode,
+            planned_from=plan.planned_from,
+            assumption=("the original's crash log stands for a run of this workload: the workload that crashed it "
+                        "may have differed") if plan.mode == "crash-log" else None,  # fmt: skip
+            notes=list(plan.notes),
         )
         self._write("verdict.json", result.to_json())
         self.verdict = result
@@ -713,66 +913,33 @@ class ConfirmationRun:
         return result
 
 
-def _prior_signatures(plan: Plan, threshold: int) -> list[str]:
-    """Error-or-worse signatures already in the live server's logs (when it could not be replayed)."""
+def _crash_log_arm(plan: Plan, threshold: int) -> dict[str, Any]:
+    """The original's logs as the failing side (--no-reproduction): its signatures as they are."""
     from radixtop.diagnosis.catalog import load_catalog
     from radixtop.diagnosis.findings import FindingsBuilder
     from radixtop.diagnosis.matcher import Matcher
     from radixtop.probes.logscan import ScanInputError, scan_into
 
+    arm: dict[str, Any] = {"role": "crash-log", "url": plan.baseline_url, "logs": list(plan.baseline_logs),
+                           "signatures": [], "diverged": [], "healthy": True}  # fmt: skip
     paths = [p for p in plan.baseline_logs if Path(p).is_file()]
     if not paths:
-        return []
+        arm["note"] = "no log of the original to read"
+        return arm
     catalog = load_catalog(list(plan.options.signature_files))
     matcher = Matcher(catalog.signatures)
     builder = FindingsBuilder(catalog, matcher=matcher)
     try:
         scan_into(builder, paths, matcher)
-    except ScanInputError:
-        return []
-    return [f.signature.id for f in builder.report().findings if f.signature.level >= threshold]
-
-
-def _decide(plan: Plan, baseline: dict[str, Any], control: dict[str, Any], threshold: int) -> tuple[str, str]:
-    b_sig, b_div = baseline.get("signatures") or [], baseline.get("diverged") or []
-    answered = baseline.get("runs", 0) * plan.calls - baseline.get("failed_calls", 0)
-    if not b_sig and not b_div and answered == 0:
-        prior = _prior_signatures(plan, threshold)
-        if prior:
-            baseline["prior_signatures"] = prior
-            b_sig = prior
-            baseline["note"] = "the live server answered no call; its log's earlier signatures stand as the baseline"
-        else:
-            baseline["note"] = "the live server answered no call and its log shows no signature"
-    baseline_bad = bool(b_sig or b_div)
-    what = " and ".join(
-        part for part in (
-            f"signature {', '.join(b_sig)}" if b_sig else "",
-            f"divergence in {', '.join(b_div)}" if b_div else "",
-        ) if part
-    )  # fmt: skip
-    if not control.get("healthy"):
-        why = control.get("error") or "the control server did not run"
-        return "inconclusive", f"the control could not run: {why}; the baseline showed {what or 'nothing'}"
-    c_sig, c_div = control.get("signatures") or [], control.get("diverged") or []
-    if control.get("answered_calls", 0) == 0 and not c_sig:
-        return "inconclusive", "the control answered none of the workload's calls (see its output)"
-    if not baseline_bad:
-        if answered == 0:
-            return "inconclusive", baseline.get("note", "the live server answered no call")
-        extra = f" (the control showed {', '.join(c_sig + c_div)})" if c_sig or c_div else ""
-        return "not-reproduced", f"the live server stayed clean under this workload: no signature, no divergence{extra}"
-    if c_sig or c_div:
-        parts = (f"signature {', '.join(c_sig)}" if c_sig else "", f"divergence in {', '.join(c_div)}" if c_div else "")
-        still = " and ".join(p for p in parts if p)
-        return "persists-under-control", (
-            f"the baseline showed {what}; under the control ({plan.control_summary}) there is still {still}: "
-            "an unconditional defect or another cause (the competing hypothesis stays open)"
-        )
-    return "pressure-dependent", (
-        f"the baseline showed {what}; under the control ({plan.control_summary}) it is gone across the same "
-        "workload: resume only with bounded pressure (the control's settings)"
-    )
+    except ScanInputError as exc:
+        arm["note"] = f"its log could not be read: {exc}"
+        return arm
+    report = builder.report()
+    arm.update(_signature_summary(report, threshold))
+    usages = [b.token_usage for b in report.batch_at_failure.values() if b.token_usage is not None]
+    arm["peak_token_usage"] = max(usages) if usages else None
+    arm["retractions"] = sum(f.count for f in report.findings if f.signature.id == "kv-pool-retract")
+    return arm
 
 
 def _stop_original(pid: int | None) -> str:

@@ -40,6 +40,8 @@ __all__ = [
     "LaunchCommand",
     "LaunchError",
     "build_control_argv",
+    "build_reproduction_argv",
+    "exit_reason",
     "flag_value",
     "free_loopback_port",
     "launch_from_argv",
@@ -188,18 +190,8 @@ def set_flag(flags: Sequence[str], name: str, value: str | None) -> list[str]:
     return out
 
 
-def build_control_argv(
-    live: LaunchCommand,
-    *,
-    port: int,
-    max_running: int,
-    cache: str = "disable",
-    log_file: str | Path | None = None,
-    extra: Sequence[str] = (),
-) -> tuple[list[str], list[str]]:
-    """The control's argv and a list of what changed (for the plan)."""
-    if cache not in CACHE_MODES:
-        raise LaunchError(f"control cache mode {cache!r}: choose one of {', '.join(CACHE_MODES)}")
+def _relocated(live: LaunchCommand, port: int, log_file: str | Path | None) -> tuple[list[str], list[str]]:
+    """The live flags made safe to start beside it: loopback, a free port, no shared resources."""
     flags = list(live.flags)
     changes: list[str] = []
     for name in _DROPPED_FLAGS:
@@ -214,6 +206,37 @@ def build_control_argv(
     flags = set_flag(flags, "--host", "127.0.0.1")
     flags = set_flag(flags, "--port", str(port))
     changes.append(f"--host 127.0.0.1 --port {port} (loopback, free)")
+    if live.kind == "radixtop-sim":
+        for name in ("--ready-file", "--log-file"):
+            if flag_value(flags, name) is not None:
+                flags = remove_flag(flags, name)
+        if log_file is not None:
+            flags = set_flag(flags, "--log-file", str(log_file))
+            changes.append(f"--log-file {log_file}")
+    return flags, changes
+
+
+def build_reproduction_argv(
+    live: LaunchCommand, *, port: int, log_file: str | Path | None = None
+) -> tuple[list[str], list[str]]:
+    """The original server again, as it was launched, on a free loopback port."""
+    flags, changes = _relocated(live, port, log_file)
+    return [*live.program, *flags], changes
+
+
+def build_control_argv(
+    live: LaunchCommand,
+    *,
+    port: int,
+    max_running: int,
+    cache: str = "disable",
+    log_file: str | Path | None = None,
+    extra: Sequence[str] = (),
+) -> tuple[list[str], list[str]]:
+    """The control's argv and a list of what changed (for the plan)."""
+    if cache not in CACHE_MODES:
+        raise LaunchError(f"control cache mode {cache!r}: choose one of {', '.join(CACHE_MODES)}")
+    flags, changes = _relocated(live, port, log_file)
     before = flag_value(live.flags, "--max-running-requests")
     flags = set_flag(flags, "--max-running-requests", str(max_running))
     changes.append(f"--max-running-requests {before or '(default)'} -> {max_running}")
@@ -223,13 +246,6 @@ def build_control_argv(
             changes.append("added --disable-radix-cache")
     elif flag_value(flags, "--disable-radix-cache") is not None:
         changes.append("kept --disable-radix-cache (the live server already runs without the radix cache)")
-    if live.kind == "radixtop-sim":
-        for name in ("--ready-file", "--log-file"):
-            if flag_value(flags, name) is not None:
-                flags = remove_flag(flags, name)
-        if log_file is not None:
-            flags = set_flag(flags, "--log-file", str(log_file))
-            changes.append(f"--log-file {log_file}")
     i = 0
     while i < len(extra):  # extra control flags override: --flag value, --flag=value, --switch
         name, eq, value = extra[i].partition("=")
@@ -323,22 +339,36 @@ class ControlProcess:
         return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def exit_reason(code: int) -> str:
+    """ "exited with status 1" / "was killed by signal 9 (SIGKILL)" from a Popen returncode."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "?"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with status {code}"
+
+
 async def wait_healthy(
     url: str,
-    control: ControlProcess,
+    server: ControlProcess,
     *,
     timeout_s: float,
+    what: str = "the control server",
     should_stop: Callable[[], bool] = lambda: False,
     on_tick: Callable[[float], None] | None = None,
+    tick_s: float = 1.0,
 ) -> str | None:
-    """Poll ``/health`` until 200. None when healthy, else why not (exited, timed out, stopped)."""
+    """Poll ``/health`` until 200. None when healthy, else why not (exited, timed out, stopped).
+    on_tick(seconds waited) every tick_s: the caller shows the server's own progress lines."""
     began = time.monotonic()
     last_tick = 0.0
     async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as client:
         while True:
-            code = control.exited()
+            code = server.exited()
             if code is not None:
-                return f"the control server exited with status {code} before it was healthy"
+                return f"{what} {exit_reason(code)} before it was healthy"
             if should_stop():
                 return "cancelled"
             try:
@@ -348,8 +378,8 @@ async def wait_healthy(
                 pass
             waited = time.monotonic() - began
             if waited > timeout_s:
-                return f"the control server was not healthy within {timeout_s:.0f} s"
-            if on_tick is not None and waited - last_tick >= 5.0:
+                return f"{what} was not healthy within {timeout_s:.0f} s (raise --control-timeout for a slow model load)"
+            if on_tick is not None and waited - last_tick >= tick_s:
                 last_tick = waited
                 on_tick(waited)
             await asyncio.sleep(0.2)

@@ -5,12 +5,18 @@
 returns the signature ids seen for the first time. A file that does not exist yet is read from
 its first byte once it appears (the control's log). Rotation inside a window is not followed: a
 window lasts one replay, and the bundle holds the full evidence.
+
+It also keeps what the confirmation run's verdict compares besides signatures: the peak token
+usage the scheduler's batch lines reported and the requests retracted, and the newest lines (a
+server's own progress while it loads, shown while the run waits for its health).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -22,6 +28,10 @@ if TYPE_CHECKING:
 __all__ = ["LogWindow"]
 
 READ_LIMIT = 8 << 20  # per poll and file
+FRESH_LINES = 200  # newest lines kept for whoever shows progress
+_TOKEN_USAGE = re.compile(r"token usage: (\d+(?:\.\d+)?)")
+_RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
+_OTHER_TP_RANK = re.compile(r"\[[^\]]*\bTP[1-9]\d*\]")  # every TP rank logs a retraction: count TP0's
 
 
 def _count_lines(path: str, end: int) -> int:
@@ -51,6 +61,10 @@ class LogWindow:
         self._partial: dict[str, bytes] = {}
         self._seen: set[str] = set()
         self._lock = threading.Lock()  # poll() may be called from worker threads, one at a time
+        self.peak_token_usage: float | None = None
+        self.retracted = 0
+        self.lines_read = 0
+        self.fresh: deque[str] = deque(maxlen=FRESH_LINES)  # newest lines; a reader may clear it
 
     def start(self) -> None:
         for path in self.paths:
@@ -90,12 +104,27 @@ class LogWindow:
             lineno = self._lines.get(path, 0)
             for raw in data[:cut].split(b"\n"):
                 lineno += 1
-                for sig_id in self.builder.feed(path, lineno, raw.decode("utf-8", "replace")):
+                text = raw.decode("utf-8", "replace")
+                self._stats(text)
+                for sig_id in self.builder.feed(path, lineno, text):
                     if sig_id not in self._seen:
                         self._seen.add(sig_id)
                         new.append(sig_id)
             self._lines[path] = lineno
         return new
+
+    def _stats(self, text: str) -> None:
+        self.lines_read += 1
+        self.fresh.append(text)
+        if "token usage" in text:
+            m = _TOKEN_USAGE.search(text)
+            if m is not None:
+                usage = float(m.group(1))
+                self.peak_token_usage = usage if self.peak_token_usage is None else max(self.peak_token_usage, usage)
+        elif "#retracted_reqs" in text:
+            m = _RETRACTED.search(text)
+            if m is not None and not _OTHER_TP_RANK.match(text):
+                self.retracted += int(m.group(1))
 
     def report(self) -> Report:
         with self._lock:

@@ -15,23 +15,12 @@ nothing per visible line and O(log n) per lookup.
 from __future__ import annotations
 
 import bisect
-import re
 from collections import Counter
 from collections.abc import Sequence
 
-# uvicorn's access format (SGLang's and vLLM's front ends): `... "POST /generate HTTP/1.1" 503 ...`
-_ACCESS = re.compile(r'"(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) (\S+) HTTP/[0-9.]+" (\d{3})')
+from radixtop.diagnosis.logline import access_key
+
 _SUMMARY_KINDS = 3  # the commonest (method, path, status) kinds named in a folded row
-
-
-def access_key(text: str) -> tuple[str, str, str] | None:
-    """(method, path without its query, status) of an HTTP access line, else None."""
-    if "HTTP/" not in text:  # the usual line: one C-speed scan, no regex
-        return None
-    m = _ACCESS.search(text)
-    if m is None:
-        return None
-    return m.group(1), m.group(2).split("?", 1)[0], m.group(3)
 
 
 def second_of(text: str) -> str | None:

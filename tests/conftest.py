@@ -15,3 +15,12 @@ def utc(monkeypatch):
     yield
     monkeypatch.delenv("TZ")
     time.tzset()
+
+
+@pytest.fixture(autouse=True)
+def runtime_dir(tmp_path_factory, monkeypatch):
+    """Each test its own runtime directory: what one radixtop leaves for another (sightings, the
+    confirmation run's lock and status) never leaks between tests or into the user's."""
+    path = tmp_path_factory.mktemp("runtime")
+    monkeypatch.setenv("RADIXTOP_RUNTIME_DIR", str(path))
+    return path

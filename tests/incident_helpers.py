@@ -19,6 +19,9 @@ from radixtop.sim.demo import stop_process
 READY_TIMEOUT_S = 20.0
 # Small and fast: one rank, a 1 ms scheduler step, a small pool so that pressure is cheap.
 FAST = ("--tp-size", "1", "--step-ms", "1", "--enable-metrics")
+# A healthy server and one whose lock race fires under the default pressure workload.
+HEALTHY_FLAGS = ("--max-total-tokens", "4096", "--page-size", "16", "--max-running-requests", "8")
+LOCK_RACE_FLAGS = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
 
 
 @dataclass

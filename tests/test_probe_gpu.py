@@ -18,10 +18,12 @@ GiB = 1024**3
 class FakeNvml:
     """Two GPUs; tests break one function at a time."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, gpus: int = 2) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, gpus: int = 2, layout=None) -> None:
+        """layout: per GPU (used GiB, [(pid, GiB), ...]) of 140 GiB, instead of the default two."""
         self.calls: dict[str, int] = {}
         self.xids: list[int] = []
-        self.gpus = gpus
+        self.gpus = len(layout) if layout is not None else gpus
+        self.layout = layout
         self.mp = monkeypatch
         fns = {
             "nvmlInit": lambda: None,
@@ -32,15 +34,12 @@ class FakeNvml:
             "nvmlDeviceGetIndex": lambda h: h[1],
             "nvmlDeviceGetName": lambda h: b"NVIDIA H200" if h[1] == 0 else "NVIDIA H200",
             "nvmlDeviceGetUUID": lambda h: f"GPU-{h[1]:04d}",
-            "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(used=(100 + h[1]) * GiB, total=140 * GiB, free=0),
+            "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(used=self._used(h[1]), total=140 * GiB, free=0),
             "nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(gpu=97, memory=40),
             "nvmlDeviceGetTemperature": lambda h, sensor: 66,
             "nvmlDeviceGetPowerUsage": lambda h: 512_000,
             "nvmlDeviceGetEnforcedPowerLimit": lambda h: 700_000,
-            "nvmlDeviceGetComputeRunningProcesses": lambda h: [
-                SimpleNamespace(pid=4242, usedGpuMemory=80 * GiB),
-                SimpleNamespace(pid=999, usedGpuMemory=None),
-            ],
+            "nvmlDeviceGetComputeRunningProcesses": self._processes,
             "nvmlDeviceGetGraphicsRunningProcesses": lambda h: [],
             "nvmlEventSetCreate": lambda: "event-set",
             "nvmlDeviceRegisterEvents": lambda h, kind, es: None,
@@ -49,6 +48,14 @@ class FakeNvml:
         }
         for name, fn in fns.items():
             self.set(name, fn)
+
+    def _used(self, index: int) -> int:
+        return int((self.layout[index][0] if self.layout is not None else 100 + index) * GiB)
+
+    def _processes(self, handle) -> list:
+        if self.layout is not None:
+            return [SimpleNamespace(pid=pid, usedGpuMemory=int(gib * GiB)) for pid, gib in self.layout[handle[1]][1]]
+        return [SimpleNamespace(pid=4242, usedGpuMemory=80 * GiB), SimpleNamespace(pid=999, usedGpuMemory=None)]
 
     def set(self, name: str, fn) -> None:
         def counted(*args, _fn=fn, _name=name):

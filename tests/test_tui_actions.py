@@ -43,7 +43,7 @@ def make_app(tmp_path: Path, url: str, log: Path, *, readonly: bool = False, aut
     settings = ActionSettings(
         out_dir=tmp_path / "out",
         auto_bundle=auto,
-        confirm={"trace": small_trace(), "runs": 1, "health_timeout_s": 20, **confirm},
+        confirm={"trace": small_trace(), "runs": 1, "control_timeout_s": 20, **confirm},
         bundle={"tool_timeout_s": 5, "torch_env_timeout_s": 5},
     )
     return RadixtopApp(log_patterns=[str(log)], live=LiveOptions(url=url, gpu=False, discover=False),

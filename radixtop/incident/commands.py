@@ -245,14 +245,15 @@ def watch_other_run(say: Any, poll_s: float = 1.0, limit_s: float = 24 * 3600) -
 
     status = read_status()
     say((status.summary() if status else "a confirmation run is in progress on this node") + "; watching it instead of starting another")
-    shown = 0
+    shown = 0  # lines noted by the run that this watcher has printed
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         status = read_status()
         lines = list(status.get("lines") or []) if status else []
-        for line in lines[shown if shown <= len(lines) else 0 :]:
+        noted = int(status.get("noted") or 0) if status else 0
+        for line in lines[len(lines) - min(len(lines), max(0, noted - shown)) :]:
             say(line)
-        shown = len(lines)
+        shown = max(shown, noted)
         if status is not None and status.done:
             print(status.get("headline", ""))
             if status.get("body"):

@@ -84,6 +84,7 @@ class RunLock:
         self.workdir = str(workdir)
         self._fd: int | None = None
         self._lines: deque[str] = deque(maxlen=STATUS_LINES)
+        self._noted = 0  # lines noted in all: a watcher prints those it has not seen
         self._status: dict[str, Any] = {}
 
     def acquire(self) -> bool:
@@ -109,7 +110,8 @@ class RunLock:
         if self._fd is None:
             return
         self._lines.append(f"[{phase}] {message}"[:400])
-        self._status.update(phase=phase, lines=list(self._lines), updated=time.time())
+        self._noted += 1
+        self._status.update(phase=phase, lines=list(self._lines), noted=self._noted, updated=time.time())
         self._write()
 
     def finish(self, headline: str, body: str = "", verdict: str | None = None) -> None:

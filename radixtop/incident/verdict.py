@@ -66,12 +66,16 @@ def decide(failing: dict[str, Any], control: dict[str, Any], *, control_summary:
     name = ROLE_NAMES.get(failing.get("role", ""), "the failing side")
     if failing.get("role") == "reproduction" and not failing.get("healthy"):
         return "inconclusive", f"the reproduction could not run: {failing.get('error') or 'it did not start'}"
+    if failing.get("role") == "reproduction" and failing.get("error"):
+        return "inconclusive", f"{failing['error']}: the reproduction's evidence is incomplete"
     what = _bad(failing)
     if not control.get("healthy"):
         why = control.get("error") or "the control server did not run"
         return "inconclusive", f"the control could not run: {why}; {name} showed {what or 'nothing'}"
     if control.get("answered_calls", 0) == 0 and not control.get("signatures"):
         return "inconclusive", "the control answered none of the workload's calls (see its output)"
+    if control.get("error"):  # died mid-run without a signature of its own: killed from outside
+        return "inconclusive", f"{control['error']}: the control's evidence is incomplete; {name} showed {what or 'nothing'}"
     if not what:
         if failing.get("role") != "crash-log" and failing.get("answered_calls", 0) == 0:
             return "inconclusive", failing.get("note") or f"{name} answered no call"

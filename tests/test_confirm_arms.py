@@ -1,0 +1,227 @@
+"""The confirmation run at the moment it matters: after the server died, under pressure, with bad
+input, and with a second engineer asking for one while another runs. Real simulators on loopback,
+real `radixtop confirm` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from incident_helpers import HEALTHY_FLAGS, gone, radixtop, small_trace, start_sim, wait_for
+
+from radixtop.incident.confirm import ConfirmationRun, ConfirmOptions, PlanError, prepare
+from radixtop.incident.sighting import load_sighting, observe, save_sighting
+from radixtop.incident.trace import Trace, TraceRequest, save_trace
+
+# The race fires at the first eviction at 0.90 token usage or more: every run of the workload reaches it.
+# (The default 2 ms scheduler step: at the helpers' 1 ms, requests finish before the pool fills.)
+PRESSURE_SIM = ("--page-size", "16", "--max-total-tokens", "16384", "--max-running-requests", "64", "--step-ms", "2",
+                "--fault", "lock-race:seed=3,probability=1")  # fmt: skip
+
+
+def pressure_trace_file(path: Path) -> Path:
+    """120 requests of 1,024-1,536 prompt tokens sharing 0/256/512-token prefixes."""
+    rng = random.Random(3)
+    requests = []
+    for i in range(120):
+        prefix = rng.choice((0, 256, 512))
+        requests.append(TraceRequest(f"q{i:03d}", offset_ms=i * 15.0, prompt_len=rng.randint(1024, 1536),
+                                     prefix_len=prefix, group=f"g{prefix}", max_tokens=64))  # fmt: skip
+    save_trace(Trace("pressure120", 16, tuple(requests)), path)
+    return path
+
+
+def confirm_json(tmp_path: Path, *args: str, timeout_s: float = 240) -> tuple[dict, subprocess.CompletedProcess]:
+    done = radixtop("confirm", "--json", "--yes", "--workdir", str(tmp_path / "c"), "--control-timeout", "30", *args,
+                    timeout_s=timeout_s)  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout), done
+
+
+def test_under_pressure_the_lock_race_is_pressure_dependent_and_the_arms_are_side_by_side(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *PRESSURE_SIM)
+    try:
+        doc, done = confirm_json(tmp_path, "--url", sim.url, "--log", str(sim.log), "--runs", "1",
+                                 "--trace", str(pressure_trace_file(tmp_path / "t.json")))  # fmt: skip
+    finally:
+        sim.stop()
+    assert doc["verdict"] == "pressure-dependent", doc["reason"]
+    base, control = doc["baseline"], doc["control"]
+    assert "radix-page-lock-eviction" in base["signatures"] and base["peak_token_usage"] >= 0.85
+    lock = next(d for d in base["signature_detail"] if d["id"] == "radix-page-lock-eviction")
+    assert lock["count"] >= 1 and lock["first_time"]
+    # The simulator, as SGLang, cannot race a radix tree it does not have: the control is clean.
+    assert control["signatures"] == [] and "--disable-radix-cache" in control["argv"]
+    assert control["answered_calls"] == 120 and control["evicted_tokens_per_s"] is not None
+    table = "\n".join(doc["table"])
+    for row in ("signatures", "diverged", "failed calls", "peak token usage", "evicted tok/s", "retractions"):
+        assert row in table
+    assert "radix-page-lock-eviction" in done.stderr and "VERDICT" not in done.stdout  # --json: one object
+
+
+def test_a_healthy_server_is_not_reproduced(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", "--page-size", "16", "--max-total-tokens", "16384", "--max-running-requests", "64")
+    try:
+        doc, _ = confirm_json(tmp_path, "--url", sim.url, "--log", str(sim.log), "--runs", "1",
+                              "--trace", str(pressure_trace_file(tmp_path / "t.json")))  # fmt: skip
+    finally:
+        sim.stop()
+    assert doc["verdict"] == "not-reproduced", doc["reason"]
+
+
+def test_after_the_server_died_confirm_plans_from_what_was_seen_and_runs_two_arms(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *PRESSURE_SIM, env={"SGLANG_TEST_FLAG": "7", "HF_TOKEN": "hf_" + "a" * 30})
+    # What the TUI (or a first confirm) keeps while the server lives.
+    seen = observe(sim.url, sim.pid, logs=[str(sim.log)])
+    written = save_sighting(seen)
+    assert seen.env["SGLANG_TEST_FLAG"] == "7" and "HF_TOKEN" in seen.secret_keys
+    assert "hf_aaaa" not in written.read_text() and "HF_TOKEN" in written.read_text()  # name kept, value never
+    sim.proc.send_signal(signal.SIGKILL)
+    sim.proc.wait(10)
+    doc, done = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(pressure_trace_file(tmp_path / "t.json")))
+    assert doc["mode"] == "relaunch" and "planned from what was seen at" in doc["planned_from"]
+    assert doc["baseline"]["role"] == "reproduction" and doc["baseline"]["healthy"]
+    assert doc["verdict"] == "pressure-dependent", doc["reason"]
+    repro = doc["baseline"]["argv"]
+    assert "--fault" in repro and PRESSURE_SIM[-1] in repro and "--disable-radix-cache" not in repro
+    assert "--disable-radix-cache" in doc["control"]["argv"]
+    plan = doc["plan"]
+    assert [a["role"] for a in plan["arms"]] == ["reproduction", "control"]
+    assert "DOWN: the server is down; planned from what was seen" in done.stderr
+    # The reproduction got the environment the server had (what was kept: secret values are not).
+    out = Path(tmp_path / "c" / "reproduction.out")
+    assert out.is_file() and gone(doc["baseline"]["pid"]) and gone(doc["control"]["pid"])
+
+
+def test_no_reproduction_takes_the_crash_log_as_the_baseline_and_says_what_that_assumes(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *PRESSURE_SIM)
+    save_sighting(observe(sim.url, sim.pid, logs=[str(sim.log)]))
+    trace = pressure_trace_file(tmp_path / "t.json")
+    assert radixtop("replay", str(trace), "--url", sim.url, "--runs", "1", timeout_s=60).returncode == 0  # crash it
+    assert wait_for(lambda: sim.proc.poll() is not None, 10)
+    doc, _ = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(trace), "--no-reproduction")
+    assert doc["mode"] == "crash-log" and doc["baseline"]["role"] == "crash-log"
+    assert "radix-page-lock-eviction" in doc["baseline"]["signatures"]
+    assert doc["verdict"] == "pressure-dependent" and "may have differed" in doc["assumption"]
+    assert [a["role"] for a in doc["plan"]["arms"]] == ["control"]
+
+
+def test_a_dead_server_never_seen_is_one_line_naming_what_to_pass(tmp_path: Path) -> None:
+    done = radixtop("confirm", "--url", "http://127.0.0.1:9", "--yes", "--workdir", str(tmp_path / "w"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "never saw it alive" in done.stderr and "--launch-command" in done.stderr
+
+
+def test_a_launch_command_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
+    done = radixtop("confirm", "--url", "http://127.0.0.1:9", "--yes", "--workdir", str(tmp_path / "w"),
+                    "--launch-command", "python -m sglang.launch_server --model-path 'unterminated")  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "cannot be split" in done.stderr
+
+
+def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
+    return ConfirmOptions(url=url, workdir=tmp_path / "c", trace=small_trace(), bundle=False, control_timeout_s=20, **kw)
+
+
+def test_an_unreadable_environment_blocks_the_plan_unless_own_env(tmp_path: Path, monkeypatch) -> None:
+    # Root reads every process's environ here; another user's server is unreadable on a real node.
+    monkeypatch.setattr("radixtop.incident.server.process_environ", lambda pid: None)
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    try:
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1)))
+        assert plan.blockers and "--own-env" in plan.blockers[0]
+        run = ConfirmationRun(plan)
+        with pytest.raises(PlanError, match="not readable"):
+            asyncio.run(run.run())
+        assert run.servers == []
+        allowed = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, own_env=True)))
+        assert not allowed.blockers
+    finally:
+        sim.stop()
+
+
+def test_a_port_taken_between_plan_and_start_starts_nothing(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    squatter = socket.socket()
+    try:
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1)))
+        squatter.bind(("127.0.0.1", plan.control.port))
+        squatter.listen()
+        run = ConfirmationRun(plan)
+        verdict = asyncio.run(run.run())
+    finally:
+        squatter.close()
+        sim.stop()
+    assert verdict.verdict == "inconclusive"
+    assert f"port {plan.control.port} was taken between the plan and the start" in verdict.control["error"]
+    assert run.servers == [] and not (tmp_path / "c" / "control.out").exists()
+
+
+def test_the_control_killed_mid_run_is_inconclusive_with_its_death(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    try:
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=40)))
+        run: ConfirmationRun
+
+        def on_event(event) -> None:
+            if event.phase == "control" and "run 2/" in event.message and run.control is not None:
+                os.kill(run.control.pid, signal.SIGKILL)
+
+        run = ConfirmationRun(plan, on_event)
+        verdict = asyncio.run(run.run())
+    finally:
+        sim.stop()
+    assert verdict.verdict == "inconclusive", verdict.format()
+    assert "was killed by signal 9 (SIGKILL) during the replay" in verdict.control["error"]
+    assert "killed by signal 9" in verdict.reason and "evidence is incomplete" in verdict.reason
+
+
+def test_one_run_per_node_a_second_confirm_watches_the_first_and_shows_its_verdict(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    trace = tmp_path / "small.json"
+    save_trace(small_trace(), trace)
+    first_lines: list[str] = []
+    first = subprocess.Popen(
+        [sys.executable, "-m", "radixtop", "confirm", "--url", sim.url, "--trace", str(trace), "--runs", "25",
+         "--yes", "--no-bundle", "--workdir", str(tmp_path / "a")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    reader = threading.Thread(target=lambda: first_lines.extend(first.stderr), daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any("[baseline] run 1/" in line for line in first_lines), 60), "".join(first_lines)
+        second = radixtop("confirm", "--url", sim.url, "--trace", str(trace), "--yes", "--no-bundle",
+                          "--workdir", str(tmp_path / "b"), timeout_s=180)  # fmt: skip
+        first_out, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        sim.stop()
+    assert "a confirmation run is in progress on this node" in second.stderr and "watching it" in second.stderr
+    assert "[control]" in second.stderr  # its phases, as they came
+    assert "VERDICT: not-reproduced" in second.stdout and "VERDICT: not-reproduced" in first_out
+    assert second.returncode == 0 and not (tmp_path / "b").exists()  # nothing of its own was started
+
+
+def test_a_sighting_round_trips_and_keeps_no_secret_value(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS, env={"SGLANG_X": "1", "HF_API_KEY": "k" * 20, "UNRELATED": "u"})
+    try:
+        seen = observe(sim.url, sim.pid, logs=[str(sim.log)])
+    finally:
+        sim.stop()
+    path = save_sighting(seen)
+    text = path.read_text()
+    assert "k" * 20 not in text and "UNRELATED" not in text
+    loaded = load_sighting(sim.url)
+    assert loaded is not None and loaded.argv == seen.argv and loaded.env["SGLANG_X"] == "1"
+    assert "HF_API_KEY" not in loaded.env and "HF_API_KEY" in loaded.secret_keys
+    assert loaded.logs == (str(sim.log),) and loaded.python == seen.python
+    assert os.stat(path.parent).st_mode & 0o077 == 0  # private to the user

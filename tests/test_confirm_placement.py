@@ -1,0 +1,116 @@
+"""Where the confirmation run's servers go: NVML faked at the pynvml functions (no GPU here)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from incident_helpers import HEALTHY_FLAGS, small_trace, start_sim
+from test_probe_gpu import FakeNvml
+
+from radixtop.incident.confirm import ConfirmationRun, ConfirmOptions, PlanError, prepare
+from radixtop.incident.placement import gpus_needed, place
+from radixtop.probes.gpu import GpuReader
+
+LIVE = 4242  # the live server's pid in the fake layouts
+SGLANG = ("--model-path", "m", "--tp-size", "2", "--mem-fraction-static", "0.85")
+
+
+def read(monkeypatch, layout) -> object:
+    FakeNvml(monkeypatch, layout=layout)
+    reader = GpuReader()
+    try:
+        return reader.read()
+    finally:
+        reader.close()
+
+
+def test_gpus_needed_follow_sglangs_parallel_flags():
+    assert gpus_needed(["--tp-size", "4"]) == 4
+    assert gpus_needed(["--tp", "2", "--dp-size", "2"]) == 4
+    assert gpus_needed(["--tp", "2", "--dp-size", "4", "--enable-dp-attention"]) == 2
+    assert gpus_needed(["--tp-size", "2", "--pp-size", "2"]) == 4
+    assert gpus_needed([]) == 1
+
+
+def test_eight_gpus_two_idle_places_the_control_on_the_idle_two_by_uuid(monkeypatch):
+    layout = [(120, [(LIVE, 118)])] * 2 + [(130, [(777, 128)])] * 4 + [(0.5, [])] * 2
+    sample = read(monkeypatch, layout)
+    placed = place("sglang", SGLANG, sample, original_pids={LIVE})
+    assert placed.status == "placed" and placed.chosen == (6, 7)
+    assert placed.visible == "GPU-0006,GPU-0007"
+    flags, env, changes = placed.apply([*SGLANG, "--base-gpu-id", "2"], {"PATH": "/bin"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0006,GPU-0007" and "--base-gpu-id" not in flags
+    assert any("CUDA_VISIBLE_DEVICES" in c for c in changes)
+
+
+def test_every_gpu_busy_needs_the_original_stopped_and_never_fits_a_control_beside_it(monkeypatch):
+    layout = [(120, [(LIVE, 118)])] * 2 + [(130, [(777, 128)])] * 6
+    sample = read(monkeypatch, layout)
+    busy = place("sglang", SGLANG, sample, original_pids={LIVE})
+    assert busy.status == "no-room" and busy.room_if_stopped and not busy.can_start
+    assert "stop the live server first" in busy.lines[0]
+    assert any("GPU 0" in line and "the live server" in line for line in busy.lines)
+    # Stopping it frees its two GPUs: exactly what the control needs.
+    after = place("sglang", SGLANG, sample, original_pids={LIVE}, will_stop=True)
+    assert after.status == "placed" and after.chosen == (0, 1)
+    # Others hold everything: nothing the user can approve here.
+    full = place("sglang", SGLANG, read(monkeypatch, [(130, [(777, 128)])] * 8), original_pids={LIVE})
+    assert full.status == "no-room" and not full.room_if_stopped
+
+
+def test_a_gpu_with_too_little_free_memory_does_not_count_as_idle(monkeypatch):
+    # The live server held 100 GiB per GPU; an idle GPU with 60 GiB free cannot take a copy of it.
+    layout = [(101, [(LIVE, 100)])] * 2 + [(80, [])] * 2
+    placed = place("sglang", SGLANG, read(monkeypatch, layout), original_pids={LIVE})
+    assert placed.status == "no-room"
+
+
+def test_without_nvml_the_placement_is_unknown_and_says_what_to_pass(monkeypatch):
+    nvml = FakeNvml(monkeypatch)
+    nvml.fail("nvmlInit", 12)  # the library is not there
+    reader = GpuReader()
+    sample = reader.read()
+    placed = place("sglang", SGLANG, sample, original_pids={LIVE})
+    assert placed.status == "unknown" and placed.can_start
+    assert "no NVIDIA driver" in placed.lines[0] and "--gpus" in placed.lines[0]
+    assert place("radixtop-sim", [], None).status == "not-needed"
+    assert place("sglang", SGLANG, None, given="1,2").visible == "1,2"
+
+
+def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
+    return ConfirmOptions(url=url, workdir=tmp_path / "c", trace=small_trace(), runs=1, bundle=False,
+                          control_timeout_s=20, **kw)  # fmt: skip
+
+
+def test_a_plan_whose_control_cannot_fit_starts_nothing(tmp_path: Path, monkeypatch):
+    """An SGLang launch (given) on a node whose GPUs others hold: one line, nothing started."""
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    try:
+        FakeNvml(monkeypatch, layout=[(130, [(777, 128)])] * 8)
+        options = _options(tmp_path, sim.url, launch_command="python -m sglang.launch_server " + " ".join(SGLANG))
+        plan = asyncio.run(prepare(options))
+        assert plan.blockers and "no room for the control" in plan.blockers[0]
+        assert any(line.startswith("CANNOT START") for line in plan.describe())
+        run = ConfirmationRun(plan)
+        with pytest.raises(PlanError, match="no room"):
+            asyncio.run(run.run())
+        assert run.servers == []
+        assert sim.proc.poll() is None
+    finally:
+        sim.stop()
+
+
+def test_a_plan_that_needs_the_originals_gpus_asks_to_stop_it_first(tmp_path: Path, monkeypatch):
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    try:
+        FakeNvml(monkeypatch, layout=[(120, [(sim.pid, 118)])] * 2 + [(130, [(777, 128)])] * 6)
+        options = _options(tmp_path, sim.url, launch_command="python -m sglang.launch_server " + " ".join(SGLANG))
+        plan = asyncio.run(prepare(options))
+    finally:
+        sim.stop()
+    assert plan.requires_stop and not plan.blockers and plan.mode == "relaunch"
+    assert [a.role for a in plan.arms] == ["reproduction", "control"]
+    assert all(a.env["CUDA_VISIBLE_DEVICES"] == "GPU-0000,GPU-0001" for a in plan.arms)
+    assert "approve by typing stop" in "\n".join(plan.describe())

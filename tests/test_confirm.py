@@ -77,8 +77,10 @@ def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Pa
     assert gone(run.control.pid)
 
 
-def test_block_boundary_cli_reports_r02_in_the_baseline_and_a_clean_control(tmp_path: Path) -> None:
-    sim = start_sim(tmp_path / "live", "--page-size", "64", "--max-total-tokens", "65536", "--fault", "block-boundary:7")
+@pytest.mark.parametrize("page_size", [64, 16])
+def test_block_boundary_cli_reports_r02_in_the_baseline_and_a_clean_control(tmp_path: Path, page_size: int) -> None:
+    sim = start_sim(tmp_path / "live", "--page-size", str(page_size), "--max-total-tokens", "65536",
+                    "--fault", "block-boundary:7")  # fmt: skip
     try:
         done = radixtop("confirm", "--url", sim.url, "--trace", "finding_03330", "--runs", "3", "--yes", "--json",
                         "--workdir", str(tmp_path / "confirm"), "--health-timeout", "20", timeout_s=120)  # fmt: skip
@@ -91,7 +93,8 @@ def test_block_boundary_cli_reports_r02_in_the_baseline_and_a_clean_control(tmp_
     assert doc["baseline"]["peak_token_usage"] < 0.85 and not doc["baseline"]["retractions"]
     assert doc["baseline"]["diverged"] == ["r02"] and doc["baseline"]["signatures"] == []
     r02 = next(r for r in builtin_trace("finding_03330").requests if r.id == "r02")
-    assert r02.prefix_len == 64  # the request whose prefix is exactly one page of this server
+    assert r02.prefix_len == 64  # exactly one page as written (rescaled to the server's page size)
+    assert any(f"rescaled to the server's {page_size}" in n for n in doc["plan"]["notes"]) or page_size == 64
     assert doc["control"]["diverged"] == [] and doc["control"]["signatures"] == []
     assert "--disable-radix-cache" in doc["control"]["argv"]
     assert Path(doc["bundle"]).is_dir()

@@ -80,13 +80,15 @@ def test_a_healthy_server_is_not_reproduced(tmp_path: Path) -> None:
 
 def test_after_the_server_died_confirm_plans_from_what_was_seen_and_runs_two_arms(tmp_path: Path) -> None:
     sim = start_sim(tmp_path / "live", *PRESSURE_SIM, env={"SGLANG_TEST_FLAG": "7", "HF_TOKEN": "hf_" + "a" * 30})
-    # What the TUI (or a first confirm) keeps while the server lives.
-    seen = observe(sim.url, sim.pid, logs=[str(sim.log)])
-    written = save_sighting(seen)
+    try:
+        # What the TUI (or a first confirm) keeps while the server lives.
+        seen = observe(sim.url, sim.pid, logs=[str(sim.log)])
+        written = save_sighting(seen)
+    finally:
+        sim.proc.send_signal(signal.SIGKILL)
+        sim.proc.wait(10)
     assert seen.env["SGLANG_TEST_FLAG"] == "7" and "HF_TOKEN" in seen.secret_keys
     assert "hf_aaaa" not in written.read_text() and "HF_TOKEN" in written.read_text()  # name kept, value never
-    sim.proc.send_signal(signal.SIGKILL)
-    sim.proc.wait(10)
     doc, done = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(pressure_trace_file(tmp_path / "t.json")))
     assert doc["mode"] == "relaunch" and "planned from what was seen at" in doc["planned_from"]
     assert doc["baseline"]["role"] == "reproduction" and doc["baseline"]["healthy"]
@@ -104,10 +106,13 @@ def test_after_the_server_died_confirm_plans_from_what_was_seen_and_runs_two_arm
 
 def test_no_reproduction_takes_the_crash_log_as_the_baseline_and_says_what_that_assumes(tmp_path: Path) -> None:
     sim = start_sim(tmp_path / "live", *PRESSURE_SIM)
-    save_sighting(observe(sim.url, sim.pid, logs=[str(sim.log)]))
-    trace = pressure_trace_file(tmp_path / "t.json")
-    assert radixtop("replay", str(trace), "--url", sim.url, "--runs", "1", timeout_s=60).returncode == 0  # crash it
-    assert wait_for(lambda: sim.proc.poll() is not None, 10)
+    try:
+        save_sighting(observe(sim.url, sim.pid, logs=[str(sim.log)]))
+        trace = pressure_trace_file(tmp_path / "t.json")
+        assert radixtop("replay", str(trace), "--url", sim.url, "--runs", "1", timeout_s=60).returncode == 0  # crash it
+        assert wait_for(lambda: sim.proc.poll() is not None, 10)
+    finally:
+        sim.stop()
     doc, _ = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(trace), "--no-reproduction")
     assert doc["mode"] == "crash-log" and doc["baseline"]["role"] == "crash-log"
     assert "radix-page-lock-eviction" in doc["baseline"]["signatures"]

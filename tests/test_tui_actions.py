@@ -141,7 +141,7 @@ async def test_c_shows_the_plan_and_cancelling_it_launches_nothing(tmp_path: Pat
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
         plan_text = "\n".join(app.screen.lines)
-        assert "Control" in plan_text and "--disable-radix-cache" in plan_text and sim.url in plan_text
+        assert "control: " in plan_text and "--disable-radix-cache" in plan_text and sim.url in plan_text
         assert "Evidence      " in plan_text and "radixtop-bundle-" in plan_text  # evidence first
         assert "Live server   left running" in plan_text
         await pilot.press("n")
@@ -182,7 +182,7 @@ async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_p
         shown = str(screen.query_one("#run-verdict").content)
         assert shown.startswith("VERDICT: not-reproduced"), shown
         assert "Repeat:          radixtop confirm --url" in shown and "Evidence bundle: " in shown
-        assert "Repeat: radixtop confirm --url" in shown  # and Verdict.format()'s whole report under it
+        assert "peak token usage" in shown and "The control: " in shown  # the table, then the evidence behind it
         assert app.confirm_verdict.verdict == "not-reproduced"
         assert "VERDICT: not-reproduced" in bar_text(app)
         control_pid = app.confirm_run.control.pid

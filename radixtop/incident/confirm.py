@@ -422,6 +422,18 @@ def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sig
     return own
 
 
+def _running(pid: int | None) -> bool:
+    """The process exists and is not a zombie (a dead server's pid may linger unreaped)."""
+    import psutil
+
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _port_holder(port: int) -> str:
     from radixtop.incident.server import listening_pid
 
@@ -457,7 +469,7 @@ async def prepare(
     pid = options.pid
     if pid is None and is_loopback_url(url):
         pid = listening_pid(url_port(url))
-    alive = info is not None or pid is not None
+    alive = info is not None or _running(pid)
     seen = options.sighting if options.sighting is not None and options.sighting.url == url else load_sighting(url)
     planned_from = None
     if alive:
@@ -466,7 +478,6 @@ async def prepare(
             save_sighting(seen)
     elif seen is not None:
         planned_from = seen.describe_age()
-        notes.append(f"{url} does not answer: {planned_from}")
     elif not options.launch_command:
         raise PlanError(
             f"{url} does not answer and radixtop never saw it alive (nothing remembered for it); pass "

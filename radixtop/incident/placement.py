@@ -103,20 +103,20 @@ def place(
     the original's memory counts as free; given: the user's own CUDA_VISIBLE_DEVICES (--gpus).
     """
     if kind not in ("sglang", "vllm"):
-        return Placement("not-needed", lines=("GPUs        none needed (the simulator runs on the CPU)",))
+        return Placement("not-needed", lines=("GPUs          none needed (the simulator runs on the CPU)",))
     need = gpus_needed(flags)
     if _int(_flag(flags, "--nnodes")) > 1:
         return Placement("no-room", need, lines=(
-            f"GPUs        the server spans {_flag(flags, '--nnodes')} nodes: a control cannot be placed from one node; "
+            f"GPUs          the server spans {_flag(flags, '--nnodes')} nodes: a control cannot be placed from one node; "
             "run radixtop confirm on the head node with --gpus and --launch-command for a single-node control",))  # fmt: skip
     if given:
         return Placement("given", need, visible=given,
-                         lines=(f"GPUs        CUDA_VISIBLE_DEVICES={given} (given with --gpus; not checked for room)",))  # fmt: skip
+                         lines=(f"GPUs          CUDA_VISIBLE_DEVICES={given} (given with --gpus; not checked for room)",))  # fmt: skip
     state = getattr(getattr(sample, "status", None), "state", None)
     if sample is None or state not in ("ok", "degraded"):
         why = getattr(getattr(sample, "status", None), "message", "") or "not read"
         return Placement("unknown", need, lines=(
-            f"GPUs        placement unknown: NVML {why}; the control needs {need} GPU(s) and may not fit beside "
+            f"GPUs          placement unknown: NVML {why}; the control needs {need} GPU(s) and may not fit beside "
             "the live server (pass --gpus UUID,... to choose them, or --stop-original)",))  # fmt: skip
     gpus = list(getattr(sample, "gpus", ()))
     ours = set(original_pids)
@@ -152,7 +152,7 @@ def place(
         chosen = fits[:need]
         visible = ",".join(g.uuid or str(g.index) for g in chosen)
         return Placement("placed", need, per_gpu, visible, (
-            f"GPUs        {', '.join(f'GPU {g.index}' for g in chosen)} (idle, {_gib(per_gpu)} or more free each; "
+            f"GPUs          {', '.join(f'GPU {g.index}' for g in chosen)} (idle, {_gib(per_gpu)} or more free each; "
             f"the control needs {need}): CUDA_VISIBLE_DEVICES={visible}",), chosen=tuple(g.index for g in chosen))  # fmt: skip
     busy = []
     for g in gpus:
@@ -164,7 +164,7 @@ def place(
     offer = ("stop the live server first (it frees its GPUs), then run a reproduction and the control there"
              if room_if_stopped else "free GPUs, or pass --gpus UUID,... to choose them yourself")  # fmt: skip
     return Placement("no-room", need, per_gpu, None, (
-        f"GPUs        no room for the control: it needs {need} GPU(s) with {_gib(per_gpu)} free and no other "
+        f"GPUs          no room for the control: it needs {need} GPU(s) with {_gib(per_gpu)} free and no other "
         f"process; {len(fits)} of {len(gpus)} qualify. {offer}",
         *(f"              {line}" for line in busy[:16]),
     ), room_if_stopped=room_if_stopped)  # fmt: skip

@@ -153,13 +153,16 @@ class Verdict:
             out.append(f"  {label.ljust(left)}  {x.ljust(mid)}  {y}")
         return out
 
-    def format(self) -> str:
-        lines = [f"VERDICT: {self.verdict}", f"  {self.reason}", ""]
-        if self.planned_from:
-            lines += [f"Planned from: {self.planned_from}"]
+    def summary(self) -> list[str]:
+        """What was planned from, what it assumes, and the arms side by side."""
+        lines = [f"Planned from: {self.planned_from}"] if self.planned_from else []
         if self.assumption:
-            lines += [f"Assumes: {self.assumption}"]
-        lines += self.table()
+            lines.append(f"Assumes: {self.assumption}")
+        return lines + self.table()
+
+    def details(self) -> list[str]:
+        """The evidence behind the table: first occurrences, errors, output tails, the commands."""
+        lines = []
         for role, arm in (("failing side", self.baseline), ("control", self.control)):
             firsts = arm.get("first_occurrences") or []
             if firsts:
@@ -175,7 +178,10 @@ class Verdict:
         for arm in (self.baseline, self.control):
             if arm.get("argv"):
                 lines.append(f"{ROLE_NAMES.get(arm.get('role', ''), arm.get('role', '?')).capitalize()}: {shlex.join(arm['argv'])}")
-        lines += [f"Note: {n}" for n in self.notes]
+        return lines + [f"Note: {n}" for n in self.notes]
+
+    def format(self) -> str:
+        lines = [f"VERDICT: {self.verdict}", f"  {self.reason}", "", *self.summary(), *self.details()]
         lines += [
             "",
             f"Evidence bundle: {self.bundle or '(none)'}",

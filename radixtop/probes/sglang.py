@@ -73,6 +73,9 @@ class ServerInfo:
     enable_metrics: bool | None = None
     instrument_urls: tuple[str, ...] = ()
     port: int | None = None
+    # The whole answer, for what radixtop remembers of the server (its launch command and server
+    # args, should it die): see radixtop.incident.sighting.
+    raw: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ def parse_server_info(url: str, data: bytes) -> ServerInfo:
         if isinstance(obj.get("radixtop_instrument"), list)
         else (),
         port=_int(obj.get("port")),
+        raw=obj,
     )
 
 

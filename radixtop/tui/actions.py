@@ -10,7 +10,12 @@ loop and shows it:
   event loop; the plan is shown in a modal and nothing is launched unless approved there;
 * the approved run is an async worker on the app's own loop, NOT a thread: the control server
   gets PR_SET_PDEATHSIG, which fires when the *thread* that started it exits;
-* quitting cancels a run and waits for its control server to stop (bounded), so nothing is left.
+* quitting cancels a run and waits for its control server to stop (bounded), so nothing is left;
+* while the server lives, what is seen of it (argv, /server_info, environment, GPUs) is kept and
+  written to the runtime directory (radixtop.incident.sighting), so that `c` after the crash can
+  plan a reproduction; the moment it goes down is noted;
+* one confirmation run per user and node (radixtop.incident.runlock): `c` while another radixtop
+  runs one shows that run's progress and verdict instead of starting a second.
 
 `--readonly` removes all of it: the keys are refused (and hidden) and no bundle is taken by itself.
 """
@@ -40,6 +45,8 @@ if TYPE_CHECKING:
 INCIDENT_ACTIONS = ("bundle", "confirm")
 BAR_LINGER_S = 12.0  # a result stays in the action bar this long (the log pane keeps it as a notice)
 QUIT_WAIT_S = 20.0  # quitting waits this long, at most, for a cancelled run to stop its control
+SIGHT_EVERY_S = 15.0  # a live server is looked at again this often (and at once when it changes)
+WATCH_EVERY_S = 1.0  # another radixtop's run is read this often
 
 
 @dataclass(frozen=True)
@@ -88,18 +95,21 @@ def expand_logs(patterns: Any) -> tuple[str, ...]:
 
 
 def verdict_body(verdict: Any) -> str:
-    """What the run screen shows under the headline: the reason and what to do next first (the
-    repeat command, where the evidence is), then the whole report as `radixtop confirm` prints it."""
-    summary = [
+    """What the run screen shows under the headline: the reason and the arms side by side first,
+    then what to do next (the repeat command, where the evidence is), then the evidence behind it."""
+    lines = [
         verdict.reason,
+        "",
+        *verdict.summary(),
         "",
         f"Repeat:          {shlex.join(verdict.repeat)}",
         f"Evidence bundle: {verdict.bundle or '(none)'}",
         f"Work directory:  {verdict.workdir}",
         "",
         "─" * 40,
+        *verdict.details(),
     ]
-    return "\n".join(summary) + "\n" + verdict.format()
+    return "\n".join(lines) + "\n"
 
 
 class IncidentActions:
@@ -126,6 +136,13 @@ class IncidentActions:
         self._confirm_worker: Any = None
         self._actions_loop: asyncio.AbstractEventLoop | None = None
         self._bar_timer: Any = None
+        self.sighting: Any = None  # what was seen of the server while it lived (incident.sighting)
+        self._sighting_key: tuple = ()
+        self._sighted_at = 0.0
+        self._sighting_busy = False
+        self.run_lock: Any = None  # this app's hold on the node's confirmation run
+        self._watch_timer: Any = None
+        self._watch_shown = 0
 
     # -- what the app knows about the server -----------------------------------------------------
 
@@ -144,6 +161,54 @@ class IncidentActions:
                 pid = targets.pid
             instruments = tuple(targets.instruments)
         return Target(url, pid, expand_logs(getattr(app, "log_patterns", ()) or ()), instruments)
+
+    # -- what was seen of the server ---------------------------------------------------------------
+
+    def watch_server(self) -> None:
+        """On the app's ticks: look at a live server now and then (in a thread), note when it dies."""
+        app: Any = self
+        panes = getattr(app, "panes", None)
+        server = getattr(getattr(panes, "state", None), "server", None) if panes is not None else None
+        if self.readonly or server is None or self._sighting_busy:
+            return
+        target = self.incident_target()
+        if target.url is None:
+            return
+        now = time.time()
+        if server.status.ok:
+            info = server.info.raw if server.info is not None else None
+            key = (target.url, target.pid, id(info))
+            if key == self._sighting_key and now - self._sighted_at < SIGHT_EVERY_S:
+                return
+            self._remember_loop()
+            self._sighting_key, self._sighted_at, self._sighting_busy = key, now, True
+            self._sight_worker(target, info, panes.state.gpu)
+        elif server.status.state == "down" and self.sighting is not None and self.sighting.died_at is None:
+            self._remember_loop()
+            self.sighting = self.sighting.died(server.status.since or now)
+            self._sighting_busy = True
+            self._sight_worker(None, None, None)
+
+    @work(thread=True, group="sighting", exit_on_error=False)
+    def _sight_worker(self, target: Target | None, info: Any, gpu: Any) -> None:
+        from radixtop.incident.sighting import observe, save_sighting
+
+        seen = self.sighting
+        try:
+            if target is not None:
+                seen = observe(target.url, target.pid, server_info=info, gpu_sample=gpu, logs=target.logs,
+                               previous=self.sighting)  # fmt: skip
+            if seen is not None:
+                save_sighting(seen)
+        except OSError:
+            pass  # kept in memory all the same; the runtime directory's trouble shows when c uses it
+        finally:
+            self._post(self._sighted, seen)
+
+    def _sighted(self, seen: Any) -> None:
+        self._sighting_busy = False
+        if seen is not None and (self.sighting is None or self.sighting.died_at is None or seen.died_at is not None):
+            self.sighting = seen
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -298,13 +363,14 @@ class IncidentActions:
     def action_confirm(self) -> None:
         app: Any = self
         self._remember_loop()
-        if self.confirm_state in ("preparing", "running"):
+        if self.confirm_state in ("preparing", "running", "watching"):
             if self.run_screen not in app.screen_stack:
                 self._show_run_screen()  # hidden with Esc: show it again
             return
         if self.confirm_state == "approval":
             return
         from radixtop.incident.confirm import ConfirmOptions
+        from radixtop.incident.runlock import RunLock
 
         target = self.incident_target()
         if target.url is None:
@@ -312,9 +378,18 @@ class IncidentActions:
             return
         settings = self.action_settings
         workdir = (settings.directory / f"radixtop-confirm-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+        lock = RunLock(target.url, workdir)
+        try:
+            if not lock.acquire():
+                self._watch_other_run()
+                return
+        except OSError as exc:
+            self._say(f"confirm: {exc}", error=True, final=True)
+            return
+        self.run_lock = lock
         options = ConfirmOptions(**{
             "url": target.url, "workdir": workdir, "logs": target.logs, "pid": target.pid,
-            "signature_files": settings.signature_files, **dict(settings.confirm),
+            "signature_files": settings.signature_files, "sighting": self.sighting, **dict(settings.confirm),
         })  # fmt: skip
         self.confirm_state = "preparing"
         self.confirm_run = self.confirm_verdict = None
@@ -323,6 +398,46 @@ class IncidentActions:
         self._show_run_screen()
         self._say("confirm: preserving evidence first, then the plan for approval")
         self._confirm_worker = self._confirm_flow(options)
+
+    def _watch_other_run(self) -> None:
+        """Another radixtop runs the node's confirmation run: show its progress, then its verdict."""
+        from radixtop.incident.runlock import read_status
+
+        app: Any = self
+        self.confirm_state = "watching"
+        self.confirm_run = self.confirm_verdict = None
+        self._confirm_lines, self._confirm_end, self._watch_shown = [], None, 0
+        status = read_status()
+        self._show_event("watching", (status.summary() if status else "a confirmation run is in progress on this node")
+                         + "; showing it instead of starting another")  # fmt: skip
+        self._show_run_screen()
+        self._watch_timer = app.set_interval(WATCH_EVERY_S, self._watch_tick)
+        self._watch_tick()
+
+    def _watch_tick(self) -> None:
+        from radixtop.incident.runlock import lock_held_by_other, read_status
+
+        status = read_status()
+        lines = list(status.get("lines") or []) if status else []
+        noted = int(status.get("noted") or 0) if status else 0
+        for line in lines[len(lines) - min(len(lines), max(0, noted - self._watch_shown)) :]:
+            phase, _, message = line.partition("] ")
+            self._show_event(phase.lstrip("[") or "run", message or line)
+        self._watch_shown = max(self._watch_shown, noted)
+        if status is not None and status.done:
+            self._stop_watching()
+            verdict = status.get("verdict")
+            self._finish(str(status.get("headline") or "the run ended"), str(status.get("body") or ""), verdict,
+                         error=verdict is None)  # fmt: skip
+        elif not lock_held_by_other():
+            self._stop_watching()
+            self._finish("the other radixtop ended without a verdict (killed?)", "press c to start a run of your own",
+                         error=True)  # fmt: skip
+
+    def _stop_watching(self) -> None:
+        if self._watch_timer is not None:
+            self._watch_timer.stop()
+            self._watch_timer = None
 
     def _show_run_screen(self) -> None:
         """A fresh screen with what the run has said so far (a dismissed screen is not reused)."""
@@ -355,6 +470,8 @@ class IncidentActions:
         self._post(self._show_event, event.phase, event.message)
 
     def _show_event(self, phase: str, message: str) -> None:
+        if self.run_lock is not None:
+            self.run_lock.note(phase, message)  # for a colleague's radixtop watching this run
         self._confirm_lines.append((phase, message))
         del self._confirm_lines[:-2000]
         if self.run_screen is not None:
@@ -364,6 +481,9 @@ class IncidentActions:
 
     def _finish(self, headline: str, body: str, verdict: str | None = None, error: bool = False) -> None:
         self.confirm_state = "done"
+        lock, self.run_lock = self.run_lock, None
+        if lock is not None:
+            lock.finish(headline, body, verdict)
         self._confirm_end = (headline, body, verdict)
         if self.run_screen is not None:
             self.run_screen.finish(headline, body, verdict)
@@ -404,14 +524,25 @@ class IncidentActions:
             return
         kept = f" The evidence bundle is kept: {plan.bundle.path}" if plan.bundle is not None else ""
         self.confirm_state = "approval"
-        self._say("confirm: the plan waits for your approval (y approve, n cancel)")
-        approved = await app.push_screen_wait(PlanScreen(plan.describe()))
+        if plan.blockers:
+            self._say("confirm: the plan cannot start (Esc closes it)", error=True)
+        elif plan.requires_stop:
+            self._say("confirm: the plan stops the live server first: type stop and Enter to approve, Esc cancels")
+        else:
+            self._say("confirm: the plan waits for your approval (y approve, n cancel)")
+        approved = await app.push_screen_wait(
+            PlanScreen(plan.describe(), blockers=plan.blockers, requires_stop=plan.requires_stop)
+        )
+        if plan.blockers:
+            self._finish("no confirmation run: the plan cannot start", f"{plan.blockers[0]}.{kept}", error=True)
+            return
         if not approved:
             self._finish("not approved: nothing was started", f"The plan is in {options.workdir}/plan.json.{kept}")
             return
         run = self.confirm_run = ConfirmationRun(plan, self._confirm_event)
         self.confirm_state = "running"
-        self._show_event("approved", f"starting: {plan.options.runs} runs against the live server, then the control")
+        arms = " then ".join(arm.role for arm in plan.arms)
+        self._show_event("approved", f"starting: {plan.options.runs} runs per arm: {arms}")
         try:
             verdict = await run.run()  # on this loop's thread: see the module's docstring
         except ConfirmCancelled:
@@ -441,12 +572,16 @@ class IncidentActions:
             await asyncio.wait_for(worker.wait(), QUIT_WAIT_S)
 
     def on_unmount(self) -> None:
-        # Last resort (the app ended without action_quit): never leave the control server behind.
+        # Last resort (the app ended without action_quit): never leave a started server behind.
         self._bundle_cancel.set()
         self._prepare_cancel.set()
+        self._stop_watching()
         run = self.confirm_run
         if run is not None:
             run.cancel()
-            control = getattr(run, "control", None)
-            if control is not None and control.proc is not None and control.exited() is None:
-                control.stop()
+            for server in getattr(run, "servers", ()):
+                if server.proc is not None and server.exited() is None:
+                    server.stop()
+        lock, self.run_lock = self.run_lock, None
+        if lock is not None:
+            lock.finish("radixtop quit: the run was cancelled")

@@ -611,6 +611,7 @@ class RadixtopApp(IncidentActions, App[int]):
         self.log_view.keep_following()
         panes = self.panes
         if panes is not None:
+            self.watch_server()
             panes.note_report(state.report, self._title_of)
             if drew and not force:
                 # Not in the log pane's frame: the box around both is the whole screen (measured:

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Log, Static
+from textual.widgets import Button, Input, Log, Static
 
 MAX_EVENT_LINES = 2_000  # the run's progress lines kept on screen (a long run polls every 5 s)
 
@@ -25,7 +25,10 @@ VERDICT_STYLES = {
 
 
 class PlanScreen(ModalScreen[bool]):
-    """The confirmation run's plan, shown before anything is launched: True when approved."""
+    """The confirmation run's plan, shown before anything is launched: True when approved.
+
+    A plan that cannot start (``blockers``) offers only Close. A plan that stops the live server
+    first (``requires_stop``) is approved only by typing ``stop``: y is not enough for that."""
 
     DEFAULT_CSS = """
     PlanScreen { align: center middle; }
@@ -34,42 +37,71 @@ class PlanScreen(ModalScreen[bool]):
         border: thick $warning; background: $surface; padding: 0 1;
     }
     PlanScreen #plan-question { text-style: bold; padding: 1 0 0 0; }
+    PlanScreen.-blocked #plan-question { color: $error; }
     PlanScreen #plan-body { height: auto; max-height: 30; }
     PlanScreen #plan-buttons { height: 3; align-horizontal: right; }
     PlanScreen Button { margin: 0 0 0 2; }
+    PlanScreen #plan-stop { width: 40; margin: 1 0 0 0; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y,enter", "answer(True)", "Approve"),
         Binding("n,escape", "answer(False)", "Cancel"),
     ]
 
-    def __init__(self, lines: Sequence[str]) -> None:
+    def __init__(self, lines: Sequence[str], *, blockers: Sequence[str] = (), requires_stop: bool = False) -> None:
         super().__init__()
         self.lines = list(lines)
+        self.blockers = list(blockers)
+        self.requires_stop = requires_stop and not self.blockers
+
+    def _question(self) -> str:
+        if self.blockers:
+            return f"This plan cannot start: {self.blockers[0]}.  n / Esc close"
+        if self.requires_stop:
+            return "This plan STOPS the live server first. Type stop and Enter to approve · Esc cancel"
+        return "Start the servers and replay the workload as planned?  y / Enter approve · n / Esc cancel"
 
     def compose(self) -> ComposeResult:
         with Vertical(id="plan-box"):
             with VerticalScroll(id="plan-body"):
                 yield Static(Text("\n".join(self.lines), no_wrap=False), id="plan-text")
-            yield Static(
-                "Start the control server and replay the workload as planned?  y / Enter approve · n / Esc cancel",
-                id="plan-question",
-            )
+            yield Static(self._question(), id="plan-question")
+            if self.requires_stop:
+                yield Input(placeholder="type stop", id="plan-stop")
             with Horizontal(id="plan-buttons"):
-                yield Button("Approve (y)", id="approve", variant="warning")
-                yield Button("Cancel (n)", id="cancel", variant="primary")
+                if not self.blockers and not self.requires_stop:
+                    yield Button("Approve (y)", id="approve", variant="warning")
+                yield Button("Close (n)" if self.blockers else "Cancel (n)", id="cancel", variant="primary")
 
     def on_mount(self) -> None:
         box = self.query_one("#plan-box")
         box.border_title = "Confirmation run: the plan"
         box.border_subtitle = "nothing is launched until you approve"
-        self.query_one("#plan-body").focus()  # Enter then approves; Tab reaches the buttons
+        self.set_class(bool(self.blockers), "-blocked")
+        if self.requires_stop:
+            self.query_one("#plan-stop", Input).focus()
+        else:
+            self.query_one("#plan-body").focus()  # Enter then approves; Tab reaches the buttons
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         self.dismiss(event.button.id == "approve")
 
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if event.value.strip().lower() == "stop":
+            self.dismiss(True)
+        else:
+            self.query_one("#plan-question", Static).update("Type exactly stop to approve stopping the live server · Esc cancel")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "answer" and parameters and parameters[0] is True and (self.blockers or self.requires_stop):
+            return False  # y cannot approve what cannot start, nor stopping the live server
+        return True
+
     def action_answer(self, approved: bool) -> None:
+        if approved and (self.blockers or self.requires_stop):
+            return
         self.dismiss(approved)
 
 
@@ -132,8 +164,8 @@ class RunScreen(ModalScreen[None]):
         if self.done:
             return "Esc / q / Enter close · ↑ ↓ scroll the verdict"
         if self.cancelling:
-            return "cancelling: stopping the control server…"
-        return "x cancel the run (the control server is stopped) · Esc hide (the run goes on; c shows it again) · q quit"
+            return "cancelling: stopping the servers it started…"
+        return "x cancel the run (the servers it started are stopped) · Esc hide (the run goes on; c shows it again) · q quit"
 
     def _refresh_keys(self) -> None:
         if self.is_mounted:

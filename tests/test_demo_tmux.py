@@ -64,3 +64,45 @@ def test_demo_shows_the_incident_and_q_leaves_nothing_running(tmp_path) -> None:
         assert not left, f"still running after q: {left}"
     finally:
         tmux.kill()
+
+
+def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leaves_nothing(tmp_path) -> None:
+    """The headline flow as a new user meets it: the demo's server dies, c, the plan names a
+    reproduction and the control, y, the verdict with the arms side by side, q."""
+    tmux = Tmux(160, 48)
+    try:
+        tmux.start([sys.executable, "-m", "radixtop", "demo"], tmp_path)
+        pane_pid = int(tmux("display-message", "-p", "-t", "radixtop", "#{pane_pid}").strip())
+        tmux.wait_for(lambda s: "server r0 r1 procs DOWN since" in s or "server DOWN since" in s,
+                      "the demo's server to die", timeout=90)  # fmt: skip
+        time.sleep(2)  # a person reads the crash before pressing c
+        tmux.send("c")
+        plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan to approve", timeout=60)
+        assert "DOWN: the server died at" in plan and "reproduction: " in plan and "control: " in plan
+        started: dict[int, str] = {}
+
+        def verdict_shown(screen: str) -> bool:
+            for proc in psutil.Process(pane_pid).children(recursive=True):  # what the run starts
+                try:
+                    started.setdefault(proc.pid, " ".join(proc.cmdline()))
+                except psutil.Error:
+                    pass
+            return "VERDICT: pressure-dependent" in screen and "peak token usage" in screen
+
+        tmux.send("y")
+        began = time.monotonic()
+        screen = tmux.wait_for(verdict_shown, "the verdict with the arms side by side", timeout=300, step=0.5)
+        took = time.monotonic() - began
+        assert "the reproduction" in screen and "the control" in screen and "retractions" in screen
+        assert any("--disable-radix-cache" in c for c in started.values()), started  # the control ran
+        print(f"\nverdict {took:.0f} s after y\n{screen}")
+        tmux.send("Escape")
+        tmux.wait_for(lambda s: "c Confirm" in s, "the main screen again", timeout=10)
+        tmux.send("q")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (_alive(pane_pid) or any(_alive(pid) for pid in started)):
+            time.sleep(0.2)
+        left = [cmd for pid, cmd in started.items() if _alive(pid)]
+        assert not _alive(pane_pid) and not left, f"still running after q: {left}"
+    finally:
+        tmux.kill()

@@ -163,6 +163,7 @@ class Plan:
     blockers: list[str] = field(default_factory=list)  # why it cannot start; what to pass
     requires_stop: bool = False  # the plan stops the live server first: a second, explicit approval
     planned_from: str | None = None  # "the server died at T; planned from what was seen at T0"
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: evidence, plan
     redactor: Redactor = field(default_factory=Redactor, repr=False)
 
     @property
@@ -291,6 +292,7 @@ class Plan:
             "bundle": None if self.bundle is None else str(self.bundle.path),
             "notes": list(self.notes),
             "blockers": list(self.blockers),
+            "timings": dict(self.timings),
             "repeat": self.repeat_command(),
         }
 
@@ -451,6 +453,8 @@ async def prepare(
     from radixtop.incident.workloads import pressure_trace
 
     emit = on_event or (lambda event: None)
+    began = time.monotonic()
+    timings: dict[str, float] = {}
     if options.runs < 1:
         raise PlanError(f"--runs must be at least 1, got {options.runs}")
     if options.cache not in CACHE_MODES:
@@ -502,6 +506,7 @@ async def prepare(
     baseline_logs = _baseline_logs(options, live, pid if alive else None, seen)
 
     bundle = None
+    evidence_began = time.monotonic()
     if options.bundle:
         from radixtop.incident.bundle import BundleError, take_bundle
 
@@ -522,6 +527,7 @@ async def prepare(
                 raise ConfirmCancelled("cancelled while taking the bundle") from None
             notes.append(f"no evidence bundle: {exc}")
 
+    timings["evidence_s"] = round(time.monotonic() - evidence_began, 2)
     max_running = _max_running(live, info)
     if max_running is None:
         notes.append("the live server's max running requests is unknown; the control runs 4")
@@ -617,8 +623,10 @@ async def prepare(
         blockers=blockers,
         requires_stop=requires_stop,
         planned_from=planned_from,
+        timings=timings,
         redactor=redactor,
     )
+    timings["plan_s"] = round(time.monotonic() - began, 2)  # evidence included
     (workdir / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
     emit(ConfirmEvent("plan", "plan ready for approval", {"plan": plan.to_json()}))
     return plan
@@ -679,6 +687,7 @@ class ConfirmationRun:
         self._started = False
         self._planned: list[Any] = []
         self._threshold = 0
+        self._began = 0.0
 
     @property
     def control(self) -> ControlProcess | None:
@@ -840,10 +849,12 @@ class ConfirmationRun:
         try:
             report, alive = await self._replay_watched(arm, window, result)
         finally:
+            result["replay_s"] = round(time.monotonic() - replay_began, 1)
             if server is not None:
                 self._emit("cleanup", f"stopping the {arm.role} server")
+                stop_began = time.monotonic()
                 await asyncio.to_thread(server.stop)
-        result["replay_s"] = round(time.monotonic() - replay_began, 1)
+                result["stop_s"] = round(time.monotonic() - stop_began, 1)
         result.update(_signature_summary(window.report() if window is not None else None, self._threshold))
         result.update(
             diverged=report.diverged, runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
@@ -874,6 +885,7 @@ class ConfirmationRun:
         plan = self.plan
         self._threshold = severity_rank(plan.options.min_severity)
         results: list[dict[str, Any]] = []
+        self._began = time.monotonic()
         try:
             self._planned = await asyncio.to_thread(plan_requests, plan.trace)  # the same prompts for each arm
             if plan.mode == "relaunch" and plan.server_pid is not None and (plan.options.stop_original or plan.requires_stop):
@@ -917,6 +929,7 @@ class ConfirmationRun:
             assumption=("the original's crash log stands for a run of this workload: the workload that crashed it "
                         "may have differed") if plan.mode == "crash-log" else None,  # fmt: skip
             notes=list(plan.notes),
+            timings={**plan.timings, "run_s": round(time.monotonic() - self._began, 2)},
         )
         self._write("verdict.json", result.to_json())
         self.verdict = result

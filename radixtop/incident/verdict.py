@@ -129,6 +129,7 @@ class Verdict:
     planned_from: str | None = None
     assumption: str | None = None
     notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: evidence, plan, run
 
     def table(self) -> list[str]:
         """The arms side by side, one row per piece of evidence."""
@@ -204,4 +205,5 @@ class Verdict:
             "repeat": self.repeat,
             "workdir": self.workdir,
             "notes": list(self.notes),
+            "timings": dict(self.timings),
         }

@@ -133,7 +133,8 @@ def test_a_launch_command_that_does_not_parse_is_one_line(tmp_path: Path) -> Non
 
 
 def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
-    return ConfirmOptions(url=url, workdir=tmp_path / "c", trace=small_trace(), bundle=False, control_timeout_s=20, **kw)
+    return ConfirmOptions(**{"url": url, "workdir": tmp_path / "c", "trace": small_trace(), "bundle": False,
+                             "control_timeout_s": 20, **kw})  # fmt: skip
 
 
 def test_an_unreadable_environment_blocks_the_plan_unless_own_env(tmp_path: Path, monkeypatch) -> None:
@@ -230,3 +231,34 @@ def test_a_sighting_round_trips_and_keeps_no_secret_value(tmp_path: Path) -> Non
     assert "HF_API_KEY" not in loaded.env and "HF_API_KEY" in loaded.secret_keys
     assert loaded.logs == (str(sim.log),) and loaded.python == seen.python
     assert os.stat(path.parent).st_mode & 0o077 == 0  # private to the user
+
+
+SLOW_START = """
+import os, sys, time
+for i in range(6):  # what a real server prints while it loads a model
+    print(f"Loading safetensors checkpoint shards: {(i + 1) * 100 // 6}% Completed | {i + 1}/6", flush=True)
+    time.sleep(0.5)
+os.execv(sys.executable, [sys.executable, "-m", "radixtop", "sim", *sys.argv[1:]])
+"""
+
+
+def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tmp_path: Path) -> None:
+    script = tmp_path / "slow_server.py"
+    script.write_text(SLOW_START)
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    try:
+        command = f"{sys.executable} {script} --page-size 16 --max-total-tokens 4096 --max-running-requests 8"
+        events: list = []
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, launch_command=command, control_timeout_s=30)))
+        verdict = asyncio.run(ConfirmationRun(plan, events.append).run())
+        assert verdict.control["healthy"] and verdict.control["start_s"] >= 2.5
+        progress = [e.message for e in events if e.phase == "control-start"]
+        assert any("Loading safetensors checkpoint shards" in m for m in progress), progress
+        # Too short a --control-timeout for the load: inconclusive, with the lines it got to.
+        short = asyncio.run(prepare(_options(tmp_path / "short", sim.url, runs=1, launch_command=command,
+                                             control_timeout_s=1)))  # fmt: skip
+        late = asyncio.run(ConfirmationRun(short).run())
+    finally:
+        sim.stop()
+    assert late.verdict == "inconclusive" and "not healthy within 1 s" in late.control["error"]
+    assert "Loading safetensors" in late.control["output_tail"]

@@ -98,6 +98,9 @@ async def test_a_plan_that_cannot_start_offers_only_close(tmp_path: Path, monkey
             await until(pilot, lambda: app.confirm_state == "done", "the end", 10)
             assert "--own-env" in verdict_text(app)
             assert app.confirm_run is None
+            # Said once: the headline heads the verdict box; the phase line above it is gone.
+            assert verdict_text(app).startswith("no confirmation run: the plan cannot start")
+            assert not app.screen.query_one("#run-phase").display
     finally:
         sim.stop()
 

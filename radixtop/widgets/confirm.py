@@ -122,6 +122,7 @@ class RunScreen(ModalScreen[None]):
     RunScreen #run-log { height: 1fr; border: none; }
     RunScreen #run-verdict-box { display: none; height: 1fr; border-top: hkey $panel; }
     RunScreen.-done #run-log { height: 6; }
+    RunScreen.-done #run-phase { display: none; }  /* the verdict's own first line says it once */
     RunScreen.-done #run-verdict-box { display: block; }
     RunScreen #run-keys { height: 1; color: $text-muted; }
     """
@@ -201,7 +202,6 @@ class RunScreen(ModalScreen[None]):
     def _show_verdict(self) -> None:
         self.add_class("-done")
         self.query_one("#run-verdict", Static).update(self._verdict or "")
-        self.query_one("#run-phase", Static).update(self._verdict.plain.splitlines()[0] if self._verdict else "")
         self._refresh_keys()
         self.query_one("#run-verdict-box").focus()
         log = self.query_one("#run-log", Log)

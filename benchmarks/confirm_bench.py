@@ -112,7 +112,7 @@ def main() -> None:
             }  # fmt: skip
             print(f"round {i + 1}: {doc['verdict']}; " + ", ".join(f"{k} {v:.1f} s" for k, v in row.items()), flush=True)
             rows.append(row)
-    print("\n| phase | seconds (median of %d) |\n| --- | ---: |" % len(rows))
+    print(f"\n| phase | seconds (median of {len(rows)}) |\n| --- | ---: |")
     for key in rows[0]:
         print(f"| {key} | {statistics.median(r[key] for r in rows):.1f} |")
 

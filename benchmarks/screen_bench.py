@@ -380,7 +380,7 @@ def main() -> int:
 
     if args.only in (None, "startup"):
         path = one_line_log()
-        print(f"\n   start-up: a one-line file until that line is on screen")
+        print("\n   start-up: a one-line file until that line is on screen")
         startup = {name: command for name, (command, _) in tools(with_lnav, args.baseline).items() if command}
         startup["minimal Textual app"] = [sys.executable, "-c", MINIMAL_TEXTUAL_APP]
         for name, command in startup.items():

@@ -12,10 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from radixtop import __version__
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
+from radixtop.errors import UsageError
 
 
 def _add_tui_options(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +75,8 @@ def _add_readonly_option(parser: argparse.ArgumentParser, top_level: bool = True
     )
 
 
-# The subcommands --readonly refuses (radixtop.incident.commands.ACTIONS, kept here so that
-# refusing costs no import).
+# The subcommands --readonly refuses: each sends traffic to the server, starts or stops a
+# process, or attaches to one (py-spy pauses it). Here, so that refusing costs no import.
 ACTIONS = ("bundle", "replay", "record", "confirm")
 
 

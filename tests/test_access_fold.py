@@ -8,9 +8,9 @@ import pytest
 
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
+from radixtop.diagnosis.logline import access_key
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.probes.logs import LogBatch, LogRecord
-from radixtop.diagnosis.logline import access_key
 from radixtop.tui.state import IncidentState, Ingestor
 
 SEED = "[2026-12-03 11:54:35 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
@@ -91,7 +91,7 @@ def test_the_ring_dropping_old_lines_keeps_the_mapping_exact():
     rng = random.Random(5)
     state = IncidentState(capacity=300)
     everything: list[str] = []
-    for b in range(40):
+    for _ in range(40):
         texts = []
         for _ in range(rng.randint(1, 40)):
             texts.append(access(rng.choice((1, 2))) if rng.random() < 0.8 else f"other {len(everything) + len(texts)}")

@@ -8,9 +8,8 @@ intended change with `pytest tests/test_app_panes.py --snapshot-update` and look
 
 from __future__ import annotations
 
-import re
-
 import calendar
+import re
 import time
 from importlib import resources
 from pathlib import Path

@@ -444,7 +444,7 @@ def test_matches_into_a_closed_pipe_ends_quietly(tmp_path):
 def test_scan_imports_nothing_heavy(incident_log):
     # Twice: the first run fills the caches (catalog, hyperscan database); the second is the
     # usual start, which must not parse TOML, hash, or look up package resources.
-    for run in range(2):
+    for _ in range(2):
         done = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "radixtop", "scan", "--matches", str(incident_log)],
             capture_output=True,

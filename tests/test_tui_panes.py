@@ -9,7 +9,6 @@ from test_app_panes import T0, _fill, _shot_app, _until
 
 from radixtop.tui.app import RadixtopApp
 from radixtop.tui.panes import LiveOptions
-
 from radixtop.widgets.rows import TextRows
 
 SAMPLE = resources.files("radixtop") / "data" / "sample_incident.log"

@@ -123,9 +123,9 @@ def test_sim_metrics_keep_the_last_batch_lines_token_usage_after_a_burst(tmp_pat
     their tokens were evictable and /metrics said 0.0 while the last batch line said 0.12 (in the
     demo, 0 % on the vitals pane against 0.92 in the log)."""
     import httpx
+    from pane_helpers import start_sim, stop
 
     from radixtop.probes.sglang import parse_metrics
-    from pane_helpers import start_sim, stop
 
     proc, url, log = start_sim(tmp_path, "--enable-metrics", "--max-total-tokens", "4096")
     try:

@@ -25,8 +25,8 @@ from radixtop.probes.vitals import Observation, Vitals
 from radixtop.schema import Counters, Event
 from radixtop.widgets.gpu import GpuPane, render_gpus
 from radixtop.widgets.procs import ProcsPane, render_procs
-from radixtop.widgets.rows import TextRows
 from radixtop.widgets.radix import CHILD_PAGE, COLUMNS, NEEDS_SGLANG, RadixPane, RadixTreeView
+from radixtop.widgets.rows import TextRows
 from radixtop.widgets.vitals import VitalsPane, render_vitals
 
 T0 = 1_700_000_000.0  # 22:13:20 UTC
@@ -153,9 +153,8 @@ async def test_radix_pane_summary_ranks_and_tree() -> None:
 async def test_locked_nodes_and_their_paths_read_without_colour(monkeypatch) -> None:
     """NO_COLOR: Textual strips every colour, so a path to a locked node (colour only) would read
     like any other row; a glyph in the column before the node says it instead."""
-    from textual.filter import NoColor
-
     from pane_helpers import node
+    from textual.filter import NoColor
 
     nodes = (
         node(-1, 0, 1, 0, children=3, subtree=60),

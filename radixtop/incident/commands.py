@@ -2,7 +2,7 @@
 
 Each takes the argparse Namespace built in radixtop/cli.py and returns an exit status. Progress
 goes to stderr, results to stdout (one JSON object with --json). Bad input is one line on stderr
-and exit status 2 (raised as radixtop.cli.UsageError).
+and exit status 2 (raised as radixtop.errors.UsageError).
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ACTIONS", "load_trace_arg", "run_bundle", "run_confirm", "run_record", "run_replay"]
-
-# Everything `--readonly` removes: each sends traffic to the server, starts or stops a process,
-# or attaches to one (py-spy pauses it).
-ACTIONS = ("bundle", "replay", "record", "confirm")
+__all__ = ["load_trace_arg", "run_bundle", "run_confirm", "run_record", "run_replay"]
 
 
 def _usage(message: str) -> Exception:
-    from radixtop.cli import UsageError
+    from radixtop.errors import UsageError
 
     return UsageError(message)
 

@@ -869,7 +869,7 @@ class ConfirmationRun:
             if died and not result["signatures"]:
                 result["error"] = died  # killed from outside: no signature of its own
             result["output_tail"] = plan.redactor.text(server.tail(30))
-        self._write(f"{arm.role}-replay.json", report.to_json())
+        await self._write(f"{arm.role}-replay.json", report.to_json())
         if arm.argv is None and not alive and result["signatures"]:
             self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")
         return result
@@ -908,9 +908,13 @@ class ConfirmationRun:
                 if server.proc is not None and server.exited() is None:
                     await asyncio.to_thread(server.stop)
 
-    def _write(self, name: str, doc: Any) -> None:
-        path = Path(self.plan.options.workdir) / name
-        path.write_text(json.dumps(self.plan.redactor.json(doc), indent=2) + "\n", encoding="utf-8")
+    async def _write(self, name: str, doc: Any) -> None:
+        """A work file, written without blocking the loop (a UI shares it; the disk may be slow)."""
+        import aiofiles
+
+        text = json.dumps(self.plan.redactor.json(doc), indent=2) + "\n"
+        async with aiofiles.open(Path(self.plan.options.workdir) / name, "w", encoding="utf-8") as fh:
+            await fh.write(text)
 
     async def _finish(self, failing: dict[str, Any], control: dict[str, Any]) -> Verdict:
         plan = self.plan
@@ -931,7 +935,7 @@ class ConfirmationRun:
             notes=list(plan.notes),
             timings={**plan.timings, "run_s": round(time.monotonic() - self._began, 2)},
         )
-        self._write("verdict.json", result.to_json())
+        await self._write("verdict.json", result.to_json())
         self.verdict = result
         self._emit("verdict", f"{verdict}: {reason}", verdict=verdict)
         return result

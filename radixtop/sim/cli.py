@@ -35,9 +35,7 @@ DEATH_GRACE_S = 0.3
 SHUTDOWN_TIMEOUT_S = 2.0
 
 
-class UsageError(Exception):
-    """A bad flag or value: one line on stderr, exit status 2."""
-
+from radixtop.errors import UsageError  # noqa: E402 - after the constants it documents
 
 # ----------------------------------------------------------------------------------------------
 # Flags

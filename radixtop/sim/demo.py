@@ -138,7 +138,7 @@ def start_demo(fault: str = DEFAULT_FAULT, *, seed: int = 7, workdir: Path | Non
 
 def run_demo(args: Namespace) -> int:
     """Entry point for `radixtop demo`."""
-    from radixtop.cli import UsageError
+    from radixtop.errors import UsageError
     from radixtop.tui.app import run_tui
 
     try:

@@ -1,6 +1,6 @@
 """The radixtop app: the live log pane, the findings list and the status line, wired to the probes.
 
-Data flow (see DESIGN.md): the LogFollower starts reading when the app is built, `backlog_lines`
+Data flow (docs/ARCHITECTURE.md): the LogFollower starts reading when the app is built, `backlog_lines`
 before each file's end (a few thousand lines; with --from-start a whole ring's worth), so that
 reading, counting line numbers and Textual's own start-up overlap; on_mount applies that backlog
 before the first frame, so the first frame shows the files' last lines. What lies before them is
@@ -41,7 +41,6 @@ from radixtop.tui.actions import IncidentActions, action_settings
 from radixtop.tui.help import HelpScreen
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.tui.state import (
-    AFTER_WAIT,
     DEFAULT_CAPACITY,
     IncidentState,
     Ingestor,
@@ -938,8 +937,8 @@ class RadixtopApp(IncidentActions, App[int]):
 
 def run_tui(args: Any) -> int:
     """Entry point for the default command: `radixtop [--log PATH ...]`."""
-    from radixtop.cli import UsageError
     from radixtop.diagnosis.catalog import CatalogError, load_catalog
+    from radixtop.errors import UsageError
 
     try:
         catalog = load_catalog(getattr(args, "signatures", None) or ())

@@ -2,7 +2,7 @@
 
 Imports sglang and torch: use only where they are installed (the environment .ci/sglang-tests
 builds). Shared by tests/test_sglang_real.py, its spawned child processes and
-benchmarks/instrument_bench.py --real. Caches are built the way DESIGN.md describes: a
+benchmarks/instrument_bench.py --real. Caches are built as SGLang's own tests build them: a
 TokenToKVPoolAllocator on the CPU with no KV buffers behind it (kvcache=None), so node values
 are real slot-index tensors and nothing else.
 """

@@ -11,6 +11,7 @@ from test_probe_gpu import FakeNvml
 
 from radixtop.incident.confirm import ConfirmationRun, ConfirmOptions, PlanError, prepare
 from radixtop.incident.placement import gpus_needed, place
+from radixtop.incident.sighting import load_sighting
 from radixtop.probes.gpu import GpuReader
 
 LIVE = 4242  # the live server's pid in the fake layouts
@@ -111,6 +112,9 @@ def test_a_plan_that_needs_the_originals_gpus_asks_to_stop_it_first(tmp_path: Pa
     finally:
         sim.stop()
     assert plan.requires_stop and not plan.blockers and plan.mode == "relaunch"
+    # What was seen of it includes the GPUs its process held (for a plan made after it dies).
+    seen = load_sighting(sim.url)
+    assert seen is not None and [g.index for g in seen.gpus] == [0, 1] and seen.gpus[0].used_bytes == 118 << 30
     assert [a.role for a in plan.arms] == ["reproduction", "control"]
     assert all(a.env["CUDA_VISIBLE_DEVICES"] == "GPU-0000,GPU-0001" for a in plan.arms)
     assert "approve by typing stop" in "\n".join(plan.describe())

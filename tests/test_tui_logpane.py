@@ -10,6 +10,7 @@ import pytest
 from rich.color import Color
 from textual import events
 from textual.filter import Monochrome
+from textual.scrollbar import ScrollTo, ScrollUp
 
 from radixtop.themes import THEMES
 from radixtop.tui.app import RadixtopApp
@@ -241,6 +242,14 @@ async def test_follow_key_and_scrolling_up_stop_following_end_resumes(log: Path)
         assert not view.follow and round(view.scroll_y) < view.max_scroll_y  # the wheel scrolled and unfollowed
         await pilot.press("end")
         assert view.follow
+        # What the horizontal and vertical scrollbars post: a click above the thumb, a drag upwards.
+        view.post_message(ScrollUp())
+        await pilot.pause(0.1)
+        assert not view.follow
+        await pilot.press("end")
+        view.post_message(ScrollTo(y=0, animate=False))
+        await pilot.pause(0.1)
+        assert not view.follow and round(view.scroll_y) == 0
 
 
 async def test_pause_keeps_reading_and_counts_waiting_lines(log: Path) -> None:

@@ -56,21 +56,28 @@ def test_first_occurrence_after_enter_160x48(snap_compare) -> None:
 # plan as Plan.describe() writes it (fixed here: a real one names ports and times).
 PLAN_LINES = [
     "Live server   http://127.0.0.1:30000  pid 4242  0.5.23",
-    "  launched as (psutil): python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --port 30000 "
+    "  DOWN: the server died at 14:04:41; planned from what was seen at 14:04:30",
+    "  launched as (seen): python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --port 30000 "
     "--tp-size 4 --max-running-requests 64",
     "  logs watched: /var/log/sglang/server.log",
     "Evidence      /srv/incidents/radixtop-confirm-20261202-140500/evidence/radixtop-bundle-20261202-140500-confirm",
     "Workload      pressure: 128 requests, 128 calls over 0.5 s at temperature 0 "
     "(/srv/incidents/radixtop-confirm-20261202-140500/workload.json)",
-    "Runs          3 against the live server, then 3 against the control; the cache is flushed before each run "
+    "Runs          3 per arm, one arm after the other, the same workload; the cache is flushed before each run "
     "(POST /flush_cache)",
-    "Control       python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --tp-size 4 --host 127.0.0.1 "
-    "--port 40117 --max-running-requests 16 --disable-radix-cache",
+    "GPUs          GPU 4, GPU 5, GPU 6, GPU 7 (idle, 70.2 GiB or more free each; the control needs 4): "
+    "CUDA_VISIBLE_DEVICES=GPU-4,GPU-5,GPU-6,GPU-7",
+    "Arm 1         reproduction: python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --tp-size 4 "
+    "--max-running-requests 64 --host 127.0.0.1 --port 40113",
+    "  on http://127.0.0.1:40113, output in /srv/incidents/radixtop-confirm-20261202-140500/reproduction.out",
+    "Arm 2         control: python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --tp-size 4 "
+    "--host 127.0.0.1 --port 40117 --max-running-requests 16 --disable-radix-cache",
     "  on http://127.0.0.1:40117, output in /srv/incidents/radixtop-confirm-20261202-140500/control.out",
     "  change: --host 127.0.0.1 --port 40117 (loopback, free)",
     "  change: --max-running-requests 64 -> 16",
     "  change: added --disable-radix-cache",
-    "Live server   left running (it is never stopped unless you pass --stop-original)",
+    "  change: CUDA_VISIBLE_DEVICES=GPU-4,GPU-5,GPU-6,GPU-7",
+    "Live server   already down: nothing of it is touched",
 ]
 
 

@@ -476,18 +476,14 @@ async def prepare(
     alive = info is not None or _running(pid)
     seen = options.sighting if options.sighting is not None and options.sighting.url == url else load_sighting(url)
     planned_from = None
-    if alive:
-        with contextlib.suppress(OSError):  # remembered for a later plan, should it die
-            seen = observe(url, pid, server_info=info, previous=seen, logs=options.logs)
-            save_sighting(seen)
-    elif seen is not None:
+    if not alive and seen is not None:
         planned_from = seen.describe_age()
-    elif not options.launch_command:
+    elif not alive and not options.launch_command:
         raise PlanError(
             f"{url} does not answer and radixtop never saw it alive (nothing remembered for it); pass "
             "--launch-command '...' with the server's command (and --log) to plan a reproduction"
         )
-    else:
+    elif not alive:
         notes.append(f"{url} does not answer: the server is down; the plan relaunches the command you gave")
     info = info if info is not None else (dict(seen.server_info) if seen is not None and seen.server_info else None)
     if not is_loopback_url(url):
@@ -497,6 +493,11 @@ async def prepare(
     except LaunchError as exc:
         raise PlanError(str(exc)) from None
     notes += list(live.notes)
+    gpu_sample = await asyncio.to_thread(_read_gpus) if live.kind in ("sglang", "vllm") and not options.gpus else None
+    if alive:
+        with contextlib.suppress(OSError):  # remembered for a later plan, should it die
+            seen = observe(url, pid, server_info=info, gpu_sample=gpu_sample, previous=seen, logs=options.logs)
+            save_sighting(seen)
     redactor = Redactor()
     redactor.learn_env(os.environ)
     redactor.learn_argv(live.argv)
@@ -553,7 +554,7 @@ async def prepare(
     save_trace(trace, trace_path)
 
     # Where the started servers go, and whether the original must be stopped for them.
-    sample = await asyncio.to_thread(_read_gpus) if live.kind in ("sglang", "vllm") and not options.gpus else None
+    sample = gpu_sample
     from radixtop.incident.server import process_tree
 
     original_pids = {p.pid for p in process_tree(pid)} if alive and pid else set()

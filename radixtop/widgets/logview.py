@@ -26,11 +26,12 @@ from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.geometry import Offset, Region, Size
 from textual.scroll_view import ScrollView
-from textual.scrollbar import ScrollBar
+from textual.scrollbar import ScrollBar, ScrollTo, ScrollUp
 from textual.strip import Strip
 
 from radixtop.diagnosis.logline import parse_line
 from radixtop.themes import SEVERITY_MARKERS
+from radixtop.widgets.textual_private import update_scrollbars
 from radixtop.tui.state import IncidentState, LogEntry
 
 # Tabs become one space and other control characters a visible replacement, one for one, so the
@@ -184,7 +185,7 @@ class LogView(ScrollView, can_focus=True):
             if size.width != old.width or not old.height:
                 # Only the width decides the horizontal scrollbar (the vertical one has no size):
                 # redrawing it for each new line would be wasted.
-                self._scroll_update(size)
+                update_scrollbars(self, size)
 
     def _prefix_width(self) -> int:
         source = self._src_width
@@ -275,19 +276,19 @@ class LogView(ScrollView, can_focus=True):
     def action_scroll_end(self) -> None:
         self.set_follow(True)
 
-    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+    # Public handlers: Textual runs them after its own (which scroll); following stops before the
+    # next frame, which is when it would scroll back to the end.
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
         if not (event.ctrl or event.shift):
             self._stop_following()
-        super()._on_mouse_scroll_up(event)
 
-    def _on_scroll_up(self, event) -> None:  # scrollbar click above the thumb
+    def on_scroll_up(self, event: ScrollUp) -> None:  # scrollbar click above the thumb
         self._stop_following()
-        super()._on_scroll_up(event)
 
-    def _on_scroll_to(self, message) -> None:  # scrollbar drag
+    def on_scroll_to(self, message: ScrollTo) -> None:  # scrollbar drag
         if message.y is not None and message.y < self.max_scroll_y:
             self._stop_following()
-        super()._on_scroll_to(message)
 
     # -- jumping -----------------------------------------------------------------------------------
 
@@ -359,8 +360,8 @@ class LogView(ScrollView, can_focus=True):
             and self.opacity == 1.0
             and styles.text_opacity == 1.0
             and not (styles.has_rule("hatch") and styles.hatch != "none")
-            and self._border_title is None
-            and self._border_subtitle is None
+            and not self.border_title
+            and not self.border_subtitle
         )
 
     def render_line(self, y: int) -> Strip:

@@ -1,0 +1,20 @@
+"""The one place radixtop reaches into Textual's private API, each use with the reason.
+
+tests/test_textual_private.py fails when a Textual release changes what is used here, so an
+upgrade breaks a test rather than the screen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["update_scrollbars"]
+
+
+def update_scrollbars(widget: Any, virtual_size: Any) -> None:
+    """Recompute a scroll view's scrollbars for a new virtual size, without a layout pass.
+
+    The public way, assigning `virtual_size`, re-lays out and redraws the whole screen; the log
+    pane grows its virtual size on every new line, so it sets the reactive quietly and asks for
+    the scrollbars alone (Widget._scroll_update: visibility, window sizes and a refresh of each)."""
+    widget._scroll_update(virtual_size)

@@ -31,8 +31,8 @@ from textual.strip import Strip
 
 from radixtop.diagnosis.logline import parse_line
 from radixtop.themes import SEVERITY_MARKERS
-from radixtop.widgets.textual_private import update_scrollbars
 from radixtop.tui.state import IncidentState, LogEntry
+from radixtop.widgets.textual_private import update_scrollbars
 
 # Tabs become one space and other control characters a visible replacement, one for one, so the
 # offsets of the matched span still point at the same characters.

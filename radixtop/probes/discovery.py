@@ -1,14 +1,12 @@
 """Find the LLM servers on this node: SGLang (and vLLM, and radixtop's simulator), their HTTP port,
 their log file and their ranks' debug endpoints; and say what could not be found, and why.
 
-What counts as a server process (its command line, or its setproctitle title):
-- SGLang: `python -m sglang.launch_server ...`, any `-m sglang.<module>` launcher, `sglang serve`;
-  processes titled `sglang::scheduler_TP3` belong to the nearest SGLang launcher above them (or, for
-  an offline `sgl.Engine` script, to their parent);
-- vLLM: `vllm serve ...`, `python -m vllm.entrypoints.openai.api_server ...`;
-- radixtop's simulator: `radixtop sim ...` / `python -m radixtop sim ...`.
-A wrapper around a launcher (`bash -c "python -m sglang.launch_server ..."`, `timeout 600 python
-...`) is not a second server: the innermost matching process is the server.
+What counts as a server process: radixtop.probes.launch reads each command line (modules, console
+scripts started through their shebang, script paths, wrappers, Ray actors, setproctitle titles).
+Processes titled `sglang::scheduler_TP3` belong to the nearest SGLang launcher above them (or, for an
+offline `sgl.Engine` script, to their parent). A wrapper that stays as the launcher's parent
+(`timeout 600 python ...`, torchrun, `uv run`) is not a second server: the innermost matching
+process is the server.
 
 The port: among the TCP ports the process tree listens on, the one its `--port` names, else the
 server's default (30000 / 8000), else the first that answers /health. The log: `--log-file` when the
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from radixtop.probes.http import fetch, make_client
+from radixtop.probes.launch import classify, launch_of  # classify: re-exported for callers
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.sglang import parse_server_info
 from radixtop.schema import HEALTH_PATH, parse_health
@@ -38,7 +37,6 @@ if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
     import httpx
 
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "timeout", "env", "nohup", "stdbuf", "numactl", "taskset", "srun"})
 MAX_CANDIDATES = 32
 MAX_INSTRUMENT_RANKS = 256  # ranks' endpoints looked for from the base port on (base + rank)
 
@@ -102,40 +100,7 @@ class _Candidate:
     cmdline: list[str]
     started: float
     ranks: list[str] = field(default_factory=list)
-
-
-def classify(cmdline: Sequence[str]) -> str | None:
-    """'sglang', 'vllm', 'sim', 'sglang-child' (a titled SGLang process) or None."""
-    if not cmdline:
-        return None
-    first = cmdline[0]
-    if first.startswith("sglang::"):
-        return "sglang-child"
-    if first.startswith(("VLLM::", "vllm::")):
-        return "vllm-child"
-    base = os.path.basename(first)
-    args = list(cmdline[1:])
-    if base in _SHELLS:
-        return None  # a wrapper: the launcher under it is the server
-    for i, arg in enumerate(args):
-        nxt = args[i + 1] if i + 1 < len(args) else ""
-        if arg == "-m":
-            if nxt == "sglang" or nxt.startswith("sglang."):
-                return "sglang"
-            if nxt.startswith("vllm.entrypoints") or nxt == "vllm":
-                return "vllm" if nxt != "vllm" or args[i + 2 : i + 3] == ["serve"] else None
-            if nxt == "radixtop" and args[i + 2 : i + 3] == ["sim"]:
-                return "sim"
-            return None
-        if arg.endswith("sglang/launch_server.py"):
-            return "sglang"
-    if base == "sglang" and args[:1] in (["serve"], ["launch_server"]):
-        return "sglang"
-    if base == "vllm" and args[:1] == ["serve"]:
-        return "vllm"
-    if base == "radixtop" and args[:1] == ["sim"]:
-        return "sim"
-    return None
+    args: list[str] = field(default_factory=list)  # the server's own (past wrappers and interpreter)
 
 
 def _flag(cmdline: Sequence[str], name: str) -> str | None:
@@ -234,13 +199,15 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
             if cmdline is None:
                 denied += 1
                 continue
-            kind = classify(cmdline)
-            if kind is None:
+            launch = launch_of(cmdline)
+            if launch is None:
                 continue
+            kind = launch.kind
             if kind.endswith("-child"):
                 children.append((proc, kind, cmdline))
             else:
-                roots[proc.pid] = _Candidate(proc, kind, list(cmdline), proc.info.get("create_time") or 0.0)
+                started = proc.info.get("create_time") or 0.0
+                roots[proc.pid] = _Candidate(proc, kind, list(cmdline), started, args=list(launch.args))
         except psutil.Error:
             continue
     # The innermost launcher is the server: drop a candidate that has another one below it. A child
@@ -275,8 +242,9 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
                     orphans.append(proc.pid)
                     continue
                 if parent is not None and parent.pid not in skip:
+                    argv = parent.cmdline()
                     owner = roots.setdefault(
-                        parent.pid, _Candidate(parent, "sglang", parent.cmdline(), parent.create_time())
+                        parent.pid, _Candidate(parent, "sglang", argv, parent.create_time(), args=argv[1:])
                     )
         except psutil.Error:
             continue
@@ -366,10 +334,10 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
         tree = [proc]
     addrs, port_problems = await asyncio.to_thread(_listening, tree)
     problems += port_problems
-    log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.cmdline)
+    log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.args)
     problems += log_problems
     url = None
-    flag = _flag(cand.cmdline, "--port")
+    flag = _flag(cand.args, "--port")
     wanted = int(flag) if flag and flag.isdigit() else DEFAULT_PORTS.get(cand.kind)
     ordered = sorted(addrs, key=lambda a: (a[1] != wanted, a[1]))
     for ip, port in ordered[:8]:

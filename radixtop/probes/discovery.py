@@ -31,6 +31,7 @@ from radixtop.probes.http import fetch, make_client
 from radixtop.probes.launch import classify, launch_of  # classify: re-exported for callers
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.sglang import parse_server_info
+from radixtop.probes.terminal import Pane, locate, terminal_of
 from radixtop.schema import HEALTH_PATH, parse_health
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
@@ -39,6 +40,19 @@ if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
 MAX_CANDIDATES = 32
 MAX_INSTRUMENT_RANKS = 256  # ranks' endpoints looked for from the base port on (base + rank)
+
+
+@dataclass(frozen=True, slots=True)
+class LogElsewhere:
+    """A log that is no file radixtop can follow as it is: read into a spool file instead
+    (radixtop.tui.live opens it)."""
+
+    kind: str  # "tmux" (a pane), "journald" (a unit), "container" (a runtime's log)
+    name: str  # for people: "tmux pane %3 (work:1.0)", "journald unit sglang.service"
+    pane: Pane | None = None
+    argv: tuple[str, ...] = ()  # a reader whose output is the log (journalctl -f, docker logs -f)
+    path: str = ""  # a runtime's log file to decode (docker json-file, podman k8s-file)
+    path_format: str = ""  # "docker-json" | "k8s-file"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,12 @@ class FoundServer:
     ranks: tuple[str, ...] = ()  # scheduler ranks seen in process titles
     version: str = ""
     problems: tuple[str, ...] = ()  # what could not be found, one line each, with what to do
+    log_elsewhere: LogElsewhere | None = None  # when log_path is None: where its output goes instead
+    model: str = ""
+
+    @property
+    def port(self) -> int | None:
+        return int(self.url.rsplit(":", 1)[1]) if self.url else None
 
     @property
     def name(self) -> str:
@@ -84,6 +104,8 @@ class Discovery:
             lines.append(head + (f" at {s.url}" if s.url else ", no HTTP port found"))
             if s.log_path:
                 lines.append(f"  log: {s.log_path} (its {s.log_how})")
+            elif s.log_elsewhere is not None:
+                lines.append(f"  log: {s.log_elsewhere.name} (its {s.log_how or 'output'})")
             if s.instrument_urls:
                 lines.append(f"  debug endpoints: {', '.join(s.instrument_urls)}")
             if s.ranks:
@@ -157,6 +179,29 @@ def find_log(proc: psutil.Process, cmdline: Sequence[str]) -> tuple[str | None, 
         if why and why not in problems:
             problems.append(why)
     return None, "", ["no log file found: " + "; ".join(problems)] if problems else ["no log file found; pass --log"]
+
+
+def _log_elsewhere(proc: psutil.Process, problems: list[str]) -> tuple[LogElsewhere | None, str, list[str]]:
+    """A server without a log file: the tmux pane its output goes to (else the line saying what
+    the terminal is and what to do)."""
+    tty = terminal_of(proc.pid)
+    if tty is not None:
+        pane, why = locate(proc, tty)
+        if pane is not None:
+            return LogElsewhere("tmux", pane.name, pane=pane), "terminal", []
+        return None, "", [why]
+    return None, "", problems
+
+
+def _model(kind: str, args: Sequence[str]) -> str:
+    """The model its command line names (--model-path, --model, vLLM's positional MODEL)."""
+    for name in ("--model-path", "--model"):
+        value = _flag(args, name)
+        if value:
+            return value
+    if kind == "vllm" and args and not args[0].startswith("-"):
+        return args[0]
+    return ""
 
 
 def _listening(procs: Iterable[psutil.Process]) -> tuple[list[tuple[str, int]], list[str]]:
@@ -335,6 +380,9 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
     addrs, port_problems = await asyncio.to_thread(_listening, tree)
     problems += port_problems
     log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.args)
+    elsewhere = None
+    if log_path is None:
+        elsewhere, log_how, log_problems = await asyncio.to_thread(_log_elsewhere, proc, log_problems)
     problems += log_problems
     url = None
     flag = _flag(cand.args, "--port")
@@ -353,12 +401,14 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
             problems.append("it listens on no TCP port yet (still loading the model?)")
     instrument: tuple[str, ...] = ()
     version = ""
+    model = _model(cand.kind, cand.args)
     if url is not None and cand.kind in ("sglang", "sim"):
         got = await fetch(client, url + "/server_info", max_bytes=2 * 1024 * 1024, timeout_s=timeout_s)
         if got.ok:
             try:
                 info = parse_server_info(url, got.body)
                 instrument, version = info.instrument_urls, info.version
+                model = info.model or model
             except ValueError as exc:
                 problems.append(str(exc))
         else:
@@ -386,6 +436,8 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
         ports=tuple(p for _, p in addrs),
         log_path=log_path,
         log_how=log_how,
+        log_elsewhere=elsewhere,
+        model=model,
         instrument_urls=instrument,
         ranks=tuple(sorted(cand.ranks)),
         version=version,

@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import psutil
 
+from radixtop.probes.container import container_of, container_ports
 from radixtop.probes.http import fetch, make_client
-from radixtop.probes.launch import classify, launch_of  # classify: re-exported for callers
+from radixtop.probes.journal import read_cgroup
+from radixtop.probes.launch import classify, flag, launch_of  # classify: re-exported for callers
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.sglang import parse_server_info
-from radixtop.probes.terminal import Pane, locate, terminal_of
+from radixtop.probes.serverlog import LogElsewhere, find_log, log_elsewhere
 from radixtop.schema import HEALTH_PATH, parse_health
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
@@ -40,19 +41,6 @@ if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
 MAX_CANDIDATES = 32
 MAX_INSTRUMENT_RANKS = 256  # ranks' endpoints looked for from the base port on (base + rank)
-
-
-@dataclass(frozen=True, slots=True)
-class LogElsewhere:
-    """A log that is no file radixtop can follow as it is: read into a spool file instead
-    (radixtop.tui.live opens it)."""
-
-    kind: str  # "tmux" (a pane), "journald" (a unit), "container" (a runtime's log)
-    name: str  # for people: "tmux pane %3 (work:1.0)", "journald unit sglang.service"
-    pane: Pane | None = None
-    argv: tuple[str, ...] = ()  # a reader whose output is the log (journalctl -f, docker logs -f)
-    path: str = ""  # a runtime's log file to decode (docker json-file, podman k8s-file)
-    path_format: str = ""  # "docker-json" | "k8s-file"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,78 +113,10 @@ class _Candidate:
     args: list[str] = field(default_factory=list)  # the server's own (past wrappers and interpreter)
 
 
-def _flag(cmdline: Sequence[str], name: str) -> str | None:
-    for i, arg in enumerate(cmdline):
-        if arg == name and i + 1 < len(cmdline):
-            return cmdline[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _log_target(pid: int, fd: int) -> tuple[str | None, str]:
-    """(path, "") when the fd is a regular file; (None, why) otherwise."""
-    link = f"/proc/{pid}/fd/{fd}"
-    try:
-        target = os.readlink(link)
-    except PermissionError:
-        return None, f"cannot read {link}: permission denied (run radixtop as the server's user, or pass --log)"
-    except OSError as exc:
-        return None, f"cannot read {link}: {exc.strerror or exc}"
-    if target.endswith(" (deleted)"):
-        return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to a deleted file ({target[:-10]})"
-    if not target.startswith("/"):
-        kind = target.split(":", 1)[0]  # pipe:[123], socket:[456], anon_inode:...
-        return None, f"its {'stdout' if fd == 1 else 'stderr'} is a {kind} (journald, docker or a terminal pipe?); pass --log"
-    try:
-        mode = os.stat(link).st_mode
-    except OSError as exc:
-        return None, f"cannot stat {target}: {exc.strerror or exc}"
-    if stat.S_ISREG(mode):
-        return target, ""
-    what = "a terminal" if stat.S_ISCHR(mode) and target.startswith(("/dev/pts", "/dev/tty")) else target
-    return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to {what}, not a file; pass --log"
-
-
-def find_log(proc: psutil.Process, cmdline: Sequence[str]) -> tuple[str | None, str, list[str]]:
-    """(path, how, problems) for a server process's log."""
-    problems: list[str] = []
-    given = _flag(cmdline, "--log-file")
-    if given:
-        path = given
-        if not os.path.isabs(path):
-            try:
-                path = os.path.join(proc.cwd(), path)
-            except psutil.Error:
-                problems.append(f"--log-file {given} is relative and the server's working directory is unreadable")
-                path = None  # type: ignore[assignment]
-        if path:
-            return os.path.normpath(path), "--log-file", problems
-    for fd, how in ((1, "stdout"), (2, "stderr")):
-        path, why = _log_target(proc.pid, fd)
-        if path is not None:
-            return path, how, problems
-        if why and why not in problems:
-            problems.append(why)
-    return None, "", ["no log file found: " + "; ".join(problems)] if problems else ["no log file found; pass --log"]
-
-
-def _log_elsewhere(proc: psutil.Process, problems: list[str]) -> tuple[LogElsewhere | None, str, list[str]]:
-    """A server without a log file: the tmux pane its output goes to (else the line saying what
-    the terminal is and what to do)."""
-    tty = terminal_of(proc.pid)
-    if tty is not None:
-        pane, why = locate(proc, tty)
-        if pane is not None:
-            return LogElsewhere("tmux", pane.name, pane=pane), "terminal", []
-        return None, "", [why]
-    return None, "", problems
-
-
 def _model(kind: str, args: Sequence[str]) -> str:
     """The model its command line names (--model-path, --model, vLLM's positional MODEL)."""
     for name in ("--model-path", "--model"):
-        value = _flag(args, name)
+        value = flag(args, name)
         if value:
             return value
     if kind == "vllm" and args and not args[0].startswith("-"):
@@ -379,14 +299,18 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
         tree = [proc]
     addrs, port_problems = await asyncio.to_thread(_listening, tree)
     problems += port_problems
-    log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.args)
+    container = await asyncio.to_thread(lambda: container_of(proc.pid, read_cgroup(proc.pid)))
+    if container is not None and container.own_net and not addrs:
+        addrs, port_problems = await asyncio.to_thread(container_ports, container)
+        problems += port_problems
+    log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.args, container)
     elsewhere = None
     if log_path is None:
-        elsewhere, log_how, log_problems = await asyncio.to_thread(_log_elsewhere, proc, log_problems)
+        elsewhere, log_how, log_problems = await asyncio.to_thread(log_elsewhere, proc, log_problems, container)
     problems += log_problems
     url = None
-    flag = _flag(cand.args, "--port")
-    wanted = int(flag) if flag and flag.isdigit() else DEFAULT_PORTS.get(cand.kind)
+    port_flag = flag(cand.args, "--port")
+    wanted = int(port_flag) if port_flag and port_flag.isdigit() else DEFAULT_PORTS.get(cand.kind)
     ordered = sorted(addrs, key=lambda a: (a[1] != wanted, a[1]))
     for ip, port in ordered[:8]:
         host = _host(ip)

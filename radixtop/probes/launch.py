@@ -191,3 +191,13 @@ def _inner(argv: list[str], depth: int) -> Launch | None:
     if argv[0].endswith(".py"):  # torchrun script.py: run with its own interpreter
         return _script(argv[0], argv[1:], depth + 1)
     return _read(argv, depth + 1)
+
+
+def flag(args: Sequence[str], name: str) -> str | None:
+    """The value of `--name V` or `--name=V` among a command line's arguments."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None

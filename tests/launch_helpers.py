@@ -131,6 +131,13 @@ def build_venv(where: Path) -> Path:
     return venv / "bin"
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM if the test process dies without its cleanup."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def stop_group(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
     """Stop a process started with start_new_session=True, and what it started (its group)."""
     if proc.poll() is not None:

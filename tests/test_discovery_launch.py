@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from launch_helpers import ROOT, build_venv, stop_group, wait_ready
+from launch_helpers import ROOT, build_venv, die_with_parent, stop_group, wait_ready
 
 from radixtop.probes.discovery import discover
 from radixtop.probes.launch import classify, launch_of
@@ -184,7 +184,7 @@ def _start_all(bin_dir: Path, root: Path) -> list[Started]:
         titled = argv[0].startswith("ray::")
         proc = subprocess.Popen([*argv, *flags], executable=py if titled else None, cwd=workdir, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ray_env if titled else env,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
         out.close()
         started.append(Started(name, kind, proc, workdir, log, how))
     return started

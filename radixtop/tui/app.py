@@ -93,8 +93,8 @@ def no_log_message() -> list[str]:
         "Or watch a simulated SGLang server fail:",
         "    radixtop demo",
         "",
-        "Finding a running server's logs by itself comes in a",
-        "later version. Press ? for keys, q to quit.",
+        "Without --no-panes, radixtop finds a running server",
+        "and its log by itself. Press ? for keys, q to quit.",
     ]
     return lines
 

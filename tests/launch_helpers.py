@@ -162,3 +162,14 @@ def wait_ready(ready: Path, proc: subprocess.Popen, out: Path, timeout_s: float 
             raise RuntimeError(f"{proc.args} did not start in {timeout_s} s")
         time.sleep(0.05)
     return int(ready.read_text())
+
+
+def wait_port(ready: Path, timeout_s: float = 30.0) -> int:
+    """The port a simulator wrote to its --ready-file."""
+    deadline = time.monotonic() + timeout_s
+    while not (ready.exists() and ready.read_text().strip()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no port in {ready} after {timeout_s} s")
+        time.sleep(0.05)
+    return int(ready.read_text())
+

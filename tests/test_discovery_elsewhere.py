@@ -31,6 +31,8 @@ import psutil
 import pytest
 from container_helpers import can_make_containers, read_inside, server_in, start_container, start_proxy
 from container_helpers import stop as stop_group
+from incident_helpers import wait_for
+from launch_helpers import wait_port
 
 from radixtop.probes import serverlog
 from radixtop.probes.container import Container, container_of, runtime_log_files
@@ -49,14 +51,6 @@ def _sim(ready: Path, *flags: str) -> list[str]:
     return [sys.executable, "-m", "radixtop", "sim", "--port", "0", "--ready-file", str(ready), "--step-ms", "1", *flags]
 
 
-def _wait_port(ready: Path, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while not (ready.exists() and ready.read_text().strip()):
-        assert time.monotonic() < deadline, "the simulator did not start"
-        time.sleep(0.05)
-    return int(ready.read_text())
-
-
 def _server(pid: int, tries: int = 40, want=lambda s: True) -> FoundServer:
     found = None
     for _ in range(tries):
@@ -66,15 +60,6 @@ def _server(pid: int, tries: int = 40, want=lambda s: True) -> FoundServer:
         time.sleep(0.25)
     assert found is not None, f"pid {pid} was not discovered"
     return found
-
-
-def _until(predicate, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 # -- journald ------------------------------------------------------------------------------------
@@ -113,7 +98,7 @@ def test_a_server_writing_to_journald_is_followed_through_journalctl(tmp_path: P
                             start_new_session=True)  # fmt: skip
     theirs.close()
     try:
-        port = _wait_port(ready)
+        port = wait_port(ready)
         monkeypatch.setattr(serverlog, "read_cgroup", lambda pid: "0::/system.slice/sglang.service\n" if pid == proc.pid else "")
         real = _server(proc.pid)
         assert real.port == port
@@ -148,7 +133,7 @@ async def test_a_reader_process_log_is_followed_and_stopped(tmp_path: Path) -> N
     assert source is not None and targets.logs == [source.path]
     assert Path(source.path).name == "journal of unit x.service", "the label names the unit"
     assert any("following journal of unit x.service" in line for line in targets.lines), targets.lines
-    assert await asyncio.to_thread(_until, lambda: "second line" in Path(source.path).read_text())
+    assert await asyncio.to_thread(wait_for, lambda: "second line" in Path(source.path).read_text(), 15)
     reader_proc = source.impl.proc
     sources = LiveSources(targets, gpu=False, discover_fn=one)
     await sources.aclose()
@@ -172,15 +157,15 @@ def test_docker_and_podman_log_files_are_decoded_and_followed(tmp_path: Path) ->
         log = RuntimeLog("docker container 3f4e1b2c3f4e log", str(dj), "docker-json", spool, poll_s=0.05)
         assert log.start() == ""
         out = Path(log.path)
-        assert _until(lambda: out.exists() and "continued" in out.read_text())
+        assert wait_for(lambda: out.exists() and "continued" in out.read_text(), 15)
         assert out.read_text().splitlines() == ["[2026-12-02 14:00:00] server started",
                                                 "[2026-12-02 14:00:01] a long line, continued"]  # fmt: skip
         with open(dj, "a") as f:
             f.write(json.dumps({"log": "[2026-12-02 14:00:02] appended\n", "stream": "stdout", "time": "t"}) + "\n")
-        assert _until(lambda: "appended" in out.read_text())
+        assert wait_for(lambda: "appended" in out.read_text(), 15)
         dj.rename(tmp_path / "old.log")  # the runtime rotates it
         dj.write_text(json.dumps({"log": "[2026-12-02 14:00:03] after rotation\n", "stream": "stdout", "time": "t"}) + "\n")
-        assert _until(lambda: "after rotation" in out.read_text())
+        assert wait_for(lambda: "after rotation" in out.read_text(), 15)
         log.stop()
 
         k8s = tmp_path / "ctr.log"
@@ -190,7 +175,7 @@ def test_docker_and_podman_log_files_are_decoded_and_followed(tmp_path: Path) ->
         log2 = RuntimeLog("podman container x log", str(k8s), "k8s-file", spool, poll_s=0.05)
         assert log2.start() == ""
         out2 = Path(log2.path)
-        assert _until(lambda: out2.exists() and "halves" in out2.read_text())
+        assert wait_for(lambda: out2.exists() and "halves" in out2.read_text(), 15)
         assert out2.read_text().splitlines() == ["[2026-12-02 14:00:00] one", "[2026-12-02 14:00:01] two halves"]
         log2.stop()
     finally:
@@ -224,7 +209,7 @@ def test_a_container_is_told_by_its_cgroup_and_its_log_found_by_runtime(tmp_path
     source, why = open_source(where)
     assert source is not None and why == ""
     try:
-        assert _until(lambda: Path(source.path).exists() and Path(source.path).read_text() == "hello\n")
+        assert wait_for(lambda: Path(source.path).exists() and Path(source.path).read_text() == "hello\n", 15)
     finally:
         source.stop()
 
@@ -296,7 +281,7 @@ def test_servers_radixtop_may_not_read_get_one_line_each(tmp_path: Path) -> None
     out.close()
     boxes = []
     try:
-        _wait_port(ready)
+        wait_port(ready)
         pids = [plain.pid]
         if not can_make_containers():
             box = start_container(tmp_path / "box", _sim(Path("/logs/port"), "--log-file", "/logs/server.log"))

@@ -14,11 +14,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from incident_helpers import wait_for
+from launch_helpers import wait_port
 
 from radixtop.probes.discovery import Discovery, FoundServer, discover
 from radixtop.probes.panelog import PaneLog, new_lines
@@ -114,14 +117,6 @@ def _sim_argv(ready: Path) -> list[str]:
     return [sys.executable, "-m", "radixtop", "sim", "--port", "0", "--ready-file", str(ready), "--step-ms", "1"]
 
 
-def _wait_port(ready: Path, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while not (ready.exists() and ready.read_text().strip()):
-        assert time.monotonic() < deadline, "the simulator did not start"
-        time.sleep(0.05)
-    return int(ready.read_text())
-
-
 def _found(pid_or_port: Callable[[FoundServer], bool], tries: int = 40) -> FoundServer:
     for _ in range(tries):
         for s in asyncio.run(discover(exclude={os.getpid()})).servers:
@@ -137,15 +132,6 @@ def _generate(port: int, text: str) -> None:
     assert got.status_code == 200
 
 
-def _until(predicate: Callable[[], bool], timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
-
-
 def test_new_lines_after_two_reads_of_a_pane() -> None:
     assert new_lines([], ["a", "b"]) == (["a", "b"], False)
     assert new_lines(["a", "b", "c"], ["b", "c", "d", "e"], anchor=2) == (["d", "e"], False)
@@ -153,64 +139,70 @@ def test_new_lines_after_two_reads_of_a_pane() -> None:
     assert new_lines(["x", "y"], ["p", "q"], anchor=2) == (["p", "q"], True), "the last lines seen are gone: a gap"
 
 
-def test_a_server_in_a_tmux_pane_is_found_read_piped_and_restored(tmp_path: Path) -> None:
+@dataclass
+class PaneServer:
+    own: OwnTmux
+    pane: str
+    port: int
+    server: FoundServer
+    spool: Spool
+
+
+@pytest.fixture
+def pane_server(tmp_path: Path) -> Iterator[PaneServer]:
+    """A simulator writing only to a tmux pane, discovered; a spool directory for its log."""
     own = OwnTmux(tmp_path)
     spool = Spool(str(tmp_path))
-    notes: list[str] = []
     try:
         ready = tmp_path / "port"
         pane = own.start(_sim_argv(ready))
-        port = _wait_port(ready)
-        server = _found(lambda s: s.port == port)
-        where = server.log_elsewhere
-        assert server.log_path is None and where is not None and where.pane is not None, server
-        assert where.pane.pane_id == pane and where.pane.socket == own.socket
-        assert not any("pass --log" in p for p in server.problems), server.problems
-        assert any(f"log: tmux pane {pane} (t:0.0)" in line for line in Discovery((server,)).describe())
-
-        log = PaneLog(where.pane, spool, on_note=notes.append, poll_s=0.2)
-        assert log.start() == ""
-        assert "The server is fired up" in Path(log.path).read_text(), "the pane's history at once"
-        assert Path(log.path).name == f"tmux pane {pane} (t:0.0)", "the source's label names the pane"
-        _generate(port, "read by polling")
-        assert _until(lambda: "Prefill batch" in Path(log.path).read_text()), "new lines read from the pane"
-        assert own.pipe_of(pane) == "0", "reading changes nothing in tmux"
-
-        assert log.pipe() == "" and log.mode == "piped"
-        assert own.pipe_of(pane) == "1"
-        before = Path(log.path).read_text().count("POST /generate")
-        _generate(port, "copied by pipe-pane")
-        assert _until(lambda: Path(log.path).read_text().count("POST /generate") > before), "piped lines arrive"
-        log.stop()
-        assert own.pipe_of(pane) == "0", "the pipe is undone"
-        assert not notes, notes
+        port = wait_port(ready)
+        yield PaneServer(own, pane, port, _found(lambda s: s.port == port), spool)
     finally:
         spool.close()
         own.kill()
 
 
-def test_a_pane_that_closes_is_said_once(tmp_path: Path) -> None:
-    own = OwnTmux(tmp_path)
-    spool = Spool(str(tmp_path))
+def test_a_server_in_a_tmux_pane_is_found_read_piped_and_restored(pane_server: PaneServer) -> None:
+    own, pane, port, server = pane_server.own, pane_server.pane, pane_server.port, pane_server.server
     notes: list[str] = []
-    try:
-        ready = tmp_path / "port"
-        pane = own.start(_sim_argv(ready))
-        port = _wait_port(ready)
-        where = _found(lambda s: s.port == port).log_elsewhere
-        assert where is not None and where.pane is not None
-        log = PaneLog(where.pane, spool, on_note=notes.append, poll_s=0.2)
-        assert log.start() == ""
-        own("kill-pane", "-t", pane)
-        assert _until(lambda: bool(notes)), "the closed pane is said"
-        time.sleep(0.5)
-        assert len(notes) == 1 and "closed" in notes[0] and "--log" in notes[0], notes
-        assert "Traceback" not in notes[0]
-        assert log.pipe() != "" and log.mode == "closed", "no pipe on a closed pane"
-        log.stop()
-    finally:
-        spool.close()
-        own.kill()
+    where = server.log_elsewhere
+    assert server.log_path is None and where is not None and where.pane is not None, server
+    assert where.pane.pane_id == pane and where.pane.socket == own.socket
+    assert not any("pass --log" in p for p in server.problems), server.problems
+    assert any(f"log: tmux pane {pane} (t:0.0)" in line for line in Discovery((server,)).describe())
+
+    log = PaneLog(where.pane, pane_server.spool, on_note=notes.append, poll_s=0.2)
+    assert log.start() == ""
+    assert "The server is fired up" in Path(log.path).read_text(), "the pane's history at once"
+    assert Path(log.path).name == f"tmux pane {pane} (t:0.0)", "the source's label names the pane"
+    _generate(port, "read by polling")
+    assert wait_for(lambda: "Prefill batch" in Path(log.path).read_text(), 15), "new lines read from the pane"
+    assert own.pipe_of(pane) == "0", "reading changes nothing in tmux"
+
+    assert log.pipe() == "" and log.mode == "piped"
+    assert own.pipe_of(pane) == "1"
+    before = Path(log.path).read_text().count("POST /generate")
+    _generate(port, "copied by pipe-pane")
+    assert wait_for(lambda: Path(log.path).read_text().count("POST /generate") > before, 15), "piped lines arrive"
+    log.stop()
+    assert own.pipe_of(pane) == "0", "the pipe is undone"
+    assert not notes, notes
+
+
+def test_a_pane_that_closes_is_said_once(pane_server: PaneServer) -> None:
+    notes: list[str] = []
+    where = pane_server.server.log_elsewhere
+    assert where is not None and where.pane is not None
+    log = PaneLog(where.pane, pane_server.spool, on_note=notes.append, poll_s=0.2)
+    assert log.start() == ""
+    pane_server.own("kill-pane", "-t", pane_server.pane)
+    assert wait_for(lambda: bool(notes), 15), "the closed pane is said"
+    time.sleep(0.5)
+    assert len(notes) == 1 and "closed" in notes[0] and "--log" in notes[0], notes
+    assert "Traceback" not in notes[0]
+    assert log.pipe() != "" and log.mode == "closed", "no pipe on a closed pane"
+    log.stop()
 
 
 def test_a_terminal_that_is_no_tmux_pane_says_what_to_do(tmp_path: Path) -> None:
@@ -222,7 +214,7 @@ def test_a_terminal_that_is_no_tmux_pane_says_what_to_do(tmp_path: Path) -> None
                             start_new_session=True)  # fmt: skip
     os.close(slave)
     try:
-        port = _wait_port(ready)
+        port = wait_port(ready)
         server = _found(lambda s: s.pid == proc.pid and s.port == port)
         assert server.log_path is None and server.log_elsewhere is None
         said = [p for p in server.problems if "terminal" in p]
@@ -247,7 +239,7 @@ def test_the_log_pane_fills_from_a_server_that_writes_only_to_its_terminal(tmp_p
     try:
         ready = tmp_path / "port"
         server_pane = own.start(_sim_argv(ready))
-        port = _wait_port(ready)
+        port = wait_port(ready)
         ui = own.start([sys.executable, "-m", "radixtop", "--no-gpu"], env=_radixtop_env(), split=True)
         screen = own.wait_for(ui, lambda s: "through tmux pipe-pane?" in s, "the question about pipe-pane")
         assert f"tmux pane {server_pane} (t:0.0)" in screen
@@ -259,7 +251,7 @@ def test_the_log_pane_fills_from_a_server_that_writes_only_to_its_terminal(tmp_p
         screen = own.wait_for(ui, lambda s: "Prefill batch" in s and "POST /generate" in s, "the new lines")
         assert f"tmux pane {server_pane} (t:0.0) ok" in screen, "the status line names the pane"
         own("send-keys", "-t", ui, "q")
-        assert _until(lambda: own.pipe_of(server_pane) == "0", 10), "the pipe is undone when radixtop exits"
+        assert wait_for(lambda: own.pipe_of(server_pane) == "0", 10), "the pipe is undone when radixtop exits"
     finally:
         own.kill()
 
@@ -273,7 +265,7 @@ def test_several_servers_are_listed_picked_and_switched(tmp_path: Path) -> None:
             ready = tmp_path / f"{name}.port"
             argv = [*_sim_argv(ready), "--log-file", str(tmp_path / f"{name}.log")]
             own.start(argv, window=name == "beta")
-            ports[name] = _wait_port(ready)
+            ports[name] = wait_port(ready)
         ui = own.start([sys.executable, "-m", "radixtop", "--no-gpu"], env=_radixtop_env(), split=True, height=38)
         screen = own.wait_for(ui, lambda s: "which one to watch?" in s, "the server picker")
         rows = [line for line in screen.splitlines() if "pid " in line and "radixtop sim" in line]

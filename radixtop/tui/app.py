@@ -775,6 +775,9 @@ class RadixtopApp(IncidentActions, App[int]):
         if source.pane is None:
             return
         name = source.pane.pane.name
+        if source.pane.pane.piped:  # tmux keeps one pipe a pane: the user's stays
+            self._add_lines([f"{name} already pipes its output elsewhere (tmux pipe-pane): it is read every second"])
+            return
         lines = [
             f"The server's output goes to {name}; radixtop shows what the pane holds and reads it every second",
             "(a flood of more than a thousand lines a second can slip between two reads).",

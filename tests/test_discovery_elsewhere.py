@@ -131,12 +131,14 @@ async def test_a_reader_process_log_is_followed_and_stopped(tmp_path: Path) -> N
     targets = await resolve_targets(discover_fn=one)
     source = targets.log_source
     assert source is not None and targets.logs == [source.path]
-    assert Path(source.path).name == "journal of unit x.service", "the label names the unit"
-    assert any("following journal of unit x.service" in line for line in targets.lines), targets.lines
-    assert await asyncio.to_thread(wait_for, lambda: "second line" in Path(source.path).read_text(), 15)
-    reader_proc = source.impl.proc
     sources = LiveSources(targets, gpu=False, discover_fn=one)
-    await sources.aclose()
+    try:
+        assert Path(source.path).name == "journal of unit x.service", "the label names the unit"
+        assert any("following journal of unit x.service" in line for line in targets.lines), targets.lines
+        assert await asyncio.to_thread(wait_for, lambda: "second line" in Path(source.path).read_text(), 15)
+        reader_proc = source.impl.proc
+    finally:
+        await sources.aclose()
     assert reader_proc.poll() is not None, "the reader is stopped"
     assert not Path(source.path).exists(), "the spool is removed"
 

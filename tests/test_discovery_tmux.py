@@ -190,6 +190,43 @@ def test_a_server_in_a_tmux_pane_is_found_read_piped_and_restored(pane_server: P
     assert not notes, notes
 
 
+PIPING = (
+    "import sys, time\n"
+    "from radixtop.probes.panelog import PaneLog\n"
+    "from radixtop.probes.spool import Spool\n"
+    "from radixtop.probes.terminal import Pane\n"
+    "log = PaneLog(Pane(*sys.argv[1:5]), Spool(sys.argv[5]))\n"
+    "assert log.start() == '' and log.pipe() == '', log.mode\n"
+    "print('piped', log.path, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_pipe_ends_with_a_radixtop_killed_without_its_clean_up(pane_server: PaneServer, tmp_path: Path) -> None:
+    """radixtop killed (SIGKILL, or its pane closed) cannot undo its pipe: the pipe's own command
+    ends with it, and tmux closes the pane's pipe."""
+    pane = pane_server.server.log_elsewhere.pane  # type: ignore[union-attr]
+    holder = subprocess.Popen([sys.executable, "-c", PIPING, pane.socket, pane.pane_id, pane.target, pane.tty,
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().startswith("piped")
+        assert pane_server.own.pipe_of(pane_server.pane) == "1"
+        holder.kill()
+        holder.wait(10)
+        # The pipe's command sees radixtop gone within a second; tmux sees the command gone when the
+        # pane next prints.
+        def closed() -> bool:
+            _generate(pane_server.port, "printed after radixtop died")
+            return pane_server.own.pipe_of(pane_server.pane) == "0"
+
+        assert wait_for(closed, 10, 0.5), "the pipe outlived radixtop"
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
 def test_a_pane_that_closes_is_said_once(pane_server: PaneServer) -> None:
     notes: list[str] = []
     where = pane_server.server.log_elsewhere

@@ -4,15 +4,18 @@ follows. At once: the pane's recent history (`capture-pane -p -J -S -N`). Then e
   changes nothing in the user's tmux; lines scrolled past between two reads (a flood of more than
   POLL_LINES lines) are missed, and said so; or
 - piping (only once the user agreed): `tmux pipe-pane -o` appends everything the pane prints to the
-  spool file; undone at stop(). A pane that already pipes somewhere keeps its pipe: it is read
+  spool file; undone at stop(), and ended by the pipe's own command if radixtop dies without
+  stop() (radixtop.probes.panepipe). A pane that already pipes somewhere keeps its pipe: it is read
   instead.
 A closed pane, or a pipe someone else closed, is said once through `on_note`.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 
@@ -37,6 +40,14 @@ def new_lines(seen: Sequence[str], now: Sequence[str], anchor: int = ANCHOR) -> 
         if list(now[start : start + k]) == tail:
             return list(now[start + k :]), False
     return list(now), True
+
+
+def pipe_command(path: str) -> str:
+    """What tmux runs (through its shell) for the pipe: only our interpreter, our script, our pid and
+    the spool path we made, each quoted; it ends when radixtop does (radixtop.probes.panepipe)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "panepipe.py")
+    parts = [sys.executable or "python3", "-I", script, str(os.getpid()), path]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 class PaneLog:
@@ -116,8 +127,7 @@ class PaneLog:
                 return f"{self.pane.name} already pipes its output elsewhere (tmux pipe-pane): it is read every {self.poll_s:g} s instead"
             if not self._read_once():  # what came while the user was asked
                 return f"{self.pane.name} is gone"
-            # The command tmux runs is ours alone: cat and the spool path we made (quoted).
-            got = tmux(self.pane.socket, "pipe-pane", "-o", "-t", self.pane.pane_id, f"cat >> {shlex.quote(self.path)}")
+            got = tmux(self.pane.socket, "pipe-pane", "-o", "-t", self.pane.pane_id, pipe_command(self.path))
             if got.returncode != 0:
                 return f"tmux pipe-pane failed: {got.stderr.strip() or got.returncode}; the pane is read instead"
             self.mode = "piped"

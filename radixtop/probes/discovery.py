@@ -1,14 +1,12 @@
 """Find the LLM servers on this node: SGLang (and vLLM, and radixtop's simulator), their HTTP port,
 their log file and their ranks' debug endpoints; and say what could not be found, and why.
 
-What counts as a server process (its command line, or its setproctitle title):
-- SGLang: `python -m sglang.launch_server ...`, any `-m sglang.<module>` launcher, `sglang serve`;
-  processes titled `sglang::scheduler_TP3` belong to the nearest SGLang launcher above them (or, for
-  an offline `sgl.Engine` script, to their parent);
-- vLLM: `vllm serve ...`, `python -m vllm.entrypoints.openai.api_server ...`;
-- radixtop's simulator: `radixtop sim ...` / `python -m radixtop sim ...`.
-A wrapper around a launcher (`bash -c "python -m sglang.launch_server ..."`, `timeout 600 python
-...`) is not a second server: the innermost matching process is the server.
+What counts as a server process: radixtop.probes.launch reads each command line (modules, console
+scripts started through their shebang, script paths, wrappers, Ray actors, setproctitle titles).
+Processes titled `sglang::scheduler_TP3` belong to the nearest SGLang launcher above them (or, for an
+offline `sgl.Engine` script, to their parent). A wrapper that stays as the launcher's parent
+(`timeout 600 python ...`, torchrun, `uv run`) is not a second server: the innermost matching
+process is the server.
 
 The port: among the TCP ports the process tree listens on, the one its `--port` names, else the
 server's default (30000 / 8000), else the first that answers /health. The log: `--log-file` when the
@@ -22,23 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import psutil
 
+from radixtop.probes.container import container_of, container_ports
 from radixtop.probes.http import fetch, make_client
+from radixtop.probes.journal import read_cgroup
+from radixtop.probes.launch import classify, flag, launch_of  # classify: re-exported for callers
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.sglang import parse_server_info
+from radixtop.probes.serverlog import LogElsewhere, find_log, log_elsewhere
 from radixtop.schema import HEALTH_PATH, parse_health
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
     import httpx
 
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "timeout", "env", "nohup", "stdbuf", "numactl", "taskset", "srun"})
 MAX_CANDIDATES = 32
 MAX_INSTRUMENT_RANKS = 256  # ranks' endpoints looked for from the base port on (base + rank)
 
@@ -57,6 +57,12 @@ class FoundServer:
     ranks: tuple[str, ...] = ()  # scheduler ranks seen in process titles
     version: str = ""
     problems: tuple[str, ...] = ()  # what could not be found, one line each, with what to do
+    log_elsewhere: LogElsewhere | None = None  # when log_path is None: where its output goes instead
+    model: str = ""
+
+    @property
+    def port(self) -> int | None:
+        return int(self.url.rsplit(":", 1)[1]) if self.url else None
 
     @property
     def name(self) -> str:
@@ -86,6 +92,8 @@ class Discovery:
             lines.append(head + (f" at {s.url}" if s.url else ", no HTTP port found"))
             if s.log_path:
                 lines.append(f"  log: {s.log_path} (its {s.log_how})")
+            elif s.log_elsewhere is not None:
+                lines.append(f"  log: {s.log_elsewhere.name} (its {s.log_how or 'output'})")
             if s.instrument_urls:
                 lines.append(f"  debug endpoints: {', '.join(s.instrument_urls)}")
             if s.ranks:
@@ -102,96 +110,18 @@ class _Candidate:
     cmdline: list[str]
     started: float
     ranks: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)  # the server's own (past wrappers and interpreter)
 
 
-def classify(cmdline: Sequence[str]) -> str | None:
-    """'sglang', 'vllm', 'sim', 'sglang-child' (a titled SGLang process) or None."""
-    if not cmdline:
-        return None
-    first = cmdline[0]
-    if first.startswith("sglang::"):
-        return "sglang-child"
-    if first.startswith(("VLLM::", "vllm::")):
-        return "vllm-child"
-    base = os.path.basename(first)
-    args = list(cmdline[1:])
-    if base in _SHELLS:
-        return None  # a wrapper: the launcher under it is the server
-    for i, arg in enumerate(args):
-        nxt = args[i + 1] if i + 1 < len(args) else ""
-        if arg == "-m":
-            if nxt == "sglang" or nxt.startswith("sglang."):
-                return "sglang"
-            if nxt.startswith("vllm.entrypoints") or nxt == "vllm":
-                return "vllm" if nxt != "vllm" or args[i + 2 : i + 3] == ["serve"] else None
-            if nxt == "radixtop" and args[i + 2 : i + 3] == ["sim"]:
-                return "sim"
-            return None
-        if arg.endswith("sglang/launch_server.py"):
-            return "sglang"
-    if base == "sglang" and args[:1] in (["serve"], ["launch_server"]):
-        return "sglang"
-    if base == "vllm" and args[:1] == ["serve"]:
-        return "vllm"
-    if base == "radixtop" and args[:1] == ["sim"]:
-        return "sim"
-    return None
-
-
-def _flag(cmdline: Sequence[str], name: str) -> str | None:
-    for i, arg in enumerate(cmdline):
-        if arg == name and i + 1 < len(cmdline):
-            return cmdline[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _log_target(pid: int, fd: int) -> tuple[str | None, str]:
-    """(path, "") when the fd is a regular file; (None, why) otherwise."""
-    link = f"/proc/{pid}/fd/{fd}"
-    try:
-        target = os.readlink(link)
-    except PermissionError:
-        return None, f"cannot read {link}: permission denied (run radixtop as the server's user, or pass --log)"
-    except OSError as exc:
-        return None, f"cannot read {link}: {exc.strerror or exc}"
-    if target.endswith(" (deleted)"):
-        return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to a deleted file ({target[:-10]})"
-    if not target.startswith("/"):
-        kind = target.split(":", 1)[0]  # pipe:[123], socket:[456], anon_inode:...
-        return None, f"its {'stdout' if fd == 1 else 'stderr'} is a {kind} (journald, docker or a terminal pipe?); pass --log"
-    try:
-        mode = os.stat(link).st_mode
-    except OSError as exc:
-        return None, f"cannot stat {target}: {exc.strerror or exc}"
-    if stat.S_ISREG(mode):
-        return target, ""
-    what = "a terminal" if stat.S_ISCHR(mode) and target.startswith(("/dev/pts", "/dev/tty")) else target
-    return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to {what}, not a file; pass --log"
-
-
-def find_log(proc: psutil.Process, cmdline: Sequence[str]) -> tuple[str | None, str, list[str]]:
-    """(path, how, problems) for a server process's log."""
-    problems: list[str] = []
-    given = _flag(cmdline, "--log-file")
-    if given:
-        path = given
-        if not os.path.isabs(path):
-            try:
-                path = os.path.join(proc.cwd(), path)
-            except psutil.Error:
-                problems.append(f"--log-file {given} is relative and the server's working directory is unreadable")
-                path = None  # type: ignore[assignment]
-        if path:
-            return os.path.normpath(path), "--log-file", problems
-    for fd, how in ((1, "stdout"), (2, "stderr")):
-        path, why = _log_target(proc.pid, fd)
-        if path is not None:
-            return path, how, problems
-        if why and why not in problems:
-            problems.append(why)
-    return None, "", ["no log file found: " + "; ".join(problems)] if problems else ["no log file found; pass --log"]
+def _model(kind: str, args: Sequence[str]) -> str:
+    """The model its command line names (--model-path, --model, vLLM's positional MODEL)."""
+    for name in ("--model-path", "--model"):
+        value = flag(args, name)
+        if value:
+            return value
+    if kind == "vllm" and args and not args[0].startswith("-"):
+        return args[0]
+    return ""
 
 
 def _listening(procs: Iterable[psutil.Process]) -> tuple[list[tuple[str, int]], list[str]]:
@@ -234,13 +164,15 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
             if cmdline is None:
                 denied += 1
                 continue
-            kind = classify(cmdline)
-            if kind is None:
+            launch = launch_of(cmdline)
+            if launch is None:
                 continue
+            kind = launch.kind
             if kind.endswith("-child"):
                 children.append((proc, kind, cmdline))
             else:
-                roots[proc.pid] = _Candidate(proc, kind, list(cmdline), proc.info.get("create_time") or 0.0)
+                started = proc.info.get("create_time") or 0.0
+                roots[proc.pid] = _Candidate(proc, kind, list(cmdline), started, args=list(launch.args))
         except psutil.Error:
             continue
     # The innermost launcher is the server: drop a candidate that has another one below it. A child
@@ -275,8 +207,9 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
                     orphans.append(proc.pid)
                     continue
                 if parent is not None and parent.pid not in skip:
+                    argv = parent.cmdline()
                     owner = roots.setdefault(
-                        parent.pid, _Candidate(parent, "sglang", parent.cmdline(), parent.create_time())
+                        parent.pid, _Candidate(parent, "sglang", argv, parent.create_time(), args=argv[1:])
                     )
         except psutil.Error:
             continue
@@ -366,11 +299,18 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
         tree = [proc]
     addrs, port_problems = await asyncio.to_thread(_listening, tree)
     problems += port_problems
-    log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.cmdline)
+    container = await asyncio.to_thread(lambda: container_of(proc.pid, read_cgroup(proc.pid)))
+    if container is not None and container.own_net and not addrs:
+        addrs, port_problems = await asyncio.to_thread(container_ports, container)
+        problems += port_problems
+    log_path, log_how, log_problems = await asyncio.to_thread(find_log, proc, cand.args, container)
+    elsewhere = None
+    if log_path is None:
+        elsewhere, log_how, log_problems = await asyncio.to_thread(log_elsewhere, proc, log_problems, container)
     problems += log_problems
     url = None
-    flag = _flag(cand.cmdline, "--port")
-    wanted = int(flag) if flag and flag.isdigit() else DEFAULT_PORTS.get(cand.kind)
+    port_flag = flag(cand.args, "--port")
+    wanted = int(port_flag) if port_flag and port_flag.isdigit() else DEFAULT_PORTS.get(cand.kind)
     ordered = sorted(addrs, key=lambda a: (a[1] != wanted, a[1]))
     for ip, port in ordered[:8]:
         host = _host(ip)
@@ -385,12 +325,14 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
             problems.append("it listens on no TCP port yet (still loading the model?)")
     instrument: tuple[str, ...] = ()
     version = ""
+    model = _model(cand.kind, cand.args)
     if url is not None and cand.kind in ("sglang", "sim"):
         got = await fetch(client, url + "/server_info", max_bytes=2 * 1024 * 1024, timeout_s=timeout_s)
         if got.ok:
             try:
                 info = parse_server_info(url, got.body)
                 instrument, version = info.instrument_urls, info.version
+                model = info.model or model
             except ValueError as exc:
                 problems.append(str(exc))
         else:
@@ -418,6 +360,8 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
         ports=tuple(p for _, p in addrs),
         log_path=log_path,
         log_how=log_how,
+        log_elsewhere=elsewhere,
+        model=model,
         instrument_urls=instrument,
         ranks=tuple(sorted(cand.ranks)),
         version=version,

@@ -92,8 +92,8 @@ def no_log_message() -> list[str]:
         "Or watch a simulated SGLang server fail:",
         "    radixtop demo",
         "",
-        "Finding a running server's logs by itself comes in a",
-        "later version. Press ? for keys, q to quit.",
+        "Without --no-panes, radixtop finds a running server",
+        "and its log by itself. Press ? for keys, q to quit.",
     ]
     return lines
 
@@ -173,6 +173,7 @@ class RadixtopApp(IncidentActions, App[int]):
         Binding("0", "pane('all')", "All panes", show=False),
         Binding("left_square_bracket", "rank(-1)", "Previous rank", show=False),
         Binding("right_square_bracket", "rank(1)", "Next rank", show=False),
+        Binding("s", "server", "Servers", show=False),
         Binding("escape", "clear", "Clear", show=False),
     ]
 
@@ -235,6 +236,8 @@ class RadixtopApp(IncidentActions, App[int]):
         self._findings_title = ""
         self._tick_lines = 0  # state.total_lines at the previous _tick
         self._lines_at = -1e9  # time.monotonic() when the last new lines were seen
+        self._picked: tuple[int, str | None] | None = None  # (pid, url) the user picked, for the session
+        self._left_sources: set[str] = set()  # logs of a server switched away from: off the status line
         if self.log_patterns:
             self._open_logs(capacity)
 
@@ -373,6 +376,7 @@ class RadixtopApp(IncidentActions, App[int]):
         followed already."""
         if self.follower is not None or not patterns:
             return
+        self._left_sources.difference_update(patterns)
         self.log_patterns = list(patterns)
         self._follow_error = None
         self._open_logs(self.state.capacity)
@@ -384,6 +388,7 @@ class RadixtopApp(IncidentActions, App[int]):
         self._consume()
         self._start_history()
         self._tick(force=True)
+        self._offer_pipe()
 
     def _take_backlog(self) -> None:
         """Apply the files' last lines before the first frame (bounded wait)."""
@@ -529,6 +534,7 @@ class RadixtopApp(IncidentActions, App[int]):
             self.report_failure("reading the sources' health", exc)
 
     def _stop_following(self) -> None:
+        self._stop_log_source()
         self._stopping.set()
         for part in self._history_parts:
             part.close()
@@ -695,6 +701,7 @@ class RadixtopApp(IncidentActions, App[int]):
         sources = tuple(
             SourceStatus(s.label, s.state, s.detail.replace(s.source + " ", "").replace(s.source, s.label))
             for s in state.sources()
+            if s.source not in self._left_sources
         )
         if self.follower is None and self.log_patterns and not sources:
             sources = (SourceStatus("logs", "error", "not followed; see the notice in the pane"),)
@@ -725,6 +732,8 @@ class RadixtopApp(IncidentActions, App[int]):
         # Main-screen keys do nothing while the help or evidence screen is open.
         if action in ("pane", "rank") and self.panes is None:
             return False  # no live panes: the keys are not offered
+        if action == "server" and (self.panes is None or not self.live_options.discover):
+            return False
         return not (isinstance(self.screen, ModalScreen) and action != "quit")
 
     @guarded("switch pane")
@@ -739,6 +748,119 @@ class RadixtopApp(IncidentActions, App[int]):
             from radixtop.widgets.radix import RadixPane
 
             self.query_one(RadixPane).select_step(step)
+
+    # -- the server watched: picking, switching, a log that is no file ----------------------------
+
+    def _log_source(self) -> Any:
+        targets = self.panes.targets if self.panes is not None else None
+        return targets.log_source if targets is not None else None
+
+    def _stop_log_source(self) -> None:
+        """Undo what following a non-file log changed (a tmux pipe) and stop its reader."""
+        source = self._log_source()
+        if source is not None:
+            try:
+                source.stop()
+            except Exception as exc:  # quitting must not fail because of it
+                self.log.error(f"stopping {source.name} failed: {exc!r}")
+
+    def _offer_pipe(self) -> None:
+        """A tmux pane is read every second; offer `tmux pipe-pane` (every line, but it changes
+        the user's tmux until radixtop exits)."""
+        from radixtop.widgets.picker import Question
+
+        source = self._log_source()
+        if source is None:
+            return
+        source.set_notes(self._note_from_thread)
+        if source.pane is None:
+            return
+        name = source.pane.pane.name
+        if source.pane.pane.piped:  # tmux keeps one pipe a pane: the user's stays
+            self._add_lines([f"{name} already pipes its output elsewhere (tmux pipe-pane): it is read every second"])
+            return
+        lines = [
+            f"The server's output goes to {name}; radixtop shows what the pane holds and reads it every second",
+            "(a flood of more than a thousand lines a second can slip between two reads).",
+            f"tmux pipe-pane would copy every line the pane prints to {source.path};",
+            "it changes that pane's settings while radixtop runs and is undone when radixtop exits.",
+        ]
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._pipe_pane(source)
+            else:
+                self._add_lines([f"reading {name} every second (no tmux pipe-pane)"])
+
+        self.push_screen(Question(lines, f"Follow {name} through tmux pipe-pane?"), answered)
+
+    def _note_from_thread(self, text: str) -> None:
+        try:
+            self.call_from_thread(self._add_lines, [text])
+        except RuntimeError:
+            pass  # the app has gone: nothing to show it in
+
+    @work(group="pipe-pane", exit_on_error=False)
+    async def _pipe_pane(self, source: Any) -> None:
+        why = await asyncio.to_thread(source.pane.pipe)
+        self._add_lines([why or f"following {source.pane.pane.name} through tmux pipe-pane (undone when radixtop exits)"])
+
+    async def pick_server(self, servers: Sequence[Any], current: int | None = None) -> Any:
+        """The server to watch among several: the one picked earlier in this session while it
+        runs, else the user's choice in the picker (None: Esc)."""
+        from radixtop.widgets.picker import ServerPicker
+
+        if self._picked is not None and current is None:
+            pid, url = self._picked
+            for s in servers:
+                if s.pid == pid or (url is not None and s.url == url):
+                    return s
+        loop = asyncio.get_running_loop()
+        chosen: asyncio.Future = loop.create_future()
+        rows = [server_row(s, s.pid == current) for s in servers]
+        self.push_screen(ServerPicker(rows), lambda index: chosen.done() or chosen.set_result(index))
+        index = await chosen
+        if index is None:
+            return None
+        picked = servers[index]
+        self._picked = (picked.pid, picked.url)
+        return picked
+
+    @guarded("servers")
+    def action_server(self) -> None:
+        self._switch_server()
+
+    @work(exclusive=True, group="servers", exit_on_error=False)
+    async def _switch_server(self) -> None:
+        from radixtop.probes.discovery import discover
+        from radixtop.tui.live import ranked
+
+        panes = self.panes
+        if panes is None:
+            return
+        found = await discover()
+        if not found.servers:
+            self._add_lines(found.describe())
+            return
+        current = panes.targets.pid if panes.targets is not None else None
+        chosen = await self.pick_server(ranked(found.servers), current=current if current is not None else -1)
+        if chosen is None or chosen.pid == current:
+            return
+        self.workers.cancel_group(self, "live")
+        self._stop_log_source()
+        if not self.live_options.logs:  # a log given with --log stays followed
+            self._left_sources.update(s.source for s in self.state.sources())
+            self._stop_following()
+            self._stopping = threading.Event()
+            self._history_started = False
+            self.log_patterns = []
+        self._add_lines([f"switching to {chosen.name} pid {chosen.pid}" + (f" at {chosen.url}" if chosen.url else "")
+                         + "; the lines above stay"])  # fmt: skip
+        self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines,
+                           on_status_change=self._update_status)  # fmt: skip
+        self.panes.mounted = panes.mounted
+        self.panes.layout(self.size.width, self.size.height)
+        self._run_live()
 
     @guarded("help")
     def action_help(self) -> None:
@@ -933,6 +1055,21 @@ class RadixtopApp(IncidentActions, App[int]):
             if entry is not None and entry.lineno == line and finding_file(entry.source, entry.generation) == file:
                 return seq
         return None
+
+
+def server_row(server: Any, current: bool = False) -> Any:
+    """A found server as the picker lists it."""
+    from radixtop.widgets.picker import ServerRow, uptime_text
+
+    if server.log_path:
+        log = server.log_path
+    elif server.log_elsewhere is not None:
+        log = server.log_elsewhere.name
+    else:
+        log = "no log found"
+    return ServerRow(port=str(server.port) if server.port else "—", kind=server.name, model=server.model,
+                     pid=server.pid, uptime=uptime_text(time.time() - server.started), log=log,
+                     current=current)  # fmt: skip
 
 
 def run_tui(args: Any) -> int:

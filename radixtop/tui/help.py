@@ -30,6 +30,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("1 2 3 4 5", ("panes: 1 log, 2 radix, 3 GPU, 4 processes, 5 vitals; on a small screen one at a time, "
                    "on a big one (140x40 and more) all at once and the key zooms one; 0 or the key again shows all")),
     ("[ ]", "previous / next rank in the radix pane"),
+    ("s", "the servers on this node (port, model, pid, uptime, log): Enter watches another one"),
     ("b", ("evidence bundle now: first occurrences with context, findings, server info, metrics, processes, "
            "stacks, GPU; written (redacted, with a SHA-256 manifest) into the current directory; the first "
            "error-or-worse signature takes one by itself")),

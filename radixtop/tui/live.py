@@ -3,9 +3,12 @@ probes that watch it, and the state their samples fold into. No Textual here: th
 `LiveSources.run()` in one worker and redraws the panes from `LiveState` when its version moves.
 
 Attaching: `resolve_targets` takes the user's --url/--log/--instrument (they win) and fills the
-rest from discovery (radixtop.probes.discovery): the first SGLang (then vLLM, then simulator)
-server found, its log file and its ranks' debug endpoints. What it found and what it could not is
-kept as lines for the log pane.
+rest from discovery (radixtop.probes.discovery): with several servers on the node and nothing
+given, the one the user picks (`pick`, the app's picker; it remembers the choice for the session),
+else the first SGLang (then vLLM, then simulator) server found; its log file and its ranks' debug
+endpoints. A log that is no file (a tmux pane, a journald unit, a container's) is opened as a spool
+file (radixtop.probes.logsource) and followed like one. What it found and what it could not is kept
+as lines for the log pane.
 
 Following: each probe runs in its own loop at its own interval (a slow source slows only itself).
 When the server restarts, its debug endpoints may move (the simulator binds free ports) and its
@@ -23,10 +26,11 @@ import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixtop.probes.discovery import Discovery, FoundServer, discover
+from radixtop.probes.logsource import LogSource, open_source
 from radixtop.probes.gpu import GpuProbe, GpuSample
 from radixtop.probes.procs import ProcProbe, ProcsSample
 from radixtop.probes.radix import RadixBoard, RadixProbe, RadixSample, rank_groups
@@ -51,16 +55,21 @@ class Targets:
     kind: str | None = None  # "sglang" | "vllm" | "sim" | None (unknown until the server answers)
     pinned_url: bool = False
     pinned_instruments: bool = False
+    picked: bool = False  # the user picked this server among several: rediscovery keeps to it
     lines: list[str] = field(default_factory=list)  # what discovery found / could not, for the log pane
+    log_source: LogSource | None = None  # the spool behind `logs` when the log is no file
 
 
 _PREFERENCE = {"sglang": 0, "vllm": 1, "sim": 2}
 
 
-def choose(found: Sequence[FoundServer], url: str | None = None, logs: Sequence[str] = ()) -> FoundServer | None:
+def choose(
+    found: Sequence[FoundServer], url: str | None = None, logs: Sequence[str] = (), pid: int | None = None
+) -> FoundServer | None:
     """The server to watch: the one at `url` when given; else the one writing a log given with
-    --log (`radixtop demo` finds its own simulator so, whatever else runs on the node); else SGLang
-    before vLLM before the simulator, one that answers before one that does not, the oldest first."""
+    --log (`radixtop demo` finds its own simulator so, whatever else runs on the node); else the one
+    with `pid` (picked by the user) while it lives; else SGLang before vLLM before the simulator,
+    one that answers before one that does not, the oldest first."""
     if url is not None:
         port = url.rstrip("/").rsplit(":", 1)[-1]
         for s in found:
@@ -72,8 +81,17 @@ def choose(found: Sequence[FoundServer], url: str | None = None, logs: Sequence[
         for s in found:
             if s.log_path and os.path.realpath(s.log_path) in wanted:
                 return s
-    ranked = sorted(found, key=lambda s: (s.url is None, _PREFERENCE.get(s.kind, 9), s.started))
-    return ranked[0] if ranked else None
+    if pid is not None:
+        for s in found:
+            if s.pid == pid:
+                return s
+    order = ranked(found)
+    return order[0] if order else None
+
+
+def ranked(found: Sequence[FoundServer]) -> list[FoundServer]:
+    """Servers in the order `choose` prefers them (the picker lists them so)."""
+    return sorted(found, key=lambda s: (s.url is None, _PREFERENCE.get(s.kind, 9), s.started))
 
 
 async def resolve_targets(
@@ -82,6 +100,7 @@ async def resolve_targets(
     logs: Sequence[str] = (),
     instruments: Sequence[str] = (),
     discover_fn: Callable[[], Awaitable[Discovery]] = discover,
+    pick: Callable[[Sequence[FoundServer]], Awaitable[FoundServer | None]] | None = None,
 ) -> Targets:
     targets = Targets(
         url=url.rstrip("/") if url else None,
@@ -92,6 +111,10 @@ async def resolve_targets(
     )
     found = await discover_fn()
     chosen = choose(found.servers, targets.url, targets.logs)
+    if pick is not None and not url and not logs and len(found.servers) > 1:
+        picked = await pick(ranked(found.servers))
+        if picked is not None:
+            chosen, targets.picked = picked, True
     if chosen is not None:
         targets.pid = chosen.pid
         targets.kind = "sglang" if chosen.kind == "sim" else chosen.kind
@@ -99,6 +122,12 @@ async def resolve_targets(
             targets.url = chosen.url
         if not targets.logs and chosen.log_path:
             targets.logs = [chosen.log_path]
+        elif not targets.logs and chosen.log_elsewhere is not None:
+            targets.log_source, why = await asyncio.to_thread(open_source, chosen.log_elsewhere)
+            if targets.log_source is not None:
+                targets.logs = [targets.log_source.path]
+            else:
+                chosen = replace(chosen, problems=(*chosen.problems, why))
         if not targets.instruments:
             targets.instruments = list(chosen.instrument_urls)
     if targets.url is None and not found.servers:
@@ -112,9 +141,11 @@ async def resolve_targets(
     else:
         lines = ["attached by discovery:" if not url else "server given with --url:"]
         lines += Discovery((chosen,), found.notes).describe()
-        others = [s for s in found.servers if s is not chosen]
+        if targets.log_source is not None:
+            lines.append(f"  following {targets.log_source.name} through {targets.log_source.path}")
+        others = [s for s in found.servers if s.pid != chosen.pid]
         if others:
-            lines.append("also found (use --url to watch another): " + ", ".join(
+            lines.append("also found (s switches server): " + ", ".join(
                 f"{s.name} pid {s.pid}{' at ' + s.url if s.url else ''}" for s in others[:4]))  # fmt: skip
         targets.lines = lines
     return targets
@@ -310,7 +341,7 @@ class LiveSources:
     async def rediscover(self) -> None:
         """Find the server again (a new pid after a restart; a server that appeared later)."""
         found = await self.discover_fn()
-        chosen = choose(found.servers, self.targets.url, self.targets.logs)
+        chosen = choose(found.servers, self.targets.url, self.targets.logs, self.targets.pid if self.targets.picked else None)
         if chosen is None:
             return
         if chosen.pid != self.targets.pid:
@@ -331,6 +362,8 @@ class LiveSources:
 
     async def aclose(self) -> None:
         self._stopping = True
+        if self.targets.log_source is not None:
+            await asyncio.to_thread(self.targets.log_source.stop)
         for name in list(self._tasks):
             await self._stop(name)
         for probe in (self.server, self.procs, self.gpu, *self.radix.values()):

@@ -156,7 +156,8 @@ class Panes:
             self._feed_texts(texts)
         opts = self.options
         if opts.discover:
-            targets = await resolve_targets(url=opts.url, logs=opts.logs, instruments=opts.instruments)
+            targets = await resolve_targets(url=opts.url, logs=opts.logs, instruments=opts.instruments,
+                                            pick=getattr(self.app, "pick_server", None))  # fmt: skip
         else:
             targets = Targets(url=opts.url, instruments=list(opts.instruments), pinned_url=bool(opts.url),
                               pinned_instruments=bool(opts.instruments))  # fmt: skip

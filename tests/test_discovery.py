@@ -18,7 +18,8 @@ import psutil
 import pytest
 from pane_helpers import start_sim, stop
 
-from radixtop.probes.discovery import Discovery, classify, discover
+from radixtop.probes.discovery import Discovery, discover
+from radixtop.probes.launch import classify
 
 # A stand-in `sglang.launch_server`: serves /health and /server_info on --port, starts two children
 # titled like SGLang's schedulers, and prints to stdout.

@@ -320,7 +320,7 @@ def test_several_servers_are_listed_picked_and_switched(tmp_path: Path) -> None:
         assert str(ports[second]) in marked, "the server watched is marked"
         own("send-keys", "-t", ui, "Up", "Enter")
         screen = own.wait_for(ui, lambda s: f"{first}.log ok" in s, f"watching {first} after the switch")
-        assert f"switching to radixtop sim" in screen and f"127.0.0.1:{ports[first]}" in screen
+        assert "switching to radixtop sim" in screen and f"127.0.0.1:{ports[first]}" in screen
         assert f"{second}.log" not in screen.splitlines()[-2], "the old log is no longer followed"
         own("send-keys", "-t", ui, "q")
     finally:

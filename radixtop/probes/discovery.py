@@ -29,10 +29,10 @@ import psutil
 from radixtop.probes.container import container_of, container_ports
 from radixtop.probes.http import fetch, make_client
 from radixtop.probes.journal import read_cgroup
-from radixtop.probes.launch import classify, flag, launch_of  # classify: re-exported for callers
+from radixtop.probes.launch import flag, launch_of
 from radixtop.probes.procs import role_and_rank
-from radixtop.probes.sglang import parse_server_info
 from radixtop.probes.serverlog import LogElsewhere, find_log, log_elsewhere
+from radixtop.probes.sglang import parse_server_info
 from radixtop.schema import HEALTH_PATH, parse_health
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up

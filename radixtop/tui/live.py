@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixtop.probes.discovery import Discovery, FoundServer, discover
-from radixtop.probes.logsource import LogSource, open_source
 from radixtop.probes.gpu import GpuProbe, GpuSample
+from radixtop.probes.logsource import LogSource, open_source
 from radixtop.probes.procs import ProcProbe, ProcsSample
 from radixtop.probes.radix import RadixBoard, RadixProbe, RadixSample, rank_groups
 from radixtop.probes.sglang import ServerProbe, ServerSample

@@ -102,21 +102,32 @@ class BundleResult:
 
 
 class BundleWriter:
-    """Files under one directory, redacted on the way in; notes for what could not be had."""
+    """Files under one directory, redacted on the way in; notes for what could not be had.
+
+    Once closed (the bundle was cancelled) it writes nothing: a collector still running cannot
+    recreate the directory that is being removed."""
 
     def __init__(self, root: Path, redactor: Redactor) -> None:
         self.root = root
         self.redactor = redactor
         self.notes: dict[str, str] = {}
         self.commands: list[dict[str, Any]] = []  # every program run for the bundle, and why
+        self.closed = False
         self._lock = threading.Lock()
 
-    def _path(self, rel: str) -> Path:
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+
+    def _write(self, rel: str, data: str) -> None:
         if rel.startswith("/") or ".." in Path(rel).parts:
             raise ValueError(f"bundle path {rel!r} escapes the bundle")
         path = self.root / self.redactor.name(rel)  # a log named after a token names no file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+        with self._lock:
+            if self.closed:
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(data, encoding="utf-8")
 
     def ran(self, rel: str, argv: Sequence[str], why: str) -> None:
         """Record a program run for ``rel`` (listed in MANIFEST.json and README.txt)."""
@@ -125,17 +136,16 @@ class BundleWriter:
             self.commands.append(entry)
 
     def text(self, rel: str, text: str) -> None:
-        self._path(rel).write_text(self.redactor.text(text), encoding="utf-8")
+        self._write(rel, self.redactor.text(text))
 
     def json(self, rel: str, obj: Any) -> None:
-        data = json.dumps(self.redactor.json(obj), indent=2, ensure_ascii=False, default=str)
-        self._path(rel).write_text(data + "\n", encoding="utf-8")
+        self._write(rel, json.dumps(self.redactor.json(obj), indent=2, ensure_ascii=False, default=str) + "\n")
 
     def note(self, rel: str, why: str) -> None:
         why = self.redactor.text(why.strip())
         with self._lock:
             self.notes[self.redactor.name(rel)] = why
-        self._path(rel + NOTE_SUFFIX).write_text(why + "\n", encoding="utf-8")
+        self._write(rel + NOTE_SUFFIX, why + "\n")
 
 
 def _sha256(path: Path) -> str:
@@ -300,9 +310,9 @@ def _take_bundle(
             with lock:
                 on_progress(BundleProgress(step, message, state["done"], len(steps)))
 
+    writer = BundleWriter(tmp, redactor)
     try:
         _learn_secrets(redactor, pid)
-        writer = BundleWriter(tmp, redactor)
 
         def finished(step: str) -> None:
             with lock:
@@ -361,7 +371,8 @@ def _take_bundle(
         final = out / name
         os.rename(tmp, final)
     except BaseException:
-        cancel.set()  # collectors still running stop and write nothing more
+        cancel.set()  # collectors still running stop
+        writer.close()  # and write nothing more
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     archive_path = None

@@ -37,6 +37,7 @@ import signal
 import tarfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -489,44 +490,93 @@ def _write_archive(final: Path, out: Path, name: str, cancel: threading.Event | 
         raise
 
 
+MAX_MEMBER_BYTES = 256 << 20  # far above any file a bundle writes (log tails 4 MiB, HTTP answers 32 MiB)
+MAX_TOTAL_BYTES = 2 << 30
+MAX_MANIFEST_BYTES = 16 << 20
+
+
+def _hash_stream(handle: Any, limit: int) -> tuple[str, int]:
+    """SHA-256 of a stream read in 1 MiB blocks, and its length; stops past ``limit``."""
+    digest, size = hashlib.sha256(), 0
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        size += len(block)
+        if size > limit:
+            break
+        digest.update(block)
+    return digest.hexdigest(), size
+
+
+def _read_small(handle: Any, limit: int) -> bytes | None:
+    data = handle.read(limit + 1)
+    return None if len(data) > limit else data
+
+
 def verify_bundle(path: str | Path) -> list[str]:
-    """Problems found checking a bundle (directory or .tar.gz) against its manifest; [] if none."""
+    """Problems found checking a bundle (directory or .tar.gz) against its manifest; [] if none.
+
+    Every file is hashed as a stream in 1 MiB blocks; in an archive, a member whose header says
+    it is larger than MAX_MEMBER_BYTES is refused unread (a compression bomb is not a bundle)."""
     path = Path(path)
+    sums: dict[str, str] = {}  # relative path -> SHA-256
+    small: dict[str, bytes | None] = {}  # MANIFEST.json and SHA256SUMS themselves
     if path.is_dir():
-        files = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            rel = file.relative_to(path).as_posix()
+            with open(file, "rb") as fh:
+                if rel in (MANIFEST, SUMS):
+                    small[rel] = _read_small(fh, MAX_MANIFEST_BYTES)
+                else:
+                    sums[rel] = _hash_stream(fh, 1 << 62)[0]
     elif path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        files = {}
         try:
-            with tarfile.open(path, "r:gz") as tar:
-                for member in tar.getmembers():
-                    if member.isfile():
-                        rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
-                        handle = tar.extractfile(member)
-                        files[rel] = handle.read() if handle else b""
-        except (tarfile.TarError, OSError) as exc:
+            total = 0
+            with tarfile.open(path, "r|gz") as tar:  # a stream: members are read once, in order
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
+                    total += member.size
+                    if total > MAX_TOTAL_BYTES:
+                        return [f"{path}: its members hold more than {MAX_TOTAL_BYTES >> 30} GiB; not a radixtop bundle"]
+                    if member.size > MAX_MEMBER_BYTES:
+                        return [
+                            f"{path}: member {member.name} says it holds {member.size:,} bytes, more than a "
+                            f"bundle ever writes ({MAX_MEMBER_BYTES >> 20} MiB); not checked further (not a "
+                            "radixtop bundle, or a compression bomb)"
+                        ]
+                    handle = tar.extractfile(member)
+                    if handle is None:
+                        continue
+                    if rel in (MANIFEST, SUMS):
+                        small[rel] = _read_small(handle, MAX_MANIFEST_BYTES)
+                    else:
+                        sums[rel] = _hash_stream(handle, MAX_MEMBER_BYTES)[0]
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             return [f"{path}: not a readable tar.gz ({exc})"]
     else:
         return [f"{path}: neither a bundle directory nor a .tar.gz"]
-    if MANIFEST not in files:
+    if MANIFEST not in small:
         return [f"{path}: no {MANIFEST}"]
+    if small[MANIFEST] is None:
+        return [f"{MANIFEST}: larger than {MAX_MANIFEST_BYTES >> 20} MiB; not a radixtop manifest"]
     try:
-        manifest = json.loads(files[MANIFEST])
+        manifest = json.loads(small[MANIFEST])
         entries = {e["path"]: e for e in manifest["files"]}
-    except (ValueError, KeyError, TypeError) as exc:
-        return [f"{MANIFEST}: unreadable ({exc})"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        return [f"{MANIFEST}: unreadable ({type(exc).__name__})"]
     problems = []
     if manifest.get("format") != FORMAT:
         problems.append(f"{MANIFEST}: format is {manifest.get('format')!r}, not {FORMAT!r}")
     for rel, entry in sorted(entries.items()):
-        data = files.get(rel)
-        if data is None:
+        digest = sums.get(rel)
+        if digest is None:
             problems.append(f"{rel}: listed in the manifest but missing")
-        elif hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        elif digest != entry.get("sha256"):
             problems.append(f"{rel}: SHA-256 differs from the manifest")
-    for rel in sorted(set(files) - set(entries) - {MANIFEST, SUMS}):
+    for rel in sorted(set(sums) - set(entries)):
         problems.append(f"{rel}: present but not in the manifest")
-    sums = files.get(SUMS, b"").decode("utf-8", "replace").splitlines()
-    listed = {line[66:]: line[:64] for line in sums if len(line) > 66}
+    listed_sums = (small.get(SUMS) or b"").decode("utf-8", "replace").splitlines()
+    listed = {line[66:]: line[:64] for line in listed_sums if len(line) > 66}
     if listed != {rel: e.get("sha256") for rel, e in entries.items()}:
         problems.append(f"{SUMS} does not match {MANIFEST}")
     return problems

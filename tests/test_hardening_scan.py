@@ -19,7 +19,7 @@ SIGNATURES = (
 HUGE = 2 << 20  # bytes in each huge line: small enough for a test, 32 times the evidence cap
 
 
-def _scan(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+def _scan(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:  # noqa: D103
     return subprocess.run([sys.executable, "-m", "radixtop", "scan", *args], capture_output=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, check=False, **kw)  # fmt: skip
 
@@ -44,3 +44,47 @@ def test_huge_lines_around_hits_are_cut_in_the_evidence_with_a_marker(tmp_path: 
         lines = finding["context_before"] + finding["context_after"]
         assert any(line.endswith(marker) for line in lines), "no truncation marker"
         assert all(len(line) <= (64 << 10) + len(marker) for line in lines)
+
+
+FOLLOW_MANY = """
+import asyncio, sys
+from radixtop.probes.logs import LogFollower
+
+async def main():
+    async with LogFollower([sys.argv[1]], history=True) as follower:  # as the UI: from the end
+        for _ in range(100):
+            batch = follower.take()
+            if batch is not None and batch.notices:
+                break
+            await asyncio.sleep(0.05)
+        for notice in batch.notices:
+            print(notice.kind, notice.message)
+        followed = sorted(h.source for h in follower.health() if h.state == "ok")
+        print("followed", len(followed), followed[0], followed[-1])
+
+asyncio.run(main())
+"""
+
+
+def _nofile(limit: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def test_a_glob_past_the_open_file_limit_follows_the_newest_files_with_a_notice(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for i in range(2000):
+        path = logs / f"r{i:04d}.log"
+        path.write_text(f"[2026-12-02 14:00:01 TP{i}] line\n")
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # r1999 is the newest
+    done = subprocess.run([sys.executable, "-c", FOLLOW_MANY, str(logs / "*.log")], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_nofile(1024), check=False)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-800:]
+    capped = [line for line in done.stdout.splitlines() if line.startswith("capped ")]
+    assert len(capped) == 1 and "2,000 files" in capped[0] and "ulimit -n) is 1024" in capped[0], done.stdout
+    followed = next(line for line in done.stdout.splitlines() if line.startswith("followed ")).split()
+    count = int(followed[1])
+    assert 100 < count < 1024 // 3 and followed[3].endswith("r1999.log")
+    assert followed[2].endswith(f"r{2000 - count:04d}.log")  # the newest ones
+    scan = _scan(*map(str, sorted(logs.glob("r0*.log"))), preexec_fn=_nofile(64))  # one file at a time
+    assert scan.returncode == 0 and b"Traceback" not in scan.stderr

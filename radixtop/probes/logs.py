@@ -29,7 +29,9 @@ What it survives:
 - copytruncate (same inode, size below our offset, or refilled past it within one poll: the bytes
   just before our offset changed): a "truncated" notice, then reading restarts at byte 0.
 - a path that does not exist yet, or is deleted: "waiting"/"deleted", followed when it (re)appears.
-- globs: re-expanded every 0.5 s; a file that appears later is read from its start.
+- globs: re-expanded every 0.5 s; a file that appears later is read from its start. A glob that
+  matches more files than the open-file limit allows (each followed file may hold three
+  descriptors) follows the newest of them, with a "capped" notice saying how many and why.
 
 Lines: UTF-8 with replacement characters, CR before the newline removed, ANSI CSI/OSC sequences
 stripped, cut to `max_line` characters with a visible marker " …[line truncated: N bytes]" (N is
@@ -107,6 +109,9 @@ _ROTATED_GRACE = 1.0  # keep reading a rotated/deleted file until it has been qu
 # a glob whose directories have wildcards, a file we could not open and retry.
 _INOTIFY_FALLBACK_S = 1.0
 _BOUNDARY = 64  # bytes before the offset re-read with each read to catch truncate-and-refill
+_MAX_FILES = 1000  # files followed at most, whatever the open-file limit
+_RESERVED_FDS = 128  # descriptors left for the rest of the process (sockets, NVML, the terminal)
+_FDS_PER_FILE = 3  # a followed file, its line counter's copy and the history scan's copy
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), charset selections like ESC ( B, other
 # two-byte escapes, and 8-bit CSI. No alternative can match a newline, so it is safe on a whole
@@ -348,6 +353,19 @@ def _line_text(data: bytes, dropped: int, max_line: int) -> tuple[str, bool]:
     # data ends at an arbitrary byte: final=False drops a character cut in half there.
     text = _clean(codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False))
     return _cut(text, max_line, len(data) + dropped), True
+
+
+def file_budget() -> tuple[int, int | None]:
+    """How many files may be followed at once, and the open-file limit it comes from."""
+    import resource
+
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):
+        return _MAX_FILES, None
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_FILES, None
+    return max(1, min(_MAX_FILES, (soft - _RESERVED_FDS) // _FDS_PER_FILE)), soft
 
 
 def _close_quietly(fd: int) -> None:
@@ -592,6 +610,8 @@ class _Tailer:
         self.finished: dict[tuple[int, int], bytes] = {}
         self.lock = threading.Lock()  # guards the sources dict shape for health() on another thread
         self.next_glob = 0.0
+        self.budget, self.fd_limit = file_budget()
+        self.capped_at = 0  # files matching the globs when the last "capped" notice went out
         self.from_start = from_start
         self.runs: list[LogRun] = []
         self.notices: list[LogNotice] = []
@@ -672,6 +692,7 @@ class _Tailer:
         self.next_glob = now + _GLOB_EVERY
         held: set[tuple[int, int]] | None = None
         named: set[tuple[int, int]] = set()
+        fresh: list[tuple[float, str]] = []  # (mtime, path) of files to follow from now on
         for pattern in self.globs:
             matched = False
             for path in sorted(glob.glob(pattern, recursive=True)):
@@ -694,17 +715,39 @@ class _Tailer:
                 # reused; a closed one can, once deleted, so its first bytes must match as well.
                 if identity in held or (identity in self.finished and self.finished[identity] == _head(path)):
                     continue
-                source = self.add_source(path, start_at_end=initial and not self.from_start)
-                source.announced = True
-                if not initial:
-                    self.try_open(source, now)
+                fresh.append((st.st_mtime, path))
             if matched:
                 self.unmatched.discard(pattern)
             elif pattern not in self.unmatched:
                 self.unmatched.add(pattern)
                 self.notice(pattern, "waiting", f"no file matches {pattern} yet; waiting for one to appear")
+        self._add_fresh(fresh, now, initial)
         if not initial:  # forget files no glob names any more: their inode numbers may be reused
             self.finished = {k: v for k, v in self.finished.items() if k in named}
+
+    def _add_fresh(self, fresh: list[tuple[float, str]], now: float, initial: bool) -> None:
+        """Follow the files a glob newly matches: the newest of them when they would pass the
+        open-file budget, with one "capped" notice per change in how many matched."""
+        room = self.budget - len(self.sources)
+        paths = list(dict.fromkeys(path for _, path in fresh))
+        if len(paths) > room:
+            newest = sorted(fresh, reverse=True)
+            keep = set(dict.fromkeys(path for _, path in newest[: max(0, room)]))
+            if len(paths) != self.capped_at:
+                self.capped_at = len(paths)
+                limit = f"the open-file limit (ulimit -n) is {self.fd_limit}" if self.fd_limit else "radixtop's own limit"
+                self.notice(
+                    ", ".join(self.globs), "capped",
+                    f"{len(paths) + len(self.sources):,} files to follow, more than {self.budget:,} "
+                    f"({limit}); following the newest {len(self.sources) + len(keep):,}: narrow the glob "
+                    "or raise the limit",
+                )  # fmt: skip
+            paths = [path for path in paths if path in keep]
+        for path in paths:
+            source = self.add_source(path, start_at_end=initial and not self.from_start)
+            source.announced = True
+            if not initial:
+                self.try_open(source, now)
 
     # -- opening -----------------------------------------------------------------------------------
 
@@ -763,9 +806,13 @@ class _Tailer:
             gen.boundary = os.pread(fd, back, offset - back)
             # The lines before are counted on a thread of their own: the tail does not wait for it.
             gen.numbering = _Numbering()
-            _count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate, self.count_delay)
-            if self.history:
-                self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
+            try:
+                _count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate,
+                                     self.count_delay)  # fmt: skip
+                if self.history:
+                    self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
+            except OSError as exc:  # out of descriptors: the lines still come, unnumbered
+                gen.numbering.finish(0, f"line numbers of {path} unknown: {exc.strerror or exc}")
         source.next_number += 1
         source.last_error = ""
         source.state = "ok"

@@ -88,3 +88,19 @@ def test_a_glob_past_the_open_file_limit_follows_the_newest_files_with_a_notice(
     assert followed[2].endswith(f"r{2000 - count:04d}.log")  # the newest ones
     scan = _scan(*map(str, sorted(logs.glob("r0*.log"))), preexec_fn=_nofile(64))  # one file at a time
     assert scan.returncode == 0 and b"Traceback" not in scan.stderr
+
+
+def test_scan_reads_a_fifo_as_a_stream_and_its_writer_finishes(tmp_path: Path) -> None:
+    good = tmp_path / "good.log"
+    good.write_text("".join(f"[2026-12-02 14:00:01 TP0] line {i}\n" for i in range(5000)) + SIGNATURES[0] + "\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", 'cat "$0" > "$1"', str(good), str(fifo)])
+    try:
+        done = _scan("--json", str(fifo), timeout=30)
+        assert writer.wait(timeout=10) == 0, "the writer got SIGPIPE"
+    finally:
+        writer.kill()
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["lines"] == 5001 and [f["signature"] for f in doc["findings"]] == ["radix-page-lock-eviction"]

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -595,6 +596,14 @@ def _safe_name(path: str) -> str:
 def _copy_tail(sink: Sink, path: str, rel: str) -> None:
     if path == "-" or path.endswith(".gz"):
         sink.note(rel, f"{path}: a compressed file or stdin; its evidence is in evidence/, its tail is not copied")
+        return
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as exc:
+        sink.note(rel, f"{path}: {_one_line(exc)}")
+        return
+    if not regular:  # a FIFO was read once by the scan; opening it again would wait for a writer
+        sink.note(rel, f"{path}: not a regular file (a FIFO?); its evidence is in evidence/, its tail is not copied")
         return
     try:
         with open(path, "rb") as fh:

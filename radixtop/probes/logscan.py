@@ -142,6 +142,13 @@ def check_input(path: str) -> None:
     if path == "-":
         return
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            # A FIFO or a device is read once, as a stream, as grep reads it: opening it here
+            # would take (and, closing it, end) its writer's output.
+            if not os.access(path, os.R_OK):
+                raise PermissionError(path)
+            return
         with open(path, "rb", buffering=0) as f:
             if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
                 raise IsADirectoryError(path)

@@ -104,3 +104,21 @@ def test_scan_reads_a_fifo_as_a_stream_and_its_writer_finishes(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["lines"] == 5001 and [f["signature"] for f in doc["findings"]] == ["radix-page-lock-eviction"]
+
+
+ASCII_ENVS = ({"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"})
+
+
+def test_scan_on_a_stdout_that_cannot_encode_unicode_prints_ascii(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(SIGNATURES[0] + " " + "é" * 300 + "\n", encoding="utf-8")
+    for extra in ASCII_ENVS:
+        env = {k: v for k, v in os.environ.items() if k not in ("LANG", "LC_CTYPE", "PYTHONUTF8")}
+        for args in ((str(log),), ("--json", str(log))):
+            done = _scan(*args, env={**env, **extra})
+            assert done.returncode == 0 and b"Traceback" not in done.stderr, (extra, done.stderr[-400:])
+            done.stdout.decode("ascii")  # nothing but ASCII
+            if args[0] == "--json":
+                assert json.loads(done.stdout)["findings"][0]["first"]["text"].endswith("é" * 300)
+            else:
+                assert b"radix-page-lock-eviction" in done.stdout and b"..." in done.stdout

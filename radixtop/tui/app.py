@@ -18,10 +18,12 @@ a dead app.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import functools
 import gc
 import inspect
 import os
+import sys
 import threading
 import time
 import traceback
@@ -922,6 +924,61 @@ class RadixtopApp(IncidentActions, App[int]):
         return None
 
 
+# -- a terminal that cannot take Unicode ----------------------------------------------------------
+
+_ASCII_ERRORS = "radixtop-ascii-cells"
+_ASCII_GLYPHS = {"…": ".", "·": ".", "•": "*", "→": ">", "←": "<", "↑": "^", "↓": "v", "▲": "^", "▼": "v",
+                 "▶": ">", "◀": "<", "✓": "v", "✗": "x", "×": "x", "—": "-", "–": "-"}  # fmt: skip
+
+
+def _ascii_glyph(ch: str) -> str:
+    """An ASCII stand-in for a character, as many cells wide as the character itself (Textual
+    has placed everything after it by that width)."""
+    import unicodedata
+
+    from rich.cells import cell_len
+
+    if ch in _ASCII_GLYPHS:
+        return _ASCII_GLYPHS[ch]
+    width = cell_len(ch)
+    name = unicodedata.name(ch, "")
+    if "BOX DRAWINGS" in name or name.endswith(("ONE EIGHTH BLOCK", "ONE QUARTER BLOCK")):
+        vertical = "VERTICAL" in name or "LEFT" in name or "RIGHT" in name
+        horizontal = "HORIZONTAL" in name or "UPPER" in name or "LOWER" in name
+        return "+" if vertical and horizontal else "|" if vertical else "-" if horizontal else "+"
+    if "BLOCK" in name or "SHADE" in name:
+        return "#" * width
+    return "?" * width
+
+
+def _ascii_cells(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    return "".join(_ascii_glyph(ch) for ch in exc.object[exc.start : exc.end]), exc.end
+
+
+def fit_terminal() -> bool:
+    """Textual writes to sys.__stderr__. Where that cannot encode Unicode (an ASCII locale
+    without Python's UTF-8 mode, PYTHONIOENCODING=ascii) its default error handler would print
+    `\\u2502` for every border cell; instead each character it cannot encode is drawn in ASCII,
+    cell for cell (box drawing as + - |, blocks as #, the rest ?). Returns whether it did."""
+    stream = sys.__stderr__
+    try:
+        "\u2502".encode(getattr(stream, "encoding", None) or "ascii")
+        return False
+    except (UnicodeEncodeError, LookupError):
+        pass
+    try:
+        codecs.lookup_error(_ASCII_ERRORS)
+    except LookupError:
+        codecs.register_error(_ASCII_ERRORS, _ascii_cells)
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is None:
+        return False
+    reconfigure(errors=_ASCII_ERRORS)
+    return True
+
+
 def run_tui(args: Any) -> int:
     """Entry point for the default command: `radixtop [--log PATH ...]`."""
     from radixtop.cli import UsageError
@@ -945,6 +1002,7 @@ def run_tui(args: Any) -> int:
         readonly=bool(getattr(args, "readonly", False)),
         actions=action_settings(args),
     )
+    fit_terminal()
     app.run()
     return 0
 

@@ -23,6 +23,7 @@ import functools
 import gc
 import inspect
 import os
+import signal
 import sys
 import threading
 import time
@@ -979,6 +980,40 @@ def fit_terminal() -> bool:
     return True
 
 
+# -- SIGTERM and SIGHUP ----------------------------------------------------------------------------
+
+QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def run_until_quit(app: App) -> int | None:
+    """``app.run()``, except that SIGTERM and SIGHUP take the app's own quit path (what q does:
+    bundles cancelled, a confirmation run's control server stopped, the terminal given back with
+    the alternate screen, mouse reporting and the cursor as they were) instead of killing the
+    process in the middle of the screen. Returns the signal's number when one ended the app."""
+    received: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def quit_on(signum: int) -> None:
+            received.append(signum)
+            if len(received) == 1:
+                loop.create_task(app.run_action("quit"))
+            else:  # asked twice: the quit path itself is stuck; the terminal is still restored
+                app.exit(128 + signum)
+
+        for sig in QUIT_SIGNALS:
+            loop.add_signal_handler(sig, quit_on, sig)
+        try:
+            await app.run_async()
+        finally:
+            for sig in QUIT_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(main())
+    return received[0] if received else None
+
+
 def run_tui(args: Any) -> int:
     """Entry point for the default command: `radixtop [--log PATH ...]`."""
     from radixtop.cli import UsageError
@@ -1003,8 +1038,8 @@ def run_tui(args: Any) -> int:
         actions=action_settings(args),
     )
     fit_terminal()
-    app.run()
-    return 0
+    signum = run_until_quit(app)
+    return 0 if signum is None else 128 + signum
 
 
 def live_options(args: Any) -> LiveOptions | None:

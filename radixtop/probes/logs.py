@@ -29,6 +29,8 @@ What it survives:
 - copytruncate (same inode, size below our offset, or refilled past it within one poll: the bytes
   just before our offset changed): a "truncated" notice, then reading restarts at byte 0.
 - a path that does not exist yet, or is deleted: "waiting"/"deleted", followed when it (re)appears.
+- a gzip-compressed file (a rotated log kept as .gz): decompressed and read once from its start,
+  with a "compressed" notice saying it is not followed (nothing is appended to a .gz).
 - globs: re-expanded every 0.5 s; a file that appears later is read from its start. A glob that
   matches more files than the open-file limit allows (each followed file may hold three
   descriptors) follows the newest of them, with a "capped" notice saying how many and why.
@@ -53,11 +55,12 @@ import re
 import stat
 import threading
 import time
+import zlib
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
     from radixtop.probes.fswait import FileWaiter
@@ -77,7 +80,7 @@ class LogRecord:
 @dataclass(frozen=True, slots=True)
 class LogNotice:
     source: str
-    kind: str  # "waiting", "created", "rotated", "truncated", "deleted", "error", "capped"
+    kind: str  # "waiting", "created", "rotated", "truncated", "deleted", "error", "capped", "compressed"
     message: str
     time: float  # time.time()
 
@@ -368,6 +371,13 @@ def file_budget() -> tuple[int, int | None]:
     return max(1, min(_MAX_FILES, (soft - _RESERVED_FDS) // _FDS_PER_FILE)), soft
 
 
+def _head_of(fd: int) -> bytes:
+    try:
+        return os.pread(fd, 2, 0)
+    except OSError:
+        return b""
+
+
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -479,7 +489,7 @@ class _Generation:
 
     __slots__ = (
         "fd", "dev", "ino", "number", "offset", "lineno", "partial", "dropped", "boundary", "quiet_since",
-        "cut", "cut_noticed", "numbering",
+        "cut", "cut_noticed", "numbering", "gunzip",
     )  # fmt: skip
 
     def __init__(self, fd: int, st: os.stat_result, number: int, offset: int) -> None:
@@ -496,6 +506,7 @@ class _Generation:
         self.cut_noticed = False  # ... and whether the "capped" notice went out
         # While the lines before the starting offset are being counted: lineno counts from there.
         self.numbering: _Numbering | None = None
+        self.gunzip: Any = None  # a zlib decompressor for a compressed file (offset: compressed bytes)
 
     def restart(self, number: int) -> None:
         self.number, self.offset, self.lineno, self.boundary = number, 0, 0, b""
@@ -577,6 +588,7 @@ class _Source:
         self.last_error = ""
         self.next_retry = 0.0
         self.announced = False  # a "waiting" notice went out (or the file was there from the start)
+        self.once = False  # a compressed file read to its end: never read again
 
 
 class _Tailer:
@@ -796,6 +808,8 @@ class _Tailer:
             os.close(fd)
             self.fail(source, f"{path} is not a regular file (a pipe or device?); only files can be followed")
             return False
+        if path.endswith(".gz") or _head_of(fd) == b"\x1f\x8b":
+            return self.open_compressed(source, fd, st)
         offset = 0
         if source.start_at_end:
             offset = _start_of_backlog(fd, st.st_size, self.backlog_lines, self.max_line)
@@ -824,6 +838,17 @@ class _Tailer:
                 where = "its start" if offset == 0 else "its end"
                 self.notice(path, "created", f"{path} appeared; following it from {where}")
         source.announced = True
+        return True
+
+    def open_compressed(self, source: _Source, fd: int, st: os.stat_result) -> bool:
+        gen = source.current = _Generation(fd, st, source.next_number, 0)
+        gen.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        source.next_number += 1
+        source.start_at_end = False
+        source.last_error, source.state = "", "ok"
+        source.detail = "compressed: reading it once"
+        source.announced = True
+        self.notice(source.path, "compressed", f"{source.path} is compressed: read once from its start, not followed")
         return True
 
     # -- reading -----------------------------------------------------------------------------------
@@ -917,6 +942,8 @@ class _Tailer:
                 self.finish(source, gen)
         if backlog:
             return True  # the old generation first: the new file waits until it is read out
+        if source.once:
+            return False
         if source.current is None and not self.try_open(source, now):
             return False
         return self.follow(source, now)
@@ -924,6 +951,8 @@ class _Tailer:
     def follow(self, source: _Source, now: float) -> bool:
         gen = source.current
         assert gen is not None
+        if gen.gunzip is not None:
+            return self.read_compressed(source, gen)
         path = source.path
         try:
             st = os.stat(path)
@@ -962,6 +991,46 @@ class _Tailer:
         if source.state == "error":
             source.state, source.detail, source.last_error = "ok", f"following generation {gen.number}", ""
         return got >= _READ_BUDGET
+
+    def read_compressed(self, source: _Source, gen: _Generation) -> bool:
+        """Decompress the next part of a compressed file (at most _READ_BUDGET bytes out, so a
+        small file that inflates hugely is read a budget at a time); True while there is more."""
+        produced = 0
+        while produced < _READ_BUDGET:
+            d = gen.gunzip
+            raw = d.unconsumed_tail
+            if not raw:
+                try:
+                    raw = os.pread(gen.fd, _CHUNK, gen.offset)
+                except OSError as exc:
+                    return self.done_compressed(source, gen, f"cannot read it: {exc.strerror or exc}")
+                gen.offset += len(raw)
+                if not raw:
+                    return self.done_compressed(source, gen, "" if d.eof else "it ends before its end-of-stream marker")
+            try:
+                out = d.decompress(raw, _CHUNK)
+            except zlib.error as exc:
+                return self.done_compressed(source, gen, f"it is not valid gzip past this point ({exc})")
+            if d.eof:  # another member may follow (concatenated gzip files): from its first byte
+                gen.offset -= len(d.unused_data)
+                gen.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            if out:
+                produced += len(out)
+                texts = gen.split(out, self.max_line)
+                if texts:
+                    self.emit(source, gen, texts, time.monotonic())
+        return True
+
+    def done_compressed(self, source: _Source, gen: _Generation, problem: str) -> bool:
+        if gen.partial or gen.dropped:
+            self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
+        _close_quietly(gen.fd)
+        source.current, source.once = None, True
+        source.detail = f"compressed: read once ({source.lines:,} lines), not followed"
+        if problem:
+            source.state = "error"
+            self.notice(source.path, "error", f"{source.path}: read {source.lines:,} lines, then stopped: {problem}")
+        return False
 
     def truncated(self, source: _Source, gen: _Generation) -> None:
         if gen.partial or gen.dropped:

@@ -6,6 +6,7 @@ the interpreter runs it): the hardening tests start it as a real process.
 ``secrets``: /server_info and /metrics answer with every secret shape of SECRET_SHAPES (passed as
 a JSON file with --secrets). ``slow``: every answer is sent one byte every --drip seconds (at most
 120 s). ``deep``: /server_info is a JSON document 900 levels deep beside ordinary fields.
+``--list-instrument URL`` (repeatable): /server_info's radixtop_instrument list.
 Arguments it does not know are ignored, so a test can put secrets in its argv.
 """
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--mode", default="secrets")
     parser.add_argument("--drip", type=float, default=2.0)
     parser.add_argument("--secrets", default=None)
+    parser.add_argument("--list-instrument", action="append", default=[], help="a URL for radixtop_instrument")
     args, _ = parser.parse_known_args()
     secrets = json.load(open(args.secrets)) if args.secrets else {}
 
@@ -48,6 +50,8 @@ def main() -> None:
                     body = f'{{"version": "0.5-standin", "max_total_num_tokens": 4096, "deep": {deep}}}'.encode()
                     return self._send(200, body)
                 doc = {"version": "0.5-standin", "notes": list(secrets.values()), **secrets}
+                if args.list_instrument:
+                    doc["radixtop_instrument"] = args.list_instrument
                 return self._send(200, json.dumps(doc).encode())
             if path == "/metrics":
                 text = "".join(f"# {v}\n" for v in secrets.values()) + "sglang:num_running_reqs 0\n"

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import psutil
 
-from radixtop.incident.server import auth_headers, is_loopback_url, snapshot_process
+from radixtop.incident.server import auth_headers, snapshot_process
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.findings import Report
@@ -191,14 +191,29 @@ def collect_server(
                     sink.note("server/server_info.json", "/server_info did not answer JSON; its text is in server_info.txt")
         except _HTTP_ERRORS as exc:
             sink.note("server/server_info.json", f"GET {url}/server_info failed: {_one_line(exc)}")
-        urls = list(instruments) or _listed_instruments(info) or _found_instruments(client, pid)
+        urls = list(instruments) or _listed_instruments(sink, info) or _found_instruments(client, pid)
         _collect_radix(sink, client, info, urls)
     return info if isinstance(info, dict) else None
 
 
-def _listed_instruments(info: Any) -> list[str]:
-    urls = info.get("radixtop_instrument") if isinstance(info, dict) else None
-    return list(urls) if isinstance(urls, list) else []
+def _listed_instruments(sink: Sink, info: Any) -> list[str]:
+    """The endpoints /server_info lists, under the rule for addresses from the network
+    (``radixtop.probes.radix.instrument_urls``: loopback only); a note names any left out."""
+    from radixtop.probes.radix import instrument_urls
+
+    listed = info.get("radixtop_instrument") if isinstance(info, dict) else None
+    if not isinstance(listed, list):
+        return []
+    dropped: list[str] = []
+    urls = instrument_urls(listed, dropped)
+    if dropped:
+        sink.note(
+            "radix/listed-instruments",
+            f"/server_info lists debug endpoints that were not contacted: {', '.join(map(repr, dropped[:8]))}. "
+            "radixtop contacts an address from the network only on loopback; pass --instrument URL to "
+            "read one elsewhere",
+        )
+    return urls
 
 
 def _found_instruments(client: Http, pid: int | None) -> list[str]:
@@ -233,9 +248,9 @@ def _collect_radix(sink: Sink, client: Http, info: Any, urls: list[Any]) -> None
         )
         sink.note("radix/snapshots.json", why)
         return
-    for rank, endpoint in enumerate(urls[:64]):
-        if not isinstance(endpoint, str) or not endpoint.startswith("http") or not is_loopback_url(endpoint):
-            sink.note(f"radix/rank{rank}-snapshot.json", f"instrument URL {endpoint!r} is not on loopback; not fetched")
+    for rank, endpoint in enumerate(urls[:64]):  # given by the user, or filtered by instrument_urls
+        if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
+            sink.note(f"radix/rank{rank}-snapshot.json", f"instrument URL {endpoint!r} is not an http URL; not fetched")
             continue
         base = endpoint.rstrip("/")
         for kind, path, params in (

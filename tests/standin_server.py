@@ -47,7 +47,9 @@ def main() -> None:
             if path == "/server_info":
                 if args.mode == "deep":
                     deep = "[" * 900 + "]" * 900
-                    body = f'{{"version": "0.5-standin", "max_total_num_tokens": 4096, "deep": {deep}}}'.encode()
+                    listed = json.dumps(args.list_instrument)
+                    body = (f'{{"version": "0.5-standin", "max_total_num_tokens": 4096, "deep": {deep}, '
+                            f'"radixtop_instrument": {listed}}}').encode()  # fmt: skip
                     return self._send(200, body)
                 doc = {"version": "0.5-standin", "notes": list(secrets.values()), **secrets}
                 if args.list_instrument:

@@ -140,6 +140,7 @@ class BundleWriter:
         self._write(rel, self.redactor.text(text))
 
     def json(self, rel: str, obj: Any) -> None:
+        obj = prune_depth(obj)  # redacting and dumping recurse: a hostile document nests thousands deep
         self._write(rel, json.dumps(self.redactor.json(obj), indent=2, ensure_ascii=False, default=str) + "\n")
 
     def note(self, rel: str, why: str) -> None:
@@ -147,6 +148,29 @@ class BundleWriter:
         with self._lock:
             self.notes[self.redactor.name(rel)] = why
         self._write(rel + NOTE_SUFFIX, why + "\n")
+
+
+MAX_JSON_DEPTH = 64
+
+
+def prune_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> Any:
+    """A copy of a JSON value whose objects and arrays nested deeper than ``limit`` are replaced
+    by a string saying so; the rest is kept. Iterative: it must not recurse itself."""
+    holder: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any, int]] = [(obj, holder, 0, 0)]
+    while stack:
+        value, parent, key, depth = stack.pop()
+        if isinstance(value, (dict, list, tuple)) and depth >= limit:
+            parent[key] = f"[nested deeper than {limit} levels: cut]"
+        elif isinstance(value, dict):
+            new = parent[key] = dict.fromkeys(value)  # keys in order; values filled below
+            stack.extend((v, new, k, depth + 1) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            new = parent[key] = [None] * len(value)
+            stack.extend((v, new, i, depth + 1) for i, v in enumerate(value))
+        else:
+            parent[key] = value
+    return holder[0]
 
 
 def _sha256(path: Path) -> str:

@@ -186,9 +186,11 @@ def collect_server(
                 try:
                     info = json.loads(body)
                     sink.json("server/server_info.json", info)
-                except ValueError:
+                except (ValueError, RecursionError) as exc:
+                    info = None
+                    why = "is nested too deeply to parse" if isinstance(exc, RecursionError) else "is not JSON"
                     sink.text("server/server_info.txt", body.decode("utf-8", "replace"))
-                    sink.note("server/server_info.json", "/server_info did not answer JSON; its text is in server_info.txt")
+                    sink.note("server/server_info.json", f"/server_info's answer {why}; its text is in server_info.txt")
         except _HTTP_ERRORS as exc:
             sink.note("server/server_info.json", f"GET {url}/server_info failed: {_one_line(exc)}")
         urls = list(instruments) or _listed_instruments(sink, info) or _found_instruments(client, pid)
@@ -268,8 +270,10 @@ def _collect_radix(sink: Sink, client: Http, info: Any, urls: list[Any]) -> None
                 continue
             try:
                 sink.json(rel, json.loads(body))
-            except ValueError:
-                sink.note(rel, f"GET {base}{path} did not answer JSON")
+            except (ValueError, RecursionError) as exc:
+                why = "an answer nested too deeply to parse" if isinstance(exc, RecursionError) else "no JSON"
+                sink.text(rel.replace(".json", ".txt"), body.decode("utf-8", "replace"))
+                sink.note(rel, f"GET {base}{path} gave {why}; its text is kept beside")
 
 
 def collect_metrics(

@@ -29,6 +29,12 @@ What it survives:
 - copytruncate (same inode, size below our offset, or refilled past it within one poll: the bytes
   just before our offset changed): a "truncated" notice, then reading restarts at byte 0.
 - a path that does not exist yet, or is deleted: "waiting"/"deleted", followed when it (re)appears.
+- limits of following by path, said on screen rather than lost silently ("lost" notices): files
+  rotated away between two polls (rotation every few ms) are never opened; the notice counts
+  them (those written since the last poll, under names that begin with the followed one) and
+  their bytes. A copytruncate that empties the file before its last lines were read: those
+  lines are read from the copy beside it (same name plus a suffix, holding the same bytes up to
+  where reading stopped); with no such copy, a notice counts the bytes seen but not read.
 - a gzip-compressed file (a rotated log kept as .gz): decompressed and read once from its start,
   with a "compressed" notice saying it is not followed (nothing is appended to a .gz).
 - globs: re-expanded every 0.5 s; a file that appears later is read from its start. A glob that
@@ -113,6 +119,7 @@ _ROTATED_GRACE = 1.0  # keep reading a rotated/deleted file until it has been qu
 _INOTIFY_FALLBACK_S = 1.0
 _BOUNDARY = 64  # bytes before the offset re-read with each read to catch truncate-and-refill
 _MAX_FILES = 1000  # files followed at most, whatever the open-file limit
+_RECOVER_MAX = 64 << 20  # bytes read back from a copytruncate copy at most
 _RESERVED_FDS = 128  # descriptors left for the rest of the process (sockets, NVML, the terminal)
 _FDS_PER_FILE = 3  # a followed file, its line counter's copy and the history scan's copy
 
@@ -589,6 +596,9 @@ class _Source:
         self.next_retry = 0.0
         self.announced = False  # a "waiting" notice went out (or the file was there from the start)
         self.once = False  # a compressed file read to its end: never read again
+        self.seen_at = time.time()  # when the path was last looked at (files written since: unread)
+        self.last_size = 0  # the current file's size at that look
+        self.opened: set[tuple[int, int]] = set()  # every inode read at this path
 
 
 class _Tailer:
@@ -815,6 +825,7 @@ class _Tailer:
             offset = _start_of_backlog(fd, st.st_size, self.backlog_lines, self.max_line)
         source.start_at_end = False
         gen = source.current = _Generation(fd, st, source.next_number, offset)
+        source.opened.add((gen.dev, gen.ino))
         if offset:
             back = min(offset, _BOUNDARY)
             gen.boundary = os.pread(fd, back, offset - back)
@@ -966,7 +977,9 @@ class _Tailer:
                 source.last_error = str(exc)
                 message = f"cannot stat {path}: {exc.strerror or exc}; still reading the open file"
                 self.notice(path, "error", message)
+        seen_before, source.seen_at = source.seen_at, time.time()
         if st is not None and (st.st_dev, st.st_ino) != (gen.dev, gen.ino):
+            self.note_unread_rotations(source, st, seen_before)
             self.retire(source, gen, now)
             source.current = None
             source.next_retry = 0.0
@@ -974,14 +987,15 @@ class _Tailer:
             self.try_open(source, now, kind="rotated")
             return True  # read the old one out first, on the next pass
         size = st.st_size if st is not None else os.fstat(gen.fd).st_size
+        last_size, source.last_size = source.last_size, size
         if size < gen.offset:
-            self.truncated(source, gen)
+            self.truncated(source, gen, last_size)
         elif size == gen.offset:
             return False
         try:
             got, refilled = self.read(source, gen, check_boundary=True)
             if refilled:
-                self.truncated(source, gen)
+                self.truncated(source, gen, last_size)
                 got, _ = self.read(source, gen, check_boundary=True)
         except OSError as exc:
             # e.g. EIO on a network filesystem: keep the fd and our offset, and try again next poll
@@ -1032,7 +1046,93 @@ class _Tailer:
             self.notice(source.path, "error", f"{source.path}: read {source.lines:,} lines, then stopped: {problem}")
         return False
 
-    def truncated(self, source: _Source, gen: _Generation) -> None:
+    def _siblings(self, source: _Source) -> list[tuple[str, os.stat_result]]:
+        """Regular files beside the followed one whose names begin with its name (its rotations)."""
+        directory, name = os.path.split(os.path.abspath(source.path))
+        found = []
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.name != name and entry.name.startswith(name):
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if stat.S_ISREG(st.st_mode):
+                            found.append((entry.path, st))
+        except OSError:
+            pass
+        return found
+
+    def note_unread_rotations(self, source: _Source, new: os.stat_result, seen_before: float) -> None:
+        """The path names a new file: if it was rotated more than once since the last look, the
+        files between were never opened. Count those still beside it (written since then, never
+        read here; a compressed copy of a file that was read is not one of them)."""
+        skip = source.opened | {(new.st_dev, new.st_ino)}
+        unread = [
+            (path, st) for path, st in self._siblings(source)
+            if (st.st_dev, st.st_ino) not in skip and st.st_mtime >= seen_before and not path.endswith(".gz")
+        ]  # fmt: skip
+        if unread:
+            names = ", ".join(os.path.basename(p) for p, _ in sorted(unread)[:5])
+            self.notice(
+                source.path, "lost",
+                f"{source.path} was rotated faster than it is followed: {len(unread)} file(s), "
+                f"{sum(st.st_size for _, st in unread):,} bytes, were never read ({names}; still on disk)",
+            )  # fmt: skip
+
+    def recover_truncated(self, source: _Source, gen: _Generation, last_size: int) -> None:
+        """Before a truncated file is read again from its start: what was written after our
+        offset and before the truncation (copytruncate with no pause) is read from the copy,
+        when one is beside it; else a notice says it could not be read."""
+        best: tuple[float, str] | None = None
+        if not gen.boundary:  # nothing read yet: no bytes to match a copy against, nothing of it skipped
+            return
+        for path, st in self._siblings(source):
+            if st.st_size <= gen.offset or path.endswith(".gz") or (st.st_dev, st.st_ino) in source.opened:
+                continue
+            back = len(gen.boundary)
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    same = os.pread(fd, back, gen.offset - back) == gen.boundary
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+            if same and (best is None or st.st_mtime > best[0]):
+                best = (st.st_mtime, path)
+        if best is None:
+            unread = last_size - gen.offset  # seen at the last look, not read since
+            if unread > 0:
+                self.notice(source.path, "lost", f"{source.path} was truncated before {unread:,} bytes after byte "
+                            f"{gen.offset:,} were read; they could not be read (no copy of it found beside it)")  # fmt: skip
+            return
+        copy = best[1]
+        lines = got = 0
+        try:
+            fd = os.open(copy, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return
+        try:
+            while got < _RECOVER_MAX:
+                data = os.pread(fd, _CHUNK, gen.offset + got)
+                if not data:
+                    break
+                got += len(data)
+                texts = gen.split(data, self.max_line)
+                if texts:
+                    lines += len(texts)
+                    self.emit(source, gen, texts, time.monotonic())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        self.notice(source.path, "truncated", f"{source.path} was truncated before {got:,} bytes ({lines:,} lines) "
+                    f"were read; they were read from its copy {os.path.basename(copy)}")  # fmt: skip
+
+    def truncated(self, source: _Source, gen: _Generation, last_size: int = 0) -> None:
+        self.recover_truncated(source, gen, last_size)
         if gen.partial or gen.dropped:
             self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
         gen.restart(source.next_number)

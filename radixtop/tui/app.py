@@ -992,25 +992,25 @@ def run_until_quit(app: App) -> int | None:
     process in the middle of the screen. Returns the signal's number when one ended the app."""
     received: list[int] = []
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-
-        def quit_on(signum: int) -> None:
-            received.append(signum)
-            if len(received) == 1:
-                loop.create_task(app.run_action("quit"))
-            else:  # asked twice: the quit path itself is stuck; the terminal is still restored
-                app.exit(128 + signum)
-
-        for sig in QUIT_SIGNALS:
-            loop.add_signal_handler(sig, quit_on, sig)
+    def handle(signum: int, _frame: Any) -> None:
+        received.append(signum)
         try:
-            await app.run_async()
-        finally:
-            for sig in QUIT_SIGNALS:
-                loop.remove_signal_handler(sig)
+            loop = asyncio.get_running_loop()  # the app's: the handler runs on its thread
+        except RuntimeError:  # before or after the app: as if no handler were there
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if len(received) == 1:
+            loop.call_soon_threadsafe(lambda: loop.create_task(app.run_action("quit")))
+        else:  # asked twice: the quit path itself is stuck; the terminal is still restored
+            loop.call_soon_threadsafe(app.exit, 128 + signum)
 
-    asyncio.run(main())
+    previous = {sig: signal.signal(sig, handle) for sig in QUIT_SIGNALS}
+    try:
+        app.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return received[0] if received else None
 
 

@@ -27,10 +27,28 @@ ENGINE_ENV = "RADIXTOP_SCAN_ENGINE"
 THREADS_ENV = "RADIXTOP_SCAN_THREADS"
 _TEXT_WIDTH = 160
 _ID_WIDTH = 28
+_ellipsis = "…"  # "..." on a stdout that cannot encode it (see _fit_stdout)
 
 
 class _Failed(Exception):
     """A one-line message for stderr, exit status 2."""
+
+
+def _fit_stdout() -> bool:
+    """Whether stdout can encode Unicode. One that cannot (PYTHONIOENCODING=ascii, a C locale
+    without Python's UTF-8 mode) then writes "?" for what it cannot show, "..." for the report's
+    ellipsis, and --json escapes non-ASCII, instead of a UnicodeEncodeError half-way."""
+    global _ellipsis
+    try:
+        "…\u2502".encode(getattr(sys.stdout, "encoding", None) or "ascii")
+        return True
+    except (UnicodeEncodeError, LookupError):
+        pass
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="replace")
+    _ellipsis = "..."
+    return False
 
 
 def run_scan(args: Namespace) -> int:
@@ -63,6 +81,7 @@ def _run(args: Namespace) -> int:
     except (ScanInputError, CatalogError) as exc:
         raise _Failed(str(exc)) from None
     threads = _threads_choice()
+    unicode_ok = _fit_stdout()
     matcher = _make_matcher(catalog)
     try:
         if args.matches:
@@ -78,7 +97,7 @@ def _run(args: Namespace) -> int:
         doc["engine"] = matcher.engine
         doc["fallback_note"] = matcher.fallback_note
         doc["notes"] = notes
-        json.dump(doc, sys.stdout, indent=2, ensure_ascii=False)
+        json.dump(doc, sys.stdout, indent=2, ensure_ascii=not unicode_ok)
         sys.stdout.write("\n")
     else:
         _print_report(report, summaries, matcher, notes, sys.stdout)
@@ -165,7 +184,7 @@ def _where(occ: Occurrence, rank: bool = True) -> str:
 
 def _clip(text: str) -> str:
     text = text.strip()
-    return text if len(text) <= _TEXT_WIDTH else text[: _TEXT_WIDTH - 1] + "…"
+    return text if len(text) <= _TEXT_WIDTH else text[: _TEXT_WIDTH - len(_ellipsis)] + _ellipsis
 
 
 def _print_report(

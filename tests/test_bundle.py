@@ -147,8 +147,11 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
         assert "py-spy is not installed" in (root / "stacks/py-spy.txt.note.txt").read_text()
     # collect_env ran with the server's own interpreter (here without torch: its note names it)
     collect_env = root / "env/collect_env.txt"
-    assert collect_env.exists() or f"{sys.executable} -m torch.utils.collect_env" in (
+    assert collect_env.exists() or f"{sys.executable} -I -m torch.utils.collect_env" in (
         root / "env/collect_env.txt.note.txt").read_text()  # fmt: skip
+    ran = {c["for"]: c for c in json.loads((root / "MANIFEST.json").read_text())["commands"]}
+    assert ran["env/collect_env.txt"]["argv"] == [sys.executable, "-I", "-m", "torch.utils.collect_env"]
+    assert f"process {sim.pid} runs" in ran["env/collect_env.txt"]["why"]
 
     # every file is in the manifest with its hash; tampering is caught; no secret anywhere
     manifest = json.loads((root / "MANIFEST.json").read_text())

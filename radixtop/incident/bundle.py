@@ -11,6 +11,14 @@ The volatile sources (processes, stacks, HTTP) are collected first and in parall
 last, so that a server that is dying is caught as early as possible while the log evidence (which
 only needs files) is always there. Each source is bounded by a timeout.
 
+Every network step shares one total deadline (``network_deadline_s``), every tool has a timeout,
+and the ``cancel`` event stops all of them at once: the collectors run in daemon threads that are
+not waited for once cancelled, so a server that answers a byte at a time never holds a bundle or
+the process that takes it. The partial directory is removed on every way out: an exception,
+cancel, Ctrl-C, and SIGTERM/SIGHUP (which, on the main thread, cancel the bundle and are then
+delivered as before); a partial directory left by a process that was killed outright is removed by
+the next bundle in the same directory.
+
 For a UI: ``take_bundle`` blocks (run it in a thread worker); ``on_progress`` receives
 :class:`BundleProgress` events from worker threads; setting the ``cancel`` event stops it and
 removes the partial directory. :class:`AutoBundler` takes one bundle, in a background thread, the
@@ -19,16 +27,17 @@ first time it is shown a finding of error severity or worse.
 
 from __future__ import annotations
 
-import concurrent.futures
 import glob
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import tarfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -94,33 +103,74 @@ class BundleResult:
 
 
 class BundleWriter:
-    """Files under one directory, redacted on the way in; notes for what could not be had."""
+    """Files under one directory, redacted on the way in; notes for what could not be had.
+
+    Once closed (the bundle was cancelled) it writes nothing: a collector still running cannot
+    recreate the directory that is being removed."""
 
     def __init__(self, root: Path, redactor: Redactor) -> None:
         self.root = root
         self.redactor = redactor
         self.notes: dict[str, str] = {}
+        self.commands: list[dict[str, Any]] = []  # every program run for the bundle, and why
+        self.closed = False
         self._lock = threading.Lock()
 
-    def _path(self, rel: str) -> Path:
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+
+    def _write(self, rel: str, data: str) -> None:
         if rel.startswith("/") or ".." in Path(rel).parts:
             raise ValueError(f"bundle path {rel!r} escapes the bundle")
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+        path = self.root / self.redactor.name(rel)  # a log named after a token names no file
+        with self._lock:
+            if self.closed:
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(data, encoding="utf-8")
+
+    def ran(self, rel: str, argv: Sequence[str], why: str) -> None:
+        """Record a program run for ``rel`` (listed in MANIFEST.json and README.txt)."""
+        entry = {"for": self.redactor.name(rel), "argv": self.redactor.argv(list(argv)), "why": self.redactor.text(why)}
+        with self._lock:
+            self.commands.append(entry)
 
     def text(self, rel: str, text: str) -> None:
-        self._path(rel).write_text(self.redactor.text(text), encoding="utf-8")
+        self._write(rel, self.redactor.text(text))
 
     def json(self, rel: str, obj: Any) -> None:
-        data = json.dumps(self.redactor.json(obj), indent=2, ensure_ascii=False, default=str)
-        self._path(rel).write_text(data + "\n", encoding="utf-8")
+        obj = prune_depth(obj)  # redacting and dumping recurse: a hostile document nests thousands deep
+        self._write(rel, json.dumps(self.redactor.json(obj), indent=2, ensure_ascii=False, default=str) + "\n")
 
     def note(self, rel: str, why: str) -> None:
         why = self.redactor.text(why.strip())
         with self._lock:
-            self.notes[rel] = why
-        self._path(rel + NOTE_SUFFIX).write_text(why + "\n", encoding="utf-8")
+            self.notes[self.redactor.name(rel)] = why
+        self._write(rel + NOTE_SUFFIX, why + "\n")
+
+
+MAX_JSON_DEPTH = 64
+
+
+def prune_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> Any:
+    """A copy of a JSON value whose objects and arrays nested deeper than ``limit`` are replaced
+    by a string saying so; the rest is kept. Iterative: it must not recurse itself."""
+    holder: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any, int]] = [(obj, holder, 0, 0)]
+    while stack:
+        value, parent, key, depth = stack.pop()
+        if isinstance(value, (dict, list, tuple)) and depth >= limit:
+            parent[key] = f"[nested deeper than {limit} levels: cut]"
+        elif isinstance(value, dict):
+            new = parent[key] = dict.fromkeys(value)  # keys in order; values filled below
+            stack.extend((v, new, k, depth + 1) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            new = parent[key] = [None] * len(value)
+            stack.extend((v, new, i, depth + 1) for i, v in enumerate(value))
+        else:
+            parent[key] = value
+    return holder[0]
 
 
 def _sha256(path: Path) -> str:
@@ -153,6 +203,56 @@ def _learn_secrets(redactor: Redactor, pid: int | None) -> None:
         redactor.learn_argv(process_argv(proc.pid))
 
 
+_PARTIAL = re.compile(r"\.radixtop-bundle-.*\.partial-(\d+)$")
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Partial directories and archives left in ``out`` by bundle processes that were killed
+    outright (SIGKILL, a power cut): nothing else can remove them."""
+    import psutil
+
+    try:
+        entries = list(out.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        m = _PARTIAL.match(entry.name)
+        if m is None or int(m.group(1)) == os.getpid() or psutil.pid_exists(int(m.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+class _Signals:
+    """On the main thread, SIGTERM and SIGHUP cancel the bundle (so that its partial directory is
+    removed) and are delivered to their previous handlers afterwards."""
+
+    WATCHED = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.WATCHED:
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.received.append(signum)
+        self.cancel.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(self.received):
+            signal.raise_signal(sig)  # as it would have been without the bundle in the way
+
+
 def take_bundle(
     out_dir: str | Path,
     *,
@@ -166,6 +266,7 @@ def take_bundle(
     after: int = 50,
     live_report: Any = None,
     http_timeout_s: float = 3.0,
+    network_deadline_s: float = 20.0,
     tool_timeout_s: float = 15.0,
     torch_env_timeout_s: float = 60.0,
     archive: bool = True,
@@ -177,90 +278,117 @@ def take_bundle(
 
     ``pid`` defaults to the process listening on the URL's port (on this machine);
     ``instruments``, the ranks' debug endpoints, to those /server_info lists or the pid's tree
-    serves (see :func:`radixtop.incident.evidence.collect_server`). Raises
-    :class:`BundleError` only when nothing can be written; every unreadable source is a note.
+    serves (see :func:`radixtop.incident.evidence.collect_server`). Each HTTP GET ends within
+    ``http_timeout_s`` and all of them within ``network_deadline_s`` of the start. Raises
+    :class:`BundleError` only when nothing can be written (:class:`BundleCancelled` when
+    cancelled); every unreadable source is a note.
     """
+    cancel = cancel or threading.Event()
+    with _Signals(cancel):
+        return _take_bundle(
+            out_dir, url=url, logs=logs, pid=pid, instruments=instruments, reason=reason,
+            signature_files=signature_files, context=context, after=after, live_report=live_report,
+            http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s, tool_timeout_s=tool_timeout_s,
+            torch_env_timeout_s=torch_env_timeout_s, archive=archive, on_progress=on_progress, cancel=cancel,
+            redactor=redactor,
+        )  # fmt: skip
+
+
+def _take_bundle(
+    out_dir: str | Path, *, url: str | None, logs: Sequence[str], pid: int | None, instruments: Sequence[str],
+    reason: str, signature_files: Sequence[str], context: int, after: int, live_report: Any,
+    http_timeout_s: float, network_deadline_s: float, tool_timeout_s: float, torch_env_timeout_s: float,
+    archive: bool, on_progress: Callable[[BundleProgress], None] | None, cancel: threading.Event,
+    redactor: Redactor | None,
+) -> BundleResult:  # fmt: skip
     from radixtop.incident import evidence
     from radixtop.incident.server import (
         base_url,
         is_loopback_url,
         listening_pid,
-        process_python,
+        server_interpreter,
         url_port,
     )
 
     began = time.monotonic()
-    cancel = cancel or threading.Event()
+    net_deadline = began + network_deadline_s
     url = base_url(url) if url else None
     logs = _expand(logs)
     if pid is None and url and is_loopback_url(url):
         pid = listening_pid(url_port(url))
     out = Path(out_dir)
+    redactor = redactor or Redactor()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        name = _final_name(out, reason)
+        _remove_stale_partials(out)
+        name = _final_name(out, redactor.name(reason))
         tmp = out / f".{name}.partial-{os.getpid()}"
         tmp.mkdir()
     except OSError as exc:
         raise BundleError(f"cannot write a bundle in {out}: {exc.strerror or exc}; pass a writable --out") from None
-    redactor = redactor or Redactor()
-    _learn_secrets(redactor, pid)
-    writer = BundleWriter(tmp, redactor)
     steps = ["processes+stacks", "server", "metrics", "nvml", "nvidia-smi", "collect_env", "logs"]
     state = {"done": 0}
     lock = threading.Lock()
 
     def progress(step: str, message: str) -> None:
-        if on_progress is not None:
+        if on_progress is not None and not cancel.is_set():
             with lock:
                 on_progress(BundleProgress(step, message, state["done"], len(steps)))
 
-    def finished(step: str) -> None:
-        with lock:
-            state["done"] += 1
-        progress(step, f"{step} collected")
-
-    def guarded(step: str, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception as exc:  # noqa: BLE001 - a collector's own bug must not lose the rest of the bundle
-            writer.note(f"errors/{step}", f"collecting {step} failed: {type(exc).__name__}: {exc}")
-            return None
-        finally:
-            finished(step)
-
-    def procs_and_stacks() -> None:
-        tree = evidence.collect_processes(writer, pid)
-        evidence.collect_stacks(writer, tree, timeout_s=tool_timeout_s)
-
-    report_box: dict[str, Any] = {}
-
-    def logs_step() -> None:
-        report_box["report"] = evidence.collect_logs(
-            writer, list(logs), signature_files=signature_files, context=context, after=after,
-            live_report=live_report,
-        )  # fmt: skip
-
-    progress("start", f"bundle {name}: collecting")
+    writer = BundleWriter(tmp, redactor)
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=6, thread_name_prefix="radixtop-bundle") as pool:
-            volatile = [
-                pool.submit(guarded, "processes+stacks", procs_and_stacks),
-                pool.submit(guarded, "server", lambda: evidence.collect_server(
-                    writer, url, pid=pid, instruments=instruments, timeout_s=http_timeout_s)),
-                pool.submit(guarded, "metrics", lambda: evidence.collect_metrics(writer, url, timeout_s=http_timeout_s)),
-            ]
-            slow = [
-                pool.submit(guarded, "nvml", lambda: evidence.collect_nvml(writer)),
-                pool.submit(guarded, "nvidia-smi", lambda: evidence.collect_nvidia_smi(writer, timeout_s=tool_timeout_s)),
-                pool.submit(
-                    guarded, "collect_env",
-                    lambda: evidence.collect_torch_env(writer, process_python(pid), timeout_s=torch_env_timeout_s),
-                ),
-            ]  # fmt: skip
-            _wait(volatile, cancel)
-            slow.append(pool.submit(guarded, "logs", logs_step))
-            _wait(slow, cancel)
+        _learn_secrets(redactor, pid)
+
+        def finished(step: str) -> None:
+            with lock:
+                state["done"] += 1
+            progress(step, f"{step} collected")
+
+        def guarded(step: str, call: Callable[[], Any]) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    call()
+                except Exception as exc:  # noqa: BLE001 - a collector's own bug must not lose the rest of the bundle
+                    if not cancel.is_set():
+                        writer.note(f"errors/{step}", f"collecting {step} failed: {type(exc).__name__}: {exc}")
+                finally:
+                    finished(step)
+
+            return run
+
+        def procs_and_stacks() -> None:
+            tree = evidence.collect_processes(writer, pid)
+            evidence.collect_stacks(writer, tree, timeout_s=tool_timeout_s, cancel=cancel)
+
+        def torch_env() -> None:
+            python, why = server_interpreter(pid) if pid is not None else (None, "the server's pid is unknown")
+            evidence.collect_torch_env(writer, python, why, timeout_s=torch_env_timeout_s, cancel=cancel)
+
+        report_box: dict[str, Any] = {}
+
+        def logs_step() -> None:
+            report_box["report"] = evidence.collect_logs(
+                writer, list(logs), signature_files=signature_files, context=context, after=after,
+                live_report=live_report,
+            )  # fmt: skip
+
+        progress("start", f"bundle {name}: collecting")
+        volatile = [
+            _start(guarded("processes+stacks", procs_and_stacks)),
+            _start(guarded("server", lambda: evidence.collect_server(
+                writer, url, pid=pid, instruments=instruments, timeout_s=http_timeout_s, deadline=net_deadline,
+                cancel=cancel))),
+            _start(guarded("metrics", lambda: evidence.collect_metrics(
+                writer, url, timeout_s=http_timeout_s, deadline=net_deadline, cancel=cancel))),
+        ]  # fmt: skip
+        slow = [
+            _start(guarded("nvml", lambda: evidence.collect_nvml(writer))),
+            _start(guarded("nvidia-smi", lambda: evidence.collect_nvidia_smi(writer, timeout_s=tool_timeout_s, cancel=cancel))),
+            _start(guarded("collect_env", torch_env)),
+        ]  # fmt: skip
+        _wait(volatile, cancel)
+        slow.append(_start(guarded("logs", logs_step)))
+        _wait(slow, cancel)
         if cancel.is_set():
             raise BundleCancelled("bundle cancelled")
         progress("manifest", "writing the manifest")
@@ -268,12 +396,14 @@ def take_bundle(
         final = out / name
         os.rename(tmp, final)
     except BaseException:
+        cancel.set()  # collectors still running stop
+        writer.close()  # and write nothing more
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     archive_path = None
     if archive:
         progress("archive", "writing the tar.gz")
-        archive_path = _write_archive(final, out, name)
+        archive_path = _write_archive(final, out, name, cancel)
     report = report_box.get("report")
     result = BundleResult(
         final, archive_path, tuple(files), dict(writer.notes), reason, time.monotonic() - began,
@@ -281,6 +411,14 @@ def take_bundle(
     )  # fmt: skip
     progress("done", f"bundle written: {final}")
     return result
+
+
+def _start(run: Callable[[], None]) -> threading.Thread:
+    """A collector in a daemon thread: one stuck in a system call (NVML, /proc) cannot keep the
+    process alive once the bundle is cancelled."""
+    thread = threading.Thread(target=run, name="radixtop-bundle", daemon=True)
+    thread.start()
+    return thread
 
 
 def _expand(patterns: Sequence[str]) -> list[str]:
@@ -295,13 +433,11 @@ def _expand(patterns: Sequence[str]) -> list[str]:
     return out
 
 
-def _wait(futures: Iterable[concurrent.futures.Future], cancel: threading.Event) -> None:
-    pending = set(futures)
-    while pending and not cancel.is_set():
-        _, pending = concurrent.futures.wait(pending, timeout=0.1)
-    if cancel.is_set():
-        for fut in pending:
-            fut.cancel()
+def _wait(threads: Iterable[threading.Thread], cancel: threading.Event) -> None:
+    """Until the threads end, or at once when cancelled (they stop by themselves)."""
+    for thread in threads:
+        while thread.is_alive() and not cancel.is_set():
+            thread.join(0.05)
 
 
 def _write_manifest(
@@ -326,6 +462,8 @@ def _write_manifest(
         "Secrets (tokens, API keys, Authorization headers, secret-named variables) are redacted as",
         "[REDACTED]; a secret with no recognisable shape in an innocently named variable is not.",
     ]
+    readme += ["", "Programs run (no program that the server names is ever run):"]
+    readme += [f"  {' '.join(c['argv'])}  ({c['why']})" for c in writer.commands] or ["  none"]
     if writer.notes:
         readme += ["", "Not collected:"] + [f"  {rel}: {why}" for rel, why in sorted(writer.notes.items())]
     writer.text("README.txt", "\n".join(readme) + "\n")
@@ -346,6 +484,7 @@ def _write_manifest(
         "logs": list(logs),
         "duration_s": round(time.monotonic() - began, 3),
         "notes": dict(sorted(writer.notes.items())),
+        "commands": list(writer.commands),
         "files": entries,
     }
     (root / MANIFEST).write_text(json.dumps(writer.redactor.json(manifest), indent=2) + "\n", encoding="utf-8")
@@ -353,57 +492,115 @@ def _write_manifest(
     return [e["path"] for e in entries]
 
 
-def _write_archive(final: Path, out: Path, name: str) -> Path | None:
+def _write_archive(final: Path, out: Path, name: str, cancel: threading.Event | None = None) -> Path | None:
     target = out / f"{name}.tar.gz"
     tmp = out / f".{name}.tar.gz.partial-{os.getpid()}"
+
+    def unless_cancelled(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        if cancel is not None and cancel.is_set():
+            raise BundleCancelled("archive cancelled")
+        return info
+
     try:
         with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(final, arcname=name)
+            tar.add(final, arcname=name, filter=unless_cancelled)
         os.replace(tmp, target)
         return target
-    except OSError:
+    except (OSError, BundleCancelled):
         tmp.unlink(missing_ok=True)
         return None  # the directory is the bundle; the archive is a convenience
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+MAX_MEMBER_BYTES = 256 << 20  # far above any file a bundle writes (log tails 4 MiB, HTTP answers 32 MiB)
+MAX_TOTAL_BYTES = 2 << 30
+MAX_MANIFEST_BYTES = 16 << 20
+
+
+def _hash_stream(handle: Any, limit: int) -> tuple[str, int]:
+    """SHA-256 of a stream read in 1 MiB blocks, and its length; stops past ``limit``."""
+    digest, size = hashlib.sha256(), 0
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        size += len(block)
+        if size > limit:
+            break
+        digest.update(block)
+    return digest.hexdigest(), size
+
+
+def _read_small(handle: Any, limit: int) -> bytes | None:
+    data = handle.read(limit + 1)
+    return None if len(data) > limit else data
 
 
 def verify_bundle(path: str | Path) -> list[str]:
-    """Problems found checking a bundle (directory or .tar.gz) against its manifest; [] if none."""
+    """Problems found checking a bundle (directory or .tar.gz) against its manifest; [] if none.
+
+    Every file is hashed as a stream in 1 MiB blocks; in an archive, a member whose header says
+    it is larger than MAX_MEMBER_BYTES is refused unread (a compression bomb is not a bundle)."""
     path = Path(path)
+    sums: dict[str, str] = {}  # relative path -> SHA-256
+    small: dict[str, bytes | None] = {}  # MANIFEST.json and SHA256SUMS themselves
     if path.is_dir():
-        files = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            rel = file.relative_to(path).as_posix()
+            with open(file, "rb") as fh:
+                if rel in (MANIFEST, SUMS):
+                    small[rel] = _read_small(fh, MAX_MANIFEST_BYTES)
+                else:
+                    sums[rel] = _hash_stream(fh, 1 << 62)[0]
     elif path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        files = {}
         try:
-            with tarfile.open(path, "r:gz") as tar:
-                for member in tar.getmembers():
-                    if member.isfile():
-                        rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
-                        handle = tar.extractfile(member)
-                        files[rel] = handle.read() if handle else b""
-        except (tarfile.TarError, OSError) as exc:
+            total = 0
+            with tarfile.open(path, "r|gz") as tar:  # a stream: members are read once, in order
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
+                    total += member.size
+                    if total > MAX_TOTAL_BYTES:
+                        return [f"{path}: its members hold more than {MAX_TOTAL_BYTES >> 30} GiB; not a radixtop bundle"]
+                    if member.size > MAX_MEMBER_BYTES:
+                        return [
+                            f"{path}: member {member.name} says it holds {member.size:,} bytes, more than a "
+                            f"bundle ever writes ({MAX_MEMBER_BYTES >> 20} MiB); not checked further (not a "
+                            "radixtop bundle, or a compression bomb)"
+                        ]
+                    handle = tar.extractfile(member)
+                    if handle is None:
+                        continue
+                    if rel in (MANIFEST, SUMS):
+                        small[rel] = _read_small(handle, MAX_MANIFEST_BYTES)
+                    else:
+                        sums[rel] = _hash_stream(handle, MAX_MEMBER_BYTES)[0]
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             return [f"{path}: not a readable tar.gz ({exc})"]
     else:
         return [f"{path}: neither a bundle directory nor a .tar.gz"]
-    if MANIFEST not in files:
+    if MANIFEST not in small:
         return [f"{path}: no {MANIFEST}"]
+    if small[MANIFEST] is None:
+        return [f"{MANIFEST}: larger than {MAX_MANIFEST_BYTES >> 20} MiB; not a radixtop manifest"]
     try:
-        manifest = json.loads(files[MANIFEST])
+        manifest = json.loads(small[MANIFEST])
         entries = {e["path"]: e for e in manifest["files"]}
-    except (ValueError, KeyError, TypeError) as exc:
-        return [f"{MANIFEST}: unreadable ({exc})"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        return [f"{MANIFEST}: unreadable ({type(exc).__name__})"]
     problems = []
     if manifest.get("format") != FORMAT:
         problems.append(f"{MANIFEST}: format is {manifest.get('format')!r}, not {FORMAT!r}")
     for rel, entry in sorted(entries.items()):
-        data = files.get(rel)
-        if data is None:
+        digest = sums.get(rel)
+        if digest is None:
             problems.append(f"{rel}: listed in the manifest but missing")
-        elif hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        elif digest != entry.get("sha256"):
             problems.append(f"{rel}: SHA-256 differs from the manifest")
-    for rel in sorted(set(files) - set(entries) - {MANIFEST, SUMS}):
+    for rel in sorted(set(sums) - set(entries)):
         problems.append(f"{rel}: present but not in the manifest")
-    sums = files.get(SUMS, b"").decode("utf-8", "replace").splitlines()
-    listed = {line[66:]: line[:64] for line in sums if len(line) > 66}
+    listed_sums = (small.get(SUMS) or b"").decode("utf-8", "replace").splitlines()
+    listed = {line[66:]: line[:64] for line in listed_sums if len(line) > 66}
     if listed != {rel: e.get("sha256") for rel, e in entries.items()}:
         problems.append(f"{SUMS} does not match {MANIFEST}")
     return problems

@@ -4,16 +4,27 @@ Every collector takes a ``sink`` (``radixtop.incident.bundle.BundleWriter``: it 
 writes) and never raises for an unreadable source: a dead server, a missing driver, a tool that is
 not installed or that hangs each become a ``<name>.note.txt`` saying why, so a bundle taken while
 the server dies is still complete. External tools run as argv lists with bounded timeouts; nothing
-from a log or the network is ever run.
+from a log or the network is ever run, and no program that another process names (its argv, its
+environment): the server's interpreter runs only as ``radixtop.incident.server.server_interpreter``
+allows. Each command run is recorded with why (``Sink.ran``), so the bundle says what ran.
+
+Every HTTP GET has one total deadline (``Http``), every tool a timeout, and both stop at once
+when the bundle's ``cancel`` event is set.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import psutil
 
-from radixtop.incident.server import auth_headers, is_loopback_url, snapshot_process
+from radixtop.incident.server import auth_headers, snapshot_process
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.findings import Report
@@ -49,6 +60,7 @@ class Sink(Protocol):
     def text(self, rel: str, text: str) -> None: ...
     def json(self, rel: str, obj: Any) -> None: ...
     def note(self, rel: str, why: str) -> None: ...
+    def ran(self, rel: str, argv: Sequence[str], why: str) -> None: ...
 
 
 def _one_line(exc: BaseException) -> str:
@@ -65,26 +77,88 @@ def _tail_text(data: bytes | str, lines: int = 20) -> str:
 # -- HTTP ---------------------------------------------------------------------------------------
 
 
-class _TooLarge(Exception):
+class HttpFailed(Exception):
+    """A GET with no usable answer: too large, past its deadline, or cancelled; one line."""
+
+
+class Cancelled(HttpFailed):
     pass
 
 
-def _get(client: httpx.Client, url: str, params: dict[str, Any] | None = None) -> tuple[int, bytes]:
-    with client.stream("GET", url, params=params) as response:
-        data = bytearray()
-        for chunk in response.iter_bytes():
-            data += chunk
-            if len(data) > MAX_HTTP_BYTES:
-                raise _TooLarge(f"answer larger than {MAX_HTTP_BYTES >> 20} MiB")
-        return response.status_code, bytes(data)
+_HTTP_ERRORS = (httpx.HTTPError, HttpFailed)
+_CANCEL_POLL_S = 0.05
 
 
-def _client(timeout_s: float) -> httpx.Client:
-    return httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)), headers=auth_headers())
+class Http:
+    """GETs on one event loop, each bounded by a total deadline: ``timeout_s`` per GET and the
+    step's ``deadline`` (a ``time.monotonic()`` value) for all of them. httpx's own timeout
+    applies to each read, so a server that sends a byte every second would hold a plain GET for
+    ever; here the whole exchange is a task that is dropped when its time is up or ``cancel``
+    is set (checked every 50 ms)."""
+
+    def __init__(
+        self, timeout_s: float, *, deadline: float | None = None, cancel: threading.Event | None = None
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.deadline = deadline
+        self.cancel = cancel or threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)), headers=auth_headers()
+        )
+
+    def __enter__(self) -> Http:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.run_until_complete(asyncio.wait_for(self._client.aclose(), 1.0))
+        self._loop.close()
+
+    def get(self, url: str, params: dict[str, Any] | None = None) -> tuple[int, bytes]:
+        if self.cancel.is_set():
+            raise Cancelled("cancelled")
+        budget = self.timeout_s
+        if self.deadline is not None:
+            budget = min(budget, self.deadline - time.monotonic())
+            if budget <= 0:
+                raise HttpFailed("not tried: the bundle's network deadline had passed")
+        return self._loop.run_until_complete(self._bounded(self._read(url, params), budget))
+
+    async def _bounded(self, coro: Any, budget: float) -> tuple[int, bytes]:
+        task = asyncio.ensure_future(coro)
+        end = time.monotonic() + budget
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=max(0.0, min(_CANCEL_POLL_S, end - time.monotonic())))
+                if done:
+                    return task.result()
+                if self.cancel.is_set():
+                    raise Cancelled("cancelled")
+                if time.monotonic() >= end:
+                    raise HttpFailed(f"no complete answer within {budget:.1f} s")
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _read(self, url: str, params: dict[str, Any] | None) -> tuple[int, bytes]:
+        async with self._client.stream("GET", url, params=params) as response:
+            data = bytearray()
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) > MAX_HTTP_BYTES:
+                    raise HttpFailed(f"answer larger than {MAX_HTTP_BYTES >> 20} MiB")
+            return response.status_code, bytes(data)
 
 
 def collect_server(
-    sink: Sink, url: str | None, *, pid: int | None = None, instruments: Sequence[str] = (), timeout_s: float = 3.0
+    sink: Sink, url: str | None, *, pid: int | None = None, instruments: Sequence[str] = (), timeout_s: float = 3.0,
+    deadline: float | None = None, cancel: threading.Event | None = None,
 ) -> dict[str, Any] | None:
     """/server_info (and /health), then the radix snapshots and events of the ranks' debug
     endpoints: those given, else those /server_info lists (the simulator), else those found among
@@ -92,42 +166,59 @@ def collect_server(
     if not url:
         sink.note("server/server_info.json", "no server URL given (--url); server state not fetched")
         if instruments:
-            with _client(timeout_s) as client:
+            with Http(timeout_s, deadline=deadline, cancel=cancel) as client:
                 _collect_radix(sink, client, None, list(instruments))
         return None
     info: dict[str, Any] | None = None
-    with _client(timeout_s) as client:
+    with Http(timeout_s, deadline=deadline, cancel=cancel) as client:
         try:
-            status, body = _get(client, f"{url}/health")
+            status, body = client.get(f"{url}/health")
             sink.text("server/health.txt", f"GET {url}/health -> HTTP {status}\n")
-        except (httpx.HTTPError, _TooLarge) as exc:
+        except _HTTP_ERRORS as exc:
             sink.note("server/health.txt", f"GET {url}/health failed: {_one_line(exc)}")
         try:
-            status, body = _get(client, f"{url}/server_info")
+            status, body = client.get(f"{url}/server_info")
             if status == 404:  # older releases only have the get_ alias
-                status, body = _get(client, f"{url}/get_server_info")
+                status, body = client.get(f"{url}/get_server_info")
             if status != 200:
                 sink.note("server/server_info.json", f"GET /server_info answered HTTP {status}: {_tail_text(body, 3)}")
             else:
                 try:
                     info = json.loads(body)
                     sink.json("server/server_info.json", info)
-                except ValueError:
+                except (ValueError, RecursionError) as exc:
+                    info = None
+                    why = "is nested too deeply to parse" if isinstance(exc, RecursionError) else "is not JSON"
                     sink.text("server/server_info.txt", body.decode("utf-8", "replace"))
-                    sink.note("server/server_info.json", "/server_info did not answer JSON; its text is in server_info.txt")
-        except (httpx.HTTPError, _TooLarge) as exc:
+                    sink.note("server/server_info.json", f"/server_info's answer {why}; its text is in server_info.txt")
+        except _HTTP_ERRORS as exc:
             sink.note("server/server_info.json", f"GET {url}/server_info failed: {_one_line(exc)}")
-        urls = list(instruments) or _listed_instruments(info) or _found_instruments(client, pid)
+        urls = list(instruments) or _listed_instruments(sink, info) or _found_instruments(client, pid)
         _collect_radix(sink, client, info, urls)
     return info if isinstance(info, dict) else None
 
 
-def _listed_instruments(info: Any) -> list[str]:
-    urls = info.get("radixtop_instrument") if isinstance(info, dict) else None
-    return list(urls) if isinstance(urls, list) else []
+def _listed_instruments(sink: Sink, info: Any) -> list[str]:
+    """The endpoints /server_info lists, under the rule for addresses from the network
+    (``radixtop.probes.radix.instrument_urls``: loopback only); a note names any left out."""
+    from radixtop.probes.radix import instrument_urls
+
+    listed = info.get("radixtop_instrument") if isinstance(info, dict) else None
+    if not isinstance(listed, list):
+        return []
+    dropped: list[str] = []
+    urls = instrument_urls(listed, dropped)
+    if dropped:
+        sink.note(
+            "radix/listed-instruments",
+            f"/server_info lists debug endpoints that were not contacted: {', '.join(map(repr, dropped[:8]))}. "
+            "radixtop contacts an address from the network only on loopback; pass --instrument URL to "
+            "read one elsewhere",
+        )
+    return urls
 
 
-def _found_instruments(client: httpx.Client, pid: int | None) -> list[str]:
+def _found_instruments(client: Http, pid: int | None) -> list[str]:
     """The endpoints among the server's listening ports (as discovery finds them), in rank order."""
     from radixtop.probes.discovery import instrument_candidates, rank_of_health
     from radixtop.schema import HEALTH_PATH
@@ -137,8 +228,8 @@ def _found_instruments(client: httpx.Client, pid: int | None) -> list[str]:
     found = []
     for url in instrument_candidates(pid):
         try:
-            status, body = _get(client, url + HEALTH_PATH)
-        except (httpx.HTTPError, _TooLarge):
+            status, body = client.get(url + HEALTH_PATH)
+        except _HTTP_ERRORS:
             continue
         rank = rank_of_health(status, body)
         if rank is not None:
@@ -146,7 +237,7 @@ def _found_instruments(client: httpx.Client, pid: int | None) -> list[str]:
     return [url for _, url in sorted(found)]
 
 
-def _collect_radix(sink: Sink, client: httpx.Client, info: Any, urls: list[Any]) -> None:
+def _collect_radix(sink: Sink, client: Http, info: Any, urls: list[Any]) -> None:
     from radixtop.schema import BUDGET_PARAM, EVENTS_PATH, LIMIT_PARAM, SNAPSHOT_PATH
 
     if not urls:
@@ -159,9 +250,9 @@ def _collect_radix(sink: Sink, client: httpx.Client, info: Any, urls: list[Any])
         )
         sink.note("radix/snapshots.json", why)
         return
-    for rank, endpoint in enumerate(urls[:64]):
-        if not isinstance(endpoint, str) or not endpoint.startswith("http") or not is_loopback_url(endpoint):
-            sink.note(f"radix/rank{rank}-snapshot.json", f"instrument URL {endpoint!r} is not on loopback; not fetched")
+    for rank, endpoint in enumerate(urls[:64]):  # given by the user, or filtered by instrument_urls
+        if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
+            sink.note(f"radix/rank{rank}-snapshot.json", f"instrument URL {endpoint!r} is not an http URL; not fetched")
             continue
         base = endpoint.rstrip("/")
         for kind, path, params in (
@@ -170,8 +261,8 @@ def _collect_radix(sink: Sink, client: httpx.Client, info: Any, urls: list[Any])
         ):
             rel = f"radix/rank{rank}-{kind}.json"
             try:
-                status, body = _get(client, f"{base}{path}", params)
-            except (httpx.HTTPError, _TooLarge) as exc:
+                status, body = client.get(f"{base}{path}", params)
+            except _HTTP_ERRORS as exc:
                 sink.note(rel, f"GET {base}{path} failed: {_one_line(exc)}")
                 continue
             if status != 200:
@@ -179,18 +270,23 @@ def _collect_radix(sink: Sink, client: httpx.Client, info: Any, urls: list[Any])
                 continue
             try:
                 sink.json(rel, json.loads(body))
-            except ValueError:
-                sink.note(rel, f"GET {base}{path} did not answer JSON")
+            except (ValueError, RecursionError) as exc:
+                why = "an answer nested too deeply to parse" if isinstance(exc, RecursionError) else "no JSON"
+                sink.text(rel.replace(".json", ".txt"), body.decode("utf-8", "replace"))
+                sink.note(rel, f"GET {base}{path} gave {why}; its text is kept beside")
 
 
-def collect_metrics(sink: Sink, url: str | None, *, timeout_s: float = 3.0) -> None:
+def collect_metrics(
+    sink: Sink, url: str | None, *, timeout_s: float = 3.0, deadline: float | None = None,
+    cancel: threading.Event | None = None,
+) -> None:
     if not url:
         sink.note("server/metrics.txt", "no server URL given (--url)")
         return
-    with _client(timeout_s) as client:
+    with Http(timeout_s, deadline=deadline, cancel=cancel) as client:
         try:
-            status, body = _get(client, f"{url}/metrics")
-        except (httpx.HTTPError, _TooLarge) as exc:
+            status, body = client.get(f"{url}/metrics")
+        except _HTTP_ERRORS as exc:
             sink.note("server/metrics.txt", f"GET {url}/metrics failed: {_one_line(exc)}")
             return
     if status == 404:
@@ -293,8 +389,11 @@ def _is_python(proc: psutil.Process) -> bool:
 
 def find_tool(name: str) -> str | None:
     """A command on PATH, else beside radixtop's own interpreter: installed with radixtop (its
-    venv, pipx) but not on PATH when radixtop is run as /path/to/venv/bin/radixtop."""
-    found = shutil.which(name)
+    venv, pipx) but not on PATH when radixtop is run as /path/to/venv/bin/radixtop. Relative PATH
+    entries (a log directory that happens to be the current one) are not searched; never a path
+    from the server's argv or environment."""
+    search = os.pathsep.join(d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(d))
+    found = shutil.which(name, path=search)
     if found is None:
         beside = Path(sys.executable).parent / name
         if beside.is_file() and os.access(beside, os.X_OK):
@@ -302,81 +401,131 @@ def find_tool(name: str) -> str | None:
     return found
 
 
-def collect_stacks(sink: Sink, processes: Sequence[psutil.Process], *, timeout_s: float = 10.0) -> None:
+def _trusted_tool(sink: Sink, rel: str, name: str, missing: str) -> str | None:
+    """``find_tool(name)`` when it passes the same ownership rule as the server's interpreter."""
+    from radixtop.incident.server import executable_trust
+
+    found = find_tool(name)
+    if found is None:
+        sink.note(rel, missing)
+        return None
+    why = executable_trust(found)
+    if why is not None:
+        sink.note(rel, f"{found} was not run: {why}")
+        return None
+    return found
+
+
+def collect_stacks(
+    sink: Sink, processes: Sequence[psutil.Process], *, timeout_s: float = 10.0, cancel: threading.Event | None = None
+) -> None:
     """``py-spy dump`` of every Python process in the tree (the scheduler's stack is the one that
-    matters when it hangs). py-spy pauses each process for a moment; locals are never dumped."""
+    matters when it hangs). py-spy pauses each process for a moment; locals are never dumped.
+
+    py-spy is radixtop's own (PATH or beside radixtop's interpreter, owned by you or root); it
+    reads the server's memory by pid and runs nothing the server chose."""
     if not processes:
         sink.note("stacks/py-spy.txt", "no server process known, so no stacks were taken")
         return
-    py_spy = find_tool("py-spy")
+    py_spy = _trusted_tool(
+        sink, "stacks/py-spy.txt", "py-spy",
+        "py-spy is not installed, so the server's Python stacks were not captured "
+        "(pip install py-spy, then take the bundle again while the server still runs)",
+    )  # fmt: skip
     if py_spy is None:
-        sink.note(
-            "stacks/py-spy.txt",
-            "py-spy is not installed, so the server's Python stacks were not captured "
-            "(pip install py-spy, then take the bundle again while the server still runs)",
-        )
         return
     pythons = [p for p in processes if _is_python(p)][:MAX_STACK_PROCESSES]
     if not pythons:
         sink.note("stacks/py-spy.txt", "no Python process in the server's tree")
         return
     for proc in pythons:
-        rel = f"stacks/py-spy-{proc.pid}.txt"
+        if cancel is not None and cancel.is_set():
+            return
+        _run_tool(
+            sink, f"stacks/py-spy-{proc.pid}.txt", [py_spy, "dump", "--pid", str(proc.pid)], timeout_s,
+            f"py-spy dump --pid {proc.pid}", why=f"Python stacks of server process {proc.pid} (radixtop's py-spy: {py_spy})",
+            cancel=cancel, partial=False,
+        )  # fmt: skip
+
+
+def _run(argv: list[str], timeout_s: float, cancel: threading.Event | None) -> tuple[int | None, bytes, bytes, str]:
+    """Run argv (its own session, so that its children stop with it); (exit status or None,
+    stdout, stderr, why it was stopped). Stopped at ``timeout_s`` or at once on ``cancel``."""
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    end = time.monotonic() + timeout_s
+    while True:
         try:
-            done = subprocess.run(
-                [py_spy, "dump", "--pid", str(proc.pid)],
-                capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False,
-            )  # fmt: skip
+            out, err = proc.communicate(timeout=_CANCEL_POLL_S * 2)
+            return proc.returncode, out, err, ""
         except subprocess.TimeoutExpired:
-            sink.note(rel, f"py-spy dump --pid {proc.pid} did not finish within {timeout_s:.0f} s")
-            continue
-        except OSError as exc:
-            sink.note(rel, f"py-spy could not run: {_one_line(exc)}")
-            continue
-        if done.returncode != 0:
-            sink.note(rel, f"py-spy dump --pid {proc.pid} failed ({done.returncode}): {_tail_text(done.stderr, 5)}")
-        else:
-            sink.text(rel, done.stdout.decode("utf-8", "replace"))
+            if cancel is not None and cancel.is_set():
+                why = "cancelled"
+            elif time.monotonic() >= end:
+                why = f"did not finish within {timeout_s:.0f} s"
+            else:
+                continue
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:  # a grandchild that left the group holds the pipes
+            proc.kill()
+            proc.wait()
+        return None, b"", b"", why
 
 
-def _run_tool(sink: Sink, rel: str, argv: list[str], timeout_s: float, what: str) -> None:
+def _run_tool(
+    sink: Sink, rel: str, argv: list[str], timeout_s: float, what: str, *, why: str = "",
+    cancel: threading.Event | None = None, partial: bool = True,
+) -> None:  # fmt: skip
+    sink.ran(rel, argv, why or what)
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        sink.note(rel, f"{what} did not finish within {timeout_s:.0f} s")
-        return
+        code, out_bytes, err, stopped = _run(argv, timeout_s, cancel)
     except OSError as exc:
         sink.note(rel, f"{what} could not run: {_one_line(exc)}")
         return
-    out = done.stdout.decode("utf-8", "replace")
-    if done.returncode != 0:
-        sink.note(rel, f"{what} failed (exit {done.returncode}): {_tail_text(done.stderr or done.stdout, 8)}")
-        if out.strip():
+    if code is None:
+        sink.note(rel, f"{what} {stopped}")
+        return
+    out = out_bytes.decode("utf-8", "replace")
+    if code != 0:
+        sink.note(rel, f"{what} failed (exit {code}): {_tail_text(err or out_bytes, 8)}")
+        if partial and out.strip():
             sink.text(rel.replace(".txt", ".partial.txt"), out)
         return
     sink.text(rel, out)
 
 
-def collect_nvidia_smi(sink: Sink, *, timeout_s: float = 15.0) -> None:
-    exe = shutil.which("nvidia-smi")
+def collect_nvidia_smi(sink: Sink, *, timeout_s: float = 15.0, cancel: threading.Event | None = None) -> None:
+    exe = _trusted_tool(sink, "gpu/nvidia-smi.txt", "nvidia-smi",
+                        "nvidia-smi is not on PATH (no NVIDIA driver on this machine?)")  # fmt: skip
     if exe is None:
-        sink.note("gpu/nvidia-smi.txt", "nvidia-smi is not on PATH (no NVIDIA driver on this machine?)")
         return
-    _run_tool(sink, "gpu/nvidia-smi.txt", [exe], timeout_s, "nvidia-smi")
-    _run_tool(sink, "gpu/nvidia-smi-q.txt", [exe, "-q"], timeout_s, "nvidia-smi -q")
+    _run_tool(sink, "gpu/nvidia-smi.txt", [exe], timeout_s, "nvidia-smi", why="GPU state", cancel=cancel)
+    if cancel is None or not cancel.is_set():
+        _run_tool(sink, "gpu/nvidia-smi-q.txt", [exe, "-q"], timeout_s, "nvidia-smi -q", why="GPU details", cancel=cancel)
 
 
-def collect_torch_env(sink: Sink, python: str | None, *, timeout_s: float = 60.0) -> None:
-    """``<the server's python> -m torch.utils.collect_env``: versions of torch, CUDA, drivers."""
+def collect_torch_env(
+    sink: Sink, python: str | None, why: str = "", *, timeout_s: float = 60.0, cancel: threading.Event | None = None
+) -> None:
+    """``<the server's python> -I -m torch.utils.collect_env``: versions of torch, CUDA, drivers.
+
+    ``python`` is what :func:`radixtop.incident.server.server_interpreter` allows, ``why`` its
+    reason (or why there is none). ``-I``: neither the current directory nor PYTHON* variables
+    add code to what runs.
+    """
     if not python:
         sink.note(
             "env/collect_env.txt",
-            "the server's Python interpreter is unknown (no local server pid, or it is not a Python "
-            "process); run `python -m torch.utils.collect_env` with the server's interpreter",
+            f"collect_env was not run: {why or 'the server interpreter is unknown'}. If you trust the "
+            "server's interpreter, run `<its python> -m torch.utils.collect_env` yourself",
         )
         return
-    _run_tool(sink, "env/collect_env.txt", [python, "-m", "torch.utils.collect_env"], timeout_s,
-              f"{python} -m torch.utils.collect_env")  # fmt: skip
+    _run_tool(sink, "env/collect_env.txt", [python, "-I", "-m", "torch.utils.collect_env"], timeout_s,
+              f"{python} -I -m torch.utils.collect_env", why=why, cancel=cancel)  # fmt: skip
 
 
 # -- logs -----------------------------------------------------------------------------------------
@@ -466,6 +615,14 @@ def _safe_name(path: str) -> str:
 def _copy_tail(sink: Sink, path: str, rel: str) -> None:
     if path == "-" or path.endswith(".gz"):
         sink.note(rel, f"{path}: a compressed file or stdin; its evidence is in evidence/, its tail is not copied")
+        return
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as exc:
+        sink.note(rel, f"{path}: {_one_line(exc)}")
+        return
+    if not regular:  # a FIFO was read once by the scan; opening it again would wait for a writer
+        sink.note(rel, f"{path}: not a regular file (a FIFO?); its evidence is in evidence/, its tail is not copied")
         return
     try:
         with open(path, "rb") as fh:

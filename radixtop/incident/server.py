@@ -23,6 +23,7 @@ __all__ = [
     "ServerError",
     "auth_headers",
     "base_url",
+    "executable_trust",
     "is_loopback_url",
     "listening_pid",
     "process_argv",
@@ -30,6 +31,7 @@ __all__ = [
     "process_environ",
     "process_python",
     "process_tree",
+    "server_interpreter",
     "snapshot_process",
     "stdout_log_paths",
     "url_port",
@@ -145,29 +147,83 @@ def process_cwd(pid: int | None) -> str | None:
         return None
 
 
-def process_python(pid: int | None) -> str | None:
-    """The interpreter the process runs, when it is a Python (for collect_env).
+def executable_trust(path: str) -> str | None:
+    """Why radixtop must not run this program, or None when it may.
 
-    argv[0] first: a virtual environment's python is a symlink whose target (what exe() gives)
-    would run without the environment's packages.
+    Whoever can write a program, or the directory that holds it, chooses what it does: the file
+    (a link and its target), the directories holding them and a virtual environment's
+    ``pyvenv.cfg`` (it names the interpreter's home) must belong to radixtop's own user or root
+    and be writable by neither group nor others.
+    """
+    link = os.path.abspath(path)
+    real = os.path.realpath(link)
+    checks = [real, os.path.dirname(real), os.path.dirname(link)]
+    for cfg in (os.path.join(os.path.dirname(link), "pyvenv.cfg"),
+                os.path.join(os.path.dirname(os.path.dirname(link)), "pyvenv.cfg")):  # fmt: skip
+        if os.path.exists(cfg):
+            checks += [cfg, os.path.dirname(cfg)]
+    me = os.geteuid()
+    for item in dict.fromkeys(checks):
+        try:
+            st = os.stat(item)
+        except OSError as exc:
+            return f"{item} cannot be checked ({exc.strerror or exc})"
+        if st.st_uid not in (me, 0):
+            return f"{item} belongs to uid {st.st_uid}, neither you nor root"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{item} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def server_interpreter(pid: int | None) -> tuple[str | None, str]:
+    """The server's Python interpreter if radixtop may run it (for collect_env), and why or why not.
+
+    The program is the one the kernel says the process runs (``/proc/PID/exe``). argv[0] is the
+    process's own choice (``exec -a /any/dir/python``) and never names what runs; it is used only
+    as a path to that same file (a virtual environment's python is a link to the base
+    interpreter, and run through the link the environment's packages are seen). Whichever path
+    is run must pass :func:`executable_trust`.
     """
     proc = _proc(pid)
     if proc is None:
-        return None
+        return None, f"process {pid} is gone or not readable"
     try:
+        exe = proc.exe()
         argv0 = (proc.cmdline() or [""])[0]
         cwd = proc.cwd()
-        exe = proc.exe()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return None, f"the executable of process {pid} is not readable (another user's process?)"
+    if not exe or "python" not in Path(exe).name.lower():
+        return None, f"process {pid} runs {exe or 'an unknown program'}, not a Python interpreter"
+    real = os.path.realpath(exe)
+    link = _argv0_path(proc, argv0, cwd)
+    if link and link != exe and os.path.realpath(link) == real and executable_trust(link) is None:
+        return link, (
+            f"process {pid} runs {real}; its argv[0] {link} is a link to that same file (its virtual "
+            "environment), and both belong to you or root and are writable by no one else"
+        )
+    why = executable_trust(exe)
+    if why is not None:
+        return None, f"process {pid}'s interpreter {exe} is not run: {why}"
+    return exe, f"process {pid} runs {exe}, which belongs to you or root and is writable by no one else"
+
+
+def _argv0_path(proc: psutil.Process, argv0: str, cwd: str) -> str | None:
+    """argv[0] as a path: relative to the process's directory, or looked up on its PATH."""
+    if not argv0:
         return None
-    if "python" in Path(argv0).name:
-        candidate = Path(cwd, argv0) if not os.path.isabs(argv0) and os.sep in argv0 else Path(argv0)
-        if candidate.is_absolute() and candidate.is_file():
-            return str(candidate)
-        found = shutil.which(argv0) if os.sep not in argv0 else None
-        if found and os.path.realpath(found) == os.path.realpath(exe):
-            return found
-    return exe if exe and "python" in Path(exe).name else None
+    if os.sep in argv0:
+        return os.path.normpath(os.path.join(cwd, argv0))
+    try:
+        search = proc.environ().get("PATH")
+    except (psutil.Error, OSError):
+        return None
+    return shutil.which(argv0, path=search) if search else None
+
+
+def process_python(pid: int | None) -> str | None:
+    """The server's interpreter, when radixtop may run it (see :func:`server_interpreter`)."""
+    return server_interpreter(pid)[0]
 
 
 def stdout_log_paths(pid: int | None) -> list[str]:

@@ -7,7 +7,10 @@ and found none younger than `min_interval_s`; one at start so health has somethi
 rate-limited (at most one per `min_interval_s`, 2/s by default) and stretched so that snapshots (detail walks within
 `max_duty - census_duty`) never take more than `max_duty` (1 %) of the scheduler thread with the
 census, which advances one bounded slice per step, its steps spaced to keep within `census_duty`
-(ten times less while nobody reads snapshots); at most `max_connections` requests are served at once.
+(ten times less while nobody reads snapshots); at most `max_connections` requests are served at once,
+at most half of them for one client address, and each connection is closed once it has taken
+`request_deadline_s` in all (a client that sends its request a line every few seconds, which no
+per-read timeout catches, cannot keep the others out for longer).
 
 The scheduler thread only reads: it captures raw figures (snapshot.Capture: plain ints, floats and
 row tuples) and swaps the capture in under a lock. The first HTTP thread that wants it builds the
@@ -128,15 +131,36 @@ def is_loopback(host: str) -> bool:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr: tuple[str, int], endpoint: InstrumentEndpoint, max_connections: int) -> None:
+    def __init__(
+        self, addr: tuple[str, int], endpoint: InstrumentEndpoint, max_connections: int, deadline_s: float
+    ) -> None:
         self.endpoint = endpoint
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._per_client = max(1, (max_connections + 1) // 2)
+        self._deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._active: dict[Any, tuple[str, float]] = {}  # connection -> (client address, deadline)
         family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.address_family = family
         super().__init__(addr, _Handler)
 
+    def _admit(self, request: Any, host: str) -> bool:
+        with self._lock:
+            if sum(1 for h, _ in self._active.values() if h == host) >= self._per_client:
+                return False
+            if not self._slots.acquire(blocking=False):  # bounded threads inside the host
+                return False
+            self._active[request] = (host, time.monotonic() + self._deadline_s)
+            return True
+
+    def _release(self, request: Any) -> None:
+        with self._lock:
+            if self._active.pop(request, None) is not None:
+                self._slots.release()
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):  # bounded threads inside the host
+        host = client_address[0] if isinstance(client_address, tuple) and client_address else ""
+        if not self._admit(request, host):
             self.endpoint._refusals.note(self.endpoint.rank)
             try:
                 request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
@@ -147,14 +171,26 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request(request, client_address)
         except Exception:
-            self._slots.release()
+            self._release(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(request)
+
+    def service_actions(self) -> None:
+        """Between polls of the serving loop: end connections past their deadline (shutting the
+        socket down wakes the thread blocked reading it, which then ends and frees its slot)."""
+        now = time.monotonic()
+        with self._lock:
+            late = [conn for conn, (_, deadline) in self._active.items() if deadline <= now]
+        for conn in late:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # The default prints a traceback to the host's stderr. A client that vanished while its
@@ -208,6 +244,7 @@ class InstrumentEndpoint:
         watch_window_s: float = 30.0,
         max_duty: float = 0.01,
         max_connections: int = 16,
+        request_deadline_s: float = 10.0,
         fresh_wait_s: float = 1.0,
         notice_every_s: float = _NOTICE_EVERY_S,
     ) -> None:
@@ -224,6 +261,7 @@ class InstrumentEndpoint:
         spare = self.max_duty - self.config.census_duty
         self._detail_duty = spare if spare > 0 else self.max_duty
         self.max_connections = max(1, max_connections)
+        self.request_deadline_s = max(0.1, request_deadline_s)  # a whole request, read and answered
         # A reader whose snapshot would be older than min_interval_s asks the scheduler for one and
         # waits for its next safe point, at most this long (a busy or hung scheduler: the old one).
         self.fresh_wait_s = max(0.0, fresh_wait_s)
@@ -285,7 +323,7 @@ class InstrumentEndpoint:
                 "set a token or bind 127.0.0.1"
             )
         try:
-            self._server = _Server((self.host, self.requested_port), self, self.max_connections)
+            self._server = _Server((self.host, self.requested_port), self, self.max_connections, self.request_deadline_s)
         except OSError as exc:
             why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
             return self._refuse(

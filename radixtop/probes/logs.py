@@ -29,7 +29,17 @@ What it survives:
 - copytruncate (same inode, size below our offset, or refilled past it within one poll: the bytes
   just before our offset changed): a "truncated" notice, then reading restarts at byte 0.
 - a path that does not exist yet, or is deleted: "waiting"/"deleted", followed when it (re)appears.
-- globs: re-expanded every 0.5 s; a file that appears later is read from its start.
+- limits of following by path, said on screen rather than lost silently ("lost" notices): files
+  rotated away between two polls (rotation every few ms) are never opened; the notice counts
+  them (those written since the last poll, under names that begin with the followed one) and
+  their bytes. A copytruncate that empties the file before its last lines were read: those
+  lines are read from the copy beside it (same name plus a suffix, holding the same bytes up to
+  where reading stopped); with no such copy, a notice counts the bytes seen but not read.
+- a gzip-compressed file (a rotated log kept as .gz): decompressed and read once from its start,
+  with a "compressed" notice saying it is not followed (nothing is appended to a .gz).
+- globs: re-expanded every 0.5 s; a file that appears later is read from its start. A glob that
+  matches more files than the open-file limit allows (each followed file may hold three
+  descriptors) follows the newest of them, with a "capped" notice saying how many and why.
 
 Lines: UTF-8 with replacement characters, CR before the newline removed, ANSI CSI/OSC sequences
 stripped, cut to `max_line` characters with a visible marker " …[line truncated: N bytes]" (N is
@@ -51,11 +61,12 @@ import re
 import stat
 import threading
 import time
+import zlib
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
     from radixtop.probes.fswait import FileWaiter
@@ -75,7 +86,7 @@ class LogRecord:
 @dataclass(frozen=True, slots=True)
 class LogNotice:
     source: str
-    kind: str  # "waiting", "created", "rotated", "truncated", "deleted", "error", "capped"
+    kind: str  # "waiting", "created", "rotated", "truncated", "deleted", "error", "capped", "compressed"
     message: str
     time: float  # time.time()
 
@@ -107,6 +118,10 @@ _ROTATED_GRACE = 1.0  # keep reading a rotated/deleted file until it has been qu
 # a glob whose directories have wildcards, a file we could not open and retry.
 _INOTIFY_FALLBACK_S = 1.0
 _BOUNDARY = 64  # bytes before the offset re-read with each read to catch truncate-and-refill
+_MAX_FILES = 1000  # files followed at most, whatever the open-file limit
+_RECOVER_MAX = 64 << 20  # bytes read back from a copytruncate copy at most
+_RESERVED_FDS = 128  # descriptors left for the rest of the process (sockets, NVML, the terminal)
+_FDS_PER_FILE = 3  # a followed file, its line counter's copy and the history scan's copy
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), charset selections like ESC ( B, other
 # two-byte escapes, and 8-bit CSI. No alternative can match a newline, so it is safe on a whole
@@ -350,6 +365,26 @@ def _line_text(data: bytes, dropped: int, max_line: int) -> tuple[str, bool]:
     return _cut(text, max_line, len(data) + dropped), True
 
 
+def file_budget() -> tuple[int, int | None]:
+    """How many files may be followed at once, and the open-file limit it comes from."""
+    import resource
+
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):
+        return _MAX_FILES, None
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_FILES, None
+    return max(1, min(_MAX_FILES, (soft - _RESERVED_FDS) // _FDS_PER_FILE)), soft
+
+
+def _head_of(fd: int) -> bytes:
+    try:
+        return os.pread(fd, 2, 0)
+    except OSError:
+        return b""
+
+
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -461,7 +496,7 @@ class _Generation:
 
     __slots__ = (
         "fd", "dev", "ino", "number", "offset", "lineno", "partial", "dropped", "boundary", "quiet_since",
-        "cut", "cut_noticed", "numbering",
+        "cut", "cut_noticed", "numbering", "gunzip",
     )  # fmt: skip
 
     def __init__(self, fd: int, st: os.stat_result, number: int, offset: int) -> None:
@@ -478,6 +513,7 @@ class _Generation:
         self.cut_noticed = False  # ... and whether the "capped" notice went out
         # While the lines before the starting offset are being counted: lineno counts from there.
         self.numbering: _Numbering | None = None
+        self.gunzip: Any = None  # a zlib decompressor for a compressed file (offset: compressed bytes)
 
     def restart(self, number: int) -> None:
         self.number, self.offset, self.lineno, self.boundary = number, 0, 0, b""
@@ -559,6 +595,10 @@ class _Source:
         self.last_error = ""
         self.next_retry = 0.0
         self.announced = False  # a "waiting" notice went out (or the file was there from the start)
+        self.once = False  # a compressed file read to its end: never read again
+        self.seen_at = time.time()  # when the path was last looked at (files written since: unread)
+        self.last_size = 0  # the current file's size at that look
+        self.opened: set[tuple[int, int]] = set()  # every inode read at this path
 
 
 class _Tailer:
@@ -592,6 +632,8 @@ class _Tailer:
         self.finished: dict[tuple[int, int], bytes] = {}
         self.lock = threading.Lock()  # guards the sources dict shape for health() on another thread
         self.next_glob = 0.0
+        self.budget, self.fd_limit = file_budget()
+        self.capped_at = 0  # files matching the globs when the last "capped" notice went out
         self.from_start = from_start
         self.runs: list[LogRun] = []
         self.notices: list[LogNotice] = []
@@ -672,6 +714,7 @@ class _Tailer:
         self.next_glob = now + _GLOB_EVERY
         held: set[tuple[int, int]] | None = None
         named: set[tuple[int, int]] = set()
+        fresh: list[tuple[float, str]] = []  # (mtime, path) of files to follow from now on
         for pattern in self.globs:
             matched = False
             for path in sorted(glob.glob(pattern, recursive=True)):
@@ -694,17 +737,39 @@ class _Tailer:
                 # reused; a closed one can, once deleted, so its first bytes must match as well.
                 if identity in held or (identity in self.finished and self.finished[identity] == _head(path)):
                     continue
-                source = self.add_source(path, start_at_end=initial and not self.from_start)
-                source.announced = True
-                if not initial:
-                    self.try_open(source, now)
+                fresh.append((st.st_mtime, path))
             if matched:
                 self.unmatched.discard(pattern)
             elif pattern not in self.unmatched:
                 self.unmatched.add(pattern)
                 self.notice(pattern, "waiting", f"no file matches {pattern} yet; waiting for one to appear")
+        self._add_fresh(fresh, now, initial)
         if not initial:  # forget files no glob names any more: their inode numbers may be reused
             self.finished = {k: v for k, v in self.finished.items() if k in named}
+
+    def _add_fresh(self, fresh: list[tuple[float, str]], now: float, initial: bool) -> None:
+        """Follow the files a glob newly matches: the newest of them when they would pass the
+        open-file budget, with one "capped" notice per change in how many matched."""
+        room = self.budget - len(self.sources)
+        paths = list(dict.fromkeys(path for _, path in fresh))
+        if len(paths) > room:
+            newest = sorted(fresh, reverse=True)
+            keep = set(dict.fromkeys(path for _, path in newest[: max(0, room)]))
+            if len(paths) != self.capped_at:
+                self.capped_at = len(paths)
+                limit = f"the open-file limit (ulimit -n) is {self.fd_limit}" if self.fd_limit else "radixtop's own limit"
+                self.notice(
+                    ", ".join(self.globs), "capped",
+                    f"{len(paths) + len(self.sources):,} files to follow, more than {self.budget:,} "
+                    f"({limit}); following the newest {len(self.sources) + len(keep):,}: narrow the glob "
+                    "or raise the limit",
+                )  # fmt: skip
+            paths = [path for path in paths if path in keep]
+        for path in paths:
+            source = self.add_source(path, start_at_end=initial and not self.from_start)
+            source.announced = True
+            if not initial:
+                self.try_open(source, now)
 
     # -- opening -----------------------------------------------------------------------------------
 
@@ -753,19 +818,26 @@ class _Tailer:
             os.close(fd)
             self.fail(source, f"{path} is not a regular file (a pipe or device?); only files can be followed")
             return False
+        if path.endswith(".gz") or _head_of(fd) == b"\x1f\x8b":
+            return self.open_compressed(source, fd, st)
         offset = 0
         if source.start_at_end:
             offset = _start_of_backlog(fd, st.st_size, self.backlog_lines, self.max_line)
         source.start_at_end = False
         gen = source.current = _Generation(fd, st, source.next_number, offset)
+        source.opened.add((gen.dev, gen.ino))
         if offset:
             back = min(offset, _BOUNDARY)
             gen.boundary = os.pread(fd, back, offset - back)
             # The lines before are counted on a thread of their own: the tail does not wait for it.
             gen.numbering = _Numbering()
-            _count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate, self.count_delay)
-            if self.history:
-                self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
+            try:
+                _count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate,
+                                     self.count_delay)  # fmt: skip
+                if self.history:
+                    self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
+            except OSError as exc:  # out of descriptors: the lines still come, unnumbered
+                gen.numbering.finish(0, f"line numbers of {path} unknown: {exc.strerror or exc}")
         source.next_number += 1
         source.last_error = ""
         source.state = "ok"
@@ -777,6 +849,17 @@ class _Tailer:
                 where = "its start" if offset == 0 else "its end"
                 self.notice(path, "created", f"{path} appeared; following it from {where}")
         source.announced = True
+        return True
+
+    def open_compressed(self, source: _Source, fd: int, st: os.stat_result) -> bool:
+        gen = source.current = _Generation(fd, st, source.next_number, 0)
+        gen.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        source.next_number += 1
+        source.start_at_end = False
+        source.last_error, source.state = "", "ok"
+        source.detail = "compressed: reading it once"
+        source.announced = True
+        self.notice(source.path, "compressed", f"{source.path} is compressed: read once from its start, not followed")
         return True
 
     # -- reading -----------------------------------------------------------------------------------
@@ -870,6 +953,8 @@ class _Tailer:
                 self.finish(source, gen)
         if backlog:
             return True  # the old generation first: the new file waits until it is read out
+        if source.once:
+            return False
         if source.current is None and not self.try_open(source, now):
             return False
         return self.follow(source, now)
@@ -877,6 +962,8 @@ class _Tailer:
     def follow(self, source: _Source, now: float) -> bool:
         gen = source.current
         assert gen is not None
+        if gen.gunzip is not None:
+            return self.read_compressed(source, gen)
         path = source.path
         try:
             st = os.stat(path)
@@ -890,7 +977,9 @@ class _Tailer:
                 source.last_error = str(exc)
                 message = f"cannot stat {path}: {exc.strerror or exc}; still reading the open file"
                 self.notice(path, "error", message)
+        seen_before, source.seen_at = source.seen_at, time.time()
         if st is not None and (st.st_dev, st.st_ino) != (gen.dev, gen.ino):
+            self.note_unread_rotations(source, st, seen_before)
             self.retire(source, gen, now)
             source.current = None
             source.next_retry = 0.0
@@ -898,14 +987,15 @@ class _Tailer:
             self.try_open(source, now, kind="rotated")
             return True  # read the old one out first, on the next pass
         size = st.st_size if st is not None else os.fstat(gen.fd).st_size
+        last_size, source.last_size = source.last_size, size
         if size < gen.offset:
-            self.truncated(source, gen)
+            self.truncated(source, gen, last_size)
         elif size == gen.offset:
             return False
         try:
             got, refilled = self.read(source, gen, check_boundary=True)
             if refilled:
-                self.truncated(source, gen)
+                self.truncated(source, gen, last_size)
                 got, _ = self.read(source, gen, check_boundary=True)
         except OSError as exc:
             # e.g. EIO on a network filesystem: keep the fd and our offset, and try again next poll
@@ -916,7 +1006,133 @@ class _Tailer:
             source.state, source.detail, source.last_error = "ok", f"following generation {gen.number}", ""
         return got >= _READ_BUDGET
 
-    def truncated(self, source: _Source, gen: _Generation) -> None:
+    def read_compressed(self, source: _Source, gen: _Generation) -> bool:
+        """Decompress the next part of a compressed file (at most _READ_BUDGET bytes out, so a
+        small file that inflates hugely is read a budget at a time); True while there is more."""
+        produced = 0
+        while produced < _READ_BUDGET:
+            d = gen.gunzip
+            raw = d.unconsumed_tail
+            if not raw:
+                try:
+                    raw = os.pread(gen.fd, _CHUNK, gen.offset)
+                except OSError as exc:
+                    return self.done_compressed(source, gen, f"cannot read it: {exc.strerror or exc}")
+                gen.offset += len(raw)
+                if not raw:
+                    return self.done_compressed(source, gen, "" if d.eof else "it ends before its end-of-stream marker")
+            try:
+                out = d.decompress(raw, _CHUNK)
+            except zlib.error as exc:
+                return self.done_compressed(source, gen, f"it is not valid gzip past this point ({exc})")
+            if d.eof:  # another member may follow (concatenated gzip files): from its first byte
+                gen.offset -= len(d.unused_data)
+                gen.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            if out:
+                produced += len(out)
+                texts = gen.split(out, self.max_line)
+                if texts:
+                    self.emit(source, gen, texts, time.monotonic())
+        return True
+
+    def done_compressed(self, source: _Source, gen: _Generation, problem: str) -> bool:
+        if gen.partial or gen.dropped:
+            self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
+        _close_quietly(gen.fd)
+        source.current, source.once = None, True
+        source.detail = f"compressed: read once ({source.lines:,} lines), not followed"
+        if problem:
+            source.state = "error"
+            self.notice(source.path, "error", f"{source.path}: read {source.lines:,} lines, then stopped: {problem}")
+        return False
+
+    def _siblings(self, source: _Source) -> list[tuple[str, os.stat_result]]:
+        """Regular files beside the followed one whose names begin with its name (its rotations)."""
+        directory, name = os.path.split(os.path.abspath(source.path))
+        found = []
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.name != name and entry.name.startswith(name):
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if stat.S_ISREG(st.st_mode):
+                            found.append((entry.path, st))
+        except OSError:
+            pass
+        return found
+
+    def note_unread_rotations(self, source: _Source, new: os.stat_result, seen_before: float) -> None:
+        """The path names a new file: if it was rotated more than once since the last look, the
+        files between were never opened. Count those still beside it (written since then, never
+        read here; a compressed copy of a file that was read is not one of them)."""
+        skip = source.opened | {(new.st_dev, new.st_ino)}
+        unread = [
+            (path, st) for path, st in self._siblings(source)
+            if (st.st_dev, st.st_ino) not in skip and st.st_mtime >= seen_before and not path.endswith(".gz")
+        ]  # fmt: skip
+        if unread:
+            names = ", ".join(os.path.basename(p) for p, _ in sorted(unread)[:5])
+            self.notice(
+                source.path, "lost",
+                f"{source.path} was rotated faster than it is followed: {len(unread)} file(s), "
+                f"{sum(st.st_size for _, st in unread):,} bytes, were never read ({names}; still on disk)",
+            )  # fmt: skip
+
+    def recover_truncated(self, source: _Source, gen: _Generation, last_size: int) -> None:
+        """Before a truncated file is read again from its start: what was written after our
+        offset and before the truncation (copytruncate with no pause) is read from the copy,
+        when one is beside it; else a notice says it could not be read."""
+        best: tuple[float, str] | None = None
+        if not gen.boundary:  # nothing read yet: no bytes to match a copy against, nothing of it skipped
+            return
+        for path, st in self._siblings(source):
+            if st.st_size <= gen.offset or path.endswith(".gz") or (st.st_dev, st.st_ino) in source.opened:
+                continue
+            back = len(gen.boundary)
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    same = os.pread(fd, back, gen.offset - back) == gen.boundary
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+            if same and (best is None or st.st_mtime > best[0]):
+                best = (st.st_mtime, path)
+        if best is None:
+            unread = last_size - gen.offset  # seen at the last look, not read since
+            if unread > 0:
+                self.notice(source.path, "lost", f"{source.path} was truncated before {unread:,} bytes after byte "
+                            f"{gen.offset:,} were read; they could not be read (no copy of it found beside it)")  # fmt: skip
+            return
+        copy = best[1]
+        lines = got = 0
+        try:
+            fd = os.open(copy, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return
+        try:
+            while got < _RECOVER_MAX:
+                data = os.pread(fd, _CHUNK, gen.offset + got)
+                if not data:
+                    break
+                got += len(data)
+                texts = gen.split(data, self.max_line)
+                if texts:
+                    lines += len(texts)
+                    self.emit(source, gen, texts, time.monotonic())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        self.notice(source.path, "truncated", f"{source.path} was truncated before {got:,} bytes ({lines:,} lines) "
+                    f"were read; they were read from its copy {os.path.basename(copy)}")  # fmt: skip
+
+    def truncated(self, source: _Source, gen: _Generation, last_size: int = 0) -> None:
+        self.recover_truncated(source, gen, last_size)
         if gen.partial or gen.dropped:
             self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
         gen.restart(source.next_number)

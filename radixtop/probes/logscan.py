@@ -24,10 +24,15 @@ stdin cannot be re-read, so there it sees only what is still in memory (4 to 8 M
 
 A line longer than MAX_LINE is scanned in pieces of MAX_LINE (memory stays bounded); a match that
 straddles two pieces is missed, and a hit's text is then its piece.
+
+Evidence lines (a hit's text, its context before and after, its opener) are kept to EVIDENCE_LINE
+characters with the follower's marker " …[line truncated: N bytes]", so a log of huge lines cannot
+multiply into huge findings (each finding holds over a hundred lines).
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import stat
 import sys
@@ -48,6 +53,7 @@ CONTEXT_WINDOW = 8 << 20
 BATCH_WINDOW = 8 << 20
 OPENER_LINES = 200
 OPENER_WINDOW = 1 << 20
+EVIDENCE_LINE = 64 * 1024  # characters kept of an evidence line: the follower's default max_line
 STDIN_NAME = "<stdin>"
 _FAILURE_SEVERITIES = frozenset({"error", "critical"})
 
@@ -69,7 +75,7 @@ class ScanHit:
 
     @property
     def text(self) -> str:
-        return _decode(self.raw)
+        return evidence_text(self.raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,21 @@ class FileSummary:
 def _decode(raw: bytes) -> str:
     text = raw.decode("utf-8", "replace")
     return text.removesuffix("\r")
+
+
+def evidence_text(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> str:
+    """buf[start:end] as an evidence line: decoded, and cut to EVIDENCE_LINE characters with a
+    marker giving the line's whole length when longer (at most 4 bytes a character are copied)."""
+    end = len(buf) if end is None else end
+    nbytes = end - start
+    if nbytes <= EVIDENCE_LINE:
+        return _decode(bytes(buf[start:end]))
+    whole = nbytes <= 4 * EVIDENCE_LINE
+    head = bytes(buf[start : start + 4 * EVIDENCE_LINE])
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=whole).removesuffix("\r")
+    if whole and len(text) <= EVIDENCE_LINE:
+        return text
+    return f"{text[:EVIDENCE_LINE]} …[line truncated: {nbytes} bytes]"
 
 
 # -- opening inputs -------------------------------------------------------------------------------
@@ -121,6 +142,13 @@ def check_input(path: str) -> None:
     if path == "-":
         return
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            # A FIFO or a device is read once, as a stream, as grep reads it: opening it here
+            # would take (and, closing it, end) its writer's output.
+            if not os.access(path, os.R_OK):
+                raise PermissionError(path)
+            return
         with open(path, "rb", buffering=0) as f:
             if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
                 raise IsADirectoryError(path)
@@ -283,7 +311,7 @@ def batch_stats_before(window: bytes) -> dict[str, BatchStats]:
         key = _rank_key(line)
         if key in seen:
             continue
-        parsed = parse_line(_decode(line))
+        parsed = parse_line(evidence_text(line))
         if parsed.batch is None:
             continue
         seen.add(key)
@@ -557,7 +585,7 @@ class LogScanner:
         queue = state.queue
         while queue and (final or queue[0].need <= 0):
             p = queue.popleft()
-            after = tuple(_decode(x) for x in p.after)
+            after = tuple(p.after)
             on_hit(
                 ScanHit(p.file, p.line, p.index, p.raw, p.context, p.batch, p.opener, after)
             )
@@ -582,13 +610,13 @@ class LogScanner:
             need = self.after
             if self.context:
                 lines = window.lines_before(line_start, self.context, CONTEXT_WINDOW)
-                context = tuple(_decode(x) for x in lines)
+                context = tuple(evidence_text(x) for x in lines)
         batch: Mapping[str, BatchStats] = {}
         if not state.failure_seen and index in self._failure:
             state.failure_seen = True
             batch = batch_stats_before(window.before(line_start, BATCH_WINDOW)[0])
         opener = None
-        if is_continuation(_decode(raw)):
+        if is_continuation(evidence_text(raw)):
             opener = self._opener(line_start, window)
         return _PendingHit(name, line, index, raw, context, batch, opener, need)
 
@@ -596,21 +624,21 @@ class LogScanner:
         from radixtop.diagnosis.logline import is_continuation
 
         for candidate in reversed(window.lines_before(line_start, OPENER_LINES, OPENER_WINDOW)):
-            text = _decode(candidate)
+            text = evidence_text(candidate)
             if not is_continuation(text):
                 return text
         return None
 
 
-def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[bytes]:
-    """Up to `count` lines of buf[start:end], from start (a line start)."""
+def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[str]:
+    """Up to `count` lines of buf[start:end], from start (a line start), as evidence lines."""
     lines = []
     pos = start
     while len(lines) < count and pos < end:
         nl = buf.find(b"\n", pos, end)
         if nl < 0:
             nl = end
-        lines.append(bytes(buf[pos:nl]))
+        lines.append(evidence_text(buf, pos, nl))
         pos = nl + 1
     return lines
 
@@ -658,7 +686,7 @@ class _PendingHit:
         self.context = context
         self.batch = batch
         self.opener = opener
-        self.after: list[bytes] = []
+        self.after: list[str] = []  # evidence lines
         self.need = need  # lines after still wanted
 
 

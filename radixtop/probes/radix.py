@@ -641,10 +641,35 @@ async def poll_all(probes: Sequence[RadixProbe]) -> list[RadixSample]:
     return list(await asyncio.gather(*(p.poll() for p in probes)))
 
 
-def instrument_urls(values: Iterable[object]) -> list[str]:
-    """The http(s) URLs in /server_info's radixtop_instrument list (anything else is dropped)."""
+def is_loopback_url(url: str) -> bool:
+    """Whether a URL's host is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def instrument_urls(values: Iterable[object], dropped: list[str] | None = None) -> list[str]:
+    """The debug-endpoint URLs in /server_info's radixtop_instrument list that radixtop may contact.
+
+    The list is network content, so the one rule for addresses radixtop did not get from its
+    user applies (the UI, discovery and the bundle all read the list here): only loopback URLs
+    are kept; an address off this machine is contacted only when the user types it
+    (--instrument). Anything else (not http(s), too long, off loopback) goes to ``dropped``.
+    """
     out = []
     for v in values:
-        if isinstance(v, str) and v.startswith(("http://", "https://")) and len(v) < 300:
+        if isinstance(v, str) and v.startswith(("http://", "https://")) and len(v) < 300 and is_loopback_url(v):
             out.append(v.rstrip("/"))
+        elif dropped is not None:
+            dropped.append(str(v)[:300])
     return out

@@ -112,6 +112,8 @@ async def _json_object(request: Request) -> dict[str, Any]:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:  # the parser's own bound on nesting: a client error, as SGLang answers it
+        raise BadRequest("The request body is nested too deeply; send a flat JSON object.") from None
     if not isinstance(payload, dict):
         raise BadRequest(f"The request body must be a JSON object, got {type(payload).__name__}.")
     return payload

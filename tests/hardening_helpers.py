@@ -1,0 +1,55 @@
+"""Shared by the hardening tests: the stand-in server as a real process on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixtop.sim.demo import stop_process
+
+STANDIN = Path(__file__).with_name("standin_server.py")
+
+
+@dataclass
+class Standin:
+    proc: subprocess.Popen
+    url: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def start_standin(
+    workdir: Path, *args: str, argv0: str | None = None, python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> Standin:  # fmt: skip
+    """The stand-in server, run by ``python``; ``argv0``: the name it claims (``exec -a``)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"standin-{time.monotonic_ns()}.port"
+    argv = [python, str(STANDIN), "--ready", str(ready), *args]
+    if argv0 is not None:
+        argv = ["bash", "-c", 'exec -a "$0" "$@"', argv0, *argv]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})}, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc)
+            raise AssertionError(f"the stand-in server did not start ({argv})")
+        time.sleep(0.05)
+    return Standin(proc, f"http://127.0.0.1:{int(ready.read_text())}")
+
+
+def argv_of(pid: int) -> Sequence[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")

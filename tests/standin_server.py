@@ -1,0 +1,94 @@
+"""A small stand-in for an LLM server on 127.0.0.1, standard library only (so that any copy of
+the interpreter runs it): the hardening tests start it as a real process.
+
+    python standin_server.py --ready FILE [--mode secrets|slow|deep] [--drip S] [anything else]
+
+``secrets``: /server_info and /metrics answer with every secret shape of SECRET_SHAPES (passed as
+a JSON file with --secrets). ``slow``: every answer is sent one byte every --drip seconds (at most
+120 s). ``deep``: /server_info is a JSON document 900 levels deep beside ordinary fields.
+``--list-instrument URL`` (repeatable): /server_info's radixtop_instrument list.
+Arguments it does not know are ignored, so a test can put secrets in its argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+DRIP_LIMIT_S = 120.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ready", required=True)
+    parser.add_argument("--mode", default="secrets")
+    parser.add_argument("--drip", type=float, default=2.0)
+    parser.add_argument("--secrets", default=None)
+    parser.add_argument("--list-instrument", action="append", default=[], help="a URL for radixtop_instrument")
+    args, _ = parser.parse_known_args()
+    secrets = json.load(open(args.secrets)) if args.secrets else {}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?")[0]
+            if args.mode == "slow":
+                return self._drip(b'{"version": "slow"}')
+            if path == "/health":
+                return self._send(200, b"")
+            if path == "/server_info":
+                if args.mode == "deep":
+                    deep = "[" * 900 + "]" * 900
+                    listed = json.dumps(args.list_instrument)
+                    body = (f'{{"version": "0.5-standin", "max_total_num_tokens": 4096, "deep": {deep}, '
+                            f'"radixtop_instrument": {listed}}}').encode()  # fmt: skip
+                    return self._send(200, body)
+                doc = {"version": "0.5-standin", "notes": list(secrets.values()), **secrets}
+                if args.list_instrument:
+                    doc["radixtop_instrument"] = args.list_instrument
+                return self._send(200, json.dumps(doc).encode())
+            if path == "/metrics":
+                text = "".join(f"# {v}\n" for v in secrets.values()) + "sglang:num_running_reqs 0\n"
+                return self._send(200, text.encode())
+            return self._send(404, b"not found")
+
+        def _send(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _drip(self, body: bytes) -> None:
+            raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            end = time.monotonic() + DRIP_LIMIT_S
+            try:
+                for i in range(len(raw)):
+                    if time.monotonic() > end:
+                        return
+                    self.wfile.write(raw[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(args.drip)
+            except OSError:
+                return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    with open(args.ready + ".tmp", "w") as fh:
+        fh.write(str(server.server_address[1]))
+    os.replace(args.ready + ".tmp", args.ready)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""A server that answers one byte every 2 s holds neither `radixtop bundle` nor the process that
+takes it: every network step ends within its total deadline, Ctrl-C / SIGTERM / the UI's cancel
+stop at once, and no partial directory survives. A real slow stand-in server on loopback and real
+`radixtop bundle` processes receiving real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from hardening_helpers import start_standin
+from incident_helpers import wait_for, write_lines
+
+from radixtop.incident.bundle import BundleCancelled, take_bundle
+
+LOG_LINES = [f"[2026-12-02 14:00:01 TP0] line {i}" for i in range(200)]
+
+
+@pytest.fixture
+def slow(tmp_path: Path):
+    server = start_standin(tmp_path / "slow", "--mode", "slow", "--drip", "2")
+    yield server
+    server.stop()
+
+
+def _bundle_proc(tmp_path: Path, url: str) -> subprocess.Popen:
+    log = tmp_path / "server.log"
+    write_lines(log, LOG_LINES)
+    return subprocess.Popen(
+        [sys.executable, "-m", "radixtop", "bundle", "--url", url, "--log", str(log), "--out", str(tmp_path / "out"),
+         "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+
+
+def _partials(out: Path) -> list[str]:
+    return [p.name for p in out.iterdir() if ".partial-" in p.name] if out.exists() else []
+
+
+def _collecting(proc: subprocess.Popen, out: Path) -> bool:
+    return bool(_partials(out)) or proc.poll() is not None
+
+
+def test_bundle_against_a_server_that_drips_ends_within_its_deadline(tmp_path: Path, slow) -> None:
+    began = time.monotonic()
+    proc = _bundle_proc(tmp_path, slow.url)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    took = time.monotonic() - began
+    assert proc.returncode == 0, err
+    assert took < 30, f"the bundle took {took:.1f} s against a dripping server (deadline 20 s + startup)"
+    notes = json.loads(out)["notes"]
+    assert "no complete answer within" in notes["server/server_info.json"]
+    assert "no complete answer within" in notes["server/metrics.txt"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_bundle_at_once_and_leaves_no_partial_directory(tmp_path: Path, slow, sig) -> None:
+    out = tmp_path / "out"
+    proc = _bundle_proc(tmp_path, slow.url)
+    try:
+        assert wait_for(lambda: _collecting(proc, out), 30), "the bundle did not start"
+        assert proc.poll() is None and _partials(out)
+        time.sleep(0.5)  # in the middle of the slow GETs
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert took < 2.0, f"{sig.name} took {took:.1f} s to stop the bundle"
+    assert proc.returncode == (130 if sig == signal.SIGINT else -sig)
+    assert list(out.iterdir()) == [], "a partial directory or a bundle was left behind"
+
+
+def test_cancel_stops_a_bundle_within_a_second(tmp_path: Path, slow) -> None:
+    """The UI sets the cancel event on quit: take_bundle must return at once, whatever it waits for."""
+    log = tmp_path / "server.log"
+    write_lines(log, LOG_LINES)
+    cancel = threading.Event()
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            take_bundle(tmp_path / "out", url=slow.url, logs=[str(log)], cancel=cancel, http_timeout_s=60,
+                        network_deadline_s=120)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    assert wait_for(lambda: _partials(tmp_path / "out"), 20)
+    time.sleep(1.0)
+    cancel.set()
+    began = time.monotonic()
+    worker.join(5)
+    took = time.monotonic() - began
+    assert not worker.is_alive() and took < 1.0, f"take_bundle returned {took:.1f} s after cancel"
+    assert isinstance(box.get("error"), BundleCancelled)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_tool_is_killed_with_its_children_when_cancelled(tmp_path: Path) -> None:
+    from radixtop.incident.evidence import _run
+
+    pidfile = tmp_path / "child.pid"
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    began = time.monotonic()
+    code, _, _, why = _run(["sh", "-c", f"sleep 30 & echo $! > {pidfile}; wait"], 60, cancel)
+    assert code is None and why == "cancelled" and time.monotonic() - began < 2
+    child = int(pidfile.read_text())
+    assert wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, 5)
+
+
+def test_a_partial_directory_of_a_killed_bundle_is_removed_by_the_next(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = out / f".radixtop-bundle-20261202-140000-manual.partial-{dead.pid}"
+    (stale / "server").mkdir(parents=True)
+    alive = out / f".radixtop-bundle-20261202-140000-other.partial-{os.getppid()}"  # a live process's
+    alive.mkdir()
+    log = tmp_path / "server.log"
+    write_lines(log, LOG_LINES)
+    result = take_bundle(out, logs=[str(log)], archive=False)
+    assert not stale.exists() and alive.is_dir() and result.path.is_dir()

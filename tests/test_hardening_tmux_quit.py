@@ -1,0 +1,52 @@
+"""In a real terminal: `q` while a bundle waits on a server that answers a byte every 2 s quits
+within a second, the bundle's partial directory is gone and the terminal is back to normal."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hardening_helpers import start_standin
+from incident_helpers import wait_for, write_lines
+from tmux_helpers import Tmux
+
+pytestmark = [
+    pytest.mark.tmux,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+# Runs radixtop, then says how it ended and keeps the pane (a shell prompt stand-in).
+SCRIPT = '"$0" -m radixtop "$@"; echo "EXITED $?"; exec sleep 120'
+
+
+def _partials(where: Path) -> list[Path]:
+    return [p for p in where.iterdir() if ".partial-" in p.name]
+
+
+def test_q_quits_within_a_second_while_a_bundle_waits_on_a_dripping_server(tmp_path: Path) -> None:
+    slow = start_standin(tmp_path / "slow", "--mode", "slow", "--drip", "2")
+    log = tmp_path / "server.log"
+    write_lines(log, [f"[2026-12-02 14:00:01 TP0] line {i}" for i in range(50)])
+    tmux = Tmux(120, 40)
+    try:
+        tmux.start(["sh", "-c", SCRIPT, sys.executable, "--url", slow.url, "--log", str(log), "--no-discover",
+                    "--no-gpu"], tmp_path)  # fmt: skip
+        tmux.wait_for(lambda s: "q Quit" in s, "radixtop to start", timeout=30)
+        tmux.send("b")
+        assert wait_for(lambda: _partials(tmp_path), 15), "no bundle in progress"
+        time.sleep(1.0)  # in the middle of its slow GETs
+        assert _partials(tmp_path)
+        tmux.send("q")
+        sent = time.monotonic()
+        screen = tmux.wait_for(lambda s: "EXITED" in s, "radixtop to exit", timeout=60, step=0.05)
+        took = time.monotonic() - sent
+        assert "EXITED 0" in screen
+        assert took < 1.5, f"q took {took:.1f} s to quit during a bundle"
+        assert tmux("display", "-p", "-t", "radixtop", "#{alternate_on}").strip() == "0"
+        assert not _partials(tmp_path)
+    finally:
+        tmux.kill()
+        slow.stop()

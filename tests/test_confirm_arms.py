@@ -262,3 +262,44 @@ def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tm
         sim.stop()
     assert late.verdict == "inconclusive" and "not healthy within 1 s" in late.control["error"]
     assert "Loading safetensors" in late.control["output_tail"]
+
+
+def test_a_program_the_server_names_in_its_argv_is_never_what_confirm_runs(tmp_path: Path) -> None:
+    """`exec -a /some/dir/python`: argv[0] is the process's own choice; the plan runs the
+    interpreter the kernel says it runs, and a script no one vouches for is refused."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    marker = tmp_path / "ran"
+    fake = evil / "python"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    fake.chmod(0o755)
+    ready = tmp_path / "port"
+    proc = subprocess.Popen(
+        [str(fake), "-m", "radixtop", "sim", "--port", "0", "--ready-file", str(ready), *HEALTHY_FLAGS],
+        executable=sys.executable, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        # Python looks for its environment beside argv[0]: give it this one's packages.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20)
+        url = f"http://127.0.0.1:{ready.read_text().strip()}"
+        plan = asyncio.run(prepare(_options(tmp_path, url, runs=1)))
+        assert plan.live.program[0] == os.path.realpath(sys.executable) != str(fake)
+        assert all(str(evil) not in a for arm in plan.arms for a in arm.argv or ())
+        # A world-writable directory holding the interpreter: nothing of it is run, one line says why.
+        evil.chmod(0o777)
+        os.symlink(os.path.realpath(sys.executable), evil / "python3")
+        proc2 = subprocess.Popen([str(evil / "python3"), "-c", "import time; time.sleep(30)"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            from radixtop.incident.server import server_interpreter
+
+            python, why = server_interpreter(proc2.pid)
+            assert python == os.path.realpath(sys.executable) and "link" not in why  # not the writable link
+        finally:
+            proc2.kill()
+            proc2.wait(5)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert not marker.exists()

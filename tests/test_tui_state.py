@@ -177,6 +177,15 @@ def test_probe_notices_become_marked_lines_and_colour_the_health():
     assert "rotated" in view.detail
 
 
+def test_lines_the_follower_could_not_read_colour_the_health_as_lost():
+    state = IncidentState(capacity=10)
+    state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 3, None)])
+    lost = LogNotice("/var/log/a/server.log", "lost", "2 rotated files (1,234 bytes) were never read", 0.0)
+    state.apply(IngestResult([], notices=(lost,)))
+    (view,) = state.sources()
+    assert view.state == "lost" and "never read" in view.detail
+
+
 def test_a_rotation_keeps_colouring_the_health_when_the_new_file_is_reported_created_after_it():
     state = IncidentState(capacity=10)
     state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 3, None)])

@@ -302,13 +302,8 @@ def _take_bundle(
     redactor: Redactor | None,
 ) -> BundleResult:  # fmt: skip
     from radixtop.incident import evidence
-    from radixtop.incident.server import (
-        base_url,
-        is_loopback_url,
-        listening_pid,
-        server_interpreter,
-        url_port,
-    )
+    from radixtop.incident.server import base_url, listening_pid, server_interpreter, url_port
+    from radixtop.probes.http import is_loopback_url
 
     began = time.monotonic()
     net_deadline = began + network_deadline_s

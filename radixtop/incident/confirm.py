@@ -321,9 +321,11 @@ async def _server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any] | Non
 def _live_launch(
     options: ConfirmOptions, info: Mapping[str, Any] | None, pid: int | None, seen: Sighting | None
 ) -> LaunchCommand:
-    from radixtop.incident.server import process_argv, process_cwd, process_python
+    from radixtop.incident.server import executable_trust, process_argv, process_cwd, server_interpreter
 
-    python = process_python(pid) or (seen.python if seen is not None else None)
+    python, why_not = server_interpreter(pid) if pid is not None else (None, "the server is gone")
+    if python is None and seen is not None and seen.python and executable_trust(seen.python) is None:
+        python = seen.python  # trusted when it was seen, and still
     cwd = process_cwd(pid) or (seen.cwd if seen is not None else None)
     if options.launch_command:
         return replace(parse_launch_command(options.launch_command, source="given",
@@ -339,7 +341,7 @@ def _live_launch(
                 f"the process listening on the server's port ({shlex.join(live.program)[:80]}) is neither SGLang "
                 "nor radixtop's simulator; pass --launch-command '...' with the server's own command"
             )
-        return replace(live, cwd=cwd)
+        return replace(live, program=_trusted_program(live.program, python, why_not, cwd), cwd=cwd)
     text = (info or {}).get("launch_command")
     if isinstance(text, str) and text.strip():
         cmd = parse_launch_command(text, version=str((info or {}).get("version", "")), python=python)
@@ -348,6 +350,29 @@ def _live_launch(
         "cannot learn the server's launch command (no local process on its port, none seen while it lived and "
         "no launch_command in /server_info); pass --launch-command '...' (split like a shell, never run by one)"
     )
+
+
+def _trusted_program(program: Sequence[str], python: str | None, why_not: str, cwd: str | None) -> tuple[str, ...]:
+    """The server's program as radixtop may run it: argv[0] is the process's own choice (``exec -a
+    /any/dir/python``), so the interpreter is the one the kernel says it runs, checked as the
+    bundle checks it (radixtop.incident.server.executable_trust); a script it runs (a console
+    script, launch_server.py) must pass the same check. PlanError when it cannot."""
+    from radixtop.incident.server import executable_trust
+
+    if not program or "python" not in os.path.basename(program[0]).lower():
+        raise PlanError(f"the server's program {program[0] if program else '?'} is not a Python interpreter "
+                        "radixtop can vouch for; pass --launch-command '...' with the command to run")  # fmt: skip
+    if python is None:
+        raise PlanError(f"{why_not}; pass --launch-command '...' with the command to run")
+    out = [python]
+    for arg in program[1:]:
+        path = arg if os.path.isabs(arg) or cwd is None else os.path.join(cwd, arg)
+        if not arg.startswith("-") and os.path.isfile(path):
+            why = executable_trust(path)
+            if why is not None:
+                raise PlanError(f"the server's script {arg} is not run: {why}; pass --launch-command '...'")
+        out.append(arg)
+    return tuple(out)
 
 
 def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None, seen: Sighting | None) -> list[str]:
@@ -449,8 +474,9 @@ async def prepare(
     cancel: threading.Event | None = None,
 ) -> Plan:
     """Evidence first (a bundle), then the plan. Starts and stops nothing; sends no workload."""
-    from radixtop.incident.server import base_url, is_loopback_url, listening_pid, url_port
+    from radixtop.incident.server import base_url, listening_pid, url_port
     from radixtop.incident.workloads import pressure_trace
+    from radixtop.probes.http import is_loopback_url
 
     emit = on_event or (lambda event: None)
     began = time.monotonic()

@@ -7,7 +7,6 @@ a note, because evidence must be collected even when half the world is unreadabl
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import stat
@@ -24,7 +23,6 @@ __all__ = [
     "auth_headers",
     "base_url",
     "executable_trust",
-    "is_loopback_url",
     "listening_pid",
     "process_argv",
     "process_cwd",
@@ -70,16 +68,6 @@ def url_port(url: str) -> int | None:
         return parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         return None
-
-
-def is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def auth_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -37,6 +37,23 @@ class Fetched:
 _SSL_CONTEXT: Any = None
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether a URL's host is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def ssl_context() -> Any:
     """One verifying SSL context for every client: httpx builds one per client otherwise, loading
     the CA bundle each time (40-90 ms of CPU here; discovery makes a client every 30 s)."""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from radixtop.probes.http import Fetched, PolledProbe, fetch
+from radixtop.probes.http import Fetched, PolledProbe, fetch, is_loopback_url
 from radixtop.probes.status import SourceState, StateClock, one_line
 from radixtop.schema import (
     BUDGET_PARAM,
@@ -639,23 +639,6 @@ def rank_groups(tp_size: int | None) -> Callable[[int], int] | None:
 async def poll_all(probes: Sequence[RadixProbe]) -> list[RadixSample]:
     """Poll several ranks at once (their servers answer independently)."""
     return list(await asyncio.gather(*(p.poll() for p in probes)))
-
-
-def is_loopback_url(url: str) -> bool:
-    """Whether a URL's host is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    try:
-        host = urlsplit(url).hostname or ""
-    except ValueError:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def instrument_urls(values: Iterable[object], dropped: list[str] | None = None) -> list[str]:

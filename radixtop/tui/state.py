@@ -44,7 +44,7 @@ DEFAULT_CAPACITY = 100_000
 _NOTICE_HISTORY = 200  # notices kept for the status line
 _RATE_WINDOW = 2.0  # seconds of history behind the lines/s figure
 _RECENT_NOTICE = 15.0  # seconds a rotation/truncation notice colours a source's health
-_HEALTH_NOTICES = ("rotated", "truncated", "capped", "error")  # the notices that do
+_HEALTH_NOTICES = ("rotated", "truncated", "capped", "lost", "error")  # the notices that do
 _MAX_INGEST_ERRORS = 5  # per Ingestor: after this many failures, count them silently
 _BATCH_LOOKBACK = 4096  # lines per file kept to find each rank's last batch stats before a failure
 _OPENER_LOOKBACK = 400  # lines looked back for the line that opened a traceback's record
@@ -596,7 +596,7 @@ class SourceView:
 
     source: str
     label: str
-    state: str  # ok, waiting, deleted, error, rotated, truncated, capped
+    state: str  # ok, waiting, deleted, error, rotated, truncated, capped, lost
     detail: str
     lines: int
 

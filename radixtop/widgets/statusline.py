@@ -21,7 +21,7 @@ from textual.widget import Widget
 @dataclass(frozen=True)
 class SourceStatus:
     label: str
-    state: str  # ok, waiting, deleted, error, rotated, truncated, capped
+    state: str  # ok, waiting, deleted, error, rotated, truncated, capped, lost
     detail: str
 
 

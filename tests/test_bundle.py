@@ -296,7 +296,7 @@ def test_auto_bundle_takes_one_more_when_a_higher_severity_follows(tmp_path: Pat
     could not hold the crash's lines); nothing fires a third, and nothing fires while one runs."""
     from types import SimpleNamespace
 
-    from radixtop.diagnosis.catalog import severity_rank
+    from radixtop.diagnosis.severity import severity_rank
 
     log = tmp_path / "server.log"
     log.write_text("".join(f"[2026-12-03 07:00:{i % 60:02d}] INFO line {i}\n" for i in range(200)))

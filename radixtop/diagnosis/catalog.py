@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from radixtop import __version__
 from radixtop.diagnosis import diskcache
+from radixtop.diagnosis.severity import NAMES, Severity, severity_rank
 
 if TYPE_CHECKING:
     import tomllib
@@ -34,11 +35,9 @@ __all__ = [
     "CatalogError",
     "load_catalog",
     "parse_catalog",
-    "severity_rank",
 ]
 
-SEVERITIES = ("info", "warning", "error", "critical")  # ordered, lowest first
-_SEVERITY_RANK = {name: i for i, name in enumerate(SEVERITIES)}
+SEVERITIES = NAMES  # ordered, lowest first
 
 _REQUIRED = (
     "id",
@@ -97,9 +96,8 @@ class Signature:
     origin: str = "builtin"
 
     @property
-    def level(self) -> int:
-        """Position in SEVERITIES (0 = info)."""
-        return _SEVERITY_RANK[self.severity]
+    def level(self) -> Severity:
+        return severity_rank(self.severity)
 
 
 @dataclass(frozen=True)
@@ -122,10 +120,6 @@ class Catalog:
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(sig.id for sig in self.signatures)
-
-
-def severity_rank(severity: str) -> int:
-    return _SEVERITY_RANK[severity]
 
 
 def load_catalog(extra_files: Sequence[str | Path] = ()) -> Catalog:
@@ -219,7 +213,7 @@ def _from_cache(payload: bytes | None) -> tuple[Signature, ...] | None:
             and len(row) == len(_FIELDS)
             and all(isinstance(v, str) for v in row[:6])
             and all(isinstance(v, tuple) and all(isinstance(x, str) for x in v) for v in row[6:])
-            and row[3] in _SEVERITY_RANK
+            and row[3] in SEVERITIES
         ):
             return None
         out.append(Signature(*row, origin="builtin"))
@@ -373,7 +367,7 @@ def _validate(
                 f'write {key} = ["...", "..."]'
             )
     severity = table["severity"]
-    if severity not in _SEVERITY_RANK:
+    if severity not in SEVERITIES:
         raise CatalogError(
             f'{_at(source, lines, span, "severity")}: {name} has severity "{severity}"; '
             f"use one of {', '.join(SEVERITIES)}"

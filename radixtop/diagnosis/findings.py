@@ -37,17 +37,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from radixtop.diagnosis.catalog import Catalog, Signature, severity_rank
+from radixtop.diagnosis.catalog import Catalog, Signature
+from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE, OPENER_LOOKBACK, find_opener
 from radixtop.diagnosis.logline import BatchStats, opens_record, parse_line, strip_ansi
+from radixtop.diagnosis.severity import Severity
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.matcher import Matcher
 
 __all__ = ["Occurrence", "Finding", "Fingerprint", "Report", "FindingsBuilder"]
 
-_INFO = severity_rank("info")
-_WARNING = severity_rank("warning")
-_ERROR = severity_rank("error")
+_INFO = Severity.INFO
+_WARNING = Severity.WARNING
+_ERROR = Severity.ERROR
 _BATCH_HISTORY = 64  # batch lines kept per (file, rank) to answer "last before the failure"
 _INFO_HISTORY = 32  # info occurrences kept per file for the fingerprint
 _ACTIVE_FILES = 64  # files that keep a context ring; the least recently fed beyond this drop theirs
@@ -207,7 +209,7 @@ class FindingsBuilder:
         catalog: Catalog,
         *,
         matcher: Matcher | None = None,
-        context: int = 100,
+        context: int = CONTEXT_BEFORE,
         after: int = 20,
         clock_offsets: Mapping[str, float] | None = None,
     ) -> None:
@@ -292,12 +294,10 @@ class FindingsBuilder:
         if opens_record(text):
             opener = text
         else:
-            opener_line = 0
-            for back, line in enumerate(reversed(context_before), 1):
-                if opens_record(line):
-                    opener = opener if opener is not None else line
-                    opener_line = lineno - back
-                    break
+            found = find_opener(reversed(context_before))
+            opener_line = lineno - found[0] if found else 0
+            if opener is None and found:
+                opener = found[1]
         st.opener = opener
         st.opener_line = opener_line
         st.opener_parsed = None
@@ -338,7 +338,9 @@ class FindingsBuilder:
     def _occurrence(self, st: _FileState, lineno: int, text: str) -> tuple[tuple, Occurrence]:
         parsed = parse_line(text)
         time, epoch, rank = parsed.time, parsed.epoch, parsed.rank
-        if time is None:
+        # The record's opener gives a continuation line its time and rank, when it is near enough
+        # (the evidence policy's lookback; opener_line 0: a caller's opener, looked up within it).
+        if time is None and (st.opener_line == 0 or lineno - st.opener_line <= OPENER_LOOKBACK):
             opener = self._opener_parsed(st)
             if opener is not None:
                 time, epoch, rank = opener.time, opener.epoch, opener.rank or rank

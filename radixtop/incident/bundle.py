@@ -44,6 +44,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from radixtop.diagnosis.evidence_policy import CONTEXT_AFTER, CONTEXT_BEFORE
 from radixtop.incident.redact import Redactor
 
 __all__ = [
@@ -262,8 +263,8 @@ def take_bundle(
     instruments: Sequence[str] = (),
     reason: str = "manual",
     signature_files: Sequence[str] = (),
-    context: int = 100,
-    after: int = 50,
+    context: int = CONTEXT_BEFORE,
+    after: int = CONTEXT_AFTER,
     live_report: Any = None,
     http_timeout_s: float = 3.0,
     network_deadline_s: float = 20.0,
@@ -629,7 +630,7 @@ class AutoBundler:
 
     def observe(self, findings: Any) -> bool:
         """``findings``: a diagnosis Report or an iterable of Findings. True if a bundle started now."""
-        from radixtop.diagnosis.catalog import severity_rank
+        from radixtop.diagnosis.severity import severity_rank
 
         if self.state == "running" or self.exhausted:
             return False
@@ -651,9 +652,9 @@ class AutoBundler:
     @property
     def exhausted(self) -> bool:
         """A bundle was taken at the highest severity there is: nothing can fire it again."""
-        from radixtop.diagnosis.catalog import SEVERITIES, severity_rank
+        from radixtop.diagnosis.severity import Severity
 
-        return self.fired_level >= severity_rank(SEVERITIES[-1])
+        return self.fired_level >= max(Severity)
 
     def _run(self, live_report: Any) -> None:
         try:

@@ -902,7 +902,7 @@ class ConfirmationRun:
         return result
 
     async def run(self) -> Verdict:
-        from radixtop.diagnosis.catalog import severity_rank
+        from radixtop.diagnosis.severity import severity_rank
 
         if self._started:
             raise RuntimeError("a ConfirmationRun runs once; make a new one from the plan")

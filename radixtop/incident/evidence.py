@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import psutil
 
+from radixtop.diagnosis.evidence_policy import CONTEXT_AFTER, CONTEXT_BEFORE
 from radixtop.incident.server import auth_headers, snapshot_process
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ LOG_TAIL_BYTES = 4 << 20
 MAX_STACK_PROCESSES = 16
 RADIX_SNAPSHOT_BUDGET = 5_000
 RADIX_EVENTS_LIMIT = 2_000
-MIN_CONTEXT = 100  # the seed's checklist: at least 100 lines before the first occurrence
+MIN_CONTEXT = CONTEXT_BEFORE  # the seed's checklist: at least 100 lines before the first occurrence
 
 
 class Sink(Protocol):
@@ -537,7 +538,7 @@ def collect_logs(
     *,
     signature_files: Sequence[str] = (),
     context: int = MIN_CONTEXT,
-    after: int = 50,
+    after: int = CONTEXT_AFTER,
     live_report: Report | None = None,
 ) -> Report | None:
     """Findings over the logs, each signature's first occurrence with its context, and each log's

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE
+
 if TYPE_CHECKING:
     from radixtop.diagnosis.catalog import Catalog
     from radixtop.diagnosis.findings import Report
@@ -51,7 +53,8 @@ def _count_lines(path: str, end: int) -> int:
 
 
 class LogWindow:
-    def __init__(self, paths: Sequence[str], catalog: Catalog, matcher: Matcher | None = None, *, context: int = 100):
+    def __init__(self, paths: Sequence[str], catalog: Catalog, matcher: Matcher | None = None, *,
+                 context: int = CONTEXT_BEFORE):  # fmt: skip
         from radixtop.diagnosis.findings import FindingsBuilder
 
         self.paths = list(dict.fromkeys(paths))

@@ -18,21 +18,21 @@ Only for hits does it look closer, and always within a bound:
 - the last batch-stats line per rank before the file's first error/critical hit, from at most
   BATCH_WINDOW (8 MiB) before it: a rank whose last batch line is further back is left out;
 - for a hit inside a traceback or another continuation line, the line that opened the record
-  (at most OPENER_LINES lines / OPENER_WINDOW bytes back), for its time and rank.
+  (at most OPENER_LOOKBACK lines / OPENER_WINDOW bytes back), for its time and rank.
 Looking back uses the current and previous buffer, then `os.pread` on regular files; a `.gz` or
 stdin cannot be re-read, so there it sees only what is still in memory (4 to 8 MiB).
 
 A line longer than MAX_LINE is scanned in pieces of MAX_LINE (memory stays bounded); a match that
 straddles two pieces is missed, and a hit's text is then its piece.
 
-Evidence lines (a hit's text, its context before and after, its opener) are kept to EVIDENCE_LINE
-characters with the follower's marker " …[line truncated: N bytes]", so a log of huge lines cannot
+How far each look reaches, and how much of a line is kept, is diagnosis/evidence_policy.py's: the
+live log pane finds the same findings with the same evidence. Evidence lines (a hit's text, its
+context before and after, its opener) are kept to EVIDENCE_LINE characters with the follower's marker " …[line truncated: N bytes]", so a log of huge lines cannot
 multiply into huge findings (each finding holds over a hundred lines).
 """
 
 from __future__ import annotations
 
-import codecs
 import os
 import stat
 import sys
@@ -41,6 +41,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
+
+from radixtop.diagnosis.evidence_policy import (
+    CONTEXT_BEFORE,
+    OPENER_LOOKBACK,
+    batch_stats_before,
+    evidence_text,
+    find_opener,
+)
+from radixtop.diagnosis.severity import Severity
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.findings import FindingsBuilder
@@ -51,11 +60,8 @@ CHUNK_SIZE = 4 << 20
 MAX_LINE = 64 << 20
 CONTEXT_WINDOW = 8 << 20
 BATCH_WINDOW = 8 << 20
-OPENER_LINES = 200
 OPENER_WINDOW = 1 << 20
-EVIDENCE_LINE = 64 * 1024  # characters kept of an evidence line: the follower's default max_line
 STDIN_NAME = "<stdin>"
-_FAILURE_SEVERITIES = frozenset({"error", "critical"})
 
 
 class ScanInputError(Exception):
@@ -84,26 +90,6 @@ class FileSummary:
     lines: int
     hits: int
     note: str | None = None  # e.g. a truncated .gz: what was scanned is still reported
-
-
-def _decode(raw: bytes) -> str:
-    text = raw.decode("utf-8", "replace")
-    return text.removesuffix("\r")
-
-
-def evidence_text(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> str:
-    """buf[start:end] as an evidence line: decoded, and cut to EVIDENCE_LINE characters with a
-    marker giving the line's whole length when longer (at most 4 bytes a character are copied)."""
-    end = len(buf) if end is None else end
-    nbytes = end - start
-    if nbytes <= EVIDENCE_LINE:
-        return _decode(bytes(buf[start:end]))
-    whole = nbytes <= 4 * EVIDENCE_LINE
-    head = bytes(buf[start : start + 4 * EVIDENCE_LINE])
-    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=whole).removesuffix("\r")
-    if whole and len(text) <= EVIDENCE_LINE:
-        return text
-    return f"{text[:EVIDENCE_LINE]} …[line truncated: {nbytes} bytes]"
 
 
 # -- opening inputs -------------------------------------------------------------------------------
@@ -290,35 +276,6 @@ def _last_lines(data: bytes, count: int) -> list[bytes]:
     return lines
 
 
-def _rank_key(line: bytes) -> bytes:
-    # "[2026-12-02 14:00:00.123 DP0 TP3] ..." -> b"DP0 TP3": cheap, to parse one line per rank.
-    if not line.startswith(b"["):
-        return b""
-    close = line.find(b"]")
-    parts = line[1:close].split(b" ")
-    return b" ".join(parts[2:])
-
-
-def batch_stats_before(window: bytes) -> dict[str, BatchStats]:
-    """The last batch-stats line per rank in `window` (whole lines; the first may be cut)."""
-    from radixtop.diagnosis.logline import parse_line
-
-    found: dict[str, BatchStats] = {}
-    seen: set[bytes] = set()
-    for line in reversed(window.split(b"\n")):
-        if b" batch" not in line:
-            continue
-        key = _rank_key(line)
-        if key in seen:
-            continue
-        parsed = parse_line(evidence_text(line))
-        if parsed.batch is None:
-            continue
-        seen.add(key)
-        found.setdefault(parsed.rank or "", parsed.batch)
-    return found
-
-
 # -- the scan -------------------------------------------------------------------------------------
 
 
@@ -380,7 +337,7 @@ class LogScanner:
         self,
         matcher: Matcher,
         *,
-        context: int = 100,
+        context: int = CONTEXT_BEFORE,
         after: int = 20,
         details: bool = True,
         chunk_size: int = CHUNK_SIZE,
@@ -396,7 +353,7 @@ class LogScanner:
         # False, True, or None: per input, only when a core is idle (see _worth_a_worker).
         self.threads = threads
         self._failure = frozenset(
-            i for i, sig in enumerate(matcher.signatures) if sig.severity in _FAILURE_SEVERITIES
+            i for i, sig in enumerate(matcher.signatures) if sig.level >= Severity.ERROR
         )
         self._buffers = [bytearray(), bytearray()]  # grown to chunk_size (+ a line) on first use
 
@@ -621,13 +578,9 @@ class LogScanner:
         return _PendingHit(name, line, index, raw, context, batch, opener, need)
 
     def _opener(self, line_start: int, window: _Window) -> str | None:
-        from radixtop.diagnosis.logline import is_continuation
-
-        for candidate in reversed(window.lines_before(line_start, OPENER_LINES, OPENER_WINDOW)):
-            text = evidence_text(candidate)
-            if not is_continuation(text):
-                return text
-        return None
+        lines = window.lines_before(line_start, OPENER_LOOKBACK, OPENER_WINDOW)
+        found = find_opener(evidence_text(line) for line in reversed(lines))
+        return found[1] if found else None
 
 
 def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[str]:
@@ -770,7 +723,7 @@ def scan_into(
     paths: Iterable[str],
     matcher: Matcher,
     *,
-    context: int = 100,
+    context: int = CONTEXT_BEFORE,
     after: int = 20,
     threads: bool | None = False,
 ) -> list[FileSummary]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from textual.theme import Theme
 
-SEVERITY_ORDER = ("info", "warning", "error", "critical")  # lowest first, like diagnosis.catalog
-
 # Two cells each, so the column lines up; readable with no colour at all.
 SEVERITY_MARKERS = {
     "critical": "!!",

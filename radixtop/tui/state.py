@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, NamedTuple
 
+from radixtop.diagnosis.evidence_policy import BATCH_LOOKBACK, OPENER_LOOKBACK, batch_stats_before, find_opener
 from radixtop.diagnosis.logline import opens_record
+from radixtop.diagnosis.severity import Severity, rank
 from radixtop.probes.logs import LogRun
 from radixtop.tui.access_fold import AccessFolds, second_of
-
-SEVERITY_RANK: dict[str | None, int] = {None: 0, "info": 1, "warning": 2, "error": 3, "critical": 4}
 
 DEFAULT_CAPACITY = 100_000
 _NOTICE_HISTORY = 200  # notices kept for the status line
@@ -46,8 +46,6 @@ _RATE_WINDOW = 2.0  # seconds of history behind the lines/s figure
 _RECENT_NOTICE = 15.0  # seconds a rotation/truncation notice colours a source's health
 _HEALTH_NOTICES = ("rotated", "truncated", "capped", "lost", "error")  # the notices that do
 _MAX_INGEST_ERRORS = 5  # per Ingestor: after this many failures, count them silently
-_BATCH_LOOKBACK = 4096  # lines per file kept to find each rank's last batch stats before a failure
-_OPENER_LOOKBACK = 400  # lines looked back for the line that opened a traceback's record
 AFTER_WAIT = 0.5  # seconds a first occurrence waits for its context_after before it is reported
 HELD_HITS_MAX = 50_000  # hits kept waiting for earlier parts of files to be scanned, at most
 
@@ -170,12 +168,12 @@ class Ingestor:
         sigs = list(self._matcher.signatures)
         self._ids = tuple(sig.id for sig in sigs)
         self._severity = tuple(sig.severity for sig in sigs)
-        self._rank = tuple(SEVERITY_RANK.get(sig.severity, 0) for sig in sigs)
+        self._rank = tuple(rank(sig.severity) for sig in sigs)
         self._raw = tuple(sig.pattern for sig in sigs)
         self._patterns: dict[int, re.Pattern[str] | None] = {}
         self._files: dict[str, _FileTrack] = {}
         self._generation: dict[str, int] = {}  # newest generation seen per source
-        self._keep = max(self._context, _BATCH_LOOKBACK, _OPENER_LOOKBACK)
+        self._keep = max(self._context, BATCH_LOOKBACK, OPENER_LOOKBACK)
         self._lock = threading.Lock()
         self._send_errors: list[str] = []  # failures while handing hits over, for the next result
         self._errors = 0
@@ -276,7 +274,7 @@ class Ingestor:
         with self._lock:
             track = self._track(file)
             track.first_seen.add(index)
-            if self._rank[index] >= SEVERITY_RANK["error"]:
+            if self._rank[index] >= Severity.ERROR:
                 track.failure_seen = True
             try:
                 self._builder.add_hit(
@@ -382,7 +380,7 @@ class Ingestor:
                 hit.before = tuple(before)
             hit.after = texts[k + 1 : k + 1 + self._after]
             hit.need = self._after - len(hit.after)
-        if self._rank[index] >= SEVERITY_RANK["error"] and not track.failure_seen:
+        if self._rank[index] >= Severity.ERROR and not track.failure_seen:
             track.failure_seen = True
             hit.batch = self._batch_before(recent, texts[:k])
         if not opens_record(text):
@@ -392,25 +390,11 @@ class Ingestor:
     @staticmethod
     def _opener(recent: deque[str], texts: list[str], k: int) -> str | None:
         """The line that opened the record a continuation line (a traceback's body) belongs to."""
-        looked = 0
-        for i in range(k - 1, -1, -1):
-            if opens_record(texts[i]):
-                return texts[i]
-            looked += 1
-            if looked >= _OPENER_LOOKBACK:
-                return None
-        for line in reversed(recent):
-            if opens_record(line):
-                return line
-            looked += 1
-            if looked >= _OPENER_LOOKBACK:
-                return None
-        return None
+        found = find_opener(chain(reversed(texts[:k]), reversed(recent)))
+        return found[1] if found else None
 
     @staticmethod
     def _batch_before(recent: deque[str], texts: list[str]) -> dict:
-        from radixtop.probes.logscan import batch_stats_before
-
         window = "\n".join([*recent, *texts]).encode("utf-8", "replace")
         return batch_stats_before(window)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from radixtop.diagnosis.catalog import Signature, load_catalog
-from radixtop.diagnosis.matcher import ENGINES, Matcher, MatcherError
 from radixtop.diagnosis.evidence_policy import batch_stats_before
+from radixtop.diagnosis.matcher import ENGINES, Matcher, MatcherError
 from radixtop.probes.logscan import LogScanner, ScanInputError
 
 ROOT = Path(__file__).resolve().parent.parent

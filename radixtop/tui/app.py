@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Label, OptionList, Static
@@ -42,6 +42,7 @@ from textual.widgets import Footer, Input, Label, OptionList, Static
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.actions import IncidentActions, action_settings
 from radixtop.tui.help import HelpScreen
+from radixtop.tui.keys import bindings, load_keymap
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.tui.state import (
     DEFAULT_CAPACITY,
@@ -153,32 +154,7 @@ class RadixtopApp(IncidentActions, App[int]):
     ENABLE_COMMAND_PALETTE = False
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit"),
-        Binding("question_mark", "help", "Help"),
-        Binding("f", "toggle_follow", "Follow"),
-        Binding("p", "toggle_pause", "Pause"),
-        Binding("slash", "prompt('search')", "Search"),
-        Binding("n", "search(True)", "Next match", show=False),
-        Binding("N", "search(False)", "Previous match", show=False),
-        Binding("ampersand,backslash", "prompt('filter')", "Filter"),
-        Binding("e", "hit(True)", "Next hit"),
-        Binding("E", "hit(False)", "Previous hit", show=False),
-        Binding("t", "cycle_theme", "Theme"),
-        Binding("a", "toggle_access", "Access lines", show=False),
-        Binding("b", "bundle", "Bundle", priority=True),  # priority: over the log pane's b (page up)
-        Binding("c", "confirm", "Confirm"),
-        Binding("1", "pane('log')", "Panes", key_display="1-5"),
-        Binding("2", "pane('radix')", "Radix", show=False),
-        Binding("3", "pane('gpu')", "GPU", show=False),
-        Binding("4", "pane('procs')", "Processes", show=False),
-        Binding("5", "pane('vitals')", "Vitals", show=False),
-        Binding("0", "pane('all')", "All panes", show=False),
-        Binding("left_square_bracket", "rank(-1)", "Previous rank", show=False),
-        Binding("right_square_bracket", "rank(1)", "Next rank", show=False),
-        Binding("s", "server", "Servers", show=False),
-        Binding("escape", "clear", "Clear", show=False),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = bindings()  # radixtop/tui/keys.py: one table for keys and help
 
     def __init__(
         self,
@@ -196,6 +172,7 @@ class RadixtopApp(IncidentActions, App[int]):
         actions: Any = None,
     ) -> None:
         super().__init__()
+        self.user_keymap: dict[str, str] = {}  # binding id -> keys, from the keymap file (tui/keys.py)
         self.init_actions(readonly, actions)  # b, c and the automatic bundle (tui/actions.py)
         for t in THEMES.values():
             self.register_theme(t)
@@ -287,6 +264,11 @@ class RadixtopApp(IncidentActions, App[int]):
 
     def on_mount(self) -> None:
         self.log_view.focus()
+        self.user_keymap, problem = load_keymap()
+        if self.user_keymap:
+            self.set_keymap(self.user_keymap)
+        if problem:
+            self.state.add_notice("radixtop", "keymap", problem)
         if self.matcher.fallback_note:
             self.state.add_notice("radixtop", "engine", self.matcher.fallback_note)
         for note in getattr(self.catalog, "notes", ()):
@@ -867,7 +849,7 @@ class RadixtopApp(IncidentActions, App[int]):
 
     @guarded("help")
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(self.user_keymap))
 
     @guarded("follow")
     def action_toggle_follow(self) -> None:

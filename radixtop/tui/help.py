@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from rich.style import Style
@@ -14,41 +15,15 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from radixtop.themes import SEVERITY_MARKERS
-
-KEYS: tuple[tuple[str, str], ...] = (
-    ("q", "quit"),
-    ("?", "this help (Esc closes)"),
-    ("f", "follow the newest line on/off (scrolling up also stops following; End or G resumes)"),
-    ("p", "pause the view: lines are still read, matched and buffered; the status line counts them"),
-    ("/", "search (smart case: ignores case unless you type a capital); n / N next / previous"),
-    ("& or \\", "filter: show only lines containing the text; Esc clears search, then filter"),
-    ("e / E", "next / previous line that matched a failure signature"),
-    ("Tab", "to the findings list and back; Enter jumps to a finding's first line, d shows its evidence"),
-    ("t", "next theme: dark, light, high contrast"),
-    ("a", ("HTTP access lines (POST /generate ... 503) shown or folded; folded by default into one counted row "
-           "per second, so a crash's traceback stays on screen (a line that matched a signature is never folded)")),
-    ("1 2 3 4 5", ("panes: 1 log, 2 radix, 3 GPU, 4 processes, 5 vitals; on a small screen one at a time, "
-                   "on a big one (140x40 and more) all at once and the key zooms one; 0 or the key again shows all")),
-    ("[ ]", "previous / next rank in the radix pane"),
-    ("s", "the servers on this node (port, model, pid, uptime, log): Enter watches another one"),
-    ("b", ("evidence bundle now: first occurrences with context, findings, server info, metrics, processes, "
-           "stacks, GPU; written (redacted, with a SHA-256 manifest) into the current directory; the first "
-           "error-or-worse signature takes one by itself")),
-    ("c", ("confirmation run: evidence first, then the plan (live and control commands, workload, runs) to "
-           "approve with y / Enter or refuse with n / Esc; then live progress (x cancels and stops the control, "
-           "Esc hides it, c shows it again) and the verdict with the command to repeat it")),
-    ("--readonly", "b, c and the automatic bundle are off: radixtop only watches"),
-    ("radix tree", ("↑ ↓ move, Enter or → expands, ← collapses (or goes to the parent), x opens every path "
-                    "to a locked node; 2 focuses it")),
-    ("↑ ↓ PgUp PgDn Home End", "scroll (also j k Space g G); ← → scroll long lines; mouse wheel works"),
-)
+from radixtop.tui.keys import help_rows
 
 
-def help_text() -> Table:
+def help_text(keymap: Mapping[str, str] | None = None) -> Table:
+    """The keys (from radixtop.tui.keys, with the user's keymap applied), markers, status line, panes."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style=Style(bold=True), no_wrap=True)
     table.add_column()
-    for key, what in KEYS:
+    for key, what in help_rows(keymap):
         table.add_row(key, what)
     table.add_row("", "")
     table.add_row(Text("Markers", style=Style(bold=True, underline=True)), "")
@@ -95,9 +70,13 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,q,question_mark", "close", "Close"),
     ]
 
+    def __init__(self, keymap: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.keymap = keymap
+
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(help_text(), id="help-body")
+            yield Static(help_text(self.keymap), id="help-body")
 
     def on_mount(self) -> None:
         scroller = self.query_one(VerticalScroll)

@@ -1,0 +1,72 @@
+"""The keys are written once (radixtop/tui/keys.py): the bindings, the help screen and the README
+come from that table or are held to it, and a user keymap moves a key everywhere it is shown."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from textual.keys import format_key
+
+from radixtop.tui.app import RadixtopApp
+from radixtop.tui.help import HelpScreen
+from radixtop.tui.keys import KEYS, help_rows, load_keymap
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_keys() -> str:
+    text = README.read_text(encoding="utf-8")
+    return text[text.index("## Keys") : text.index("\n## ", text.index("## Keys") + 3)]
+
+
+def test_every_key_is_in_the_readme_as_a_person_types_it():
+    section = readme_keys()
+    for key in KEYS:
+        for name in key.keys.split(","):
+            typed = format_key(name)
+            assert re.search(rf"`{re.escape(typed)}`", section, re.IGNORECASE), f"{key.id}: `{typed}` not in README"
+
+
+def test_the_app_binds_exactly_the_table_and_the_help_lists_it():
+    bound = {b.id: b for b in RadixtopApp.BINDINGS}
+    assert set(bound) == {k.id for k in KEYS}
+    for key in KEYS:
+        assert (bound[key.id].key, bound[key.id].action) == (key.keys, key.action)
+    rows = dict(help_rows())
+    assert rows["q"].startswith("quit") and rows["& or \\"].startswith("filter")
+
+
+async def test_a_keymap_file_moves_a_key_in_the_app_and_its_help(tmp_path: Path, monkeypatch):
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('[keys]\nquit = "ctrl+q"\nhelp = "h"\n', encoding="utf-8")
+    monkeypatch.setenv("RADIXTOP_KEYMAP", str(keymap))
+    app = RadixtopApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("q")
+        await pilot.pause(0.1)
+        assert app.is_running  # q no longer quits
+        await pilot.press("h")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HelpScreen) and app.screen.keymap == {"quit": "ctrl+q", "help": "h"}
+        assert dict(help_rows(app.screen.keymap))["ctrl+q"].startswith("quit")  # what the help lists
+        await pilot.press("escape")
+        await pilot.press("ctrl+q")
+        await pilot.pause(0.2)
+        assert not app.is_running
+
+
+async def test_a_keymap_that_cannot_be_used_is_one_notice_and_the_default_keys(tmp_path: Path, monkeypatch):
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('[keys]\nquitt = "ctrl+q"\n', encoding="utf-8")
+    assert "unknown key ids quitt" in (load_keymap(keymap)[1] or "")
+    monkeypatch.setenv("RADIXTOP_KEYMAP", str(keymap))
+    app = RadixtopApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.1)
+        assert any(n.kind == "keymap" and "quitt" in n.message for n in app.state.notices)
+        await pilot.press("q")
+        await pilot.pause(0.2)
+        assert not app.is_running
+    keymap.write_text("not toml [", encoding="utf-8")
+    assert "not read" in (load_keymap(keymap)[1] or "")

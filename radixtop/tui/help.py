@@ -23,8 +23,9 @@ def help_text(keymap: Mapping[str, str] | None = None) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style=Style(bold=True), no_wrap=True)
     table.add_column()
-    for key, what in help_rows(keymap):
-        table.add_row(key, what)
+    table.add_column(style=Style(dim=True), no_wrap=True)  # the id a keymap file moves it by
+    for key, what, key_id in help_rows(keymap):
+        table.add_row(key, what, key_id)
     table.add_row("", "")
     table.add_row(Text("Markers", style=Style(bold=True, underline=True)), "")
     table.add_row(SEVERITY_MARKERS["critical"], "critical signature (reverse video)")

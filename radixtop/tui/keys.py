@@ -107,10 +107,12 @@ def display(keys: str) -> str:
     return " or ".join(format_key(name) for name in keys.split(","))
 
 
-def help_rows(keymap: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
-    """(keys, what they do) for the help screen, with the user's keymap applied."""
+def help_rows(keymap: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """(keys, what they do, the id a keymap file names it by) for the help screen, with the
+    user's keymap applied; "" for the rows that are no binding of the app's."""
     keymap = keymap or {}
-    return [(display(keymap.get(k.id, k.keys)), k.help) for k in KEYS] + list(EXTRA_HELP)
+    rows = [(display(keymap.get(k.id, k.keys)), k.help, k.id) for k in KEYS]
+    return rows + [(keys, what, "") for keys, what in EXTRA_HELP]
 
 
 def keymap_path() -> Path:

@@ -10,7 +10,6 @@ import signal
 import sys
 import tarfile
 import threading
-import types
 from pathlib import Path
 
 import httpx
@@ -240,39 +239,25 @@ def test_auto_bundle_fires_at_the_first_error_while_the_lock_race_kills_the_serv
 
 
 def test_nvml_snapshot_through_the_pynvml_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """NVML faked at its narrowest seam (the pynvml module): there is no GPU on this machine."""
+    """NVML faked at its narrowest seam (the pynvml functions): there is no GPU on this machine.
+    The bundle reads it through the probes' choke point, as the GPU pane does."""
+    from test_probe_gpu import FakeNvml
+
     from radixtop.incident.bundle import BundleWriter
     from radixtop.incident.evidence import collect_nvml
 
-    class NVMLError(Exception):
-        pass
-
-    memory = types.SimpleNamespace(total=80 << 30, used=60 << 30, free=20 << 30)
-    fake = types.SimpleNamespace(
-        NVMLError=NVMLError, NVML_TEMPERATURE_GPU=0,
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None,
-        nvmlSystemGetDriverVersion=lambda: "580.1", nvmlSystemGetNVMLVersion=lambda: "12.580",
-        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
-        nvmlDeviceGetName=lambda h: b"NVIDIA H100", nvmlDeviceGetUUID=lambda h: "GPU-1",
-        nvmlDeviceGetMemoryInfo=lambda h: memory,
-        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=97, memory=40),
-        nvmlDeviceGetTemperature=lambda h, kind: 71,
-        nvmlDeviceGetPowerUsage=lambda h: (_ for _ in ()).throw(NVMLError("Not Supported")),
-        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000,
-        nvmlDeviceGetComputeRunningProcesses=lambda h: [types.SimpleNamespace(pid=4242, usedGpuMemory=50 << 30)],
-    )  # fmt: skip
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    writer = BundleWriter(tmp_path, Redactor())
-    collect_nvml(writer)
+    nvml = FakeNvml(monkeypatch, layout=[(60, [(4242, 50)])])
+    nvml.fail("nvmlDeviceGetPowerUsage", 999)  # one failing query: a problem of its GPU, not a failed snapshot
+    collect_nvml(BundleWriter(tmp_path, Redactor()))
     doc = json.loads((tmp_path / "gpu/nvml.json").read_text())
     device = doc["devices"][0]
-    assert device["name"] == "NVIDIA H100" and device["memory"]["used"] == 60 << 30
-    assert device["power_mw"].startswith("unavailable: NVMLError")  # one failing call, not a failed snapshot
-    assert device["compute_processes"] == [{"pid": 4242, "used_gpu_memory": 50 << 30}]
+    assert device["name"] == "NVIDIA H200" and device["memory_used"] == 60 << 30 and doc["driver_version"] == "550.54.15"
+    assert device["power_w"] is None and any(p.startswith("power: unknown NVML error") for p in device["problems"])
+    assert device["processes"] == [{"pid": 4242, "used_bytes": 50 << 30}]
 
-    monkeypatch.setattr(fake, "nvmlInit", lambda: (_ for _ in ()).throw(NVMLError("Driver Not Loaded")))
+    nvml.fail("nvmlInit", 9)
     collect_nvml(BundleWriter(tmp_path / "nodriver", Redactor()))
-    assert "Driver Not Loaded" in (tmp_path / "nodriver/gpu/nvml.json.note.txt").read_text()
+    assert "NVIDIA driver not loaded" in (tmp_path / "nodriver/gpu/nvml.json.note.txt").read_text()
 
 
 def test_bundle_cli_writes_verifies_and_refuses_under_readonly(tmp_path: Path) -> None:

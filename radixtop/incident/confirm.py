@@ -67,6 +67,7 @@ from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.sighting import Sighting, load_sighting, observe, save_sighting
 from radixtop.incident.trace import Trace, plan_requests, rescale_prefixes, save_trace
 from radixtop.incident.verdict import VERDICTS, Verdict, decide
+from radixtop.probes.gpu import read_once
 
 __all__ = [
     "VERDICTS",
@@ -414,16 +415,6 @@ def _max_running(live: LaunchCommand, info: Mapping[str, Any] | None) -> int | N
     return None
 
 
-def _read_gpus() -> Any:
-    from radixtop.probes.gpu import GpuReader
-
-    reader = GpuReader()
-    try:
-        return reader.read()
-    finally:
-        reader.close()
-
-
 def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sighting | None,
                 notes: list[str], blockers: list[str]) -> dict[str, str]:  # fmt: skip
     """The environment the started servers get: the live server's own, else what was seen of it."""
@@ -519,7 +510,7 @@ async def prepare(
     except LaunchError as exc:
         raise PlanError(str(exc)) from None
     notes += list(live.notes)
-    gpu_sample = await asyncio.to_thread(_read_gpus) if live.kind in ("sglang", "vllm") and not options.gpus else None
+    gpu_sample = await asyncio.to_thread(read_once) if live.kind in ("sglang", "vllm") and not options.gpus else None
     if alive:
         with contextlib.suppress(OSError):  # remembered for a later plan, should it die
             seen = observe(url, pid, server_info=info, gpu_sample=gpu_sample, previous=seen, logs=options.logs)

@@ -302,64 +302,23 @@ def collect_metrics(
 
 
 def collect_nvml(sink: Sink) -> None:
-    """Per-GPU memory, utilisation, temperature, power and compute processes from NVML."""
-    try:
-        import pynvml
-    except ImportError:
-        sink.note("gpu/nvml.json", "pynvml is not importable (pip install nvidia-ml-py)")
+    """Per-GPU memory, utilisation, temperature, power and processes, through the probes' NVML
+    choke point (radixtop.probes.gpu): a query that fails is a problem of its GPU, NVML that
+    cannot start is a note."""
+    import dataclasses
+
+    from radixtop.probes.gpu import read_once
+
+    sample = read_once()
+    if sample.status.state not in ("ok", "degraded"):
+        sink.note("gpu/nvml.json", f"NVML {sample.status.state}: {sample.status.message} (no NVIDIA driver on this machine?)")
         return
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - NVMLError and its many subclasses; a missing libnvidia-ml too
-        sink.note("gpu/nvml.json", f"NVML unavailable: {_one_line(exc)} (no NVIDIA driver on this machine?)")
-        return
-    try:
-        doc: dict[str, Any] = {"devices": []}
-        for key, call in (("driver_version", pynvml.nvmlSystemGetDriverVersion),
-                          ("nvml_version", pynvml.nvmlSystemGetNVMLVersion)):  # fmt: skip
-            doc[key] = _nvml_value(call)
-        count = pynvml.nvmlDeviceGetCount()
-        for index in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            doc["devices"].append(_nvml_device(pynvml, index, handle))
-        sink.json("gpu/nvml.json", doc)
-    except Exception as exc:  # noqa: BLE001 - any failure of a source becomes a note
-        sink.note("gpu/nvml.json", f"NVML failed while reading: {_one_line(exc)}")
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001, S110 - shutting NVML down is best effort
-            pass
-
-
-def _nvml_value(call: Any, *args: Any) -> Any:
-    try:
-        value = call(*args)
-    except Exception as exc:  # noqa: BLE001 - any failure of a source becomes a note
-        return f"unavailable: {_one_line(exc)}"
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _nvml_device(nv: Any, index: int, handle: Any) -> dict[str, Any]:
-    def struct(value: Any, fields: Sequence[str]) -> Any:
-        if isinstance(value, str):
-            return value
-        return {f: getattr(value, f, None) for f in fields}
-
-    procs = _nvml_value(nv.nvmlDeviceGetComputeRunningProcesses, handle)
-    if not isinstance(procs, str):
-        procs = [{"pid": p.pid, "used_gpu_memory": getattr(p, "usedGpuMemory", None)} for p in procs]
-    return {
-        "index": index,
-        "name": _nvml_value(nv.nvmlDeviceGetName, handle),
-        "uuid": _nvml_value(nv.nvmlDeviceGetUUID, handle),
-        "memory": struct(_nvml_value(nv.nvmlDeviceGetMemoryInfo, handle), ("total", "used", "free")),
-        "utilization": struct(_nvml_value(nv.nvmlDeviceGetUtilizationRates, handle), ("gpu", "memory")),
-        "temperature_c": _nvml_value(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU),
-        "power_mw": _nvml_value(nv.nvmlDeviceGetPowerUsage, handle),
-        "power_limit_mw": _nvml_value(nv.nvmlDeviceGetEnforcedPowerLimit, handle),
-        "compute_processes": procs,
-    }
+    sink.json("gpu/nvml.json", {
+        "driver_version": sample.driver,
+        "state": sample.status.state,
+        "devices": [dataclasses.asdict(gpu) for gpu in sample.gpus],
+        "xid_note": sample.xid_note,
+    })  # fmt: skip
 
 
 def collect_processes(sink: Sink, pid: int | None) -> list[psutil.Process]:

@@ -392,6 +392,15 @@ class GpuReader:
             self.nvml.shutdown()
 
 
+def read_once() -> GpuSample:
+    """One NVML read, then NVML shut down: for a bundle or a plan, which look once."""
+    reader = GpuReader()
+    try:
+        return reader.read()
+    finally:
+        reader.close()
+
+
 def _processes(items: Any) -> list[GpuProcess]:
     out = []
     for p in list(items)[:MAX_PROCESSES_PER_GPU]:

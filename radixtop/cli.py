@@ -231,9 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from radixtop.scan import run_scan
 
             return run_scan(args)
+        from radixtop.options import TuiOptions
         from radixtop.tui.app import run_tui
 
-        return run_tui(args)
+        return run_tui(TuiOptions.from_args(args))
     except UsageError as exc:
         print(f"radixtop: {exc}", file=sys.stderr)
         return 2

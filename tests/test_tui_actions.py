@@ -9,7 +9,7 @@ import json
 import re
 import shutil
 import time
-from argparse import Namespace
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -20,6 +20,7 @@ from test_confirm import HEALTHY
 
 from radixtop.cli import build_parser
 from radixtop.incident.bundle import verify_bundle
+from radixtop.options import TuiOptions
 from radixtop.tui import app as app_module
 from radixtop.tui.actions import ActionSettings
 from radixtop.tui.app import RadixtopApp
@@ -288,12 +289,12 @@ def test_readonly_on_the_command_line_reaches_the_app(monkeypatch, tmp_path: Pat
     monkeypatch.setattr(RadixtopApp, "run", lambda self, *a, **k: built.append(self))  # no terminal here
     parser = build_parser()
     for argv, readonly in ((["--readonly", "--no-panes"], True), (["--no-panes"], False)):
-        app_module.run_tui(parser.parse_args(argv))
+        app_module.run_tui(TuiOptions.from_args(parser.parse_args(argv)))
         assert built[-1].readonly is readonly
     demo_args = parser.parse_args(["--readonly", "demo"])
     assert demo_args.readonly is True and demo_args.command == "demo"
-    # what run_demo passes on: its own args with the log, the URL and the banner added
-    app_module.run_tui(Namespace(**{**vars(demo_args), "log": [], "url": "http://127.0.0.1:9", "no_panes": True}))
+    # what run_demo passes on: the same options with the log, the URL and the banner added
+    app_module.run_tui(replace(TuiOptions.from_args(demo_args), logs=(), url="http://127.0.0.1:9", panes=False))
     assert built[-1].readonly is True
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from argparse import Namespace
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 FAULTS = ("lock-race", "block-boundary", "leak", "double-unlock", "none")
@@ -139,6 +139,7 @@ def start_demo(fault: str = DEFAULT_FAULT, *, seed: int = 7, workdir: Path | Non
 def run_demo(args: Namespace) -> int:
     """Entry point for `radixtop demo`."""
     from radixtop.errors import UsageError
+    from radixtop.options import TuiOptions
     from radixtop.tui.app import run_tui
 
     try:
@@ -147,11 +148,13 @@ def run_demo(args: Namespace) -> int:
         raise UsageError(f"demo: {exc}") from exc
     # Ctrl-C must reach the UI (which quits cleanly), never leave the children behind.
     try:
-        tui_args = Namespace(**{**vars(args), "log": [str(demo.log_file)], "from_start": True, "url": demo.url})
-        tui_args.actions_dir = str(demo.workdir)  # bundles and confirmation runs beside the demo's logs
-        tui_args.banner = (f"demo: simulated SGLang at {demo.url}, fault {demo.fault}; logs, bundles (b) and "
-                           f"confirmation runs (c) in {demo.workdir}")  # fmt: skip
-        return run_tui(tui_args)
+        options = replace(
+            TuiOptions.from_args(args), logs=(str(demo.log_file),), from_start=True, url=demo.url,
+            actions_dir=str(demo.workdir),  # bundles and confirmation runs beside the demo's logs
+            banner=(f"demo: simulated SGLang at {demo.url}, fault {demo.fault}; logs, bundles (b) and "
+                    f"confirmation runs (c) in {demo.workdir}"),
+        )  # fmt: skip
+        return run_tui(options)
     finally:
         demo.stop()
         print(f"radixtop demo: stopped the simulator; its log, bundles and runs are kept in {demo.workdir}", file=sys.stderr)

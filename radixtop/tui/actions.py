@@ -38,6 +38,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Input
 
 if TYPE_CHECKING:
+    from radixtop.options import TuiOptions
     from radixtop.widgets.confirm import RunScreen
 
 # The widgets (and the incident modules) are imported on first use: the app's start-up does not pay.
@@ -65,12 +66,11 @@ class ActionSettings:
         return Path(self.out_dir) if self.out_dir is not None else Path.cwd()
 
 
-def action_settings(args: Any) -> ActionSettings:
-    """From the command line (read with getattr: a parser without the options still works)."""
-    out_dir = getattr(args, "actions_dir", None)  # `radixtop demo`: its own work directory
+def action_settings(options: TuiOptions) -> ActionSettings:
+    """From the command line's options (`radixtop demo` gives its own work directory)."""
     return ActionSettings(
-        out_dir=Path(out_dir) if out_dir else None,
-        signature_files=tuple(getattr(args, "signatures", None) or ()),
+        out_dir=Path(options.actions_dir) if options.actions_dir else None,
+        signature_files=options.signatures,
     )
 
 

@@ -39,6 +39,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 
+from radixtop.options import TuiOptions
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.actions import IncidentActions, action_settings
 from radixtop.tui.help import HelpScreen
@@ -1146,45 +1147,36 @@ def run_until_quit(app: App) -> int | None:
     return received[0] if received else None
 
 
-def run_tui(args: Any) -> int:
-    """Entry point for the default command: `radixtop [--log PATH ...]`."""
+def run_tui(options: TuiOptions) -> int:
+    """Entry point for the default command (`radixtop [--log PATH ...]`) and the demo."""
     from radixtop.diagnosis.catalog import CatalogError, load_catalog
     from radixtop.errors import UsageError
 
     try:
-        catalog = load_catalog(getattr(args, "signatures", None) or ())
+        catalog = load_catalog(options.signatures)
     except CatalogError as exc:
         raise UsageError(str(exc)) from exc
-    context = getattr(args, "context", 100)
-    if context is None or context < 0:
-        raise UsageError(f"--context must be 0 or more lines, got {context}")
+    if options.context < 0:
+        raise UsageError(f"--context must be 0 or more lines, got {options.context}")
     app = RadixtopApp(
-        log_patterns=list(getattr(args, "log", None) or ()),
-        from_start=bool(getattr(args, "from_start", False)),
-        theme=getattr(args, "theme", None),
+        log_patterns=list(options.logs),
+        from_start=options.from_start,
+        theme=options.theme,
         catalog=catalog,
-        context=context,
-        banner=getattr(args, "banner", None),
-        live=live_options(args),
-        readonly=bool(getattr(args, "readonly", False)),
-        actions=action_settings(args),
+        context=options.context,
+        banner=options.banner,
+        live=live_options(options),
+        readonly=options.readonly,
+        actions=action_settings(options),
     )
     fit_terminal()
     signum = run_until_quit(app)
     return 0 if signum is None else 128 + signum
 
 
-def live_options(args: Any) -> LiveOptions | None:
-    """The live panes' options from the command line (`--url`, `--instrument`, `--no-discover`,
-    `--no-gpu` where the parser has them; read with getattr so that a parser without them works)."""
-    if getattr(args, "no_panes", False) or os.environ.get("RADIXTOP_PANES") == "0":
-        return None  # the log pane alone (RADIXTOP_PANES=0: benchmarks compare against it)
-    url = getattr(args, "url", None)
-    instruments = tuple(getattr(args, "instrument", None) or ())
-    return LiveOptions(
-        url=url,
-        instruments=instruments,
-        logs=tuple(getattr(args, "log", None) or ()),
-        gpu=not getattr(args, "no_gpu", False),
-        discover=not getattr(args, "no_discover", False),
-    )
+def live_options(options: TuiOptions) -> LiveOptions | None:
+    """The live panes' options, or None for the log pane alone."""
+    if not options.panes:
+        return None
+    return LiveOptions(url=options.url, instruments=options.instruments, logs=options.logs, gpu=options.gpu,
+                       discover=options.discover)  # fmt: skip

@@ -160,8 +160,9 @@ def bench_snapshot(polls: int, nodes: int) -> None:
     from textual.app import App, ComposeResult
     from textual.widgets import Tree
 
-    from radixtop.probes.radix import RadixBoard, RadixProbe
+    from radixtop.probes.radix import RadixProbe
     from radixtop.schema import parse_snapshot
+    from radixtop.session.radix_board import RadixBoard
     from radixtop.widgets.radix import RadixPane
 
     work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
@@ -283,7 +284,7 @@ def stop_all(*procs: subprocess.Popen) -> None:
 
 
 def bench_polling(seconds: float, nvitop: str | None) -> None:
-    from radixtop.tui.live import LiveSources, LiveState, resolve_targets
+    from radixtop.session.live import LiveSources, LiveState, resolve_targets
 
     work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
     sim, load, url, _ = start_demo_sim(work)

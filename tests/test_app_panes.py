@@ -19,7 +19,8 @@ from pane_helpers import Answer, make_snapshot, start_sim, stop, stub_server
 
 from radixtop.probes.gpu import GpuInfo, GpuProcess, GpuSample
 from radixtop.probes.procs import ProcInfo, ProcsSample
-from radixtop.probes.radix import RadixSample, TreeIndex
+from radixtop.probes.radix import RadixSample
+from radixtop.probes.radix_tree import TreeIndex
 from radixtop.probes.sglang import ServerInfo, ServerMetrics, ServerSample
 from radixtop.probes.status import SourceState
 from radixtop.schema import Counters, Event

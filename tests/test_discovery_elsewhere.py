@@ -42,7 +42,7 @@ from radixtop.probes.logsource import open_source
 from radixtop.probes.runtimelog import RuntimeLog
 from radixtop.probes.serverlog import LogElsewhere
 from radixtop.probes.spool import Spool
-from radixtop.tui.live import LiveSources, resolve_targets
+from radixtop.session.live import LiveSources, resolve_targets
 
 CID = "3f4e1b2c" * 8
 

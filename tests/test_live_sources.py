@@ -11,7 +11,7 @@ from pathlib import Path
 from pane_helpers import start_sim, stop
 
 from radixtop.probes.discovery import Discovery, FoundServer, discover
-from radixtop.tui.live import LiveSources, LiveState, choose, resolve_targets
+from radixtop.session.live import LiveSources, LiveState, choose, resolve_targets
 
 
 def _discover_excluding_us():

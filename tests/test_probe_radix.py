@@ -22,13 +22,8 @@ from pane_helpers import (
     wide_snapshot,
 )
 
-from radixtop.probes.radix import (
-    RadixBoard,
-    RadixProbe,
-    TreeIndex,
-    parse_and_index,
-    rank_groups,
-)
+from radixtop.probes.radix import RadixProbe
+from radixtop.probes.radix_tree import TreeIndex, parse_and_index
 from radixtop.schema import (
     EVENTS_PATH,
     HEALTH_PATH,
@@ -37,6 +32,7 @@ from radixtop.schema import (
     Event,
     encode_json,
 )
+from radixtop.session.radix_board import RadixBoard, rank_groups
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +350,7 @@ def test_module_does_not_import_textual() -> None:
     import subprocess
     import sys
 
-    code = "import sys, radixtop.probes.radix, radixtop.probes.sglang, radixtop.probes.gpu, radixtop.probes.procs, radixtop.probes.discovery, radixtop.probes.vitals; print('textual' in sys.modules)"
+    code = "import sys, radixtop.probes.radix, radixtop.probes.sglang, radixtop.probes.gpu, radixtop.probes.procs, radixtop.probes.discovery, radixtop.session.vitals; print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
     assert out.stdout.strip() == "False", out.stderr
 
@@ -364,7 +360,7 @@ def test_module_does_not_import_textual() -> None:
 
 
 def test_big_snapshot_path_agrees_with_the_schema() -> None:
-    from radixtop.probes import radix as radix_probe
+    from radixtop.probes import radix_tree as radix_probe
     from radixtop.schema import parse_snapshot
 
     snap = wide_snapshot(30_000)

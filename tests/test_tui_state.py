@@ -8,7 +8,7 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.probes.logs import LogBatch, LogNotice, LogRecord, SourceHealth
-from radixtop.tui.state import (
+from radixtop.session.state import (
     AFTER_WAIT,
     IncidentState,
     Ingestor,
@@ -333,7 +333,7 @@ def test_held_file_reports_the_earlier_scan_first(catalog, matcher):
 
 
 def test_held_hits_are_bounded(catalog, matcher, monkeypatch):
-    from radixtop.tui import state as state_module
+    from radixtop.session import state as state_module
 
     monkeypatch.setattr(state_module, "HELD_HITS_MAX", 3)
     state = IncidentState(capacity=100)

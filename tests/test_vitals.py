@@ -7,7 +7,7 @@ import time
 import pytest
 
 from radixtop.probes.sglang import ServerMetrics
-from radixtop.probes.vitals import Series, Vitals, log_observations
+from radixtop.session.vitals import Series, Vitals, log_observations
 
 LINES = [
     "[2026-12-02 14:00:00 TP0] Prefill batch, #new-seq: 2, #new-token: 300, #cached-token: 100, token usage: 0.42, #running-req: 5, #queue-req: 3, ",
@@ -44,7 +44,7 @@ def test_metrics_take_precedence_over_the_log() -> None:
     assert v.series["token_usage"].source == "log"
     v2 = Vitals()
     v2.feed_metrics(ServerMetrics("sglang", {"token_usage": 0.9}), t)
-    from radixtop.probes.vitals import Observation
+    from radixtop.session.vitals import Observation
 
     v2.feed_log([Observation(t + 1, "token_usage", 0.1)])
     assert v2.series["token_usage"].last == 0.9 and v2.series["token_usage"].source == "metrics"

@@ -18,11 +18,13 @@ from textual.widgets import Static
 
 from radixtop.probes.gpu import GpuInfo, GpuProcess, GpuSample, XidEvent
 from radixtop.probes.procs import ProcInfo, ProcsSample
-from radixtop.probes.radix import RadixBoard, RadixSample, TreeIndex
+from radixtop.probes.radix import RadixSample
+from radixtop.probes.radix_tree import TreeIndex
 from radixtop.probes.sglang import ServerMetrics
 from radixtop.probes.status import SourceState
-from radixtop.probes.vitals import Observation, Vitals
 from radixtop.schema import Counters, Event
+from radixtop.session.radix_board import RadixBoard
+from radixtop.session.vitals import Observation, Vitals
 from radixtop.widgets.gpu import GpuPane, render_gpus
 from radixtop.widgets.procs import ProcsPane, render_procs
 from radixtop.widgets.radix import CHILD_PAGE, COLUMNS, NEEDS_SGLANG, RadixPane, RadixTreeView
@@ -525,7 +527,7 @@ def test_the_app_imports_no_probe_before_its_first_frame():
     code = (
         "import sys, radixtop.tui.app; "
         "print(sorted(m for m in sys.modules if m.startswith(('radixtop.probes.discovery', 'radixtop.probes.sglang', "
-        "'radixtop.probes.radix', 'radixtop.probes.gpu', 'radixtop.tui.live', 'psutil', 'radixtop.widgets.radix'))))"
+        "'radixtop.probes.radix', 'radixtop.probes.gpu', 'radixtop.session.live', 'psutil', 'radixtop.widgets.radix'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

@@ -4,7 +4,7 @@ Data flow (docs/ARCHITECTURE.md): the LogFollower starts reading when the app is
 before each file's end (a few thousand lines; with --from-start a whole ring's worth), so that
 reading, counting line numbers and Textual's own start-up overlap; on_mount applies that backlog
 before the first frame, so the first frame shows the files' last lines. What lies before them is
-scanned for findings in the background (tui/history.py) after the first frame. One worker then
+scanned for findings in the background (session/history.py) after the first frame. One worker then
 consumes the follower's batches: it matches each batch (`Ingestor.process`, about 1 us a line,
 C-speed matching; run inline, a thread hop per batch cost more lag than the work) and draws a
 frame when lines came: at once after a quiet spell, then at most every FRAME_MIN seconds (5 Hz),
@@ -40,17 +40,17 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.options import TuiOptions
-from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
-from radixtop.tui.actions import IncidentActions, action_settings
-from radixtop.tui.help import HelpScreen
-from radixtop.tui.keys import bindings, load_keymap
-from radixtop.tui.panes import LiveOptions, Panes, pane_rows
-from radixtop.tui.state import (
+from radixtop.session.state import (
     DEFAULT_CAPACITY,
     IncidentState,
     Ingestor,
     finding_file,
 )
+from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
+from radixtop.tui.actions import IncidentActions, action_settings
+from radixtop.tui.help import HelpScreen
+from radixtop.tui.keys import bindings, load_keymap
+from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
 from radixtop.widgets.logview import LogView, time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
@@ -401,7 +401,7 @@ class RadixtopApp(IncidentActions, App[int]):
 
     def _start_history(self) -> None:
         """Scan the parts of the files before where following began, for their findings."""
-        from radixtop.tui.history import start_history_scan
+        from radixtop.session.history import start_history_scan
 
         if self.follower is not None and not self._history_started:
             self.follower.start_counting()
@@ -819,7 +819,7 @@ class RadixtopApp(IncidentActions, App[int]):
     @work(exclusive=True, group="servers", exit_on_error=False)
     async def _switch_server(self) -> None:
         from radixtop.probes.discovery import discover
-        from radixtop.tui.live import ranked
+        from radixtop.session.live import ranked
 
         panes = self.panes
         if panes is None:

@@ -28,7 +28,7 @@ from radixtop.widgets.fmt import clock
 # module is imported by the app whether or not the panes are shown.
 if TYPE_CHECKING:
     from radixtop.probes.status import SourceState
-    from radixtop.tui.live import LiveSources, LiveState, Targets
+    from radixtop.session.live import LiveSources, LiveState, Targets
 
 RADIX_SUBSYSTEM = "radix-cache"  # the signatures' subsystem the radix pane repeats from the log
 
@@ -140,7 +140,7 @@ class Panes:
     @property
     def state(self) -> LiveState:
         if self._state is None:
-            from radixtop.tui.live import LiveState
+            from radixtop.session.live import LiveState
 
             self._state = LiveState()
         return self._state
@@ -149,7 +149,7 @@ class Panes:
 
     async def run(self) -> None:
         """Resolve what to watch, then poll it until cancelled (the app runs this in a worker)."""
-        from radixtop.tui.live import LiveSources, Targets, resolve_targets
+        from radixtop.session.live import LiveSources, Targets, resolve_targets
 
         if self._log_backlog:  # the lines read before the first frame, for the vitals
             texts, self._log_backlog = list(self._log_backlog), deque(maxlen=LOG_SCAN_MAX_LINES)
@@ -210,7 +210,7 @@ class Panes:
         self._feed_texts(list(texts)[-LOG_SCAN_MAX_LINES:])
 
     def _feed_texts(self, texts: list[str]) -> None:
-        from radixtop.probes.vitals import log_observations
+        from radixtop.session.vitals import log_observations
 
         vitals = self.state.vitals
         if vitals.series["token_usage"].source == "metrics" and self.clock() - vitals.series["token_usage"].updated < 15:

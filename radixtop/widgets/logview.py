@@ -30,8 +30,8 @@ from textual.scrollbar import ScrollBar, ScrollTo, ScrollUp
 from textual.strip import Strip
 
 from radixtop.diagnosis.logline import parse_line
+from radixtop.session.state import IncidentState, LogEntry
 from radixtop.themes import SEVERITY_MARKERS
-from radixtop.tui.state import IncidentState, LogEntry
 from radixtop.widgets.textual_private import update_scrollbars
 
 # Tabs become one space and other control characters a visible replacement, one for one, so the

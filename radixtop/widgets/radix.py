@@ -7,7 +7,7 @@ disagree" when the ranks' tree digests differ), then the tree. The tree is drawn
 expanded nodes' children are listed (at most CHILD_PAGE per node until asked for more), and only
 the rows on screen are rendered, so a 100,000-node snapshot costs what its visible rows cost.
 
-The app hands in a `RadixBoard` (radixtop.probes.radix) with `show()`; nothing here does I/O.
+The app hands in a `RadixBoard` (radixtop.session.radix_board) with `show()`; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from radixtop.probes.radix import RadixBoard, RankView, TreeIndex, discard
+from radixtop.probes.radix_tree import TreeIndex, discard
+from radixtop.session.radix_board import RadixBoard, RankView
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
 from radixtop.widgets.rows import TextRows
 

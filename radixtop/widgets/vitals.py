@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from radixtop.probes.vitals import SPECS, SeriesSpec, Vitals
+from radixtop.session.vitals import SPECS, SeriesSpec, Vitals
 from radixtop.widgets.fmt import clock, count, percent, size, sparkline, update_text
 from radixtop.widgets.rows import TextRows
 

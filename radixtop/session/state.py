@@ -38,7 +38,7 @@ from radixtop.diagnosis.evidence_policy import BATCH_LOOKBACK, OPENER_LOOKBACK, 
 from radixtop.diagnosis.logline import opens_record
 from radixtop.diagnosis.severity import Severity, rank
 from radixtop.probes.logs import LogRun
-from radixtop.tui.access_fold import AccessFolds, second_of
+from radixtop.session.access_fold import AccessFolds, second_of
 
 DEFAULT_CAPACITY = 100_000
 _NOTICE_HISTORY = 200  # notices kept for the status line

@@ -33,10 +33,11 @@ from radixtop.probes.discovery import Discovery, FoundServer, discover
 from radixtop.probes.gpu import GpuProbe, GpuSample
 from radixtop.probes.logsource import LogSource, open_source
 from radixtop.probes.procs import ProcProbe, ProcsSample
-from radixtop.probes.radix import RadixBoard, RadixProbe, RadixSample, rank_groups
+from radixtop.probes.radix import RadixProbe, RadixSample
 from radixtop.probes.sglang import ServerProbe, ServerSample
 from radixtop.probes.status import SourceState, poll_forever
-from radixtop.probes.vitals import Vitals
+from radixtop.session.radix_board import RadixBoard, rank_groups
+from radixtop.session.vitals import Vitals
 
 REDISCOVER_DOWN_S = 5.0  # look for the server's new pid this often while it is down (a look costs
 # about 12 ms of CPU per 100 processes on the node)

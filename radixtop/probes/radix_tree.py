@@ -1,0 +1,295 @@
+"""A radix snapshot parsed and indexed for lazy display, and freed without freezing the UI.
+
+Pure: bytes in, a Snapshot and a TreeIndex out; no I/O. A 100,000-node snapshot is parsed row by
+row with the cyclic GC paused, pacing itself so that the UI thread gets the GIL, and freed on a
+daemon thread a few thousand rows at a time (`discard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from radixtop.schema import (
+    MAX_PAYLOAD_BYTES,
+    MAX_TREE_NODES,
+    NodeRow,
+    Snapshot,
+    parse_snapshot,
+)
+
+SPLICE_PARSE_BYTES = 256 * 1024  # larger answers are parsed row by row (see _parse_spliced)
+
+# ----------------------------------------------------------------------------------------------
+# The tree, indexed for lazy display
+
+
+@dataclass(frozen=True, slots=True)
+class TreeIndex:
+    """Children of each row (locked first, then the heaviest subtree) and which rows lead to a lock.
+
+    `marks[row]` is a bit set: 1 the row or a descendant holds a lock (lock_ref > 0), 2 the row or
+    a descendant has a negative lock_ref (a double unlock)."""
+
+    children: tuple[tuple[int, ...], ...]
+    marks: bytes
+    depth_max: int
+
+    LOCKED = 1
+    NEGATIVE = 2
+
+    @classmethod
+    def build(cls, snapshot: Snapshot) -> TreeIndex | None:
+        tree = snapshot.tree
+        if tree is None:
+            return None
+        nodes = tree.nodes
+        n = len(nodes)
+        kids: list[list[int]] = [[] for _ in range(n)]
+        marks = bytearray(n)
+        depth = [0] * n
+        for i in range(1, n):
+            p = nodes[i].parent
+            kids[p].append(i)
+            depth[i] = depth[p] + 1
+        for i in range(n - 1, -1, -1):  # children come after their parent: one backward pass
+            lr = nodes[i].lock_ref
+            if lr > 0:
+                marks[i] |= cls.LOCKED
+            elif lr < 0:
+                marks[i] |= cls.NEGATIVE
+            if i:
+                marks[nodes[i].parent] |= marks[i]
+
+        def weight(row: int) -> tuple[int, int]:
+            node = nodes[row]
+            sub = node.subtree_tokens if node.subtree_tokens is not None else node.tokens
+            return (-(marks[row] & cls.NEGATIVE), -(marks[row] & cls.LOCKED), -sub)
+
+        ordered = tuple(tuple(sorted(k, key=weight)) if len(k) > 1 else tuple(k) for k in kids)
+        return cls(ordered, bytes(marks), max(depth) if depth else 0)
+
+
+def parse_and_index(data: bytes) -> tuple[Snapshot, TreeIndex | None]:
+    """Parse (all checks of radixtop.schema) and index a snapshot; ValueError with one line."""
+    if len(data) <= SPLICE_PARSE_BYTES:
+        snapshot = parse_snapshot(data)
+        return snapshot, TreeIndex.build(snapshot)
+    with _no_gc_pauses():
+        snapshot = _parse_spliced(data) if len(data) <= MAX_PAYLOAD_BYTES else None
+        if snapshot is None:
+            snapshot = parse_snapshot(data)
+        return snapshot, TreeIndex.build(snapshot)
+
+
+_gc_lock = threading.Lock()
+_gc_depth = 0
+_gc_was_enabled = True
+
+
+@contextlib.contextmanager
+def _no_gc_pauses() -> Iterator[None]:
+    """A big snapshot is a few hundred thousand new containers: with the cyclic GC on, its
+    collections walk them (and the whole app) over and over, holding the GIL for 100+ ms at a time
+    and freezing the UI thread. Off while building (its objects have no cycles; refcounting frees
+    them), then frozen out of future collections (gc.freeze), then on again."""
+    global _gc_depth, _gc_was_enabled
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_depth += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0:
+                gc.freeze()
+                if _gc_was_enabled:
+                    gc.enable()
+
+
+_NODES_KEY = re.compile(r'"nodes"\s*:\s*\[')
+_WS = " \t\n\r"
+
+
+def _parse_spliced(data: bytes) -> Snapshot | None:
+    """A big snapshot parsed without one long C call: json.loads of a 6 MB answer holds the GIL
+    for hundreds of milliseconds, which would freeze the UI thread however the parse is threaded.
+    The tree's rows are decoded one at a time (raw_decode, so the interpreter can switch threads
+    between rows), the rest of the document in one small call, and the whole then goes through
+    Snapshot.from_dict's checks. None when the document is not shaped as expected: the caller
+    then parses it whole (and reports its errors)."""
+    try:
+        text = data.decode("utf-8")
+        m = _NODES_KEY.search(text)
+        if m is None:
+            return None
+        decoder = json.JSONDecoder()
+        rows: list[Any] = []
+        i, n = m.end(), len(text)
+        while i < n and text[i] in _WS:
+            i += 1
+        if i < n and text[i] == "]":
+            end = i + 1
+        else:
+            pace = _Pacer()
+            while True:
+                if len(rows) > MAX_TREE_NODES + 1:
+                    return None
+                row, i = decoder.raw_decode(text, i)
+                rows.append(row)
+                if not len(rows) & 511:
+                    pace()
+                while i < n and text[i] in _WS:
+                    i += 1
+                if i >= n:
+                    return None
+                c = text[i]
+                i += 1
+                if c == "]":
+                    end = i
+                    break
+                if c != ",":
+                    return None
+                while i < n and text[i] in _WS:
+                    i += 1
+        obj = json.loads(text[: m.start()] + '"nodes":[]' + text[end:])
+        tree = obj.get("tree") if isinstance(obj, dict) else None
+        if not isinstance(tree, dict) or tree.get("nodes") != [] or not rows:
+            return None  # the key was somewhere else
+    except (ValueError, RecursionError):
+        return None
+    # Everything but the rows after the root is checked by the schema on a one-row tree; then each
+    # row by the schema's own row check, with the walked count checked as TreeView.from_dict does.
+    walked = tree.get("walked_nodes")
+    tree["nodes"], tree["walked_nodes"] = rows[:1], 0
+    snapshot = Snapshot.from_dict(obj)
+    if snapshot.tree is None:
+        return snapshot
+    if type(walked) is not int or walked < 0:
+        raise ValueError(f"snapshot.tree.walked_nodes: expected an integer in [0, {2**63 - 1}], got {walked!r}")
+    if walked != len(rows) - 1:
+        raise ValueError(f"snapshot.tree.walked_nodes: says {walked} but {len(rows) - 1} non-root rows were sent")
+    nodes = [snapshot.tree.nodes[0]]
+    pace = _Pacer()
+    try:
+        for i in range(1, len(rows)):
+            nodes.append(NodeRow.from_row(rows[i], i, "snapshot.tree.nodes"))
+            if not i & 511:
+                pace()
+    except ValueError:
+        raise
+    except Exception as exc:  # as the schema's own guard does: never anything but a ValueError
+        raise ValueError(f"snapshot: malformed ({type(exc).__name__})") from None
+    return replace(snapshot, tree=replace(snapshot.tree, nodes=tuple(nodes), walked_nodes=walked))
+
+
+class _Pacer:
+    """Called now and then from a long loop on a worker thread: after every few milliseconds of
+    work, sleep a little, so the UI thread gets the GIL at once instead of at the interpreter's
+    next switch (which, on a loaded machine, can be a whole OS time slice away)."""
+
+    def __init__(self, work_s: float = 0.004, rest_s: float = 0.001) -> None:
+        self.work_s, self.rest_s = work_s, rest_s
+        self.since = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self.since >= self.work_s:
+            time.sleep(self.rest_s)
+            self.since = time.perf_counter()
+
+
+# ----------------------------------------------------------------------------------------------
+# Freeing a big tree without freezing the UI
+
+BIG_TREE_NODES = 20_000  # smaller trees are freed where they are dropped (a few ms at most)
+_RELEASE_CHUNK = 4_000
+
+
+class _Graveyard:
+    """Freeing a 100,000-node snapshot is one C loop of a million decrefs: ~100 ms holding the
+    GIL, on whichever thread drops the last reference, usually the UI's. `discard()` hands the
+    object to a daemon thread instead, which waits until it holds the only reference and then
+    frees the rows a few thousand at a time, resting between chunks."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def discard(self, obj: Any) -> None:
+        if obj is None or _tree_size(obj) < BIG_TREE_NODES:
+            return
+        with self._lock:
+            self._pending.setdefault(id(obj), (time.monotonic(), obj))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="radixtop-release", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(1.0)
+            self._wake.clear()
+            time.sleep(0.5)  # let the UI drop its references first
+            with self._lock:
+                keys = list(self._pending)
+            for key in keys:
+                with self._lock:
+                    entry = self._pending.pop(key, None)
+                if entry is None:
+                    continue
+                since, obj = entry
+                del entry
+                # `obj` and getrefcount's argument: anyone else still uses it, so wait
+                if sys.getrefcount(obj) > 2 and time.monotonic() - since < 60:
+                    with self._lock:
+                        self._pending.setdefault(key, (since, obj))
+                    del obj
+                    continue
+                rows = _release_parts(obj)
+                del obj  # cheap now: `rows` keeps the members alive
+                while rows:
+                    del rows[-_RELEASE_CHUNK:]
+                    time.sleep(0.001)
+            if self._pending:
+                self._wake.set()
+
+
+def _tree_size(obj: Any) -> int:
+    if isinstance(obj, Snapshot):
+        return len(obj.tree.nodes) if obj.tree is not None else 0
+    if isinstance(obj, TreeIndex):
+        return len(obj.children)
+    return 0
+
+
+def _release_parts(obj: Any) -> list[Any]:
+    """A list holding the big parts' members, so that dropping `obj` itself is cheap."""
+    if isinstance(obj, Snapshot) and obj.tree is not None:
+        return list(obj.tree.nodes)
+    if isinstance(obj, TreeIndex):
+        return list(obj.children)
+    return []
+
+
+_graveyard = _Graveyard()
+
+
+def discard(obj: Any) -> None:
+    """Drop a (possibly big) Snapshot or TreeIndex without freeing it on the calling thread."""
+    _graveyard.discard(obj)
+
+

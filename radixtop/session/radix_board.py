@@ -1,0 +1,158 @@
+"""The radix pane's state: every rank's samples folded into what it shows (the last good snapshot
+per rank, eviction rates, lock anomalies with their times, whether the ranks' trees agree), the
+last values kept while a rank is down. Pure: no I/O, no Textual.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from radixtop.probes.radix_tree import TreeIndex, discard
+from radixtop.probes.status import SourceState
+from radixtop.schema import (
+    Snapshot,
+)
+
+if TYPE_CHECKING:
+    from radixtop.probes.radix import RadixSample
+
+ANOMALY_KINDS = frozenset(
+    {"negative_lock_ref", "lock_failure", "unlock_failure", "evict_failure", "evict_short", "hooks_disabled", "instrument_error"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    time: float
+    rank: int | None
+    kind: str
+    node_id: int | None
+    lock_ref: int | None
+    message: str
+
+
+@dataclass
+class RankView:
+    """What the pane shows for one endpoint: the last good snapshot (kept while the rank is down)."""
+
+    url: str
+    status: SourceState
+    rank: int | None = None
+    snapshot: Snapshot | None = None
+    index: TreeIndex | None = None
+    snapshot_at: float | None = None  # time.time() the kept snapshot was fetched
+    evictions_per_s: float | None = None
+    evicted_tokens_per_s: float | None = None
+    restarts: int = 0
+    events_dropped: int = 0
+    _prev: tuple[float, str, int, int] | None = None  # (snapshot time, instance, evictions, evicted tokens)
+    digest: str = ""  # the latest complete census's digest ...
+    digest_steady: bool = False  # ... and whether the tree is at rest (Census.at_rest, else the same digest twice)
+    version: int = 0  # moves when what this rank's view shows changed (the pane redraws one rank)
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else self.url
+
+
+class RadixBoard:
+    """Folds RadixSamples of several endpoints into the pane's view. Pure: no I/O, no Textual."""
+
+    def __init__(self, *, max_anomalies: int = 200, rate_window_s: float = 10.0) -> None:
+        self.ranks: dict[str, RankView] = {}
+        self.anomalies: deque[Anomaly] = deque(maxlen=max_anomalies)
+        self.evictions: deque[tuple[float, int | None, int]] = deque(maxlen=500)  # (time, rank, tokens)
+        self.rate_window_s = rate_window_s
+        self.version = 0
+        self.note: str = ""  # why the pane cannot show a tree (no endpoint, vLLM, ...)
+
+    def add(self, sample: RadixSample) -> None:
+        view = self.ranks.get(sample.url)
+        changed = view is None or view.status != sample.status or bool(sample.events) or not sample.unchanged
+        if view is None:
+            view = self.ranks[sample.url] = RankView(sample.url, sample.status)
+        view.status = sample.status
+        if sample.rank is not None:
+            view.rank = sample.rank
+        if sample.restarted:
+            view.restarts += 1
+            view._prev = None
+        view.events_dropped += sample.events_dropped
+        snap = sample.snapshot
+        if snap is not None:
+            if not sample.unchanged or view.snapshot is None:
+                self._rates(view, snap)
+                census = snap.census
+                digest = census.digest if census is not None and census.complete else ""
+                at_rest = census.at_rest if census is not None else None
+                if at_rest is not None:  # the server tells: the tree unmoved since its census began
+                    view.digest_steady = bool(digest) and at_rest
+                else:  # an older server: the same digest in two snapshots
+                    view.digest_steady = bool(digest) and digest == view.digest and (
+                        view.snapshot is None or view.snapshot.seq != snap.seq)
+                view.digest = digest
+                if view.snapshot is not snap:
+                    discard(view.snapshot)
+                    discard(view.index)
+                view.snapshot, view.index = snap, sample.index
+            view.snapshot_at = sample.time
+        for ev in sample.events:
+            if ev.kind in ANOMALY_KINDS:
+                self.anomalies.append(Anomaly(ev.time, view.rank, ev.kind, ev.node_id, ev.lock_ref, ev.message))
+            elif ev.kind == "evict" and ev.tokens:
+                self.evictions.append((ev.time, view.rank, ev.tokens))
+        if changed:  # an unchanged snapshot of a rank in the same state redraws nothing
+            self.version += 1
+            view.version += 1
+
+    def _rates(self, view: RankView, snap: Snapshot) -> None:
+        c = snap.counters
+        prev = view._prev
+        if prev is not None and prev[1] == snap.instance and snap.time > prev[0]:
+            dt = snap.time - prev[0]
+            view.evictions_per_s = max(0, c.evictions - prev[2]) / dt
+            view.evicted_tokens_per_s = max(0, c.evicted_tokens - prev[3]) / dt
+        view._prev = (snap.time, snap.instance, c.evictions, c.evicted_tokens)
+
+    def ordered(self) -> list[RankView]:
+        return sorted(self.ranks.values(), key=lambda v: (v.rank is None, v.rank or 0, v.url))
+
+    def disagreement(self, groups: Callable[[int], int] | None = None) -> str | None:
+        """A line when ranks that should hold the same tree (TP ranks of one DP group) report
+        different census digests while their trees are at rest (the server's Census.at_rest: nothing
+        moved since the census began; from an older server, the same digest in its last two
+        snapshots): ranks snapshot at different moments, so a changing tree always differs;
+        None when they agree or cannot be compared."""
+        by_group: dict[int, list[tuple[int, str]]] = {}
+        for v in self.ordered():
+            if v.rank is None or not v.digest or not v.digest_steady or not v.status.ok:
+                continue
+            by_group.setdefault(groups(v.rank) if groups else 0, []).append((v.rank, v.digest))
+        for members in by_group.values():
+            digests = {d for _, d in members}
+            if len(digests) > 1:
+                shown = " ".join(f"r{r}={d[:8]}" for r, d in members)
+                return f"ranks disagree: tree digests {shown} (each rank's last census)"
+        return None
+
+    def recent_evictions(self, now: float) -> tuple[int, int]:
+        """(eviction events, evicted tokens) within the rate window before now."""
+        count = tokens = 0
+        for t, _, n in reversed(self.evictions):
+            if now - t > self.rate_window_s:
+                break
+            count += 1
+            tokens += n
+        return count, tokens
+
+
+def rank_groups(tp_size: int | None) -> Callable[[int], int] | None:
+    """Ranks are numbered tp + dp * tp_size (as the simulator and instrument number them)."""
+    if not tp_size or tp_size < 1:
+        return None
+    return lambda rank: rank // tp_size
+
+

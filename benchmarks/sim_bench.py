@@ -14,7 +14,7 @@ Two questions:
 Usage::
 
     python benchmarks/sim_bench.py            # short mode (a few seconds)
-    python benchmarks/sim_bench.py --full     # the lead's figures: more requests, 3 repeats
+    python benchmarks/sim_bench.py --full     # the figures written down: more requests, 3 repeats
 """
 
 from __future__ import annotations

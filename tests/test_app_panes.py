@@ -271,7 +271,7 @@ def test_help_lists_the_pane_keys() -> None:
     ],
 )
 async def test_a_pane_key_pressed_before_the_panes_are_mounted_is_applied_when_they_are(size, keys, shown) -> None:
-    """The panes mount after the log's first frame; a key pressed before then used to be dropped
+    """The panes mount after the log's first frame; a key pressed before then must not be dropped
     (the tmux check at 80x24 pressed 2 as soon as the log showed, and sometimes stayed on the log).
     The mount is held back here until the keys are in, so the order is certain."""
     app = RadixtopApp(log_patterns=[str(SAMPLE)], from_start=True, live=LiveOptions(discover=False, gpu=False))
@@ -293,4 +293,4 @@ async def test_a_pane_key_pressed_before_the_panes_are_mounted_is_applied_when_t
             await pilot.press("5")
             await pilot.press("0")
             await pilot.pause()
-            assert len(_shown(app)) == 5, "0 shows everything on a big screen (it used to zoom the log)"
+            assert len(_shown(app)) == 5, "0 shows everything on a big screen (it does not zoom the log)"

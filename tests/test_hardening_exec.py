@@ -27,7 +27,7 @@ def _commands(root: Path) -> list[dict]:
 
 def test_a_program_named_by_the_servers_argv0_is_never_run(tmp_path: Path) -> None:
     """`exec -a /some/dir/python python3 server.py`: argv[0] names a program of the server's
-    choosing; the bundle must not run it (it used to run it as `-m torch.utils.collect_env`)."""
+    choosing; the bundle must not run it (as `-m torch.utils.collect_env`, or any other way)."""
     marker = tmp_path / "ran"
     evil_dir = tmp_path / "evil"
     evil_dir.mkdir()

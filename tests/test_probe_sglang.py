@@ -132,8 +132,8 @@ sglang:evicted_tokens_total{dp_rank="0",tp_rank="1"} 10.0
 
 
 def test_http_clients_share_one_ssl_context(monkeypatch) -> None:
-    """Every probe client (and discovery's, every 30 s) used to build its own SSL context, loading
-    the CA bundle: 40-90 ms of CPU each time. One context is made, once, and verifies as before."""
+    """Building an SSL context loads the CA bundle: 40-90 ms of CPU each time. Every probe client
+    (and discovery's, every 30 s) shares one context, made once, which still verifies."""
     import ssl
 
     from radixtop.probes import http

@@ -119,9 +119,9 @@ def test_short_gaps_are_filled_but_nothing_after_the_last_value() -> None:
 
 def test_sim_metrics_keep_the_last_batch_lines_token_usage_after_a_burst(tmp_path) -> None:
     """SGLang sets its scheduler gauges where it writes a batch line; /metrics keeps them while the
-    server idles. The simulator used to compute them at the scrape: once the requests finished,
-    their tokens were evictable and /metrics said 0.0 while the last batch line said 0.12 (in the
-    demo, 0 % on the vitals pane against 0.92 in the log)."""
+    server idles. Computed at the scrape instead, once the requests finished their tokens would
+    be evictable and /metrics would say 0.0 while the last batch line said 0.12 (in the demo, 0 %
+    on the vitals pane against 0.92 in the log)."""
     import httpx
     from pane_helpers import start_sim, stop
 
@@ -160,7 +160,7 @@ def test_stats_latch_refreshes_while_idle() -> None:
 async def test_sim_metrics_latch_the_gauges_at_each_batch_line_through_the_engines_hook() -> None:
     """The engine tells its subscribers each batch line it writes (Engine.on_batch_line), and
     SimMetrics subscribes its latch there: the gauges are the engine's stats as of that line.
-    The engine's log sink itself is left alone (it used to be wrapped through stats.__self__)."""
+    The engine's log sink itself is left alone (not wrapped through stats.__self__)."""
     import asyncio
 
     from radixtop.sim.engine import Engine, SimConfig

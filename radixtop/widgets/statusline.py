@@ -151,7 +151,7 @@ class StatusLine(Widget):
     def _source_parts(self, sources: Sequence[SourceStatus]) -> tuple[tuple[int, Text] | None, tuple[int, Text] | None]:
         """(sources in trouble, the others): each None when there are none. Sources in the same
         trouble since the same moment are said together ("server r0 r1 procs DOWN since 07:18:56")
-        so that all of them fit where one used to."""
+        so that all of them fit in the room of one."""
         if not sources:
             return (1, Text("no log followed (--log PATH)", self._s("warn"))), None
         bad = [s for s in sources if s.state not in _OK_STATES and s.state not in _QUIET_STATES]

@@ -303,3 +303,46 @@ def test_a_program_the_server_names_in_its_argv_is_never_what_confirm_runs(tmp_p
         proc.kill()
         proc.wait(10)
     assert not marker.exists()
+
+
+OOM_AT_START = """
+import sys, time
+print("Loading safetensors checkpoint shards: 100% Completed | 6/6", flush=True)
+time.sleep(0.3)
+print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+      "of 79.19 GiB of which 1.06 GiB is free.", flush=True)
+sys.exit(1)
+"""
+
+
+def test_a_server_that_dies_at_start_is_inconclusive_with_its_last_lines_and_death_signature(tmp_path: Path) -> None:
+    """What a control started beside the live server on the same GPUs does on a real node."""
+    script = tmp_path / "oom_server.py"
+    script.write_text(OOM_AT_START)
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    try:
+        command = f"{sys.executable} {script} --page-size 16 --max-running-requests 8"
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, launch_command=command)))
+        verdict = asyncio.run(ConfirmationRun(plan).run())
+    finally:
+        sim.stop()
+    assert verdict.verdict == "inconclusive" and "exited with status 1 before it was healthy" in verdict.reason
+    assert "cuda-oom" in verdict.control["death_signatures"]
+    assert "CUDA out of memory" in verdict.control["output_tail"]
+    assert "Control died with: cuda-oom" in verdict.format()
+
+
+def test_nvml_failing_leaves_the_placement_unknown_in_the_plan_and_asks(tmp_path: Path, monkeypatch) -> None:
+    from test_probe_gpu import FakeNvml
+
+    nvml = FakeNvml(monkeypatch)
+    nvml.fail("nvmlInit", 9)  # driver not loaded
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    try:
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1,
+                                            launch_command="python -m sglang.launch_server --model-path m --tp-size 2")))  # fmt: skip
+    finally:
+        sim.stop()
+    assert plan.placement.status == "unknown" and not plan.blockers  # it asks; nothing is decided for the user
+    text = "\n".join(plan.describe())
+    assert "placement unknown: NVML NVIDIA driver not loaded" in text and "--gpus" in text

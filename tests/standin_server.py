@@ -60,6 +60,13 @@ def main() -> None:
                 return self._send(200, text.encode())
             return self._send(404, b"not found")
 
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(min(length, 1 << 20))
+            if args.mode == "slow":
+                return self._drip(b'{"text": "slow", "meta_info": {}}')
+            return self._send(404, b"not found")
+
         def _send(self, status: int, body: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))

@@ -137,3 +137,41 @@ def test_a_partial_directory_of_a_killed_bundle_is_removed_by_the_next(tmp_path:
     write_lines(log, LOG_LINES)
     result = take_bundle(out, logs=[str(log)], archive=False)
     assert not stale.exists() and alive.is_dir() and result.path.is_dir()
+
+
+def test_replay_and_confirms_network_steps_end_within_their_deadlines_against_a_dripping_server(tmp_path: Path) -> None:
+    """A server that sends one byte every 2 s: httpx's timeout is per read and never fires; every
+    call the replay and the confirmation run make has a whole-call deadline instead."""
+    import asyncio
+    import time
+
+    import httpx
+    from incident_helpers import small_trace
+
+    from radixtop.incident.confirm import _server_info
+    from radixtop.incident.replay import flush_cache, replay_series, server_alive
+    from radixtop.incident.trace import plan_requests
+
+    slow = start_standin(tmp_path, "--mode", "slow", "--drip", "2")
+    try:
+        async def go():
+            began = time.monotonic()
+            series = await replay_series(slow.url, plan_requests(small_trace(requests=2)), 1, flush=False,
+                                         request_timeout_s=3)  # fmt: skip
+            replayed = time.monotonic() - began
+            began = time.monotonic()
+            info = await _server_info(slow.url, timeout_s=2)
+            informed = time.monotonic() - began
+            async with httpx.AsyncClient(timeout=3) as client:
+                began = time.monotonic()
+                alive = await server_alive(client, slow.url)
+                flushed = await flush_cache(client, slow.url)
+                checked = time.monotonic() - began
+            return series, replayed, info, informed, alive, flushed, checked
+
+        series, replayed, info, informed, alive, flushed, checked = asyncio.run(go())
+    finally:
+        slow.stop()
+    assert replayed < 10 and all("no whole answer within 3 s" in (o.error or "") for o in series.runs[0].outcomes)
+    assert info is None and informed < 6  # two paths, 2 s each
+    assert alive is False and flushed and "no whole answer" in flushed and checked < 20

@@ -306,9 +306,9 @@ async def _server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any] | Non
 
     async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers()) as client:
         for path in ("/server_info", "/get_server_info"):
-            try:
-                response = await client.get(f"{url}{path}")
-            except httpx.HTTPError:
+            try:  # the whole answer within timeout_s, not each read (a server may drip bytes)
+                response = await asyncio.wait_for(client.get(f"{url}{path}"), timeout_s)
+            except (httpx.HTTPError, TimeoutError):
                 return None
             if response.status_code == 200:
                 try:
@@ -676,11 +676,11 @@ async def _metric(client: httpx.AsyncClient, url: str, name: str) -> float | Non
     from radixtop.probes.sglang import parse_metrics
 
     try:
-        response = await client.get(f"{url}/metrics", timeout=2.0)
+        response = await asyncio.wait_for(client.get(f"{url}/metrics", timeout=2.0), 2.0)
         if response.status_code != 200:
             return None
         return parse_metrics(response.text).get(name)
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ValueError, TimeoutError):
         return None
 
 

@@ -371,10 +371,10 @@ async def wait_healthy(
                 return f"{what} {exit_reason(code)} before it was healthy"
             if should_stop():
                 return "cancelled"
-            try:
-                if (await client.get(f"{url}/health")).status_code == 200:
+            try:  # whole answers: a server dripping bytes must not hold the wait past its timeout
+                if (await asyncio.wait_for(client.get(f"{url}/health"), 2.0)).status_code == 200:
                     return None
-            except httpx.HTTPError:
+            except (httpx.HTTPError, TimeoutError):
                 pass
             waited = time.monotonic() - began
             if waited > timeout_s:

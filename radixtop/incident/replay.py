@@ -22,6 +22,8 @@ from radixtop.incident.trace import PlannedRequest
 
 __all__ = ["Outcome", "ReplayRun", "replay_once"]
 
+DEFAULT_CALL_DEADLINE_S = 120.0  # a whole generate call, when the client sets no read timeout
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -63,10 +65,15 @@ async def _send(
         payload["text"] = planned.text
     else:
         payload["input_ids"] = planned.input_ids
+    # httpx's timeout is per read: a server sending a byte now and then would hold the call
+    # forever. The same number of seconds is the whole call's deadline.
+    total = client.timeout.read or DEFAULT_CALL_DEADLINE_S
     try:
-        response = await client.post(f"{url}/generate", json=payload)
+        response = await asyncio.wait_for(client.post(f"{url}/generate", json=payload), total)
     except httpx.HTTPError as exc:
         return Outcome(planned.request_id, planned.copy, None, (), None, f"{type(exc).__name__}: {exc}", lateness_ms)
+    except TimeoutError:
+        return Outcome(planned.request_id, planned.copy, None, (), None, f"no whole answer within {total:.0f} s", lateness_ms)
     if response.status_code != 200:
         return Outcome(planned.request_id, planned.copy, None, (), None, _error_text(response), lateness_ms)
     try:
@@ -143,6 +150,8 @@ class ReplaySeries:
 
 FLUSH_ATTEMPTS = 5
 FLUSH_RETRY_S = 0.2
+FLUSH_DEADLINE_S = 10.0  # one flush call, whole
+HEALTH_DEADLINE_S = 3.0
 
 
 async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
@@ -150,9 +159,11 @@ async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
     last = ""
     for attempt in range(FLUSH_ATTEMPTS):
         try:
-            response = await client.post(f"{url}/flush_cache")
+            response = await asyncio.wait_for(client.post(f"{url}/flush_cache"), FLUSH_DEADLINE_S)
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
+        except TimeoutError:
+            return f"no whole answer within {FLUSH_DEADLINE_S:.0f} s"
         if response.status_code == 200:
             return None
         last = f"HTTP {response.status_code}: {response.text.strip()[:200]}"
@@ -163,8 +174,8 @@ async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
 
 async def server_alive(client: httpx.AsyncClient, url: str) -> bool:
     try:
-        return (await client.get(f"{url}/health", timeout=3.0)).status_code == 200
-    except httpx.HTTPError:
+        return (await asyncio.wait_for(client.get(f"{url}/health", timeout=3.0), HEALTH_DEADLINE_S)).status_code == 200
+    except (httpx.HTTPError, TimeoutError):
         return False
 
 

@@ -424,8 +424,8 @@ def end_to_end_line(e: dict, nodes: int) -> str:
 
 def snapshot_table(snaps: list[dict]) -> list[str]:
     lines = [
-        "| nodes | budget | capture (scheduler) | build + JSON (endpoint thread) | all on the scheduler (old way) | payload "
-        "| census slice: median / p99 / max | slices | census CPU | whole census every | share at 2/s (old way) "
+        "| nodes | budget | capture (scheduler) | build + JSON (endpoint thread) | all on the scheduler (one thread) | payload "
+        "| census slice: median / p99 / max | slices | census CPU | whole census every | share at 2/s (one thread) "
         "| duty-capped rate | naive walk + JSON | naive share at 2/s |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -450,11 +450,11 @@ def snapshot_caption(where: str) -> str:
         f"{100 * d.census_duty:g} % of the thread; the capture gets the rest of the {100 * MAX_DUTY:g} % cap; 256 "
         "locked paths). Capture is what a snapshot costs the scheduler thread; the endpoint's HTTP thread builds the "
         "checked snapshot and its JSON (once per snapshot, whoever reads it); \"all on the scheduler\" is both on one "
-        "thread, as snapshots were taken before. The census is one whole-tree census stepped slice by slice; it "
+        "thread, the design this split replaces, for comparison. The census is one whole-tree census stepped slice by slice; it "
         f"restarts when done, so \"whole census every\" is how old its figures get. Share at {RATE_HZ:g}/s: captures "
         "plus census steps (in brackets: had the build and JSON stayed on the scheduler thread). The peer is the naive "
         "snapshot: every node walked and serialised each time. The last rows are other budgets at 100k nodes (256 / 1024 "
-        "was the default before 128 / 512)."
+        "and more) for comparison with the default."
     )
 
 

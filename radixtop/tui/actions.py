@@ -171,14 +171,16 @@ class IncidentActions:
         server = getattr(getattr(panes, "state", None), "server", None) if panes is not None else None
         if self.readonly or server is None or self._sighting_busy:
             return
-        target = self.incident_target()
-        if target.url is None:
-            return
         now = time.time()
         if server.status.ok:
+            # Cheap checks first: this runs on every tick, and the target expands --log globs.
             info = server.info.raw if server.info is not None else None
-            key = (target.url, target.pid, id(info))
+            targets = getattr(panes, "targets", None)
+            key = (server.url, getattr(targets, "pid", None), id(info))
             if key == self._sighting_key and now - self._sighted_at < SIGHT_EVERY_S:
+                return
+            target = self.incident_target()
+            if target.url is None:
                 return
             self._remember_loop()
             self._sighting_key, self._sighted_at, self._sighting_busy = key, now, True

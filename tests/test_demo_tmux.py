@@ -3,10 +3,12 @@ running (the simulator and the load generator are gone with the UI)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -108,3 +110,50 @@ def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leav
         assert not _alive(pane_pid) and not left, f"still running after q: {left}"
     finally:
         tmux.kill()
+
+
+def test_the_demos_automatic_bundle_keeps_what_the_radix_pane_showed_after_the_ranks_died(tmp_path) -> None:
+    """The lock race kills the ranks before the bundle can ask their endpoints; the bundle keeps
+    what radixtop saw: each rank's last snapshot (the one the pane showed: same number, same
+    locked tokens and lock counts), its events, the vital signs and the screen."""
+    tmux = Tmux(160, 48)
+    try:
+        tmux.start([sys.executable, "-m", "radixtop", "demo"], tmp_path)
+        pane_pid = int(tmux("display-message", "-p", "-t", "radixtop", "#{pane_pid}").strip())
+        workdir = None
+        deadline = time.monotonic() + 20
+        while workdir is None and time.monotonic() < deadline:  # the demo's directory, from its simulator
+            for proc in psutil.Process(pane_pid).children(recursive=True):
+                try:
+                    argv = proc.cmdline()
+                except psutil.Error:
+                    continue
+                if "--log-file" in argv and "sim" in argv:
+                    workdir = Path(argv[argv.index("--log-file") + 1]).parent
+            time.sleep(0.1)
+        assert workdir is not None
+        screen = tmux.wait_for(lambda s: re.search(r"│ server\b[^│]*DOWN since", s) is not None,
+                               "the demo's server to die", timeout=90)  # fmt: skip
+        tmux.wait_for(lambda s: "auto bundle (on child-sigquit) written" in s or
+                      any(workdir.glob("radixtop-bundle-*-auto-child-sigquit/MANIFEST.json")),
+                      "the automatic bundle of the crash", timeout=60)  # fmt: skip
+        screen = tmux.capture()
+        shown = re.search(r"snapshot #(\d+)", screen)
+        pool = re.search(r"locked ([\d,]+) running", screen)
+        locks = re.search(r"locks ([\d,]+)/([\d,]+)", screen)
+        assert shown and pool and locks, screen
+        tmux.send("q")
+    finally:
+        tmux.kill()
+    bundle = next(workdir.glob("radixtop-bundle-*-auto-child-sigquit"))
+    seen = json.loads((bundle / "seen/radix/rank0-snapshots.json").read_text())
+    last = seen["snapshots"][-1]["snapshot"]
+    number = lambda text: int(text.replace(",", ""))  # noqa: E731
+    assert last["seq"] == number(shown.group(1))
+    assert last["protected_tokens"] == number(pool.group(1))
+    assert (last["counters"]["lock_ops"], last["counters"]["unlock_ops"]) == (number(locks.group(1)), number(locks.group(2)))
+    events = json.loads((bundle / "seen/radix/rank0-events.json").read_text())["events"]
+    assert any(e["kind"] == "evict" for e in events)
+    vitals = json.loads((bundle / "seen/vitals.json").read_text())
+    assert vitals["series"]["token_usage"]["points"] and vitals["first_signatures"]
+    assert (bundle / "seen/screen.svg").read_text().lstrip().startswith("<svg")

@@ -266,6 +266,7 @@ def take_bundle(
     context: int = CONTEXT_BEFORE,
     after: int = CONTEXT_AFTER,
     live_report: Any = None,
+    seen: Any = None,
     http_timeout_s: float = 3.0,
     network_deadline_s: float = 20.0,
     tool_timeout_s: float = 15.0,
@@ -279,7 +280,9 @@ def take_bundle(
 
     ``pid`` defaults to the process listening on the URL's port (on this machine);
     ``instruments``, the ranks' debug endpoints, to those /server_info lists or the pid's tree
-    serves (see :func:`radixtop.incident.evidence.collect_server`). Each HTTP GET ends within
+    serves (see :func:`radixtop.incident.evidence.collect_server`). ``seen``
+    (radixtop.incident.seen.SeenState) is what the TUI saw before: written under ``seen/``, it
+    keeps the tree and its locks of ranks that died before the bundle could ask. Each HTTP GET ends within
     ``http_timeout_s`` and all of them within ``network_deadline_s`` of the start. Raises
     :class:`BundleError` only when nothing can be written (:class:`BundleCancelled` when
     cancelled); every unreadable source is a note.
@@ -288,7 +291,7 @@ def take_bundle(
     with _Signals(cancel):
         return _take_bundle(
             out_dir, url=url, logs=logs, pid=pid, instruments=instruments, reason=reason,
-            signature_files=signature_files, context=context, after=after, live_report=live_report,
+            signature_files=signature_files, context=context, after=after, live_report=live_report, seen=seen,
             http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s, tool_timeout_s=tool_timeout_s,
             torch_env_timeout_s=torch_env_timeout_s, archive=archive, on_progress=on_progress, cancel=cancel,
             redactor=redactor,
@@ -297,7 +300,7 @@ def take_bundle(
 
 def _take_bundle(
     out_dir: str | Path, *, url: str | None, logs: Sequence[str], pid: int | None, instruments: Sequence[str],
-    reason: str, signature_files: Sequence[str], context: int, after: int, live_report: Any,
+    reason: str, signature_files: Sequence[str], context: int, after: int, live_report: Any, seen: Any,
     http_timeout_s: float, network_deadline_s: float, tool_timeout_s: float, torch_env_timeout_s: float,
     archive: bool, on_progress: Callable[[BundleProgress], None] | None, cancel: threading.Event,
     redactor: Redactor | None,
@@ -378,6 +381,7 @@ def _take_bundle(
                 writer, url, timeout_s=http_timeout_s, deadline=net_deadline, cancel=cancel))),
         ]  # fmt: skip
         slow = [
+            *([_start(guarded("what radixtop saw", lambda: seen.write(writer)))] if seen is not None else []),
             _start(guarded("nvml", lambda: evidence.collect_nvml(writer))),
             _start(guarded("nvidia-smi", lambda: evidence.collect_nvidia_smi(writer, timeout_s=tool_timeout_s, cancel=cancel))),
             _start(guarded("collect_env", torch_env)),
@@ -452,6 +456,8 @@ def _write_manifest(
         "evidence/NN-<signature>.log  first occurrence of each signature, >= 100 lines before and the lines after",
         "findings.json                 the findings (radixtop scan --json over the logs)",
         "server/, radix/, gpu/, procs/, stacks/, env/: the server and the machine at bundle time",
+        "seen/                         what radixtop saw before (a bundle from the UI): each rank's last radix",
+        "                              snapshots and events, the vital signs, the screen (seen/screen.svg)",
         "*.note.txt                    why something is not here",
         "",
         "Verify: sha256sum -c SHA256SUMS (or radixtop bundle --verify DIR).",
@@ -628,8 +634,10 @@ class AutoBundler:
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def observe(self, findings: Any) -> bool:
-        """``findings``: a diagnosis Report or an iterable of Findings. True if a bundle started now."""
+    def observe(self, findings: Any, seen: Callable[[], Any] | None = None) -> bool:
+        """``findings``: a diagnosis Report or an iterable of Findings. True if a bundle started now.
+        ``seen``: called here, only when a bundle starts, for what the caller saw (take_bundle's
+        ``seen``): a UI gathers it on its own thread, at that moment."""
         from radixtop.diagnosis.severity import severity_rank
 
         if self.state == "running" or self.exhausted:
@@ -645,7 +653,8 @@ class AutoBundler:
             self.state = "running"
             self.trigger, self.fired_level = hit.signature.id, hit.signature.level
         live = findings if hasattr(findings, "to_json") else None
-        self._thread = threading.Thread(target=self._run, args=(live,), name="radixtop-autobundle", daemon=True)
+        saw = seen() if seen is not None else None
+        self._thread = threading.Thread(target=self._run, args=(live, saw), name="radixtop-autobundle", daemon=True)
         self._thread.start()
         return True
 
@@ -656,11 +665,11 @@ class AutoBundler:
 
         return self.fired_level >= max(Severity)
 
-    def _run(self, live_report: Any) -> None:
+    def _run(self, live_report: Any, seen: Any) -> None:
         try:
             self.result = take_bundle(
                 self.out_dir, url=self.url, logs=self.logs, pid=self.pid,
-                reason=f"auto-{self.trigger}", live_report=live_report, **self.options,
+                reason=f"auto-{self.trigger}", live_report=live_report, seen=seen, **self.options,
             )  # fmt: skip
             self.state = "done"
         except Exception as exc:  # noqa: BLE001 - reported through on_done and .error

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from radixtop.probes.radix_tree import TreeIndex, discard
 from radixtop.probes.status import SourceState
-from radixtop.schema import (
-    Snapshot,
-)
+from radixtop.schema import Event, Snapshot
 
 if TYPE_CHECKING:
     from radixtop.probes.radix import RadixSample
+
+KEPT_SNAPSHOTS = 3  # earlier snapshots kept per rank, besides the last
+KEPT_SNAPSHOT_NODES = 5_000  # ... of at most this many nodes (a 100k-node tree is MBs of objects)
+KEPT_EVENTS = 1_000  # events kept per rank
 
 ANOMALY_KINDS = frozenset(
     {"negative_lock_ref", "lock_failure", "unlock_failure", "evict_failure", "evict_short", "hooks_disabled", "instrument_error"}
@@ -52,6 +54,11 @@ class RankView:
     digest: str = ""  # the latest complete census's digest ...
     digest_steady: bool = False  # ... and whether the tree is at rest (Census.at_rest, else the same digest twice)
     version: int = 0  # moves when what this rank's view shows changed (the pane redraws one rank)
+    # What an evidence bundle keeps of what radixtop saw (a dead rank's endpoint cannot be asked):
+    # the snapshots before the last one (small ones only: a big tree is the last one alone) and
+    # every event received, bounded.
+    earlier: deque[tuple[float, Snapshot]] = field(default_factory=lambda: deque(maxlen=KEPT_SNAPSHOTS))
+    events: deque[Event] = field(default_factory=lambda: deque(maxlen=KEPT_EVENTS))
 
     @property
     def label(self) -> str:
@@ -95,10 +102,15 @@ class RadixBoard:
                         view.snapshot is None or view.snapshot.seq != snap.seq)
                 view.digest = digest
                 if view.snapshot is not snap:
-                    discard(view.snapshot)
+                    old = view.snapshot
+                    if old is not None and len(old.tree.nodes) <= KEPT_SNAPSHOT_NODES and view.snapshot_at is not None:
+                        view.earlier.append((view.snapshot_at, old))  # small: kept for the bundle
+                    else:
+                        discard(old)
                     discard(view.index)
                 view.snapshot, view.index = snap, sample.index
             view.snapshot_at = sample.time
+        view.events.extend(sample.events)
         for ev in sample.events:
             if ev.kind in ANOMALY_KINDS:
                 self.anomalies.append(Anomaly(ev.time, view.rank, ev.kind, ev.node_id, ev.lock_ref, ev.message))

@@ -281,10 +281,10 @@ class IncidentActions:
         target = self.incident_target()
         where = self.action_settings.directory
         self._say(f"bundle: collecting the evidence of {target.url or 'the followed logs'} into {where}…")
-        self._bundle_worker(target, where, self.state.report)
+        self._bundle_worker(target, where, self.state.report, self.seen_state())
 
     @work(thread=True, group="bundle", exit_on_error=False)
-    def _bundle_worker(self, target: Target, where: Path, report: Any) -> None:
+    def _bundle_worker(self, target: Target, where: Path, report: Any, seen: Any) -> None:
         from radixtop.incident.bundle import BundleError, take_bundle
         from radixtop.incident.server import ServerError
 
@@ -293,7 +293,7 @@ class IncidentActions:
             result = take_bundle(
                 where, url=target.url, logs=target.logs, pid=target.pid, instruments=target.instruments, reason="manual",
                 signature_files=settings.signature_files, context=self.builder.context,
-                live_report=report, cancel=self._bundle_cancel,
+                live_report=report, seen=seen, cancel=self._bundle_cancel,
                 on_progress=lambda p: self._post(self._bundle_progress, p),
                 **dict(settings.bundle),
             )  # fmt: skip
@@ -326,6 +326,34 @@ class IncidentActions:
         self._say(text, final=True)  # no toast: it would cover the status line; the bar and the log pane keep it
         app.state.add_notice("radixtop", "bundle", text)
 
+    def seen_state(self) -> Any:
+        """What the screen holds now, for a bundle (radixtop.incident.seen): each rank's last
+        snapshots and events (immutable, so the bundle's thread serializes them), the vital signs
+        (copied) and the screen itself. Called on the UI thread, at the moment of the bundle."""
+        from radixtop.incident.seen import RankSeen, SeenState
+
+        app: Any = self
+        panes = getattr(app, "panes", None)
+        live = getattr(panes, "state", None)
+        ranks = []
+        vitals: dict[str, Any] = {}
+        marks: tuple = ()
+        if live is not None:
+            for view in live.board.ordered():
+                shots = [*view.earlier, *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else [])]
+                label = f"rank{view.rank}" if view.rank is not None else f"endpoint{len(ranks)}"
+                status = view.status.state + (f" ({view.status.message})" if view.status.message else "")
+                ranks.append(RankSeen(label, view.url, status, tuple(shots), tuple(view.events)))
+            for key, series in live.vitals.series.items():
+                if series.points:
+                    vitals[key] = {"source": series.source, "points": [list(p) for p in series.points]}
+            marks = tuple(live.vitals.marks)
+        try:
+            screen = app.export_screenshot(title="radixtop")
+        except Exception:  # noqa: BLE001 - a bundle without the picture is still a bundle
+            screen = None
+        return SeenState(tuple(ranks), vitals, marks, screen)
+
     # -- the automatic bundle --------------------------------------------------------------------
 
     def observe_findings(self, report: Any) -> None:
@@ -353,12 +381,15 @@ class IncidentActions:
             )  # fmt: skip
         auto.url, auto.pid, auto.logs = target.url, target.pid, target.logs
         auto.options["instruments"] = target.instruments
-        if auto.observe(report):
+        if auto.observe(report, seen=self.seen_state):
             self._say(f"auto bundle: {auto.trigger} seen; preserving the evidence into {auto.out_dir}…")
 
     def _auto_done(self, result: Any, error: str | None) -> None:
         trigger = self.auto_bundler.trigger if self.auto_bundler is not None else "?"
         self._show_bundle(f"auto bundle (on {trigger})", result, error)
+        # A worse finding that came while this bundle ran (the crash right after its error) found
+        # the bundler busy: look again, or the crash's own bundle would wait for the next finding.
+        self.observe_findings(self.state.report)
 
     # -- c: the confirmation run -----------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""What radixtop saw, for the evidence bundle: the server's ranks die before a bundle can ask them.
+
+When the lock race kills a rank, its debug endpoint goes with it, and a bundle taken a second
+later gets "connection refused" for the tree and its locks, the evidence that matters most for a
+radix-cache incident. The TUI had it on screen moments before: each rank's last snapshots and the
+events it received, the vital signs up to the crash, and the screen itself. `SeenState` holds
+references to those (immutable snapshots and events, copied series), taken on the UI thread at
+the moment of the bundle; `write()` turns them into files on the bundle's thread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["RankSeen", "SeenState"]
+
+
+class Sink(Protocol):
+    def json(self, rel: str, obj: Any) -> None: ...
+    def text(self, rel: str, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RankSeen:
+    label: str  # "rank0", or the endpoint's URL when the rank is unknown
+    url: str
+    status: str  # the endpoint's state when the bundle was taken ("down since ...")
+    snapshots: tuple[tuple[float, Any], ...]  # (time fetched, schema.Snapshot), oldest first
+    events: tuple[Any, ...]  # schema.Event, oldest first
+
+
+@dataclass(frozen=True)
+class SeenState:
+    ranks: tuple[RankSeen, ...] = ()
+    vitals: dict[str, Any] = field(default_factory=dict)  # series key -> {source, points [[t, v], ...]}
+    marks: tuple[tuple[float, str], ...] = ()  # first signatures on the time axis
+    screen_svg: str | None = None  # the screen as it was (Textual's export)
+
+    def write(self, sink: Sink) -> list[str]:
+        """The files, under seen/; returns their relative paths."""
+        written: list[str] = []
+        for rank in self.ranks:
+            base = f"seen/radix/{rank.label}"
+            if rank.snapshots:
+                sink.json(f"{base}-snapshots.json", {
+                    "url": rank.url, "status": rank.status,
+                    "snapshots": [{"fetched": t, "snapshot": json.loads(s.to_json())} for t, s in rank.snapshots],
+                })  # fmt: skip
+                written.append(f"{base}-snapshots.json")
+            if rank.events:
+                sink.json(f"{base}-events.json", {"url": rank.url, "events": [e.to_dict() for e in rank.events]})
+                written.append(f"{base}-events.json")
+        if self.vitals:
+            sink.json("seen/vitals.json", {"series": self.vitals, "first_signatures": [list(m) for m in self.marks]})
+            written.append("seen/vitals.json")
+        if self.screen_svg:
+            sink.text("seen/screen.svg", self.screen_svg)
+            written.append("seen/screen.svg")
+        return written

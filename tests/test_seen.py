@@ -1,0 +1,53 @@
+"""What radixtop saw, for a bundle taken after the ranks died: the board keeps a bounded history
+per rank, and SeenState writes it (and the vitals and the screen) into the bundle's seen/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pane_helpers import make_snapshot, wide_snapshot
+
+from radixtop.incident.bundle import BundleWriter
+from radixtop.incident.redact import Redactor
+from radixtop.incident.seen import RankSeen, SeenState
+from radixtop.probes.radix import RadixSample
+from radixtop.probes.status import SourceState
+from radixtop.schema import Event
+from radixtop.session.radix_board import KEPT_EVENTS, KEPT_SNAPSHOTS, RadixBoard
+
+OK = SourceState("ok")
+URL = "http://127.0.0.1:39100"
+
+
+def test_the_board_keeps_a_bounded_history_of_small_snapshots_and_events():
+    board = RadixBoard()
+    for seq in range(1, 8):
+        events = tuple(Event(seq * 10 + i, 1.0 + seq, "evict", tokens=16) for i in range(300))
+        board.add(RadixSample(URL, OK, 1_000.0 + seq, rank=0, snapshot=make_snapshot(seq=seq), events=events))
+    view = board.ranks[URL]
+    assert view.snapshot.seq == 7
+    assert [s.seq for _, s in view.earlier] == list(range(7 - KEPT_SNAPSHOTS, 7))  # the ones before it
+    assert len(view.events) == KEPT_EVENTS and view.events[-1].seq == 7 * 10 + 299
+    # A big tree is kept as the last snapshot only (a 100k-node tree is MBs of objects).
+    board.add(RadixSample(URL, OK, 2_000.0, rank=0, snapshot=wide_snapshot(6_000, seq=8)))
+    board.add(RadixSample(URL, OK, 2_001.0, rank=0, snapshot=make_snapshot(seq=9)))
+    assert [s.seq for _, s in view.earlier][-1] == 7  # the wide one was not kept as an earlier one
+
+
+def test_seen_state_writes_the_ranks_the_vitals_and_the_screen(tmp_path: Path):
+    snap = make_snapshot(seq=5, protected_tokens=96)
+    seen = SeenState(
+        ranks=(RankSeen("rank0", URL, "down (connection refused)", ((1_000.0, snap),),
+                        (Event(1, 999.0, "lock_failure", node_id=7, message="page lock"),)),),
+        vitals={"token_usage": {"source": "metrics", "points": [[999.0, 0.93], [1_000.0, 0.97]]}},
+        marks=((1_000.2, "TP1 Radix cache page lock failed"),),
+        screen_svg="<svg><text>radixtop</text></svg>",
+    )  # fmt: skip
+    written = seen.write(BundleWriter(tmp_path, Redactor()))
+    assert written == ["seen/radix/rank0-snapshots.json", "seen/radix/rank0-events.json", "seen/vitals.json",
+                       "seen/screen.svg"]  # fmt: skip
+    doc = json.loads((tmp_path / "seen/radix/rank0-snapshots.json").read_text())
+    assert doc["status"].startswith("down") and doc["snapshots"][0]["snapshot"]["protected_tokens"] == 96
+    assert json.loads((tmp_path / "seen/radix/rank0-events.json").read_text())["events"][0]["kind"] == "lock_failure"
+    assert json.loads((tmp_path / "seen/vitals.json").read_text())["first_signatures"][0][1].startswith("TP1")

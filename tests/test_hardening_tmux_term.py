@@ -81,3 +81,25 @@ def test_a_signal_restores_the_terminal_and_stops_the_children(tmp_path: Path, s
         assert wait_for(lambda: all(incident_helpers.gone(c.pid) for c in children), 10), "a child was left running"
     finally:
         tmux.kill()
+
+
+@pytest.mark.parametrize("what", ["ui", "demo"])
+def test_a_terminal_that_goes_away_leaves_no_radixtop_behind(tmp_path: Path, what: str) -> None:
+    """The tmux server (or the ssh session) gone: radixtop gets SIGHUP and its terminal is gone,
+    so restoring it can block for ever; the quit path gets a few seconds, then the process ends,
+    and the demo's children with it."""
+    log = tmp_path / "server.log"
+    log.write_text(LINES)
+    argv = ([sys.executable, "-m", "radixtop", "--log", str(log), "--no-discover", "--no-gpu"] if what == "ui"
+            else [sys.executable, "-m", "radixtop", "demo", "--fault", "none"])  # fmt: skip
+    tmux = Tmux(120, 40)
+    try:
+        tmux.start(argv, tmp_path)
+        tmux.wait_for(lambda s: "q Quit" in s, "radixtop to draw", timeout=30)
+        pid = int(tmux("display-message", "-p", "-t", "radixtop", "#{pane_pid}").strip())
+        family = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    finally:
+        tmux.kill()  # the terminal goes away under it
+    assert wait_for(lambda: all(incident_helpers.gone(p) for p in family), 20), [
+        " ".join(psutil.Process(p).cmdline()) for p in family if not incident_helpers.gone(p)
+    ]

@@ -1118,6 +1118,14 @@ def fit_terminal() -> bool:
 QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+QUIT_GRACE_S = 5.0  # after SIGTERM or SIGHUP, the quit path's time before the process just ends
+
+
+def _exit_after(seconds: float, code: int) -> None:
+    time.sleep(seconds)
+    os._exit(code)
+
+
 def run_until_quit(app: App) -> int | None:
     """``app.run()``, except that SIGTERM and SIGHUP take the app's own quit path (what q does:
     bundles cancelled, a confirmation run's control server stopped, the terminal given back with
@@ -1134,9 +1142,14 @@ def run_until_quit(app: App) -> int | None:
             os.kill(os.getpid(), signum)
             return
         if len(received) == 1:
+            # A hang-up means the terminal is gone, and restoring it can block for ever (Textual's
+            # writer waits on a terminal no one reads): the quit path gets QUIT_GRACE_S, then the
+            # process ends anyway (the servers it started die with it: PR_SET_PDEATHSIG).
+            threading.Thread(target=_exit_after, args=(QUIT_GRACE_S, 128 + signum), name="radixtop-quit-deadline",
+                             daemon=True).start()  # fmt: skip
             loop.call_soon_threadsafe(lambda: loop.create_task(app.run_action("quit")))
-        else:  # asked twice: the quit path itself is stuck; the terminal is still restored
-            loop.call_soon_threadsafe(app.exit, 128 + signum)
+        else:  # asked twice: the quit path itself is stuck
+            os._exit(128 + signum)
 
     previous = {sig: signal.signal(sig, handle) for sig in QUIT_SIGNALS}
     try:

@@ -446,7 +446,7 @@ async def prepare(
     cancel: threading.Event | None = None,
 ) -> Plan:
     """Evidence first (a bundle), then the plan. Starts and stops nothing; sends no workload."""
-    from radixtop.incident.server import base_url, listening_pid, url_port
+    from radixtop.incident.server import base_url, listening_pid, process_tree, url_port
     from radixtop.incident.workloads import pressure_trace
     from radixtop.probes.http import is_loopback_url
 
@@ -552,17 +552,14 @@ async def prepare(
     save_trace(trace, trace_path)
 
     # Where the started servers go, and whether the original must be stopped for them.
-    sample = gpu_sample
-    from radixtop.incident.server import process_tree
-
     original_pids = {p.pid for p in process_tree(pid)} if alive and pid else set()
     original_use = {g.uuid: g.used_bytes for g in (seen.gpus if seen is not None else ())}
-    placement = place(live.kind, live.flags, sample, original_pids=original_pids, original_use=original_use,
+    placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
                       original_gone=not alive, will_stop=options.stop_original, given=options.gpus)  # fmt: skip
     requires_stop = False
     if alive and placement.status == "no-room" and placement.room_if_stopped and not options.stop_original:
         requires_stop = True  # the plan can run only on the original's GPUs: a second approval
-        placement = place(live.kind, live.flags, sample, original_pids=original_pids, original_use=original_use,
+        placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
                           will_stop=True)  # fmt: skip
     elif placement.status == "no-room":
         blockers.append(placement.lines[0].removeprefix("GPUs").strip())

@@ -199,12 +199,11 @@ class ConfirmationRun:
             alive = await server_alive(client, arm.url)
         return compare_runs(series, plan.trace), alive
 
-    def _progress(self, arm: ArmPlan, window: Any, waited: float) -> None:
+    async def _progress(self, arm: ArmPlan, window: Any, waited: float) -> None:
         """A starting server's own newest lines (loading weights, capturing CUDA graphs)."""
         from radixtop.diagnosis.logline import access_key
 
-        if window is not None:
-            window.poll()  # a few lines a second while it loads: cheap on the loop
+        await self._poll(f"{arm.role}-start", window)  # off the loop, as every read of a log here
         fresh = [line for line in (window.fresh if window is not None else ()) if line.strip() and access_key(line) is None]
         if window is not None:
             window.fresh.clear()

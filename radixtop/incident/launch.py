@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -357,11 +357,11 @@ async def wait_healthy(
     timeout_s: float,
     what: str = "the control server",
     should_stop: Callable[[], bool] = lambda: False,
-    on_tick: Callable[[float], None] | None = None,
+    on_tick: Callable[[float], Awaitable[None]] | None = None,
     tick_s: float = 1.0,
 ) -> str | None:
     """Poll ``/health`` until 200. None when healthy, else why not (exited, timed out, stopped).
-    on_tick(seconds waited) every tick_s: the caller shows the server's own progress lines."""
+    await on_tick(seconds waited) every tick_s: the caller shows the server's own progress lines."""
     began = time.monotonic()
     last_tick = 0.0
     async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as client:
@@ -381,5 +381,5 @@ async def wait_healthy(
                 return f"{what} was not healthy within {timeout_s:.0f} s (raise --control-timeout for a slow model load)"
             if on_tick is not None and waited - last_tick >= tick_s:
                 last_tick = waited
-                on_tick(waited)
+                await on_tick(waited)
             await asyncio.sleep(0.2)

@@ -70,16 +70,22 @@ def _signature_summary(report: Any, threshold: int) -> dict[str, Any]:
     return out
 
 
-async def _metric(client: httpx.AsyncClient, url: str, name: str) -> float | None:
+async def _metrics(client: httpx.AsyncClient, url: str) -> Any:
+    """The server's /metrics (probes.sglang.ServerMetrics), or None."""
     from radixtop.probes.sglang import parse_metrics
 
     try:
         response = await asyncio.wait_for(client.get(f"{url}/metrics", timeout=2.0), 2.0)
         if response.status_code != 200:
             return None
-        return parse_metrics(response.text).get(name)
+        return parse_metrics(response.text)
     except (httpx.HTTPError, ValueError, TimeoutError):
         return None
+
+
+def _peak(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def _port_free(port: int) -> bool:
@@ -160,6 +166,7 @@ class ConfirmationRun:
 
         plan = self.plan
         evicted: list[tuple[float, float]] = []  # (time, evicted tokens total) from /metrics
+        usages: list[float] = []  # token usage from /metrics: pressure between two batch lines too
 
         def relay(event: ReplayEvent) -> None:
             self._emit(arm.role, event.message, run=event.run, runs=event.runs, kind=event.kind)
@@ -173,9 +180,13 @@ class ConfirmationRun:
                     now = time.monotonic()
                     if now - last_metrics >= METRICS_EVERY_S:
                         last_metrics = now
-                        value = await _metric(client, arm.url, "evicted_tokens_total")
+                        metrics = await _metrics(client, arm.url)
+                        value = metrics.get("evicted_tokens_total") if metrics is not None else None
                         if value is not None:
                             evicted.append((now, value))
+                        usage = metrics.get("token_usage") if metrics is not None else None
+                        if usage is not None:
+                            usages.append(usage)
 
         watcher = asyncio.create_task(watch())
         try:
@@ -193,6 +204,8 @@ class ConfirmationRun:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await self._poll(arm.role, window)
+        if usages:
+            result["metrics_peak_token_usage"] = max(usages)
         if len(evicted) >= 2 and evicted[-1][0] > evicted[0][0]:
             result["evicted_tokens_per_s"] = round((evicted[-1][1] - evicted[0][1]) / (evicted[-1][0] - evicted[0][0]), 1)
         async with httpx.AsyncClient(timeout=3.0) as client:
@@ -275,7 +288,8 @@ class ConfirmationRun:
             diverged=report.diverged, runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
             answered_calls=report.runs * plan.calls - report.failed_calls, dispatch_jitter_ms=report.jitter,
             stopped_early=report.stopped_early,
-            peak_token_usage=window.peak_token_usage if window is not None else None,
+            peak_token_usage=_peak(window.peak_token_usage if window is not None else None,
+                                   result.pop("metrics_peak_token_usage", None)),
             retractions=window.retracted if window is not None else 0,
         )  # fmt: skip
         if server is not None and not alive:

@@ -31,7 +31,8 @@ __all__ = ["LogWindow"]
 
 READ_LIMIT = 8 << 20  # per poll and file
 FRESH_LINES = 200  # newest lines kept for whoever shows progress
-_TOKEN_USAGE = re.compile(r"token usage: (\d+(?:\.\d+)?)")
+# The batch lines' "token usage: 0.93", and the same figure in other lines ("(token usage 0.93)").
+_TOKEN_USAGE = re.compile(r"token usage:? (\d+(?:\.\d+)?)")
 _RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
 _OTHER_TP_RANK = re.compile(r"\[[^\]]*\bTP[1-9]\d*\]")  # every TP rank logs a retraction: count TP0's
 

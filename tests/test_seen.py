@@ -51,3 +51,11 @@ def test_seen_state_writes_the_ranks_the_vitals_and_the_screen(tmp_path: Path):
     assert doc["status"].startswith("down") and doc["snapshots"][0]["snapshot"]["protected_tokens"] == 96
     assert json.loads((tmp_path / "seen/radix/rank0-events.json").read_text())["events"][0]["kind"] == "lock_failure"
     assert json.loads((tmp_path / "seen/vitals.json").read_text())["first_signatures"][0][1].startswith("TP1")
+
+
+def test_a_screen_that_could_not_be_exported_leaves_a_note_saying_why(tmp_path: Path):
+    seen = SeenState(screen_error="NoMatches: no widget #log")
+    assert seen.write(BundleWriter(tmp_path, Redactor())) == []
+    assert not (tmp_path / "seen/screen.svg").exists()
+    note = next(tmp_path.glob("seen/screen.svg*"))
+    assert "could not be exported: NoMatches: no widget #log" in note.read_text()

@@ -20,6 +20,7 @@ __all__ = ["RankSeen", "SeenState"]
 class Sink(Protocol):
     def json(self, rel: str, obj: Any) -> None: ...
     def text(self, rel: str, text: str) -> None: ...
+    def note(self, rel: str, why: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class SeenState:
     vitals: dict[str, Any] = field(default_factory=dict)  # series key -> {source, points [[t, v], ...]}
     marks: tuple[tuple[float, str], ...] = ()  # first signatures on the time axis
     screen_svg: str | None = None  # the screen as it was (Textual's export)
+    screen_error: str | None = None  # why there is no screen_svg
 
     def write(self, sink: Sink) -> list[str]:
         """The files, under seen/; returns their relative paths."""
@@ -58,4 +60,6 @@ class SeenState:
         if self.screen_svg:
             sink.text("seen/screen.svg", self.screen_svg)
             written.append("seen/screen.svg")
+        elif self.screen_error:
+            sink.note("seen/screen.svg", f"the screen could not be exported: {self.screen_error}")
         return written

@@ -350,8 +350,11 @@ class IncidentActions:
             marks = tuple(live.vitals.marks)
         try:
             screen = app.export_screenshot(title="radixtop")
-        except Exception:  # noqa: BLE001 - a bundle without the picture is still a bundle
-            screen = None
+        except Exception as exc:  # noqa: BLE001 - a bundle without the picture is still a bundle; it says why
+            return SeenState(tuple(ranks), vitals, marks, screen_error=f"{type(exc).__name__}: {exc}")
+        # The export renders the whole screen and forgets the regions waiting to be drawn: draw
+        # them all on the next frame, or a pane that changed just now stays stale on the terminal.
+        app.screen.refresh()
         return SeenState(tuple(ranks), vitals, marks, screen)
 
     # -- the automatic bundle --------------------------------------------------------------------

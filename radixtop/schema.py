@@ -630,6 +630,7 @@ class Health:
     last_error: str = ""  # the latest safe point or snapshot error, one line
     client_disconnects: int = 0  # clients that went away before their request was answered
     clients_refused: int = 0  # connections answered 503 because every connection slot was busy
+    flight_dir: str = ""  # where this rank's flight record goes if the cache fails (FlightRecord)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -662,6 +663,86 @@ class Health:
             last_error=_str(o.get("last_error", ""), f"{w}.last_error"),
             client_disconnects=_int(o.get("client_disconnects", 0), f"{w}.client_disconnects", 0),
             clients_refused=_int(o.get("clients_refused", 0), f"{w}.clients_refused", 0),
+            flight_dir=_str(o.get("flight_dir", ""), f"{w}.flight_dir"),
+        )
+
+
+FLIGHT_RECORD_KIND = "radixtop-flight-record"
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """What made a flight recorder write: the cache raising, or the scheduler's exception handler."""
+
+    kind: str  # evict_failure, lock_failure, unlock_failure or scheduler_exception
+    message: str  # the exception's first line
+    time: float  # wall clock
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "time": self.time}
+
+    @classmethod
+    def from_dict(cls, obj: Any, where: str = "trigger") -> Trigger:
+        o = _obj(obj, where)
+        return cls(
+            kind=_pattern(_get(o, "kind", where), f"{where}.kind", _KIND_RE, "a lowercase kind"),
+            message=_str(_get(o, "message", where), f"{where}.message"),
+            time=_float(_get(o, "time", where), f"{where}.time", 0.0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FlightRecord:
+    """A rank's last state, written by the instrument's flight recorder as the cache failed, for
+    the post-mortem of a server that is gone: the tree and its locks at that moment (a Snapshot,
+    bounded), the events before it, and what triggered the write (the first trigger first)."""
+
+    schema_version: int
+    rank: int
+    pid: int
+    ppid: int
+    written_at: float  # wall clock of this write
+    triggers: tuple[Trigger, ...]  # every trigger so far in this process, oldest first (bounded)
+    snapshot: Snapshot  # read at the trigger, from a cache that may be half-way through a change
+    events: tuple[Event, ...]  # the newest events, oldest first
+    events_dropped: int  # events older than these that the ring had already let go
+    # The last snapshot taken at a safe point before (a consistent tree, maybe seconds older): what
+    # remains when the failed cache cannot be read at all (the Rust core after a panic).
+    before: Snapshot | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": FLIGHT_RECORD_KIND, "schema_version": self.schema_version, "rank": self.rank,
+            "pid": self.pid, "ppid": self.ppid, "written_at": self.written_at,
+            "triggers": [t.to_dict() for t in self.triggers], "snapshot": self.snapshot.to_dict(),
+            "events": [e.to_dict() for e in self.events], "events_dropped": self.events_dropped,
+            "before": self.before.to_dict() if self.before is not None else None,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> FlightRecord:
+        return _guard("flight record", cls._parse, obj)
+
+    @classmethod
+    def _parse(cls, obj: Any) -> FlightRecord:
+        w = "flight"
+        o = _obj(obj, w)
+        _version(o, w)
+        if o.get("kind") != FLIGHT_RECORD_KIND:
+            raise _Bad(f"{w}.kind: not a radixtop flight record")
+        triggers = _list(_get(o, "triggers", w), f"{w}.triggers", 1_000)
+        events = _list(_get(o, "events", w), f"{w}.events", MAX_EVENTS_PER_PAGE)
+        return cls(
+            schema_version=SCHEMA_VERSION,
+            rank=_int(_get(o, "rank", w), f"{w}.rank", 0, 1_000_000),
+            pid=_int(_get(o, "pid", w), f"{w}.pid", 0),
+            ppid=_int(_get(o, "ppid", w), f"{w}.ppid", 0),
+            written_at=_float(_get(o, "written_at", w), f"{w}.written_at", 0.0),
+            triggers=tuple(Trigger.from_dict(t, f"{w}.triggers[{i}]") for i, t in enumerate(triggers)),
+            snapshot=Snapshot.from_dict(_get(o, "snapshot", w)),
+            events=tuple(Event.from_dict(e, f"{w}.events[{i}]") for i, e in enumerate(events)),
+            events_dropped=_int(_get(o, "events_dropped", w), f"{w}.events_dropped", 0),
+            before=Snapshot.from_dict(o["before"]) if o.get("before") is not None else None,
         )
 
 

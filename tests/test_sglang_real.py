@@ -294,6 +294,87 @@ def test_an_evict_that_raises_inside_radix_cache_is_an_evict_failure_and_the_err
     assert 'radixtop_evict_failures_total{rank="1"} 1' in text.decode()
 
 
+def flight_record_of(inst):
+    """The rank's flight record, read back from disk as a bundle would."""
+    from radixtop.instrument.flight import record_name
+    from radixtop.schema import FlightRecord
+
+    path = Path(inst.endpoint.flight_dir) / record_name(inst.endpoint.rank, os.getpid())
+    return FlightRecord.from_dict(json.loads(path.read_bytes()))
+
+
+def assert_record_is_the_cache_at_the_raise(record, figures, cache, tally) -> None:
+    snap = record.snapshot
+    assert (snap.evictable_tokens, snap.protected_tokens) == figures[:2]
+    census = snap.census
+    assert census.complete and (census.node_count, census.lock_ref_histogram) == figures[2:]
+    c = snap.counters
+    assert (c.lock_ops, c.unlock_ops) == (tally.locks, tally.unlocks)
+    assert record.pid == os.getpid() and record.rank == snap.rank
+
+
+@needs_sglang
+def test_an_evict_that_raises_inside_radix_cache_leaves_a_flight_record_of_the_cache_at_that_moment(closing):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache = real_cache.radix_cache(size=600)
+    inst = attach(cache, rank=2, config=CONFIG)
+    closing.append(inst)
+    driver = real_cache.Driver(cache).run(12)  # some requests still running: locked nodes
+    tree = real_cache.walk(cache)
+    figures = (cache.evictable_size(), cache.protected_size(), tree.nodes, tree.histogram)
+    assert figures[1] > 0 and len(tree.histogram) > 1
+    error = RuntimeError("Failed to lock memory page during dynamic prefix eviction")
+
+    def failing(*args, **kwargs):
+        raise error
+
+    cache.token_to_kv_pool_allocator.free_segment = failing
+    with pytest.raises(RuntimeError) as caught:
+        cache.evict(EvictParams(num_tokens=5))
+    assert caught.value is error
+    record = flight_record_of(inst)
+    assert_record_is_the_cache_at_the_raise(record, figures, cache, driver.tally)
+    assert [(t.kind, t.message) for t in record.triggers] == [("evict_failure", f"RuntimeError: {error}")]
+    assert record.events[-1].kind == "evict_failure"
+
+
+@needs_sglang
+@pytest.mark.parametrize("backend", ["python", "rust"])
+def test_a_double_unlock_inside_unified_cache_leaves_a_flight_record_of_the_cache_at_that_moment(closing, backend):
+    cache = real_cache.unified_cache(size=600, backend=backend)
+    inst = attach(cache, rank=0, config=CONFIG)
+    closing.append(inst)
+    driver = real_cache.Driver(cache).run(40)
+    node, receipt = driver.running.pop(0)
+    driver.unlock(node, receipt)
+    since = time.monotonic()
+    for _ in range(1000):  # the last safe point before the failure: the record's `before`
+        inst.endpoint.want_capture()
+        inst.safe_point()
+        snap = inst.endpoint.latest()[0]
+        if snap is not None and snap.monotonic >= since:
+            break
+        time.sleep(0.01)
+    figures = (cache.evictable_size(), cache.protected_size())
+    with pytest.raises(BaseException) as caught:  # the core refuses a second unlock of the same lock
+        cache.dec_lock_ref(node, receipt.to_dec_params())
+    record = flight_record_of(inst)
+    snap = record.snapshot
+    assert (snap.counters.lock_ops, snap.counters.unlock_ops) == (driver.tally.locks, driver.tally.unlocks + 1)
+    assert record.triggers[0].kind == "unlock_failure" and type(caught.value).__name__ in record.triggers[0].message
+    assert (record.before.evictable_tokens, record.before.protected_tokens) == figures
+    if backend == "python":
+        assert (snap.evictable_tokens, snap.protected_tokens) == figures
+        tree = real_cache.walk(cache)
+        assert snap.census.complete and (snap.census.node_count, snap.census.lock_ref_histogram) == (tree.nodes, tree.histogram)
+    else:
+        # The Rust core panicked: it cannot be read any more, and the record says so; the sizes
+        # are those of the last safe point (`before`), and its tree stays out of Python's reach.
+        assert (snap.evictable_tokens, snap.protected_tokens) == (None, None)
+        assert not snap.walkable and snap.census is None and not record.before.walkable
+
+
 # ----------------------------------------------------------------------------------------------
 # UnifiedRadixCache (0.5.23's default) on both tree cores
 

@@ -25,7 +25,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixtop.diagnosis.logline import is_continuation, parse_line
-from radixtop.schema import HEALTH_PATH, SNAPSHOT_PATH, parse_health, parse_snapshot
+from radixtop.instrument.flight import flight_dir, record_name
+from radixtop.schema import HEALTH_PATH, SNAPSHOT_PATH, FlightRecord, parse_health, parse_snapshot
 from radixtop.sim.cli import LogSink, SimServer, UsageError, bind_socket, fault_text, parse_options, sim_argv
 from radixtop.sim.model import SimTokenizer
 
@@ -556,6 +557,11 @@ def test_lock_race_under_pressure_dies_like_sglang(tmp_path: Path) -> None:
     assert "RadixCacheError: Failed to lock memory page during dynamic prefix eviction" in log[error:]
     assert log.index("Received sigquit from a child process. It usually means the child failed.") > error
     assert "WARNING: radix cache eviction contended with a page lock" in log[:error]
+    # Its flight recorder wrote the rank's cache as it died (the instrument's code, as in SGLang).
+    record = FlightRecord.from_dict(json.loads((flight_dir() / record_name(0, sim.proc.pid)).read_bytes()))
+    assert [t.kind for t in record.triggers] == ["scheduler_exception"]
+    assert record.triggers[0].message.endswith("RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+    assert record.snapshot.walkable and record.snapshot.census.complete and record.snapshot.counters.lock_ops > 0
 
 
 def test_log_level_warning_drops_info_lines_of_the_http_server(tmp_path: Path) -> None:

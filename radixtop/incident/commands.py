@@ -270,9 +270,9 @@ def run_confirm(args: Namespace) -> int:
         prepare,
     )
     from radixtop.incident.confirm_run import ConfirmationRun
-    from radixtop.incident.rundir import RuntimeDirError
     from radixtop.incident.runlock import RunLock
     from radixtop.incident.server import ServerError
+    from radixtop.rundir import RuntimeDirError
 
     if not args.yes and not sys.stdin.isatty():
         raise _usage("confirm: stdin is not a terminal, so the plan cannot be approved here; pass --yes to approve it")

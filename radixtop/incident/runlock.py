@@ -28,7 +28,7 @@ MAX_STATUS_BYTES = 1 << 20
 
 
 def _dir() -> Path:
-    from radixtop.incident.rundir import runtime_dir
+    from radixtop.rundir import runtime_dir
 
     return runtime_dir()
 

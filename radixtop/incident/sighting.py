@@ -228,7 +228,7 @@ def observe(
 
 
 def _path(url: str) -> Path:
-    from radixtop.incident.rundir import runtime_dir
+    from radixtop.rundir import runtime_dir
 
     parts = urlsplit(url)
     host = (parts.hostname or "host").replace(":", "_")

@@ -36,9 +36,11 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from radixtop.instrument.flight import FlightRecorder
 from radixtop.instrument.hooks import CacheHooks, EventRing
 from radixtop.instrument.snapshot import Capture, SnapshotConfig, TreeSnapshotter
 from radixtop.schema import (
@@ -266,6 +268,7 @@ class InstrumentEndpoint:
         # waits for its next safe point, at most this long (a busy or hung scheduler: the old one).
         self.fresh_wait_s = max(0.0, fresh_wait_s)
         self.instance = secrets.token_hex(8)
+        self.flight_dir = ""  # set by Instrumentation: where its flight recorder writes
         self.disabled_reason = "not started"
         self.snapshot_errors = 0
         self.safe_point_errors = 0  # reported by the host's glue (sglang.SafePoints), shown in health
@@ -614,6 +617,7 @@ class InstrumentEndpoint:
             last_error=self.last_error,
             client_disconnects=self.client_disconnects,
             clients_refused=self.clients_refused,
+            flight_dir=self.flight_dir,
         )
 
     def metrics_text(self) -> str:
@@ -714,23 +718,44 @@ class Instrumentation:
         inst.safe_point()                                # once per scheduler iteration
         inst.close()                                     # stop serving, restore the methods
 
+    A flight recorder (flight.py) writes the rank's state to disk when the cache raises, or when
+    the host's exception handler calls flight_record().
+
     Hooks are installed for this cache instance (see hooks.py: a dispatching wrapper on its
     class finds each instance's hooks), so several simulated ranks in one process each count only
     their own cache. Construction validates options (ValueError); start, safe_point and close
     never raise.
     """
 
-    def __init__(self, cache: Any, *, rank: int = 0, max_errors: int = 20, event_capacity: int = 4096, **endpoint_options: Any) -> None:
+    def __init__(
+        self, cache: Any, *, rank: int = 0, max_errors: int = 20, event_capacity: int = 4096,
+        flight_dir: str | Path | None = None, **endpoint_options: Any,
+    ) -> None:  # fmt: skip
         self.cache = cache
         self.hooks = CacheHooks(max_errors=max_errors, event_capacity=event_capacity)
         self.hooks.install(cache)
         self.endpoint = InstrumentEndpoint(rank=rank, hooks=self.hooks, **endpoint_options)
+        self.recorder = FlightRecorder(
+            cache, rank=rank, hooks=self.hooks, instance=self.endpoint.instance, directory=flight_dir,
+            before=lambda: self.endpoint.latest()[0],
+        )  # fmt: skip
+        self.hooks.on_host_failure = self.recorder.record
+        self.endpoint.flight_dir = str(self.recorder.directory)
 
     def start(self) -> bool:
         return self.endpoint.start()
 
     def safe_point(self) -> bool:
         return self.endpoint.safe_point(self.cache)
+
+    def follow(self, cache: Any) -> None:
+        """The host replaced its cache: count, snapshot and record the new one."""
+        self.hooks.install(cache)
+        self.cache = self.recorder.cache = cache
+
+    def flight_record(self, kind: str, message: str) -> bool:
+        """The host's exception handler ran (kind "scheduler_exception"): record this rank now."""
+        return self.recorder.record(kind, message)
 
     def close(self) -> None:
         self.endpoint.stop()

@@ -166,6 +166,8 @@ class CacheHooks:
         self.evict_failures = 0
         self.instrument_errors = 0
         self.disabled_reason = ""
+        # Called as on_host_failure(kind, message) after the cache raised (flight.py records it).
+        self.on_host_failure: Callable[[str, str], Any] | None = None
         self._disabled = False
         self._external = False  # AROUND hooks handed to someone else's registry
         self._walk_paths = True  # off once nodes turn out not to be TreeNodes (e.g. NodeIds)
@@ -285,6 +287,8 @@ class CacheHooks:
                 lock_ref=_plain_int(getattr(node, "lock_ref", None)),
                 message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500],
             )
+            if self.on_host_failure is not None:
+                self.on_host_failure(kind, f"{type(exc).__name__}: {exc}")
         except Exception as own:
             self._own_error(kind, own)
 

@@ -53,6 +53,7 @@ SAFE_POINT_TARGET = f"{SCHEDULER_MODULE}.Scheduler.{SAFE_POINT_METHOD}"
 MAX_SAFE_POINT_ERRORS = 20
 _MARK = "__radixtop_safe_point__"  # on a scheduler method radixtop has wrapped (either route)
 _RUST_HINT = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python"
+SCHEDULER_EXCEPTION = "Scheduler hit an exception"  # run_scheduler_process's handler, 0.3 to 0.5.23
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -194,6 +195,7 @@ class SafePoints:
         self._lock = threading.Lock()
         self.errors = 0
         self.disabled = False
+        self._watch: _ExceptionWatch | None = None  # on SGLang's scheduler logger while attached
 
     def at(self, scheduler: Any) -> None:
         """Called on the scheduler thread at the top of each loop iteration. Never raises."""
@@ -221,10 +223,17 @@ class SafePoints:
             log.warning("radixtop: the rank %d scheduler has no tree_cache; nothing to instrument", rank)
         else:
             inst = attach(cache, rank=rank, config=self._config_source())
+        if inst is not None:
+            self._watch_exceptions()
         slot = _Slot(scheduler, cache, inst, rank)
         with self._lock:
             self._slots[id(scheduler)] = slot
         return slot
+
+    def _watch_exceptions(self) -> None:
+        if self._watch is None:
+            self._watch = _ExceptionWatch(self)
+            logging.getLogger(SCHEDULER_MODULE).addHandler(self._watch)
 
     def _cache_replaced(self, slot: _Slot, cache: Any) -> None:
         # The scheduler swapped its tree cache (a role switch, say): count on the new one. The
@@ -232,8 +241,7 @@ class SafePoints:
         inst = slot.inst
         assert inst is not None
         log.warning("radixtop: rank %d tree cache replaced by a %s; following it", slot.rank, type(cache).__name__)
-        inst.hooks.install(cache)
-        inst.cache = cache
+        inst.follow(cache)
         slot.cache = cache
 
     def _failed(self, exc: BaseException) -> None:
@@ -259,12 +267,37 @@ class SafePoints:
         again, unless too many errors switched the safe point off). Idempotent; never raises."""
         with self._lock:
             slots, self._slots = list(self._slots.values()), {}
+            watch, self._watch = self._watch, None
+        if watch is not None:
+            logging.getLogger(SCHEDULER_MODULE).removeHandler(watch)
         for slot in slots:
             if slot.inst is not None:
                 try:
                     slot.inst.close()
                 except Exception:
                     pass
+
+
+class _ExceptionWatch(logging.Handler):
+    """SGLang's scheduler logs SCHEDULER_EXCEPTION with the traceback, then SIGQUITs its parent,
+    which takes the process down: the last moment to record the rank's cache (flight.py). Runs
+    on the failing thread, before the line reaches the log's own handlers. Never raises."""
+
+    def __init__(self, safe_points: SafePoints) -> None:
+        super().__init__(logging.ERROR)
+        self.safe_points = safe_points
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if not message.startswith(SCHEDULER_EXCEPTION):
+                return
+            lines = [line for line in message.splitlines() if line.strip()]
+            cause = lines[-1].strip() if len(lines) > 1 else ""  # a traceback ends with its exception
+            for inst in self.safe_points.instruments():
+                inst.flight_record("scheduler_exception", f"{SCHEDULER_EXCEPTION}: {cause}" if cause else message)
+        except Exception:
+            pass
 
 
 SAFE_POINTS = SafePoints()

@@ -434,6 +434,13 @@ class SimServer:
                 call()
 
         self.engine.on_safe_point.append(safe_point)
+        instruments = list(self.instruments)
+
+        def record_flight(reason: str) -> None:  # every rank lives in this process: all are recorded
+            for inst in instruments:
+                inst.flight_record("scheduler_exception", f"Scheduler hit an exception: {reason}")
+
+        self.engine.on_death.append(record_flight)
         return urls
 
     async def run(self) -> int:

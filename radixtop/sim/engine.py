@@ -750,6 +750,9 @@ class Engine:
         self.model = SimModel()
         self.dead_reason: str | None = None
         self.on_safe_point: list[Callable[[], None]] = []
+        # Called with the exception's line when the scheduler dies, before its lines are written:
+        # SGLang's exception handler is where the instrument's flight recorder writes.
+        self.on_death: list[Callable[[str], None]] = []
         # Called with each `Prefill batch` / `Decode batch` line once it is written: SGLang's
         # scheduler sets its /metrics gauges there (radixtop.sim.metrics.StatsLatch subscribes).
         self.on_batch_line: list[Callable[[str], None]] = []
@@ -990,6 +993,11 @@ class Engine:
             tp_rank = 0
             text = "".join(traceback.format_exception(exc))
             self.dead_reason = f"{type(exc).__name__}: {exc}"
+        for hook in list(self.on_death):
+            try:
+                hook(self.dead_reason)
+            except Exception:  # noqa: BLE001 - an observer must not change how the server dies
+                log.exception("on_death hook failed")
         sched.log_rank(tp_rank, f"Scheduler hit an exception: {text.rstrip()}")
         # Each failing child sends SIGQUIT; the initiating rank first, then the others react.
         order = [sched.ranks[tp_rank]] + [

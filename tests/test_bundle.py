@@ -24,6 +24,7 @@ from radixtop.incident.redact import REDACTED, Redactor
 from radixtop.incident.replay import replay_once
 from radixtop.incident.trace import plan_requests
 from radixtop.incident.workloads import pressure_trace
+from radixtop.schema import FlightRecord
 
 HF = "hf_PlantedTokenAbcdefghijklmnopq"
 PASSWORD = "planted-pa55word-xyz"
@@ -339,3 +340,40 @@ def test_instrument_endpoints_given_are_read_without_a_server_url(tmp_path: Path
     snapshot = json.loads((result.path / "radix" / "rank0-snapshot.json").read_text())
     assert snapshot["rank"] == 0 and snapshot["schema_version"] == 1
     assert "no server URL given" in result.notes["server/server_info.json"]
+
+
+def test_a_bundle_after_the_lock_race_keeps_every_ranks_flight_record(tmp_path: Path) -> None:
+    """The ranks died before the bundle could ask their endpoints: their flight records, written
+    inside the server as it died, carry the cache at that moment into the bundle."""
+    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1")
+    sim = start_sim(tmp_path / "sim", *flags)
+    planned = plan_requests(pressure_trace(1024, 8, page_size=16))
+
+    async def load() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(5):
+                if sim.proc.poll() is not None:
+                    break
+                await replay_once(client, sim.url, planned)
+
+    try:
+        asyncio.run(load())
+        sim.proc.wait(timeout=30)
+    finally:
+        sim.stop()
+    assert sim.proc.returncode != 0
+    done = radixtop("bundle", "--out", str(tmp_path / "out"), "--url", sim.url, "--pid", str(sim.pid),
+                    "--log", str(sim.log), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    bundle = Path(json.loads(done.stdout)["path"])
+    for rank in (0, 1):
+        record = FlightRecord.from_dict(json.loads((bundle / f"flight/rank{rank}-pid{sim.pid}.json").read_text()))
+        assert record.triggers[0].message.endswith("RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+        assert record.snapshot.rank == rank and record.snapshot.census.complete
+    assert "flight/" in (bundle / "README.txt").read_text()
+    assert verify_bundle(bundle) == []
+    # Without the pid, the records of the last hour are taken, and the bundle says how they were chosen.
+    done = radixtop("bundle", "--out", str(tmp_path / "out2"), "--log", str(sim.log), "--json")
+    bundle = Path(json.loads(done.stdout)["path"])
+    assert (bundle / f"flight/rank1-pid{sim.pid}.json").is_file()
+    assert "pid is unknown" in (bundle / "flight/matched-by-time.note.txt").read_text()

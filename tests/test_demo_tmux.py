@@ -156,6 +156,11 @@ def test_the_demos_automatic_bundle_keeps_what_the_radix_pane_showed_after_the_r
     assert any(e["kind"] == "evict" for e in events)
     vitals = json.loads((bundle / "seen/vitals.json").read_text())
     assert vitals["series"]["token_usage"]["points"] and vitals["first_signatures"]
+    # And the rank's own flight record, written inside the simulator as it died.
+    (flight,) = bundle.glob("flight/rank0-pid*.json")
+    record = json.loads(flight.read_text())
+    assert record["triggers"][-1]["message"].endswith("Failed to lock memory page during dynamic prefix eviction")
+    assert record["snapshot"]["counters"]["lock_ops"] >= last["counters"]["lock_ops"]  # no older than the pane's
     svg = bundle / "seen/screen.svg"
     assert svg.exists(), [p.read_text() for p in bundle.glob("seen/screen.svg*")]  # the note says why
     assert svg.read_text().lstrip().startswith("<svg")

@@ -267,6 +267,7 @@ def take_bundle(
     after: int = CONTEXT_AFTER,
     live_report: Any = None,
     seen: Any = None,
+    flight_dirs: Sequence[str] = (),
     http_timeout_s: float = 3.0,
     network_deadline_s: float = 20.0,
     tool_timeout_s: float = 15.0,
@@ -282,7 +283,9 @@ def take_bundle(
     ``instruments``, the ranks' debug endpoints, to those /server_info lists or the pid's tree
     serves (see :func:`radixtop.incident.evidence.collect_server`). ``seen``
     (radixtop.incident.seen.SeenState) is what the TUI saw before: written under ``seen/``, it
-    keeps the tree and its locks of ranks that died before the bundle could ask. Each HTTP GET ends within
+    keeps the tree and its locks of ranks that died before the bundle could ask; so do the ranks'
+    flight records (``flight/``), looked for in ``flight_dirs`` (where the endpoints said they
+    write) and the default places. Each HTTP GET ends within
     ``http_timeout_s`` and all of them within ``network_deadline_s`` of the start. Raises
     :class:`BundleError` only when nothing can be written (:class:`BundleCancelled` when
     cancelled); every unreadable source is a note.
@@ -292,7 +295,7 @@ def take_bundle(
         return _take_bundle(
             out_dir, url=url, logs=logs, pid=pid, instruments=instruments, reason=reason,
             signature_files=signature_files, context=context, after=after, live_report=live_report, seen=seen,
-            http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s, tool_timeout_s=tool_timeout_s,
+            flight_dirs=flight_dirs, http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s, tool_timeout_s=tool_timeout_s,
             torch_env_timeout_s=torch_env_timeout_s, archive=archive, on_progress=on_progress, cancel=cancel,
             redactor=redactor,
         )  # fmt: skip
@@ -301,7 +304,7 @@ def take_bundle(
 def _take_bundle(
     out_dir: str | Path, *, url: str | None, logs: Sequence[str], pid: int | None, instruments: Sequence[str],
     reason: str, signature_files: Sequence[str], context: int, after: int, live_report: Any, seen: Any,
-    http_timeout_s: float, network_deadline_s: float, tool_timeout_s: float, torch_env_timeout_s: float,
+    flight_dirs: Sequence[str], http_timeout_s: float, network_deadline_s: float, tool_timeout_s: float, torch_env_timeout_s: float,
     archive: bool, on_progress: Callable[[BundleProgress], None] | None, cancel: threading.Event,
     redactor: Redactor | None,
 ) -> BundleResult:  # fmt: skip
@@ -325,7 +328,7 @@ def _take_bundle(
         tmp.mkdir()
     except OSError as exc:
         raise BundleError(f"cannot write a bundle in {out}: {exc.strerror or exc}; pass a writable --out") from None
-    steps = ["processes+stacks", "server", "metrics", "nvml", "nvidia-smi", "collect_env", "logs"]
+    steps = ["processes+stacks", "server", "metrics", "flight records", "nvml", "nvidia-smi", "collect_env", "logs"]
     state = {"done": 0}
     lock = threading.Lock()
 
@@ -380,8 +383,13 @@ def _take_bundle(
             _start(guarded("metrics", lambda: evidence.collect_metrics(
                 writer, url, timeout_s=http_timeout_s, deadline=net_deadline, cancel=cancel))),
         ]  # fmt: skip
+        def flight() -> None:
+            given = [*flight_dirs, *(seen.flight_dirs if seen is not None else ())]
+            evidence.collect_flight(writer, *evidence.flight_sources(url, pid, given))
+
         slow = [
             *([_start(guarded("what radixtop saw", lambda: seen.write(writer)))] if seen is not None else []),
+            _start(guarded("flight records", flight)),
             _start(guarded("nvml", lambda: evidence.collect_nvml(writer))),
             _start(guarded("nvidia-smi", lambda: evidence.collect_nvidia_smi(writer, timeout_s=tool_timeout_s, cancel=cancel))),
             _start(guarded("collect_env", torch_env)),
@@ -458,6 +466,7 @@ def _write_manifest(
         "server/, radix/, gpu/, procs/, stacks/, env/: the server and the machine at bundle time",
         "seen/                         what radixtop saw before (a bundle from the UI): each rank's last radix",
         "                              snapshots and events, the vital signs, the screen (seen/screen.svg)",
+        "flight/                       the ranks' flight records: each cache as it failed, written inside the server",
         "*.note.txt                    why something is not here",
         "",
         "Verify: sha256sum -c SHA256SUMS (or radixtop bundle --verify DIR).",

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from radixtop.diagnosis.findings import Report
 
 __all__ = [
+    "collect_flight",
     "collect_logs",
     "collect_metrics",
     "collect_nvidia_smi",
@@ -338,6 +339,70 @@ def collect_processes(sink: Sink, pid: int | None) -> list[psutil.Process]:
         return []
     sink.json("procs/processes.json", {"root_pid": pid, "processes": [snapshot_process(p) for p in tree]})
     return tree
+
+
+# -- the flight recorder's files ---------------------------------------------------------------
+
+FLIGHT_MAX_AGE_S = 3600.0  # with no pid to match, records written this recently are taken
+FLIGHT_MAX_FILES = 256  # per directory: a directory of others' leftovers is not read whole
+FLIGHT_MAX_BYTES = 64 << 20
+
+
+def flight_sources(url: str | None, pid: int | None, given: Sequence[str] = ()) -> tuple[int | None, list[Path]]:
+    """The server's pid (as last seen, when it is gone) and where its flight recorder may have
+    written: the directories its endpoints named (the TUI saw them in /health), the one its
+    environment chooses (as last seen), and radixtop's own default."""
+    from radixtop.incident.sighting import load_sighting
+    from radixtop.instrument.flight import flight_dir
+
+    dirs = [Path(d) for d in given if d]
+    sighting = load_sighting(url) if url else None
+    if sighting is not None:
+        pid = pid if pid is not None else sighting.pid
+        if sighting.env:
+            dirs.append(flight_dir(sighting.env))
+    dirs.append(flight_dir())
+    return pid, list(dict.fromkeys(dirs))
+
+
+def collect_flight(sink: Sink, pid: int | None, dirs: Sequence[Path]) -> list[Any]:
+    """The flight records of the server's ranks (radixtop.instrument.flight), written by its
+    scheduler processes as the cache failed: those whose process is ``pid`` or a child of it, or,
+    with no pid known, those written in the last hour (said in a note). Returns them parsed."""
+    from radixtop.schema import FlightRecord, decode_json
+
+    found: list[Any] = []
+    skipped: list[str] = []
+    now = time.time()
+    for directory in dirs:
+        try:
+            paths = sorted(directory.glob("rank*-pid*.json"))[:FLIGHT_MAX_FILES]
+        except OSError:
+            continue
+        for path in paths:
+            try:
+                info = os.stat(path, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode) or info.st_size > FLIGHT_MAX_BYTES:
+                    continue
+                if pid is None and now - info.st_mtime > FLIGHT_MAX_AGE_S:
+                    continue
+                record = FlightRecord.from_dict(decode_json(path.read_bytes(), "flight record"))
+            except (OSError, ValueError) as exc:
+                skipped.append(f"{path}: {_one_line(exc)}")
+                continue
+            if pid is not None and pid not in (record.pid, record.ppid):
+                continue
+            found.append(record)
+            sink.json(f"flight/{path.name}", record.to_dict())
+    where = ", ".join(str(d) for d in dirs)
+    if not found:
+        whose = f"process {pid} or its children" if pid is not None else "any server in the last hour"
+        sink.note("flight/records", f"no flight record of {whose} in {where}: no rank's cache failed through radixtop's instrument")
+    elif pid is None:
+        sink.note("flight/matched-by-time", f"the server's pid is unknown: these are the records written in the last hour in {where}")
+    if skipped:
+        sink.note("flight/unreadable", "; ".join(skipped[:20]))
+    return found
 
 
 def _is_python(proc: psutil.Process) -> bool:

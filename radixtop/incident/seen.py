@@ -39,6 +39,7 @@ class SeenState:
     marks: tuple[tuple[float, str], ...] = ()  # first signatures on the time axis
     screen_svg: str | None = None  # the screen as it was (Textual's export)
     screen_error: str | None = None  # why there is no screen_svg
+    flight_dirs: tuple[str, ...] = ()  # where the ranks' flight recorders write, as their /health said
 
     def write(self, sink: Sink) -> list[str]:
         """The files, under seen/; returns their relative paths."""

@@ -35,7 +35,10 @@ BEHAVIOUR_ENV_PREFIXES = (
     "TRANSFORMERS_", "FLASHINFER_", "TRITON_", "VLLM_", "NVIDIA_", "OMP_", "MKL_", "RADIXTOP_", "GLOO_",
     "MASTER_",
 )  # fmt: skip
-BEHAVIOUR_ENV_KEYS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "TMPDIR")
+BEHAVIOUR_ENV_KEYS = (
+    "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "TMPDIR",
+    "XDG_RUNTIME_DIR",  # where its instrument writes its flight records
+)  # fmt: skip
 MAX_FILE_BYTES = 1 << 20
 
 

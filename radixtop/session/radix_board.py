@@ -54,6 +54,7 @@ class RankView:
     digest: str = ""  # the latest complete census's digest ...
     digest_steady: bool = False  # ... and whether the tree is at rest (Census.at_rest, else the same digest twice)
     version: int = 0  # moves when what this rank's view shows changed (the pane redraws one rank)
+    flight_dir: str = ""  # where the rank's flight recorder writes, as its /health said
     # What an evidence bundle keeps of what radixtop saw (a dead rank's endpoint cannot be asked):
     # the snapshots before the last one (small ones only: a big tree is the last one alone) and
     # every event received, bounded.
@@ -84,6 +85,8 @@ class RadixBoard:
         view.status = sample.status
         if sample.rank is not None:
             view.rank = sample.rank
+        if sample.health is not None and sample.health.flight_dir:
+            view.flight_dir = sample.health.flight_dir
         if sample.restarted:
             view.restarts += 1
             view._prev = None

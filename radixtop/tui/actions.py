@@ -338,12 +338,15 @@ class IncidentActions:
         ranks = []
         vitals: dict[str, Any] = {}
         marks: tuple = ()
+        flight_dirs: list[str] = []
         if live is not None:
             for view in live.board.ordered():
                 shots = [*view.earlier, *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else [])]
                 label = f"rank{view.rank}" if view.rank is not None else f"endpoint{len(ranks)}"
                 status = view.status.state + (f" ({view.status.message})" if view.status.message else "")
                 ranks.append(RankSeen(label, view.url, status, tuple(shots), tuple(view.events)))
+                if view.flight_dir and view.flight_dir not in flight_dirs:
+                    flight_dirs.append(view.flight_dir)
             for key, series in live.vitals.series.items():
                 if series.points:
                     vitals[key] = {"source": series.source, "points": [list(p) for p in series.points]}
@@ -351,11 +354,11 @@ class IncidentActions:
         try:
             screen = app.export_screenshot(title="radixtop")
         except Exception as exc:  # noqa: BLE001 - a bundle without the picture is still a bundle; it says why
-            return SeenState(tuple(ranks), vitals, marks, screen_error=f"{type(exc).__name__}: {exc}")
+            return SeenState(tuple(ranks), vitals, marks, screen_error=f"{type(exc).__name__}: {exc}", flight_dirs=tuple(flight_dirs))
         # The export renders the whole screen and forgets the regions waiting to be drawn: draw
         # them all on the next frame, or a pane that changed just now stays stale on the terminal.
         app.screen.refresh()
-        return SeenState(tuple(ranks), vitals, marks, screen)
+        return SeenState(tuple(ranks), vitals, marks, screen, flight_dirs=tuple(flight_dirs))
 
     # -- the automatic bundle --------------------------------------------------------------------
 

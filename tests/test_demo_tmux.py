@@ -161,6 +161,8 @@ def test_the_demos_automatic_bundle_keeps_what_the_radix_pane_showed_after_the_r
     record = json.loads(flight.read_text())
     assert record["triggers"][-1]["message"].endswith("Failed to lock memory page during dynamic prefix eviction")
     assert record["snapshot"]["counters"]["lock_ops"] >= last["counters"]["lock_ops"]  # no older than the pane's
+    page = (bundle / "timeline.html").read_text()  # the picture: the UI's vital signs and the rank's locks
+    assert "token usage (" in page and "locked tokens, rank 0" in page and "Radix cache page lock failed" in page
     svg = bundle / "seen/screen.svg"
     assert svg.exists(), [p.read_text() for p in bundle.glob("seen/screen.svg*")]  # the note says why
     assert svg.read_text().lstrip().startswith("<svg")

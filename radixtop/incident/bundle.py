@@ -140,6 +140,11 @@ class BundleWriter:
     def text(self, rel: str, text: str) -> None:
         self._write(rel, self.redactor.text(text))
 
+    def generated(self, rel: str, text: str) -> None:
+        """A page radixtop generated whole (the timeline: a library's code, and values the caller
+        redacted): written as it is, since redacting a JavaScript library can only break it."""
+        self._write(rel, text)
+
     def json(self, rel: str, obj: Any) -> None:
         obj = prune_depth(obj)  # redacting and dumping recurse: a hostile document nests thousands deep
         self._write(rel, json.dumps(self.redactor.json(obj), indent=2, ensure_ascii=False, default=str) + "\n")
@@ -328,7 +333,7 @@ def _take_bundle(
         tmp.mkdir()
     except OSError as exc:
         raise BundleError(f"cannot write a bundle in {out}: {exc.strerror or exc}; pass a writable --out") from None
-    steps = ["processes+stacks", "server", "metrics", "flight records", "nvml", "nvidia-smi", "collect_env", "logs"]
+    steps = ["processes+stacks", "server", "metrics", "flight records", "nvml", "nvidia-smi", "collect_env", "logs", "timeline"]
     state = {"done": 0}
     lock = threading.Lock()
 
@@ -383,9 +388,21 @@ def _take_bundle(
             _start(guarded("metrics", lambda: evidence.collect_metrics(
                 writer, url, timeout_s=http_timeout_s, deadline=net_deadline, cancel=cancel))),
         ]  # fmt: skip
+        flight_box: dict[str, Any] = {}
+
         def flight() -> None:
             given = [*flight_dirs, *(seen.flight_dirs if seen is not None else ())]
-            evidence.collect_flight(writer, *evidence.flight_sources(url, pid, given))
+            flight_box["records"] = evidence.collect_flight(writer, *evidence.flight_sources(url, pid, given))
+
+        def timeline() -> None:
+            from radixtop.incident.timeline import gather, render_html
+
+            data = gather(seen, flight_box.get("records", ()), logs, report_box.get("report"))
+            if data.empty:
+                writer.note("timeline.html", "nothing to plot: no vital signs in the logs or from the UI, no radix snapshots, no signature")
+                return
+            data.marks = [(t, redactor.text(label)) for t, label in data.marks]
+            writer.generated("timeline.html", render_html(data, redactor.text(f"radixtop bundle {name}: {reason}")))
 
         slow = [
             *([_start(guarded("what radixtop saw", lambda: seen.write(writer)))] if seen is not None else []),
@@ -397,6 +414,9 @@ def _take_bundle(
         _wait(volatile, cancel)
         slow.append(_start(guarded("logs", logs_step)))
         _wait(slow, cancel)
+        if not cancel.is_set():
+            progress("timeline", "drawing the timeline")
+            guarded("timeline", timeline)()
         if cancel.is_set():
             raise BundleCancelled("bundle cancelled")
         progress("manifest", "writing the manifest")
@@ -466,6 +486,7 @@ def _write_manifest(
         "server/, radix/, gpu/, procs/, stacks/, env/: the server and the machine at bundle time",
         "seen/                         what radixtop saw before (a bundle from the UI): each rank's last radix",
         "                              snapshots and events, the vital signs, the screen (seen/screen.svg)",
+        "timeline.html                 the picture: vital signs, locked tokens per rank, first signatures (offline in a browser)",
         "flight/                       the ranks' flight records: each cache as it failed, written inside the server",
         "*.note.txt                    why something is not here",
         "",

@@ -1,0 +1,172 @@
+"""The bundle's picture for the post-mortem: one self-contained HTML timeline (timeline.html) of
+the server's vital signs and each rank's locked tokens, with every first signature marked.
+
+What it plots, best source first:
+- the vital signs radixtop held (a bundle from the UI: seen/vitals.json's series, from /metrics or
+  the log), else the same series read back from the logs' tails (session/vitals.py parses them:
+  token usage, running and queued requests, cache hit rate, retractions);
+- locked tokens and evictions per rank from the radix snapshots radixtop kept (seen/) and from the
+  ranks' flight records (flight/: the cache as it failed, and the safe point before);
+- the first signatures as vertical lines with their labels, from the findings (else the UI's marks).
+
+Plotly draws it (a maintained library; the chart is interactive: zoom to the seconds before the
+crash, hover for values) with plotly.js inlined, so it opens offline in any browser: a GPU node's
+post-mortem is often read far from any network.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Timeline", "gather", "render_html"]
+
+TAIL_BYTES = 4 << 20  # of each log: the same tail the bundle keeps
+MAX_MARKS = 12
+
+
+@dataclass
+class Timeline:
+    vitals: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # series key -> (epoch, value)
+    sources: dict[str, str] = field(default_factory=dict)  # series key -> "metrics" / "log" / ...
+    locked: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # "rank 0" -> (epoch, locked tokens)
+    evictions: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # "rank 0" -> (epoch, evictions so far)
+    marks: list[tuple[float, str]] = field(default_factory=list)  # (epoch, first signature)
+
+    @property
+    def empty(self) -> bool:
+        return not (any(self.vitals.values()) or any(self.locked.values()) or self.marks)
+
+
+def gather(seen: Any = None, flight: Sequence[Any] = (), logs: Sequence[str] = (), report: Any = None) -> Timeline:
+    """What the timeline shows, from what the bundle holds: ``seen`` (incident.seen.SeenState),
+    ``flight`` (schema.FlightRecord), the log paths and the findings (diagnosis Report)."""
+    timeline = Timeline()
+    if seen is not None and seen.vitals:
+        for key, doc in seen.vitals.items():
+            timeline.vitals[key] = [(float(t), float(v)) for t, v in doc["points"]]
+            timeline.sources[key] = doc["source"]
+    else:
+        _vitals_from_logs(timeline, logs)
+    for rank in seen.ranks if seen is not None else ():
+        for fetched, snap in rank.snapshots:
+            _radix_point(timeline, _rank_label(snap.rank), snap.time or fetched, snap)
+    for record in flight:
+        for snap in (record.before, record.snapshot):
+            if snap is not None:
+                _radix_point(timeline, _rank_label(record.rank), snap.time, snap)
+    for points in (*timeline.locked.values(), *timeline.evictions.values()):
+        points.sort()
+    # The findings name every first signature; the UI's marks are the ones its plots showed.
+    marks = _marks_of(report) or (list(seen.marks) if seen is not None else [])
+    timeline.marks = sorted(marks)[:MAX_MARKS]
+    return timeline
+
+
+def _rank_label(rank: int) -> str:
+    return f"rank {rank}"
+
+
+def _radix_point(timeline: Timeline, label: str, t: float, snap: Any) -> None:
+    if snap.protected_tokens is not None:
+        timeline.locked.setdefault(label, []).append((t, float(snap.protected_tokens)))
+    timeline.evictions.setdefault(label, []).append((t, float(snap.counters.evictions)))
+
+
+def _vitals_from_logs(timeline: Timeline, logs: Sequence[str]) -> None:
+    from radixtop.session.vitals import HISTORY_S, Vitals, log_observations
+
+    vitals = Vitals(history_s=HISTORY_S * 4)
+    for path in logs:
+        vitals.feed_log(log_observations(_tail_lines(path)))
+    for key, series in vitals.series.items():
+        if series.points:
+            timeline.vitals[key] = [(float(t), float(v)) for t, v in series.points]
+            timeline.sources[key] = "log"
+
+
+def _tail_lines(path: str) -> Iterable[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read(TAIL_BYTES)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[1:] if size > TAIL_BYTES else lines  # the first may be cut
+
+
+def _marks_of(report: Any) -> list[tuple[float, str]]:
+    if report is None:
+        return []
+    return [(f.first.epoch, f.signature.title) for f in report.findings if f.first.epoch is not None]
+
+
+# -- drawing --------------------------------------------------------------------------------------
+
+# (row title, [(series key, legend name)]); a row without data is left out.
+_ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("token usage", (("token_usage", "token usage"), ("gpu_memory", "GPU memory"))),
+    ("requests", (("running", "running requests"), ("queued", "queued requests"))),
+    ("evicted tokens/s", (("evicted_tokens", "evicted tokens/s"),)),
+    ("retractions", (("retracted", "retracted requests"),)),
+    ("cache hit rate", (("cache_hit_rate", "cache hit rate"),)),
+)
+
+
+_RATIO_ROWS = frozenset({"token usage", "cache hit rate"})
+
+
+def _when(t: float) -> str:
+    return dt.datetime.fromtimestamp(t).isoformat(timespec="milliseconds")
+
+
+def render_html(timeline: Timeline, title: str) -> str:
+    """The page: plotly.js inlined (no network needed), one row per kind of figure."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows: list[tuple[str, list[tuple[str, list[tuple[float, float]]]]]] = []
+    for row_title, members in _ROWS:
+        traces = []
+        for key, name in members:
+            if timeline.vitals.get(key):
+                source = timeline.sources.get(key, "")
+                traces.append((f"{name} ({source})" if source else name, timeline.vitals[key]))
+        if traces:
+            rows.append((row_title, traces))
+    if any(timeline.locked.values()):
+        rows.append(("locked tokens", [(f"locked tokens, {label}", pts) for label, pts in sorted(timeline.locked.items())]))
+    if any(len(p) > 1 for p in timeline.evictions.values()):
+        rows.append(("evictions", [(f"evictions, {label}", pts) for label, pts in sorted(timeline.evictions.items())]))
+    count = max(1, len(rows))
+    fig = make_subplots(rows=count, cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                        subplot_titles=[r[0] for r in rows] or ["nothing to plot"])  # fmt: skip
+    for i, (_, traces) in enumerate(rows, 1):
+        for name, points in traces:
+            fig.add_trace(
+                go.Scatter(x=[_when(t) for t, _ in points], y=[v for _, v in points], name=name,
+                           mode="lines+markers" if len(points) < 3 else "lines"),
+                row=i, col=1,
+            )  # fmt: skip
+    for n, (t, label) in enumerate(timeline.marks):
+        fig.add_vline(x=_when(t), line_dash="dash", line_color="firebrick", row="all", col=1)
+        # Labels stack above the plot, one line each: first signatures come seconds apart.
+        fig.add_annotation(
+            x=_when(t), y=1.0, yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
+            text=f"{_when(t)[11:]} {label}", font={"color": "firebrick", "size": 11},
+            yshift=4 + 15 * (len(timeline.marks) - 1 - n),
+        )  # fmt: skip
+    for i, (row_title, _) in enumerate(rows, 1):
+        if row_title in _RATIO_ROWS:
+            fig.update_yaxes(range=[0, 1.05], row=i, col=1)
+    fig.update_layout(
+        title={"text": title, "y": 0.995, "yanchor": "top"}, height=200 * count + 120 + 15 * len(timeline.marks),
+        template="plotly_white", legend={"orientation": "h", "y": -0.04},
+        margin={"t": 90 + 15 * len(timeline.marks)},
+    )  # fmt: skip
+    return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})

@@ -1,0 +1,115 @@
+"""The bundle's timeline: what it gathers from what a bundle holds, and the page itself opened in a
+real headless Chromium (Debian's package, driven by Playwright) with the network cut off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from incident_helpers import radixtop, start_sim
+from pane_helpers import make_snapshot
+
+from radixtop.incident.replay import replay_once
+from radixtop.incident.seen import RankSeen, SeenState
+from radixtop.incident.timeline import gather, render_html
+from radixtop.incident.trace import plan_requests
+from radixtop.incident.workloads import pressure_trace
+from radixtop.schema import FlightRecord, Trigger
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+URL = "http://127.0.0.1:39100"
+
+
+def test_gather_takes_the_ui_vitals_the_ranks_locked_tokens_and_the_marks():
+    seen = SeenState(
+        ranks=(RankSeen("rank0", URL, "down", ((1_000.0, make_snapshot(seq=1, protected_tokens=64)),
+                                                (1_001.0, make_snapshot(seq=2, protected_tokens=96))), ()),),
+        vitals={"token_usage": {"source": "metrics", "points": [[999.0, 0.80], [1_000.0, 0.93]]}},
+        marks=((1_000.5, "Radix cache page lock failed"),),
+    )  # fmt: skip
+    record = FlightRecord(1, 1, 4242, 4241, 1_002.0, (Trigger("scheduler_exception", "x", 1_002.0),),
+                          make_snapshot(seq=9, rank=1, protected_tokens=128), (), 0)  # fmt: skip
+    timeline = gather(seen, [record])
+    assert timeline.vitals == {"token_usage": [(999.0, 0.80), (1_000.0, 0.93)]} and timeline.sources["token_usage"] == "metrics"
+    assert [v for _, v in timeline.locked["rank 0"]] == [64.0, 96.0]
+    assert [v for _, v in timeline.locked["rank 1"]] == [128.0]
+    assert timeline.marks == [(1_000.5, "Radix cache page lock failed")]
+    page = render_html(timeline, "t")
+    assert "locked tokens, rank 1" in page and "token usage (metrics)" in page
+
+
+def test_without_the_ui_the_vitals_come_from_the_logs_and_the_marks_from_the_findings(tmp_path: Path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-12-02 14:03:13] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 2\n"
+        "[2026-12-02 14:03:14] Decode batch, #running-req: 7, #token: 3976, token usage: 0.91, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 0\n"
+    )  # fmt: skip
+    timeline = gather(logs=[str(log)])
+    assert [v for _, v in timeline.vitals["token_usage"]] == [0.24, 0.91]
+    assert [v for _, v in timeline.vitals["queued"]] == [2.0, 0.0] and timeline.sources["running"] == "log"
+    assert gather(logs=[str(tmp_path / "missing.log")]).empty
+
+
+def lock_race_bundle(tmp_path: Path) -> Path:
+    """The seed's failure on two ranks, then a headless bundle of the dead server."""
+    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--enable-metrics",
+             "--fault", "lock-race:1:probability=1")  # fmt: skip
+    sim = start_sim(tmp_path / "sim", *flags)
+    planned = plan_requests(pressure_trace(1024, 8, page_size=16))
+
+    async def load() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(5):
+                if sim.proc.poll() is not None:
+                    break
+                await replay_once(client, sim.url, planned)
+
+    try:
+        asyncio.run(load())
+        sim.proc.wait(timeout=30)
+    finally:
+        sim.stop()
+    done = radixtop("bundle", "--out", str(tmp_path / "out"), "--url", sim.url, "--pid", str(sim.pid),
+                    "--log", str(sim.log), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return Path(json.loads(done.stdout)["path"])
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package (.ci/run installs it)")
+def test_the_bundles_timeline_opens_offline_in_chromium_with_every_series_and_marker(tmp_path: Path):
+    from playwright.sync_api import sync_playwright
+
+    bundle = lock_race_bundle(tmp_path)
+    page_file = bundle / "timeline.html"
+    assert "timeline.html" in (bundle / "README.txt").read_text()
+    findings = json.loads((bundle / "findings.json").read_text())["findings"]
+    expected_marks = {f["title"] for f in findings if f["first"]["time"]}
+    assert any("lock" in title.lower() for title in expected_marks)
+    requested: list[str] = []
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            page.on("request", lambda r: requested.append(r.url))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(page_file.as_uri())
+            page.wait_for_selector(".js-plotly-plot .legendtext", timeout=20_000)
+            legend = page.eval_on_selector_all(".legendtext", "els => els.map(e => e.textContent)")
+            notes = page.eval_on_selector_all(".annotation-text", "els => els.map(e => e.textContent)")
+            traces = page.evaluate("document.querySelector('.js-plotly-plot').data.map(t => [t.name, t.x.length])")
+        finally:
+            browser.close()
+    assert errors == [] and all(url.startswith("file://") for url in requested), (errors, requested)
+    names = {name for name, _ in traces}
+    assert {"token usage (metrics)", "running requests (metrics)", "queued requests (metrics)"} <= names or {
+        "token usage (log)", "running requests (log)", "queued requests (log)"} <= names, names  # fmt: skip
+    assert {"locked tokens, rank 0", "locked tokens, rank 1"} <= names
+    assert all(count > 0 for _, count in traces)
+    assert names <= set(legend)  # every series is drawn and named in the legend
+    assert all(any(note.endswith(f" {title}") for note in notes) for title in expected_marks), (expected_marks, notes)

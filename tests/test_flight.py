@@ -146,3 +146,11 @@ def test_the_schedulers_exception_handler_records_every_rank_of_the_process(capl
         assert len(read_record(Path(inst.endpoint.flight_dir) / record_name(1, os.getpid())).triggers) == 1
     finally:
         points.close()
+
+
+def test_a_directory_that_is_a_symlink_is_refused(tmp_path: Path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "flight").symlink_to(tmp_path / "elsewhere")
+    recorder = FlightRecorder(filled_sim_cache(n_prompts=3), rank=0, directory=tmp_path / "flight")
+    assert recorder.record("evict_failure", "x") is False
+    assert "not a directory of this user's" in recorder.last_error and not any((tmp_path / "elsewhere").iterdir())

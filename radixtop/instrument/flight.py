@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -129,6 +130,10 @@ class FlightRecorder:
                 record = dataclasses.replace(record, events=record.events[len(record.events) // 2 + 1 :])
             data = encode_json(record.to_dict())
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(self.directory)
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            # In a shared /tmp another user could have made it, to read what the server writes.
+            raise PermissionError(f"{self.directory} is not a directory of this user's; set {ENV_FLIGHT_DIR}")
         path = self.directory / record_name(self.rank, record.pid)
         tmp = path.with_name(f".{path.name}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

@@ -101,6 +101,7 @@ STATE_METRIC_NAMES = {  # gauges, and the endpoint's own counters (names ending 
     "evictable_tokens": "radixtop_evictable_tokens",
     "protected_tokens": "radixtop_protected_tokens",
     "tree_nodes": "radixtop_tree_nodes",
+    "census_age_seconds": "radixtop_census_age_seconds",
     "lock_ref_nodes": "radixtop_lock_ref_nodes",  # extra label lock_ref: "<0", "0", "1", "2-3", ...
     "safe_point_errors": "radixtop_safe_point_errors_total",
     "client_disconnects": "radixtop_client_disconnects_total",

@@ -755,19 +755,56 @@ def test_captures_follow_the_readers_and_a_reader_gets_a_fresh_one(endpoint_fact
         loop.join(timeout=10)
 
 
-def test_a_metrics_scrape_asks_for_the_next_capture_without_waiting(endpoint_factory):
-    """Prometheus as the only reader: each scrape asks for a capture (never waits for one), so
-    the snapshot gauges it reads are at most one scrape old."""
-    cache = filled_sim_cache()
-    ep = endpoint_factory(min_interval_s=0.0, max_duty=1.0)
+def test_every_metrics_scrape_is_true_when_scraped_whether_or_not_a_snapshot_was_asked_for(endpoint_factory):
+    """Prometheus as the only reader: each scrape's gauges come from a capture taken for it, so the
+    tree's node count and the pool's sizes are the cache's at that scrape, while the tree grows;
+    a scheduler that stops answering makes a scrape wait fresh_wait_s at most, then it gets the
+    figures it has."""
+    cache = filled_sim_cache(n_prompts=3)
+    ep = endpoint_factory(min_interval_s=0.0, max_duty=1.0, fresh_wait_s=2.0)
     ep.start()
-    assert ep.safe_point(cache) and ep._seq == 1  # the capture at start
-    assert not ep.safe_point(cache), "nobody asked: no capture"
-    get(ep, schema.METRICS_PATH)
-    assert ep._seq == 1, "the scrape did not wait for a capture"
-    assert ep.safe_point(cache) and ep._seq == 2, "the scrape's request: the next safe point captures"
-    scraped = get(ep, schema.METRICS_PATH).text
-    assert re.search(r'^radixtop_snapshots_total\{rank="\d+"\} 2$', scraped, re.MULTILINE), scraped
+    lock = threading.Lock()
+    running = threading.Event()
+    running.set()
+    stop = threading.Event()
+
+    def scheduler() -> None:  # the host's loop: a safe point each iteration, while it runs
+        for _ in range(200_000):
+            if stop.is_set():
+                return
+            if running.is_set():
+                with lock:
+                    ep.safe_point(cache)
+            time.sleep(0.002)
+
+    def gauge(text: str, name: str) -> float:
+        match = re.search(rf'^{name}\{{rank="0"\}} (\S+)$', text, re.MULTILINE)
+        assert match, text
+        return float(match.group(1))
+
+    thread = threading.Thread(target=scheduler, daemon=True)
+    thread.start()
+    try:
+        for round_ in range(4):
+            with lock:  # the tree changes between scrapes, between two safe points
+                for i in range(25):
+                    insert(cache, [7_000 + round_ * 100 + i, round_, i])
+                count, _, _ = direct_walk(cache)
+                evictable = cache.evictable_size()
+            text = get(ep, schema.METRICS_PATH).text
+            assert gauge(text, "radixtop_evictable_tokens") == evictable  # the first scrape after the change
+            deadline = time.monotonic() + 10
+            while gauge(text, "radixtop_tree_nodes") != count and time.monotonic() < deadline:
+                text = get(ep, schema.METRICS_PATH).text  # the census may need a slice or two more
+            assert gauge(text, "radixtop_tree_nodes") == count
+        running.clear()  # a stuck scheduler: the scrape still answers, after fresh_wait_s at most
+        time.sleep(0.05)
+        started = time.monotonic()
+        text = get(ep, schema.METRICS_PATH).text
+        assert time.monotonic() - started < 2.0 + 1.0 and gauge(text, "radixtop_tree_nodes") == count
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 def test_port_in_use_logs_one_line_and_the_host_carries_on(endpoint_factory, caplog):

@@ -521,9 +521,9 @@ class InstrumentEndpoint:
         elif path == HEALTH_PATH:
             self._reply(req, 200, encode_json(self.health().to_dict()), _JSON)
         elif path == METRICS_PATH:
-            # A scrape never waits for the scheduler; it asks for a capture, so that where
-            # Prometheus is the only reader the gauges are at most one scrape old.
-            self.want_capture()
+            # A scrape is a reader like any other: its gauges come from a capture taken for it
+            # (waiting at most fresh_wait_s for the scheduler), so they are true when scraped.
+            self._last_watch = time.monotonic()
             self._reply(req, 200, self.metrics_text().encode(), _PROM)
         else:
             self._reply(req, 404, error_body(f"no route {path[:100]!r}; try {SNAPSHOT_PATH}"), _JSON)
@@ -621,7 +621,7 @@ class InstrumentEndpoint:
         )
 
     def metrics_text(self) -> str:
-        """Prometheus text exposition (0.0.4) of the counters and the latest snapshot's gauges."""
+        """Prometheus text exposition (0.0.4) of the counters and a fresh snapshot's gauges (fresh())."""
         rank = f'rank="{self.rank}"'
         counters = self.hooks.counters() if self.hooks is not None else Counters(events_dropped=self.events.dropped_total)
         out: list[str] = []
@@ -634,7 +634,7 @@ class InstrumentEndpoint:
 
         for key, name in METRIC_NAMES.items():
             family(name, "counter", _COUNTER_HELP[key], [(rank, getattr(counters, key))])
-        snap, _ = self.latest()
+        snap, _ = self.fresh()
         hooks_active = 1 if self.hooks is not None and self.hooks.state == "active" else 0
         family(STATE_METRIC_NAMES["hooks_active"], "gauge", "1 while radixtop's cache hooks are installed and counting.", [(rank, hooks_active)])
         family(STATE_METRIC_NAMES["snapshots"], "counter", "Snapshots taken at scheduler safe points.", [(rank, self._seq)])
@@ -658,6 +658,7 @@ class InstrumentEndpoint:
             census = snap.census
             if census is not None and census.complete:
                 family(STATE_METRIC_NAMES["tree_nodes"], "gauge", "Nodes in the radix tree (root excluded), at the last census.", [(rank, census.node_count)])
+                family(STATE_METRIC_NAMES["census_age_seconds"], "gauge", "Age of that census (it is taken in slices, within a duty cap).", [(rank, census.age_s)])
                 buckets = []
                 for label, lo, hi in _LOCK_BUCKETS:
                     count = sum(v for k, v in census.lock_ref_histogram.items() if lo <= k <= hi)

@@ -763,6 +763,7 @@ class Engine:
         self._stopped = False
         self._stop_requested = False
         self._lock_race_dp = 0
+        self._stepping: _Scheduler | None = None  # the group being stepped, named if it raises
 
     # ----- public surface -----
 
@@ -796,29 +797,14 @@ class Engine:
         self._wake = asyncio.Event()
         for sched in self._schedulers:
             sched.startup_lines()
-        stepping: _Scheduler | None = None
         try:
             while not self._stop_requested:
-                self.iteration += 1
-                race = self.faults.lock_race
-                if race is not None and race.due(self.iteration):
-                    raise _LockRaceFired(self._lock_race_dp, race.rank or 0)
-                worked = False
-                for sched in self._schedulers:
-                    stepping = sched
-                    worked = sched.step() or worked
-                stepping = None
-                self._safe_point()
-                if worked:
+                if self.iterate():
                     await asyncio.sleep(self.config.step_time_s)
-                    continue
-                for sched in self._schedulers:
-                    stepping = sched
-                    sched.on_idle()
-                stepping = None
-                await self._idle_wait()
+                else:
+                    await self._idle_wait()
         except Exception as exc:  # noqa: BLE001 - any scheduler exception kills the server, as SGLang
-            self._die(exc, stepping)
+            self._die(exc, self._stepping)
         finally:
             self._running = False
             self._stopped = True
@@ -831,6 +817,27 @@ class Engine:
                         req.future.set_exception(EngineDead(reason))
                 sched.waiting.clear()
                 sched.running.clear()
+
+    def iterate(self) -> bool:
+        """One scheduler loop iteration (a batch per DP group, then the safe point; idle
+        housekeeping when no group had work). False when there was nothing to run. ``run`` calls
+        it between sleeps; an in-process driver (``radixtop.sim.offline``) calls it on its own clock."""
+        self.iteration += 1
+        race = self.faults.lock_race
+        if race is not None and race.due(self.iteration):
+            raise _LockRaceFired(self._lock_race_dp, race.rank or 0)
+        worked = False
+        for sched in self._schedulers:
+            self._stepping = sched
+            worked = sched.step() or worked
+        self._stepping = None
+        self._safe_point()
+        if not worked:
+            for sched in self._schedulers:
+                self._stepping = sched
+                sched.on_idle()
+            self._stepping = None
+        return worked
 
     def stop(self) -> None:
         self._stop_requested = True
@@ -845,13 +852,31 @@ class Engine:
         temperature: float = 0.0,
         rid: str | None = None,
     ) -> GenerateResult:
+        future: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+        req = self.submit(input_ids, max_new_tokens=max_new_tokens, temperature=temperature, rid=rid, future=future)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect): abort as SGLang does, freeing its KV.
+            req.aborted = True
+            raise
+
+    def submit(
+        self,
+        input_ids: list[int],
+        *,
+        max_new_tokens: int,
+        future: Any,
+        temperature: float = 0.0,
+        rid: str | None = None,
+    ) -> _Req:
+        """Queue one request; its GenerateResult is set on ``future`` (an asyncio or a
+        concurrent.futures Future: the in-process driver has no event loop)."""
         input_ids = self._validate(input_ids, max_new_tokens, temperature)
         if self.dead_reason is not None:
             raise EngineDead(self.dead_reason)
         if self._stopped or self._stop_requested:
             raise EngineDead("engine stopped")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[GenerateResult] = loop.create_future()
         self._req_counter += 1
         rid = rid or f"sim-{self._req_counter}"
         rng = None
@@ -867,12 +892,7 @@ class Engine:
         sched.waiting.append(req)
         if self._wake is not None:
             self._wake.set()
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The caller went away (client disconnect): abort as SGLang does, freeing its KV.
-            req.aborted = True
-            raise
+        return req
 
     def flush_cache(self) -> bool:
         busy = [s for s in self._schedulers if not s.fully_idle()]

@@ -28,6 +28,9 @@ or ``text`` (the exact prompt text). A request that has one of them is replayed 
 alike, instead of synthesized tokens; ``prompt_len`` and ``prefix_len`` are then descriptive only
 (for a text prompt, token counts come from the server's answer and the shared prefix is an
 estimate, see ``radixtop.incident.record``).
+
+Optional request key ``extra_key``: the request's cache namespace, sent as SGLang's ``extra_key``
+(requests with different keys never share cached pages, as with different LoRA adapters).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class TraceRequest:
     n: int = 1
     input_ids: tuple[int, ...] | None = None  # the recorded prompt (only with --keep-prompts)
     text: str | None = None  # the recorded prompt text (only with --keep-prompts)
+    extra_key: str | None = None  # the cache namespace (SGLang's extra_key; a LoRA adapter's name)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class PlannedRequest:
     input_ids: list[int] = field(repr=False)
     max_tokens: int
     text: str | None = field(default=None, repr=False)  # send this text instead of input_ids
+    extra_key: str | None = None
 
 
 _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
@@ -121,8 +126,9 @@ _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "n": (int,),
     "input_ids": (list,),
     "text": (str,),
+    "extra_key": (str,),
 }
-_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text"})
+_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key"})
 _TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged"}
 
 
@@ -262,6 +268,8 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
             item["input_ids"] = list(r.input_ids)
         if r.text is not None:
             item["text"] = r.text
+        if r.extra_key is not None:
+            item["extra_key"] = r.extra_key
         out["requests"].append(item)
     return out
 
@@ -376,6 +384,7 @@ def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
             input_ids=_recorded_or_synthesized(req, trace, seed, copy),
             max_tokens=req.max_tokens,
             text=req.text,
+            extra_key=req.extra_key,
         )
         for req in trace.requests
         for copy in range(req.n)

@@ -185,7 +185,6 @@ class _ReqView:
     """A request as one rank's cache sees it (see radix.CacheReq): each rank has its own row."""
 
     __slots__ = ("req", "kv_indices", "cache_protected_len", "last_node", "lock")
-    extra_key = None
 
     def __init__(self, req: _Req) -> None:
         self.req = req
@@ -193,6 +192,10 @@ class _ReqView:
         self.cache_protected_len = 0
         self.last_node: TreeNode | None = None
         self.lock: TreeLock | None = None
+
+    @property
+    def extra_key(self) -> str | None:
+        return self.req.extra_key
 
     @property
     def fill_ids(self) -> list[int]:
@@ -221,8 +224,10 @@ class _Req:
         future: asyncio.Future,
         tp_size: int,
         rng: random.Random | None,
+        extra_key: str | None = None,
     ) -> None:
         self.rid = rid
+        self.extra_key = extra_key  # the cache namespace: keys with another never match
         self.origin_input_ids = input_ids
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -426,7 +431,7 @@ class _Scheduler:
         rem_total = self.available() + self.evictable() - self._reserved_tokens()
         rem_input = cfg.max_prefill_tokens
         batch: list[_Req] = []
-        batch_pages: set[tuple[int, ...]] = set()
+        batch_pages: set[tuple[str | int | None, ...]] = set()
         keep: list[_Req] = []
         blocked = False
         for req in self.waiting:
@@ -437,14 +442,14 @@ class _Scheduler:
             n = len(tokens)
             # At least one token must be computed to get logits: match at most n - 1.
             matches = [
-                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: n - 1])))
+                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: n - 1], req.extra_key)))
                 for info in self.ranks
             ]
             m = len(matches[0].device_indices)
             # In-batch prefix sharing: a request whose next page another request of this batch
             # is about to compute waits one iteration and then matches it from the tree.
             if not cfg.disable_radix_cache and m + page_size <= n - 1:
-                first_new_page = tuple(tokens[: m + page_size])
+                first_new_page = (req.extra_key, *tokens[: m + page_size])
                 if first_new_page in batch_pages:
                     keep.append(req)
                     continue
@@ -851,9 +856,11 @@ class Engine:
         max_new_tokens: int,
         temperature: float = 0.0,
         rid: str | None = None,
+        extra_key: str | None = None,
     ) -> GenerateResult:
         future: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
-        req = self.submit(input_ids, max_new_tokens=max_new_tokens, temperature=temperature, rid=rid, future=future)
+        req = self.submit(input_ids, max_new_tokens=max_new_tokens, temperature=temperature, rid=rid,
+                          future=future, extra_key=extra_key)  # fmt: skip
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -869,6 +876,7 @@ class Engine:
         future: Any,
         temperature: float = 0.0,
         rid: str | None = None,
+        extra_key: str | None = None,
     ) -> _Req:
         """Queue one request; its GenerateResult is set on ``future`` (an asyncio or a
         concurrent.futures Future: the in-process driver has no event loop)."""
@@ -885,7 +893,7 @@ class Engine:
                 rng = random.Random(hash(tuple(input_ids)) ^ max_new_tokens)
             else:
                 rng = random.Random(self._req_counter * 0x9E3779B1)
-        req = _Req(rid, input_ids, max_new_tokens, temperature, future, self.config.tp_size, rng)
+        req = _Req(rid, input_ids, max_new_tokens, temperature, future, self.config.tp_size, rng, extra_key)
         sched = self._schedulers[self._next_dp]
         self._next_dp = (self._next_dp + 1) % len(self._schedulers)
         sched._reset_views(req)

@@ -29,6 +29,7 @@ class OfflineCall:
     offset_s: float
     input_ids: list[int]
     max_new_tokens: int
+    extra_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
             future: Future[GenerateResult] = Future()
             future.add_done_callback(lambda _f, i=index: finished.setdefault(i, clock[0]))
             try:
-                engine.submit(calls[index].input_ids, max_new_tokens=calls[index].max_new_tokens, future=future)
+                call = calls[index]
+                engine.submit(call.input_ids, max_new_tokens=call.max_new_tokens, future=future, extra_key=call.extra_key)
             except ValueError as exc:  # what the served simulator answers 400 to
                 errors[index] = str(exc)
                 continue

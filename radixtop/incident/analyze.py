@@ -155,7 +155,7 @@ def format_analysis(a: Analysis, *, source: str = "", limit: int = 40) -> str:
         out.append(f"  Failed calls: {len(a.failed)}, e.g. {rid} copy {copy}: {why[:120]}")
     missed = a.missed
     if missed:
-        out += ["", *format_reuse(missed, title="SHORT OF THEIR PREFIX", limit=limit)]
+        out += ["", *format_reuse([r.to_json() for r in missed], title="SHORT OF THEIR PREFIX", limit=limit)]
     out.append(bar)
     return "\n".join(out) + "\n"
 

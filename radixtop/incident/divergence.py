@@ -294,7 +294,7 @@ def format_cache_account(account: CacheAccount | None, diverged: Sequence[str]) 
     out = ["", f"  Page size {account.page_size} ({source}); {evictions}", *format_summary(account.summary)]
     shown = account.shown(diverged)
     if shown:
-        out += ["", *format_reuse(shown, title="CACHED TOKENS — short of their prefix, or diverged")]
+        out += ["", *format_reuse([r.to_json() for r in shown], title="CACHED TOKENS — short of their prefix, or diverged")]
     return out
 
 

@@ -235,18 +235,20 @@ def format_summary(summary: ReuseSummary) -> list[str]:
     return lines
 
 
-def format_reuse(rows: Sequence[ReuseRow], *, title: str = "CACHED TOKENS", limit: int = 40) -> list[str]:
-    """The rows as a text table (at most ``limit``; the count of the rest is said)."""
+def format_reuse(rows: Sequence[dict[str, Any]], *, title: str = "CACHED TOKENS", limit: int = 40) -> list[str]:
+    """Rows (ReuseRow.to_json()'s, so a verdict read back from JSON prints alike) as a text table:
+    at most ``limit``, and the count of the rest."""
     if not rows:
         return []
     out = [f"  [{title} — {len(rows)} calls]",
            f"    {'request':<22} {'copy':>4} {'prompt':>6} {'prefix':>6} {'expect':>6} {'cached':>9}  why"]  # fmt: skip
     for row in rows[:limit]:
-        lo, hi = (min(row.cached), max(row.cached)) if row.cached else (None, None)
+        runs = row["cached_tokens"]
+        lo, hi = (min(runs), max(runs)) if runs else (None, None)
         cached = "-" if lo is None else (f"{lo}" if lo == hi else f"{lo}..{hi}")
         out.append(
-            f"    {row.exp.request_id[:22]:<22} {row.exp.copy:>4} {row.exp.prompt_len:>6} {row.exp.prefix_len:>6} "
-            f"{row.exp.expected:>6} {cached:>9}  {REASONS.get(row.reason or '', '')}"
+            f"    {row['id'][:22]:<22} {row['copy']:>4} {row['prompt_tokens']:>6} {row['prefix_len']:>6} "
+            f"{row['expected_cached_tokens']:>6} {cached:>9}  {row['why']}"
         )
     if len(rows) > limit:
         out.append(f"    ... {len(rows) - limit} more (--json has every call)")

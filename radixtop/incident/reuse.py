@@ -12,7 +12,8 @@ Each call whose cached tokens fall short of its ``prefix_len`` gets one reason, 
 applies, in this order:
 
 * ``cache-disabled``: the server runs without the radix cache;
-* ``first-of-group``: no earlier call shared its prefix (or shared less of it than it has);
+* ``first-of-group``: no earlier call shared its prefix (or shared less of it than it has), or
+  the calls that share it were sent at the same instant and this one got there first;
 * ``evicted``: less than expected, and the cache evicted between the call that first held the
   prefix being sent and this call's answer; ``not-cached-yet``: less than expected with no eviction
   seen (it arrived with the call that was computing the prefix); ``unexplained``: less than
@@ -71,6 +72,7 @@ class Expectation:
     shared_in_namespace: int  # ... with an earlier call in this call's namespace
     sharer: Call | None  # the earlier call (of this namespace) that first held those tokens
     page_size: int
+    with_sharer: bool = False  # sent at the same instant as its sharer: either may compute the prefix
 
     @property
     def call(self) -> Call:
@@ -89,19 +91,19 @@ def _pages(tokens: int, page_size: int) -> int:
 def expectations(trace: Trace, page_size: int) -> list[Expectation]:
     """One Expectation per call, in the order a replay sends them (offsets, then trace order, then copy)."""
     longest: dict[str, int] = {}  # group -> longest prefix_len sent so far
-    holder: dict[tuple[str, str | None], tuple[int, Call]] = {}  # (group, namespace) -> (longest, first call)
+    holder: dict[tuple[str, str | None], tuple[int, Call, float]] = {}  # (group, namespace) -> (longest, first call, its offset)
     out = []
     for req in sorted(trace.requests, key=lambda r: r.offset_ms):
         namespace = (req.group, req.extra_key)
         for copy in range(req.n):
             shared = min(req.prefix_len, longest.get(req.group, 0))
-            held, sharer = holder.get(namespace, (0, None))
-            out.append(Expectation(req.id, copy, req.prompt_len, req.prefix_len, shared,
-                                   min(req.prefix_len, held), sharer, page_size))  # fmt: skip
+            held, sharer, sent = holder.get(namespace, (0, None, -1.0))
+            out.append(Expectation(req.id, copy, req.prompt_len, req.prefix_len, shared, min(req.prefix_len, held),
+                                   sharer, page_size, sent == req.offset_ms))  # fmt: skip
             if req.prefix_len > longest.get(req.group, 0):
                 longest[req.group] = req.prefix_len
             if req.prefix_len > held:
-                holder[namespace] = (req.prefix_len, (req.id, copy))
+                holder[namespace] = (req.prefix_len, (req.id, copy), req.offset_ms)
     return out
 
 
@@ -114,6 +116,8 @@ def explain(exp: Expectation, cached: int, *, cache_disabled: bool = False, evic
     if exp.shared == 0:
         return "first-of-group"
     if cached < exp.expected:
+        if exp.with_sharer:  # sent together: the server may have let this one compute the prefix
+            return "first-of-group"
         return "unexplained" if evicted is None else ("evicted" if evicted else "not-cached-yet")
     reachable = min(exp.shared, exp.prompt_len - 1)
     if _pages(exp.shared_in_namespace, exp.page_size) < _pages(reachable, exp.page_size):

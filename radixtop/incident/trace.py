@@ -345,7 +345,10 @@ def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, cop
         raise TraceError(f"request {request.id!r} is not part of trace {trace.name!r}")
     if not 0 <= copy < request.n:
         raise TraceError(f"copy must be within 0..{request.n - 1} for request {request.id!r}, got {copy}")
-    index = _band_indices(trace)
+    return _synthesize(request, trace, seed, copy, _band_indices(trace))
+
+
+def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, index: dict[tuple[str, ...], int]) -> list[int]:
     band_offset = _seed_int("band", trace.name, seed) % _FIRST_BAND_SIZE
 
     def band_token(key: tuple[str, ...]) -> int:
@@ -366,22 +369,24 @@ def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, cop
     return tokens
 
 
-def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int) -> list[int]:
+def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int,
+                             index: dict[tuple[str, ...], int]) -> list[int]:  # fmt: skip
     if req.input_ids is not None:
         return list(req.input_ids)
     if req.text is not None:
         return []  # sent as text
-    return synthesize_input_ids(req, trace, seed, copy)
+    return _synthesize(req, trace, seed, copy, index)
 
 
 def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
     """Every generate call of one replay, sorted by send time (copies of a request together)."""
+    index = _band_indices(trace)  # once for the whole trace: per request it made planning quadratic
     planned = [
         PlannedRequest(
             offset_s=req.offset_ms / 1000.0,
             request_id=req.id,
             copy=copy,
-            input_ids=_recorded_or_synthesized(req, trace, seed, copy),
+            input_ids=_recorded_or_synthesized(req, trace, seed, copy, index),
             max_tokens=req.max_tokens,
             text=req.text,
             extra_key=req.extra_key,

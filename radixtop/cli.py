@@ -131,6 +131,23 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     record.add_argument("--ready-file", default=None, help=argparse.SUPPRESS)  # tests: where the port is written
     _add_readonly_option(record, top_level=False)
 
+    analyze = sub.add_parser(
+        "analyze",
+        help="run a trace on the simulator's radix cache in-process (no server, no GPU): hit rate, misses by reason",
+    )
+    analyze.add_argument("trace", metavar="TRACE", help="a trace file (radixtop record writes one), or a built-in name")
+    analyze.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 1, as SGLang)")
+    analyze.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default 16384)")
+    analyze.add_argument("--max-running-requests", type=int, default=None, help="scheduler batch bound (default 32)")
+    analyze.add_argument("--radix-eviction-policy", "--eviction-policy", dest="eviction_policy", default="lru",
+                         help="lru (default), lfu, fifo, mru, filo or priority")  # fmt: skip
+    analyze.add_argument("--disable-radix-cache", action="store_true", help="analyze the workload without the cache")
+    analyze.add_argument("--step-ms", type=float, default=2.0, help="emulated scheduler step time (default 2 ms, as radixtop sim)")
+    analyze.add_argument("--sweep", default=None, metavar="FLAG=V1,V2",
+                         help="one row per value: page-size=1,16,64, max-total-tokens=..., or max-running-requests=...")  # fmt: skip
+    analyze.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (as replay's)")
+    analyze.add_argument("--json", action="store_true", help="print one JSON object")
+
     confirm = sub.add_parser(
         "confirm",
         help="the confirmation run: evidence, a plan to approve, then the live server vs a bounded control",
@@ -223,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from radixtop.incident import commands
 
             return getattr(commands, f"run_{args.command}")(args)
+        if args.command == "analyze":
+            from radixtop.incident.commands import run_analyze
+
+            return run_analyze(args)
         if args.command == "demo":
             from radixtop.sim.demo import run_demo
 

@@ -45,6 +45,7 @@ async def test_c_after_the_server_died_plans_a_reproduction_from_what_was_seen(t
             shown = verdict_text(app)
             assert shown.startswith("VERDICT: not-reproduced"), shown
             assert "the reproduction" in shown and "peak token usage" in shown  # the arms side by side
+            assert "Cached tokens (failing side):" in shown and "Cached tokens (control):" in shown
             servers = [s.pid for s in app.confirm_run.servers]
     finally:
         sim.stop()

@@ -1,4 +1,4 @@
-"""The headless incident commands: `radixtop bundle`, `replay`, `record` and `confirm`.
+"""The headless incident commands: `radixtop bundle`, `replay`, `record`, `confirm` and `analyze`.
 
 Each takes the argparse Namespace built in radixtop/cli.py and returns an exit status. Progress
 goes to stderr, results to stdout (one JSON object with --json). Bad input is one line on stderr
@@ -18,7 +18,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_trace_arg", "run_bundle", "run_confirm", "run_record", "run_replay"]
+__all__ = ["load_trace_arg", "run_analyze", "run_bundle", "run_confirm", "run_record", "run_replay"]
 
 
 def _usage(message: str) -> Exception:
@@ -164,6 +164,51 @@ def run_replay(args: Namespace) -> int:
     else:
         sys.stdout.write(format_report(report, source=label))
     return 130 if stopped else 0
+
+
+# -- analyze ------------------------------------------------------------------------------------
+
+# SGLang's eviction policies that the simulator's cache does not implement.
+_UNSIMULATED_POLICIES = ("slru", "tlru")
+
+
+def run_analyze(args: Namespace) -> int:
+    from dataclasses import replace
+
+    from radixtop.incident.analyze import analyze, format_analysis, format_sweep, parse_sweep, sweep
+    from radixtop.sim.engine import SimConfig
+    from radixtop.sim.radix import EVICTION_POLICIES
+
+    trace, label = load_trace_arg(args.trace)
+    policy = args.eviction_policy.lower()
+    if policy in _UNSIMULATED_POLICIES:
+        raise _usage(f"--radix-eviction-policy {policy}: SGLang has it, the simulator does not yet; "
+                     f"use one of {', '.join(EVICTION_POLICIES)}")  # fmt: skip
+    if not 0 <= args.step_ms <= 10_000:
+        raise _usage(f"--step-ms must be within 0..10000, got {args.step_ms}")
+    config = SimConfig(radix_eviction_policy=policy, disable_radix_cache=args.disable_radix_cache,
+                       step_time_s=args.step_ms / 1000.0)  # fmt: skip
+    for name in ("page_size", "max_total_tokens", "max_running_requests"):
+        if getattr(args, name) is not None:
+            config = replace(config, **{name: getattr(args, name)})
+    try:
+        if args.sweep:
+            field, values = parse_sweep(args.sweep)
+            results = sweep(trace, config, field, values, seed=args.seed)
+        else:
+            field, results = "", [analyze(trace, config, seed=args.seed)]
+    except ValueError as exc:  # a setting the engine refuses names its field: say the flag
+        import re
+
+        raise _usage(re.sub(r"^[a-z_]+", lambda m: "--" + m.group(0).replace("_", "-"), str(exc))) from None
+    if args.json:
+        docs = [{**a.to_json(), "source": label} for a in results]
+        print(json.dumps({"sweep": args.sweep, "rows": docs} if args.sweep else docs[0], indent=2, ensure_ascii=False))
+    elif args.sweep:
+        sys.stdout.write(format_sweep(results, field))
+    else:
+        sys.stdout.write(format_analysis(results[0], source=label))
+    return 0
 
 
 # -- record -------------------------------------------------------------------------------------

@@ -298,6 +298,9 @@ class ConfirmationRun:
             if died and not result["signatures"]:
                 result["error"] = died  # killed from outside: no signature of its own
             result["output_tail"] = plan.redactor.text(server.tail(30))
+        if report.cache is not None:  # the verdict shows the calls short of their prefix, and the diverged
+            result["cached_tokens"] = {**report.cache.summary.to_json(), "page_size": report.cache.page_size,
+                                       "rows": [r.to_json() for r in report.cache.shown(report.diverged)]}  # fmt: skip
         await self._write(f"{arm.role}-replay.json", report.to_json())
         if arm.argv is None and not alive and result["signatures"]:
             self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")

@@ -18,9 +18,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixtop.incident.replay import ReplaySeries
+from radixtop.incident.reuse import (
+    Answer,
+    Call,
+    ReuseRow,
+    ReuseSummary,
+    evicted_between,
+    expectations,
+    format_reuse,
+    format_summary,
+    reuse_rows,
+)
 from radixtop.incident.trace import Trace
 
-__all__ = ["CopyResult", "DivergenceReport", "RequestResult", "compare_runs", "format_report", "jitter_ms"]
+__all__ = [
+    "CacheAccount",
+    "CopyResult",
+    "DivergenceReport",
+    "RequestResult",
+    "cache_account",
+    "compare_runs",
+    "format_report",
+    "jitter_ms",
+]
 
 SAMPLE_WIDTH = 40
 
@@ -88,6 +108,57 @@ class RequestResult:
 
 
 @dataclass(frozen=True)
+class CacheAccount:
+    """Cached tokens per call against what the trace lets a radix cache reuse (radixtop.incident.reuse)."""
+
+    page_size: int
+    page_size_from: str  # "server" (/server_info) or "trace" (its page_size_hint: the server did not say)
+    cache_disabled: bool
+    evictions_seen: bool  # every run's evictions were read from the server's debug endpoint
+    rows: tuple[ReuseRow, ...]
+    summary: ReuseSummary
+
+    def shown(self, diverged: Sequence[str]) -> list[ReuseRow]:
+        """The rows worth a look: calls short of their prefix, and every call of a diverged request."""
+        return [r for r in self.rows if r.missed or r.exp.request_id in diverged]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "page_size": self.page_size,
+            "page_size_from": self.page_size_from,
+            "cache_disabled": self.cache_disabled,
+            "evictions_seen": self.evictions_seen,
+            **self.summary.to_json(),
+            "calls": [r.to_json() for r in self.rows],
+        }
+
+
+def cache_account(series: ReplaySeries, trace: Trace) -> CacheAccount:
+    setting = series.cache
+    known = setting is not None and setting.page_size is not None
+    page_size = setting.page_size if known else trace.page_size_hint  # type: ignore[union-attr]
+    exps = expectations(trace, page_size)  # type: ignore[arg-type]
+    by_call = {e.call: e for e in exps}
+    runs: list[dict[Call, Answer]] = []
+    for run in series.runs:
+        answered = {(o.request_id, o.copy): o for o in run.outcomes if o.error is None and o.cached_tokens is not None}
+        answers: dict[Call, Answer] = {}
+        for call, outcome in answered.items():
+            exp = by_call.get(call)
+            if exp is None:
+                continue
+            sharer = answered.get(exp.sharer) if exp.sharer is not None else None
+            start = sharer.sent_at if sharer is not None else outcome.sent_at
+            seen = run.eviction_times
+            answers[call] = (outcome.cached_tokens, None if seen is None else evicted_between(seen, start, outcome.answered_at))  # type: ignore[assignment]
+        runs.append(answers)
+    disabled = setting is not None and setting.disabled
+    rows, summary = reuse_rows(exps, runs, cache_disabled=disabled)
+    evictions_seen = bool(series.runs) and all(r.eviction_times is not None for r in series.runs)
+    return CacheAccount(page_size, "server" if known else "trace", disabled, evictions_seen, tuple(rows), summary)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class DivergenceReport:
     trace: str
     url: str
@@ -99,6 +170,7 @@ class DivergenceReport:
     jitter: dict[str, float]
     notes: tuple[str, ...]
     stopped_early: str | None
+    cache: CacheAccount | None = None
 
     @property
     def diverged(self) -> list[str]:
@@ -133,6 +205,7 @@ class DivergenceReport:
             "dispatch_jitter_ms": dict(self.jitter),
             "notes": list(self.notes),
             "stopped_early": self.stopped_early,
+            "cached_tokens": None if self.cache is None else self.cache.to_json(),
         }
 
 
@@ -187,6 +260,7 @@ def compare_runs(series: ReplaySeries, trace: Trace) -> DivergenceReport:
         jitter=jitter_ms(series),
         notes=series.notes,
         stopped_early=series.stopped_early,
+        cache=cache_account(series, trace),
     )
 
 
@@ -207,6 +281,21 @@ def _wrap_ids(ids: Sequence[str], width: int = 72, indent: str = "    ") -> list
     if line:
         lines.append(indent + line)
     return lines
+
+
+def format_cache_account(account: CacheAccount | None, diverged: Sequence[str]) -> list[str]:
+    """The cached-token account: totals, then the calls short of their prefix and the diverged ones."""
+    if account is None:
+        return []
+    if account.summary.calls == 0:
+        return ["", "  Cached tokens: the server reported none (no meta_info.cached_tokens in its answers)"]
+    source = "the server's" if account.page_size_from == "server" else "the trace's hint: the server did not say"
+    evictions = "evictions from its debug endpoint" if account.evictions_seen else "evictions unseen (no debug endpoint)"
+    out = ["", f"  Page size {account.page_size} ({source}); {evictions}", *format_summary(account.summary)]
+    shown = account.shown(diverged)
+    if shown:
+        out += ["", *format_reuse([r.to_json() for r in shown], title="CACHED TOKENS — short of their prefix, or diverged")]
+    return out
 
 
 def format_report(report: DivergenceReport, *, source: str = "") -> str:
@@ -248,6 +337,7 @@ def format_report(report: DivergenceReport, *, source: str = "") -> str:
         for r in failed:
             first_error = next((e for c in r.copies for e in c.errors), "")
             out.append(f"    {r.id}: {r.failed} failed calls, e.g. {first_error[:120]}")
+    out += format_cache_account(report.cache, report.diverged)
     j = report.jitter
     jitter = f"p50 {j['p50']:.2f} ms, p99 {j['p99']:.2f} ms, max {j['max']:.2f} ms over {int(j['calls'])} calls"
     out += ["", f"  Dispatch jitter: {jitter}"]

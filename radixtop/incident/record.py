@@ -4,8 +4,9 @@ Clients are pointed at the proxy (``http://127.0.0.1:PORT``) instead of the serv
 every request unchanged (streaming answers too) and, for each generate call (``/generate``,
 ``/v1/completions``, ``/v1/chat/completions``), writes down when it arrived (``offset_ms`` from
 the first call), its prompt length, how much of its prompt it shares with an earlier one, its
-``max_tokens`` and its ``n``. The result is a trace that ``radixtop replay`` and ``radixtop
-confirm`` take: "the same input" can be the user's own traffic.
+``max_tokens``, its ``n`` and its cache namespace (``extra_key``, else its LoRA adapter). The
+result is a trace that ``radixtop replay`` and ``radixtop confirm`` take: "the same input" can be
+the user's own traffic.
 
 Prompts stay out of the trace unless ``keep_prompts`` (they may be sensitive); then each request
 carries its exact ``input_ids`` or ``text`` and a replay sends exactly that (see
@@ -39,7 +40,7 @@ import httpx
 
 from radixtop.incident.trace import TRACE_VERSION, Trace, TraceRequest
 
-__all__ = ["RecordedCall", "RecordingProxy", "build_trace", "common_prefix"]
+__all__ = ["RecordedCall", "RecordingProxy", "build_trace", "common_prefix", "namespace_of"]
 
 GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 HOP_BY_HOP = frozenset(
@@ -63,6 +64,7 @@ class RecordedCall:
     prompt_tokens: int | None = None  # from the server's answer
     status: int | None = None
     chat: bool = False  # a chat call: its text is radixtop's flattening of the messages
+    extra_key: str | None = None  # its cache namespace (see namespace_of)
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -112,6 +114,17 @@ def parse_call(path: str, body: Any) -> tuple[list[int] | None, str | None, int,
     if isinstance(text, str) and text:
         return None, text, max_tokens, n
     return None  # a batch, embeddings, or nothing usable
+
+
+def namespace_of(body: Any) -> str | None:
+    """The cache namespace a generate request asks for: SGLang's ``extra_key``, else its LoRA adapter
+    (SGLang keys the radix tree by both, so requests in different namespaces share no pages)."""
+    if not isinstance(body, dict):
+        return None
+    if isinstance(body.get("extra_key"), str):
+        return body["extra_key"]
+    lora = body.get("lora_path", body.get("lora_id"))
+    return f"lora:{lora}" if isinstance(lora, str) and lora else None
 
 
 def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool, page_size_hint: int = 1,
@@ -167,6 +180,7 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
                 # A chat call's flattened messages are not what the server saw after its chat
                 # template: replaying them as text would send another prompt, so they are not kept.
                 text=call.text if keep_prompts and call.input_ids is None and not call.chat else None,
+                extra_key=call.extra_key,
             )
         )
     return Trace(name=name, page_size_hint=max(1, page_size_hint), requests=tuple(requests),
@@ -279,15 +293,16 @@ class RecordingProxy:
         if self._t0 is None:
             self._t0 = now
         try:
-            parsed = parse_call(path, json.loads(body))
+            decoded = json.loads(body)
         except ValueError:
-            parsed = None
+            decoded = None
+        parsed = parse_call(path, decoded)
         if parsed is None:
             self.skipped += 1
             return None
         ids, text, max_tokens, n = parsed
         call = RecordedCall((now - self._t0) * 1000.0, path, ids, text, max_tokens, n,
-                            chat=path == "/v1/chat/completions")  # fmt: skip
+                            chat=path == "/v1/chat/completions", extra_key=namespace_of(decoded))  # fmt: skip
         self.calls.append(call)
         if self.on_call is not None:
             self.on_call(call)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
+from radixtop.incident.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
 from radixtop.incident.trace import PlannedRequest
 
 __all__ = ["Outcome", "ReplayRun", "replay_once"]
@@ -36,12 +37,15 @@ class Outcome:
     cached_tokens: int | None
     error: str | None
     lateness_ms: float  # sent this long after its offset (dispatch jitter)
+    sent_at: float = 0.0  # wall clock, to place the server's eviction events
+    answered_at: float = 0.0
 
 
 @dataclass(frozen=True)
 class ReplayRun:
     outcomes: tuple[Outcome, ...]
     duration_s: float
+    eviction_times: tuple[float, ...] | None = None  # the server's evictions (wall clock); None: unseen
 
     @property
     def errors(self) -> int:
@@ -65,33 +69,43 @@ async def _send(
         payload["text"] = planned.text
     else:
         payload["input_ids"] = planned.input_ids
+    if planned.extra_key is not None:
+        payload["extra_key"] = planned.extra_key
     # httpx's timeout is per read: a server sending a byte now and then would hold the call
     # forever. The same number of seconds is the whole call's deadline.
     total = client.timeout.read or DEFAULT_CALL_DEADLINE_S
+    sent_at = time.time()
+
+    def failed(why: str) -> Outcome:
+        return Outcome(planned.request_id, planned.copy, None, (), None, why, lateness_ms, sent_at, time.time())
+
     try:
         response = await asyncio.wait_for(client.post(f"{url}/generate", json=payload), total)
     except httpx.HTTPError as exc:
-        return Outcome(planned.request_id, planned.copy, None, (), None, f"{type(exc).__name__}: {exc}", lateness_ms)
+        return failed(f"{type(exc).__name__}: {exc}")
     except TimeoutError:
-        return Outcome(planned.request_id, planned.copy, None, (), None, f"no whole answer within {total:.0f} s", lateness_ms)
+        return failed(f"no whole answer within {total:.0f} s")
     if response.status_code != 200:
-        return Outcome(planned.request_id, planned.copy, None, (), None, _error_text(response), lateness_ms)
+        return failed(_error_text(response))
     try:
         body = response.json()
         if isinstance(body, list):  # a batch answer; we always send one prompt
             body = body[0]
         meta = body.get("meta_info", {})
+        cached = meta.get("cached_tokens")
         return Outcome(
             planned.request_id,
             planned.copy,
             str(body["text"]),
             tuple(body.get("output_ids") or ()),
-            meta.get("cached_tokens"),
+            cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
             None,
             lateness_ms,
+            sent_at,
+            time.time(),
         )
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        return Outcome(planned.request_id, planned.copy, None, (), None, f"malformed answer: {exc}", lateness_ms)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        return failed(f"malformed answer: {exc}")
 
 
 async def replay_once(
@@ -146,6 +160,7 @@ class ReplaySeries:
     flush: bool
     notes: tuple[str, ...] = ()
     stopped_early: str | None = None  # why fewer runs than requested were made
+    cache: CacheSetting | None = None  # the server's page size, cache switch and instrument
 
 
 FLUSH_ATTEMPTS = 5
@@ -191,11 +206,14 @@ async def replay_series(
     on_event: Callable[[ReplayEvent], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     request_timeout_s: float = 120.0,
+    instrument: str | None = None,
 ) -> ReplaySeries:
     """The same planned calls ``runs`` times, the cache flushed before each run when ``flush``.
 
     A run whose every call failed ends the series when the server no longer answers /health (a
-    dead server is evidence, not a reason to keep hammering it).
+    dead server is evidence, not a reason to keep hammering it). The server's cache setting is read
+    first, and each run's evictions from its debug endpoint (``instrument``, else the one
+    /server_info lists) when there is one.
     """
     url = url.rstrip("/")
     emit = on_event or (lambda event: None)
@@ -212,6 +230,8 @@ async def replay_series(
     notes: list[str] = []
     stopped: str | None = None
     try:
+        cache = await read_cache_setting(client, url, instrument)
+        watch = EvictionWatch(cache.instrument) if cache.instrument else None
         for index in range(1, runs + 1):
             if should_stop():
                 stopped = "stopped on request"
@@ -225,7 +245,10 @@ async def replay_series(
                     notes.append(f"run {index}: the cache could not be flushed ({why})")
                     emit(ReplayEvent("flush", index, runs, f"cache NOT flushed: {why}"))
             emit(ReplayEvent("run-start", index, runs, f"run {index}/{runs}: {len(planned)} calls"))
+            watching = watch is not None and await watch.mark(client)
             run = await replay_once(client, url, planned, temperature=temperature, should_stop=should_stop)
+            if watching:
+                run = replace(run, eviction_times=await watch.eviction_times(client))
             done.append(run)
             emit(ReplayEvent(
                 "run-done", index, runs,
@@ -239,4 +262,4 @@ async def replay_series(
     finally:
         if owned:
             await client.aclose()
-    return ReplaySeries(url, tuple(done), runs, flush, tuple(notes), stopped)
+    return ReplaySeries(url, tuple(done), runs, flush, tuple(notes), stopped, cache)

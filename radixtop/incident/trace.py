@@ -28,6 +28,9 @@ or ``text`` (the exact prompt text). A request that has one of them is replayed 
 alike, instead of synthesized tokens; ``prompt_len`` and ``prefix_len`` are then descriptive only
 (for a text prompt, token counts come from the server's answer and the shared prefix is an
 estimate, see ``radixtop.incident.record``).
+
+Optional request key ``extra_key``: the request's cache namespace, sent as SGLang's ``extra_key``
+(requests with different keys never share cached pages, as with different LoRA adapters).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class TraceRequest:
     n: int = 1
     input_ids: tuple[int, ...] | None = None  # the recorded prompt (only with --keep-prompts)
     text: str | None = None  # the recorded prompt text (only with --keep-prompts)
+    extra_key: str | None = None  # the cache namespace (SGLang's extra_key; a LoRA adapter's name)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class PlannedRequest:
     input_ids: list[int] = field(repr=False)
     max_tokens: int
     text: str | None = field(default=None, repr=False)  # send this text instead of input_ids
+    extra_key: str | None = None
 
 
 _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
@@ -121,8 +126,9 @@ _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "n": (int,),
     "input_ids": (list,),
     "text": (str,),
+    "extra_key": (str,),
 }
-_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text"})
+_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key"})
 _TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged"}
 
 
@@ -262,6 +268,8 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
             item["input_ids"] = list(r.input_ids)
         if r.text is not None:
             item["text"] = r.text
+        if r.extra_key is not None:
+            item["extra_key"] = r.extra_key
         out["requests"].append(item)
     return out
 
@@ -337,7 +345,10 @@ def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, cop
         raise TraceError(f"request {request.id!r} is not part of trace {trace.name!r}")
     if not 0 <= copy < request.n:
         raise TraceError(f"copy must be within 0..{request.n - 1} for request {request.id!r}, got {copy}")
-    index = _band_indices(trace)
+    return _synthesize(request, trace, seed, copy, _band_indices(trace))
+
+
+def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, index: dict[tuple[str, ...], int]) -> list[int]:
     band_offset = _seed_int("band", trace.name, seed) % _FIRST_BAND_SIZE
 
     def band_token(key: tuple[str, ...]) -> int:
@@ -358,24 +369,27 @@ def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, cop
     return tokens
 
 
-def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int) -> list[int]:
+def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int,
+                             index: dict[tuple[str, ...], int]) -> list[int]:  # fmt: skip
     if req.input_ids is not None:
         return list(req.input_ids)
     if req.text is not None:
         return []  # sent as text
-    return synthesize_input_ids(req, trace, seed, copy)
+    return _synthesize(req, trace, seed, copy, index)
 
 
 def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
     """Every generate call of one replay, sorted by send time (copies of a request together)."""
+    index = _band_indices(trace)  # once for the whole trace: per request it made planning quadratic
     planned = [
         PlannedRequest(
             offset_s=req.offset_ms / 1000.0,
             request_id=req.id,
             copy=copy,
-            input_ids=_recorded_or_synthesized(req, trace, seed, copy),
+            input_ids=_recorded_or_synthesized(req, trace, seed, copy, index),
             max_tokens=req.max_tokens,
             text=req.text,
+            extra_key=req.extra_key,
         )
         for req in trace.requests
         for copy in range(req.n)

@@ -24,6 +24,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixtop.incident.reuse import format_reuse
+
 __all__ = ["PRESSURE_USAGE", "VERDICTS", "Verdict", "decide"]
 
 VERDICTS = ("pressure-dependent", "cache-dependent", "persists-under-control", "not-reproduced", "inconclusive")
@@ -112,6 +114,16 @@ def _signature_cell(arm: dict[str, Any]) -> str:
     ) + (f"; +{len(details) - 4} more" if len(details) > 4 else "")
 
 
+def _cache_lines(role: str, account: dict[str, Any] | None) -> list[str]:
+    """An arm's cached tokens (radixtop.incident.reuse): the totals and the calls short of their prefix or diverged."""
+    if not account or not account.get("calls"):
+        return []
+    lines = [f"Cached tokens ({role}): {account['cached_tokens']:,} of {account['prompt_tokens']:,} prompt tokens "
+             f"(hit rate {account['hit_rate']:.1%}, page size {account.get('page_size', '?')}; "
+             f"{account['expected_cached_tokens']:,} expected from the trace)"]  # fmt: skip
+    return lines + format_reuse(account.get("rows") or [], title="short of their prefix, or diverged")
+
+
 def _rate(value: Any, fmt: str) -> str:
     return "unknown" if value is None else format(value, fmt)
 
@@ -176,6 +188,8 @@ class Verdict:
             if arm.get("output_tail"):
                 lines.append(f"{role.capitalize()}'s output ended with:")
                 lines += [f"    {line}" for line in arm["output_tail"].splitlines()[-15:]]
+        for role, arm in (("failing side", self.baseline), ("control", self.control)):
+            lines += _cache_lines(role, arm.get("cached_tokens"))
         for arm in (self.baseline, self.control):
             if arm.get("argv"):
                 lines.append(f"{ROLE_NAMES.get(arm.get('role', ''), arm.get('role', '?')).capitalize()}: {shlex.join(arm['argv'])}")

@@ -185,7 +185,6 @@ class _ReqView:
     """A request as one rank's cache sees it (see radix.CacheReq): each rank has its own row."""
 
     __slots__ = ("req", "kv_indices", "cache_protected_len", "last_node", "lock")
-    extra_key = None
 
     def __init__(self, req: _Req) -> None:
         self.req = req
@@ -193,6 +192,10 @@ class _ReqView:
         self.cache_protected_len = 0
         self.last_node: TreeNode | None = None
         self.lock: TreeLock | None = None
+
+    @property
+    def extra_key(self) -> str | None:
+        return self.req.extra_key
 
     @property
     def fill_ids(self) -> list[int]:
@@ -221,8 +224,10 @@ class _Req:
         future: asyncio.Future,
         tp_size: int,
         rng: random.Random | None,
+        extra_key: str | None = None,
     ) -> None:
         self.rid = rid
+        self.extra_key = extra_key  # the cache namespace: keys with another never match
         self.origin_input_ids = input_ids
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -426,7 +431,7 @@ class _Scheduler:
         rem_total = self.available() + self.evictable() - self._reserved_tokens()
         rem_input = cfg.max_prefill_tokens
         batch: list[_Req] = []
-        batch_pages: set[tuple[int, ...]] = set()
+        batch_pages: set[tuple[str | int | None, ...]] = set()
         keep: list[_Req] = []
         blocked = False
         for req in self.waiting:
@@ -437,14 +442,14 @@ class _Scheduler:
             n = len(tokens)
             # At least one token must be computed to get logits: match at most n - 1.
             matches = [
-                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: n - 1])))
+                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: n - 1], req.extra_key)))
                 for info in self.ranks
             ]
             m = len(matches[0].device_indices)
             # In-batch prefix sharing: a request whose next page another request of this batch
             # is about to compute waits one iteration and then matches it from the tree.
             if not cfg.disable_radix_cache and m + page_size <= n - 1:
-                first_new_page = tuple(tokens[: m + page_size])
+                first_new_page = (req.extra_key, *tokens[: m + page_size])
                 if first_new_page in batch_pages:
                     keep.append(req)
                     continue
@@ -766,6 +771,7 @@ class Engine:
         self._stopped = False
         self._stop_requested = False
         self._lock_race_dp = 0
+        self._stepping: _Scheduler | None = None  # the group being stepped, named if it raises
 
     # ----- public surface -----
 
@@ -799,29 +805,14 @@ class Engine:
         self._wake = asyncio.Event()
         for sched in self._schedulers:
             sched.startup_lines()
-        stepping: _Scheduler | None = None
         try:
             while not self._stop_requested:
-                self.iteration += 1
-                race = self.faults.lock_race
-                if race is not None and race.due(self.iteration):
-                    raise _LockRaceFired(self._lock_race_dp, race.rank or 0)
-                worked = False
-                for sched in self._schedulers:
-                    stepping = sched
-                    worked = sched.step() or worked
-                stepping = None
-                self._safe_point()
-                if worked:
+                if self.iterate():
                     await asyncio.sleep(self.config.step_time_s)
-                    continue
-                for sched in self._schedulers:
-                    stepping = sched
-                    sched.on_idle()
-                stepping = None
-                await self._idle_wait()
+                else:
+                    await self._idle_wait()
         except Exception as exc:  # noqa: BLE001 - any scheduler exception kills the server, as SGLang
-            self._die(exc, stepping)
+            self._die(exc, self._stepping)
         finally:
             self._running = False
             self._stopped = True
@@ -835,6 +826,27 @@ class Engine:
                 sched.waiting.clear()
                 sched.running.clear()
 
+    def iterate(self) -> bool:
+        """One scheduler loop iteration (a batch per DP group, then the safe point; idle
+        housekeeping when no group had work). False when there was nothing to run. ``run`` calls
+        it between sleeps; an in-process driver (``radixtop.sim.offline``) calls it on its own clock."""
+        self.iteration += 1
+        race = self.faults.lock_race
+        if race is not None and race.due(self.iteration):
+            raise _LockRaceFired(self._lock_race_dp, race.rank or 0)
+        worked = False
+        for sched in self._schedulers:
+            self._stepping = sched
+            worked = sched.step() or worked
+        self._stepping = None
+        self._safe_point()
+        if not worked:
+            for sched in self._schedulers:
+                self._stepping = sched
+                sched.on_idle()
+            self._stepping = None
+        return worked
+
     def stop(self) -> None:
         self._stop_requested = True
         if self._wake is not None:
@@ -847,14 +859,35 @@ class Engine:
         max_new_tokens: int,
         temperature: float = 0.0,
         rid: str | None = None,
+        extra_key: str | None = None,
     ) -> GenerateResult:
+        future: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+        req = self.submit(input_ids, max_new_tokens=max_new_tokens, temperature=temperature, rid=rid,
+                          future=future, extra_key=extra_key)  # fmt: skip
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect): abort as SGLang does, freeing its KV.
+            req.aborted = True
+            raise
+
+    def submit(
+        self,
+        input_ids: list[int],
+        *,
+        max_new_tokens: int,
+        future: Any,
+        temperature: float = 0.0,
+        rid: str | None = None,
+        extra_key: str | None = None,
+    ) -> _Req:
+        """Queue one request; its GenerateResult is set on ``future`` (an asyncio or a
+        concurrent.futures Future: the in-process driver has no event loop)."""
         input_ids = self._validate(input_ids, max_new_tokens, temperature)
         if self.dead_reason is not None:
             raise EngineDead(self.dead_reason)
         if self._stopped or self._stop_requested:
             raise EngineDead("engine stopped")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[GenerateResult] = loop.create_future()
         self._req_counter += 1
         rid = rid or f"sim-{self._req_counter}"
         rng = None
@@ -863,19 +896,14 @@ class Engine:
                 rng = random.Random(hash(tuple(input_ids)) ^ max_new_tokens)
             else:
                 rng = random.Random(self._req_counter * 0x9E3779B1)
-        req = _Req(rid, input_ids, max_new_tokens, temperature, future, self.config.tp_size, rng)
+        req = _Req(rid, input_ids, max_new_tokens, temperature, future, self.config.tp_size, rng, extra_key)
         sched = self._schedulers[self._next_dp]
         self._next_dp = (self._next_dp + 1) % len(self._schedulers)
         sched._reset_views(req)
         sched.waiting.append(req)
         if self._wake is not None:
             self._wake.set()
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The caller went away (client disconnect): abort as SGLang does, freeing its KV.
-            req.aborted = True
-            raise
+        return req
 
     def flush_cache(self) -> bool:
         busy = [s for s in self._schedulers if not s.fully_idle()]

@@ -17,7 +17,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -94,6 +94,7 @@ class Prompt:
     input_ids: list[int]
     rid: str | None
     sampling: Sampling
+    extra_key: str | None = None  # SGLang's cache namespace (a request's cache salt)
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -286,7 +287,7 @@ async def _run_all(state: SimState, prompts: Sequence[Prompt]) -> list[tuple[str
     engine = state.engine
     if prompts[0].sampling.n > 1:
         await asyncio.gather(
-            *(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0) for p in prompts)
+            *(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0, extra_key=p.extra_key) for p in prompts)
         )
     jobs: list[tuple[str, Awaitable[Any]]] = []
     for prompt in prompts:
@@ -298,6 +299,7 @@ async def _run_all(state: SimState, prompts: Sequence[Prompt]) -> list[tuple[str
                 max_new_tokens=sampling.max_new_tokens,
                 temperature=sampling.temperature,
                 rid=rid,
+                extra_key=prompt.extra_key,
             )
             jobs.append((rid, job))
     started = time.perf_counter()
@@ -487,6 +489,10 @@ def build_app(state: SimState) -> Starlette:
                 where="sampling_params",
             )
             _check_lengths(prompts, state.context_len)
+            extra_key = body.get("extra_key")
+            if extra_key is not None and not isinstance(extra_key, str):
+                raise BadRequest("extra_key must be a string.", "extra_key")
+            prompts = [replace(p, extra_key=extra_key) for p in prompts]
             runs = await _run_all(state, prompts)
             _count_tokens(state, runs, stream)
             items = [_generate_item(state, *run) for run in runs]

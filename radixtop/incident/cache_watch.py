@@ -1,0 +1,109 @@
+"""What a replay learns about the server's prefix cache: its page size, whether it is on, and when it
+evicted (from radixtop's instrument, when the server has one).
+
+``/server_info`` gives ``page_size`` and ``disable_radix_cache`` (SGLang's server args; the simulator
+says the same) and, on the simulator, the debug endpoints (``radixtop_instrument``; only loopback
+ones are used, the rule for addresses read from the network). The endpoint's event feed names
+every evict call with its wall-clock time, so a call that got fewer cached tokens than expected can
+be told "evicted before reuse" from "not cached yet". Every read here fails soft: unknown is None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from radixtop.probes.http import Fetched, fetch
+from radixtop.probes.radix import instrument_urls
+from radixtop.schema import EVENTS_PATH, LIMIT_PARAM, SINCE_PARAM, parse_events
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["CacheSetting", "EvictionWatch", "read_cache_setting"]
+
+READ_DEADLINE_S = 2.0  # one whole read; a replay waits for it before its first run
+EVENT_PAGE = 1_000
+MAX_BYTES = 8 << 20  # /server_info, or one page of 1,000 events
+MAX_EVENT_PAGES = 50  # 50,000 events after one run; more were dropped by the server's ring anyway
+
+
+async def _fetch(client: httpx.AsyncClient, url: str, params: dict[str, str | int] | None = None) -> Fetched | None:
+    """GET within one whole-call deadline (httpx's timeout is per read: a dripping server never trips it)."""
+    try:
+        return await asyncio.wait_for(fetch(client, url, timeout_s=READ_DEADLINE_S, params=params, max_bytes=MAX_BYTES), READ_DEADLINE_S)
+    except TimeoutError:
+        return None
+
+
+@dataclass(frozen=True)
+class CacheSetting:
+    page_size: int | None  # None: the server did not say
+    disabled: bool
+    instrument: str | None  # rank 0's debug endpoint
+
+
+async def read_cache_setting(client: httpx.AsyncClient, url: str, instrument: str | None = None) -> CacheSetting:
+    """The server's cache setting from /server_info; ``instrument`` (the user's) wins over its list."""
+    import json
+
+    got = await _fetch(client, f"{url}/server_info")
+    info: dict = {}
+    if got is not None and got.ok:
+        try:
+            decoded = json.loads(got.body)
+            info = decoded if isinstance(decoded, dict) else {}
+        except ValueError:
+            info = {}
+    page = info.get("page_size")
+    page_size = page if isinstance(page, int) and not isinstance(page, bool) and page >= 1 else None
+    if instrument is None:
+        listed = info.get("radixtop_instrument")
+        urls = instrument_urls(listed if isinstance(listed, list) else [])
+        instrument = urls[0] if urls else None
+    return CacheSetting(page_size, info.get("disable_radix_cache") is True, instrument)
+
+
+class EvictionWatch:
+    """The evict events of one debug endpoint after a starting point (``mark``)."""
+
+    def __init__(self, instrument: str) -> None:
+        self.url = instrument.rstrip("/") + EVENTS_PATH
+        self._since: int | None = None
+        self._instance: str | None = None
+
+    async def _page(self, client: httpx.AsyncClient, since: int, limit: int):
+        got = await _fetch(client, self.url, {SINCE_PARAM: since, LIMIT_PARAM: limit})
+        if got is None or not got.ok:
+            return None
+        try:
+            return parse_events(got.body)
+        except ValueError:
+            return None
+
+    async def mark(self, client: httpx.AsyncClient) -> bool:
+        """Start from the newest event now; False when the endpoint does not answer."""
+        page = await self._page(client, 0, 1)
+        if page is None:
+            self._since = None
+            return False
+        self._since, self._instance = page.latest_seq, page.instance
+        return True
+
+    async def eviction_times(self, client: httpx.AsyncClient) -> tuple[float, ...] | None:
+        """Wall-clock times of the evictions since ``mark``, sorted; None when they cannot be known
+        (no answer, the server restarted, or its ring dropped some)."""
+        if self._since is None:
+            return None
+        times: list[float] = []
+        since = self._since
+        for _ in range(MAX_EVENT_PAGES):
+            page = await self._page(client, since, EVENT_PAGE)
+            if page is None or page.instance != self._instance or page.dropped:
+                return None
+            times.extend(e.time for e in page.events if e.kind == "evict")
+            since = page.next_since
+            if not page.more:
+                return tuple(sorted(times))
+        return None

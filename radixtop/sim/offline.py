@@ -1,0 +1,118 @@
+"""The simulator's engine driven in-process on a virtual clock: no server, no sleeping.
+
+`radixtop sim` runs :meth:`Engine.iterate` and sleeps ``step_time_s`` of emulated GPU time after
+each iteration that had work. Here the same iterations run back to back and the clock moves by
+``step_time_s`` per working iteration; calls join the queue when the clock reaches their offsets,
+and an idle engine jumps to the next arrival. Admission, batching, eviction and retraction are the
+served simulator's own, so a trace gets the cached tokens a replay against ``radixtop sim`` with the
+same flags gets, without HTTP's timing noise and as fast as the CPU allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from radixtop.sim.engine import Engine, GenerateResult, SimConfig
+
+__all__ = ["OfflineCall", "OfflineResult", "OfflineRun", "run_offline"]
+
+# A bound on iterations per call: far above any trace's need (a call needs at most its tokens
+# plus a few retractions' worth), so only a stuck engine reaches it.
+_ITERATIONS_PER_CALL = 20_000
+
+
+@dataclass(frozen=True)
+class OfflineCall:
+    key: Hashable  # the caller's name for the call (e.g. (request id, copy))
+    offset_s: float
+    input_ids: list[int]
+    max_new_tokens: int
+    extra_key: str | None = None
+
+
+@dataclass(frozen=True)
+class OfflineResult:
+    key: Hashable
+    arrived_s: float
+    finished_s: float | None  # None when the call failed
+    prompt_tokens: int
+    cached_tokens: int | None  # None when the call failed
+    error: str | None
+
+
+@dataclass(frozen=True)
+class OfflineRun:
+    results: tuple[OfflineResult, ...]  # in the order the calls were given
+    eviction_times_s: tuple[float, ...]  # the clock at each iteration that evicted tokens
+    evicted_tokens: int
+    peak_token_usage: float
+    retractions: int
+    iterations: int
+    duration_s: float  # on the virtual clock
+
+
+def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
+    """Run every call through a fresh engine built from ``config``; raises ValueError for a bad config."""
+    clock = [0.0]
+    engine = Engine(config, emit=lambda line: None, wall_clock=lambda: clock[0])
+    order = sorted(range(len(calls)), key=lambda i: calls[i].offset_s)  # stable: given order within one instant
+    futures: dict[int, Future[GenerateResult]] = {}
+    arrived: dict[int, float] = {}
+    finished: dict[int, float] = {}
+    errors: dict[int, str] = {}
+    evictions: list[float] = []
+    peak = 0.0
+    last_evicted = 0
+    next_call = 0
+    iterations = 0
+    limit = _ITERATIONS_PER_CALL * max(1, len(calls))
+    while next_call < len(order) or len(finished) + len(errors) < len(calls):
+        while next_call < len(order) and calls[order[next_call]].offset_s <= clock[0]:
+            index = order[next_call]
+            next_call += 1
+            arrived[index] = clock[0]
+            future: Future[GenerateResult] = Future()
+            future.add_done_callback(lambda _f, i=index: finished.setdefault(i, clock[0]))
+            try:
+                call = calls[index]
+                engine.submit(call.input_ids, max_new_tokens=call.max_new_tokens, future=future, extra_key=call.extra_key)
+            except ValueError as exc:  # what the served simulator answers 400 to
+                errors[index] = str(exc)
+                continue
+            futures[index] = future
+        iterations += 1
+        if iterations > limit:
+            raise RuntimeError(f"the engine made no progress in {limit} iterations")
+        worked = engine.iterate()
+        stats = engine.stats()
+        peak = max(peak, stats.token_usage)
+        if stats.evicted_tokens_total != last_evicted:
+            last_evicted = stats.evicted_tokens_total
+            evictions.append(clock[0])
+        if worked:
+            clock[0] += config.step_time_s
+        elif next_call < len(order):
+            clock[0] = max(clock[0], calls[order[next_call]].offset_s)
+        elif len(finished) + len(errors) < len(calls):
+            raise RuntimeError("the engine is idle with calls unanswered")
+    results = []
+    for i, call in enumerate(calls):
+        future = futures.get(i)
+        result = future.result() if future is not None else None
+        if result is None or result.finish_reason == "abort":
+            why = errors.get(i) or "aborted (retracted with no room left)"
+            results.append(OfflineResult(call.key, arrived[i], None, len(call.input_ids), None, why))
+        else:
+            results.append(OfflineResult(call.key, arrived[i], finished[i], result.prompt_tokens, result.cached_tokens, None))
+    stats = engine.stats()
+    return OfflineRun(
+        results=tuple(results),
+        eviction_times_s=tuple(evictions),
+        evicted_tokens=stats.evicted_tokens_total,
+        peak_token_usage=peak,
+        retractions=stats.num_retracted_reqs,
+        iterations=iterations,
+        duration_s=clock[0],
+    )

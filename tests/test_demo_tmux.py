@@ -28,6 +28,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+
+def note_cmdline(seen: dict[int, str], proc: psutil.Process) -> None:
+    """The child's command line as it is now: one just forked, or inside its exec, reads empty or
+    as its parent's for a moment, so a later read replaces it."""
+    command = " ".join(proc.cmdline())
+    if command:
+        seen[proc.pid] = command
+
 def test_demo_shows_the_incident_and_q_leaves_nothing_running(tmp_path) -> None:
     tmux = Tmux(120, 40)
     try:
@@ -39,7 +47,7 @@ def test_demo_shows_the_incident_and_q_leaves_nothing_running(tmp_path) -> None:
         while time.monotonic() < deadline and len(seen) < 3:
             for proc in psutil.Process(pane_pid).children(recursive=True):
                 try:
-                    seen.setdefault(proc.pid, " ".join(proc.cmdline()))
+                    note_cmdline(seen, proc)
                 except psutil.Error:
                     pass
             time.sleep(0.1)
@@ -88,7 +96,7 @@ def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leav
         def verdict_shown(screen: str) -> bool:
             for proc in psutil.Process(pane_pid).children(recursive=True):  # what the run starts
                 try:
-                    started.setdefault(proc.pid, " ".join(proc.cmdline()))
+                    note_cmdline(started, proc)
                 except psutil.Error:
                     pass
             return "VERDICT: pressure-dependent" in screen and "peak token usage" in screen

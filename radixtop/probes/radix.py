@@ -68,6 +68,9 @@ class RadixSample:
     unchanged: bool = False  # the snapshot answer was byte-identical to the previous one
     seconds: float = 0.0  # fetch + parse
     size: int = 0  # bytes of the snapshot answer
+    source: str = ""  # what the tree comes from when not the debug endpoint (kv-events), named in the pane
+    source_note: str = ""  # that source's one line of what it holds and missed
+    locks_known: bool = True  # False: lock counts are unknown (shown as such, never as zero)
 
 
 class RadixProbe(PolledProbe):

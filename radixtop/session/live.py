@@ -31,6 +31,8 @@ from typing import Any
 
 from radixtop.probes.discovery import Discovery, FoundServer, discover
 from radixtop.probes.gpu import GpuProbe, GpuSample
+from radixtop.probes.kv_events import KvEventsProbe
+from radixtop.probes.kv_events_config import KvEventsSource, from_argv, from_server_info
 from radixtop.probes.logsource import LogSource, open_source
 from radixtop.probes.procs import ProcProbe, ProcsSample
 from radixtop.probes.radix import RadixProbe, RadixSample
@@ -59,6 +61,7 @@ class Targets:
     picked: bool = False  # the user picked this server among several: rediscovery keeps to it
     lines: list[str] = field(default_factory=list)  # what discovery found / could not, for the log pane
     log_source: LogSource | None = None  # the spool behind `logs` when the log is no file
+    kv_events: list[KvEventsSource] = field(default_factory=list)  # publishers, read when no debug endpoint
 
 
 _PREFERENCE = {"sglang": 0, "vllm": 1, "sim": 2}
@@ -131,6 +134,8 @@ async def resolve_targets(
                 chosen = replace(chosen, problems=(*chosen.problems, why))
         if not targets.instruments:
             targets.instruments = list(chosen.instrument_urls)
+        if not targets.instruments:  # no radixtop plugin: SGLang's own kv-events, if it publishes them
+            targets.kv_events, _ = from_argv(chosen.cmdline, targets.url)
     if targets.url is None and not found.servers:
         targets.lines = found.describe()
     elif chosen is None:
@@ -174,7 +179,7 @@ class LiveState:
     def apply(self, sample: Any) -> None:
         if isinstance(sample, RadixSample):
             self.board.add(sample)
-            if sample.snapshot is not None and not sample.unchanged and (sample.rank or 0) == min(self._ranks(), default=0):
+            if sample.snapshot is not None and not sample.unchanged and not sample.source and (sample.rank or 0) == min(self._ranks(), default=0):
                 self.vitals.feed_radix(sample.snapshot, sample.time)
         elif isinstance(sample, ServerSample):
             self._server(sample)
@@ -258,6 +263,7 @@ class LiveSources:
         self.on_attach = on_attach  # told when rediscovery attaches to a (new) server process
         self.server = ServerProbe(targets.url) if targets.url else None
         self.radix: dict[str, RadixProbe] = {u: RadixProbe(u) for u in targets.instruments}
+        self.kv: dict[str, KvEventsProbe] = {} if self.radix else {s.url: KvEventsProbe(s) for s in targets.kv_events}
         self.procs = ProcProbe(targets.pid) if targets.pid else None
         self.gpu = GpuProbe() if gpu else None
         self.interval_s = interval_s  # overrides every probe's own interval (tests, benchmarks)
@@ -273,6 +279,8 @@ class LiveSources:
             self._spawn("server", self.server)
         for url, probe in self.radix.items():
             self._spawn(f"radix {url}", probe)
+        for url, kv in self.kv.items():
+            self._spawn(url, kv)
         if self.procs is not None:
             self._spawn("procs", self.procs)
         if self.gpu is not None:
@@ -303,6 +311,8 @@ class LiveSources:
     async def _follow_server(self, sample: ServerSample) -> None:
         """After a (re)start the server may name other debug endpoints: follow them."""
         info = sample.info
+        if info is not None and not self.radix and not self.targets.pinned_instruments and not info.instrument_urls:
+            await self._follow_kv_events(info)
         if info is None or self.targets.pinned_instruments or not info.instrument_urls:
             return
         wanted = set(info.instrument_urls)
@@ -319,6 +329,14 @@ class LiveSources:
                 self.radix[url] = RadixProbe(url)
                 self._spawn(f"radix {url}", self.radix[url])
         self.targets.instruments = list(info.instrument_urls)
+
+    async def _follow_kv_events(self, info: Any) -> None:
+        """No debug endpoint: mirror the publishers /server_info names (SGLang's kv-events)."""
+        sources, _ = from_server_info(info.raw or {}, self.targets.url)
+        for source in sources:
+            if source.url not in self.kv:
+                self.kv[source.url] = KvEventsProbe(source)
+                self._spawn(source.url, self.kv[source.url])
 
     def _something_down(self) -> bool:
         st = self.state
@@ -367,7 +385,7 @@ class LiveSources:
             await asyncio.to_thread(self.targets.log_source.stop)
         for name in list(self._tasks):
             await self._stop(name)
-        for probe in (self.server, self.procs, self.gpu, *self.radix.values()):
+        for probe in (self.server, self.procs, self.gpu, *self.radix.values(), *self.kv.values()):
             if probe is not None:
                 with contextlib.suppress(Exception):
                     await probe.aclose()

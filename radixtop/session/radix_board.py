@@ -55,6 +55,9 @@ class RankView:
     digest_steady: bool = False  # ... and whether the tree is at rest (Census.at_rest, else the same digest twice)
     version: int = 0  # moves when what this rank's view shows changed (the pane redraws one rank)
     flight_dir: str = ""  # where the rank's flight recorder writes, as its /health said
+    source: str = ""  # the tree's source when not the debug endpoint (kv-events), named in the pane
+    source_note: str = ""  # that source's line of what it holds and missed
+    locks_known: bool = True
     # What an evidence bundle keeps of what radixtop saw (a dead rank's endpoint cannot be asked):
     # the snapshots before the last one (small ones only: a big tree is the last one alone) and
     # every event received, bounded.
@@ -63,7 +66,9 @@ class RankView:
 
     @property
     def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else self.url
+        if self.rank is None:
+            return self.url
+        return f"dp {self.rank}" if self.source else f"rank {self.rank}"  # kv-events publish per DP rank
 
 
 class RadixBoard:
@@ -83,6 +88,8 @@ class RadixBoard:
         if view is None:
             view = self.ranks[sample.url] = RankView(sample.url, sample.status)
         view.status = sample.status
+        changed = changed or view.source_note != sample.source_note
+        view.source, view.source_note, view.locks_known = sample.source, sample.source_note, sample.locks_known
         if sample.rank is not None:
             view.rank = sample.rank
         if sample.health is not None and sample.health.flight_dir:

@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--enable-deterministic-inference", action="store_true")
     g.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int, default=1)
     g.add_argument("--dp-size", "--data-parallel-size", "--dp", dest="dp_size", type=int, default=1)
+    g.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='publish KV cache events, e.g. {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}',
+    )
     g.add_argument("--decode-log-interval", type=int, default=40)
     g.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     g.add_argument("--mem-fraction-static", type=float, default=None, help="accepted and echoed")
@@ -112,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="BASE",
         help="debug endpoint of rank r on 127.0.0.1:BASE+r (default: free ports, listed in /server_info)",
+    )
+    r.add_argument(
+        "--no-instrument", action="store_true", help="serve no debug endpoint (SGLang without radixtop's plugin)"
     )
     r.add_argument("--ready-file", default=None, metavar="PATH", help="write the bound port here once ready")
     return p
@@ -171,6 +180,13 @@ def parse_options(argv: Sequence[str]) -> SimOptions:
     for bad, message in checks:
         if bad:
             raise UsageError(message)
+    if args.kv_events_config:
+        from radixtop.sim.kv_events import parse_config
+
+        try:
+            parse_config(args.kv_events_config)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     faults = []
     for text in args.fault:
         try:
@@ -240,6 +256,7 @@ def server_args_dict(opts: SimOptions, config: Any, port: int) -> dict[str, Any]
         "weight_version": "default",
         "radixtop_faults": [{"name": f.name, "seed": f.seed, "params": dict(f.params)} for f in opts.faults],
         "radixtop_step_ms": a.step_ms,
+        "kv_events_config": a.kv_events_config,
     }
 
 
@@ -398,6 +415,7 @@ class SimServer:
         self._format_line = format_line
         self.engine = Engine(self.config, emit=sink.write)
         self.instruments: list[Any] = []
+        self.publishers: list[Any] = []
         self.server: Any = None
         self._level = getattr(logging, opts.args.log_level.upper())
 
@@ -476,7 +494,11 @@ class SimServer:
             )
             for rank, cache in self.engine.caches.items():
                 _time_evictions(cache, lambda seconds, r=rank: metrics.observe_eviction(r, seconds))
-        urls = self._start_instruments()
+        urls = [] if a.no_instrument else self._start_instruments()
+        if a.kv_events_config:
+            from radixtop.sim.kv_events import parse_config, start_publishers
+
+            self.publishers = start_publishers(self.engine.caches, self.config.tp_size, parse_config(a.kv_events_config))
         stats = self.engine.stats()
         state = SimState(
             engine=self.engine,
@@ -525,6 +547,8 @@ class SimServer:
         finally:
             for inst in self.instruments:
                 inst.close()
+            for pub in self.publishers:
+                pub.close()
 
     async def _wait_started(self, server_task: asyncio.Task, engine_task: asyncio.Task) -> None:
         deadline = time.monotonic() + 30.0

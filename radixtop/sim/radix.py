@@ -395,6 +395,7 @@ class RadixCache:
         self.clock = _StrictClock(params.clock or time.monotonic)
         self._node_ids = itertools.count()
         self.evictable_leaves: set[TreeNode] = set()
+        self.kv_events: Any = None  # radixtop.sim.kv_events.KvEventRecorder when --kv-events-config is given
         self.reset()
 
     @classmethod
@@ -434,6 +435,8 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.evictable_leaves.clear()
+        if self.kv_events is not None:
+            self.kv_events.record_all_cleared()
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         """Longest cached page-aligned prefix of ``params.key``; splits a node if the match ends inside it."""
@@ -484,6 +487,8 @@ class RadixCache:
                 allocator.free(x.value)
             num_evicted += len(x.value)
             self._delete_leaf(x)
+            if self.kv_events is not None:
+                self.kv_events.record_remove(x)
             parent = x.parent
             if len(parent.children) == 0 and parent.lock_ref == 0 and parent is not self.root_node:
                 heapq.heappush(heap, (priority_of(parent), parent.id, parent))
@@ -708,6 +713,8 @@ class RadixCache:
             self.evictable_size_ += n - offset
             self._update_leaf_status(node)
             self._update_leaf_status(new_node)
+            if self.kv_events is not None:
+                self.kv_events.record_store(new_node)
             node = new_node
         return offset, node
 

@@ -113,6 +113,7 @@ class RadixTreeView(ScrollView, can_focus=True):
         self.shown: dict[int, int] = {}  # node key -> children listed
         self.rows: list[tuple[int, int, int]] = []  # (row, depth, more): more > 0 is a "… N more" row
         self.cursor = 0
+        self.locks_known = True  # False (kv-events): the lock column says "?", never 0
         self._styles: dict[str, Style] = {}
         self._pass: tuple[int, Style] | None = None  # (width, base style) while render_lines runs
 
@@ -299,7 +300,8 @@ class RadixTreeView(ScrollView, can_focus=True):
             cut = ""
             if tree.cut_nodes:
                 cut = f", {tree.cut_nodes:,}{'' if tree.cut_exact else '~'} more not sent (budget {tree.budget:,})"
-            text = f"{tree.walked_tokens:>7,} {node.lock_ref:>5} {'':>6} {'':>6}  root · {tree.walked_nodes:,} nodes{cut}"
+            lock = node.lock_ref if self.locks_known else "?"
+            text = f"{tree.walked_tokens:>7,} {lock:>5} {'':>6} {'':>6}  root · {tree.walked_nodes:,} nodes{cut}"
             return Strip([Segment(text, self._style("locked") if node.lock_ref > 0 else None)])
         idle = None
         if node.last_access is not None:
@@ -320,7 +322,8 @@ class RadixTreeView(ScrollView, can_focus=True):
             glyph = "+"  # on the path to a locked node
         else:
             glyph = " "
-        nums = f"{node.tokens:>7,} {node.lock_ref:>5} {count(node.hit_count):>6} {age(idle):>6} {glyph}"
+        lock = node.lock_ref if self.locks_known else "?"
+        nums = f"{node.tokens:>7,} {lock:>5} {count(node.hit_count):>6} {age(idle):>6} {glyph}"
         label = f"{indent}{twisty}#{node.id if node.id is not None else '?'} [{head}{' …' if node.tokens > len(node.head) else ''}]{more_kids}"
         if node.evicted:
             label += " evicted"
@@ -400,6 +403,10 @@ class RadixPane(Vertical):
         self._log_lines(summary)
         self.query_one("#radix-summary", TextRows).update(summary)
         snap = view.snapshot if view is not None else None
+        locks_known = view.locks_known if view is not None else True
+        if self.tree_view.locks_known != locks_known:
+            self.tree_view.locks_known = locks_known
+            self.tree_view.refresh()
         self.tree_view.set_tree(snap, view.index if view is not None else None)
 
     def on_radix_tree_view_rank_requested(self, event: RadixTreeView.RankRequested) -> None:
@@ -453,6 +460,9 @@ class RadixPane(Vertical):
             out.append(view.status.message + "\n", style="red")
         if snap is None:
             out.append(note or "waiting for the first snapshot…", style="italic")
+            return out
+        if view.source:
+            self._mirrored(out, view, snap)
             return out
         head = f"{snap.cache_class} · page {snap.page_size or '?'} · snapshot #{snap.seq} {age(now - snap.time)} old"
         if snap.hooks_state != "active":
@@ -522,6 +532,15 @@ class RadixPane(Vertical):
             out.append(f"{view.events_dropped:,} events were dropped by the server before radixtop read them\n", style="yellow")
         out.rstrip()
         return out
+
+    def _mirrored(self, out: Text, view: RankView, snap: Any) -> None:
+        """A tree rebuilt from another source (kv-events): its name, what it holds and missed, and
+        what it cannot see."""
+        width = max(40, (self.size.width or 80) - 2)
+        out.append(f"source {view.source} · page {snap.page_size or '?'}\n", style="bold")
+        out.append(_fit(view.source_note, width) + "\n", style="dim")
+        out.append("lock counts unknown (shown ?) · pool, evictions and hits unknown: the radixtop instrument shows them",
+                   style="italic")  # fmt: skip
 
     def _pool(self, out: Text, snap: Any) -> None:
         cap = snap.capacity_tokens

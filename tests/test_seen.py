@@ -59,3 +59,11 @@ def test_a_screen_that_could_not_be_exported_leaves_a_note_saying_why(tmp_path: 
     assert not (tmp_path / "seen/screen.svg").exists()
     note = next(tmp_path.glob("seen/screen.svg*"))
     assert "could not be exported: NoMatches: no widget #log" in note.read_text()
+
+
+def test_a_rank_mirrored_from_kv_events_says_its_locks_are_unknown(tmp_path: Path):
+    seen = SeenState(ranks=(RankSeen("rank0", URL, "ok", ((1_000.0, make_snapshot(seq=1)),), (),
+                                     "kv-events: blocks, no locks", False),))  # fmt: skip
+    seen.write(BundleWriter(tmp_path, Redactor()))
+    doc = json.loads((tmp_path / "seen/radix/rank0-snapshots.json").read_text())
+    assert doc["source"] == "kv-events: blocks, no locks" and doc["locks_known"] is False

@@ -30,6 +30,8 @@ class RankSeen:
     status: str  # the endpoint's state when the bundle was taken ("down since ...")
     snapshots: tuple[tuple[float, Any], ...]  # (time fetched, schema.Snapshot), oldest first
     events: tuple[Any, ...]  # schema.Event, oldest first
+    source: str = ""  # where the tree came from when not radixtop's endpoint ("kv-events: ...")
+    locks_known: bool = True  # False: the rows' lock_ref 0 means unknown (kv-events carry no locks)
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class SeenState:
             base = f"seen/radix/{rank.label}"
             if rank.snapshots:
                 sink.json(f"{base}-snapshots.json", {
-                    "url": rank.url, "status": rank.status,
+                    "url": rank.url, "status": rank.status, "source": rank.source or "radixtop debug endpoint",
+                    "locks_known": rank.locks_known,
                     "snapshots": [{"fetched": t, "snapshot": json.loads(s.to_json())} for t, s in rank.snapshots],
                 })  # fmt: skip
                 written.append(f"{base}-snapshots.json")

@@ -344,7 +344,8 @@ class IncidentActions:
                 shots = [*view.earlier, *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else [])]
                 label = f"rank{view.rank}" if view.rank is not None else f"endpoint{len(ranks)}"
                 status = view.status.state + (f" ({view.status.message})" if view.status.message else "")
-                ranks.append(RankSeen(label, view.url, status, tuple(shots), tuple(view.events)))
+                ranks.append(RankSeen(label, view.url, status, tuple(shots), tuple(view.events),
+                                      view.source, view.locks_known))  # fmt: skip
                 if view.flight_dir and view.flight_dir not in flight_dirs:
                     flight_dirs.append(view.flight_dir)
             for key, series in live.vitals.series.items():

@@ -75,6 +75,7 @@ EVENT_KINDS = (
     "hooks_disabled",  # too many instrument errors: hooks removed themselves
 )
 HOOK_STATES = ("active", "off", "disabled")
+LOCK_DETAILS = ("counts", "locked-only", "none")
 HEALTH_STATES = ("ok", "starting", "degraded")
 
 # Prometheus names (counters end in _total); every sample carries the label rank.
@@ -483,12 +484,17 @@ class Snapshot:
     events_seq: int  # the latest event seq when taken
     census: Census | None
     tree: TreeView | None
+    # What the rows' lock_ref means: "counts" (the node's lock_ref), "locked-only" (1: locked by
+    # some count; the Rust TreeCore's walk), "none" (unknown: kv-events). Added without a bump.
+    lock_detail: str = "counts"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for f in fields(self):
-            v = getattr(self, f.name)
-            d[f.name] = v.to_dict() if hasattr(v, "to_dict") else v
+            if f.name != "tree":
+                v = getattr(self, f.name)
+                d[f.name] = v.to_dict() if hasattr(v, "to_dict") else v
+        d["tree"] = self.tree.to_dict() if self.tree is not None else None  # last: see encode_snapshot
         return d
 
     def to_json(self) -> bytes:
@@ -534,6 +540,7 @@ class Snapshot:
             events_seq=_int(_get(o, "events_seq", w), f"{w}.events_seq", 0),
             census=None if census is None else Census.from_dict(census, f"{w}.census"),
             tree=None if tree is None else TreeView.from_dict(tree, f"{w}.tree"),
+            lock_detail=_choice(o.get("lock_detail", "counts"), f"{w}.lock_detail", LOCK_DETAILS),
         )
 
 

@@ -370,9 +370,11 @@ def test_a_double_unlock_inside_unified_cache_leaves_a_flight_record_of_the_cach
         assert snap.census.complete and (snap.census.node_count, snap.census.lock_ref_histogram) == (tree.nodes, tree.histogram)
     else:
         # The Rust core panicked: it cannot be read any more, and the record says so; the sizes
-        # are those of the last safe point (`before`), and its tree stays out of Python's reach.
+        # and the tree (rebuilt from its walk) are those of the last safe point (`before`).
         assert (snap.evictable_tokens, snap.protected_tokens) == (None, None)
-        assert not snap.walkable and snap.census is None and not record.before.walkable
+        assert not snap.walkable and snap.census is None
+        assert record.before.walkable and record.before.lock_detail == "locked-only"
+        assert sum(r.tokens for r in record.before.tree.nodes[1:] if r.lock_ref) == figures[1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -404,15 +406,15 @@ def test_unified_cache_on_the_python_core_is_walked_and_counted(closing):
 
 
 @needs_sglang
-def test_unified_cache_on_the_rust_core_serves_sizes_and_counters_and_says_how_to_see_the_tree(closing, caplog):
+def test_unified_cache_on_the_rust_core_is_rebuilt_from_its_walk_with_sizes_and_counters(closing, caplog):
     cache = real_cache.unified_cache(size=600, backend="rust")
     assert type(cache.tree_core).__name__ == "RustUnifiedTreeCore"
     info = describe_cache(cache)
-    assert info.kind == "unified-rust" and not info.walkable
+    assert info.kind == "unified-rust" and info.walkable
     with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
         inst = attach(cache, rank=0, config=CONFIG)
     closing.append(inst)
-    assert any("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in r.getMessage() for r in caplog.records)
+    assert any("KV-canary walk" in r.getMessage() for r in caplog.records)
     driver = real_cache.Driver(cache).run(40)
     get(inst.endpoint.url + SNAPSHOT_PATH)
     deadline = time.monotonic() + 15
@@ -421,16 +423,18 @@ def test_unified_cache_on_the_rust_core_serves_sizes_and_counters_and_says_how_t
         time.sleep(0.01)
     _, body = get(inst.endpoint.url + SNAPSHOT_PATH)
     snap = parse_snapshot(body)
-    assert not snap.walkable and snap.tree is None and snap.census is None
-    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in snap.reason and "RustUnifiedTreeCore" in snap.reason
+    assert snap.walkable and snap.lock_detail == "locked-only" and "KV-canary walk" in snap.reason
     assert (snap.evictable_tokens, snap.protected_tokens) == (cache.evictable_size(), cache.protected_size())
+    locked = sum(row.tokens for row in snap.tree.nodes[1:] if row.lock_ref)
+    assert snap.tree.cut_nodes == 0 and locked == cache.protected_size()  # the rebuilt tree's locks are the core's
+    assert snap.census.total_tokens == cache.evictable_size() + cache.protected_size()
     assert snap.available_tokens == cache.token_to_kv_pool_allocator.available_size()
     c = snap.counters
     assert (c.lock_ops, c.unlock_ops, c.evictions, c.evicted_tokens) == (
         driver.tally.locks, driver.tally.unlocks, driver.tally.evictions, driver.tally.evicted_tokens,
     )
     # A double unlock panics the Rust core, which then refuses every call: counted, and the
-    # endpoint keeps serving what it can still read (nothing but the pool).
+    # endpoint keeps serving what it can still read (the pool), saying why the tree is gone.
     node, receipt = driver.running.pop(0)
     driver.unlock(node, receipt)
     with pytest.raises(RuntimeError, match="panicked"):
@@ -443,7 +447,49 @@ def test_unified_cache_on_the_rust_core_serves_sizes_and_counters_and_says_how_t
         time.sleep(0.01)
     snap = parse_snapshot(get(inst.endpoint.url + SNAPSHOT_PATH)[1])
     assert snap.counters.unlock_failures == 1 and snap.evictable_tokens is None and snap.available_tokens is not None
+    assert not snap.walkable and "walk failed" in snap.reason
     assert parse_health(get(inst.endpoint.url + HEALTH_PATH)[1]).status == "ok"
+
+
+def canonical(rows) -> list[tuple[int, int, bool]]:
+    """A tree as (depth in tokens, tokens, locked) of maximal unbranched runs of one lock state:
+    what the Rust core's walk can show of any tree."""
+    by_id = {i: r for i, r in enumerate(rows)}
+    kids: dict[int, list[int]] = {}
+    for i, r in enumerate(rows[1:], 1):
+        kids.setdefault(r.parent, []).append(i)
+    out = []
+    stack = [(i, 0) for i in kids.get(0, [])]
+    while stack:
+        i, depth = stack.pop()
+        tokens, locked = by_id[i].tokens, by_id[i].lock_ref > 0
+        while len(kids.get(i, [])) == 1 and (by_id[kids[i][0]].lock_ref > 0) == locked:
+            i = kids[i][0]
+            tokens += by_id[i].tokens
+        out.append((depth, tokens, locked))
+        stack.extend((k, depth + tokens) for k in kids.get(i, []))
+    return sorted(out)
+
+
+@needs_sglang
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_rust_cores_rebuilt_tree_is_the_python_cores_after_the_same_operations(seed):
+    """The same requests (splits, locks, evictions) on both tree cores: the tree rebuilt from the
+    Rust core's walk has the Python core's structure, and its sizes are the core's own."""
+    from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter
+
+    trees = {}
+    for backend in ("python", "rust"):
+        cache = real_cache.unified_cache(size=500, backend=backend)
+        driver = real_cache.Driver(cache, seed=seed).run(60)
+        assert driver.tally.evictions > 0 and driver.running  # evicted, and some requests hold locks
+        snap = TreeSnapshotter(SnapshotConfig(max_nodes=10_000)).take(cache, force_census=True)
+        assert snap.walkable and snap.tree.cut_nodes == 0
+        assert (snap.evictable_tokens, snap.protected_tokens) == (cache.evictable_size(), cache.protected_size())
+        locked = sum(row.tokens for row in snap.tree.nodes[1:] if row.lock_ref > 0)
+        assert locked == cache.protected_size()
+        trees[backend] = canonical(snap.tree.nodes)
+    assert trees["rust"] == trees["python"]
 
 
 # ----------------------------------------------------------------------------------------------

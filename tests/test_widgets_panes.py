@@ -190,6 +190,23 @@ async def test_locked_nodes_and_their_paths_read_without_colour(monkeypatch) -> 
     assert "* locked" in COLUMNS and "+ path to a lock" in COLUMNS
 
 
+async def test_a_tree_rebuilt_from_the_rust_cores_walk_shows_locked_without_a_count() -> None:
+    """The Rust TreeCore's walk tells locked from unlocked, not how many locks: the lock column
+    says 1+, never a count it did not read."""
+    from pane_helpers import node
+
+    nodes = (node(-1, 0, 0, 0, children=2, subtree=32), node(0, 16, 1, 10), node(0, 16, 0, 11))
+    board = RadixBoard()
+    board.add(sample("u", make_snapshot(nodes=nodes, lock_detail="locked-only")))
+    app = PaneApp("radix")
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.query_one(RadixPane).show(board, now=T0)
+        await pilot.pause()
+        tree = app.query_one(RadixTreeView)
+        lines = {int(t.split("#", 1)[1].split()[0]): t for t in ("".join(s.text for s in tree.render_line(y)) for y in range(1, 3))}
+    assert lines[10].split()[1] == "1+" and lines[11].split()[1] == "0", lines
+
+
 async def test_radix_pane_freezes_on_a_down_rank() -> None:
     app = PaneApp("radix")
     board = board_two_ranks()

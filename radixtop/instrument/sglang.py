@@ -43,7 +43,7 @@ from radixtop.instrument.config import (  # noqa: F401 - ENV_* are this module's
 )
 from radixtop.instrument.endpoint import Instrumentation, is_loopback
 from radixtop.instrument.hooks import HOOKED_METHODS, OPTIONAL_METHODS
-from radixtop.instrument.snapshot import SnapshotConfig, find_root
+from radixtop.instrument.snapshot import SnapshotConfig, find_root, rust_core
 
 log = logging.getLogger("radixtop.instrument")
 
@@ -90,6 +90,11 @@ def describe_cache(cache: Any) -> CacheInfo:
     if "disabled" in reason:
         return CacheInfo(cls, "disabled", False, methods, reason)
     if "Rust" in reason:
+        if rust_core(cache) is not None:
+            return CacheInfo(
+                cls, "unified-rust", True, methods,
+                f"tree rebuilt from {core}'s KV-canary walk (locked or not, no lock counts, hits or token ids), {counters}",
+            )
         return CacheInfo(
             cls, "unified-rust", False, methods,
             f"sizes and {counters} only: the tree lives in {core}; restart with {_RUST_HINT} to see it",

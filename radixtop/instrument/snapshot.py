@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixtop.instrument import slot_chains
 from radixtop.schema import (
     MAX_HEAD_TOKENS,
     MAX_TREE_NODES,
@@ -49,6 +50,10 @@ from radixtop.schema import (
 _MASK64 = (1 << 64) - 1
 _K1, _K2, _K3 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9  # odd 64-bit mixers
 _RUST_CORE_HINT = "restart the server with SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to see the tree"
+_RUST_WALK_NOTE = (
+    "Rust TreeCore: the tree rebuilt from its KV-canary walk (a node = an unbranched run of slots of "
+    "one lock state); lock counts (locked or not only), hits, last access and token ids are unknown"
+)
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,12 @@ def _attr(obj: Any, name: str) -> Any:
         return getattr(obj, name, None)
     except Exception:
         return None
+
+
+def rust_core(cache: Any) -> Any:
+    """The cache's Rust TreeCore when its KV-canary walk can rebuild the tree (slot_chains.py)."""
+    core = _attr(cache, "tree_core")
+    return core if core is not None and "Rust" in type(core).__name__ and slot_chains.walkable(core) else None
 
 
 def find_root(cache: Any) -> tuple[Any, str]:
@@ -555,8 +566,12 @@ class Capture:
     cut_nodes: int | None
     cut_tokens: int | None
     cut_exact: bool
+    slot_walk: slot_chains.SlotWalk | None = None  # the Rust TreeCore's walk, rebuilt in build()
 
     def build(self) -> Snapshot:
+        if self.slot_walk is not None:
+            tree, census, _, _ = slot_chains.build(self.slot_walk, self.budget)
+            return replace(self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE)._snapshot(tree, "locked-only")
         tree = None
         if self.rows is not None:
             tree = TreeView(
@@ -568,6 +583,9 @@ class Capture:
                 cut_exact=self.cut_exact,
                 nodes=tuple(map(_clean_row, self.rows)),
             )
+        return self._snapshot(tree, "counts")
+
+    def _snapshot(self, tree: TreeView | None, lock_detail: str) -> Snapshot:
         s = self.sizes
         return Snapshot(
             schema_version=SCHEMA_VERSION,
@@ -590,6 +608,7 @@ class Capture:
             events_seq=self.events_seq,
             census=self.census,
             tree=tree,
+            lock_detail=lock_detail,
         )
 
 
@@ -720,6 +739,7 @@ class TreeSnapshotter:
         census: Census | None = None
         walk: _Walk | None = None
         cut: tuple[int | None, int | None, bool] = (None, None, False)
+        slot_walk = None
         if root is not None:
             try:
                 self._check_root(root)
@@ -727,6 +747,11 @@ class TreeSnapshotter:
             except Exception as exc:  # a tree we do not understand: still report the sizes
                 reason = f"walking the tree failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
                 census, walk, root = None, None, None
+        elif (core := rust_core(cache)) is not None:
+            try:
+                slot_walk = slot_chains.read_walk(core)
+            except Exception as exc:  # a core that panicked, say: sizes only, and why
+                reason = f"the Rust TreeCore's walk failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
         return Capture(
             rank=rank,
             instance=instance,
@@ -748,6 +773,7 @@ class TreeSnapshotter:
             cut_nodes=cut[0],
             cut_tokens=cut[1],
             cut_exact=cut[2],
+            slot_walk=slot_walk,
         )
 
     def _walk(self, root: Any, sizes: CacheSizes, fresh: bool) -> tuple[Census | None, _Walk, tuple[int | None, int | None, bool]]:

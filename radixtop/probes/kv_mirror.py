@@ -186,4 +186,5 @@ class BlockMirror:
             events_seq=0,
             census=None,
             tree=tree,
+            lock_detail="none",
         )

@@ -300,7 +300,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             cut = ""
             if tree.cut_nodes:
                 cut = f", {tree.cut_nodes:,}{'' if tree.cut_exact else '~'} more not sent (budget {tree.budget:,})"
-            lock = node.lock_ref if self.locks_known else "?"
+            lock = self._lock_text(node, snap)
             text = f"{tree.walked_tokens:>7,} {lock:>5} {'':>6} {'':>6}  root · {tree.walked_nodes:,} nodes{cut}"
             return Strip([Segment(text, self._style("locked") if node.lock_ref > 0 else None)])
         idle = None
@@ -322,7 +322,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             glyph = "+"  # on the path to a locked node
         else:
             glyph = " "
-        lock = node.lock_ref if self.locks_known else "?"
+        lock = self._lock_text(node, snap)
         nums = f"{node.tokens:>7,} {lock:>5} {count(node.hit_count):>6} {age(idle):>6} {glyph}"
         label = f"{indent}{twisty}#{node.id if node.id is not None else '?'} [{head}{' …' if node.tokens > len(node.head) else ''}]{more_kids}"
         if node.evicted:
@@ -340,6 +340,16 @@ class RadixTreeView(ScrollView, can_focus=True):
         else:
             style = None
         return Strip([Segment(nums, style), Segment(label, style)])
+
+    def _lock_text(self, node: Any, snap: Any) -> Any:
+        """The lock column: the count, "1+" where only locked-or-not is known (the Rust TreeCore's
+        walk), "?" where nothing is (kv-events): never a 0 that was not read."""
+        detail = getattr(snap, "lock_detail", "counts")
+        if not self.locks_known or detail == "none":
+            return "?"
+        if detail == "locked-only":
+            return "1+" if node.lock_ref > 0 else 0
+        return node.lock_ref
 
     def on_focus(self) -> None:
         self.refresh()

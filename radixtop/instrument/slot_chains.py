@@ -1,0 +1,136 @@
+"""The Rust TreeCore's tree, rebuilt from its KV-canary walk (SGLang 0.5.23's default core keeps
+its nodes out of Python's reach: `node_by_id` and `root_node` raise).
+
+`tree_core.walk_for_kv_canary(unlocked_only, swa_resident_only)` returns one row per device slot
+the tree holds: the slot, its position in its sequence, and the slot before it (-1 at a root).
+Two walks, all slots and unlocked slots only, give the structure and which slots are locked:
+slots chain through `prev`; a chain branches where a slot has several successors; a node here is
+a maximal unbranched chain of one lock state. That is the radix tree up to what the walk cannot
+show: a node whose only child was split off and later evicted reads as one node with it, and
+per-node lock_ref counts, hit counts, last access and token ids are unknown (the snapshot says
+`lock_detail="locked-only"`: lock_ref 1 means locked, by some count).
+
+read_walk() runs on the scheduler thread (the core's own walk, copied into lists); build() runs
+on the endpoint's thread. Standard library only (the rows are torch tensors: `.tolist()`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixtop.schema import Census, NodeRow, TreeView
+
+__all__ = ["SlotWalk", "build", "read_walk", "walkable"]
+
+
+@dataclass(frozen=True)
+class SlotWalk:
+    slots: Sequence[int]
+    positions: Sequence[int]
+    prevs: Sequence[int]
+    unlocked: Sequence[int]  # the slots of unlocked nodes
+
+
+def walkable(core: Any) -> bool:
+    return callable(getattr(core, "walk_for_kv_canary", None))
+
+
+def read_walk(core: Any) -> SlotWalk:
+    """Both walks, as plain lists (scheduler thread: the tree is consistent at the safe point)."""
+    every = core.walk_for_kv_canary(False, False)
+    free = core.walk_for_kv_canary(True, False)
+    return SlotWalk(every.slot_indices.tolist(), every.positions.tolist(), every.prev_slot_indices.tolist(),
+                    free.slot_indices.tolist())  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Chain:
+    first: int  # its first slot
+    tokens: int
+    locked: bool
+    parent: int  # the parent chain's index, -1 under the root
+    position: int  # of its first slot
+
+
+def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]]]:
+    """The chains in parent-before-child order, and each chain's children."""
+    position = dict(zip(walk.slots, walk.positions, strict=True))
+    prev = dict(zip(walk.slots, walk.prevs, strict=True))
+    unlocked = set(walk.unlocked)
+    successors: dict[int, list[int]] = {}
+    for slot, before in prev.items():
+        successors.setdefault(before, []).append(slot)
+
+    def continues(slot: int, after: int) -> bool:  # slot extends the chain ending at `after`
+        return (
+            len(successors.get(after, ())) == 1 and (slot in unlocked) == (after in unlocked)
+            and position[slot] == position[after] + 1
+        )  # fmt: skip
+
+    chains: list[_Chain] = []
+    children: list[list[int]] = []
+    chain_of_last: dict[int, int] = {}  # a chain's last slot -> its index
+    starts = sorted((position[s], s) for s in walk.slots if prev[s] not in position or not continues(s, prev[s]))
+    for pos, first in starts:  # by position: a parent chain always starts before its children
+        length, last = 1, first
+        while True:
+            nxt = successors.get(last)
+            if nxt is None or len(nxt) != 1 or not continues(nxt[0], last):
+                break
+            last = nxt[0]
+            length += 1
+        parent = chain_of_last.get(prev[first], -1)
+        index = len(chains)
+        chains.append(_Chain(first, length, first not in unlocked, parent, pos))
+        children.append([])
+        if parent >= 0:
+            children[parent].append(index)
+        chain_of_last[last] = index
+    return chains, children
+
+
+def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census, int, int]:
+    """(the tree view, heaviest subtrees first within `budget` nodes; the census of all chains;
+    evictable tokens; protected tokens), the last two as the walk counts them."""
+    started = time.monotonic()
+    chains, children = _chains(walk)
+    subtree = [c.tokens for c in chains]
+    for i in range(len(chains) - 1, -1, -1):  # children come after their parents
+        parent = chains[i].parent
+        if parent >= 0:
+            subtree[parent] += subtree[i]
+    roots = [i for i, c in enumerate(chains) if c.parent < 0]
+    total = len(walk.slots)
+    protected = sum(c.tokens for c in chains if c.locked)
+    rows = [NodeRow(None, -1, 0, 0, False, None, None, len(roots), total, ())]
+    heap = [(-subtree[i], i, 0) for i in roots]
+    heapq.heapify(heap)
+    walked_tokens = 0
+    while heap and len(rows) <= budget:
+        _, i, parent_row = heapq.heappop(heap)
+        chain = chains[i]
+        rows.append(NodeRow(chain.first, parent_row, chain.tokens, 1 if chain.locked else 0, False, None, None,
+                            len(children[i]), subtree[i], ()))  # fmt: skip
+        walked_tokens += chain.tokens
+        row = len(rows) - 1
+        for child in children[i]:
+            heapq.heappush(heap, (-subtree[child], child, row))
+    locked_nodes = sum(1 for c in chains if c.locked)
+    shape = hashlib.blake2b(digest_size=8)
+    for c in sorted(chains, key=lambda c: (c.position, c.tokens, c.locked)):
+        shape.update(f"{c.position},{c.tokens},{int(c.locked)};".encode())
+    census = Census(
+        complete=True, node_count=len(chains), total_tokens=total,
+        lock_ref_histogram={k: v for k, v in ((0, len(chains) - locked_nodes), (1, locked_nodes)) if v},
+        digest=shape.hexdigest(), age_s=0.0, seconds=time.monotonic() - started, slices=1, span_s=0.0,
+    )  # fmt: skip
+    tree = TreeView(
+        budget=budget, walked_nodes=len(rows) - 1, walked_tokens=walked_tokens, cut_nodes=len(chains) - (len(rows) - 1),
+        cut_tokens=total - walked_tokens, cut_exact=True, nodes=tuple(rows),
+    )  # fmt: skip
+    return tree, census, total - protected, protected

@@ -1377,3 +1377,28 @@ def test_a_hooked_cache_that_is_dropped_unregisters_itself():
     gc.collect()
     assert hooks.state == "off"
     assert all(RadixCache.__dict__[name] is originals[name] for name in HOOKED_METHODS)
+
+
+def test_a_rust_core_too_big_to_walk_is_sizes_only_and_says_why(monkeypatch):
+    """The Rust TreeCore's walk is one pause of the scheduler: past the cap, no walk at all."""
+    from radixtop.instrument import slot_chains
+
+    class RustUnifiedTreeCore:  # the shape snapshot.py looks for: a walk, no Python nodes
+        walks = 0
+
+        def walk_for_kv_canary(self, unlocked_only, swa_resident_only):
+            RustUnifiedTreeCore.walks += 1
+            raise AssertionError("walked a core over the cap")
+
+    class UnifiedRadixCache:
+        tree_core = RustUnifiedTreeCore()
+
+        def evictable_size(self):
+            return slot_chains.MAX_WALK_SLOTS
+
+        def protected_size(self):
+            return 1
+
+    snap = TreeSnapshotter().take(UnifiedRadixCache())
+    assert RustUnifiedTreeCore.walks == 0 and not snap.walkable and snap.tree is None
+    assert f"{slot_chains.MAX_WALK_SLOTS + 1:,} slots" in snap.reason and snap.evictable_tokens == slot_chains.MAX_WALK_SLOTS

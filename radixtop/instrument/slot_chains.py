@@ -10,8 +10,8 @@ show: a node whose only child was split off and later evicted reads as one node 
 per-node lock_ref counts, hit counts, last access and token ids are unknown (the snapshot says
 `lock_detail="locked-only"`: lock_ref 1 means locked, by some count).
 
-read_walk() runs on the scheduler thread (the core's own walk, copied into lists); build() runs
-on the endpoint's thread. Standard library only (the rows are torch tensors: `.tolist()`).
+read_walk() runs on the scheduler thread (the core's own walks); build() runs on the endpoint's
+thread. Standard library only (the rows are torch tensors: read with `.tolist()`).
 """
 
 from __future__ import annotations
@@ -19,21 +19,24 @@ from __future__ import annotations
 import hashlib
 import heapq
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from radixtop.schema import Census, NodeRow, TreeView
 
-__all__ = ["SlotWalk", "build", "read_walk", "walkable"]
+__all__ = ["MAX_WALK_SLOTS", "SlotWalk", "build", "read_walk", "walkable"]
+
+# The walks are one pause of the scheduler, about 18 ms per 100k slots on a 2-core machine
+# (benchmarks/rust_walk_bench.py): past this a snapshot is sizes only rather than a long stall.
+MAX_WALK_SLOTS = 262_144
 
 
 @dataclass(frozen=True)
 class SlotWalk:
-    slots: Sequence[int]
-    positions: Sequence[int]
-    prevs: Sequence[int]
-    unlocked: Sequence[int]  # the slots of unlocked nodes
+    slots: Any  # int sequences, or the walk's tensors
+    positions: Any
+    prevs: Any
+    unlocked: Any  # the slots of unlocked nodes
 
 
 def walkable(core: Any) -> bool:
@@ -41,11 +44,15 @@ def walkable(core: Any) -> bool:
 
 
 def read_walk(core: Any) -> SlotWalk:
-    """Both walks, as plain lists (scheduler thread: the tree is consistent at the safe point)."""
+    """Both walks (scheduler thread: the tree is consistent at the safe point). The rows are new
+    tensors the core hands over: build() turns them into lists on the endpoint's thread."""
     every = core.walk_for_kv_canary(False, False)
     free = core.walk_for_kv_canary(True, False)
-    return SlotWalk(every.slot_indices.tolist(), every.positions.tolist(), every.prev_slot_indices.tolist(),
-                    free.slot_indices.tolist())  # fmt: skip
+    return SlotWalk(every.slot_indices, every.positions, every.prev_slot_indices, free.slot_indices)
+
+
+def _plain(values: Any) -> list[int]:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 @dataclass(frozen=True)
@@ -57,11 +64,12 @@ class _Chain:
     position: int  # of its first slot
 
 
-def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]]]:
-    """The chains in parent-before-child order, and each chain's children."""
-    position = dict(zip(walk.slots, walk.positions, strict=True))
-    prev = dict(zip(walk.slots, walk.prevs, strict=True))
-    unlocked = set(walk.unlocked)
+def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]], int]:
+    """The chains in parent-before-child order, each chain's children, and the slot count."""
+    slots = _plain(walk.slots)
+    position = dict(zip(slots, _plain(walk.positions), strict=True))
+    prev = dict(zip(slots, _plain(walk.prevs), strict=True))
+    unlocked = set(_plain(walk.unlocked))
     successors: dict[int, list[int]] = {}
     for slot, before in prev.items():
         successors.setdefault(before, []).append(slot)
@@ -75,7 +83,7 @@ def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]]]:
     chains: list[_Chain] = []
     children: list[list[int]] = []
     chain_of_last: dict[int, int] = {}  # a chain's last slot -> its index
-    starts = sorted((position[s], s) for s in walk.slots if prev[s] not in position or not continues(s, prev[s]))
+    starts = sorted((position[s], s) for s in slots if prev[s] not in position or not continues(s, prev[s]))
     for pos, first in starts:  # by position: a parent chain always starts before its children
         length, last = 1, first
         while True:
@@ -91,21 +99,20 @@ def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]]]:
         if parent >= 0:
             children[parent].append(index)
         chain_of_last[last] = index
-    return chains, children
+    return chains, children, len(slots)
 
 
 def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census, int, int]:
     """(the tree view, heaviest subtrees first within `budget` nodes; the census of all chains;
     evictable tokens; protected tokens), the last two as the walk counts them."""
     started = time.monotonic()
-    chains, children = _chains(walk)
+    chains, children, total = _chains(walk)
     subtree = [c.tokens for c in chains]
     for i in range(len(chains) - 1, -1, -1):  # children come after their parents
         parent = chains[i].parent
         if parent >= 0:
             subtree[parent] += subtree[i]
     roots = [i for i, c in enumerate(chains) if c.parent < 0]
-    total = len(walk.slots)
     protected = sum(c.tokens for c in chains if c.locked)
     rows = [NodeRow(None, -1, 0, 0, False, None, None, len(roots), total, ())]
     heap = [(-subtree[i], i, 0) for i in roots]

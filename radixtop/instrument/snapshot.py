@@ -748,10 +748,15 @@ class TreeSnapshotter:
                 reason = f"walking the tree failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
                 census, walk, root = None, None, None
         elif (core := rust_core(cache)) is not None:
-            try:
-                slot_walk = slot_chains.read_walk(core)
-            except Exception as exc:  # a core that panicked, say: sizes only, and why
-                reason = f"the Rust TreeCore's walk failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
+            held = (sizes.evictable_tokens or 0) + (sizes.protected_tokens or 0)
+            if held > slot_chains.MAX_WALK_SLOTS:
+                reason = (f"the Rust TreeCore holds {held:,} slots: its walk would pause the scheduler for "
+                          f"too long (over {slot_chains.MAX_WALK_SLOTS:,}), sizes only")  # fmt: skip
+            else:
+                try:
+                    slot_walk = slot_chains.read_walk(core)
+                except Exception as exc:  # a core that panicked, say: sizes only, and why
+                    reason = f"the Rust TreeCore's walk failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
         return Capture(
             rank=rank,
             instance=instance,

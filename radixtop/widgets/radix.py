@@ -474,11 +474,13 @@ class RadixPane(Vertical):
         if view.source:
             self._mirrored(out, view, snap)
             return out
-        head = f"{snap.cache_class} · page {snap.page_size or '?'} · snapshot #{snap.seq} {age(now - snap.time)} old"
+        head = f"{_plugin_source(snap)} · {snap.cache_class} · page {snap.page_size or '?'} · snapshot #{snap.seq} {age(now - snap.time)} old"
         if snap.hooks_state != "active":
             head += f" · hooks {snap.hooks_state}"
         if not snap.walkable:
-            head += f" · tree not walkable: {snap.reason}"
+            head += f": {snap.reason}"
+        elif snap.lock_detail == "locked-only":
+            head += " · lock counts, hits and token ids not in the walk (locked: 1+)"
         out.append(head + "\n", style="dim")
         self._pool(out, snap)
         c = snap.counters
@@ -574,3 +576,10 @@ class RadixPane(Vertical):
             out.append(f" {name} ", style="dim")
             out.append(count(n), style=style)
         out.append("\n")
+
+
+def _plugin_source(snap: Any) -> str:
+    """Where a snapshot from radixtop's instrument got its tree."""
+    if not snap.walkable:
+        return "plugin: sizes only"
+    return "plugin: Rust core walk" if snap.lock_detail == "locked-only" else "plugin: tree walk"

@@ -354,12 +354,13 @@ class FindingsBuilder:
     def _occurrence(self, st: _FileState, lineno: int, text: str) -> tuple[tuple, Occurrence]:
         parsed = parse_line(text)
         time, epoch, rank = parsed.time, parsed.epoch, parsed.rank
-        # The record's opener gives a continuation line its time and rank, when it is near enough
-        # (the evidence policy's lookback; opener_line 0: a caller's opener, looked up within it).
+        # The record's opener gives a continuation line its time, and its rank when the line names
+        # none, when it is near enough (the evidence policy's lookback; opener_line 0: a caller's
+        # opener, looked up within it).
         if time is None and (st.opener_line == 0 or lineno - st.opener_line <= OPENER_LOOKBACK):
             opener = self._opener_parsed(st)
             if opener is not None:
-                time, epoch, rank = opener.time, opener.epoch, opener.rank or rank
+                time, epoch, rank = opener.time, opener.epoch, rank or opener.rank
         if epoch is not None and st.offset:
             epoch += st.offset
         occ = Occurrence(st.name, lineno, time, epoch, rank, text)

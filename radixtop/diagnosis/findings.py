@@ -132,6 +132,7 @@ class Report:
                     "context_before": list(f.context_before),
                     "title": f.signature.title,
                     "subsystem": f.signature.subsystem,
+                    "role": f.signature.role,
                     "context_after": list(f.context_after),
                 }
             )

@@ -141,3 +141,10 @@ def test_every_signature_has_a_role() -> None:
         assert roles[notice] == "notice", notice
     for cause in ("radix-page-lock-eviction", "cuda-illegal-memory-access", "radix-evict-locked-node"):
         assert roles[cause] == "cause", cause
+
+
+def test_radix_cache_causes_say_how_they_differ_from_the_seed_race() -> None:
+    for sig in CATALOG.signatures:
+        if sig.subsystem == "radix-cache" and sig.role == "cause" and sig.id != "radix-page-lock-eviction":
+            assert any("lock/evict race" in c for c in sig.competing), sig.id
+            assert sig.first_checks and sig.meaning

@@ -559,6 +559,18 @@ def test_error_bad_severity_points_at_the_key(tmp_path: Path) -> None:
     )
 
 
+def test_user_signature_role_defaults_to_cause_and_is_checked(tmp_path: Path) -> None:
+    plain = write(tmp_path, "plain.toml", GOOD.format(id="site-a", pattern="x1", severity="error"))
+    assert load_catalog([plain]).get("site-a").role == "cause"
+    noticed = write(
+        tmp_path, "notice.toml", GOOD.format(id="site-b", pattern="x1", severity="warning") + 'role = "notice"\n'
+    )
+    assert load_catalog([noticed]).get("site-b").role == "notice"
+    text = GOOD.format(id="a", pattern="x1", severity="error") + 'role = "symptom"\n'
+    message = _error(tmp_path, text)
+    assert message == f'{len(text.splitlines())}: signature "a" has role "symptom"; use one of cause, consequence, notice'
+
+
 def test_error_unknown_key(tmp_path: Path) -> None:
     text = GOOD.format(id="a", pattern="x1", severity="error") + 'patern = "oops"\n'
     message = _error(tmp_path, text)

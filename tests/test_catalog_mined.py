@@ -58,7 +58,7 @@ def test_the_table_is_mined_from_every_release() -> None:
     versions = {v for _, v in releases}
     for wanted in ("0.3.6.post3", "0.4.0", "0.4.6", "0.4.10", "0.5.1", "0.5.6", "0.5.12", "0.5.23"):
         assert ("sglang", wanted) in releases, wanted
-    for wanted in ("0.6.0", "0.8.0", "0.10.0"):
+    for wanted in ("0.6.0", "0.8.0", "0.10.0", "0.34.0"):
         assert ("vllm", wanted) in releases, wanted
     assert len(versions) >= 12
     for row in ROWS:

@@ -216,9 +216,6 @@ def _parse(line: str) -> LogLine:
     line, pos, rank = _unwrap(line)
     head = line[pos : pos + 1]
     if head == "[":
-        found = _parse_bracket(line, pos, rank)
-        if found is not None:
-            return found
         m = _SGLANG.match(line, pos)
         if m is not None:
             stamp, frac, ranks = m.group(1), m.group(2), m.group(3)
@@ -234,6 +231,9 @@ def _parse(line: str) -> LogLine:
                 message,
                 parse_batch(message),
             )
+        found = _parse_bracket(line, pos, rank)
+        if found is not None:
+            return found
     elif head.isdigit():
         m = _PYLOG.match(line, pos)
         if m is not None:

@@ -79,6 +79,38 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         frozenset(),
     ),
     (
+        "lock-ref-release-underflow",
+        "AssertionError: dec_lock_ref on node with node.swa_lock_ref=0, node.id=381",
+        frozenset(),
+    ),
+    ("lock-ref-release-underflow", "AssertionError: SWA window release hit lock_ref=0 on node 12", frozenset()),
+    (
+        "radix-tree-sanity-check-failed",
+        "[2025-09-01 10:00:00 TP0] SWA Radix tree sanity check failed, ping @hanming-lu: self.swa=True, "
+        "total nodes: 12, total lru plus 1: 11, evictable size: 64 != lru list evictable size: 32",
+        frozenset(),
+    ),
+    (
+        "radix-tree-sanity-check-failed",
+        "AssertionError: Sanity check FAILED (2 violations across 40 nodes):",
+        frozenset(),
+    ),
+    ("radix-evict-locked-node", "AssertionError: node is in use, x.id=77", frozenset()),
+    ("radix-evict-locked-node", "AssertionError: node is in use by mamba kv indices, x.id=5", frozenset()),
+    ("radix-evict-locked-node", "    assert cd.lock_ref == 0", frozenset()),
+    (
+        "radix-lock-invariant",
+        "AssertionError: tombstone swa_lock_ref should always be 0, node.full_lock_ref=1, node.swa_lock_ref=1, "
+        "node.id=9",
+        frozenset(),
+    ),
+    (
+        "radix-cache-finished-req-crash",
+        '  File "/usr/local/lib/python3.11/dist-packages/sglang/srt/mem_cache/radix_cache.py", line 402, '
+        "in cache_finished_req",
+        frozenset(),
+    ),
+    (
         "kv-pool-memory-leak",
         "[2025-06-01 10:00:00 TP0] token_to_kv_pool_allocator memory leak detected! available_size=410000, "
         "protected_size=0, self.max_total_num_tokens=412345",
@@ -118,6 +150,21 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         frozenset(),
     ),
     (
+        "kv-slots-oom",
+        "RuntimeError: Out of memory. Try to lower your batch size. Try to allocate 64 tokens.",
+        frozenset(),
+    ),
+    (
+        "decode-oom",
+        "ValueError: Failed to retract any request. No space left for only one request.",
+        frozenset(),
+    ),
+    (
+        "kv-pool-retract",
+        "[2024-12-01 10:00:00 TP0] Decode out of memory happened. #retracted_reqs: 3, #new_token_ratio: 0.4000 -> 0.5500",
+        frozenset(),
+    ),
+    (
         "req-slots-oom",
         "RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for "
         "`--max-running-requests`. req_to_token_pool.available_size()=0, num_reqs=4, ",
@@ -131,6 +178,23 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
     (
         "child-sigquit",
         "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed.",
+        frozenset(),
+    ),
+    (
+        "child-sigquit",
+        "[2026-01-01 00:00:00] SIGQUIT received. signum=3, frame=None. It usually means one child failed.",
+        frozenset(),
+    ),
+    (
+        "subprocess-crashed",
+        "[2026-01-01 00:00:00] Subprocess scheduler_0 (pid=4242) crashed with exit code -9. Triggering SIGQUIT for "
+        "cleanup...",
+        frozenset(),
+    ),
+    (
+        "subprocess-crashed",
+        "(VllmWorkerProcess pid=161) ERROR 08-22 06:24:42 multiproc_worker_utils.py:120] Worker VllmWorkerProcess "
+        "pid 162 died, exit code: -6",
         frozenset(),
     ),
     (
@@ -193,6 +257,26 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         frozenset(),
     ),
     ("nccl-error", "ncclUnhandledCudaError: Call to CUDA function failed.", frozenset()),
+    ("nccl-error", "RuntimeError: NCCL error: unhandled system error", frozenset()),
+    (
+        "nccl-aborted",
+        "[rank1]:[E1218 20:27:21.431 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0(default_pg) Rank 1] To avoid "
+        "data inconsistency, we are taking the entire process down.",
+        frozenset(),
+    ),
+    ("nccl-aborted", "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 3.", frozenset()),
+    (
+        "cuda-illegal-memory-access",
+        "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered",
+        frozenset(),
+    ),
+    (
+        "cuda-illegal-memory-access",
+        "RuntimeError: Error in function 'BatchPrefillWithPagedKVCache' at /flashinfer/include/flashinfer/attention/"
+        "prefill.cuh:2404: an illegal memory access was encountered",
+        frozenset(),
+    ),
+
     (
         "flashinfer-workspace-overflow",
         "RuntimeError: Error in function 'aligned_alloc' at /workspace/include/flashinfer/allocator.h:49: "
@@ -257,6 +341,8 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         "total_cumulative_preemption_cnt=1",
         frozenset(),
     ),
+    ("vllm-no-free-blocks", "ValueError: Out of memory! No free blocks are available.", frozenset()),
+    ("vllm-prefix-cache-evictor", "ValueError: Attempting to remove block that's not in the evictor", frozenset()),
     (
         "vllm-engine-dead",
         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for "
@@ -471,6 +557,18 @@ def test_error_bad_severity_points_at_the_key(tmp_path: Path) -> None:
         message
         == f'{line}: signature "a" has severity "fatal"; use one of info, warning, error, critical'
     )
+
+
+def test_user_signature_role_defaults_to_cause_and_is_checked(tmp_path: Path) -> None:
+    plain = write(tmp_path, "plain.toml", GOOD.format(id="site-a", pattern="x1", severity="error"))
+    assert load_catalog([plain]).get("site-a").role == "cause"
+    noticed = write(
+        tmp_path, "notice.toml", GOOD.format(id="site-b", pattern="x1", severity="warning") + 'role = "notice"\n'
+    )
+    assert load_catalog([noticed]).get("site-b").role == "notice"
+    text = GOOD.format(id="a", pattern="x1", severity="error") + 'role = "symptom"\n'
+    message = _error(tmp_path, text)
+    assert message == f'{len(text.splitlines())}: signature "a" has role "symptom"; use one of cause, consequence, notice'
 
 
 def test_error_unknown_key(tmp_path: Path) -> None:

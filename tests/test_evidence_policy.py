@@ -69,3 +69,21 @@ def test_find_opener_stops_at_the_lookback():
     body = ["  continuation"] * (OPENER_LOOKBACK - 1)
     assert find_opener(reversed([OPENER, *body])) == (OPENER_LOOKBACK, OPENER)
     assert find_opener(reversed([OPENER, *body, "  one more"])) is None
+
+
+def test_batch_stats_are_kept_per_rank_whatever_the_prefix_shape():
+    from radixtop.diagnosis.evidence_policy import batch_stats_before
+
+    window = "\n".join(
+        f"{prefix} Decode batch, #running-req: {n}, token usage: 0.{n}0"
+        for n, prefix in enumerate(
+            ["[2026-12-02 14:00:00.100 DP0 TP1]", "[14:00:00 TP2]", "[TP3 EP3]", "[2026-12-02 14:00:01 TP0]"], 1
+        )
+    ).encode()
+    found = batch_stats_before(window)
+    assert {rank: stats.running_req for rank, stats in found.items()} == {
+        "DP0 TP1": 1,
+        "TP2": 2,
+        "TP3 EP3": 3,
+        "TP0": 4,
+    }

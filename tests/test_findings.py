@@ -198,7 +198,7 @@ TP1_LOG = [
     rec("14:00:04.500", "Init done", "TP1"),
     rec("14:00:05.100", CONTENDED, "TP1"),
     rec("14:00:05.900", RETRACT, "TP1"),
-    *traceback("14:00:06.200", "TP1"),
+    *traceback("14:00:05.950", "TP1"),
 ]
 
 
@@ -211,10 +211,11 @@ def test_initiating_rank_is_earliest_in_time_not_in_feed_order(
     report = builder.report()
     assert report.initiating is not None
     sig_id, occ = report.initiating
+    # The earliest cause (TP1's RadixCacheError, fed second), not the earlier notices before it.
     assert (sig_id, occ.file, occ.line, occ.rank) == (
-        "radix-eviction-lock-contention",
+        "radix-page-lock-eviction",
         "tp1.log",
-        2,
+        9,
         "TP1",
     )
     # Per-rank first warning-or-worse is what a reader needs to judge clock skew.
@@ -223,8 +224,8 @@ def test_initiating_rank_is_earliest_in_time_not_in_feed_order(
     # kv-pool-retract: TP0 at 05.300 is earlier than TP1 at 05.900, and both are counted.
     retract = finding(report, "kv-pool-retract")
     assert (retract.first.file, retract.count) == ("tp0.log", 2)
-    # The first error: TP0's traceback at 06.000, before TP1's at 06.200.
-    assert report.fingerprint is not None and report.fingerprint.error.rank == "TP0"
+    # The first error: TP1's traceback at 05.950, before TP0's at 06.000.
+    assert report.fingerprint is not None and report.fingerprint.error.rank == "TP1"
 
 
 def test_interleaved_feed_gives_the_same_answer(catalog: Catalog, matcher: Matcher) -> None:
@@ -237,7 +238,7 @@ def test_interleaved_feed_gives_the_same_answer(catalog: Catalog, matcher: Match
     report = builder.report()
     assert report.initiating is not None
     assert (report.initiating[0], report.initiating[1].rank) == (
-        "radix-eviction-lock-contention",
+        "radix-page-lock-eviction",
         "TP1",
     )
     assert report.fingerprint is not None and report.fingerprint.complete
@@ -457,17 +458,20 @@ def test_to_json_schema(catalog: Catalog, matcher: Matcher) -> None:
             "context_before",
             "title",
             "subsystem",
+            "role",
             "context_after",
         }
         assert set(f["first"]) == {"file", "line", "time", "rank", "text"}
         assert isinstance(f["count"], int) and isinstance(f["first"]["line"], int)
         assert all(isinstance(x, str) for x in f["context_before"])
     assert data["initiating"] == {
-        "signature": "kv-pool-retract",
+        "signature": "radix-page-lock-eviction",
         "rank": "TP1",
         "file": "a.log",
-        "line": 3,
+        "line": 9,
     }
+    roles = {f["signature"]: f["role"] for f in data["findings"]}
+    assert roles["kv-pool-retract"] == "notice" and roles["scheduler-exception"] == "consequence"
     assert data["fingerprint"]["complete"] is True
     assert set(data["fingerprint"]) == {"complete", "info", "warn", "error"}
     assert set(data["fingerprint"]["error"]) == {
@@ -496,10 +500,11 @@ def sample_lines() -> list[str]:
 
 def check_sample_report(report, name: str) -> None:
     lines = sample_lines()
-    retract = lines.index(next(x for x in lines if "Retract requests" in x)) + 1
+    cause = lines.index(next(x for x in lines if x.startswith("RadixCacheError"))) + 1
     assert report.initiating is not None
     sig_id, occ = report.initiating
-    assert (sig_id, occ.rank, occ.file, occ.line) == ("kv-pool-retract", "TP1", name, retract)
+    # The cause, not the retraction notices and the contention warning before it.
+    assert (sig_id, occ.rank, occ.file, occ.line) == ("radix-page-lock-eviction", "TP1", name, cause)
     fp = report.fingerprint
     assert fp is not None and fp.complete
     assert (fp.info_signature, fp.warn_signature, fp.error_signature) == (

@@ -262,3 +262,39 @@ def test_decoded_binary_never_raises(data: bytes) -> None:
     parse_line(text)
     parse_line("[2026-12-02 14:00:00 TP0] " + text)
     parse_batch("Decode batch, " + text)
+
+
+@pytest.mark.parametrize(
+    ("line", "time", "rank", "message"),
+    [
+        ("[TP5 EP5] Scheduler hit an exception: x", None, "TP5 EP5", "Scheduler hit an exception: x"),
+        ("[DP1 TP3] x", None, "DP1 TP3", "x"),
+        ("[14:00:01 TP0] KV cache pool is full.", "14:00:01", "TP0", "KV cache pool is full."),
+        ("[14:00:01.250 DP1 TP3] x", "14:00:01.250", "DP1 TP3", "x"),
+        ("[rank2]:[E323 21:33:26.170490902 ProcessGroupNCCL.cpp:1896] [PG ID 2 PG GUID 3 Rank 2] boom", "03-23 21:33:26.170490", "rank2", "boom"),
+        ("[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught", "12-18 20:27:21.426415", "rank0", "Watchdog caught"),
+        ("[PG ID 0 PG GUID 0(default_pg) Rank 3] x", None, "rank3", "x"),
+        ("(RayWorkerWrapper pid=123, ip=10.0.0.1) [2026-12-02 14:00:00 TP4] y", STAMP, "TP4", "y"),
+        ("(pid=5) [TP2] z", None, "TP2", "z"),
+        ("[default3]: RuntimeError: x", None, "rank3", "RuntimeError: x"),
+        ("2026-12-02T14:00:00.123456789Z [2026-12-02 14:00:00 TP4] y", STAMP, "TP4", "y"),
+        ("[pod/sglang-0/server] [2026-12-02 14:00:00 TP6] z", STAMP, "TP6", "z"),
+        ("│ [2026-12-02 14:00:00 TP7] w                │", STAMP, "TP7", "w"),
+        ("| [TP1] q |", None, "TP1", "q"),
+    ],
+)
+def test_rank_forms_and_wrappers(line: str, time: str | None, rank: str, message: str) -> None:
+    parsed = parse_line(line)
+    assert (parsed.time, parsed.rank, parsed.message) == (time, rank, message)
+    # A time or an SGLang rank prefix opens a record: a traceback after it belongs to this rank.
+    # A rank tag alone (torchrun's, PyTorch's process group's) is written on every line instead.
+    assert opens_record(line) == (time is not None or "[TP" in line or "[DP" in line)
+
+
+def test_pytorch_glog_level_and_a_time_without_a_date() -> None:
+    assert parse_line("[E1218 20:27:21.4 ProcessGroupNCCL.cpp:629] [Rank 0] x").level == "ERROR"
+    assert parse_line("[W1218 20:27:21.4 ProcessGroupNCCL.cpp:629] x").level == "WARNING"
+    assert parse_line("[14:00:01 TP0] x").epoch is None  # no date: no place on the time line
+    # torchrun's tag alone still continues the record before it.
+    assert not opens_record("[rank3]: RuntimeError: CUDA error")
+    assert not opens_record("[default3]:   File \"x.py\", line 1, in f")

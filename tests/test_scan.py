@@ -125,8 +125,10 @@ def test_json_report_schema_and_values(incident_log):
     assert (cuda["first"]["time"], cuda["first"]["rank"]) == ("2026-12-02 14:00:42.000", "TP3")
     assert cuda["first"]["text"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
 
-    assert doc["initiating"]["signature"] == "kv-pool-retract"
+    # The cause, not the retraction notice before it or the SIGQUIT notice after it.
+    assert doc["initiating"]["signature"] == "cuda-illegal-memory-access"
     assert doc["initiating"]["rank"] == "TP3"
+    assert doc["initiating"]["line"] == line_of(lines, "RuntimeError: CUDA error")
     # Token usage per rank from the last batch line before the first error (the traceback).
     usage = {rank: stats["token_usage"] for rank, stats in doc["batch_at_failure"].items()}
     assert usage == {"TP0": 0.86, "TP1": 0.97, "TP2": 0.88, "TP3": 0.89}
@@ -137,7 +139,7 @@ def test_human_report_names_engine_initiating_rank_fingerprint_and_usage(inciden
     assert done.returncode == 0, done.stderr
     out = done.stdout.decode()
     assert re.search(rf"radixtop scan: 1 input, {len(incident_lines())} lines, 6 signatures found \(engine: (hyperscan|re2|re)\)", out)
-    assert "Initiating rank: TP3  kv-pool-retract (warning)" in out
+    assert "Initiating rank: TP3  cuda-illegal-memory-access (critical)" in out
     assert "Fingerprint INFO -> WARN -> ERROR (complete):" in out
     assert re.search(r"ERROR\s+cuda-illegal-memory-access\s+\S*node0.log:\d+", out)
     assert re.search(r"TP1\s+decode\s+token usage 0\.97\s+running 31", out)

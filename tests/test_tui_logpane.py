@@ -114,7 +114,8 @@ async def test_appended_lines_appear_highlighted_and_become_findings(log: Path) 
         assert ids == ["kv-pool-retract", "radix-page-lock-eviction", "child-sigquit"]
         shown = screen_text(app)
         assert "Radix cache page lock failed" in shown and "Findings (3)" in shown
-        assert "first: TP1 14:03:13.007 KV cache pool full" in shown  # the initiating rank and signature
+        # The initiating rank and signature: the cause, not the retraction notice before it.
+        assert "first: TP1 14:03:14.942 Radix cache page lock failed during prefix eviction" in shown
 
 
 def long_log(path: Path, before: int = 6000) -> list[str]:

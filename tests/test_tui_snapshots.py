@@ -46,7 +46,7 @@ def test_sample_incident_120x40_light(snap_compare) -> None:
 def test_first_occurrence_after_enter_160x48(snap_compare) -> None:
     async def jump(pilot) -> None:
         await loaded(pilot)
-        await pilot.press("tab", "down", "enter")  # the second finding: the initiating warning
+        await pilot.press("tab", "down", "enter")  # the second finding: the first retraction warning
         await pilot.pause(0.3)
 
     assert snap_compare(sample_app(), terminal_size=(160, 48), run_before=jump)

@@ -1,7 +1,10 @@
 """The failure-signature catalog: built-in TOML (package data) plus user files merged over it.
 
 Each ``[[signature]]`` table has id, title, pattern, severity, subsystem, meaning, first_checks and
-competing. Patterns must run unchanged on Python ``re``, RE2 and hyperscan (the matcher picks the
+competing, and may have a role (ROLES; "cause" when absent): what the line is to an incident. A
+cause names a failure where it starts; a consequence follows from a failure logged before it (the
+SIGQUIT notice, a wrapper around a traceback, NCCL aborts); a notice is context (startup warnings,
+retractions). The initiating finding is the earliest cause (diagnosis/findings.py). Patterns must run unchanged on Python ``re``, RE2 and hyperscan (the matcher picks the
 fastest engine available), so constructs only Python supports are refused at load time with a
 one-line error that names the file and line: ``<file>:<line>: <what is wrong>; <what to do>``.
 
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 __all__ = [
+    "ROLES",
     "SEVERITIES",
     "Signature",
     "Catalog",
@@ -38,6 +42,7 @@ __all__ = [
 ]
 
 SEVERITIES = NAMES  # ordered, lowest first
+ROLES = ("cause", "consequence", "notice")  # the order in which findings are named initiating
 
 _REQUIRED = (
     "id",
@@ -49,6 +54,7 @@ _REQUIRED = (
     "first_checks",
     "competing",
 )
+_OPTIONAL = ("role",)
 _ID = r"[a-z0-9]+(?:-[a-z0-9]+)*\Z"
 _TABLE_HEADER = r"^\s*\[\[\s*signature\s*\]\]"
 
@@ -93,6 +99,7 @@ class Signature:
     meaning: str
     first_checks: tuple[str, ...]
     competing: tuple[str, ...]
+    role: str = "cause"
     origin: str = "builtin"
 
     @property
@@ -143,7 +150,7 @@ def load_catalog(extra_files: Sequence[str | Path] = ()) -> Catalog:
 
 _BUILTIN_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "signatures.toml")
 _BUILTIN_SOURCE = "signatures.toml (built-in)"
-_FIELDS = ("id", "title", "pattern", "severity", "subsystem", "meaning", "first_checks", "competing")
+_FIELDS = ("id", "title", "pattern", "severity", "subsystem", "meaning", "first_checks", "competing", "role")
 
 
 def _builtin_signatures(path: str | None = None) -> tuple[Signature, ...]:
@@ -212,8 +219,9 @@ def _from_cache(payload: bytes | None) -> tuple[Signature, ...] | None:
             isinstance(row, tuple)
             and len(row) == len(_FIELDS)
             and all(isinstance(v, str) for v in row[:6])
-            and all(isinstance(v, tuple) and all(isinstance(x, str) for x in v) for v in row[6:])
+            and all(isinstance(v, tuple) and all(isinstance(x, str) for x in v) for v in row[6:8])
             and row[3] in SEVERITIES
+            and row[8] in ROLES
         ):
             return None
         out.append(Signature(*row, origin="builtin"))
@@ -344,10 +352,10 @@ def _validate(
             'digits and single dashes, e.g. "radix-page-lock-eviction"'
         )
     for key in table:
-        if key not in _REQUIRED:
+        if key not in _REQUIRED and key not in _OPTIONAL:
             raise CatalogError(
                 f'{_at(source, lines, span, key)}: {name} has unknown key "{key}"; '
-                f"use only {', '.join(_REQUIRED)}"
+                f"use only {', '.join(_REQUIRED + _OPTIONAL)}"
             )
     for key in _REQUIRED:
         if key not in table:
@@ -372,6 +380,11 @@ def _validate(
             f'{_at(source, lines, span, "severity")}: {name} has severity "{severity}"; '
             f"use one of {', '.join(SEVERITIES)}"
         )
+    role = table.get("role", "cause")
+    if role not in ROLES:
+        raise CatalogError(
+            f'{_at(source, lines, span, "role")}: {name} has role "{role}"; use one of {", ".join(ROLES)}'
+        )
     pattern = table["pattern"]
     problem = pattern_problem(pattern)
     if problem is not None:
@@ -385,6 +398,7 @@ def _validate(
         meaning=" ".join(table["meaning"].split()),
         first_checks=tuple(table["first_checks"]),
         competing=tuple(table["competing"]),
+        role=role,
         origin=origin,
     )
 

@@ -69,12 +69,13 @@ def evidence_text(buf: bytes | bytearray, start: int = 0, end: int | None = None
 
 
 def _rank_key(line: bytes) -> bytes:
-    # "[2026-12-02 14:00:00.123 DP0 TP3] ..." -> b"DP0 TP3": cheap, to parse one line per rank.
+    # "[2026-12-02 14:00:00.123 DP0 TP3] ..." or "[14:00:00 DP0 TP3] ..." -> b"DP0 TP3": cheap, to
+    # parse one line per rank (the date and time start with digits, rank words with letters).
     if not line.startswith(b"["):
         return b""
     close = line.find(b"]")
     parts = line[1:close].split(b" ")
-    return b" ".join(parts[2:])
+    return b" ".join(p for p in parts if p[:1].isalpha())
 
 
 def batch_stats_before(window: bytes) -> dict[str, BatchStats]:

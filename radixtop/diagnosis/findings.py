@@ -18,7 +18,10 @@ Ordering rules (documented because clock skew between files is a fact of life):
   can make the wrong rank look first. ``first_by_rank`` (each rank's first warning-or-worse) shows
   that gap so a reader can judge it, and ``clock_offsets`` corrects a known skew.
 - Within one file, the first occurrence of a signature is the first in line order.
-- Initiating = the earliest warning-or-worse occurrence. Fingerprint = for the first error or
+- Initiating = the earliest warning-or-worse occurrence of a cause (a signature's role, see
+  catalog.py); with no cause logged, the earliest consequence, then the earliest notice. A cause
+  inside a traceback names the record it belongs to: of the causes in that record (a frame line
+  such as "in cache_finished_req", then the exception line), the last one, which says what failed. Fingerprint = for the first error or
   critical occurrence, the last info-level occurrence before it and the first warning after that
   info (or, with none there, the first warning before the error); complete when
   info < warn < error.
@@ -37,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from radixtop.diagnosis.catalog import Catalog, Signature
+from radixtop.diagnosis.catalog import ROLES, Catalog, Signature
 from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE, OPENER_LOOKBACK, find_opener
 from radixtop.diagnosis.logline import BatchStats, opens_record, parse_line, strip_ansi
 from radixtop.diagnosis.severity import Severity
@@ -129,6 +132,7 @@ class Report:
                     "context_before": list(f.context_before),
                     "title": f.signature.title,
                     "subsystem": f.signature.subsystem,
+                    "role": f.signature.role,
                     "context_after": list(f.context_after),
                 }
             )
@@ -150,6 +154,19 @@ class Report:
             },
             "notes": list(self.notes),
         }
+
+
+def _initiating(states: list[_FindingState]) -> tuple[str, Occurrence] | None:
+    """(signature id, first occurrence) of the initiating finding; `states` in occurrence order."""
+    for role in ROLES:
+        found = [s for s in states if s.signature.role == role and s.signature.level >= _WARNING]
+        if not found:
+            continue
+        first = found[0]
+        if first.record and first.record[1]:  # a known record: its last cause names it
+            first = max((s for s in found if s.record == first.record), key=lambda s: s.key)
+        return first.signature.id, first.first
+    return None
 
 
 # -- the builder ----------------------------------------------------------------------------------
@@ -338,12 +355,13 @@ class FindingsBuilder:
     def _occurrence(self, st: _FileState, lineno: int, text: str) -> tuple[tuple, Occurrence]:
         parsed = parse_line(text)
         time, epoch, rank = parsed.time, parsed.epoch, parsed.rank
-        # The record's opener gives a continuation line its time and rank, when it is near enough
-        # (the evidence policy's lookback; opener_line 0: a caller's opener, looked up within it).
+        # The record's opener gives a continuation line its time, and its rank when the line names
+        # none, when it is near enough (the evidence policy's lookback; opener_line 0: a caller's
+        # opener, looked up within it).
         if time is None and (st.opener_line == 0 or lineno - st.opener_line <= OPENER_LOOKBACK):
             opener = self._opener_parsed(st)
             if opener is not None:
-                time, epoch, rank = opener.time, opener.epoch, opener.rank or rank
+                time, epoch, rank = opener.time, opener.epoch, rank or opener.rank
         if epoch is not None and st.offset:
             epoch += st.offset
         occ = Occurrence(st.name, lineno, time, epoch, rank, text)
@@ -439,9 +457,7 @@ class FindingsBuilder:
         findings = tuple(
             Finding(s.signature, s.count, s.first, s.before, tuple(s.after)) for s in states
         )
-        initiating = next(
-            ((s.signature.id, s.first) for s in states if s.signature.level >= _WARNING), None
-        )
+        initiating = _initiating(states)
         failure = next((s for s in states if s.signature.level >= _ERROR), None)
         fingerprint = None
         batch: dict[str, BatchStats] = {}

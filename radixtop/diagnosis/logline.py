@@ -11,7 +11,18 @@ Also understood:
   ``(VllmWorker rank=1 pid=42)`` or ``(Worker_DP0_TP1 pid=42)`` (its year is not written: the
   current year is assumed).
 - Python logging: ``2026-12-02 14:00:00,123 - name - WARNING - msg``.
-- Ray's ``(SGLangEngine pid=23902)`` tag in front of any of the above, and torch's ``[rank0]:``.
+- SGLang's prefix without a date (``[14:00:00 TP0]``) or with ranks only (``[TP5 EP5]``), as
+  pasted excerpts and some launchers write it: a time without a date has no epoch.
+- PyTorch's C++ (glog) prefix ``[E323 21:33:26.170490902 ProcessGroupNCCL.cpp:1896]`` and its
+  process-group tag ``[PG ID 2 PG GUID 3 Rank 2]`` or ``[Rank 2]``: rank ``rank2``.
+- In front of any of the above, in this order: a Kubernetes timestamp (``kubectl logs
+  --timestamps``) or pod tag (``--prefix``), a console box border (``│``, ``|``; a trailing one is
+  dropped too), a Ray tag (``(SGLangEngine pid=23902)``, ``(RayWorkerWrapper pid=7, ip=10.0.0.2)``,
+  ``(pid=7)``), torchrun's ``[rank3]:`` or ``[default3]:``. The rank comes from the innermost
+  prefix that names one.
+
+A line opens a record when it carries a time or an SGLang rank prefix; the lines after it that do
+not (a traceback's body, the rest of a line the terminal wrapped) take its time and rank.
 
 ``parse_line`` runs on every live line: one compiled regular expression for the prefix, and the
 batch fields only when the message starts with ``Prefill batch`` / ``Decode batch``. It never
@@ -86,9 +97,24 @@ _VLLM = re.compile(
     r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?"
     r"(?: \[[^\]]{0,120}\])? ?"
 )
-# A process tag in front: "(VllmWorker rank=1 pid=7) ", "(EngineCore_DP0 pid=3) ", "(SGLangEngine pid=9) ".
-_PROC = re.compile(r"\(([A-Za-z][\w.\- ]{0,60}?)(?: rank=(\d+))? pid=\d+\) ?")
-_TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
+# SGLang's prefix without the date, or with ranks only: "[14:00:00.123 TP0] ", "[TP5 EP5] ".
+_SGLANG_CLOCK = re.compile(r"\[(\d\d:\d\d:\d\d)(?:[.,](\d{1,6}))?((?: [A-Z][A-Z_]*\d+)*)\] ?")
+_SGLANG_RANKS = re.compile(r"\[([A-Z][A-Z_]*\d+(?: [A-Z][A-Z_]*\d+)*)\] ?")
+# PyTorch's glog prefix and its process-group tag: "[E323 21:33:26.170490902 ProcessGroupNCCL.cpp:1896] "
+# then "[PG ID 2 PG GUID 3(default_pg) Rank 2] " or "[Rank 2] ".
+_GLOG = re.compile(r"\[([IWEF])(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(?: [^\]\[]{0,120})?\] ?")
+_PG_RANK = re.compile(r"\[(?:PG ID \d+ PG GUID [^\]\[]{0,60} )?Rank (\d+)\] ?")
+_GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+# Wrappers in front: "2026-12-02T14:00:00.123456789Z " (kubectl --timestamps), "[pod/x/y] "
+# (kubectl --prefix), a box border "│ " / "| ".
+_WRAPPER = re.compile(
+    r"(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z |\[pod/[^\]\s]{1,200}\] |[│┃║|] ?)+"
+)
+_BORDER_END = re.compile(r" *[│┃║|]\s*$")
+# A process tag in front: "(VllmWorker rank=1 pid=7) ", "(EngineCore_DP0 pid=3) ", "(SGLangEngine pid=9) ",
+# Ray's "(RayWorkerWrapper pid=7, ip=10.0.0.2) " and "(pid=7) ".
+_PROC = re.compile(r"\((?:([A-Za-z][\w.\- ]{0,60}?) )?(?:rank=(\d+) )?pid=\d+(?:, ip=[^)\s]{1,64})?\) ?")
+_TORCH_RANK = re.compile(r"\[(?:rank|default)(\d+)\]: ?")
 _PROC_RANK_PART = re.compile(r"(?:^|_)((?:DP|PP|TP|EP|CP)\d+)")
 _LEVEL_WORD = re.compile(r"\[?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?(?::|\s|$)")
 _LEVEL_NAMES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
@@ -146,11 +172,36 @@ def _clean(text: str) -> str:
     return text.rstrip("\r\n")
 
 
-def _rank_from_proc(tag: str, rank_number: str | None) -> str | None:
+def _rank_from_proc(tag: str | None, rank_number: str | None) -> str | None:
     if rank_number is not None:
         return f"rank{rank_number}"
-    parts = _PROC_RANK_PART.findall(tag)
+    parts = _PROC_RANK_PART.findall(tag or "")
     return " ".join(parts) if parts else None
+
+
+def _unwrap(line: str) -> tuple[str, int, str | None]:
+    """The line without a trailing box border, where its own text starts past the wrappers in
+    front (Kubernetes, box border, Ray tag, torchrun rank), and the rank those name."""
+    rank: str | None = None
+    pos = 0
+    head = line[:1]
+    if head.isdigit() or head in "[│┃║|":
+        m = _WRAPPER.match(line)
+        if m is not None:
+            pos = m.end()
+            if line.endswith(("│", "┃", "║", "|", " ")):
+                line = _BORDER_END.sub("", line)
+    if line.startswith("(", pos):
+        m = _PROC.match(line, pos)
+        if m is not None:
+            rank = _rank_from_proc(m.group(1), m.group(2))
+            pos = m.end()
+    if line.startswith("[", pos) and line[pos + 1 : pos + 2] in ("r", "d"):
+        m = _TORCH_RANK.match(line, pos)
+        if m is not None:
+            rank = rank or f"rank{m.group(1)}"
+            pos = m.end()
+    return line, pos, rank
 
 
 def parse_line(text: str) -> LogLine:
@@ -162,19 +213,7 @@ def parse_line(text: str) -> LogLine:
 
 
 def _parse(line: str) -> LogLine:
-    rank: str | None = None
-    pos = 0
-    if line.startswith("("):
-        m = _PROC.match(line)
-        if m is not None:
-            rank = _rank_from_proc(m.group(1), m.group(2))
-            pos = m.end()
-    if line.startswith("[rank", pos):
-        m = _TORCH_RANK.match(line, pos)
-        if m is not None:
-            rank = rank or f"rank{m.group(1)}"
-            pos = m.end()
-
+    line, pos, rank = _unwrap(line)
     head = line[pos : pos + 1]
     if head == "[":
         m = _SGLANG.match(line, pos)
@@ -192,6 +231,9 @@ def _parse(line: str) -> LogLine:
                 message,
                 parse_batch(message),
             )
+        found = _parse_bracket(line, pos, rank)
+        if found is not None:
+            return found
     elif head.isdigit():
         m = _PYLOG.match(line, pos)
         if m is not None:
@@ -229,23 +271,52 @@ def _parse(line: str) -> LogLine:
     return LogLine(None, None, rank, _level_of(message), message, None)
 
 
+def _parse_bracket(line: str, pos: int, rank: str | None) -> LogLine | None:
+    """A line whose own text starts with one of the bracketed prefixes other than SGLang's full one:
+    the time-only or ranks-only SGLang prefix, or PyTorch's glog prefix (with its Rank tag)."""
+    m = _SGLANG_CLOCK.match(line, pos)
+    if m is not None:
+        clock, frac, ranks = m.groups()
+        message = line[m.end() :]
+        written = f"{clock}.{frac}" if frac else clock
+        return LogLine(written, None, ranks.strip() or rank, _level_of(message), message, parse_batch(message))
+    m = _SGLANG_RANKS.match(line, pos)
+    if m is not None:
+        message = line[m.end() :]
+        return LogLine(None, None, m.group(1), _level_of(message), message, parse_batch(message))
+    m = _GLOG.match(line, pos)
+    if m is not None:
+        letter, month, day, clock, frac = m.groups()
+        end = m.end()
+        tag = _PG_RANK.match(line, end)
+        if tag is not None:
+            rank = f"rank{tag.group(1)}"
+            end = tag.end()
+        month = month.zfill(2)  # PyTorch writes March as "323"
+        stamp = f"{_YEAR:04d}-{month}-{day} {clock}"
+        frac = frac[:6] if frac else None
+        written = f"{month}-{day} {clock}" + (f".{frac}" if frac else "")
+        return LogLine(written, _with_fraction(_epoch(stamp), frac), rank, _GLOG_LEVELS[letter], line[end:], None)
+    m = _PG_RANK.match(line, pos)
+    if m is not None:
+        return LogLine(None, None, f"rank{m.group(1)}", None, line[m.end() :], None)
+    return None
+
+
 def opens_record(text: str) -> bool:
-    """True when the line starts a new log record (it carries a time prefix we understand)."""
+    """True when the line starts a new log record: it carries a time, or an SGLang rank prefix."""
     line = text
-    pos = 0
     if line.startswith("\x1b"):
         line = _ANSI.sub("", line)
-    if line.startswith("("):
-        m = _PROC.match(line)
-        if m is not None:
-            pos = m.end()
-    if line.startswith("[rank", pos):
-        m = _TORCH_RANK.match(line, pos)
-        if m is not None:
-            pos = m.end()
+    line, pos, _ = _unwrap(line)
     head = line[pos : pos + 1]
     if head == "[":
-        return _SGLANG.match(line, pos) is not None
+        return (
+            _SGLANG.match(line, pos) is not None
+            or _SGLANG_CLOCK.match(line, pos) is not None
+            or _SGLANG_RANKS.match(line, pos) is not None
+            or _GLOG.match(line, pos) is not None
+        )
     if head.isdigit():
         return _PYLOG.match(line, pos) is not None
     if head in ("D", "I", "W", "E", "C"):

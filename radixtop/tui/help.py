@@ -37,7 +37,7 @@ def help_text(keymap: Mapping[str, str] | None = None) -> Table:
     table.add_row(Text("Status line", style=Style(bold=True, underline=True)), "")
     table.add_row("FOLLOW/SCROLL", "following the newest line, or scrolled back")
     table.add_row("PAUSED +N", "the view is frozen; N lines wait and appear on p")
-    table.add_row("first:", "the earliest warning-or-worse signature across all files, its rank and time")
+    table.add_row("first:", "the earliest cause across all files (not a notice or a consequence), its rank and time")
     table.add_row("sources", "each followed file: ok, waiting, rotated, truncated, deleted or error, with why")
     table.add_row("lines /s", "lines read in total and per second; then the matching engine in use")
     table.add_row("server r0 procs gpu", "the live sources: ok, DOWN since the time it went, starting, "

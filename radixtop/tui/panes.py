@@ -221,7 +221,7 @@ class Panes:
             self.state.version += 1
 
     def note_report(self, report: Any, title_of: Callable[[str], str]) -> None:
-        """Mark the initiating failure's moment (the earliest warning-or-worse signature) on every
+        """Mark the initiating failure's moment (the earliest cause, see findings.py) on every
         plot, and hand the radix pane what the log says about the radix cache (a rank that raised
         RadixCacheError is usually dead before its endpoint is read again)."""
         findings = getattr(report, "findings", ()) if report is not None else ()

@@ -26,7 +26,7 @@ from radixtop.schema import Census, NodeRow, TreeView
 
 __all__ = ["MAX_WALK_SLOTS", "SlotWalk", "build", "read_walk", "walkable"]
 
-# The walks are one pause of the scheduler, about 18 ms per 100k slots on a 2-core machine
+# The walks are one pause of the scheduler, about 15 ms per 100k slots on a 2-core machine
 # (benchmarks/rust_walk_bench.py): past this a snapshot is sizes only rather than a long stall.
 MAX_WALK_SLOTS = 262_144
 

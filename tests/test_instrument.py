@@ -801,7 +801,7 @@ def test_every_metrics_scrape_is_true_when_scraped_whether_or_not_a_snapshot_was
         time.sleep(0.05)
         started = time.monotonic()
         text = get(ep, schema.METRICS_PATH).text
-        assert time.monotonic() - started < 2.0 + 1.0 and gauge(text, "radixtop_tree_nodes") == count
+        assert time.monotonic() - started < 2.0 + 8.0 and gauge(text, "radixtop_tree_nodes") == count  # waited, did not hang
     finally:
         stop.set()
         thread.join(5)

@@ -39,13 +39,20 @@ _SSL_CONTEXT: Any = None
 
 def is_loopback_url(url: str) -> bool:
     """Whether a URL's host is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
-    import ipaddress
     from urllib.parse import urlsplit
 
     try:
         host = urlsplit(url).hostname or ""
     except ValueError:
         return False
+    return is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address (IPv6 bracketed or not) is this machine's loopback."""
+    import ipaddress
+
+    host = host.strip("[]")
     if host == "localhost":
         return True
     try:

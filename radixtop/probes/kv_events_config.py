@@ -8,12 +8,13 @@ publishers are kept (the one rule of radixtop.probes.radix.instrument_urls).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from radixtop.probes.http import is_loopback_host
 
 WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]")
 
@@ -32,16 +33,6 @@ class KvEventsSource:
         return f"kv-events+{self.endpoint}"
 
 
-def _loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _split(endpoint: str) -> tuple[str, int] | None:
     if not endpoint.startswith("tcp://"):
         return None
@@ -53,7 +44,7 @@ def _split(endpoint: str) -> tuple[str, int] | None:
 
 def _endpoint(host: str, port: int, server_host: str) -> str | None:
     host = server_host if host in WILDCARD_HOSTS else host
-    if not _loopback(host) or not 0 < port <= 65535:
+    if not is_loopback_host(host) or not 0 < port <= 65535:
         return None
     return f"tcp://{host}:{port}"
 

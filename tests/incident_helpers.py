@@ -107,3 +107,38 @@ def all_bytes(root: Path) -> list[tuple[str, bytes]]:
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+
+
+def lock_race_bundle(tmp_path: Path) -> tuple[Sim, Path]:
+    """The seed's failure on two ranks (the lock race under pressure, until the server dies), then
+    a headless `radixtop bundle` of the dead server by its pid: (the stopped simulator, the bundle)."""
+    import asyncio
+    import json
+
+    import httpx
+
+    from radixtop.incident.replay import replay_once
+    from radixtop.incident.trace import plan_requests
+    from radixtop.incident.workloads import pressure_trace
+
+    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1")
+    sim = start_sim(tmp_path / "sim", *flags)
+    planned = plan_requests(pressure_trace(1024, 8, page_size=16))
+
+    async def load() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(5):
+                if sim.proc.poll() is not None:
+                    break
+                await replay_once(client, sim.url, planned)
+
+    try:
+        asyncio.run(load())
+        sim.proc.wait(timeout=30)
+    finally:
+        sim.stop()
+    assert sim.proc.returncode != 0, "the lock race did not kill the server"
+    done = radixtop("bundle", "--out", str(tmp_path / "out"), "--url", sim.url, "--pid", str(sim.pid),
+                    "--log", str(sim.log), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return sim, Path(json.loads(done.stdout)["path"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from incident_helpers import all_bytes, radixtop, start_sim, wait_for, write_lines
+from incident_helpers import all_bytes, lock_race_bundle, radixtop, start_sim, wait_for, write_lines
 
 from radixtop.diagnosis.catalog import ORDINARY_LINES, load_catalog
 from radixtop.incident.bundle import AutoBundler, take_bundle, verify_bundle
@@ -345,27 +345,7 @@ def test_instrument_endpoints_given_are_read_without_a_server_url(tmp_path: Path
 def test_a_bundle_after_the_lock_race_keeps_every_ranks_flight_record(tmp_path: Path) -> None:
     """The ranks died before the bundle could ask their endpoints: their flight records, written
     inside the server as it died, carry the cache at that moment into the bundle."""
-    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1")
-    sim = start_sim(tmp_path / "sim", *flags)
-    planned = plan_requests(pressure_trace(1024, 8, page_size=16))
-
-    async def load() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            for _ in range(5):
-                if sim.proc.poll() is not None:
-                    break
-                await replay_once(client, sim.url, planned)
-
-    try:
-        asyncio.run(load())
-        sim.proc.wait(timeout=30)
-    finally:
-        sim.stop()
-    assert sim.proc.returncode != 0
-    done = radixtop("bundle", "--out", str(tmp_path / "out"), "--url", sim.url, "--pid", str(sim.pid),
-                    "--log", str(sim.log), "--json")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    bundle = Path(json.loads(done.stdout)["path"])
+    sim, bundle = lock_race_bundle(tmp_path)
     for rank in (0, 1):
         record = FlightRecord.from_dict(json.loads((bundle / f"flight/rank{rank}-pid{sim.pid}.json").read_text()))
         assert record.triggers[0].message.endswith("RadixCacheError: Failed to lock memory page during dynamic prefix eviction")

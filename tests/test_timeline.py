@@ -3,21 +3,16 @@ real headless Chromium (Debian's package, driven by Playwright) with the network
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path
 
-import httpx
 import pytest
-from incident_helpers import radixtop, start_sim
+from incident_helpers import lock_race_bundle
 from pane_helpers import make_snapshot
 
-from radixtop.incident.replay import replay_once
 from radixtop.incident.seen import RankSeen, SeenState
 from radixtop.incident.timeline import gather, render_html
-from radixtop.incident.trace import plan_requests
-from radixtop.incident.workloads import pressure_trace
 from radixtop.schema import FlightRecord, Trigger
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -54,36 +49,11 @@ def test_without_the_ui_the_vitals_come_from_the_logs_and_the_marks_from_the_fin
     assert gather(logs=[str(tmp_path / "missing.log")]).empty
 
 
-def lock_race_bundle(tmp_path: Path) -> Path:
-    """The seed's failure on two ranks, then a headless bundle of the dead server."""
-    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--enable-metrics",
-             "--fault", "lock-race:1:probability=1")  # fmt: skip
-    sim = start_sim(tmp_path / "sim", *flags)
-    planned = plan_requests(pressure_trace(1024, 8, page_size=16))
-
-    async def load() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            for _ in range(5):
-                if sim.proc.poll() is not None:
-                    break
-                await replay_once(client, sim.url, planned)
-
-    try:
-        asyncio.run(load())
-        sim.proc.wait(timeout=30)
-    finally:
-        sim.stop()
-    done = radixtop("bundle", "--out", str(tmp_path / "out"), "--url", sim.url, "--pid", str(sim.pid),
-                    "--log", str(sim.log), "--json")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return Path(json.loads(done.stdout)["path"])
-
-
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package (.ci/run installs it)")
 def test_the_bundles_timeline_opens_offline_in_chromium_with_every_series_and_marker(tmp_path: Path):
     from playwright.sync_api import sync_playwright
 
-    bundle = lock_race_bundle(tmp_path)
+    _, bundle = lock_race_bundle(tmp_path)
     page_file = bundle / "timeline.html"
     assert "timeline.html" in (bundle / "README.txt").read_text()
     findings = json.loads((bundle / "findings.json").read_text())["findings"]

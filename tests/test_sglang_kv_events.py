@@ -8,33 +8,13 @@ Run by .ci/sglang-tests in its environment; skipped where sglang is not installe
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from sglang_gate import why_not
 
-HELPERS = Path(__file__).resolve().parent / "sglang"
-if str(HELPERS) not in sys.path:
-    sys.path.insert(0, str(HELPERS))  # real_cache
-
-
-def _why_no_sglang() -> str | None:
-    try:
-        import sglang.srt.disaggregation.kv_events  # noqa: F401
-        import sglang.srt.mem_cache.radix_cache  # noqa: F401
-        import torch  # noqa: F401
-        import zmq  # noqa: F401
-    except ImportError as exc:
-        return f"needs sglang==0.5.23 on a CPU torch (the environment .ci/sglang-tests builds): {exc}"
-    return None
-
-
-NO_SGLANG = _why_no_sglang()
-if NO_SGLANG and os.environ.get("RADIXTOP_REQUIRE_SGLANG") == "1":
-    raise RuntimeError(f"RADIXTOP_REQUIRE_SGLANG=1 but {NO_SGLANG}")
+NO_SGLANG = why_not("sglang.srt.disaggregation.kv_events", "zmq")
 pytestmark = pytest.mark.skipif(NO_SGLANG is not None, reason=NO_SGLANG or "")
 
 

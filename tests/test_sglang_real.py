@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from sglang_gate import HELPERS, why_not
 
 from radixtop.instrument import launch, plugin
 from radixtop.instrument import sglang as glue
@@ -48,24 +49,8 @@ from radixtop.schema import (
     parse_snapshot,
 )
 
-HELPERS = Path(__file__).resolve().parent / "sglang"
 REPO = Path(__file__).resolve().parents[1]
-if str(HELPERS) not in sys.path:
-    sys.path.insert(0, str(HELPERS))  # real_cache, scheduler_child, launch_target
-
-
-def _why_no_sglang() -> str | None:
-    try:
-        import sglang.srt.mem_cache.radix_cache  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError as exc:
-        return f"needs sglang==0.5.23 on a CPU torch (the environment .ci/sglang-tests builds): {exc}"
-    return None
-
-
-NO_SGLANG = _why_no_sglang()
-if NO_SGLANG and os.environ.get("RADIXTOP_REQUIRE_SGLANG") == "1":
-    raise RuntimeError(f"RADIXTOP_REQUIRE_SGLANG=1 but {NO_SGLANG}")
+NO_SGLANG = why_not()
 needs_sglang = pytest.mark.skipif(NO_SGLANG is not None, reason=NO_SGLANG or "")
 if NO_SGLANG is None:
     import real_cache

@@ -18,10 +18,11 @@ Wire shapes (JSON objects, UTF-8):
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
@@ -391,6 +392,43 @@ class TreeView:
             nodes=nodes,
         )
 
+
+class Branch(NamedTuple):
+    """A node of a tree rebuilt outside the instrument's walk (the Rust TreeCore's slots,
+    kv-events' blocks), for heaviest_first()."""
+
+    id: int | None
+    tokens: int
+    lock_ref: int
+    subtree: int  # tokens in it and below it
+    children: tuple[int, ...]  # indices in the same list
+
+
+def heaviest_first(
+    branches: Sequence[Branch], roots: Sequence[int], budget: int,
+    head_of: Callable[[int], tuple[int, ...]] = lambda _: (),
+) -> TreeView:  # fmt: skip
+    """The rows of a rebuilt tree as the instrument's walk sends them: the root row, then nodes
+    heaviest subtree first within `budget` (a prefix of the rows is a connected tree; ties go to
+    the lower index). `head_of(index)`: a node's first token ids, asked only for the rows sent."""
+    total = sum(branches[i].subtree for i in roots)
+    rows = [NodeRow(None, -1, 0, 0, False, None, None, len(roots), total, ())]
+    heap = [(-branches[i].subtree, i, 0) for i in roots]
+    heapq.heapify(heap)
+    walked_tokens = 0
+    while heap and len(rows) <= budget:
+        _, i, parent_row = heapq.heappop(heap)
+        b = branches[i]
+        rows.append(NodeRow(b.id, parent_row, b.tokens, b.lock_ref, False, None, None, len(b.children), b.subtree, head_of(i)))
+        walked_tokens += b.tokens
+        row = len(rows) - 1
+        for child in b.children:
+            heapq.heappush(heap, (-branches[child].subtree, child, row))
+    walked = len(rows) - 1
+    return TreeView(
+        budget=budget, walked_nodes=walked, walked_tokens=walked_tokens, cut_nodes=len(branches) - walked,
+        cut_tokens=total - walked_tokens, cut_exact=True, nodes=tuple(rows),
+    )  # fmt: skip
 
 @dataclass(frozen=True, slots=True)
 class Census:

@@ -17,12 +17,11 @@ thread. Standard library only (the rows are torch tensors: read with `.tolist()`
 from __future__ import annotations
 
 import hashlib
-import heapq
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from radixtop.schema import Census, NodeRow, TreeView
+from radixtop.schema import Branch, Census, TreeView, heaviest_first
 
 __all__ = ["MAX_WALK_SLOTS", "SlotWalk", "build", "read_walk", "walkable"]
 
@@ -102,9 +101,8 @@ def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]], int]:
     return chains, children, len(slots)
 
 
-def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census, int, int]:
-    """(the tree view, heaviest subtrees first within `budget` nodes; the census of all chains;
-    evictable tokens; protected tokens), the last two as the walk counts them."""
+def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census]:
+    """The tree view (heaviest subtrees first within `budget` nodes) and the census of all chains."""
     started = time.monotonic()
     chains, children, total = _chains(walk)
     subtree = [c.tokens for c in chains]
@@ -112,21 +110,8 @@ def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census, int, int]:
         parent = chains[i].parent
         if parent >= 0:
             subtree[parent] += subtree[i]
-    roots = [i for i, c in enumerate(chains) if c.parent < 0]
-    protected = sum(c.tokens for c in chains if c.locked)
-    rows = [NodeRow(None, -1, 0, 0, False, None, None, len(roots), total, ())]
-    heap = [(-subtree[i], i, 0) for i in roots]
-    heapq.heapify(heap)
-    walked_tokens = 0
-    while heap and len(rows) <= budget:
-        _, i, parent_row = heapq.heappop(heap)
-        chain = chains[i]
-        rows.append(NodeRow(chain.first, parent_row, chain.tokens, 1 if chain.locked else 0, False, None, None,
-                            len(children[i]), subtree[i], ()))  # fmt: skip
-        walked_tokens += chain.tokens
-        row = len(rows) - 1
-        for child in children[i]:
-            heapq.heappush(heap, (-subtree[child], child, row))
+    branches = [Branch(c.first, c.tokens, 1 if c.locked else 0, subtree[i], tuple(children[i])) for i, c in enumerate(chains)]
+    tree = heaviest_first(branches, [i for i, c in enumerate(chains) if c.parent < 0], budget)
     locked_nodes = sum(1 for c in chains if c.locked)
     shape = hashlib.blake2b(digest_size=8)
     for c in sorted(chains, key=lambda c: (c.position, c.tokens, c.locked)):
@@ -136,8 +121,4 @@ def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census, int, int]:
         lock_ref_histogram={k: v for k, v in ((0, len(chains) - locked_nodes), (1, locked_nodes)) if v},
         digest=shape.hexdigest(), age_s=0.0, seconds=time.monotonic() - started, slices=1, span_s=0.0,
     )  # fmt: skip
-    tree = TreeView(
-        budget=budget, walked_nodes=len(rows) - 1, walked_tokens=walked_tokens, cut_nodes=len(chains) - (len(rows) - 1),
-        cut_tokens=total - walked_tokens, cut_exact=True, nodes=tuple(rows),
-    )  # fmt: skip
-    return tree, census, total - protected, protected
+    return tree, census

@@ -570,7 +570,7 @@ class Capture:
 
     def build(self) -> Snapshot:
         if self.slot_walk is not None:
-            tree, census, _, _ = slot_chains.build(self.slot_walk, self.budget)
+            tree, census = slot_chains.build(self.slot_walk, self.budget)
             return replace(self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE)._snapshot(tree, "locked-only")
         tree = None
         if self.rows is not None:

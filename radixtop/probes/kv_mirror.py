@@ -9,13 +9,12 @@ is), so the view's shape follows the cache's while every block stays countable.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixtop.schema import MAX_HEAD_TOKENS, SCHEMA_VERSION, Counters, NodeRow, Snapshot, TreeView
+from radixtop.schema import MAX_HEAD_TOKENS, SCHEMA_VERSION, Branch, Counters, Snapshot, TreeView, heaviest_first
 
 SOURCE = "kv-events: blocks, no locks"  # the pane names the source and what it cannot see
 CACHE_CLASS = "kv-events mirror"
@@ -129,37 +128,25 @@ class BlockMirror:
     def tree(self, budget: int) -> TreeView:
         """Root row first, then nodes heaviest subtree first (a prefix is a connected view)."""
         chains, subtree = self._chains()
-        total_tokens = sum(subtree[h] for h in self.roots)
-        rows: list[NodeRow] = [NodeRow(None, -1, 0, 0, False, None, None, len(self.roots), total_tokens, ())]
-        heap = [(-subtree[h], h, 0) for h in self.roots]
-        heapq.heapify(heap)
-        walked_tokens = 0
-        while heap and len(rows) <= budget:
-            _, first, parent_row = heapq.heappop(heap)
-            chain = chains[first]
-            blocks = [self.blocks[h] for h in chain]
-            tokens = sum(len(b.tokens) for b in blocks)
-            kids = blocks[-1].children
+        firsts = sorted(chains)  # index order is hash order: ties go to the lower hash
+        index = {h: i for i, h in enumerate(firsts)}
+        branches = []
+        for h in firsts:
+            chain = chains[h]
+            tokens = sum(len(self.blocks[b].tokens) for b in chain)
+            kids = tuple(index[c] for c in self.blocks[chain[-1]].children)
+            branches.append(Branch(h, tokens, 0, subtree[h], kids))
+
+        def head_of(i: int) -> tuple[int, ...]:
             head: list[int] = []
-            for b in blocks:
-                head.extend(t if isinstance(t, int) else int(t[0]) for t in b.tokens[: MAX_HEAD_TOKENS - len(head)])
+            for b in chains[firsts[i]]:
+                tokens = self.blocks[b].tokens
+                head.extend(t if isinstance(t, int) else int(t[0]) for t in tokens[: MAX_HEAD_TOKENS - len(head)])
                 if len(head) >= MAX_HEAD_TOKENS:
                     break
-            row = len(rows)
-            rows.append(NodeRow(first, parent_row, tokens, 0, False, None, None, len(kids), subtree[first], tuple(head)))
-            walked_tokens += tokens
-            for c in kids:
-                heapq.heappush(heap, (-subtree[c], c, row))
-        walked = len(rows) - 1
-        return TreeView(
-            budget=budget,
-            walked_nodes=walked,
-            walked_tokens=walked_tokens,
-            cut_nodes=len(chains) - walked,
-            cut_tokens=total_tokens - walked_tokens,
-            cut_exact=True,
-            nodes=tuple(rows),
-        )
+            return tuple(head)
+
+        return heaviest_first(branches, sorted(index[h] for h in self.roots), budget, head_of)
 
     def snapshot(self, *, rank: int, instance: str, seq: int, budget: int) -> Snapshot:
         """The mirror in the debug endpoint's shape; what kv-events do not carry is None."""

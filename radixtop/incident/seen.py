@@ -10,17 +10,13 @@ the moment of the bundle; `write()` turns them into files on the bundle's thread
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixtop.incident.evidence import Sink
 
 __all__ = ["RankSeen", "SeenState"]
-
-
-class Sink(Protocol):
-    def json(self, rel: str, obj: Any) -> None: ...
-    def text(self, rel: str, text: str) -> None: ...
-    def note(self, rel: str, why: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +48,7 @@ class SeenState:
                 sink.json(f"{base}-snapshots.json", {
                     "url": rank.url, "status": rank.status, "source": rank.source or "radixtop debug endpoint",
                     "locks_known": rank.locks_known,
-                    "snapshots": [{"fetched": t, "snapshot": json.loads(s.to_json())} for t, s in rank.snapshots],
+                    "snapshots": [{"fetched": t, "snapshot": s.to_dict()} for t, s in rank.snapshots],
                 })  # fmt: skip
                 written.append(f"{base}-snapshots.json")
             if rank.events:

@@ -637,29 +637,33 @@ def _safe_name(path: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:80]
 
 
-def _copy_tail(sink: Sink, path: str, rel: str) -> None:
+def read_tail(path: str) -> tuple[bytes, int, bool]:
+    """The last LOG_TAIL_BYTES of a log file, from a whole line: (the bytes, the file's size,
+    whether it was cut). ValueError (one line, the path first) for stdin, a compressed file or a FIFO, whose
+    tail cannot be read again; OSError as the system raises it."""
     if path == "-" or path.endswith(".gz"):
-        sink.note(rel, f"{path}: a compressed file or stdin; its evidence is in evidence/, its tail is not copied")
-        return
-    try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
-    except OSError as exc:
-        sink.note(rel, f"{path}: {_one_line(exc)}")
-        return
-    if not regular:  # a FIFO was read once by the scan; opening it again would wait for a writer
-        sink.note(rel, f"{path}: not a regular file (a FIFO?); its evidence is in evidence/, its tail is not copied")
-        return
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            start = max(0, size - LOG_TAIL_BYTES)
-            fh.seek(start)
-            data = fh.read(LOG_TAIL_BYTES)
-    except OSError as exc:
-        sink.note(rel, f"{path}: {_one_line(exc)}")
-        return
+        raise ValueError(f"{path}: a compressed file or stdin; its evidence is in evidence/, its tail is not copied")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO was read once by the scan; opening it again would wait for a writer
+        raise ValueError(f"{path}: not a regular file (a FIFO?); its evidence is in evidence/, its tail is not copied")
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        start = max(0, size - LOG_TAIL_BYTES)
+        fh.seek(start)
+        data = fh.read(LOG_TAIL_BYTES)
     if start > 0:  # start at a whole line
         cut = data.find(b"\n")
         data = data[cut + 1 :] if cut >= 0 else data
-    header = f"# last {len(data):,} bytes of {path} ({size:,} bytes)\n" if start > 0 else ""
+    return data, size, start > 0
+
+
+def _copy_tail(sink: Sink, path: str, rel: str) -> None:
+    try:
+        data, size, cut = read_tail(path)
+    except ValueError as exc:
+        sink.note(rel, str(exc))
+        return
+    except OSError as exc:
+        sink.note(rel, f"{path}: {_one_line(exc)}")
+        return
+    header = f"# last {len(data):,} bytes of {path} ({size:,} bytes)\n" if cut else ""
     sink.text(rel, header + data.decode("utf-8", "replace"))

@@ -17,13 +17,12 @@ post-mortem is often read far from any network.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Timeline", "gather", "render_html"]
 
-TAIL_BYTES = 4 << 20  # of each log: the same tail the bundle keeps
 MAX_MARKS = 12
 
 
@@ -87,17 +86,14 @@ def _vitals_from_logs(timeline: Timeline, logs: Sequence[str]) -> None:
             timeline.sources[key] = "log"
 
 
-def _tail_lines(path: str) -> Iterable[str]:
+def _tail_lines(path: str) -> list[str]:
+    """The lines of the tail the bundle keeps of the log (none of a FIFO, stdin or a .gz)."""
+    from radixtop.incident.evidence import read_tail
+
     try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read(TAIL_BYTES)
-    except OSError:
+        return read_tail(path)[0].decode("utf-8", "replace").splitlines()
+    except (OSError, ValueError):
         return []
-    lines = data.decode("utf-8", "replace").splitlines()
-    return lines[1:] if size > TAIL_BYTES else lines  # the first may be cut
 
 
 def _marks_of(report: Any) -> list[tuple[float, str]]:

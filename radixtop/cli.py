@@ -80,7 +80,7 @@ def _add_readonly_option(parser: argparse.ArgumentParser, top_level: bool = True
 ACTIONS = ("bundle", "replay", "record", "confirm")
 
 
-def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
+def _add_bundle(sub: argparse._SubParsersAction) -> None:
     bundle = sub.add_parser(
         "bundle",
         help="write an evidence bundle: first occurrences, findings, server state, GPU, processes, stacks",
@@ -102,6 +102,8 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     _add_signature_option(bundle, top_level=False)
     _add_readonly_option(bundle, top_level=False)
 
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay = sub.add_parser(
         "replay",
         help="send a workload trace N times at temperature 0 and report which requests' outputs diverge",
@@ -118,6 +120,8 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (same seed, same prompts)")
     _add_readonly_option(replay, top_level=False)
 
+
+def _add_record(sub: argparse._SubParsersAction) -> None:
     record = sub.add_parser(
         "record", help="record live traffic as a trace: a proxy on loopback in front of the server"
     )
@@ -131,6 +135,8 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     record.add_argument("--ready-file", default=None, help=argparse.SUPPRESS)  # tests: where the port is written
     _add_readonly_option(record, top_level=False)
 
+
+def _add_analyze(sub: argparse._SubParsersAction) -> None:
     analyze = sub.add_parser(
         "analyze",
         help="run a trace on the simulator's radix cache in-process (no server, no GPU): hit rate, misses by reason",
@@ -148,6 +154,8 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     analyze.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (as replay's)")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_confirm(sub: argparse._SubParsersAction) -> None:
     confirm = sub.add_parser(
         "confirm",
         help="the confirmation run: evidence, a plan to approve, then the live server vs a bounded control",
@@ -179,17 +187,7 @@ def _add_action_parsers(sub: argparse._SubParsersAction) -> None:
     _add_readonly_option(confirm, top_level=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="radixtop",
-        description="Watch an LLM server's logs, prefix cache and GPU memory; confirm the cause.",
-    )
-    parser.add_argument("--version", action="version", version=f"radixtop {__version__}")
-    _add_tui_options(parser)
-    _add_signature_option(parser)
-    _add_readonly_option(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_scan(sub: argparse._SubParsersAction) -> None:
     scan = sub.add_parser("scan", help="scan logs headless for known failure signatures")
     scan.add_argument("logs", nargs="+", metavar="LOG", help="log files (.gz accepted), or - for stdin")
     scan.add_argument("--json", action="store_true", help="print one JSON object")
@@ -200,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_signature_option(scan, top_level=False)
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo", help="start a simulated failing SGLang server with a workload, and watch it fail"
     )
@@ -215,13 +215,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_signature_option(demo, top_level=False)
 
-    _add_action_parsers(sub)
 
+def _add_sim(sub: argparse._SubParsersAction) -> None:
     sub.add_parser(
         "sim",
         help="run the SGLang-compatible simulator (takes SGLang's flags; see `radixtop sim --help`)",
         add_help=False,
     )
+
+
+# In the order `radixtop --help` lists them.
+SUBCOMMANDS = {
+    "scan": _add_scan,
+    "demo": _add_demo,
+    "bundle": _add_bundle,
+    "replay": _add_replay,
+    "record": _add_record,
+    "analyze": _add_analyze,
+    "confirm": _add_confirm,
+    "sim": _add_sim,
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``only`` that subcommand's: building all of them costs `radixtop
+    scan` about a fifth of its start-up (argparse formats and translates every help text)."""
+    parser = argparse.ArgumentParser(
+        prog="radixtop",
+        description="Watch an LLM server's logs, prefix cache and GPU memory; confirm the cause.",
+    )
+    parser.add_argument("--version", action="version", version=f"radixtop {__version__}")
+    _add_tui_options(parser)
+    _add_signature_option(parser)
+    _add_readonly_option(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, add in SUBCOMMANDS.items():
+        if only in (None, name):
+            add(sub)
     return parser
 
 
@@ -232,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from radixtop.sim.cli import main as sim_main
 
         return sim_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    # `radixtop scan LOG` builds only the scan parser; options before the subcommand
+    # (`radixtop --log F bundle`) need the whole one.
+    args = build_parser(argv[0] if argv[:1] and argv[0] in SUBCOMMANDS else None).parse_args(argv)
     try:
         if args.command in ACTIONS:
             if args.readonly:

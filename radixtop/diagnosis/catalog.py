@@ -20,8 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from radixtop import __version__
 from radixtop.diagnosis import diskcache
@@ -89,8 +88,8 @@ class CatalogError(ValueError):
     """A catalog that cannot be used. ``str()`` is one line: ``<file>:<line>: <what>; <what to do>``."""
 
 
-@dataclass(frozen=True)
-class Signature:
+# A NamedTuple, not a dataclass: `radixtop scan` starts without importing dataclasses (and inspect).
+class Signature(NamedTuple):
     id: str
     title: str
     pattern: str
@@ -107,8 +106,7 @@ class Signature:
         return severity_rank(self.severity)
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(NamedTuple):
     signatures: tuple[Signature, ...]
     notes: tuple[str, ...] = ()  # e.g. which user signature replaced which built-in one
 

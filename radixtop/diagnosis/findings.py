@@ -34,11 +34,9 @@ few dozen batch stats per rank and info occurrences per file. The whole log is n
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from radixtop.diagnosis.catalog import ROLES, Catalog, Signature
 from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE, OPENER_LOOKBACK, find_opener
@@ -58,8 +56,8 @@ _INFO_HISTORY = 32  # info occurrences kept per file for the fingerprint
 _ACTIVE_FILES = 64  # files that keep a context ring; the least recently fed beyond this drop theirs
 
 
-@dataclass(frozen=True)
-class Occurrence:
+# A NamedTuple, not a dataclass: `radixtop scan` starts without importing dataclasses (and inspect).
+class Occurrence(NamedTuple):
     file: str
     line: int  # 1-based
     time: str | None  # as written
@@ -77,8 +75,7 @@ class Occurrence:
         }
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(NamedTuple):
     signature: Signature
     count: int
     first: Occurrence
@@ -86,8 +83,7 @@ class Finding:
     context_after: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Fingerprint:
+class Fingerprint(NamedTuple):
     info: Occurrence | None
     warn: Occurrence | None
     error: Occurrence | None
@@ -109,15 +105,14 @@ class Fingerprint:
         }
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
     lines: int
     findings: tuple[Finding, ...]
     initiating: tuple[str, Occurrence] | None
     fingerprint: Fingerprint | None
     batch_at_failure: dict[str, BatchStats]
     # Each rank's first warning-or-worse occurrence ("" for lines without a rank), earliest first.
-    first_by_rank: dict[str, tuple[str, Occurrence]] = field(default_factory=dict)
+    first_by_rank: Mapping[str, tuple[str, Occurrence]]
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
@@ -146,7 +141,7 @@ class Report:
             "initiating": initiating,
             "fingerprint": None if self.fingerprint is None else self.fingerprint.to_json(),
             "batch_at_failure": {
-                rank: dataclasses.asdict(stats) for rank, stats in self.batch_at_failure.items()
+                rank: stats._asdict() for rank, stats in self.batch_at_failure.items()
             },
             "first_by_rank": {
                 rank: {"signature": sig_id, **occ.to_json()}

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "BatchStats",
@@ -47,8 +47,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class BatchStats:
+# NamedTuples, not dataclasses: one is built per parsed line (a tuple is several times cheaper),
+# and `radixtop scan` starts without importing dataclasses (and inspect).
+class BatchStats(NamedTuple):
     kind: str  # "prefill" | "decode"
     token_usage: float | None = None
     running_req: int | None = None
@@ -60,8 +61,7 @@ class BatchStats:
     gen_throughput: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LogLine:
+class LogLine(NamedTuple):
     time: str | None  # as written, e.g. "2026-12-02 14:00:00.123"
     epoch: float | None  # seconds since the epoch (local time), for ordering across files
     rank: str | None  # e.g. "TP3", "DP0 TP3"; None when the line has no rank

@@ -39,8 +39,8 @@ import sys
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from types import MappingProxyType
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 from radixtop.diagnosis.evidence_policy import (
     CONTEXT_BEFORE,
@@ -68,14 +68,14 @@ class ScanInputError(Exception):
     """An input cannot be read. str() is one line: the path, what is wrong, what to do."""
 
 
-@dataclass(frozen=True, slots=True)
-class ScanHit:
+# A NamedTuple, not a dataclass: `radixtop scan` starts without importing dataclasses (and inspect).
+class ScanHit(NamedTuple):
     file: str  # the name shown for the input: its path as given, or "<stdin>"
     line: int  # 1-based
     signature_index: int  # into Matcher.signatures
     raw: bytes  # the line as stored, without its newline (a MAX_LINE piece for overlong lines)
     context_before: tuple[str, ...] = ()  # only on a file's first hit of this signature
-    batch_before: Mapping[str, BatchStats] = field(default_factory=dict)  # first failure hit only
+    batch_before: Mapping[str, BatchStats] = MappingProxyType({})  # first failure hit only
     opener: str | None = None  # for a continuation line: the line that opened its record
     context_after: tuple[str, ...] = ()  # only on a file's first hit of this signature
 
@@ -84,8 +84,7 @@ class ScanHit:
         return evidence_text(self.raw)
 
 
-@dataclass(frozen=True, slots=True)
-class FileSummary:
+class FileSummary(NamedTuple):
     file: str
     lines: int
     hits: int

@@ -115,3 +115,30 @@ def test_a_filter_shows_every_matching_line_whatever_the_fold(flag):
     feed(state, [access(35) for _ in range(6)])
     state.set_filter("POST")
     assert state.view_len == 6
+
+
+def test_the_fold_is_the_same_however_the_lines_are_split_into_batches():
+    """Runs end at any other line, also at a batch's edge, and the rows count alike whether the
+    lines came in one batch or in many."""
+    rng = random.Random(11)
+    texts = []
+    for _ in range(600):
+        roll = rng.random()
+        if roll < 0.6:
+            texts.append(access(rng.randrange(3), rng.choice(["GET", "POST"]), rng.choice(["/health", "/generate"])))
+        elif roll < 0.95:
+            texts.append(f"[2026-12-03 11:54:0{rng.randrange(3)} TP0] Decode batch, #running-req: 3")
+        else:
+            texts.append('plain "GET /x HTTP/1.1" mentioned in a message without a method-path-status triple HTTP/')
+    whole = IncidentState(capacity=10_000)
+    feed(whole, texts)
+    expected = view(whole)  # a counted row's text names its count and kinds
+    assert whole.view_len < len(texts) and any("HTTP access lines" in t for t in expected)
+    for trial in range(5):
+        split = IncidentState(capacity=10_000)
+        i = 0
+        while i < len(texts):
+            n = rng.randrange(1, 40)
+            feed(split, texts[i : i + n], start=1 + i)
+            i += n
+        assert view(split) == expected, trial

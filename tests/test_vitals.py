@@ -7,7 +7,7 @@ import time
 import pytest
 
 from radixtop.probes.sglang import ServerMetrics
-from radixtop.session.vitals import Series, Vitals, log_observations
+from radixtop.session.vitals import LIVE_TAIL_LINES, Series, Vitals, live_lines, log_observations
 
 LINES = [
     "[2026-12-02 14:00:00 TP0] Prefill batch, #new-seq: 2, #new-token: 300, #cached-token: 100, token usage: 0.42, #running-req: 5, #queue-req: 3, ",
@@ -186,3 +186,20 @@ async def test_sim_metrics_latch_the_gauges_at_each_batch_line_through_the_engin
     assert batch and heard == [line.split("] ", 1)[1] for line in batch], "every batch line, and only those"
     usages = [float(line.split("token usage: ")[1].split(",")[0]) for line in batch]
     assert latched_at == pytest.approx(usages, abs=0.006), "the gauges as of each batch line"
+
+
+def test_a_live_batch_is_read_from_its_tail_but_every_retraction_and_vllm_stats_line_counts() -> None:
+    decode = "[2026-12-02 14:00:0{s} TP0] Decode batch, #running-req: 9, #token: 100, token usage: 0.{u:02d}, #queue-req: 0"
+    flood = [decode.format(s=i * 5 // 3000, u=10 + i * 80 // 3000) for i in range(3000)]
+    retract = "[2026-12-02 14:00:00 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5"
+    vllm = "INFO 12-02 14:00:01 [loggers.py:1] Running: 4 reqs, Waiting: 2 reqs, GPU KV cache usage: 37.5%"
+    batch = flood[:10] + [retract] + flood[10:20] + [vllm] + flood[20:]
+    read = live_lines(batch)
+    assert list(read) == [retract, vllm, *batch[-LIVE_TAIL_LINES:]]
+    assert live_lines(flood[:LIVE_TAIL_LINES]) == flood[:LIVE_TAIL_LINES]  # a small batch: all of it
+    assert list(live_lines(flood)) == flood[-LIVE_TAIL_LINES:]
+    obs = log_observations(read, latest_only=True)
+    assert ("retracted", 3.0) in {(o.key, o.value) for o in obs}
+    assert ("token_usage", 0.375) in {(o.key, o.value) for o in obs}
+    usages = [o.value for o in obs if o.key == "token_usage" and o.rank == "TP0"]
+    assert usages[-1] == 0.89  # the newest value of the flood

@@ -15,8 +15,10 @@ nothing per visible line and O(log n) per lookup.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+import heapq
+from collections import deque
 from collections.abc import Sequence
+from operator import itemgetter
 
 from radixtop.diagnosis.logline import access_key
 
@@ -31,12 +33,15 @@ def second_of(text: str) -> str | None:
 
 
 class _Group:
-    __slots__ = ("count", "kinds", "second")
+    __slots__ = ("count", "head", "kinds", "second")
 
-    def __init__(self, second: str, key: tuple[str, str, str]) -> None:
+    def __init__(self, head: int, second: str, key: tuple[str, str, str]) -> None:
+        self.head = head  # the seq of its first line, which stays visible
         self.second = second
         self.count = 1
-        self.kinds: Counter[tuple[str, str, str]] = Counter((key,))
+        # A dict, not a Counter: one group is made per access line that starts a row, and a
+        # Counter costs several times more to make.
+        self.kinds: dict[tuple[str, str, str], int] = {key: 1}
 
 
 class AccessFolds:
@@ -47,8 +52,9 @@ class AccessFolds:
         self._shifted: list[int] = []  # hidden[i] - (i + pruned): non-decreasing, for row -> seq
         self._lo = 0  # entries of both lists before _lo are pruned
         self._pruned = 0  # hidden entries ever pruned: the index base of _shifted
-        self._groups: dict[int, _Group] = {}  # head seq -> its group (the head stays visible)
-        self._open: int | None = None  # the head a next access line of the same second joins
+        self._groups: dict[int, _Group] = {}  # head seq -> its group, once it has two lines
+        self._heads: deque[int] = deque()  # the groups' heads, ascending: pruned from the left
+        self._open: _Group | None = None  # the group a next access line of the same second joins
         self.changed: set[int] = set()  # heads whose row text changed since the view last asked
 
     # -- intake ------------------------------------------------------------------------------------
@@ -61,25 +67,35 @@ class AccessFolds:
         if "HTTP/" not in "\n".join(texts):  # the usual run: one join and one scan, both in C
             self._open = None
             return
+        # Only the lines naming HTTP/ are looked at; any other line between two ends a run.
+        candidates = [i for i, text in enumerate(texts) if "HTTP/" in text]
         marked_set = set(marked)
-        for i, text in enumerate(texts):
+        previous = -1
+        for i in candidates:
+            if i != previous + 1:
+                self._open = None
+            previous = i
+            text = texts[i]
             key = None if i in marked_set else access_key(text)
             seq = start + i
             if key is None:
                 self._open = None
                 continue
             second = second_of(text) or fallback_second
-            head = self._open
-            group = self._groups.get(head) if head is not None else None
+            group = self._open
             if group is not None and group.second == second:
+                if group.count == 1:  # its head becomes a counted row (most access lines stay alone)
+                    self._groups[group.head] = group
+                    self._heads.append(group.head)
                 group.count += 1
-                group.kinds[key] += 1
-                self.changed.add(head)  # type: ignore[arg-type]
+                group.kinds[key] = group.kinds.get(key, 0) + 1
+                self.changed.add(group.head)
                 self._shifted.append(seq - (self._pruned + len(self._hidden) - self._lo))
                 self._hidden.append(seq)
             else:
-                self._groups[seq] = _Group(second, key)
-                self._open = seq
+                self._open = _Group(seq, second, key)
+        if previous != len(texts) - 1:
+            self._open = None
 
     def interrupt(self) -> None:
         """A notice or message entered the ring: the next access line starts a new row."""
@@ -95,12 +111,13 @@ class AccessFolds:
                 del hidden[:lo], self._shifted[:lo]
                 lo = 0
             self._lo = lo
-        if self._groups and next(iter(self._groups)) < first_seq:
-            for head in [h for h in self._groups if h < first_seq]:
-                del self._groups[head]
-                self.changed.discard(head)
-            if self._open is not None and self._open < first_seq:
-                self._open = None
+        heads = self._heads
+        while heads and heads[0] < first_seq:
+            head = heads.popleft()
+            del self._groups[head]
+            self.changed.discard(head)
+        if self._open is not None and self._open.head < first_seq:
+            self._open = None
 
     # -- the folded view ---------------------------------------------------------------------------
 
@@ -127,7 +144,7 @@ class AccessFolds:
         if group is None or group.count < 2:
             return None
         kinds = ", ".join(
-            f"{method} {path} {status} ×{n}" for (method, path, status), n in group.kinds.most_common(_SUMMARY_KINDS)
+            f"{method} {path} {status} ×{n}" for (method, path, status), n in heapq.nlargest(_SUMMARY_KINDS, group.kinds.items(), key=itemgetter(1))
         )
         more = len(group.kinds) - _SUMMARY_KINDS
         return f"{group.count} HTTP access lines: {kinds}{f', {more} more kinds' if more > 0 else ''} (a shows them)"

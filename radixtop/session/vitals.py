@@ -235,6 +235,24 @@ _VLLM_STATS = re.compile(
 )
 
 
+LIVE_TAIL_LINES = 500  # of a live batch, the lines read for the per-second series
+
+
+def live_lines(texts: Sequence[str]) -> Sequence[str]:
+    """The lines of a live batch worth reading: the last LIVE_TAIL_LINES and, before them, only
+    retraction and vLLM stats lines. A batch comes every frame, so its last lines hold the newest
+    value of each per-second series, while a flood of SGLang batch lines (one per scheduler step
+    and rank) earlier in it adds nothing; a retraction counts wherever it is, and vLLM writes its
+    stats line only every few seconds."""
+    if len(texts) <= LIVE_TAIL_LINES:
+        return texts
+    head = texts[:-LIVE_TAIL_LINES]
+    blob = "\n".join(head)  # one scan in C for the usual batch, which has neither
+    if "etract" not in blob and "KV cache usage" not in blob:
+        return texts[-LIVE_TAIL_LINES:]
+    return [t for t in head if "etract" in t or "KV cache usage" in t] + list(texts[-LIVE_TAIL_LINES:])
+
+
 def log_observations(texts: Iterable[str], now: float | None = None, *, latest_only: bool = False) -> list[Observation]:
     """Observations from a batch of log lines. Lines are tested with substring checks first: only
     batch, retract and vLLM stats lines are parsed. With latest_only, only the last prefill, decode

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from textual.containers import Horizontal
@@ -50,7 +51,7 @@ VITALS_REDRAW_S = 2.0  # the vitals also when nothing moved, for their time axis
 PANES = ("log", "radix", "gpu", "procs", "vitals")
 PANE_KEYS = {"1": "log", "2": "radix", "3": "gpu", "4": "procs", "5": "vitals"}
 _WIDGET_IDS = {"radix": "#radix-pane", "gpu": "#gpu-pane", "procs": "#procs-pane", "vitals": "#vitals-pane"}
-LOG_SCAN_MAX_LINES = 20_000  # per batch: the vitals need a value a second, not every line
+LOG_BACKLOG_LINES = 20_000  # read before the panes run: the vitals' history from the log
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Panes:
         # The pane widgets are mounted after the log's first frame; until then the panes keep the
         # log's last lines (the backlog feeds the vitals once they run) and draw nothing.
         self.mounted = False
-        self._log_backlog: deque[str] = deque(maxlen=LOG_SCAN_MAX_LINES)
+        self._log_backlog: deque[str] = deque(maxlen=LOG_BACKLOG_LINES)
         self.on_status_change = on_status_change  # a live source changed state: redraw the status line now
         self._status_key: tuple = ()
         self.sources: LiveSources | None = None
@@ -152,7 +153,7 @@ class Panes:
         from radixtop.session.live import LiveSources, Targets, resolve_targets
 
         if self._log_backlog:  # the lines read before the first frame, for the vitals
-            texts, self._log_backlog = list(self._log_backlog), deque(maxlen=LOG_SCAN_MAX_LINES)
+            texts, self._log_backlog = list(self._log_backlog), deque(maxlen=LOG_BACKLOG_LINES)
             self._feed_texts(texts)
         opts = self.options
         if opts.discover:
@@ -198,26 +199,33 @@ class Panes:
     def feed_log(self, batch: Any) -> None:
         """Vitals from the log's batch lines, only while /metrics does not feed them (before the
         panes run, the last lines are kept for them)."""
+        if self._state is not None and not self._log_feeds_vitals():
+            return
         runs = getattr(batch.records, "runs", None)
-        texts: Iterable[str]
+        texts: list[str]
         if runs is not None:
-            texts = [t for run in runs for t in run.texts]
+            texts = list(chain.from_iterable(run.texts for run in runs))
         else:
             texts = [r.text for r in batch.records]
         if self._state is None:
             self._log_backlog.extend(texts)
             return
-        self._feed_texts(list(texts)[-LOG_SCAN_MAX_LINES:])
+        from radixtop.session.vitals import live_lines
+
+        self._feed_texts(list(live_lines(texts)))
+
+    def _log_feeds_vitals(self) -> bool:
+        usage = self.state.vitals.series["token_usage"]
+        return not (usage.source == "metrics" and self.clock() - usage.updated < 15)
 
     def _feed_texts(self, texts: list[str]) -> None:
         from radixtop.session.vitals import log_observations
 
-        vitals = self.state.vitals
-        if vitals.series["token_usage"].source == "metrics" and self.clock() - vitals.series["token_usage"].updated < 15:
+        if not self._log_feeds_vitals():
             return
         observations = log_observations(texts, now=self.clock(), latest_only=True)
         if observations:
-            vitals.feed_log(observations)
+            self.state.vitals.feed_log(observations)
             self.state.version += 1
 
     def note_report(self, report: Any, title_of: Callable[[str], str]) -> None:

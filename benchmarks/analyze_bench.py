@@ -25,6 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+
 from radixtop.incident.analyze import analyze  # noqa: E402
 from radixtop.incident.trace import Trace, TraceRequest, plan_requests  # noqa: E402
 from radixtop.sim.engine import SimConfig  # noqa: E402
@@ -77,9 +80,13 @@ def main() -> int:
     trace = make_trace(args.requests)
     print(f"python {platform.python_version()} on {platform.machine()}; {args.requests:,} requests, "
           f"{GROUPS} groups, {PROMPT_LEN}-token prompts sharing {PREFIX_LEN}, {MAX_TOKENS} new tokens, page 16")  # fmt: skip
+    rates = {}
     for name, run in (("raw radix-cache match+insert loop (peer)", bench_raw_cache), ("radixtop analyze", bench_analyze)):
         seconds, hit_rate = run(trace)
+        rates[name] = args.requests / seconds
         print(f"  {name:<42} {args.requests / seconds:>10,.0f} requests/s  ({seconds:.2f} s; hit rate {hit_rate:.1%})")
+    row(f"`radixtop analyze`, {args.requests:,}-request trace, requests/s", f"{rates['radixtop analyze']:,.0f}",
+        f"bare radix-cache match+insert loop: {rates['raw radix-cache match+insert loop (peer)']:,.0f}")  # fmt: skip
     return 0
 
 

@@ -30,6 +30,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+
 from radixtop.incident.sighting import observe, save_sighting  # noqa: E402
 from radixtop.sim.demo import start_demo, stop_process  # noqa: E402
 
@@ -103,18 +106,21 @@ def main() -> None:
             wall, doc = confirm(url, Path(tmp, "confirm"))
             repro, control = doc["baseline"], doc["control"]
             t = doc["timings"]
-            row = {
+            phases = {
                 "evidence": t["evidence_s"], "plan (rest)": t["plan_s"] - t["evidence_s"],
                 "reproduction start": repro.get("start_s", 0), "reproduction replay": repro.get("replay_s", 0),
                 "reproduction stop": repro.get("stop_s", 0), "control start": control.get("start_s", 0),
                 "control replay": control.get("replay_s", 0), "control stop": control.get("stop_s", 0),
                 "confirm total (wall)": wall, "by hand (peer)": by_hand(doc, Path(tmp)),
             }  # fmt: skip
-            print(f"round {i + 1}: {doc['verdict']}; " + ", ".join(f"{k} {v:.1f} s" for k, v in row.items()), flush=True)
-            rows.append(row)
+            print(f"round {i + 1}: {doc['verdict']}; " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)
+            rows.append(phases)
     print(f"\n| phase | seconds (median of {len(rows)}) |\n| --- | ---: |")
     for key in rows[0]:
         print(f"| {key} | {statistics.median(r[key] for r in rows):.1f} |")
+    row(f"confirmation run after the demo's crash (reproduction + control, 3 runs each), wall, median of {len(rows)}",
+        f"{statistics.median(r['confirm total (wall)'] for r in rows):.1f} s",
+        f"the same two arms by hand: {statistics.median(r['by hand (peer)'] for r in rows):.1f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

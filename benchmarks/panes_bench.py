@@ -54,6 +54,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+
 WIDTH, HEIGHT = 160, 48
 
 
@@ -222,8 +224,8 @@ def bench_snapshot(polls: int, nodes: int) -> None:
             await pilot.pause(0.1)
             t0 = time.perf_counter()
             handles = [tree.root]
-            for row in nodes_[1:]:
-                handles.append(handles[row.parent].add(f"#{row.id} {row.tokens} tok lock {row.lock_ref}"))
+            for node in nodes_[1:]:
+                handles.append(handles[node.parent].add(f"#{node.id} {node.tokens} tok lock {node.lock_ref}"))
             tree.root.expand()
             out["build_ms"] = (time.perf_counter() - t0) * 1000
             await pilot.pause(0.5)
@@ -241,6 +243,8 @@ def bench_snapshot(polls: int, nodes: int) -> None:
         p = asyncio.run(peer())
         print(f"  peer: textual Tree filled with every node on the UI loop: {p['build_ms']:.0f} ms to build, "
               f"stall max {p['lag']['max_ms']:.0f} ms")  # fmt: skip
+        row(f"{nodes:,}-node snapshot: longest UI stall", f"{lag['max_ms']:.0f} ms (p99 {lag['p99_ms']:.0f} ms)",
+            f"Textual `Tree` with every node: {p['build_ms']:,.0f} ms", "no stall over 100 ms", lag["over_100ms"] == 0)  # fmt: skip
     finally:
         server.kill()
         server.wait(10)
@@ -310,6 +314,8 @@ def bench_polling(seconds: float, nvitop: str | None) -> None:
         sources = ", ".join(f"{label} {st.state}" for label, st in state.sources())
         print(f"\npolling: every live source at its default rate for {wall:.0f} s against the simulator under load")
         print(f"  radixtop probes: {100 * cpu / wall:.2f} % of one core, RSS {psutil.Process().memory_info().rss / 2**20:.0f} MiB ({sources})")
+        row("panes: polling every source, % of one core", f"{100 * cpu / wall:.2f} %",
+            "nvitop: " + ("not run (no NVML here)" if nvitop is None else "see the report"), "3 %", 100 * cpu / wall <= 3)  # fmt: skip
         if nvitop is None:
             print("  peer nvitop: not run (pass --nvitop PATH to an nvitop in a throwaway venv)")
         else:
@@ -422,6 +428,7 @@ def bench_app(seconds: float, lines: int, scenes: list[str] | None = None) -> No
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "radixtop")], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     for scene, loaded, extra in (SCENES[name] for name in (scenes or list(SCENES))):
+        figures: dict[bool, tuple[float, float | None]] = {}  # every pane? -> (CPU %, first frame s)
         work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
         sim, load, _, log = start_demo_sim(work, with_load=loaded, extra=extra)
         try:
@@ -443,16 +450,23 @@ def bench_app(seconds: float, lines: int, scenes: list[str] | None = None) -> No
                     at += f", attached (server ok) {attached * 1000:.0f} ms" if attached else ""
                     print(f"  {scene:19} {what:15} first frame {ff}{at}; {cpu:.1f} % of one core over {seconds:.0f} s, "
                           f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
+                    figures[panes] = (cpu, first)
                     if loaded and lines:
-                        _million(tmux, log, lines)
+                        _million(tmux, log, lines, what)
                 finally:
                     tmux.kill()
         finally:
             stop_all(*(p for p in (load, sim) if p is not None))
             shutil.rmtree(work, ignore_errors=True)
+        if len(figures) == 2:
+            (cpu, first), (alone, first_alone) = figures[True], figures[False]
+            row(f"panes: app CPU, {scene}", f"{cpu:.1f} %", f"log pane alone: {alone:.1f} %", "3 %", cpu <= 3)
+            if first is not None and first_alone is not None:
+                row(f"first frame (status line on screen), {scene}", f"{first * 1000:.0f} ms",
+                    f"log pane alone: {first_alone * 1000:.0f} ms", "within 1 s", first <= 1.0)  # fmt: skip
 
 
-def _million(tmux: Tmux, log: Path, lines: int) -> None:
+def _million(tmux: Tmux, log: Path, lines: int, what: str) -> None:
     proc = psutil.Process(tmux.pid())
     t1 = time.monotonic()
     written = 0
@@ -468,6 +482,7 @@ def _million(tmux: Tmux, log: Path, lines: int) -> None:
     time.sleep(5)
     print(f"      after {lines:,} more log lines (written in {write_s:.1f} s): RSS {peak / 2**20:.0f} MiB, "
           f"{proc.memory_info().rss / 2**20:.0f} MiB 5 s later")  # fmt: skip
+    row(f"RSS after {lines:,} more log lines, {what}", f"{peak / 2**20:.0f} MiB", "none", "< 150 MiB", peak < 150 * 2**20)
 
 
 def main() -> None:

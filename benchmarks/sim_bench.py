@@ -29,6 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+
 from radixtop.sim.engine import Engine, SimConfig  # noqa: E402
 from radixtop.sim.radix import InsertParams, RadixCache, RadixKey  # noqa: E402
 
@@ -160,6 +163,8 @@ def main() -> None:
             f"{best['ms_per_step']:.3f} ms/step over {best['steps']} steps "
             f"(peer: the emulated GPU step, 2.000 ms: sim overhead {best['ms_per_step'] / 2.0 * 100:.0f}% of it)"
         )
+        row(f"simulator engine, page size {page_size}, CPU ms per scheduler step at step_time_s=0",
+            f"{best['ms_per_step']:.2f} ms ({best['requests_per_s']:.0f} requests/s)", "emulated GPU step: 2.000 ms")  # fmt: skip
 
     runs = [tree_bench(100_000) for _ in range(repeats)]
     best = min(runs, key=lambda r: r["insert_s"])
@@ -172,6 +177,9 @@ def main() -> None:
         f"walk {best['peer_walk_s'] * 1000:.0f} ms (radix/peer: insert {best['insert_s'] / best['peer_insert_s']:.2f}x, "
         f"walk {best['walk_s'] / best['peer_walk_s']:.2f}x)"
     )
+    row(f"{best['nodes']:,}-node radix tree: build / full walk",
+        f"{best['insert_s']:.2f} s ({best['insert_us_per_seq']:.0f} us per insert) / {best['walk_s'] * 1000:.0f} ms",
+        f"nested-dict trie, {best['peer_nodes']:,} nodes: {best['peer_insert_s']:.2f} s / {best['peer_walk_s'] * 1000:.0f} ms")  # fmt: skip
     if repeats > 1:
         spread = [r["insert_s"] for r in runs]
         print(f"tree insert over {repeats} runs: min {min(spread):.2f} s, max {max(spread):.2f} s")

@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runs from a checkout, like the other benchmarks
 
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+
 from radixtop.sim.cli import sim_argv  # noqa: E402
 
 PEER_APP = """
@@ -37,6 +39,7 @@ import socket, sys, uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 
 async def ok(request):
     return JSONResponse({"ok": True})
@@ -173,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             for label, by_server in results.items():
                 for name, rate in by_server.items():
                     print(f"| {label} | {name} | {rate:,.0f} |")
+                peer = by_server.get("bare uvicorn+starlette (peer)")
+                if peer is not None:
+                    row(f"simulator HTTP, {label}, requests/s", f"{by_server['radixtop sim']:,.0f}",
+                        f"bare uvicorn+Starlette: {peer:,.0f}")  # fmt: skip
         finally:
             for proc, _ in servers.values():
                 proc.terminate()

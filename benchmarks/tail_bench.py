@@ -43,6 +43,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+
 from radixtop.probes.logs import LogFollower  # noqa: E402
 
 # "<seq 12 digits> <time.time() with 6 decimals> <SGLang decode-batch line>"
@@ -295,6 +297,14 @@ def main() -> int:
     if args.json:
         print(json.dumps({"radixtop": ours, "tail": peer}, indent=2))
     ok = ours["lost"] == 0 and ours["duplicated"] == 0 and ours["lines_received"] == ours["lines_written"]
+    rate = f"{args.rate // 1000}k lines/s"
+    row(f"live tail at {rate}: lines lost", str(ours["lost"]), f"tail -F: {peer['lost']}", "0", ours["lost"] == 0)
+    row(f"live tail at {rate}: lag p50 / p99", f"{ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} ms",
+        f"tail -F: {peer['p50_ms']:.1f} / {peer['p99_ms']:.1f} ms", "p99 < 25 ms", ours["p99_ms"] < 25)  # fmt: skip
+    row(f"live tail at {rate}: reader thread CPU, % of one core", f"{ours['cpu_pct']:.1f} %",
+        f"tail -F: {peer['cpu_pct']:.1f} %", "< 25 %", ours["cpu_pct"] < 25)  # fmt: skip
+    row("live tail, idle CPU", f"{ours['idle_cpu_pct']:.2f} %", f"tail -F: {peer['idle_cpu_pct']:.2f} %", "near zero",
+        ours["idle_cpu_pct"] < 0.5)  # fmt: skip
     print("radixtop: no line lost or duplicated" if ok else "radixtop: LINES LOST OR DUPLICATED")
     return 0 if ok else 1
 

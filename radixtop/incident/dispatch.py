@@ -539,11 +539,10 @@ def main() -> int:
     out = _Output(sys.stdout.fileno())
     try:
         try:
-            plan = Plan.from_json(json.loads(line))
+            dispatcher = Dispatcher(Plan.from_json(json.loads(line)), out.put, control=0, flush=out.flush)
         except (ValueError, KeyError, TypeError) as exc:
             out.put({"fatal": f"bad plan: {exc}"})
             return 2
-        dispatcher = Dispatcher(plan, out.put, control=0, flush=out.flush)
         if b"stop" in early:
             dispatcher.stop()
         try:

@@ -1,14 +1,16 @@
 """The replay's dispatcher: a small process that writes each planned call to the server at its due
 time, on a connection opened ahead of it, and reads the answers.
 
-Why a process, and one thread in it. The caller's process cannot keep time: its loop parses
-answers and, in the TUI, renders; a thread there wakes on time but then waits for the GIL behind
-them. Threads in a process of its own did better, but still lost milliseconds at the 99th
-percentile on two busy cores: a thread preempted while it holds the GIL (or the pool's lock)
-holds up the one due to write. So one thread does everything here, in order of urgency: it
-sleeps to the next due time (``time.sleep``: the selector's timeout is rounded up to whole
-milliseconds, so the last stretch is never spent in it), writes the call, and reads answers,
-opens connections and reports results only while no call is due for ``QUIET_S``.
+Why a process. In the caller's process a dispatching thread takes the GIL back after every sleep
+and every write; while the caller's loop burns CPU (the TUI rendering) each take waits out the
+5 ms switch interval, and at 200 calls/s such a thread fell seconds behind. Here nothing else
+runs. Why one thread: a second one reading answers measured no better (a thread preempted while
+it holds the GIL holds up the write that is due) and needs a lock. So one thread does it all, in
+order of urgency: it sleeps to the next due time (``time.sleep``; the selector's timeout is
+rounded up to whole milliseconds, so the last ``QUIET_S`` is never spent in it), writes the
+call, and reads answers, opens connections and reports results only while no call is due for
+``QUIET_S``. On Linux it also asks for the scheduler's shortest slice (see
+:func:`ask_for_a_short_slice`).
 
 - Lateness: a call's bytes are written with ``send`` on a non-blocking connection; the time
   after the last byte went out, minus the due time, is its lateness.
@@ -17,7 +19,7 @@ opens connections and reports results only while no call is due for ``QUIET_S``.
   server's keep-alive timeout) or closed by the server. A call whose pooled connection fails
   before the first byte of its answer (the server closed it as the call was written) is written
   again once, at once, on a connection opened for it; its lateness is that of the second write.
-- Each call's answer is bounded by the plan's deadline, counted from its write.
+- Each call is bounded by the plan's deadline, counted from its first write.
 
 Protocol. stdin: the plan as one JSON line (see :class:`Plan`), then ``stop`` (dispatch nothing
 more; calls in flight are still read, each to its deadline). End of file means the caller is
@@ -42,7 +44,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from radixtop.incident.http1 import Answer, request_bytes
 
@@ -61,15 +63,14 @@ SLICE_NS = 100_000  # the shortest slice Linux grants
 _SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}  # the syscall's number
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     host: str  # to connect to
     port: int
     tls: bool
     authority: str  # the Host header
     path: str
     headers: tuple[tuple[str, str], ...]
-    deadline_s: float  # a whole call, from its write to its answer's last byte
+    deadline_s: float  # a whole call, from its first write to its answer's last byte
     connect_timeout_s: float
     offsets: tuple[float, ...]  # seconds from the run's start, non-decreasing
     bodies: tuple[bytes, ...]
@@ -98,16 +99,18 @@ class _Conn:
         self.flight: _Flight | None = None
 
 
-@dataclass(eq=False)
 class _Flight:
-    index: int
-    due: float
-    conn: _Conn
-    out: memoryview  # bytes still to write
-    started: float  # the first write: the deadline counts from here
-    retried: bool
-    answer: Answer
-    written: float = 0.0  # after the last byte
+    __slots__ = ("index", "due", "conn", "out", "started", "retried", "answer", "written")
+
+    def __init__(self, index: int, due: float, conn: _Conn, out: memoryview, retried: bool) -> None:
+        self.index = index
+        self.due = due
+        self.conn = conn
+        self.out = out  # bytes still to write
+        self.started = time.monotonic()  # the first write: the deadline counts from here
+        self.retried = retried
+        self.answer = Answer()
+        self.written = 0.0  # after the last byte
 
 
 class Dispatcher:
@@ -263,7 +266,7 @@ class Dispatcher:
             if conn is None:
                 return
         conn.state = "busy"
-        flight = _Flight(index, due, conn, memoryview(self._requests[index]), time.monotonic(), retried, Answer())
+        flight = _Flight(index, due, conn, memoryview(self._requests[index]), retried)
         conn.flight = flight
         self._flights.add(flight)
         self._push(flight)

@@ -1,5 +1,5 @@
-"""Dispatch lateness of a replay at 200 calls/s, against the trace's own offsets, with the old way
-of dispatching as the peer in the same run.
+"""Dispatch lateness of a replay at 200 calls/s, against the trace's own offsets, with dispatching on
+the caller's asyncio loop as the peer in the same run.
 
 A trace of generate calls at Poisson-spaced offsets (seeded; 200 calls/s by default) is replayed
 against `radixtop sim` (a subprocess on 127.0.0.1) several times in each of these ways, and each
@@ -7,10 +7,12 @@ run's lateness (when a call's bytes were written to the socket, minus when the t
 due) is printed as p50 / p99 / max:
 
 - the trace's own offsets: lateness 0 by definition, the figure every way is held to;
-- old: the asyncio loop sleeps to each offset and creates an httpx task per call (the replay
-  before its dispatcher; a copy lives below, as the peer only). Two figures: what it recorded
-  (stamped when the task was created) and when httpx really wrote the request (httpcore's trace);
-- new: `replay_once`, whose calls go out from the dispatcher process;
+- the asyncio loop (peer): the caller's loop sleeps to each offset and creates an httpx task per
+  call (a copy lives below, as the peer only). Two figures: what it records (stamped when the
+  task is created) and when httpx really writes the request (httpcore's trace);
+- the dispatcher process: `replay_once`;
+- the same dispatcher on a thread of the calling process instead (why it is a process; in the
+  first run only: with the loop busy it falls seconds behind, and the run takes as long);
 - each again while the calling loop is busy: a coroutine burning the CPU in 20 ms chunks, as the
   TUI's rendering does to the confirmation run that shares its loop.
 
@@ -27,6 +29,7 @@ import math
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +42,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runs from a checkout, like the other benchmarks
 
-from radixtop.incident.replay import generate_payload, replay_once  # noqa: E402
+from radixtop.incident.dispatch import Dispatcher, Plan  # noqa: E402
+from radixtop.incident.replay import dispatch_plan, generate_payload, replay_once  # noqa: E402
 from radixtop.incident.trace import PlannedRequest, Trace, TraceRequest, plan_requests  # noqa: E402
 from radixtop.sim.cli import sim_argv  # noqa: E402
 
@@ -60,10 +64,10 @@ def poisson_trace(seconds: float, rate: float, seed: int) -> Trace:
     return Trace("poisson", 16, tuple(requests))
 
 
-# -- the peer: the old dispatch, on the caller's loop ----------------------------------------------
+# -- the peer: dispatching on the caller's loop ----------------------------------------------------
 
 
-async def old_replay(client: httpx.AsyncClient, url: str, planned: Sequence[PlannedRequest]) -> tuple[list[float], list[float], int]:
+async def loop_replay(client: httpx.AsyncClient, url: str, planned: Sequence[PlannedRequest]) -> tuple[list[float], list[float], int]:
     """Sleep on the loop to each offset, create a task per call. Returns (lateness stamped at task
     creation, lateness when httpx wrote the request, failed calls)."""
     loop = asyncio.get_running_loop()
@@ -120,11 +124,19 @@ async def one_run(way: str, url: str, planned: list[PlannedRequest], busy: bool)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64, keepalive_expiry=1.0)
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0), limits=limits) as client:
-            if way == "old":
-                stamped, written, failed = await old_replay(client, url, planned)
-                return {"old, recorded (at task creation)": stamped, "old, at the write": written, "failed": failed}
+            if way == "loop":
+                stamped, written, failed = await loop_replay(client, url, planned)
+                return {"asyncio loop (peer), as recorded (at task creation)": stamped,
+                        "asyncio loop (peer), at the write": written, "failed": failed}  # fmt: skip
+            if way == "thread":
+                results: list[dict] = []
+                plan = Plan.from_json(dispatch_plan(client, url, planned, 0.0))
+                await asyncio.to_thread(Dispatcher(plan, results.append).run)
+                calls = [r for r in results if "i" in r]
+                return {"dispatcher on a thread of the caller": [r["late_ms"] for r in calls],
+                        "failed": sum(1 for r in calls if "error" in r)}  # fmt: skip
             run = await replay_once(client, url, planned)
-            return {"new dispatcher": [o.lateness_ms for o in run.outcomes], "failed": run.errors}
+            return {"dispatcher process (replay_once)": [o.lateness_ms for o in run.outcomes], "failed": run.errors}
     finally:
         stop.set()
         if burner is not None:
@@ -159,14 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     trace = poisson_trace(seconds, args.rate, args.seed)
     print(f"# replay dispatch lateness: {len(trace.requests)} calls in {seconds:.0f} s (Poisson, {args.rate:.0f}/s, "
           f"seed {args.seed}), {runs} runs per way; sim {' '.join(SIM_FLAGS)}")  # fmt: skip
-    print(f"# python {platform.python_version()}, {os.cpu_count()} CPUs; load average at start "
+    print(f"# python {platform.python_version()}, Linux {platform.release()}, {os.cpu_count()} CPUs; load average at start "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     rows: list[tuple[str, int, int, int, list[float]]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         proc, url = start_sim(Path(tmp_name))
         try:
             for run in range(1, runs + 1):  # the ways interleaved, so each sees the same machine
-                for way, busy in (("old", False), ("new", False), ("old", True), ("new", True)):
+                for way, busy in (("loop", False), ("process", False), ("thread", False), ("loop", True),
+                                  ("process", True), ("thread", True)):  # fmt: skip
+                    if way == "thread" and run > 1:
+                        continue
                     planned = plan_requests(trace, seed=run)
                     result = asyncio.run(one_run(way, url, planned, busy))
                     failed = int(result.pop("failed"))  # type: ignore[arg-type]
@@ -186,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, run, calls, failed, late in (r for r in rows if r[0] == label):
             print(f"| {name} | {run} | {calls} | {failed} | {percentile(late, 50):.2f} | {percentile(late, 99):.2f} | "
                   f"{max(late, default=math.nan):.2f} |")  # fmt: skip
+    print()
+    print("| way | runs | p99 ms, median of runs | p99 ms, worst run | target p99 <= 2 ms |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for label in dict.fromkeys(r[0] for r in rows):
+        p99s = sorted(percentile(r[4], 99) for r in rows if r[0] == label)
+        met = sum(1 for p in p99s if p <= 2.0)
+        print(f"| {label} | {len(p99s)} | {statistics.median(p99s):.2f} | {p99s[-1]:.2f} | met in {met} of {len(p99s)} |")
     return 0
 
 

@@ -22,7 +22,7 @@ from incident_helpers import start_sim, wait_for
 
 from radixtop.incident.dispatch import Dispatcher, Plan
 from radixtop.incident.http1 import Answer, request_bytes
-from radixtop.incident.replay import ReplayRun, _dispatch_plan, replay_once, replay_series
+from radixtop.incident.replay import ReplayRun, dispatch_plan, replay_once, replay_series
 from radixtop.incident.trace import PlannedRequest, Trace, TraceRequest, plan_requests
 
 SIM_FLAGS = ("--max-running-requests", "256", "--max-total-tokens", "65536", "--page-size", "16")
@@ -257,7 +257,7 @@ def test_lateness_is_stamped_after_the_bytes_are_written(sim) -> None:
 
     async def plan_doc() -> dict:
         async with httpx.AsyncClient(timeout=30) as client:
-            return _dispatch_plan(client, sim.url, planned, 0.0)
+            return dispatch_plan(client, sim.url, planned, 0.0)
 
     slow_first: list[int] = []
 

@@ -26,7 +26,7 @@ import httpx
 from radixtop.incident.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
 from radixtop.incident.trace import PlannedRequest
 
-__all__ = ["Outcome", "ReplayRun", "generate_payload", "replay_once"]
+__all__ = ["Outcome", "ReplayRun", "dispatch_plan", "generate_payload", "replay_once"]
 
 DEFAULT_CALL_DEADLINE_S = 120.0  # a whole generate call, when the client sets no read timeout
 DEFAULT_CONNECT_S = 5.0
@@ -121,7 +121,7 @@ def _outcome(planned: PlannedRequest, result: dict[str, Any]) -> Outcome:
         return failed(f"malformed answer: {exc}")
 
 
-def _dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRequest], temperature: float) -> dict[str, Any]:
+def dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRequest], temperature: float) -> dict[str, Any]:
     """What the dispatcher process is told: where, with which headers, and each call's body."""
     parts = urlsplit(url)
     # The client's own headers (auth above all) go with every call, less those the dispatcher
@@ -158,7 +158,7 @@ async def replay_once(
     order = sorted(planned, key=lambda p: p.offset_s)
     if not order or should_stop():
         return ReplayRun((), time.monotonic() - began)
-    plan = _dispatch_plan(client, url, order, temperature)
+    plan = dispatch_plan(client, url, order, temperature)
     limit_s = order[-1].offset_s + plan["deadline_s"] + plan["connect_timeout_s"] + DISPATCHER_GRACE_S
     results, started_at, why = await _run_dispatcher(plan, should_stop, limit_s)
     if why is not None:  # the dispatcher failed: every call it did not report failed with it

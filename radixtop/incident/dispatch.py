@@ -58,6 +58,7 @@ MAX_AHEAD = 64  # connections opened ahead at most (answered calls give theirs b
 IDLE_EXPIRY_S = 1.0  # well before a server's keep-alive timeout (uvicorn's 5 s)
 CONNECT_RETRY_S = 0.05  # after a failed connect, before the next attempt
 TICK_S = 0.05  # the longest the loop sleeps without looking at deadlines and commands
+MAX_DEFER_S = 0.01  # the longest answers and commands wait on calls due back to back
 READ_BYTES = 65536
 SLICE_NS = 100_000  # the shortest slice Linux grants
 _SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}  # the syscall's number
@@ -148,6 +149,7 @@ class Dispatcher:
         self.dispatched = 0
         self.stopping = False
         self.abandoned = False
+        self._serviced = 0.0  # when the loop last looked at its connections and commands
         self.mono0 = 0.0
         self.wall0 = 0.0
 
@@ -167,6 +169,7 @@ class Dispatcher:
             self._fill_first()
             now_mono, now_wall = time.monotonic(), time.time()
             self.mono0, self.wall0 = now_mono + LEAD_S, now_wall + LEAD_S
+            self._serviced = now_mono
             self._emit({"ready": self.wall0})
             self._loop()
         finally:
@@ -187,18 +190,21 @@ class Dispatcher:
             if (self.stopping or self.dispatched == len(offsets)) and not self._flights and not self._retries:
                 return
             due = self.mono0 + offsets[self.dispatched] if self.dispatched < len(offsets) and not self.stopping else None
-            if due is not None and due - now <= QUIET_S:
+            near = due is not None and due - now <= QUIET_S
+            if near and now - self._serviced < MAX_DEFER_S:
                 time.sleep(max(0.0, due - now))  # the last stretch: nothing but the write after it
                 continue
-            timeout = TICK_S if due is None else min(TICK_S, due - now - QUIET_S)
+            # Calls spaced closer than QUIET_S for long would starve the answers and the caller's
+            # stop: after MAX_DEFER_S one look is taken anyway, without waiting.
+            timeout = 0.0 if near else TICK_S if due is None else min(TICK_S, due - now - QUIET_S)
             if self._flights:
                 timeout = min(timeout, max(0.0, min(f.started for f in self._flights) + self.plan.deadline_s - now))
             for key, mask in self._sel.select(timeout):
-                if due is not None and due - time.monotonic() <= QUIET_S:
+                if not near and due is not None and due - time.monotonic() <= QUIET_S:
                     break  # the rest stays ready for the next turn
                 self._ready(key, mask)
-            now = time.monotonic()
-            if due is None or due - now > QUIET_S:
+            now = self._serviced = time.monotonic()
+            if near or due is None or due - now > QUIET_S:
                 self._housekeep(now, due)
 
     def _ready(self, key: selectors.SelectorKey, mask: int) -> None:

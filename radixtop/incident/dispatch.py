@@ -431,14 +431,13 @@ class Dispatcher:
         self._connecting += 1
         self._sel.register(sock, selectors.EVENT_WRITE, conn)
         if code not in (0, errno.EINPROGRESS):
-            self._connect_failed(conn, f"OSError: {os.strerror(code)}")
+            self._connect_failed(conn, _why(code))
 
     def _connect_step(self, conn: _Conn) -> None:
         if conn.state == "connecting":
             code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if code:
-                self._connect_failed(conn, f"ConnectionRefusedError: {os.strerror(code)}" if code == errno.ECONNREFUSED
-                                     else f"OSError: {os.strerror(code)}")  # fmt: skip
+                self._connect_failed(conn, _why(code))
                 return
             if self._ssl is not None:
                 self._sel.unregister(conn.sock)
@@ -487,6 +486,12 @@ class Dispatcher:
             conn.sock.close()
         except OSError:
             pass
+
+
+def _why(code: int) -> str:
+    """An errno as the error a blocking call would have raised (ConnectionRefusedError: ...)."""
+    exc = OSError(code, os.strerror(code))
+    return f"{type(exc).__name__}: {exc}"
 
 
 # -- the process ------------------------------------------------------------------------------

@@ -7,15 +7,22 @@ the interpreter runs it): the hardening tests start it as a real process.
 a JSON file with --secrets). ``slow``: every answer is sent one byte every --drip seconds (at most
 120 s). ``deep``: /server_info is a JSON document 900 levels deep beside ordinary fields.
 ``--list-instrument URL`` (repeatable): /server_info's radixtop_instrument list.
+``generate``: POST /generate answers as SGLang does (the text names the prompt: the first 12 hex
+digits of the SHA-1 of its input_ids as JSON), each request is recorded as a JSON line in
+--record FILE (its headers, that prompt name, the client's port), the first --drop N requests are read and their connection closed with no answer (a server
+closing a keep-alive connection as a call arrives), and --close-after-answer closes every
+connection after its answer without saying so. --tls CERT KEY serves HTTPS.
 Arguments it does not know are ignored, so a test can put secrets in its argv.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,8 +36,14 @@ def main() -> None:
     parser.add_argument("--drip", type=float, default=2.0)
     parser.add_argument("--secrets", default=None)
     parser.add_argument("--list-instrument", action="append", default=[], help="a URL for radixtop_instrument")
+    parser.add_argument("--record", default=None)
+    parser.add_argument("--drop", type=int, default=0)
+    parser.add_argument("--close-after-answer", action="store_true")
+    parser.add_argument("--tls", nargs=2, default=None, metavar=("CERT", "KEY"))
     args, _ = parser.parse_known_args()
     secrets = json.load(open(args.secrets)) if args.secrets else {}
+    lock = threading.Lock()
+    seen = [0]  # generate requests so far
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -62,10 +75,29 @@ def main() -> None:
 
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(min(length, 1 << 20))
+            body = self.rfile.read(min(length, 1 << 20))
+            if args.mode == "generate" and self.path == "/generate":
+                return self._generate(body)
             if args.mode == "slow":
                 return self._drip(b'{"text": "slow", "meta_info": {}}')
             return self._send(404, b"not found")
+
+        def _generate(self, body: bytes) -> None:
+            prompt = hashlib.sha1(json.dumps(json.loads(body).get("input_ids")).encode()).hexdigest()[:12]
+            with lock:
+                seen[0] += 1
+                dropped = seen[0] <= args.drop
+                if args.record:
+                    with open(args.record, "a") as fh:
+                        fh.write(json.dumps({"headers": dict(self.headers.items()), "prompt": prompt, "dropped": dropped,
+                                             "port": self.client_address[1]}) + "\n")  # fmt: skip
+            if dropped:
+                self.close_connection = True
+                return
+            answer = {"text": f"answer to {prompt}", "output_ids": [1, 2], "meta_info": {"cached_tokens": 0}}
+            self._send(200, json.dumps(answer).encode())
+            if args.close_after_answer:
+                self.close_connection = True
 
         def _send(self, status: int, body: bytes) -> None:
             self.send_response(status)
@@ -86,8 +118,22 @@ def main() -> None:
             except OSError:
                 return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def finish_request(self, request, client_address) -> None:  # noqa: ANN001 - socketserver's
+            if args.tls:  # the handshake on the connection's own thread, as an asynchronous server does it
+                import ssl
+
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.load_cert_chain(*args.tls)
+                try:
+                    request = context.wrap_socket(request, server_side=True)
+                except (OSError, ssl.SSLError):
+                    return
+            super().finish_request(request, client_address)
+
+    server = Server(("127.0.0.1", 0), Handler)
     with open(args.ready + ".tmp", "w") as fh:
         fh.write(str(server.server_address[1]))
     os.replace(args.ready + ".tmp", args.ready)

@@ -40,6 +40,9 @@ def test_replay_json_reports_r02_diverged_and_the_rest_stable(block_boundary_sim
     jitter = doc["dispatch_jitter_ms"]
     assert isinstance(jitter["p50"], float) and isinstance(jitter["p99"], float) and jitter["p50"] <= jitter["p99"]
     assert jitter["calls"] == 3 * 44
+    per_run = doc["dispatch_jitter_per_run_ms"]
+    assert [j["run"] for j in per_run] == [1, 2, 3] and all(j["calls"] == 44 for j in per_run)
+    assert all(0 <= j["p50"] <= j["p99"] <= j["max"] for j in per_run)
     assert doc["result"] == "CONFIRMED" and doc["flushed_between_runs"] is True
     assert "flushed (POST /flush_cache) before each run" in done.stderr
 
@@ -56,6 +59,7 @@ def test_replay_text_report_follows_the_seed_and_says_when_it_does_not_flush(blo
     assert "cache NOT flushed between runs (--no-flush)" in done.stdout
     assert "NOT flushed between runs" in done.stderr
     assert "[STABLE —" in done.stdout and "Dispatch jitter: p50" in done.stdout and "RESULT:" in done.stdout
+    assert "    run 1: p50" in done.stdout and "    run 2: p50" in done.stdout  # the jitter of each run
 
 
 def test_replay_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
@@ -110,6 +114,7 @@ def test_variants_are_counted_per_copy_and_failures_are_not_variants() -> None:
     assert "[DIVERGED — 1/2 requests non-deterministic]" in text and "RESULT: PARTIAL" in text
     assert "[FAILED — 1 requests" in text
     assert report.jitter == {"p50": 1.0, "p99": 1.0, "max": 1.0, "calls": 9}
+    assert report.jitter_runs == ({"p50": 1.0, "p99": 1.0, "max": 1.0, "calls": 3},) * 3
 
 
 def test_a_single_run_says_divergence_cannot_be_seen() -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "compare_runs",
     "format_report",
     "jitter_ms",
+    "jitter_per_run_ms",
 ]
 
 SAMPLE_WIDTH = 40
@@ -171,6 +172,7 @@ class DivergenceReport:
     notes: tuple[str, ...]
     stopped_early: str | None
     cache: CacheAccount | None = None
+    jitter_runs: tuple[dict[str, float], ...] = ()  # jitter per run, in run order
 
     @property
     def diverged(self) -> list[str]:
@@ -203,6 +205,7 @@ class DivergenceReport:
             "result": self.result,
             "failed_calls": self.failed_calls,
             "dispatch_jitter_ms": dict(self.jitter),
+            "dispatch_jitter_per_run_ms": [{"run": i, **j} for i, j in enumerate(self.jitter_runs, 1)],
             "notes": list(self.notes),
             "stopped_early": self.stopped_early,
             "cached_tokens": None if self.cache is None else self.cache.to_json(),
@@ -217,15 +220,24 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def jitter_ms(series: ReplaySeries) -> dict[str, float]:
-    """How late calls were sent against their offsets, over every call of every run."""
-    late = sorted(o.lateness_ms for run in series.runs for o in run.outcomes)
+def _jitter(lateness: Sequence[float]) -> dict[str, float]:
+    late = sorted(lateness)
     return {
         "p50": round(_percentile(late, 50), 3),
         "p99": round(_percentile(late, 99), 3),
         "max": round(late[-1], 3) if late else 0.0,
         "calls": len(late),
     }
+
+
+def jitter_ms(series: ReplaySeries) -> dict[str, float]:
+    """How late calls were written against their offsets, over every call of every run."""
+    return _jitter([o.lateness_ms for run in series.runs for o in run.outcomes])
+
+
+def jitter_per_run_ms(series: ReplaySeries) -> tuple[dict[str, float], ...]:
+    """The same for each run: a run whose calls went out late is one whose timing was not the trace's."""
+    return tuple(_jitter([o.lateness_ms for o in run.outcomes]) for run in series.runs)
 
 
 def compare_runs(series: ReplaySeries, trace: Trace) -> DivergenceReport:
@@ -261,6 +273,7 @@ def compare_runs(series: ReplaySeries, trace: Trace) -> DivergenceReport:
         notes=series.notes,
         stopped_early=series.stopped_early,
         cache=cache_account(series, trace),
+        jitter_runs=jitter_per_run_ms(series),
     )
 
 
@@ -296,6 +309,10 @@ def format_cache_account(account: CacheAccount | None, diverged: Sequence[str]) 
     if shown:
         out += ["", *format_reuse([r.to_json() for r in shown], title="CACHED TOKENS — short of their prefix, or diverged")]
     return out
+
+
+def _format_jitter(j: dict[str, float]) -> str:
+    return f"p50 {j['p50']:.2f} ms, p99 {j['p99']:.2f} ms, max {j['max']:.2f} ms over {int(j['calls'])} calls"
 
 
 def format_report(report: DivergenceReport, *, source: str = "") -> str:
@@ -338,9 +355,9 @@ def format_report(report: DivergenceReport, *, source: str = "") -> str:
             first_error = next((e for c in r.copies for e in c.errors), "")
             out.append(f"    {r.id}: {r.failed} failed calls, e.g. {first_error[:120]}")
     out += format_cache_account(report.cache, report.diverged)
-    j = report.jitter
-    jitter = f"p50 {j['p50']:.2f} ms, p99 {j['p99']:.2f} ms, max {j['max']:.2f} ms over {int(j['calls'])} calls"
-    out += ["", f"  Dispatch jitter: {jitter}"]
+    out += ["", f"  Dispatch jitter: {_format_jitter(report.jitter)} (written this late against the trace's offsets)"]
+    if len(report.jitter_runs) > 1:
+        out += [f"    run {i}: {_format_jitter(j)}" for i, j in enumerate(report.jitter_runs, 1)]
     for note in report.notes:
         out.append(f"  note: {note}")
     if report.stopped_early:

@@ -12,18 +12,33 @@ and confirmation commands run it N times and compare outputs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from radixtop.incident.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
 from radixtop.incident.trace import PlannedRequest
 
-__all__ = ["Outcome", "ReplayRun", "replay_once"]
+__all__ = ["Outcome", "ReplayRun", "dispatch_plan", "generate_payload", "replay_once"]
 
 DEFAULT_CALL_DEADLINE_S = 120.0  # a whole generate call, when the client sets no read timeout
+DEFAULT_CONNECT_S = 5.0
+DISPATCHER_MODULE = "radixtop.incident.dispatch"
+# Headers the dispatcher writes itself, or must not send (it does not decompress answers).
+_DISPATCHER_HEADERS = frozenset({"host", "content-type", "content-length", "transfer-encoding", "connection",
+                                 "accept-encoding"})  # fmt: skip
+STOP_POLL_S = 0.05  # how often should_stop is asked while calls are out
+DISPATCHER_GRACE_S = 30.0  # past the last call's deadline, before a silent dispatcher is killed
+EXIT_WAIT_S = 5.0
+RESULT_LINE_LIMIT = 64 << 20  # one result line: an answer is capped at 16 MiB, JSON-escaped
+READ_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -36,7 +51,7 @@ class Outcome:
     output_ids: tuple[int, ...]
     cached_tokens: int | None
     error: str | None
-    lateness_ms: float  # sent this long after its offset (dispatch jitter)
+    lateness_ms: float  # written to the socket this long after its offset (dispatch jitter)
     sent_at: float = 0.0  # wall clock, to place the server's eviction events
     answered_at: float = 0.0
 
@@ -46,66 +61,81 @@ class ReplayRun:
     outcomes: tuple[Outcome, ...]
     duration_s: float
     eviction_times: tuple[float, ...] | None = None  # the server's evictions (wall clock); None: unseen
+    started_at: float = 0.0  # wall clock of offset 0: a call was due at started_at + its offset
 
     @property
     def errors(self) -> int:
         return sum(1 for o in self.outcomes if o.error is not None)
 
 
-def _error_text(response: httpx.Response) -> str:
+def _error_text(status: int, body: str) -> str:
     try:
-        body = response.json()
-        message = body.get("error", {}).get("message") or body.get("message") or body.get("detail")
+        doc = json.loads(body)
+        message = doc.get("error", {}).get("message") or doc.get("message") or doc.get("detail")
     except (ValueError, AttributeError):
         message = None
-    return f"HTTP {response.status_code}: {message or response.text[:200]}"
+    return f"HTTP {status}: {message or body[:200]}"
 
 
-async def _send(
-    client: httpx.AsyncClient, url: str, planned: PlannedRequest, temperature: float, lateness_ms: float
-) -> Outcome:
-    payload: dict = {"sampling_params": {"max_new_tokens": planned.max_tokens, "temperature": temperature}}
+def generate_payload(planned: PlannedRequest, temperature: float) -> dict[str, Any]:
+    payload: dict[str, Any] = {"sampling_params": {"max_new_tokens": planned.max_tokens, "temperature": temperature}}
     if planned.text is not None:
         payload["text"] = planned.text
     else:
         payload["input_ids"] = planned.input_ids
     if planned.extra_key is not None:
         payload["extra_key"] = planned.extra_key
-    # httpx's timeout is per read: a server sending a byte now and then would hold the call
-    # forever. The same number of seconds is the whole call's deadline.
-    total = client.timeout.read or DEFAULT_CALL_DEADLINE_S
-    sent_at = time.time()
+    return payload
+
+
+def _outcome(planned: PlannedRequest, result: dict[str, Any]) -> Outcome:
+    """One of the dispatcher's results as an Outcome."""
+    late, sent, answered = float(result["late_ms"]), float(result["sent"]), float(result["answered"])
 
     def failed(why: str) -> Outcome:
-        return Outcome(planned.request_id, planned.copy, None, (), None, why, lateness_ms, sent_at, time.time())
+        return Outcome(planned.request_id, planned.copy, None, (), None, why, late, sent, answered)
 
+    if "error" in result:
+        return failed(str(result["error"]))
+    body = str(result.get("body", ""))
+    if result.get("status") != 200:
+        return failed(_error_text(int(result.get("status") or 0), body))
     try:
-        response = await asyncio.wait_for(client.post(f"{url}/generate", json=payload), total)
-    except httpx.HTTPError as exc:
-        return failed(f"{type(exc).__name__}: {exc}")
-    except TimeoutError:
-        return failed(f"no whole answer within {total:.0f} s")
-    if response.status_code != 200:
-        return failed(_error_text(response))
-    try:
-        body = response.json()
-        if isinstance(body, list):  # a batch answer; we always send one prompt
-            body = body[0]
-        meta = body.get("meta_info", {})
+        doc = json.loads(body)
+        if isinstance(doc, list):  # a batch answer; we always send one prompt
+            doc = doc[0]
+        meta = doc.get("meta_info", {})
         cached = meta.get("cached_tokens")
         return Outcome(
             planned.request_id,
             planned.copy,
-            str(body["text"]),
-            tuple(body.get("output_ids") or ()),
+            str(doc["text"]),
+            tuple(doc.get("output_ids") or ()),
             cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
             None,
-            lateness_ms,
-            sent_at,
-            time.time(),
+            late,
+            sent,
+            answered,
         )
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         return failed(f"malformed answer: {exc}")
+
+
+def dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRequest], temperature: float) -> dict[str, Any]:
+    """What the dispatcher process is told: where, with which headers, and each call's body."""
+    parts = urlsplit(url)
+    # The client's own headers (auth above all) go with every call, less those the dispatcher
+    # writes itself and Accept-Encoding (it reads answers as they come, uncompressed).
+    headers = [[k, v] for k, v in client.headers.items() if k.lower() not in _DISPATCHER_HEADERS]
+    return {
+        "host": parts.hostname, "port": parts.port or (443 if parts.scheme == "https" else 80),
+        "tls": parts.scheme == "https", "authority": parts.netloc, "path": "/generate", "headers": headers,
+        # httpx's timeout is per read: a server sending a byte now and then would hold a call
+        # forever. The same number of seconds is the whole call's deadline.
+        "deadline_s": client.timeout.read or DEFAULT_CALL_DEADLINE_S,
+        "connect_timeout_s": client.timeout.connect or DEFAULT_CONNECT_S,
+        "calls": [{"offset_s": p.offset_s, "body": json.dumps(generate_payload(p, temperature))} for p in order],
+    }  # fmt: skip
 
 
 async def replay_once(
@@ -118,24 +148,106 @@ async def replay_once(
 ) -> ReplayRun:
     """Send every planned call at its offset; wait for all answers; return them in plan order.
 
-    ``url`` is the server's base (``http://127.0.0.1:30000``). Calls that fail become outcomes with
-    an error, never exceptions, so one dead server still yields a complete, reportable run.
+    ``url`` is the server's base (``http://127.0.0.1:30000``). The calls go out from a dispatcher
+    process (:mod:`radixtop.incident.dispatch`), so the caller's loop, busy or not, never delays
+    them; ``client`` gives the headers and timeouts. Calls that fail become outcomes with an error,
+    never exceptions, so one dead server still yields a complete, reportable run.
     """
     url = url.rstrip("/")
-    loop = asyncio.get_running_loop()
-    start = loop.time()
     began = time.monotonic()
-    tasks: list[asyncio.Task[Outcome]] = []
-    for item in sorted(planned, key=lambda p: p.offset_s):
-        if should_stop():
-            break
-        delay = start + item.offset_s - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        lateness_ms = max(0.0, (loop.time() - start - item.offset_s) * 1000.0)
-        tasks.append(asyncio.create_task(_send(client, url, item, temperature, lateness_ms)))
-    outcomes = await asyncio.gather(*tasks)
-    return ReplayRun(tuple(outcomes), time.monotonic() - began)
+    order = sorted(planned, key=lambda p: p.offset_s)
+    if not order or should_stop():
+        return ReplayRun((), time.monotonic() - began)
+    plan = dispatch_plan(client, url, order, temperature)
+    limit_s = order[-1].offset_s + plan["deadline_s"] + plan["connect_timeout_s"] + DISPATCHER_GRACE_S
+    results, started_at, why = await _run_dispatcher(plan, should_stop, limit_s)
+    if why is not None:  # the dispatcher failed: every call it did not report failed with it
+        now = time.time()
+        for i in range(len(order)):
+            results.setdefault(i, {"late_ms": 0.0, "sent": now, "answered": now, "error": why})
+    outcomes = tuple(_outcome(order[i], results[i]) for i in sorted(results))
+    return ReplayRun(outcomes, time.monotonic() - began, started_at=started_at)
+
+
+async def _run_dispatcher(
+    plan: dict[str, Any], should_stop: Callable[[], bool], limit_s: float
+) -> tuple[dict[int, dict[str, Any]], float, str | None]:
+    """Run the dispatcher process on a plan: (results by call index, wall time of offset 0, why
+    it failed or None). It is told to stop when ``should_stop()``, and killed when this is
+    cancelled or it outlives ``limit_s``; it never outlives this call."""
+    loop = asyncio.get_running_loop()
+    results: dict[int, dict[str, Any]] = {}
+    started_at = 0.0
+    why: str | None = None
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", DISPATCHER_MODULE, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a terminal's Ctrl-C goes to the caller, which says stop
+        )  # fmt: skip
+    except OSError as exc:
+        return results, started_at, f"the dispatcher could not start: {exc}"
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stderr = asyncio.ensure_future(_tail(proc.stderr))
+    chunk: asyncio.Future[bytes] | None = None
+    pending = b""
+    ended = False
+    try:
+        proc.stdin.write(json.dumps(plan).encode() + b"\n")
+        await proc.stdin.drain()
+        stop_sent = False
+        give_up = loop.time() + limit_s
+        while not ended and why is None:
+            if not stop_sent and should_stop():
+                stop_sent = True
+                proc.stdin.write(b"stop\n")
+            # Whole chunks, not lines: a busy loop (the TUI's) then takes a turn per chunk.
+            chunk = chunk or asyncio.ensure_future(proc.stdout.read(READ_CHUNK))
+            done, _ = await asyncio.wait({chunk}, timeout=STOP_POLL_S)
+            if not done:
+                if loop.time() > give_up:
+                    why = f"the dispatcher gave no answer within {limit_s:.0f} s"
+                continue
+            data, chunk = chunk.result(), None
+            if not data:
+                break
+            *lines, pending = (pending + data).split(b"\n")
+            if len(pending) > RESULT_LINE_LIMIT:
+                raise ValueError(f"a result line over {RESULT_LINE_LIMIT >> 20} MiB")
+            for text in lines:
+                doc = json.loads(text)
+                if "i" in doc:
+                    results[int(doc["i"])] = doc
+                elif "ready" in doc:
+                    started_at = float(doc["ready"])
+                elif "end" in doc:
+                    ended = True
+                elif "fatal" in doc:
+                    why = f"the dispatcher failed: {doc['fatal']}"
+        if not ended and why is None:
+            await asyncio.wait_for(proc.wait(), EXIT_WAIT_S)
+            why = f"the dispatcher exited with code {proc.returncode}: {(await stderr).strip()[-300:] or 'no message'}"
+    except (OSError, ValueError, TimeoutError) as exc:  # a broken pipe, a line that is not JSON
+        why = why or f"the dispatcher failed: {type(exc).__name__}: {exc}"
+    finally:
+        if chunk is not None:
+            chunk.cancel()
+        if proc.returncode is None:
+            if ended:  # it is leaving by itself
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), EXIT_WAIT_S)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        stderr.cancel()
+    return results, started_at, why
+
+
+async def _tail(stream: asyncio.StreamReader, keep: int = 4096) -> str:
+    data = b""
+    while chunk := await stream.read(4096):
+        data = (data + chunk)[-keep:]
+    return data.decode("utf-8", "replace")
 
 
 # -- several runs of one workload -----------------------------------------------------------------

@@ -21,7 +21,7 @@ from hardening_helpers import start_standin
 from incident_helpers import start_sim, wait_for
 
 from radixtop.incident.dispatch import Dispatcher, Plan
-from radixtop.incident.http1 import Answer, request_bytes
+from radixtop.incident.http1 import Answer, Call, new_connection
 from radixtop.incident.replay import ReplayRun, dispatch_plan, replay_once, replay_series
 from radixtop.incident.trace import PlannedRequest, Trace, TraceRequest, plan_requests
 
@@ -279,7 +279,9 @@ def test_lateness_is_stamped_after_the_bytes_are_written(sim) -> None:
 
 
 def feed_all(*parts: bytes) -> Answer:
-    answer = Answer()
+    conn = new_connection()
+    Call("127.0.0.1:9", "/generate", [], b"{}").bytes_on(conn)  # a call went out: its answer is awaited
+    answer = Answer(conn)
     for part in parts:
         answer.feed(part)
     return answer
@@ -305,14 +307,14 @@ def test_malformed_or_cut_answers_are_errors() -> None:
                   (b"HTTP/1.1 200 OK\r\n", b""), (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",)):  # fmt: skip
         with pytest.raises(ValueError):
             feed_all(*parts)
-    assert not Answer().started
+    assert not Answer(new_connection()).started
 
 
 def test_a_request_is_one_post_with_its_length_and_refuses_line_breaks() -> None:
-    raw = request_bytes("127.0.0.1:9", "/generate", [("Authorization", "Bearer k")], b'{"a": 1}')
+    raw = Call("127.0.0.1:9", "/generate", [("Authorization", "Bearer k")], b'{"a": 1}').bytes_on(new_connection())
     head, body = raw.split(b"\r\n\r\n")
-    assert head.split(b"\r\n")[0] == b"POST /generate HTTP/1.1" and b"Content-Length: 8" in head
-    assert b"Authorization: Bearer k" in head and body == b'{"a": 1}'
+    assert head.split(b"\r\n")[0] == b"POST /generate HTTP/1.1" and b"content-length: 8" in head.lower()
+    assert b"authorization: bearer k" in head.lower() and body == b'{"a": 1}'
     for bad in (("X", "a\r\nb"), ("X:Y", "v"), ("", "v")):
         with pytest.raises(ValueError):
-            request_bytes("h", "/", [bad], b"")
+            Call("h", "/", [bad], b"")

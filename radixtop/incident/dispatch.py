@@ -27,8 +27,8 @@ gone: the process leaves at once. stdout, JSON lines: ``{"ready": wall time of o
 one per dispatched call, ``{"i", "late_ms", "sent", "answered"}`` with ``"status"`` and
 ``"body"`` or with ``"error"``, then ``{"end": calls dispatched}`` (or ``{"fatal": why}``).
 
-Standard library only, and nothing else of radixtop but :mod:`radixtop.incident.http1`: it is
-started for every replay run and must start fast.
+The standard library and h11 only (through :mod:`radixtop.incident.http1`): it is started for
+every replay run and must start fast.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from radixtop.incident.http1 import Answer, request_bytes
+from radixtop.incident.http1 import Answer, Call, new_connection
 
 __all__ = ["Dispatcher", "Plan", "main"]
 
@@ -90,10 +90,11 @@ class Plan(NamedTuple):
 
 
 class _Conn:
-    __slots__ = ("sock", "state", "since", "pooled", "flight")
+    __slots__ = ("sock", "http", "state", "since", "pooled", "flight")
 
     def __init__(self, sock: socket.socket, state: str) -> None:
         self.sock = sock
+        self.http = new_connection()  # the protocol's state on this socket
         self.state = state  # "connecting", "handshake", "idle" or "busy"
         self.since = time.monotonic()  # when it began connecting, or became idle
         self.pooled = False  # taken from the pool: the server may have closed it meanwhile
@@ -110,7 +111,7 @@ class _Flight:
         self.out = out  # bytes still to write
         self.started = time.monotonic()  # the first write: the deadline counts from here
         self.retried = retried
-        self.answer = Answer()
+        self.answer = Answer(conn.http)
         self.written = 0.0  # after the last byte
 
 
@@ -127,7 +128,7 @@ class Dispatcher:
         self._emit = emit
         self._flush = flush or (lambda: None)
         self._send_bytes = send or (lambda sock, data: sock.send(data))
-        self._requests = [request_bytes(plan.authority, plan.path, plan.headers, b) for b in plan.bodies]
+        self._calls = [Call(plan.authority, plan.path, plan.headers, b) for b in plan.bodies]
         self._ssl = None
         self._would_block: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError)
         if plan.tls:
@@ -272,7 +273,7 @@ class Dispatcher:
             if conn is None:
                 return
         conn.state = "busy"
-        flight = _Flight(index, due, conn, memoryview(self._requests[index]), retried)
+        flight = _Flight(index, due, conn, memoryview(self._calls[index].bytes_on(conn.http)), retried)
         conn.flight = flight
         self._flights.add(flight)
         self._push(flight)
@@ -336,6 +337,7 @@ class Dispatcher:
         conn = flight.conn
         conn.flight = None
         if error is None and flight.answer.keep_alive and not self.stopping:
+            conn.http.start_next_cycle()
             conn.state, conn.since = "idle", time.monotonic()
             self._idle.append(conn)
         else:

@@ -28,8 +28,7 @@ OUT = HERE / "data" / "run_all"
 
 # name -> (script, quick arguments, full arguments, needs SGLang)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str], bool]] = {
-    "scan": ("scan_bench.py", ["--size-mb", "256", "--runs", "1", "--fallback-runs", "0", "--startup-runs", "21"],
-             ["--runs", "3"], False),
+    "scan": ("scan_bench.py", ["--runs", "1", "--fallback-runs", "0", "--startup-runs", "21"], ["--runs", "3"], False),
     "screen": ("screen_bench.py", ["--quick", "--tools", "radixtop,lnav"], ["--tools", "radixtop,lnav"], False),
     "tail": ("tail_bench.py", ["--quick"], [], False),
     "replay": ("replay_bench.py", ["--quick"], [], False),

@@ -39,7 +39,6 @@ import socket, sys, uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 
 async def ok(request):
     return JSONResponse({"ok": True})

@@ -51,7 +51,7 @@ from radixtop.incident.http1 import Answer, Call, new_connection
 __all__ = ["Dispatcher", "Plan", "main"]
 
 LEAD_S = 0.005  # from "ready" to offset 0
-QUIET_S = 0.002  # no reading, connecting or reporting this close to a due time
+QUIET_S = 0.003  # no reading, connecting or reporting this close to a due time
 LOOKAHEAD_S = 0.25  # connections are kept open for the calls due this soon
 SPARE_CONNECTIONS = 2
 MAX_AHEAD = 64  # connections opened ahead at most (answered calls give theirs back)

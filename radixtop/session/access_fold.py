@@ -53,7 +53,9 @@ class AccessFolds:
         self._lo = 0  # entries of both lists before _lo are pruned
         self._pruned = 0  # hidden entries ever pruned: the index base of _shifted
         self._groups: dict[int, _Group] = {}  # head seq -> its group, once it has two lines
-        self._heads: deque[int] = deque()  # the groups' heads, ascending: pruned from the left
+        # The groups' heads, ascending, pruned from the left: a dict's first key is slow to reach
+        # once many keys were deleted from its front.
+        self._heads: deque[int] = deque()
         self._open: _Group | None = None  # the group a next access line of the same second joins
         self.changed: set[int] = set()  # heads whose row text changed since the view last asked
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -212,17 +212,16 @@ class Panes:
             return
         from radixtop.session.vitals import live_lines
 
-        self._feed_texts(list(live_lines(texts)))
+        self._feed_texts(live_lines(texts))
 
     def _log_feeds_vitals(self) -> bool:
         usage = self.state.vitals.series["token_usage"]
         return not (usage.source == "metrics" and self.clock() - usage.updated < 15)
 
-    def _feed_texts(self, texts: list[str]) -> None:
+    def _feed_texts(self, texts: Sequence[str]) -> None:
+        """Callers have checked `_log_feeds_vitals` (the backlog is fed before any source runs)."""
         from radixtop.session.vitals import log_observations
 
-        if not self._log_feeds_vitals():
-            return
         observations = log_observations(texts, now=self.clock(), latest_only=True)
         if observations:
             self.state.vitals.feed_log(observations)

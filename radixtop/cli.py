@@ -80,6 +80,14 @@ def _add_readonly_option(parser: argparse.ArgumentParser, top_level: bool = True
 ACTIONS = ("bundle", "replay", "record", "confirm")
 
 
+def _add_vocab_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--vocab-size", type=int, default=None, metavar="N",
+        help="the model's vocabulary, when its config.json is not on this machine (default: read from the "
+        "folder or Hugging Face cache /server_info names)",
+    )  # fmt: skip
+
+
 def _add_bundle(sub: argparse._SubParsersAction) -> None:
     bundle = sub.add_parser(
         "bundle",
@@ -118,6 +126,7 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         help="rescale the trace's shared prefixes to this page size (auto: the server's)",
     )  # fmt: skip
     replay.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (same seed, same prompts)")
+    _add_vocab_option(replay)
     _add_readonly_option(replay, top_level=False)
 
 
@@ -182,6 +191,7 @@ def _add_confirm(sub: argparse._SubParsersAction) -> None:
     confirm.add_argument("--no-bundle", action="store_true", help="skip the evidence bundle (not recommended)")
     confirm.add_argument("--control-timeout", "--health-timeout", dest="control_timeout", type=float, default=1200.0,
                          help="seconds to wait for a started server's health: a real model loads for minutes (default 1200)")
+    _add_vocab_option(confirm)
     confirm.add_argument("--workdir", default=None, help="where the plan, logs, replays and verdict go (default ./radixtop-confirm-<time>)")
     _add_signature_option(confirm, top_level=False)
     _add_readonly_option(confirm, top_level=False)

@@ -25,3 +25,33 @@ def why_not(*modules: str) -> str | None:
             raise RuntimeError(f"RADIXTOP_REQUIRE_SGLANG=1 but {why}") from None
         return why
     return None
+
+
+REPO = Path(__file__).resolve().parent.parent
+# What .ci/sglang-tests hashes into its environment's key, in its order.
+_KEYED = ("requirements/sglang-cpu.txt", "tests/sglang/torchvision_stub.py", "tests/sglang/sgl_kernel_standin.py")
+
+
+def sglang_python() -> str | None:
+    """The real-SGLang environment's interpreter: $RADIXTOP_SGLANG_PYTHON, else the one
+    .ci/sglang-tests built for this checkout's pins (found by the same key); None when neither."""
+    given = os.environ.get("RADIXTOP_SGLANG_PYTHON")
+    if given:
+        return given
+    import hashlib
+
+    key = hashlib.sha256(b"".join((REPO / p).read_bytes() for p in _KEYED)).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "radixtop-ci"
+    venv = cache / f"sglang-py{sys.version_info[0]}.{sys.version_info[1]}-{key}"
+    return str(venv / "bin" / "python") if (venv / ".complete").is_file() else None
+
+
+def why_no_server() -> str | None:
+    """None when a real SGLang server can be started here; else why not, in one line (an error
+    under RADIXTOP_REQUIRE_SGLANG=1, so CI cannot pass by skipping)."""
+    if sglang_python() is not None:
+        return None
+    why = "needs the real-SGLang environment: run `bash .ci/sglang-tests --build-only` (or set RADIXTOP_SGLANG_PYTHON)"
+    if os.environ.get("RADIXTOP_REQUIRE_SGLANG") == "1":
+        raise RuntimeError(f"RADIXTOP_REQUIRE_SGLANG=1 but the suite {why}")
+    return why

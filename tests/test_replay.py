@@ -77,7 +77,9 @@ def test_replay_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
 
 
 def test_replay_of_a_dead_server_reports_failures_and_stops_early() -> None:
-    done = radixtop("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4", "--json")
+    refused = radixtop("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4")
+    assert refused.returncode == 2 and "no /server_info answered" in refused.stderr and "--vocab-size N" in refused.stderr
+    done = radixtop("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4", "--json", "--vocab-size", "32000")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["runs"] == 1 and doc["requested_runs"] == 4

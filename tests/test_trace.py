@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixtop.incident.trace import (
-    VOCAB_SIZE,
     Trace,
     TraceError,
     TraceRequest,
@@ -23,6 +22,10 @@ from radixtop.incident.trace import (
     scale_offsets,
     synthesize_input_ids,
 )
+from radixtop.incident.vocab import SIM_VOCABULARY, Vocabulary
+
+# The simulator's vocabulary, and a small one whose first ids are the model's special tokens.
+SMALL = Vocabulary(2048, (0, 1, 2), "a test model")
 
 
 def shared_len(a: list[int], b: list[int]) -> int:
@@ -116,15 +119,19 @@ def test_loader_errors_for_unreadable_and_invalid_json(tmp_path):
         builtin_trace("nope")
 
 
-def test_synthesis_shares_exactly_the_group_prefix_and_nothing_else():
+@pytest.mark.parametrize("vocab", [SIM_VOCABULARY, SMALL], ids=["sim", "small"])
+def test_synthesis_shares_exactly_the_group_prefix_and_nothing_else(vocab):
     trace = builtin_trace("finding_03330")
     prompts = {
-        (r.id, c): synthesize_input_ids(r, trace, seed=11, copy=c) for r in trace.requests for c in range(r.n)
+        (r.id, c): synthesize_input_ids(r, trace, seed=11, copy=c, vocab=vocab)
+        for r in trace.requests
+        for c in range(r.n)
     }
     for (rid, copy), ids in prompts.items():
         req = trace.request(rid)
-        assert len(ids) == req.prompt_len and all(0 <= t < VOCAB_SIZE for t in ids)
-        assert ids == synthesize_input_ids(req, trace, seed=11, copy=copy)  # deterministic
+        assert len(ids) == req.prompt_len and all(0 <= t < vocab.size for t in ids)
+        assert not set(ids) & set(vocab.special)
+        assert ids == synthesize_input_ids(req, trace, seed=11, copy=copy, vocab=vocab)  # deterministic
     keys = list(prompts)
     for i, ka in enumerate(keys):
         for kb in keys[i + 1 :]:
@@ -132,7 +139,26 @@ def test_synthesis_shares_exactly_the_group_prefix_and_nothing_else():
             expected = min(a.prefix_len, b.prefix_len) if a.group == b.group else 0
             assert shared_len(prompts[ka], prompts[kb]) == expected, (ka, kb)
     # Another seed gives other prompts with the same sharing.
-    assert synthesize_input_ids(trace.request("r01"), trace, seed=12) != prompts[("r01", 0)]
+    assert synthesize_input_ids(trace.request("r01"), trace, seed=12, vocab=vocab) != prompts[("r01", 0)]
+
+
+def test_a_pressure_workload_fits_a_small_vocabulary_and_a_trace_too_big_for_it_is_one_line():
+    from radixtop.incident.workloads import pressure_trace
+
+    trace = pressure_trace(4096, 8, page_size=16)
+    ids = [t for p in plan_requests(trace, vocab=SMALL) for t in p.input_ids]
+    assert ids and max(ids) < 2048 and min(ids) > 2
+    many = parse_trace(good() | {"requests": [dict(good()["requests"][0], id=f"q{i}", n=1, prefix_len=0)
+                                              for i in range(40)]})  # fmt: skip
+    with pytest.raises(TraceError, match=r"needs 40 distinct first tokens; a vocabulary of 64 ids has room for 15"):
+        plan_requests(many, vocab=Vocabulary(64, (0,)))
+
+
+def test_recorded_prompts_with_ids_the_model_lacks_are_refused_before_anything_is_sent():
+    rec = parse_trace(good() | {"requests": [dict(good()["requests"][0], input_ids=[5, 9000, 7])]})
+    assert plan_requests(rec)[0].input_ids == [5, 9000, 7]
+    with pytest.raises(TraceError, match=r"token id 9,000, outside the model's vocabulary of 2,048 token ids"):
+        plan_requests(rec, vocab=SMALL)
 
 
 def test_rescale_prefixes_moves_pages_from_the_hint_to_another_page_size():

@@ -47,7 +47,18 @@ def load_trace_arg(text: str) -> tuple[Any, str]:
         raise _usage(f"{exc}; pass a trace file or a built-in name (finding_03330, demo_pressure)") from None
 
 
-def _page_size(url: str, value: str | None) -> int | None:
+def _server_info(url: str) -> dict[str, Any] | None:
+    """The server's /server_info, or None when it does not answer one."""
+    import httpx
+
+    try:
+        info = httpx.get(f"{url}/server_info", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _page_size(info: dict[str, Any] | None, url: str, value: str | None) -> int | None:
     """--page-size: None (as written), a number, or auto (the server's, from /server_info)."""
     if value in (None, ""):
         return None
@@ -59,13 +70,26 @@ def _page_size(url: str, value: str | None) -> int | None:
         if size < 1:
             raise _usage(f"--page-size must be at least 1, got {size}")
         return size
-    import httpx
+    size = (info or {}).get("page_size")
+    if type(size) is not int or size < 1:
+        raise _usage(f"--page-size auto: {url}/server_info did not say its page_size; pass a number")
+    return size
 
+
+def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Any) -> Any:
+    """The served model's vocabulary (radixtop.incident.vocab), from --vocab-size or its files."""
+    from radixtop.incident.vocab import VocabError, Vocabulary, for_server
+
+    if given is not None:
+        if given < 16:
+            raise _usage(f"--vocab-size must be at least 16, got {given}")
+        return Vocabulary(given, (), "--vocab-size")
     try:
-        info = httpx.get(f"{url}/server_info", timeout=5).json()
-        return int(info["page_size"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        raise _usage(f"--page-size auto: {url}/server_info did not say its page_size; pass a number") from None
+        return for_server(info)
+    except VocabError as exc:
+        if all(r.input_ids is not None or r.text is not None for r in trace.requests):
+            return Vocabulary(1 << 31, (), "the trace's recorded prompts")  # nothing is made up
+        raise _usage(str(exc)) from None
 
 
 # -- bundle -------------------------------------------------------------------------------------
@@ -130,7 +154,8 @@ def run_replay(args: Namespace) -> int:
     if args.runs < 1:
         raise _usage(f"--runs must be at least 1, got {args.runs}")
     trace, label = load_trace_arg(args.trace)
-    size = _page_size(url, args.page_size)
+    info = _server_info(url)
+    size = _page_size(info, url, args.page_size)
     if size is not None and size != trace.page_size_hint:
         try:
             trace = rescale_prefixes(trace, size)
@@ -142,7 +167,12 @@ def run_replay(args: Namespace) -> int:
         say("--no-flush: the cache is NOT flushed between runs, so later runs may hit what earlier ones cached")
     else:
         say("the server's cache is flushed (POST /flush_cache) before each run")
-    planned = plan_requests(trace, seed=args.seed)
+    vocab = _vocabulary(info, args.vocab_size, trace)
+    try:
+        planned = plan_requests(trace, seed=args.seed, vocab=vocab)
+    except TraceError as exc:
+        raise _usage(str(exc)) from None
+    say(f"prompts made up from the model's vocabulary: {vocab.describe()}")
 
     async def go():
         loop = asyncio.get_running_loop()
@@ -330,7 +360,7 @@ def run_confirm(args: Namespace) -> int:
         control_args=tuple(args.control_arg), stop_original=args.stop_original,
         reproduction=not args.no_reproduction, gpus=args.gpus, own_env=args.own_env,
         control_timeout_s=args.control_timeout, bundle=not args.no_bundle,
-        signature_files=tuple(args.signatures),
+        signature_files=tuple(args.signatures), vocab_size=args.vocab_size,
     )  # fmt: skip
     say = _progress("confirm", False)
     lock = RunLock(args.url, options.workdir)

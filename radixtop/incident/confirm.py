@@ -59,8 +59,9 @@ from radixtop.incident.launch import (
 from radixtop.incident.placement import Placement, place
 from radixtop.incident.redact import Redactor
 from radixtop.incident.sighting import Sighting, load_sighting, observe, save_sighting
-from radixtop.incident.trace import Trace, rescale_prefixes, save_trace
+from radixtop.incident.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
 from radixtop.incident.verdict import VERDICTS, Verdict
+from radixtop.incident.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
 from radixtop.probes.gpu import read_once
 
 __all__ = [
@@ -116,6 +117,7 @@ class ConfirmOptions:
     min_severity: str = "error"  # signatures at or above this count for the verdict
     request_timeout_s: float = 120.0
     sighting: Sighting | None = None  # what the caller saw of the server while it lived (the TUI)
+    vocab_size: int | None = None  # --vocab-size: the model's vocabulary when its files are not here
 
 
 @dataclass
@@ -146,6 +148,7 @@ class Plan:
     baseline_logs: list[str]  # the original's logs
     trace: Trace
     trace_path: Path
+    vocab: Vocabulary | None = SIM_VOCABULARY  # where made-up prompts draw their ids; None: unknown (a blocker)
     control_summary: str = ""  # the condition the control changes, in a few words
     bundle: Any = None  # BundleResult
     notes: list[str] = field(default_factory=list)
@@ -204,6 +207,8 @@ class Plan:
             argv += ["--gpus", o.gpus]
         if o.control_timeout_s != ConfirmOptions.control_timeout_s:
             argv += ["--control-timeout", f"{o.control_timeout_s:g}"]
+        if o.vocab_size is not None:
+            argv += ["--vocab-size", str(o.vocab_size)]
         return self.redactor.argv(argv)
 
     def describe(self) -> list[str]:
@@ -221,6 +226,7 @@ class Plan:
                 f"Workload      {self.trace.name}: {len(self.trace.requests)} requests, {self.calls} calls "
                 f"over {duration:.1f} s at temperature 0 ({self.trace_path})"
             ),
+            f"  token ids from the model's vocabulary: {self.vocab.describe() if self.vocab else 'unknown'}",
             f"Runs          {o.runs} per arm, one arm after the other, the same workload; "
             + ("the cache is flushed before each run (POST /flush_cache)" if o.flush else "no cache flush (--no-flush)"),
             *self.placement.lines,
@@ -274,6 +280,8 @@ class Plan:
                 "path": str(self.trace_path),
                 "requests": len(self.trace.requests),
                 "calls": self.calls,
+                "vocab_size": self.vocab.size if self.vocab else None,
+                "vocab_source": self.vocab.source if self.vocab else None,
             },
             "runs": self.options.runs,
             "flush": self.options.flush,
@@ -428,6 +436,26 @@ def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sig
     return own
 
 
+def _vocabulary(options: ConfirmOptions, info: Mapping[str, Any] | None, live: LaunchCommand,
+                seen: Sighting | None) -> tuple[Vocabulary | None, str | None]:  # fmt: skip
+    """The model's vocabulary, from --vocab-size or its files (named by /server_info or the launch
+    command's --model-path); else None and the blocker that says what to pass."""
+    if options.vocab_size is not None:
+        if options.vocab_size < 16:
+            raise PlanError(f"--vocab-size must be at least 16, got {options.vocab_size}")
+        return Vocabulary(options.vocab_size, (), "--vocab-size"), None
+    named = dict(info or {})
+    for key, flag in (("model_path", "--model-path"), ("tokenizer_path", "--tokenizer-path")):
+        if not named.get(key):
+            named[key] = flag_value(live.flags, flag) or flag_value(live.flags, "--model")
+    try:
+        return for_server(named, env=seen.env if seen is not None else None, kind=live.kind), None
+    except VocabError as exc:
+        if options.trace is not None and all(r.input_ids is not None or r.text is not None for r in options.trace.requests):
+            return Vocabulary(1 << 31, (), "the trace's recorded prompts"), None  # nothing is made up
+        return None, str(exc)
+
+
 def _running(pid: int | None) -> bool:
     """The process exists and is not a zombie (a dead server's pid may linger unreaped)."""
     import psutil
@@ -548,6 +576,14 @@ async def prepare(
             int(info["max_total_num_tokens"]), max_running or 32,
             page_size=int(info.get("page_size") or 1), max_input_len=info.get("max_req_input_len"),
         )  # fmt: skip
+    vocab, no_vocab = _vocabulary(options, info, live, seen)
+    if no_vocab is not None:
+        blockers.append(no_vocab)
+    try:
+        if vocab is not None:
+            check_recorded_ids(trace, vocab)
+    except TraceError as exc:
+        raise PlanError(str(exc)) from None
     trace_path = workdir / "workload.json"
     save_trace(trace, trace_path)
 
@@ -614,6 +650,7 @@ async def prepare(
         baseline_logs=baseline_logs,
         trace=trace,
         trace_path=trace_path,
+        vocab=vocab,
         bundle=bundle,
         notes=notes,
         blockers=blockers,

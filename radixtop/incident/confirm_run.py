@@ -34,6 +34,7 @@ from radixtop.incident.launch import ControlProcess, LaunchError, exit_reason, w
 from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.trace import plan_requests
 from radixtop.incident.verdict import Verdict, decide
+from radixtop.incident.vocab import SIM_VOCABULARY
 
 __all__ = ["ConfirmationRun"]
 
@@ -319,7 +320,8 @@ class ConfirmationRun:
         results: list[dict[str, Any]] = []
         self._began = time.monotonic()
         try:
-            self._planned = await asyncio.to_thread(plan_requests, plan.trace)  # the same prompts for each arm
+            vocab = plan.vocab if plan.vocab is not None else SIM_VOCABULARY  # not None: no vocabulary is a blocker
+            self._planned = await asyncio.to_thread(plan_requests, plan.trace, 0, vocab)  # the same prompts for each arm
             if plan.mode == "relaunch" and plan.server_pid is not None and (plan.options.stop_original or plan.requires_stop):
                 self._emit("stop-original", f"stopping the live server (pid {plan.server_pid}) as approved")
                 stopped = await asyncio.to_thread(_stop_original, plan.server_pid)

@@ -20,7 +20,9 @@ reported (``finding_03330``)::
 
 Optional top-level keys: ``source`` (where the trace came from), ``expect_diverged`` (request ids
 a replay is expected to see diverge). Loading errors are one line naming the file and field.
-Prompts are lists of token ids (``input_ids``), so a replay controls prefix lengths exactly.
+Prompts are lists of token ids (``input_ids``), so a replay controls prefix lengths exactly; the
+ids are drawn from the served model's vocabulary (``radixtop.incident.vocab``), never a special
+token: an id the model does not have crashes its server.
 
 Optional request keys, written only by ``radixtop record --keep-prompts`` (prompts may be
 sensitive, so a trace holds none by default): ``input_ids`` (the exact token ids the client sent)
@@ -44,9 +46,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from radixtop.incident.vocab import SIM_VOCABULARY, Vocabulary
+
 __all__ = [
     "TRACE_VERSION",
-    "VOCAB_SIZE",
     "PlannedRequest",
     "Trace",
     "TraceError",
@@ -59,14 +62,11 @@ __all__ = [
     "rescale_prefixes",
     "save_trace",
     "scale_offsets",
+    "check_recorded_ids",
     "synthesize_input_ids",
 ]
 
 TRACE_VERSION = 1
-VOCAB_SIZE = 1 << 24  # the simulator's vocabulary (radixtop.sim.model.VOCAB_SIZE)
-# First tokens live in their own band so that no request's first token can equal another's.
-_FIRST_BAND_START = 1 << 23
-_FIRST_BAND_SIZE = 1 << 22
 
 
 class TraceError(ValueError):
@@ -319,8 +319,8 @@ def _band_indices(trace: Trace) -> dict[tuple[str, ...], int]:
 
     Those are the first token of every sequence start (a group that shares a prefix, or a copy of
     a request that shares nothing) and the first private token after a shared prefix (one per
-    copy). Band tokens are >= 2**23 and every other token is below, so a band token can equal
-    neither an ordinary token nor another band token.
+    copy). Band tokens come from the upper half of the usable ids and every other token from the
+    lower half, so a band token can equal neither an ordinary token nor another band token.
     """
     index: dict[tuple[str, ...], int] = {}
     for req in trace.requests:
@@ -333,8 +333,29 @@ def _band_indices(trace: Trace) -> dict[tuple[str, ...], int]:
     return index
 
 
-def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, copy: int = 0) -> list[int]:
-    """The prompt of ``request`` (copy ``copy`` of its ``n``), as token ids, deterministic in ``seed``.
+class _Bands:
+    """The vocabulary's usable ids cut in two: ordinary tokens below, unique tokens in a band above."""
+
+    def __init__(self, trace: Trace, vocab: Vocabulary, index: dict[tuple[str, ...], int]) -> None:
+        self.vocab = vocab
+        self.ordinary = vocab.usable // 2
+        self.band_size = vocab.usable // 4
+        if len(index) > self.band_size:
+            raise TraceError(f"trace {trace.name!r} needs {len(index):,} distinct first tokens; a vocabulary of "
+                             f"{vocab.size:,} ids has room for {self.band_size:,}")  # fmt: skip
+        self.index = index
+
+    def band_token(self, key: tuple[str, ...], offset: int) -> int:
+        return self.vocab.nth(self.ordinary + (offset + self.index[key]) % self.band_size)
+
+    def ordinary_token(self, rng: random.Random) -> int:
+        return self.vocab.nth(rng.randrange(self.ordinary))
+
+
+def synthesize_input_ids(
+    request: TraceRequest, trace: Trace, seed: int = 0, copy: int = 0, vocab: Vocabulary = SIM_VOCABULARY
+) -> list[int]:
+    """The prompt of ``request`` (copy ``copy`` of its ``n``), as token ids of ``vocab``, deterministic in ``seed``.
 
     Requests of one group share exactly their first ``prefix_len`` tokens (a group's shared base,
     cut to each request's prefix_len); every other token is private to (request, copy), and the
@@ -345,48 +366,45 @@ def synthesize_input_ids(request: TraceRequest, trace: Trace, seed: int = 0, cop
         raise TraceError(f"request {request.id!r} is not part of trace {trace.name!r}")
     if not 0 <= copy < request.n:
         raise TraceError(f"copy must be within 0..{request.n - 1} for request {request.id!r}, got {copy}")
-    return _synthesize(request, trace, seed, copy, _band_indices(trace))
+    return _synthesize(request, trace, seed, copy, _Bands(trace, vocab, _band_indices(trace)))
 
 
-def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, index: dict[tuple[str, ...], int]) -> list[int]:
-    band_offset = _seed_int("band", trace.name, seed) % _FIRST_BAND_SIZE
-
-    def band_token(key: tuple[str, ...]) -> int:
-        return _FIRST_BAND_START + (band_offset + index[key]) % _FIRST_BAND_SIZE
-
+def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands) -> list[int]:
+    band_offset = _seed_int("band", trace.name, seed) % bands.band_size
     shared = request.prefix_len
     tokens: list[int] = []
     if shared > 0:
         base_rng = random.Random(_seed_int("group", trace.name, request.group, seed))
-        tokens.append(band_token(("group", request.group)))
-        tokens.extend(base_rng.randrange(_FIRST_BAND_START) for _ in range(shared - 1))
+        tokens.append(bands.band_token(("group", request.group), band_offset))
+        tokens.extend(bands.ordinary_token(base_rng) for _ in range(shared - 1))
         if len(tokens) < request.prompt_len:
-            tokens.append(band_token(("diverge", request.id, str(copy))))
+            tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
     else:
-        tokens.append(band_token(("start", request.id, str(copy))))
+        tokens.append(bands.band_token(("start", request.id, str(copy)), band_offset))
     own_rng = random.Random(_seed_int("own", trace.name, request.id, copy, seed))
-    tokens.extend(own_rng.randrange(_FIRST_BAND_START) for _ in range(request.prompt_len - len(tokens)))
+    tokens.extend(bands.ordinary_token(own_rng) for _ in range(request.prompt_len - len(tokens)))
     return tokens
 
 
-def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int,
-                             index: dict[tuple[str, ...], int]) -> list[int]:  # fmt: skip
+def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands) -> list[int]:
     if req.input_ids is not None:
         return list(req.input_ids)
     if req.text is not None:
         return []  # sent as text
-    return _synthesize(req, trace, seed, copy, index)
+    return _synthesize(req, trace, seed, copy, bands)
 
 
-def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
-    """Every generate call of one replay, sorted by send time (copies of a request together)."""
-    index = _band_indices(trace)  # once for the whole trace: per request it made planning quadratic
+def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULARY) -> list[PlannedRequest]:
+    """Every generate call of one replay, sorted by send time (copies of a request together), its
+    made-up prompts drawn from ``vocab``. TraceError when a recorded prompt has an id ``vocab`` lacks."""
+    check_recorded_ids(trace, vocab)
+    bands = _Bands(trace, vocab, _band_indices(trace))  # once for the whole trace: per request it was quadratic
     planned = [
         PlannedRequest(
             offset_s=req.offset_ms / 1000.0,
             request_id=req.id,
             copy=copy,
-            input_ids=_recorded_or_synthesized(req, trace, seed, copy, index),
+            input_ids=_recorded_or_synthesized(req, trace, seed, copy, bands),
             max_tokens=req.max_tokens,
             text=req.text,
             extra_key=req.extra_key,
@@ -396,3 +414,14 @@ def plan_requests(trace: Trace, seed: int = 0) -> list[PlannedRequest]:
     ]
     planned.sort(key=lambda p: p.offset_s)  # stable: trace order within one instant
     return planned
+
+
+def check_recorded_ids(trace: Trace, vocab: Vocabulary) -> None:
+    """TraceError naming the first recorded prompt with a token id outside ``vocab``: sent, it
+    would crash the server rather than replay the incident."""
+    for req in trace.requests:
+        if req.input_ids is not None:
+            top = max(req.input_ids)
+            if top >= vocab.size:
+                raise TraceError(f"request {req.id!r} has token id {top:,}, outside the model's vocabulary of "
+                                 f"{vocab.describe()}: the trace was recorded against another model")  # fmt: skip

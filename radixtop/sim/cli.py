@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 VERSION = "0.5.23-radixtop-sim"  # the SGLang release whose API and logs the simulator follows
-DEFAULT_MODEL = "radixtop/sim-model"
+DEFAULT_MODEL = "radixtop/sim-model"  # the served name; the model path is the folder below
+MODEL_DIR = Path(__file__).resolve().parent / "sim-model"  # its config.json gives the vocabulary
 SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # After the death lines, give in-flight requests this long to receive their 5xx, then exit.
@@ -59,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-path",
         "--model",
         dest="model_path",
-        default=DEFAULT_MODEL,
-        help="echoed in /server_info and /v1/models",
+        default=str(MODEL_DIR),
+        help="echoed in /server_info (default: the simulator's own model folder, whose config.json "
+        "holds its vocabulary)",
     )
     g.add_argument(
         "--served-model-name",
@@ -234,7 +236,7 @@ def server_args_dict(opts: SimOptions, config: Any, port: int) -> dict[str, Any]
     return {
         "model_path": a.model_path,
         "tokenizer_path": a.model_path,
-        "served_model_name": a.served_model_name or a.model_path,
+        "served_model_name": a.served_model_name or (DEFAULT_MODEL if a.model_path == str(MODEL_DIR) else a.model_path),
         "host": opts.host,
         "port": port,
         "page_size": config.page_size,

@@ -21,7 +21,7 @@ from pane_helpers import start_sim, stop
 from radixtop.probes.discovery import Discovery, discover
 from radixtop.probes.launch import classify
 
-# A stand-in `sglang.launch_server`: serves /health and /server_info on --port, starts two children
+# A stand-in `sglang.launch_server`: serves /v1/models and /server_info on --port, starts two children
 # titled like SGLang's schedulers, and prints to stdout.
 LAUNCHER = textwrap.dedent(
     """
@@ -33,7 +33,7 @@ LAUNCHER = textwrap.dedent(
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
             body = json.dumps({"version": "0.5.23", "port": port, "tp_size": 2}).encode()
-            self.send_response(200 if self.path in ("/health", "/server_info") else 404)
+            self.send_response(200 if self.path in ("/v1/models", "/server_info") else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

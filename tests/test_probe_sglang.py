@@ -101,7 +101,7 @@ async def test_down_then_restarted(tmp_path: Path) -> None:
 
 async def test_garbage_metrics_and_health_errors_are_statuses() -> None:
     with stub_server() as stub:
-        stub.answers["/health"] = Answer(503, b"")
+        stub.answers["/v1/models"] = Answer(503, b"")
         stub.answers["/server_info"] = Answer(body=b'{"version": "0.5.5", "enable_metrics": true}')
         stub.answers["/metrics"] = Answer(body=b"sglang:token_usage{ this is not prometheus", content_type="text/plain")
         probe = ServerProbe(stub.url)
@@ -151,3 +151,20 @@ def test_http_clients_share_one_ssl_context(monkeypatch) -> None:
         http.make_client()
     assert len(made) == 1
     assert http.ssl_context().verify_mode == ssl.CERT_REQUIRED
+
+
+async def test_watching_sglang_never_asks_its_generating_health_route() -> None:
+    """SGLang's /health runs a generation through the scheduler: the probe tells liveness from
+    /v1/models and /metrics, which its HTTP front answers alone (an API key it wants is an answer)."""
+    with stub_server() as stub:
+        stub.answers["/health"] = Answer(body=b"")
+        stub.answers["/v1/models"] = Answer(401, b'{"error": "Unauthorized"}')
+        stub.answers["/server_info"] = Answer(body=b'{"version": "0.5.23", "enable_metrics": true}')
+        stub.answers["/metrics"] = Answer(body=b"sglang:token_usage 0.5\n", content_type="text/plain")
+        probe = ServerProbe(stub.url)
+        try:
+            states = [(await probe.poll()).status.state for _ in range(4)]
+        finally:
+            await probe.aclose()
+    assert states == ["ok"] * 4
+    assert "/health" not in stub.hits and stub.hits["/v1/models"] >= 1 and stub.hits["/metrics"] >= 1

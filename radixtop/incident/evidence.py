@@ -34,6 +34,7 @@ import psutil
 
 from radixtop.diagnosis.evidence_policy import CONTEXT_AFTER, CONTEXT_BEFORE
 from radixtop.incident.server import auth_headers, snapshot_process
+from radixtop.probes.http import LIVENESS_PATH
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.findings import Report
@@ -162,7 +163,7 @@ def collect_server(
     sink: Sink, url: str | None, *, pid: int | None = None, instruments: Sequence[str] = (), timeout_s: float = 3.0,
     deadline: float | None = None, cancel: threading.Event | None = None,
 ) -> dict[str, Any] | None:
-    """/server_info (and /health), then the radix snapshots and events of the ranks' debug
+    """Whether the HTTP front answers and /server_info, then the radix snapshots and events of the ranks' debug
     endpoints: those given, else those /server_info lists (the simulator), else those found among
     the server's listening ports (a real SGLang's /server_info does not know them)."""
     if not url:
@@ -173,11 +174,12 @@ def collect_server(
         return None
     info: dict[str, Any] | None = None
     with Http(timeout_s, deadline=deadline, cancel=cancel) as client:
-        try:
-            status, body = client.get(f"{url}/health")
-            sink.text("server/health.txt", f"GET {url}/health -> HTTP {status}\n")
+        try:  # never SGLang's /health: it runs a generation through the scheduler under investigation
+            status, body = client.get(f"{url}{LIVENESS_PATH}")
+            sink.text("server/health.txt", f"GET {url}{LIVENESS_PATH} -> HTTP {status} (the HTTP front; /health is "
+                      "not asked, as it generates through the scheduler)\n")  # fmt: skip
         except _HTTP_ERRORS as exc:
-            sink.note("server/health.txt", f"GET {url}/health failed: {_one_line(exc)}")
+            sink.note("server/health.txt", f"GET {url}{LIVENESS_PATH} failed: {_one_line(exc)}")
         try:
             status, body = client.get(f"{url}/server_info")
             if status == 404:  # older releases only have the get_ alias

@@ -9,7 +9,7 @@ offline `sgl.Engine` script, to their parent). A wrapper that stays as the launc
 process is the server.
 
 The port: among the TCP ports the process tree listens on, the one its `--port` names, else the
-server's default (30000 / 8000), else the first that answers /health. The log: `--log-file` when the
+server's default (30000 / 8000), else the first whose HTTP front answers /v1/models. The log: `--log-file` when the
 command line has one, else the file its stdout (then stderr) goes to (/proc/<pid>/fd/1); a pipe, a
 terminal or /dev/null is said as such. The ranks' debug endpoints: /server_info's radixtop_instrument
 (the simulator), else those of the tree's listening ports in the instrument's range (base + rank,
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from radixtop.probes.container import container_of, container_ports
-from radixtop.probes.http import fetch, make_client
+from radixtop.probes.http import ANSWERING, LIVENESS_PATH, fetch, make_client
 from radixtop.probes.journal import read_cgroup
 from radixtop.probes.launch import flag, launch_of
 from radixtop.probes.procs import role_and_rank
@@ -286,8 +286,9 @@ async def _find_instruments(
 
 
 async def _probe_port(client: httpx.AsyncClient, host: str, port: int, timeout_s: float) -> bool:
-    got = await fetch(client, f"http://{host}:{port}/health", max_bytes=64 * 1024, timeout_s=timeout_s)
-    return got.error is None and got.status in (200, 503)
+    """Whether an LLM server's HTTP front answers on the port (without entering its scheduler)."""
+    got = await fetch(client, f"http://{host}:{port}{LIVENESS_PATH}", max_bytes=256 * 1024, timeout_s=timeout_s)
+    return got.error is None and (got.status in ANSWERING or got.status == 503)
 
 
 async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: float) -> FoundServer:
@@ -320,7 +321,7 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
     if url is None:
         if addrs:
             shown = ", ".join(str(p) for _, p in addrs[:6])
-            problems.append(f"none of its listening ports ({shown}) answers /health; pass --url")
+            problems.append(f"none of its listening ports ({shown}) answers /v1/models; pass --url")
         elif not port_problems:
             problems.append("it listens on no TCP port yet (still loading the model?)")
     instrument: tuple[str, ...] = ()

@@ -37,6 +37,21 @@ class Fetched:
 _SSL_CONTEXT: Any = None
 
 
+# SGLang's /health runs a one-token generation through the scheduler (its
+# SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is on by default): polled, it puts batches into the log of
+# the server under investigation and hangs with a wedged scheduler. /v1/models is answered by the
+# HTTP front alone, on SGLang, vLLM and the simulator. vLLM's /health checks its engine without
+# generating, so it stays the better liveness check there.
+LIVENESS_PATH = "/v1/models"
+# Statuses that say the server's HTTP front is up: an API key it wants is still an answer.
+ANSWERING = frozenset({200, 401, 403})
+
+
+def liveness_path(kind: str) -> str:
+    """The route that says a server of `kind` ("sglang", "vllm", ...) is up without generating."""
+    return "/health" if kind == "vllm" else LIVENESS_PATH
+
+
 def is_loopback_url(url: str) -> bool:
     """Whether a URL's host is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
     from urllib.parse import urlsplit

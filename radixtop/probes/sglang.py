@@ -1,7 +1,9 @@
 """The server itself (SGLang, or vLLM where it fits): health, /server_info, /metrics.
 
-`ServerProbe.poll()` returns a `ServerSample` and never raises. /health decides up or down; a
-refused connection is DOWN (with the time it went down, kept by the status); /server_info is read
+`ServerProbe.poll()` returns a `ServerSample` and never raises. A route the HTTP front answers
+alone (`probes.http.liveness_path`: never SGLang's /health, which generates a token through the
+scheduler) decides up or down; a refused connection is DOWN (with the time it went down, kept by
+the status); /server_info is read
 on first contact, after every restart and every few minutes (it names the instrument endpoints and
 the launch command); /metrics is read when the server has it (`--enable-metrics`; vLLM always),
 parsed with prometheus_client's parser after dropping every line we do not use (SGLang's /metrics
@@ -17,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from radixtop.probes.http import PolledProbe, fetch
+from radixtop.probes.http import ANSWERING, PolledProbe, fetch, liveness_path
 from radixtop.probes.radix import instrument_urls
 from radixtop.probes.status import SourceState, StateClock, one_line
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
 DEFAULT_INTERVAL_S = 2.0
 INFO_EVERY_S = 300.0
 METRICS_RETRY_S = 60.0  # after a 404 on /metrics, look again this much later
-HEALTH_EVERY_S = 6.0  # while /metrics answers, /health is asked this often
+HEALTH_EVERY_S = 6.0  # while /metrics answers, the liveness route is asked this often
 MAX_INFO_BYTES = 2 * 1024 * 1024
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 
@@ -96,7 +98,7 @@ class ServerSample:
     metrics: ServerMetrics | None = None  # this poll's, None when not read or failed
     metrics_note: str = ""  # why there are no metrics ("start it with --enable-metrics", ...)
     restarted: bool = False  # came back after being down, or a new startup_time
-    latency_s: float | None = None  # /health round trip
+    latency_s: float | None = None  # the liveness route's round trip
 
 
 def _int(v: Any) -> int | None:
@@ -209,12 +211,13 @@ class ServerProbe(PolledProbe):
     async def _poll(self) -> ServerSample:
         now = time.monotonic()
         if self._metrics_carry_health(now):
-            # /metrics answered last time and /health said 200 lately: one request instead of two
+            # /metrics answered last time and the front answered lately: one request instead of two
             # (SGLang's whole server exits when its scheduler dies, so a refused /metrics says it).
             metrics = await self._read_metrics(now)
             if metrics is not None:
                 return self._sample("ok", metrics=metrics, metrics_note=self._metrics_note, latency_s=None)
-        health = await fetch(self.client, self.url + "/health", max_bytes=64 * 1024)
+        path = liveness_path(self.info.kind if self.info is not None else "unknown")
+        health = await fetch(self.client, self.url + path, max_bytes=256 * 1024)
         if health.error is not None:
             self._was_down = True
             self._health_ok_at = -float("inf")
@@ -222,16 +225,16 @@ class ServerProbe(PolledProbe):
             return self._sample(state, f"{self.url}: {health.error}")
         restarted = self._was_down and self.info is not None
         self._was_down = False
-        if health.status == 200:
+        if health.status in ANSWERING:
             self._health_ok_at = now
         if self.info is None or restarted or now - self._info_at >= INFO_EVERY_S:
             await self._read_info(now)
-        if health.status == 200:
+        if health.status in ANSWERING:
             state, message = "ok", ""
         elif health.status == 503:
-            state, message = "starting", f"{self.url}/health answers 503 (starting, or the scheduler died)"
+            state, message = "starting", f"{self.url}{path} answers 503 (starting, or the scheduler died)"
         else:
-            state, message = "error", f"{self.url}/health answers HTTP {health.status}"
+            state, message = "error", f"{self.url}{path} answers HTTP {health.status}"
         metrics = None
         if self._metrics_wanted(now):
             metrics = await self._read_metrics(now)

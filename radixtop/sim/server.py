@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,7 @@ GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens
 DEFAULT_TEMPERATURE = 1.0
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+
 # Bounds that keep one request from tying the simulator up; SGLang has none, but a sim that
 # hangs on `n: 10**9` helps nobody.
 MAX_N = 128
@@ -407,10 +409,15 @@ def _sse(chunks: Sequence[dict[str, Any]]) -> StreamingResponse:
 
 def build_app(state: SimState) -> Starlette:
     engine = state.engine
+    generating_health = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1").strip().lower() not in (
+        "0", "false", "no", "off")  # fmt: skip
 
     async def health(request: Request) -> Response:
-        # 0.5.23: /health answers without generating unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.
-        return Response(status_code=200 if state.ready and state.alive else 503)
+        # As SGLang 0.5.23: /health generates one token through the engine (a batch in the log)
+        # unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is off, and answers 503 while starting.
+        if not generating_health:
+            return Response(status_code=200 if state.ready and state.alive else 503)
+        return await health_generate(request)
 
     async def health_generate(request: Request) -> Response:
         if not (state.ready and state.alive):

@@ -187,7 +187,19 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
     ),
     (
         "subprocess-crashed",
+        "[2026-01-01 00:00:00] Subprocess scheduler_0 (pid=4242) crashed with exit code -6. Triggering SIGQUIT for "
+        "cleanup...",
+        frozenset(),
+    ),
+    (
+        "subprocess-killed",
         "[2026-01-01 00:00:00] Subprocess scheduler_0 (pid=4242) crashed with exit code -9. Triggering SIGQUIT for "
+        "cleanup...",
+        frozenset(),
+    ),
+    (
+        "subprocess-terminated",
+        "[2026-01-01 00:00:00] Subprocess scheduler_0 (pid=4242) crashed with exit code -15. Triggering SIGQUIT for "
         "cleanup...",
         frozenset(),
     ),

@@ -129,11 +129,28 @@ def test_without_a_cause_the_first_consequence_is_named(tmp_path: Path) -> None:
     # Killed from outside: the scheduler wrote nothing; the watcher's line comes before SIGQUIT's.
     lines = [
         "[2026-12-02 14:00:10 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1",
-        "[2026-12-02 14:00:14] " + mined("Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...", "scheduler_0", "7", "-9"),
+        "[2026-12-02 14:00:14] " + mined("Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...", "scheduler_0", "7", "-6"),
         "[2026-12-02 14:00:14] " + mined("SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "3", "None"),
     ]
     init = scan_json(tmp_path, lines)["initiating"]
     assert (init["signature"], init["line"]) == ("subprocess-crashed", 2)
+
+
+@pytest.mark.parametrize(("code", "sig_id", "initiating"), [
+    ("-9", "subprocess-killed", "subprocess-killed"),  # SIGKILL from outside: the first word of the failure
+    ("-15", "subprocess-terminated", "child-sigquit"),  # a stop: a notice, never the cause
+    ("-6", "subprocess-crashed", "subprocess-crashed"),
+])  # fmt: skip
+def test_a_childs_exit_by_signal_is_named_by_its_signal(tmp_path: Path, code: str, sig_id: str, initiating: str) -> None:
+    """SGLang 0.5.23's own sequence, as its watchdog and SIGQUIT handler print it."""
+    lines = [
+        "[2026-12-04 21:27:01] " + mined("Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...", "scheduler_0", "6489", code),
+        "[2026-12-04 21:27:01] " + mined("SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "None", "None"),
+    ]
+    doc = scan_json(tmp_path, lines)
+    found = {f["signature"] for f in doc["findings"]}
+    assert sig_id in found and not ({"subprocess-killed", "subprocess-terminated", "subprocess-crashed"} - {sig_id}) & found
+    assert doc["initiating"]["signature"] == initiating
 
 
 def test_older_wordings_are_the_same_signatures(tmp_path: Path) -> None:

@@ -351,6 +351,17 @@ async def test_procs_title_counts_a_zombie_apart_and_the_down_reason_wraps_whole
         assert all(len(row) <= width for row in message), "wrapped to the pane, not cut at its edge"
 
 
+def test_a_process_gone_before_and_after_the_last_live_sample_is_listed_once() -> None:
+    from dataclasses import replace
+
+    last_good = procs_sample()  # TP2 (103) already gone in it
+    gone = tuple(replace(p, status="gone", gone_at=T0) for p in last_good.procs if p.pid != 103)
+    down = ProcsSample(SourceState("down", "server process 100 is gone", T0), T0, 100, gone + last_good.procs[3:], ())
+    rows = [line for line in render_procs(down, now=T0, last_good=last_good).plain.splitlines() if "sglang" in line]
+    assert [int(r.split()[0]) for r in rows] == [100, 101, 102, 103], rows
+    assert all(" gone " in r for r in rows), rows
+
+
 def test_vitals_text_marks_the_first_signature() -> None:
     text = render_vitals(vitals_with_incident(), width=100, now=T0).plain
     lines = text.splitlines()

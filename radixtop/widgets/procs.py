@@ -37,7 +37,7 @@ def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None
     procs = sample.procs
     if not any(p.status != "gone" for p in procs) and last_good is not None:
         out.append(frozen_banner(sample.status.state, sample.status.since, last_good.time) + "\n", style="bold red")
-        procs = tuple(last_good.procs) + tuple(p for p in procs if p.status == "gone")
+        procs = _frozen_rows(last_good.procs, procs)
     for p in procs:
         if p.status == "gone":
             style = "bold red" if p.role in ("scheduler", "worker", "engine-core", "server") else "red"
@@ -56,6 +56,14 @@ def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None
         out.append(f"! {problem}\n", style="bold red")
     out.rstrip()
     return out
+
+
+def _frozen_rows(last_good: tuple[Any, ...], gone: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The last live table with each process that went since in its gone row, once per pid
+    (the last live sample already listed those gone before it)."""
+    rows = {p.pid: p for p in last_good}
+    rows.update((p.pid, p) for p in gone if p.status == "gone")
+    return tuple(rows.values())
 
 
 class ProcsPane(Vertical):

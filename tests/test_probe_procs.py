@@ -96,6 +96,20 @@ def test_tree_zombie_then_gone(family) -> None:
     entry = next(p for p in gone.procs if p.pid == kids[1])
     assert entry.gone_at is not None and entry.dead
     assert any(f"scheduler TP1 (pid {kids[1]}) is gone since" in p for p in gone.problems)
+    # The incident began with this child's death, before the server itself goes.
+    assert gone.first_death() == (entry.gone_at, f"scheduler TP1 (pid {kids[1]})")
+    assert first.first_death() is None
+
+
+def test_a_plan_after_the_crash_dates_it_by_its_first_death() -> None:
+    from radixtop.incident.sighting import Sighting
+
+    t0 = time.mktime((2026, 12, 4, 21, 27, 0, 0, 0, -1))
+    seen = Sighting("http://127.0.0.1:30000", t0 - 60, t0)
+    said = seen.died(t0 + 2, "scheduler TP0 (pid 6489)").describe_age()
+    assert said == "its scheduler TP0 (pid 6489) died at 21:27:02; planned from what was seen at 21:27:00"
+    assert Sighting.from_json(seen.died(t0 + 2, "scheduler TP0 (pid 6489)").to_json()).died_first == "scheduler TP0 (pid 6489)"
+    assert seen.died(t0 + 6).describe_age().startswith("the server died at 21:27:06")
 
 
 def test_a_dead_root_is_down_and_keeps_what_it_saw(family) -> None:

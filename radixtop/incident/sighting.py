@@ -74,7 +74,8 @@ class Sighting:
     gpus: tuple[GpuUse, ...] = ()
     gpu_note: str = ""  # why the GPUs are not known, when they are not
     logs: tuple[str, ...] = ()
-    died_at: float | None = None  # when it was seen go down after being alive
+    died_at: float | None = None  # when it was seen go down after being alive: its first process's death
+    died_first: str = ""  # which of its processes died first ("scheduler TP0 (pid 6489)"), when known
     notes: tuple[str, ...] = ()  # what could not be read, one line each
 
     def describe_age(self) -> str:
@@ -82,7 +83,8 @@ class Sighting:
         seen = time.strftime("%H:%M:%S", time.localtime(self.last_seen))
         if self.died_at is not None:
             died = time.strftime("%H:%M:%S", time.localtime(self.died_at))
-            return f"the server died at {died}; planned from what was seen at {seen}"
+            who = f"its {self.died_first}" if self.died_first else "the server"
+            return f"{who} died at {died}; planned from what was seen at {seen}"
         return f"the server is down; planned from what was seen at {seen}, its last sighting"
 
     def to_json(self) -> dict[str, Any]:
@@ -99,6 +101,7 @@ class Sighting:
             "first_seen": self.first_seen,
             "last_seen": self.last_seen,
             "died_at": self.died_at,
+            "died_first": self.died_first,
             "pid": self.pid,
             "argv": redactor.argv(list(self.argv)) if self.argv else None,
             "cwd": self.cwd,
@@ -135,6 +138,7 @@ class Sighting:
             first_seen=number(doc.get("first_seen")) or 0.0,
             last_seen=number(doc.get("last_seen")) or 0.0,
             died_at=number(doc.get("died_at")),
+            died_first=text(doc.get("died_first")) or "",
             pid=doc["pid"] if isinstance(doc.get("pid"), int) else None,
             argv=tuple(str(a) for a in argv) if isinstance(argv, list) and argv else None,
             cwd=text(doc.get("cwd")),
@@ -148,9 +152,10 @@ class Sighting:
             notes=tuple(str(n) for n in doc.get("notes") or ()),
         )
 
-    def died(self, at: float | None = None) -> Sighting:
-        """The same sighting, marked down (at the first time it was seen so)."""
-        return self if self.died_at is not None else replace(self, died_at=at or time.time())
+    def died(self, at: float | None = None, first: str = "") -> Sighting:
+        """The same sighting, marked down at `at` (the first death seen), `first` naming the
+        process that died first when it was not the server itself."""
+        return self if self.died_at is not None else replace(self, died_at=at or time.time(), died_first=first)
 
 
 def _tree_pids(pid: int) -> set[int]:

@@ -72,6 +72,16 @@ class ProcsSample:
     problems: tuple[str, ...] = ()  # "scheduler TP3 (pid 123) is a zombie", ...
     seconds: float = 0.0
 
+    def first_death(self) -> tuple[float, str] | None:
+        """When the first of the server's children was seen gone, and which ("scheduler TP0 (pid
+        6489)"): a crash begins with one child's death, seconds before the server itself exits."""
+        gone = [p for p in self.procs if p.gone_at is not None and p.role not in ("other", "server")]
+        if not gone:
+            return None
+        first = min(gone, key=lambda p: p.gone_at or 0.0)
+        assert first.gone_at is not None
+        return first.gone_at, f"{first.label} (pid {first.pid})"
+
 
 def role_and_rank(cmdline: list[str] | str) -> tuple[str | None, str | None]:
     """('scheduler', 'DP0 TP3') for 'sglang::scheduler_DP0_TP3'; (None, None) for untitled ones."""

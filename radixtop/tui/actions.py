@@ -187,7 +187,12 @@ class IncidentActions:
             self._sight_worker(target, info, panes.state.gpu)
         elif server.status.state == "down" and self.sighting is not None and self.sighting.died_at is None:
             self._remember_loop()
-            self.sighting = self.sighting.died(server.status.since or now)
+            died_at, first = server.status.since or now, ""
+            procs = getattr(panes.state, "procs", None)
+            death = procs.first_death() if procs is not None else None
+            if death is not None and death[0] < died_at:  # a child's death began it, seconds before the server's
+                died_at, first = death
+            self.sighting = self.sighting.died(died_at, first)
             self._sighting_busy = True
             self._sight_worker(None, None, None)
 

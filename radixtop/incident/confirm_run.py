@@ -231,7 +231,7 @@ class ConfirmationRun:
         plan = self.plan
         result: dict[str, Any] = {
             "role": arm.role, "url": arm.url, "argv": plan.redactor.argv(arm.argv) if arm.argv else None,
-            "output": str(arm.output) if arm.output else None, "calls": plan.runs_calls,
+            "output": str(arm.output) if arm.output else None, "calls": plan.runs_calls, "calls_per_run": plan.calls,
             "signatures": [], "diverged": [], "healthy": arm.argv is None, "logs": list(arm.logs),
         }  # fmt: skip
         window = await self._window(arm.logs)

@@ -15,7 +15,9 @@ by default, no radix cache. The verdicts:
 * ``persists-under-control``: still there under the control: an unconditional defect or another
   cause (the competing hypothesis stays open);
 * ``not-reproduced``: the failing side came out clean under this workload;
-* ``inconclusive``: an arm could not run, or answered nothing (why, with its output's tail).
+* ``inconclusive``: an arm could not run, or answered nothing (why, with its output's tail), or
+  both arms failed the same way before they had answered one run of the workload: a workload the
+  model cannot take or a broken environment fails every arm alike, whatever the control changes.
 """
 
 from __future__ import annotations
@@ -63,6 +65,21 @@ def _usage(arm: dict[str, Any]) -> str:
     return "unknown" if usage is None else f"{usage:.2f}"
 
 
+def _failed_at_once(arm: dict[str, Any]) -> bool:
+    """The arm failed before it had answered one run's calls (and so never ran the workload)."""
+    per_run = arm.get("calls_per_run")
+    answered = arm.get("answered_calls", 0)
+    return bool(_bad(arm)) and isinstance(per_run, int) and answered < per_run and (
+        bool(arm.get("failed_calls")) or arm.get("alive_after") is False)  # fmt: skip
+
+
+def _same_failure(failing: dict[str, Any], control: dict[str, Any]) -> list[str]:
+    """The signatures both arms failed with, when both failed at once."""
+    if failing.get("role") == "crash-log" or not (_failed_at_once(failing) and _failed_at_once(control)):
+        return []
+    return sorted(set(failing.get("signatures") or ()) & set(control.get("signatures") or ()))
+
+
 def decide(failing: dict[str, Any], control: dict[str, Any], *, control_summary: str, cache_disabled: bool) -> tuple[str, str]:
     """(verdict, reason) from the two arms' evidence."""
     name = ROLE_NAMES.get(failing.get("role", ""), "the failing side")
@@ -85,6 +102,13 @@ def decide(failing: dict[str, Any], control: dict[str, Any], *, control_summary:
         return "not-reproduced", (f"{name} stayed clean under this workload: no signature, no divergence"
                                   + (f" (the control showed {extra})" if extra else ""))  # fmt: skip
     still = _bad(control)
+    same = _same_failure(failing, control)
+    if same:
+        return "inconclusive", (
+            f"both arms failed the same way ({', '.join(same)}) before answering one run of the workload "
+            f"({failing.get('answered_calls', 0)} and {control.get('answered_calls', 0)} calls answered): the workload "
+            "or the environment fails them alike, whatever the control changes (see each arm's output)"
+        )
     if still:
         return "persists-under-control", (
             f"{name} showed {what}; under the control ({control_summary}) there is still {still}: "

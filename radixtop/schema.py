@@ -41,6 +41,9 @@ LIMIT_PARAM = "limit"  # events: at most this many events per page
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 39100  # each rank serves on DEFAULT_BASE_PORT + rank unless configured
+# The ports a rank's endpoint may take from its base on: base + rank, or the next free one above when
+# another server on the node holds it; discovery looks for endpoints in this window.
+INSTRUMENT_PORT_SPAN = 256
 
 # Absurd-size guards for parsers (and upper bounds for servers).
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024

@@ -36,7 +36,7 @@ from radixtop.instrument.snapshot import (
     find_root,
     run_census,
 )
-from radixtop.schema import parse_events, parse_health, parse_snapshot
+from radixtop.schema import HEALTH_PATH, INSTRUMENT_PORT_SPAN, parse_events, parse_health, parse_snapshot
 from radixtop.sim.pool import TokenToKVPoolAllocator
 from radixtop.sim.radix import (
     EvictParams,
@@ -805,6 +805,23 @@ def test_every_metrics_scrape_is_true_when_scraped_whether_or_not_a_snapshot_was
     finally:
         stop.set()
         thread.join(5)
+
+
+def test_a_second_server_on_the_node_takes_the_next_free_port_of_the_window(endpoint_factory):
+    """Two servers with the instrument on one node (one per GPU, say): the second one's rank 0
+    finds base + 0 taken and serves on the next free port, where discovery still looks."""
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    try:
+        base = squatter.getsockname()[1]
+        first = endpoint_factory(port=None, base_port=base, rank=0)
+        assert first.start() and base < first.port < base + INSTRUMENT_PORT_SPAN
+        second = endpoint_factory(port=None, base_port=base, rank=0)
+        assert second.start() and second.port not in (base, first.port) and second.port < base + INSTRUMENT_PORT_SPAN
+        assert httpx.get(f"{second.url}{HEALTH_PATH}", timeout=5).json()["rank"] == 0
+    finally:
+        squatter.close()
 
 
 def test_port_in_use_logs_one_line_and_the_host_carries_on(endpoint_factory, caplog):

@@ -3,7 +3,9 @@ evicted (from radixtop's instrument, when the server has one).
 
 ``/server_info`` gives ``page_size`` and ``disable_radix_cache`` (SGLang's server args; the simulator
 says the same) and, on the simulator, the debug endpoints (``radixtop_instrument``; only loopback
-ones are used, the rule for addresses read from the network). The endpoint's event feed names
+ones are used, the rule for addresses read from the network); a real SGLang lists none, so on this
+machine they are found among the listening ports of the server's processes, as discovery finds
+them. The endpoint's event feed names
 every evict call with its wall-clock time, so a call that got fewer cached tokens than expected can
 be told "evicted before reuse" from "not cached yet". Every read here fails soft: unknown is None.
 """
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from radixtop.probes.http import Fetched, fetch
 from radixtop.probes.radix import instrument_urls
-from radixtop.schema import EVENTS_PATH, LIMIT_PARAM, SINCE_PARAM, parse_events
+from radixtop.schema import EVENTS_PATH, HEALTH_PATH, LIMIT_PARAM, SINCE_PARAM, parse_events
 
 if TYPE_CHECKING:
     import httpx
@@ -61,8 +63,26 @@ async def read_cache_setting(client: httpx.AsyncClient, url: str, instrument: st
     if instrument is None:
         listed = info.get("radixtop_instrument")
         urls = instrument_urls(listed if isinstance(listed, list) else [])
-        instrument = urls[0] if urls else None
+        instrument = urls[0] if urls else await _rank0_among_ports(client, url)
     return CacheSetting(page_size, info.get("disable_radix_cache") is True, instrument)
+
+
+async def _rank0_among_ports(client: httpx.AsyncClient, url: str) -> str | None:
+    """Rank 0's debug endpoint among the listening ports of the server on `url` (loopback only)."""
+    from radixtop.incident.server import listening_pid, url_port
+    from radixtop.probes.discovery import instrument_candidates, rank_of_health
+    from radixtop.probes.http import is_loopback_url
+
+    if not is_loopback_url(url):
+        return None
+    pid = await asyncio.to_thread(listening_pid, url_port(url))
+    if pid is None:
+        return None
+    for candidate in await asyncio.to_thread(instrument_candidates, pid):
+        got = await _fetch(client, candidate + HEALTH_PATH)
+        if got is not None and rank_of_health(got.status, got.body) == 0:
+            return candidate
+    return None
 
 
 class EvictionWatch:

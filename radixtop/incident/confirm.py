@@ -629,6 +629,12 @@ async def prepare(
             raise PlanError(str(exc)) from None
         program, flags = argv[: len(live.program)], argv[len(live.program) :]
         flags, arm_env, placed = placement.apply(flags, env)
+        if arm_env is not None and arm_env.get("RADIXTOP_INSTRUMENT") == "1":
+            # Its own debug endpoints, never the original's ports: a radixtop watching the original
+            # must not take the arm's tree for the original's.
+            arm_env = {**arm_env, "RADIXTOP_INSTRUMENT_PORT": str(free_loopback_port())}
+            placed = [*placed, f"radixtop's debug endpoint from 127.0.0.1:{arm_env['RADIXTOP_INSTRUMENT_PORT']} "
+                      "(its own, not the original's)"]  # fmt: skip
         watched = [str(output)] + ([str(log_file)] if live.kind == "radixtop-sim" else [])
         arms.append(ArmPlan(role, f"http://127.0.0.1:{port}", [*program, *flags], port, output, watched, arm_env,
                             live.cwd, changes + placed))  # fmt: skip

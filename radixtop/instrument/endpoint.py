@@ -49,6 +49,7 @@ from radixtop.schema import (
     DEFAULT_HOST,
     EVENTS_PATH,
     HEALTH_PATH,
+    INSTRUMENT_PORT_SPAN,
     LIMIT_PARAM,
     MAX_EVENTS_PER_PAGE,
     METRIC_NAMES,
@@ -253,6 +254,11 @@ class InstrumentEndpoint:
         self.rank = int(rank)
         self.host = host
         self.requested_port = base_port + self.rank if port is None else int(port)
+        # base + rank is taken when another server on the node has its instrument there: the next
+        # free port in the window discovery searches (its health names the rank). An exact port
+        # (or 0, any free port) is that port only.
+        self._ports = (range(self.requested_port, base_port + INSTRUMENT_PORT_SPAN)
+                       if port is None and base_port > 0 else range(self.requested_port, self.requested_port + 1))  # fmt: skip
         self.token = token or None
         self.hooks = hooks
         self.events = hooks.events if hooks is not None else EventRing()
@@ -326,12 +332,11 @@ class InstrumentEndpoint:
                 "set a token or bind 127.0.0.1"
             )
         try:
-            self._server = _Server((self.host, self.requested_port), self, self.max_connections, self.request_deadline_s)
+            self._server = self._bind()
         except OSError as exc:
             why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
-            return self._refuse(
-                f"{self.host}:{self.requested_port} {why}; choose another base port (the server keeps running)"
-            )
+            where = f"{self.host}:{self._ports[0]}" + (f"..{self._ports[-1]}" if len(self._ports) > 1 else "")
+            return self._refuse(f"{where} {why}; choose another base port (the server keeps running)")
         except Exception as exc:
             return self._refuse(f"could not start ({type(exc).__name__}: {exc})")
         self._thread = threading.Thread(
@@ -345,6 +350,16 @@ class InstrumentEndpoint:
         self._thread.start()
         log.info("radixtop debug endpoint for rank %d serving on %s", self.rank, self.url)
         return True
+
+    def _bind(self) -> _Server:
+        """The server on the first free port of the window (OSError of the last when none is)."""
+        for port in self._ports:
+            try:
+                return _Server((self.host, port), self, self.max_connections, self.request_deadline_s)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or port == self._ports[-1]:
+                    raise
+        raise OSError(errno.EADDRINUSE, "no port in the window")  # an empty window
 
     def _refuse(self, why: str) -> bool:
         self.disabled_reason = why

@@ -33,14 +33,14 @@ from radixtop.probes.launch import flag, launch_of
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.serverlog import LogElsewhere, find_log, log_elsewhere
 from radixtop.probes.sglang import parse_server_info
-from radixtop.schema import HEALTH_PATH, parse_health
+from radixtop.schema import HEALTH_PATH, INSTRUMENT_PORT_SPAN, parse_health
 
 if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up
     import httpx
 
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "sim": 30000}
 MAX_CANDIDATES = 32
-MAX_INSTRUMENT_RANKS = 256  # ranks' endpoints looked for from the base port on (base + rank)
+MAX_INSTRUMENT_RANKS = INSTRUMENT_PORT_SPAN  # ranks' endpoints looked for from the base port on
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,228 @@
+"""radixtop against a real SGLang 0.5.23 server (`python -m sglang.launch_server` on the CPU engine,
+the tiny random-weight model of sglang/tiny_model.py), each flow the way a user meets it.
+
+The server comes from the real-SGLang environment (`bash .ci/sglang-tests --build-only`); where it
+is missing these tests are skipped, and under RADIXTOP_REQUIRE_SGLANG=1 (.ci/run) they fail instead.
+A server starts in about 20-40 s here, so the tests that only watch share one (`live`), and each
+crash has its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sglang_gate import why_no_server
+from tmux_helpers import Tmux
+
+_WHY = why_no_server()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_WHY is not None, reason=_WHY or ""),
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+if _WHY is None:
+    from real_sglang import RealServer, start_server
+
+SHARED = list(range(100, 164))  # a 64-token prefix: four pages of 16
+
+
+def shared_prefix_traffic(server: RealServer, requests: int = 6) -> list[dict]:
+    """Requests sharing a 64-token prefix, each with its own tail: the radix cache's bread and butter."""
+    return [server.generate(SHARED + [300 + i] * 20, max_new_tokens=8) for i in range(requests)]
+
+
+def batches(server: RealServer) -> int:
+    """The scheduler's batch lines in the server's log: one per batch it ran."""
+    text = server.text()
+    return text.count("Prefill batch") + text.count("Decode batch")
+
+
+def radixtop(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "radixtop", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def watch(cwd: Path, *args: str) -> Tmux:
+    """radixtop in a real terminal, started in cwd with no arguments but `args`."""
+    tmux = Tmux(160, 48)
+    tmux.start([sys.executable, "-m", "radixtop", *args], cwd)
+    return tmux
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    server = start_server(tmp_path_factory.mktemp("live"), name="server")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_radixtop_finds_the_server_by_itself_and_an_idle_minute_of_watching_adds_no_batch(live: RealServer) -> None:
+    shared_prefix_traffic(live, 2)
+    before = batches(live)
+    first = watch(live.log.parent)
+    second = watch(live.log.parent)  # a colleague on the same node
+    try:
+        for tmux in (first, second):
+            screen = tmux.wait_for(lambda s: "server ok" in s and "r0 ok" in s and "procs ok" in s,
+                                   "discovery of the server, its log, its rank's endpoint and its processes", 90)  # fmt: skip
+            assert "server.log ok" in screen and "Rust core walk · UnifiedRadixCache" in screen, screen
+            assert "scheduler" in screen and "detokenizer" in screen, screen
+        began = time.monotonic()
+        while time.monotonic() - began < 60:
+            time.sleep(5)
+            assert batches(live) == before, "watching put a generation through the scheduler:\n" + live.text()[-2000:]
+        assert "GET /health" not in live.text(), "SGLang's /health generates: it is never asked while watching"
+        assert "r0 ok" in first.capture() and "r0 ok" in second.capture(), "both watchers kept the endpoint"
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_scan_of_a_real_servers_log_raises_no_alarm_for_its_start_up_and_traffic(live: RealServer) -> None:
+    shared_prefix_traffic(live, 3)
+    done = radixtop("scan", str(live.log), "--json", cwd=live.log.parent)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    found = {f["signature"]: f["severity"] for f in doc["findings"]}
+    assert found.get("server-ready") == "info", found
+    assert not [s for s, sev in found.items() if sev in ("error", "critical")], found
+
+
+def test_replay_of_the_seed_trace_sends_only_ids_the_model_has_and_hits_what_the_trace_shares(live: RealServer) -> None:
+    done = radixtop("replay", "finding_03330", "--url", live.url, "--page-size", "auto", "--runs", "2", "--json",
+                    cwd=live.log.parent, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "2,048 token ids" in done.stderr and "tiny-llama/config.json" in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    assert report["failed_calls"] == 0, report
+    cache = report["cached_tokens"]
+    assert cache["page_size"] == 16 and cache["evictions_seen"], cache
+    assert 0 < cache["cached_tokens"] <= cache["expected_cached_tokens"], cache
+    # Every call short of its prefix is explained: the instrument found among the server's ports
+    # names the evictions; copies sent together are prefilled together, before any of them is cached.
+    assert set(cache["missed"]) <= {"first-of-group", "evicted"}, cache["missed"]
+    assert "IndexError" not in live.text() and live.proc is not None and live.proc.poll() is None
+
+
+def test_a_bundle_of_the_live_server_holds_its_info_and_tree_and_asks_nothing_that_generates(live: RealServer) -> None:
+    shared_prefix_traffic(live, 2)
+    before = batches(live)
+    out = live.log.parent / "bundle"
+    done = radixtop("bundle", "--url", live.url, "--log", str(live.log), "--out", str(out), "--json", cwd=live.log.parent)
+    assert done.returncode == 0, done.stderr
+    bundle = Path(json.loads(done.stdout)["path"])
+    info = json.loads((bundle / "server" / "server_info.json").read_text())
+    assert info["page_size"] == 16 and info["version"] == "0.5.23"
+    assert "/v1/models -> HTTP 200" in (bundle / "server" / "health.txt").read_text()
+    snapshots = list(bundle.rglob("*snapshot*.json"))
+    assert snapshots, sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*"))
+    assert batches(live) == before
+
+
+def test_the_radix_pane_reads_the_python_core_with_its_token_ids(tmp_path: Path) -> None:
+    server = start_server(tmp_path, core="python", name="python-core")
+    try:
+        shared_prefix_traffic(server, 4)
+        from radixtop.probes.radix import RadixProbe
+
+        async def read() -> object:
+            probe = RadixProbe(f"http://127.0.0.1:{_instrument_port(server)}")
+            try:
+                return await probe.poll()
+            finally:
+                await probe.aclose()
+
+        import asyncio
+
+        sample = asyncio.run(read())
+        snap = getattr(sample, "snapshot", None)
+        assert snap is not None and snap.tree is not None, sample
+        assert snap.cache_class == "UnifiedRadixCache" and snap.page_size == 16
+        heads = [tuple(row.head) for row in snap.tree.nodes]
+        # The shared prefix's node starts with the prefix's own ids (the Python core's tree carries them).
+        assert any(h and h == tuple(SHARED[: len(h)]) for h in heads), heads
+    finally:
+        server.stop()
+
+
+def _instrument_port(server: RealServer) -> int:
+    """The rank-0 debug endpoint among the server's listening ports (radixtop's health answers there)."""
+    import psutil
+
+    for proc in server.tree():
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.laddr.port != server.port:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{c.laddr.port}/radixtop/v1/health", timeout=2).status_code == 200:
+                        return c.laddr.port
+                except httpx.HTTPError:
+                    continue
+    raise AssertionError("no radixtop debug endpoint among the server's ports")
+
+
+def test_scheduler_sigkilled_then_c_y_confirms_a_not_reproduced_with_real_arms(tmp_path: Path) -> None:
+    """The headline flow: a real server under shared-prefix traffic, its scheduler SIGKILLed from
+    outside; radixtop names the kill, keeps the evidence, and `c`, `y` replays the pressure
+    workload on a real reproduction and control that answer every call: not reproduced."""
+    server = start_server(tmp_path, name="server")
+    tmux = None
+    try:
+        tmux = watch(tmp_path, "--no-gpu")
+        tmux.wait_for(lambda s: "server ok" in s and "r0 ok" in s, "radixtop to find the server", 90)
+        shared_prefix_traffic(server, 4)
+        scheduler = server.scheduler()
+        scheduler.kill()
+        tmux.wait_for(lambda s: "killed by SIGKILL" in s, "the kill named on screen", 10)
+        tmux.wait_for(lambda s: "server DOWN" in s or "procs DOWN" in s, "the server's death", 30)
+        assert server.proc is not None and server.proc.wait(30) is not None
+        tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 30)
+        tmux.send("c")
+        plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan", 120)
+        assert "died at" in plan and "scheduler" in plan, plan
+        assert "2,048 token ids" in plan, plan
+        tmux.send("y")
+        final = tmux.wait_for(lambda s: "VERDICT:" in s, "the verdict", 600, step=1.0)
+        verdict = json.loads(next(tmp_path.glob("radixtop-confirm-*/verdict.json")).read_text())
+        assert verdict["verdict"] == "not-reproduced", (verdict["reason"], final)
+        for arm in (verdict["baseline"], verdict["control"]):
+            assert arm["healthy"] and arm["failed_calls"] == 0 and arm["answered_calls"] == arm["calls"], arm
+        work = next(tmp_path.glob("radixtop-confirm-*"))
+        for out in ("reproduction.out", "control.out"):
+            assert "IndexError" not in (work / out).read_text(errors="replace"), out
+    finally:
+        if tmux is not None:
+            tmux.kill()
+        server.stop()
+
+
+def test_a_workload_outside_the_models_vocabulary_fails_both_arms_alike_and_is_inconclusive(tmp_path: Path) -> None:
+    """What radixtop used to send (token ids up to 2**24 against a 2,048-id model): both arms die at
+    once in F.embedding, which says nothing about the failure under study."""
+    server = start_server(tmp_path, name="server")
+    try:
+        env_url = server.url
+        done = radixtop("confirm", "--url", env_url, "--stop-original", "--yes", "--runs", "1", "--no-bundle",
+                        "--vocab-size", "1000000", "--json", "--workdir", str(tmp_path / "work"),
+                        cwd=tmp_path, timeout=600)  # fmt: skip
+    finally:
+        server.stop()
+    verdict = json.loads(done.stdout)
+    assert verdict["verdict"] == "inconclusive", verdict["reason"]
+    assert "both arms failed the same way" in verdict["reason"], verdict["reason"]
+    assert "IndexError" in (tmp_path / "work" / "reproduction.out").read_text(errors="replace")
+

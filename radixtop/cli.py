@@ -187,6 +187,7 @@ def _add_confirm(sub: argparse._SubParsersAction) -> None:
     confirm.add_argument("--no-reproduction", action="store_true", help="with the server gone: no reproduction arm; its crash log stands as the baseline")
     confirm.add_argument("--gpus", default=None, metavar="IDS", help="CUDA_VISIBLE_DEVICES for the servers radixtop starts (default: idle GPUs with room, from NVML)")
     confirm.add_argument("--own-env", action="store_true", help="start the servers with radixtop's environment when the live server's cannot be read")
+    confirm.add_argument("--inherit-env", action="store_true", help="start the servers with the live server's whole environment and working directory (default: a clean one with its behaviour keys, shown in the plan)")
     confirm.add_argument("--no-flush", action="store_true", help="do not flush the caches between runs")
     confirm.add_argument("--no-bundle", action="store_true", help="skip the evidence bundle (not recommended)")
     confirm.add_argument("--control-timeout", "--health-timeout", dest="control_timeout", type=float, default=1200.0,

@@ -48,10 +48,11 @@ def sglang_python() -> str | None:
 
 def why_no_server() -> str | None:
     """None when a real SGLang server can be started here; else why not, in one line (an error
-    under RADIXTOP_REQUIRE_SGLANG=1, so CI cannot pass by skipping)."""
+    under RADIXTOP_REQUIRE_SGLANG=1 or RADIXTOP_REQUIRE_SGLANG_SERVER=1, so CI cannot pass by
+    skipping; the second is for the default environment, which has no sglang of its own)."""
     if sglang_python() is not None:
         return None
     why = "needs the real-SGLang environment: run `bash .ci/sglang-tests --build-only` (or set RADIXTOP_SGLANG_PYTHON)"
-    if os.environ.get("RADIXTOP_REQUIRE_SGLANG") == "1":
+    if "1" in (os.environ.get("RADIXTOP_REQUIRE_SGLANG"), os.environ.get("RADIXTOP_REQUIRE_SGLANG_SERVER")):
         raise RuntimeError(f"RADIXTOP_REQUIRE_SGLANG=1 but the suite {why}")
     return why

@@ -74,10 +74,11 @@ def test_radixtop_finds_the_server_by_itself_and_an_idle_minute_of_watching_adds
     second = watch(live.log.parent)  # a colleague on the same node
     try:
         for tmux in (first, second):
-            screen = tmux.wait_for(lambda s: "server ok" in s and "r0 ok" in s and "procs ok" in s,
-                                   "discovery of the server, its log, its rank's endpoint and its processes", 90)  # fmt: skip
-            assert "server.log ok" in screen and "Rust core walk · UnifiedRadixCache" in screen, screen
-            assert "scheduler" in screen and "detokenizer" in screen, screen
+            # The status line names each source as it answers; the panes draw what it read a moment later.
+            tmux.wait_for(lambda s: all(w in s for w in ("server.log ok", "server ok", "r0 ok", "procs ok",
+                                                         "Rust core walk · UnifiedRadixCache", "scheduler",
+                                                         "detokenizer")),
+                          "discovery of the server, its log, its rank's endpoint and its processes", 90)  # fmt: skip
         began = time.monotonic()
         while time.monotonic() - began < 60:
             time.sleep(5)
@@ -226,3 +227,61 @@ def test_a_workload_outside_the_models_vocabulary_fails_both_arms_alike_and_is_i
     assert "both arms failed the same way" in verdict["reason"], verdict["reason"]
     assert "IndexError" in (tmp_path / "work" / "reproduction.out").read_text(errors="replace")
 
+
+
+def pressure_traffic(server: RealServer, waves: int = 6) -> None:
+    """Waves of eight concurrent 400-token prompts with nothing in common: the running requests
+    lock most of the 4,096-token pool while the allocator evicts the finished ones' pages."""
+    import threading
+
+    def one(i: int) -> None:
+        ids = [(i * 37 + k) % 2000 + 10 for k in range(400)]
+        try:
+            server.generate(ids, max_new_tokens=32, ignore_eos=True)
+        except httpx.HTTPError:
+            pass  # the server dying mid-call is the point
+
+    for wave in range(waves):
+        threads = [threading.Thread(target=one, args=(wave * 8 + j,)) for j in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        if server.proc is not None and server.proc.poll() is not None:
+            return
+
+
+def test_a_fault_inside_the_real_cache_is_found_kept_and_confirmed_pressure_dependent(tmp_path: Path) -> None:
+    """The seed's failure inside the real UnifiedRadixCache (tests/sglang/fault_plugin: its evict
+    raises while running requests lock half the pool): radixtop names the signature, the rank's
+    flight record is written, the automatic bundle keeps both, and `c`, `y` replays on a real
+    reproduction (the fault's switch carried, an SGLANG_ key) and a real control (fewer running
+    requests, no radix cache) and says the failure needs the pressure."""
+    server = start_server(tmp_path, name="server", env={"SGLANG_TEST_EVICT_FAULT": "1"})
+    tmux = None
+    try:
+        tmux = watch(tmp_path, "--no-gpu")
+        tmux.wait_for(lambda s: "server ok" in s and "r0 ok" in s, "radixtop to find the server", 90)
+        pressure_traffic(server)
+        assert server.proc is not None and server.proc.wait(60) is not None, "the fault never fired"
+        tmux.wait_for(lambda s: "page lock failed during prefix eviction" in s, "the signature's finding on screen", 30)
+        tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 60)
+        bundle = next(p for p in tmp_path.glob("radixtop-bundle-*") if p.is_dir())
+        flights = list(bundle.rglob("flight/*.json"))
+        assert flights, sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*"))
+        record = json.loads(flights[0].read_text())
+        assert "Failed to lock memory page" in json.dumps(record), record.keys()
+        tmux.send("c")
+        plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan", 120)
+        assert "SGLANG_TEST_EVICT_FAULT" in plan, plan
+        tmux.send("y")
+        final = tmux.wait_for(lambda s: "VERDICT:" in s, "the verdict", 900, step=1.0)
+        verdict = json.loads(next(tmp_path.glob("radixtop-confirm-*/verdict.json")).read_text())
+        assert verdict["verdict"] == "pressure-dependent", (verdict["reason"], final)
+        assert verdict["control"]["healthy"] and verdict["control"]["failed_calls"] == 0, verdict["control"]
+        work = next(tmp_path.glob("radixtop-confirm-*"))
+        assert "Failed to lock memory page" in (work / "reproduction.out").read_text(errors="replace")
+    finally:
+        if tmux is not None:
+            tmux.kill()
+        server.stop()

@@ -358,7 +358,7 @@ def run_confirm(args: Namespace) -> int:
         flush=not args.no_flush, logs=tuple(args.log), pid=args.pid, launch_command=args.launch_command,
         cache=args.control_cache, concurrency_divisor=args.concurrency_divisor,
         control_args=tuple(args.control_arg), stop_original=args.stop_original,
-        reproduction=not args.no_reproduction, gpus=args.gpus, own_env=args.own_env,
+        reproduction=not args.no_reproduction, gpus=args.gpus, own_env=args.own_env, inherit_env=args.inherit_env,
         control_timeout_s=args.control_timeout, bundle=not args.no_bundle,
         signature_files=tuple(args.signatures), vocab_size=args.vocab_size,
     )  # fmt: skip

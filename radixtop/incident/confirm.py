@@ -56,9 +56,10 @@ from radixtop.incident.launch import (
     launch_from_argv,
     parse_launch_command,
 )
+from radixtop.incident.launch_env import LaunchEnv, launch_env, untrusted_module
 from radixtop.incident.placement import Placement, place
 from radixtop.incident.redact import Redactor
-from radixtop.incident.sighting import Sighting, load_sighting, observe, save_sighting
+from radixtop.incident.sighting import Sighting, behaviour_env, load_sighting, observe, save_sighting
 from radixtop.incident.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
 from radixtop.incident.verdict import VERDICTS, Verdict
 from radixtop.incident.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
@@ -112,6 +113,7 @@ class ConfirmOptions:
     control_timeout_s: float = 1200.0  # a real model loads for minutes
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES for the servers radixtop starts (else chosen by NVML)
     own_env: bool = False  # start them with radixtop's environment when the server's is unreadable
+    inherit_env: bool = False  # give them the server's whole environment, not its behaviour keys alone
     bundle: bool = True
     signature_files: tuple[str, ...] = ()
     min_severity: str = "error"  # signatures at or above this count for the verdict
@@ -149,6 +151,7 @@ class Plan:
     trace: Trace
     trace_path: Path
     vocab: Vocabulary | None = SIM_VOCABULARY  # where made-up prompts draw their ids; None: unknown (a blocker)
+    launch_env: LaunchEnv | None = None  # what the started servers run with (None: none is started)
     control_summary: str = ""  # the condition the control changes, in a few words
     bundle: Any = None  # BundleResult
     notes: list[str] = field(default_factory=list)
@@ -205,6 +208,10 @@ class Plan:
             argv.append("--no-reproduction")
         if o.gpus:
             argv += ["--gpus", o.gpus]
+        if o.own_env:
+            argv.append("--own-env")
+        if o.inherit_env:
+            argv.append("--inherit-env")
         if o.control_timeout_s != ConfirmOptions.control_timeout_s:
             argv += ["--control-timeout", f"{o.control_timeout_s:g}"]
         if o.vocab_size is not None:
@@ -231,6 +238,8 @@ class Plan:
             + ("the cache is flushed before each run (POST /flush_cache)" if o.flush else "no cache flush (--no-flush)"),
             *self.placement.lines,
         ]
+        if self.launch_env is not None and any(arm.argv is not None for arm in self.arms):
+            lines += self.launch_env.describe(self.redactor)  # both started arms run with it
         if self.mode == "crash-log":
             lines.append("Baseline      the original's crash log (--no-reproduction): it assumes the workload that "
                          "crashed it was like this one")  # fmt: skip
@@ -270,6 +279,9 @@ class Plan:
                  "output": str(a.output) if a.output else None, "changes": list(a.changes)}
                 for a in self.arms
             ],  # fmt: skip
+            "environment": None if self.launch_env is None else {
+                "inherited": self.launch_env.inherited, "cwd": self.launch_env.cwd,
+                "carried": list(self.launch_env.carried), "left_out": list(self.launch_env.dropped)},  # fmt: skip
             "control_argv": self.redactor.argv(self.control_argv),
             "control_url": self.control_url,
             "control_changes": list(self.control_changes),
@@ -349,6 +361,25 @@ def _live_launch(
     )
 
 
+def _untrusted_module(live: LaunchCommand, launch: LaunchEnv) -> str | None:
+    """Why the module the server's program runs with -m must not run from the started servers'
+    working directory and PYTHONPATH, which come before site-packages; None when it may."""
+    program = list(live.program)
+    if "-m" not in program[1:-1]:
+        return None
+    module = program[program.index("-m", 1) + 1]
+    roots = [launch.cwd, *[p for p in launch.env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return untrusted_module(module, roots)
+
+
+def _runs_inline_code(arg: str) -> bool:
+    """python -c CODE, alone or among combined short options (-uc, -Bc) before an -X/-W value."""
+    if not arg.startswith("-") or arg.startswith("--"):
+        return False
+    letters = arg[1:].split("W")[0].split("X")[0]
+    return "c" in letters
+
+
 def _trusted_program(program: Sequence[str], python: str | None, why_not: str, cwd: str | None) -> tuple[str, ...]:
     """The server's program as radixtop may run it: argv[0] is the process's own choice (``exec -a
     /any/dir/python``), so the interpreter is the one the kernel says it runs, checked as the
@@ -361,6 +392,9 @@ def _trusted_program(program: Sequence[str], python: str | None, why_not: str, c
                         "radixtop can vouch for; pass --launch-command '...' with the command to run")  # fmt: skip
     if python is None:
         raise PlanError(f"{why_not}; pass --launch-command '...' with the command to run")
+    if any(_runs_inline_code(a) for a in program[1:]):
+        raise PlanError("the server's program runs code given on its command line (python -c): radixtop runs no "
+                        "code it cannot vouch for; pass --launch-command '...' with the command to run")  # fmt: skip
     out = [python]
     for arg in program[1:]:
         path = arg if os.path.isabs(arg) or cwd is None else os.path.join(cwd, arg)
@@ -411,29 +445,32 @@ def _max_running(live: LaunchCommand, info: Mapping[str, Any] | None) -> int | N
     return None
 
 
-def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sighting | None,
-                notes: list[str], blockers: list[str]) -> dict[str, str]:  # fmt: skip
-    """The environment the started servers get: the live server's own, else what was seen of it."""
+def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sighting | None, cwd: str | None,
+                notes: list[str], blockers: list[str]) -> LaunchEnv:  # fmt: skip
+    """What the started servers run with: a clean environment over the live server's behaviour
+    keys (read now, else what was seen of it), in a working directory that passes the ownership
+    rule (incident/launch_env.py); its whole environment with --inherit-env."""
     from radixtop.incident.server import process_environ
 
-    env = process_environ(pid) if alive else None
-    if env is not None:
-        return env
-    if alive and pid is not None and not options.own_env:
-        blockers.append(
-            f"the live server's environment is not readable (pid {pid} is another user's process?): run radixtop as "
-            "the server's user, or pass --own-env to start the servers with radixtop's environment"
-        )
-    own = dict(os.environ)
-    if seen is not None and seen.env:
-        missing = [k for k in seen.secret_keys if k not in seen.env and k not in own]
-        if missing:
-            notes.append(f"secret keys the server had are not kept on disk and not set here: {', '.join(missing)}; "
-                         "export them before confirming if the server needs them")  # fmt: skip
-        return {**own, **seen.env}
-    if not alive:
-        notes.append("the server's environment was never seen: the servers start with radixtop's")
-    return own
+    server_env = process_environ(pid) if alive else None
+    if server_env is None:
+        if alive and pid is not None and not options.own_env:
+            blockers.append(
+                f"the live server's environment is not readable (pid {pid} is another user's process?): run radixtop "
+                "as the server's user, or pass --own-env to start the servers with radixtop's environment"
+            )
+        if seen is not None and seen.env:
+            missing = [k for k in seen.secret_keys if k not in seen.env and k not in os.environ]
+            if missing:
+                notes.append(f"secret keys the server had are not kept on disk and not set here: {', '.join(missing)}; "
+                             "export them before confirming if the server needs them")  # fmt: skip
+            server_env = {**behaviour_env(os.environ), **seen.env}
+        else:
+            if not alive:
+                notes.append("the server's environment was never seen: the servers start with radixtop's")
+            server_env = dict(os.environ)
+    return launch_env(server_env, os.environ, server_cwd=cwd, run_dir=str(options.workdir),
+                      inherit=options.inherit_env)  # fmt: skip
 
 
 def _vocabulary(options: ConfirmOptions, info: Mapping[str, Any] | None, live: LaunchCommand,
@@ -609,8 +646,12 @@ async def prepare(
     else:
         mode = "crash-log"
 
-    env = _server_env(options, pid, alive, seen, notes, blockers)
+    launch = _server_env(options, pid, alive, seen, live.cwd, notes, blockers)
+    env = launch.env
     redactor.learn_env(env)
+    why_module = _untrusted_module(live, launch)
+    if why_module is not None:
+        raise PlanError(f"{why_module}; pass --launch-command '...' with a module radixtop can vouch for")
     arms: list[ArmPlan] = []
     if mode == "live":
         arms.append(ArmPlan("baseline", url, logs=baseline_logs))
@@ -637,7 +678,7 @@ async def prepare(
                       "(its own, not the original's)"]  # fmt: skip
         watched = [str(output)] + ([str(log_file)] if live.kind == "radixtop-sim" else [])
         arms.append(ArmPlan(role, f"http://127.0.0.1:{port}", [*program, *flags], port, output, watched, arm_env,
-                            live.cwd, changes + placed))  # fmt: skip
+                            launch.cwd, changes + placed))  # fmt: skip
     if flag_value(live.flags, "--api-key") is not None and mode == "live":
         notes.append("the live server requires an API key: the baseline replay sends $RADIXTOP_API_KEY if set")
     if options.runs < 2:
@@ -651,6 +692,7 @@ async def prepare(
         mode=mode,
         arms=arms,
         placement=placement,
+        launch_env=launch,
         control_summary=f"--max-running-requests {control_running}"
         + (", --disable-radix-cache" if options.cache == "disable" else ", radix cache kept"),
         baseline_logs=baseline_logs,

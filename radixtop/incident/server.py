@@ -22,6 +22,7 @@ __all__ = [
     "ServerError",
     "auth_headers",
     "base_url",
+    "directory_trust",
     "executable_trust",
     "listening_pid",
     "process_argv",
@@ -161,6 +162,29 @@ def executable_trust(path: str) -> str | None:
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return f"{item} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def directory_trust(path: str) -> str | None:
+    """Why radixtop must not load code from (or start a server in) this directory, or None:
+    it must belong to radixtop's user or root and be writable by neither group nor others, and
+    every directory above it likewise, or sticky (as /tmp is: nobody else can rename it away)."""
+    me = os.geteuid()
+    real = os.path.realpath(path)
+    current = real
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            return f"{current} cannot be checked ({exc.strerror or exc})"
+        if st.st_uid not in (me, 0):
+            return f"{current} belongs to uid {st.st_uid}, neither you nor root"
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and (current == real or not st.st_mode & stat.S_ISVTX):
+            return f"{current} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
 
 
 def server_interpreter(pid: int | None) -> tuple[str | None, str]:

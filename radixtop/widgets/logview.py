@@ -31,19 +31,12 @@ from textual.strip import Strip
 
 from radixtop.diagnosis.logline import parse_line
 from radixtop.session.state import IncidentState, LogEntry
+from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.widgets.textual_private import update_scrollbars
 
-# Tabs become one space and other control characters a visible replacement, one for one, so the
-# offsets of the matched span still point at the same characters.
-_CONTROL = str.maketrans({**{i: "\ufffd" for i in range(32)}, 9: " ", 127: "\ufffd"})
 _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
 _MAX_SOURCE_WIDTH = 16
-
-
-def _printable(text: str) -> str:
-    # str.translate walks a dict per character: skip it for the usual line that needs none.
-    return text if text.isprintable() else text.translate(_CONTROL)
 
 
 def time_of_day(written: str | None) -> str:
@@ -395,7 +388,7 @@ class LogView(ScrollView, can_focus=True):
             try:
                 segments = self._render_entry(entry)
             except Exception as exc:  # a line we cannot style is still shown, plainly
-                segments = [(_printable(entry.text), None)]
+                segments = [(printable(entry.text), None)]
                 self._render_failures += 1
                 if self._render_failures == 1:
                     self.log.error(f"rendering {entry!r} failed: {exc!r}")
@@ -469,15 +462,15 @@ class LogView(ScrollView, can_focus=True):
         pieces: list[tuple[str, Style | None]] = []
         overlays: list[tuple[int, int, Style]] = []
         if entry.kind == "message":
-            pieces += [("   ", None), (_printable(entry.text), style("message"))]
+            pieces += [("   ", None), (printable(entry.text), style("message"))]
             return self._finish(pieces, overlays)
         if entry.kind == "notice":
             pieces.append((SEVERITY_MARKERS["notice"] + " ", style("notice")))
             self._append_source(pieces, entry.source)
-            pieces.append((_printable(entry.text), style("notice")))
+            pieces.append((printable(entry.text), style("notice")))
             return self._finish(pieces, overlays)
 
-        text = _printable(entry.text)
+        text = printable(entry.text)
         clock, rank, offset = split_prefix(text)
         if len(rank) > self._rank_width:
             self._rank_width = min(len(rank), 24)  # grows, never shrinks: columns stay put

@@ -19,6 +19,8 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
+from radixtop.textsafe import printable
+
 
 def _key(row: Text) -> tuple:
     return (row.plain, tuple(row.spans), row.style)
@@ -67,6 +69,8 @@ class TextRows(Widget):
                 self.refresh(Region(0, top + y, width, 1))
 
     def _set(self, text: Text) -> None:
+        # The panes show names from outside (processes' command lines, a server's answers).
+        text.plain = printable(text.plain, block=True)
         self._text = text
         self._lines = list(text.split("\n", allow_blank=True)) if text.plain else []
         self._widest = max((cell_len(line.plain) for line in self._lines), default=0)

@@ -17,6 +17,8 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
+from radixtop.textsafe import printable
+
 
 @dataclass(frozen=True)
 class SourceStatus:
@@ -238,4 +240,7 @@ class StatusLine(Widget):
             if i:
                 line.append(sep, self._s("dim"))
             line.append_text(text)
+        # Source names come from outside (a process's --log-file, its stdout's target): the whole
+        # line through the one rule, character for character, so the spans' styles still fit.
+        line.plain = printable(line.plain)
         return line

@@ -1,0 +1,23 @@
+"""One rule for text from outside (log lines, file and process names, a server's answers) on its
+way to a terminal: every control character (C0, DEL, C1) and every bidirectional override or
+isolate becomes U+FFFD, one for one, so no escape sequence, title change, clipboard write or
+reordered text reaches the screen, and offsets into the text still point at the same characters.
+A tab becomes one space. Standard library only: the instrument and headless commands use it too.
+"""
+
+from __future__ import annotations
+
+__all__ = ["printable"]
+
+_BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
+_TABLE = str.maketrans({**{i: "\ufffd" for i in (*range(32), *range(0x7F, 0xA0), *_BIDI)}, 9: " "})
+_BLOCK_TABLE = {**_TABLE, 10: 10}
+
+
+def printable(text: str, *, block: bool = False) -> str:
+    """`text` safe to show; `block`: a block of lines whose newlines are kept."""
+    # Every character the tables replace is one str.isprintable() rejects: the usual line, all
+    # printable, skips the per-character walk.
+    if text.isprintable():
+        return text
+    return text.translate(_BLOCK_TABLE if block else _TABLE)

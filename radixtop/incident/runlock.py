@@ -19,6 +19,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from radixtop.rundir import open_lock_file, read_file, runtime_dir, write_file
+
 __all__ = ["RunLock", "RunStatus", "read_status"]
 
 STATUS_LINES = 60  # recent progress lines kept in the status file
@@ -28,8 +30,6 @@ MAX_STATUS_BYTES = 1 << 20
 
 
 def _dir() -> Path:
-    from radixtop.rundir import runtime_dir
-
     return runtime_dir()
 
 
@@ -49,9 +49,8 @@ class RunStatus(dict):
 def read_status() -> RunStatus | None:
     """The status file as written last, or None."""
     try:
-        with open(_dir() / STATUS_NAME, "rb") as fh:
-            data = fh.read(MAX_STATUS_BYTES + 1)
-        doc = json.loads(data) if len(data) <= MAX_STATUS_BYTES else None
+        data = read_file(_dir() / STATUS_NAME, MAX_STATUS_BYTES)
+        doc = json.loads(data) if data is not None else None
     except (OSError, ValueError, RecursionError):
         return None
     return RunStatus(doc) if isinstance(doc, dict) else None
@@ -60,7 +59,7 @@ def read_status() -> RunStatus | None:
 def lock_held_by_other() -> bool:
     """Is a run in progress in another process (the lock taken)?"""
     try:
-        fd = os.open(_dir() / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_lock_file(_dir() / LOCK_NAME)
     except OSError:
         return False
     try:
@@ -90,7 +89,7 @@ class RunLock:
     def acquire(self) -> bool:
         if self._fd is not None:
             return True
-        fd = os.open(_dir() / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_lock_file(_dir() / LOCK_NAME)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -131,8 +130,5 @@ class RunLock:
             os.close(fd)
 
     def _write(self) -> None:
-        path = _dir() / STATUS_NAME
-        tmp = path.with_name(f".{STATUS_NAME}.{os.getpid()}.tmp")
         with contextlib.suppress(OSError):  # progress for watchers must never stop the run
-            tmp.write_text(json.dumps(self._status), encoding="utf-8")
-            os.replace(tmp, path)
+            write_file(_dir() / STATUS_NAME, json.dumps(self._status).encode())

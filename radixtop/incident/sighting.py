@@ -144,7 +144,8 @@ class Sighting:
             cwd=text(doc.get("cwd")),
             python=text(doc.get("python")),
             server_info=info if isinstance(info, Mapping) else None,
-            env={str(k): str(v) for k, v in env.items()} if isinstance(env, Mapping) else {},
+            # Only behaviour keys, whatever the file says: it is read back, not trusted.
+            env=behaviour_env({str(k): str(v) for k, v in env.items()}) if isinstance(env, Mapping) else {},
             secret_keys=tuple(str(k) for k in doc.get("secret_keys") or ()),
             gpus=tuple(gpus),
             gpu_note=str(doc.get("gpu_note") or ""),
@@ -245,19 +246,20 @@ def _path(url: str) -> Path:
 
 def save_sighting(sighting: Sighting) -> Path:
     """Atomically, into the runtime directory; OSError (RuntimeDirError) when it cannot."""
+    from radixtop.rundir import write_file
+
     path = _path(sighting.url)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(sighting.to_json(), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_file(path, (json.dumps(sighting.to_json(), indent=1) + "\n").encode())
     return path
 
 
 def load_sighting(url: str) -> Sighting | None:
     """The last sighting written for this URL, or None (none, unreadable, another version)."""
+    from radixtop.rundir import read_file
+
     try:
-        with open(_path(url), "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
+        data = read_file(_path(url), MAX_FILE_BYTES)  # a regular file of ours, or nothing
+        if data is None:
             return None
         return Sighting.from_json(json.loads(data))
     except (OSError, ValueError, RecursionError, TypeError, KeyError):

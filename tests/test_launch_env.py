@@ -169,3 +169,29 @@ def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directo
     said = "\n".join(environment["left_out"])
     assert f"the server's working directory {home / 'live'}" in said and f"PYTHONPATH entry {home / 'live'}" in said, said
     assert "left out: the server's working directory" in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("flag", ["--trust-remote-cod", "--trust-remote-code", "--custom-weight-load m.f",
+                                  "--enable-custom-logit-proc", "--dist-init-addr 10.1.2.3:5000",
+                                  "--dist-init=10.1.2.3:5000", "--otlp-traces-endpoint h:4317",
+                                  "--crash-dump-folder /etc/cron.d", "--log-requests-targ /root/x"])  # fmt: skip
+def test_code_loading_and_destination_flags_from_server_info_are_dropped_abbreviated_too(flag: str) -> None:
+    """D7: SGLang's argparse takes an unambiguous prefix for the flag: what /server_info says is
+    network text, so a prefix of a code-loading or destination flag is dropped like the flag."""
+    from radixtop.incident.launch import build_control_argv, parse_launch_command
+
+    live = parse_launch_command(f"python -m sglang.launch_server --model-path x {flag} --page-size 16",
+                                python="/usr/bin/python3")  # fmt: skip
+    argv, changes = build_control_argv(live, port=1, max_running=1)
+    kept = argv[3:]
+    assert flag.split()[0].split("=")[0] not in " ".join(kept), kept
+    assert "--page-size" in kept and any("named by /server_info" in c for c in changes), changes
+
+
+def test_the_users_own_flags_are_kept_as_given() -> None:
+    from radixtop.incident.launch import build_control_argv, launch_from_argv
+
+    live = launch_from_argv(["python3", "-m", "sglang.launch_server", "--model-path", "x", "--trust-remote-code"],
+                            source="psutil")  # fmt: skip
+    argv, _ = build_control_argv(live, port=1, max_running=1)
+    assert "--trust-remote-code" in argv

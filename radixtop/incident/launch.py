@@ -58,6 +58,11 @@ _DROPPED_FLAGS = ("--nccl-port", "--api-key", "--admin-api-key", "--instrument-p
 # /server_info (network text) rather than by the user or the live process, they are not carried
 # into a command radixtop runs; the plan says how to add them back.
 _CODE_LOADING_FLAGS = ("--trust-remote-code", "--custom-weight-loader", "--enable-custom-logit-processor")
+# Flags that send data to another host or write to a path, likewise not taken from network text.
+_DESTINATION_FLAGS = ("--dist-init-addr", "--otlp-traces-endpoint", "--crash-dump-folder", "--log-requests-target")
+# SGLang parses with argparse's allow_abbrev: `--trust-remote-cod` is --trust-remote-code. A flag
+# from network text is dropped when it is any unambiguous-looking prefix of one of these.
+_MIN_ABBREV = 4
 
 
 class LaunchError(ValueError):
@@ -147,18 +152,27 @@ def parse_launch_command(
 # -- flag editing ---------------------------------------------------------------------------------
 
 
-def _find(flags: Sequence[str], name: str) -> list[tuple[int, int]]:
-    """(start, length) of every occurrence of ``name`` (``--x v``, ``--x=v`` or a bare switch)."""
+def _names(token: str, name: str, abbrev: bool) -> bool:
+    """Does the flag token (before any "=") name ``name``, or, with ``abbrev``, a prefix of it
+    that argparse would take for it?"""
+    if token == name:
+        return True
+    return abbrev and token.startswith("--") and len(token) >= 2 + _MIN_ABBREV and name.startswith(token)
+
+
+def _find(flags: Sequence[str], name: str, *, abbrev: bool = False) -> list[tuple[int, int]]:
+    """(start, length) of every occurrence of ``name`` (``--x v``, ``--x=v`` or a bare switch);
+    ``abbrev``: its abbreviations too."""
     spans = []
     i = 0
     while i < len(flags):
         token = flags[i]
-        if token == name:
+        if _names(token, name, abbrev):
             has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
             spans.append((i, 2 if has_value else 1))
             i += 2 if has_value else 1
             continue
-        if token.startswith(name + "="):
+        if "=" in token and _names(token.split("=", 1)[0], name, abbrev):
             spans.append((i, 1))
         i += 1
     return spans
@@ -199,9 +213,11 @@ def _relocated(live: LaunchCommand, port: int, log_file: str | Path | None) -> t
             flags = remove_flag(flags, name)
             changes.append(f"dropped {name}")
     if live.source == "server_info":
-        for name in _CODE_LOADING_FLAGS:
-            if flag_value(flags, name) is not None:
-                flags = remove_flag(flags, name)
+        for name in (*_CODE_LOADING_FLAGS, *_DESTINATION_FLAGS):
+            spans = _find(flags, name, abbrev=True)
+            for start, length in reversed(spans):
+                del flags[start : start + length]
+            if spans:
                 changes.append(f"dropped {name}: named by /server_info, not by you (add it with --control-arg={name})")
     flags = set_flag(flags, "--host", "127.0.0.1")
     flags = set_flag(flags, "--port", str(port))

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["ENV_RUNTIME_DIR", "RuntimeDirError", "default_runtime_dir", "open_lock_file", "private_dir_problem",
-           "read_file", "runtime_dir", "write_file"]  # fmt: skip
+           "read_checked", "read_file", "runtime_dir", "write_file"]  # fmt: skip
 
 ENV_RUNTIME_DIR = "RADIXTOP_RUNTIME_DIR"
 
@@ -88,19 +88,26 @@ def write_file(path: Path, data: bytes) -> None:
         raise
 
 
-def read_file(path: Path, limit: int) -> bytes | None:
-    """`path`'s bytes if it is a regular file of this user's of at most `limit` bytes, else None
-    (absent, a link, a FIFO or device, another user's, too big). Never blocks on a FIFO."""
+def read_file(path: Path, limit: int, *, owners: tuple[int, ...] | None = None) -> bytes | None:
+    """`path`'s bytes if it is a regular file of this user's (or of one of `owners`) of at most
+    `limit` bytes, else None (absent, a link, a FIFO or device, someone else's, too big). Never
+    blocks on a FIFO; what is checked is the file that is read (fstat on the open descriptor)."""
+    read = read_checked(path, limit, owners=owners)
+    return read[0] if read is not None else None
+
+
+def read_checked(path: Path, limit: int, *, owners: tuple[int, ...] | None = None) -> tuple[bytes, os.stat_result] | None:
+    """read_file's bytes with the stat of the file they came from."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > limit:
+        if not stat.S_ISREG(info.st_mode) or info.st_uid not in (owners or (os.geteuid(),)) or info.st_size > limit:
             return None
         data = fh.read(limit + 1)
-    return data if len(data) <= limit else None
+    return (data, info) if len(data) <= limit else None
 
 
 def open_lock_file(path: Path) -> int:

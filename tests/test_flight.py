@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import types
 from pathlib import Path
 
@@ -153,4 +154,55 @@ def test_a_directory_that_is_a_symlink_is_refused(tmp_path: Path):
     (tmp_path / "flight").symlink_to(tmp_path / "elsewhere")
     recorder = FlightRecorder(filled_sim_cache(n_prompts=3), rank=0, directory=tmp_path / "flight")
     assert recorder.record("evict_failure", "x") is False
-    assert "not a directory of this user's" in recorder.last_error and not any((tmp_path / "elsewhere").iterdir())
+    assert "is not a directory of yours" in recorder.last_error and not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_directory_open_to_others_is_refused_and_a_planted_fifo_never_hangs_the_failing_thread(tmp_path: Path):
+    """D8: in a flight directory others may write, a FIFO at the temporary's old name would block
+    the failing scheduler thread in open(); such a directory is refused, and the record's
+    temporary is created exclusively under a random name in a private one."""
+    shared = tmp_path / "flight"
+    shared.mkdir()
+    shared.chmod(0o777)
+    os.mkfifo(shared / ".rank0-pid1.json.tmp")
+    recorder = FlightRecorder(filled_sim_cache(n_prompts=3), rank=0, directory=shared)
+    assert recorder.record("evict_failure", "x") is False
+    assert "open to other users" in recorder.last_error
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.mkfifo(private / f".{record_name(0, os.getpid())}.tmp")
+    recorder = FlightRecorder(filled_sim_cache(n_prompts=3), rank=0, directory=private)
+    assert recorder.record("evict_failure", "x") is True
+    assert stat.S_IMODE(recorder.path.stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_the_bundle_collects_only_records_written_by_the_servers_user_and_never_through_a_link(tmp_path: Path):
+    """D9: a record is read through the descriptor that was checked (no link swapped in between),
+    and a record planted by another user under the server's pid is not the server's evidence."""
+    from radixtop.incident.evidence import collect_flight
+
+    class Sink:
+        def __init__(self) -> None:
+            self.files: dict[str, object] = {}
+            self.notes: dict[str, str] = {}
+
+        def json(self, name: str, obj: object) -> None:
+            self.files[name] = obj
+
+        def note(self, name: str, text: str) -> None:
+            self.notes[name] = text
+
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    recorder = FlightRecorder(filled_sim_cache(n_prompts=3), rank=0, directory=ours)
+    assert recorder.record("evict_failure", "x") is True
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o755)
+    forged = planted / record_name(1, os.getpid())
+    forged.write_bytes(recorder.path.read_bytes())
+    os.chown(forged, 65534, 65534)
+    (planted / record_name(2, os.getpid())).symlink_to(recorder.path)
+    sink = Sink()
+    found = collect_flight(sink, os.getpid(), [ours, planted])
+    assert list(sink.files) == [f"flight/{recorder.path.name}"] and len(found) == 1, (sink.files, sink.notes)

@@ -371,11 +371,13 @@ def collect_flight(sink: Sink, pid: int | None, dirs: Sequence[Path]) -> list[An
     """The flight records of the server's ranks (radixtop.instrument.flight), written by its
     scheduler processes as the cache failed: those whose process is ``pid`` or a child of it, or,
     with no pid known, those written in the last hour (said in a note). Returns them parsed."""
+    from radixtop.rundir import read_checked
     from radixtop.schema import FlightRecord, decode_json
 
     found: list[Any] = []
     skipped: list[str] = []
     now = time.time()
+    owners = _flight_owners(pid)
     for directory in dirs:
         try:
             paths = sorted(directory.glob("rank*-pid*.json"))[:FLIGHT_MAX_FILES]
@@ -383,12 +385,15 @@ def collect_flight(sink: Sink, pid: int | None, dirs: Sequence[Path]) -> list[An
             continue
         for path in paths:
             try:
-                info = os.stat(path, follow_symlinks=False)
-                if not stat.S_ISREG(info.st_mode) or info.st_size > FLIGHT_MAX_BYTES:
+                # Checked on the open file, never through a link: what is checked is what is read,
+                # and only a file written by the server's own user is its record.
+                read = read_checked(path, FLIGHT_MAX_BYTES, owners=owners)
+                if read is None:
                     continue
+                data, info = read
                 if pid is None and now - info.st_mtime > FLIGHT_MAX_AGE_S:
                     continue
-                record = FlightRecord.from_dict(decode_json(path.read_bytes(), "flight record"))
+                record = FlightRecord.from_dict(decode_json(data, "flight record"))
             except (OSError, ValueError) as exc:
                 skipped.append(f"{path}: {_one_line(exc)}")
                 continue
@@ -405,6 +410,14 @@ def collect_flight(sink: Sink, pid: int | None, dirs: Sequence[Path]) -> list[An
     if skipped:
         sink.note("flight/unreadable", "; ".join(skipped[:20]))
     return found
+
+
+def _flight_owners(pid: int | None) -> tuple[int, ...]:
+    """Whose files may be the server's flight records: its user's (while it runs), else ours."""
+    try:
+        return (psutil.Process(pid).uids().effective,) if pid is not None else (os.geteuid(),)
+    except (psutil.Error, OSError):
+        return (os.geteuid(),)
 
 
 def _is_python(proc: psutil.Process) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -129,21 +128,16 @@ class FlightRecorder:
             else:
                 record = dataclasses.replace(record, events=record.events[len(record.events) // 2 + 1 :])
             data = encode_json(record.to_dict())
+        from radixtop.rundir import private_dir_problem, write_file
+
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(self.directory)
-        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            # In a shared /tmp another user could have made it, to read what the server writes.
-            raise PermissionError(f"{self.directory} is not a directory of this user's; set {ENV_FLIGHT_DIR}")
+        why = private_dir_problem(self.directory)
+        if why is not None:
+            # In a shared /tmp another user could have made it, or put a FIFO in it that would
+            # hang the dying scheduler, or read what the server writes.
+            raise PermissionError(f"{why}; set {ENV_FLIGHT_DIR} to a private directory")
         path = self.directory / record_name(self.rank, record.pid)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        write_file(path, data)
         self.path = path
         log.warning("radixtop flight record for rank %d written: %s", self.rank, path)
         return True

@@ -307,3 +307,26 @@ def test_servers_radixtop_may_not_read_get_one_line_each(tmp_path: Path) -> None
         plain.wait(10)
         for box in boxes:
             stop_group(box)
+
+
+def test_a_containers_absolute_link_resolves_inside_its_root_never_to_a_file_of_the_node(tmp_path: Path) -> None:
+    """D3: under /proc/PID/root the kernel resolves an absolute link against the reader's root,
+    so a container could point its log at any host file; radixtop resolves it in the container."""
+    from radixtop.probes.container import resolve_in_root
+
+    secret = tmp_path / "host_secret.txt"
+    secret.write_text("HOST_SECRET_LINE\n")
+    root = tmp_path / "root"
+    (root / "var" / "log").mkdir(parents=True)
+    (root / "data").mkdir()
+    (root / "data" / "real.log").write_text("ok\n")
+    (root / "var" / "log" / "sglang.log").symlink_to(secret)  # absolute: the node's file
+    (root / "var" / "log" / "up.log").symlink_to("../../../../../../" + str(secret).lstrip("/"))  # climbs out
+    (root / "var" / "log" / "good.log").symlink_to("/data/real.log")
+    (root / "loop").symlink_to("/loop")
+    assert resolve_in_root(str(root), "/var/log/sglang.log") == str(secret)  # inside root: root + that path
+    assert not Path(str(root) + resolve_in_root(str(root), "/var/log/sglang.log")).exists()
+    assert not Path(str(root) + resolve_in_root(str(root), "/var/log/up.log")).exists()
+    assert Path(str(root) + resolve_in_root(str(root), "/var/log/good.log")).read_text() == "ok\n"
+    with pytest.raises(OSError, match="too many links"):
+        resolve_in_root(str(root), "/loop/x")

@@ -45,8 +45,46 @@ class Container:
         return f"{what} container {self.id[:12]}" if self.id else f"{what} container (pid {self.pid})"
 
     def host_path(self, path: str) -> str:
-        """Where a path of the container's is on this node."""
-        return f"/proc/{self.pid}/root{path}" if self.own_root and path.startswith("/") else path
+        """Where a path of the container's is on this node: resolved inside the container's root,
+        so a link in it (an absolute one included) never leads to a file of the node's."""
+        if not (self.own_root and path.startswith("/")):
+            return path
+        root = f"/proc/{self.pid}/root"
+        return root + resolve_in_root(root, path)
+
+
+MAX_LINKS = 40  # as the kernel's path walk
+
+
+def resolve_in_root(root: str, path: str) -> str:
+    """`path` with every link resolved as if `root` were /, as openat2's RESOLVE_IN_ROOT does:
+    an absolute link restarts at `root`, `..` stops at it. The kernel resolves an absolute link
+    under /proc/PID/root against the reader's root, so a container could otherwise point its log
+    at any file of the node. A component that cannot be read is kept as it is (the open fails)."""
+    todo = [p for p in path.split("/") if p]
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = "/" + "/".join([*done, part])
+        try:
+            target = os.readlink(root + here)
+        except OSError:  # not a link, or not there: taken as named
+            done.append(part)
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            raise OSError(f"too many links resolving {path} in {root}")
+        if target.startswith("/"):
+            done = []
+        todo = [p for p in target.split("/") if p] + todo
+    return "/" + "/".join(done)
 
 
 def _same(a: str, b: str) -> bool | None:

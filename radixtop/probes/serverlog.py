@@ -52,7 +52,10 @@ def _log_target(pid: int, fd: int, container: Container | None) -> tuple[str | N
     except OSError as exc:
         return None, f"cannot stat {target}: {exc.strerror or exc}"
     if stat.S_ISREG(mode):
-        return (container.host_path(target) if container is not None else target), ""
+        try:
+            return (container.host_path(target) if container is not None else target), ""
+        except OSError as exc:
+            return None, f"its {'stdout' if fd == 1 else 'stderr'} cannot be resolved inside {container.name if container else 'its container'}: {exc}"
     what = "a terminal" if stat.S_ISCHR(mode) and target.startswith(("/dev/pts", "/dev/tty")) else target
     return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to {what}, not a file; pass --log"
 
@@ -89,7 +92,10 @@ def find_log(
                     "root cannot be read (a container, or another user's process): run radixtop as root, or pass "
                     "--log with the file's path on this node"
                 ]  # fmt: skip
-            return (container.host_path(path) if container is not None else path), "--log-file", problems
+            try:
+                return (container.host_path(path) if container is not None else path), "--log-file", problems
+            except OSError as exc:
+                return None, "", [f"its --log-file {given} cannot be resolved inside {container.name}: {exc}"]
     for fd, how in ((1, "stdout"), (2, "stderr")):
         path, why = _log_target(proc.pid, fd, container)
         if path is not None:

@@ -42,6 +42,7 @@ from radixtop.schema import (
     DEFAULT_BASE_PORT,
     EVENTS_PATH,
     HEALTH_PATH,
+    INSTRUMENT_PORT_SPAN,
     METRICS_PATH,
     SNAPSHOT_PATH,
     parse_events,
@@ -546,15 +547,43 @@ def test_the_registry_shaped_around_hook_runs_the_safe_point_then_the_scheduler(
 
 
 @needs_sglang
-def test_port_in_use_is_one_log_line_and_leaves_the_cache_untouched(caplog):
+def test_a_base_port_another_server_holds_moves_the_endpoint_to_the_next_free_port(closing):
+    """Two servers on a node with the plugin and the default base: the second's rank 0 serves on
+    the next free port of the window discovery searches, not nowhere."""
     cache = real_cache.radix_cache(size=600)
-    originals = {name: type(cache).__dict__.get(name) for name in HOOKED_METHODS}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        inst = attach(cache, rank=0, config=InstrumentConfig(base_port=port))
+        assert inst is not None
+        closing.append(inst)
+        assert port < inst.endpoint.port < port + INSTRUMENT_PORT_SPAN
+        assert parse_health(get(inst.endpoint.url + HEALTH_PATH)[1]).rank == 0
+
+
+@needs_sglang
+def test_port_in_use_is_one_log_line_and_leaves_the_cache_untouched(caplog):
+    cache = real_cache.radix_cache(size=600)
+    originals = {name: type(cache).__dict__.get(name) for name in HOOKED_METHODS}
+    with socket.socket() as first:
+        first.bind(("127.0.0.1", 0))
+        port = first.getsockname()[1]
+    held = []
+    try:  # the whole window taken (by us, or already by someone else)
+        for p in range(port, min(port + INSTRUMENT_PORT_SPAN, 65536)):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", p))
+                s.listen()
+                held.append(s)
+            except OSError:
+                s.close()
         with caplog.at_level(logging.INFO, logger="radixtop.instrument"):
             inst = attach(cache, rank=0, config=InstrumentConfig(base_port=port))
+    finally:
+        for s in held:
+            s.close()
     assert inst is None
     assert any("in use" in r.getMessage() for r in caplog.records)
     assert {name: type(cache).__dict__.get(name) for name in HOOKED_METHODS} == originals  # hooks off again
@@ -746,7 +775,7 @@ def test_config_comes_from_the_environment_and_bad_values_are_one_line_each(capl
     }
     cfg = InstrumentConfig.from_env(env)
     assert (cfg.base_port, cfg.budget, cfg.interval_s, cfg.host, cfg.token) == (41000, 64, 0.25, "::1", "s3cret")
-    assert cfg.port_for(3) == 41003 and InstrumentConfig(base_port=0).port_for(3) == 0
+    assert cfg.endpoint_ports() == {"base_port": 41000} and InstrumentConfig(base_port=0).endpoint_ports() == {"port": 0}
     with caplog.at_level(logging.WARNING, logger="radixtop.instrument"):
         bad = InstrumentConfig.from_env({"RADIXTOP_INSTRUMENT_PORT": "http", "RADIXTOP_INSTRUMENT_BUDGET": "999999999"})
     assert bad == InstrumentConfig()

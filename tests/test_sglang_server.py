@@ -183,7 +183,7 @@ def test_scheduler_sigkilled_then_c_y_confirms_a_not_reproduced_with_real_arms(t
     server = start_server(tmp_path, name="server")
     tmux = None
     try:
-        tmux = watch(tmp_path, "--no-gpu")
+        tmux = watch(tmp_path, "--no-gpu", "--url", server.url)  # the module's shared server runs too
         tmux.wait_for(lambda s: "server ok" in s and "r0 ok" in s, "radixtop to find the server", 90)
         shared_prefix_traffic(server, 4)
         scheduler = server.scheduler()
@@ -260,7 +260,7 @@ def test_a_fault_inside_the_real_cache_is_found_kept_and_confirmed_pressure_depe
     server = start_server(tmp_path, name="server", env={"SGLANG_TEST_EVICT_FAULT": "1"})
     tmux = None
     try:
-        tmux = watch(tmp_path, "--no-gpu")
+        tmux = watch(tmp_path, "--no-gpu", "--url", server.url)  # the module's shared server runs too
         tmux.wait_for(lambda s: "server ok" in s and "r0 ok" in s, "radixtop to find the server", 90)
         pressure_traffic(server)
         assert server.proc is not None and server.proc.wait(60) is not None, "the fault never fired"

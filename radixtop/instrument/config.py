@@ -16,7 +16,7 @@ from radixtop.schema import DEFAULT_BASE_PORT, DEFAULT_HOST, MAX_TREE_NODES
 log = logging.getLogger("radixtop.instrument")
 
 ENV_ENABLE = "RADIXTOP_INSTRUMENT"  # "1" turns everything on; anything else: nothing runs
-ENV_PORT = "RADIXTOP_INSTRUMENT_PORT"  # base port: rank r serves on base + r (0: any free port)
+ENV_PORT = "RADIXTOP_INSTRUMENT_PORT"  # base port: rank r serves on base + r or above (0: any free port)
 ENV_HOST = "RADIXTOP_INSTRUMENT_HOST"  # bind address (default 127.0.0.1)
 ENV_TOKEN = "RADIXTOP_INSTRUMENT_TOKEN"  # bearer token; required when the host is not loopback
 ENV_BUDGET = "RADIXTOP_INSTRUMENT_BUDGET"  # nodes per snapshot (default SnapshotConfig.max_nodes, 128)
@@ -44,8 +44,11 @@ class InstrumentConfig:
         token = env.get(ENV_TOKEN, "").strip() or None
         return cls(base_port=port, host=host, token=token, budget=budget, interval_s=interval)
 
-    def port_for(self, rank: int) -> int:
-        return 0 if self.base_port == 0 else self.base_port + rank
+    def endpoint_ports(self) -> dict[str, int]:
+        """The endpoint's port options: any free port for base 0; else base + rank, or the next
+        free port of the window discovery searches when another server on the node (a
+        confirmation arm, a colleague's) has its instrument there."""
+        return {"port": 0} if self.base_port == 0 else {"base_port": self.base_port}
 
 
 def _env_number(env: Mapping[str, str], name: str, kind: type, default: Any, lo: Any, hi: Any, warn: bool = True) -> Any:

@@ -119,7 +119,7 @@ def attach(cache: Any, *, rank: int = 0, config: InstrumentConfig | None = None)
             cache,
             rank=rank,
             host=cfg.host,
-            port=cfg.port_for(rank),
+            **cfg.endpoint_ports(),
             token=cfg.token,
             config=SnapshotConfig(max_nodes=cfg.budget),
             min_interval_s=cfg.interval_s,

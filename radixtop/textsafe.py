@@ -7,7 +7,9 @@ A tab becomes one space. Standard library only: the instrument and headless comm
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+from typing import Protocol, TypeVar
+
+__all__ = ["printable", "printable_text"]
 
 _BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
 _TABLE = str.maketrans({**{i: "\ufffd" for i in (*range(32), *range(0x7F, 0xA0), *_BIDI)}, 9: " "})
@@ -16,8 +18,22 @@ _BLOCK_TABLE = {**_TABLE, 10: 10}
 
 def printable(text: str, *, block: bool = False) -> str:
     """`text` safe to show; `block`: a block of lines whose newlines are kept."""
-    # Every character the tables replace is one str.isprintable() rejects: the usual line, all
-    # printable, skips the per-character walk.
-    if text.isprintable():
+    # Every character the tables replace is one str.isprintable() rejects: the usual text, all
+    # printable, skips the per-character walk (a block's newlines taken out first, at C speed).
+    if (text.replace("\n", "") if block else text).isprintable():
         return text
     return text.translate(_BLOCK_TABLE if block else _TABLE)
+
+
+class _Plain(Protocol):
+    plain: str
+
+
+T = TypeVar("T", bound=_Plain)
+
+
+def printable_text(text: T) -> T:
+    """A styled text (Rich's Text) made printable in place, newlines kept; its spans still fit,
+    the rule being one for one."""
+    text.plain = printable(text.plain, block=True)
+    return text

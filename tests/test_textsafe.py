@@ -51,3 +51,16 @@ async def test_the_run_screen_shows_a_servers_lines_as_text_never_markup_or_esca
         await pilot.pause()
         shown = str(screen.query_one("#run-verdict", Static).render())
         assert "[@click=app.quit]CLICKQUIT[/]" in shown and "\x1b" not in shown and "second line" in shown
+
+
+def test_a_styled_text_is_made_printable_in_place_with_its_styles_where_they_were() -> None:
+    from rich.text import Text
+
+    from radixtop.textsafe import printable_text
+
+    text = Text("log ")
+    text.append("a\x1b]2;T\x1b\\b", style="bold")
+    text.append("\nnext", style="dim")
+    assert printable_text(text) is text
+    assert text.plain == "log a\ufffd]2;T\ufffd\\b\nnext"
+    assert [(s.start, s.end, s.style) for s in text.spans] == [(4, 13, "bold"), (13, 18, "dim")]

@@ -56,7 +56,7 @@ from radixtop.incident.launch import (
     launch_from_argv,
     parse_launch_command,
 )
-from radixtop.incident.launch_env import LaunchEnv, launch_env, untrusted_module
+from radixtop.incident.launch_env import LaunchEnv, launch_env
 from radixtop.incident.placement import Placement, place
 from radixtop.incident.redact import Redactor
 from radixtop.incident.sighting import Sighting, behaviour_env, load_sighting, observe, save_sighting
@@ -362,14 +362,12 @@ def _live_launch(
 
 
 def _untrusted_module(live: LaunchCommand, launch: LaunchEnv) -> str | None:
-    """Why the module the server's program runs with -m must not run from the started servers'
-    working directory and PYTHONPATH, which come before site-packages; None when it may."""
+    """Why the module the server's program runs with -m must not run as the started servers
+    would run it; None when it may (or it runs none)."""
     program = list(live.program)
     if "-m" not in program[1:-1]:
         return None
-    module = program[program.index("-m", 1) + 1]
-    roots = [launch.cwd, *[p for p in launch.env.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    return untrusted_module(module, roots)
+    return launch.module_problem(program[program.index("-m", 1) + 1])
 
 
 def _runs_inline_code(arg: str) -> bool:

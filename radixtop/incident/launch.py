@@ -190,9 +190,9 @@ def flag_value(flags: Sequence[str], name: str) -> str | None:
     return flags[start + 1] if length == 2 else ""
 
 
-def remove_flag(flags: Sequence[str], name: str) -> list[str]:
+def remove_flag(flags: Sequence[str], name: str, *, abbrev: bool = False) -> list[str]:
     out = list(flags)
-    for start, length in reversed(_find(out, name)):
+    for start, length in reversed(_find(out, name, abbrev=abbrev)):
         del out[start : start + length]
     return out
 
@@ -214,10 +214,9 @@ def _relocated(live: LaunchCommand, port: int, log_file: str | Path | None) -> t
             changes.append(f"dropped {name}")
     if live.source == "server_info":
         for name in (*_CODE_LOADING_FLAGS, *_DESTINATION_FLAGS):
-            spans = _find(flags, name, abbrev=True)
-            for start, length in reversed(spans):
-                del flags[start : start + length]
-            if spans:
+            kept = remove_flag(flags, name, abbrev=True)
+            if kept != flags:
+                flags = kept
                 changes.append(f"dropped {name}: named by /server_info, not by you (add it with --control-arg={name})")
     flags = set_flag(flags, "--host", "127.0.0.1")
     flags = set_flag(flags, "--port", str(port))

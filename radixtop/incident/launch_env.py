@@ -56,6 +56,12 @@ class LaunchEnv:
         lines += [f"  left out: {d}" for d in self.dropped]
         return lines
 
+    def module_problem(self, module: str) -> str | None:
+        """Why `python -m module` must not run with this environment (its working directory
+        and PYTHONPATH come before site-packages), or None."""
+        roots = [self.cwd, *[p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        return untrusted_module(module, roots)
+
 
 def _trusted_dirs(value: str, key: str, dropped: list[str]) -> str:
     """The entries of a path list that radixtop may load code from: absolute, existing, and

@@ -29,10 +29,6 @@ STATUS_NAME = "confirm-status.json"
 MAX_STATUS_BYTES = 1 << 20
 
 
-def _dir() -> Path:
-    return runtime_dir()
-
-
 class RunStatus(dict):
     """What a watcher reads: pid, started, workdir, url, phase, lines, done, headline, verdict."""
 
@@ -49,7 +45,7 @@ class RunStatus(dict):
 def read_status() -> RunStatus | None:
     """The status file as written last, or None."""
     try:
-        data = read_file(_dir() / STATUS_NAME, MAX_STATUS_BYTES)
+        data = read_file(runtime_dir() / STATUS_NAME, MAX_STATUS_BYTES)
         doc = json.loads(data) if data is not None else None
     except (OSError, ValueError, RecursionError):
         return None
@@ -59,7 +55,7 @@ def read_status() -> RunStatus | None:
 def lock_held_by_other() -> bool:
     """Is a run in progress in another process (the lock taken)?"""
     try:
-        fd = open_lock_file(_dir() / LOCK_NAME)
+        fd = open_lock_file(runtime_dir() / LOCK_NAME)
     except OSError:
         return False
     try:
@@ -89,7 +85,7 @@ class RunLock:
     def acquire(self) -> bool:
         if self._fd is not None:
             return True
-        fd = open_lock_file(_dir() / LOCK_NAME)
+        fd = open_lock_file(runtime_dir() / LOCK_NAME)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -131,4 +127,4 @@ class RunLock:
 
     def _write(self) -> None:
         with contextlib.suppress(OSError):  # progress for watchers must never stop the run
-            write_file(_dir() / STATUS_NAME, json.dumps(self._status).encode())
+            write_file(runtime_dir() / STATUS_NAME, json.dumps(self._status).encode())

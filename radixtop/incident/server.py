@@ -151,16 +151,10 @@ def executable_trust(path: str) -> str | None:
                 os.path.join(os.path.dirname(os.path.dirname(link)), "pyvenv.cfg")):  # fmt: skip
         if os.path.exists(cfg):
             checks += [cfg, os.path.dirname(cfg)]
-    me = os.geteuid()
     for item in dict.fromkeys(checks):
-        try:
-            st = os.stat(item)
-        except OSError as exc:
-            return f"{item} cannot be checked ({exc.strerror or exc})"
-        if st.st_uid not in (me, 0):
-            return f"{item} belongs to uid {st.st_uid}, neither you nor root"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return f"{item} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        why = _ownership_problem(item)
+        if why is not None:
+            return why
     return None
 
 
@@ -168,23 +162,30 @@ def directory_trust(path: str) -> str | None:
     """Why radixtop must not load code from (or start a server in) this directory, or None:
     it must belong to radixtop's user or root and be writable by neither group nor others, and
     every directory above it likewise, or sticky (as /tmp is: nobody else can rename it away)."""
-    me = os.geteuid()
     real = os.path.realpath(path)
     current = real
     while True:
-        try:
-            st = os.stat(current)
-        except OSError as exc:
-            return f"{current} cannot be checked ({exc.strerror or exc})"
-        if st.st_uid not in (me, 0):
-            return f"{current} belongs to uid {st.st_uid}, neither you nor root"
-        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if writable and (current == real or not st.st_mode & stat.S_ISVTX):
-            return f"{current} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        why = _ownership_problem(current, sticky_ok=current != real)
+        if why is not None:
+            return why
         parent = os.path.dirname(current)
         if parent == current:
             return None
         current = parent
+
+
+def _ownership_problem(path: str, *, sticky_ok: bool = False) -> str | None:
+    """The ownership rule for one path: radixtop's user's or root's, writable by neither group
+    nor others (`sticky_ok`: unless sticky, for a directory above the one that matters)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"{path} cannot be checked ({exc.strerror or exc})"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{path} belongs to uid {st.st_uid}, neither you nor root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def server_interpreter(pid: int | None) -> tuple[str | None, str]:

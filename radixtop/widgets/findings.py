@@ -20,7 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from radixtop.textsafe import printable
+from radixtop.textsafe import printable_text
 from radixtop.themes import SEVERITY_MARKERS
 
 
@@ -138,8 +138,7 @@ class FindingsList(OptionList):
         prompt.append(f" x{finding.count} ", Style(bold=True))
         prompt.append(_when(finding.first), dim)
         prompt.append(f"\n   {label(finding.first.file)}:{finding.first.line}", dim)
-        prompt.plain = printable(prompt.plain, block=True)  # the file's name is the watched process's choice
-        return prompt
+        return printable_text(prompt)  # the file's name is the watched process's choice
 
     def finding_at(self, index: int | None) -> Any | None:
         if index is None or not 0 <= index < len(self._findings):
@@ -185,8 +184,7 @@ def evidence_text(finding: Any, label: Callable[[str], str] = lambda s: s) -> Te
     out.append(f">> {first.text}\n", Style(bold=True, reverse=True))
     for line in finding.context_after:
         out.append(f"   {line}\n")
-    out.plain = printable(out.plain, block=True)  # log lines and file names from outside; one for one, spans kept
-    return out
+    return printable_text(out)  # log lines and file names from outside
 
 
 class EvidenceScreen(ModalScreen[None]):

@@ -19,7 +19,7 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from radixtop.textsafe import printable
+from radixtop.textsafe import printable_text
 
 
 def _key(row: Text) -> tuple:
@@ -70,8 +70,7 @@ class TextRows(Widget):
 
     def _set(self, text: Text) -> None:
         # The panes show names from outside (processes' command lines, a server's answers).
-        text.plain = printable(text.plain, block=True)
-        self._text = text
+        self._text = printable_text(text)
         self._lines = list(text.split("\n", allow_blank=True)) if text.plain else []
         self._widest = max((cell_len(line.plain) for line in self._lines), default=0)
         self._wrap(self._wrapped_for)

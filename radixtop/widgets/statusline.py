@@ -17,7 +17,7 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
-from radixtop.textsafe import printable
+from radixtop.textsafe import printable_text
 
 
 @dataclass(frozen=True)
@@ -242,5 +242,4 @@ class StatusLine(Widget):
             line.append_text(text)
         # Source names come from outside (a process's --log-file, its stdout's target): the whole
         # line through the one rule, character for character, so the spans' styles still fit.
-        line.plain = printable(line.plain)
-        return line
+        return printable_text(line)

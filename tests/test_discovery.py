@@ -243,3 +243,24 @@ def test_the_endpoints_base_port_is_read_from_the_servers_environment_as_the_ins
         assert _instrument_base_port(Proc(env)) == want, value
         assert (InstrumentConfig.from_env(env, warn=False).base_port or None) == want
     assert not caplog.records
+
+
+async def test_rediscovery_asks_a_server_it_described_in_full_nothing_more(tmp_path: Path) -> None:
+    """Every request is a line in the server's access log: discovery runs every 30 s, and a server
+    it has described in full (same pid, same start) is taken as it was, not asked again."""
+    from radixtop.probes.discovery import Rediscovery
+
+    proc, url, log = start_sim(tmp_path / "sim")
+    try:
+        again = Rediscovery()
+        first = await again()
+        asked = log.read_text().count('"GET ')
+        assert asked > 0
+        second = await again()
+        third = await again()
+        mine = [s for s in first.servers if s.pid == proc.pid]
+        assert mine and mine[0].url == url and mine[0].instrument_urls
+        assert [s for s in third.servers if s.pid == proc.pid] == mine == [s for s in second.servers if s.pid == proc.pid]
+        assert log.read_text().count('"GET ') == asked, "a server described in full was asked again"
+    finally:
+        stop(proc)

@@ -168,3 +168,65 @@ async def test_watching_sglang_never_asks_its_generating_health_route() -> None:
             await probe.aclose()
     assert states == ["ok"] * 4
     assert "/health" not in stub.hits and stub.hits["/v1/models"] >= 1 and stub.hits["/metrics"] >= 1
+
+
+async def test_an_idle_server_is_not_asked_until_its_log_speaks(monkeypatch) -> None:
+    """Every request is an access line in the server's log: once it is idle (nothing running or
+    queued, its followed log quiet but for access lines) the probe stops asking, access lines of
+    its own do not wake it, the server's own line does at once, and a busy server is asked on."""
+    import asyncio
+
+    from radixtop.probes import sglang
+    from radixtop.probes.status import poll_forever
+
+    monkeypatch.setattr(sglang, "IDLE_AFTER_S", 0.3)
+    with stub_server() as stub:
+        stub.answers["/v1/models"] = Answer(body=b'{"data": []}')
+        stub.answers["/server_info"] = Answer(body=b'{"version": "0.5.23", "enable_metrics": true}')
+        idle = b"sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:token_usage 0.1\n"
+        stub.answers["/metrics"] = Answer(body=idle, content_type="text/plain")
+        probe = ServerProbe(stub.url, interval_s=0.05)
+
+        def asked() -> int:
+            return sum(stub.hits.values())
+
+        async def follow() -> None:
+            async for _ in poll_forever(probe):
+                pass
+
+        task = asyncio.create_task(follow())
+        try:
+            probe.log_spoke(["[2026-12-05 08:00:00] Prefill batch, #new-seq: 1"])
+            await asyncio.sleep(1.0)
+            assert probe.idle()
+            settled = asked()
+            await asyncio.sleep(0.8)
+            assert asked() == settled, "an idle server was asked"
+            probe.log_spoke(['[2026-12-05 08:00:01] INFO:     127.0.0.1:1 - "GET /metrics HTTP/1.1" 200 OK'])
+            await asyncio.sleep(0.3)
+            assert asked() == settled, "our own access line woke the probe"
+            stub.answers["/metrics"] = Answer(body=idle.replace(b"running_reqs 0", b"running_reqs 2"),
+                                              content_type="text/plain")  # fmt: skip
+            probe.log_spoke(["[2026-12-05 08:00:02] Prefill batch, #new-seq: 2"])
+            await asyncio.sleep(0.15)
+            assert asked() > settled, "the server's own line did not wake the probe"
+            busy = asked()
+            await asyncio.sleep(1.0)  # quiet log, but requests running: asked on
+            assert asked() > busy + 5 and not probe.idle()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await probe.aclose()
+
+
+async def test_without_a_followed_log_the_server_is_asked_at_its_interval() -> None:
+    with stub_server() as stub:
+        stub.answers["/v1/models"] = Answer(body=b'{"data": []}')
+        stub.answers["/metrics"] = Answer(body=b"sglang:num_running_reqs 0\n", content_type="text/plain")
+        probe = ServerProbe(stub.url, interval_s=0.05)
+        try:
+            for _ in range(3):
+                await probe.poll()
+        finally:
+            await probe.aclose()
+    assert not probe.idle() and probe.interval_s == 0.05

@@ -22,6 +22,8 @@ import pytest
 from sglang_gate import why_no_server
 from tmux_helpers import Tmux
 
+from radixtop.probes.sglang import IDLE_AFTER_S
+
 _WHY = why_no_server()
 pytestmark = [
     pytest.mark.slow,
@@ -79,11 +81,16 @@ def test_radixtop_finds_the_server_by_itself_and_an_idle_minute_of_watching_adds
                                                          "Rust core walk · UnifiedRadixCache", "scheduler",
                                                          "detokenizer")),
                           "discovery of the server, its log, its rank's endpoint and its processes", 90)  # fmt: skip
+        # Settled (the server idle past IDLE_AFTER_S), watching asks it nothing: not a batch, not a
+        # line of its access log.
+        time.sleep(IDLE_AFTER_S + 5)
+        settled = live.text()
         began = time.monotonic()
         while time.monotonic() - began < 60:
             time.sleep(5)
             assert batches(live) == before, "watching put a generation through the scheduler:\n" + live.text()[-2000:]
         assert "GET /health" not in live.text(), "SGLang's /health generates: it is never asked while watching"
+        assert live.text() == settled, "an idle minute of watching added lines:\n" + live.text()[len(settled):]
         assert "r0 ok" in first.capture() and "r0 ok" in second.capture(), "both watchers kept the endpoint"
     finally:
         first.kill()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -370,13 +370,20 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
     )
 
 
+def _complete(server: FoundServer) -> bool:
+    """Described in full: asking it again would find nothing new (its url, log and endpoints)."""
+    return bool(server.url and server.log_path and (server.instrument_urls or server.kind not in ("sglang", "sim")))
+
+
 async def discover(
     *,
     client: httpx.AsyncClient | None = None,
     exclude: Iterable[int] | None = None,
     timeout_s: float = 1.0,
+    known: Mapping[tuple[int, float], FoundServer] | None = None,
 ) -> Discovery:
-    """Every server found on this node, described; never raises."""
+    """Every server found on this node, described; never raises. A server in `known` (by pid and
+    start time) that was described in full is not asked again."""
     own = client is None
     client = client or make_client(timeout_s)
     skip = set(exclude) if exclude is not None else {os.getpid()}
@@ -384,6 +391,10 @@ async def discover(
         candidates, notes = await asyncio.to_thread(find_candidates, skip)
         servers = []
         for cand in candidates:
+            seen = (known or {}).get((cand.proc.pid, cand.started))
+            if seen is not None and _complete(seen):
+                servers.append(seen)
+                continue
             try:
                 servers.append(await _describe(client, cand, timeout_s))
             except psutil.NoSuchProcess:
@@ -396,3 +407,16 @@ async def discover(
     finally:
         if own:
             await client.aclose()
+
+
+class Rediscovery:
+    """discover() again and again (a restarted server, one started later) without asking a server
+    it has described in full anything more: every request is a line in that server's access log."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, float], FoundServer] = {}
+
+    async def __call__(self) -> Discovery:
+        found = await discover(known=self._known)
+        self._known = {(s.pid, s.started): s for s in found.servers}
+        return found

@@ -8,6 +8,9 @@ on first contact, after every restart and every few minutes (it names the instru
 the launch command); /metrics is read when the server has it (`--enable-metrics`; vLLM always),
 parsed with prometheus_client's parser after dropping every line we do not use (SGLang's /metrics
 is mostly histograms), and folded into `ServerMetrics` under one set of names for both servers.
+Watching must not fill an idle server's log with its own access lines: while the server is idle
+and its log is followed (`log_spoke`), it is asked every IDLE_EVERY_S, and at once when the log
+shows a line other than an access line.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ DEFAULT_INTERVAL_S = 2.0
 INFO_EVERY_S = 300.0
 METRICS_RETRY_S = 60.0  # after a 404 on /metrics, look again this much later
 HEALTH_EVERY_S = 6.0  # while /metrics answers, the liveness route is asked this often
+# Every request radixtop makes is a line in the server's access log. While the server is idle
+# (no request running or queued, and nothing but access lines in its log) and its log is followed,
+# it is asked only this often, and again at once when its log speaks.
+IDLE_EVERY_S = 300.0
+IDLE_AFTER_S = 10.0  # quiet this long, and idle by /metrics where the server has it
 MAX_INFO_BYTES = 2 * 1024 * 1024
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 
@@ -191,7 +199,12 @@ class ServerProbe(PolledProbe):
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.url = url.rstrip("/")
-        self.interval_s = interval_s
+        self._interval_s = interval_s
+        self.waker = asyncio.Event()  # set when an idle server's log speaks: poll_forever asks at once
+        self._log_followed = False
+        self._spoke_at = time.monotonic()
+        self._busy = False  # requests running or queued at the last /metrics
+        self._answering = False  # the last poll found it up
         self.timeout_s = timeout_s
         self._client = client
         self._own_client = client is None
@@ -205,7 +218,30 @@ class ServerProbe(PolledProbe):
         self._health_ok_at = -float("inf")
         self._metrics_ok = False
 
+    @property
+    def interval_s(self) -> float:
+        return IDLE_EVERY_S if self.idle() else self._interval_s
+
+    def idle(self) -> bool:
+        """Up, nothing running or queued, and its followed log quiet but for access lines."""
+        return (self._log_followed and self._answering and not self._busy
+                and time.monotonic() - self._spoke_at >= IDLE_AFTER_S)  # fmt: skip
+
+    def log_spoke(self, lines: Iterable[str]) -> None:
+        """New lines of the server's log: a line other than an access line (the server's own, not
+        our requests') ends an idle spell, and the next poll is now."""
+        self._log_followed = True
+        if any("HTTP/" not in line for line in lines):  # the first line decides, almost always
+            was_idle = self.idle()
+            self._spoke_at = time.monotonic()
+            if was_idle:
+                self.waker.set()
+
     def _sample(self, state: str, message: str = "", **kw: Any) -> ServerSample:
+        self._answering = state == "ok"
+        metrics = kw.get("metrics")
+        if metrics is not None:
+            self._busy = bool(metrics.get("running") or metrics.get("queued"))
         return ServerSample(self.url, self._state.update(state, message), self._clock(), info=self.info, **kw)
 
     async def _poll(self) -> ServerSample:

@@ -8,6 +8,7 @@ clock), so that a dead server can show "DOWN since 14:02:11" while its panes kee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -66,9 +67,18 @@ async def poll_forever(probe: Probe, *, interval_s: float | None = None) -> Asyn
 
     The interval is measured from the start of one poll to the start of the next; a poll that takes
     longer than the interval is followed by a short gap, never by an immediate retry."""
+    waker: asyncio.Event | None = getattr(probe, "waker", None)  # a probe may be asked early
     while True:
         started = time.monotonic()
+        if waker is not None:
+            waker.clear()
         sample = await probe.poll()
         yield sample
         every = probe.interval_s if interval_s is None else interval_s
-        await asyncio.sleep(max(MIN_GAP_S, every - (time.monotonic() - started)))
+        delay = max(MIN_GAP_S, every - (time.monotonic() - started))
+        if waker is None:
+            await asyncio.sleep(delay)
+            continue
+        await asyncio.sleep(MIN_GAP_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waker.wait(), delay - MIN_GAP_S)

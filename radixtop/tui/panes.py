@@ -156,9 +156,10 @@ class Panes:
             texts, self._log_backlog = list(self._log_backlog), deque(maxlen=LOG_BACKLOG_LINES)
             self._feed_texts(texts)
         opts = self.options
+        discoverer = _discoverer() if opts.discover else _nothing  # one, so what it described is asked once
         if opts.discover:
             targets = await resolve_targets(url=opts.url, logs=opts.logs, instruments=opts.instruments,
-                                            pick=getattr(self.app, "pick_server", None))  # fmt: skip
+                                            discover_fn=discoverer, pick=getattr(self.app, "pick_server", None))  # fmt: skip
         else:
             targets = Targets(url=opts.url, instruments=list(opts.instruments), pinned_url=bool(opts.url),
                               pinned_instruments=bool(opts.instruments))  # fmt: skip
@@ -179,7 +180,7 @@ class Panes:
             targets,
             self.state,
             gpu=opts.gpu,
-            discover_fn=_discoverer() if opts.discover else _nothing,
+            discover_fn=discoverer,
             on_attach=attached,
             on_change=self._sources_changed,
         )
@@ -198,10 +199,14 @@ class Panes:
 
     def feed_log(self, batch: Any) -> None:
         """Vitals from the log's batch lines, only while /metrics does not feed them (before the
-        panes run, the last lines are kept for them)."""
+        panes run, the last lines are kept for them); and the server probe told its log spoke."""
+        runs = getattr(batch.records, "runs", None)
+        server = self.sources.server if self.sources is not None else None
+        if server is not None:  # lazily: the first line almost always decides
+            server.log_spoke(chain.from_iterable(run.texts for run in runs) if runs is not None
+                             else (r.text for r in batch.records))  # fmt: skip
         if self._state is not None and not self._log_feeds_vitals():
             return
-        runs = getattr(batch.records, "runs", None)
         texts: list[str]
         if runs is not None:
             texts = list(chain.from_iterable(run.texts for run in runs))
@@ -417,9 +422,9 @@ class Panes:
 
 
 def _discoverer() -> Callable[[], Any]:
-    from radixtop.probes.discovery import discover
+    from radixtop.probes.discovery import Rediscovery
 
-    return discover
+    return Rediscovery()
 
 
 async def _nothing() -> Any:

@@ -42,7 +42,9 @@ def test_c_approve_watch_and_read_the_verdict_in_a_real_terminal(tmp_path: Path)
         tmux.start([sys.executable, "-m", "radixtop", "--url", sim.url, "--log", str(sim.log), "--no-gpu"], tmp_path)
         tmux.wait_for(lambda s: "FOLLOW" in s and "c Confirm" in s, "radixtop to start", 30)
         tmux.send("c")
-        plan = tmux.wait_for(seen("as planned?"), "the plan to approve", 60)
+        # The question can be drawn a frame before the rest of the dialog: wait for all of it.
+        plan = tmux.wait_for(lambda s: seen("as planned?")(s) and "Confirmation run: the plan" in s
+                             and "--disable-radix-cache" in s, "the plan to approve", 60)  # fmt: skip
         assert "Confirmation run: the plan" in plan and "--disable-radix-cache" in plan
         assert "Evidence      " in plan and "Approve (y)" in plan and "Cancel (n)" in plan
         assert not (tmp_path / "live" / "control.out").exists()

@@ -281,7 +281,8 @@ class Plan:
             ],  # fmt: skip
             "environment": None if self.launch_env is None else {
                 "inherited": self.launch_env.inherited, "cwd": self.launch_env.cwd,
-                "carried": list(self.launch_env.carried), "left_out": list(self.launch_env.dropped)},  # fmt: skip
+                "carried": list(self.launch_env.carried), "left_out": list(self.launch_env.dropped),
+                "env": self.redactor.env(self.launch_env.env)},  # fmt: skip
             "control_argv": self.redactor.argv(self.control_argv),
             "control_url": self.control_url,
             "control_changes": list(self.control_changes),

@@ -25,6 +25,9 @@ __all__ = ["LaunchEnv", "OWN_KEYS", "launch_env", "untrusted_module"]
 OWN_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 # Keys whose directories decide which code runs: each entry is held to the ownership rule.
 CODE_PATHS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
+# Keys that name places: the plan names them without their (long) values.
+LOCATION_KEYS = (*CODE_PATHS, "HOME", "TMPDIR", "VIRTUAL_ENV", "CONDA_PREFIX", "XDG_RUNTIME_DIR")
+SHOWN_CHARS = 300  # of the carried settings in the plan; plan.json has every key
 
 
 @dataclass(frozen=True)
@@ -43,15 +46,19 @@ class LaunchEnv:
     """True when the server's whole environment was given (--inherit-env)."""
 
     def describe(self, redactor: Redactor) -> list[str]:
-        shown = redactor.env({k: self.env[k] for k in self.carried if k in self.env})
         if self.inherited:
             head = f"Environment   the server's whole environment, {len(self.env)} keys (--inherit-env)"
         else:
             head = (f"Environment   clean: radixtop's {', '.join(k for k in OWN_KEYS if k in self.env)}, "
                     f"and the server's {len(self.carried)} behaviour keys")  # fmt: skip
         lines = [head]
-        if shown and not self.inherited:
-            lines.append("  " + " ".join(f"{k}={v}" for k, v in sorted(shown.items())))
+        if not self.inherited:
+            # Settings with their values; directories by name (long, and checked above).
+            named = [k for k in self.carried if k in self.env and k in LOCATION_KEYS]
+            shown = redactor.env({k: self.env[k] for k in self.carried if k in self.env and k not in LOCATION_KEYS})
+            said = " ".join([*(f"{k}={v}" for k, v in sorted(shown.items())), *(f"{k}=(the server's)" for k in named)])
+            if said:
+                lines.append("  " + (said if len(said) <= SHOWN_CHARS else said[:SHOWN_CHARS] + " … (all in plan.json)"))
         lines.append(f"  working directory: {self.cwd}")
         lines += [f"  left out: {d}" for d in self.dropped]
         return lines

@@ -62,8 +62,9 @@ def test_recorded_trace_has_shape_offsets_and_shared_prefixes_but_no_prompts(sim
     a, b, c, d = trace.requests
     assert [r.offset_ms for r in trace.requests] == sorted(r.offset_ms for r in trace.requests) and a.offset_ms == 0
     assert (a.prompt_len, b.prompt_len, c.prompt_len) == (60, 70, 25)
-    # the first prompt's prefix is raised to what the second one shares with it
-    assert a.group == b.group and a.prefix_len == b.prefix_len == 40
+    # the second prompt starts with the first one's first 40 tokens
+    assert a.group == b.group and (a.prefix_len, a.prefix_of) == (0, None) and (b.prefix_len, b.prefix_of) == (40, a.id)
+    assert trace.page_size_hint == 16  # the server's, from its /server_info
     assert c.group not in (a.group, d.group) and c.prefix_len == 0
     assert d.prompt_len == 3 and d.max_tokens == 5  # the sim's token count for the text prompt
     assert proxy.skipped == 1
@@ -100,10 +101,32 @@ def test_text_prefix_is_estimated_in_proportion_to_token_counts() -> None:
     ]
     trace = build_trace(calls, name="t", keep_prompts=True)
     a, b, c = trace.requests
-    assert a.group == b.group and b.prefix_len == 15 and a.prefix_len == 15 and b.n == 2
+    assert a.group == b.group and b.prefix_len == 15 and b.prefix_of == a.id and a.prefix_len == 0 and b.n == 2
     assert c.text is None  # a chat call's flattened messages are never replayed as a prompt
     with pytest.raises(ValueError, match="no generate call was recorded"):
         build_trace([], name="t", keep_prompts=False)
+
+
+def test_sharing_that_is_a_tree_is_recorded_as_one_and_replays_as_the_same_tree() -> None:
+    """A system prompt, then two conversations whose turns each extend their own history: every
+    prompt shares with another exactly what it shared when recorded, not the longest share of its
+    group (which would have every conversation share the longest one's history)."""
+    system = list(range(100, 148))
+    one, two = system + list(range(200, 232)), system + list(range(300, 316))
+    prompts = [one, two, one + list(range(400, 420)), two + list(range(500, 540)), one + list(range(400, 420)) + [7, 8]]
+    calls = [RecordedCall(10.0 * i, "/generate", ids, None, 4, 1) for i, ids in enumerate(prompts)]
+    trace = build_trace(calls, name="chat", keep_prompts=False, page_size_hint=16)
+    assert [(r.prefix_of, r.prefix_len) for r in trace.requests] == [
+        (None, 0), ("q0000", 48), ("q0000", 80), ("q0001", 64), ("q0002", 100)]  # fmt: skip
+    planned = [p.input_ids for p in plan_requests(trace)]
+    for i, a in enumerate(prompts):
+        for j in range(i):
+            b = prompts[j]
+            shared = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            made = next((k for k, (x, y) in enumerate(zip(planned[i], planned[j], strict=False)) if x != y),
+                        min(len(planned[i]), len(planned[j])))  # fmt: skip
+            assert made == shared, (i, j, made, shared)
+    assert [len(p) for p in planned] == [len(p) for p in prompts]
 
 
 def test_record_cli_writes_the_trace_after_max_requests(sim, tmp_path: Path) -> None:

@@ -123,6 +123,52 @@ def test_replay_of_the_seed_trace_sends_only_ids_the_model_has_and_hits_what_the
     assert "IndexError" not in live.text() and live.proc is not None and live.proc.poll() is None
 
 
+def test_recorded_traffic_replays_with_the_live_reuse_and_analyze_predicts_it(live: RealServer) -> None:
+    """Conversations on a shared system prompt, recorded through `radixtop record`: the trace keeps
+    the sharing's tree, so a replay on the real server (prompts made up, `--page-size auto`) gets the
+    cached tokens the live traffic got, and `radixtop analyze` at the server's settings predicts them."""
+    import random
+
+    rnd = random.Random(7)
+    system = [rnd.randrange(10, 2000) for _ in range(48)]
+    chats = [[rnd.randrange(10, 2000) for _ in range(32)] for _ in range(3)]
+    work = live.log.parent / "recorded"
+    work.mkdir()
+    trace, ready = work / "trace.json", work / "port"
+    httpx.post(f"{live.url}/flush_cache", timeout=30).raise_for_status()
+    recorder = subprocess.Popen([sys.executable, "-m", "radixtop", "record", "--url", live.url, "--out", str(trace),
+                                 "--max-requests", "18", "--ready-file", str(ready)], cwd=work,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        began = time.monotonic()
+        while not (ready.exists() and ready.read_text().strip()) and time.monotonic() - began < 30:
+            time.sleep(0.1)
+        proxy = f"http://127.0.0.1:{int(ready.read_text())}"
+        live_cached = []
+        for i in range(18):  # one turn at a time: what each call reuses does not hang on timing
+            ids = system + chats[i % 3] + [rnd.randrange(10, 2000) for _ in range(10 + i)]
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+            live_cached.append(httpx.post(f"{proxy}/generate", json=body, timeout=120).json()["meta_info"]["cached_tokens"])
+        _, err = recorder.communicate(timeout=30)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+    assert recorder.returncode == 0, err
+    assert live_cached[:4] == [0, 48, 48, 80], live_cached  # the system prompt's 3 pages, then a chat's 5
+    info = httpx.get(f"{live.url}/server_info", timeout=10).json()
+    settings = ["--page-size", str(info["page_size"]), "--max-total-tokens", str(info["max_total_num_tokens"]),
+                "--max-running-requests", str(info["max_running_requests"])]  # fmt: skip
+    done = radixtop("analyze", str(trace), *settings, "--json", cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cached_tokens"] == sum(live_cached), done.stdout[:2000]
+    done = radixtop("replay", str(trace), "--url", live.url, "--page-size", "auto", "--runs", "2", "--json",
+                    cwd=work, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    reuse = json.loads(done.stdout)["cached_tokens"]
+    assert reuse["expected_cached_tokens"] == 2 * sum(live_cached), reuse
+    assert reuse["cached_tokens"] == reuse["expected_cached_tokens"] or set(reuse["missed"]) <= {"evicted"}, reuse
+
+
 def test_a_bundle_of_the_live_server_holds_its_info_and_tree_and_asks_nothing_that_generates(live: RealServer) -> None:
     shared_prefix_traffic(live, 2)
     before = batches(live)

@@ -222,3 +222,55 @@ def test_synthesis_sharing_property(rows, seed):
             else:
                 want = 0
             assert shared_len(a, b) == want
+
+
+def tree() -> dict:
+    """A system prompt (request s), two conversations on it (c1, c2), a later turn of c1 (c1b)."""
+    req = {"group": "g", "max_tokens": 4}
+    return {"version": 1, "name": "tree", "page_size_hint": 16, "requests": [
+        {"id": "s", "offset_ms": 0, "prompt_len": 60, "prefix_len": 0, **req},
+        {"id": "c1", "offset_ms": 1, "prompt_len": 90, "prefix_len": 48, "prefix_of": "s", **req},
+        {"id": "c2", "offset_ms": 2, "prompt_len": 70, "prefix_len": 48, "prefix_of": "s", **req, "n": 2},
+        {"id": "c1b", "offset_ms": 3, "prompt_len": 120, "prefix_len": 90, "prefix_of": "c1", **req},
+    ]}  # fmt: skip
+
+
+@pytest.mark.parametrize("vocab", [SIM_VOCABULARY, SMALL])
+def test_prefix_of_shares_along_the_tree_and_nothing_more(vocab) -> None:
+    trace = parse_trace(tree(), "tree")
+    assert parse_trace(dump_trace(trace), "again") == trace
+    made = {(p.request_id, p.copy): p.input_ids for p in plan_requests(trace, seed=3, vocab=vocab)}
+    assert all(made[key] == synthesize_input_ids(trace.request(key[0]), trace, seed=3, copy=key[1], vocab=vocab)
+               for key in made)  # fmt: skip
+    expected = {("c1", "s"): 48, ("c2", "s"): 48, ("c2", "c1"): 48, ("c1b", "c1"): 90, ("c1b", "s"): 48,
+                ("c1b", "c2"): 48}  # fmt: skip
+    for (a, b), shared in expected.items():
+        assert shared_len(made[a, 0], made[b, 0]) == shared, (a, b)
+    assert shared_len(made["c2", 0], made["c2", 1]) == 48  # copies share the prefix, then part
+    assert [len(made[r.id, 0]) for r in trace.requests] == [60, 90, 70, 120]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["requests"][1].update(prefix_of="c1b"), "prefix_of names 'c1b', which is not an earlier request's id"),
+        (lambda d: d["requests"][1].update(prefix_of="c1"), "prefix_of names 'c1', which is not an earlier request's id"),
+        (lambda d: d["requests"][1].update(prefix_len=0), "prefix_len must be within 1..60"),
+        (lambda d: d["requests"][3].update(prefix_len=100), "prefix_len must be within 1..90 (the prompt_len of 'c1'"),
+        (lambda d: d["requests"][3].update(offset_ms=0.5), "offset_ms 0.5 is before that of 'c1', its prefix_of"),
+    ],
+)
+def test_prefix_of_errors_are_one_line(mutate, message) -> None:
+    data = tree()
+    mutate(data)
+    with pytest.raises(TraceError) as caught:
+        parse_trace(data, "tree.json")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_rescaling_keeps_a_prefix_within_the_prompt_it_names() -> None:
+    small = rescale_prefixes(parse_trace(tree(), "tree"), 1)  # 48 tokens at 16 -> 3 pages of 1
+    assert [r.prefix_len for r in small.requests] == [0, 3, 3, 5]
+    big = rescale_prefixes(parse_trace(tree(), "tree"), 64)
+    assert [r.prefix_len for r in big.requests] == [0, 60, 60, 90]  # capped by s's and c1's prompts
+    assert parse_trace(dump_trace(big), "again") == big

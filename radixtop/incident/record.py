@@ -18,11 +18,15 @@ characters and converts it to tokens in proportion to the prompt's token count (
 answer: ``meta_info.prompt_tokens`` or ``usage.prompt_tokens``; without one, about 4 characters a
 token). Chat prompts are compared by their messages' text in order, and their text is never kept
 (the server saw it through its chat template, which the proxy does not know), so they replay as
-synthesized prompts of the same shape. The trace format gives one
-shared base per group: a prompt joins the group of the earlier prompt it shares most with (at
-least one token), its ``prefix_len`` is that shared length, and the earlier prompt's
-``prefix_len`` is raised to match, so a synthetic replay shares the same amount. Sharing that is
-a tree (a system prompt, then conversations) is flattened to that one level.
+synthesized prompts of the same shape. A prompt that shares at least one token with an earlier
+one names the earlier prompt it shares most with (``prefix_of``) and the length shared
+(``prefix_len``), and joins its group: sharing that is a tree (a system prompt, then each
+conversation's history) replays as the same tree.
+
+Page size. The proxy asks the server's ``/server_info`` (which generates nothing) for its
+``page_size`` and writes it as the trace's ``page_size_hint``, so a replay on a server of the same
+page size shares exactly what was shared here, and one of another page size moves the prefixes
+page for page.
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
     prefix: list[int] = []
     lengths: list[int] = []
     seqs: list[Sequence[Any]] = []
-    per_token: list[float] = []
+    parents: list[int] = []
     for i, call in enumerate(usable):
         seq: Sequence[Any] = call.input_ids if call.input_ids is not None else call.text or ""
         if call.input_ids is not None:
@@ -154,17 +158,17 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
             shared = common_prefix(seq, seqs[j])
             if shared > best:
                 best, best_j = shared, j
-        tokens = min(length, int(best * scale)) if best_j >= 0 else 0
+        tokens = min(length, lengths[best_j], int(best * scale)) if best_j >= 0 else 0
         if tokens > 0:
             groups.append(groups[best_j])
             prefix.append(tokens)
-            prefix[best_j] = min(lengths[best_j], max(prefix[best_j], min(tokens, int(best * per_token[best_j]))))
+            parents.append(best_j)
         else:
             groups.append(f"g{i:04d}")
             prefix.append(0)
+            parents.append(-1)
         lengths.append(length)
         seqs.append(seq)
-        per_token.append(scale)
     requests = []
     for i, call in enumerate(usable):
         requests.append(
@@ -181,6 +185,7 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
                 # template: replaying them as text would send another prompt, so they are not kept.
                 text=call.text if keep_prompts and call.input_ids is None and not call.chat else None,
                 extra_key=call.extra_key,
+                prefix_of=f"q{parents[i]:04d}" if parents[i] >= 0 else None,
             )
         )
     return Trace(name=name, page_size_hint=max(1, page_size_hint), requests=tuple(requests),
@@ -197,6 +202,7 @@ class RecordingProxy:
     on_call: Callable[[RecordedCall], None] | None = None
     calls: list[RecordedCall] = field(default_factory=list)
     skipped: int = 0  # generate calls whose prompt could not be recorded (batches)
+    page_size: int | None = None  # the server's, from its /server_info once started; None when it did not say
     _server: Any = None
     _task: asyncio.Task | None = None
     _client: httpx.AsyncClient | None = None
@@ -231,7 +237,17 @@ class RecordingProxy:
         if not self._server.started:
             await self.stop()
             raise OSError("the recording proxy did not start")
+        self.page_size = await self._server_page_size()
         return self.port
+
+    async def _server_page_size(self) -> int | None:
+        assert self._client is not None
+        try:
+            info = (await self._client.get(f"{self.upstream}/server_info", timeout=5)).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        size = info.get("page_size") if isinstance(info, dict) else None
+        return size if type(size) is int and size >= 1 else None
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -242,9 +258,9 @@ class RecordingProxy:
         if self._client is not None:
             await self._client.aclose()
 
-    def trace(self, name: str = "recorded", page_size_hint: int = 1) -> Trace:
+    def trace(self, name: str = "recorded") -> Trace:
         return build_trace(
-            self.calls, name=name, keep_prompts=self.keep_prompts, page_size_hint=page_size_hint,
+            self.calls, name=name, keep_prompts=self.keep_prompts, page_size_hint=self.page_size or 1,
             source=f"radixtop record in front of {self.upstream}"
             + ("" if self.keep_prompts else " (prompts not kept: replays synthesize prompts of the same shape)"),
         )  # fmt: skip

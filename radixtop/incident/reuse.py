@@ -2,8 +2,10 @@
 
 The expectation comes from the trace alone. Requests of one group share their first ``prefix_len``
 tokens, so a call can reuse ``min(its prefix_len, the longest prefix_len an earlier call of its
-group had)`` tokens (the copies of one request share their whole ``prefix_len``), and only from
-calls in its cache namespace (``extra_key``: SGLang keys the tree by it, LoRA adapters by theirs).
+group had)`` tokens (the copies of one request share their whole ``prefix_len``); a request with
+``prefix_of`` shares its ``prefix_len`` with that request, and with that request's own ``prefix_of``
+as far as both go. Reuse comes only from calls in its cache namespace (``extra_key``: SGLang keys
+the tree by it, LoRA adapters by theirs).
 A radix cache serves whole pages, and never the prompt's last token (it is computed to get the
 next token's logits), so the *expected* cached tokens are that share, capped at ``prompt_len - 1``
 and rounded down to whole pages. For a recorded trace the groups are the recorder's estimate.
@@ -31,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixtop.incident.trace import Trace
+from radixtop.incident.trace import Trace, TraceRequest
 
 __all__ = [
     "REASONS",
@@ -92,8 +94,12 @@ def expectations(trace: Trace, page_size: int) -> list[Expectation]:
     """One Expectation per call, in the order a replay sends them (offsets, then trace order, then copy)."""
     longest: dict[str, int] = {}  # group -> longest prefix_len sent so far
     holder: dict[tuple[str, str | None], tuple[int, Call, float]] = {}  # (group, namespace) -> (longest, first call, its offset)
+    by_id = {req.id: req for req in trace.requests}
     out = []
     for req in sorted(trace.requests, key=lambda r: r.offset_ms):
+        if req.prefix_of is not None:
+            out.extend(_along_prefixes(req, by_id, page_size))
+            continue
         namespace = (req.group, req.extra_key)
         for copy in range(req.n):
             shared = min(req.prefix_len, longest.get(req.group, 0))
@@ -105,6 +111,22 @@ def expectations(trace: Trace, page_size: int) -> list[Expectation]:
             if req.prefix_len > held:
                 holder[namespace] = (req.prefix_len, (req.id, copy), req.offset_ms)
     return out
+
+
+def _along_prefixes(req: TraceRequest, by_id: dict[str, TraceRequest], page_size: int) -> list[Expectation]:
+    """A prefix_of request's calls: it shares its prefix_len with the request it names; in its own
+    cache namespace, with the nearest request up that chain in the namespace, as far as the chain's
+    prefixes all go."""
+    parent = by_id[req.prefix_of or ""]
+    shared, reach, sharer = req.prefix_len, req.prefix_len, parent
+    while sharer.extra_key != req.extra_key and sharer.prefix_of is not None:
+        reach = min(reach, sharer.prefix_len)
+        sharer = by_id[sharer.prefix_of]
+    in_namespace = reach if sharer.extra_key == req.extra_key else 0
+    holder = (sharer.id, 0) if in_namespace else None
+    together = sharer.offset_ms == req.offset_ms
+    return [Expectation(req.id, copy, req.prompt_len, req.prefix_len, shared, in_namespace, holder, page_size, together)
+            for copy in range(req.n)]  # fmt: skip
 
 
 def explain(exp: Expectation, cached: int, *, cache_disabled: bool = False, evicted: bool | None = None) -> str | None:

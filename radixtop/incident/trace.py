@@ -12,6 +12,11 @@ reported (``finding_03330``)::
 * ``group`` / ``prefix_len``: requests of one group share exactly their first ``prefix_len``
   tokens (a shared system prompt); nothing else is shared, and distinct groups never share even a
   first token, so the radix cache can only hit on what the trace says;
+* ``prefix_of`` (optional): the id of an earlier request whose first ``prefix_len`` tokens this one
+  starts with (its first copy's). It replaces the group's shared base for this request, so sharing
+  that is a tree (a system prompt, then each conversation's history) keeps its shape: this request
+  shares with another exactly what it shares with ``prefix_of`` up to where their paths part.
+  ``radixtop record`` writes it for every prompt that shares;
 * ``n``: concurrent copies sent at ``offset_ms``. Each copy is a member of the group like any
   other request: it shares the group's first ``prefix_len`` tokens and differs after them (the
   fuzzer's copies are independent samples of the family, not identical prompts);
@@ -85,6 +90,7 @@ class TraceRequest:
     input_ids: tuple[int, ...] | None = None  # the recorded prompt (only with --keep-prompts)
     text: str | None = None  # the recorded prompt text (only with --keep-prompts)
     extra_key: str | None = None  # the cache namespace (SGLang's extra_key; a LoRA adapter's name)
+    prefix_of: str | None = None  # the earlier request whose first prefix_len tokens this one starts with
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,9 @@ _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "input_ids": (list,),
     "text": (str,),
     "extra_key": (str,),
+    "prefix_of": (str,),
 }
-_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key"})
+_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key", "prefix_of"})
 _TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged"}
 
 
@@ -179,7 +186,7 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     if not raw_requests:
         raise TraceError(f"{source}: requests is empty; a trace needs at least one request")
     requests: list[TraceRequest] = []
-    seen: set[str] = set()
+    seen: dict[str, TraceRequest] = {}
     for i, raw in enumerate(raw_requests):
         where = f"requests[{i}]."
         if not isinstance(raw, dict):
@@ -200,7 +207,7 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
             raise TraceError(f"{source}: {where}id is empty")
         if req.id in seen:
             raise TraceError(f"{source}: {where}id {req.id!r} appears twice; ids must be unique")
-        seen.add(req.id)
+        seen[req.id] = req
         if req.offset_ms < 0:
             raise TraceError(f"{source}: {where}offset_ms must be >= 0, got {req.offset_ms}")
         if req.prompt_len < 1:
@@ -215,6 +222,8 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
             raise TraceError(f"{source}: {where}max_tokens must be >= 0, got {req.max_tokens}")
         if req.n < 1:
             raise TraceError(f"{source}: {where}n must be >= 1, got {req.n}")
+        if req.prefix_of is not None:
+            _check_prefix_of(source, where, req, seen)
         requests.append(req)
     src = data.get("source", "")
     if not isinstance(src, str):
@@ -226,6 +235,17 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
         if rid not in seen:
             raise TraceError(f"{source}: expect_diverged names {rid!r}, which is not a request id")
     return Trace(name, hint, tuple(requests), version, src, tuple(expect))
+
+
+def _check_prefix_of(source: str, where: str, req: TraceRequest, seen: Mapping[str, TraceRequest]) -> None:
+    parent = seen.get(req.prefix_of or "")
+    if parent is None or parent is req:
+        raise TraceError(f"{source}: {where}prefix_of names {req.prefix_of!r}, which is not an earlier request's id")
+    if not 0 < req.prefix_len <= parent.prompt_len:
+        raise TraceError(f"{source}: {where}prefix_len must be within 1..{parent.prompt_len} (the prompt_len of "
+                         f"{parent.id!r}, its prefix_of), got {req.prefix_len}")  # fmt: skip
+    if req.offset_ms < parent.offset_ms:
+        raise TraceError(f"{source}: {where}offset_ms {req.offset_ms} is before that of {parent.id!r}, its prefix_of")
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -270,6 +290,8 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
             item["text"] = r.text
         if r.extra_key is not None:
             item["extra_key"] = r.extra_key
+        if r.prefix_of is not None:
+            item["prefix_of"] = r.prefix_of
         out["requests"].append(item)
     return out
 
@@ -296,9 +318,13 @@ def rescale_prefixes(trace: Trace, page_size: int) -> Trace:
     if page_size < 1:
         raise TraceError(f"page_size must be >= 1, got {page_size}")
     hint = trace.page_size_hint
-    requests = tuple(
-        replace(r, prefix_len=min(r.prompt_len, r.prefix_len * page_size // hint)) for r in trace.requests
-    )
+    lengths = {r.id: r.prompt_len for r in trace.requests}
+
+    def moved(r: TraceRequest) -> int:
+        room = min(r.prompt_len, lengths[r.prefix_of]) if r.prefix_of is not None else r.prompt_len
+        return max(1 if r.prefix_of is not None else 0, min(room, r.prefix_len * page_size // hint))
+
+    requests = tuple(replace(r, prefix_len=moved(r)) for r in trace.requests)
     return replace(trace, page_size_hint=page_size, requests=requests)
 
 
@@ -326,7 +352,8 @@ def _band_indices(trace: Trace) -> dict[tuple[str, ...], int]:
     for req in trace.requests:
         for copy in range(req.n):
             if req.prefix_len > 0:
-                index.setdefault(("group", req.group), len(index))
+                if req.prefix_of is None:
+                    index.setdefault(("group", req.group), len(index))
                 index.setdefault(("diverge", req.id, str(copy)), len(index))
             else:
                 index.setdefault(("start", req.id, str(copy)), len(index))
@@ -358,22 +385,36 @@ def synthesize_input_ids(
     """The prompt of ``request`` (copy ``copy`` of its ``n``), as token ids of ``vocab``, deterministic in ``seed``.
 
     Requests of one group share exactly their first ``prefix_len`` tokens (a group's shared base,
-    cut to each request's prefix_len); every other token is private to (request, copy), and the
-    first token of every sequence start, like the first token after a shared prefix, is unique in
-    the whole trace, so a radix cache matches exactly what the trace says and nothing more.
+    cut to each request's prefix_len), a request with ``prefix_of`` starts with that request's
+    first ``prefix_len`` tokens; every other token is private to (request, copy), and the first
+    token of every sequence start, like the first token after a shared prefix, is unique in the
+    whole trace, so a radix cache matches exactly what the trace says and nothing more.
     """
     if request not in trace.requests:
         raise TraceError(f"request {request.id!r} is not part of trace {trace.name!r}")
     if not 0 <= copy < request.n:
         raise TraceError(f"copy must be within 0..{request.n - 1} for request {request.id!r}, got {copy}")
-    return _synthesize(request, trace, seed, copy, _Bands(trace, vocab, _band_indices(trace)))
+    bands = _Bands(trace, vocab, _band_indices(trace))
+    chain = [request]
+    while chain[-1].prefix_of is not None:
+        chain.append(trace.request(chain[-1].prefix_of))
+    firsts: dict[str, list[int]] = {}
+    for ancestor in reversed(chain[1:]):
+        firsts[ancestor.id] = _recorded_or_synthesized(ancestor, trace, seed, 0, bands, firsts)
+    return _synthesize(request, trace, seed, copy, bands, firsts)
 
 
-def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands) -> list[int]:
+def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands,
+                firsts: Mapping[str, list[int]]) -> list[int]:  # fmt: skip
+    """``firsts``: the first copy's prompt of every request named by a ``prefix_of`` so far."""
     band_offset = _seed_int("band", trace.name, seed) % bands.band_size
     shared = request.prefix_len
     tokens: list[int] = []
-    if shared > 0:
+    if shared > 0 and request.prefix_of is not None:
+        tokens.extend(firsts[request.prefix_of][:shared])  # a text prompt's is empty: nothing to share
+        if len(tokens) < request.prompt_len:
+            tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
+    elif shared > 0:
         base_rng = random.Random(_seed_int("group", trace.name, request.group, seed))
         tokens.append(bands.band_token(("group", request.group), band_offset))
         tokens.extend(bands.ordinary_token(base_rng) for _ in range(shared - 1))
@@ -386,32 +427,30 @@ def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands
     return tokens
 
 
-def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands) -> list[int]:
+def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands,
+                             firsts: Mapping[str, list[int]]) -> list[int]:  # fmt: skip
     if req.input_ids is not None:
         return list(req.input_ids)
     if req.text is not None:
         return []  # sent as text
-    return _synthesize(req, trace, seed, copy, bands)
+    return _synthesize(req, trace, seed, copy, bands, firsts)
 
 
 def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULARY) -> list[PlannedRequest]:
     """Every generate call of one replay, sorted by send time (copies of a request together), its
     made-up prompts drawn from ``vocab``. TraceError when a recorded prompt has an id ``vocab`` lacks."""
     check_recorded_ids(trace, vocab)
-    bands = _Bands(trace, vocab, _band_indices(trace))  # once for the whole trace: per request it was quadratic
-    planned = [
-        PlannedRequest(
-            offset_s=req.offset_ms / 1000.0,
-            request_id=req.id,
-            copy=copy,
-            input_ids=_recorded_or_synthesized(req, trace, seed, copy, bands),
-            max_tokens=req.max_tokens,
-            text=req.text,
-            extra_key=req.extra_key,
-        )
-        for req in trace.requests
-        for copy in range(req.n)
-    ]
+    bands = _Bands(trace, vocab, _band_indices(trace))  # once for the whole trace: per request it is quadratic
+    named = {req.prefix_of for req in trace.requests if req.prefix_of is not None}
+    firsts: dict[str, list[int]] = {}  # a prefix_of names an earlier request: built before it is needed
+    planned = []
+    for req in trace.requests:
+        for copy in range(req.n):
+            ids = _recorded_or_synthesized(req, trace, seed, copy, bands, firsts)
+            if copy == 0 and req.id in named:
+                firsts[req.id] = ids
+            planned.append(PlannedRequest(offset_s=req.offset_ms / 1000.0, request_id=req.id, copy=copy, input_ids=ids,
+                                          max_tokens=req.max_tokens, text=req.text, extra_key=req.extra_key))  # fmt: skip
     planned.sort(key=lambda p: p.offset_s)  # stable: trace order within one instant
     return planned
 

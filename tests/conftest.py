@@ -24,3 +24,12 @@ def runtime_dir(tmp_path_factory, monkeypatch):
     path = tmp_path_factory.mktemp("runtime")
     monkeypatch.setenv("RADIXTOP_RUNTIME_DIR", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def quick_simulated_deaths(monkeypatch):
+    """Simulated servers die without SGLang's five seconds before crash diagnostics, as a real one
+    does with these switches off (tests/test_sim_parity.py holds the sequence with them on); real
+    servers (tests/real_sglang.py) keep SGLang's defaults."""
+    monkeypatch.setenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
+    monkeypatch.setenv("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")

@@ -3,8 +3,10 @@
 Takes SGLang's own flags (so a real launch command can be replayed against it; flags it does not
 model are accepted and named in one log line), plus radixtop's `--fault`, `--step-ms`,
 `--instrument-port` and `--ready-file`. Logs are SGLang's format, one flushed line at a time, to
-`--log-file` or stdout. When the engine dies (the lock-race fault), the process dies as SGLang does:
-the death lines, then `Received sigquit from a child process...`, then a non-zero exit.
+`--log-file` or stdout. When the engine dies (the lock-race fault), the process dies as SGLang
+0.5.23 does: the scheduler's exception, the parent's `SIGQUIT received...`, five seconds "before crash
+diagnostics" (none when SGLANG_PYSPY_DUMP_BEFORE_CRASH and SGLANG_CUDA_COREDUMP_BEFORE_CRASH are both
+off, as SGLang), `kill_process_tree called...`, then a non-zero exit.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,14 +31,16 @@ from typing import Any, TextIO
 VERSION = "0.5.23-radixtop-sim"  # the SGLang release whose API and logs the simulator follows
 DEFAULT_MODEL = "radixtop/sim-model"  # the served name; the model path is the folder below
 MODEL_DIR = Path(__file__).resolve().parent / "sim-model"  # its config.json gives the vocabulary
-SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # After the death lines, give in-flight requests this long to receive their 5xx, then exit.
 DEATH_GRACE_S = 0.3
+CRASH_DIAGNOSTICS_WAIT_S = 5.0  # SGLang's sleep "to let GPU activity settle" before py-spy and coredumps
+CRASH_DIAGNOSTICS_SWITCHES = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH")
 SHUTDOWN_TIMEOUT_S = 2.0
 
 
 from radixtop.errors import UsageError  # noqa: E402 - after the constants it documents
+from radixtop.sim.logfmt import SIGQUIT_LINE  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Flags
@@ -101,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     g.add_argument("--mem-fraction-static", type=float, default=None, help="accepted and echoed")
     g.add_argument("--attention-backend", default=None, help="accepted and echoed")
+    g.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="the device batch lines name (cuda graph / cpu graph)")  # fmt: skip
     g.add_argument("--disable-overlap-schedule", action="store_true", help="accepted and echoed")
     r = p.add_argument_group("radixtop flags")
     r.add_argument(
@@ -220,6 +226,7 @@ def sim_config(opts: SimOptions) -> Any:
         "enable_deterministic_inference": a.enable_deterministic_inference,
         "faults": tuple(opts.faults),
         "step_time_s": a.step_ms / 1000.0,
+        "device": a.device,
     }
     for name in ("page_size", "max_running_requests", "max_total_tokens"):
         if getattr(a, name) is not None:
@@ -254,6 +261,7 @@ def server_args_dict(opts: SimOptions, config: Any, port: int) -> dict[str, Any]
         "log_level": a.log_level,
         "mem_fraction_static": a.mem_fraction_static,
         "attention_backend": a.attention_backend,
+        "device": a.device,
         "disable_overlap_schedule": a.disable_overlap_schedule,
         "weight_version": "default",
         "radixtop_faults": [{"name": f.name, "seed": f.seed, "params": dict(f.params)} for f in opts.faults],
@@ -580,12 +588,23 @@ class SimServer:
         await asyncio.sleep(DEATH_GRACE_S)  # in-flight requests receive their 5xx
         if not self.sink.saw_sigquit:
             self.log_error(SIGQUIT_LINE)
+        if crash_diagnostics_on(os.environ):
+            self.log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
+            await asyncio.sleep(CRASH_DIAGNOSTICS_WAIT_S)
+            self.log_error("No live scheduler processes found; skipping py-spy and CUDA coredump.")
+        pid = os.getpid()
+        self.log(f"kill_process_tree called: parent_pid={pid}, include_parent=True, pid={pid}")
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(server_task), 0.5)
         except (TimeoutError, Exception):
             self.server.force_exit = True
         return 1
+
+
+def crash_diagnostics_on(env: Mapping[str, str]) -> bool:
+    """SGLang's EnvBool reading of its two switches (both default on): either on means the wait."""
+    return any(env.get(name, "1").strip().lower() in ("true", "1", "yes", "y") for name in CRASH_DIAGNOSTICS_SWITCHES)
 
 
 def main(argv: list[str]) -> int:

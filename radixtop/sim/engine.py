@@ -48,7 +48,7 @@ from radixtop.sim.faults import (
     leak_traceback,
     lock_race_traceback,
 )
-from radixtop.sim.logfmt import format_line, rank_prefix
+from radixtop.sim.logfmt import SIGQUIT_LINE, format_line, rank_prefix
 from radixtop.sim.model import VOCAB_SIZE, SimModel, SimTokenizer
 from radixtop.sim.pool import TokenToKVPoolAllocator
 from radixtop.sim.radix import (
@@ -109,6 +109,7 @@ class SimConfig:
     faults: tuple[FaultSpec, ...] = ()
     step_time_s: float = 0.002  # emulated GPU time per scheduler step
     max_prefill_tokens: int = 16384  # SGLang's --max-prefill-tokens: new tokens per prefill batch
+    device: str = "cuda"  # SGLang's --device: its batch lines say "cuda graph" or "cpu graph"
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -689,7 +690,7 @@ class _Scheduler:
             f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
             f"#cached-token: {cached}, token usage: {self.token_usage():.2f}, "
             f"#running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, "
-            f"#pending-token: 0, cuda graph: False, input throughput (token/s): {throughput:.2f}",
+            f"#pending-token: 0, {self.cfg.device} graph: False, input throughput (token/s): {throughput:.2f}",
         )
 
     def _log_decode(self) -> None:
@@ -700,7 +701,7 @@ class _Scheduler:
         self.num_generated_tokens = 0
         self.log_batch_line(
             f"Decode batch, #running-req: {len(self.running)}, #token: {self.num_used()}, "
-            f"token usage: {self.token_usage():.2f}, cuda graph: True, "
+            f"token usage: {self.token_usage():.2f}, {self.cfg.device} graph: {self.cfg.device == 'cuda'}, "
             f"gen throughput (token/s): {self.gen_throughput:.2f}, #queue-req: {len(self.waiting)}",
         )
 
@@ -1027,11 +1028,6 @@ class Engine:
             except Exception:  # noqa: BLE001 - an observer must not change how the server dies
                 log.exception("on_death hook failed")
         sched.log_rank(tp_rank, f"Scheduler hit an exception: {text.rstrip()}")
-        # Each failing child sends SIGQUIT; the initiating rank first, then the others react.
-        order = [sched.ranks[tp_rank]] + [
-            info for s in self._schedulers for info in s.ranks if info is not sched.ranks[tp_rank]
-        ]
-        for info in order:
-            self._emit(
-                "Received sigquit from a child process. It usually means the child failed.", info.prefix
-            )
+        # The failing child sends its parent SIGQUIT; the parent's handler says so (no rank: it is
+        # the tokenizer manager's line) and takes the server down (radixtop.sim.cli).
+        self._emit(SIGQUIT_LINE, "")

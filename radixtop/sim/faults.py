@@ -11,7 +11,7 @@ the same sequence of scheduler decisions give the same behaviour.
     0.5). Firing logs a WARNING on the initiating rank (``radix cache eviction contended with a
     page lock on node N (token usage 0.93); retrying``); ``delay_iters`` scheduler iterations later
     (default 3) that rank raises the RadixCacheError: ``Scheduler hit an exception: Traceback ...``,
-    then every rank logs ``Received sigquit from a child process. It usually means the child
+    then the parent logs ``SIGQUIT received. signum=None, frame=None. It usually means one child
     failed.`` and the engine dies. Under bounded pressure (usage below the threshold) it never
     fires, which is what a confirmation run with lower ``--max-running-requests`` shows.
 

@@ -14,6 +14,9 @@ import time
 
 __all__ = ["rank_prefix", "format_line"]
 
+# The parent's line when a child fails, as SGLang 0.5.23's SIGQUIT handler writes it.
+SIGQUIT_LINE = "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
+
 
 def rank_prefix(
     *,

@@ -17,6 +17,8 @@ import sys
 from argparse import Namespace
 from typing import TYPE_CHECKING, TextIO
 
+from radixtop.errors import ExitStatus, UsageError
+
 if TYPE_CHECKING:
     from radixtop.diagnosis.catalog import Catalog
     from radixtop.diagnosis.findings import Occurrence, Report
@@ -28,10 +30,6 @@ THREADS_ENV = "RADIXTOP_SCAN_THREADS"
 _TEXT_WIDTH = 160
 _ID_WIDTH = 28
 _ellipsis = "…"  # "..." on a stdout that cannot encode it (see _fit_stdout)
-
-
-class _Failed(Exception):
-    """A one-line message for stderr, exit status 2."""
 
 
 def _fit_stdout() -> bool:
@@ -54,32 +52,27 @@ def _fit_stdout() -> bool:
 def run_scan(args: Namespace) -> int:
     try:
         return _run(args)
-    except _Failed as exc:
-        print(f"radixtop: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         # `radixtop scan --matches ... | head`: the reader left; say nothing more, like grep.
         _silence_stdout()
-        return 0
+        return ExitStatus.OK
 
 
 def _run(args: Namespace) -> int:
     from radixtop.diagnosis.catalog import CatalogError, load_catalog
     from radixtop.probes.logscan import ScanInputError, check_input
 
-    if args.context < 0:
-        raise _Failed(f"--context must be 0 or more (got {args.context}); pass a line count")
     if args.json and args.matches:
-        raise _Failed("--json and --matches cannot be combined; choose one output")
+        raise UsageError("--json and --matches cannot be combined; choose one output")
     paths = list(args.logs)
     if paths.count("-") > 1:
-        raise _Failed("stdin (-) is named more than once; name it once")
+        raise UsageError("stdin (-) is named more than once; name it once")
     try:
         for path in paths:
             check_input(path)
         catalog = load_catalog(args.signatures)
     except (ScanInputError, CatalogError) as exc:
-        raise _Failed(str(exc)) from None
+        raise UsageError(str(exc)) from None
     threads = _threads_choice()
     unicode_ok = _fit_stdout()
     matcher = _make_matcher(catalog)
@@ -88,7 +81,7 @@ def _run(args: Namespace) -> int:
             return _print_matches(paths, matcher, sys.stdout, threads)
         report, summaries = _build_report(paths, catalog, matcher, args.context, threads)
     except ScanInputError as exc:
-        raise _Failed(str(exc)) from None
+        raise UsageError(str(exc)) from None
     notes = _notes(catalog, matcher, summaries)
     if args.json:
         import json
@@ -102,7 +95,7 @@ def _run(args: Namespace) -> int:
     else:
         _print_report(report, summaries, matcher, notes, sys.stdout)
     sys.stdout.flush()
-    return 0
+    return ExitStatus.OK
 
 
 def _make_matcher(catalog: Catalog) -> Matcher:
@@ -110,11 +103,11 @@ def _make_matcher(catalog: Catalog) -> Matcher:
 
     engine = os.environ.get(ENGINE_ENV) or None
     if engine is not None and engine not in ENGINES:
-        raise _Failed(f"{ENGINE_ENV}={engine} is not an engine; use one of {', '.join(ENGINES)}")
+        raise UsageError(f"{ENGINE_ENV}={engine} is not an engine; use one of {', '.join(ENGINES)}")
     try:
         return Matcher(catalog.signatures, engine=engine)
     except MatcherError as exc:
-        raise _Failed(f"{exc}; unset {ENGINE_ENV} to use the best available engine") from None
+        raise UsageError(f"{exc}; unset {ENGINE_ENV} to use the best available engine") from None
 
 
 def _threads_choice() -> bool | None:
@@ -123,7 +116,7 @@ def _threads_choice() -> bool | None:
         return None  # LogScanner decides per input
     if value in ("0", "1"):
         return value == "1"
-    raise _Failed(f"{THREADS_ENV}={value} is not 0, 1 or auto; unset it to let radixtop choose")
+    raise UsageError(f"{THREADS_ENV}={value} is not 0, 1 or auto; unset it to let radixtop choose")
 
 
 def _print_matches(paths: list[str], matcher: Matcher, out: TextIO, threads: bool | None) -> int:
@@ -148,7 +141,7 @@ def _print_matches(paths: list[str], matcher: Matcher, out: TextIO, threads: boo
             sink.flush()
             print(f"radixtop: note: {summary.note}", file=sys.stderr)
     sink.flush()
-    return 0
+    return ExitStatus.OK
 
 
 def _build_report(

@@ -314,7 +314,7 @@ def test_the_demo_keeps_its_bundles_and_runs_in_its_own_work_directory(monkeypat
 
     built: list[RadixtopApp] = []
     monkeypatch.setattr(RadixtopApp, "run", lambda self, *a, **k: built.append(self))  # no terminal here
-    args = build_parser().parse_args(["--no-panes", "demo", "--fault", "none"])
+    args = build_parser().parse_args(["demo", "--no-panes", "--fault", "none"])
     assert run_demo(args) == 0
     settings = built[-1].action_settings
     assert settings.out_dir is not None and settings.directory == Path(built[-1].log_patterns[0]).parent

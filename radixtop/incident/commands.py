@@ -1,8 +1,8 @@
 """The headless incident commands: `radixtop bundle`, `replay`, `record`, `confirm` and `analyze`.
 
-Each takes the argparse Namespace built in radixtop/cli.py and returns an exit status. Progress
-goes to stderr, results to stdout (one JSON object with --json). Bad input is one line on stderr
-and exit status 2 (raised as radixtop.errors.UsageError).
+Each takes the argparse Namespace built in radixtop/cli.py, whose type= functions have checked
+each option alone, and returns an ExitStatus. Progress goes to stderr, results to stdout (one JSON
+object with --json). Bad input is one line on stderr and exit status USAGE (raised as UsageError).
 """
 
 from __future__ import annotations
@@ -18,13 +18,9 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+from radixtop.errors import ExitStatus, UsageError
+
 __all__ = ["load_trace_arg", "run_analyze", "run_bundle", "run_confirm", "run_record", "run_replay"]
-
-
-def _usage(message: str) -> Exception:
-    from radixtop.errors import UsageError
-
-    return UsageError(message)
 
 
 def _progress(prefix: str, quiet: bool = False):
@@ -44,7 +40,7 @@ def load_trace_arg(text: str) -> tuple[Any, str]:
             return load_trace(text), str(Path(text))
         return builtin_trace(text), f"built-in {text}"
     except TraceError as exc:
-        raise _usage(f"{exc}; pass a trace file or a built-in name (finding_03330, demo_pressure)") from None
+        raise UsageError(f"{exc}; pass a trace file or a built-in name (finding_03330, demo_pressure)") from None
 
 
 def _server_info(url: str) -> dict[str, Any] | None:
@@ -58,21 +54,13 @@ def _server_info(url: str) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def _page_size(info: dict[str, Any] | None, url: str, value: str | None) -> int | None:
+def _page_size(info: dict[str, Any] | None, url: str, value: int | str | None) -> int | None:
     """--page-size: None (as written), a number, or auto (the server's, from /server_info)."""
-    if value in (None, ""):
-        return None
-    if value != "auto":
-        try:
-            size = int(value)
-        except ValueError:
-            raise _usage(f"--page-size {value!r}: give a number of tokens or auto") from None
-        if size < 1:
-            raise _usage(f"--page-size must be at least 1, got {size}")
-        return size
+    if value is None or isinstance(value, int):
+        return value
     size = (info or {}).get("page_size")
     if type(size) is not int or size < 1:
-        raise _usage(f"--page-size auto: {url}/server_info did not say its page_size; pass a number")
+        raise UsageError(f"--page-size auto: {url}/server_info did not say its page_size; pass a number")
     return size
 
 
@@ -81,15 +69,13 @@ def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Any) -> A
     from radixtop.incident.vocab import VocabError, Vocabulary, for_server
 
     if given is not None:
-        if given < 16:
-            raise _usage(f"--vocab-size must be at least 16, got {given}")
         return Vocabulary(given, (), "--vocab-size")
     try:
         return for_server(info)
     except VocabError as exc:
         if all(r.input_ids is not None or r.text is not None for r in trace.requests):
             return Vocabulary(1 << 31, (), "the trace's recorded prompts")  # nothing is made up
-        raise _usage(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 # -- bundle -------------------------------------------------------------------------------------
@@ -105,9 +91,9 @@ def run_bundle(args: Namespace) -> int:
             print(f"radixtop bundle: {problem}", file=sys.stderr)
         if not problems:
             print(f"{args.verify}: verified, every file matches the manifest")
-        return 1 if problems else 0
+        return ExitStatus.ERROR if problems else ExitStatus.OK
     if not args.out:
-        raise _usage("bundle: pass --out DIR (where the bundle and its .tar.gz are written)")
+        raise UsageError("bundle: pass --out DIR (where the bundle and its .tar.gz are written)")
     say = _progress("bundle")
     cancel = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
@@ -118,24 +104,24 @@ def run_bundle(args: Namespace) -> int:
             on_progress=lambda p: say(p.message),
         )  # fmt: skip
     except ServerError as exc:
-        raise _usage(str(exc)) from None
+        raise UsageError(str(exc)) from None
     except BundleError as exc:
         if cancel.is_set():
             print("radixtop bundle: cancelled; nothing was written", file=sys.stderr)
-            return 130
-        raise _usage(str(exc)) from None
+            return ExitStatus.INTERRUPTED
+        raise UsageError(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
-        return 0
+        return ExitStatus.OK
     print(f"bundle: {result.path}")
     if result.archive is not None:
         print(f"archive: {result.archive}")
     print(f"{len(result.files)} files, {result.findings} signatures with evidence, in {result.duration_s:.1f} s")
     for rel, why in sorted(result.notes.items()):
         print(f"  not collected: {rel}: {why}")
-    return 0
+    return ExitStatus.OK
 
 
 # -- replay -------------------------------------------------------------------------------------
@@ -150,9 +136,7 @@ def run_replay(args: Namespace) -> int:
     try:
         url = base_url(args.url)
     except ServerError as exc:
-        raise _usage(str(exc)) from None
-    if args.runs < 1:
-        raise _usage(f"--runs must be at least 1, got {args.runs}")
+        raise UsageError(str(exc)) from None
     trace, label = load_trace_arg(args.trace)
     info = _server_info(url)
     size = _page_size(info, url, args.page_size)
@@ -160,7 +144,7 @@ def run_replay(args: Namespace) -> int:
         try:
             trace = rescale_prefixes(trace, size)
         except TraceError as exc:
-            raise _usage(str(exc)) from None
+            raise UsageError(str(exc)) from None
         label += f", prefixes rescaled to page size {size}"
     say = _progress("replay")
     if args.no_flush:
@@ -171,7 +155,7 @@ def run_replay(args: Namespace) -> int:
     try:
         planned = plan_requests(trace, seed=args.seed, vocab=vocab)
     except TraceError as exc:
-        raise _usage(str(exc)) from None
+        raise UsageError(str(exc)) from None
     say(f"prompts made up from the model's vocabulary: {vocab.describe()}")
 
     async def go():
@@ -193,7 +177,7 @@ def run_replay(args: Namespace) -> int:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         sys.stdout.write(format_report(report, source=label))
-    return 130 if stopped else 0
+    return ExitStatus.INTERRUPTED if stopped else ExitStatus.OK
 
 
 # -- analyze ------------------------------------------------------------------------------------
@@ -212,10 +196,8 @@ def run_analyze(args: Namespace) -> int:
     trace, label = load_trace_arg(args.trace)
     policy = args.eviction_policy.lower()
     if policy in _UNSIMULATED_POLICIES:
-        raise _usage(f"--radix-eviction-policy {policy}: SGLang has it, the simulator does not yet; "
+        raise UsageError(f"--radix-eviction-policy {policy}: SGLang has it, the simulator does not yet; "
                      f"use one of {', '.join(EVICTION_POLICIES)}")  # fmt: skip
-    if not 0 <= args.step_ms <= 10_000:
-        raise _usage(f"--step-ms must be within 0..10000, got {args.step_ms}")
     config = SimConfig(radix_eviction_policy=policy, disable_radix_cache=args.disable_radix_cache,
                        step_time_s=args.step_ms / 1000.0)  # fmt: skip
     for name in ("page_size", "max_total_tokens", "max_running_requests"):
@@ -230,7 +212,7 @@ def run_analyze(args: Namespace) -> int:
     except ValueError as exc:  # a setting the engine refuses names its field: say the flag
         import re
 
-        raise _usage(re.sub(r"^[a-z_]+", lambda m: "--" + m.group(0).replace("_", "-"), str(exc))) from None
+        raise UsageError(re.sub(r"^[a-z_]+", lambda m: "--" + m.group(0).replace("_", "-"), str(exc))) from None
     if args.json:
         docs = [{**a.to_json(), "source": label} for a in results]
         print(json.dumps({"sweep": args.sweep, "rows": docs} if args.sweep else docs[0], indent=2, ensure_ascii=False))
@@ -238,7 +220,7 @@ def run_analyze(args: Namespace) -> int:
         sys.stdout.write(format_sweep(results, field))
     else:
         sys.stdout.write(format_analysis(results[0], source=label))
-    return 0
+    return ExitStatus.OK
 
 
 # -- record -------------------------------------------------------------------------------------
@@ -252,10 +234,10 @@ def run_record(args: Namespace) -> int:
     try:
         url = base_url(args.url)
     except ServerError as exc:
-        raise _usage(str(exc)) from None
+        raise UsageError(str(exc)) from None
     out = Path(args.out)
     if not out.parent.is_dir():
-        raise _usage(f"--out {out}: its directory does not exist")
+        raise UsageError(f"--out {out}: its directory does not exist")
     say = _progress("record", False)
 
     async def go() -> RecordingProxy:
@@ -273,7 +255,7 @@ def run_record(args: Namespace) -> int:
         try:
             port = await proxy.start()
         except OSError as exc:
-            raise _usage(f"record: {exc}") from None
+            raise UsageError(f"record: {exc}") from None
         say(f"recording: point clients at http://127.0.0.1:{port} (forwarding to {url}); "
             f"Ctrl-C writes {out}" + ("" if args.keep_prompts else "; prompts are not kept (--keep-prompts keeps them)"))  # fmt: skip
         if args.ready_file:
@@ -289,13 +271,13 @@ def run_record(args: Namespace) -> int:
     try:
         trace = proxy.trace(name=args.name or out.stem)
     except ValueError as exc:
-        raise _usage(f"record: {exc}") from None
+        raise UsageError(f"record: {exc}") from None
     tmp = out.with_name(f".{out.name}.partial")
     save_trace(trace, tmp)
     os.replace(tmp, out)
     note = f"; {proxy.skipped} batch calls forwarded but not recorded" if proxy.skipped else ""
     say(f"wrote {out}: {len(trace.requests)} requests over {trace.requests[-1].offset_ms / 1000:.1f} s{note}")
-    return 0
+    return ExitStatus.OK
 
 
 # -- confirm ------------------------------------------------------------------------------------
@@ -329,12 +311,12 @@ def watch_other_run(say: Any, poll_s: float = 1.0, limit_s: float = 24 * 3600) -
             print(status.get("headline", ""))
             if status.get("body"):
                 print(status["body"])
-            return 1 if status.get("verdict") in (None, "inconclusive") else 0
+            return ExitStatus.ERROR if status.get("verdict") in (None, "inconclusive") else ExitStatus.OK
         if not lock_held_by_other():
             say("the run's radixtop ended without a verdict (killed?); press c or run confirm again")
-            return 1
+            return ExitStatus.ERROR
         time.sleep(poll_s)
-    return 1
+    return ExitStatus.ERROR
 
 
 def run_confirm(args: Namespace) -> int:
@@ -350,7 +332,7 @@ def run_confirm(args: Namespace) -> int:
     from radixtop.rundir import RuntimeDirError
 
     if not args.yes and not sys.stdin.isatty():
-        raise _usage("confirm: stdin is not a terminal, so the plan cannot be approved here; pass --yes to approve it")
+        raise UsageError("confirm: stdin is not a terminal, so the plan cannot be approved here; pass --yes to approve it")
     trace, label = load_trace_arg(args.trace) if args.trace else (None, None)
     workdir = Path(args.workdir) if args.workdir else Path(f"radixtop-confirm-{time.strftime('%Y%m%d-%H%M%S')}")
     options = ConfirmOptions(
@@ -368,7 +350,7 @@ def run_confirm(args: Namespace) -> int:
         if not lock.acquire():
             return watch_other_run(say)
     except RuntimeDirError as exc:
-        raise _usage(f"confirm: {exc}") from None
+        raise UsageError(f"confirm: {exc}") from None
 
     def on_event(event: Any) -> None:
         if event.phase != "plan":
@@ -388,33 +370,33 @@ def run_confirm(args: Namespace) -> int:
             plan = asyncio.run(plan_phase())
         except (PlanError, ServerError) as exc:
             lock.finish("no confirmation run: cannot make a plan", str(exc))
-            raise _usage(f"confirm: {exc}") from None
+            raise UsageError(f"confirm: {exc}") from None
         except ConfirmCancelled:
             lock.finish("cancelled before anything was started")
             say("cancelled before anything was started")
-            return 130
+            return ExitStatus.INTERRUPTED
         described = plan.describe()
         if plan.blockers:
             print("\n".join(described), file=sys.stderr)
             lock.finish("no confirmation run: the plan cannot start", plan.blockers[0])
-            raise _usage(f"confirm: {plan.blockers[0]}")
+            raise UsageError(f"confirm: {plan.blockers[0]}")
         if plan.requires_stop and not args.stop_original:
             if args.yes:
                 print("\n".join(described), file=sys.stderr)
                 lock.finish("no confirmation run: it needs the live server's GPUs", "pass --stop-original")
-                raise _usage("confirm: no GPU has room for the control beside the live server; pass --stop-original "
+                raise UsageError("confirm: no GPU has room for the control beside the live server; pass --stop-original "
                              "to stop it first (then a reproduction and the control run on its GPUs)")
             if not _ask(described, "This plan STOPS the live server first. Type stop to approve: ", ("stop",)):
                 lock.finish("not approved: nothing was started")
                 say("not approved; nothing was started" + (". The evidence bundle is kept." if plan.bundle else ""))
-                return 1
+                return ExitStatus.ERROR
         elif args.yes:
             print("\n".join(described), file=sys.stderr)
             say("approved with --yes")
         elif not _ask(described):
             lock.finish("not approved: nothing was started")
             say("not approved; nothing was started. The evidence bundle is kept." if plan.bundle else "not approved; nothing was started")
-            return 1
+            return ExitStatus.ERROR
 
         run = ConfirmationRun(plan, on_event)
 
@@ -429,7 +411,7 @@ def run_confirm(args: Namespace) -> int:
         except ConfirmCancelled:
             lock.finish("cancelled: the servers radixtop started were stopped")
             say("cancelled; the servers radixtop started were stopped and nothing is left running")
-            return 130
+            return ExitStatus.INTERRUPTED
         lock.finish(f"VERDICT: {verdict.verdict}", verdict.format(), verdict.verdict)
     finally:
         lock.release()
@@ -439,4 +421,4 @@ def run_confirm(args: Namespace) -> int:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         sys.stdout.write(verdict.format())
-    return 1 if verdict.verdict == "inconclusive" else 0
+    return ExitStatus.ERROR if verdict.verdict == "inconclusive" else ExitStatus.OK

@@ -39,7 +39,8 @@ CRASH_DIAGNOSTICS_SWITCHES = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COR
 SHUTDOWN_TIMEOUT_S = 2.0
 
 
-from radixtop.errors import UsageError  # noqa: E402 - after the constants it documents
+from radixtop.argcheck import Parser, within  # noqa: E402 - after the constants it documents
+from radixtop.errors import ExitStatus, UsageError  # noqa: E402
 from radixtop.sim.logfmt import SIGQUIT_LINE  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -47,13 +48,8 @@ from radixtop.sim.logfmt import SIGQUIT_LINE  # noqa: E402
 # ----------------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not argparse's usage dump
-        raise UsageError(f"{message} (see `radixtop sim --help`)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="radixtop sim",
         description="An SGLang-compatible server over a simulated radix cache. Takes SGLang's flags; "
         "SGLang flags it does not model are accepted and ignored (named in one log line).",
@@ -77,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default=None, help="bind address (default 127.0.0.1; anything else prints a warning)"
     )
     g.add_argument(
-        "--port", type=int, default=30000, help="HTTP port (default 30000; 0 picks a free port and logs it)"
+        "--port", type=within(0, 65535), default=30000, help="HTTP port (default 30000; 0 picks a free port and logs it)"
     )
     g.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 1)")
     g.add_argument(
@@ -119,10 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[:SEED][:K=V,...]",
         help="inject a fault: lock-race, block-boundary, leak, double-unlock (repeatable)",
     )
-    r.add_argument("--step-ms", type=float, default=2.0, help="simulated scheduler step time (default 2 ms)")
+    r.add_argument("--step-ms", type=within(0, 10_000, float), default=2.0, help="simulated scheduler step time (default 2 ms)")
     r.add_argument(
         "--instrument-port",
-        type=int,
+        type=within(1, 65535 - 128),  # rank r serves on BASE+r: room for 128 ranks
         default=None,
         metavar="BASE",
         help="debug endpoint of rank r on 127.0.0.1:BASE+r (default: free ports, listed in /server_info)",
@@ -175,19 +171,7 @@ def parse_options(argv: Sequence[str]) -> SimOptions:
     ignored = _group_unknown(unknown)
     if ignored and not ignored[0].startswith("-"):
         raise UsageError(f"unexpected argument {ignored[0]!r}; flags start with --")
-    # The engine's SimConfig.validate() checks the sizes (page, pool, batch, ranks); these are the
-    # flags it never sees.
-    checks = [
-        (not 0 <= args.port <= 65535, f"--port must be within 0..65535, got {args.port}"),
-        (not 0 <= args.step_ms <= 10_000, f"--step-ms must be within 0..10000, got {args.step_ms}"),
-        (
-            args.instrument_port is not None and not 0 < args.instrument_port <= 65535 - 128,
-            f"--instrument-port must be within 1..{65535 - 128}, got {args.instrument_port}",
-        ),
-    ]
-    for bad, message in checks:
-        if bad:
-            raise UsageError(message)
+    # The sizes (page, pool, batch, ranks) are the engine's: SimConfig.validate() checks them below.
     if args.kv_events_config:
         from radixtop.sim.kv_events import parse_config
 
@@ -575,8 +559,8 @@ class SimServer:
         exc = server_task.exception() if not server_task.cancelled() else None
         if exc is not None:
             self.log_error(f"HTTP server stopped with an error: {type(exc).__name__}: {exc}")
-            return 1
-        return 0
+            return ExitStatus.ERROR
+        return ExitStatus.OK
 
     async def _die(self, engine_task: asyncio.Task, server_task: asyncio.Task) -> int:
         """The scheduler is gone: SGLang's parent gets SIGQUIT, logs it, and takes the server down."""
@@ -599,7 +583,7 @@ class SimServer:
             await asyncio.wait_for(asyncio.shield(server_task), 0.5)
         except (TimeoutError, Exception):
             self.server.force_exit = True
-        return 1
+        return ExitStatus.ERROR  # as SGLang's server exits after SIGQUIT
 
 
 def crash_diagnostics_on(env: Mapping[str, str]) -> bool:
@@ -612,14 +596,14 @@ def main(argv: list[str]) -> int:
         opts = parse_options(argv)
     except UsageError as exc:
         print(f"radixtop sim: {exc}", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     except SystemExit as exc:  # --help
-        return int(exc.code or 0)
+        return int(exc.code or ExitStatus.OK)
     try:
         sock = bind_socket(opts.host, opts.args.port)
     except UsageError as exc:
         print(f"radixtop sim: {exc}", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     try:
         sink = LogSink(opts.args.log_file)
     except OSError as exc:
@@ -629,7 +613,7 @@ def main(argv: list[str]) -> int:
             "pick a writable path",
             file=sys.stderr,
         )
-        return 2
+        return ExitStatus.USAGE
     installed: list[tuple[logging.Logger, logging.Handler]] = []
     try:
         sim = SimServer(opts, sock, sink)
@@ -639,7 +623,7 @@ def main(argv: list[str]) -> int:
         try:
             return asyncio.run(sim.run())
         except KeyboardInterrupt:
-            return 130
+            return ExitStatus.INTERRUPTED
     finally:
         for logger, handler in installed:
             logger.removeHandler(handler)

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+from argparse import Namespace
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, ClassVar
@@ -1160,17 +1161,20 @@ def run_until_quit(app: App) -> int | None:
     return received[0] if received else None
 
 
+def run_from_args(args: Namespace) -> int:
+    """`radixtop` with no subcommand (radixtop/cli.py's parse)."""
+    return run_tui(TuiOptions.from_args(args))
+
+
 def run_tui(options: TuiOptions) -> int:
     """Entry point for the default command (`radixtop [--log PATH ...]`) and the demo."""
     from radixtop.diagnosis.catalog import CatalogError, load_catalog
-    from radixtop.errors import UsageError
+    from radixtop.errors import ExitStatus, UsageError
 
     try:
         catalog = load_catalog(options.signatures)
     except CatalogError as exc:
         raise UsageError(str(exc)) from exc
-    if options.context < 0:
-        raise UsageError(f"--context must be 0 or more lines, got {options.context}")
     app = RadixtopApp(
         log_patterns=list(options.logs),
         from_start=options.from_start,
@@ -1184,7 +1188,7 @@ def run_tui(options: TuiOptions) -> int:
     )
     fit_terminal()
     signum = run_until_quit(app)
-    return 0 if signum is None else 128 + signum
+    return ExitStatus.OK if signum is None else 128 + signum  # as a shell reports a signal
 
 
 def live_options(options: TuiOptions) -> LiveOptions | None:

@@ -151,3 +151,25 @@ def test_record_cli_writes_the_trace_after_max_requests(sim, tmp_path: Path) -> 
     assert "point clients at http://127.0.0.1:" in err and "prompts are not kept" in err
     trace = load_trace(out)
     assert [r.prompt_len for r in trace.requests] == [42, 41] and trace.requests[1].prefix_len == 40
+
+
+def test_a_server_that_does_not_say_its_page_size_gets_a_trace_in_tokens_and_a_warning(tmp_path: Path) -> None:
+    from hardening_helpers import start_standin
+
+    standin = start_standin(tmp_path, "--mode", "generate", "--record", str(tmp_path / "calls.jsonl"))
+    out, ready = tmp_path / "t.json", tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "radixtop", "record", "--url", standin.url, "--out", str(out),
+                             "--max-requests", "1", "--ready-file", str(ready)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20)
+        body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(f"http://127.0.0.1:{int(ready.read_text())}/generate", json=body, timeout=10).status_code == 200
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        standin.stop()
+    assert proc.returncode == 0, err
+    assert "/server_info did not say its page_size: the trace's prefixes are in tokens" in err
+    assert load_trace(out).page_size_hint == 1

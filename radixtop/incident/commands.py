@@ -258,6 +258,9 @@ def run_record(args: Namespace) -> int:
             raise UsageError(f"record: {exc}") from None
         say(f"recording: point clients at http://127.0.0.1:{port} (forwarding to {url}); "
             f"Ctrl-C writes {out}" + ("" if args.keep_prompts else "; prompts are not kept (--keep-prompts keeps them)"))  # fmt: skip
+        if proxy.page_size is None:
+            say(f"{url}/server_info did not say its page_size: the trace's prefixes are in tokens (page_size_hint 1); "
+                "replay it without --page-size")  # fmt: skip
         if args.ready_file:
             Path(args.ready_file).write_text(f"{port}\n", encoding="utf-8")
         try:

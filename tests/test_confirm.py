@@ -53,9 +53,9 @@ def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Pa
     finally:
         sim.stop()
     assert verdict.verdict == "pressure-dependent", verdict.format()
-    assert "radix-page-lock-eviction" in verdict.baseline["signatures"]
-    assert verdict.baseline["alive_after"] is False  # the baseline run killed it: that is the evidence
-    assert verdict.control["healthy"] and verdict.control["signatures"] == [] and verdict.control["diverged"] == []
+    assert "radix-page-lock-eviction" in verdict.baseline.signatures
+    assert verdict.baseline.alive_after is False  # the baseline run killed it: that is the evidence
+    assert verdict.control.healthy and verdict.control.signatures == () and verdict.control.diverged == ()
     # the plan: evidence first, the live argv from psutil, the control bounded and on loopback
     phases = [e.phase for e in events]
     assert phases.index("evidence") < phases.index("plan") < phases.index("baseline") < phases.index("control-start")
@@ -113,8 +113,8 @@ def test_healthy_server_is_not_reproduced_and_stop_original_is_honoured(tmp_path
         # Asked to stop the original: it did, first; then a reproduction of it and the control.
         assert any(e.phase == "stop-original" and e.message.startswith(f"stopped pid {sim.pid}") for e in events)
         assert sim.proc.wait(10) is not None
-        assert verdict.baseline["role"] == "reproduction" and verdict.baseline["answered_calls"] == 8
-        assert verdict.control["healthy"] and verdict.control["answered_calls"] == 8
+        assert verdict.baseline.role == "reproduction" and verdict.baseline.answered_calls == 8
+        assert verdict.control.healthy and verdict.control.answered_calls == 8
     finally:
         sim.stop()
     assert plan.mode == "relaunch" and "STOPPED FIRST" in "\n".join(plan.describe())
@@ -133,8 +133,8 @@ def test_a_control_that_cannot_start_is_inconclusive_with_its_stderr(tmp_path: P
     finally:
         sim.stop()
     assert verdict.verdict == "inconclusive"
-    assert "exited with status 2" in verdict.control["error"]
-    assert "--page-size must be" in verdict.control["output_tail"]
+    assert "exited with status 2" in verdict.control.error
+    assert "--page-size must be" in verdict.control.output_tail
     assert "--page-size must be" in verdict.format()
     assert gone(run.control.pid)
 

@@ -168,7 +168,7 @@ def test_a_port_taken_between_plan_and_start_starts_nothing(tmp_path: Path) -> N
         squatter.close()
         sim.stop()
     assert verdict.verdict == "inconclusive"
-    assert f"port {plan.control.port} was taken between the plan and the start" in verdict.control["error"]
+    assert f"port {plan.control.port} was taken between the plan and the start" in verdict.control.error
     assert run.servers == [] and not (tmp_path / "c" / "control.out").exists()
 
 
@@ -187,7 +187,7 @@ def test_the_control_killed_mid_run_is_inconclusive_with_its_death(tmp_path: Pat
     finally:
         sim.stop()
     assert verdict.verdict == "inconclusive", verdict.format()
-    assert "was killed by signal 9 (SIGKILL) during the replay" in verdict.control["error"]
+    assert "was killed by signal 9 (SIGKILL) during the replay" in verdict.control.error
     assert "killed by signal 9" in verdict.reason and "evidence is incomplete" in verdict.reason
 
 
@@ -252,7 +252,7 @@ def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tm
         events: list = []
         plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, launch_command=command, control_timeout_s=30)))
         verdict = asyncio.run(ConfirmationRun(plan, events.append).run())
-        assert verdict.control["healthy"] and verdict.control["start_s"] >= 2.5
+        assert verdict.control.healthy and verdict.control.start_s >= 2.5
         progress = [e.message for e in events if e.phase == "control-start"]
         assert any("Loading safetensors checkpoint shards" in m for m in progress), progress
         # Too short a --control-timeout for the load: inconclusive, with the lines it got to.
@@ -261,8 +261,8 @@ def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tm
         late = asyncio.run(ConfirmationRun(short).run())
     finally:
         sim.stop()
-    assert late.verdict == "inconclusive" and "not healthy within 1 s" in late.control["error"]
-    assert "Loading safetensors" in late.control["output_tail"]
+    assert late.verdict == "inconclusive" and "not healthy within 1 s" in late.control.error
+    assert "Loading safetensors" in late.control.output_tail
 
 
 def test_a_program_the_server_names_in_its_argv_is_never_what_confirm_runs(tmp_path: Path) -> None:
@@ -328,8 +328,8 @@ def test_a_server_that_dies_at_start_is_inconclusive_with_its_last_lines_and_dea
     finally:
         sim.stop()
     assert verdict.verdict == "inconclusive" and "exited with status 1 before it was healthy" in verdict.reason
-    assert "cuda-oom" in verdict.control["death_signatures"]
-    assert "CUDA out of memory" in verdict.control["output_tail"]
+    assert "cuda-oom" in verdict.control.death_signatures
+    assert "CUDA out of memory" in verdict.control.output_tail
     assert "Control died with: cuda-oom" in verdict.format()
 
 

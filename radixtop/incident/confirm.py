@@ -61,7 +61,7 @@ from radixtop.incident.placement import Placement, place
 from radixtop.incident.redact import Redactor
 from radixtop.incident.sighting import Sighting, behaviour_env, load_sighting, observe, save_sighting
 from radixtop.incident.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
-from radixtop.incident.verdict import VERDICTS, Verdict
+from radixtop.incident.verdict import VERDICTS, ArmRole, Verdict
 from radixtop.incident.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
 from radixtop.probes.gpu import read_once
 
@@ -126,7 +126,7 @@ class ConfirmOptions:
 class ArmPlan:
     """One side of the comparison: the live server, or a server radixtop starts."""
 
-    role: str  # "baseline" (the live server), "reproduction" or "control"
+    role: ArmRole  # "baseline" (the live server), "reproduction" or "control"
     url: str
     argv: list[str] | None = None  # None: the live server, which radixtop does not start
     port: int | None = None

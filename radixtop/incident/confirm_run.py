@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from radixtop.incident.divergence import DivergenceReport, compare_runs
 from radixtop.incident.launch import ControlProcess, LaunchError, exit_reason, wait_healthy
 from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.trace import plan_requests
-from radixtop.incident.verdict import Verdict, decide
+from radixtop.incident.verdict import ArmEvidence, SignatureSeen, Verdict, decide
 from radixtop.incident.vocab import SIM_VOCABULARY
 
 __all__ = ["ConfirmationRun"]
@@ -52,23 +53,22 @@ def _port_holder(port: int) -> str:
     return f" (by pid {pid})" if pid else ""
 
 
-def _signature_summary(report: Any, threshold: int) -> dict[str, Any]:
-    """A report's findings split at the threshold, with counts and first times."""
-    out: dict[str, Any] = {"signatures": [], "other_signatures": [], "first_occurrences": [], "signature_detail": []}
-    if report is None:
-        return out
-    for finding in report.findings:
+def _with_signatures(arm: ArmEvidence, report: Any, threshold: int) -> ArmEvidence:
+    """The arm with a report's findings split at the threshold, with counts and first times."""
+    found: list[str] = []
+    other: list[str] = []
+    firsts: list[str] = []
+    detail: list[SignatureSeen] = []
+    for finding in report.findings if report is not None else ():
         occ = finding.first
         if finding.signature.level >= threshold:
-            out["signatures"].append(finding.signature.id)
-            out["first_occurrences"].append(f"{finding.signature.id} at {occ.file}:{occ.line}: {occ.text.strip()[:160]}")
-            out["signature_detail"].append({
-                "id": finding.signature.id, "count": finding.count, "first_time": occ.time, "rank": occ.rank,
-                "first_line": occ.text.strip()[:300],
-            })  # fmt: skip
+            found.append(finding.signature.id)
+            firsts.append(f"{finding.signature.id} at {occ.file}:{occ.line}: {occ.text.strip()[:160]}")
+            detail.append(SignatureSeen(finding.signature.id, finding.count, occ.time, occ.rank, occ.text.strip()[:300]))
         else:
-            out["other_signatures"].append(finding.signature.id)
-    return out
+            other.append(finding.signature.id)
+    return replace(arm, signatures=tuple(found), other_signatures=tuple(other), first_occurrences=tuple(firsts),
+                   signature_detail=tuple(detail))  # fmt: skip
 
 
 async def _metrics(client: httpx.AsyncClient, url: str) -> Any:
@@ -162,7 +162,9 @@ class ConfirmationRun:
 
         return await asyncio.to_thread(make)
 
-    async def _replay_watched(self, arm: ArmPlan, window: Any, result: dict[str, Any]) -> tuple[DivergenceReport, bool]:
+    async def _replay_watched(self, arm: ArmPlan, window: Any) -> tuple[DivergenceReport, bool, float | None, float | None]:
+        """The replay's report, whether the server answered after it, and from /metrics its peak
+        token usage and evicted tokens per second (None: unknown)."""
         from radixtop.incident.server import auth_headers
 
         plan = self.plan
@@ -205,13 +207,13 @@ class ConfirmationRun:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await self._poll(arm.role, window)
-        if usages:
-            result["metrics_peak_token_usage"] = max(usages)
+        peak_usage = max(usages) if usages else None
+        evicted_per_s = None
         if len(evicted) >= 2 and evicted[-1][0] > evicted[0][0]:
-            result["evicted_tokens_per_s"] = round((evicted[-1][1] - evicted[0][1]) / (evicted[-1][0] - evicted[0][0]), 1)
+            evicted_per_s = round((evicted[-1][1] - evicted[0][1]) / (evicted[-1][0] - evicted[0][0]), 1)
         async with httpx.AsyncClient(timeout=3.0) as client:
             alive = await server_alive(client, arm.url)
-        return compare_runs(series, plan.trace), alive
+        return compare_runs(series, plan.trace), alive, peak_usage, evicted_per_s
 
     async def _progress(self, arm: ArmPlan, window: Any, waited: float) -> None:
         """A starting server's own newest lines (loading weights, capturing CUDA graphs)."""
@@ -227,30 +229,28 @@ class ConfirmationRun:
         for line in fresh[-PROGRESS_LINES:]:
             self._emit(f"{arm.role}-start", f"({waited:.0f} s) {self.plan.redactor.text(line.strip())[:200]}")
 
-    async def _run_arm(self, arm: ArmPlan) -> dict[str, Any]:
+    async def _run_arm(self, arm: ArmPlan) -> ArmEvidence:
         plan = self.plan
-        result: dict[str, Any] = {
-            "role": arm.role, "url": arm.url, "argv": plan.redactor.argv(arm.argv) if arm.argv else None,
-            "output": str(arm.output) if arm.output else None, "calls": plan.runs_calls, "calls_per_run": plan.calls,
-            "signatures": [], "diverged": [], "healthy": arm.argv is None, "logs": list(arm.logs),
-        }  # fmt: skip
+        result = ArmEvidence(
+            role=arm.role, url=arm.url, argv=tuple(plan.redactor.argv(arm.argv)) if arm.argv else None,
+            output=str(arm.output) if arm.output else None, calls=plan.runs_calls, calls_per_run=plan.calls,
+            healthy=arm.argv is None, logs=tuple(arm.logs),
+        )  # fmt: skip
         window = await self._window(arm.logs)
         server: ControlProcess | None = None
         started = time.monotonic()
         if arm.argv is not None:
             if arm.port is not None and not _port_free(arm.port):
-                result["error"] = (f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
-                                   "nothing was started; press c (or run confirm) again for a fresh plan")  # fmt: skip
-                return result
+                return replace(result, error=(
+                    f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
+                    "nothing was started; press c (or run confirm) again for a fresh plan"))  # fmt: skip
             server = ControlProcess(arm.argv, arm.output or Path(plan.options.workdir) / f"{arm.role}.out", arm.cwd, arm.env)
             self._emit(f"{arm.role}-start", f"starting the {arm.role} on {arm.url}")
             try:
                 server.start()
             except LaunchError as exc:
-                result["error"] = str(exc)
-                return result
+                return replace(result, error=str(exc))
             self.servers.append(server)
-            result["pid"] = server.pid
             why = await self._guard(
                 wait_healthy(
                     arm.url, server, timeout_s=plan.options.control_timeout_s, what=f"the {arm.role} server",
@@ -258,52 +258,50 @@ class ConfirmationRun:
                     on_tick=lambda waited: self._progress(arm, window, waited),
                 )
             )  # fmt: skip
-            result["start_s"] = round(time.monotonic() - started, 1)
+            result = replace(result, pid=server.pid, start_s=round(time.monotonic() - started, 1))
             if why is not None:
                 if why == "cancelled":
                     raise ConfirmCancelled(why)
-                result["error"] = why
-                result["output_tail"] = plan.redactor.text(server.tail(30))
+                result = replace(result, error=why, output_tail=plan.redactor.text(server.tail(30)))
                 await self._poll(arm.role, window)
-                summary = _signature_summary(window.report() if window is not None else None, self._threshold)
-                result.update(summary)
-                result["death_signatures"] = summary["signatures"] + summary["other_signatures"]
-                return result
-            result["healthy"] = True
-            self._emit(arm.role, f"{arm.role} healthy after {result['start_s']:.0f} s; replaying {plan.trace.name} "
+                result = _with_signatures(result, window.report() if window is not None else None, self._threshold)
+                return replace(result, death_signatures=result.signatures + result.other_signatures)
+            result = replace(result, healthy=True)
+            self._emit(arm.role, f"{arm.role} healthy after {result.start_s:.0f} s; replaying {plan.trace.name} "
                                  f"({plan.options.runs} runs)")  # fmt: skip
         else:
             self._emit(arm.role, f"replaying {plan.trace.name} against the live server ({plan.options.runs} runs)")
         replay_began = time.monotonic()
+        stop_s = None
         try:
-            report, alive = await self._replay_watched(arm, window, result)
+            report, alive, metrics_usage, evicted_per_s = await self._replay_watched(arm, window)
         finally:
-            result["replay_s"] = round(time.monotonic() - replay_began, 1)
+            replay_s = round(time.monotonic() - replay_began, 1)
             if server is not None:
                 self._emit("cleanup", f"stopping the {arm.role} server")
                 stop_began = time.monotonic()
                 await asyncio.to_thread(server.stop)
-                result["stop_s"] = round(time.monotonic() - stop_began, 1)
-        result.update(_signature_summary(window.report() if window is not None else None, self._threshold))
-        result.update(
-            diverged=report.diverged, runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
+                stop_s = round(time.monotonic() - stop_began, 1)
+        result = _with_signatures(result, window.report() if window is not None else None, self._threshold)
+        result = replace(
+            result, evicted_tokens_per_s=evicted_per_s, replay_s=replay_s, stop_s=stop_s,
+            diverged=tuple(report.diverged), runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
             answered_calls=report.runs * plan.calls - report.failed_calls, dispatch_jitter_ms=report.jitter,
             stopped_early=report.stopped_early,
-            peak_token_usage=_peak(window.peak_token_usage if window is not None else None,
-                                   result.pop("metrics_peak_token_usage", None)),
+            peak_token_usage=_peak(window.peak_token_usage if window is not None else None, metrics_usage),
             retractions=window.retracted if window is not None else 0,
         )  # fmt: skip
         if server is not None and not alive:
             code = server.exited()
             died = f"the {arm.role} server {exit_reason(code)} during the replay" if code is not None else ""
-            if died and not result["signatures"]:
-                result["error"] = died  # killed from outside: no signature of its own
-            result["output_tail"] = plan.redactor.text(server.tail(30))
+            if died and not result.signatures:
+                result = replace(result, error=died)  # killed from outside: no signature of its own
+            result = replace(result, output_tail=plan.redactor.text(server.tail(30)))
         if report.cache is not None:  # the verdict shows the calls short of their prefix, and the diverged
-            result["cached_tokens"] = {**report.cache.summary.to_json(), "page_size": report.cache.page_size,
-                                       "rows": [r.to_json() for r in report.cache.shown(report.diverged)]}  # fmt: skip
+            result = replace(result, cached_tokens={**report.cache.summary.to_json(), "page_size": report.cache.page_size,
+                                                    "rows": [r.to_json() for r in report.cache.shown(report.diverged)]})  # fmt: skip
         await self._write(f"{arm.role}-replay.json", report.to_json())
-        if arm.argv is None and not alive and result["signatures"]:
+        if arm.argv is None and not alive and result.signatures:
             self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")
         return result
 
@@ -317,7 +315,7 @@ class ConfirmationRun:
         self._started = True
         plan = self.plan
         self._threshold = severity_rank(plan.options.min_severity)
-        results: list[dict[str, Any]] = []
+        results: list[ArmEvidence] = []
         self._began = time.monotonic()
         try:
             vocab = plan.vocab if plan.vocab is not None else SIM_VOCABULARY  # not None: no vocabulary is a blocker
@@ -329,10 +327,10 @@ class ConfirmationRun:
             for arm in plan.arms:
                 result = await self._run_arm(arm)
                 results.append(result)
-                if arm.role == "reproduction" and not result.get("healthy"):
+                if arm.role == "reproduction" and not result.healthy:
                     break  # the control would be compared with nothing
             failing = results[0] if plan.mode != "crash-log" else await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
-            control = results[-1] if results[-1]["role"] == "control" else {"role": "control", "error": "not run: the reproduction could not start"}
+            control = results[-1] if results[-1].role == "control" else ArmEvidence("control", error="not run: the reproduction could not start")
             return await self._finish(failing, control)
         except ConfirmCancelled:
             self._emit("cancelled", "cancelled; stopping the servers radixtop started")
@@ -350,13 +348,13 @@ class ConfirmationRun:
         async with aiofiles.open(Path(self.plan.options.workdir) / name, "w", encoding="utf-8") as fh:
             await fh.write(text)
 
-    async def _finish(self, failing: dict[str, Any], control: dict[str, Any]) -> Verdict:
+    async def _finish(self, failing: ArmEvidence, control: ArmEvidence) -> Verdict:
         plan = self.plan
-        verdict, reason = decide(failing, control, control_summary=plan.control_summary,
-                                 cache_disabled=plan.options.cache == "disable")  # fmt: skip
+        decision = decide(failing, control, control_summary=plan.control_summary,
+                          cache_disabled=plan.options.cache == "disable")  # fmt: skip
         result = Verdict(
-            verdict=verdict,
-            reason=reason,
+            verdict=decision.verdict,
+            reason=decision.reason,
             baseline=failing,
             control=control,
             bundle=None if plan.bundle is None else str(plan.bundle.path),
@@ -371,37 +369,34 @@ class ConfirmationRun:
         )
         await self._write("verdict.json", result.to_json())
         self.verdict = result
-        self._emit("verdict", f"{verdict}: {reason}", verdict=verdict)
+        self._emit("verdict", f"{decision.verdict}: {decision.reason}", verdict=decision.verdict)
         return result
 
 
-def _crash_log_arm(plan: Plan, threshold: int) -> dict[str, Any]:
+def _crash_log_arm(plan: Plan, threshold: int) -> ArmEvidence:
     """The original's logs as the failing side (--no-reproduction): its signatures as they are."""
     from radixtop.diagnosis.catalog import load_catalog
     from radixtop.diagnosis.findings import FindingsBuilder
     from radixtop.diagnosis.matcher import Matcher
     from radixtop.probes.logscan import ScanInputError, scan_into
 
-    arm: dict[str, Any] = {"role": "crash-log", "url": plan.baseline_url, "logs": list(plan.baseline_logs),
-                           "signatures": [], "diverged": [], "healthy": True}  # fmt: skip
+    arm = ArmEvidence("crash-log", url=plan.baseline_url, logs=tuple(plan.baseline_logs), healthy=True)
     paths = [p for p in plan.baseline_logs if Path(p).is_file()]
     if not paths:
-        arm["note"] = "no log of the original to read"
-        return arm
+        return replace(arm, note="no log of the original to read")
     catalog = load_catalog(list(plan.options.signature_files))
     matcher = Matcher(catalog.signatures)
     builder = FindingsBuilder(catalog, matcher=matcher)
     try:
         scan_into(builder, paths, matcher)
     except ScanInputError as exc:
-        arm["note"] = f"its log could not be read: {exc}"
-        return arm
+        return replace(arm, note=f"its log could not be read: {exc}")
     report = builder.report()
-    arm.update(_signature_summary(report, threshold))
     usages = [b.token_usage for b in report.batch_at_failure.values() if b.token_usage is not None]
-    arm["peak_token_usage"] = max(usages) if usages else None
-    arm["retractions"] = sum(f.count for f in report.findings if f.signature.id == "kv-pool-retract")
-    return arm
+    return replace(
+        _with_signatures(arm, report, threshold), peak_token_usage=max(usages) if usages else None,
+        retractions=sum(f.count for f in report.findings if f.signature.id == "kv-pool-retract"),
+    )  # fmt: skip
 
 
 def _stop_original(pid: int | None) -> str:

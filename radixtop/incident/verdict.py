@@ -18,23 +18,41 @@ by default, no radix cache. The verdicts:
 * ``inconclusive``: an arm could not run, or answered nothing (why, with its output's tail), or
   both arms failed the same way before they had answered one run of the workload: a workload the
   model cannot take or a broken environment fails every arm alike, whatever the control changes.
+
+Each arm's evidence is an :class:`ArmEvidence`; ``decide()`` turns two of them into a
+:class:`Decision`, and :class:`Verdict` is the run's outcome as shown and written to verdict.json.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
 from radixtop.incident.reuse import format_reuse
 
-__all__ = ["PRESSURE_USAGE", "VERDICTS", "Verdict", "decide"]
+__all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Decision", "SignatureSeen", "Verdict", "VerdictKind", "decide"]
 
-VERDICTS = ("pressure-dependent", "cache-dependent", "persists-under-control", "not-reproduced", "inconclusive")
+
+class VerdictKind(StrEnum):
+    """What the run concludes; the values are what users read and what JSON holds."""
+
+    PRESSURE_DEPENDENT = "pressure-dependent"
+    CACHE_DEPENDENT = "cache-dependent"
+    PERSISTS_UNDER_CONTROL = "persists-under-control"
+    NOT_REPRODUCED = "not-reproduced"
+    INCONCLUSIVE = "inconclusive"
+
+
+VERDICTS = tuple(VerdictKind)
 PRESSURE_USAGE = 0.85  # token usage (evictable counted free) at which the pool is under pressure
 # Signatures that are themselves capacity pressure: a failing arm that shows them was under it.
 PRESSURE_SIGNATURES = frozenset({"kv-pool-retract", "prefill-oom", "decode-oom", "req-slots-oom", "vllm-preemption"})
-ROLE_NAMES = {
+# Which side an arm is: the live server, a reproduction of it, the original's crash log, or the control.
+ArmRole = Literal["baseline", "reproduction", "crash-log", "control"]
+ROLE_NAMES: dict[str, str] = {
     "baseline": "the live server",
     "reproduction": "the reproduction",
     "crash-log": "the original's crash log",
@@ -42,103 +60,248 @@ ROLE_NAMES = {
 }
 
 
-def _bad(arm: dict[str, Any]) -> str:
+@dataclass(frozen=True, slots=True)
+class SignatureSeen:
+    """One signature at or above the run's severity threshold in an arm's log."""
+
+    id: str
+    """The catalog's signature id."""
+    count: int
+    """How many times it matched."""
+    first_time: str | None
+    """The first match's timestamp as the log wrote it; None when the line had none."""
+    rank: str | None
+    """The rank the first match came from, when the log says."""
+    first_line: str
+    """The first matching line, stripped and cut at 300 characters."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "count": self.count, "first_time": self.first_time, "rank": self.rank,
+                "first_line": self.first_line}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ArmEvidence:
+    """What one side of the comparison showed: the failing side (the live server, a reproduction,
+    or the original's crash log) or the control.
+
+    An arm holds what it got as far as: one that never ran has its role and error alone; one that
+    never became healthy has no replay (``runs`` is None); the crash log has no calls. The JSON
+    (``to_json``) has only the keys the arm reached, in the order the run learns them.
+    """
+
+    role: ArmRole
+    """Which side this is."""
+    url: str | None = None
+    """The server the arm ran against (the original's URL for the crash log); None: it never ran."""
+    argv: tuple[str, ...] | None = None
+    """The started server's command line, redacted; None: radixtop did not start it."""
+    output: str | None = None
+    """The started server's stdout and stderr file."""
+    calls: int | None = None
+    """Calls planned over all runs; None: the arm replays nothing (the crash log, an arm not run)."""
+    calls_per_run: int | None = None
+    """Calls in one run of the workload."""
+    logs: tuple[str, ...] = ()
+    """The log files watched (read, for the crash log) for signatures."""
+    healthy: bool = False
+    """It ran: the live server and the crash log from the start, a started server once its health answered."""
+    pid: int | None = None
+    """The started server's pid."""
+    start_s: float | None = None
+    """Seconds from the start to its health answering (or to giving up)."""
+    error: str | None = None
+    """Why it did not run, or ran incompletely (died mid-run without a signature of its own)."""
+    output_tail: str | None = None
+    """The last lines of a started server's output, redacted, when it did not start or died."""
+    note: str | None = None
+    """Why the crash log was not read."""
+    signatures: tuple[str, ...] = ()
+    """Signatures at or above the severity threshold, the failure itself."""
+    other_signatures: tuple[str, ...] = ()
+    """Signatures below the threshold."""
+    first_occurrences: tuple[str, ...] = ()
+    """Each threshold signature's first line, as ``id at file:line: text``."""
+    signature_detail: tuple[SignatureSeen, ...] = ()
+    """Each threshold signature's count and first occurrence."""
+    death_signatures: tuple[str, ...] | None = None
+    """Every signature of a server that died before its health answered; None: it did not die so."""
+    diverged: tuple[str, ...] = ()
+    """Requests whose answers at temperature 0 differed between copies or runs."""
+    runs: int | None = None
+    """Runs of the workload made; None: it never replayed."""
+    replay_s: float | None = None
+    """Seconds the replay took."""
+    stop_s: float | None = None
+    """Seconds stopping the started server took."""
+    failed_calls: int = 0
+    """Calls that got no answer."""
+    answered_calls: int = 0
+    """Calls answered."""
+    alive_after: bool | None = None
+    """Whether its health answered after the replay; None: not asked."""
+    dispatch_jitter_ms: Mapping[str, float] | None = None
+    """How late the replay wrote its calls (p50, p99, max, calls)."""
+    stopped_early: str | None = None
+    """Why the replay stopped before its last run, if it did."""
+    peak_token_usage: float | None = None
+    """The highest token usage its log or /metrics showed (evictable counted free); None: unknown."""
+    retractions: int = 0
+    """Requests the scheduler retracted for want of room."""
+    evicted_tokens_per_s: float | None = None
+    """Evicted tokens per second over the replay, from /metrics; None: unknown."""
+    cached_tokens: Mapping[str, Any] | None = None
+    """Its cached-token account as radixtop.incident.reuse writes it (summary, page_size, rows)."""
+
+    def _scan_json(self) -> dict[str, Any]:
+        return {"other_signatures": list(self.other_signatures), "first_occurrences": list(self.first_occurrences),
+                "signature_detail": [d.to_json() for d in self.signature_detail]}  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """The arm as verdict.json holds it: the keys it reached, in the order the run learns them."""
+        if self.url is None:  # never ran: the control after a reproduction that could not start
+            return {"role": self.role, "error": self.error}
+        if self.role == "crash-log":
+            doc: dict[str, Any] = {"role": self.role, "url": self.url, "logs": list(self.logs),
+                                   "signatures": list(self.signatures), "diverged": list(self.diverged),
+                                   "healthy": self.healthy}  # fmt: skip
+            if self.note is not None:
+                return {**doc, "note": self.note}
+            return {**doc, **self._scan_json(), "peak_token_usage": self.peak_token_usage, "retractions": self.retractions}
+        doc = {
+            "role": self.role, "url": self.url, "argv": None if self.argv is None else list(self.argv),
+            "output": self.output, "calls": self.calls, "calls_per_run": self.calls_per_run,
+            "signatures": list(self.signatures), "diverged": list(self.diverged), "healthy": self.healthy,
+            "logs": list(self.logs), **_present(pid=self.pid, start_s=self.start_s),
+        }  # fmt: skip
+        if self.runs is None:  # it never replayed: why, then what its log said as it died
+            doc.update(_present(error=self.error, output_tail=self.output_tail))
+            if self.death_signatures is not None:
+                doc.update(self._scan_json(), death_signatures=list(self.death_signatures))
+            return doc
+        doc.update(_present(evicted_tokens_per_s=self.evicted_tokens_per_s, replay_s=self.replay_s, stop_s=self.stop_s))
+        doc.update(self._scan_json())
+        doc.update(
+            runs=self.runs, failed_calls=self.failed_calls, alive_after=self.alive_after,
+            answered_calls=self.answered_calls,
+            dispatch_jitter_ms=None if self.dispatch_jitter_ms is None else dict(self.dispatch_jitter_ms),
+            stopped_early=self.stopped_early, peak_token_usage=self.peak_token_usage, retractions=self.retractions,
+        )  # fmt: skip
+        doc.update(_present(error=self.error, output_tail=self.output_tail, cached_tokens=self.cached_tokens))
+        return doc
+
+
+def _present(**values: Any) -> dict[str, Any]:
+    """The keys whose values are known: an arm's JSON leaves out what it never learned."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The verdict on two arms, and why."""
+
+    verdict: VerdictKind
+    """What the arms show."""
+    reason: str
+    """One sentence saying why, with the evidence that decided it."""
+
+
+def _bad(arm: ArmEvidence) -> str:
     parts = []
-    if arm.get("signatures"):
-        parts.append(f"signature {', '.join(arm['signatures'])}")
-    if arm.get("diverged"):
-        parts.append(f"divergence in {', '.join(arm['diverged'])}")
+    if arm.signatures:
+        parts.append(f"signature {', '.join(arm.signatures)}")
+    if arm.diverged:
+        parts.append(f"divergence in {', '.join(arm.diverged)}")
     return " and ".join(parts)
 
 
-def _under_pressure(arm: dict[str, Any]) -> bool:
-    usage = arm.get("peak_token_usage")
+def _under_pressure(arm: ArmEvidence) -> bool:
+    usage = arm.peak_token_usage
     return bool(
         (usage is not None and usage >= PRESSURE_USAGE)
-        or arm.get("retractions")
-        or PRESSURE_SIGNATURES & set(arm.get("signatures") or ()) | PRESSURE_SIGNATURES & set(arm.get("other_signatures") or ())
+        or arm.retractions
+        or PRESSURE_SIGNATURES & set(arm.signatures) | PRESSURE_SIGNATURES & set(arm.other_signatures)
     )
 
 
-def _usage(arm: dict[str, Any]) -> str:
-    usage = arm.get("peak_token_usage")
+def _usage(arm: ArmEvidence) -> str:
+    usage = arm.peak_token_usage
     return "unknown" if usage is None else f"{usage:.2f}"
 
 
-def _failed_at_once(arm: dict[str, Any]) -> bool:
+def _failed_at_once(arm: ArmEvidence) -> bool:
     """The arm failed before it had answered one run's calls (and so never ran the workload)."""
-    per_run = arm.get("calls_per_run")
-    answered = arm.get("answered_calls", 0)
-    return bool(_bad(arm)) and isinstance(per_run, int) and answered < per_run and (
-        bool(arm.get("failed_calls")) or arm.get("alive_after") is False)  # fmt: skip
+    per_run = arm.calls_per_run
+    return bool(_bad(arm)) and per_run is not None and arm.answered_calls < per_run and (
+        bool(arm.failed_calls) or arm.alive_after is False)  # fmt: skip
 
 
-def _same_failure(failing: dict[str, Any], control: dict[str, Any]) -> list[str]:
+def _same_failure(failing: ArmEvidence, control: ArmEvidence) -> list[str]:
     """The signatures both arms failed with, when both failed at once."""
-    if failing.get("role") == "crash-log" or not (_failed_at_once(failing) and _failed_at_once(control)):
+    if failing.role == "crash-log" or not (_failed_at_once(failing) and _failed_at_once(control)):
         return []
-    return sorted(set(failing.get("signatures") or ()) & set(control.get("signatures") or ()))
+    return sorted(set(failing.signatures) & set(control.signatures))
 
 
-def decide(failing: dict[str, Any], control: dict[str, Any], *, control_summary: str, cache_disabled: bool) -> tuple[str, str]:
-    """(verdict, reason) from the two arms' evidence."""
-    name = ROLE_NAMES.get(failing.get("role", ""), "the failing side")
-    if failing.get("role") == "reproduction" and not failing.get("healthy"):
-        return "inconclusive", f"the reproduction could not run: {failing.get('error') or 'it did not start'}"
-    if failing.get("role") == "reproduction" and failing.get("error"):
-        return "inconclusive", f"{failing['error']}: the reproduction's evidence is incomplete"
+def decide(failing: ArmEvidence, control: ArmEvidence, *, control_summary: str, cache_disabled: bool) -> Decision:
+    """The verdict, and why, from the two arms' evidence."""
+    inconclusive, name = VerdictKind.INCONCLUSIVE, ROLE_NAMES.get(failing.role, "the failing side")
+    if failing.role == "reproduction" and not failing.healthy:
+        return Decision(inconclusive, f"the reproduction could not run: {failing.error or 'it did not start'}")
+    if failing.role == "reproduction" and failing.error:
+        return Decision(inconclusive, f"{failing.error}: the reproduction's evidence is incomplete")
     what = _bad(failing)
-    if not control.get("healthy"):
-        why = control.get("error") or "the control server did not run"
-        return "inconclusive", f"the control could not run: {why}; {name} showed {what or 'nothing'}"
-    if control.get("answered_calls", 0) == 0 and not control.get("signatures"):
-        return "inconclusive", "the control answered none of the workload's calls (see its output)"
-    if control.get("error"):  # died mid-run without a signature of its own: killed from outside
-        return "inconclusive", f"{control['error']}: the control's evidence is incomplete; {name} showed {what or 'nothing'}"
+    if not control.healthy:
+        why = control.error or "the control server did not run"
+        return Decision(inconclusive, f"the control could not run: {why}; {name} showed {what or 'nothing'}")
+    if control.answered_calls == 0 and not control.signatures:
+        return Decision(inconclusive, "the control answered none of the workload's calls (see its output)")
+    if control.error:  # died mid-run without a signature of its own: killed from outside
+        return Decision(inconclusive, f"{control.error}: the control's evidence is incomplete; {name} showed {what or 'nothing'}")
     if not what:
-        if failing.get("role") != "crash-log" and failing.get("answered_calls", 0) == 0:
-            return "inconclusive", failing.get("note") or f"{name} answered no call"
+        if failing.role != "crash-log" and failing.answered_calls == 0:
+            return Decision(inconclusive, failing.note or f"{name} answered no call")
         extra = _bad(control)
-        return "not-reproduced", (f"{name} stayed clean under this workload: no signature, no divergence"
-                                  + (f" (the control showed {extra})" if extra else ""))  # fmt: skip
+        return Decision(VerdictKind.NOT_REPRODUCED, f"{name} stayed clean under this workload: no signature, no divergence"
+                                                    + (f" (the control showed {extra})" if extra else ""))  # fmt: skip
     still = _bad(control)
     same = _same_failure(failing, control)
     if same:
-        return "inconclusive", (
+        return Decision(inconclusive, (
             f"both arms failed the same way ({', '.join(same)}) before answering one run of the workload "
-            f"({failing.get('answered_calls', 0)} and {control.get('answered_calls', 0)} calls answered): the workload "
+            f"({failing.answered_calls} and {control.answered_calls} calls answered): the workload "
             "or the environment fails them alike, whatever the control changes (see each arm's output)"
-        )
+        ))  # fmt: skip
     if still:
-        return "persists-under-control", (
+        return Decision(VerdictKind.PERSISTS_UNDER_CONTROL, (
             f"{name} showed {what}; under the control ({control_summary}) there is still {still}: "
             "an unconditional defect or another cause (the competing hypothesis stays open)"
-        )
+        ))  # fmt: skip
     if _under_pressure(failing) or not cache_disabled:
-        return "pressure-dependent", (
+        return Decision(VerdictKind.PRESSURE_DEPENDENT, (
             f"{name} showed {what} under capacity pressure (peak token usage {_usage(failing)}, "
-            f"{failing.get('retractions') or 0} retractions); under the control ({control_summary}) it is gone "
+            f"{failing.retractions} retractions); under the control ({control_summary}) it is gone "
             f"(peak token usage {_usage(control)}): resume only with bounded pressure (the control's settings)"
             + ("; to tell pressure from the cache itself, repeat with --control-cache keep" if cache_disabled else "")
-        )
-    return "cache-dependent", (
+        ))  # fmt: skip
+    return Decision(VerdictKind.CACHE_DEPENDENT, (
         f"{name} showed {what} with no capacity pressure (peak token usage {_usage(failing)}, no retractions); "
         f"without the radix cache ({control_summary}) it is gone: the prefix cache's own behaviour is the "
         "condition, not load (run with --disable-radix-cache until it is fixed, and report it upstream)"
-    )
+    ))  # fmt: skip
 
 
-def _signature_cell(arm: dict[str, Any]) -> str:
-    details = arm.get("signature_detail") or []
+def _signature_cell(arm: ArmEvidence) -> str:
+    details = arm.signature_detail
     if not details:
         return "none"
     return "; ".join(
-        f"{d['id']} ×{d.get('count', 1)}" + (f" first {str(d['first_time'])[11:] or d['first_time']}" if d.get("first_time") else "")
+        f"{d.id} ×{d.count}" + (f" first {str(d.first_time)[11:] or d.first_time}" if d.first_time else "")
         for d in details[:4]
     ) + (f"; +{len(details) - 4} more" if len(details) > 4 else "")
 
 
-def _cache_lines(role: str, account: dict[str, Any] | None) -> list[str]:
+def _cache_lines(role: str, account: Mapping[str, Any] | None) -> list[str]:
     """An arm's cached tokens (radixtop.incident.reuse): the totals and the calls short of their prefix or diverged."""
     if not account or not account.get("calls"):
         return []
@@ -148,39 +311,57 @@ def _cache_lines(role: str, account: dict[str, Any] | None) -> list[str]:
     return lines + format_reuse(account.get("rows") or [], title="short of their prefix, or diverged")
 
 
-def _rate(value: Any, fmt: str) -> str:
+def _rate(value: float | None, fmt: str) -> str:
     return "unknown" if value is None else format(value, fmt)
+
+
+def _known(value: object, unknown: str = "-") -> str:
+    return unknown if value is None else str(value)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    verdict: str
+    """The run's outcome: the decision, the arms behind it, and where its evidence is."""
+
+    verdict: VerdictKind
+    """What the arms show."""
     reason: str
-    baseline: dict[str, Any]  # the failing side (its "role" says which)
-    control: dict[str, Any]
+    """Why, with the evidence that decided it."""
+    baseline: ArmEvidence
+    """The failing side (its role says which)."""
+    control: ArmEvidence
+    """The control."""
     bundle: str | None
+    """The evidence bundle's directory; None: none was taken."""
     repeat: list[str]
+    """The command that repeats this run."""
     workdir: str
+    """Where the plan, the servers' output, the replays and verdict.json are."""
     mode: str = "live"
+    """The plan's mode: live, relaunch or crash-log."""
     planned_from: str | None = None
+    """What the plan was made from, when not the live server."""
     assumption: str | None = None
+    """What the comparison assumes (the crash log standing for a run of the workload)."""
     notes: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: evidence, plan, run
+    """The plan's notes."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent on the evidence, the plan and the run."""
 
     def table(self) -> list[str]:
         """The arms side by side, one row per piece of evidence."""
         b, c = self.baseline, self.control
         rows = [
-            ("", ROLE_NAMES.get(b.get("role", ""), "failing side"), "the control"),
-            ("server", b.get("url") or "-", c.get("url") or "-"),
-            ("ran", "yes" if b.get("healthy", True) else "no", "yes" if c.get("healthy") else "no"),
+            ("", ROLE_NAMES.get(b.role, "failing side"), "the control"),
+            ("server", b.url or "-", c.url or "-"),
+            ("ran", "yes" if b.healthy else "no", "yes" if c.healthy else "no"),
             ("signatures", _signature_cell(b), _signature_cell(c)),
-            ("diverged", ", ".join(b.get("diverged") or []) or "none", ", ".join(c.get("diverged") or []) or "none"),
-            ("failed calls", f"{b.get('failed_calls', 0)} of {b.get('calls', '?')}", f"{c.get('failed_calls', 0)} of {c.get('calls', '?')}"),
+            ("diverged", ", ".join(b.diverged) or "none", ", ".join(c.diverged) or "none"),
+            ("failed calls", f"{b.failed_calls} of {_known(b.calls, '?')}", f"{c.failed_calls} of {_known(c.calls, '?')}"),
             ("peak token usage", _usage(b), _usage(c)),
-            ("evicted tok/s", _rate(b.get("evicted_tokens_per_s"), ",.0f"), _rate(c.get("evicted_tokens_per_s"), ",.0f")),
-            ("retractions", str(b.get("retractions", 0)), str(c.get("retractions", 0))),
-            ("alive after", str(b.get("alive_after", "-")), str(c.get("alive_after", "-"))),
+            ("evicted tok/s", _rate(b.evicted_tokens_per_s, ",.0f"), _rate(c.evicted_tokens_per_s, ",.0f")),
+            ("retractions", str(b.retractions), str(c.retractions)),
+            ("alive after", _known(b.alive_after), _known(c.alive_after)),
         ]  # fmt: skip
         left = max(len(r[0]) for r in rows)
         mid = min(60, max(len(r[1]) for r in rows))
@@ -201,22 +382,21 @@ class Verdict:
         """The evidence behind the table: first occurrences, errors, output tails, the commands."""
         lines = []
         for role, arm in (("failing side", self.baseline), ("control", self.control)):
-            firsts = arm.get("first_occurrences") or []
-            if firsts:
+            if arm.first_occurrences:
                 lines.append(f"First occurrences ({role}):")
-                lines += [f"  {f}" for f in firsts[:5]]
-            if arm.get("error"):
-                lines.append(f"{role.capitalize()} error: {arm['error']}")
-            if arm.get("death_signatures"):
-                lines.append(f"{role.capitalize()} died with: {', '.join(arm['death_signatures'])}")
-            if arm.get("output_tail"):
+                lines += [f"  {f}" for f in arm.first_occurrences[:5]]
+            if arm.error:
+                lines.append(f"{role.capitalize()} error: {arm.error}")
+            if arm.death_signatures:
+                lines.append(f"{role.capitalize()} died with: {', '.join(arm.death_signatures)}")
+            if arm.output_tail:
                 lines.append(f"{role.capitalize()}'s output ended with:")
-                lines += [f"    {line}" for line in arm["output_tail"].splitlines()[-15:]]
+                lines += [f"    {line}" for line in arm.output_tail.splitlines()[-15:]]
         for role, arm in (("failing side", self.baseline), ("control", self.control)):
-            lines += _cache_lines(role, arm.get("cached_tokens"))
+            lines += _cache_lines(role, arm.cached_tokens)
         for arm in (self.baseline, self.control):
-            if arm.get("argv"):
-                lines.append(f"{ROLE_NAMES.get(arm.get('role', ''), arm.get('role', '?')).capitalize()}: {shlex.join(arm['argv'])}")
+            if arm.argv:
+                lines.append(f"{ROLE_NAMES.get(arm.role, arm.role).capitalize()}: {shlex.join(arm.argv)}")
         return lines + [f"Note: {n}" for n in self.notes]
 
     def format(self) -> str:
@@ -231,13 +411,13 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict,
+            "verdict": str(self.verdict),
             "reason": self.reason,
             "mode": self.mode,
             "planned_from": self.planned_from,
             "assumption": self.assumption,
-            "baseline": self.baseline,
-            "control": self.control,
+            "baseline": self.baseline.to_json(),
+            "control": self.control.to_json(),
             "table": self.table(),
             "bundle": self.bundle,
             "repeat": self.repeat,

@@ -31,13 +31,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from textual import work
 from textual.css.query import NoMatches
 from textual.widgets import Input
 
 if TYPE_CHECKING:
+    from radixtop.incident.verdict import Verdict
     from radixtop.options import TuiOptions
     from radixtop.widgets.confirm import RunScreen
 
@@ -48,6 +49,10 @@ BAR_LINGER_S = 12.0  # a result stays in the action bar this long (the log pane 
 QUIT_WAIT_S = 20.0  # quitting waits this long, at most, for a cancelled run to stop its control
 SIGHT_EVERY_S = 15.0  # a live server is looked at again this often (and at once when it changes)
 WATCH_EVERY_S = 1.0  # another radixtop's run is read this often
+
+# Where `c` stands: idle -> preparing -> approval -> running -> done (c again prepares a new run);
+# watching -> done while another radixtop runs the node's confirmation run.
+ConfirmState = Literal["idle", "preparing", "approval", "running", "watching", "done"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ def expand_logs(patterns: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def verdict_body(verdict: Any) -> str:
+def verdict_body(verdict: Verdict) -> str:
     """What the run screen shows under the headline: the reason and the arms side by side first,
     then what to do next (the repeat command, where the evidence is), then the evidence behind it."""
     lines = [
@@ -124,9 +129,9 @@ class IncidentActions:
         self.action_settings = settings or ActionSettings()
         self.last_bundle: Any = None  # the last BundleResult taken with b
         self.auto_bundler: Any = None
-        self.confirm_state = "idle"  # idle -> preparing -> approval -> running -> done
+        self.confirm_state: ConfirmState = "idle"
         self.confirm_run: Any = None
-        self.confirm_verdict: Any = None
+        self.confirm_verdict: Verdict | None = None
         self.run_screen: RunScreen | None = None
         self._confirm_lines: list[tuple[str, str]] = []  # (phase, message) of the current run, for a re-shown screen
         self._confirm_end: tuple[str, str, str | None] | None = None

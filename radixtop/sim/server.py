@@ -448,6 +448,7 @@ def build_app(state: SimState) -> Starlette:
             "protected_tokens": stats.protected_tokens,
             "evicted_tokens_total": stats.evicted_tokens_total,
             "num_retracted_reqs": stats.num_retracted_reqs,
+            "effective_max_running_requests_per_dp": engine.config.max_running_requests,
         }
         body = {
             **state.server_args,

@@ -1,0 +1,168 @@
+"""The simulator beside a real SGLang 0.5.23 server: the same assertions on both, wherever radixtop
+depends on what the server does (what /server_info says, /health generating, the batch lines, the
+order and timing of a death).
+
+The real server comes from the real-SGLang environment (`bash .ci/sglang-tests --build-only`);
+without it the real half is skipped (under RADIXTOP_REQUIRE_SGLANG_SERVER=1, as in .ci/run, it
+fails instead) and the simulator's half still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from incident_helpers import start_sim
+from sglang_gate import why_no_server
+
+from radixtop.probes.sglang import parse_server_info
+
+_WHY = why_no_server()
+KINDS = ["sim", pytest.param("real", marks=[pytest.mark.slow, pytest.mark.skipif(_WHY is not None, reason=_WHY or "")])]
+# The real recipe's settings (tests/real_sglang.BASE_FLAGS), given to the simulator as SGLang flags.
+SETTINGS = ("--page-size", "16", "--max-total-tokens", "4096", "--max-running-requests", "8", "--device", "cpu")
+# SGLang's defaults: five seconds before crash diagnostics (tests/conftest.py turns them off).
+DIAGNOSTICS_ON = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "1", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "1"}
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+@dataclass
+class Served:
+    kind: str
+    url: str
+    log: Path
+    proc: subprocess.Popen
+    stop: Callable[[], None]
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def serve(kind: str, workdir: Path, *, fault: bool = False) -> Served:
+    if kind == "real":
+        from real_sglang import start_server
+
+        env = {**DIAGNOSTICS_ON, **({"SGLANG_TEST_EVICT_FAULT": "1"} if fault else {})}
+        real = start_server(workdir, env=env)
+        assert real.proc is not None
+        return Served(kind, real.url, real.log, real.proc, real.stop)
+    flags = ("--fault", "lock-race:1:threshold=0.5,probability=1.0") if fault else ()
+    sim = start_sim(workdir, *SETTINGS, *flags, env=DIAGNOSTICS_ON)
+    return Served(kind, sim.url, sim.log, sim.proc, sim.stop)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def healthy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    served = serve(request.param, tmp_path_factory.mktemp(request.param))
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def test_server_info_says_what_radixtop_reads(healthy: Served) -> None:
+    raw = httpx.get(f"{healthy.url}/server_info", timeout=10)
+    info = parse_server_info(healthy.url, raw.content)
+    assert info.version.startswith("0.5.23") and info.model, info
+    assert (info.page_size, info.max_total_num_tokens, info.tp_size, info.dp_size) == (16, 4096, 1, 1), info
+    assert info.enable_metrics is True and isinstance(info.launch_command, str) and info.launch_command
+    doc = raw.json()
+    assert doc["max_running_requests"] == 8 and doc["disable_radix_cache"] is False and doc["kv_events_config"] is None
+    assert doc["internal_states"][0]["effective_max_running_requests_per_dp"] == 8
+    assert isinstance(doc["model_path"], str) and isinstance(doc["tokenizer_path"], str)
+
+
+def test_health_puts_a_one_token_batch_through_the_scheduler(healthy: Served) -> None:
+    """Why radixtop never asks /health while watching: in 0.5.23 it generates."""
+    before = healthy.text().count("Prefill batch")
+    assert httpx.get(f"{healthy.url}/health", timeout=30).status_code == 200
+    began = time.monotonic()
+    while healthy.text().count("Prefill batch") == before and time.monotonic() - began < 10:
+        time.sleep(0.1)
+    added = [line for line in healthy.text().splitlines() if "Prefill batch" in line][before:]
+    assert len(added) == 1 and "#new-token: 1," in added[0], added
+    assert "cpu graph: False" in added[0], added[0]
+
+
+def test_a_start_up_and_traffic_raise_no_alarm_in_radixtop_scan(healthy: Served) -> None:
+    for i in range(3):
+        body = {"input_ids": list(range(100, 164)) + [300 + i] * 8, "sampling_params": {"max_new_tokens": 4}}
+        assert httpx.post(f"{healthy.url}/generate", json=body, timeout=60).status_code == 200
+    found = scan(healthy.log)
+    severities = {f["signature"]: f["severity"] for f in found["findings"]}
+    assert severities.get("server-ready") == "info", severities
+    assert not [s for s, sev in severities.items() if sev in ("error", "critical")], severities
+
+
+def scan(log: Path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "radixtop", "scan", str(log), "--json"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
+
+
+def pressure(served: Served) -> None:
+    """400-token prompts with nothing in common, eight in flight: the pool fills with locked
+    prompts and the next prefill evicts under pressure."""
+
+    def one(i: int) -> None:
+        if served.proc.poll() is not None:
+            return
+        body = {"input_ids": [(i * 37 + k) % 2000 + 10 for k in range(400)],
+                "sampling_params": {"max_new_tokens": 8 + (i % 4) * 8, "ignore_eos": True}}  # fmt: skip
+        try:
+            httpx.post(f"{served.url}/generate", json=body, timeout=60)
+        except httpx.HTTPError:
+            pass  # the server dying mid-call is the point
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, range(64)))
+
+
+def stamp(line: str) -> datetime:
+    m = STAMP.match(line)
+    assert m, line
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cache_fault_under_pressure_dies_in_sglangs_order_and_time(kind: str, tmp_path: Path) -> None:
+    """The scheduler's exception, the parent's SIGQUIT line, five seconds before crash diagnostics,
+    then kill_process_tree: the incident's time is the first line's, seconds before the exit."""
+    served = serve(kind, tmp_path, fault=True)
+    try:
+        pressure(served)
+        try:
+            code = served.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the fault never fired:\n" + served.text()[-2000:]) from None
+    finally:
+        served.stop()
+    assert code != 0
+    lines = served.text().splitlines()
+
+    def first(text: str) -> int:
+        return next(i for i, line in enumerate(lines) if text in line)
+
+    order = ["Scheduler hit an exception", "Failed to lock memory page during dynamic prefix eviction",
+             "SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+             "Sleeping 5 seconds before crash diagnostics", "kill_process_tree called"]  # fmt: skip
+    at = [first(text) for text in order]
+    assert at == sorted(at), list(zip(order, at, strict=True))
+    failed, killed = stamp(lines[at[0]]), stamp(lines[at[-1]])
+    assert 4 <= (killed - failed).total_seconds() <= 15, (lines[at[0]][:40], lines[at[-1]][:40])
+    found = scan(served.log)
+    assert found["initiating"]["signature"] == "radix-page-lock-eviction", found["initiating"]
+    times = {f["signature"]: f["first"]["time"] for f in found["findings"]}
+    assert times["radix-page-lock-eviction"][:19] == failed.strftime("%Y-%m-%d %H:%M:%S"), times
+    assert "child-sigquit" in times, times

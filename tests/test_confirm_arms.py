@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,44 @@ def test_a_port_taken_between_plan_and_start_starts_nothing(tmp_path: Path) -> N
     assert verdict.verdict == "inconclusive"
     assert f"port {plan.control.port} was taken between the plan and the start" in verdict.control.error
     assert run.servers == [] and not (tmp_path / "c" / "control.out").exists()
+
+
+def test_an_arms_port_is_outside_the_ephemeral_range_and_a_servers_own_time_wait_does_not_take_it() -> None:
+    """A replay's client connections take source ports from the ephemeral range (and such a port
+    stays unbindable while its connection lingers): an arm's port comes from below it. A port a
+    server closed connections on is left in TIME_WAIT, which a server binding with SO_REUSEADDR
+    (uvicorn, SGLang) ignores: the check before an arm starts asks as that server would."""
+    from radixtop.incident.launch import _ephemeral_low, free_loopback_port, port_free
+
+    low = _ephemeral_low()
+    assert all(free_loopback_port() < low for _ in range(20))
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    assert client.getsockname()[1] >= low  # where outgoing connections take their ports
+    accepted, _ = listener.accept()
+    accepted.close()  # the server closes first: its side is left in TIME_WAIT
+    time.sleep(0.05)
+    client.close()
+    listener.close()
+    plain = socket.socket()
+    try:
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))  # a bind without SO_REUSEADDR calls it taken
+    finally:
+        plain.close()
+    assert port_free(port)
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    try:
+        assert not port_free(port)  # a listener is taken
+    finally:
+        squatter.close()
 
 
 def test_the_control_killed_mid_run_is_inconclusive_with_its_death(tmp_path: Path) -> None:

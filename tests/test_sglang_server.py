@@ -10,6 +10,7 @@ crash has its own.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,24 @@ def test_radixtop_finds_the_server_by_itself_and_an_idle_minute_of_watching_adds
     finally:
         first.kill()
         second.kill()
+
+
+def test_a_flush_of_an_idle_server_reaches_the_radix_pane_with_the_snapshots_true_age(live: RealServer) -> None:
+    """With --sleep-on-idle the idle scheduler reaches a safe point about once a second: the pane
+    shows the flushed tree within seconds, and the age it gives is the capture's, never older."""
+    shared_prefix_traffic(live, 2)
+    tmux = watch(live.log.parent, "--no-gpu", "--url", live.url)
+    try:
+        tmux.wait_for(lambda s: re.search(r"root · [1-9]\d* nodes", s) is not None, "the tree with the traffic", 90)
+        time.sleep(IDLE_AFTER_S + 2)  # the server idle, radixtop settled
+        flushed = time.time()
+        httpx.post(f"{live.url}/flush_cache", timeout=30).raise_for_status()
+        screen = tmux.wait_for(lambda s: "root · 0 nodes" in s, "the flushed tree in the pane", 15)
+        shown = re.search(r"snapshot #\d+ ([\d.]+)(s|m|h) old", screen)
+        assert shown and shown.group(2) == "s", screen
+        assert float(shown.group(1)) <= time.time() - flushed + 0.5, (shown.group(0), time.time() - flushed)
+    finally:
+        tmux.kill()
 
 
 def test_scan_of_a_real_servers_log_raises_no_alarm_for_its_start_up_and_traffic(live: RealServer) -> None:
@@ -210,6 +229,33 @@ def test_the_radix_pane_reads_the_python_core_with_its_token_ids(tmp_path: Path)
         server.stop()
 
 
+def test_the_servers_own_kv_events_feed_the_radix_pane_without_the_instrument(tmp_path: Path) -> None:
+    """SGLang publishing kv-events (`--kv-events-config`, its ZMQ publisher and replay endpoint),
+    radixtop's plugin off: the radix pane mirrors the real cache's blocks from what it publishes."""
+    from real_sglang import free_port
+
+    config = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
+              "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}  # fmt: skip
+    server = start_server(tmp_path, plugin=False, flags=("--kv-events-config", json.dumps(config)), name="kv")
+    tmux = None
+    try:
+        shared_prefix_traffic(server, 2)  # before radixtop subscribes: the replay endpoint brings these
+        tmux = watch(tmp_path, "--no-gpu", "--url", server.url)
+        tmux.wait_for(lambda s: "kv-events: blocks, no locks" in s, "the kv-events rank in the radix pane", 90)
+        # Two 84-token prompts sharing 64: four shared pages and one page of each tail (the rest of
+        # a page is not cached): six blocks, exactly what the real cache holds.
+        screen = tmux.wait_for(lambda s: "6 blocks · 96 tokens" in s, "the mirrored blocks", 30)
+        root = next(line for line in screen.splitlines() if "root ·" in line)
+        assert " ? " in root, root  # kv-events carry no locks: unknown, never 0
+        for i in range(2):  # two new tails on the shared prefix: a page each
+            server.generate(SHARED + [700 + i] * 20, max_new_tokens=8)
+        tmux.wait_for(lambda s: "8 blocks · 128 tokens" in s, "the live events of new traffic", 30)
+    finally:
+        if tmux is not None:
+            tmux.kill()
+        server.stop()
+
+
 def _instrument_port(server: RealServer) -> int:
     """The rank-0 debug endpoint among the server's listening ports (radixtop's health answers there)."""
     import psutil
@@ -245,6 +291,9 @@ def test_scheduler_sigkilled_then_c_y_confirms_a_not_reproduced_with_real_arms(t
         tmux.wait_for(lambda s: "server DOWN" in s or "procs DOWN" in s, "the server's death", 30)
         assert server.proc is not None and server.proc.wait(30) is not None
         tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 30)
+        # The processes pane: the killed scheduler is one row, gone, however many reads saw it go.
+        rows = [line for line in tmux.capture().splitlines() if re.search(rf"▏\s+{scheduler.pid}\s", line)]
+        assert len(rows) == 1 and "gone" in rows[0], rows
         tmux.send("c")
         plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan", 120)
         assert "died at" in plan and "scheduler" in plan, plan

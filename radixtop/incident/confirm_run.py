@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -31,7 +30,7 @@ from radixtop.incident.confirm import (
     PlanError,
 )
 from radixtop.incident.divergence import DivergenceReport, compare_runs
-from radixtop.incident.launch import ControlProcess, LaunchError, exit_reason, wait_healthy
+from radixtop.incident.launch import ControlProcess, LaunchError, exit_reason, port_free, wait_healthy
 from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.trace import plan_requests
 from radixtop.incident.verdict import ArmEvidence, SignatureSeen, Verdict, decide
@@ -87,15 +86,6 @@ async def _metrics(client: httpx.AsyncClient, url: str) -> Any:
 def _peak(*values: float | None) -> float | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class ConfirmationRun:
@@ -240,7 +230,7 @@ class ConfirmationRun:
         server: ControlProcess | None = None
         started = time.monotonic()
         if arm.argv is not None:
-            if arm.port is not None and not _port_free(arm.port):
+            if arm.port is not None and not port_free(arm.port):
                 return replace(result, error=(
                     f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
                     "nothing was started; press c (or run confirm) again for a fresh plan"))  # fmt: skip

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import shlex
 import signal
 import socket
@@ -44,6 +45,7 @@ __all__ = [
     "exit_reason",
     "flag_value",
     "free_loopback_port",
+    "port_free",
     "launch_from_argv",
     "parse_launch_command",
     "remove_flag",
@@ -274,10 +276,44 @@ def build_control_argv(
     return [*live.program, *flags], changes
 
 
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORT_TRIES = 64
+
+
 def free_loopback_port() -> int:
+    """A free port on 127.0.0.1 below the kernel's ephemeral range: an outgoing connection (a
+    replay's, a starting server's own) takes its source port from that range, so a port picked
+    there can be in use again by the time an arm starts on it."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(PORT_TRIES if low > 2048 else 0):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port_free(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:port now, judged as it binds (SO_REUSEADDR, as
+    uvicorn and SGLang do): what a server's own closed connections left in TIME_WAIT does not
+    count, a listener does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open(EPHEMERAL_RANGE_FILE, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 # -- the control process --------------------------------------------------------------------------

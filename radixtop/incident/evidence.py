@@ -248,7 +248,7 @@ def _collect_radix(sink: Sink, client: Http, info: Any, urls: list[Any]) -> None
         why = (
             "no radixtop debug endpoint: /server_info lists none and none answers on the server's ports; "
             "the radix instrument is not loaded in this server (RADIXTOP_INSTRUMENT=1, see radixtop's "
-            "README), or pass --instrument URL, so no tree snapshot was taken"
+            "docs/instrument.md), or pass --instrument URL, so no tree snapshot was taken"
             if isinstance(info, dict)
             else "no /server_info and no --instrument, so the radix debug endpoints are unknown"
         )

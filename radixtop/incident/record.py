@@ -42,9 +42,10 @@ from typing import Any
 
 import httpx
 
+from radixtop.incident.sharing import longest_earlier_prefixes
 from radixtop.incident.trace import TRACE_VERSION, Trace, TraceRequest
 
-__all__ = ["RecordedCall", "RecordingProxy", "build_trace", "common_prefix", "namespace_of"]
+__all__ = ["RecordedCall", "RecordingProxy", "build_trace", "namespace_of"]
 
 GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 HOP_BY_HOP = frozenset(
@@ -69,14 +70,9 @@ class RecordedCall:
     status: int | None = None
     chat: bool = False  # a chat call: its text is radixtop's flattening of the messages
     extra_key: str | None = None  # its cache namespace (see namespace_of)
-
-
-def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    request_id: str | None = None  # the server's own id for it (a crash dump's rid), kept as the trace's id
+    ignore_eos: bool = False  # generated its max_tokens whatever came
+    in_flight: bool = False  # unfinished when the server died (a crash dump says)
 
 
 def _int(value: Any, default: int) -> int:
@@ -138,42 +134,28 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
     if not usable:
         raise ValueError("no generate call was recorded; point a client at the proxy and send some traffic")
     t0 = min(c.offset_ms for c in usable)
+    lengths = [len(c.input_ids) if c.input_ids is not None else c.prompt_tokens or max(1, len(c.text or "") // CHARS_PER_TOKEN)
+               for c in usable]  # fmt: skip
+    parents = [-1] * len(usable)
+    prefix = [0] * len(usable)
+    for by_ids in (True, False):  # ids and text cannot be compared: each kind among its own
+        members = [i for i, c in enumerate(usable) if (c.input_ids is not None) == by_ids]
+        seqs: list[Sequence[Any]] = [usable[i].input_ids or [] if by_ids else usable[i].text or "" for i in members]
+        for i, seq, (j, shared) in zip(members, seqs, longest_earlier_prefixes(seqs), strict=True):
+            scale = 1.0 if by_ids else lengths[i] / max(1, len(seq))
+            parent = members[j] if j >= 0 else -1
+            tokens = min(lengths[i], lengths[parent], int(shared * scale)) if parent >= 0 else 0
+            if tokens > 0:
+                parents[i], prefix[i] = parent, tokens
+    ids = _unique_ids(usable)
     groups: list[str] = []
-    prefix: list[int] = []
-    lengths: list[int] = []
-    seqs: list[Sequence[Any]] = []
-    parents: list[int] = []
-    for i, call in enumerate(usable):
-        seq: Sequence[Any] = call.input_ids if call.input_ids is not None else call.text or ""
-        if call.input_ids is not None:
-            length = len(call.input_ids)
-            scale = 1.0
-        else:
-            length = call.prompt_tokens or max(1, len(seq) // CHARS_PER_TOKEN)
-            scale = length / max(1, len(seq))
-        best, best_j = 0, -1
-        for j in range(i):
-            if (usable[j].input_ids is None) != (call.input_ids is None):
-                continue  # ids and text cannot be compared
-            shared = common_prefix(seq, seqs[j])
-            if shared > best:
-                best, best_j = shared, j
-        tokens = min(length, lengths[best_j], int(best * scale)) if best_j >= 0 else 0
-        if tokens > 0:
-            groups.append(groups[best_j])
-            prefix.append(tokens)
-            parents.append(best_j)
-        else:
-            groups.append(f"g{i:04d}")
-            prefix.append(0)
-            parents.append(-1)
-        lengths.append(length)
-        seqs.append(seq)
+    for i in range(len(usable)):
+        groups.append(groups[parents[i]] if parents[i] >= 0 else f"g{i:04d}")
     requests = []
     for i, call in enumerate(usable):
         requests.append(
             TraceRequest(
-                id=f"q{i:04d}",
+                id=ids[i],
                 offset_ms=round(call.offset_ms - t0, 3),
                 prompt_len=lengths[i],
                 prefix_len=prefix[i],
@@ -185,11 +167,27 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
                 # template: replaying them as text would send another prompt, so they are not kept.
                 text=call.text if keep_prompts and call.input_ids is None and not call.chat else None,
                 extra_key=call.extra_key,
-                prefix_of=f"q{parents[i]:04d}" if parents[i] >= 0 else None,
+                prefix_of=ids[parents[i]] if parents[i] >= 0 else None,
+                ignore_eos=call.ignore_eos,
+                in_flight=call.in_flight,
             )
         )
     return Trace(name=name, page_size_hint=max(1, page_size_hint), requests=tuple(requests),
                  version=TRACE_VERSION, source=source)  # fmt: skip
+
+
+def _unique_ids(calls: Sequence[RecordedCall]) -> list[str]:
+    """Each call's own id where it has one (a crash dump's rid), else qNNNN; a repeat gets a suffix."""
+    seen: set[str] = set()
+    out = []
+    for i, call in enumerate(calls):
+        base = call.request_id or f"q{i:04d}"
+        rid, k = base, 1
+        while rid in seen:
+            rid, k = f"{base}.{k}", k + 1
+        seen.add(rid)
+        out.append(rid)
+    return out
 
 
 @dataclass

@@ -79,6 +79,8 @@ def _error_text(status: int, body: str) -> str:
 
 def generate_payload(planned: PlannedRequest, temperature: float) -> dict[str, Any]:
     payload: dict[str, Any] = {"sampling_params": {"max_new_tokens": planned.max_tokens, "temperature": temperature}}
+    if planned.ignore_eos:
+        payload["sampling_params"]["ignore_eos"] = True
     if planned.text is not None:
         payload["text"] = planned.text
     else:

@@ -38,6 +38,8 @@ estimate, see ``radixtop.incident.record``).
 
 Optional request key ``extra_key``: the request's cache namespace, sent as SGLang's ``extra_key``
 (requests with different keys never share cached pages, as with different LoRA adapters).
+``ignore_eos``: sent as SGLang's sampling parameter, so the call generates its ``max_tokens``.
+``in_flight``: the request was unfinished when the server died (descriptive).
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ class TraceRequest:
     text: str | None = None  # the recorded prompt text (only with --keep-prompts)
     extra_key: str | None = None  # the cache namespace (SGLang's extra_key; a LoRA adapter's name)
     prefix_of: str | None = None  # the earlier request whose first prefix_len tokens this one starts with
+    ignore_eos: bool = False  # generate max_tokens whatever comes (SGLang's sampling parameter)
+    in_flight: bool = False  # unfinished when the server died (a crash dump says so)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class PlannedRequest:
     max_tokens: int
     text: str | None = field(default=None, repr=False)  # send this text instead of input_ids
     extra_key: str | None = None
+    ignore_eos: bool = False
 
 
 _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
@@ -134,8 +139,10 @@ _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "text": (str,),
     "extra_key": (str,),
     "prefix_of": (str,),
+    "ignore_eos": (bool,),
+    "in_flight": (bool,),
 }
-_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key", "prefix_of"})
+_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key", "prefix_of", "ignore_eos", "in_flight"})
 _TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged"}
 
 
@@ -292,6 +299,10 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
             item["extra_key"] = r.extra_key
         if r.prefix_of is not None:
             item["prefix_of"] = r.prefix_of
+        if r.ignore_eos:
+            item["ignore_eos"] = True
+        if r.in_flight:
+            item["in_flight"] = True
         out["requests"].append(item)
     return out
 
@@ -450,7 +461,8 @@ def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULAR
             if copy == 0 and req.id in named:
                 firsts[req.id] = ids
             planned.append(PlannedRequest(offset_s=req.offset_ms / 1000.0, request_id=req.id, copy=copy, input_ids=ids,
-                                          max_tokens=req.max_tokens, text=req.text, extra_key=req.extra_key))  # fmt: skip
+                                          max_tokens=req.max_tokens, text=req.text, extra_key=req.extra_key,
+                                          ignore_eos=req.ignore_eos))  # fmt: skip
     planned.sort(key=lambda p: p.offset_s)  # stable: trace order within one instant
     return planned
 

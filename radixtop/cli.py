@@ -190,6 +190,13 @@ def _record_arguments(record: argparse.ArgumentParser) -> None:
     _add_readonly_option(record)
 
 
+def _trace_arguments(trace: argparse.ArgumentParser) -> None:
+    trace.add_argument("action", choices=["convert"], help="convert: write SOURCE as a trace file")
+    trace.add_argument("source", metavar="SOURCE",
+                       help="SGLang's crash or request dump (.pkl), its dump folder (the newest dump), or a trace")  # fmt: skip
+    trace.add_argument("-o", "--out", default=None, metavar="TRACE", help="the trace file to write (default NAME.trace.json)")
+
+
 def _analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     analyze.add_argument("trace", metavar="TRACE", help="a trace file (radixtop record writes one), or a built-in name")
     # The sizes are the simulator's settings: its engine checks them, as it does for radixtop sim.
@@ -250,6 +257,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
                _replay_arguments, f"{_INCIDENT}:run_replay", action=True),
     Subcommand("record", "record live traffic as a trace: a proxy on loopback in front of the server",
                _record_arguments, f"{_INCIDENT}:run_record", action=True),
+    Subcommand("trace", "convert SGLang's crash and request dumps into traces that replay and confirm send",
+               _trace_arguments, f"{_INCIDENT}:run_trace"),
     Subcommand("analyze", "run a trace on the simulator's radix cache in-process (no server, no GPU): hit rate, misses by reason",
                _analyze_arguments, f"{_INCIDENT}:run_analyze"),
     Subcommand("confirm", "the confirmation run: evidence, a plan to approve, then the live server vs a bounded control",

@@ -25,6 +25,7 @@ ARGVS = [
     ["bundle", "--url", "http://127.0.0.1:1", "--log", "s.log", "--reason", "r", "--json"],
     ["replay", "finding_03330", "--url", "http://127.0.0.1:1", "--runs", "2", "--no-flush"],
     ["record", "--url", "http://127.0.0.1:1", "--out", "t.json", "--duration", "3"],
+    ["trace", "convert", "dumps/", "-o", "t.json"],
     ["analyze", "demo_pressure", "--sweep", "page-size=1,16", "--json"],
     ["confirm", "--url", "http://127.0.0.1:1", "--yes", "--control-cache", "keep", "--runs", "1"],
     ["sim"],
@@ -37,7 +38,7 @@ def test_one_subcommands_parser_answers_as_the_whole_parser_does(argv: list[str]
 
 
 def test_one_subcommands_parser_holds_that_subcommand_only() -> None:
-    assert set(SUBCOMMANDS) == {"scan", "demo", "bundle", "replay", "record", "analyze", "confirm", "sim"}
+    assert set(SUBCOMMANDS) == {"scan", "demo", "bundle", "replay", "record", "trace", "analyze", "confirm", "sim"}
     for name in SUBCOMMANDS:
         with pytest.raises(UsageError, match="invalid choice"):
             build_parser(name).parse_args([next(other for other in SUBCOMMANDS if other != name)])

@@ -20,7 +20,7 @@ from typing import Any
 
 from radixtop.errors import ExitStatus, UsageError
 
-__all__ = ["load_trace_arg", "run_analyze", "run_bundle", "run_confirm", "run_record", "run_replay"]
+__all__ = ["load_trace_arg", "run_analyze", "run_bundle", "run_confirm", "run_record", "run_replay", "run_trace"]
 
 
 def _progress(prefix: str, quiet: bool = False):
@@ -32,9 +32,18 @@ def _progress(prefix: str, quiet: bool = False):
 
 
 def load_trace_arg(text: str) -> tuple[Any, str]:
-    """A trace file, or a built-in trace's name (finding_03330, demo_pressure)."""
+    """A trace file, a built-in trace's name (finding_03330, demo_pressure), or SGLang's crash or
+    request dump (a .pkl, or the dump folder: its newest), as the trace of its own requests."""
     from radixtop.incident.trace import TraceError, builtin_trace, load_trace
 
+    if text.endswith(".pkl") or os.path.isdir(text):
+        from radixtop.incident.crash_dump import DumpError, dump_trace_of, find_dump, read_dump
+
+        try:
+            dump = read_dump(find_dump(text))
+            return dump_trace_of(dump), f"the crash's own workload: {dump.summary()}"
+        except DumpError as exc:
+            raise UsageError(str(exc)) from None
     try:
         if os.path.exists(text) or os.sep in text or text.endswith(".json"):
             return load_trace(text), str(Path(text))
@@ -224,6 +233,24 @@ def run_analyze(args: Namespace) -> int:
 
 
 # -- record -------------------------------------------------------------------------------------
+
+
+def run_trace(args: Namespace) -> int:
+    """`radixtop trace convert SRC -o OUT`: a dump (or any trace radixtop reads) as a trace file,
+    written 0600: a dump's prompts are the users' own."""
+    from radixtop.incident.trace import dump_trace
+    from radixtop.rundir import write_file
+
+    trace, label = load_trace_arg(args.source)
+    out = Path(args.out) if args.out else Path(f"{trace.name}.trace.json")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {out}: its directory does not exist")
+    try:
+        write_file(out, (json.dumps(dump_trace(trace), indent=1) + "\n").encode())
+    except OSError as exc:
+        raise UsageError(f"-o {out}: cannot write it: {exc.strerror or exc}") from None
+    _progress("trace", False)(f"{label}\nwrote {out} (mode 0600: it holds the prompts)")
+    return ExitStatus.OK
 
 
 def run_record(args: Namespace) -> int:

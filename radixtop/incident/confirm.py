@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from radixtop.incident.crash_dump import DumpError, crash_workload
 from radixtop.incident.launch import (
     CACHE_MODES,
     LaunchCommand,
@@ -150,6 +151,7 @@ class Plan:
     baseline_logs: list[str]  # the original's logs
     trace: Trace
     trace_path: Path
+    workload_origin: str = ""  # where the workload comes from: given, the crash's own, or made up
     vocab: Vocabulary | None = SIM_VOCABULARY  # where made-up prompts draw their ids; None: unknown (a blocker)
     launch_env: LaunchEnv | None = None  # what the started servers run with (None: none is started)
     control_summary: str = ""  # the condition the control changes, in a few words
@@ -233,6 +235,7 @@ class Plan:
                 f"Workload      {self.trace.name}: {len(self.trace.requests)} requests, {self.calls} calls "
                 f"over {duration:.1f} s at temperature 0 ({self.trace_path})"
             ),
+            *([f"  {self.workload_origin}"] if self.workload_origin else []),
             f"  token ids from the model's vocabulary: {self.vocab.describe() if self.vocab else 'unknown'}",
             f"Runs          {o.runs} per arm, one arm after the other, the same workload; "
             + ("the cache is flushed before each run (POST /flush_cache)" if o.flush else "no cache flush (--no-flush)"),
@@ -290,6 +293,7 @@ class Plan:
             "gpus": {"status": self.placement.status, "visible": self.placement.visible, "need": self.placement.need},
             "workload": {
                 "name": self.trace.name,
+                "origin": self.workload_origin,
                 "path": str(self.trace_path),
                 "requests": len(self.trace.requests),
                 "calls": self.calls,
@@ -598,6 +602,16 @@ async def prepare(
     else:
         control_running = max(1, max_running // options.concurrency_divisor)
     trace = options.trace
+    origin = f"given: {options.trace_label or trace.name}" if trace is not None else ""
+    if trace is None:
+        try:
+            own = crash_workload(baseline_logs, info)
+        except DumpError as exc:
+            own = None
+            notes.append(f"the server's crash dump cannot be read: {exc}")
+        if own is not None:
+            trace, dump = own
+            origin = f"the crash's own: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
     server_page = (info or {}).get("page_size")
     if trace is not None and isinstance(server_page, int) and server_page >= 1 and server_page != trace.page_size_hint:
         # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one
@@ -612,6 +626,8 @@ async def prepare(
             int(info["max_total_num_tokens"]), max_running or 32,
             page_size=int(info.get("page_size") or 1), max_input_len=info.get("max_req_input_len"),
         )  # fmt: skip
+        origin = ("made up: token pressure sized to the server (no crash dump of it found; SGLang writes one "
+                  "with --crash-dump-folder)")  # fmt: skip
     vocab, no_vocab = _vocabulary(options, info, live, seen)
     if no_vocab is not None:
         blockers.append(no_vocab)
@@ -697,6 +713,7 @@ async def prepare(
         baseline_logs=baseline_logs,
         trace=trace,
         trace_path=trace_path,
+        workload_origin=origin,
         vocab=vocab,
         bundle=bundle,
         notes=notes,

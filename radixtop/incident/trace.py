@@ -308,7 +308,10 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(dump_trace(trace), indent=2) + "\n", encoding="utf-8")
+    """Written 0600, whole or not at all: a trace can hold the users' prompts."""
+    from radixtop.rundir import write_file
+
+    write_file(Path(path), (json.dumps(dump_trace(trace), indent=2) + "\n").encode())
 
 
 def builtin_trace(name: str) -> Trace:

@@ -1,0 +1,352 @@
+"""SGLang's crash dumps read as a workload, without ever running what a pickle asks for.
+
+SGLang (``--crash-dump-folder DIR``, or ``POST /configure_logging {"crash_dump_folder": DIR}``)
+writes ``DIR/<host>/crash_dump_<time>.pkl`` when a child dies and logs ``Dumped N finished and M
+unfinished requests before crash to FILE``; ``dump_requests_folder`` writes the same records every
+K finished requests. A dump is a pickle of a dict: ``server_args``, ``launch_command``, and
+``requests``, tuples ``(GenerateReqInput, output dict, created_ts, finished_ts)``; an unfinished
+request's output is ``{}``.
+
+A pickle is a program: loading one with ``pickle.load`` runs whatever callables it names. Here a
+dump is loaded by an unpickler whose every global is either a harmless builtin (``set``,
+``frozenset``, ``complex``, ``OrderedDict``, dates) or, for names under SGLang, transformers,
+torch and numpy, an inert stand-in that keeps the arguments and state it is given and does
+nothing else: no module is imported and no real code runs. Any other global (``os.system``,
+``builtins.eval``, ``subprocess.Popen``) is refused in one line naming it. The file must be a
+regular file (not a link) of this user's or root's, at most MAX_DUMP_BYTES.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import io
+import os
+import pickle
+import re
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from radixtop.incident.record import RecordedCall, build_trace
+from radixtop.incident.trace import Trace
+
+__all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "crash_workload", "dump_named_in", "dump_trace_of",
+           "find_dump", "read_dump"]
+
+MAX_DUMP_BYTES = 512 << 20
+MAX_REQUESTS = 200_000
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's, when a request does not say
+# Packages whose names become inert stand-ins; anything else a dump asks for is refused.
+INERT_PACKAGES = frozenset({"sglang", "transformers", "torch", "numpy"})
+SAFE_GLOBALS: dict[tuple[str, str], Any] = {
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "complex"): complex,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("datetime", "datetime"): datetime.datetime,
+    ("datetime", "date"): datetime.date,
+    ("datetime", "timedelta"): datetime.timedelta,
+}
+
+
+class DumpError(ValueError):
+    """One line: what is wrong with the dump and what to do."""
+
+
+class Inert:
+    """What an allowed SGLang, transformers, torch or numpy name becomes: it records the arguments
+    and the state it is given, and does nothing with them."""
+
+    qualified = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Inert:
+        obj = object.__new__(cls)
+        obj.__dict__["_args"] = args
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        dicts = state if isinstance(state, tuple) else (state,)
+        for part in dicts:
+            if isinstance(part, dict):  # never a dunder: an instance's __setstate__ would be called
+                self.__dict__.update((k, v) for k, v in part.items() if isinstance(k, str) and not k.startswith("__"))
+            elif part is not None:
+                self.__dict__["_state"] = part
+
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """A stand-in's recorded attribute (its instance dict only: nothing a pickle set can run)."""
+    return obj.__dict__.get(name) if isinstance(obj, Inert) else None
+
+
+_STAND_INS: dict[tuple[str, str], type[Inert]] = {}
+
+
+def _stand_in(module: str, name: str) -> type[Inert]:
+    key = (module, name)
+    if key not in _STAND_INS:
+        _STAND_INS[key] = type(name.replace(".", "_") or "Inert", (Inert,), {"qualified": f"{module}.{name}"})
+    return _STAND_INS[key]
+
+
+class _InertUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        safe = SAFE_GLOBALS.get((module, name))
+        if safe is not None:
+            return safe
+        if module.split(".", 1)[0] in INERT_PACKAGES:
+            return _stand_in(module, name)
+        raise DumpError(f"refused: it asks for {module}.{name}, which radixtop never loads from a dump")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise DumpError("refused: it holds persistent references (a torch.save file, not an SGLang crash dump)")
+
+
+@dataclass(frozen=True)
+class DumpedRequest:
+    """One request as the dump holds it."""
+
+    rid: str
+    input_ids: tuple[int, ...] | None
+    """The exact prompt the server saw, when it was given as token ids (else None)."""
+    text: str | None
+    """The prompt text (OpenAI routes' chat template already applied), when there are no ids."""
+    max_new_tokens: int
+    created: float
+    """Epoch seconds the server received it."""
+    finished: float | None
+    """Epoch seconds it finished; None for one still in flight at the crash."""
+    extra_key: str | None
+    """Its cache namespace: extra_key, else cache_salt, else its LoRA adapter."""
+    ignore_eos: bool
+    prompt_tokens: int | None
+    """From the server's answer (meta_info), when it finished."""
+    cached_tokens: int | None
+
+
+@dataclass(frozen=True)
+class CrashDump:
+    """What a dump file holds that a replay can use, and what it could not."""
+
+    path: Path
+    requests: tuple[DumpedRequest, ...]
+    launch_command: str | None
+    server_args: Mapping[str, Any] = field(default_factory=dict)
+    """The dead server's arguments as plain values (its resolved config), where the dump has them."""
+    skipped: Mapping[str, int] = field(default_factory=dict)
+    """Why requests were left out (a health check, a batch, multimodal input), with counts."""
+
+    @property
+    def page_size(self) -> int | None:
+        return _int(self.server_args.get("page_size")) or None
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for r in self.requests if r.finished is None)
+
+    @property
+    def span_s(self) -> float:
+        if not self.requests:
+            return 0.0
+        return max(r.finished or r.created for r in self.requests) - min(r.created for r in self.requests)
+
+    def summary(self) -> str:
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
+        return (f"{self.path}: {len(self.requests):,} requests over {self.span_s:.1f} s, {self.in_flight} in flight at "
+                f"the crash" + (f"; left out: {skipped}" if skipped else ""))  # fmt: skip
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "it is a symbolic link" if os.path.islink(path) else (exc.strerror or str(exc))
+        raise DumpError(f"{path}: cannot read the dump: {why}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise DumpError(f"{path}: not a regular file")
+        if info.st_uid not in (os.geteuid(), 0):
+            raise DumpError(f"{path}: owned by uid {info.st_uid}, not you or root: copy it somewhere of yours to read it")
+        if info.st_size > limit:
+            raise DumpError(f"{path}: {info.st_size:,} bytes, more than the {limit:,} radixtop reads")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise DumpError(f"{path}: more than the {limit:,} bytes radixtop reads")
+    return data
+
+
+def _load(path: Path, data: bytes) -> Any:
+    try:
+        return _InertUnpickler(io.BytesIO(data)).load()
+    except DumpError as exc:
+        raise DumpError(f"{path}: {exc}") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            OverflowError, MemoryError, RecursionError) as exc:  # fmt: skip
+        raise DumpError(f"{path}: not a complete pickle ({type(exc).__name__}: {str(exc)[:120]}); "
+                        "was it copied while being written?") from None  # fmt: skip
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _token_ids(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, (list, tuple)) and value and all(type(t) is int and t >= 0 for t in value):
+        return tuple(value)
+    return None
+
+
+def _request(entry: Any) -> DumpedRequest | str:
+    """A request of the dump, or why it is left out."""
+    if not isinstance(entry, (tuple, list)) or len(entry) < 3:
+        return "not a request record"
+    req, out = entry[0], entry[1]
+    created = _number(entry[2])
+    finished = _number(entry[3]) if len(entry) > 3 else None
+    if not isinstance(req, Inert) or created is None:
+        return "not a request record"
+    rid = _attr(req, "rid")
+    if isinstance(rid, str) and rid.startswith("HEALTH_CHECK"):
+        return "health checks"
+    if not isinstance(rid, str) or not rid:
+        return "without a request id"
+    if _attr(req, "input_embeds") is not None or _attr(req, "image_data") is not None or _attr(req, "audio_data") is not None:
+        return "with embeddings or media"
+    ids, text = _token_ids(_attr(req, "input_ids")), _attr(req, "text")
+    if ids is None and not (isinstance(text, str) and text):
+        return "batches or prompts without ids or text"
+    params = _attr(req, "sampling_params")
+    params = params if isinstance(params, dict) else {}
+    namespace = next((v for v in (_attr(req, "extra_key"), _attr(req, "cache_salt")) if isinstance(v, str) and v), None)
+    lora = _attr(req, "lora_path")
+    if namespace is None and isinstance(lora, str) and lora:
+        namespace = f"lora:{lora}"
+    meta = out.get("meta_info") if isinstance(out, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    done = isinstance(out, dict) and bool(out)
+    return DumpedRequest(
+        rid=rid, input_ids=ids, text=None if ids is not None else text,
+        max_new_tokens=_int(params.get("max_new_tokens")) or DEFAULT_MAX_NEW_TOKENS,
+        created=created, finished=(finished or created) if done else None, extra_key=namespace,
+        ignore_eos=params.get("ignore_eos") is True, prompt_tokens=_int(meta.get("prompt_tokens")),
+        cached_tokens=_int(meta.get("cached_tokens")),
+    )  # fmt: skip
+
+
+def read_dump(path: str | Path, *, limit: int = MAX_DUMP_BYTES) -> CrashDump:
+    """The dump at ``path``; DumpError (one line) for anything that is not a readable SGLang dump."""
+    path = Path(path)
+    doc = _load(path, _read_bytes(path, limit))
+    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), (list, tuple)):
+        raise DumpError(f"{path}: not an SGLang crash or request dump (no 'requests' list)")
+    entries: Sequence[Any] = doc["requests"]
+    if len(entries) > MAX_REQUESTS:
+        raise DumpError(f"{path}: {len(entries):,} requests, more than the {MAX_REQUESTS:,} radixtop converts")
+    requests: list[DumpedRequest] = []
+    skipped: dict[str, int] = {}
+    for entry in entries:
+        got = _request(entry)
+        if isinstance(got, str):
+            skipped[got] = skipped.get(got, 0) + 1
+        else:
+            requests.append(got)
+    requests.sort(key=lambda r: r.created)
+    command = doc.get("launch_command")
+    return CrashDump(path, tuple(requests), command if isinstance(command, str) else None, _server_args(doc), skipped)
+
+
+def _server_args(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config (a plain dict), else the plain dict SGLang rebuilds ServerArgs from."""
+    plain = (str, int, float, bool, type(None))
+    candidates = [doc.get("resolved_config"), *(_attr(doc.get("server_args"), "_args") or ())]
+    for candidate in candidates:
+        if isinstance(candidate, dict) and "page_size" in candidate:
+            return {k: v for k, v in candidate.items() if isinstance(k, str) and isinstance(v, plain)}
+    return {}
+
+
+# SGLang's line when it has written a dump: the file named is the crash's own workload.
+DUMPED = re.compile(r"Dumped \d+ finished and \d+ unfinished requests before crash to (\S*/crash_dump_[^/\s]*\.pkl)")
+LOG_TAIL_BYTES = 8 << 20
+
+
+def dump_named_in(logs: Sequence[str]) -> Path | None:
+    """The newest dump a server's log says it wrote (the last such line in the logs' tails)."""
+    newest: tuple[float, Path] | None = None
+    for log in logs:
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - LOG_TAIL_BYTES))
+                tail = fh.read(LOG_TAIL_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+        for match in DUMPED.finditer(tail):
+            path = Path(match.group(1))
+            try:
+                when = path.lstat().st_mtime
+            except OSError:
+                continue
+            if newest is None or when >= newest[0]:
+                newest = (when, path)
+    return newest[1] if newest else None
+
+
+def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None) -> tuple[Trace, CrashDump] | None:
+    """The crash's own workload, where the server left one: the dump its log names, else the newest
+    in its --crash-dump-folder. None when there is none; DumpError when the one there is unreadable."""
+    path = dump_named_in(logs)
+    folder = (server_args or {}).get("crash_dump_folder")
+    if path is None and isinstance(folder, str) and folder and os.path.isdir(folder):
+        try:
+            path = find_dump(folder)
+        except DumpError:
+            return None
+    if path is None:
+        return None
+    dump = read_dump(path)
+    return dump_trace_of(dump), dump
+
+
+def find_dump(source: str | Path) -> Path:
+    """``source`` itself when it is a file; in a folder (SGLang's --crash-dump-folder, whose dumps
+    sit in a folder per host), its newest crash or request dump. A folder that is a symbolic link
+    or another user's is refused."""
+    path = Path(source)
+    if not path.is_dir():
+        return path
+    if path.is_symlink():
+        raise DumpError(f"{path}: the dump folder is a symbolic link; pass the folder it points to, if you trust it")
+    owner = path.stat().st_uid
+    if owner not in (os.geteuid(), 0):
+        raise DumpError(f"{path}: the dump folder belongs to uid {owner}, not you or root")
+    found = [p for pattern in ("*.pkl", "*/*.pkl") for p in path.glob(pattern) if p.is_file() and not p.is_symlink()]
+    if not found:
+        raise DumpError(f"{path}: no dump (*.pkl) in it or in its host folders; SGLang writes one when a child dies")
+    return max(found, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def dump_trace_of(dump: CrashDump, *, name: str | None = None) -> Trace:
+    """The dump's requests as a trace: their exact prompts and ids, sent at the offsets they were
+    received at, with the sharing among them as prefix_of/prefix_len."""
+    if not dump.requests:
+        raise DumpError(f"{dump.path}: no request a replay can send ({dump.summary()})")
+    t0 = dump.requests[0].created
+    calls = [
+        RecordedCall((r.created - t0) * 1000.0, "/generate", list(r.input_ids) if r.input_ids is not None else None,
+                     r.text, r.max_new_tokens, 1, prompt_tokens=r.prompt_tokens, extra_key=r.extra_key,
+                     request_id=r.rid, ignore_eos=r.ignore_eos, in_flight=r.finished is None)  # fmt: skip
+        for r in dump.requests
+    ]
+    return build_trace(calls, name=name or dump.path.stem, keep_prompts=True, page_size_hint=dump.page_size or 1,
+                       source=f"SGLang dump {dump.path}: {len(calls):,} requests, {dump.in_flight} in flight")  # fmt: skip

@@ -387,3 +387,41 @@ def test_a_fault_inside_the_real_cache_is_found_kept_and_confirmed_pressure_depe
         if tmux is not None:
             tmux.kill()
         server.stop()
+
+
+def test_a_crash_dump_armed_live_makes_c_replay_the_crashs_own_requests(tmp_path: Path, runtime_dir: Path) -> None:
+    """D arms SGLang's crash dump on the live server (POST /configure_logging, shown first, sent on
+    y); the scheduler SIGKILLed under shared-prefix traffic leaves the dump; c's plan replays the
+    crash's own requests, and the reproduction receives exactly their token ids (its own request
+    log says so: the server logs requests at level 3, and the reproduction runs with its flags)."""
+    server = start_server(tmp_path, name="server", flags=("--log-requests", "--log-requests-level", "3"))
+    tmux = None
+    try:
+        tmux = watch(tmp_path, "--no-gpu", "--url", server.url)  # the module's shared server runs too
+        tmux.wait_for(lambda s: "server ok" in s and "r0 ok" in s, "radixtop to find the server", 90)
+        tmux.send("D")
+        dialog = tmux.wait_for(lambda s: "Arm the crash dump?" in s, "the arming dialog", 15)
+        assert "/configure_logging" in dialog and '"crash_dump_folder"' in dialog, dialog
+        tmux.send("y")
+        tmux.wait_for(lambda s: "crash dump armed" in s, "the server armed", 15)
+        assert "Config logging" in server.text() and str(runtime_dir / "crash-dumps") in server.text()
+        prompts = [SHARED + [500 + i] * (12 + i) for i in range(4)]
+        for ids in prompts:
+            server.generate(ids, max_new_tokens=8)
+        server.scheduler().kill()
+        assert server.proc is not None and server.proc.wait(60) is not None
+        assert "Dumped 4 finished and 0 unfinished requests before crash to" in server.text(), server.text()[-2000:]
+        tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 60)
+        tmux.send("c")
+        plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan", 120)
+        assert "the crash's own: " in plan and "4 requests" in plan, plan
+        tmux.send("y")
+        tmux.wait_for(lambda s: "VERDICT:" in s, "the verdict", 600, step=1.0)
+        work = next(tmp_path.glob("radixtop-confirm-*"))
+        received = (work / "reproduction.out").read_text(errors="replace")
+        for ids in prompts:
+            assert str(ids)[1:-1] in received, f"{ids[-1]}'s prompt never reached the reproduction"
+    finally:
+        if tmux is not None:
+            tmux.kill()
+        server.stop()

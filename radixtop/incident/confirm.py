@@ -120,6 +120,7 @@ class ConfirmOptions:
     min_severity: str = "error"  # signatures at or above this count for the verdict
     request_timeout_s: float = 120.0
     sighting: Sighting | None = None  # what the caller saw of the server while it lived (the TUI)
+    crash_dump_folder: str | None = None  # where radixtop told the server to dump its requests
     vocab_size: int | None = None  # --vocab-size: the model's vocabulary when its files are not here
 
 
@@ -605,7 +606,7 @@ async def prepare(
     origin = f"given: {options.trace_label or trace.name}" if trace is not None else ""
     if trace is None:
         try:
-            own = crash_workload(baseline_logs, info)
+            own = crash_workload(baseline_logs, info, options.crash_dump_folder)
         except DumpError as exc:
             own = None
             notes.append(f"the server's crash dump cannot be read: {exc}")

@@ -33,8 +33,8 @@ from typing import Any
 from radixtop.incident.record import RecordedCall, build_trace
 from radixtop.incident.trace import Trace
 
-__all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "crash_workload", "dump_named_in", "dump_trace_of",
-           "find_dump", "read_dump"]
+__all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload",
+           "dump_folder", "dump_named_in", "dump_trace_of", "find_dump", "read_dump"]
 
 MAX_DUMP_BYTES = 512 << 20
 MAX_REQUESTS = 200_000
@@ -302,16 +302,18 @@ def dump_named_in(logs: Sequence[str]) -> Path | None:
     return newest[1] if newest else None
 
 
-def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None) -> tuple[Trace, CrashDump] | None:
+def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None,
+                   armed: str | None = None) -> tuple[Trace, CrashDump] | None:  # fmt: skip
     """The crash's own workload, where the server left one: the dump its log names, else the newest
-    in its --crash-dump-folder. None when there is none; DumpError when the one there is unreadable."""
+    in its --crash-dump-folder or the folder radixtop armed (``armed``). None when there is none;
+    DumpError when the one there is unreadable."""
     path = dump_named_in(logs)
-    folder = (server_args or {}).get("crash_dump_folder")
-    if path is None and isinstance(folder, str) and folder and os.path.isdir(folder):
-        try:
-            path = find_dump(folder)
-        except DumpError:
-            return None
+    for folder in ((server_args or {}).get("crash_dump_folder"), armed):
+        if path is None and isinstance(folder, str) and folder and os.path.isdir(folder):
+            try:
+                path = find_dump(folder)
+            except DumpError:
+                continue
     if path is None:
         return None
     dump = read_dump(path)
@@ -334,6 +336,36 @@ def find_dump(source: str | Path) -> Path:
     if not found:
         raise DumpError(f"{path}: no dump (*.pkl) in it or in its host folders; SGLang writes one when a child dies")
     return max(found, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def dump_folder() -> Path:
+    """Where radixtop asks a server to dump: a folder of radixtop's private runtime directory."""
+    from radixtop.rundir import runtime_dir
+
+    return runtime_dir("crash-dumps")
+
+
+def arm_request(url: str, folder: Path) -> tuple[str, dict[str, str]]:
+    """What arming sends, as the plan shows it: POST url/configure_logging with this body alone."""
+    return f"{url.rstrip('/')}/configure_logging", {"crash_dump_folder": str(folder)}
+
+
+def arm(url: str, folder: Path, *, timeout_s: float = 10.0) -> None:
+    """Tell a live SGLang server to dump its requests into ``folder`` when a child dies, until it
+    restarts: only ``crash_dump_folder`` is sent (SGLang leaves every other setting as it is).
+    DumpError (one line) when the server does not take it."""
+    import httpx
+
+    from radixtop.incident.server import auth_headers
+
+    target, body = arm_request(url, folder)
+    try:
+        answer = httpx.post(target, json=body, headers=auth_headers(), timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise DumpError(f"POST {target}: {type(exc).__name__}: {exc}") from None
+    if answer.status_code != 200:
+        hint = "; it needs the admin key: set SGLANG_API_KEY" if answer.status_code in (401, 403) else ""
+        raise DumpError(f"POST {target} answered HTTP {answer.status_code}{hint}")
 
 
 def dump_trace_of(dump: CrashDump, *, name: str | None = None) -> Trace:

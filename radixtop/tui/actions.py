@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import json
+import os
 import shlex
 import threading
 import time
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 
 # The widgets (and the incident modules) are imported on first use: the app's start-up does not pay.
 
-INCIDENT_ACTIONS = ("bundle", "confirm")
+INCIDENT_ACTIONS = ("bundle", "confirm", "arm_dump")
 BAR_LINGER_S = 12.0  # a result stays in the action bar this long (the log pane keeps it as a notice)
 QUIT_WAIT_S = 20.0  # quitting waits this long, at most, for a cancelled run to stop its control
 SIGHT_EVERY_S = 15.0  # a live server is looked at again this often (and at once when it changes)
@@ -148,6 +150,8 @@ class IncidentActions:
         self.run_lock: Any = None  # this app's hold on the node's confirmation run
         self._watch_timer: Any = None
         self._watch_shown = 0
+        self.dump_armed: str | None = None  # the folder a live server was told to dump into (D)
+        self._arming = False
 
     # -- what the app knows about the server -----------------------------------------------------
 
@@ -408,6 +412,95 @@ class IncidentActions:
         # the bundler busy: look again, or the crash's own bundle would wait for the next finding.
         self.observe_findings(self.state.report)
 
+    # -- D: arm SGLang's crash dump -----------------------------------------------------------------
+
+    def status_extra(self) -> tuple[str, ...]:
+        return (f"crash dump armed: {self.dump_armed}",) if self.dump_armed else ()
+
+    def _server_sample(self) -> Any:
+        panes = getattr(self, "panes", None)
+        return getattr(getattr(panes, "state", None), "server", None) if panes is not None else None
+
+    def _why_not_arm(self, target: Target) -> str | None:
+        import psutil
+
+        server = self._server_sample()
+        if target.url is None or server is None:
+            return "no live server known: start radixtop with --url URL"
+        if not server.status.ok:
+            return f"{target.url} is not answering: there is nothing to arm"
+        raw = server.info.raw if server.info is not None else None
+        folder = raw.get("crash_dump_folder") if isinstance(raw, dict) else None
+        if folder:
+            return f"the server already dumps into {folder} (--crash-dump-folder): c replays what it writes"
+        if self.dump_armed:
+            return f"already armed: {self.dump_armed}"
+        try:
+            uid = psutil.Process(target.pid).uids().real if target.pid else None
+        except psutil.Error:
+            uid = None
+        if uid is not None and uid != os.geteuid():
+            return (f"the server runs as uid {uid}: it cannot write into your private folder; start it with "
+                    "--crash-dump-folder instead")  # fmt: skip
+        return None
+
+    def action_arm_dump(self) -> None:
+        from radixtop.incident.crash_dump import arm_request, dump_folder
+        from radixtop.rundir import RuntimeDirError
+        from radixtop.widgets.confirm import PlanScreen
+
+        app: Any = self
+        self._remember_loop()
+        target = self.incident_target()
+        why = "one is being armed" if self._arming else self._why_not_arm(target)
+        if why is not None:
+            self._say(f"arm crash dump: {why}", error=not why.startswith(("already", "the server already")), final=True)
+            return
+        try:
+            folder = dump_folder()
+        except RuntimeDirError as exc:
+            self._say(f"arm crash dump: {exc}", error=True, final=True)
+            return
+        assert target.url is not None
+        where, body = arm_request(target.url, folder)
+        lines = [
+            f"Arm SGLang's crash dump on {target.url}:",
+            f"  POST {where}  {json.dumps(body)}",
+            "  Only crash_dump_folder is sent; every other setting stays as it is. In effect until the server restarts.",
+            "  When one of its processes dies, SGLang writes the requests of its last 300 s and those in flight,",
+            f"  with their prompts, to {folder}/<host>/crash_dump_<time>.pkl (your private folder, mode 700),",
+            "  and c then replays the crash's own workload instead of a made-up one.",
+        ]  # fmt: skip
+
+        def answered(approved: bool | None) -> None:
+            if not approved:
+                self._say("arm crash dump: not armed; nothing was sent", final=True)
+                return
+            self._arming = True
+            self._say(f"arm crash dump: POST {where} …")
+            self._arm_worker(target.url, folder)
+
+        app.push_screen(PlanScreen(lines, question="Arm the crash dump?  y / Enter arm · n / Esc cancel"), answered)
+
+    @work(thread=True, group="arm-dump", exit_on_error=False)
+    def _arm_worker(self, url: str, folder: Path) -> None:
+        from radixtop.incident.crash_dump import DumpError, arm
+
+        try:
+            arm(url, folder)
+            error = None
+        except DumpError as exc:
+            error = str(exc)
+        self._post(self._armed, str(folder), error)
+
+    def _armed(self, folder: str, error: str | None) -> None:
+        self._arming = False
+        if error is not None:
+            self._say(f"arm crash dump: not armed: {error}", error=True, final=True)
+            return
+        self.dump_armed = folder
+        self._say(f"crash dump armed: the server dumps its requests into {folder} if a child dies", final=True)
+
     # -- c: the confirmation run -----------------------------------------------------------------
 
     def action_confirm(self) -> None:
@@ -439,7 +532,8 @@ class IncidentActions:
         self.run_lock = lock
         options = ConfirmOptions(**{
             "url": target.url, "workdir": workdir, "logs": target.logs, "pid": target.pid,
-            "signature_files": settings.signature_files, "sighting": self.sighting, **dict(settings.confirm),
+            "signature_files": settings.signature_files, "sighting": self.sighting, "crash_dump_folder": self.dump_armed,
+            **dict(settings.confirm),
         })  # fmt: skip
         self.confirm_state = "preparing"
         self.confirm_run = self.confirm_verdict = None

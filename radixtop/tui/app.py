@@ -709,6 +709,7 @@ class RadixtopApp(IncidentActions, App[int]):
             filter_rows=state.view_len if state.filter_text else 0,
             search_text=state.search_text,
             engine=engine,
+            extra=self.status_extra(),
         )
 
     # -- keys --------------------------------------------------------------------------------------

@@ -69,6 +69,10 @@ KEYS: tuple[Key, ...] = (
         "confirmation run: evidence first, then the plan (how the server was launched, the arms, their GPUs, the "
         "workload) to approve with y / Enter or refuse with n / Esc; then live progress (x cancels and stops the "
         "servers it started, Esc hides it, c shows it again) and the verdict with the arms side by side"),
+    Key("arm-dump", "D", "arm_dump", "Arm crash dump",
+        "arm SGLang's crash dump on a live server that has none: after your approval, POST /configure_logging "
+        "with only crash_dump_folder (radixtop's private folder), until the server restarts; a crash then keeps "
+        "its own requests and c replays them", show=False),
     Key("pane-log", "1", "pane('log')", "Panes",
         "log pane (on a small screen one pane at a time; on a big one, 140x40 and more, all at once and a number "
         "zooms one; the same number again shows all)", key_display="1-5"),

@@ -50,13 +50,17 @@ class PlanScreen(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "Cancel"),
     ]
 
-    def __init__(self, lines: Sequence[str], *, blockers: Sequence[str] = (), requires_stop: bool = False) -> None:
+    def __init__(self, lines: Sequence[str], *, blockers: Sequence[str] = (), requires_stop: bool = False,
+                 question: str | None = None) -> None:  # fmt: skip
         super().__init__()
         self.lines = list(lines)
         self.blockers = list(blockers)
         self.requires_stop = requires_stop and not self.blockers
+        self.question = question  # instead of the confirmation run's
 
     def _question(self) -> str:
+        if self.question is not None and not self.blockers:
+            return self.question
         if self.blockers:
             return f"This plan cannot start: {self.blockers[0]}.  n / Esc close"
         if self.requires_stop:

@@ -202,14 +202,14 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
                     owner = roots[parent.pid]
                     break
             if owner is None and kind == "sglang-child":  # an offline sgl.Engine: its parent is the server
-                parent = proc.parent()
-                if parent is not None and parent.pid == 1:  # orphaned: its server died without it
+                server = proc.parent()
+                if server is not None and server.pid == 1:  # orphaned: its server died without it
                     orphans.append(proc.pid)
                     continue
-                if parent is not None and parent.pid not in skip:
-                    argv = parent.cmdline()
+                if server is not None and server.pid not in skip:
+                    argv = server.cmdline()
                     owner = roots.setdefault(
-                        parent.pid, _Candidate(parent, "sglang", argv, parent.create_time(), args=argv[1:])
+                        server.pid, _Candidate(server, "sglang", argv, server.create_time(), args=argv[1:])
                     )
         except psutil.Error:
             continue

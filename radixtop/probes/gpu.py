@@ -15,6 +15,7 @@ NVML event set polled with a zero timeout: the driver reports them only where it
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -380,7 +381,7 @@ class GpuReader:
                 device = data.device
             except Exception:
                 continue
-            index = self._try(lambda d=device: nvml.call("nvmlDeviceGetIndex", d, read=int), None)
+            index = self._try(functools.partial(nvml.call, "nvmlDeviceGetIndex", device, read=int), None)
             out.append(XidEvent(self._clock(), index, xid))
         return tuple(out)
 

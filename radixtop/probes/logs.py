@@ -170,7 +170,7 @@ def _make_records(
             map(_RecordBuilder, repeat(source), linenos, texts, repeat(generation), repeat(received))
         )
         for record in records:
-            record.__class__ = LogRecord
+            record.__class__ = LogRecord  # type: ignore[assignment]  # the __slots__ twin swap above
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -74,7 +74,11 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
             next_call += 1
             arrived[index] = clock[0]
             future: Future[GenerateResult] = Future()
-            future.add_done_callback(lambda _f, i=index: finished.setdefault(i, clock[0]))
+
+            def mark_finished(_f: Future[GenerateResult], i: int = index) -> None:
+                finished.setdefault(i, clock[0])
+
+            future.add_done_callback(mark_finished)
             try:
                 call = calls[index]
                 engine.submit(call.input_ids, max_new_tokens=call.max_new_tokens, future=future, extra_key=call.extra_key)
@@ -99,8 +103,8 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
             raise RuntimeError("the engine is idle with calls unanswered")
     results = []
     for i, call in enumerate(calls):
-        future = futures.get(i)
-        result = future.result() if future is not None else None
+        answered = futures.get(i)
+        result = answered.result() if answered is not None else None
         if result is None or result.finish_reason == "abort":
             why = errors.get(i) or "aborted (retracted with no room left)"
             results.append(OfflineResult(call.key, arrived[i], None, len(call.input_ids), None, why))

@@ -153,7 +153,8 @@ def _epoch(stamp: str) -> float | None:
 def _with_fraction(epoch: float | None, fraction: str | None) -> float | None:
     if epoch is None or not fraction:
         return epoch
-    return epoch + int(fraction) / (10 ** len(fraction))
+    scale: int = 10 ** len(fraction)  # int ** int is typed Any: it is a float for a negative power
+    return epoch + int(fraction) / scale
 
 
 def _level_of(message: str) -> str | None:
@@ -359,7 +360,7 @@ _BATCH_FIELD = re.compile(
 )
 
 
-def _number(text: str, kind: type) -> int | float | None:
+def _number(text: str, kind: type[int] | type[float]) -> int | float | None:
     try:
         return kind(text)
     except ValueError:

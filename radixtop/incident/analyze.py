@@ -127,7 +127,12 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
 
 
 def sweep(trace: Trace, config: SimConfig, field: str, values: Sequence[int], *, seed: int = 0) -> list[Analysis]:
-    return [analyze(trace, replace(config, **{field: value}), seed=seed) for value in values]
+    return [analyze(trace, _with(config, field, value), seed=seed) for value in values]
+
+
+def _with(config: SimConfig, field: str, value: int) -> SimConfig:
+    changes: dict[str, Any] = {field: value}  # one of SWEEPABLE's fields, named at run time
+    return replace(config, **changes)
 
 
 def _setting_line(a: Analysis) -> str:

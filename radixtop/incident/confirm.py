@@ -415,10 +415,10 @@ def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None
     # stdout, found by psutil, and the user's --log are).
     log_file = flag_value(live.flags, "--log-file") if live.source != "server_info" else None
     if log_file:
-        path = Path(log_file)
-        if not path.is_absolute() and live.cwd:
-            path = Path(live.cwd) / path
-        found.append(str(path))
+        given = Path(log_file)
+        if not given.is_absolute() and live.cwd:
+            given = Path(live.cwd) / given
+        found.append(str(given))
     real = {os.path.realpath(p) for p in found}
     for path in [*stdout_log_paths(pid), *(seen.logs if seen is not None else ())]:
         if os.path.realpath(path) not in real:
@@ -654,7 +654,7 @@ async def prepare(
     arms: list[ArmPlan] = []
     if mode == "live":
         arms.append(ArmPlan("baseline", url, logs=baseline_logs))
-    roles = ["reproduction", "control"] if mode == "relaunch" else ["control"]
+    roles: list[ArmRole] = ["reproduction", "control"] if mode == "relaunch" else ["control"]
     for role in roles:
         port = free_loopback_port()
         output = workdir / f"{role}.out"

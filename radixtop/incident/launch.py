@@ -277,7 +277,8 @@ def build_control_argv(
 def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 # -- the control process --------------------------------------------------------------------------
@@ -303,7 +304,7 @@ class ControlProcess:
     output: Path
     cwd: str | None = None
     env: dict[str, str] | None = None
-    proc: subprocess.Popen | None = field(default=None, repr=False)
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
         self.output.parent.mkdir(parents=True, exist_ok=True)

@@ -36,13 +36,16 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from radixtop.incident.trace import TRACE_VERSION, Trace, TraceRequest
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["RecordedCall", "RecordingProxy", "build_trace", "common_prefix", "namespace_of"]
 
@@ -125,8 +128,9 @@ def namespace_of(body: Any) -> str | None:
     (SGLang keys the radix tree by both, so requests in different namespaces share no pages)."""
     if not isinstance(body, dict):
         return None
-    if isinstance(body.get("extra_key"), str):
-        return body["extra_key"]
+    extra_key = body.get("extra_key")
+    if isinstance(extra_key, str):
+        return extra_key
     lora = body.get("lora_path", body.get("lora_id"))
     return f"lora:{lora}" if isinstance(lora, str) and lora else None
 
@@ -203,8 +207,8 @@ class RecordingProxy:
     calls: list[RecordedCall] = field(default_factory=list)
     skipped: int = 0  # generate calls whose prompt could not be recorded (batches)
     page_size: int | None = None  # the server's, from its /server_info once started; None when it did not say
-    _server: Any = None
-    _task: asyncio.Task | None = None
+    _server: uvicorn.Server | None = None
+    _task: asyncio.Task[None] | None = None
     _client: httpx.AsyncClient | None = None
     _t0: float | None = None
 
@@ -288,7 +292,7 @@ class RecordingProxy:
             call.status = upstream.status_code
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"}
 
-        async def relay():
+        async def relay() -> AsyncIterator[bytes]:
             tail = b""
             try:
                 async for chunk in upstream.aiter_bytes():

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 __all__ = [
     "BatchStats",
@@ -49,8 +49,11 @@ __all__ = [
 
 # NamedTuples, not dataclasses: one is built per parsed line (a tuple is several times cheaper),
 # and `radixtop scan` starts without importing dataclasses (and inspect).
+BatchKind = Literal["prefill", "decode"]
+
+
 class BatchStats(NamedTuple):
-    kind: str  # "prefill" | "decode"
+    kind: BatchKind
     token_usage: float | None = None
     running_req: int | None = None
     queue_req: int | None = None
@@ -372,6 +375,7 @@ def _number(text: str, kind: type[int] | type[float]) -> int | float | None:
 
 def parse_batch(message: str) -> BatchStats | None:
     """Stats of a ``Prefill batch``/``Decode batch`` message (fields by key, any order, any missing)."""
+    kind: BatchKind
     if message.startswith("Prefill batch"):
         kind = "prefill"
     elif message.startswith("Decode batch"):

@@ -47,6 +47,7 @@ import httpx
 
 from radixtop.incident.launch import (
     CACHE_MODES,
+    CommandSource,
     LaunchCommand,
     LaunchError,
     build_control_argv,
@@ -341,7 +342,7 @@ def _live_launch(
         return replace(parse_launch_command(options.launch_command, source="given",
                                             version=(info or {}).get("version"), python=python), cwd=cwd)  # fmt: skip
     argv = process_argv(pid)
-    source = "psutil"
+    source: CommandSource = "psutil"
     if not (argv and any(a.startswith("--") for a in argv)) and seen is not None and seen.argv:
         argv, source = list(seen.argv), "seen"
     if argv and any(a.startswith("--") for a in argv):

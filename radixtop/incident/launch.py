@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -69,14 +70,19 @@ class LaunchError(ValueError):
     """A launch command that cannot be used: one line saying what to do."""
 
 
+LaunchKind = Literal["sglang", "radixtop-sim", "unknown"]
+# Where the command was read: the process, /server_info, the user, or the sighting kept while it lived.
+CommandSource = Literal["psutil", "server_info", "given", "seen"]
+
+
 @dataclass(frozen=True)
 class LaunchCommand:
     """An argv split into the program part (``python -m sglang.launch_server``) and its flags."""
 
     program: tuple[str, ...]
     flags: tuple[str, ...]
-    kind: str  # "sglang", "radixtop-sim" or "unknown"
-    source: str  # "psutil", "server_info" or "given"
+    kind: LaunchKind
+    source: CommandSource
     cwd: str | None = None
     notes: tuple[str, ...] = ()
 
@@ -85,7 +91,7 @@ class LaunchCommand:
         return [*self.program, *self.flags]
 
 
-def _kind(program: Sequence[str]) -> str:
+def _kind(program: Sequence[str]) -> LaunchKind:
     joined = " ".join(program)
     if "sglang" in joined:
         return "sglang"
@@ -102,7 +108,7 @@ def _split_program(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
-def launch_from_argv(argv: Sequence[str], *, source: str, cwd: str | None = None) -> LaunchCommand:
+def launch_from_argv(argv: Sequence[str], *, source: CommandSource, cwd: str | None = None) -> LaunchCommand:
     argv = [str(a) for a in argv]
     if not argv:
         raise LaunchError("the launch command is empty; pass --launch-command")
@@ -111,7 +117,7 @@ def launch_from_argv(argv: Sequence[str], *, source: str, cwd: str | None = None
 
 
 def parse_launch_command(
-    text: str, *, source: str = "server_info", version: str | None = None, python: str | None = None
+    text: str, *, source: CommandSource = "server_info", version: str | None = None, python: str | None = None
 ) -> LaunchCommand:
     """SGLang's ``launch_command`` string as an argv (shlex.split; never a shell).
 

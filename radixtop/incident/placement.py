@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from radixtop.probes.gpu import GpuInfo, GpuSample
@@ -55,9 +55,12 @@ def gpus_needed(flags: Sequence[str]) -> int:
     return tp * pp * dp
 
 
+PlacementStatus = Literal["not-needed", "placed", "given", "no-room", "unknown"]
+
+
 @dataclass(frozen=True)
 class Placement:
-    status: str  # "not-needed" | "placed" | "given" | "no-room" | "unknown"
+    status: PlacementStatus
     need: int = 0
     per_gpu_bytes: int | None = None
     visible: str | None = None  # CUDA_VISIBLE_DEVICES for the servers radixtop starts

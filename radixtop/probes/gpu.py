@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from radixtop.probes.status import SourceState, StateClock
 
@@ -98,6 +98,9 @@ class GpuProcess:
     used_bytes: int | None  # None where the driver does not say (e.g. under MIG or without permission)
 
 
+GpuState = Literal["ok", "lost", "error"]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
     index: int
@@ -110,7 +113,7 @@ class GpuInfo:
     power_w: float | None = None
     power_limit_w: float | None = None
     processes: tuple[GpuProcess, ...] = ()
-    state: str = "ok"  # "ok" | "lost" | "error"
+    state: GpuState = "ok"
     problems: tuple[str, ...] = ()  # one line per query that failed
 
     @property

@@ -281,8 +281,9 @@ def _candidates(items: list[tuple[Any, Any]], c: Any) -> list[tuple[str, ...]]:
                 sub = _best(_candidates(list(body), c))
         elif op is c.BRANCH:
             branches = [_best(_candidates(list(b), c)) for b in arg[1]]
-            if branches and all(b is not None for b in branches):
-                sub = tuple(x for b in branches for x in b)  # type: ignore[union-attr]
+            known = [b for b in branches if b is not None]
+            if known and len(known) == len(branches):
+                sub = tuple(x for b in known for x in b)
         elif op in (c.MAX_REPEAT, c.MIN_REPEAT) and arg[0] >= 1:
             sub = _best(_candidates(list(arg[2]), c))
         if sub is not None:

@@ -107,7 +107,7 @@ def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
         answers[exp.call] = (result.cached_tokens, evicted_between(run.eviction_times_s, start, result.finished_s))
     rows, summary = reuse_rows(exps, [answers], cache_disabled=config.disable_radix_cache)
     failed = tuple((r.key, r.error) for r in run.results if r.error is not None)
-    return Analysis(trace.name, config, tuple(rows), summary, failed, run.evicted_tokens,  # type: ignore[arg-type]
+    return Analysis(trace.name, config, tuple(rows), summary, failed, run.evicted_tokens,
                     run.peak_token_usage, run.retractions, run.duration_s)  # fmt: skip
 
 

@@ -610,7 +610,8 @@ class IncidentState:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._clock = clock
-        self._texts: list[str | None] = [None] * capacity  # every entry's text, by seq % capacity
+        # Every entry's text, by seq % capacity ("" in a slot not filled yet: read only in range).
+        self._texts: list[str] = [""] * capacity
         self._runs = _RunIndex()  # where each file line came from, one row per run of lines
         self._special: dict[int, LogEntry] = {}  # notices and messages by seq (ascending)
         self._marks: dict[int, Mark] = {}
@@ -671,10 +672,10 @@ class IncidentState:
         if self._folding:
             summary = self.folds.summary(seq)
             if summary is not None:
-                second = second_of(text)  # type: ignore[arg-type]
+                second = second_of(text)
                 text = f"[{second}] {summary}" if second else summary
                 kind = "fold"
-        entry = LogEntry(run.source, 0 if first is None else first + k, text, generation=run.generation, kind=kind)  # type: ignore[arg-type]
+        entry = LogEntry(run.source, 0 if first is None else first + k, text, generation=run.generation, kind=kind)
         mark = self._marks.get(seq)
         if mark is not None:
             entry.severity, entry.sig_ids, entry.span = mark
@@ -737,7 +738,7 @@ class IncidentState:
             self._marks.pop(old, None)
         if self._filter_test is not None:
             test = self._filter_test
-            self._filter.extend(q for q in range(start, seq) if test(texts[q % cap]))  # type: ignore[arg-type]
+            self._filter.extend(q for q in range(start, seq) if test(texts[q % cap]))
             self._filter.prune(first)
         self.version += 1
 
@@ -880,7 +881,7 @@ class IncidentState:
         else:
             test = smart_case(text)
             texts, cap = self._texts, self.capacity
-            seqs = [s for s in range(self.first_seq, self.next_seq) if test(texts[s % cap])]  # type: ignore[arg-type]
+            seqs = [s for s in range(self.first_seq, self.next_seq) if test(texts[s % cap])]
             self.filter_text, self._filter_test, self._filter = text, test, _SeqIndex(seqs)
         self.version += 1
 
@@ -909,7 +910,7 @@ class IncidentState:
         if test is None:
             return None
         texts, cap = self._texts, self.capacity
-        return self._scan_rows(from_row, forward, lambda seq: test(texts[seq % cap]))  # type: ignore[arg-type]
+        return self._scan_rows(from_row, forward, lambda seq: test(texts[seq % cap]))
 
     def find_hit(self, from_row: int, forward: bool = True) -> int | None:
         """Row of the next (or previous) line that matched a signature, wrapping around."""

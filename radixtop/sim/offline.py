@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from radixtop.sim.engine import Engine, GenerateResult, SimConfig
 
@@ -22,10 +23,12 @@ __all__ = ["OfflineCall", "OfflineResult", "OfflineRun", "run_offline"]
 # plus a few retractions' worth), so only a stuck engine reaches it.
 _ITERATIONS_PER_CALL = 20_000
 
+K = TypeVar("K", bound=Hashable)  # the caller's name for a call (e.g. (request id, copy))
+
 
 @dataclass(frozen=True)
-class OfflineCall:
-    key: Hashable  # the caller's name for the call (e.g. (request id, copy))
+class OfflineCall(Generic[K]):
+    key: K
     offset_s: float
     input_ids: list[int]
     max_new_tokens: int
@@ -33,8 +36,8 @@ class OfflineCall:
 
 
 @dataclass(frozen=True)
-class OfflineResult:
-    key: Hashable
+class OfflineResult(Generic[K]):
+    key: K
     arrived_s: float
     finished_s: float | None  # None when the call failed
     prompt_tokens: int
@@ -43,8 +46,8 @@ class OfflineResult:
 
 
 @dataclass(frozen=True)
-class OfflineRun:
-    results: tuple[OfflineResult, ...]  # in the order the calls were given
+class OfflineRun(Generic[K]):
+    results: tuple[OfflineResult[K], ...]  # in the order the calls were given
     eviction_times_s: tuple[float, ...]  # the clock at each iteration that evicted tokens
     evicted_tokens: int
     peak_token_usage: float
@@ -53,7 +56,7 @@ class OfflineRun:
     duration_s: float  # on the virtual clock
 
 
-def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
+def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRun[K]:
     """Run every call through a fresh engine built from ``config``; raises ValueError for a bad config."""
     clock = [0.0]
     engine = Engine(config, emit=lambda line: None, wall_clock=lambda: clock[0])

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, TypeVar, overload
 
 from radixtop import __version__
 from radixtop.argcheck import Parser, at_least, page_size_or_auto, within
@@ -78,6 +78,7 @@ class _Given(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:  # fmt: skip
+        value: object
         if self.kind == "store_true":
             value = True
         elif self.kind == "append":
@@ -269,14 +270,26 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
 )}  # fmt: skip
 
 
+_N = TypeVar("_N")
+
+
 class _RootParser(Parser):
     """The root parser: after parsing, the options given before a subcommand are checked against it."""
 
     subcommands: dict[str, argparse.ArgumentParser]
 
+    # argparse's own overloads, kept: a namespace passed in comes back, of its type.
+    @overload
     def parse_known_args(
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
+        self, args: Iterable[str] | None = None, namespace: None = None
+    ) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        parsed: argparse.Namespace
         parsed, extras = super().parse_known_args(args, namespace)
         given: dict[str, tuple[str, str, Any]] = vars(parsed).pop(_GIVEN, {})
         if parsed.command is not None:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import os
 from argparse import Namespace
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["TuiOptions"]
+__all__ = ["ThemeName", "TuiOptions"]
+
+ThemeName = Literal["dark", "light", "high-contrast"]  # --theme's choices
 
 
 @dataclass(frozen=True)
 class TuiOptions:
     logs: tuple[str, ...] = ()  # --log patterns (files or globs)
     from_start: bool = False
-    theme: str | None = None  # "dark" | "light" | "high-contrast"
+    theme: ThemeName | None = None
     signatures: tuple[str, ...] = ()  # extra catalog files
     context: int = 100  # lines kept before a first occurrence (diagnosis/evidence_policy.py's default)
     banner: str | None = None  # a first line for the log pane (the demo says what it started)

@@ -219,15 +219,15 @@ def _print_report(
     fp = report.fingerprint
     if fp is not None:
         w(f"Fingerprint INFO -> WARN -> ERROR ({'complete' if fp.complete else 'incomplete'}):\n")
-        for label, occ, sig_id in (
-            ("INFO", fp.info, getattr(fp, "info_signature", None)),
-            ("WARN", fp.warn, getattr(fp, "warn_signature", None)),
-            ("ERROR", fp.error, getattr(fp, "error_signature", None)),
+        for label, step, step_sig in (
+            ("INFO", fp.info, fp.info_signature),
+            ("WARN", fp.warn, fp.warn_signature),
+            ("ERROR", fp.error, fp.error_signature),
         ):
-            if occ is None:
+            if step is None:
                 w(f"  {label:<5}  (none)\n")
             else:
-                w(f"  {label:<5}  {sig_id or '':<{_ID_WIDTH}}  {_where(occ)}\n")
+                w(f"  {label:<5}  {step_sig or '':<{_ID_WIDTH}}  {_where(step)}\n")
 
     w("\nFindings by first occurrence:\n")
     width = max(len(f.signature.id) for f in report.findings)

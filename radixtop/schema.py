@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 SCHEMA_VERSION = 1
 API_PREFIX = f"/radixtop/v{SCHEMA_VERSION}"
@@ -209,7 +209,10 @@ def _version(obj: Mapping[str, Any], where: str) -> int:
     return v
 
 
-def _guard(kind: str, parse: Any, obj: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _guard(kind: str, parse: Callable[[Any], _T], obj: Any) -> _T:
     """Run a parser; anything but our own one-line ValueError becomes one (never a crash)."""
     try:
         return parse(obj)

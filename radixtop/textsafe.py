@@ -13,7 +13,7 @@ __all__ = ["printable", "printable_text"]
 
 _BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
 _TABLE = str.maketrans({**{i: "\ufffd" for i in (*range(32), *range(0x7F, 0xA0), *_BIDI)}, 9: " "})
-_BLOCK_TABLE = {**_TABLE, 10: 10}
+_BLOCK_TABLE: dict[int, str | int] = {**_TABLE, 10: 10}
 
 
 def printable(text: str, *, block: bool = False) -> str:

@@ -305,6 +305,17 @@ async def test_radix_pane_notes() -> None:
 # GPU, processes, vitals
 
 
+def test_a_rank_whose_snapshots_carry_no_tree_keeps_them_for_the_bundle() -> None:
+    board = RadixBoard()
+    url = "http://127.0.0.1:1"
+    for seq in (1, 2):
+        snap = make_snapshot(seq=seq, when=T0 + seq, tree=None, walkable=False, reason="not walkable")
+        board.add(RadixSample(url, ok(), T0 + seq, rank=0, snapshot=snap))
+    view = board.ranks[url]
+    assert view.snapshot is not None and view.snapshot.seq == 2
+    assert [s.seq for _, s in view.earlier] == [1]
+
+
 def test_gpu_text() -> None:
     text = render_gpus(gpu_sample("degraded"), server_pids={4242: "scheduler TP0"},
                        xids=[XidEvent(T0 - 60, 1, 79)], width=120).plain  # fmt: skip

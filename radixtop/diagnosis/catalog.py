@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixtop import __version__
 from radixtop.diagnosis import diskcache
@@ -116,7 +116,7 @@ class Catalog(NamedTuple):
                 return sig
         raise KeyError(sig_id)
 
-    def index(self, sig_id: str) -> int:
+    def index(self, sig_id: str) -> int:  # type: ignore[override]  # by id: tuple.index is never called on it
         for i, sig in enumerate(self.signatures):
             if sig.id == sig_id:
                 return i
@@ -161,11 +161,11 @@ def _builtin_signatures(path: str | None = None) -> tuple[Signature, ...]:
     when radixtop runs from a zip (never cached then).
     """
     packaged = path is None
-    path = _BUILTIN_FILE if packaged else path
+    file = _BUILTIN_FILE if path is None else path
     try:
-        with open(path, "rb") as f:
+        with open(file, "rb") as f:
             data = f.read()
-        key = _cache_key(path, data)
+        key = _cache_key(file, data)
     except OSError:
         if not packaged:
             raise
@@ -174,14 +174,14 @@ def _builtin_signatures(path: str | None = None) -> tuple[Signature, ...]:
         text = resources.files("radixtop.diagnosis").joinpath("signatures.toml").read_text("utf-8")
         return parse_catalog(text, _BUILTIN_SOURCE, origin="builtin")
     # Named by the TOML's path only: a stale cache is overwritten, not left beside the new one.
-    cache_file = diskcache.cache_path("catalog", path.encode(), ".marshal")
+    cache_file = diskcache.cache_path("catalog", file.encode(), ".marshal")
     cached = _from_cache(diskcache.read(cache_file, key))
     if cached is not None:
         return cached
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        text = _read_text_as_user_file(path)  # raises the usual one-line CatalogError
+        text = _read_text_as_user_file(file)  # raises the usual one-line CatalogError
     signatures = parse_catalog(text, _BUILTIN_SOURCE, origin="builtin")
     import marshal
 
@@ -222,7 +222,7 @@ def _from_cache(payload: bytes | None) -> tuple[Signature, ...] | None:
             and row[8] in ROLES
         ):
             return None
-        out.append(Signature(*row, origin="builtin"))
+        out.append(Signature._make((*row, "builtin")))  # row: every field but origin
     return tuple(out)
 
 
@@ -329,7 +329,7 @@ def _key_line(lines: list[str], span: tuple[int, int], key: str) -> int:
 
 
 def _validate(
-    table: dict, source: str, lines: list[str], span: tuple[int, int], origin: str
+    table: dict[str, Any], source: str, lines: list[str], span: tuple[int, int], origin: str
 ) -> Signature:
     start = span[0]
     raw_id = table.get("id")

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixtop.diagnosis.catalog import ROLES, Catalog, Signature
 from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE, OPENER_LOOKBACK, find_opener
-from radixtop.diagnosis.logline import BatchStats, opens_record, parse_line, strip_ansi
+from radixtop.diagnosis.logline import BatchStats, LogLine, opens_record, parse_line, strip_ansi
 from radixtop.diagnosis.severity import Severity
 
 if TYPE_CHECKING:
@@ -55,6 +55,9 @@ _BATCH_HISTORY = 64  # batch lines kept per (file, rank) to answer "last before 
 _INFO_HISTORY = 32  # info occurrences kept per file for the fingerprint
 _ACTIVE_FILES = 64  # files that keep a context ring; the least recently fed beyond this drop theirs
 
+# Where an occurrence stands in time across files: (epoch, file order, line number).
+_Key = tuple[float, int, int]
+
 
 # A NamedTuple, not a dataclass: `radixtop scan` starts without importing dataclasses (and inspect).
 class Occurrence(NamedTuple):
@@ -65,7 +68,7 @@ class Occurrence(NamedTuple):
     rank: str | None
     text: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "file": self.file,
             "line": self.line,
@@ -77,7 +80,7 @@ class Occurrence(NamedTuple):
 
 class Finding(NamedTuple):
     signature: Signature
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, which nothing here calls
     first: Occurrence
     context_before: tuple[str, ...]
     context_after: tuple[str, ...]
@@ -93,8 +96,8 @@ class Fingerprint(NamedTuple):
     warn_signature: str | None = None
     error_signature: str | None = None
 
-    def to_json(self) -> dict:
-        def one(sig_id: str | None, occ: Occurrence | None) -> dict | None:
+    def to_json(self) -> dict[str, Any]:
+        def one(sig_id: str | None, occ: Occurrence | None) -> dict[str, Any] | None:
             return None if occ is None else {"signature": sig_id, **occ.to_json()}
 
         return {
@@ -115,7 +118,7 @@ class Report(NamedTuple):
     first_by_rank: Mapping[str, tuple[str, Occurrence]]
     notes: tuple[str, ...] = ()
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         findings = []
         for f in self.findings:
             findings.append(
@@ -189,10 +192,10 @@ class _FileState:
         self.ring: deque[str] = deque(maxlen=context)  # the lines before the current one
         self.opener: str | None = None  # the last line that opened a record
         self.opener_line = 0  # its line number (0: none yet)
-        self.opener_parsed = None  # its parse, filled on demand
+        self.opener_parsed: LogLine | None = None  # its parse, filled on demand
         self.pending: list[_FindingState] = []  # findings still collecting context_after
         self.frozen = False  # saw an error: batch stats after it do not count
-        self.infos: deque[tuple[tuple, str, Occurrence]] = deque(maxlen=_INFO_HISTORY)
+        self.infos: deque[tuple[_Key, str, Occurrence]] = deque(maxlen=_INFO_HISTORY)
         self.last_epoch: float | None = None  # of the last timed occurrence: orders an untimed one
 
 
@@ -200,9 +203,10 @@ class _FindingState:
     __slots__ = ("signature", "count", "first", "key", "before", "after", "after_left", "record")
 
     def __init__(
-        self, signature: Signature, first: Occurrence, key: tuple, before: tuple[str, ...]
+        self, signature: Signature, first: Occurrence, key: _Key, before: tuple[str, ...]
     ) -> None:
-        self.record: tuple = ()  # (file order, line that opened the record, that line)
+        # (file order, line that opened the record, that line); () until it is set
+        self.record: tuple[int, int, str | None] | tuple[()] = ()
         self.signature = signature
         self.count = 0
         self.first = first
@@ -241,11 +245,11 @@ class FindingsBuilder:
         self._findings: dict[int, _FindingState] = {}
         self._seen_in_file: set[tuple[int, int]] = set()  # (signature index, file order)
         self._lines = 0
-        self._batch: dict[tuple[int, str], deque[tuple[tuple, BatchStats]]] = {}
+        self._batch: dict[tuple[int, str], deque[tuple[_Key, BatchStats]]] = {}
         self._batch_snapshots: dict[
             int, Mapping[str, BatchStats]
         ] = {}  # file order -> at its first failure
-        self._first_by_rank: dict[str, tuple[tuple, str, Occurrence]] = {}
+        self._first_by_rank: dict[str, tuple[_Key, str, Occurrence]] = {}
         self._last_fed: _FileState | None = None
         self._active: dict[str, _FileState] = {}  # insertion order = least recently fed first
 
@@ -273,9 +277,9 @@ class FindingsBuilder:
             for index in indices:
                 self._hit(st, lineno, text, index, None, None)
         elif opens and not st.frozen and "batch" in text:
-            parsed = self._opener_parsed(st)
+            parsed = st.opener_parsed = parse_line(text)  # the opener, just set
             if parsed.batch is not None:
-                self._record_batch(st, lineno, parsed)
+                self._record_batch(st, lineno, parsed, parsed.batch)
         st.ring.append(text)
         if not indices:
             return ()
@@ -342,12 +346,12 @@ class FindingsBuilder:
                 state.after_left = 0
             oldest.pending = []
 
-    def _opener_parsed(self, st: _FileState):
+    def _opener_parsed(self, st: _FileState) -> LogLine | None:
         if st.opener_parsed is None and st.opener is not None:
             st.opener_parsed = parse_line(st.opener)
         return st.opener_parsed
 
-    def _occurrence(self, st: _FileState, lineno: int, text: str) -> tuple[tuple, Occurrence]:
+    def _occurrence(self, st: _FileState, lineno: int, text: str) -> tuple[_Key, Occurrence]:
         parsed = parse_line(text)
         time, epoch, rank = parsed.time, parsed.epoch, parsed.rank
         # The record's opener gives a continuation line its time, and its rank when the line names
@@ -380,10 +384,10 @@ class FindingsBuilder:
         level = self._levels[index]
         state = self._findings.get(index)
         seen = (index, st.order)
-        key = occ = None
+        found: tuple[_Key, Occurrence] | None = None  # parsed once, and only when needed
         if state is None or seen not in self._seen_in_file:
             self._seen_in_file.add(seen)
-            key, occ = self._occurrence(st, lineno, text)
+            found = key, occ = self._occurrence(st, lineno, text)
             if state is None or key < state.key:
                 if state is not None and state.after_left:
                     self._drop_pending(state)
@@ -406,12 +410,10 @@ class FindingsBuilder:
                     st.pending.append(state)
         state.count += 1
         if level == _INFO:
-            if occ is None:
-                key, occ = self._occurrence(st, lineno, text)
+            key, occ = found or self._occurrence(st, lineno, text)
             st.infos.append((key, self._ids[index], occ))
         elif level >= _WARNING:
-            if occ is None:
-                key, occ = self._occurrence(st, lineno, text)
+            key, occ = found or self._occurrence(st, lineno, text)
             rank = occ.rank or ""
             known = self._first_by_rank.get(rank)
             if known is None or key < known[0]:
@@ -434,7 +436,7 @@ class FindingsBuilder:
                 st.pending.remove(state)
         state.after_left = 0
 
-    def _record_batch(self, st: _FileState, lineno: int, parsed) -> None:
+    def _record_batch(self, st: _FileState, lineno: int, parsed: LogLine, batch: BatchStats) -> None:
         epoch = parsed.epoch
         if epoch is not None and st.offset:
             epoch += st.offset
@@ -443,7 +445,7 @@ class FindingsBuilder:
         history = self._batch.get(slot)
         if history is None:
             history = self._batch[slot] = deque(maxlen=_BATCH_HISTORY)
-        history.append((key, parsed.batch))
+        history.append((key, batch))
 
     # -- the report ---------------------------------------------------------------------------
 
@@ -510,7 +512,7 @@ class FindingsBuilder:
 
     def _batch_before(self, failure: _FindingState) -> dict[str, BatchStats]:
         cutoff = failure.key
-        best: dict[str, tuple[tuple, BatchStats]] = {}
+        best: dict[str, tuple[_Key, BatchStats]] = {}
         for (_, rank), history in self._batch.items():
             for key, stats in reversed(history):
                 if key < cutoff:

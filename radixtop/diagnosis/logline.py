@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 __all__ = [
     "BatchStats",
@@ -49,8 +49,11 @@ __all__ = [
 
 # NamedTuples, not dataclasses: one is built per parsed line (a tuple is several times cheaper),
 # and `radixtop scan` starts without importing dataclasses (and inspect).
+BatchKind = Literal["prefill", "decode"]
+
+
 class BatchStats(NamedTuple):
-    kind: str  # "prefill" | "decode"
+    kind: BatchKind
     token_usage: float | None = None
     running_req: int | None = None
     queue_req: int | None = None
@@ -153,7 +156,8 @@ def _epoch(stamp: str) -> float | None:
 def _with_fraction(epoch: float | None, fraction: str | None) -> float | None:
     if epoch is None or not fraction:
         return epoch
-    return epoch + int(fraction) / (10 ** len(fraction))
+    scale: int = 10 ** len(fraction)  # int ** int is typed Any: it is a float for a negative power
+    return epoch + int(fraction) / scale
 
 
 def _level_of(message: str) -> str | None:
@@ -359,7 +363,7 @@ _BATCH_FIELD = re.compile(
 )
 
 
-def _number(text: str, kind: type) -> int | float | None:
+def _number(text: str, kind: type[int] | type[float]) -> int | float | None:
     try:
         return kind(text)
     except ValueError:
@@ -371,6 +375,7 @@ def _number(text: str, kind: type) -> int | float | None:
 
 def parse_batch(message: str) -> BatchStats | None:
     """Stats of a ``Prefill batch``/``Decode batch`` message (fields by key, any order, any missing)."""
+    kind: BatchKind
     if message.startswith("Prefill batch"):
         kind = "prefill"
     elif message.startswith("Decode batch"):

@@ -54,7 +54,7 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
 
-def _on_hyperscan_match(pattern_id: int, start: int, end: int, flags: int, hits: list) -> None:
+def _on_hyperscan_match(pattern_id: int, start: int, end: int, flags: int, hits: list[tuple[int, int]]) -> None:
     # A named function, not a lambda: hyperscan 0.9.1 crashed here with an inline lambda.
     hits.append((end, pattern_id))
 
@@ -242,8 +242,9 @@ def required_literals(pattern: str) -> tuple[bytes, ...] | None:
     hyperscan prefilter on literals.
     """
     try:
-        from re import _constants as c
-        from re import _parser
+        # CPython's private parser modules: typeshed has no stubs for them.
+        from re import _constants as c  # type: ignore[attr-defined]
+        from re import _parser  # type: ignore[attr-defined]
 
         tree = _parser.parse(pattern)
         if tree.state.flags & c.SRE_FLAG_IGNORECASE:
@@ -262,7 +263,7 @@ def _best(candidates: list[tuple[str, ...]]) -> tuple[str, ...] | None:
     return max(candidates, key=lambda alts: (min(len(x) for x in alts), -len(alts)))
 
 
-def _candidates(items: list, c: Any) -> list[tuple[str, ...]]:
+def _candidates(items: list[tuple[Any, Any]], c: Any) -> list[tuple[str, ...]]:
     """Sets of alternatives, each set required in every match of the sequence `items`."""
     found: list[tuple[str, ...]] = []
     run: list[str] = []
@@ -280,8 +281,9 @@ def _candidates(items: list, c: Any) -> list[tuple[str, ...]]:
                 sub = _best(_candidates(list(body), c))
         elif op is c.BRANCH:
             branches = [_best(_candidates(list(b), c)) for b in arg[1]]
-            if branches and all(b is not None for b in branches):
-                sub = tuple(x for b in branches for x in b)  # type: ignore[union-attr]
+            known = [b for b in branches if b is not None]
+            if known and len(known) == len(branches):
+                sub = tuple(x for b in known for x in b)
         elif op in (c.MAX_REPEAT, c.MIN_REPEAT) and arg[0] >= 1:
             sub = _best(_candidates(list(arg[2]), c))
         if sub is not None:

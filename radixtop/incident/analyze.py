@@ -107,7 +107,7 @@ def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
         answers[exp.call] = (result.cached_tokens, evicted_between(run.eviction_times_s, start, result.finished_s))
     rows, summary = reuse_rows(exps, [answers], cache_disabled=config.disable_radix_cache)
     failed = tuple((r.key, r.error) for r in run.results if r.error is not None)
-    return Analysis(trace.name, config, tuple(rows), summary, failed, run.evicted_tokens,  # type: ignore[arg-type]
+    return Analysis(trace.name, config, tuple(rows), summary, failed, run.evicted_tokens,
                     run.peak_token_usage, run.retractions, run.duration_s)  # fmt: skip
 
 
@@ -127,7 +127,12 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
 
 
 def sweep(trace: Trace, config: SimConfig, field: str, values: Sequence[int], *, seed: int = 0) -> list[Analysis]:
-    return [analyze(trace, replace(config, **{field: value}), seed=seed) for value in values]
+    return [analyze(trace, _with(config, field, value), seed=seed) for value in values]
+
+
+def _with(config: SimConfig, field: str, value: int) -> SimConfig:
+    changes: dict[str, Any] = {field: value}  # one of SWEEPABLE's fields, named at run time
+    return replace(config, **changes)
 
 
 def _setting_line(a: Analysis) -> str:

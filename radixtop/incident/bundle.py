@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from radixtop.diagnosis.evidence_policy import CONTEXT_AFTER, CONTEXT_BEFORE
 from radixtop.incident.redact import Redactor
@@ -169,14 +169,22 @@ def prune_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> Any:
         if isinstance(value, (dict, list, tuple)) and depth >= limit:
             parent[key] = f"[nested deeper than {limit} levels: cut]"
         elif isinstance(value, dict):
-            new = parent[key] = dict.fromkeys(value)  # keys in order; values filled below
-            stack.extend((v, new, k, depth + 1) for k, v in value.items())
+            mapping = parent[key] = dict.fromkeys(value)  # keys in order; values filled below
+            stack.extend((v, mapping, k, depth + 1) for k, v in value.items())
         elif isinstance(value, (list, tuple)):
-            new = parent[key] = [None] * len(value)
-            stack.extend((v, new, i, depth + 1) for i, v in enumerate(value))
+            items = parent[key] = [None] * len(value)
+            stack.extend((v, items, i, depth + 1) for i, v in enumerate(value))
         else:
             parent[key] = value
     return holder[0]
+
+
+class _FileEntry(TypedDict):
+    """One file of the bundle, as the manifest lists it."""
+
+    path: str
+    sha256: str
+    bytes: int
 
 
 def _sha256(path: Path) -> str:
@@ -499,7 +507,7 @@ def _write_manifest(
     if writer.notes:
         readme += ["", "Not collected:"] + [f"  {rel}: {why}" for rel, why in sorted(writer.notes.items())]
     writer.text("README.txt", "\n".join(readme) + "\n")
-    entries = []
+    entries: list[_FileEntry] = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         if rel in (MANIFEST, SUMS):
@@ -613,10 +621,11 @@ def verify_bundle(path: str | Path) -> list[str]:
         return [f"{path}: neither a bundle directory nor a .tar.gz"]
     if MANIFEST not in small:
         return [f"{path}: no {MANIFEST}"]
-    if small[MANIFEST] is None:
+    manifest_bytes = small[MANIFEST]
+    if manifest_bytes is None:
         return [f"{MANIFEST}: larger than {MAX_MANIFEST_BYTES >> 20} MiB; not a radixtop manifest"]
     try:
-        manifest = json.loads(small[MANIFEST])
+        manifest = json.loads(manifest_bytes)
         entries = {e["path"]: e for e in manifest["files"]}
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         return [f"{MANIFEST}: unreadable ({type(exc).__name__})"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixtop.probes.http import Fetched, fetch
 from radixtop.probes.radix import instrument_urls
@@ -22,6 +22,8 @@ from radixtop.schema import EVENTS_PATH, HEALTH_PATH, LIMIT_PARAM, SINCE_PARAM, 
 
 if TYPE_CHECKING:
     import httpx
+
+    from radixtop.schema import EventPage
 
 __all__ = ["CacheSetting", "EvictionWatch", "read_cache_setting"]
 
@@ -51,7 +53,7 @@ async def read_cache_setting(client: httpx.AsyncClient, url: str, instrument: st
     import json
 
     got = await _fetch(client, f"{url}/server_info")
-    info: dict = {}
+    info: dict[str, Any] = {}
     if got is not None and got.ok:
         try:
             decoded = json.loads(got.body)
@@ -93,7 +95,7 @@ class EvictionWatch:
         self._since: int | None = None
         self._instance: str | None = None
 
-    async def _page(self, client: httpx.AsyncClient, since: int, limit: int):
+    async def _page(self, client: httpx.AsyncClient, since: int, limit: int) -> EventPage | None:
         got = await _fetch(client, self.url, {SINCE_PARAM: since, LIMIT_PARAM: limit})
         if got is None or not got.ok:
             return None

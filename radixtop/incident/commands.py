@@ -15,15 +15,24 @@ import sys
 import threading
 import time
 from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixtop.errors import ExitStatus, UsageError
+
+if TYPE_CHECKING:
+    from radixtop.incident.confirm import ConfirmEvent, Plan
+    from radixtop.incident.record import RecordedCall
+    from radixtop.incident.replay import ReplaySeries
+    from radixtop.incident.trace import Trace
+    from radixtop.incident.verdict import Verdict
+    from radixtop.incident.vocab import Vocabulary
 
 __all__ = ["load_trace_arg", "run_analyze", "run_bundle", "run_confirm", "run_record", "run_replay", "run_trace"]
 
 
-def _progress(prefix: str, quiet: bool = False):
+def _progress(prefix: str, quiet: bool = False) -> Callable[[str], None]:
     def say(message: str) -> None:
         if not quiet:
             print(f"radixtop {prefix}: {message}", file=sys.stderr, flush=True)
@@ -31,7 +40,7 @@ def _progress(prefix: str, quiet: bool = False):
     return say
 
 
-def load_trace_arg(text: str) -> tuple[Any, str]:
+def load_trace_arg(text: str) -> tuple[Trace, str]:
     """A trace file, a built-in trace's name (finding_03330, demo_pressure), or SGLang's crash or
     request dump (a .pkl, or the dump folder: its newest), as the trace of its own requests."""
     from radixtop.incident.trace import TraceError, builtin_trace, load_trace
@@ -73,7 +82,7 @@ def _page_size(info: dict[str, Any] | None, url: str, value: int | str | None) -
     return size
 
 
-def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Any) -> Any:
+def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Trace) -> Vocabulary:
     """The served model's vocabulary (radixtop.incident.vocab), from --vocab-size or its files."""
     from radixtop.incident.vocab import VocabError, Vocabulary, for_server
 
@@ -167,7 +176,7 @@ def run_replay(args: Namespace) -> int:
         raise UsageError(str(exc)) from None
     say(f"prompts made up from the model's vocabulary: {vocab.describe()}")
 
-    async def go():
+    async def go() -> tuple[ReplaySeries, bool]:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -274,7 +283,7 @@ def run_record(args: Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
-        def seen(call: Any) -> None:
+        def seen(call: RecordedCall) -> None:
             if args.max_requests and len(proxy.calls) >= args.max_requests:
                 stop.set()
 
@@ -322,7 +331,7 @@ def _ask(lines: list[str], question: str = "Start the confirmation run as planne
     return answer.strip().lower() in yes
 
 
-def watch_other_run(say: Any, poll_s: float = 1.0, limit_s: float = 24 * 3600) -> int:
+def watch_other_run(say: Callable[[str], None], poll_s: float = 1.0, limit_s: float = 24 * 3600) -> int:
     """Another radixtop holds the node's confirmation run: follow its progress, then its verdict."""
     from radixtop.incident.runlock import lock_held_by_other, read_status
 
@@ -382,14 +391,14 @@ def run_confirm(args: Namespace) -> int:
     except RuntimeDirError as exc:
         raise UsageError(f"confirm: {exc}") from None
 
-    def on_event(event: Any) -> None:
+    def on_event(event: ConfirmEvent) -> None:
         if event.phase != "plan":
             say(f"[{event.phase}] {event.message}")
             lock.note(event.phase, event.message)
 
     cancel = threading.Event()
 
-    async def plan_phase():
+    async def plan_phase() -> Plan:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, cancel.set)
@@ -430,7 +439,7 @@ def run_confirm(args: Namespace) -> int:
 
         run = ConfirmationRun(plan, on_event)
 
-        async def run_phase():
+        async def run_phase() -> Verdict:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, run.cancel)

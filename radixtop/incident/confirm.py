@@ -48,6 +48,7 @@ import httpx
 from radixtop.incident.crash_dump import DumpError, crash_workload
 from radixtop.incident.launch import (
     CACHE_MODES,
+    CommandSource,
     LaunchCommand,
     LaunchError,
     build_control_argv,
@@ -346,7 +347,7 @@ def _live_launch(
         return replace(parse_launch_command(options.launch_command, source="given",
                                             version=(info or {}).get("version"), python=python), cwd=cwd)  # fmt: skip
     argv = process_argv(pid)
-    source = "psutil"
+    source: CommandSource = "psutil"
     if not (argv and any(a.startswith("--") for a in argv)) and seen is not None and seen.argv:
         argv, source = list(seen.argv), "seen"
     if argv and any(a.startswith("--") for a in argv):
@@ -420,10 +421,10 @@ def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None
     # stdout, found by psutil, and the user's --log are).
     log_file = flag_value(live.flags, "--log-file") if live.source != "server_info" else None
     if log_file:
-        path = Path(log_file)
-        if not path.is_absolute() and live.cwd:
-            path = Path(live.cwd) / path
-        found.append(str(path))
+        given = Path(log_file)
+        if not given.is_absolute() and live.cwd:
+            given = Path(live.cwd) / given
+        found.append(str(given))
     real = {os.path.realpath(p) for p in found}
     for path in [*stdout_log_paths(pid), *(seen.logs if seen is not None else ())]:
         if os.path.realpath(path) not in real:
@@ -671,7 +672,7 @@ async def prepare(
     arms: list[ArmPlan] = []
     if mode == "live":
         arms.append(ArmPlan("baseline", url, logs=baseline_logs))
-    roles = ["reproduction", "control"] if mode == "relaunch" else ["control"]
+    roles: list[ArmRole] = ["reproduction", "control"] if mode == "relaunch" else ["control"]
     for role in roles:
         port = free_loopback_port()
         output = workdir / f"{role}.out"

@@ -44,7 +44,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from radixtop.incident.http1 import Answer, Call, new_connection
 
@@ -77,7 +77,7 @@ class Plan(NamedTuple):
     bodies: tuple[bytes, ...]
 
     @classmethod
-    def from_json(cls, doc: dict) -> Plan:
+    def from_json(cls, doc: dict[str, Any]) -> Plan:
         calls = doc["calls"]
         offsets = tuple(float(c["offset_s"]) for c in calls)
         if list(offsets) != sorted(offsets):
@@ -121,7 +121,7 @@ class Dispatcher:
     a call's bytes go out (a seam for tests); ``control`` is a file descriptor of ``stop`` lines
     (end of file: abandon the run)."""
 
-    def __init__(self, plan: Plan, emit: Callable[[dict], None], *,
+    def __init__(self, plan: Plan, emit: Callable[[dict[str, Any]], None], *,
                  send: Callable[[socket.socket, memoryview], int] | None = None,
                  control: int | None = None, flush: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.plan = plan
@@ -136,7 +136,7 @@ class Dispatcher:
 
             self._ssl = ssl.create_default_context()
             self._would_block += (ssl.SSLWantReadError, ssl.SSLWantWriteError)
-        self._addr: tuple | None = None
+        self._addr: tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes] | None = None  # run() resolves it
         self._family = socket.AF_INET
         self._sel = selectors.DefaultSelector()
         self._control = control
@@ -192,7 +192,7 @@ class Dispatcher:
                 return
             due = self.mono0 + offsets[self.dispatched] if self.dispatched < len(offsets) and not self.stopping else None
             near = due is not None and due - now <= QUIET_S
-            if near and now - self._serviced < MAX_DEFER_S:
+            if due is not None and near and now - self._serviced < MAX_DEFER_S:
                 time.sleep(max(0.0, due - now))  # the last stretch: nothing but the write after it
                 continue
             # Calls spaced closer than QUIET_S for long would starve the answers and the caller's
@@ -347,7 +347,7 @@ class Dispatcher:
         self._report(flight, flight.written, error)
 
     def _report(self, flight: _Flight, written: float, error: str | None) -> None:
-        doc = {"i": flight.index, "late_ms": max(0.0, (written - flight.due) * 1000.0), "sent": self._wall(written),
+        doc: dict[str, Any] = {"i": flight.index, "late_ms": max(0.0, (written - flight.due) * 1000.0), "sent": self._wall(written),
                "answered": self._wall(time.monotonic())}  # fmt: skip
         if error is None:
             doc["status"] = flight.answer.status
@@ -419,11 +419,13 @@ class Dispatcher:
         return None
 
     def _begin_connect(self) -> None:
+        addr = self._addr
+        assert addr is not None, "run() resolves the address before any connection"
         sock = socket.socket(self._family, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            code = sock.connect_ex(self._addr)  # type: ignore[arg-type]
+            code = sock.connect_ex(addr)
         except OSError as exc:
             sock.close()
             self._refused, self._refused_at = f"{type(exc).__name__}: {exc}", time.monotonic()
@@ -507,7 +509,7 @@ class _Output:
         self.buf = bytearray()
         os.set_blocking(fd, False)
 
-    def put(self, doc: dict) -> None:
+    def put(self, doc: dict[str, Any]) -> None:
         self.buf += json.dumps(doc).encode() + b"\n"
         self.flush()
 
@@ -538,7 +540,8 @@ def ask_for_a_short_slice() -> bool:
         # struct sched_attr (56 bytes): size, policy, flags, nice, priority, runtime (the slice), ...
         attr = struct.pack("IIQiIQQQII", 56, os.SCHED_OTHER, 0, os.getpriority(os.PRIO_PROCESS, 0), 0,
                            SLICE_NS, 0, 0, 0, 0)  # fmt: skip
-        return libc.syscall(nr, 0, ctypes.c_char_p(attr), 0) == 0
+        result: int = libc.syscall(nr, 0, ctypes.c_char_p(attr), 0)  # ctypes' calls are untyped
+        return result == 0
     except (OSError, AttributeError):
         return False
 

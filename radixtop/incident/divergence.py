@@ -136,9 +136,10 @@ class CacheAccount:
 
 def cache_account(series: ReplaySeries, trace: Trace) -> CacheAccount:
     setting = series.cache
-    known = setting is not None and setting.page_size is not None
-    page_size = setting.page_size if known else trace.page_size_hint  # type: ignore[union-attr]
-    exps = expectations(trace, page_size)  # type: ignore[arg-type]
+    server_page = setting.page_size if setting is not None else None
+    known = server_page is not None
+    page_size = server_page if server_page is not None else trace.page_size_hint
+    exps = expectations(trace, page_size)
     by_call = {e.call: e for e in exps}
     runs: list[dict[Call, Answer]] = []
     for run in series.runs:
@@ -146,17 +147,18 @@ def cache_account(series: ReplaySeries, trace: Trace) -> CacheAccount:
         answers: dict[Call, Answer] = {}
         for call, outcome in answered.items():
             exp = by_call.get(call)
-            if exp is None:
+            tokens = outcome.cached_tokens  # never None here: answered keeps only counted calls
+            if exp is None or tokens is None:
                 continue
             sharer = answered.get(exp.sharer) if exp.sharer is not None else None
             start = sharer.sent_at if sharer is not None else outcome.sent_at
             seen = run.eviction_times
-            answers[call] = (outcome.cached_tokens, None if seen is None else evicted_between(seen, start, outcome.answered_at))  # type: ignore[assignment]
+            answers[call] = (tokens, None if seen is None else evicted_between(seen, start, outcome.answered_at))
         runs.append(answers)
     disabled = setting is not None and setting.disabled
     rows, summary = reuse_rows(exps, runs, cache_disabled=disabled)
     evictions_seen = bool(series.runs) and all(r.eviction_times is not None for r in series.runs)
-    return CacheAccount(page_size, "server" if known else "trace", disabled, evictions_seen, tuple(rows), summary)  # type: ignore[arg-type]
+    return CacheAccount(page_size, "server" if known else "trace", disabled, evictions_seen, tuple(rows), summary)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -131,7 +131,7 @@ class Http:
                 raise HttpFailed("not tried: the bundle's network deadline had passed")
         return self._loop.run_until_complete(self._bounded(self._read(url, params), budget))
 
-    async def _bounded(self, coro: Any, budget: float) -> tuple[int, bytes]:
+    async def _bounded(self, coro: Coroutine[Any, Any, tuple[int, bytes]], budget: float) -> tuple[int, bytes]:
         task = asyncio.ensure_future(coro)
         end = time.monotonic() + budget
         try:

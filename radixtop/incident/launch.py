@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -71,14 +72,19 @@ class LaunchError(ValueError):
     """A launch command that cannot be used: one line saying what to do."""
 
 
+LaunchKind = Literal["sglang", "radixtop-sim", "unknown"]
+# Where the command was read: the process, /server_info, the user, or the sighting kept while it lived.
+CommandSource = Literal["psutil", "server_info", "given", "seen"]
+
+
 @dataclass(frozen=True)
 class LaunchCommand:
     """An argv split into the program part (``python -m sglang.launch_server``) and its flags."""
 
     program: tuple[str, ...]
     flags: tuple[str, ...]
-    kind: str  # "sglang", "radixtop-sim" or "unknown"
-    source: str  # "psutil", "server_info" or "given"
+    kind: LaunchKind
+    source: CommandSource
     cwd: str | None = None
     notes: tuple[str, ...] = ()
 
@@ -87,7 +93,7 @@ class LaunchCommand:
         return [*self.program, *self.flags]
 
 
-def _kind(program: Sequence[str]) -> str:
+def _kind(program: Sequence[str]) -> LaunchKind:
     joined = " ".join(program)
     if "sglang" in joined:
         return "sglang"
@@ -104,7 +110,7 @@ def _split_program(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
-def launch_from_argv(argv: Sequence[str], *, source: str, cwd: str | None = None) -> LaunchCommand:
+def launch_from_argv(argv: Sequence[str], *, source: CommandSource, cwd: str | None = None) -> LaunchCommand:
     argv = [str(a) for a in argv]
     if not argv:
         raise LaunchError("the launch command is empty; pass --launch-command")
@@ -113,7 +119,7 @@ def launch_from_argv(argv: Sequence[str], *, source: str, cwd: str | None = None
 
 
 def parse_launch_command(
-    text: str, *, source: str = "server_info", version: str | None = None, python: str | None = None
+    text: str, *, source: CommandSource = "server_info", version: str | None = None, python: str | None = None
 ) -> LaunchCommand:
     """SGLang's ``launch_command`` string as an argv (shlex.split; never a shell).
 
@@ -292,7 +298,8 @@ def free_loopback_port() -> int:
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_free(port: int) -> bool:
@@ -339,7 +346,7 @@ class ControlProcess:
     output: Path
     cwd: str | None = None
     env: dict[str, str] | None = None
-    proc: subprocess.Popen | None = field(default=None, repr=False)
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
         self.output.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from radixtop.probes.gpu import GpuInfo, GpuSample
 
 __all__ = ["Placement", "gpus_needed", "place"]
 
@@ -51,9 +55,12 @@ def gpus_needed(flags: Sequence[str]) -> int:
     return tp * pp * dp
 
 
+PlacementStatus = Literal["not-needed", "placed", "given", "no-room", "unknown"]
+
+
 @dataclass(frozen=True)
 class Placement:
-    status: str  # "not-needed" | "placed" | "given" | "no-room" | "unknown"
+    status: PlacementStatus
     need: int = 0
     per_gpu_bytes: int | None = None
     visible: str | None = None  # CUDA_VISIBLE_DEVICES for the servers radixtop starts
@@ -69,7 +76,8 @@ class Placement:
         """(flags, env, changes) for a server started on this placement."""
         from radixtop.incident.launch import remove_flag
 
-        out, new_env, changes = list(flags), dict(env), []
+        out, new_env = list(flags), dict(env)
+        changes: list[str] = []
         if self.visible is None:
             return out, new_env, changes
         for name in ("--base-gpu-id", "--gpu-id-step"):
@@ -88,7 +96,7 @@ def _gib(n: int | None) -> str:
 def place(
     kind: str,
     flags: Sequence[str],
-    sample: object | None,
+    sample: GpuSample | None,
     *,
     original_pids: Iterable[int] = (),
     original_use: Mapping[str, int | None] | None = None,
@@ -134,7 +142,7 @@ def place(
         fraction_value = DEFAULT_MEM_FRACTION
     free_original = original_gone or will_stop
 
-    def room(gpu: object, count_original_free: bool) -> tuple[bool, int | None, int | None]:
+    def room(gpu: GpuInfo, count_original_free: bool) -> tuple[bool, int | None, int | None]:
         total = getattr(gpu, "memory_total", None)
         used = getattr(gpu, "memory_used", None)
         if getattr(gpu, "state", "ok") != "ok" or total is None or used is None:

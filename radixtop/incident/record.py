@@ -36,14 +36,17 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from radixtop.incident.sharing import longest_earlier_prefixes
 from radixtop.incident.trace import TRACE_VERSION, Trace, TraceRequest
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["RecordedCall", "RecordingProxy", "build_trace", "namespace_of"]
 
@@ -121,8 +124,9 @@ def namespace_of(body: Any) -> str | None:
     (SGLang keys the radix tree by both, so requests in different namespaces share no pages)."""
     if not isinstance(body, dict):
         return None
-    if isinstance(body.get("extra_key"), str):
-        return body["extra_key"]
+    extra_key = body.get("extra_key")
+    if isinstance(extra_key, str):
+        return extra_key
     lora = body.get("lora_path", body.get("lora_id"))
     return f"lora:{lora}" if isinstance(lora, str) and lora else None
 
@@ -201,8 +205,8 @@ class RecordingProxy:
     calls: list[RecordedCall] = field(default_factory=list)
     skipped: int = 0  # generate calls whose prompt could not be recorded (batches)
     page_size: int | None = None  # the server's, from its /server_info once started; None when it did not say
-    _server: Any = None
-    _task: asyncio.Task | None = None
+    _server: uvicorn.Server | None = None
+    _task: asyncio.Task[None] | None = None
     _client: httpx.AsyncClient | None = None
     _t0: float | None = None
 
@@ -286,7 +290,7 @@ class RecordingProxy:
             call.status = upstream.status_code
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"}
 
-        async def relay():
+        async def relay() -> AsyncIterator[bytes]:
             tail = b""
             try:
                 async for chunk in upstream.aiter_bytes():

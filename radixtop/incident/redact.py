@@ -90,12 +90,15 @@ _PASSWORD_WORD = re.compile(
 def _library_shapes() -> tuple[re.Pattern[str], ...]:
     """detect-secrets' regex-based detectors' patterns (loaded once, on the first redaction)."""
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
-    from detect_secrets.plugins.base import RegexBasedDetector
+    from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
 
     shapes: list[re.Pattern[str]] = []
-    for cls in get_mapping_from_secret_type_to_class().values():
+    detectors: Mapping[str, type[BasePlugin]] = get_mapping_from_secret_type_to_class()
+    for cls in detectors.values():
         if issubclass(cls, RegexBasedDetector) and cls.__name__ not in _LIBRARY_SKIPPED:
-            shapes.extend(cls.denylist)
+            # detect-secrets declares denylist an abstract property; each detector class sets it
+            # as a class attribute, a tuple of compiled patterns.
+            shapes.extend(cls.denylist)  # type: ignore[arg-type]
     return tuple(shapes)
 
 
@@ -319,7 +322,7 @@ class Redactor:
         of strings (a log window, an argv) is redacted as lines and as an argv, so a key block
         split over its items and ``["--api-key", "X"]`` are caught."""
         if isinstance(obj, Mapping):
-            out = {}
+            out: dict[Any, Any] = {}
             for key, value in obj.items():
                 safe_key = self._line_text(key) if isinstance(key, str) else key
                 if isinstance(key, str) and is_secret_name(key) and isinstance(value, str) and value:

@@ -361,7 +361,7 @@ async def replay_series(
             emit(ReplayEvent("run-start", index, runs, f"run {index}/{runs}: {len(planned)} calls"))
             watching = watch is not None and await watch.mark(client)
             run = await replay_once(client, url, planned, temperature=temperature, should_stop=should_stop)
-            if watching:
+            if watch is not None and watching:
                 run = replace(run, eviction_times=await watch.eviction_times(client))
             done.append(run)
             emit(ReplayEvent(

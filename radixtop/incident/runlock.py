@@ -29,7 +29,7 @@ STATUS_NAME = "confirm-status.json"
 MAX_STATUS_BYTES = 1 << 20
 
 
-class RunStatus(dict):
+class RunStatus(dict[str, Any]):
     """What a watcher reads: pid, started, workdir, url, phase, lines, done, headline, verdict."""
 
     @property

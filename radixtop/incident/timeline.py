@@ -165,4 +165,5 @@ def render_html(timeline: Timeline, title: str) -> str:
         template="plotly_white", legend={"orientation": "h", "y": -0.04},
         margin={"t": 90 + 15 * len(timeline.marks)},
     )  # fmt: skip
-    return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})
+    page: str = fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})  # plotly is untyped
+    return page

@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from radixtop.instrument.snapshot import SnapshotConfig
 from radixtop.schema import DEFAULT_BASE_PORT, DEFAULT_HOST, MAX_TREE_NODES
@@ -21,6 +21,13 @@ ENV_HOST = "RADIXTOP_INSTRUMENT_HOST"  # bind address (default 127.0.0.1)
 ENV_TOKEN = "RADIXTOP_INSTRUMENT_TOKEN"  # bearer token; required when the host is not loopback
 ENV_BUDGET = "RADIXTOP_INSTRUMENT_BUDGET"  # nodes per snapshot (default SnapshotConfig.max_nodes, 128)
 ENV_INTERVAL = "RADIXTOP_INSTRUMENT_INTERVAL"  # least seconds between snapshots (default 0.5); taken only when read
+
+
+class EndpointPorts(TypedDict, total=False):
+    """The endpoint's port options: exactly one of the two."""
+
+    port: int
+    base_port: int
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class InstrumentConfig:
         token = env.get(ENV_TOKEN, "").strip() or None
         return cls(base_port=port, host=host, token=token, budget=budget, interval_s=interval)
 
-    def endpoint_ports(self) -> dict[str, int]:
+    def endpoint_ports(self) -> EndpointPorts:
         """The endpoint's port options: any free port for base 0; else base + rank, or the next
         free port of the window discovery searches when another server on the node (a
         confirmation arm, a colleague's) has its instrument there."""

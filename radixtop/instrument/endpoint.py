@@ -568,13 +568,15 @@ class InstrumentEndpoint:
         self._reply(req, 200, payload, _JSON)
 
     def _serve_events(self, req: _Handler, query: dict[str, list[str]]) -> None:
-        since = _int_param(query, SINCE_PARAM)
+        given_since = _int_param(query, SINCE_PARAM)
+        if isinstance(given_since, str):
+            self._reply(req, 400, error_body(given_since), _JSON)
+            return
         limit = _int_param(query, LIMIT_PARAM)
-        for bad in (since, limit):
-            if isinstance(bad, str):
-                self._reply(req, 400, error_body(bad), _JSON)
-                return
-        since = since or 0
+        if isinstance(limit, str):
+            self._reply(req, 400, error_body(limit), _JSON)
+            return
+        since = given_since or 0
         events, latest, dropped, more = self.events.read(since, min(limit or 1000, MAX_EVENTS_PER_PAGE))
         page = EventPage(
             schema_version=SCHEMA_VERSION,

@@ -388,8 +388,8 @@ class CacheHooks:
                 if name in own and getattr(getattr(bound, "__func__", bound), _MARK, None) is None:
                     function = _FACTORIES[name](self._own_route, _drop_self(bound))
                     setattr(function, _MARK, self._own_route)
-                    own[name] = wrapper = types.MethodType(function, cache)
-                    own_done.append((name, bound, wrapper))
+                    own[name] = method = types.MethodType(function, cache)
+                    own_done.append((name, bound, method))
                 continue
             if not callable(current):
                 continue

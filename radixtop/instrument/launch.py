@@ -54,7 +54,7 @@ class _SchedulerWatch(importlib.abc.MetaPathFinder):
                     break
             loader = getattr(spec, "loader", None)
             exec_module = getattr(loader, "exec_module", None)
-            if exec_module is None:
+            if loader is None or exec_module is None:
                 _say(f"cannot watch {fullname} (no loader to wrap); this process runs uninstrumented")
                 return spec
 

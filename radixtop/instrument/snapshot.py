@@ -237,6 +237,7 @@ class CensusRun:
         self.keep: list[Any] = []
         self.hints: dict[int, int] = {}
         self.result: _CensusResult | None = None
+        self.activity: tuple[Any, ...] | None = None  # the tree's mutation counters at the first slice (the owner's)
 
     @property
     def done(self) -> bool:
@@ -570,8 +571,8 @@ class Capture:
 
     def build(self) -> Snapshot:
         if self.slot_walk is not None:
-            tree, census = slot_chains.build(self.slot_walk, self.budget)
-            return replace(self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE)._snapshot(tree, "locked-only")
+            walked, census = slot_chains.build(self.slot_walk, self.budget)
+            return replace(self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE)._snapshot(walked, "locked-only")
         tree = None
         if self.rows is not None:
             tree = TreeView(
@@ -659,9 +660,10 @@ class TreeSnapshotter:
                     root, unified=node_shape(root) == UNIFIED, hint_cap=cfg.max_scan, max_nodes=cfg.census_max_nodes
                 )
                 run.activity = self._activity(read_sizes(cache))
-            if run.step(work or cfg.census_slice):
-                self._census, self._run = run.result, None
-                self._census.activity = run.activity
+            result = run.result if run.step(work or cfg.census_slice) else None  # step() True: result is set
+            if result is not None:
+                result.activity = run.activity
+                self._census, self._run = result, None
                 self.fresh = run.slices == 1
         except Exception:
             self._run = None  # a tree we do not understand: start over next time (the walk reports why)

@@ -29,7 +29,7 @@ import psutil
 from radixtop.probes.container import container_of, container_ports
 from radixtop.probes.http import ANSWERING, LIVENESS_PATH, fetch, make_client
 from radixtop.probes.journal import read_cgroup
-from radixtop.probes.launch import flag, launch_of
+from radixtop.probes.launch import LaunchKind, ServerKind, flag, launch_of
 from radixtop.probes.procs import role_and_rank
 from radixtop.probes.serverlog import LogElsewhere, find_log, log_elsewhere
 from radixtop.probes.sglang import parse_server_info
@@ -46,7 +46,7 @@ MAX_INSTRUMENT_RANKS = INSTRUMENT_PORT_SPAN  # ranks' endpoints looked for from 
 @dataclass(frozen=True, slots=True)
 class FoundServer:
     pid: int
-    kind: str  # "sglang" | "vllm" | "sim"
+    kind: ServerKind
     cmdline: tuple[str, ...]
     started: float
     url: str | None = None
@@ -106,7 +106,7 @@ class Discovery:
 @dataclass
 class _Candidate:
     proc: psutil.Process
-    kind: str
+    kind: ServerKind
     cmdline: list[str]
     started: float
     ranks: list[str] = field(default_factory=list)
@@ -154,7 +154,7 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
     """Server processes on this node (sync: reads /proc)."""
     skip = set(exclude)
     roots: dict[int, _Candidate] = {}
-    children: list[tuple[psutil.Process, str, list[str]]] = []
+    children: list[tuple[psutil.Process, LaunchKind, list[str]]] = []
     denied = 0
     for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
         try:
@@ -168,7 +168,7 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
             if launch is None:
                 continue
             kind = launch.kind
-            if kind.endswith("-child"):
+            if kind == "sglang-child" or kind == "vllm-child":
                 children.append((proc, kind, cmdline))
             else:
                 started = proc.info.get("create_time") or 0.0
@@ -202,14 +202,14 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
                     owner = roots[parent.pid]
                     break
             if owner is None and kind == "sglang-child":  # an offline sgl.Engine: its parent is the server
-                parent = proc.parent()
-                if parent is not None and parent.pid == 1:  # orphaned: its server died without it
+                server = proc.parent()
+                if server is not None and server.pid == 1:  # orphaned: its server died without it
                     orphans.append(proc.pid)
                     continue
-                if parent is not None and parent.pid not in skip:
-                    argv = parent.cmdline()
+                if server is not None and server.pid not in skip:
+                    argv = server.cmdline()
                     owner = roots.setdefault(
-                        parent.pid, _Candidate(parent, "sglang", argv, parent.create_time(), args=argv[1:])
+                        server.pid, _Candidate(server, "sglang", argv, server.create_time(), args=argv[1:])
                     )
         except psutil.Error:
             continue

@@ -122,8 +122,8 @@ class FileWaiter:
         for event in events:
             if event.mask & self._self_gone:
                 if event.wd in self._wd_dir and not event.name:
-                    directory = self._wd_dir.pop(event.wd)
-                    self._dir_wd.pop(directory, None)
+                    gone = self._wd_dir.pop(event.wd)
+                    self._dir_wd.pop(gone, None)
                 hit = True
                 continue
             directory = self._wd_dir.get(event.wd)

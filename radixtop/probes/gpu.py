@@ -15,11 +15,12 @@ NVML event set polled with a zero timeout: the driver reports them only where it
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from radixtop.probes.status import SourceState, StateClock
 
@@ -97,6 +98,9 @@ class GpuProcess:
     used_bytes: int | None  # None where the driver does not say (e.g. under MIG or without permission)
 
 
+GpuState = Literal["ok", "lost", "error"]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
     index: int
@@ -109,7 +113,7 @@ class GpuInfo:
     power_w: float | None = None
     power_limit_w: float | None = None
     processes: tuple[GpuProcess, ...] = ()
-    state: str = "ok"  # "ok" | "lost" | "error"
+    state: GpuState = "ok"
     problems: tuple[str, ...] = ()  # one line per query that failed
 
     @property
@@ -380,7 +384,7 @@ class GpuReader:
                 device = data.device
             except Exception:
                 continue
-            index = self._try(lambda d=device: nvml.call("nvmlDeviceGetIndex", d, read=int), None)
+            index = self._try(functools.partial(nvml.call, "nvmlDeviceGetIndex", device, read=int), None)
             out.append(XidEvent(self._clock(), index, xid))
         return tuple(out)
 

@@ -156,11 +156,11 @@ class KvEventsProbe:
     def _receive(self, frames: list[bytes], *, live: bool) -> None:
         from radixtop.kv_wire import decode_batch, seq_of
 
-        if len(frames) != 3 or seq_of(frames[1]) is None:
+        seq = seq_of(frames[1]) if len(frames) == 3 else None
+        if seq is None:
             self.malformed += 1
             self._note(f"a message of {len(frames)} frames is not topic, sequence, batch: skipped")
             return
-        seq = seq_of(frames[1])
         last = self._last_seq
         if last is not None and seq <= last:
             if live and seq < last and seq == 0:  # numbering began again: the publisher restarted

@@ -29,16 +29,21 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+ServerKind = Literal["sglang", "vllm", "sim"]
+# A titled child process of a server (a scheduler, or an offline engine's).
+LaunchKind = Literal[ServerKind, "sglang-child", "vllm-child"]
 
 _PYTHON = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?[dmu]?$")
 _PY_VALUE_FLAGS = frozenset("WX")  # -W ignore, -X dev: a value follows (attached or next)
-_MODULES = {  # module -> kind, for `python -m MODULE`
+_MODULES: dict[str, ServerKind] = {  # module -> kind, for `python -m MODULE`
     "sglang.launch_server": "sglang",
     "sglang_router.launch_server": "sglang",  # sgl-router starting its SGLang workers
     "vllm.entrypoints.openai.api_server": "vllm",
     "vllm.entrypoints.api_server": "vllm",
 }
-_SUBCOMMANDS = {  # (program or module, its first argument) -> kind
+_SUBCOMMANDS: dict[tuple[str, str], ServerKind] = {  # (program or module, its first argument) -> kind
     ("sglang", "serve"): "sglang",
     ("sglang", "launch_server"): "sglang",
     ("sglang.cli.main", "serve"): "sglang",
@@ -47,7 +52,7 @@ _SUBCOMMANDS = {  # (program or module, its first argument) -> kind
     ("radixtop", "sim"): "sim",
     ("radixtop.cli", "sim"): "sim",
 }
-_SCRIPTS = {  # a script path's tail -> kind
+_SCRIPTS: dict[str, ServerKind] = {  # a script path's tail -> kind
     "sglang/launch_server.py": "sglang",
     "vllm/entrypoints/openai/api_server.py": "vllm",
     "vllm/entrypoints/api_server.py": "vllm",
@@ -66,7 +71,7 @@ _MAX_ARGS = 256  # a command line longer than this is read this far
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    kind: str  # "sglang" | "vllm" | "sim" | "sglang-child" | "vllm-child"
+    kind: LaunchKind
     args: tuple[str, ...] = ()  # the server's own arguments (after its program, module or script)
 
 
@@ -75,7 +80,7 @@ def launch_of(cmdline: Sequence[str]) -> Launch | None:
     return _read(list(cmdline[:_MAX_ARGS]), 0)
 
 
-def classify(cmdline: Sequence[str]) -> str | None:
+def classify(cmdline: Sequence[str]) -> LaunchKind | None:
     """'sglang', 'vllm', 'sim', 'sglang-child' / 'vllm-child' (a titled process) or None."""
     found = launch_of(cmdline)
     return found.kind if found is not None else None

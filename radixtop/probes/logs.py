@@ -66,7 +66,7 @@ from bisect import bisect_right
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 if TYPE_CHECKING:
     from radixtop.probes.fswait import FileWaiter
@@ -83,10 +83,14 @@ class LogRecord:
     received: float  # time.monotonic() when the reader thread read it
 
 
+NoticeKind = Literal["waiting", "created", "rotated", "truncated", "lost", "deleted", "error", "capped", "compressed"]
+HealthState = Literal["ok", "waiting", "deleted", "error"]
+
+
 @dataclass(frozen=True, slots=True)
 class LogNotice:
     source: str
-    kind: str  # "waiting", "created", "rotated", "truncated", "deleted", "error", "capped", "compressed"
+    kind: NoticeKind
     message: str
     time: float  # time.time()
 
@@ -101,7 +105,7 @@ class LogBatch:
 @dataclass(frozen=True, slots=True)
 class SourceHealth:
     source: str
-    state: str  # "ok", "waiting", "deleted", "error"
+    state: HealthState
     detail: str
     lines: int  # lines read so far, all generations together
     last_line_at: float | None  # time.monotonic() of the last line read
@@ -170,7 +174,7 @@ def _make_records(
             map(_RecordBuilder, repeat(source), linenos, texts, repeat(generation), repeat(received))
         )
         for record in records:
-            record.__class__ = LogRecord
+            record.__class__ = LogRecord  # type: ignore[assignment]  # the __slots__ twin swap above
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -588,7 +592,7 @@ class _Source:
         self.current: _Generation | None = None
         self.draining: list[_Generation] = []
         self.next_number = 0
-        self.state = "waiting"
+        self.state: HealthState = "waiting"
         self.detail = "waiting for the file to appear"
         self.lines = 0
         self.last_line_at: float | None = None
@@ -642,7 +646,7 @@ class _Tailer:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def notice(self, source: str, kind: str, message: str) -> None:
+    def notice(self, source: str, kind: NoticeKind, message: str) -> None:
         self.notices.append(LogNotice(source, kind, message, time.time()))
 
     def take(self) -> tuple[LogLines, list[LogNotice]]:
@@ -782,7 +786,7 @@ class _Tailer:
             source.last_error = message
             self.notice(source.path, "error", message)
 
-    def try_open(self, source: _Source, now: float, *, initial: bool = False, kind: str = "created") -> bool:
+    def try_open(self, source: _Source, now: float, *, initial: bool = False, kind: NoticeKind = "created") -> bool:
         """Open the file at source.path as a new generation; notices for what went wrong."""
         if now < source.next_retry:
             return False

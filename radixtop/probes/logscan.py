@@ -40,7 +40,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import IO, TYPE_CHECKING, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple, Protocol, cast
 
 from radixtop.diagnosis.evidence_policy import (
     CONTEXT_BEFORE,
@@ -94,11 +94,19 @@ class FileSummary(NamedTuple):
 # -- opening inputs -------------------------------------------------------------------------------
 
 
+class _Reader(Protocol):
+    """What a scan reads from: a raw file, stdin's buffer or a _GzipReader."""
+
+    def readinto(self, view: memoryview, /) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
 class _Source:
     __slots__ = ("fd", "name", "owned", "reader", "size")
 
     def __init__(
-        self, name: str, reader: IO[bytes], fd: int | None, *, owned: bool, size: int | None = None
+        self, name: str, reader: _Reader, fd: int | None, *, owned: bool, size: int | None = None
     ) -> None:
         self.name = name
         self.reader = reader
@@ -147,7 +155,8 @@ def check_input(path: str) -> None:
 
 def _open(path: str) -> _Source:
     if path == "-":
-        return _Source(STDIN_NAME, sys.stdin.buffer, None, owned=False)
+        # typeshed's BinaryIO has no readinto; stdin's buffer is an io.BufferedReader, which does.
+        return _Source(STDIN_NAME, cast(_Reader, sys.stdin.buffer), None, owned=False)
     try:
         raw = open(path, "rb", buffering=0)  # noqa: SIM115 - _Source.close() closes it
     except OSError as exc:
@@ -264,7 +273,7 @@ def _last_lines(data: bytes, count: int) -> list[bytes]:
     if count <= 0 or not data:
         return []
     pos = len(data) - 1 if data.endswith(b"\n") else len(data)
-    lines = []
+    lines: list[bytes] = []
     while len(lines) < count:
         start = data.rfind(b"\n", 0, pos) + 1
         lines.append(data[start:pos])
@@ -278,7 +287,7 @@ def _last_lines(data: bytes, count: int) -> list[bytes]:
 # -- the scan -------------------------------------------------------------------------------------
 
 
-def _fill(reader: IO[bytes], view: memoryview) -> tuple[int, Exception | None]:
+def _fill(reader: _Reader, view: memoryview) -> tuple[int, Exception | None]:
     """Read until view is full or the input ends: (bytes read, the error that ended it early).
 
     Only decompression errors come back as values (what was read before them is kept); other
@@ -393,7 +402,7 @@ class LogScanner:
         base = 0  # absolute offset of the current buffer's byte 0
         lineno = 1  # number of the line that starts at the current buffer's byte 0
         newlines = 0
-        last_byte = b""
+        last_byte: bytes | bytearray = b""
         hits_total = 0
         state = _FileState()
         region = self._read_region(source, bufs[0], 0, chunk, first=True)
@@ -584,7 +593,7 @@ class LogScanner:
 
 def _lines_after(buf: bytearray, start: int, end: int, count: int) -> list[str]:
     """Up to `count` lines of buf[start:end], from start (a line start), as evidence lines."""
-    lines = []
+    lines: list[str] = []
     pos = start
     while len(lines) < count and pos < end:
         nl = buf.find(b"\n", pos, end)

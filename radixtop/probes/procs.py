@@ -241,6 +241,9 @@ class ProcTree:
                     cmdline = proc.cmdline()
                 except (psutil.AccessDenied, psutil.ZombieProcess):
                     cmdline = []
+                rss: int | None
+                threads: int | None
+                cpu: float | None
                 try:
                     rss = proc.memory_info().rss
                     threads = proc.num_threads()

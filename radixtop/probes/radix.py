@@ -117,9 +117,10 @@ class RadixProbe(PolledProbe):
             return self._sample("error", f"{self.url}: snapshot: {got.error}")
         if got.status != 200:
             return await self._not_ok(got)
-        unchanged = got.body == self._last_body and self._last is not None
-        if unchanged:
-            snapshot, index = self._last  # type: ignore[misc]
+        last = self._last if got.body == self._last_body else None
+        unchanged = last is not None
+        if last is not None:
+            snapshot, index = last
         else:
             try:
                 if len(got.body) <= INLINE_PARSE_BYTES:

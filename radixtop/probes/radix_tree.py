@@ -69,7 +69,7 @@ class TreeIndex:
             if i:
                 marks[nodes[i].parent] |= marks[i]
 
-        def weight(row: int) -> tuple[int, int]:
+        def weight(row: int) -> tuple[int, int, int]:
             node = nodes[row]
             sub = node.subtree_tokens if node.subtree_tokens is not None else node.tokens
             return (-(marks[row] & cls.NEGATIVE), -(marks[row] & cls.LOCKED), -sub)
@@ -84,9 +84,8 @@ def parse_and_index(data: bytes) -> tuple[Snapshot, TreeIndex | None]:
         snapshot = parse_snapshot(data)
         return snapshot, TreeIndex.build(snapshot)
     with _no_gc_pauses():
-        snapshot = _parse_spliced(data) if len(data) <= MAX_PAYLOAD_BYTES else None
-        if snapshot is None:
-            snapshot = parse_snapshot(data)
+        spliced = _parse_spliced(data) if len(data) <= MAX_PAYLOAD_BYTES else None
+        snapshot = spliced if spliced is not None else parse_snapshot(data)
         return snapshot, TreeIndex.build(snapshot)
 
 

@@ -92,8 +92,10 @@ def find_log(
                     "root cannot be read (a container, or another user's process): run radixtop as root, or pass "
                     "--log with the file's path on this node"
                 ]  # fmt: skip
+            if container is None:
+                return path, "--log-file", problems
             try:
-                return (container.host_path(path) if container is not None else path), "--log-file", problems
+                return container.host_path(path), "--log-file", problems
             except OSError as exc:
                 return None, "", [f"its --log-file {given} cannot be resolved inside {container.name}: {exc}"]
     for fd, how in ((1, "stdout"), (2, "stderr")):

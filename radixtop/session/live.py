@@ -268,7 +268,7 @@ class LiveSources:
         self.gpu = GpuProbe() if gpu else None
         self.interval_s = interval_s  # overrides every probe's own interval (tests, benchmarks)
         self.rediscover_down_s = rediscover_down_s
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         if targets.kind == "vllm":
             self.state.kind = "vllm"

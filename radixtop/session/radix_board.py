@@ -113,7 +113,8 @@ class RadixBoard:
                 view.digest = digest
                 if view.snapshot is not snap:
                     old = view.snapshot
-                    if old is not None and len(old.tree.nodes) <= KEPT_SNAPSHOT_NODES and view.snapshot_at is not None:
+                    small = old is not None and (old.tree is None or len(old.tree.nodes) <= KEPT_SNAPSHOT_NODES)
+                    if old is not None and small and view.snapshot_at is not None:
                         view.earlier.append((view.snapshot_at, old))  # small: kept for the bundle
                     else:
                         discard(old)

@@ -29,16 +29,22 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixtop.diagnosis.evidence_policy import BATCH_LOOKBACK, OPENER_LOOKBACK, batch_stats_before, find_opener
 from radixtop.diagnosis.logline import opens_record
 from radixtop.diagnosis.severity import Severity, rank
 from radixtop.probes.logs import LogRun
 from radixtop.session.access_fold import AccessFolds, second_of
+
+if TYPE_CHECKING:
+    from radixtop.diagnosis.catalog import Catalog
+    from radixtop.diagnosis.findings import FindingsBuilder, Report
+    from radixtop.diagnosis.logline import BatchStats
+    from radixtop.probes.logs import LogBatch
 
 DEFAULT_CAPACITY = 100_000
 _NOTICE_HISTORY = 200  # notices kept for the status line
@@ -94,7 +100,7 @@ class IngestResult:
     records: Sequence[Any]  # a LogLines (its .runs are used), or LogRecord-likes, in order
     marks: dict[int, Mark] = field(default_factory=dict)  # index in records -> its mark
     notices: tuple[Any, ...] = ()  # LogNotice-likes: .source .kind .message .time
-    report: Any | None = None  # a fresh diagnosis Report when the findings changed, else None
+    report: Report | None = None  # a fresh diagnosis Report when the findings changed, else None
     lines: int = 0  # file lines in this result (for the totals)
     errors: tuple[str, ...] = ()  # one-line descriptions of what the diagnosis failed on
     max_len: int = 0  # longest text in records
@@ -138,7 +144,7 @@ class _Hit:
         # The line number comes from the run when the hit is sent: it may still be being counted.
         self.file, self.run, self.offset, self.text, self.index, self.since = file, run, offset, text, index, since
         self.before: tuple[str, ...] = ()
-        self.batch: dict = {}
+        self.batch: dict[str, BatchStats] = {}
         self.opener: str | None = None
         self.after: list[str] = []
         self.need = 0
@@ -159,7 +165,7 @@ class Ingestor:
     """Thread side: LogBatch -> IngestResult. Thread-safe (one lock), so `flush` may run beside
     `process` from another thread."""
 
-    def __init__(self, builder: Any, catalog: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, builder: FindingsBuilder, catalog: Catalog, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._builder = builder
         self._matcher = builder.matcher
         self._context = builder.context
@@ -182,8 +188,9 @@ class Ingestor:
     # -- helpers -------------------------------------------------------------------------------
 
     def _span(self, index: int, text: str) -> tuple[int, int] | None:
-        pattern = self._patterns.get(index, False)
-        if pattern is False:
+        if index in self._patterns:
+            pattern = self._patterns[index]
+        else:
             try:
                 pattern = re.compile(self._raw[index])
             except re.error:
@@ -202,7 +209,7 @@ class Ingestor:
 
     # -- the batch path ------------------------------------------------------------------------
 
-    def process(self, batch: Any) -> IngestResult:
+    def process(self, batch: LogBatch) -> IngestResult:
         records = batch.records
         runs = runs_of(records)
         skipped = tuple(getattr(batch, "skipped", ()))
@@ -265,7 +272,7 @@ class Ingestor:
         text: str,
         index: int,
         context_before: Sequence[str],
-        batch_before: Any,
+        batch_before: Mapping[str, BatchStats],
         *,
         context_after: Sequence[str] = (),
         opener: str | None = None,
@@ -394,7 +401,7 @@ class Ingestor:
         return found[1] if found else None
 
     @staticmethod
-    def _batch_before(recent: deque[str], texts: list[str]) -> dict:
+    def _batch_before(recent: deque[str], texts: list[str]) -> dict[str, BatchStats]:
         window = "\n".join([*recent, *texts]).encode("utf-8", "replace")
         return batch_stats_before(window)
 
@@ -435,7 +442,9 @@ class Ingestor:
                 opener=hit.opener,
             )
         except Exception as exc:  # this hit is lost to the findings, the others still go
-            self._error(self._send_errors, f"diagnosis failed on {hit.file}:{hit.run.lineno_or_none + hit.offset}: {exc!r}")
+            first = hit.run.lineno_or_none  # known: a hit is sent once its run is numbered
+            where = hit.file if first is None else f"{hit.file}:{first + hit.offset}"
+            self._error(self._send_errors, f"diagnosis failed on {where}: {exc!r}")
 
     def flush(self, max_age: float = AFTER_WAIT) -> IngestResult | None:
         """Report first occurrences whose lines-after did not all come within max_age (the server
@@ -601,7 +610,8 @@ class IncidentState:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._clock = clock
-        self._texts: list[str | None] = [None] * capacity  # every entry's text, by seq % capacity
+        # Every entry's text, by seq % capacity ("" in a slot not filled yet: read only in range).
+        self._texts: list[str] = [""] * capacity
         self._runs = _RunIndex()  # where each file line came from, one row per run of lines
         self._special: dict[int, LogEntry] = {}  # notices and messages by seq (ascending)
         self._marks: dict[int, Mark] = {}
@@ -610,7 +620,7 @@ class IncidentState:
         self.version = 0
         self.total_lines = 0  # file lines received, all sources, paused or not
         self.max_width = 0  # longest text seen (chars), for horizontal scrolling
-        self.report: Any | None = None
+        self.report: Report | None = None
         # pause
         self.paused = False
         self._pending: deque[tuple[list[Any], dict[int, Mark], int]] = deque()  # (pieces, marks, entries)
@@ -662,10 +672,10 @@ class IncidentState:
         if self._folding:
             summary = self.folds.summary(seq)
             if summary is not None:
-                second = second_of(text)  # type: ignore[arg-type]
+                second = second_of(text)
                 text = f"[{second}] {summary}" if second else summary
                 kind = "fold"
-        entry = LogEntry(run.source, 0 if first is None else first + k, text, generation=run.generation, kind=kind)  # type: ignore[arg-type]
+        entry = LogEntry(run.source, 0 if first is None else first + k, text, generation=run.generation, kind=kind)
         mark = self._marks.get(seq)
         if mark is not None:
             entry.severity, entry.sig_ids, entry.span = mark
@@ -728,7 +738,7 @@ class IncidentState:
             self._marks.pop(old, None)
         if self._filter_test is not None:
             test = self._filter_test
-            self._filter.extend(q for q in range(start, seq) if test(texts[q % cap]))  # type: ignore[arg-type]
+            self._filter.extend(q for q in range(start, seq) if test(texts[q % cap]))
             self._filter.prune(first)
         self.version += 1
 
@@ -773,7 +783,7 @@ class IncidentState:
         """Guidance shown in the pane (e.g. how to point radixtop at a log); not counted as lines."""
         entries = [LogEntry("radixtop", 0, line, kind="message") for line in lines]
         self.max_width = max(self.max_width, *(len(e.text) for e in entries), 0)
-        self._admit(entries, {}, len(entries))  # type: ignore[arg-type]
+        self._admit(entries, {}, len(entries))
         self.version += 1
 
     def _admit(self, pieces: list[Any], marks: dict[int, Mark], n: int) -> None:
@@ -871,7 +881,7 @@ class IncidentState:
         else:
             test = smart_case(text)
             texts, cap = self._texts, self.capacity
-            seqs = [s for s in range(self.first_seq, self.next_seq) if test(texts[s % cap])]  # type: ignore[arg-type]
+            seqs = [s for s in range(self.first_seq, self.next_seq) if test(texts[s % cap])]
             self.filter_text, self._filter_test, self._filter = text, test, _SeqIndex(seqs)
         self.version += 1
 
@@ -900,7 +910,7 @@ class IncidentState:
         if test is None:
             return None
         texts, cap = self._texts, self.capacity
-        return self._scan_rows(from_row, forward, lambda seq: test(texts[seq % cap]))  # type: ignore[arg-type]
+        return self._scan_rows(from_row, forward, lambda seq: test(texts[seq % cap]))
 
     def find_hit(self, from_row: int, forward: bool = True) -> int | None:
         """Row of the next (or previous) line that matched a signature, wrapping around."""

@@ -103,10 +103,11 @@ class Series:
                 break
             col = (int(second) - first) // step
             if 0 <= col < columns:
-                if out[col] is None:
+                seen = out[col]
+                if seen is None:
                     out[col] = value  # walking backwards: the first seen is the column's last
                 elif self.how == "max":
-                    out[col] = max(out[col], value)  # type: ignore[type-var]
+                    out[col] = max(seen, value)
         if fill_s > 0:
             limit = int(fill_s // step)
             last_i: int | None = None

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import re
@@ -308,7 +309,7 @@ def _configure_logging(
     from uvicorn.logging import AccessFormatter, DefaultFormatter
 
     level = getattr(logging, level_name.upper())
-    installed = []
+    installed: list[tuple[logging.Logger, logging.Handler]] = []
 
     def attach(name: str, formatter: logging.Formatter) -> None:
         logger = logging.getLogger(name)
@@ -438,7 +439,9 @@ class SimServer:
             inst = Instrumentation(cache, rank=rank, port=0 if base is None else base + rank)
             self.instruments.append(inst)
             if inst.start():
-                urls.append(inst.endpoint.url)
+                url = inst.endpoint.url
+                if url is not None:  # a started endpoint has its port
+                    urls.append(url)
         safe_points = [inst.safe_point for inst in self.instruments]
 
         def safe_point(*_: Any) -> None:
@@ -487,7 +490,7 @@ class SimServer:
                 dp_size=self.config.dp_size,
             )
             for rank, cache in self.engine.caches.items():
-                _time_evictions(cache, lambda seconds, r=rank: metrics.observe_eviction(r, seconds))
+                _time_evictions(cache, functools.partial(metrics.observe_eviction, rank))
         urls = [] if a.no_instrument else self._start_instruments()
         if a.kv_events_config:
             from radixtop.sim.kv_events import parse_config, start_publishers

@@ -252,6 +252,10 @@ class _Req:
         return len(self.views[0].kv_indices)
 
 
+def _first_pages(pages: list[int] | None) -> str:
+    return "none" if pages is None else f"{pages[:4]}..."
+
+
 class _LockRaceFired(RadixCacheError):
     """Raised by the loop when the lock-race fault's delay has run out."""
 
@@ -348,11 +352,12 @@ class _Scheduler:
         # Without the radix cache SGLang runs a chunk cache: no tree, no prefix eviction, no race.
         if race is not None and race.fired_at is None and not self.cfg.disable_radix_cache:
             usage = self.token_usage()
-            if race.consider(usage, engine.iteration, self.cfg.tp_size):
+            rank = race.consider(usage, engine.iteration, self.cfg.tp_size)
+            if rank is not None:
                 engine._lock_race_dp = self.dp_rank
-                node = self._contended_node(race.rank)
+                node = self._contended_node(rank)
                 self.log_rank(
-                    race.rank,
+                    rank,
                     f"WARNING: radix cache eviction contended with a page lock on node {node} "
                     f"(token usage {usage:.2f}); retrying",
                 )
@@ -381,8 +386,8 @@ class _Scheduler:
             mirror = info.pool.alloc_pages(num_pages)
             if mirror != pages:
                 raise RuntimeError(
-                    f"TP rank {info.tp_rank} allocated pages {mirror[:4]}... "
-                    f"where rank 0 got {pages[:4]}...: replicated ranks diverged"
+                    f"TP rank {info.tp_rank} allocated pages {_first_pages(mirror)} "
+                    f"where rank 0 got {_first_pages(pages)}: replicated ranks diverged"
                 )
         return pages
 
@@ -650,7 +655,8 @@ class _Scheduler:
         if double is not None and not self.cfg.disable_radix_cache and double.fires():
             double.count += 1
             for info, view in zip(self.ranks, req.views):
-                info.cache.dec_lock_ref(view.last_node)
+                if view.last_node is not None:  # always set: a finishing request was admitted
+                    info.cache.dec_lock_ref(view.last_node)
         engine._resolve(req, reason)
 
     # ----- idle -----

@@ -158,15 +158,16 @@ class LockRaceFault:
         self.fired_at: int | None = None  # scheduler iteration of the WARN
         self.rank: int | None = None  # initiating TP rank
 
-    def consider(self, token_usage: float, iteration: int, tp_size: int) -> bool:
-        """Called at each eviction for room; True when the race happens now (only once)."""
+    def consider(self, token_usage: float, iteration: int, tp_size: int) -> int | None:
+        """Called at each eviction for room; the initiating TP rank when the race happens now
+        (only once), else None."""
         if self.fired_at is not None or token_usage < self.threshold:
-            return False
+            return None
         if self.rng.random() >= self.probability:
-            return False
+            return None
         self.fired_at = iteration
         self.rank = self.rng.randrange(tp_size)
-        return True
+        return self.rank
 
     def due(self, iteration: int) -> bool:
         return self.fired_at is not None and iteration >= self.fired_at + self.delay_iters

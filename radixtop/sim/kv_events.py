@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixtop.kv_wire import (
     END_SEQ,
@@ -26,6 +26,9 @@ from radixtop.kv_wire import (
     encode_batch,
     seq_bytes,
 )
+
+if TYPE_CHECKING:
+    import zmq
 
 WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]")
 FLUSH_S = 0.005  # a scheduler step's worth: events of one flush go out as one batch
@@ -148,8 +151,9 @@ class KvEventPublisher:
 
     def _serve(self) -> None:
         while self._running:
-            if self._replay is not None and self._replay.poll(0):
-                self._answer_replay()
+            replay = self._replay
+            if replay is not None and replay.poll(0):
+                self._answer_replay(replay)
             events = self.recorder.take()
             if events:
                 payload = encode_batch(EventBatch(ts=time.time(), events=events, attn_dp_rank=self.dp_rank))
@@ -159,16 +163,16 @@ class KvEventPublisher:
             else:
                 time.sleep(FLUSH_S)
 
-    def _answer_replay(self) -> None:
-        frames = self._replay.recv_multipart()
+    def _answer_replay(self, replay: zmq.Socket[bytes]) -> None:
+        frames = replay.recv_multipart()
         if len(frames) != 3:
             return  # SGLang logs and ignores such a request
         client, _, start = frames
         first = int.from_bytes(start, "big", signed=True)
         for seq, payload in list(self._buffer):
             if seq >= first:
-                self._replay.send_multipart((client, b"", self.topic, seq_bytes(seq), payload))
-        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+                replay.send_multipart((client, b"", self.topic, seq_bytes(seq), payload))
+        replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
     def close(self) -> None:
         self._running = False

@@ -188,7 +188,7 @@ class SimMetrics(Collector):
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", self._prompt_tokens),
             ("sglang:generation_tokens", "Number of generation tokens processed.", self._generation_tokens),
         ):
-            family = CounterMetricFamily(metric, doc, labels=token_names)
+            counter = CounterMetricFamily(metric, doc, labels=token_names)
             for streaming, count in counts.items():
-                family.add_metric([self._model_name, ENGINE_TYPE, str(streaming).lower()], float(count))
-            yield family
+                counter.add_metric([self._model_name, ENGINE_TYPE, str(streaming).lower()], float(count))
+            yield counter

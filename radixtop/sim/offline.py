@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from radixtop.sim.engine import Engine, GenerateResult, SimConfig
 
@@ -22,10 +23,12 @@ __all__ = ["OfflineCall", "OfflineResult", "OfflineRun", "run_offline"]
 # plus a few retractions' worth), so only a stuck engine reaches it.
 _ITERATIONS_PER_CALL = 20_000
 
+K = TypeVar("K", bound=Hashable)  # the caller's name for a call (e.g. (request id, copy))
+
 
 @dataclass(frozen=True)
-class OfflineCall:
-    key: Hashable  # the caller's name for the call (e.g. (request id, copy))
+class OfflineCall(Generic[K]):
+    key: K
     offset_s: float
     input_ids: list[int]
     max_new_tokens: int
@@ -33,8 +36,8 @@ class OfflineCall:
 
 
 @dataclass(frozen=True)
-class OfflineResult:
-    key: Hashable
+class OfflineResult(Generic[K]):
+    key: K
     arrived_s: float
     finished_s: float | None  # None when the call failed
     prompt_tokens: int
@@ -43,8 +46,8 @@ class OfflineResult:
 
 
 @dataclass(frozen=True)
-class OfflineRun:
-    results: tuple[OfflineResult, ...]  # in the order the calls were given
+class OfflineRun(Generic[K]):
+    results: tuple[OfflineResult[K], ...]  # in the order the calls were given
     eviction_times_s: tuple[float, ...]  # the clock at each iteration that evicted tokens
     evicted_tokens: int
     peak_token_usage: float
@@ -53,7 +56,7 @@ class OfflineRun:
     duration_s: float  # on the virtual clock
 
 
-def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
+def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRun[K]:
     """Run every call through a fresh engine built from ``config``; raises ValueError for a bad config."""
     clock = [0.0]
     engine = Engine(config, emit=lambda line: None, wall_clock=lambda: clock[0])
@@ -74,7 +77,11 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
             next_call += 1
             arrived[index] = clock[0]
             future: Future[GenerateResult] = Future()
-            future.add_done_callback(lambda _f, i=index: finished.setdefault(i, clock[0]))
+
+            def mark_finished(_f: Future[GenerateResult], i: int = index) -> None:
+                finished.setdefault(i, clock[0])
+
+            future.add_done_callback(mark_finished)
             try:
                 call = calls[index]
                 engine.submit(call.input_ids, max_new_tokens=call.max_new_tokens, future=future, extra_key=call.extra_key)
@@ -99,8 +106,8 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall]) -> OfflineRun:
             raise RuntimeError("the engine is idle with calls unanswered")
     results = []
     for i, call in enumerate(calls):
-        future = futures.get(i)
-        result = future.result() if future is not None else None
+        answered = futures.get(i)
+        result = answered.result() if answered is not None else None
         if result is None or result.finish_reason == "abort":
             why = errors.get(i) or "aborted (retracted with no room left)"
             results.append(OfflineResult(call.key, arrived[i], None, len(call.input_ids), None, why))

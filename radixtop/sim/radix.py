@@ -52,7 +52,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 from radixtop.sim.pool import TokenToKVPoolAllocator
 
@@ -274,12 +274,16 @@ class CacheReq(Protocol):
     ``last_node`` / ``lock``: the node it holds locked and the lock receipt.
     """
 
-    fill_ids: list[int]
     kv_indices: list[int]
     cache_protected_len: int
-    last_node: TreeNode
+    last_node: TreeNode | None
     lock: TreeLock | None
-    extra_key: str | None
+
+    @property
+    def fill_ids(self) -> list[int]: ...
+
+    @property
+    def extra_key(self) -> str | None: ...
 
 
 # ----------------------------------------------------------------------------- tree
@@ -315,6 +319,21 @@ class TreeNode:
     def __repr__(self) -> str:
         size = len(self.key) if self.key is not None else 0
         return f"TreeNode(id={self.id}, len={size}, lock_ref={self.lock_ref})"
+
+
+# A node in the tree has a key, and a parent unless it is the root; its value is there until it is
+# evicted. mypy is told so with casts, which cost no check: a fault that breaks this fails where
+# SGLang's own code fails, with the same error.
+def _key(node: TreeNode) -> RadixKey:
+    return cast(RadixKey, node.key)
+
+
+def _value(node: TreeNode) -> list[int]:
+    return cast(list[int], node.value)
+
+
+def _parent(node: TreeNode) -> TreeNode:
+    return cast(TreeNode, node.parent)
 
 
 def _lru(node: TreeNode) -> Any:
@@ -483,13 +502,14 @@ class RadixCache:
         num_evicted = 0
         while num_evicted < num_tokens and heap:
             _, _, x = heapq.heappop(heap)
+            slots = _value(x)  # an evictable leaf is not evicted yet
             if allocator is not None:
-                allocator.free(x.value)
-            num_evicted += len(x.value)
+                allocator.free(slots)
+            num_evicted += len(slots)
             self._delete_leaf(x)
             if self.kv_events is not None:
                 self.kv_events.record_remove(x)
-            parent = x.parent
+            parent = _parent(x)
             if len(parent.children) == 0 and parent.lock_ref == 0 and parent is not self.root_node:
                 heapq.heappush(heap, (priority_of(parent), parent.id, parent))
         return EvictResult(num_tokens_evicted=num_evicted)
@@ -501,12 +521,13 @@ class RadixCache:
         anchor = node
         while node is not self.root_node:
             if node.lock_ref == 0:
-                self.evictable_size_ -= len(node.key)
-                self.protected_size_ += len(node.key)
-                delta -= len(node.key)
+                size = len(_key(node))
+                self.evictable_size_ -= size
+                self.protected_size_ += size
+                delta -= size
             node.lock_ref += 1
             self._update_leaf_status(node)
-            node = node.parent
+            node = _parent(node)
         return IncLockRefResult(delta=delta, node_id=anchor.id)
 
     def dec_lock_ref(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
@@ -516,9 +537,10 @@ class RadixCache:
         delta = 0
         while node is not self.root_node:
             if node.lock_ref == 1:
-                self.evictable_size_ += len(node.key)
-                self.protected_size_ -= len(node.key)
-                delta += len(node.key)
+                size = len(_key(node))
+                self.evictable_size_ += size
+                self.protected_size_ -= size
+                delta += size
             node.lock_ref -= 1
             self._update_leaf_status(node)
             if node.parent is None:
@@ -600,8 +622,8 @@ class RadixCache:
     def path_device_indices(self, node: TreeNode) -> list[int]:
         parts: list[list[int]] = []
         while node is not self.root_node:
-            parts.append(node.value)
-            node = node.parent
+            parts.append(_value(node))
+            node = _parent(node)
         out: list[int] = []
         for part in reversed(parts):
             out.extend(part)
@@ -619,7 +641,8 @@ class RadixCache:
         stack = [(self.root_node, 0)]
         while stack:
             node, indent = stack.pop()
-            print(" " * indent, len(node.key), node.key.token_ids[:10], f"r={node.lock_ref}")
+            key = _key(node)
+            print(" " * indent, len(key), key.token_ids[:10], f"r={node.lock_ref}")
             for child in node.children.values():
                 stack.append((child, indent + 2))
         print(f"#tokens: {self.total_size()}")
@@ -643,13 +666,14 @@ class RadixCache:
             if child is None:
                 break
             child.last_access_time = access_time
-            prefix_len = _match_len(child.key.token_ids, tokens, offset, page_size)
-            if prefix_len < len(child.key.token_ids):
-                new_node = self._split_node(child.key, child, prefix_len)
-                value.append(new_node.value)
+            child_key = _key(child)
+            prefix_len = _match_len(child_key.token_ids, tokens, offset, page_size)
+            if prefix_len < len(child_key.token_ids):
+                new_node = self._split_node(child_key, child, prefix_len)
+                value.append(_value(new_node))
                 node = new_node
                 break
-            value.append(child.value)
+            value.append(_value(child))
             node = child
             offset += prefix_len
         return value, node
@@ -662,12 +686,13 @@ class RadixCache:
         new_node.children = {key[split_len:].child_key(self.page_size): child}
         new_node.parent = child.parent
         new_node.lock_ref = child.lock_ref
-        new_node.key = child.key[:split_len]
-        new_node.value = child.value[:split_len]
+        child_key, child_value = _key(child), _value(child)
+        new_node.key = child_key[:split_len]
+        new_node.value = child_value[:split_len]
         child.parent = new_node
-        child.key = child.key[split_len:]
-        child.value = child.value[split_len:]
-        new_node.parent.children[key.child_key(self.page_size)] = new_node
+        child.key = child_key[split_len:]
+        child.value = child_value[split_len:]
+        _parent(new_node).children[key.child_key(self.page_size)] = new_node
         return new_node
 
     def _insert_helper(
@@ -694,10 +719,11 @@ class RadixCache:
                 break
             node = child
             node.last_access_time = access_time
-            prefix_len = _match_len(node.key.token_ids, tokens, offset, page_size)
+            node_key = _key(node)
+            prefix_len = _match_len(node_key.token_ids, tokens, offset, page_size)
             offset += prefix_len
-            if prefix_len < len(node.key.token_ids):
-                node = self._split_node(node.key, node, prefix_len)
+            if prefix_len < len(node_key.token_ids):
+                node = self._split_node(node_key, node, prefix_len)
             node.priority = max(node.priority, priority)
             if offset > inserted_len:
                 node.hit_count += 1
@@ -719,15 +745,16 @@ class RadixCache:
         return offset, node
 
     def _delete_leaf(self, node: TreeNode) -> None:
-        key = node.key.child_key(self.page_size)
-        removed = node.parent.children.pop(key, None)
+        node_key, parent = _key(node), _parent(node)
+        key = node_key.child_key(self.page_size)
+        removed = parent.children.pop(key, None)
         if removed is not node:
             raise AssertionError(f"parent does not have child key, {key}")
-        self.evictable_size_ -= len(node.key)
+        self.evictable_size_ -= len(node_key)
         self.evictable_leaves.discard(node)
         # SGLang marks the node evicted by dropping its slots; the parent link stays.
         node.value = None
-        self._update_leaf_status(node.parent)
+        self._update_leaf_status(parent)
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         if node.evicted or node.lock_ref > 0 or node is self.root_node:
@@ -744,7 +771,7 @@ class RadixCache:
         stack = [self.root_node]
         while stack:
             node = stack.pop()
-            total += len(node.value)
+            total += len(_value(node))
             for child in node.children.values():
                 if not child.evicted:
                     stack.append(child)

@@ -178,7 +178,7 @@ class IncidentActions:
         app: Any = self
         panes = getattr(app, "panes", None)
         server = getattr(getattr(panes, "state", None), "server", None) if panes is not None else None
-        if self.readonly or server is None or self._sighting_busy:
+        if self.readonly or panes is None or server is None or self._sighting_busy:
             return
         now = time.time()
         if server.status.ok:
@@ -211,7 +211,7 @@ class IncidentActions:
 
         seen = self.sighting
         try:
-            if target is not None:
+            if target is not None and target.url is not None:  # watch_server passes only targets with a url
                 seen = observe(target.url, target.pid, server_info=info, gpu_sample=gpu, logs=target.logs,
                                previous=self.sighting)  # fmt: skip
             if seen is not None:
@@ -349,7 +349,7 @@ class IncidentActions:
         app: Any = self
         panes = getattr(app, "panes", None)
         live = getattr(panes, "state", None)
-        ranks = []
+        ranks: list[RankSeen] = []
         vitals: dict[str, Any] = {}
         marks: tuple = ()
         flight_dirs: list[str] = []

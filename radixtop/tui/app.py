@@ -154,9 +154,9 @@ class RadixtopApp(IncidentActions, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "radixtop"
     ENABLE_COMMAND_PALETTE = False
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
 
-    BINDINGS: ClassVar[list[BindingType]] = bindings()  # radixtop/tui/keys.py: one table for keys and help
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings())  # radixtop/tui/keys.py: one table for keys and help
 
     def __init__(
         self,
@@ -212,7 +212,9 @@ class RadixtopApp(IncidentActions, App[int]):
         self._prompt_mode: str | None = None
         self._failures: dict[str, int] = {}
         self._flushing = False
-        self._widgets: dict[str, Any] = {}  # the main screen's widgets, looked up once (per frame otherwise)
+        # The main screen's widgets, looked up once (per frame otherwise).
+        self._log_view: LogView | None = None
+        self._status_line: StatusLine | None = None
         self._timer: Any = None  # the one timer (_on_timer), re-armed after each run
         self._health_at = 0.0
         self._findings_title = ""
@@ -248,10 +250,10 @@ class RadixtopApp(IncidentActions, App[int]):
 
     @property
     def log_view(self) -> LogView:
-        view = self._widgets.get("log")
+        view = self._log_view
         if view is None:
-            view = self._widgets["log"] = self.query_one("#log", LogView)
-        return view  # type: ignore[return-value]
+            view = self._log_view = self.query_one("#log", LogView)
+        return view
 
     @property
     def findings_list(self) -> FindingsList:
@@ -259,10 +261,10 @@ class RadixtopApp(IncidentActions, App[int]):
 
     @property
     def status_line(self) -> StatusLine:
-        line = self._widgets.get("status")
+        line = self._status_line
         if line is None:
-            line = self._widgets["status"] = self.query_one("#status", StatusLine)
-        return line  # type: ignore[return-value]
+            line = self._status_line = self.query_one("#status", StatusLine)
+        return line
 
     def on_mount(self) -> None:
         self.log_view.focus()
@@ -720,7 +722,7 @@ class RadixtopApp(IncidentActions, App[int]):
         # Main-screen keys do nothing while the help or evidence screen is open.
         if action in ("pane", "rank") and self.panes is None:
             return False  # no live panes: the keys are not offered
-        if action == "server" and (self.panes is None or not self.live_options.discover):
+        if action == "server" and (self.panes is None or not self.panes.options.discover):
             return False
         return not (isinstance(self.screen, ModalScreen) and action != "quit")
 
@@ -804,9 +806,14 @@ class RadixtopApp(IncidentActions, App[int]):
                 if s.pid == pid or (url is not None and s.url == url):
                     return s
         loop = asyncio.get_running_loop()
-        chosen: asyncio.Future = loop.create_future()
+        chosen: asyncio.Future[int | None] = loop.create_future()
         rows = [server_row(s, s.pid == current) for s in servers]
-        self.push_screen(ServerPicker(rows), lambda index: chosen.done() or chosen.set_result(index))
+
+        def answer(index: int | None) -> None:
+            if not chosen.done():
+                chosen.set_result(index)
+
+        self.push_screen(ServerPicker(rows), answer)
         index = await chosen
         if index is None:
             return None
@@ -836,7 +843,8 @@ class RadixtopApp(IncidentActions, App[int]):
             return
         self.workers.cancel_group(self, "live")
         self._stop_log_source()
-        if not self.live_options.logs:  # a log given with --log stays followed
+        options = panes.options  # the panes exist only with live options
+        if not options.logs:  # a log given with --log stays followed
             self._left_sources.update(s.source for s in self.state.sources())
             self._stop_following()
             self._stopping = threading.Event()
@@ -844,7 +852,7 @@ class RadixtopApp(IncidentActions, App[int]):
             self.log_patterns = []
         self._add_lines([f"switching to {chosen.name} pid {chosen.pid}" + (f" at {chosen.url}" if chosen.url else "")
                          + "; the lines above stay"])  # fmt: skip
-        self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines,
+        self.panes = Panes(self, options, follow_log=self.follow_logs, add_lines=self._add_lines,
                            on_status_change=self._update_status)  # fmt: skip
         self.panes.mounted = panes.mounted
         self.panes.layout(self.size.width, self.size.height)
@@ -952,8 +960,9 @@ class RadixtopApp(IncidentActions, App[int]):
         anchor = view.cursor_seq
         state.set_filter(text or None)
         view.refresh_view()
-        if anchor is not None and state.row_of(anchor) is not None:
-            view.jump_to_row(state.row_of(anchor))  # type: ignore[arg-type]
+        row = state.row_of(anchor) if anchor is not None else None
+        if row is not None:
+            view.jump_to_row(row)
         elif not view.follow:
             view.set_follow(True)
         if text and state.view_len == 0:

@@ -40,7 +40,7 @@ class LogFinding(NamedTuple):
     epoch: float | None  # its first occurrence
     rank: str | None
     title: str
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, which nothing here calls
     severity: str
 
 
@@ -281,9 +281,9 @@ class Panes:
             self._focus()
 
     def visible(self) -> set[str]:
-        if self.wide and self.zoom is None:
-            return set(PANES)
-        return {self.zoom if self.wide else self.shown}
+        if not self.wide:
+            return {self.shown}
+        return set(PANES) if self.zoom is None else {self.zoom}
 
     def show(self, name: str) -> None:
         """Key 1-5 (or 0 = everything / the log). Before the panes are mounted, the last key

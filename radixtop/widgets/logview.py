@@ -537,7 +537,7 @@ class LogView(ScrollView, can_focus=True):
     @staticmethod
     def _matches(plain: str, query: str, search_style: Style) -> list[tuple[int, int, Style]]:
         haystack = plain if query != query.lower() else plain.lower()
-        out = []
+        out: list[tuple[int, int, Style]] = []
         start = haystack.find(query)
         while start >= 0 and len(out) < 64:
             out.append((start, start + len(query), search_style))

@@ -526,8 +526,8 @@ class RadixPane(Vertical):
             out.append(f"  nodes, census {age(census.age_s + max(0.0, now - snap.time))} old{done}\n", style="dim")
         width = max(40, (self.size.width or 80) - 2)
         mine = [a for a in board.anomalies if a.rank == view.rank or view.rank is None]
-        serious = [a for a in mine if a.kind != "evict_short"][-3:]
-        for a in reversed(serious):
+        alarms = [a for a in mine if a.kind != "evict_short"][-3:]
+        for a in reversed(alarms):
             where = f" node {a.node_id}" if a.node_id is not None else ""
             lr = f" lock_ref {a.lock_ref}" if a.lock_ref is not None else ""
             line = f"! {clock(a.time)} rank {a.rank} {a.kind}{where}{lr} {a.message}".rstrip()

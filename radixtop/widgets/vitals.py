@@ -84,7 +84,7 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
         if 0 <= col < columns:
             mark_col = col
     out = Text()
-    if mark_col is not None:
+    if mark is not None and mark_col is not None:
         label = f"first signature {clock(mark[0])}: {mark[1]}"
         arrow_at = LABEL_WIDTH + 1 + mark_col
         room_right, room_left = width - arrow_at - 2, arrow_at - 1

@@ -298,8 +298,8 @@ def free_loopback_port() -> int:
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
 
 
 def port_free(port: int) -> bool:

@@ -219,3 +219,43 @@ def test_the_plan_takes_the_crash_s_own_workload_from_the_dump_its_log_names(mon
     assert any("the crash's own" in line for line in plan.describe())
     written = tmp_path / "c2" / "workload.json"
     assert written.stat().st_mode & 0o777 == 0o600 and json.loads(written.read_text())["requests"][0]["id"] == "rid-1"
+
+
+def logged(event: str, rid: str | None, at: str, obj: dict, out: dict | None = None) -> str:
+    """One line of SGLang's JSON request log, as 0.5.23 writes it (--log-requests-format json)."""
+    record = {"timestamp": f"2026-12-05T10:38:{at}", "event": event, **({"rid": rid} if rid else {}), "obj": obj}
+    if out is not None:
+        record["out"] = out
+    return f"[2026-12-05 10:38:42] {json.dumps(record)}\n"
+
+
+def test_a_json_request_log_is_a_workload_too_in_flight_where_it_never_finished(tmp_path: Path) -> None:
+    chat = SYSTEM + [4, 5] * 8
+    first = {"rid": "r1", "text": None, "input_ids": chat, "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
+    second = {**first, "rid": "r2", "input_ids": chat + [6] * 20, "extra_key": "t"}
+    cut = {**first, "rid": "r3", "input_ids": chat[:10]}  # level 2 cuts long lists: the answer says 64 tokens
+    meta = {"text": "x", "meta_info": {"prompt_tokens": len(chat), "cached_tokens": 0}}
+    log = tmp_path / "node_0.log"
+    log.write_text(
+        logged("request.received.openai", None, "42.40", {"model": "m", "prompt": "hi"})
+        + logged("request.received", "r1", "42.368623", first)
+        + logged("request.finished", "r1", "42.403496", first, meta)
+        + logged("request.received", "HEALTH_CHECK_9", "42.41", {**first, "rid": "HEALTH_CHECK_9"})
+        + logged("request.received", "r2", "42.868623", second)
+        + logged("request.received", "r3", "43.0", cut)
+        + logged("request.finished", "r3", "43.1", cut, {"meta_info": {"prompt_tokens": 64}})
+    )  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(log), "-o", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "the logged requests" in done.stderr and "2 requests over 0.5 s, 1 in flight" in done.stderr, done.stderr
+    assert "1 health checks" in done.stderr and "1 prompts cut short (a request log below level 3)" in done.stderr
+    requests = json.loads((tmp_path / "t.json").read_text())["requests"]
+    assert [(r["id"], r["offset_ms"], r.get("in_flight", False)) for r in requests] == [("r1", 0.0, False), ("r2", 500.0, True)]
+    assert requests[1]["input_ids"] == chat + [6] * 20 and requests[1]["prefix_of"] == "r1"
+    assert requests[1]["prefix_len"] == len(chat) and requests[1]["extra_key"] == "t"
+    broken = tmp_path / "broken.log"
+    broken.write_text(logged("request.received", "r1", "42.1", first) + '[2026-12-05 10:38:42] {"timestamp": "nope"}\n')
+    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(broken)], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and f"{broken}:2: not a request log record" in done.stderr

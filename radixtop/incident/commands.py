@@ -41,18 +41,28 @@ def _progress(prefix: str, quiet: bool = False) -> Callable[[str], None]:
 
 
 def load_trace_arg(text: str) -> tuple[Trace, str]:
-    """A trace file, a built-in trace's name (finding_03330, demo_pressure), or SGLang's crash or
-    request dump (a .pkl, or the dump folder: its newest), as the trace of its own requests."""
+    """A trace file, a built-in trace's name (finding_03330, demo_pressure), SGLang's crash or
+    request dump (a .pkl, or the dump folder: its newest) or its JSON request log, as the trace of
+    the requests it holds."""
+    from radixtop.incident.crash_dump import (
+        DumpError,
+        dump_trace_of,
+        find_dump,
+        is_request_log,
+        read_dump,
+        read_request_log,
+    )
     from radixtop.incident.trace import TraceError, builtin_trace, load_trace
 
-    if text.endswith(".pkl") or os.path.isdir(text):
-        from radixtop.incident.crash_dump import DumpError, dump_trace_of, find_dump, read_dump
-
-        try:
+    try:
+        if text.endswith(".pkl") or os.path.isdir(text):
             dump = read_dump(find_dump(text))
             return dump_trace_of(dump), f"the crash's own workload: {dump.summary()}"
-        except DumpError as exc:
-            raise UsageError(str(exc)) from None
+        if os.path.isfile(text) and is_request_log(text):
+            dump = read_request_log(text)
+            return dump_trace_of(dump), f"the logged requests: {dump.summary()}"
+    except DumpError as exc:
+        raise UsageError(str(exc)) from None
     try:
         if os.path.exists(text) or os.sep in text or text.endswith(".json"):
             return load_trace(text), str(Path(text))

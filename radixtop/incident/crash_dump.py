@@ -7,6 +7,10 @@ K finished requests. A dump is a pickle of a dict: ``server_args``, ``launch_com
 ``requests``, tuples ``(GenerateReqInput, output dict, created_ts, finished_ts)``; an unfinished
 request's output is ``{}``.
 
+SGLang's JSON request log (``--log-requests --log-requests-level 3 --log-requests-format json``)
+holds the same records, a ``request.received`` and a ``request.finished`` line per request:
+``read_request_log`` reads it into the same CrashDump.
+
 A pickle is a program: loading one with ``pickle.load`` runs whatever callables it names. Here a
 dump is loaded by an unpickler whose every global is either a harmless builtin (``set``,
 ``frozenset``, ``complex``, ``OrderedDict``, dates) or, for names under SGLang, transformers,
@@ -21,6 +25,7 @@ from __future__ import annotations
 import collections
 import datetime
 import io
+import json
 import os
 import pickle
 import re
@@ -34,7 +39,8 @@ from radixtop.incident.record import RecordedCall, build_trace
 from radixtop.incident.trace import Trace
 
 __all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload",
-           "dump_folder", "dump_named_in", "dump_trace_of", "find_dump", "read_dump"]
+           "dump_folder", "dump_named_in", "dump_trace_of", "find_dump", "is_request_log", "read_dump",
+           "read_request_log"]
 
 MAX_DUMP_BYTES = 512 << 20
 MAX_REQUESTS = 200_000
@@ -216,32 +222,94 @@ def _request(entry: Any) -> DumpedRequest | str:
     finished = _number(entry[3]) if len(entry) > 3 else None
     if not isinstance(req, Inert) or created is None:
         return "not a request record"
-    rid = _attr(req, "rid")
+    done = isinstance(out, dict) and bool(out)
+    return _from_fields(req.__dict__, out if done else None, created, (finished or created) if done else None)
+
+
+def _from_fields(req: Mapping[str, Any], out: Any, created: float, finished: float | None) -> DumpedRequest | str:
+    """A request from GenerateReqInput's fields and its final output (None: still in flight), or
+    why it is left out. A crash dump's and a JSON request log's records alike."""
+    rid = req.get("rid")
     if isinstance(rid, str) and rid.startswith("HEALTH_CHECK"):
         return "health checks"
     if not isinstance(rid, str) or not rid:
         return "without a request id"
-    if _attr(req, "input_embeds") is not None or _attr(req, "image_data") is not None or _attr(req, "audio_data") is not None:
+    if any(req.get(k) is not None for k in ("input_embeds", "image_data", "video_data", "audio_data")):
         return "with embeddings or media"
-    ids, text = _token_ids(_attr(req, "input_ids")), _attr(req, "text")
+    ids, text = _token_ids(req.get("input_ids")), req.get("text")
     if ids is None and not (isinstance(text, str) and text):
         return "batches or prompts without ids or text"
-    params = _attr(req, "sampling_params")
+    params = req.get("sampling_params")
     params = params if isinstance(params, dict) else {}
-    namespace = next((v for v in (_attr(req, "extra_key"), _attr(req, "cache_salt")) if isinstance(v, str) and v), None)
-    lora = _attr(req, "lora_path")
+    namespace = next((v for v in (req.get("extra_key"), req.get("cache_salt")) if isinstance(v, str) and v), None)
+    lora = req.get("lora_path")
     if namespace is None and isinstance(lora, str) and lora:
         namespace = f"lora:{lora}"
     meta = out.get("meta_info") if isinstance(out, dict) else None
     meta = meta if isinstance(meta, dict) else {}
-    done = isinstance(out, dict) and bool(out)
+    prompt_tokens = _int(meta.get("prompt_tokens"))
+    if ids is not None and prompt_tokens is not None and prompt_tokens > len(ids):
+        return "prompts cut short (a request log below level 3)"
     return DumpedRequest(
         rid=rid, input_ids=ids, text=None if ids is not None else text,
         max_new_tokens=_int(params.get("max_new_tokens")) or DEFAULT_MAX_NEW_TOKENS,
-        created=created, finished=(finished or created) if done else None, extra_key=namespace,
-        ignore_eos=params.get("ignore_eos") is True, prompt_tokens=_int(meta.get("prompt_tokens")),
+        created=created, finished=finished, extra_key=namespace,
+        ignore_eos=params.get("ignore_eos") is True, prompt_tokens=prompt_tokens,
         cached_tokens=_int(meta.get("cached_tokens")),
     )  # fmt: skip
+
+
+# A JSON request log's line: `[time] {"timestamp": ISO, "event": ..., "rid": ..., "obj": {...}, "out": {...}}`.
+REQUEST_LOG_LINE = re.compile(r'^\[[^\]]*\] (\{"timestamp": .*)$')
+
+
+def is_request_log(path: str | Path) -> bool:
+    """Whether ``path`` starts like SGLang's JSON request log (--log-requests-format json)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return REQUEST_LOG_LINE.match(head.split("\n", 1)[0]) is not None
+
+
+def read_request_log(path: str | Path, *, limit: int = MAX_DUMP_BYTES) -> CrashDump:
+    """SGLang's JSON request log (`--log-requests --log-requests-level 3 --log-requests-format
+    json`) as a dump: each rid's request.received line, and its request.finished line where there is
+    one (a request without one was in flight when the log ends)."""
+    path = Path(path)
+    text = _read_bytes(path, limit).decode("utf-8", "replace")
+    received: dict[str, tuple[Mapping[str, Any], float]] = {}
+    finished: dict[str, tuple[Any, float]] = {}
+    skipped: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        match = REQUEST_LOG_LINE.match(line)
+        if match is None:
+            continue
+        try:
+            record = json.loads(match.group(1))
+            when = datetime.datetime.fromisoformat(record["timestamp"]).timestamp()
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise DumpError(f"{path}:{number}: not a request log record; is the file whole?") from None
+        rid, obj = record.get("rid"), record.get("obj")
+        if not isinstance(rid, str) or not isinstance(obj, dict):
+            continue  # request.received.openai: its internal request follows with the rid
+        if record.get("event") == "request.received":
+            received.setdefault(rid, (obj, when))
+        elif record.get("event") == "request.finished":
+            finished[rid] = (record.get("out"), when)
+        if len(received) > MAX_REQUESTS:
+            raise DumpError(f"{path}: more than the {MAX_REQUESTS:,} requests radixtop converts")
+    requests: list[DumpedRequest] = []
+    for rid, (obj, created) in received.items():
+        out, done = finished.get(rid, (None, None))
+        got = _from_fields(obj, out if isinstance(out, dict) else None, created, done)
+        if isinstance(got, str):
+            skipped[got] = skipped.get(got, 0) + 1
+        else:
+            requests.append(got)
+    requests.sort(key=lambda r: r.created)
+    return CrashDump(path, tuple(requests), None, {}, skipped)
 
 
 def read_dump(path: str | Path, *, limit: int = MAX_DUMP_BYTES) -> CrashDump:

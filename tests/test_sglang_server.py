@@ -425,3 +425,25 @@ def test_a_crash_dump_armed_live_makes_c_replay_the_crashs_own_requests(tmp_path
         if tmux is not None:
             tmux.kill()
         server.stop()
+
+
+def test_a_servers_json_request_log_is_the_confirmation_runs_workload(tmp_path: Path) -> None:
+    """A server logging whole requests as JSON (level 3, to its own log): with no --trace, confirm
+    replays those requests, and the reproduction receives exactly their token ids."""
+    server = start_server(tmp_path, name="server",
+                          flags=("--log-requests", "--log-requests-level", "3", "--log-requests-format", "json"))  # fmt: skip
+    prompts = [SHARED + [600 + i] * (8 + i) for i in range(3)]
+    try:
+        for ids in prompts:
+            server.generate(ids, max_new_tokens=6)
+        done = radixtop("confirm", "--url", server.url, "--stop-original", "--yes", "--runs", "1", "--no-bundle",
+                        "--json", "--log", str(server.log), "--workdir", str(tmp_path / "work"), cwd=tmp_path, timeout=600)  # fmt: skip
+    finally:
+        server.stop()
+    assert done.returncode in (0, 1), done.stderr
+    plan = json.loads((tmp_path / "work" / "plan.json").read_text())
+    assert plan["workload"]["origin"].startswith("the server's logged requests: "), plan["workload"]
+    assert plan["workload"]["requests"] == 3, plan["workload"]
+    received = (tmp_path / "work" / "reproduction.out").read_text(errors="replace")
+    for ids in prompts:
+        assert json.dumps(ids)[1:-1] in received, f"{ids[-1]}'s prompt never reached the reproduction"

@@ -613,7 +613,8 @@ async def prepare(
             notes.append(f"the server's crash dump cannot be read: {exc}")
         if own is not None:
             trace, dump = own
-            origin = f"the crash's own: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
+            whose = "the crash's own" if dump.path.suffix == ".pkl" else "the server's logged requests"
+            origin = f"{whose}: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
     server_page = (info or {}).get("page_size")
     if trace is not None and isinstance(server_page, int) and server_page >= 1 and server_page != trace.page_size_hint:
         # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one

@@ -373,19 +373,39 @@ def dump_named_in(logs: Sequence[str]) -> Path | None:
 def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None,
                    armed: str | None = None) -> tuple[Trace, CrashDump] | None:  # fmt: skip
     """The crash's own workload, where the server left one: the dump its log names, else the newest
-    in its --crash-dump-folder or the folder radixtop armed (``armed``). None when there is none;
-    DumpError when the one there is unreadable."""
+    in its --crash-dump-folder or the folder radixtop armed (``armed``), else its JSON request log
+    (level 3: whole prompts). None when there is none; DumpError when the one there is unreadable."""
+    args = server_args or {}
     path = dump_named_in(logs)
-    for folder in ((server_args or {}).get("crash_dump_folder"), armed):
+    for folder in (args.get("crash_dump_folder"), armed):
         if path is None and isinstance(folder, str) and folder and os.path.isdir(folder):
             try:
                 path = find_dump(folder)
             except DumpError:
                 continue
-    if path is None:
+    if path is not None:
+        dump = read_dump(path)
+        return dump_trace_of(dump), dump
+    logged = _request_log_of(logs, args)
+    if logged is None:
         return None
-    dump = read_dump(path)
-    return dump_trace_of(dump), dump
+    dump = read_request_log(logged)
+    return (dump_trace_of(dump), dump) if dump.requests else None
+
+
+def _request_log_of(logs: Sequence[str], args: Mapping[str, Any]) -> Path | None:
+    """Where a server logging whole requests as JSON writes them: the newest file of its
+    --log-requests-target folder, else its own log (the lines go to stdout)."""
+    level = args.get("log_requests_level")
+    if not (args.get("log_requests") is True and args.get("log_requests_format") == "json"
+            and isinstance(level, int) and level >= 3):  # fmt: skip
+        return None
+    target = args.get("log_requests_target")
+    folders = [t for t in (target if isinstance(target, list) else [target]) if isinstance(t, str) and os.path.isdir(t)]
+    files = [f for folder in folders for f in Path(folder).glob("*.log*") if f.is_file() and not f.is_symlink()]
+    if files:
+        return max(files, key=lambda f: f.stat().st_mtime)
+    return next((Path(log) for log in logs if os.path.isfile(log)), None) if not folders else None
 
 
 def find_dump(source: str | Path) -> Path:

@@ -8,13 +8,8 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.probes.logs import LogBatch, LogNotice, LogRecord, SourceHealth
-from radixtop.session.state import (
-    AFTER_WAIT,
-    IncidentState,
-    Ingestor,
-    IngestResult,
-    short_labels,
-)
+from radixtop.session.incident_state import IncidentState, short_labels
+from radixtop.session.ingest import AFTER_WAIT, Ingestor, IngestResult
 
 SEED = "[2026-12-02 14:03:14.942 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
@@ -333,7 +328,7 @@ def test_held_file_reports_the_earlier_scan_first(catalog, matcher):
 
 
 def test_held_hits_are_bounded(catalog, matcher, monkeypatch):
-    from radixtop.session import state as state_module
+    from radixtop.session import ingest as state_module
 
     monkeypatch.setattr(state_module, "HELD_HITS_MAX", 3)
     state = IncidentState(capacity=100)

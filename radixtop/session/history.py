@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from radixtop.session.state import Ingestor, IngestResult, finding_file
+from radixtop.session.ingest import Ingestor, IngestResult, finding_file
 
 
 class _PastTheStart(Exception):

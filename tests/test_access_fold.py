@@ -10,7 +10,7 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.logline import access_key
 from radixtop.diagnosis.matcher import Matcher
-from radixtop.probes.logs import LogBatch, LogRecord
+from radixtop.probes.logbatch import LogBatch, LogRecord
 from radixtop.session.incident_state import IncidentState
 from radixtop.session.ingest import Ingestor
 

@@ -12,7 +12,7 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE, OPENER_LOOKBACK, find_opener
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
-from radixtop.probes.logs import LogBatch, LogRecord
+from radixtop.probes.logbatch import LogBatch, LogRecord
 from radixtop.probes.logscan import scan_into
 from radixtop.session.ingest import Ingestor
 

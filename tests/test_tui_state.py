@@ -7,7 +7,7 @@ import pytest
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
-from radixtop.probes.logs import LogBatch, LogNotice, LogRecord, SourceHealth
+from radixtop.probes.logbatch import LogBatch, LogNotice, LogRecord, SourceHealth
 from radixtop.session.incident_state import IncidentState, short_labels
 from radixtop.session.ingest import AFTER_WAIT, Ingestor, IngestResult
 
@@ -342,7 +342,8 @@ def test_held_hits_are_bounded(catalog, matcher, monkeypatch):
 
 
 def test_lines_whose_numbers_are_still_counted_show_and_wait_to_be_findings(catalog, matcher):
-    from radixtop.probes.logs import LogLines, LogRun, _Numbering
+    from radixtop.probes.backlog import Numbering as _Numbering
+    from radixtop.probes.logbatch import LogLines, LogRun
 
     numbering = _Numbering()
     state = IncidentState(capacity=100)
@@ -359,7 +360,7 @@ def test_lines_whose_numbers_are_still_counted_show_and_wait_to_be_findings(cata
 
 
 def test_run_table_and_notices_stay_bounded_by_the_ring():
-    from radixtop.probes.logs import LogLines, LogRun
+    from radixtop.probes.logbatch import LogLines, LogRun
 
     state = IncidentState(capacity=100)
     for i in range(3000):  # one short run per batch, a notice every tenth
@@ -377,7 +378,7 @@ def test_big_runs_that_left_the_ring_are_let_go():
     import gc
     import weakref
 
-    from radixtop.probes.logs import LogLines, LogRun
+    from radixtop.probes.logbatch import LogLines, LogRun
 
     state = IncidentState(capacity=1000)
 

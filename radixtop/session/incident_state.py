@@ -23,7 +23,7 @@ from radixtop.session.ingest import runs_of
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.findings import Report
-    from radixtop.probes.logs import LogRun
+    from radixtop.probes.logbatch import LogRun
     from radixtop.session.ingest import IngestResult, Mark
 
 DEFAULT_CAPACITY = 100_000
@@ -240,7 +240,7 @@ class IncidentState:
 
     def entry(self, seq: int) -> LogEntry | None:
         """The entry at seq as a LogEntry (built on demand for file lines: only visible rows ask).
-        A line whose number is still being counted (see probes/logs.py) has lineno 0 until then."""
+        A line whose number is still being counted (see probes/backlog.py) has lineno 0 until then."""
         if not self.first_seq <= seq < self.next_seq:
             return None
         special = self._special.get(seq)

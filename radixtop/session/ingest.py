@@ -13,7 +13,7 @@ It is thread-safe (one lock): the app runs it on the event loop (a batch costs a
 a thread hop per batch cost more lag than that), and a background scan of the part of a file
 before where following began (`hold`/`add_history_hit`/`release`, session/history.py) feeds the
 same builder from another thread. While a file is held, or its line numbers are still being
-counted (see probes/logs.py), its hits wait in order: the builder takes a file's first occurrence
+counted (see probes/backlog.py), its hits wait in order: the builder takes a file's first occurrence
 as the first hit it is given. What it returns, an `IngestResult`, is what `IncidentState.apply`
 takes.
 """
@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from radixtop.diagnosis.evidence_policy import BATCH_LOOKBACK, OPENER_LOOKBACK, batch_stats_before, find_opener
 from radixtop.diagnosis.logline import opens_record
 from radixtop.diagnosis.severity import Severity, rank
-from radixtop.probes.logs import LogRun
+from radixtop.probes.logbatch import LogRun
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.catalog import Catalog
     from radixtop.diagnosis.findings import FindingsBuilder, Report
     from radixtop.diagnosis.logline import BatchStats
-    from radixtop.probes.logs import LogBatch
+    from radixtop.probes.logbatch import LogBatch
 
 _MAX_INGEST_ERRORS = 5  # per Ingestor: after this many failures, count them silently
 AFTER_WAIT = 0.5  # seconds a first occurrence waits for its context_after before it is reported

@@ -344,7 +344,7 @@ class RadixtopApp(IncidentActions, App[int]):
     def _open_logs(self, capacity: int) -> None:
         """Open the logs and start reading now, while Textual starts: the last lines are ready
         (or nearly) when the first frame is drawn."""
-        from radixtop.probes.logs import LogFollower
+        from radixtop.probes.follow import LogFollower
 
         backlog = capacity if self.from_start else min(BACKLOG_LINES, capacity)
         try:

@@ -1,4 +1,4 @@
-"""Benchmark the live log follower (radixtop.probes.logs.LogFollower) against `tail -F`.
+"""Benchmark the live log follower (radixtop.probes.follow.LogFollower) against `tail -F`.
 
     python benchmarks/tail_bench.py            # 200,000 lines/s for 10 s per tool
     python benchmarks/tail_bench.py --quick    # 2 s per tool
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 
-from radixtop.probes.logs import LogFollower  # noqa: E402
+from radixtop.probes.follow import LogFollower  # noqa: E402
 
 # "<seq 12 digits> <time.time() with 6 decimals> <SGLang decode-batch line>"
 BODY = (

@@ -10,8 +10,9 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.logline import access_key
 from radixtop.diagnosis.matcher import Matcher
-from radixtop.probes.logs import LogBatch, LogRecord
-from radixtop.session.state import IncidentState, Ingestor
+from radixtop.probes.logbatch import LogBatch, LogRecord
+from radixtop.session.incident_state import IncidentState
+from radixtop.session.ingest import Ingestor
 
 SEED = "[2026-12-03 11:54:35 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
 
@@ -23,7 +24,7 @@ def access(second: int, method: str = "POST", path: str = "/generate", status: i
 def feed(state: IncidentState, texts: list[str], ingestor: Ingestor | None = None, start: int = 1) -> None:
     records = tuple(LogRecord("sim.log", start + i, t, 0, 0.0) for i, t in enumerate(texts))
     if ingestor is None:
-        from radixtop.session.state import IngestResult
+        from radixtop.session.ingest import IngestResult
 
         state.apply(IngestResult(records, lines=len(texts), max_len=max(map(len, texts))))
         return

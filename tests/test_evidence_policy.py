@@ -12,9 +12,9 @@ from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE, OPENER_LOOKBACK, find_opener
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
-from radixtop.probes.logs import LogBatch, LogRecord
+from radixtop.probes.logbatch import LogBatch, LogRecord
 from radixtop.probes.logscan import scan_into
-from radixtop.session.state import Ingestor
+from radixtop.session.ingest import Ingestor
 
 OPENER = "[2026-12-03 11:54:35.502 TP3] Scheduler hit an exception: Traceback (most recent call last):"
 FAILURE = "sglang.srt.mem_cache.radix_cache.RadixCacheError: Failed to lock memory page during dynamic prefix eviction"

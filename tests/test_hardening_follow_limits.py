@@ -10,7 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
-from radixtop.probes.logs import _Tailer
+from radixtop.probes.tailer import Tailer as _Tailer
 
 
 def _lines(start: int, n: int) -> str:

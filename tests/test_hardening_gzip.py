@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tmux_helpers import Tmux
 
-from radixtop.probes.logs import LogFollower
+from radixtop.probes.follow import LogFollower
 
 SIGNATURE = (
     "[2026-12-02 14:00:03 TP0] sglang.srt.mem_cache.radix_cache.RadixCacheError: "

@@ -47,7 +47,7 @@ def test_huge_lines_around_hits_are_cut_in_the_evidence_with_a_marker(tmp_path: 
 
 FOLLOW_MANY = """
 import asyncio, sys
-from radixtop.probes.logs import LogFollower
+from radixtop.probes.follow import LogFollower
 
 async def main():
     async with LogFollower([sys.argv[1]], history=True) as follower:  # as the UI: from the end

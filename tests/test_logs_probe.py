@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from radixtop.probes.logs import LogBatch, LogFollower, LogNotice, LogRecord, SourceHealth, _Tailer
+from radixtop.probes.follow import LogFollower
+from radixtop.probes.logbatch import LogBatch, LogNotice, LogRecord, SourceHealth
+from radixtop.probes.tailer import Tailer as _Tailer
 
 TIMEOUT = 5.0
 
@@ -84,7 +86,7 @@ async def follow():
 async def follow_each(request, monkeypatch):
     """`follow` once sleeping on inotify when idle (with the fallback poll pushed out of reach, so
     only inotify can wake the reader) and once polling (where inotify cannot be had)."""
-    import radixtop.probes.logs as logs_module
+    import radixtop.probes.follow as logs_module
 
     if request.param == "inotify":
         from radixtop.probes.fswait import FileWaiter
@@ -157,7 +159,7 @@ async def test_a_backlog_longer_than_the_file_reads_it_all(tmp_path, follow):
 
 
 async def test_the_tail_is_delivered_before_the_lines_above_are_counted(tmp_path, monkeypatch):
-    from radixtop.probes import logs
+    from radixtop.probes import backlog as logs
 
     gate = threading.Event()
     counting = logs._count_lines
@@ -208,7 +210,7 @@ async def test_the_count_can_wait_until_the_caller_starts_it(tmp_path):
 
 
 def test_log_lines_index_and_slice_across_runs():
-    from radixtop.probes.logs import LogLines, LogRun
+    from radixtop.probes.logbatch import LogLines, LogRun
 
     lines = LogLines([LogRun("a.log", 0, 5, ["a5", "a6"], 1.0), LogRun("b.log", 2, 1, ["b1", "b2", "b3"], 2.0)])
     assert len(lines) == 5
@@ -231,7 +233,7 @@ def test_log_lines_index_and_slice_across_runs():
     ],
 )
 def test_start_of_backlog(tmp_path, content, lines, expected):
-    from radixtop.probes.logs import _start_of_backlog
+    from radixtop.probes.backlog import start_of_backlog as _start_of_backlog
 
     path = tmp_path / "x.log"
     path.write_bytes(content)
@@ -243,7 +245,7 @@ def test_start_of_backlog(tmp_path, content, lines, expected):
 
 
 def test_backlog_start_over_many_read_blocks(tmp_path):
-    from radixtop.probes.logs import _start_of_backlog
+    from radixtop.probes.backlog import start_of_backlog as _start_of_backlog
 
     path = tmp_path / "x.log"
     path.write_bytes(b"".join(b"%06d %s\n" % (i, b"y" * 200) for i in range(20_000)))  # ~4 MB
@@ -731,7 +733,7 @@ def test_file_waiter_missing_directory_and_removed_directory(tmp_path):
 
 
 async def test_an_idle_follower_sleeps_on_inotify_and_wakes_for_a_line(tmp_path, follow, monkeypatch):
-    import radixtop.probes.logs as logs_module
+    import radixtop.probes.follow as logs_module
 
     _waiter().close()
     monkeypatch.setattr(logs_module, "_INOTIFY_FALLBACK_S", 60.0)  # only inotify can wake it

@@ -7,14 +7,9 @@ import pytest
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
-from radixtop.probes.logs import LogBatch, LogNotice, LogRecord, SourceHealth
-from radixtop.session.state import (
-    AFTER_WAIT,
-    IncidentState,
-    Ingestor,
-    IngestResult,
-    short_labels,
-)
+from radixtop.probes.logbatch import LogBatch, LogNotice, LogRecord, SourceHealth
+from radixtop.session.incident_state import IncidentState, short_labels
+from radixtop.session.ingest import AFTER_WAIT, Ingestor, IngestResult
 
 SEED = "[2026-12-02 14:03:14.942 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
@@ -333,7 +328,7 @@ def test_held_file_reports_the_earlier_scan_first(catalog, matcher):
 
 
 def test_held_hits_are_bounded(catalog, matcher, monkeypatch):
-    from radixtop.session import state as state_module
+    from radixtop.session import ingest as state_module
 
     monkeypatch.setattr(state_module, "HELD_HITS_MAX", 3)
     state = IncidentState(capacity=100)
@@ -347,7 +342,8 @@ def test_held_hits_are_bounded(catalog, matcher, monkeypatch):
 
 
 def test_lines_whose_numbers_are_still_counted_show_and_wait_to_be_findings(catalog, matcher):
-    from radixtop.probes.logs import LogLines, LogRun, _Numbering
+    from radixtop.probes.backlog import Numbering as _Numbering
+    from radixtop.probes.logbatch import LogLines, LogRun
 
     numbering = _Numbering()
     state = IncidentState(capacity=100)
@@ -364,7 +360,7 @@ def test_lines_whose_numbers_are_still_counted_show_and_wait_to_be_findings(cata
 
 
 def test_run_table_and_notices_stay_bounded_by_the_ring():
-    from radixtop.probes.logs import LogLines, LogRun
+    from radixtop.probes.logbatch import LogLines, LogRun
 
     state = IncidentState(capacity=100)
     for i in range(3000):  # one short run per batch, a notice every tenth
@@ -382,7 +378,7 @@ def test_big_runs_that_left_the_ring_are_let_go():
     import gc
     import weakref
 
-    from radixtop.probes.logs import LogLines, LogRun
+    from radixtop.probes.logbatch import LogLines, LogRun
 
     state = IncidentState(capacity=1000)
 

@@ -1,6 +1,6 @@
 """The evidence kept around a finding: one policy for every path that finds one.
 
-A finding is made on three paths: the live log pane (session/state.py's Ingestor, over the lines it
+A finding is made on three paths: the live log pane (session/ingest.py's Ingestor, over the lines it
 keeps), the scan of whole files (probes/logscan.py, over byte windows of a file) and the builder's
 own line-by-line feed (diagnosis/findings.py, used by the bundle's log window). Each reaches back
 through its own storage, but how far, and what it keeps, is decided here, so the same finding has

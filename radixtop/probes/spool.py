@@ -1,5 +1,5 @@
 """Files radixtop writes a server's log into when the log is not a file it can follow: a tmux pane's
-output, a journald unit, a container runtime's log. The log follower (radixtop.probes.logs) then
+output, a journald unit, a container runtime's log. The log follower (radixtop.probes.follow) then
 follows the spool file like any other, so rotation, truncation, line cutting and ANSI stripping stay
 in one place. One private directory per radixtop, removed at exit; each file is cut back to empty
 past MAX_BYTES (the follower reports a truncation), so a long session cannot fill the disk.

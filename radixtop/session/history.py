@@ -1,6 +1,6 @@
 """Find what happened before where following began: scan that part of each file in the background.
 
-The log pane starts at a file's last lines (probes/logs.py, `backlog_lines`), so that they show at
+The log pane starts at a file's last lines (probes/backlog.py, `backlog_lines`), so that they show at
 once; a signature from an hour ago must still appear in the findings. For each file followed from
 past its start, the follower hands over a `SkippedLines` (bytes [0, end) of that inode, through a
 file descriptor of its own, and how many lines that is). This scans it with the fast scanner
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from radixtop.session.state import Ingestor, IngestResult, finding_file
+from radixtop.session.ingest import Ingestor, IngestResult, finding_file
 
 
 class _PastTheStart(Exception):

@@ -41,12 +41,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 
 from radixtop.options import TuiOptions
-from radixtop.session.state import (
-    DEFAULT_CAPACITY,
-    IncidentState,
-    Ingestor,
-    finding_file,
-)
+from radixtop.session.incident_state import DEFAULT_CAPACITY, IncidentState
+from radixtop.session.ingest import Ingestor, finding_file
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.actions import IncidentActions, action_settings
 from radixtop.tui.help import HelpScreen
@@ -348,7 +344,7 @@ class RadixtopApp(IncidentActions, App[int]):
     def _open_logs(self, capacity: int) -> None:
         """Open the logs and start reading now, while Textual starts: the last lines are ready
         (or nearly) when the first frame is drawn."""
-        from radixtop.probes.logs import LogFollower
+        from radixtop.probes.follow import LogFollower
 
         backlog = capacity if self.from_start else min(BACKLOG_LINES, capacity)
         try:

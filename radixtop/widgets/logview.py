@@ -30,7 +30,7 @@ from textual.scrollbar import ScrollBar, ScrollTo, ScrollUp
 from textual.strip import Strip
 
 from radixtop.diagnosis.logline import parse_line
-from radixtop.session.state import IncidentState, LogEntry
+from radixtop.session.incident_state import IncidentState, LogEntry
 from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.widgets.textual_private import update_scrollbars

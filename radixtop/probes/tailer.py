@@ -1,26 +1,9 @@
-"""Follow log files the way `tail -F` does, as an async source of line batches.
+"""The synchronous core of following log files: `Tailer.poll` reads what is new in every file.
 
-One daemon thread reads every followed file with plain blocking `os.pread` calls (up to 1 MiB at a
-time), splits the bytes into lines with C-level bytes/str methods and hands them to the asyncio
-loop as runs (`LogRun`: one object per read, holding the list of line texts), not as one object
-per line: `LogBatch.records` is a `LogLines` sequence that builds a `LogRecord` only for the lines
-a consumer indexes or iterates, so a consumer that takes the runs (the TUI) creates no object per
-line. The team measured plain reads at about 3.5x less CPU than aiofiles at 10k lines/s: aiofiles
-pays a thread-pool round trip per read, this pays one wake-up per poll. While lines come, the
-thread polls every `poll_interval` (lines arriving meanwhile are taken together); once a poll finds
-nothing it sleeps on inotify (radixtop.probes.fswait: the followed files' directories) until one of
-its files changes, with a poll every second anyway, and polls as before (backing off to 50 ms)
-where inotify cannot be had or while a rotated file is read out.
-
-Where following starts in a file that exists already: its end (like `tail -f -n 0`), or with
-`backlog_lines=N` the start of its last N whole lines (like `tail -n N -f`), or its first line
-with `from_start`. Line numbers stay true when following starts past line 1, without making the
-last lines wait for the count: the lines before are counted on a short-lived counter thread
-(about 0.5 to 0.9 s per GiB from the page cache here) while the tail is delivered at once; a run
-read before the count is known gives its line numbers when the count is done (`LogRun.numbered`
-says whether it is; asking for `first_lineno` or a `LogRecord` earlier waits for it). With
-`history=True` each such file's batch also carries a `SkippedLines` (the part before, with its
-own file descriptor and line count), so the caller can scan it for what happened earlier.
+It runs on the follower's reader thread (probes/follow.py), reads with plain blocking `os.pread`
+calls (up to 1 MiB at a time), splits the bytes into lines with C-level bytes/str methods, and
+keeps what it read (runs of lines, probes/logbatch.py), its notices and the parts of files before
+where following began (probes/backlog.py) until the follower takes them.
 
 What it survives:
 - rotation (the path now names another inode): the old file is kept open and read to its end,
@@ -52,9 +35,7 @@ truncated file's when the truncation is seen, since no newline can ever arrive f
 
 from __future__ import annotations
 
-import asyncio
 import codecs
-import gc
 import glob
 import os
 import re
@@ -62,65 +43,16 @@ import stat
 import threading
 import time
 import zlib
-from bisect import bisect_right
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import accumulate, repeat
-from typing import TYPE_CHECKING, Any, Literal, overload
+from collections.abc import Sequence
+from typing import Any
 
-if TYPE_CHECKING:
-    from radixtop.probes.fswait import FileWaiter
-
-__all__ = ["LogBatch", "LogFollower", "LogLines", "LogNotice", "LogRecord", "LogRun", "SkippedLines", "SourceHealth"]
-
-
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    source: str  # the path this line came from, as given or as matched by the glob
-    lineno: int  # 1-based, within the current generation of that file
-    text: str  # decoded, newline/CR removed, ANSI stripped, capped at max_line chars + marker
-    generation: int  # 0 for the first file seen at that path; +1 per rotation or truncation
-    received: float  # time.monotonic() when the reader thread read it
-
-
-NoticeKind = Literal["waiting", "created", "rotated", "truncated", "lost", "deleted", "error", "capped", "compressed"]
-HealthState = Literal["ok", "waiting", "deleted", "error"]
-
-
-@dataclass(frozen=True, slots=True)
-class LogNotice:
-    source: str
-    kind: NoticeKind
-    message: str
-    time: float  # time.time()
-
-
-@dataclass(frozen=True, slots=True)
-class LogBatch:
-    records: Sequence[LogRecord]  # a LogLines from the follower (its .runs hold the texts)
-    notices: tuple[LogNotice, ...]
-    skipped: tuple[SkippedLines, ...] = ()  # with history=True: parts before where following began
-
-
-@dataclass(frozen=True, slots=True)
-class SourceHealth:
-    source: str
-    state: HealthState
-    detail: str
-    lines: int  # lines read so far, all generations together
-    last_line_at: float | None  # time.monotonic() of the last line read
-
+from radixtop.probes.backlog import Numbering, SkippedLines, close_quietly, count_in_background, start_of_backlog
+from radixtop.probes.logbatch import HealthState, LogLines, LogNotice, LogRun, NoticeKind, SourceHealth
 
 _CHUNK = 1 << 20  # bytes per pread
 _READ_BUDGET = 4 << 20  # bytes per file per poll: one busy file cannot starve the others
-_GLOB_EVERY = 0.5  # seconds between glob re-expansions and retries of failed opens
-_IDLE_BACKOFF_AFTER = 1.0  # seconds without data before polling slower ...
-_IDLE_MAX_INTERVAL = 0.05  # ... up to this: near-zero idle CPU, at most 50 ms extra first-line lag
+GLOB_EVERY = 0.5  # seconds between glob re-expansions and retries of failed opens
 _ROTATED_GRACE = 1.0  # keep reading a rotated/deleted file until it has been quiet this long
-# Once the files are quiet the reader sleeps on inotify (radixtop.probes.fswait) instead of polling,
-# and polls anyway this often: a filesystem that sends no events (NFS written from another host),
-# a glob whose directories have wildcards, a file we could not open and retry.
-_INOTIFY_FALLBACK_S = 1.0
 _BOUNDARY = 64  # bytes before the offset re-read with each read to catch truncate-and-refill
 _MAX_FILES = 1000  # files followed at most, whatever the open-file limit
 _RECOVER_MAX = 64 << 20  # bytes read back from a copytruncate copy at most
@@ -137,212 +69,6 @@ _ANSI = re.compile(
     r"|\x1b[@-Z\\-_]"  # other two-byte (Fe) escapes
     r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
 )
-
-
-class _RecordBuilder:
-    """Same slot layout as LogRecord, but mutable, so that its __init__ is plain fast attribute stores.
-
-    A frozen dataclass's __init__ goes through object.__setattr__ per field: about 1.1 us per
-    record here, a fifth of a core at 200k lines/s on its own. Building this twin and then assigning
-    __class__ (CPython allows it between classes with identical __slots__) costs about a third of
-    that and yields genuine LogRecord instances (equality, hashing, immutability all LogRecord's).
-    """
-
-    __slots__ = ("source", "lineno", "text", "generation", "received")
-
-    def __init__(self, source: str, lineno: int, text: str, generation: int, received: float) -> None:
-        self.source = source
-        self.lineno = lineno
-        self.text = text
-        self.generation = generation
-        self.received = received
-
-
-def _make_records(
-    source: str, first_lineno: int, texts: list[str], generation: int, received: float
-) -> list[LogRecord]:
-    # The cyclic GC is paused while a chunk's records are built. They hold only str/int/float, so
-    # they can never be part of a cycle, yet left alone the GC would run a collection per 700 of
-    # them and, once the app keeps many (its ring buffer), a full one every ~70,000: measured here
-    # that doubled the cost per line. Textual pauses the GC the same way while it scrolls.
-    gc_was_enabled = gc.isenabled()
-    if gc_was_enabled:
-        gc.disable()
-    try:
-        linenos = range(first_lineno, first_lineno + len(texts))
-        records = list(
-            map(_RecordBuilder, repeat(source), linenos, texts, repeat(generation), repeat(received))
-        )
-        for record in records:
-            record.__class__ = LogRecord  # type: ignore[assignment]  # the __slots__ twin swap above
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return records  # type: ignore[return-value]
-
-
-class _Numbering:
-    """The line count before where following began in one generation, filled in by a counter
-    thread after the tail has been delivered (see `_count_in_background`)."""
-
-    __slots__ = ("base", "done", "error")
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.error: str | None = None
-        self.done = threading.Event()
-
-    def finish(self, base: int, error: str | None = None) -> None:
-        self.base, self.error = base, error
-        self.done.set()
-
-
-class LogRun:
-    """Consecutive lines of one file generation, read together: one object per read, not per line.
-
-    `texts` must not be changed. `first_lineno` is the first line's 1-based number; for a run read
-    before the lines above it were counted it waits for that count (`numbered` says whether it
-    would wait); `lineno_or_none` never waits.
-    """
-
-    __slots__ = ("_first", "_numbering", "generation", "received", "source", "texts")
-
-    def __init__(
-        self,
-        source: str,
-        generation: int,
-        first_lineno: int,
-        texts: list[str],
-        received: float,
-        numbering: _Numbering | None = None,
-    ) -> None:
-        self.source = source
-        self.generation = generation
-        self._first = first_lineno  # relative to numbering.base while a count is pending
-        self.texts = texts
-        self.received = received
-        self._numbering = numbering
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def __repr__(self) -> str:
-        return f"LogRun({self.source!r}, gen {self.generation}, from line {self.lineno_or_none}, {len(self.texts)} lines)"
-
-    @property
-    def numbered(self) -> bool:
-        numbering = self._numbering
-        return numbering is None or numbering.done.is_set()
-
-    @property
-    def first_lineno(self) -> int:
-        numbering = self._numbering
-        if numbering is None:
-            return self._first
-        numbering.done.wait()
-        return numbering.base + self._first
-
-    @property
-    def lineno_or_none(self) -> int | None:
-        numbering = self._numbering
-        if numbering is None:
-            return self._first
-        return numbering.base + self._first if numbering.done.is_set() else None
-
-    def part(self, start: int, stop: int) -> LogRun:
-        """Lines start..stop-1 of this run, as a run of their own."""
-        return LogRun(
-            self.source, self.generation, self._first + start, self.texts[start:stop], self.received, self._numbering
-        )
-
-    def records(self) -> list[LogRecord]:
-        return _make_records(self.source, self.first_lineno, self.texts, self.generation, self.received)
-
-
-class LogLines(Sequence[LogRecord]):
-    """The lines of a batch as runs. Indexing and iterating build genuine LogRecords on demand;
-    a consumer that reads `runs` (source, generation, first_lineno, texts) builds none."""
-
-    __slots__ = ("_ends", "runs")
-
-    def __init__(self, runs: Sequence[LogRun] = ()) -> None:
-        self.runs: tuple[LogRun, ...] = tuple(runs)
-        self._ends = list(accumulate(len(run.texts) for run in self.runs))
-
-    def __len__(self) -> int:
-        return self._ends[-1] if self._ends else 0
-
-    def __iter__(self) -> Iterator[LogRecord]:
-        for run in self.runs:
-            yield from run.records()
-
-    @overload
-    def __getitem__(self, index: int) -> LogRecord: ...
-    @overload
-    def __getitem__(self, index: slice) -> LogLines: ...
-    def __getitem__(self, index: int | slice) -> LogRecord | LogLines:
-        n = len(self)
-        if isinstance(index, slice):
-            start, stop, step = index.indices(n)
-            if step != 1:
-                raise ValueError("LogLines slices take a step of 1")
-            return LogLines(self._cut(start, stop))
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError("LogLines index out of range")
-        k = bisect_right(self._ends, index)
-        run = self.runs[k]
-        i = index - (self._ends[k - 1] if k else 0)
-        return _make_records(run.source, run.first_lineno + i, [run.texts[i]], run.generation, run.received)[0]
-
-    def _cut(self, start: int, stop: int) -> list[LogRun]:
-        out = []
-        begin = 0
-        for run, end in zip(self.runs, self._ends):
-            if end > start and begin < stop:
-                a, b = max(start, begin) - begin, min(stop, end) - begin
-                out.append(run if (a, b) == (0, len(run.texts)) else run.part(a, b))
-            begin = end
-        return out
-
-    def __repr__(self) -> str:
-        return f"LogLines({len(self)} lines in {len(self.runs)} runs)"
-
-
-class SkippedLines:
-    """The part of a file before where following began (history=True): bytes [0, end) of the
-    generation's inode, through a file descriptor of its own (`fd`; `close()` it when done).
-    `lines` is how many lines lie there; it waits for the counter thread (`wait` bounds that)."""
-
-    __slots__ = ("_numbering", "end", "fd", "generation", "source")
-
-    def __init__(self, source: str, generation: int, end: int, fd: int, numbering: _Numbering) -> None:
-        self.source = source
-        self.generation = generation
-        self.end = end
-        self.fd: int | None = fd
-        self._numbering = numbering
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once the lines before `end` are counted."""
-        return self._numbering.done.wait(timeout)
-
-    @property
-    def lines(self) -> int:
-        self._numbering.done.wait()
-        return self._numbering.base
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            _close_quietly(fd)
-
-    def __del__(self) -> None:  # a consumer that drops it must not leak the descriptor
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SkippedLines({self.source!r}, gen {self.generation}, {self.end} bytes)"
 
 
 def _clean(text: str) -> str:
@@ -389,13 +115,6 @@ def _head_of(fd: int) -> bytes:
         return b""
 
 
-def _close_quietly(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass  # closing is best effort: nothing useful to tell anyone
-
-
 def _is_a_directory(path: str) -> str:
     return f"{path} is a directory; give a log file, or a glob such as {os.path.join(path, '*.log')}"
 
@@ -412,87 +131,6 @@ def _head(path: str) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-_BACKLOG_MAX_BYTES = 64 << 20  # look back at most this far for backlog_lines (then fewer lines)
-
-
-def _start_of_backlog(fd: int, size: int, lines: int, max_line: int) -> int:
-    """Where following "from the end" starts: the start of the last `lines` whole lines, or with
-    lines=0 EOF (or the start of an unfinished last line, so that a line being written right now is
-    delivered whole rather than as a fragment).
-
-    Reads backwards in growing blocks. An unfinished last line is not counted among `lines`. If the
-    look-back limit (4 * max_line, and _BACKLOG_MAX_BYTES for a backlog) is reached first, it starts
-    at the first line start it found (fewer lines), or at EOF when there was none (a last line
-    longer than max_line: give up on it, as before)."""
-    limit = min(size, max(4 * max_line, _BACKLOG_MAX_BYTES if lines else 0))
-    want = lines + 1  # newlines to find from the end: the one ending the unfinished line counts
-    pos = size
-    found = 0
-    first_start = -1  # the earliest line start seen so far
-    block = 1 << 16
-    while pos > size - limit:
-        take = min(block, pos - (size - limit))
-        data = os.pread(fd, take, pos - take)
-        if len(data) < take:
-            break  # the file shrank under us: whatever we found stands
-        end = len(data)
-        while True:
-            nl = data.rfind(b"\n", 0, end)
-            if nl < 0:
-                break
-            found += 1
-            first_start = pos - take + nl + 1
-            if found == want:
-                return first_start
-            end = nl
-        pos -= take
-        block = min(block * 4, 8 << 20)
-    if size - limit == 0 and pos == 0:
-        return 0  # the whole file holds fewer lines than asked for
-    return first_start if first_start >= 0 else size
-
-
-def _count_newlines(data: bytes) -> int:
-    # bytes.count(b"\n") walks byte by byte in CPython 3.11; replace() finds them with memchr and
-    # copies the rest, measured 2 to 2.5x faster here (see logscan._count_newlines).
-    return len(data) - len(data.replace(b"\n", b""))
-
-
-def _count_lines(fd: int, end: int, stopping: threading.Event) -> int:
-    """Newlines before byte end, so line numbers stay true when following starts past line 1.
-    About 0.5 to 0.9 s per GiB from the page cache here."""
-    count = pos = 0
-    while pos < end and not stopping.is_set():
-        data = os.pread(fd, min(4 * _CHUNK, end - pos), pos)
-        if not data:
-            break
-        count += _count_newlines(data)
-        pos += len(data)
-        time.sleep(0)  # let the UI thread have the GIL between blocks
-    return count
-
-
-def _count_in_background(
-    fd: int, end: int, numbering: _Numbering, stopping: threading.Event, path: str, gate: threading.Event, delay: float
-) -> None:
-    """Count the lines before `end` on a thread of its own, so the tail is not held back by it;
-    from when `gate` is set (or `delay` seconds at most)."""
-
-    def run() -> None:
-        try:
-            gate.wait(delay)
-            numbering.finish(_count_lines(fd, end, stopping))
-        except Exception as exc:  # whatever happens, nobody may wait forever for the count
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
-            numbering.finish(
-                0, f"cannot count the lines of {path} before where following began ({reason}); its line numbers count from there"
-            )
-        finally:
-            _close_quietly(fd)
-
-    threading.Thread(target=run, name="radixtop-line-count", daemon=True).start()
 
 
 class _Generation:
@@ -516,7 +154,7 @@ class _Generation:
         self.cut = 0  # lines cut at max_line ...
         self.cut_noticed = False  # ... and whether the "capped" notice went out
         # While the lines before the starting offset are being counted: lineno counts from there.
-        self.numbering: _Numbering | None = None
+        self.numbering: Numbering | None = None
         self.gunzip: Any = None  # a zlib decompressor for a compressed file (offset: compressed bytes)
 
     def restart(self, number: int) -> None:
@@ -605,7 +243,7 @@ class _Source:
         self.opened: set[tuple[int, int]] = set()  # every inode read at this path
 
 
-class _Tailer:
+class Tailer:
     """The synchronous core, run on the reader thread: poll() reads what is new in every file."""
 
     def __init__(
@@ -680,7 +318,7 @@ class _Tailer:
         for source in self.sources.values():
             for gen in [source.current, *source.draining]:
                 if gen is not None:
-                    _close_quietly(gen.fd)
+                    close_quietly(gen.fd)
             source.current, source.draining = None, []
 
     def watch_targets(self) -> dict[str, set[str]]:
@@ -715,7 +353,7 @@ class _Tailer:
         }
 
     def expand_globs(self, now: float, *, initial: bool = False) -> None:
-        self.next_glob = now + _GLOB_EVERY
+        self.next_glob = now + GLOB_EVERY
         held: set[tuple[int, int]] | None = None
         named: set[tuple[int, int]] = set()
         fresh: list[tuple[float, str]] = []  # (mtime, path) of files to follow from now on
@@ -779,8 +417,8 @@ class _Tailer:
 
     def fail(self, source: _Source, message: str) -> None:
         # Retried, but not every poll: a missing file is retried each poll (cheap, and we want a
-        # new file quickly); a file we cannot read only every _GLOB_EVERY seconds.
-        source.next_retry = time.monotonic() + _GLOB_EVERY
+        # new file quickly); a file we cannot read only every GLOB_EVERY seconds.
+        source.next_retry = time.monotonic() + GLOB_EVERY
         source.state, source.detail = "error", message
         if message != source.last_error:
             source.last_error = message
@@ -826,7 +464,7 @@ class _Tailer:
             return self.open_compressed(source, fd, st)
         offset = 0
         if source.start_at_end:
-            offset = _start_of_backlog(fd, st.st_size, self.backlog_lines, self.max_line)
+            offset = start_of_backlog(fd, st.st_size, self.backlog_lines, self.max_line)
         source.start_at_end = False
         gen = source.current = _Generation(fd, st, source.next_number, offset)
         source.opened.add((gen.dev, gen.ino))
@@ -834,9 +472,9 @@ class _Tailer:
             back = min(offset, _BOUNDARY)
             gen.boundary = os.pread(fd, back, offset - back)
             # The lines before are counted on a thread of their own: the tail does not wait for it.
-            gen.numbering = _Numbering()
+            gen.numbering = Numbering()
             try:
-                _count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate,
+                count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate,
                                      self.count_delay)  # fmt: skip
                 if self.history:
                     self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
@@ -924,7 +562,7 @@ class _Tailer:
                 self.finished[(gen.dev, gen.ino)] = os.pread(gen.fd, _BOUNDARY, 0)
             except OSError:
                 pass
-        _close_quietly(gen.fd)
+        close_quietly(gen.fd)
 
     def poll(self, now: float) -> bool:
         """Read what is new everywhere. Returns True when a file still has unread bytes (no sleep)."""
@@ -932,7 +570,7 @@ class _Tailer:
             if self.globs:
                 self.expand_globs(now)
             else:
-                self.next_glob = now + _GLOB_EVERY
+                self.next_glob = now + GLOB_EVERY
         busy = False
         for source in list(self.sources.values()):
             try:
@@ -1042,7 +680,7 @@ class _Tailer:
     def done_compressed(self, source: _Source, gen: _Generation, problem: str) -> bool:
         if gen.partial or gen.dropped:
             self.emit(source, gen, [gen.take_partial(self.max_line)], time.monotonic())
-        _close_quietly(gen.fd)
+        close_quietly(gen.fd)
         source.current, source.once = None, True
         source.detail = f"compressed: read once ({source.lines:,} lines), not followed"
         if problem:
@@ -1177,272 +815,3 @@ class _Tailer:
         out = [SourceHealth(s.path, s.state, s.detail, s.lines, s.last_line_at) for s in sources]
         out += [SourceHealth(p, "waiting", "no file matches this glob yet", 0, None) for p in unmatched]
         return out
-
-
-class LogFollower:
-    """Follow files and globs; `async for batch in follower.batches()` until stop().
-
-    The files are opened (and, unless from_start, positioned at their end, or `backlog_lines`
-    before it) in __init__, so lines written after construction are delivered even if iteration
-    starts a little later. Reading starts with the first batches() call, or earlier with start()
-    (before an event loop runs: the UI starts it while it draws its first frame); take() and
-    wait_caught_up() let a caller pick up what is there without a loop. One consumer at a time.
-    count_delay > 0 holds the count of the lines before a backlog (which needs the CPU the caller's
-    start-up needs too) until start_counting() or that many seconds.
-    Memory stays bounded: when the consumer falls behind, the reader thread stops reading once
-    max_batch lines wait (the bytes stay on disk; the initial backlog may add backlog_lines) and the
-    next batch carries them all, instead of a queue of batches growing.
-    """
-
-    def __init__(
-        self,
-        patterns: Sequence[str],
-        *,
-        from_start: bool = False,
-        poll_interval: float = 0.01,
-        max_line: int = 65536,
-        max_batch: int = 10000,
-        backlog_lines: int = 0,
-        history: bool = False,
-        count_delay: float = 0.0,
-        idle_wait: str = "auto",
-    ) -> None:
-        if isinstance(patterns, str):
-            raise TypeError("patterns must be a sequence of paths or globs, not a single string")
-        if not poll_interval > 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
-        if idle_wait not in ("auto", "poll"):
-            raise ValueError(f"idle_wait must be 'auto' (inotify where it works) or 'poll', got {idle_wait!r}")
-        if max_line < 1 or max_batch < 1 or backlog_lines < 0:
-            raise ValueError(
-                f"max_line and max_batch must be >= 1 and backlog_lines >= 0, "
-                f"got {max_line!r}, {max_batch!r} and {backlog_lines!r}"
-            )
-        self._poll_interval = poll_interval
-        self._max_batch = max_batch
-        self._room_limit = max_batch + backlog_lines  # the initial backlog may wait whole
-        self._tailer = _Tailer(
-            list(patterns),
-            from_start=from_start,
-            max_line=max_line,
-            backlog_lines=backlog_lines,
-            history=history,
-            count_delay=count_delay,
-        )
-        self._tailer.start()
-        # Runs and notices waiting for the consumer (a depth-one queue that coalesces), starting
-        # with the initial scan's notices ("waiting", "error").
-        self._room = threading.Condition()
-        self._runs, self._notices, self._skipped = self._tailer.take_runs()
-        self._waiting = 0  # lines in self._runs
-        self._stop = self._tailer.stopping
-        self._caught_up = threading.Event()  # every file read to where it was when we began
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
-        self._done = False  # the reader thread has ended (or will never start)
-        self._idle_wait = idle_wait
-        self._waiter: FileWaiter | None = None  # made on the reader thread when it first idles
-        self._waiter_tried = False
-        self._waiter_lock = threading.Lock()
-        self.wait_mode = "poll"  # "inotify" once the reader sleeps on inotify (health, tests)
-        self.polls = 0  # passes over the files (tests and benchmarks count them)
-
-    # -- consumer side (event loop) ----------------------------------------------------------------
-
-    async def __aenter__(self) -> LogFollower:
-        self._bind_loop()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        """Start reading now, on the reader thread (batches() does it too). Idempotent."""
-        if self._thread is not None or self._done:
-            return
-        if self._stop.is_set():
-            self._done = True
-            self._caught_up.set()
-            return
-        self._thread = threading.Thread(target=self._run, name="radixtop-log-follower", daemon=True)
-        self._thread.start()
-
-    def _bind_loop(self) -> None:
-        if self._loop is None:
-            self._wake = asyncio.Event()  # before _loop: the reader reads _loop first, then _wake
-            self._loop = asyncio.get_running_loop()
-        self.start()
-
-    async def batches(self) -> AsyncIterator[LogBatch]:
-        """Batches as they come (each at most max_batch lines); ends after stop()."""
-        self._bind_loop()
-        assert self._wake is not None
-        while True:
-            self._wake.clear()  # before taking: a wake-up sent after this is not lost
-            done = self._done
-            batch = self.take()
-            if batch is not None:
-                yield batch
-                continue
-            if done:
-                return
-            await self._wake.wait()
-
-    def take(self) -> LogBatch | None:
-        """What is waiting now (at most max_batch lines), or None; never blocks on the reader."""
-        with self._room:
-            if not self._runs and not self._notices and not self._skipped:
-                return None
-            if self._waiting <= self._max_batch:
-                runs, self._runs, self._waiting = self._runs, [], 0
-            else:
-                runs = []
-                room = self._max_batch
-                while room:
-                    run = self._runs[0]
-                    if len(run.texts) <= room:
-                        runs.append(self._runs.pop(0))
-                        room -= len(run.texts)
-                    else:
-                        runs.append(run.part(0, room))
-                        self._runs[0] = run.part(room, len(run.texts))
-                        room = 0
-                self._waiting -= self._max_batch
-            notices, self._notices = self._notices, []
-            skipped, self._skipped = self._skipped, []
-            self._room.notify()
-        return LogBatch(LogLines(runs), tuple(notices), tuple(skipped))
-
-    def start_counting(self) -> None:
-        """Count the lines before where following began now, not after count_delay: a caller
-        that has drawn its first screen lets the count have the CPU."""
-        self._tailer.count_gate.set()
-
-    def wait_caught_up(self, timeout: float) -> bool:
-        """Wait (at most timeout seconds) until every file has been read up to where it ended
-        when following began (its backlog is all waiting to be taken). True if it has."""
-        self.start()
-        return self._caught_up.wait(timeout)
-
-    def stop(self) -> None:
-        """Stop reading and close the files; idempotent. batches() ends once it has yielded the rest.
-
-        Joins the reader thread: from the event loop that blocks for at most one poll interval
-        (<= 50 ms by default; an inotify wait is woken at once) plus the read in progress."""
-        self._stop.set()
-        with self._room:
-            self._room.notify()
-        with self._waiter_lock:
-            if self._waiter is not None:
-                self._waiter.wake()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
-        if thread is None:
-            self._tailer.close()
-            self._done = True
-            self._caught_up.set()
-            self._wake_consumer()
-
-    def health(self) -> list[SourceHealth]:
-        return self._tailer.health()
-
-    # -- reader thread -----------------------------------------------------------------------------
-
-    def _wake_consumer(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is None or wake is None:
-            return
-        try:
-            loop.call_soon_threadsafe(wake.set)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is listening any more
-
-    def _publish(self) -> None:
-        runs, notices, skipped = self._tailer.take_runs()
-        if not runs and not notices and not skipped:
-            return
-        with self._room:
-            self._runs.extend(runs)
-            self._waiting += sum(len(run.texts) for run in runs)
-            self._notices.extend(notices)
-            self._skipped.extend(skipped)
-        self._wake_consumer()
-
-    def _wait_for_room(self) -> None:
-        with self._room:
-            limit = self._room_limit if not self._caught_up.is_set() else self._max_batch
-            while self._waiting >= limit and not self._stop.is_set():
-                self._room.wait(0.1)
-
-    def _file_waiter(self) -> FileWaiter | None:
-        """The inotify waiter, made the first time the reader idles (its import and set-up, some
-        20 ms, stay out of the caller's start-up); None where inotify is not to be had."""
-        if not self._waiter_tried:
-            self._waiter_tried = True
-            if self._idle_wait == "auto":
-                from radixtop.probes.fswait import FileWaiter
-
-                waiter = FileWaiter.create()
-                with self._waiter_lock:
-                    if self._stop.is_set() and waiter is not None:
-                        waiter.close()
-                        waiter = None
-                    self._waiter = waiter
-        return self._waiter
-
-    def _run(self) -> None:
-        interval = self._poll_interval
-        last_data = time.monotonic()
-        next_watch = 0.0
-        try:
-            while not self._stop.is_set():
-                self._wait_for_room()
-                now = time.monotonic()
-                busy = self._tailer.poll(now)
-                self.polls += 1
-                got_lines = bool(self._tailer.runs)
-                self._publish()
-                if not busy and not self._caught_up.is_set():
-                    self._caught_up.set()
-                if got_lines or busy:
-                    last_data, interval = now, self._poll_interval
-                    if busy:
-                        continue  # more bytes are waiting: read them now rather than after a sleep
-                else:
-                    waiter = self._file_waiter() if self._caught_up.is_set() else None
-                    if waiter is not None and not self._tailer.rotating():
-                        # Quiet: sleep until the kernel says a followed file changed (tail -F's
-                        # way; the polling below cost 0.3-0.9 % of a core doing nothing).
-                        if now >= next_watch or waiter.missing:
-                            next_watch = now + _GLOB_EVERY
-                            if waiter.watch(self._tailer.watch_targets()):
-                                self._tailer.next_glob = 0.0
-                                continue  # a new watch sees nothing written before it: look once more
-                        self.wait_mode = "inotify"
-                        if waiter.wait(_INOTIFY_FALLBACK_S):
-                            self._tailer.next_glob = 0.0  # a name appeared, say: expand the globs now
-                        continue
-                    self.wait_mode = "poll"
-                    if now - last_data > _IDLE_BACKOFF_AFTER:
-                        # Idle for a while: poll slower (up to 50 ms) so an idle follower costs little.
-                        interval = max(self._poll_interval, min(interval * 1.5, _IDLE_MAX_INTERVAL))
-                # Polls on a steady cadence while lines come (they are taken together): the time
-                # spent reading counts toward the interval. time.sleep, not Event.wait(timeout):
-                # half the CPU per wake-up here, and stop() waits at most one interval.
-                time.sleep(max(0.0, now + interval - time.monotonic()))
-        except Exception as exc:  # a bug here must not vanish silently with the thread
-            message = f"the log follower stopped on an internal error: {exc!r}"
-            self._tailer.notice("radixtop", "error", message)
-            self._publish()
-        finally:
-            try:
-                self._tailer.close()
-                with self._waiter_lock:
-                    if self._waiter is not None:
-                        self._waiter.close()
-            finally:
-                self._done = True  # whatever happened, batches() must end
-                self._caught_up.set()
-                self._wake_consumer()

@@ -182,10 +182,6 @@ class Plan:
         return self.control.url
 
     @property
-    def control_output(self) -> Path | None:
-        return self.control.output
-
-    @property
     def calls(self) -> int:
         return sum(r.n for r in self.trace.requests)
 

@@ -67,7 +67,6 @@ class LogWindow:
         self._lock = threading.Lock()  # poll() may be called from worker threads, one at a time
         self.peak_token_usage: float | None = None
         self.retracted = 0
-        self.lines_read = 0
         self.fresh: deque[str] = deque(maxlen=FRESH_LINES)  # newest lines; a reader may clear it
 
     def start(self) -> None:
@@ -118,7 +117,6 @@ class LogWindow:
         return new
 
     def _stats(self, text: str) -> None:
-        self.lines_read += 1
         self.fresh.append(text)
         if "token usage" in text:
             m = _TOKEN_USAGE.search(text)

@@ -39,7 +39,6 @@ __all__ = [
 # The live server's API key, when it runs with --api-key: read from the environment, never a flag
 # (a flag would land in shell history and in `ps`).
 API_KEY_ENV = "RADIXTOP_API_KEY"
-MAX_JSON_BYTES = 16 << 20
 
 
 class ServerError(ValueError):

@@ -173,11 +173,6 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(last).__name__}: {last}" if str(last) else type(last).__name__
 
 
-def describe_status(fetched: Fetched, what: str) -> str:
-    """A line for a non-200 answer that was not ours to parse."""
-    return f"{what}: HTTP {fetched.status} from {fetched.url}"
-
-
 class PolledProbe:
     """What the HTTP probes share: a client made on first use (closed only if it is ours), and a
     poll() that turns a gap in our own handling into an "error" sample instead of a dead app.

@@ -172,7 +172,7 @@ class KvEventsProbe:
             else:
                 return  # already applied (a replay overlaps the live stream)
         if live and last is not None and seq > last + 1:
-            self._catch_up(last + 1, until=seq)
+            self._catch_up(last + 1)  # to the replay's end: this batch and any after it come too
             last = self._last_seq
             if last is not None and seq <= last:
                 return
@@ -194,7 +194,7 @@ class KvEventsProbe:
         self._last_seq = seq
         self._version += 1
 
-    def _catch_up(self, start: int, until: int | None = None) -> None:
+    def _catch_up(self, start: int) -> None:
         """Ask the replay endpoint for the batches from `start` on and apply them in order."""
         if self.source.replay_endpoint is None:
             if start > 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -222,11 +222,6 @@ class RadixProbe(PolledProbe):
             if not page.more:
                 break
         return tuple(out), dropped, ""
-
-
-async def poll_all(probes: Sequence[RadixProbe]) -> list[RadixSample]:
-    """Poll several ranks at once (their servers answer independently)."""
-    return list(await asyncio.gather(*(p.poll() for p in probes)))
 
 
 def instrument_urls(values: Iterable[object], dropped: list[str] | None = None) -> list[str]:

@@ -352,8 +352,3 @@ class ServerProbe(PolledProbe):
         self._metrics_note = "" if metrics.values else "/metrics has none of the SGLang or vLLM gauges radixtop reads"
         self._metrics_ok = True
         return metrics
-
-
-def metric_names() -> Iterable[str]:
-    """Every server metric name radixtop reads (for the help and the docs)."""
-    return sorted(_ALL_NAMES)

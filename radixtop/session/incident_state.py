@@ -452,13 +452,6 @@ class IncidentState:
             return seq - self.first_seq - self.folds.hidden_before(seq)
         return seq - self.first_seq
 
-    def row_near(self, seq: int) -> int:
-        """The row of seq, or of the first entry after it in the view (the last row if none)."""
-        if self._filter_test is not None:
-            return min(self._filter.index_at_or_after(seq), max(0, len(self._filter) - 1))
-        hidden = self.folds.hidden_before(seq) if self.fold_access else 0
-        return min(max(0, seq - self.first_seq - hidden), max(0, self.view_len - 1))
-
     def set_filter(self, text: str | None) -> None:
         """Show only entries whose text contains `text` (smart case); None or "" shows everything."""
         if not text:

@@ -74,11 +74,9 @@ class RankView:
 class RadixBoard:
     """Folds RadixSamples of several endpoints into the pane's view. Pure: no I/O, no Textual."""
 
-    def __init__(self, *, max_anomalies: int = 200, rate_window_s: float = 10.0) -> None:
+    def __init__(self, *, max_anomalies: int = 200) -> None:
         self.ranks: dict[str, RankView] = {}
         self.anomalies: deque[Anomaly] = deque(maxlen=max_anomalies)
-        self.evictions: deque[tuple[float, int | None, int]] = deque(maxlen=500)  # (time, rank, tokens)
-        self.rate_window_s = rate_window_s
         self.version = 0
         self.note: str = ""  # why the pane cannot show a tree (no endpoint, vLLM, ...)
 
@@ -125,8 +123,6 @@ class RadixBoard:
         for ev in sample.events:
             if ev.kind in ANOMALY_KINDS:
                 self.anomalies.append(Anomaly(ev.time, view.rank, ev.kind, ev.node_id, ev.lock_ref, ev.message))
-            elif ev.kind == "evict" and ev.tokens:
-                self.evictions.append((ev.time, view.rank, ev.tokens))
         if changed:  # an unchanged snapshot of a rank in the same state redraws nothing
             self.version += 1
             view.version += 1
@@ -160,16 +156,6 @@ class RadixBoard:
                 shown = " ".join(f"r{r}={d[:8]}" for r, d in members)
                 return f"ranks disagree: tree digests {shown} (each rank's last census)"
         return None
-
-    def recent_evictions(self, now: float) -> tuple[int, int]:
-        """(eviction events, evicted tokens) within the rate window before now."""
-        count = tokens = 0
-        for t, _, n in reversed(self.evictions):
-            if now - t > self.rate_window_s:
-                break
-            count += 1
-            tokens += n
-        return count, tokens
 
 
 def rank_groups(tp_size: int | None) -> Callable[[int], int] | None:

@@ -194,8 +194,16 @@ def _record_arguments(record: argparse.ArgumentParser) -> None:
 def _trace_arguments(trace: argparse.ArgumentParser) -> None:
     trace.add_argument("action", choices=["convert"], help="convert: write SOURCE as a trace file")
     trace.add_argument("source", metavar="SOURCE",
-                       help="SGLang's crash or request dump (.pkl), its dump folder (the newest dump), or a trace")  # fmt: skip
-    trace.add_argument("-o", "--out", default=None, metavar="TRACE", help="the trace file to write (default NAME.trace.json)")
+                       help="SGLang's crash or request dump (.pkl), its dump folder (the newest dump), a trace, "
+                            "or a Mooncake trace (.jsonl)")  # fmt: skip
+    trace.add_argument("-o", "--out", default=None, metavar="TRACE",
+                       help="the file to write (default NAME.trace.json, or NAME.mooncake.jsonl)")  # fmt: skip
+    trace.add_argument("--format", choices=["radixtop", "mooncake"], default="radixtop",
+                       help="radixtop: a trace file (default); mooncake: JSON Lines of hash ids, as AIPerf, vLLM and "
+                            "SGLang's bench_serving replay")  # fmt: skip
+    trace.add_argument("--block-size", type=at_least(1), default=None, metavar="N",
+                       help="tokens a Mooncake hash id stands for: of a Mooncake SOURCE (default 512) and of "
+                            "--format mooncake (default the trace's page_size_hint)")  # fmt: skip
 
 
 def _analyze_arguments(analyze: argparse.ArgumentParser) -> None:
@@ -258,7 +266,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
                _replay_arguments, f"{_INCIDENT}:run_replay", action=True),
     Subcommand("record", "record live traffic as a trace: a proxy on loopback in front of the server",
                _record_arguments, f"{_INCIDENT}:run_record", action=True),
-    Subcommand("trace", "convert SGLang's crash and request dumps into traces that replay and confirm send",
+    Subcommand("trace", "convert SGLang's crash dumps and Mooncake traces into traces, and traces into Mooncake's",
                _trace_arguments, f"{_INCIDENT}:run_trace"),
     Subcommand("analyze", "run a trace on the simulator's radix cache in-process (no server, no GPU): hit rate, misses by reason",
                _analyze_arguments, f"{_INCIDENT}:run_analyze"),

@@ -25,7 +25,7 @@ ARGVS = [
     ["bundle", "--url", "http://127.0.0.1:1", "--log", "s.log", "--reason", "r", "--json"],
     ["replay", "finding_03330", "--url", "http://127.0.0.1:1", "--runs", "2", "--no-flush"],
     ["record", "--url", "http://127.0.0.1:1", "--out", "t.json", "--duration", "3"],
-    ["trace", "convert", "dumps/", "-o", "t.json"],
+    ["trace", "convert", "dumps/", "-o", "t.jsonl", "--format", "mooncake", "--block-size", "16"],
     ["analyze", "demo_pressure", "--sweep", "page-size=1,16", "--json"],
     ["confirm", "--url", "http://127.0.0.1:1", "--yes", "--control-cache", "keep", "--runs", "1"],
     ["sim"],

@@ -194,6 +194,24 @@ def test_replay_sends_the_dumps_exact_prompts_and_convert_writes_a_private_trace
     assert sent == expected
 
 
+def test_a_dumps_trace_exports_as_mooncake_with_its_shared_pages(monkeypatch, tmp_path: Path) -> None:
+    """At the dump's page size (16): the system prompt's three pages shared, a conversation's fourth
+    page shared with its next turn, each partial page its own, and another cache namespace apart."""
+    dump = sample(monkeypatch, tmp_path)
+    out = tmp_path / "crash.jsonl"
+    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(dump), "--format", "mooncake",
+                           "-o", str(out)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "4 Mooncake requests (one a copy), 16 tokens a hash id (the trace's page_size_hint)" in done.stderr
+    assert "cache namespaces (extra_key) are not written" in done.stderr
+    assert out.stat().st_mode & 0o777 == 0o600
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["timestamp"], r["input_length"], r["output_length"]) for r in lines] == [
+        (0, 78, 8), (500, 72, 8), (1000, 94, 8), (1500, 118, 64),
+    ]  # fmt: skip
+    assert [r["hash_ids"] for r in lines] == [[0, 1, 2, 3, 4], [0, 1, 2, 5, 6], [0, 1, 2, 3, 7, 8], list(range(9, 17))]
+
+
 def test_the_plan_takes_the_crash_s_own_workload_from_the_dump_its_log_names(monkeypatch, tmp_path: Path) -> None:
     """A live server whose log says it dumped its requests: the confirmation plan replays those,
     and says so; without the line, the made-up pressure workload, named as the fallback."""

@@ -40,10 +40,11 @@ def _progress(prefix: str, quiet: bool = False) -> Callable[[str], None]:
     return say
 
 
-def load_trace_arg(text: str) -> tuple[Trace, str]:
+def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str]:
     """A trace file, a built-in trace's name (finding_03330, demo_pressure), SGLang's crash or
     request dump (a .pkl, or the dump folder: its newest) or its JSON request log, as the trace of
-    the requests it holds."""
+    the requests it holds, or a Mooncake trace (JSON Lines with hash_ids) of ``block_size`` tokens
+    a hash id (default 512)."""
     from radixtop.incident.crash_dump import (
         DumpError,
         dump_trace_of,
@@ -52,6 +53,7 @@ def load_trace_arg(text: str) -> tuple[Trace, str]:
         read_dump,
         read_request_log,
     )
+    from radixtop.incident.mooncake import MOONCAKE_BLOCK_SIZE, is_mooncake, read_mooncake
     from radixtop.incident.trace import TraceError, builtin_trace, load_trace
 
     try:
@@ -63,6 +65,11 @@ def load_trace_arg(text: str) -> tuple[Trace, str]:
             return dump_trace_of(dump), f"the logged requests: {dump.summary()}"
     except DumpError as exc:
         raise UsageError(str(exc)) from None
+    if text.endswith(".jsonl") or (os.path.isfile(text) and is_mooncake(text)):
+        try:
+            return read_mooncake(text, block_size or MOONCAKE_BLOCK_SIZE)
+        except TraceError as exc:
+            raise UsageError(str(exc)) from None
     try:
         if os.path.exists(text) or os.sep in text or text.endswith(".json"):
             return load_trace(text), str(Path(text))
@@ -255,20 +262,42 @@ def run_analyze(args: Namespace) -> int:
 
 
 def run_trace(args: Namespace) -> int:
-    """`radixtop trace convert SRC -o OUT`: a dump (or any trace radixtop reads) as a trace file,
-    written 0600: a dump's prompts are the users' own."""
-    from radixtop.incident.trace import dump_trace
+    """`radixtop trace convert SRC -o OUT [--format radixtop|mooncake]`: a dump, a Mooncake trace
+    or any trace radixtop reads, as a trace file or as a Mooncake trace, written 0600: a dump's
+    prompts are the users' own."""
+    from radixtop.incident.mooncake import dump_mooncake
+    from radixtop.incident.trace import TraceError, dump_trace
     from radixtop.rundir import write_file
 
-    trace, label = load_trace_arg(args.source)
-    out = Path(args.out) if args.out else Path(f"{trace.name}.trace.json")
+    trace, label = load_trace_arg(args.source, args.block_size)
+    mooncake = args.format == "mooncake"
+    out = Path(args.out) if args.out else Path(f"{trace.name}.{'mooncake.jsonl' if mooncake else 'trace.json'}")
     if not out.parent.is_dir():
         raise UsageError(f"-o {out}: its directory does not exist")
+    prompts = any(r.input_ids is not None or r.text is not None for r in trace.requests)
+    if mooncake:
+        block = args.block_size or trace.page_size_hint
+        try:
+            data = dump_mooncake(trace, block)
+        except TraceError as exc:
+            raise UsageError(str(exc)) from None
+        lines = data.count(b"\n")
+        whence = "--block-size" if args.block_size else "the trace's page_size_hint"
+        note = (f"{lines:,} Mooncake requests (one a copy), {block} tokens a hash id ({whence}): tell the reader, "
+                f"as AIPerf's --isl-block-size {block} or vLLM's --timed-trace-chunk-hash-size {block}")
+        namespaces = {r.extra_key for r in trace.requests}
+        if len(namespaces) > 1:
+            note += "; cache namespaces (extra_key) are not written: their requests share no hash ids"
+        prompts = False  # a Mooncake trace holds lengths and hash ids only
+    else:
+        data = (json.dumps(dump_trace(trace), indent=1) + "\n").encode()
+        note = ""
     try:
-        write_file(out, (json.dumps(dump_trace(trace), indent=1) + "\n").encode())
+        write_file(out, data)
     except OSError as exc:
         raise UsageError(f"-o {out}: cannot write it: {exc.strerror or exc}") from None
-    _progress("trace", False)(f"{label}\nwrote {out} (mode 0600: it holds the prompts)")
+    mode = "mode 0600: it holds the prompts" if prompts else "mode 0600"
+    _progress("trace", False)(f"{label}\nwrote {out} ({mode})" + (f": {note}" if note else ""))
     return ExitStatus.OK
 
 

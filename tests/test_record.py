@@ -171,5 +171,5 @@ def test_a_server_that_does_not_say_its_page_size_gets_a_trace_in_tokens_and_a_w
             proc.kill()
         standin.stop()
     assert proc.returncode == 0, err
-    assert "/server_info did not say its page_size: the trace's prefixes are in tokens" in err
+    assert "/server_info did not say its page_size: the trace's page_size_hint is 1" in err
     assert load_trace(out).page_size_hint == 1

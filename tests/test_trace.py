@@ -274,3 +274,15 @@ def test_rescaling_keeps_a_prefix_within_the_prompt_it_names() -> None:
     big = rescale_prefixes(parse_trace(tree(), "tree"), 64)
     assert [r.prefix_len for r in big.requests] == [0, 60, 60, 90]  # capped by s's and c1's prompts
     assert parse_trace(dump_trace(big), "again") == big
+
+
+def test_a_trace_of_real_prompts_is_never_rescaled_and_says_so_in_its_file() -> None:
+    """Recorded traffic, a dump or a Mooncake file: its prefixes are what the prompts shared, so a
+    server of another page size gets the same sharing, not the same number of pages."""
+    data = tree()
+    data["prefix_unit"] = "tokens"
+    trace = parse_trace(data, "tokens")
+    assert rescale_prefixes(trace, 64) == trace and rescale_prefixes(trace, 1) == trace
+    assert dump_trace(trace)["prefix_unit"] == "tokens" and "prefix_unit" not in dump_trace(parse_trace(tree(), "t"))
+    with pytest.raises(TraceError, match='prefix_unit must be "pages" or "tokens"'):
+        parse_trace({**tree(), "prefix_unit": "bytes"}, "bad")

@@ -175,7 +175,9 @@ def run_replay(args: Namespace) -> int:
     trace, label = load_trace_arg(args.trace)
     info = _server_info(url)
     size = _page_size(info, url, args.page_size)
-    if size is not None and size != trace.page_size_hint:
+    if size is not None and size != trace.page_size_hint and trace.prefix_unit == "tokens":
+        label += f"; its prefixes are what the prompts shared, not rescaled to page size {size}"
+    elif size is not None and size != trace.page_size_hint:
         try:
             trace = rescale_prefixes(trace, size)
         except TraceError as exc:
@@ -334,8 +336,8 @@ def run_record(args: Namespace) -> int:
         say(f"recording: point clients at http://127.0.0.1:{port} (forwarding to {url}); "
             f"Ctrl-C writes {out}" + ("" if args.keep_prompts else "; prompts are not kept (--keep-prompts keeps them)"))  # fmt: skip
         if proxy.page_size is None:
-            say(f"{url}/server_info did not say its page_size: the trace's prefixes are in tokens (page_size_hint 1); "
-                "replay it without --page-size")  # fmt: skip
+            say(f"{url}/server_info did not say its page_size: the trace's page_size_hint is 1 "
+                "(trace convert --format mooncake then needs --block-size)")  # fmt: skip
         if args.ready_file:
             Path(args.ready_file).write_text(f"{port}\n", encoding="utf-8")
         try:

@@ -612,7 +612,8 @@ async def prepare(
             whose = "the crash's own" if dump.path.suffix == ".pkl" else "the server's logged requests"
             origin = f"{whose}: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
     server_page = (info or {}).get("page_size")
-    if trace is not None and isinstance(server_page, int) and server_page >= 1 and server_page != trace.page_size_hint:
+    if (trace is not None and trace.prefix_unit == "pages" and isinstance(server_page, int) and server_page >= 1
+            and server_page != trace.page_size_hint):  # fmt: skip
         # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one
         # page): replayed as written against another page size they would test nothing.
         notes.append(f"the trace's prefixes were written for page size {trace.page_size_hint}; "

@@ -224,7 +224,8 @@ def _as_trace(rows: list[_Line], block_size: int, name: str, source: str) -> Tra
             req = TraceRequest(rid, row.timestamp - start, row.input_length, 0, rid, row.output_length)
         made[row.number] = req
         requests.append(req)
-    return Trace(name=name, page_size_hint=block_size, requests=tuple(requests), source=f"mooncake:{source}")
+    return Trace(name=name, page_size_hint=block_size, requests=tuple(requests), source=f"mooncake:{source}",
+                 prefix_unit="tokens")  # fmt: skip
 
 
 def read_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE) -> tuple[Trace, str]:

@@ -177,7 +177,7 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
             )
         )
     return Trace(name=name, page_size_hint=max(1, page_size_hint), requests=tuple(requests),
-                 version=TRACE_VERSION, source=source)  # fmt: skip
+                 version=TRACE_VERSION, source=source, prefix_unit="tokens")  # fmt: skip
 
 
 def _unique_ids(calls: Sequence[RecordedCall]) -> list[str]:

@@ -22,6 +22,9 @@ reported (``finding_03330``)::
   fuzzer's copies are independent samples of the family, not identical prompts);
 * ``page_size_hint``: the page (block) size the prefix lengths were written for; see
   :func:`rescale_prefixes` to replay a trace at another page size.
+* ``prefix_unit`` (optional): ``"pages"`` (the default: a hand-written or fuzzer-found trace whose
+  prefixes are so many pages, moved page for page to another page size) or ``"tokens"`` (recorded
+  traffic, a crash dump, a Mooncake trace: the prefixes are what the prompts shared, never moved).
 
 Optional top-level keys: ``source`` (where the trace came from), ``expect_diverged`` (request ids
 a replay is expected to see diverge). Loading errors are one line naming the file and field.
@@ -51,7 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from radixtop.incident.vocab import SIM_VOCABULARY, Vocabulary
 
@@ -105,6 +108,7 @@ class Trace:
     version: int = TRACE_VERSION
     source: str = ""
     expect_diverged: tuple[str, ...] = ()
+    prefix_unit: Literal["pages", "tokens"] = "pages"
 
     def request(self, request_id: str) -> TraceRequest:
         for req in self.requests:
@@ -143,7 +147,7 @@ _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "in_flight": (bool,),
 }
 _OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key", "prefix_of", "ignore_eos", "in_flight"})
-_TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged"}
+_TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged", "prefix_unit"}
 
 
 def _field(source: str, where: str, obj: Mapping[str, Any], key: str, kinds: tuple[type, ...]) -> Any:
@@ -241,7 +245,10 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     for rid in expect:
         if rid not in seen:
             raise TraceError(f"{source}: expect_diverged names {rid!r}, which is not a request id")
-    return Trace(name, hint, tuple(requests), version, src, tuple(expect))
+    unit = data.get("prefix_unit", "pages")
+    if unit not in ("pages", "tokens"):
+        raise TraceError(f"{source}: prefix_unit must be \"pages\" or \"tokens\", got {unit!r}")
+    return Trace(name, hint, tuple(requests), version, src, tuple(expect), unit)
 
 
 def _check_prefix_of(source: str, where: str, req: TraceRequest, seen: Mapping[str, TraceRequest]) -> None:
@@ -280,6 +287,8 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
         out["source"] = trace.source
     if trace.expect_diverged:
         out["expect_diverged"] = list(trace.expect_diverged)
+    if trace.prefix_unit != "pages":
+        out["prefix_unit"] = trace.prefix_unit
     out["requests"] = []
     for r in trace.requests:
         item: dict[str, Any] = {
@@ -331,6 +340,8 @@ def rescale_prefixes(trace: Trace, page_size: int) -> Trace:
     """
     if page_size < 1:
         raise TraceError(f"page_size must be >= 1, got {page_size}")
+    if trace.prefix_unit == "tokens":
+        return trace  # what real prompts shared: another page size does not change it
     hint = trace.page_size_hint
     lengths = {r.id: r.prompt_len for r in trace.requests}
 

@@ -584,39 +584,11 @@ def verify_bundle(path: str | Path) -> list[str]:
     sums: dict[str, str] = {}  # relative path -> SHA-256
     small: dict[str, bytes | None] = {}  # MANIFEST.json and SHA256SUMS themselves
     if path.is_dir():
-        for file in sorted(p for p in path.rglob("*") if p.is_file()):
-            rel = file.relative_to(path).as_posix()
-            with open(file, "rb") as fh:
-                if rel in (MANIFEST, SUMS):
-                    small[rel] = _read_small(fh, MAX_MANIFEST_BYTES)
-                else:
-                    sums[rel] = _hash_stream(fh, 1 << 62)[0]
+        _hash_directory(path, sums, small)
     elif path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        try:
-            total = 0
-            with tarfile.open(path, "r|gz") as tar:  # a stream: members are read once, in order
-                for member in tar:
-                    if not member.isfile():
-                        continue
-                    rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
-                    total += member.size
-                    if total > MAX_TOTAL_BYTES:
-                        return [f"{path}: its members hold more than {MAX_TOTAL_BYTES >> 30} GiB; not a radixtop bundle"]
-                    if member.size > MAX_MEMBER_BYTES:
-                        return [
-                            f"{path}: member {member.name} says it holds {member.size:,} bytes, more than a "
-                            f"bundle ever writes ({MAX_MEMBER_BYTES >> 20} MiB); not checked further (not a "
-                            "radixtop bundle, or a compression bomb)"
-                        ]
-                    handle = tar.extractfile(member)
-                    if handle is None:
-                        continue
-                    if rel in (MANIFEST, SUMS):
-                        small[rel] = _read_small(handle, MAX_MANIFEST_BYTES)
-                    else:
-                        sums[rel] = _hash_stream(handle, MAX_MEMBER_BYTES)[0]
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-            return [f"{path}: not a readable tar.gz ({exc})"]
+        refused = _hash_archive(path, sums, small)
+        if refused is not None:
+            return [refused]
     else:
         return [f"{path}: neither a bundle directory nor a .tar.gz"]
     if MANIFEST not in small:
@@ -645,6 +617,44 @@ def verify_bundle(path: str | Path) -> list[str]:
     if listed != {rel: e.get("sha256") for rel, e in entries.items()}:
         problems.append(f"{SUMS} does not match {MANIFEST}")
     return problems
+
+
+def _hash_directory(path: Path, sums: dict[str, str], small: dict[str, bytes | None]) -> None:
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = file.relative_to(path).as_posix()
+        with open(file, "rb") as fh:
+            if rel in (MANIFEST, SUMS):
+                small[rel] = _read_small(fh, MAX_MANIFEST_BYTES)
+            else:
+                sums[rel] = _hash_stream(fh, 1 << 62)[0]
+
+
+def _hash_archive(path: Path, sums: dict[str, str], small: dict[str, bytes | None]) -> str | None:
+    """Hash an archive's members as they stream past; why it is refused, or None."""
+    try:
+        total = 0
+        with tarfile.open(path, "r|gz") as tar:  # a stream: members are read once, in order
+            for member in tar:
+                if not member.isfile():
+                    continue
+                rel = member.name.split("/", 1)[1] if "/" in member.name else member.name
+                total += member.size
+                if total > MAX_TOTAL_BYTES:
+                    return f"{path}: its members hold more than {MAX_TOTAL_BYTES >> 30} GiB; not a radixtop bundle"
+                if member.size > MAX_MEMBER_BYTES:
+                    return (f"{path}: member {member.name} says it holds {member.size:,} bytes, more than a "
+                            f"bundle ever writes ({MAX_MEMBER_BYTES >> 20} MiB); not checked further (not a "
+                            "radixtop bundle, or a compression bomb)")  # fmt: skip
+                handle = tar.extractfile(member)
+                if handle is None:
+                    continue
+                if rel in (MANIFEST, SUMS):
+                    small[rel] = _read_small(handle, MAX_MANIFEST_BYTES)
+                else:
+                    sums[rel] = _hash_stream(handle, MAX_MEMBER_BYTES)[0]
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        return f"{path}: not a readable tar.gz ({exc})"
+    return None
 
 
 @dataclass

@@ -506,25 +506,142 @@ def _running(pid: int | None) -> bool:
         return False
 
 
-async def prepare(
-    options: ConfirmOptions,
-    on_event: Callable[[ConfirmEvent], None] | None = None,
-    cancel: threading.Event | None = None,
-) -> Plan:
-    """Evidence first (a bundle), then the plan. Starts and stops nothing; sends no workload."""
-    from radixtop.incident.server import base_url, listening_pid, process_tree, url_port
-    from radixtop.incident.workloads import pressure_trace
-    from radixtop.probes.http import is_loopback_url
-
-    emit = on_event or (lambda event: None)
-    began = time.monotonic()
-    timings: dict[str, float] = {}
+def _check_options(options: ConfirmOptions) -> None:
     if options.runs < 1:
         raise PlanError(f"--runs must be at least 1, got {options.runs}")
     if options.cache not in CACHE_MODES:
         raise PlanError(f"--control-cache {options.cache!r}: choose one of {', '.join(CACHE_MODES)}")
     if options.concurrency_divisor < 1:
         raise PlanError(f"--concurrency-divisor must be at least 1, got {options.concurrency_divisor}")
+
+
+async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list[str], pid: int | None,
+                    emit: Callable[[ConfirmEvent], None], cancel: threading.Event | None,
+                    notes: list[str]) -> Any:  # fmt: skip
+    """The evidence bundle, taken before anything else (None with --no-bundle, or a note why not)."""
+    if not options.bundle:
+        return None
+    from radixtop.incident.bundle import BundleError, take_bundle
+
+    def relay(p: Any) -> None:
+        if p.step != "done":  # announced below, with the path as data
+            emit(ConfirmEvent("evidence", p.message, {"done": p.done, "total": p.total}))
+
+    emit(ConfirmEvent("evidence", "preserving evidence first: taking a bundle of the server"
+                      + ("" if pid is not None else " (down: its logs and what is left)")))  # fmt: skip
+    try:
+        bundle = await asyncio.to_thread(
+            take_bundle, workdir / "evidence", url=url, logs=logs, pid=pid,
+            reason="confirm", signature_files=options.signature_files, cancel=cancel, on_progress=relay,
+        )  # fmt: skip
+    except BundleError as exc:
+        if cancel is not None and cancel.is_set():
+            raise ConfirmCancelled("cancelled while taking the bundle") from None
+        notes.append(f"no evidence bundle: {exc}")
+        return None
+    emit(ConfirmEvent("evidence", f"bundle written: {bundle.path}", {"bundle": str(bundle.path)}))
+    return bundle
+
+
+def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: list[str], max_running: int | None,
+              notes: list[str]) -> tuple[Trace, str]:  # fmt: skip
+    """The workload and where it comes from: given (--trace), the crash's own (a dump, a request
+    log), else token pressure made up to the server's size."""
+    from radixtop.incident.workloads import pressure_trace
+
+    trace, origin = options.trace, f"given: {options.trace_label or options.trace.name}" if options.trace else ""
+    if trace is None:
+        try:
+            own = crash_workload(logs, info, options.crash_dump_folder)
+        except DumpError as exc:
+            own = None
+            notes.append(f"the server's crash dump cannot be read: {exc}")
+        if own is not None:
+            trace, dump = own
+            whose = "the crash's own" if dump.path.suffix == ".pkl" else "the server's logged requests"
+            origin = f"{whose}: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
+    server_page = (info or {}).get("page_size")
+    if (trace is not None and trace.prefix_unit == "pages" and isinstance(server_page, int) and server_page >= 1
+            and server_page != trace.page_size_hint):  # fmt: skip
+        # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one
+        # page): replayed as written against another page size they would test nothing.
+        notes.append(f"the trace's prefixes were written for page size {trace.page_size_hint}; "
+                     f"rescaled to the server's {server_page}")  # fmt: skip
+        trace = rescale_prefixes(trace, server_page)
+    if trace is not None:
+        return trace, origin
+    if info is None or not info.get("max_total_num_tokens"):
+        raise PlanError("no /server_info to size a pressure workload from; pass --trace (a file or a built-in name)")
+    trace = pressure_trace(
+        int(info["max_total_num_tokens"]), max_running or 32,
+        page_size=int(info.get("page_size") or 1), max_input_len=info.get("max_req_input_len"),
+    )  # fmt: skip
+    return trace, ("made up: token pressure sized to the server (no crash dump of it found; SGLang writes one "
+                   "with --crash-dump-folder)")  # fmt: skip
+
+
+def _placement(options: ConfirmOptions, live: LaunchCommand, gpu_sample: Any, pid: int | None, seen: Sighting | None,
+               notes: list[str], blockers: list[str]) -> tuple[Placement, bool]:  # fmt: skip
+    """Where the started servers go, and whether the original (alive: ``pid``) must be stopped for them."""
+    from radixtop.incident.server import process_tree
+
+    original_pids = {p.pid for p in process_tree(pid)} if pid else set()
+    original_use = {g.uuid: g.used_bytes for g in (seen.gpus if seen is not None else ())}
+    placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
+                      original_gone=pid is None, will_stop=options.stop_original, given=options.gpus)  # fmt: skip
+    requires_stop = False
+    if pid is not None and placement.status == "no-room" and placement.room_if_stopped and not options.stop_original:
+        requires_stop = True  # the plan can run only on the original's GPUs: a second approval
+        placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
+                          will_stop=True)  # fmt: skip
+    elif placement.status == "no-room":
+        blockers.append(placement.lines[0].removeprefix("GPUs").strip())
+    if placement.status == "unknown":
+        notes.append("GPU placement is unknown: approving starts the servers anyway")
+    return placement, requires_stop
+
+
+def _started_arm(role: ArmRole, options: ConfirmOptions, live: LaunchCommand, workdir: Path, control_running: int,
+                 placement: Placement, launch: LaunchEnv) -> ArmPlan:  # fmt: skip
+    """A server the plan starts: the reproduction (the original's flags) or the control."""
+    env = launch.env
+    port = free_loopback_port()
+    output = workdir / f"{role}.out"
+    log_file = workdir / f"{role}.log"
+    try:
+        if role == "control":
+            argv, changes = build_control_argv(live, port=port, max_running=control_running, cache=options.cache,
+                                               log_file=log_file, extra=options.control_args)  # fmt: skip
+        else:
+            argv, changes = build_reproduction_argv(live, port=port, log_file=log_file)
+    except LaunchError as exc:
+        raise PlanError(str(exc)) from None
+    program, flags = argv[: len(live.program)], argv[len(live.program) :]
+    flags, arm_env, placed = placement.apply(flags, env)
+    if arm_env is not None and arm_env.get("RADIXTOP_INSTRUMENT") == "1":
+        # Its own debug endpoints, never the original's ports: a radixtop watching the original
+        # must not take the arm's tree for the original's.
+        arm_env = {**arm_env, "RADIXTOP_INSTRUMENT_PORT": str(free_loopback_port())}
+        placed = [*placed, f"radixtop's debug endpoint from 127.0.0.1:{arm_env['RADIXTOP_INSTRUMENT_PORT']} "
+                  "(its own, not the original's)"]  # fmt: skip
+    watched = [str(output)] + ([str(log_file)] if live.kind == "radixtop-sim" else [])
+    return ArmPlan(role, f"http://127.0.0.1:{port}", [*program, *flags], port, output, watched, arm_env,
+                   launch.cwd, changes + placed)  # fmt: skip
+
+
+async def prepare(
+    options: ConfirmOptions,
+    on_event: Callable[[ConfirmEvent], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> Plan:
+    """Evidence first (a bundle), then the plan. Starts and stops nothing; sends no workload."""
+    from radixtop.incident.server import base_url, listening_pid, url_port
+    from radixtop.probes.http import is_loopback_url
+
+    emit = on_event or (lambda event: None)
+    began = time.monotonic()
+    timings: dict[str, float] = {}
+    _check_options(options)
     url = base_url(options.url)
     workdir = Path(options.workdir)
     try:
@@ -570,28 +687,8 @@ async def prepare(
                      "with them, or --control-arg for each")  # fmt: skip
     baseline_logs = _baseline_logs(options, live, pid if alive else None, seen)
 
-    bundle = None
     evidence_began = time.monotonic()
-    if options.bundle:
-        from radixtop.incident.bundle import BundleError, take_bundle
-
-        def relay(p: Any) -> None:
-            if p.step != "done":  # announced below, with the path as data
-                emit(ConfirmEvent("evidence", p.message, {"done": p.done, "total": p.total}))
-
-        emit(ConfirmEvent("evidence", "preserving evidence first: taking a bundle of the server"
-                          + ("" if alive else " (down: its logs and what is left)")))  # fmt: skip
-        try:
-            bundle = await asyncio.to_thread(
-                take_bundle, workdir / "evidence", url=url, logs=baseline_logs, pid=pid if alive else None,
-                reason="confirm", signature_files=options.signature_files, cancel=cancel, on_progress=relay,
-            )  # fmt: skip
-            emit(ConfirmEvent("evidence", f"bundle written: {bundle.path}", {"bundle": str(bundle.path)}))
-        except BundleError as exc:
-            if cancel is not None and cancel.is_set():
-                raise ConfirmCancelled("cancelled while taking the bundle") from None
-            notes.append(f"no evidence bundle: {exc}")
-
+    bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, emit, cancel, notes)
     timings["evidence_s"] = round(time.monotonic() - evidence_began, 2)
     max_running = _max_running(live, info)
     if max_running is None:
@@ -599,35 +696,7 @@ async def prepare(
         control_running = 4
     else:
         control_running = max(1, max_running // options.concurrency_divisor)
-    trace = options.trace
-    origin = f"given: {options.trace_label or trace.name}" if trace is not None else ""
-    if trace is None:
-        try:
-            own = crash_workload(baseline_logs, info, options.crash_dump_folder)
-        except DumpError as exc:
-            own = None
-            notes.append(f"the server's crash dump cannot be read: {exc}")
-        if own is not None:
-            trace, dump = own
-            whose = "the crash's own" if dump.path.suffix == ".pkl" else "the server's logged requests"
-            origin = f"{whose}: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
-    server_page = (info or {}).get("page_size")
-    if (trace is not None and trace.prefix_unit == "pages" and isinstance(server_page, int) and server_page >= 1
-            and server_page != trace.page_size_hint):  # fmt: skip
-        # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one
-        # page): replayed as written against another page size they would test nothing.
-        notes.append(f"the trace's prefixes were written for page size {trace.page_size_hint}; "
-                     f"rescaled to the server's {server_page}")  # fmt: skip
-        trace = rescale_prefixes(trace, server_page)
-    if trace is None:
-        if info is None or not info.get("max_total_num_tokens"):
-            raise PlanError("no /server_info to size a pressure workload from; pass --trace (a file or a built-in name)")
-        trace = pressure_trace(
-            int(info["max_total_num_tokens"]), max_running or 32,
-            page_size=int(info.get("page_size") or 1), max_input_len=info.get("max_req_input_len"),
-        )  # fmt: skip
-        origin = ("made up: token pressure sized to the server (no crash dump of it found; SGLang writes one "
-                  "with --crash-dump-folder)")  # fmt: skip
+    trace, origin = _workload(options, info, baseline_logs, max_running, notes)
     vocab, no_vocab = _vocabulary(options, info, live, seen)
     if no_vocab is not None:
         blockers.append(no_vocab)
@@ -640,20 +709,7 @@ async def prepare(
     save_trace(trace, trace_path)
 
     # Where the started servers go, and whether the original must be stopped for them.
-    original_pids = {p.pid for p in process_tree(pid)} if alive and pid else set()
-    original_use = {g.uuid: g.used_bytes for g in (seen.gpus if seen is not None else ())}
-    placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
-                      original_gone=not alive, will_stop=options.stop_original, given=options.gpus)  # fmt: skip
-    requires_stop = False
-    if alive and placement.status == "no-room" and placement.room_if_stopped and not options.stop_original:
-        requires_stop = True  # the plan can run only on the original's GPUs: a second approval
-        placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
-                          will_stop=True)  # fmt: skip
-    elif placement.status == "no-room":
-        blockers.append(placement.lines[0].removeprefix("GPUs").strip())
-    if placement.status == "unknown":
-        notes.append("GPU placement is unknown: approving starts the servers anyway")
-
+    placement, requires_stop = _placement(options, live, gpu_sample, pid if alive else None, seen, notes, blockers)
     if alive and not (options.stop_original or requires_stop):
         mode = "live"
     elif options.reproduction or alive:
@@ -662,38 +718,13 @@ async def prepare(
         mode = "crash-log"
 
     launch = _server_env(options, pid, alive, seen, live.cwd, notes, blockers)
-    env = launch.env
-    redactor.learn_env(env)
+    redactor.learn_env(launch.env)
     why_module = _untrusted_module(live, launch)
     if why_module is not None:
         raise PlanError(f"{why_module}; pass --launch-command '...' with a module radixtop can vouch for")
-    arms: list[ArmPlan] = []
-    if mode == "live":
-        arms.append(ArmPlan("baseline", url, logs=baseline_logs))
+    arms = [ArmPlan("baseline", url, logs=baseline_logs)] if mode == "live" else []
     roles: list[ArmRole] = ["reproduction", "control"] if mode == "relaunch" else ["control"]
-    for role in roles:
-        port = free_loopback_port()
-        output = workdir / f"{role}.out"
-        log_file = workdir / f"{role}.log"
-        try:
-            if role == "control":
-                argv, changes = build_control_argv(live, port=port, max_running=control_running, cache=options.cache,
-                                                   log_file=log_file, extra=options.control_args)  # fmt: skip
-            else:
-                argv, changes = build_reproduction_argv(live, port=port, log_file=log_file)
-        except LaunchError as exc:
-            raise PlanError(str(exc)) from None
-        program, flags = argv[: len(live.program)], argv[len(live.program) :]
-        flags, arm_env, placed = placement.apply(flags, env)
-        if arm_env is not None and arm_env.get("RADIXTOP_INSTRUMENT") == "1":
-            # Its own debug endpoints, never the original's ports: a radixtop watching the original
-            # must not take the arm's tree for the original's.
-            arm_env = {**arm_env, "RADIXTOP_INSTRUMENT_PORT": str(free_loopback_port())}
-            placed = [*placed, f"radixtop's debug endpoint from 127.0.0.1:{arm_env['RADIXTOP_INSTRUMENT_PORT']} "
-                      "(its own, not the original's)"]  # fmt: skip
-        watched = [str(output)] + ([str(log_file)] if live.kind == "radixtop-sim" else [])
-        arms.append(ArmPlan(role, f"http://127.0.0.1:{port}", [*program, *flags], port, output, watched, arm_env,
-                            launch.cwd, changes + placed))  # fmt: skip
+    arms += [_started_arm(role, options, live, workdir, control_running, placement, launch) for role in roles]
     if flag_value(live.flags, "--api-key") is not None and mode == "live":
         notes.append("the live server requires an API key: the baseline replay sends $RADIXTOP_API_KEY if set")
     if options.runs < 2:

@@ -177,6 +177,46 @@ def _prompt_fields(source: str, where: str, raw: Mapping[str, Any]) -> dict[str,
     return out
 
 
+def _parse_request(source: str, i: int, raw: Any, seen: Mapping[str, TraceRequest]) -> TraceRequest:
+    """requests[i], every field checked; ``seen``: the requests before it, by id."""
+    where = f"requests[{i}]."
+    if not isinstance(raw, dict):
+        raise TraceError(f"{source}: requests[{i}] must be an object, got {type(raw).__name__}")
+    extra = sorted(set(raw) - set(_REQUEST_FIELDS))
+    if extra:
+        raise TraceError(
+            f"{source}: {where}{extra[0]} is not a request field; fields: {', '.join(_REQUEST_FIELDS)}"
+        )
+    values = {
+        key: _field(source, where, raw, key, kinds)
+        for key, kinds in _REQUEST_FIELDS.items()
+        if key not in _OPTIONAL_REQUEST_FIELDS or key in raw
+    }
+    values.update(_prompt_fields(source, where, raw))
+    req = TraceRequest(**values)
+    if not req.id:
+        raise TraceError(f"{source}: {where}id is empty")
+    if req.id in seen:
+        raise TraceError(f"{source}: {where}id {req.id!r} appears twice; ids must be unique")
+    if req.offset_ms < 0:
+        raise TraceError(f"{source}: {where}offset_ms must be >= 0, got {req.offset_ms}")
+    if req.prompt_len < 1:
+        raise TraceError(f"{source}: {where}prompt_len must be >= 1, got {req.prompt_len}")
+    if not 0 <= req.prefix_len <= req.prompt_len:
+        raise TraceError(
+            f"{source}: {where}prefix_len must be within 0..prompt_len ({req.prompt_len}), got {req.prefix_len}"
+        )
+    if not req.group:
+        raise TraceError(f"{source}: {where}group is empty")
+    if req.max_tokens < 0:
+        raise TraceError(f"{source}: {where}max_tokens must be >= 0, got {req.max_tokens}")
+    if req.n < 1:
+        raise TraceError(f"{source}: {where}n must be >= 1, got {req.n}")
+    if req.prefix_of is not None:
+        _check_prefix_of(source, where, req, seen)
+    return req
+
+
 def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     """Build a Trace from decoded JSON, checking every field."""
     if not isinstance(data, dict):
@@ -199,42 +239,8 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     requests: list[TraceRequest] = []
     seen: dict[str, TraceRequest] = {}
     for i, raw in enumerate(raw_requests):
-        where = f"requests[{i}]."
-        if not isinstance(raw, dict):
-            raise TraceError(f"{source}: requests[{i}] must be an object, got {type(raw).__name__}")
-        extra = sorted(set(raw) - set(_REQUEST_FIELDS))
-        if extra:
-            raise TraceError(
-                f"{source}: {where}{extra[0]} is not a request field; fields: {', '.join(_REQUEST_FIELDS)}"
-            )
-        values = {
-            key: _field(source, where, raw, key, kinds)
-            for key, kinds in _REQUEST_FIELDS.items()
-            if key not in _OPTIONAL_REQUEST_FIELDS or key in raw
-        }
-        values.update(_prompt_fields(source, where, raw))
-        req = TraceRequest(**values)
-        if not req.id:
-            raise TraceError(f"{source}: {where}id is empty")
-        if req.id in seen:
-            raise TraceError(f"{source}: {where}id {req.id!r} appears twice; ids must be unique")
+        req = _parse_request(source, i, raw, seen)
         seen[req.id] = req
-        if req.offset_ms < 0:
-            raise TraceError(f"{source}: {where}offset_ms must be >= 0, got {req.offset_ms}")
-        if req.prompt_len < 1:
-            raise TraceError(f"{source}: {where}prompt_len must be >= 1, got {req.prompt_len}")
-        if not 0 <= req.prefix_len <= req.prompt_len:
-            raise TraceError(
-                f"{source}: {where}prefix_len must be within 0..prompt_len ({req.prompt_len}), got {req.prefix_len}"
-            )
-        if not req.group:
-            raise TraceError(f"{source}: {where}group is empty")
-        if req.max_tokens < 0:
-            raise TraceError(f"{source}: {where}max_tokens must be >= 0, got {req.max_tokens}")
-        if req.n < 1:
-            raise TraceError(f"{source}: {where}n must be >= 1, got {req.n}")
-        if req.prefix_of is not None:
-            _check_prefix_of(source, where, req, seen)
         requests.append(req)
     src = data.get("source", "")
     if not isinstance(src, str):

@@ -153,8 +153,27 @@ def _host(ip: str) -> str:
 def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list[str]]:
     """Server processes on this node (sync: reads /proc)."""
     skip = set(exclude)
+    roots, children, denied = _launchers(skip)
+    _keep_innermost(roots)
+    orphans = _adopt_children(roots, children, skip)
+    notes = []
+    if orphans:
+        shown = ", ".join(str(p) for p in sorted(orphans)[:8])
+        notes.append(f"orphaned SGLang processes (pids {shown}) outlived their server; they may hold GPU memory")
+    if denied:
+        notes.append(f"{denied} processes could not be read (other users'); run as root to see every server")
+    found = sorted(roots.values(), key=lambda c: c.started)[:MAX_CANDIDATES]
+    return found, notes
+
+
+_Child = tuple[psutil.Process, LaunchKind, list[str]]
+
+
+def _launchers(skip: set[int]) -> tuple[dict[int, _Candidate], list[_Child], int]:
+    """Every server launcher on the node by pid, the server children seen, and how many processes
+    could not be read."""
     roots: dict[int, _Candidate] = {}
-    children: list[tuple[psutil.Process, LaunchKind, list[str]]] = []
+    children: list[_Child] = []
     denied = 0
     for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
         try:
@@ -168,16 +187,20 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
             if launch is None:
                 continue
             kind = launch.kind
-            if kind == "sglang-child" or kind == "vllm-child":
+            if kind == "sglang-child" or kind == "vllm-child":  # this form narrows kind for mypy
                 children.append((proc, kind, cmdline))
             else:
                 started = proc.info.get("create_time") or 0.0
                 roots[proc.pid] = _Candidate(proc, kind, list(cmdline), started, args=list(launch.args))
         except psutil.Error:
             continue
-    # The innermost launcher is the server: drop a candidate that has another one below it. A child
-    # with its parent's very command line is a fork (not yet exec'd, or a multiprocessing fork): the
-    # parent stays the server.
+    return roots, children, denied
+
+
+def _keep_innermost(roots: dict[int, _Candidate]) -> None:
+    """The innermost launcher is the server: drop a candidate that has another one below it. A
+    child with its parent's very command line is a fork (not yet exec'd, or a multiprocessing
+    fork): the parent stays the server."""
     for pid, cand in list(roots.items()):
         if pid not in roots:
             continue
@@ -193,14 +216,16 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
                 roots.pop(pid, None)
                 break
             roots.pop(parent.pid, None)
+
+
+def _adopt_children(roots: dict[int, _Candidate], children: list[_Child], skip: set[int]) -> list[int]:
+    """Each server child's rank on its server (an offline sgl.Engine's parent becomes one); the
+    pids of children whose server died without them."""
     orphans: list[int] = []
     for proc, kind, cmdline in children:
         owner = None
         try:
-            for parent in proc.parents():
-                if parent.pid in roots:
-                    owner = roots[parent.pid]
-                    break
+            owner = next((roots[p.pid] for p in proc.parents() if p.pid in roots), None)
             if owner is None and kind == "sglang-child":  # an offline sgl.Engine: its parent is the server
                 server = proc.parent()
                 if server is not None and server.pid == 1:  # orphaned: its server died without it
@@ -217,14 +242,7 @@ def find_candidates(exclude: Iterable[int] = ()) -> tuple[list[_Candidate], list
             _, rank = role_and_rank(cmdline)
             if rank and rank not in owner.ranks:
                 owner.ranks.append(rank)
-    notes = []
-    if orphans:
-        shown = ", ".join(str(p) for p in sorted(orphans)[:8])
-        notes.append(f"orphaned SGLang processes (pids {shown}) outlived their server; they may hold GPU memory")
-    if denied:
-        notes.append(f"{denied} processes could not be read (other users'); run as root to see every server")
-    found = sorted(roots.values(), key=lambda c: c.started)[:MAX_CANDIDATES]
-    return found, notes
+    return orphans
 
 
 def _instrument_base_port(proc: psutil.Process) -> int | None:

@@ -133,35 +133,10 @@ def _parse_spliced(data: bytes) -> Snapshot | None:
         m = _NODES_KEY.search(text)
         if m is None:
             return None
-        decoder = json.JSONDecoder()
-        rows: list[Any] = []
-        i, n = m.end(), len(text)
-        while i < n and text[i] in _WS:
-            i += 1
-        if i < n and text[i] == "]":
-            end = i + 1
-        else:
-            pace = _Pacer()
-            while True:
-                if len(rows) > MAX_TREE_NODES + 1:
-                    return None
-                row, i = decoder.raw_decode(text, i)
-                rows.append(row)
-                if not len(rows) & 511:
-                    pace()
-                while i < n and text[i] in _WS:
-                    i += 1
-                if i >= n:
-                    return None
-                c = text[i]
-                i += 1
-                if c == "]":
-                    end = i
-                    break
-                if c != ",":
-                    return None
-                while i < n and text[i] in _WS:
-                    i += 1
+        decoded = _rows_from(text, m.end())
+        if decoded is None:
+            return None
+        rows, end = decoded
         obj = json.loads(text[: m.start()] + '"nodes":[]' + text[end:])
         tree = obj.get("tree") if isinstance(obj, dict) else None
         if not isinstance(tree, dict) or tree.get("nodes") != [] or not rows:
@@ -191,6 +166,38 @@ def _parse_spliced(data: bytes) -> Snapshot | None:
     except Exception as exc:  # as the schema's own guard does: never anything but a ValueError
         raise ValueError(f"snapshot: malformed ({type(exc).__name__})") from None
     return replace(snapshot, tree=replace(snapshot.tree, nodes=tuple(nodes), walked_nodes=walked))
+
+
+def _rows_from(text: str, i: int) -> tuple[list[Any], int] | None:
+    """The rows of the JSON array that starts at ``i`` (after its ``[``), one raw_decode each, and
+    where the array ends; None when it is not a well-formed array of at most MAX_TREE_NODES + 1."""
+    decoder = json.JSONDecoder()
+    rows: list[Any] = []
+    n = len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    if i < n and text[i] == "]":
+        return rows, i + 1
+    pace = _Pacer()
+    while True:
+        if len(rows) > MAX_TREE_NODES + 1:
+            return None
+        row, i = decoder.raw_decode(text, i)
+        rows.append(row)
+        if not len(rows) & 511:
+            pace()
+        while i < n and text[i] in _WS:
+            i += 1
+        if i >= n:
+            return None
+        c = text[i]
+        i += 1
+        if c == "]":
+            return rows, i
+        if c != ",":
+            return None
+        while i < n and text[i] in _WS:
+            i += 1
 
 
 class _Pacer:

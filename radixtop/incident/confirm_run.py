@@ -33,7 +33,7 @@ from radixtop.incident.divergence import DivergenceReport, compare_runs
 from radixtop.incident.launch import ControlProcess, LaunchError, exit_reason, port_free, wait_healthy
 from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.trace import plan_requests
-from radixtop.incident.verdict import ArmEvidence, SignatureSeen, Verdict, decide
+from radixtop.incident.verdict import ArmEvidence, SignatureSeen, Verdict, conditions, decide
 from radixtop.incident.vocab import SIM_VOCABULARY
 
 __all__ = ["ConfirmationRun"]
@@ -340,11 +340,12 @@ class ConfirmationRun:
 
     async def _finish(self, failing: ArmEvidence, control: ArmEvidence) -> Verdict:
         plan = self.plan
-        decision = decide(failing, control, control_summary=plan.control_summary,
-                          cache_disabled=plan.options.cache == "disable")  # fmt: skip
+        cache_disabled = plan.options.cache == "disable"
+        decision = decide(failing, control, control_summary=plan.control_summary, cache_disabled=cache_disabled)
         result = Verdict(
             verdict=decision.verdict,
             reason=decision.reason,
+            conditions=conditions(decision.verdict, failing, control, cache_disabled=cache_disabled),
             baseline=failing,
             control=control,
             bundle=None if plan.bundle is None else str(plan.bundle.path),

@@ -19,6 +19,11 @@ by default, no radix cache. The verdicts:
   both arms failed the same way before they had answered one run of the workload: a workload the
   model cannot take or a broken environment fails every arm alike, whatever the control changes.
 
+Beside the verdict, the conditions the failure needs (:class:`Conditions`): capacity pressure,
+prefix reuse, and the radix cache itself, each ``needed``, ``not-needed`` or ``open`` with why.
+Two arms decide only what their one difference decides: a control that lowers the pressure and
+disables the cache together leaves open which of the two mattered, and says so.
+
 Each arm's evidence is an :class:`ArmEvidence`; ``decide()`` turns two of them into a
 :class:`Decision`, and :class:`Verdict` is the run's outcome as shown and written to verdict.json.
 """
@@ -33,7 +38,8 @@ from typing import Any, Literal
 
 from radixtop.incident.reuse import format_reuse
 
-__all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Decision", "SignatureSeen", "Verdict", "VerdictKind", "decide"]
+__all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Condition", "Conditions", "Decision", "SignatureSeen",
+           "Verdict", "VerdictKind", "conditions", "decide"]
 
 
 class VerdictKind(StrEnum):
@@ -196,6 +202,95 @@ def _present(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+ConditionState = Literal["needed", "not-needed", "open"]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """Whether the failure needs one condition, and the evidence that says so."""
+
+    state: ConditionState
+    """needed (gone without it, all else equal), not-needed (fails without it) or open (no arm
+    changed it alone)."""
+    why: str
+    """The evidence, in a few words."""
+    fails_at: float | None = None
+    """Pressure only: the peak token usage of the side that failed."""
+    clean_at: float | None = None
+    """Pressure only: the peak token usage of the side that stayed clean."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "why": self.why, **_present(fails_at=self.fails_at, clean_at=self.clean_at)}
+
+    def text(self) -> str:
+        return f"{self.state} ({self.why})"
+
+
+def _open(why: str) -> Condition:
+    return Condition("open", why)
+
+
+@dataclass(frozen=True, slots=True)
+class Conditions:
+    """What the failure needs, as far as the arms that ran can tell."""
+
+    pressure: Condition
+    """Capacity pressure: KV token usage near the pool's size, retractions."""
+    reuse: Condition
+    """Prefix reuse: requests matching pages other requests cached."""
+    cache: Condition
+    """The radix cache's machinery itself (its tree, locks and evictions), with or without reuse."""
+
+    def named(self) -> tuple[tuple[str, Condition], ...]:
+        return (("pressure", self.pressure), ("reuse", self.reuse), ("cache", self.cache))
+
+    def line(self) -> str:
+        """One line: each condition's state."""
+        return "Needs: " + " · ".join(f"{name} {c.state}" for name, c in self.named())
+
+    def lines(self) -> list[str]:
+        """Each condition with why."""
+        return [f"  {name:<9}{c.text()}" for name, c in self.named()]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pressure": self.pressure.to_json(), "reuse": self.reuse.to_json(), "cache": self.cache.to_json()}
+
+
+UNDECIDED = Conditions(_open("no failure to condition"), _open("no failure to condition"),
+                       _open("no failure to condition"))  # fmt: skip
+
+
+def conditions(verdict: VerdictKind, failing: ArmEvidence, control: ArmEvidence, *, cache_disabled: bool) -> Conditions:
+    """What two arms decide: only a condition the control changed alone, or one a failure
+    persisted without."""
+    if verdict not in (VerdictKind.PRESSURE_DEPENDENT, VerdictKind.CACHE_DEPENDENT,
+                       VerdictKind.PERSISTS_UNDER_CONTROL):  # fmt: skip
+        return UNDECIDED
+    f, c = failing.peak_token_usage, control.peak_token_usage
+    if verdict == VerdictKind.PERSISTS_UNDER_CONTROL:
+        pressure = Condition("not-needed", f"it fails under the control too (peak token usage {_usage(control)})",
+                             fails_at=c if c is not None else f)  # fmt: skip
+        if cache_disabled:
+            gone = "it persists with the radix cache disabled"
+            return Conditions(pressure, Condition("not-needed", gone), Condition("not-needed", gone))
+        kept = "the control kept the radix cache"
+        return Conditions(pressure, _open(kept), _open(kept))
+    lowered = f is not None and c is not None and c < f
+    if not cache_disabled:  # the control lowered the pressure alone
+        pressure = Condition("needed", f"fails at peak token usage {_usage(failing)}, clean at {_usage(control)}",
+                             fails_at=f, clean_at=c)  # fmt: skip
+        kept = "the control kept the radix cache: its part is untested"
+        return Conditions(pressure, _open(kept), _open(kept))
+    if not lowered and f is not None and c is not None:  # the same pressure: the cache alone changed
+        same = f"clean at the same pressure (peak token usage {_usage(control)}) with the cache disabled"
+        return Conditions(Condition("not-needed", same, fails_at=f, clean_at=c),
+                          _open("reuse off and the cache off were not tried apart"),
+                          Condition("needed", "gone with the radix cache disabled at the same pressure"))  # fmt: skip
+    both = (f"the control lowered the pressure ({_usage(failing)} to {_usage(control)}) and disabled the cache "
+            "together: one of them is needed, not yet which")  # fmt: skip
+    return Conditions(Condition("open", both, fails_at=f, clean_at=c), _open(both), _open(both))
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The verdict on two arms, and why."""
@@ -347,6 +442,8 @@ class Verdict:
     """The plan's notes."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent on the evidence, the plan and the run."""
+    conditions: Conditions = UNDECIDED
+    """What the failure needs, as far as the arms tell."""
 
     def table(self) -> list[str]:
         """The arms side by side, one row per piece of evidence."""
@@ -373,14 +470,16 @@ class Verdict:
 
     def summary(self) -> list[str]:
         """What was planned from, what it assumes, and the arms side by side."""
-        lines = [f"Planned from: {self.planned_from}"] if self.planned_from else []
+        lines = [self.conditions.line()]
+        if self.planned_from:
+            lines.append(f"Planned from: {self.planned_from}")
         if self.assumption:
             lines.append(f"Assumes: {self.assumption}")
         return lines + self.table()
 
     def details(self) -> list[str]:
         """The evidence behind the table: first occurrences, errors, output tails, the commands."""
-        lines = []
+        lines = ["Conditions the failure needs:", *self.conditions.lines()]
         for role, arm in (("failing side", self.baseline), ("control", self.control)):
             if arm.first_occurrences:
                 lines.append(f"First occurrences ({role}):")
@@ -413,6 +512,7 @@ class Verdict:
         return {
             "verdict": str(self.verdict),
             "reason": self.reason,
+            "conditions": self.conditions.to_json(),
             "mode": self.mode,
             "planned_from": self.planned_from,
             "assumption": self.assumption,

@@ -277,3 +277,13 @@ def test_a_json_request_log_is_a_workload_too_in_flight_where_it_never_finished(
     done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(broken)], capture_output=True,
                           text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2 and f"{broken}:2: not a request log record" in done.stderr
+
+
+def test_a_converted_trace_with_ignore_eos_and_in_flight_loads_again(monkeypatch, tmp_path: Path) -> None:
+    from radixtop.incident.trace import dump_trace, load_trace, save_trace
+
+    trace = dump_trace_of(read_dump(sample(monkeypatch, tmp_path)))
+    save_trace(trace, tmp_path / "t.json")
+    again = load_trace(tmp_path / "t.json")
+    assert again == trace and again.request("rid-4").ignore_eos and again.request("rid-4").in_flight
+    assert dump_trace(again)["prefix_unit"] == "tokens"

@@ -154,7 +154,7 @@ def _field(source: str, where: str, obj: Mapping[str, Any], key: str, kinds: tup
     if key not in obj:
         raise TraceError(f"{source}: {where}{key} is missing")
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):  # True is an int to Python
         names = " or ".join("number" if k is float else k.__name__ for k in kinds)
         raise TraceError(f"{source}: {where}{key} must be {names}, got {value!r}")
     return value

@@ -175,6 +175,15 @@ def _replay_arguments(replay: argparse.ArgumentParser) -> None:
         help="rescale the trace's shared prefixes to this page size (auto: the server's)",
     )  # fmt: skip
     replay.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (same seed, same prompts)")
+    replay.add_argument(
+        "--max-in-flight", type=at_least(0), default=0, metavar="K",
+        help="at most K calls out at once: a call due while K are out waits for an answer (lower pressure, "
+             "the server's flags untouched; default 0: no cap)",
+    )
+    replay.add_argument(
+        "--namespace-per-request", action="store_true",
+        help="give every call a cache namespace of its own (SGLang's extra_key): the same pressure, no prefix reuse",
+    )  # fmt: skip
     _add_vocab_option(replay)
     _add_readonly_option(replay)
 

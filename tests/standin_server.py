@@ -9,9 +9,11 @@ a JSON file with --secrets). ``slow``: every answer is sent one byte every --dri
 ``--list-instrument URL`` (repeatable): /server_info's radixtop_instrument list.
 ``generate``: POST /generate answers as SGLang does (the text names the prompt: the first 12 hex
 digits of the SHA-1 of its input_ids as JSON), each request is recorded as a JSON line in
---record FILE (its headers, that prompt name, the client's port), the first --drop N requests are read and their connection closed with no answer (a server
+--record FILE (its headers, that prompt name, its extra_key, the client's port), the first --drop N requests are read and their connection closed with no answer (a server
 closing a keep-alive connection as a call arrives), and --close-after-answer closes every
-connection after its answer without saying so. --tls CERT KEY serves HTTPS.
+connection after its answer without saying so, and --answer-after S holds each answer S seconds
+(the record's ``in_flight``: generate requests being served as this one arrived, itself included).
+--tls CERT KEY serves HTTPS.
 Arguments it does not know are ignored, so a test can put secrets in its argv.
 """
 
@@ -39,11 +41,13 @@ def main() -> None:
     parser.add_argument("--record", default=None)
     parser.add_argument("--drop", type=int, default=0)
     parser.add_argument("--close-after-answer", action="store_true")
+    parser.add_argument("--answer-after", type=float, default=0.0)
     parser.add_argument("--tls", nargs=2, default=None, metavar=("CERT", "KEY"))
     args, _ = parser.parse_known_args()
     secrets = json.load(open(args.secrets)) if args.secrets else {}
     lock = threading.Lock()
     seen = [0]  # generate requests so far
+    serving = [0]  # generate requests being served now
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -83,19 +87,28 @@ def main() -> None:
             return self._send(404, b"not found")
 
         def _generate(self, body: bytes) -> None:
-            prompt = hashlib.sha1(json.dumps(json.loads(body).get("input_ids")).encode()).hexdigest()[:12]
+            doc = json.loads(body)
+            prompt = hashlib.sha1(json.dumps(doc.get("input_ids")).encode()).hexdigest()[:12]
             with lock:
                 seen[0] += 1
+                serving[0] += 1
                 dropped = seen[0] <= args.drop
                 if args.record:
                     with open(args.record, "a") as fh:
                         fh.write(json.dumps({"headers": dict(self.headers.items()), "prompt": prompt, "dropped": dropped,
-                                             "port": self.client_address[1]}) + "\n")  # fmt: skip
-            if dropped:
-                self.close_connection = True
-                return
-            answer = {"text": f"answer to {prompt}", "output_ids": [1, 2], "meta_info": {"cached_tokens": 0}}
-            self._send(200, json.dumps(answer).encode())
+                                             "port": self.client_address[1], "in_flight": serving[0],
+                                             "extra_key": doc.get("extra_key"),
+                                             "at": time.time()}) + "\n")  # fmt: skip
+            try:
+                if dropped:
+                    self.close_connection = True
+                    return
+                time.sleep(args.answer_after)
+                answer = {"text": f"answer to {prompt}", "output_ids": [1, 2], "meta_info": {"cached_tokens": 0}}
+                self._send(200, json.dumps(answer).encode())
+            finally:
+                with lock:
+                    serving[0] -= 1
             if args.close_after_answer:
                 self.close_connection = True
 

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from incident_helpers import radixtop, start_sim
+from incident_helpers import HEALTHY_FLAGS, radixtop, start_sim
 
 from radixtop.incident.divergence import compare_runs, format_report
-from radixtop.incident.replay import Outcome, ReplayRun, ReplaySeries
+from radixtop.incident.replay import Outcome, ReplayRun, ReplaySeries, UsageSampler
 from radixtop.incident.trace import Trace, TraceRequest, builtin_trace
 
 BLOCK_BOUNDARY = ("--page-size", "64", "--max-total-tokens", "65536", "--fault", "block-boundary:7",
@@ -60,6 +60,126 @@ def test_replay_text_report_follows_the_seed_and_says_when_it_does_not_flush(blo
     assert "NOT flushed between runs" in done.stderr
     assert "[STABLE —" in done.stdout and "Dispatch jitter: p50" in done.stdout and "RESULT:" in done.stdout
     assert "    run 1: p50" in done.stdout and "    run 2: p50" in done.stdout  # the jitter of each run
+
+
+@pytest.fixture(scope="module")
+def healthy_sim(tmp_path_factory: pytest.TempPathFactory):
+    sim = start_sim(tmp_path_factory.mktemp("healthy"), *HEALTHY_FLAGS)
+    yield sim
+    sim.stop()
+
+
+def _replay_json(sim, trace: Trace, tmp_path: Path, *flags: str) -> dict:
+    from radixtop.incident.trace import save_trace
+
+    path = tmp_path / f"{trace.name}.json"
+    save_trace(trace, path)
+    done = radixtop("replay", str(path), "--url", sim.url, "--runs", "1", "--json", *flags, timeout_s=180)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_namespace_per_request_gives_no_call_another_calls_pages(healthy_sim, tmp_path: Path) -> None:
+    """Copies and requests sharing a two-page prefix, spaced so that each finds the prefix cached:
+    a plain replay reuses it; with --namespace-per-request every call has an extra_key of its own,
+    nothing is reused, and the account expects exactly that."""
+    trace = Trace("shared", 16, tuple(
+        TraceRequest(f"s{i}", offset_ms=i * 60.0, prompt_len=64, prefix_len=32, group="sys", max_tokens=4, n=2)
+        for i in range(4)
+    ))  # fmt: skip
+    plain = _replay_json(healthy_sim, trace, tmp_path)
+    assert plain["namespace_per_request"] is False and plain["max_in_flight"] is None
+    assert plain["failed_calls"] == 0 and plain["cached_tokens"]["cached_tokens"] > 0, plain["cached_tokens"]
+    apart = _replay_json(healthy_sim, trace, tmp_path, "--namespace-per-request")
+    assert apart["namespace_per_request"] is True
+    cache = apart["cached_tokens"]
+    assert apart["failed_calls"] == 0 and len(cache["calls"]) == 8
+    assert cache["cached_tokens"] == 0 and cache["expected_cached_tokens"] == 0, cache
+    assert set(cache["missed"]) == {"first-of-group", "namespace"}, cache["missed"]  # the first call shares nothing
+    assert all(c["reason"] == "namespace" for c in cache["calls"] if c["shared_with_earlier"]), cache["calls"]
+
+
+def test_a_lower_max_in_flight_gives_a_lower_peak_token_usage(healthy_sim, tmp_path: Path) -> None:
+    """The pressure workload sized to the simulator's pool: sent as it comes, the server's token
+    usage nears the whole pool; two calls in flight at most keep it well below, on the same server."""
+    from radixtop.incident.workloads import pressure_trace
+
+    trace = pressure_trace(4096, 8, page_size=16, bursts=1)
+    free = _replay_json(healthy_sim, trace, tmp_path)
+    capped = _replay_json(healthy_sim, trace, tmp_path, "--max-in-flight", "2")  # after it: the gauge starts high
+    assert free["failed_calls"] == 0 and capped["failed_calls"] == 0
+    assert capped["max_in_flight"] == 2
+    (free_run,), (capped_run,) = free["per_run"], capped["per_run"]
+    assert free_run["token_usage_samples"] >= 1 and capped_run["token_usage_samples"] >= 1, (free_run, capped_run)
+    assert free_run["peak_token_usage"] > 0.7, free_run  # 16 calls of 768 tokens on a 4,096-token pool
+    assert capped_run["peak_token_usage"] <= 0.4, (free_run, capped_run)  # two calls: at most 2 x 768 / 4,096
+    assert free_run["held_by_cap_ms"]["calls"] == 0 and capped_run["held_by_cap_ms"]["calls"] == 14, capped_run
+    # The cap's wait is not dispatch jitter.
+    assert capped["dispatch_jitter_ms"]["max"] < capped_run["held_by_cap_ms"]["max"], capped
+
+
+def test_the_text_report_says_the_cap_the_namespaces_and_the_peak_usage(healthy_sim, tmp_path: Path) -> None:
+    from radixtop.incident.trace import save_trace
+
+    trace = Trace("burst", 16, tuple(TraceRequest(f"b{i}", 0.0, 48, 16, "sys", 64) for i in range(4)))
+    path = tmp_path / "burst.json"
+    save_trace(trace, path)
+    done = radixtop("replay", str(path), "--url", healthy_sim.url, "--runs", "1", "--max-in-flight", "1",
+                    "--namespace-per-request")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Max in flight: 1 calls" in done.stdout and "    run 1: 3 of 4 calls held" in done.stdout, done.stdout
+    assert "Cache namespace: one per call" in done.stdout and "Peak token usage (sglang:token_usage" in done.stdout
+    assert "--max-in-flight 1" in done.stderr and "--namespace-per-request" in done.stderr
+
+
+def _sample(answers) -> tuple[UsageSampler, ReplayRun, list[float]]:
+    """A sampler against /metrics answered by ``answers(n)`` for the n-th read (1-based), over a
+    run whose one call was answered 0.75 s in, finished at 1.2 s."""
+    import asyncio
+    import time
+
+    import httpx
+
+    reads: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/metrics", request.url  # nothing else is asked
+        reads.append(time.time())
+        return answers(len(reads))
+
+    async def go() -> tuple[UsageSampler, ReplayRun]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            sampler = UsageSampler(client, "http://127.0.0.1:9")
+            began = time.time()
+            task = asyncio.create_task(sampler.run())
+            await asyncio.sleep(1.2)
+            run = ReplayRun((Outcome("a", 0, "x", (), 0, None, 0.0, began, began + 0.75),), 1.2)
+            return sampler, await sampler.finish(task, run)
+
+    sampler, run = asyncio.run(go())
+    return sampler, run, reads
+
+
+def test_token_usage_is_read_every_half_second_and_counts_after_the_runs_first_answer() -> None:
+    # SGLang's /metrics has no token_usage sample before its first batch: the reads go on.
+    sampler, run, reads = _sample(lambda n: httpx_response("sglang:num_running_reqs 0\n" if n == 1 else
+                                                            f"sglang:token_usage 0.{n}\n"))  # fmt: skip
+    assert len(reads) == 4 and all(b - a >= 0.5 - 0.01 for a, b in zip(reads, reads[1:], strict=False)), reads
+    assert sampler.missing is None
+    # The reads at 1.0 s and 1.5 s (the last, after finish) count; the one at 0.5 s came before the answer.
+    assert run.peak_token_usage == 0.4 and run.usage_samples == 2, run
+
+
+def test_a_server_without_metrics_is_asked_once() -> None:
+    sampler, run, reads = _sample(lambda n: httpx_response("not found", 404))
+    assert len(reads) == 1 and "HTTP 404" in (sampler.missing or "") and "--enable-metrics" in sampler.missing
+    assert run.peak_token_usage is None and run.usage_samples == 0
+
+
+def httpx_response(text: str, status: int = 200):
+    import httpx
+
+    return httpx.Response(status, text=text)
 
 
 def test_replay_refuses_bad_input_in_one_line(tmp_path: Path) -> None:

@@ -275,6 +275,116 @@ def test_lateness_is_stamped_after_the_bytes_are_written(sim) -> None:
     assert all(r["late_ms"] >= 0 for r in calls.values())
 
 
+# -- the client-side cap (max_in_flight) -----------------------------------------------------------
+
+
+def burst_trace(calls: int) -> Trace:
+    """Calls all due at once."""
+    return Trace("burst", 16, tuple(TraceRequest(f"b{i}", 0.0, 40, 16, "g", 3) for i in range(calls)))
+
+
+def held_server(tmp_path: Path, hold_s: float):
+    """The stand-in server answering each generate call after hold_s, recording each arrival."""
+    record = tmp_path / "seen.jsonl"
+    return start_standin(tmp_path / "srv", "--mode", "generate", "--record", str(record), "--answer-after",
+                         str(hold_s)), record  # fmt: skip
+
+
+def test_at_most_k_calls_are_in_flight_and_a_held_call_goes_when_one_is_answered(tmp_path: Path) -> None:
+    server, record = held_server(tmp_path, 0.3)
+    planned = plan_requests(burst_trace(6))
+    try:
+        run = asyncio.run(replay(server.url, planned, max_in_flight=2))
+    finally:
+        server.stop()
+    assert run.errors == 0, [o.error for o in run.outcomes if o.error]
+    assert [o.text for o in run.outcomes] == [f"answer to {prompt_name(p)}" for p in planned]
+    seen = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(seen) == 6 and max(s["in_flight"] for s in seen) == 2, seen  # the server never served more than 2
+    # By answer timing too: the k-th call written (k >= 2) went after the (k-1)-th answer of the run.
+    sent = sorted(o.sent_at for o in run.outcomes)
+    answered = sorted(o.answered_at for o in run.outcomes)
+    for k in range(2, 6):
+        assert sent[k] >= answered[k - 2], (k, sent, answered)
+    held = [o.held_ms for o in run.outcomes]
+    assert held[:2] == [0.0, 0.0] and all(h > 0 for h in held[2:]), held
+    assert 250 < held[2] < 1000 and 550 < held[4] < 2000, held  # one answer's wait, then two
+    # The wait is the cap's, not the dispatcher's: lateness counts only the write after the answer.
+    assert all(o.lateness_ms < 100 for o in run.outcomes), [o.lateness_ms for o in run.outcomes]
+    for o in run.outcomes:  # held and late together: how long after its due time the call was written
+        assert o.sent_at - run.started_at == pytest.approx((o.held_ms + o.lateness_ms) / 1000.0, abs=0.005)
+
+
+def test_without_a_cap_every_due_call_goes_at_once(tmp_path: Path) -> None:
+    server, record = held_server(tmp_path, 0.3)
+    planned = plan_requests(burst_trace(6))
+    try:
+        run = asyncio.run(replay(server.url, planned, max_in_flight=None))
+    finally:
+        server.stop()
+    assert run.errors == 0, [o.error for o in run.outcomes if o.error]
+    seen = [json.loads(line) for line in record.read_text().splitlines()]
+    assert max(s["in_flight"] for s in seen) == 6, seen  # the measure above would see more than 2
+    assert all(o.held_ms == 0.0 for o in run.outcomes)
+    assert max(o.sent_at for o in run.outcomes) < min(o.answered_at for o in run.outcomes)
+
+
+def test_a_capped_dispatcher_waits_for_answers_without_spinning(tmp_path: Path) -> None:
+    server, _ = held_server(tmp_path, 0.4)
+    planned = plan_requests(burst_trace(6))
+
+    async def plan_doc() -> dict:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return dispatch_plan(client, server.url, planned, 0.0, max_in_flight=2)
+
+    doc = asyncio.run(plan_doc())
+    assert doc["max_in_flight"] == 2
+    results: list[dict] = []
+    try:
+        wall, cpu = time.monotonic(), time.process_time()
+        Dispatcher(Plan.from_json(doc), results.append).run()
+        wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    finally:
+        server.stop()
+    calls = {r["i"]: r for r in results if "i" in r}
+    assert sorted(calls) == list(range(6)) and all(r["status"] == 200 for r in calls.values())
+    assert wall >= 3 * 0.4  # three waves of two
+    assert cpu < 0.25 * wall, (cpu, wall)  # waiting on the selector, not spinning
+
+
+def test_a_namespace_per_request_is_one_extra_key_per_call_and_run_keeping_the_requests_own(tmp_path: Path) -> None:
+    server, record = held_server(tmp_path, 0.0)
+    trace = Trace("keys", 16, (TraceRequest("a", 0.0, 40, 16, "g", 3, n=2), TraceRequest("b", 5.0, 40, 16, "g", 3),
+                               TraceRequest("c", 10.0, 40, 16, "g", 3, extra_key="tenant-1")))  # fmt: skip
+    planned = plan_requests(trace)
+    try:
+        series = asyncio.run(replay_series(server.url, planned, 2, flush=False, namespace_per_request=True))
+        plain = asyncio.run(replay_series(server.url, planned, 1, flush=False))
+    finally:
+        server.stop()
+    assert series.namespace_per_request and not plain.namespace_per_request
+    assert all(run.errors == 0 for run in (*series.runs, *plain.runs))
+    keys = [json.loads(line)["extra_key"] for line in record.read_text().splitlines()]
+    spread, sent_plain = keys[:8], keys[8:]
+    assert len(set(spread)) == 8, spread  # every call of every run its own namespace
+    assert sent_plain == [None, None, None, "tenant-1"]  # without the setting: the trace's own keys
+    assert sum(k.startswith("tenant-1-radixtop-") for k in spread) == 2, spread  # c's own key in front
+    assert all(k.startswith(("radixtop-", "tenant-1-radixtop-")) for k in spread)
+    assert {k.rsplit("-", 2)[1] for k in spread} == {"a", "b", "c"}  # ...-{request id}-{copy}
+
+
+def test_a_plans_cap_is_a_whole_number_and_zero_or_none_is_no_cap() -> None:
+    base = {"host": "127.0.0.1", "port": 9, "tls": False, "authority": "127.0.0.1:9", "path": "/generate",
+            "headers": [], "deadline_s": 1, "connect_timeout_s": 1, "calls": [{"offset_s": 0, "body": "{}"}]}  # fmt: skip
+    assert Plan.from_json(base).max_in_flight is None
+    assert Plan.from_json({**base, "max_in_flight": 0}).max_in_flight is None
+    assert Plan.from_json({**base, "max_in_flight": None}).max_in_flight is None
+    assert Plan.from_json({**base, "max_in_flight": 3}).max_in_flight == 3
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="max_in_flight"):
+            Plan.from_json({**base, "max_in_flight": bad})
+
+
 # -- the wire format ---------------------------------------------------------------------------------
 
 

@@ -61,3 +61,17 @@ def test_evicted_between_is_inclusive_and_sorted() -> None:
     times = (1.0, 5.0, 9.0)
     assert evicted_between(times, 5.0, 5.0) and evicted_between(times, 2.0, 6.0)
     assert not evicted_between(times, 5.5, 8.9) and not evicted_between((), 0, 10)
+
+
+def test_a_namespace_per_request_expects_no_reuse_and_says_why() -> None:
+    t = trace_of(req("a", 0, 128, n=2), req("b", 10, 200), req("c", 20, 32), req("d", 30, 64, extra_key="lora:a"))
+    plain = by_id(t)
+    apart = {(e.request_id, e.copy): e for e in expectations(t, 64, namespace_per_request=True)}
+    assert list(apart) == list(plain)  # the same calls in the same order
+    assert plain["a", 1].expected == 128 and plain["b", 0].expected == 128
+    for call, exp in apart.items():
+        assert exp.expected == 0 and exp.sharer is None and not exp.with_sharer, call
+        assert exp.shared == plain[call].shared  # what it shares with earlier calls is unchanged: only unreachable
+    assert explain(apart["a", 0], 0) == "first-of-group"
+    assert explain(apart["a", 1], 0) == "namespace" and explain(apart["b", 0], 0) == "namespace"
+    assert explain(apart["c", 0], 0) == "shorter-than-page"  # 32 shared tokens: less than a page either way

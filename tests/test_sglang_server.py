@@ -142,6 +142,51 @@ def test_replay_of_the_seed_trace_sends_only_ids_the_model_has_and_hits_what_the
     assert "IndexError" not in live.text() and live.proc is not None and live.proc.poll() is None
 
 
+def test_replay_rungs_lower_the_peak_token_usage_and_a_namespace_per_request_turns_reuse_off(live: RealServer) -> None:
+    """The rungs of a confirmation run on a server that is already up, its flags untouched: the
+    pressure workload sized to its pool, replayed at --max-in-flight 8, 4 and 2, holds fewer KV
+    tokens rung by rung (sglang:token_usage, read from its /metrics while each run goes); with
+    --namespace-per-request (an extra_key per call) at the lowest rung's pressure, no call is
+    served from another's pages."""
+    from radixtop.incident.trace import save_trace
+    from radixtop.incident.workloads import pressure_trace
+
+    info = httpx.get(f"{live.url}/server_info", timeout=10).json()
+    # One burst of 2 x 8 calls of 128 + 128 tokens: eight in flight hold half the 4,096-token pool.
+    trace = pressure_trace(info["max_total_num_tokens"], info["max_running_requests"], page_size=info["page_size"],
+                           max_input_len=info.get("max_req_input_len"), overflow=0.5, bursts=1)  # fmt: skip
+    work = live.log.parent / "rungs"
+    work.mkdir()
+    path = work / "pressure.json"
+    save_trace(trace, path)
+
+    def rung(*flags: str) -> dict:
+        done = radixtop("replay", str(path), "--url", live.url, "--page-size", "auto", "--runs", "1", "--json", *flags,
+                        cwd=work, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["failed_calls"] == 0, report
+        return report
+
+    peaks = {}
+    for k in (8, 4, 2):  # as the experiment goes: each run starts with the gauge the rung above left
+        report = rung("--max-in-flight", str(k))
+        assert report["max_in_flight"] == k and report["namespace_per_request"] is False, report
+        (run,) = report["per_run"]
+        assert run["token_usage_samples"] >= 1 and run["peak_token_usage"] is not None, run
+        peaks[k] = run["peak_token_usage"]
+    assert peaks[8] > peaks[4] > peaks[2], peaks
+    plain = report["cached_tokens"]  # the lowest rung: four groups share a two-page prefix
+    assert plain["cached_tokens"] > 0, plain
+    report = rung("--max-in-flight", "2", "--namespace-per-request")
+    assert report["namespace_per_request"] is True and report["max_in_flight"] == 2, report
+    cache = report["cached_tokens"]
+    assert cache["page_size"] == 16 and len(cache["calls"]) == len(trace.requests), cache
+    assert cache["cached_tokens"] == 0 and cache["expected_cached_tokens"] == 0, cache
+    assert set(cache["missed"]) <= {"first-of-group", "namespace"} and "namespace" in cache["missed"], cache["missed"]
+    assert "IndexError" not in live.text() and live.proc is not None and live.proc.poll() is None
+
+
 def test_recorded_traffic_replays_with_the_live_reuse_and_analyze_predicts_it(live: RealServer) -> None:
     """Conversations on a shared system prompt, recorded through `radixtop record`: the trace keeps
     the sharing's tree, so a replay on the real server (prompts made up, `--page-size auto`) gets the

@@ -164,7 +164,7 @@ def run_bundle(args: Namespace) -> int:
 
 def run_replay(args: Namespace) -> int:
     from radixtop.incident.divergence import compare_runs, format_report
-    from radixtop.incident.replay import replay_series
+    from radixtop.incident.replay import format_pressure, pressure_json, replay_series
     from radixtop.incident.server import ServerError, auth_headers, base_url
     from radixtop.incident.trace import TraceError, plan_requests, rescale_prefixes
 
@@ -188,6 +188,11 @@ def run_replay(args: Namespace) -> int:
         say("--no-flush: the cache is NOT flushed between runs, so later runs may hit what earlier ones cached")
     else:
         say("the server's cache is flushed (POST /flush_cache) before each run")
+    if args.max_in_flight:
+        say(f"--max-in-flight {args.max_in_flight}: at most {args.max_in_flight} calls out at once; "
+            "a call due while they are out waits for an answer")  # fmt: skip
+    if args.namespace_per_request:
+        say("--namespace-per-request: every call has a cache namespace of its own (extra_key), so none reuses another's pages")
     vocab = _vocabulary(info, args.vocab_size, trace)
     try:
         planned = plan_requests(trace, seed=args.seed, vocab=vocab)
@@ -203,6 +208,8 @@ def run_replay(args: Namespace) -> int:
         series = await replay_series(
             url, planned, args.runs, flush=not args.no_flush, headers=auth_headers(),
             on_event=lambda e: say(e.message) if e.kind != "flush" else None, should_stop=stop.is_set,
+            max_in_flight=args.max_in_flight or None, namespace_per_request=args.namespace_per_request,
+            sample_token_usage=True,
         )  # fmt: skip
         return series, stop.is_set()
 
@@ -211,9 +218,10 @@ def run_replay(args: Namespace) -> int:
     if args.json:
         doc = report.to_json()
         doc["source"] = label
+        doc.update(pressure_json(series))
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        sys.stdout.write(format_report(report, source=label))
+        sys.stdout.write(format_report(report, source=label, extra=format_pressure(series)))
     return ExitStatus.INTERRUPTED if stopped else ExitStatus.OK
 
 

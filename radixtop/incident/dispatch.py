@@ -20,12 +20,20 @@ call, and reads answers, opens connections and reports results only while no cal
   before the first byte of its answer (the server closed it as the call was written) is written
   again once, at once, on a connection opened for it; its lateness is that of the second write.
 - Each call is bounded by the plan's deadline, counted from its first write.
+- A client-side cap (``max_in_flight`` K): a call that comes due while K calls are in flight
+  waits until one of them is answered (or fails), then goes at once, in plan order. While the
+  cap holds the loop waits on the selector for answers (deadlines, commands and housekeeping go
+  on as ever), never spinning. The time a call was held (``held_ms``: while it was due and the
+  cap was full) is reported apart from its lateness, which counts only the rest: the
+  dispatcher's own delay. Without a cap nothing changes.
 
 Protocol. stdin: the plan as one JSON line (see :class:`Plan`), then ``stop`` (dispatch nothing
 more; calls in flight are still read, each to its deadline). End of file means the caller is
 gone: the process leaves at once. stdout, JSON lines: ``{"ready": wall time of offset 0}``, then
-one per dispatched call, ``{"i", "late_ms", "sent", "answered"}`` with ``"status"`` and
-``"body"`` or with ``"error"``, then ``{"end": calls dispatched}`` (or ``{"fatal": why}``).
+one per dispatched call, ``{"i", "late_ms", "held_ms", "sent", "answered"}`` with ``"status"``
+and ``"body"`` or with ``"error"`` (``late_ms + held_ms``: written this long after its due time),
+then ``{"end": calls dispatched}`` (or ``{"fatal": why}``). The plan's ``max_in_flight`` (absent,
+null or 0: no cap) sets the cap.
 
 The standard library and h11 only (through :mod:`radixtop.incident.http1`): it is started for
 every replay run and must start fast.
@@ -34,6 +42,7 @@ every replay run and must start fast.
 from __future__ import annotations
 
 import bisect
+import collections
 import errno
 import json
 import os
@@ -75,6 +84,7 @@ class Plan(NamedTuple):
     connect_timeout_s: float
     offsets: tuple[float, ...]  # seconds from the run's start, non-decreasing
     bodies: tuple[bytes, ...]
+    max_in_flight: int | None = None  # at most this many calls written and not yet answered; None: no cap
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Plan:
@@ -82,10 +92,13 @@ class Plan(NamedTuple):
         offsets = tuple(float(c["offset_s"]) for c in calls)
         if list(offsets) != sorted(offsets):
             raise ValueError("the calls are not in order of their offsets")
+        cap = doc.get("max_in_flight") or None  # 0 and null: no cap
+        if cap is not None and (type(cap) is not int or cap < 1):
+            raise ValueError(f"max_in_flight must be a whole number of calls, got {cap!r}")
         return cls(
             doc["host"], int(doc["port"]), bool(doc["tls"]), doc["authority"], doc["path"],
             tuple((str(n), str(v)) for n, v in doc["headers"]), float(doc["deadline_s"]),
-            float(doc["connect_timeout_s"]), offsets, tuple(c["body"].encode() for c in calls),
+            float(doc["connect_timeout_s"]), offsets, tuple(c["body"].encode() for c in calls), cap,
         )  # fmt: skip
 
 
@@ -102,11 +115,12 @@ class _Conn:
 
 
 class _Flight:
-    __slots__ = ("index", "due", "conn", "out", "started", "retried", "answer", "written")
+    __slots__ = ("index", "due", "held", "conn", "out", "started", "retried", "answer", "written")
 
-    def __init__(self, index: int, due: float, conn: _Conn, out: memoryview, retried: bool) -> None:
+    def __init__(self, index: int, due: float, held: float, conn: _Conn, out: memoryview, retried: bool) -> None:
         self.index = index
         self.due = due
+        self.held = held  # seconds the cap held it after its due time
         self.conn = conn
         self.out = out  # bytes still to write
         self.started = time.monotonic()  # the first write: the deadline counts from here
@@ -151,6 +165,13 @@ class Dispatcher:
         self.stopping = False
         self.abandoned = False
         self._serviced = 0.0  # when the loop last looked at its connections and commands
+        self._housekept = 0.0  # ... and last kept house
+        self._cap = plan.max_in_flight or None
+        # The cap's holds: spans during which the next call was due and the cap was full (closed
+        # ones, oldest first, those that ended before the next call's due time dropped), and the
+        # start of the open one. A call's held time is its overlap with them after its due time.
+        self._holds: collections.deque[tuple[float, float]] = collections.deque()
+        self._holding: float | None = None
         self.mono0 = 0.0
         self.wall0 = 0.0
 
@@ -184,13 +205,18 @@ class Dispatcher:
             now = time.monotonic()
             self._resend()
             while self.dispatched < len(offsets) and not self.stopping and self.mono0 + offsets[self.dispatched] <= now:
+                if self._capped(now):
+                    break
                 index = self.dispatched
                 self.dispatched += 1
-                self._start(index, self.mono0 + offsets[index], self._take(), retried=False)
+                at = self.mono0 + offsets[index]
+                self._start(index, at, self._held(at, now), self._take(), retried=False)
                 now = time.monotonic()
             if (self.stopping or self.dispatched == len(offsets)) and not self._flights and not self._retries:
                 return
-            due = self.mono0 + offsets[self.dispatched] if self.dispatched < len(offsets) and not self.stopping else None
+            # Held by the cap, nothing can go before an answer: the loop waits on the selector.
+            waiting = self.dispatched < len(offsets) and not self.stopping and self._holding is None
+            due = self.mono0 + offsets[self.dispatched] if waiting else None
             near = due is not None and due - now <= QUIET_S
             if due is not None and near and now - self._serviced < MAX_DEFER_S:
                 time.sleep(max(0.0, due - now))  # the last stretch: nothing but the write after it
@@ -200,12 +226,18 @@ class Dispatcher:
             timeout = 0.0 if near else TICK_S if due is None else min(TICK_S, due - now - QUIET_S)
             if self._flights:
                 timeout = min(timeout, max(0.0, min(f.started for f in self._flights) + self.plan.deadline_s - now))
+            holding = self._holding is not None
             for key, mask in self._sel.select(timeout):
                 if not near and due is not None and due - time.monotonic() <= QUIET_S:
                     break  # the rest stays ready for the next turn
                 self._ready(key, mask)
+                if holding and self._holding is None:
+                    break  # an answer freed a place: the held call goes first, the rest stays ready
             now = self._serviced = time.monotonic()
+            if holding and self._holding is None and now - self._housekept < MAX_DEFER_S:
+                continue  # housekeeping after the held call (but not put off for longer)
             if near or due is None or due - now > QUIET_S:
+                self._housekept = now
                 self._housekeep(now, due)
 
     def _ready(self, key: selectors.SelectorKey, mask: int) -> None:
@@ -259,21 +291,52 @@ class Dispatcher:
             self._begin_connect()
 
     def _need(self, at: float) -> int:
-        """Connections to hold for the calls due from ``at`` (seconds from offset 0) to LOOKAHEAD_S later."""
+        """Connections to hold for the calls due from ``at`` (seconds from offset 0) to LOOKAHEAD_S
+        later; under a cap, for as many of them as it lets go."""
         start = self.dispatched
         due = bisect.bisect_right(self.plan.offsets, at + LOOKAHEAD_S, lo=start) - start
+        if due and self._cap is not None:
+            return min(MAX_AHEAD, max(0, min(due, self._cap - self._in_flight())) + SPARE_CONNECTIONS)
         return min(MAX_AHEAD, due + SPARE_CONNECTIONS) if due else 0
+
+    # -- the cap ----------------------------------------------------------------------------
+
+    def _in_flight(self) -> int:
+        """Calls written and not yet answered, those waiting to be written again included."""
+        return len(self._flights) + len(self._retries)
+
+    def _capped(self, now: float) -> bool:
+        """Whether the next call, due now, must wait for an answer; a hold starts here."""
+        if self._cap is None or self._in_flight() < self._cap:
+            self._unhold(now)
+            return False
+        if self._holding is None:
+            self._holding = now
+        return True
+
+    def _unhold(self, now: float) -> None:
+        """A place is free: the open hold, if any, ends now."""
+        if self._holding is not None and self._cap is not None and self._in_flight() < self._cap:
+            self._holds.append((self._holding, now))
+            self._holding = None
+
+    def _held(self, due: float, now: float) -> float:
+        """Seconds the cap held a call due at ``due`` and going now (no hold is open)."""
+        holds = self._holds
+        while holds and holds[0][1] <= due:  # ended before this call (and every later one) was due
+            holds.popleft()
+        return sum(max(0.0, min(end, now) - max(start, due)) for start, end in holds)
 
     # -- calls ------------------------------------------------------------------------------
 
-    def _start(self, index: int, due: float, conn: _Conn | None, *, retried: bool) -> None:
+    def _start(self, index: int, due: float, held: float, conn: _Conn | None, *, retried: bool) -> None:
         """Write a call now, on ``conn`` or, without one, on a connection opened for it."""
         if conn is None:
-            conn = self._open_now(index, due)
+            conn = self._open_now(index, due, held)
             if conn is None:
                 return
         conn.state = "busy"
-        flight = _Flight(index, due, conn, memoryview(self._calls[index].bytes_on(conn.http)), retried)
+        flight = _Flight(index, due, held, conn, memoryview(self._calls[index].bytes_on(conn.http)), retried)
         conn.flight = flight
         self._flights.add(flight)
         self._push(flight)
@@ -330,10 +393,11 @@ class Dispatcher:
             if self.stopping:
                 self._report(flight, time.monotonic(), "the connection closed before an answer; not sent again: stopped")
             else:
-                self._start(flight.index, flight.due, None, retried=True)
+                self._start(flight.index, flight.due, flight.held, None, retried=True)
 
     def _finish(self, flight: _Flight, *, error: str | None = None) -> None:
         self._flights.discard(flight)
+        self._unhold(time.monotonic())  # the held call's wait ends with this answer
         conn = flight.conn
         conn.flight = None
         if error is None and flight.answer.keep_alive and not self.stopping:
@@ -347,8 +411,8 @@ class Dispatcher:
         self._report(flight, flight.written, error)
 
     def _report(self, flight: _Flight, written: float, error: str | None) -> None:
-        doc: dict[str, Any] = {"i": flight.index, "late_ms": max(0.0, (written - flight.due) * 1000.0), "sent": self._wall(written),
-               "answered": self._wall(time.monotonic())}  # fmt: skip
+        doc: dict[str, Any] = {"i": flight.index, "late_ms": _late_ms(written, flight.due, flight.held),
+               "held_ms": flight.held * 1000.0, "sent": self._wall(written), "answered": self._wall(time.monotonic())}  # fmt: skip
         if error is None:
             doc["status"] = flight.answer.status
             doc["body"] = flight.answer.body.decode("utf-8", "replace")
@@ -356,9 +420,9 @@ class Dispatcher:
             doc["error"] = error
         self._emit(doc)
 
-    def _report_unsent(self, index: int, due: float, error: str) -> None:
+    def _report_unsent(self, index: int, due: float, held: float, error: str) -> None:
         now = time.monotonic()
-        self._emit({"i": index, "late_ms": max(0.0, (now - due) * 1000.0), "sent": self._wall(now),
+        self._emit({"i": index, "late_ms": _late_ms(now, due, held), "held_ms": held * 1000.0, "sent": self._wall(now),
                     "answered": self._wall(now), "error": error})  # fmt: skip
 
     def _wall(self, mono: float) -> float:
@@ -409,13 +473,13 @@ class Dispatcher:
         self._sel.register(sock, selectors.EVENT_READ, conn)
         return conn
 
-    def _open_now(self, index: int, due: float) -> _Conn | None:
+    def _open_now(self, index: int, due: float, held: float) -> _Conn | None:
         """A connection for a call that found the pool empty (its lateness shows the wait). While
         the server refuses, the call fails at once: a server that is gone must not hold the run."""
         conn = self._open_blocking() if self._refused is None else None
         if conn is not None:
             return conn
-        self._report_unsent(index, due, self._refused or "no connection")
+        self._report_unsent(index, due, held, self._refused or "no connection")
         return None
 
     def _begin_connect(self) -> None:
@@ -490,6 +554,11 @@ class Dispatcher:
             conn.sock.close()
         except OSError:
             pass
+
+
+def _late_ms(written: float, due: float, held: float) -> float:
+    """A call's lateness: from its due time to its last byte out, less the time the cap held it."""
+    return max(0.0, (written - due - held) * 1000.0)
 
 
 def _why(code: int) -> str:

@@ -139,7 +139,7 @@ def cache_account(series: ReplaySeries, trace: Trace) -> CacheAccount:
     server_page = setting.page_size if setting is not None else None
     known = server_page is not None
     page_size = server_page if server_page is not None else trace.page_size_hint
-    exps = expectations(trace, page_size)
+    exps = expectations(trace, page_size, namespace_per_request=series.namespace_per_request)
     by_call = {e.call: e for e in exps}
     runs: list[dict[Call, Answer]] = []
     for run in series.runs:
@@ -317,7 +317,8 @@ def _format_jitter(j: dict[str, float]) -> str:
     return f"p50 {j['p50']:.2f} ms, p99 {j['p99']:.2f} ms, max {j['max']:.2f} ms over {int(j['calls'])} calls"
 
 
-def format_report(report: DivergenceReport, *, source: str = "") -> str:
+def format_report(report: DivergenceReport, *, source: str = "", extra: Sequence[str] = ()) -> str:
+    """The report as text; ``extra``: lines of the caller's, after the dispatch jitter."""
     bar = "=" * 60
     total = len(report.requests)
     diverged = [r for r in report.requests if r.diverged]
@@ -360,6 +361,7 @@ def format_report(report: DivergenceReport, *, source: str = "") -> str:
     out += ["", f"  Dispatch jitter: {_format_jitter(report.jitter)} (written this late against the trace's offsets)"]
     if len(report.jitter_runs) > 1:
         out += [f"    run {i}: {_format_jitter(j)}" for i, j in enumerate(report.jitter_runs, 1)]
+    out += extra
     for note in report.notes:
         out.append(f"  note: {note}")
     if report.stopped_early:

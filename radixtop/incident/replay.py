@@ -7,6 +7,14 @@ say how faithfully the timing was reproduced (the seed's divergence depends on a
 
 This module is the shared core: ``radixtop demo`` loops it to drive the simulator, and the replay
 and confirmation commands run it N times and compare outputs.
+
+Two settings change the pressure a replay puts on a server that is already up, without touching
+its flags: ``max_in_flight`` (at most K calls written and not yet answered: a call that comes due
+while K are out waits for an answer, so the server runs fewer requests and holds fewer KV tokens;
+the time it waited is ``held_ms``, apart from its dispatch lateness) and a cache namespace per
+call (``namespace_per_request``: every call carries its own SGLang ``extra_key``, so none can
+reuse another's cached pages: the same pressure without prefix reuse). A series can also sample
+the server's ``sglang:token_usage`` from /metrics while each run goes (``peak_token_usage``).
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +36,17 @@ import httpx
 from radixtop.incident.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
 from radixtop.incident.trace import PlannedRequest
 
-__all__ = ["Outcome", "ReplayRun", "dispatch_plan", "generate_payload", "replay_once"]
+__all__ = [
+    "Outcome",
+    "ReplayRun",
+    "UsageSampler",
+    "call_namespace",
+    "dispatch_plan",
+    "format_pressure",
+    "generate_payload",
+    "pressure_json",
+    "replay_once",
+]
 
 DEFAULT_CALL_DEADLINE_S = 120.0  # a whole generate call, when the client sets no read timeout
 DEFAULT_CONNECT_S = 5.0
@@ -54,6 +74,7 @@ class Outcome:
     lateness_ms: float  # written to the socket this long after its offset (dispatch jitter)
     sent_at: float = 0.0  # wall clock, to place the server's eviction events
     answered_at: float = 0.0
+    held_ms: float = 0.0  # due, but held back this long by the client-side cap (max_in_flight)
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,10 @@ class ReplayRun:
     duration_s: float
     eviction_times: tuple[float, ...] | None = None  # the server's evictions (wall clock); None: unseen
     started_at: float = 0.0  # wall clock of offset 0: a call was due at started_at + its offset
+    # The highest sglang:token_usage /metrics gave while the run went (None: not sampled, or no
+    # sample the run's own batches had set), and how many samples that is of.
+    peak_token_usage: float | None = None
+    usage_samples: int = 0
 
     @property
     def errors(self) -> int:
@@ -77,7 +102,15 @@ def _error_text(status: int, body: str) -> str:
     return f"HTTP {status}: {message or body[:200]}"
 
 
-def generate_payload(planned: PlannedRequest, temperature: float) -> dict[str, Any]:
+def call_namespace(planned: PlannedRequest, namespace: str) -> str:
+    """The ``extra_key`` of one call (one copy of a request) in a run tagged ``namespace``: its own,
+    shared with no other call; the request's own ``extra_key`` stays in front."""
+    key = f"radixtop-{namespace}-{planned.request_id}-{planned.copy}"
+    return key if planned.extra_key is None else f"{planned.extra_key}-{key}"
+
+
+def generate_payload(planned: PlannedRequest, temperature: float, namespace: str | None = None) -> dict[str, Any]:
+    """The /generate body of a call; with ``namespace`` (a run's tag), in a cache namespace of its own."""
     payload: dict[str, Any] = {"sampling_params": {"max_new_tokens": planned.max_tokens, "temperature": temperature}}
     if planned.ignore_eos:
         payload["sampling_params"]["ignore_eos"] = True
@@ -85,17 +118,19 @@ def generate_payload(planned: PlannedRequest, temperature: float) -> dict[str, A
         payload["text"] = planned.text
     else:
         payload["input_ids"] = planned.input_ids
-    if planned.extra_key is not None:
-        payload["extra_key"] = planned.extra_key
+    extra_key = planned.extra_key if namespace is None else call_namespace(planned, namespace)
+    if extra_key is not None:
+        payload["extra_key"] = extra_key
     return payload
 
 
 def _outcome(planned: PlannedRequest, result: dict[str, Any]) -> Outcome:
     """One of the dispatcher's results as an Outcome."""
     late, sent, answered = float(result["late_ms"]), float(result["sent"]), float(result["answered"])
+    held = float(result.get("held_ms") or 0.0)
 
     def failed(why: str) -> Outcome:
-        return Outcome(planned.request_id, planned.copy, None, (), None, why, late, sent, answered)
+        return Outcome(planned.request_id, planned.copy, None, (), None, why, late, sent, answered, held)
 
     if "error" in result:
         return failed(str(result["error"]))
@@ -118,13 +153,16 @@ def _outcome(planned: PlannedRequest, result: dict[str, Any]) -> Outcome:
             late,
             sent,
             answered,
+            held,
         )
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         return failed(f"malformed answer: {exc}")
 
 
-def dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRequest], temperature: float) -> dict[str, Any]:
-    """What the dispatcher process is told: where, with which headers, and each call's body."""
+def dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRequest], temperature: float, *,
+                  max_in_flight: int | None = None, namespace: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """What the dispatcher process is told: where, with which headers, each call's body (each in a
+    cache namespace of its own under ``namespace``), and at most how many calls in flight."""
     parts = urlsplit(url)
     # The client's own headers (auth above all) go with every call, less those the dispatcher
     # writes itself and Accept-Encoding (it reads answers as they come, uncompressed).
@@ -136,7 +174,8 @@ def dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRe
         # forever. The same number of seconds is the whole call's deadline.
         "deadline_s": client.timeout.read or DEFAULT_CALL_DEADLINE_S,
         "connect_timeout_s": client.timeout.connect or DEFAULT_CONNECT_S,
-        "calls": [{"offset_s": p.offset_s, "body": json.dumps(generate_payload(p, temperature))} for p in order],
+        "calls": [{"offset_s": p.offset_s, "body": json.dumps(generate_payload(p, temperature, namespace))} for p in order],
+        "max_in_flight": max_in_flight or None,
     }  # fmt: skip
 
 
@@ -147,21 +186,27 @@ async def replay_once(
     *,
     temperature: float = 0.0,
     should_stop: Callable[[], bool] = lambda: False,
+    max_in_flight: int | None = None,
+    namespace: str | None = None,
 ) -> ReplayRun:
     """Send every planned call at its offset; wait for all answers; return them in plan order.
 
     ``url`` is the server's base (``http://127.0.0.1:30000``). The calls go out from a dispatcher
     process (:mod:`radixtop.incident.dispatch`), so the caller's loop, busy or not, never delays
     them; ``client`` gives the headers and timeouts. Calls that fail become outcomes with an error,
-    never exceptions, so one dead server still yields a complete, reportable run.
+    never exceptions, so one dead server still yields a complete, reportable run. With
+    ``max_in_flight`` at most that many calls are out at once (a due call waits for an answer);
+    with ``namespace`` (a tag unique to the run) every call has a cache namespace of its own.
     """
     url = url.rstrip("/")
     began = time.monotonic()
     order = sorted(planned, key=lambda p: p.offset_s)
     if not order or should_stop():
         return ReplayRun((), time.monotonic() - began)
-    plan = dispatch_plan(client, url, order, temperature)
-    limit_s = order[-1].offset_s + plan["deadline_s"] + plan["connect_timeout_s"] + DISPATCHER_GRACE_S
+    plan = dispatch_plan(client, url, order, temperature, max_in_flight=max_in_flight, namespace=namespace)
+    # Under a cap the calls go in waves of K, each within a call's connect timeout and deadline.
+    waves = math.ceil(len(order) / max_in_flight) if max_in_flight else 1
+    limit_s = order[-1].offset_s + waves * (plan["deadline_s"] + plan["connect_timeout_s"]) + DISPATCHER_GRACE_S
     results, started_at, why = await _run_dispatcher(plan, should_stop, limit_s)
     if why is not None:  # the dispatcher failed: every call it did not report failed with it
         now = time.time()
@@ -275,8 +320,12 @@ class ReplaySeries:
     notes: tuple[str, ...] = ()
     stopped_early: str | None = None  # why fewer runs than requested were made
     cache: CacheSetting | None = None  # the server's page size, cache switch and instrument
+    max_in_flight: int | None = None  # the client-side cap the runs were sent under; None: none
+    namespace_per_request: bool = False  # every call in a cache namespace of its own
 
 
+USAGE_EVERY_S = 0.5  # /metrics is read at most this often while a run goes
+USAGE_DEADLINE_S = 2.0  # one read of /metrics, whole
 FLUSH_ATTEMPTS = 5
 FLUSH_RETRY_S = 0.2
 FLUSH_DEADLINE_S = 10.0  # one flush call, whole
@@ -308,6 +357,68 @@ async def server_alive(client: httpx.AsyncClient, url: str) -> bool:
         return False
 
 
+class UsageSampler:
+    """The server's ``sglang:token_usage`` (``radixtop.probes.sglang.parse_metrics``) read from
+    /metrics while one run goes, at most every USAGE_EVERY_S; nothing else is asked (never /health,
+    nothing that generates). ``await run()`` in a task, then ``await finish(run)``: one last read
+    at the next tick, and the run's peak.
+
+    SGLang's scheduler sets the gauge where it logs a batch (a prefill, every 40th decode step) and
+    /metrics gives the value set last (none before its first batch), so a read before the run's
+    first answer may hold the previous run's value: only the reads sent after that answer count.
+    Only an answer other than 200 (no ``--enable-metrics``: 404) stops the reads.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, url: str) -> None:
+        self._client = client
+        self._url = url
+        self._stop = asyncio.Event()
+        self.samples: list[tuple[float, float]] = []  # (wall time the read was sent, token usage)
+        self.missing: str | None = None  # why the server gives no token usage (no /metrics)
+
+    async def run(self) -> None:
+        from radixtop.probes.http import fetch
+        from radixtop.probes.sglang import MAX_METRICS_BYTES, parse_metrics
+
+        while True:
+            last = self._stop.is_set()
+            began, sent = time.monotonic(), time.time()
+            try:
+                got = await asyncio.wait_for(fetch(self._client, f"{self._url}/metrics", max_bytes=MAX_METRICS_BYTES,
+                                                   timeout_s=USAGE_DEADLINE_S), USAGE_DEADLINE_S)  # fmt: skip
+            except TimeoutError:
+                got = None
+            if got is not None and got.ok:
+                try:
+                    usage = parse_metrics(got.body.decode("utf-8", "replace")).get("token_usage")
+                except ValueError:
+                    usage = None
+                if usage is not None:  # SGLang has no sample of the gauge before its first batch
+                    self.samples.append((sent, usage))
+            elif got is not None and got.status is not None:  # answered, but not with metrics
+                self.missing = f"{self._url}/metrics answered HTTP {got.status} (start it with --enable-metrics)"
+                return
+            if last:
+                return
+            await asyncio.sleep(max(0.0, USAGE_EVERY_S - (time.monotonic() - began)))
+
+    async def finish(self, task: asyncio.Task[None], run: ReplayRun) -> ReplayRun:
+        """One last read (the run's final batches), then ``run`` with its peak token usage."""
+        self._stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), USAGE_EVERY_S + USAGE_DEADLINE_S + 1.0)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        answered = [o.answered_at for o in run.outcomes if o.error is None]
+        if not answered:
+            return run
+        first = min(answered)
+        usage = [u for sent, u in self.samples if sent >= first]
+        return replace(run, peak_token_usage=max(usage) if usage else None, usage_samples=len(usage))
+
+
 async def replay_series(
     url: str,
     planned: Sequence[PlannedRequest],
@@ -321,13 +432,19 @@ async def replay_series(
     should_stop: Callable[[], bool] = lambda: False,
     request_timeout_s: float = 120.0,
     instrument: str | None = None,
+    max_in_flight: int | None = None,
+    namespace_per_request: bool = False,
+    sample_token_usage: bool = False,
 ) -> ReplaySeries:
     """The same planned calls ``runs`` times, the cache flushed before each run when ``flush``.
 
     A run whose every call failed ends the series when the server no longer answers /health (a
     dead server is evidence, not a reason to keep hammering it). The server's cache setting is read
     first, and each run's evictions from its debug endpoint (``instrument``, else the one
-    /server_info lists) when there is one.
+    /server_info lists) when there is one. ``max_in_flight``: at most that many calls out at once;
+    ``namespace_per_request``: every call of every run in a cache namespace of its own (tagged
+    with this series and run, so neither another run nor another replay can share its pages);
+    ``sample_token_usage``: each run's peak ``sglang:token_usage`` (:class:`UsageSampler`).
     """
     url = url.rstrip("/")
     emit = on_event or (lambda event: None)
@@ -343,6 +460,8 @@ async def replay_series(
     done: list[ReplayRun] = []
     notes: list[str] = []
     stopped: str | None = None
+    series_tag = secrets.token_hex(4)  # the cache namespaces of this series' calls
+    sample = sample_token_usage
     try:
         cache = await read_cache_setting(client, url, instrument)
         watch = EvictionWatch(cache.instrument) if cache.instrument else None
@@ -360,7 +479,21 @@ async def replay_series(
                     emit(ReplayEvent("flush", index, runs, f"cache NOT flushed: {why}"))
             emit(ReplayEvent("run-start", index, runs, f"run {index}/{runs}: {len(planned)} calls"))
             watching = watch is not None and await watch.mark(client)
-            run = await replay_once(client, url, planned, temperature=temperature, should_stop=should_stop)
+            sampler = UsageSampler(client, url) if sample else None
+            sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
+            try:
+                run = await replay_once(client, url, planned, temperature=temperature, should_stop=should_stop,
+                                        max_in_flight=max_in_flight,
+                                        namespace=f"{series_tag}-{index}" if namespace_per_request else None)  # fmt: skip
+            except BaseException:
+                if sampling is not None:
+                    sampling.cancel()  # cancelled: no run to report
+                raise
+            if sampler is not None and sampling is not None:
+                run = await sampler.finish(sampling, run)
+                if sampler.missing is not None:
+                    sample = False  # asked no more: it will not have them in the next run either
+                    notes.append(f"no token usage sampled: {sampler.missing}")
             if watch is not None and watching:
                 run = replace(run, eviction_times=await watch.eviction_times(client))
             done.append(run)
@@ -376,4 +509,47 @@ async def replay_series(
     finally:
         if owned:
             await client.aclose()
-    return ReplaySeries(url, tuple(done), runs, flush, tuple(notes), stopped, cache)
+    return ReplaySeries(url, tuple(done), runs, flush, tuple(notes), stopped, cache, max_in_flight or None,
+                        namespace_per_request)  # fmt: skip
+
+
+# -- what the series' pressure settings did -------------------------------------------------------
+
+
+def _held(run: ReplayRun) -> dict[str, Any]:
+    held = sorted(o.held_ms for o in run.outcomes if o.held_ms > 0)
+    return {"calls": len(held), "median": round(held[len(held) // 2], 3) if held else 0.0,
+            "max": round(held[-1], 3) if held else 0.0}  # fmt: skip
+
+
+def pressure_json(series: ReplaySeries) -> dict[str, Any]:
+    """The series' client-side settings, and per run the server's peak token usage and the calls
+    the cap held back (how many, the median and longest hold in ms)."""
+    return {
+        "max_in_flight": series.max_in_flight,
+        "namespace_per_request": series.namespace_per_request,
+        "per_run": [
+            {"run": i, "peak_token_usage": run.peak_token_usage, "token_usage_samples": run.usage_samples,
+             "held_by_cap_ms": _held(run)}
+            for i, run in enumerate(series.runs, 1)
+        ],
+    }  # fmt: skip
+
+
+def format_pressure(series: ReplaySeries) -> list[str]:
+    """The same as report lines."""
+    out = []
+    if series.max_in_flight:
+        out.append(f"  Max in flight: {series.max_in_flight} calls (client-side: a call due while they are out waits for "
+                   "an answer; the jitter above leaves that wait out)")  # fmt: skip
+        for i, run in enumerate(series.runs, 1):
+            held = _held(run)
+            out.append(f"    run {i}: {held['calls']} of {len(run.outcomes)} calls held, median {held['median']:.1f} ms, "
+                       f"longest {held['max']:.1f} ms")  # fmt: skip
+    if series.namespace_per_request:
+        out.append("  Cache namespace: one per call (extra_key): no call can reuse another's cached pages")
+    if any(run.usage_samples for run in series.runs):
+        peaks = [f"run {i} {'-' if r.peak_token_usage is None else f'{r.peak_token_usage:.2f}'}"
+                 for i, r in enumerate(series.runs, 1)]  # fmt: skip
+        out.append(f"  Peak token usage (sglang:token_usage, read every {USAGE_EVERY_S:g} s): {', '.join(peaks)}")
+    return out

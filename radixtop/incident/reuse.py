@@ -5,7 +5,8 @@ tokens, so a call can reuse ``min(its prefix_len, the longest prefix_len an earl
 group had)`` tokens (the copies of one request share their whole ``prefix_len``); a request with
 ``prefix_of`` shares its ``prefix_len`` with that request, and with that request's own ``prefix_of``
 as far as both go. Reuse comes only from calls in its cache namespace (``extra_key``: SGLang keys
-the tree by it, LoRA adapters by theirs).
+the tree by it, LoRA adapters by theirs); a replay that gives every call a namespace of its own
+(``namespace_per_request``) expects no reuse at all.
 A radix cache serves whole pages, and never the prompt's last token (it is computed to get the
 next token's logits), so the *expected* cached tokens are that share, capped at ``prompt_len - 1``
 and rounded down to whole pages. For a recorded trace the groups are the recorder's estimate.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from radixtop.incident.trace import Trace, TraceRequest
@@ -90,8 +91,12 @@ def _pages(tokens: int, page_size: int) -> int:
     return max(0, tokens) // page_size * page_size
 
 
-def expectations(trace: Trace, page_size: int) -> list[Expectation]:
-    """One Expectation per call, in the order a replay sends them (offsets, then trace order, then copy)."""
+def expectations(trace: Trace, page_size: int, *, namespace_per_request: bool = False) -> list[Expectation]:
+    """One Expectation per call, in the order a replay sends them (offsets, then trace order, then
+    copy). ``namespace_per_request``: every call in a cache namespace of its own, as a replay with
+    that setting sends them: what a call shares with earlier ones is all in other namespaces."""
+    if namespace_per_request:
+        return [replace(e, shared_in_namespace=0, sharer=None, with_sharer=False) for e in expectations(trace, page_size)]
     longest: dict[str, int] = {}  # group -> longest prefix_len sent so far
     holder: dict[tuple[str, str | None], tuple[int, Call, float]] = {}  # (group, namespace) -> (longest, first call, its offset)
     by_id = {req.id: req for req in trace.requests}

@@ -7,12 +7,10 @@ before the first frame, so the first frame shows the files' last lines. What lie
 scanned for findings in the background (session/history.py) after the first frame. One worker then
 consumes the follower's batches: it matches each batch (`Ingestor.process`, about 1 us a line,
 C-speed matching; run inline, a thread hop per batch cost more lag than the work) and draws a
-frame when lines came: at once after a quiet spell, then at most every FRAME_MIN seconds (5 Hz),
-every FRAME_FAST while lines come faster than that shows them, every FRAME_BUSY once a screenful
-waits (a flood), every BULK_INTERVAL while a backlog is read. Lines arriving between frames wait
-in the follower and are taken together: nothing redraws per line. A slow timer redraws what else
-changed (keys draw at once). Every handler is guarded: an exception becomes a visible notice, not
-a dead app.
+frame when lines came, when tui/pacing.py's FramePacer says one is due. Lines arriving between
+frames wait in the follower and are taken together: nothing redraws per line. A slow timer redraws
+what else changed (keys draw at once). Every handler is guarded: an exception becomes a visible
+notice, not a dead app.
 """
 
 from __future__ import annotations
@@ -51,25 +49,12 @@ from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.actions import IncidentActions, action_settings
 from radixtop.tui.help import HelpScreen
 from radixtop.tui.keys import bindings, load_keymap
+from radixtop.tui.pacing import REFRESH_HZ, FramePacer
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
 from radixtop.widgets.logview import LogView, time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 
-REFRESH_HZ = 4  # the slow timer: notices, health, the lines/s figure; lines draw as they come
-IDLE_TICK_S = 1.0  # ... and once nothing moves (no lines, nothing to draw, no finding waiting)
-HEALTH_EVERY_S = 1.0  # the followed files' health is read this often
-RECENT_LINES_S = 1.0  # the timer stays at REFRESH_HZ this long after the last new lines
-# Following a log, each frame scrolls the pane, so Textual redraws every row of it whether one
-# line came or forty: the cost is per frame, not per line. A busy server log comes in a few
-# writes a second (the demo workload: ~5), each a frame at 20 Hz pacing; the pane alone took
-# 4-7 % of a core for it (benchmarks/README.md, "Panes").
-FRAME_MIN = 0.2  # seconds between frames while lines trickle in (5 Hz; the first after a pause at once) ...
-FRAME_FAST = 0.05  # ... while they come at half a screenful per FRAME_MIN or more: none scrolls past unseen ...
-FRAME_BUSY = 0.08  # ... once a screenful waits anyway (a flood: CPU, same lag)
-BULK_LINES_PER_FRAME = 20_000  # more new lines than this since the last frame: a backlog is read
-BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
-STATUS_INTERVAL = 1.0  # the status line's counters (lines, lines/s over 2 s) are redrawn at most this often
 BACKLOG_LINES = 5_000  # lines before each file's end shown at start (a screenful plus scrollback)
 INITIAL_WAIT = 0.5  # seconds the first frame waits for that backlog, at most
 COUNT_DELAY = 2.0  # seconds the count of the lines above the backlog waits for the first frame, at most
@@ -201,14 +186,7 @@ class RadixtopApp(IncidentActions, App[int]):
         self._stopping = threading.Event()  # set when quitting: background scans stop early
         self._history_parts: list[Any] = []  # SkippedLines waiting for the first frame
         self._history_started = False
-        self._drawn_version = -1
-        self._drawn_lines = 0
-        self._drawn_at = 0.0
-        self._status_at = 0.0
-        self._status_mode: tuple | None = None
-        self._status_pending = False  # a status update waits for the log pane's frame to be drawn
-        self._shown_ids: tuple[str, ...] | None = None
-        self._findings_at = 0.0
+        self.pacer = FramePacer()  # what was drawn when, and when to draw next (tui/pacing.py)
         self._prompt_mode: str | None = None
         self._failures: dict[str, int] = {}
         self._flushing = False
@@ -216,10 +194,7 @@ class RadixtopApp(IncidentActions, App[int]):
         self._log_view: LogView | None = None
         self._status_line: StatusLine | None = None
         self._timer: Any = None  # the one timer (_on_timer), re-armed after each run
-        self._health_at = 0.0
         self._findings_title = ""
-        self._tick_lines = 0  # state.total_lines at the previous _tick
-        self._lines_at = -1e9  # time.monotonic() when the last new lines were seen
         self._picked: tuple[int, str | None] | None = None  # (pid, url) the user picked, for the session
         self._left_sources: set[str] = set()  # logs of a server switched away from: off the status line
         if self.log_patterns:
@@ -443,19 +418,6 @@ class RadixtopApp(IncidentActions, App[int]):
         self.state.apply(result)
         self._tick()
 
-    def _frame_interval(self) -> float:
-        new = self.state.total_lines - self._drawn_lines
-        if new > BULK_LINES_PER_FRAME:
-            return BULK_INTERVAL
-        height = self.log_view.size.height
-        if new >= height:
-            return FRAME_BUSY
-        # At 5 Hz, lines coming faster than a screenful per frame would scroll past unseen: 20 Hz
-        # then (as before), up to a screenful per FRAME_FAST. Over the last 2 s, not since the
-        # last frame: a burst right after a frame is no rate.
-        rate = self.state.lines_per_second() or 0.0
-        return FRAME_FAST if rate * FRAME_MIN >= height / 2 else FRAME_MIN
-
     @work(exclusive=True, group="logs", exit_on_error=False)
     async def _consume(self) -> None:
         follower = self.follower
@@ -466,13 +428,13 @@ class RadixtopApp(IncidentActions, App[int]):
                     self._ingest(batch)
                     # Draw when the next frame is due; lines that arrive meanwhile wait in the
                     # follower and are taken together just before it.
-                    # The wait is looked at again every FRAME_FAST: lines arriving during it
-                    # faster than a screenful per frame bring the frame forward.
-                    for _ in range(100):  # bounded: FRAME_MIN / FRAME_FAST steps are enough
-                        wait = self._drawn_at + self._frame_interval() - time.monotonic()
+                    for _ in range(100):  # bounded: each wait is at most the pacer's FRAME_FAST
+                        state = self.state
+                        wait = self.pacer.frame_wait(time.monotonic(), state.total_lines, self.log_view.size.height,
+                                                     state.lines_per_second())  # fmt: skip
                         if wait <= 0:
                             break
-                        await asyncio.sleep(min(wait, FRAME_FAST))
+                        await asyncio.sleep(wait)
                         self._take_waiting(follower)
                     self._tick()
                 return  # the follower was stopped
@@ -517,7 +479,8 @@ class RadixtopApp(IncidentActions, App[int]):
             return
         try:
             self.state.set_health(self.follower.health())
-            if self._status_mode is not None and self._status_key() != self._status_mode:
+            shown = self.pacer.status_key
+            if shown is not None and self._status_key() != shown:
                 self._update_status()  # a file's new state (rotated, deleted ...) shows at once
         except Exception as exc:
             self.report_failure("reading the sources' health", exc)
@@ -558,50 +521,35 @@ class RadixtopApp(IncidentActions, App[int]):
         self._timer = self.set_timer(delay, self._on_timer, name="radixtop tick")
 
     def _on_timer(self) -> None:
-        """The one timer: the health of the followed files every HEALTH_EVERY_S, the findings whose
-        lines-after never came (only while a hit waits), and the slow redraws (_tick). It runs
-        1/REFRESH_HZ apart while something moves and IDLE_TICK_S apart once nothing does: three
-        fixed-rate timers woke an idle app 9 times a second, and each findings flush started a
-        worker (measured: a tenth of the idle app's CPU)."""
+        """The one timer: the health of the followed files (pacing.HEALTH_EVERY_S), the findings
+        whose lines-after never came (only while a hit waits), and the slow redraws (_tick). Its
+        pace is FramePacer.timer_delay's: fast while something moves, slow once nothing does:
+        three fixed-rate timers woke an idle app 9 times a second, and each findings flush started
+        a worker (measured: a tenth of the idle app's CPU)."""
         try:
-            now = time.monotonic()
-            if now - self._health_at >= HEALTH_EVERY_S:
-                self._health_at = now
+            if self.pacer.health_due(time.monotonic()):
                 self._poll_health()
             if self.ingestor.has_waiting():
                 self._flush_findings()
             self._tick()
         finally:
             if self.is_running:
-                self._schedule_timer(self._timer_delay())
-
-    def _timer_delay(self) -> float:
-        """1/REFRESH_HZ while something waits to be drawn, a hit waits for its lines-after or lines
-        came in the last RECENT_LINES_S (the counters' final figures); IDLE_TICK_S otherwise: new
-        lines draw themselves (the consumer's frames), keys at once, the panes at most once a
-        second anyway."""
-        if (
-            self.state.version != self._drawn_version
-            or self.ingestor.has_waiting()
-            or time.monotonic() - self._lines_at < RECENT_LINES_S
-        ):
-            return 1 / REFRESH_HZ
-        return IDLE_TICK_S
+                delay = self.pacer.timer_delay(time.monotonic(), self.state.version, self.ingestor.has_waiting())
+                self._schedule_timer(delay)
 
     @guarded("refreshing the screen")
     def _tick(self, force: bool = False) -> None:
-        state = self.state
+        state, pacer = self.state, self.pacer
         now = time.monotonic()
         drew = False
-        if state.version != self._drawn_version:
-            # Frames are paced (see _frame_interval), also for this timer's calls: a frame in
-            # between the consumer's would cost as much as theirs and show little more. Reading
-            # a backlog moves tens of thousands of lines per frame: nobody reads those frames.
-            if force or now - self._drawn_at >= self._frame_interval():
-                self._drawn_version, self._drawn_lines, self._drawn_at = state.version, state.total_lines, now
-                self.log_view.refresh_view()
-                self._show_findings(now, force)
-                drew = True
+        # Frames are paced also for this timer's calls: a frame in between the consumer's would
+        # cost as much as theirs and show little more.
+        if pacer.frame_due(now, state.version, state.total_lines, self.log_view.size.height, state.lines_per_second(),
+                           force):  # fmt: skip
+            pacer.drew_frame(now, state.version, state.total_lines)
+            self.log_view.refresh_view()
+            self._show_findings(now, force)
+            drew = True
         self.log_view.keep_following()
         panes = self.panes
         if panes is not None:
@@ -614,37 +562,23 @@ class RadixtopApp(IncidentActions, App[int]):
             else:
                 panes.redraw(force)
         # The counters (lines, lines/s) move at most once a second; a mode change, a new
-        # initiating failure or a file's new state shows at once (_status_key). (The counters
-        # were also redrawn on each tick that found no new lines, for the final count: under a
-        # busy log, which comes in bursts, after nearly every burst, a status frame per log
-        # frame. The timer keeps its fast pace for RECENT_LINES_S >= STATUS_INTERVAL after the
-        # last lines, so the final count still shows within a second and a tick.)
+        # initiating failure or a file's new state shows at once (_status_key).
         mode = self._status_key()
-        lines_came = state.total_lines != self._tick_lines
-        if lines_came:
-            self._tick_lines, self._lines_at = state.total_lines, now
-        if force or mode != self._status_mode:
+        pacer.note_lines(now, state.total_lines)
+        how = pacer.status_draw(now, mode, drew, force)
+        if how == "now":
             self._update_status()
-        elif now - self._status_at >= STATUS_INTERVAL and not self._status_pending:
-            if drew:
-                # Not in the same frame as the log pane: Textual redraws every widget inside the
-                # box around all changed regions, and a full-width status line makes that box the
-                # whole screen (the findings list, the footer) instead of the log pane alone.
-                self._status_pending = True
-                self.call_after_refresh(self._update_status)
-            else:
-                self._update_status()
+        elif how == "after_frame":
+            self.call_after_refresh(self._update_status)
 
     def _update_status(self) -> None:
-        self._status_pending = False
-        self._status_at = time.monotonic()
-        self._status_mode = self._status_key()
+        self.pacer.status_drawn(time.monotonic(), self._status_key())
         self.status_line.show(self.status_info())
 
     def _status_key(self) -> tuple:
         """What the status line shows at once when it changes: the mode, the first failure, the
         filter and search, each followed file's state (rotated, missing, ...); the counters wait
-        for STATUS_INTERVAL."""
+        for the pacer's STATUS_INTERVAL."""
         state = self.state
         report = state.report
         initiating = report.initiating if report is not None else None
@@ -654,11 +588,8 @@ class RadixtopApp(IncidentActions, App[int]):
     def _show_findings(self, now: float, force: bool) -> None:
         report = self.state.report
         ids = tuple(f.signature.id for f in report.findings) if report is not None else ()
-        # A new signature shows at once; a count going up only once a second (rebuilding the
-        # list each frame costs more than the log pane).
-        if not force and ids == self._shown_ids and now - self._findings_at < 1.0:
+        if not self.pacer.findings_due(now, ids, force):
             return
-        self._shown_ids, self._findings_at = ids, now
         self.observe_findings(report)  # the automatic evidence bundle
         self.findings_list.show_report(report, self.state.label)
         title = f"Findings ({len(ids)}) · Enter jump · d evidence"

@@ -9,16 +9,19 @@ consumes the follower's batches: it matches each batch (`Ingestor.process`, abou
 C-speed matching; run inline, a thread hop per batch cost more lag than the work) and draws a
 frame when lines came, when tui/pacing.py's FramePacer says one is due. Lines arriving between
 frames wait in the follower and are taken together: nothing redraws per line. A slow timer redraws
-what else changed (keys draw at once). Every handler is guarded: an exception becomes a visible
-notice, not a dead app.
+what else changed (keys draw at once). Every handler is guarded (tui/guard.py): an exception
+becomes a visible notice, not a dead app.
+
+The app's other jobs live beside it, each in a module of its own: search and filter
+(tui/search.py), the server watched (tui/servers.py), the incident actions (tui/actions.py), the
+keys' table (tui/keys.py), the live panes' layout (tui/panes.py), the terminal and the quit
+signals (tui/terminal.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
-import inspect
 import threading
 import time
 import traceback
@@ -32,7 +35,7 @@ from textual.app import App, ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Input, Label, OptionList, Static
+from textual.widgets import Footer, Label, OptionList, Static
 
 from radixtop.options import TuiOptions
 from radixtop.session.state import (
@@ -43,10 +46,13 @@ from radixtop.session.state import (
 )
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.actions import IncidentActions, action_settings
+from radixtop.tui.guard import guarded
 from radixtop.tui.help import HelpScreen
 from radixtop.tui.keys import bindings, load_keymap
 from radixtop.tui.pacing import REFRESH_HZ, FramePacer
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
+from radixtop.tui.search import SearchKeys
+from radixtop.tui.servers import ServerChoice
 from radixtop.tui.terminal import fit_terminal, run_until_quit
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
 from radixtop.widgets.logview import LogView, time_of_day
@@ -103,36 +109,7 @@ class TiledHorizontal(Horizontal):
     BLANK = True
 
 
-def guarded(what: str) -> Callable:
-    """Turn an exception in a handler into a notice in the log pane instead of a dead app."""
-
-    def decorate(method: Callable) -> Callable:
-        if inspect.iscoroutinefunction(method):
-
-            @functools.wraps(method)
-            async def async_wrapper(self: RadixtopApp, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await method(self, *args, **kwargs)
-                except Exception as exc:
-                    self.report_failure(what, exc)
-                    return None
-
-            return async_wrapper
-
-        @functools.wraps(method)
-        def wrapper(self: RadixtopApp, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as exc:
-                self.report_failure(what, exc)
-                return None
-
-        return wrapper
-
-    return decorate
-
-
-class RadixtopApp(IncidentActions, App[int]):
+class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "radixtop"
     ENABLE_COMMAND_PALETTE = False
@@ -184,7 +161,6 @@ class RadixtopApp(IncidentActions, App[int]):
         self._history_parts: list[Any] = []  # SkippedLines waiting for the first frame
         self._history_started = False
         self.pacer = FramePacer()  # what was drawn when, and when to draw next (tui/pacing.py)
-        self._prompt_mode: str | None = None
         self._failures: dict[str, int] = {}
         self._flushing = False
         # The main screen's widgets, looked up once (per frame otherwise).
@@ -192,7 +168,6 @@ class RadixtopApp(IncidentActions, App[int]):
         self._status_line: StatusLine | None = None
         self._timer: Any = None  # the one timer (_on_timer), re-armed after each run
         self._findings_title = ""
-        self._picked: tuple[int, str | None] | None = None  # (pid, url) the user picked, for the session
         self._left_sources: set[str] = set()  # logs of a server switched away from: off the status line
         if self.log_patterns:
             self._open_logs(capacity)
@@ -252,8 +227,7 @@ class RadixtopApp(IncidentActions, App[int]):
         if self.banner:
             self.state.add_message([self.banner])
         if self.live_options is not None:
-            self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines,
-                               on_status_change=self._update_status)  # fmt: skip
+            self.panes = self._new_panes(self.live_options)
             # After the first frame: mounting the panes, discovery and the first NVML read would
             # otherwise hold back the log's first screen (about 0.3 s here).
             self.call_after_refresh(self._mount_panes)
@@ -306,6 +280,10 @@ class RadixtopApp(IncidentActions, App[int]):
             raise
         except Exception as exc:
             self.report_failure("watching the server", exc)
+
+    def _new_panes(self, options: LiveOptions) -> Panes:
+        return Panes(self, options, follow_log=self.follow_logs, add_lines=self._add_lines,
+                     on_status_change=self._update_status)  # fmt: skip
 
     def _add_lines(self, lines: list[str]) -> None:
         self.state.add_message(lines)
@@ -495,6 +473,15 @@ class RadixtopApp(IncidentActions, App[int]):
             except Exception as exc:  # quitting must not fail because the follower did
                 self.log.error(f"stopping the log follower failed: {exc!r}")
 
+    def _leave_logs(self) -> None:
+        """Stop following the logs of a server switched away from, ready to follow the next one's:
+        their lines stay in the pane, their sources leave the status line."""
+        self._left_sources.update(s.source for s in self.state.sources())
+        self._stop_following()
+        self._stopping = threading.Event()
+        self._history_started = False
+        self.log_patterns = []
+
     async def action_quit(self) -> None:
         await self.stop_actions()  # a confirmation run's control server is stopped first
         self._stop_following()
@@ -642,7 +629,7 @@ class RadixtopApp(IncidentActions, App[int]):
             extra=self.status_extra(),
         )
 
-    # -- keys --------------------------------------------------------------------------------------
+    # -- keys (search and filter: tui/search.py; s, the servers: tui/servers.py) ------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if self.allow_incident_action(action) is False:
@@ -666,125 +653,6 @@ class RadixtopApp(IncidentActions, App[int]):
             from radixtop.widgets.radix import RadixPane
 
             self.query_one(RadixPane).select_step(step)
-
-    # -- the server watched: picking, switching, a log that is no file ----------------------------
-
-    def _log_source(self) -> Any:
-        targets = self.panes.targets if self.panes is not None else None
-        return targets.log_source if targets is not None else None
-
-    def _stop_log_source(self) -> None:
-        """Undo what following a non-file log changed (a tmux pipe) and stop its reader."""
-        source = self._log_source()
-        if source is not None:
-            try:
-                source.stop()
-            except Exception as exc:  # quitting must not fail because of it
-                self.log.error(f"stopping {source.name} failed: {exc!r}")
-
-    def _offer_pipe(self) -> None:
-        """A tmux pane is read every second; offer `tmux pipe-pane` (every line, but it changes
-        the user's tmux until radixtop exits)."""
-        from radixtop.widgets.picker import Question
-
-        source = self._log_source()
-        if source is None:
-            return
-        source.set_notes(self._note_from_thread)
-        if source.pane is None:
-            return
-        name = source.pane.pane.name
-        if source.pane.pane.piped:  # tmux keeps one pipe a pane: the user's stays
-            self._add_lines([f"{name} already pipes its output elsewhere (tmux pipe-pane): it is read every second"])
-            return
-        lines = [
-            f"The server's output goes to {name}; radixtop shows what the pane holds and reads it every second",
-            "(a flood of more than a thousand lines a second can slip between two reads).",
-            f"tmux pipe-pane would copy every line the pane prints to {source.path};",
-            "it changes that pane's settings while radixtop runs and is undone when radixtop exits.",
-        ]
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._pipe_pane(source)
-            else:
-                self._add_lines([f"reading {name} every second (no tmux pipe-pane)"])
-
-        self.push_screen(Question(lines, f"Follow {name} through tmux pipe-pane?"), answered)
-
-    def _note_from_thread(self, text: str) -> None:
-        try:
-            self.call_from_thread(self._add_lines, [text])
-        except RuntimeError:
-            pass  # the app has gone: nothing to show it in
-
-    @work(group="pipe-pane", exit_on_error=False)
-    async def _pipe_pane(self, source: Any) -> None:
-        why = await asyncio.to_thread(source.pane.pipe)
-        self._add_lines([why or f"following {source.pane.pane.name} through tmux pipe-pane (undone when radixtop exits)"])
-
-    async def pick_server(self, servers: Sequence[Any], current: int | None = None) -> Any:
-        """The server to watch among several: the one picked earlier in this session while it
-        runs, else the user's choice in the picker (None: Esc)."""
-        from radixtop.widgets.picker import ServerPicker
-
-        if self._picked is not None and current is None:
-            pid, url = self._picked
-            for s in servers:
-                if s.pid == pid or (url is not None and s.url == url):
-                    return s
-        loop = asyncio.get_running_loop()
-        chosen: asyncio.Future[int | None] = loop.create_future()
-        rows = [server_row(s, s.pid == current) for s in servers]
-
-        def answer(index: int | None) -> None:
-            if not chosen.done():
-                chosen.set_result(index)
-
-        self.push_screen(ServerPicker(rows), answer)
-        index = await chosen
-        if index is None:
-            return None
-        picked = servers[index]
-        self._picked = (picked.pid, picked.url)
-        return picked
-
-    @guarded("servers")
-    def action_server(self) -> None:
-        self._switch_server()
-
-    @work(exclusive=True, group="servers", exit_on_error=False)
-    async def _switch_server(self) -> None:
-        from radixtop.probes.discovery import discover
-        from radixtop.session.live import ranked
-
-        panes = self.panes
-        if panes is None:
-            return
-        found = await discover()
-        if not found.servers:
-            self._add_lines(found.describe())
-            return
-        current = panes.targets.pid if panes.targets is not None else None
-        chosen = await self.pick_server(ranked(found.servers), current=current if current is not None else -1)
-        if chosen is None or chosen.pid == current:
-            return
-        self.workers.cancel_group(self, "live")
-        self._stop_log_source()
-        options = panes.options  # the panes exist only with live options
-        if not options.logs:  # a log given with --log stays followed
-            self._left_sources.update(s.source for s in self.state.sources())
-            self._stop_following()
-            self._stopping = threading.Event()
-            self._history_started = False
-            self.log_patterns = []
-        self._add_lines([f"switching to {chosen.name} pid {chosen.pid}" + (f" at {chosen.url}" if chosen.url else "")
-                         + "; the lines above stay"])  # fmt: skip
-        self.panes = Panes(self, options, follow_log=self.follow_logs, add_lines=self._add_lines,
-                           on_status_change=self._update_status)  # fmt: skip
-        self.panes.mounted = panes.mounted
-        self.panes.layout(self.size.width, self.size.height)
-        self._run_live()
 
     @guarded("help")
     def action_help(self) -> None:
@@ -833,112 +701,6 @@ class RadixtopApp(IncidentActions, App[int]):
             self.screen.add_class("-show-findings")
             findings.focus()
 
-    # search and filter share one prompt line
-    @guarded("prompt")
-    async def action_prompt(self, mode: str) -> None:
-        self._prompt_mode = mode
-        bar = self.query_one("#prompt-bar")
-        label = self.query_one("#prompt-label", Label)
-        found = bar.query("#prompt")
-        if found:
-            prompt = found.first(Input)
-        else:
-            prompt = Input(id="prompt", compact=True)
-            await bar.mount(prompt)
-        label.update("Search /" if mode == "search" else "Filter &")
-        prompt.placeholder = (
-            "text to find (Enter; Esc cancels; n/N next/previous)"
-            if mode == "search"
-            else "show only lines containing (Enter; Esc cancels)"
-        )
-        prompt.value = (self.state.search_text if mode == "search" else self.state.filter_text) or ""
-        bar.add_class("-visible")
-        prompt.focus()
-
-    def _close_prompt(self) -> None:
-        self._prompt_mode = None
-        self.query_one("#prompt-bar").remove_class("-visible")
-        self.log_view.focus()
-
-    @guarded("search/filter input")
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        mode, text = self._prompt_mode, event.value
-        self._close_prompt()
-        if mode == "search":
-            self.apply_search(text)
-        elif mode == "filter":
-            self.apply_filter(text)
-
-    def apply_search(self, text: str) -> None:
-        state, view = self.state, self.log_view
-        state.set_search(text or None)
-        view.invalidate()
-        if not text:
-            return
-        # The nearest match at or above the bottom of the screen: in a live tail, the latest one.
-        row = state.find_search(view.reference_row(forward=False), forward=False)
-        if row is None:
-            self.notify(f"no line in view contains {text!r}", severity="warning")
-        else:
-            view.jump_to_row(row)
-        self._tick(force=True)
-
-    def apply_filter(self, text: str) -> None:
-        state, view = self.state, self.log_view
-        anchor = view.cursor_seq
-        state.set_filter(text or None)
-        view.refresh_view()
-        row = state.row_of(anchor) if anchor is not None else None
-        if row is not None:
-            view.jump_to_row(row)
-        elif not view.follow:
-            view.set_follow(True)
-        if text and state.view_len == 0:
-            self.notify(f"no line in view contains {text!r} (yet); Esc clears the filter", severity="warning")
-        self._tick(force=True)
-
-    @guarded("search")
-    def action_search(self, forward: bool) -> None:
-        state, view = self.state, self.log_view
-        if not state.search_text:
-            self.run_worker(self.action_prompt("search"), group="prompt")
-            return
-        row = state.find_search(view.reference_row(forward), forward)
-        if row is None:
-            self.notify(f"no line in view contains {state.search_text!r}", severity="warning")
-            return
-        view.jump_to_row(row)
-        self._tick(force=True)
-
-    @guarded("next/previous hit")
-    def action_hit(self, forward: bool) -> None:
-        view = self.log_view
-        row = self.state.find_hit(view.reference_row(forward), forward)
-        if row is None:
-            self.notify("no line in view matched a failure signature", severity="information")
-            return
-        view.jump_to_row(row)
-        view.focus()
-        self._tick(force=True)
-
-    @guarded("clear")
-    def action_clear(self) -> None:
-        state, view = self.state, self.log_view
-        if self._prompt_mode is not None:
-            self._close_prompt()
-        elif self.focused is self.findings_list:
-            self.screen.remove_class("-show-findings")
-            view.focus()
-        elif state.search_text:
-            state.set_search(None)
-            view.invalidate()
-        elif state.filter_text:
-            self.apply_filter("")
-        elif view.cursor_seq is not None:
-            view.cursor_seq = None
-            view.refresh()
-        self._tick(force=True)
-
     # -- findings ----------------------------------------------------------------------------------
 
     @guarded("jump to finding")
@@ -980,21 +742,6 @@ class RadixtopApp(IncidentActions, App[int]):
             if entry is not None and entry.lineno == line and finding_file(entry.source, entry.generation) == file:
                 return seq
         return None
-
-
-def server_row(server: Any, current: bool = False) -> Any:
-    """A found server as the picker lists it."""
-    from radixtop.widgets.picker import ServerRow, uptime_text
-
-    if server.log_path:
-        log = server.log_path
-    elif server.log_elsewhere is not None:
-        log = server.log_elsewhere.name
-    else:
-        log = "no log found"
-    return ServerRow(port=str(server.port) if server.port else "—", kind=server.name, model=server.model,
-                     pid=server.pid, uptime=uptime_text(time.time() - server.started), log=log,
-                     current=current)  # fmt: skip
 
 
 def run_from_args(args: Namespace) -> int:

@@ -1,7 +1,7 @@
 """The server watched: picking one among several, switching to another (s), a log that is no file.
 
 RadixtopApp inherits ServerChoice. Discovery (probes/discovery.py) finds the servers; the panes
-(tui/panes.py) ask `pick_server` when it finds more than one, and `s` lists them again to watch
+(tui/panes.py) ask `pick_server` when discovery finds more than one, and `s` lists them again to watch
 another. A server whose output goes to a tmux pane is read from the pane, and `tmux pipe-pane` is
 offered for every line.
 """

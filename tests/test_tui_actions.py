@@ -8,6 +8,7 @@ import io
 import json
 import re
 import shutil
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from radixtop.tui import app as app_module
 from radixtop.tui.actions import ActionSettings
 from radixtop.tui.app import RadixtopApp
 from radixtop.tui.help import help_text
+from radixtop.tui.messages import BundleTaken, CrashDumpArmed
 from radixtop.tui.panes import LiveOptions
 from radixtop.widgets.confirm import PlanScreen, RunScreen
 
@@ -281,6 +283,40 @@ async def test_b_typed_in_the_search_prompt_is_a_letter(tmp_path: Path) -> None:
         assert app.query_one("#prompt").value == "bc"
         assert app.confirm_state == "idle" and not app._bundling
     assert not (tmp_path / "out").exists()
+
+
+async def test_the_actions_threads_report_in_messages_and_a_failure_to_show_one_is_a_notice(tmp_path: Path) -> None:
+    """A bundle's, a sighting's and an arming's threads post typed messages (tui/messages.py); the
+    app shows them on its own loop, and a failure in showing one is a notice, not a dead app."""
+    app = RadixtopApp(actions=ActionSettings(out_dir=tmp_path / "out", auto_bundle=False))
+
+    failed: list[BaseException] = []
+
+    def tell(message: object) -> None:
+        try:
+            app._tell(message)
+        except BaseException as exc:
+            failed.append(exc)
+
+    def from_a_thread(message: object) -> None:
+        thread = threading.Thread(target=tell, args=(message,))
+        thread.start()
+        thread.join()
+
+    async with app.run_test(size=SIZE) as pilot:
+        app._arming = True
+        from_a_thread(CrashDumpArmed("/run/dumps", None))
+        await until(pilot, lambda: app.dump_armed == "/run/dumps", "the arming's message", 5)
+        assert not app._arming and "crash dump armed" in bar_text(app)
+        app._bundling = True
+        app._say = lambda *a, **k: 1 / 0  # type: ignore[method-assign]  # drawing fails
+        from_a_thread(BundleTaken(None, "the server went away"))
+        await until(pilot, lambda: not app._bundling, "the bundle's message", 5)
+        await until(pilot, lambda: any("showing an incident action's progress failed" in n.message
+                                       for n in app.state.notices), "the notice", 5)  # fmt: skip
+        assert app.is_running
+    from_a_thread(BundleTaken(None, "too late"))  # the app has gone: nothing, and no error
+    assert failed == []
 
 
 def test_readonly_on_the_command_line_reaches_the_app(monkeypatch, tmp_path: Path) -> None:

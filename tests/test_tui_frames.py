@@ -8,14 +8,8 @@ from pathlib import Path
 import pytest
 from test_tui_logpane import append, decode
 
-from radixtop.tui.app import (
-    BULK_INTERVAL,
-    BULK_LINES_PER_FRAME,
-    FRAME_BUSY,
-    FRAME_FAST,
-    FRAME_MIN,
-    RadixtopApp,
-)
+from radixtop.tui.app import RadixtopApp
+from radixtop.tui.pacing import FRAME_MIN
 
 
 async def test_a_trickle_of_lines_is_drawn_a_few_frames_a_second_with_every_line_on_screen(tmp_path: Path) -> None:
@@ -63,28 +57,6 @@ async def test_a_trickle_of_lines_is_drawn_a_few_frames_a_second_with_every_line
         assert len(frames) <= elapsed * 5 + 4, f"{len(frames)} frames in {elapsed:.1f} s"
 
 
-async def test_frames_come_sooner_once_a_screenful_waits_and_rarely_while_a_backlog_is_read(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    log.write_text("")
-    app = RadixtopApp(log_patterns=[str(log)])
-    async with app.run_test(size=(120, 30)) as pilot:
-        await pilot.pause(0.2)
-        height = app.log_view.size.height
-        assert FRAME_FAST < FRAME_BUSY < FRAME_MIN
-        app._drawn_lines = app.state.total_lines
-        assert app._frame_interval() == FRAME_MIN  # nothing or a few lines new: paced
-        # Lines coming at half a screenful per FRAME_MIN or more: frames often enough that each
-        # is on screen (a screenful per FRAME_FAST), as with 20 Hz pacing.
-        app.state.lines_per_second = lambda: height / 2 / FRAME_MIN  # type: ignore[method-assign]
-        assert app._frame_interval() == FRAME_FAST
-        app.state.lines_per_second = lambda: height / 3 / FRAME_MIN  # type: ignore[method-assign]
-        assert app._frame_interval() == FRAME_MIN
-        app._drawn_lines = app.state.total_lines - height
-        assert app._frame_interval() == FRAME_BUSY  # a screenful would scroll past unseen
-        app._drawn_lines = app.state.total_lines - BULK_LINES_PER_FRAME - 1
-        assert app._frame_interval() == BULK_INTERVAL
-
-
 def _blank_widgets(app: RadixtopApp) -> list:
     screen = app.screen
     return [w for w in (screen, *screen.walk_children()) if getattr(type(w), "BLANK", False)]
@@ -121,7 +93,7 @@ async def test_containers_drawn_blank_are_filled_by_their_children(
 async def test_the_status_counters_move_once_a_second_under_bursts_and_end_at_the_final_count(tmp_path: Path) -> None:
     """A busy log comes in bursts; the counters were redrawn on each quiet tick between them (a
     status frame per log frame). Once a second now, and the final count still shows."""
-    from radixtop.tui.app import STATUS_INTERVAL
+    from radixtop.tui.pacing import STATUS_INTERVAL
 
     log = tmp_path / "server.log"
     append(log, *(decode(i) for i in range(20)))

@@ -538,23 +538,28 @@ async def test_the_status_line_redraws_only_when_what_it_says_changes() -> None:
 
 
 async def test_the_timer_runs_slowly_while_nothing_moves_and_fast_while_something_waits(tmp_path: Path) -> None:
-    from radixtop.tui.app import IDLE_TICK_S, REFRESH_HZ
+    """The app hands the pacer (tests/test_pacing.py) what it has drawn and what waits."""
+    from radixtop.tui.pacing import IDLE_TICK_S, REFRESH_HZ
 
     log = tmp_path / "server.log"
     log.write_text("")
     app = RadixtopApp(log_patterns=[str(log)])
+
+    def timer_delay() -> float:  # what the app's timer asks the pacer after each run
+        return app.pacer.timer_delay(time.monotonic(), app.state.version, app.ingestor.has_waiting())
+
     async with app.run_test(size=(120, 30)) as pilot:
         await pilot.pause()
         app._tick(force=True)
-        assert app._timer_delay() == IDLE_TICK_S, "an idle app woke 4+ times a second"
+        assert timer_delay() == IDLE_TICK_S, "an idle app woke 4+ times a second"
         app.state.add_message(["something to draw"])
-        assert app._timer_delay() == 1 / REFRESH_HZ
+        assert timer_delay() == 1 / REFRESH_HZ
         app._tick(force=True)
-        assert app._timer_delay() == IDLE_TICK_S
+        assert timer_delay() == IDLE_TICK_S
         app.ingestor.has_waiting = lambda: True  # a finding waits AFTER_WAIT for its lines-after
-        assert app._timer_delay() == 1 / REFRESH_HZ
+        assert timer_delay() == 1 / REFRESH_HZ
         app.ingestor.has_waiting = lambda: False
-        assert app._timer_delay() == IDLE_TICK_S
+        assert timer_delay() == IDLE_TICK_S
         with open(log, "a") as f:
             f.write("[2026-12-02 14:00:00 TP0] Decode batch, #running-req: 1, token usage: 0.10\n")
         for _ in range(200):  # bounded: the follower hands the line over within a few polls
@@ -562,13 +567,13 @@ async def test_the_timer_runs_slowly_while_nothing_moves_and_fast_while_somethin
                 break
             await pilot.pause(0.02)
         app._tick(force=True)
-        assert app._timer_delay() == 1 / REFRESH_HZ, "lines just came: the counters' final figures follow"
-        health_at = app._health_at
+        assert timer_delay() == 1 / REFRESH_HZ, "lines just came: the counters' final figures follow"
+        health_at = app.pacer.health_at
         for _ in range(200):  # bounded: the timer runs again and reads the files' health
-            if app._health_at != health_at:
+            if app.pacer.health_at != health_at:
                 break
             await pilot.pause(0.02)
-        assert app._health_at != health_at, "the timer did not run again"
+        assert app.pacer.health_at != health_at, "the timer did not run again"
 
 
 async def test_the_findings_title_is_redrawn_only_when_its_text_changes(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ the headless `radixtop bundle` and `radixtop confirm` call); this module only ru
 loop and shows it:
 
 * a bundle blocks for seconds (stacks, HTTP, files): it runs in a thread worker; its progress and
-  result go to the action bar (one line above the status line) and a notice in the log pane;
+  result come back as messages (tui/messages.py) and go to the action bar (one line above the
+  status line) and a notice in the log pane;
 * the confirmation run's planning (the bundle, psutil, the workload) runs in a thread with its own
   event loop; the plan is shown in a modal and nothing is launched unless approved there;
 * the approved run is an async worker on the app's own loop, NOT a thread: the control server
@@ -37,7 +38,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from textual import work
 from textual.css.query import NoMatches
+from textual.message import Message
 from textual.widgets import Input
+
+from radixtop.tui.messages import AutoBundleTaken, BundleProgressed, BundleTaken, CrashDumpArmed, ServerSighted
 
 if TYPE_CHECKING:
     from radixtop.incident.verdict import Verdict
@@ -191,11 +195,9 @@ class IncidentActions:
             target = self.incident_target()
             if target.url is None:
                 return
-            self._remember_loop()
             self._sighting_key, self._sighted_at, self._sighting_busy = key, now, True
             self._sight_worker(target, info, panes.state.gpu)
         elif server.status.state == "down" and self.sighting is not None and self.sighting.died_at is None:
-            self._remember_loop()
             died_at, first = server.status.since or now, ""
             procs = getattr(panes.state, "procs", None)
             death = procs.first_death() if procs is not None else None
@@ -219,7 +221,10 @@ class IncidentActions:
         except OSError:
             pass  # kept in memory all the same; the runtime directory's trouble shows when c uses it
         finally:
-            self._post(self._sighted, seen)
+            self._tell(ServerSighted(seen))
+
+    def on_server_sighted(self, message: ServerSighted) -> None:
+        self._guarded_ui(self._sighted, (message.seen,))
 
     def _sighted(self, seen: Any) -> None:
         self._sighting_busy = False
@@ -262,9 +267,18 @@ class IncidentActions:
         if final:
             self._bar_timer = app.set_timer(BAR_LINGER_S, bar.clear)
 
+    def _tell(self, message: Message) -> None:
+        """Post a message to the app from any thread (tui/messages.py); nothing when the app has gone."""
+        app: Any = self
+        with contextlib.suppress(RuntimeError):  # its loop has closed
+            app.post_message(message)
+
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         """Run fn on the UI loop soon, from any thread (also the loop's own: a failure in drawing
-        must never reach the incident code that reported the event); nothing when the app has gone."""
+        must never reach the incident code that reported the event); nothing when the app has gone.
+        The confirmation run's events come this way, not as messages: the app's message queue
+        waits while q waits for a cancelled run to stop, and the run's last lines must still show
+        (and reach the run lock's status for a second radixtop) meanwhile."""
         loop = self._actions_loop
         if loop is None or loop.is_closed():
             return
@@ -272,6 +286,8 @@ class IncidentActions:
             loop.call_soon_threadsafe(self._guarded_ui, fn, args)
 
     def _guarded_ui(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """Show what an action reported: nothing once the app is ending, and a failure in drawing
+        is the app's notice, not a dead app."""
         app: Any = self
         if not app.is_running:
             return
@@ -287,7 +303,6 @@ class IncidentActions:
     # -- b: the evidence bundle ------------------------------------------------------------------
 
     def action_bundle(self) -> None:
-        self._remember_loop()
         if self._bundling:
             self._say("bundle: one is being taken already", final=True)
             return
@@ -308,15 +323,21 @@ class IncidentActions:
                 where, url=target.url, logs=target.logs, pid=target.pid, instruments=target.instruments, reason="manual",
                 signature_files=settings.signature_files, context=self.builder.context,
                 live_report=report, seen=seen, cancel=self._bundle_cancel,
-                on_progress=lambda p: self._post(self._bundle_progress, p),
+                on_progress=lambda p: self._tell(BundleProgressed(p)),
                 **dict(settings.bundle),
             )  # fmt: skip
         except (BundleError, ServerError) as exc:
-            self._post(self._bundle_done, None, str(exc))
+            self._tell(BundleTaken(None, str(exc)))
         except Exception as exc:  # noqa: BLE001 - shown as one line, the app keeps running
-            self._post(self._bundle_done, None, f"{type(exc).__name__}: {exc}")
+            self._tell(BundleTaken(None, f"{type(exc).__name__}: {exc}"))
         else:
-            self._post(self._bundle_done, result, None)
+            self._tell(BundleTaken(result, None))
+
+    def on_bundle_progressed(self, message: BundleProgressed) -> None:
+        self._guarded_ui(self._bundle_progress, (message.progress,))
+
+    def on_bundle_taken(self, message: BundleTaken) -> None:
+        self._guarded_ui(self._bundle_done, (message.result, message.error))
 
     def _bundle_progress(self, progress: Any) -> None:
         self._say(f"bundle: {progress.message} ({progress.done}/{progress.total})")
@@ -389,7 +410,6 @@ class IncidentActions:
         target = self.incident_target()
         if target.url is None and target.pid is None:
             return  # no live server: the logs already persist; nothing volatile to keep
-        self._remember_loop()
         if auto is None:
             from radixtop.incident.bundle import AutoBundler
 
@@ -397,13 +417,16 @@ class IncidentActions:
             options = {"signature_files": settings.signature_files, "cancel": self._bundle_cancel,
                        "context": self.builder.context, **dict(settings.bundle)}  # fmt: skip
             auto = self.auto_bundler = AutoBundler(
-                settings.directory, on_done=lambda result, error: self._post(self._auto_done, result, error),
+                settings.directory, on_done=lambda result, error: self._tell(AutoBundleTaken(result, error)),
                 options=options,
             )  # fmt: skip
         auto.url, auto.pid, auto.logs = target.url, target.pid, target.logs
         auto.options["instruments"] = target.instruments
         if auto.observe(report, seen=self.seen_state):
             self._say(f"auto bundle: {auto.trigger} seen; preserving the evidence into {auto.out_dir}…")
+
+    def on_auto_bundle_taken(self, message: AutoBundleTaken) -> None:
+        self._guarded_ui(self._auto_done, (message.result, message.error))
 
     def _auto_done(self, result: Any, error: str | None) -> None:
         trigger = self.auto_bundler.trigger if self.auto_bundler is not None else "?"
@@ -450,7 +473,6 @@ class IncidentActions:
         from radixtop.widgets.confirm import PlanScreen
 
         app: Any = self
-        self._remember_loop()
         target = self.incident_target()
         why = "one is being armed" if self._arming else self._why_not_arm(target)
         if why is not None:
@@ -491,7 +513,10 @@ class IncidentActions:
             error = None
         except DumpError as exc:
             error = str(exc)
-        self._post(self._armed, str(folder), error)
+        self._tell(CrashDumpArmed(str(folder), error))
+
+    def on_crash_dump_armed(self, message: CrashDumpArmed) -> None:
+        self._guarded_ui(self._armed, (message.folder, message.error))
 
     def _armed(self, folder: str, error: str | None) -> None:
         self._arming = False

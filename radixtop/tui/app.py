@@ -7,24 +7,21 @@ before the first frame, so the first frame shows the files' last lines. What lie
 scanned for findings in the background (session/history.py) after the first frame. One worker then
 consumes the follower's batches: it matches each batch (`Ingestor.process`, about 1 us a line,
 C-speed matching; run inline, a thread hop per batch cost more lag than the work) and draws a
-frame when lines came: at once after a quiet spell, then at most every FRAME_MIN seconds (5 Hz),
-every FRAME_FAST while lines come faster than that shows them, every FRAME_BUSY once a screenful
-waits (a flood), every BULK_INTERVAL while a backlog is read. Lines arriving between frames wait
-in the follower and are taken together: nothing redraws per line. A slow timer redraws what else
-changed (keys draw at once). Every handler is guarded: an exception becomes a visible notice, not
-a dead app.
+frame when lines came, when tui/pacing.py's FramePacer says one is due. Lines arriving between
+frames wait in the follower and are taken together: nothing redraws per line. A slow timer redraws
+what else changed (keys draw at once). Every handler is guarded (tui/guard.py): an exception
+becomes a visible notice, not a dead app.
+
+The app's other jobs live beside it, each in a module of its own: search and filter
+(tui/search.py), the server watched (tui/servers.py), the incident actions (tui/actions.py), the
+keys' table (tui/keys.py), the live panes' layout (tui/panes.py), the terminal and the quit
+signals (tui/terminal.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
-import functools
 import gc
-import inspect
-import os
-import signal
-import sys
 import threading
 import time
 import traceback
@@ -38,34 +35,25 @@ from textual.app import App, ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Input, Label, OptionList, Static
+from textual.widgets import Footer, Label, OptionList, Static
 
 from radixtop.options import TuiOptions
 from radixtop.session.incident_state import DEFAULT_CAPACITY, IncidentState
 from radixtop.session.ingest import Ingestor, finding_file
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.actions import IncidentActions, action_settings
+from radixtop.tui.guard import guarded
 from radixtop.tui.help import HelpScreen
 from radixtop.tui.keys import bindings, load_keymap
+from radixtop.tui.pacing import REFRESH_HZ, FramePacer
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
+from radixtop.tui.search import SearchKeys
+from radixtop.tui.servers import ServerChoice
+from radixtop.tui.terminal import fit_terminal, run_until_quit
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
 from radixtop.widgets.logview import LogView, time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 
-REFRESH_HZ = 4  # the slow timer: notices, health, the lines/s figure; lines draw as they come
-IDLE_TICK_S = 1.0  # ... and once nothing moves (no lines, nothing to draw, no finding waiting)
-HEALTH_EVERY_S = 1.0  # the followed files' health is read this often
-RECENT_LINES_S = 1.0  # the timer stays at REFRESH_HZ this long after the last new lines
-# Following a log, each frame scrolls the pane, so Textual redraws every row of it whether one
-# line came or forty: the cost is per frame, not per line. A busy server log comes in a few
-# writes a second (the demo workload: ~5), each a frame at 20 Hz pacing; the pane alone took
-# 4-7 % of a core for it (benchmarks/README.md, "Panes").
-FRAME_MIN = 0.2  # seconds between frames while lines trickle in (5 Hz; the first after a pause at once) ...
-FRAME_FAST = 0.05  # ... while they come at half a screenful per FRAME_MIN or more: none scrolls past unseen ...
-FRAME_BUSY = 0.08  # ... once a screenful waits anyway (a flood: CPU, same lag)
-BULK_LINES_PER_FRAME = 20_000  # more new lines than this since the last frame: a backlog is read
-BULK_INTERVAL = 0.25  # seconds between frames while a backlog is read
-STATUS_INTERVAL = 1.0  # the status line's counters (lines, lines/s over 2 s) are redrawn at most this often
 BACKLOG_LINES = 5_000  # lines before each file's end shown at start (a screenful plus scrollback)
 INITIAL_WAIT = 0.5  # seconds the first frame waits for that backlog, at most
 COUNT_DELAY = 2.0  # seconds the count of the lines above the backlog waits for the first frame, at most
@@ -117,36 +105,7 @@ class TiledHorizontal(Horizontal):
     BLANK = True
 
 
-def guarded(what: str) -> Callable:
-    """Turn an exception in a handler into a notice in the log pane instead of a dead app."""
-
-    def decorate(method: Callable) -> Callable:
-        if inspect.iscoroutinefunction(method):
-
-            @functools.wraps(method)
-            async def async_wrapper(self: RadixtopApp, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await method(self, *args, **kwargs)
-                except Exception as exc:
-                    self.report_failure(what, exc)
-                    return None
-
-            return async_wrapper
-
-        @functools.wraps(method)
-        def wrapper(self: RadixtopApp, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as exc:
-                self.report_failure(what, exc)
-                return None
-
-        return wrapper
-
-    return decorate
-
-
-class RadixtopApp(IncidentActions, App[int]):
+class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "radixtop"
     ENABLE_COMMAND_PALETTE = False
@@ -197,26 +156,14 @@ class RadixtopApp(IncidentActions, App[int]):
         self._stopping = threading.Event()  # set when quitting: background scans stop early
         self._history_parts: list[Any] = []  # SkippedLines waiting for the first frame
         self._history_started = False
-        self._drawn_version = -1
-        self._drawn_lines = 0
-        self._drawn_at = 0.0
-        self._status_at = 0.0
-        self._status_mode: tuple | None = None
-        self._status_pending = False  # a status update waits for the log pane's frame to be drawn
-        self._shown_ids: tuple[str, ...] | None = None
-        self._findings_at = 0.0
-        self._prompt_mode: str | None = None
+        self.pacer = FramePacer()  # what was drawn when, and when to draw next (tui/pacing.py)
         self._failures: dict[str, int] = {}
         self._flushing = False
         # The main screen's widgets, looked up once (per frame otherwise).
         self._log_view: LogView | None = None
         self._status_line: StatusLine | None = None
         self._timer: Any = None  # the one timer (_on_timer), re-armed after each run
-        self._health_at = 0.0
         self._findings_title = ""
-        self._tick_lines = 0  # state.total_lines at the previous _tick
-        self._lines_at = -1e9  # time.monotonic() when the last new lines were seen
-        self._picked: tuple[int, str | None] | None = None  # (pid, url) the user picked, for the session
         self._left_sources: set[str] = set()  # logs of a server switched away from: off the status line
         if self.log_patterns:
             self._open_logs(capacity)
@@ -276,8 +223,7 @@ class RadixtopApp(IncidentActions, App[int]):
         if self.banner:
             self.state.add_message([self.banner])
         if self.live_options is not None:
-            self.panes = Panes(self, self.live_options, follow_log=self.follow_logs, add_lines=self._add_lines,
-                               on_status_change=self._update_status)  # fmt: skip
+            self.panes = self._new_panes(self.live_options)
             # After the first frame: mounting the panes, discovery and the first NVML read would
             # otherwise hold back the log's first screen (about 0.3 s here).
             self.call_after_refresh(self._mount_panes)
@@ -330,6 +276,10 @@ class RadixtopApp(IncidentActions, App[int]):
             raise
         except Exception as exc:
             self.report_failure("watching the server", exc)
+
+    def _new_panes(self, options: LiveOptions) -> Panes:
+        return Panes(self, options, follow_log=self.follow_logs, add_lines=self._add_lines,
+                     on_status_change=self._update_status)  # fmt: skip
 
     def _add_lines(self, lines: list[str]) -> None:
         self.state.add_message(lines)
@@ -439,19 +389,6 @@ class RadixtopApp(IncidentActions, App[int]):
         self.state.apply(result)
         self._tick()
 
-    def _frame_interval(self) -> float:
-        new = self.state.total_lines - self._drawn_lines
-        if new > BULK_LINES_PER_FRAME:
-            return BULK_INTERVAL
-        height = self.log_view.size.height
-        if new >= height:
-            return FRAME_BUSY
-        # At 5 Hz, lines coming faster than a screenful per frame would scroll past unseen: 20 Hz
-        # then (as before), up to a screenful per FRAME_FAST. Over the last 2 s, not since the
-        # last frame: a burst right after a frame is no rate.
-        rate = self.state.lines_per_second() or 0.0
-        return FRAME_FAST if rate * FRAME_MIN >= height / 2 else FRAME_MIN
-
     @work(exclusive=True, group="logs", exit_on_error=False)
     async def _consume(self) -> None:
         follower = self.follower
@@ -462,13 +399,13 @@ class RadixtopApp(IncidentActions, App[int]):
                     self._ingest(batch)
                     # Draw when the next frame is due; lines that arrive meanwhile wait in the
                     # follower and are taken together just before it.
-                    # The wait is looked at again every FRAME_FAST: lines arriving during it
-                    # faster than a screenful per frame bring the frame forward.
-                    for _ in range(100):  # bounded: FRAME_MIN / FRAME_FAST steps are enough
-                        wait = self._drawn_at + self._frame_interval() - time.monotonic()
+                    for _ in range(100):  # bounded: each wait is at most the pacer's FRAME_FAST
+                        state = self.state
+                        wait = self.pacer.frame_wait(time.monotonic(), state.total_lines, self.log_view.size.height,
+                                                     state.lines_per_second())  # fmt: skip
                         if wait <= 0:
                             break
-                        await asyncio.sleep(min(wait, FRAME_FAST))
+                        await asyncio.sleep(wait)
                         self._take_waiting(follower)
                     self._tick()
                 return  # the follower was stopped
@@ -513,7 +450,8 @@ class RadixtopApp(IncidentActions, App[int]):
             return
         try:
             self.state.set_health(self.follower.health())
-            if self._status_mode is not None and self._status_key() != self._status_mode:
+            shown = self.pacer.status_key
+            if shown is not None and self._status_key() != shown:
                 self._update_status()  # a file's new state (rotated, deleted ...) shows at once
         except Exception as exc:
             self.report_failure("reading the sources' health", exc)
@@ -530,6 +468,15 @@ class RadixtopApp(IncidentActions, App[int]):
                 follower.stop()
             except Exception as exc:  # quitting must not fail because the follower did
                 self.log.error(f"stopping the log follower failed: {exc!r}")
+
+    def _leave_logs(self) -> None:
+        """Stop following the logs of a server switched away from, ready to follow the next one's:
+        their lines stay in the pane, their sources leave the status line."""
+        self._left_sources.update(s.source for s in self.state.sources())
+        self._stop_following()
+        self._stopping = threading.Event()
+        self._history_started = False
+        self.log_patterns = []
 
     async def action_quit(self) -> None:
         await self.stop_actions()  # a confirmation run's control server is stopped first
@@ -554,50 +501,35 @@ class RadixtopApp(IncidentActions, App[int]):
         self._timer = self.set_timer(delay, self._on_timer, name="radixtop tick")
 
     def _on_timer(self) -> None:
-        """The one timer: the health of the followed files every HEALTH_EVERY_S, the findings whose
-        lines-after never came (only while a hit waits), and the slow redraws (_tick). It runs
-        1/REFRESH_HZ apart while something moves and IDLE_TICK_S apart once nothing does: three
-        fixed-rate timers woke an idle app 9 times a second, and each findings flush started a
-        worker (measured: a tenth of the idle app's CPU)."""
+        """The one timer: the health of the followed files (pacing.HEALTH_EVERY_S), the findings
+        whose lines-after never came (only while a hit waits), and the slow redraws (_tick). Its
+        pace is FramePacer.timer_delay's: fast while something moves, slow once nothing does:
+        three fixed-rate timers woke an idle app 9 times a second, and each findings flush started
+        a worker (measured: a tenth of the idle app's CPU)."""
         try:
-            now = time.monotonic()
-            if now - self._health_at >= HEALTH_EVERY_S:
-                self._health_at = now
+            if self.pacer.health_due(time.monotonic()):
                 self._poll_health()
             if self.ingestor.has_waiting():
                 self._flush_findings()
             self._tick()
         finally:
             if self.is_running:
-                self._schedule_timer(self._timer_delay())
-
-    def _timer_delay(self) -> float:
-        """1/REFRESH_HZ while something waits to be drawn, a hit waits for its lines-after or lines
-        came in the last RECENT_LINES_S (the counters' final figures); IDLE_TICK_S otherwise: new
-        lines draw themselves (the consumer's frames), keys at once, the panes at most once a
-        second anyway."""
-        if (
-            self.state.version != self._drawn_version
-            or self.ingestor.has_waiting()
-            or time.monotonic() - self._lines_at < RECENT_LINES_S
-        ):
-            return 1 / REFRESH_HZ
-        return IDLE_TICK_S
+                delay = self.pacer.timer_delay(time.monotonic(), self.state.version, self.ingestor.has_waiting())
+                self._schedule_timer(delay)
 
     @guarded("refreshing the screen")
     def _tick(self, force: bool = False) -> None:
-        state = self.state
+        state, pacer = self.state, self.pacer
         now = time.monotonic()
         drew = False
-        if state.version != self._drawn_version:
-            # Frames are paced (see _frame_interval), also for this timer's calls: a frame in
-            # between the consumer's would cost as much as theirs and show little more. Reading
-            # a backlog moves tens of thousands of lines per frame: nobody reads those frames.
-            if force or now - self._drawn_at >= self._frame_interval():
-                self._drawn_version, self._drawn_lines, self._drawn_at = state.version, state.total_lines, now
-                self.log_view.refresh_view()
-                self._show_findings(now, force)
-                drew = True
+        # Frames are paced also for this timer's calls: a frame in between the consumer's would
+        # cost as much as theirs and show little more.
+        if pacer.frame_due(now, state.version, state.total_lines, self.log_view.size.height, state.lines_per_second(),
+                           force):  # fmt: skip
+            pacer.drew_frame(now, state.version, state.total_lines)
+            self.log_view.refresh_view()
+            self._show_findings(now, force)
+            drew = True
         self.log_view.keep_following()
         panes = self.panes
         if panes is not None:
@@ -610,37 +542,23 @@ class RadixtopApp(IncidentActions, App[int]):
             else:
                 panes.redraw(force)
         # The counters (lines, lines/s) move at most once a second; a mode change, a new
-        # initiating failure or a file's new state shows at once (_status_key). (The counters
-        # were also redrawn on each tick that found no new lines, for the final count: under a
-        # busy log, which comes in bursts, after nearly every burst, a status frame per log
-        # frame. The timer keeps its fast pace for RECENT_LINES_S >= STATUS_INTERVAL after the
-        # last lines, so the final count still shows within a second and a tick.)
+        # initiating failure or a file's new state shows at once (_status_key).
         mode = self._status_key()
-        lines_came = state.total_lines != self._tick_lines
-        if lines_came:
-            self._tick_lines, self._lines_at = state.total_lines, now
-        if force or mode != self._status_mode:
+        pacer.note_lines(now, state.total_lines)
+        how = pacer.status_draw(now, mode, drew, force)
+        if how == "now":
             self._update_status()
-        elif now - self._status_at >= STATUS_INTERVAL and not self._status_pending:
-            if drew:
-                # Not in the same frame as the log pane: Textual redraws every widget inside the
-                # box around all changed regions, and a full-width status line makes that box the
-                # whole screen (the findings list, the footer) instead of the log pane alone.
-                self._status_pending = True
-                self.call_after_refresh(self._update_status)
-            else:
-                self._update_status()
+        elif how == "after_frame":
+            self.call_after_refresh(self._update_status)
 
     def _update_status(self) -> None:
-        self._status_pending = False
-        self._status_at = time.monotonic()
-        self._status_mode = self._status_key()
+        self.pacer.status_drawn(time.monotonic(), self._status_key())
         self.status_line.show(self.status_info())
 
     def _status_key(self) -> tuple:
         """What the status line shows at once when it changes: the mode, the first failure, the
         filter and search, each followed file's state (rotated, missing, ...); the counters wait
-        for STATUS_INTERVAL."""
+        for the pacer's STATUS_INTERVAL."""
         state = self.state
         report = state.report
         initiating = report.initiating if report is not None else None
@@ -650,11 +568,8 @@ class RadixtopApp(IncidentActions, App[int]):
     def _show_findings(self, now: float, force: bool) -> None:
         report = self.state.report
         ids = tuple(f.signature.id for f in report.findings) if report is not None else ()
-        # A new signature shows at once; a count going up only once a second (rebuilding the
-        # list each frame costs more than the log pane).
-        if not force and ids == self._shown_ids and now - self._findings_at < 1.0:
+        if not self.pacer.findings_due(now, ids, force):
             return
-        self._shown_ids, self._findings_at = ids, now
         self.observe_findings(report)  # the automatic evidence bundle
         self.findings_list.show_report(report, self.state.label)
         title = f"Findings ({len(ids)}) · Enter jump · d evidence"
@@ -710,7 +625,7 @@ class RadixtopApp(IncidentActions, App[int]):
             extra=self.status_extra(),
         )
 
-    # -- keys --------------------------------------------------------------------------------------
+    # -- keys (search and filter: tui/search.py; s, the servers: tui/servers.py) ------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if self.allow_incident_action(action) is False:
@@ -734,125 +649,6 @@ class RadixtopApp(IncidentActions, App[int]):
             from radixtop.widgets.radix import RadixPane
 
             self.query_one(RadixPane).select_step(step)
-
-    # -- the server watched: picking, switching, a log that is no file ----------------------------
-
-    def _log_source(self) -> Any:
-        targets = self.panes.targets if self.panes is not None else None
-        return targets.log_source if targets is not None else None
-
-    def _stop_log_source(self) -> None:
-        """Undo what following a non-file log changed (a tmux pipe) and stop its reader."""
-        source = self._log_source()
-        if source is not None:
-            try:
-                source.stop()
-            except Exception as exc:  # quitting must not fail because of it
-                self.log.error(f"stopping {source.name} failed: {exc!r}")
-
-    def _offer_pipe(self) -> None:
-        """A tmux pane is read every second; offer `tmux pipe-pane` (every line, but it changes
-        the user's tmux until radixtop exits)."""
-        from radixtop.widgets.picker import Question
-
-        source = self._log_source()
-        if source is None:
-            return
-        source.set_notes(self._note_from_thread)
-        if source.pane is None:
-            return
-        name = source.pane.pane.name
-        if source.pane.pane.piped:  # tmux keeps one pipe a pane: the user's stays
-            self._add_lines([f"{name} already pipes its output elsewhere (tmux pipe-pane): it is read every second"])
-            return
-        lines = [
-            f"The server's output goes to {name}; radixtop shows what the pane holds and reads it every second",
-            "(a flood of more than a thousand lines a second can slip between two reads).",
-            f"tmux pipe-pane would copy every line the pane prints to {source.path};",
-            "it changes that pane's settings while radixtop runs and is undone when radixtop exits.",
-        ]
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._pipe_pane(source)
-            else:
-                self._add_lines([f"reading {name} every second (no tmux pipe-pane)"])
-
-        self.push_screen(Question(lines, f"Follow {name} through tmux pipe-pane?"), answered)
-
-    def _note_from_thread(self, text: str) -> None:
-        try:
-            self.call_from_thread(self._add_lines, [text])
-        except RuntimeError:
-            pass  # the app has gone: nothing to show it in
-
-    @work(group="pipe-pane", exit_on_error=False)
-    async def _pipe_pane(self, source: Any) -> None:
-        why = await asyncio.to_thread(source.pane.pipe)
-        self._add_lines([why or f"following {source.pane.pane.name} through tmux pipe-pane (undone when radixtop exits)"])
-
-    async def pick_server(self, servers: Sequence[Any], current: int | None = None) -> Any:
-        """The server to watch among several: the one picked earlier in this session while it
-        runs, else the user's choice in the picker (None: Esc)."""
-        from radixtop.widgets.picker import ServerPicker
-
-        if self._picked is not None and current is None:
-            pid, url = self._picked
-            for s in servers:
-                if s.pid == pid or (url is not None and s.url == url):
-                    return s
-        loop = asyncio.get_running_loop()
-        chosen: asyncio.Future[int | None] = loop.create_future()
-        rows = [server_row(s, s.pid == current) for s in servers]
-
-        def answer(index: int | None) -> None:
-            if not chosen.done():
-                chosen.set_result(index)
-
-        self.push_screen(ServerPicker(rows), answer)
-        index = await chosen
-        if index is None:
-            return None
-        picked = servers[index]
-        self._picked = (picked.pid, picked.url)
-        return picked
-
-    @guarded("servers")
-    def action_server(self) -> None:
-        self._switch_server()
-
-    @work(exclusive=True, group="servers", exit_on_error=False)
-    async def _switch_server(self) -> None:
-        from radixtop.probes.discovery import discover
-        from radixtop.session.live import ranked
-
-        panes = self.panes
-        if panes is None:
-            return
-        found = await discover()
-        if not found.servers:
-            self._add_lines(found.describe())
-            return
-        current = panes.targets.pid if panes.targets is not None else None
-        chosen = await self.pick_server(ranked(found.servers), current=current if current is not None else -1)
-        if chosen is None or chosen.pid == current:
-            return
-        self.workers.cancel_group(self, "live")
-        self._stop_log_source()
-        options = panes.options  # the panes exist only with live options
-        if not options.logs:  # a log given with --log stays followed
-            self._left_sources.update(s.source for s in self.state.sources())
-            self._stop_following()
-            self._stopping = threading.Event()
-            self._history_started = False
-            self.log_patterns = []
-        self._add_lines([f"switching to {chosen.name} pid {chosen.pid}" + (f" at {chosen.url}" if chosen.url else "")
-                         + "; the lines above stay"])  # fmt: skip
-        self.panes = Panes(self, options, follow_log=self.follow_logs, add_lines=self._add_lines,
-                           on_status_change=self._update_status)  # fmt: skip
-        self.panes.mounted = panes.mounted
-        self.panes.layout(self.size.width, self.size.height)
-        self._run_live()
 
     @guarded("help")
     def action_help(self) -> None:
@@ -901,112 +697,6 @@ class RadixtopApp(IncidentActions, App[int]):
             self.screen.add_class("-show-findings")
             findings.focus()
 
-    # search and filter share one prompt line
-    @guarded("prompt")
-    async def action_prompt(self, mode: str) -> None:
-        self._prompt_mode = mode
-        bar = self.query_one("#prompt-bar")
-        label = self.query_one("#prompt-label", Label)
-        found = bar.query("#prompt")
-        if found:
-            prompt = found.first(Input)
-        else:
-            prompt = Input(id="prompt", compact=True)
-            await bar.mount(prompt)
-        label.update("Search /" if mode == "search" else "Filter &")
-        prompt.placeholder = (
-            "text to find (Enter; Esc cancels; n/N next/previous)"
-            if mode == "search"
-            else "show only lines containing (Enter; Esc cancels)"
-        )
-        prompt.value = (self.state.search_text if mode == "search" else self.state.filter_text) or ""
-        bar.add_class("-visible")
-        prompt.focus()
-
-    def _close_prompt(self) -> None:
-        self._prompt_mode = None
-        self.query_one("#prompt-bar").remove_class("-visible")
-        self.log_view.focus()
-
-    @guarded("search/filter input")
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        mode, text = self._prompt_mode, event.value
-        self._close_prompt()
-        if mode == "search":
-            self.apply_search(text)
-        elif mode == "filter":
-            self.apply_filter(text)
-
-    def apply_search(self, text: str) -> None:
-        state, view = self.state, self.log_view
-        state.set_search(text or None)
-        view.invalidate()
-        if not text:
-            return
-        # The nearest match at or above the bottom of the screen: in a live tail, the latest one.
-        row = state.find_search(view.reference_row(forward=False), forward=False)
-        if row is None:
-            self.notify(f"no line in view contains {text!r}", severity="warning")
-        else:
-            view.jump_to_row(row)
-        self._tick(force=True)
-
-    def apply_filter(self, text: str) -> None:
-        state, view = self.state, self.log_view
-        anchor = view.cursor_seq
-        state.set_filter(text or None)
-        view.refresh_view()
-        row = state.row_of(anchor) if anchor is not None else None
-        if row is not None:
-            view.jump_to_row(row)
-        elif not view.follow:
-            view.set_follow(True)
-        if text and state.view_len == 0:
-            self.notify(f"no line in view contains {text!r} (yet); Esc clears the filter", severity="warning")
-        self._tick(force=True)
-
-    @guarded("search")
-    def action_search(self, forward: bool) -> None:
-        state, view = self.state, self.log_view
-        if not state.search_text:
-            self.run_worker(self.action_prompt("search"), group="prompt")
-            return
-        row = state.find_search(view.reference_row(forward), forward)
-        if row is None:
-            self.notify(f"no line in view contains {state.search_text!r}", severity="warning")
-            return
-        view.jump_to_row(row)
-        self._tick(force=True)
-
-    @guarded("next/previous hit")
-    def action_hit(self, forward: bool) -> None:
-        view = self.log_view
-        row = self.state.find_hit(view.reference_row(forward), forward)
-        if row is None:
-            self.notify("no line in view matched a failure signature", severity="information")
-            return
-        view.jump_to_row(row)
-        view.focus()
-        self._tick(force=True)
-
-    @guarded("clear")
-    def action_clear(self) -> None:
-        state, view = self.state, self.log_view
-        if self._prompt_mode is not None:
-            self._close_prompt()
-        elif self.focused is self.findings_list:
-            self.screen.remove_class("-show-findings")
-            view.focus()
-        elif state.search_text:
-            state.set_search(None)
-            view.invalidate()
-        elif state.filter_text:
-            self.apply_filter("")
-        elif view.cursor_seq is not None:
-            view.cursor_seq = None
-            view.refresh()
-        self._tick(force=True)
-
     # -- findings ----------------------------------------------------------------------------------
 
     @guarded("jump to finding")
@@ -1048,123 +738,6 @@ class RadixtopApp(IncidentActions, App[int]):
             if entry is not None and entry.lineno == line and finding_file(entry.source, entry.generation) == file:
                 return seq
         return None
-
-
-def server_row(server: Any, current: bool = False) -> Any:
-    """A found server as the picker lists it."""
-    from radixtop.widgets.picker import ServerRow, uptime_text
-
-    if server.log_path:
-        log = server.log_path
-    elif server.log_elsewhere is not None:
-        log = server.log_elsewhere.name
-    else:
-        log = "no log found"
-    return ServerRow(port=str(server.port) if server.port else "—", kind=server.name, model=server.model,
-                     pid=server.pid, uptime=uptime_text(time.time() - server.started), log=log,
-                     current=current)  # fmt: skip
-
-
-# -- a terminal that cannot take Unicode ----------------------------------------------------------
-
-_ASCII_ERRORS = "radixtop-ascii-cells"
-_ASCII_GLYPHS = {"…": ".", "·": ".", "•": "*", "→": ">", "←": "<", "↑": "^", "↓": "v", "▲": "^", "▼": "v",
-                 "▶": ">", "◀": "<", "✓": "v", "✗": "x", "×": "x", "—": "-", "–": "-"}  # fmt: skip
-
-
-def _ascii_glyph(ch: str) -> str:
-    """An ASCII stand-in for a character, as many cells wide as the character itself (Textual
-    has placed everything after it by that width)."""
-    import unicodedata
-
-    from rich.cells import cell_len
-
-    if ch in _ASCII_GLYPHS:
-        return _ASCII_GLYPHS[ch]
-    width = cell_len(ch)
-    name = unicodedata.name(ch, "")
-    if "BOX DRAWINGS" in name or name.endswith(("ONE EIGHTH BLOCK", "ONE QUARTER BLOCK")):
-        vertical = "VERTICAL" in name or "LEFT" in name or "RIGHT" in name
-        horizontal = "HORIZONTAL" in name or "UPPER" in name or "LOWER" in name
-        return "+" if vertical and horizontal else "|" if vertical else "-" if horizontal else "+"
-    if "BLOCK" in name or "SHADE" in name:
-        return "#" * width
-    return "?" * width
-
-
-def _ascii_cells(exc: UnicodeError) -> tuple[str, int]:
-    if not isinstance(exc, UnicodeEncodeError):
-        raise exc
-    return "".join(_ascii_glyph(ch) for ch in exc.object[exc.start : exc.end]), exc.end
-
-
-def fit_terminal() -> bool:
-    """Textual writes to sys.__stderr__. Where that cannot encode Unicode (an ASCII locale
-    without Python's UTF-8 mode, PYTHONIOENCODING=ascii) its default error handler would print
-    `\\u2502` for every border cell; instead each character it cannot encode is drawn in ASCII,
-    cell for cell (box drawing as + - |, blocks as #, the rest ?). Returns whether it did."""
-    stream = sys.__stderr__
-    try:
-        "\u2502".encode(getattr(stream, "encoding", None) or "ascii")
-        return False
-    except (UnicodeEncodeError, LookupError):
-        pass
-    try:
-        codecs.lookup_error(_ASCII_ERRORS)
-    except LookupError:
-        codecs.register_error(_ASCII_ERRORS, _ascii_cells)
-    reconfigure = getattr(stream, "reconfigure", None)
-    if reconfigure is None:
-        return False
-    reconfigure(errors=_ASCII_ERRORS)
-    return True
-
-
-# -- SIGTERM and SIGHUP ----------------------------------------------------------------------------
-
-QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-QUIT_GRACE_S = 5.0  # after SIGTERM or SIGHUP, the quit path's time before the process just ends
-
-
-def _exit_after(seconds: float, code: int) -> None:
-    time.sleep(seconds)
-    os._exit(code)
-
-
-def run_until_quit(app: App) -> int | None:
-    """``app.run()``, except that SIGTERM and SIGHUP take the app's own quit path (what q does:
-    bundles cancelled, a confirmation run's control server stopped, the terminal given back with
-    the alternate screen, mouse reporting and the cursor as they were) instead of killing the
-    process in the middle of the screen. Returns the signal's number when one ended the app."""
-    received: list[int] = []
-
-    def handle(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        try:
-            loop = asyncio.get_running_loop()  # the app's: the handler runs on its thread
-        except RuntimeError:  # before or after the app: as if no handler were there
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if len(received) == 1:
-            # A hang-up means the terminal is gone, and restoring it can block for ever (Textual's
-            # writer waits on a terminal no one reads): the quit path gets QUIT_GRACE_S, then the
-            # process ends anyway (the servers it started die with it: PR_SET_PDEATHSIG).
-            threading.Thread(target=_exit_after, args=(QUIT_GRACE_S, 128 + signum), name="radixtop-quit-deadline",
-                             daemon=True).start()  # fmt: skip
-            loop.call_soon_threadsafe(lambda: loop.create_task(app.run_action("quit")))
-        else:  # asked twice: the quit path itself is stuck
-            os._exit(128 + signum)
-
-    previous = {sig: signal.signal(sig, handle) for sig in QUIT_SIGNALS}
-    try:
-        app.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return received[0] if received else None
 
 
 def run_from_args(args: Namespace) -> int:

@@ -16,7 +16,7 @@ from radixtop.tui.guard import guarded
 if TYPE_CHECKING:
     from textual.app import App
 
-    from radixtop.session.state import IncidentState
+    from radixtop.session.incident_state import IncidentState
     from radixtop.widgets.findings import FindingsList
     from radixtop.widgets.logview import LogView
 

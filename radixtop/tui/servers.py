@@ -20,7 +20,7 @@ from radixtop.tui.guard import guarded
 if TYPE_CHECKING:
     from textual.app import App
 
-    from radixtop.session.state import IncidentState
+    from radixtop.session.incident_state import IncidentState
     from radixtop.tui.panes import LiveOptions, Panes
 
     _AppBase = App[int]

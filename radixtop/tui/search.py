@@ -1,6 +1,6 @@
 """Search and filter in the log pane: the prompt line they share, n/N, e/E and Esc.
 
-RadixtopApp inherits SearchKeys. The searching itself is session/state.py's (`IncidentState`'s
+RadixtopApp inherits SearchKeys. The searching itself is session/incident_state.py's (`IncidentState`'s
 search and filter indexes); this module takes the text from the prompt, moves the log pane to what
 it found and says when nothing was.
 """

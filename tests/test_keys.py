@@ -72,3 +72,27 @@ async def test_a_keymap_that_cannot_be_used_is_one_notice_and_the_default_keys(t
         assert not app.is_running
     keymap.write_text("not toml [", encoding="utf-8")
     assert "not read" in (load_keymap(keymap)[1] or "")
+
+
+async def test_a_keymap_file_moves_a_dialogs_keys_too(tmp_path: Path, monkeypatch):
+    """The plan's approve and refuse keys are no different: the keymap moves them by their ids."""
+    from radixtop.widgets.confirm import PlanScreen
+    from radixtop.widgets.keys import WIDGET_KEYS
+
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('[keys]\napprove = "a"\nrefuse = "r"\n', encoding="utf-8")
+    assert load_keymap(keymap) == ({"approve": "a", "refuse": "r"}, None)
+    monkeypatch.setenv("RADIXTOP_KEYMAP", str(keymap))
+    app = RadixtopApp()
+    answers: list[bool | None] = []
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.push_screen(PlanScreen(["a plan"]), answers.append)
+        await pilot.pause(0.1)
+        await pilot.press("y")  # no longer approves
+        await pilot.pause(0.1)
+        assert answers == [] and isinstance(app.screen, PlanScreen)
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        assert answers == [True]
+    ids = {key_id for _, _, key_id in help_rows()}
+    assert {k.id for k in WIDGET_KEYS} <= ids  # the help lists every id a keymap may use

@@ -24,19 +24,17 @@ from pathlib import Path
 from textual.binding import Binding
 from textual.keys import format_key
 
+from radixtop.widgets.keys import WIDGET_KEYS, WidgetKey
+
 __all__ = ["EXTRA_HELP", "KEYS", "Key", "bindings", "display", "help_rows", "keymap_path", "load_keymap"]
 
 ENV_KEYMAP = "RADIXTOP_KEYMAP"
 
 
 @dataclass(frozen=True)
-class Key:
-    id: str  # the keymap file's name for it
-    keys: str  # Textual key names, comma separated
-    action: str
-    label: str  # in the footer
-    help: str  # on the help screen
-    show: bool = True  # in the footer
+class Key(WidgetKey):
+    """One of the app's own keys (a widget's is a WidgetKey)."""
+
     priority: bool = False
     key_display: str | None = None  # the footer's way of writing several keys ("1-5")
 
@@ -91,9 +89,8 @@ KEYS: tuple[Key, ...] = (
 
 # What the help screen also says: keys of a focused widget, and a flag.
 EXTRA_HELP: tuple[tuple[str, str], ...] = (
-    ("Tab", "to the findings list and back; Enter jumps to a finding's first line, d shows its evidence"),
-    ("radix tree", "↑ ↓ move, Enter or → expands, ← collapses (or goes to the parent), x opens every path to a "
-                   "locked node; 2 focuses it"),
+    ("Tab", "to the findings list and back; Enter jumps to a finding's first line"),
+    ("radix tree", "↑ ↓ move, Enter or → expands, ← collapses (or goes to the parent); 2 focuses it"),
     ("↑ ↓ PgUp PgDn Home End", "scroll (also j k Space g G); ← → scroll long lines; mouse wheel works"),
     ("--readonly", "b, c and the automatic bundle are off: radixtop only watches"),
 )
@@ -115,7 +112,7 @@ def help_rows(keymap: Mapping[str, str] | None = None) -> list[tuple[str, str, s
     """(keys, what they do, the id a keymap file names it by) for the help screen, with the
     user's keymap applied; "" for the rows that are no binding of the app's."""
     keymap = keymap or {}
-    rows = [(display(keymap.get(k.id, k.keys)), k.help, k.id) for k in KEYS]
+    rows = [(display(keymap.get(k.id, k.keys)), k.help, k.id) for k in (*KEYS, *WIDGET_KEYS)]
     return rows + [(keys, what, "") for keys, what in EXTRA_HELP]
 
 
@@ -140,7 +137,7 @@ def load_keymap(path: Path | None = None) -> tuple[dict[str, str], str | None]:
     table = doc.get("keys")
     if not isinstance(table, dict):
         return {}, f"{path}: no [keys] table; write e.g. [keys] quit = \"ctrl+q\""
-    ids = {k.id for k in KEYS}
+    ids = {k.id for k in (*KEYS, *WIDGET_KEYS)}
     unknown = sorted(str(name) for name in table if name not in ids)
     if unknown:
         return {}, f"{path}: unknown key ids {', '.join(unknown)}; use ids from: {', '.join(sorted(ids))}"

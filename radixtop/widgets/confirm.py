@@ -15,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Log, Static
 
 from radixtop.textsafe import printable
+from radixtop.widgets.keys import APPROVE, CANCEL_RUN, HIDE_RUN, REFUSE, binding
 
 MAX_EVENT_LINES = 2_000  # the run's progress lines kept on screen (a long run polls every 5 s)
 
@@ -46,8 +47,8 @@ class PlanScreen(ModalScreen[bool]):
     PlanScreen #plan-stop { width: 40; margin: 1 0 0 0; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y,enter", "answer(True)", "Approve"),
-        Binding("n,escape", "answer(False)", "Cancel"),
+        binding(APPROVE),
+        binding(REFUSE),
     ]
 
     def __init__(self, lines: Sequence[str], *, blockers: Sequence[str] = (), requires_stop: bool = False,
@@ -133,8 +134,8 @@ class RunScreen(ModalScreen[None]):
     RunScreen #run-keys { height: 1; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("x", "cancel_run", "Cancel run"),
-        Binding("escape", "close", "Hide / close"),
+        binding(CANCEL_RUN),
+        binding(HIDE_RUN),
         Binding("enter", "close_done", "Close", show=False),
         Binding("q", "quit_or_close", "Quit", show=False),
     ]

@@ -22,6 +22,7 @@ from textual.widgets.option_list import Option
 
 from radixtop.textsafe import printable_text
 from radixtop.themes import SEVERITY_MARKERS
+from radixtop.widgets.keys import EVIDENCE, binding
 
 
 def _when(occurrence: Any) -> str:
@@ -59,7 +60,7 @@ class FindingsList(OptionList):
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("tab", "app.toggle_findings", "Log"),
-        Binding("d", "details", "Evidence"),
+        binding(EVIDENCE),
     ]
 
     class DetailsRequested(Message):

@@ -32,6 +32,7 @@ from textual.widgets import Static
 from radixtop.probes.radix_tree import TreeIndex, discard
 from radixtop.session.radix_board import RadixBoard, RankView
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
+from radixtop.widgets.keys import LOCKED_PATHS, binding
 from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
@@ -95,7 +96,7 @@ class RadixTreeView(ScrollView, can_focus=True):
         Binding("end", "jump(-1)", "Bottom", show=False),
         Binding("enter,right,l,space", "expand", "Expand", show=False),
         Binding("left,h", "collapse", "Collapse", show=False),
-        Binding("x", "expand_locked", "Locked paths"),
+        binding(LOCKED_PATHS),
         Binding("left_square_bracket", "rank(-1)", "Prev rank"),
         Binding("right_square_bracket", "rank(1)", "Next rank"),
     ]

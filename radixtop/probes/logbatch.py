@@ -84,8 +84,8 @@ def _make_records(
 ) -> list[LogRecord]:
     # The cyclic GC is paused while a chunk's records are built. They hold only str/int/float, so
     # they can never be part of a cycle, yet left alone the GC would run a collection per 700 of
-    # them and, once the app keeps many (its ring buffer), a full one every ~70,000: measured here
-    # that doubled the cost per line. Textual pauses the GC the same way while it scrolls.
+    # them and, once the app keeps many (its ring buffer), a full one every ~70,000, which
+    # doubles the cost per line. Textual pauses the GC the same way while it scrolls.
     gc_was_enabled = gc.isenabled()
     if gc_was_enabled:
         gc.disable()

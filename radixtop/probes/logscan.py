@@ -322,7 +322,7 @@ def _worth_a_worker(file_size: int | None, chunk_size: int) -> bool:
 
 def _chunk_for(chunk_size: int, file_size: int | None) -> int:
     """The read size for one input: chunk_size, or less for a smaller regular file, because
-    zeroing two 4 MiB buffers costs more (~10 ms here) than scanning a small file does."""
+    zeroing two 4 MiB buffers costs more than scanning a small file does."""
     if file_size is None:
         return chunk_size
     step = 64 << 10
@@ -330,8 +330,8 @@ def _chunk_for(chunk_size: int, file_size: int | None) -> int:
 
 
 def _count_newlines(buf: bytearray, n: int) -> int:
-    """Newlines in buf[:n]. bytes.count(b"\\n") walks byte by byte in CPython 3.11 (measured here
-    ~1 GB/s); replace() finds them with memchr and copies the rest, about twice as fast. replace()
+    """Newlines in buf[:n]. bytes.count(b"\\n") walks byte by byte in CPython 3.11; replace()
+    finds them with memchr and copies the rest, about twice as fast (benchmarks/README.md, "Scan"). replace()
     works on the whole buffer, so a short (final) read is counted the plain way."""
     if n < len(buf):
         return buf.count(b"\n", 0, n)

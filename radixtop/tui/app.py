@@ -91,8 +91,8 @@ def no_log_message() -> list[str]:
 # The main screen's plain containers: their children fill them (tests/test_tui_frames.py
 # checks it in every layout), so what they draw themselves is never seen. Textual still renders
 # every widget whose clip meets a frame's changed rows: the screen, #body, #main and #bottom,
-# row by row through the styles cache, a fifth of each log frame's compositing (measured), for
-# strips the log pane covers. BLANK widgets hand back blank rows of their background instead.
+# row by row through the styles cache, for strips the log pane covers: a large share of a log
+# frame's compositing (benchmarks/README.md). BLANK widgets hand back blank rows of their background instead.
 class TiledScreen(Screen):
     BLANK = True
 
@@ -225,7 +225,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
         if self.live_options is not None:
             self.panes = self._new_panes(self.live_options)
             # After the first frame: mounting the panes, discovery and the first NVML read would
-            # otherwise hold back the log's first screen (about 0.3 s here).
+            # otherwise hold back the log's first screen.
             self.call_after_refresh(self._mount_panes)
         if not self.log_patterns and self.live_options is not None and self.live_options.discover:
             self.state.add_message(["radixtop is looking for SGLang and vLLM servers on this node…"])
@@ -245,10 +245,9 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
     def _freeze_startup_objects(self) -> None:
         """What start-up built (Textual's modules, styles and widgets: some 70,000 objects) lives
         as long as the app: move it out of the cyclic GC's sight. Each full collection walked it
-        all, 100+ ms here, and while lines stream in, the many small objects of each frame bring
-        one every few seconds. With that, and young collections every 10,000 new objects instead
-        of 700, the collector went from a quarter of the UI thread's CPU at 50,000 lines/s to
-        under a tenth (measured; benchmarks/README.md, "On screen")."""
+        all, and while lines stream in, the many small objects of each frame bring one every few
+        seconds. Young collections every 10,000 new objects instead of 700 keep the collector a
+        small share of the UI thread's CPU at a flood (benchmarks/README.md, "On screen")."""
         gc.collect()
         gc.freeze()
         _, older, oldest = gc.get_threshold()
@@ -299,7 +298,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
         backlog = capacity if self.from_start else min(BACKLOG_LINES, capacity)
         try:
             # The lines above the backlog are counted after the first frame (start_counting): the
-            # count competes for the CPU with Textual's start-up (~0.1 s later per 100 MB, measured).
+            # count competes for the CPU with Textual's start-up, later the bigger the file.
             self.follower = LogFollower(self.log_patterns, backlog_lines=backlog, history=True, count_delay=COUNT_DELAY)
             self.follower.start()
         except (OSError, ValueError, TypeError) as exc:
@@ -503,9 +502,8 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
     def _on_timer(self) -> None:
         """The one timer: the health of the followed files (pacing.HEALTH_EVERY_S), the findings
         whose lines-after never came (only while a hit waits), and the slow redraws (_tick). Its
-        pace is FramePacer.timer_delay's: fast while something moves, slow once nothing does:
-        three fixed-rate timers woke an idle app 9 times a second, and each findings flush started
-        a worker (measured: a tenth of the idle app's CPU)."""
+        pace is FramePacer.timer_delay's: fast while something moves, slow once nothing does, so
+        an idle app wakes rarely and starts no worker."""
         try:
             if self.pacer.health_due(time.monotonic()):
                 self._poll_health()
@@ -536,8 +534,8 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
             self.watch_server()
             panes.note_report(state.report, self._title_of)
             if drew and not force:
-                # Not in the log pane's frame: the box around both is the whole screen (measured:
-                # 30-70 ms for such a frame, 15-20 ms for the panes alone).
+                # Not in the log pane's frame: the box around both is the whole screen, several
+                # times the cost of redrawing the panes alone.
                 panes.redraw_after_frame()
             else:
                 panes.redraw(force)

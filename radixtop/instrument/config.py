@@ -58,7 +58,9 @@ class InstrumentConfig:
         return {"port": 0} if self.base_port == 0 else {"base_port": self.base_port}
 
 
-def _env_number(env: Mapping[str, str], name: str, kind: type, default: Any, lo: Any, hi: Any, warn: bool = True) -> Any:
+def _env_number(
+    env: Mapping[str, str], name: str, kind: type, default: Any, lo: Any, hi: Any, warn: bool = True
+) -> Any:
     raw = env.get(name, "").strip()
     if not raw:
         return default

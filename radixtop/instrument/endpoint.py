@@ -119,7 +119,9 @@ class _Notice:
         log.info("radixtop endpoint for rank %d: %s%s%s", rank, self.what, detail, more)
 
 
-_LOCK_BUCKETS = (("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63))
+_LOCK_BUCKETS = (
+    ("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63)
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -258,7 +260,7 @@ class InstrumentEndpoint:
         # free port in the window discovery searches (its health names the rank). An exact port
         # (or 0, any free port) is that port only.
         self._ports = (range(self.requested_port, base_port + INSTRUMENT_PORT_SPAN)
-                       if port is None and base_port > 0 else range(self.requested_port, self.requested_port + 1))  # fmt: skip
+                       if port is None and base_port > 0 else range(self.requested_port, self.requested_port + 1))
         self.token = token or None
         self.hooks = hooks
         self.events = hooks.events if hooks is not None else EventRing()
@@ -640,7 +642,9 @@ class InstrumentEndpoint:
     def metrics_text(self) -> str:
         """Prometheus text exposition (0.0.4) of the counters and a fresh snapshot's gauges (fresh())."""
         rank = f'rank="{self.rank}"'
-        counters = self.hooks.counters() if self.hooks is not None else Counters(events_dropped=self.events.dropped_total)
+        counters = (
+            self.hooks.counters() if self.hooks is not None else Counters(events_dropped=self.events.dropped_total)
+        )
         out: list[str] = []
 
         def family(name: str, kind: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
@@ -653,16 +657,27 @@ class InstrumentEndpoint:
             family(name, "counter", _COUNTER_HELP[key], [(rank, getattr(counters, key))])
         snap, _ = self.fresh()
         hooks_active = 1 if self.hooks is not None and self.hooks.state == "active" else 0
-        family(STATE_METRIC_NAMES["hooks_active"], "gauge", "1 while radixtop's cache hooks are installed and counting.", [(rank, hooks_active)])
-        family(STATE_METRIC_NAMES["snapshots"], "counter", "Snapshots taken at scheduler safe points.", [(rank, self._seq)])
+        family(
+            STATE_METRIC_NAMES["hooks_active"], "gauge",
+            "1 while radixtop's cache hooks are installed and counting.", [(rank, hooks_active)],
+        )
+        family(
+            STATE_METRIC_NAMES["snapshots"], "counter", "Snapshots taken at scheduler safe points.", [(rank, self._seq)]
+        )
         for key, help_text in (
-            ("safe_point_errors", "Errors caught at the scheduler's safe point (repeated ones switch the instrumentation off)."),
+            (
+                "safe_point_errors",
+                "Errors caught at the scheduler's safe point (repeated ones switch the instrumentation off).",
+            ),
             ("client_disconnects", "Clients that went away before their response was complete."),
             ("clients_refused", "Connections answered 503 because every connection slot was busy."),
         ):
             family(STATE_METRIC_NAMES[key], "counter", help_text, [(rank, getattr(self, key))])
         if snap is not None:
-            family(STATE_METRIC_NAMES["snapshot_seconds"], "gauge", "Scheduler-thread seconds the latest snapshot took.", [(rank, snap.seconds)])
+            family(
+                STATE_METRIC_NAMES["snapshot_seconds"], "gauge",
+                "Scheduler-thread seconds the latest snapshot took.", [(rank, snap.seconds)],
+            )
             for key, help_text in (
                 ("capacity_tokens", "Token slots in the KV pool (allocator size)."),
                 ("available_tokens", "Free token slots in the KV pool."),
@@ -674,13 +689,22 @@ class InstrumentEndpoint:
                     family(STATE_METRIC_NAMES[key], "gauge", help_text, [(rank, value)])
             census = snap.census
             if census is not None and census.complete:
-                family(STATE_METRIC_NAMES["tree_nodes"], "gauge", "Nodes in the radix tree (root excluded), at the last census.", [(rank, census.node_count)])
-                family(STATE_METRIC_NAMES["census_age_seconds"], "gauge", "Age of that census (it is taken in slices, within a duty cap).", [(rank, census.age_s)])
+                family(
+                    STATE_METRIC_NAMES["tree_nodes"], "gauge",
+                    "Nodes in the radix tree (root excluded), at the last census.", [(rank, census.node_count)],
+                )
+                family(
+                    STATE_METRIC_NAMES["census_age_seconds"], "gauge",
+                    "Age of that census (it is taken in slices, within a duty cap).", [(rank, census.age_s)],
+                )
                 buckets = []
                 for label, lo, hi in _LOCK_BUCKETS:
                     count = sum(v for k, v in census.lock_ref_histogram.items() if lo <= k <= hi)
                     buckets.append((f'{rank},lock_ref="{label}"', count))
-                family(STATE_METRIC_NAMES["lock_ref_nodes"], "gauge", "Tree nodes by lock_ref, at the last census.", buckets)
+                family(
+                    STATE_METRIC_NAMES["lock_ref_nodes"], "gauge",
+                    "Tree nodes by lock_ref, at the last census.", buckets,
+                )
         return "\n".join(out) + "\n"
 
 
@@ -748,7 +772,7 @@ class Instrumentation:
     def __init__(
         self, cache: Any, *, rank: int = 0, max_errors: int = 20, event_capacity: int = 4096,
         flight_dir: str | Path | None = None, **endpoint_options: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cache = cache
         self.hooks = CacheHooks(max_errors=max_errors, event_capacity=event_capacity)
         self.hooks.install(cache)
@@ -756,7 +780,7 @@ class Instrumentation:
         self.recorder = FlightRecorder(
             cache, rank=rank, hooks=self.hooks, instance=self.endpoint.instance, directory=flight_dir,
             before=lambda: self.endpoint.latest()[0],
-        )  # fmt: skip
+        )
         self.hooks.on_host_failure = self.recorder.record
         self.endpoint.flight_dir = str(self.recorder.directory)
 

@@ -63,7 +63,7 @@ class FlightRecorder:
     def __init__(
         self, cache: Any, *, rank: int, hooks: Any = None, instance: str = "0", directory: str | Path | None = None,
         before: Callable[[], Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`before`: the last snapshot taken at a safe point (the endpoint's), or None."""
         self.cache = cache
         self.before = before
@@ -98,7 +98,7 @@ class FlightRecorder:
             counters=hooks.counters() if hooks is not None else None,
             hooks_state=hooks.state if hooks is not None else "off",
             events_seq=hooks.events.latest_seq if hooks is not None else 0,
-        )  # fmt: skip
+        )
         events: tuple[Any, ...] = ()
         dropped = 0
         if hooks is not None:
@@ -113,11 +113,14 @@ class FlightRecorder:
         return FlightRecord(
             SCHEMA_VERSION, self.rank, os.getpid(), os.getppid(), time.time(), tuple(self.triggers), snapshot,
             tuple(events), dropped, before,
-        )  # fmt: skip
+        )
 
     def _write(self, record: FlightRecord) -> bool:
         data = encode_json(record.to_dict())
-        nodes = max((s.tree.walked_nodes for s in (record.snapshot, record.before) if s is not None and s.tree is not None), default=0)
+        nodes = max(
+            (s.tree.walked_nodes for s in (record.snapshot, record.before) if s is not None and s.tree is not None),
+            default=0,
+        )
         while len(data) > MAX_RECORD_BYTES and (nodes or record.events):
             # The tree's far rows go first, halving (the figures and the census stay whole), then
             # the older events.

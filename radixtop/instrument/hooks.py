@@ -2,9 +2,10 @@
 (and evict_for_alloc where the cache has it).
 
 Runs inside the host's scheduler: standard library only, constant cost per call (dec_lock_ref
-also reads the unlocked node's lock_ref once), and the host never sees an exception from us: the host's own exceptions pass through unchanged (after
-being counted); ours are caught, counted, logged, turned into an event, and after `max_errors` of
-them the hooks disable themselves and put the original methods back.
+also reads the unlocked node's lock_ref once), and the host never sees an exception from us: the
+host's own exceptions pass through unchanged (after being counted); ours are caught, counted,
+logged, turned into an event, and after `max_errors` of them the hooks disable themselves and put
+the original methods back.
 
 Three ways in, one set of wrappers (the _wrap_* factories below):
 - install(cls) wraps the class's methods: every instance counts into these hooks;
@@ -82,7 +83,10 @@ class EventRing:
         """Callers pass plain ints (or None) and a short message; this runs on the scheduler thread."""
         self.append(kind, node_id, lock_ref, tokens, requested, message[:500])
 
-    def append(self, kind: str, node_id: int | None, lock_ref: int | None, tokens: int | None, requested: int | None, message: str) -> None:
+    def append(
+        self, kind: str, node_id: int | None, lock_ref: int | None, tokens: int | None, requested: int | None,
+        message: str,
+    ) -> None:
         """push() with positional arguments and no checks: the hooks' hot path (one per evict)."""
         now = self._clock()
         lock = self._lock
@@ -380,7 +384,9 @@ class CacheHooks:
         for name in _methods_for(cls):
             current = getattr(cls, name, None)
             bound = getattr(cache, name, None)
-            if bound is not None and (getattr(bound, "__self__", None) is not cache or getattr(bound, "__func__", None) is not current):
+            if bound is not None and (
+                getattr(bound, "__self__", None) is not cache or getattr(bound, "__func__", None) is not current
+            ):
                 # The instance overrides the method in its own __dict__: only there can it be
                 # wrapped. (Only then is __dict__ read: on CPython 3.11 reading it turns the
                 # instance's inline attribute values into a plain dict, slowing every self.x.)
@@ -426,7 +432,10 @@ class CacheHooks:
                 if dispatch.owner.__dict__.get(dispatch.name) is dispatch.wrapper:
                     setattr(dispatch.owner, dispatch.name, dispatch.raw)
                 else:
-                    log.warning("radixtop: %s.%s was re-patched by someone else; leaving it", dispatch.owner.__qualname__, dispatch.name)
+                    log.warning(
+                        "radixtop: %s.%s was re-patched by someone else; leaving it",
+                        dispatch.owner.__qualname__, dispatch.name,
+                    )
             for name, raw, wrapper in own_done:
                 if own.get(name) is wrapper:
                     own[name] = raw
@@ -649,7 +658,9 @@ def _wrap_evict(route: _Route, original: Callable[..., Any], for_alloc: bool = F
             if type(freed) is int and freed > 0 and (type(requested) is not int or freed >= requested):
                 hooks.evictions += 1  # the common case inline: it freed what was asked
                 hooks.evicted_tokens += freed
-                hooks.events.append("evict", None, None, freed, requested if type(requested) is int and requested >= 0 else None, "")
+                hooks.events.append(
+                    "evict", None, None, freed, requested if type(requested) is int and requested >= 0 else None, ""
+                )
             elif type(freed) is int:
                 hooks._evicted(cache, freed, requested if type(requested) is int else None)
         except Exception as exc:

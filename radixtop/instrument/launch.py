@@ -76,7 +76,10 @@ def _patch(module: Any) -> None:
 
         scheduler = getattr(module, "Scheduler", None)
         if scheduler is None:
-            _say(f"{SCHEDULER_MODULE} has no Scheduler class; this SGLang is not supported, the server runs uninstrumented")
+            _say(
+                f"{SCHEDULER_MODULE} has no Scheduler class; this SGLang is not supported, "
+                "the server runs uninstrumented"
+            )
         else:
             patch_scheduler_class(scheduler)
     except Exception as exc:

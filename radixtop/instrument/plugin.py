@@ -27,7 +27,9 @@ def register() -> None:
     try:
         _register()
     except Exception as exc:
-        log.error("radixtop: plugin registration failed (%s: %s); the server runs uninstrumented", type(exc).__name__, exc)
+        log.error(
+            "radixtop: plugin registration failed (%s: %s); the server runs uninstrumented", type(exc).__name__, exc
+        )
 
 
 def _register() -> bool:
@@ -51,7 +53,10 @@ def _register() -> bool:
     scheduler_cls = getattr(module, "Scheduler", None)
     current = getattr(scheduler_cls, glue.SAFE_POINT_METHOD, None)
     if current is None:
-        log.error("radixtop: %s has no %s; this SGLang is not supported, the server runs uninstrumented", glue.SCHEDULER_MODULE + ".Scheduler", glue.SAFE_POINT_METHOD)
+        log.error(
+            "radixtop: %s has no %s; this SGLang is not supported, the server runs uninstrumented",
+            glue.SCHEDULER_MODULE + ".Scheduler", glue.SAFE_POINT_METHOD,
+        )
         return False
     if glue.is_instrumented(current):
         log.info("radixtop: the scheduler is already instrumented (radixtop.instrument.launch); plugin route skipped")

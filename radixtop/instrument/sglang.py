@@ -93,7 +93,8 @@ def describe_cache(cache: Any) -> CacheInfo:
         if rust_core(cache) is not None:
             return CacheInfo(
                 cls, "unified-rust", True, methods,
-                f"tree rebuilt from {core}'s KV-canary walk (locked or not, no lock counts, hits or token ids), {counters}",
+                f"tree rebuilt from {core}'s KV-canary walk (locked or not, no lock counts, hits or token ids), "
+                f"{counters}",
             )
         return CacheInfo(
             cls, "unified-rust", False, methods,
@@ -137,7 +138,9 @@ def attach(cache: Any, *, rank: int = 0, config: InstrumentConfig | None = None)
     level = logging.WARNING if info.kind in ("unknown", "unified-rust", "disabled") else logging.INFO
     log.log(level, "radixtop: rank %d instrumented: %s; endpoint %s", rank, info.summary, inst.endpoint.url)
     if not is_loopback(cfg.host):
-        log.warning("radixtop: rank %d endpoint is reachable off this machine (%s); bearer token required", rank, cfg.host)
+        log.warning(
+            "radixtop: rank %d endpoint is reachable off this machine (%s); bearer token required", rank, cfg.host
+        )
     return inst
 
 
@@ -257,7 +260,10 @@ class SafePoints:
             for inst in self.instruments():  # health and /metrics say so while they still serve
                 inst.endpoint.note_safe_point_error(self.errors, exc)
             if self.errors >= MAX_SAFE_POINT_ERRORS and not self.disabled:
-                log.error("radixtop: %d safe point errors; instrumentation switched off, the server keeps serving", self.errors)
+                log.error(
+                    "radixtop: %d safe point errors; instrumentation switched off, the server keeps serving",
+                    self.errors,
+                )
                 self.disabled = True
                 self.close()
         except Exception:
@@ -336,7 +342,10 @@ def patch_scheduler_class(cls: type) -> bool:
     HookRegistry). True when it did; False when there is nothing to wrap or radixtop already has."""
     original = getattr(cls, SAFE_POINT_METHOD, None)
     if not callable(original):
-        log.error("radixtop: %s has no %s; this SGLang is not supported, the server keeps serving", cls.__qualname__, SAFE_POINT_METHOD)
+        log.error(
+            "radixtop: %s has no %s; this SGLang is not supported, the server keeps serving",
+            cls.__qualname__, SAFE_POINT_METHOD,
+        )
         return False
     if is_instrumented(original):
         return False

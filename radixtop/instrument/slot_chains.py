@@ -77,7 +77,7 @@ def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]], int]:
         return (
             len(successors.get(after, ())) == 1 and (slot in unlocked) == (after in unlocked)
             and position[slot] == position[after] + 1
-        )  # fmt: skip
+        )
 
     chains: list[_Chain] = []
     children: list[list[int]] = []
@@ -110,7 +110,9 @@ def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census]:
         parent = chains[i].parent
         if parent >= 0:
             subtree[parent] += subtree[i]
-    branches = [Branch(c.first, c.tokens, 1 if c.locked else 0, subtree[i], tuple(children[i])) for i, c in enumerate(chains)]
+    branches = [
+        Branch(c.first, c.tokens, 1 if c.locked else 0, subtree[i], tuple(children[i])) for i, c in enumerate(chains)
+    ]
     tree = heaviest_first(branches, [i for i, c in enumerate(chains) if c.parent < 0], budget)
     locked_nodes = sum(1 for c in chains if c.locked)
     shape = hashlib.blake2b(digest_size=8)
@@ -120,5 +122,5 @@ def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census]:
         complete=True, node_count=len(chains), total_tokens=total,
         lock_ref_histogram={k: v for k, v in ((0, len(chains) - locked_nodes), (1, locked_nodes)) if v},
         digest=shape.hexdigest(), age_s=0.0, seconds=time.monotonic() - started, slices=1, span_s=0.0,
-    )  # fmt: skip
+    )
     return tree, census

@@ -432,19 +432,28 @@ _COUNTER_MASK = (1 << _COUNTER_BITS) - 1
 _UNLOCKED = 1 << 50  # heap keys: locked (or negative) nodes first, then the heaviest, then the first seen
 
 
-def _capture_row(node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, head_n: int, unified: bool) -> tuple[Any, ...]:
+def _capture_row(
+    node: Any, parent_row: int, tokens: int, ids: Any, weight: int | None, head_n: int, unified: bool
+) -> tuple[Any, ...]:
     """What must be read while the scheduler owns the tree, as read: no checks, no conversions
     (Capture.build() does those on the endpoint's thread). The head is a slice: a copy of the
     token ids for lists and arrays, so the scheduler may change the key afterwards."""
     try:
         nid, hits, last = node.id, node.hit_count, node.last_access_time
     except AttributeError:
-        nid, hits, last = getattr(node, "id", None), getattr(node, "hit_count", None), getattr(node, "last_access_time", None)
+        nid, hits, last = (
+            getattr(node, "id", None), getattr(node, "hit_count", None), getattr(node, "last_access_time", None)
+        )
     held = node.component_data[_FULL] if unified else node
-    return (nid, parent_row, tokens, held.lock_ref, held.value is None, hits, last, len(node.children), weight, ids[:head_n] if head_n else ())
+    return (
+        nid, parent_row, tokens, held.lock_ref, held.value is None, hits, last, len(node.children), weight,
+        ids[:head_n] if head_n else (),
+    )
 
 
-def walk_tree(root: Any, budget: int, hints: dict[int, int], head_n: int, scan_limit: int, unified: bool = False) -> _Walk:
+def walk_tree(
+    root: Any, budget: int, hints: dict[int, int], head_n: int, scan_limit: int, unified: bool = False
+) -> _Walk:
     """Best-first from the root: at most `budget` nodes, at most `scan_limit` children looked at.
 
     The heap holds plain ints (priority << 32 | arrival), the candidates sit in two lists indexed
@@ -572,7 +581,9 @@ class Capture:
     def build(self) -> Snapshot:
         if self.slot_walk is not None:
             walked, census = slot_chains.build(self.slot_walk, self.budget)
-            return replace(self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE)._snapshot(walked, "locked-only")
+            return replace(
+                self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE
+            )._snapshot(walked, "locked-only")
         tree = None
         if self.rows is not None:
             tree = TreeView(
@@ -625,7 +636,9 @@ class TreeSnapshotter:
     take() is the one-call form (a census slice when the census duty allows, then capture + build);
     the endpoint calls census_step() and capture() on the scheduler thread and builds elsewhere."""
 
-    def __init__(self, config: SnapshotConfig | None = None, activity: Callable[[], tuple[Any, ...]] | None = None) -> None:
+    def __init__(
+        self, config: SnapshotConfig | None = None, activity: Callable[[], tuple[Any, ...]] | None = None
+    ) -> None:
         """`activity`: the hooks' mutation counters (lock, unlock and evict calls; they only grow),
         read with the pool's sizes at a census's first slice and at each capture: the census is
         at rest (Census.at_rest) while they have not moved."""
@@ -753,7 +766,7 @@ class TreeSnapshotter:
             held = (sizes.evictable_tokens or 0) + (sizes.protected_tokens or 0)
             if held > slot_chains.MAX_WALK_SLOTS:
                 reason = (f"the Rust TreeCore holds {held:,} slots: its walk would pause the scheduler for "
-                          f"too long (over {slot_chains.MAX_WALK_SLOTS:,}), sizes only")  # fmt: skip
+                          f"too long (over {slot_chains.MAX_WALK_SLOTS:,}), sizes only")
             else:
                 try:
                     slot_walk = slot_chains.read_walk(core)
@@ -783,7 +796,9 @@ class TreeSnapshotter:
             slot_walk=slot_walk,
         )
 
-    def _walk(self, root: Any, sizes: CacheSizes, fresh: bool) -> tuple[Census | None, _Walk, tuple[int | None, int | None, bool]]:
+    def _walk(
+        self, root: Any, sizes: CacheSizes, fresh: bool
+    ) -> tuple[Census | None, _Walk, tuple[int | None, int | None, bool]]:
         cfg = self.config
         unified = node_shape(root) == UNIFIED
         hints = self._census.hints if self._census is not None else {}
@@ -794,7 +809,9 @@ class TreeSnapshotter:
             return census, walk, (0, 0, True)
         if fresh and census is not None and census.complete:
             # The census began and ended at this safe point: the tree has not moved since.
-            return census, walk, (max(0, census.node_count - walked), max(0, census.total_tokens - walk.walked_tokens), True)
+            return census, walk, (
+                max(0, census.node_count - walked), max(0, census.total_tokens - walk.walked_tokens), True
+            )
         cut_nodes = max(0, census.node_count - walked) if census is not None and census.complete else None
         resident = (
             sizes.evictable_tokens + sizes.protected_tokens

@@ -52,7 +52,7 @@ class PlanScreen(ModalScreen[bool]):
     ]
 
     def __init__(self, lines: Sequence[str], *, blockers: Sequence[str] = (), requires_stop: bool = False,
-                 question: str | None = None) -> None:  # fmt: skip
+                 question: str | None = None) -> None:
         super().__init__()
         self.lines = list(lines)
         self.blockers = list(blockers)
@@ -99,7 +99,9 @@ class PlanScreen(ModalScreen[bool]):
         if event.value.strip().lower() == "stop":
             self.dismiss(True)
         else:
-            self.query_one("#plan-question", Static).update("Type exactly stop to approve stopping the live server · Esc cancel")
+            self.query_one("#plan-question", Static).update(
+                "Type exactly stop to approve stopping the live server · Esc cancel"
+            )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "answer" and parameters and parameters[0] is True and (self.blockers or self.requires_stop):
@@ -173,7 +175,10 @@ class RunScreen(ModalScreen[None]):
             return "Esc / q / Enter close · ↑ ↓ scroll the verdict"
         if self.cancelling:
             return "cancelling: stopping the servers it started…"
-        return "x cancel the run (the servers it started are stopped) · Esc hide (the run goes on; c shows it again) · q quit"
+        return (
+            "x cancel the run (the servers it started are stopped) · Esc hide (the run goes on; c shows it again)"
+            " · q quit"
+        )
 
     def _refresh_keys(self) -> None:
         if self.is_mounted:

@@ -95,7 +95,9 @@ class FindingsList(OptionList):
         """Show the report's findings; does nothing when they did not change."""
         findings = tuple(report.findings) if report is not None else ()
         initiating = report.initiating[0] if report is not None and report.initiating else None
-        rows = tuple((f.signature.id, f.count, f.first.file, f.first.line, f.signature.id == initiating) for f in findings)
+        rows = tuple(
+            (f.signature.id, f.count, f.first.file, f.first.line, f.signature.id == initiating) for f in findings
+        )
         if rows == self._key:
             return
         old_rows, self._key, self._report, self._label = self._key, rows, report, label
@@ -112,7 +114,11 @@ class FindingsList(OptionList):
                     self.replace_option_prompt_at_index(i, self._prompt(findings[i], new[4], label))
             return
         highlighted = self.highlighted
-        keep = self._findings[highlighted].signature.id if highlighted is not None and highlighted < len(self._findings) else None
+        keep = (
+            self._findings[highlighted].signature.id
+            if highlighted is not None and highlighted < len(self._findings)
+            else None
+        )
         self._findings = findings
         self.set_options([Option(self._prompt(f, r[4], label), id=r[0]) for f, r in zip(findings, rows)])
         if keep is not None:
@@ -161,7 +167,10 @@ def evidence_text(finding: Any, label: Callable[[str], str] = lambda s: s) -> Te
     sig = finding.signature
     first = finding.first
     out = Text()
-    out.append(f"{SEVERITY_MARKERS.get(sig.severity, '  ')} {sig.severity.upper()}  ", Style(bold=True, reverse=sig.severity == "critical"))
+    out.append(
+        f"{SEVERITY_MARKERS.get(sig.severity, '  ')} {sig.severity.upper()}  ",
+        Style(bold=True, reverse=sig.severity == "critical"),
+    )
     out.append(f"{sig.title}", Style(bold=True))
     out.append(f"   [{sig.id}, {sig.subsystem}]\n")
     out.append(f"{finding.count} occurrence(s); first at {_where(first, label)}\n\n")
@@ -216,7 +225,9 @@ class EvidenceScreen(ModalScreen[None]):
         scroller.border_title = "Finding (Esc closes)"
         scroller.focus()
         # Start at the first occurrence, not at the top of a hundred lines of context.
-        self.call_after_refresh(lambda: scroller.scroll_to(y=max(0, len(self.finding.context_before) - 3 + 12), animate=False))
+        self.call_after_refresh(
+            lambda: scroller.scroll_to(y=max(0, len(self.finding.context_before) - 3 + 12), animate=False)
+        )
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

@@ -69,7 +69,9 @@ def render_gpus(
             out.append(f"  {g.power_w:.0f}{limit} W")
         out.append("\n")
         if g.state != "ok" or g.problems:
-            out.append(f"  {g.state.upper() if g.state != 'ok' else 'note'}: {'; '.join(g.problems[:3])}\n", style="red")
+            out.append(
+                f"  {g.state.upper() if g.state != 'ok' else 'note'}: {'; '.join(g.problems[:3])}\n", style="red"
+            )
         procs = sorted(g.processes, key=lambda p: (p.pid not in names, -(p.used_bytes or 0)))
         for p in procs[:8]:
             who = names.get(p.pid)

@@ -22,15 +22,15 @@ class WidgetKey:
 
 
 APPROVE = WidgetKey("approve", "y,enter", "answer(True)", "Approve",
-                    "in a plan or a question: approve (the confirmation run, arming the crash dump)")  # fmt: skip
+                    "in a plan or a question: approve (the confirmation run, arming the crash dump)")
 REFUSE = WidgetKey("refuse", "n,escape", "answer(False)", "Cancel", "in a plan or a question: refuse; nothing starts")
 CANCEL_RUN = WidgetKey("cancel-run", "x", "cancel_run", "Cancel run",
-                       "while a confirmation run runs: cancel it and stop the servers it started")  # fmt: skip
+                       "while a confirmation run runs: cancel it and stop the servers it started")
 HIDE_RUN = WidgetKey("hide-run", "escape", "close", "Hide / close",
-                     "the confirmation run's screen: hide it while it runs (c shows it again), close it after")  # fmt: skip
+                     "the confirmation run's screen: hide it while it runs (c shows it again), close it after")
 EVIDENCE = WidgetKey("evidence", "d", "details", "Evidence", "in the findings list: the evidence of the finding")
 LOCKED_PATHS = WidgetKey("locked-paths", "x", "expand_locked", "Locked paths",
-                         "in the radix tree: open every path to a locked node")  # fmt: skip
+                         "in the radix tree: open every path to a locked node")
 WIDGET_KEYS = (APPROVE, REFUSE, CANCEL_RUN, HIDE_RUN, EVIDENCE, LOCKED_PATHS)
 
 

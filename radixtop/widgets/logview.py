@@ -50,7 +50,9 @@ def time_of_day(written: str | None) -> str:
 
 # SGLang's prefix: "[2026-12-02 14:00:00.123 DP0 TP3] ". Checked here first because parse_line
 # also parses batch statistics, which display does not need and which cost ten times more.
-_SGLANG_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d[ T](\d\d:\d\d:\d\d(?:[.,]\d{1,6})?)((?: [A-Z][A-Z_]*\d+)*)[^\]\[]{0,64}\] ?")
+_SGLANG_PREFIX = re.compile(
+    r"\[\d{4}-\d\d-\d\d[ T](\d\d:\d\d:\d\d(?:[.,]\d{1,6})?)((?: [A-Z][A-Z_]*\d+)*)[^\]\[]{0,64}\] ?"
+)
 
 
 def split_prefix(text: str) -> tuple[str, str, int | None]:
@@ -327,7 +329,9 @@ class LogView(ScrollView, can_focus=True):
         # The scroll offset and size, once per frame: looking them up costs as much as a row.
         size = self.size
         width = size.width
-        self._frame = (self.scroll_offset, width, size.height, tuple(self.get_line_filters()), self.background_colors[1])
+        self._frame = (
+            self.scroll_offset, width, size.height, tuple(self.get_line_filters()), self.background_colors[1]
+        )
         try:
             if not self._plain_box():
                 return super().render_lines(crop)  # (its filters again: they are idempotent)
@@ -361,7 +365,9 @@ class LogView(ScrollView, can_focus=True):
         frame = self._frame
         if frame is None:
             size = self.size
-            frame = (self.scroll_offset, size.width, size.height, tuple(self.get_line_filters()), self.background_colors[1])
+            frame = (
+                self.scroll_offset, size.width, size.height, tuple(self.get_line_filters()), self.background_colors[1]
+            )
         (scroll_x, scroll_y), width, height, filters, background = frame
         base = self._base_style
         if base is None:
@@ -410,7 +416,9 @@ class LogView(ScrollView, can_focus=True):
         if out is None:
             out = base if style is None else base + style
             frame = self._frame
-            filters, background = (frame[3], frame[4]) if frame else (self.get_line_filters(), self.background_colors[1])
+            filters, background = (
+                (frame[3], frame[4]) if frame else (self.get_line_filters(), self.background_colors[1])
+            )
             for line_filter in filters:
                 out = line_filter.apply([Segment(" ", out)], background)[0].style or out
             combined[style] = out

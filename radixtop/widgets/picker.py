@@ -84,7 +84,7 @@ class ServerPicker(ModalScreen[int | None]):
             yield Static(self.title_text, id="picker-title")
             yield OptionList(*(Option(row_text(r), id=str(i)) for i, r in enumerate(self.rows)), id="picker-list")
             yield Static("↑/↓ choose · Enter watch · Esc keep the current one · s (later) opens this again",
-                         id="picker-help")  # fmt: skip
+                         id="picker-help")
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)

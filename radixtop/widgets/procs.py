@@ -26,7 +26,10 @@ def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None
     now = time.time() if now is None else now
     out = Text()
     if sample is None:
-        out.append("no server process found on this node to watch (see the log pane for what discovery found)", style="italic")
+        out.append(
+            "no server process found on this node to watch (see the log pane for what discovery found)",
+            style="italic",
+        )
         return out
     if not sample.status.ok:
         style = "bold red" if sample.status.state in ("down", "error") else "bold yellow"
@@ -50,7 +53,10 @@ def render_procs(sample: Any, *, now: float | None = None, last_good: Any = None
         cpu = f"{p.cpu_percent:.0f}%" if p.cpu_percent is not None else "—"
         up = age(now - p.started) if p.started else "—"
         status = p.status if p.status != "gone" else f"gone {clock(p.gone_at)}"
-        line = f"{p.pid:>8} {p.label[:18]:<18} {status[:14]:<10} {size(p.rss):>10} {cpu:>6} {p.threads if p.threads is not None else '—':>4} {up:>6}  {p.name}"
+        line = (
+            f"{p.pid:>8} {p.label[:18]:<18} {status[:14]:<10} {size(p.rss):>10} {cpu:>6}"
+            f" {p.threads if p.threads is not None else '—':>4} {up:>6}  {p.name}"
+        )
         out.append(line + "\n", style=style or None)
     for problem in sample.problems[:4]:
         out.append(f"! {problem}\n", style="bold red")

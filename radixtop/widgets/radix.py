@@ -37,7 +37,9 @@ from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
 MAX_ROWS = 50_000  # visible rows at most, however much is expanded
-_LOCK_BUCKETS = (("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63))
+_LOCK_BUCKETS = (
+    ("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63)
+)
 _SPARK = "▁▂▃▄▅▆▇█"
 COLUMNS = f"{'tokens':>7} {'lock':>5} {'hits':>6} {'idle':>6}  node   (* locked, + path to a lock, ! negative lock_ref)"
 
@@ -325,7 +327,10 @@ class RadixTreeView(ScrollView, can_focus=True):
             glyph = " "
         lock = self._lock_text(node, snap)
         nums = f"{node.tokens:>7,} {lock:>5} {count(node.hit_count):>6} {age(idle):>6} {glyph}"
-        label = f"{indent}{twisty}#{node.id if node.id is not None else '?'} [{head}{' …' if node.tokens > len(node.head) else ''}]{more_kids}"
+        label = (
+            f"{indent}{twisty}#{node.id if node.id is not None else '?'}"
+            f" [{head}{' …' if node.tokens > len(node.head) else ''}]{more_kids}"
+        )
         if node.evicted:
             label += " evicted"
         if node.lock_ref < 0:
@@ -475,7 +480,10 @@ class RadixPane(Vertical):
         if view.source:
             self._mirrored(out, view, snap)
             return out
-        head = f"{_plugin_source(snap)} · {snap.cache_class} · page {snap.page_size or '?'} · snapshot #{snap.seq} {age(now - snap.time)} old"
+        head = (
+            f"{_plugin_source(snap)} · {snap.cache_class} · page {snap.page_size or '?'}"
+            f" · snapshot #{snap.seq} {age(now - snap.time)} old"
+        )
         if snap.hooks_state != "active":
             head += f" · hooks {snap.hooks_state}"
         if not snap.walkable:
@@ -494,7 +502,10 @@ class RadixPane(Vertical):
         out.append(f"{rate(view.evicted_tokens_per_s).removesuffix('/s')} tok/s", style=figure)
         if frozen:
             out.append(f" (last, as of {clock(snap.time)})", style="dim")
-        out.append(f" · total {count(c.evictions)} ({count(c.evicted_tokens)} tok) · locks {count(c.lock_ops)}/{count(c.unlock_ops)}\n")
+        out.append(
+            f" · total {count(c.evictions)} ({count(c.evicted_tokens)} tok)"
+            f" · locks {count(c.lock_ops)}/{count(c.unlock_ops)}\n"
+        )
         anomalies = [
             (name, n)
             for name, n in (
@@ -536,13 +547,18 @@ class RadixPane(Vertical):
         short = [a for a in mine if a.kind == "evict_short"]
         if short:
             last = short[-1]
-            line = f"~ {clock(last.time)} eviction came up short while pages were locked ({len(short)} seen): {last.message}"
+            line = (
+                f"~ {clock(last.time)} eviction came up short while pages were locked ({len(short)} seen): "
+                f"{last.message}"
+            )
             out.append(_fit(line, width) + "\n", style="yellow")
         disagree = board.disagreement(self._groups)
         if disagree:
             out.append(disagree + "\n", style="bold yellow")
         if view.events_dropped:
-            out.append(f"{view.events_dropped:,} events were dropped by the server before radixtop read them\n", style="yellow")
+            out.append(
+                f"{view.events_dropped:,} events were dropped by the server before radixtop read them\n", style="yellow"
+            )
         out.rstrip()
         return out
 
@@ -552,8 +568,10 @@ class RadixPane(Vertical):
         width = max(40, (self.size.width or 80) - 2)
         out.append(f"source {view.source} · page {snap.page_size or '?'}\n", style="bold")
         out.append(_fit(view.source_note, width) + "\n", style="dim")
-        out.append("lock counts unknown (shown ?) · pool, evictions and hits unknown: the radixtop instrument shows them",
-                   style="italic")  # fmt: skip
+        out.append(
+            "lock counts unknown (shown ?) · pool, evictions and hits unknown: the radixtop instrument shows them",
+            style="italic",
+        )
 
     def _pool(self, out: Text, snap: Any) -> None:
         cap = snap.capacity_tokens
@@ -564,7 +582,9 @@ class RadixPane(Vertical):
         evict_n = max(0, evict or 0)
         prot_n = max(0, prot or 0)
         busy = max(0, cap - (avail or 0) - evict_n - prot_n)  # held by running requests, not (yet) in the tree
-        parts = [("locked", prot, "yellow"), ("running", busy, "cyan"), ("evictable", evict, "blue"), ("free", avail, "bold")]
+        parts = [
+            ("locked", prot, "yellow"), ("running", busy, "cyan"), ("evictable", evict, "blue"), ("free", avail, "bold")
+        ]
         legend = " ".join(f"{name} {count(n)}" for name, n, _ in parts)
         head = f"pool {cap:,} "
         width = max(6, min(40, (self.size.width or 80) - 4 - len(head) - len(legend) - 2))

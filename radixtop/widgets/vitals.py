@@ -120,7 +120,9 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
         stale = series.updated < end - max(10.0, 5 * step)
         src = _SOURCE.get(series.source, "")
         tail = f" {value}" + (f" {src}" if src else "")
-        out.append(f"{tail[:VALUE_WIDTH]:<{VALUE_WIDTH}}", style="dim" if stale or math.isinf(series.updated) else "bold")
+        out.append(
+            f"{tail[:VALUE_WIDTH]:<{VALUE_WIDTH}}", style="dim" if stale or math.isinf(series.updated) else "bold"
+        )
         out.append("\n")
     span = columns * step
     ends = f"now {clock(now)}" if end == now else f"ends at the last value, {clock(end)}"

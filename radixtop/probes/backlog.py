@@ -151,7 +151,9 @@ def count_in_background(
         except Exception as exc:  # whatever happens, nobody may wait forever for the count
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
             numbering.finish(
-                0, f"cannot count the lines of {path} before where following began ({reason}); its line numbers count from there"
+                0,
+                f"cannot count the lines of {path} before where following began ({reason}); "
+                "its line numbers count from there",
             )
         finally:
             close_quietly(fd)

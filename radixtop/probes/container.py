@@ -26,7 +26,7 @@ import psutil
 
 _ID = re.compile(r"(docker|libpod|crio|cri-containerd|containerd)[-/:]([0-9a-f]{64})(?:\.scope)?")
 _RUNTIME = {"docker": "docker", "libpod": "podman", "crio": "cri-o", "cri-containerd": "containerd",
-            "containerd": "containerd"}  # fmt: skip
+            "containerd": "containerd"}
 _LISTEN = "0A"
 _CLI_TIMEOUT_S = 3.0
 
@@ -108,7 +108,7 @@ def container_of(pid: int, cgroup: str) -> Container | None:
     if not m and root_same in (True, None):
         return None
     return Container(pid, runtime, cid, own_root=root_same is False or (root_same is None and bool(m)),
-                     own_net=net_same is False)  # fmt: skip
+                     own_net=net_same is False)
 
 
 def readable_root(container: Container) -> str:
@@ -175,7 +175,11 @@ def published(container_ports: Iterable[int], processes: Iterable[Sequence[str]]
             cport, hport = int(flags.get("-container-port", "")), int(flags.get("-host-port", ""))
         except ValueError:
             continue
-        if flags.get("-proto", "tcp") == "tcp" and cport in wanted and flags.get("-host-ip", "0.0.0.0") in ("0.0.0.0", "::", "127.0.0.1"):
+        if (
+            flags.get("-proto", "tcp") == "tcp"
+            and cport in wanted
+            and flags.get("-host-ip", "0.0.0.0") in ("0.0.0.0", "::", "127.0.0.1")
+        ):
             out.setdefault(cport, hport)
     return out
 
@@ -218,7 +222,7 @@ def logs_argv(container: Container, tail: int = 5_000) -> list[str] | None:
         return None
     try:
         got = subprocess.run([exe, "inspect", "--format", "{{.Id}}", container.id], capture_output=True, text=True,
-                             timeout=_CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)  # fmt: skip
+                             timeout=_CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
     if got.returncode != 0:

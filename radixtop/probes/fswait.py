@@ -43,7 +43,7 @@ class FileWaiter:
         self._mask = (
             flags.MODIFY | flags.ATTRIB | flags.CLOSE_WRITE | flags.CREATE | flags.DELETE
             | flags.MOVED_FROM | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF
-        )  # fmt: skip
+        )
         self._self_gone = flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED | flags.Q_OVERFLOW
         self._wd_dir: dict[int, str] = {}
         self._dir_wd: dict[str, int] = {}

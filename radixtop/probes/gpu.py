@@ -245,7 +245,9 @@ class GpuReader:
             except NvmlFailure as exc:
                 sample = GpuSample(self._state.update("unavailable", exc.reason), self._clock())
             except Exception as exc:  # never into the app
-                sample = GpuSample(self._state.update("error", f"GPU read failed: {type(exc).__name__}: {exc}"), self._clock())
+                sample = GpuSample(
+                    self._state.update("error", f"GPU read failed: {type(exc).__name__}: {exc}"), self._clock()
+                )
             return _with_seconds(sample, time.monotonic() - started)
 
     def _read(self) -> GpuSample:

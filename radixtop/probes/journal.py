@@ -73,5 +73,5 @@ def can_read(unit: str, user: bool) -> str:
     if got.returncode != 0 or any("not seeing messages" in s or "No journal files" in s for s in said):
         why = said[0] if said else f"exit status {got.returncode}"
         return (f"its output goes to the journal (unit {unit}) but journalctl cannot read it here ({why}): run "
-                "radixtop as root or in group systemd-journal or adm, or pass --log")  # fmt: skip
+                "radixtop as root or in group systemd-journal or adm, or pass --log")
     return ""

@@ -72,7 +72,9 @@ class KvEventsProbe:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a gap in our own handling must not take the app down
-            return self._sample("error", f"kv-events {self.source.endpoint}: radixtop failed: {type(exc).__name__}: {exc}")
+            return self._sample(
+                "error", f"kv-events {self.source.endpoint}: radixtop failed: {type(exc).__name__}: {exc}"
+            )
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._close)
@@ -83,7 +85,7 @@ class KvEventsProbe:
         return RadixSample(
             self.url, self._state.update(state, message), self._clock(), rank=self.source.dp_rank,
             source=SOURCE, locks_known=False, **kw,
-        )  # fmt: skip
+        )
 
     def _open(self) -> str:
         try:
@@ -180,7 +182,7 @@ class KvEventsProbe:
                 missing = seq - last - 1
                 self.lost += missing
                 self._note(f"lost {missing:,} batches (seq {last + 1}..{seq - 1}) the replay no longer had: "
-                           "blocks may be missing or stale")  # fmt: skip
+                           "blocks may be missing or stale")
         if last is None and seq > 0 and not self.mirror.blocks and not self.began_mid_stream:
             self.began_mid_stream = True
             self._note(f"subscribed mid-stream (first batch #{seq}): blocks stored before it are not shown")
@@ -213,7 +215,9 @@ class KvEventsProbe:
             for _ in range(MAX_REPLAY_BATCHES):
                 left = deadline - time.monotonic()
                 if left <= 0 or not dealer.poll(int(left * 1000)):
-                    self._note(f"replay endpoint {self.source.replay_endpoint} did not answer in {REPLAY_TIMEOUT_S:g} s")
+                    self._note(
+                        f"replay endpoint {self.source.replay_endpoint} did not answer in {REPLAY_TIMEOUT_S:g} s"
+                    )
                     return
                 frames = dealer.recv_multipart()
                 if len(frames) == 4 and frames[2] == END_SEQ:
@@ -244,12 +248,16 @@ class KvEventsProbe:
         return self._sample(
             state, message, snapshot=snapshot, index=index, unchanged=unchanged,
             events_dropped=0, source_note=self.note(),
-        )  # fmt: skip
+        )
 
     def note(self) -> str:
         """One line of what the mirror holds and what it missed."""
         m = self.mirror
-        parts = [f"{len(m.blocks):,} blocks", f"{m.tokens:,} tokens", f"batch #{self._last_seq}" if self._last_seq is not None else "no batch yet"]
+        parts = [
+            f"{len(m.blocks):,} blocks",
+            f"{m.tokens:,} tokens",
+            f"batch #{self._last_seq}" if self._last_seq is not None else "no batch yet",
+        ]
         if self.lost:
             parts.append(f"{self.lost:,} batches lost")
         if self.malformed:

@@ -106,7 +106,7 @@ def from_server_info(info: Mapping[str, Any], server_url: str | None) -> tuple[l
         if isinstance(host, str) and type(port) is int:
             replay = (host, replay_port) if type(replay_port) is int else None
             return _sources(host, port, replay, str(block.get("topic") or ""), dp if type(dp) is int else 1,
-                            _server_host(server_url), False)  # fmt: skip
+                            _server_host(server_url), False)
     return [], ""
 
 

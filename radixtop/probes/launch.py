@@ -63,7 +63,7 @@ _WRAPPERS = {
     "nice": None, "ionice": None, "chrt": None, "setsid": None, "time": None, "srun": None,
     "mpirun": None, "sudo": None, "runuser": None, "torchrun": None, "uv": "run", "conda": "run",
     "mamba": "run", "micromamba": "run", "pixi": "run", "poetry": "run", "pipenv": "run",
-}  # fmt: skip
+}
 _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun"}
 _MAX_DEPTH = 6  # wrappers inside wrappers (nohup numactl uv run ...), at most
 _MAX_ARGS = 256  # a command line longer than this is read this far

@@ -132,7 +132,9 @@ class LogRun:
         return len(self.texts)
 
     def __repr__(self) -> str:
-        return f"LogRun({self.source!r}, gen {self.generation}, from line {self.lineno_or_none}, {len(self.texts)} lines)"
+        return (
+            f"LogRun({self.source!r}, gen {self.generation}, from line {self.lineno_or_none}, {len(self.texts)} lines)"
+        )
 
     @property
     def numbered(self) -> bool:

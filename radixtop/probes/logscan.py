@@ -27,8 +27,9 @@ straddles two pieces is missed, and a hit's text is then its piece.
 
 How far each look reaches, and how much of a line is kept, is diagnosis/evidence_policy.py's: the
 live log pane finds the same findings with the same evidence. Evidence lines (a hit's text, its
-context before and after, its opener) are kept to EVIDENCE_LINE characters with the follower's marker " …[line truncated: N bytes]", so a log of huge lines cannot
-multiply into huge findings (each finding holds over a hundred lines).
+context before and after, its opener) are kept to EVIDENCE_LINE characters with the follower's
+marker " …[line truncated: N bytes]", so a log of huge lines cannot multiply into huge findings
+(each finding holds over a hundred lines).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def pipe_command(path: str) -> str:
 
 class PaneLog:
     def __init__(self, pane: Pane, spool: Spool, *, on_note: Callable[[str], None] | None = None,
-                 poll_s: float = POLL_S, history: int = HISTORY_LINES) -> None:  # fmt: skip
+                 poll_s: float = POLL_S, history: int = HISTORY_LINES) -> None:
         self.pane = pane
         self.spool = spool
         self.path = spool.path(pane.name)
@@ -101,7 +101,7 @@ class PaneLog:
         fresh, gap = new_lines(self._seen, rows)
         if gap and self._seen:
             self._note(f"{self.pane.name}: lines may have been missed (more than {POLL_LINES} between two reads, "
-                       "or the pane was cleared)")  # fmt: skip
+                       "or the pane was cleared)")
         self._seen = rows[-POLL_LINES:]
         self.spool.append(self.path, fresh)
         return True
@@ -124,7 +124,10 @@ class PaneLog:
                 self._closed()
                 return f"{self.pane.name} is gone"
             if shown.stdout.strip() == "1":
-                return f"{self.pane.name} already pipes its output elsewhere (tmux pipe-pane): it is read every {self.poll_s:g} s instead"
+                return (
+                    f"{self.pane.name} already pipes its output elsewhere (tmux pipe-pane): "
+                    f"it is read every {self.poll_s:g} s instead"
+                )
             if not self._read_once():  # what came while the user was asked
                 return f"{self.pane.name} is gone"
             got = tmux(self.pane.socket, "pipe-pane", "-o", "-t", self.pane.pane_id, pipe_command(self.path))

@@ -28,7 +28,9 @@ MAX_PROCS = 256  # a server tree is a few dozen processes; more is not one serve
 GONE_KEEP_S = 600.0
 MAX_GONE = 32
 
-_TITLE = re.compile(r"^(?P<who>sglang|VLLM|vllm)::(?P<role>[A-Za-z]+(?:_[a-z]+)*?)(?P<ranks>(?:_(?:DP|PP|TP|EP|CP)\d+)*)\b")
+_TITLE = re.compile(
+    r"^(?P<who>sglang|VLLM|vllm)::(?P<role>[A-Za-z]+(?:_[a-z]+)*?)(?P<ranks>(?:_(?:DP|PP|TP|EP|CP)\d+)*)\b"
+)
 _ROLES = {
     "scheduler": "scheduler",
     "detokenizer": "detokenizer",
@@ -155,7 +157,9 @@ class ProcTree:
                 self.root_pid,
             )
         if self._root_start is not None and root_start != self._root_start:
-            return self._root_gone(now, f"server process {self.root_pid} is gone (the pid now belongs to another process)")
+            return self._root_gone(
+                now, f"server process {self.root_pid} is gone (the pid now belongs to another process)"
+            )
         self._root_start = root_start
         try:
             members = [root, *self._descendants(root)[: MAX_PROCS - 1]]
@@ -176,7 +180,9 @@ class ProcTree:
         problems = self._problems(procs)
         root_info = current.get((self.root_pid, root_start))
         if root_info is not None and root_info.status == "zombie":
-            state, message = "down", f"server process {self.root_pid} is a zombie (exited; its parent has not reaped it)"
+            state, message = (
+                "down", f"server process {self.root_pid} is a zombie (exited; its parent has not reaped it)"
+            )
         elif problems:
             state, message = "degraded", problems[0]
         else:
@@ -310,7 +316,11 @@ class ProcProbe:
         try:
             return await asyncio.to_thread(self.tree.read)
         except Exception as exc:
-            return ProcsSample(SourceState("error", f"reading processes failed: {type(exc).__name__}", time.time()), time.time(), self.root_pid)
+            return ProcsSample(
+                SourceState("error", f"reading processes failed: {type(exc).__name__}", time.time()),
+                time.time(),
+                self.root_pid,
+            )
 
     async def aclose(self) -> None:
         return None

@@ -46,7 +46,9 @@ def _log_target(pid: int, fd: int, container: Container | None) -> tuple[str | N
         return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to a deleted file ({target[:-10]})"
     if not target.startswith("/"):
         kind = target.split(":", 1)[0]  # pipe:[123], socket:[456], anon_inode:...
-        return None, f"its {'stdout' if fd == 1 else 'stderr'} is a {kind} (journald, docker or a terminal pipe?); pass --log"
+        return None, (
+            f"its {'stdout' if fd == 1 else 'stderr'} is a {kind} (journald, docker or a terminal pipe?); pass --log"
+        )
     try:
         mode = os.stat(link).st_mode
     except OSError as exc:
@@ -55,7 +57,10 @@ def _log_target(pid: int, fd: int, container: Container | None) -> tuple[str | N
         try:
             return (container.host_path(target) if container is not None else target), ""
         except OSError as exc:
-            return None, f"its {'stdout' if fd == 1 else 'stderr'} cannot be resolved inside {container.name if container else 'its container'}: {exc}"
+            return None, (
+                f"its {'stdout' if fd == 1 else 'stderr'} cannot be resolved inside "
+                f"{container.name if container else 'its container'}: {exc}"
+            )
     what = "a terminal" if stat.S_ISCHR(mode) and target.startswith(("/dev/pts", "/dev/tty")) else target
     return None, f"its {'stdout' if fd == 1 else 'stderr'} goes to {what}, not a file; pass --log"
 
@@ -74,7 +79,7 @@ def find_log(
             return None, "", [
                 f"its log{where} is inside {container.name}, whose files radixtop cannot read ({why}): run radixtop "
                 "as root, or pass --log with the file's path on this node (the volume it is on)"
-            ]  # fmt: skip
+            ]
     given = flag(args, "--log-file")
     if given:
         path: str | None = given
@@ -91,7 +96,7 @@ def find_log(
                     f"its --log-file {given} is not on this node's filesystem as radixtop sees it and the server's "
                     "root cannot be read (a container, or another user's process): run radixtop as root, or pass "
                     "--log with the file's path on this node"
-                ]  # fmt: skip
+                ]
             if container is None:
                 return path, "--log-file", problems
             try:
@@ -168,4 +173,4 @@ def _container_log(
     return None, "", [
         f"its output goes to {container.name}'s runtime ({read}): run radixtop as root (or in the {cli} group), "
         f"or pass --log with a file of it (`{cli} logs -f {container.id[:12] or 'ID'} > server.log`)"
-    ]  # fmt: skip
+    ]

@@ -225,7 +225,7 @@ class ServerProbe(PolledProbe):
     def idle(self) -> bool:
         """Up, nothing running or queued, and its followed log quiet but for access lines."""
         return (self._log_followed and self._answering and not self._busy
-                and time.monotonic() - self._spoke_at >= IDLE_AFTER_S)  # fmt: skip
+                and time.monotonic() - self._spoke_at >= IDLE_AFTER_S)
 
     def log_spoke(self, lines: Iterable[str]) -> None:
         """New lines of the server's log: a line other than an access line (the server's own, not
@@ -326,7 +326,9 @@ class ServerProbe(PolledProbe):
             return False
         info = self.info
         if info is not None and info.enable_metrics is False:
-            self._metrics_note = "no /metrics: start the server with --enable-metrics (vitals come from the log meanwhile)"
+            self._metrics_note = (
+                "no /metrics: start the server with --enable-metrics (vitals come from the log meanwhile)"
+            )
             return False
         return True
 

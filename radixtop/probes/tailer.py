@@ -139,7 +139,7 @@ class _Generation:
     __slots__ = (
         "fd", "dev", "ino", "number", "offset", "lineno", "partial", "dropped", "boundary", "quiet_since",
         "cut", "cut_noticed", "numbering", "gunzip",
-    )  # fmt: skip
+    )
 
     def __init__(self, fd: int, st: os.stat_result, number: int, offset: int) -> None:
         self.fd = fd
@@ -399,13 +399,15 @@ class Tailer:
             keep = set(dict.fromkeys(path for _, path in newest[: max(0, room)]))
             if len(paths) != self.capped_at:
                 self.capped_at = len(paths)
-                limit = f"the open-file limit (ulimit -n) is {self.fd_limit}" if self.fd_limit else "radixtop's own limit"
+                limit = (
+                    f"the open-file limit (ulimit -n) is {self.fd_limit}" if self.fd_limit else "radixtop's own limit"
+                )
                 self.notice(
                     ", ".join(self.globs), "capped",
                     f"{len(paths) + len(self.sources):,} files to follow, more than {self.budget:,} "
                     f"({limit}); following the newest {len(self.sources) + len(keep):,}: narrow the glob "
                     "or raise the limit",
-                )  # fmt: skip
+                )
             paths = [path for path in paths if path in keep]
         for path in paths:
             source = self.add_source(path, start_at_end=initial and not self.from_start)
@@ -475,7 +477,7 @@ class Tailer:
             gen.numbering = Numbering()
             try:
                 count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate,
-                                     self.count_delay)  # fmt: skip
+                                     self.count_delay)
                 if self.history:
                     self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
             except OSError as exc:  # out of descriptors: the lines still come, unnumbered
@@ -714,14 +716,14 @@ class Tailer:
         unread = [
             (path, st) for path, st in self._siblings(source)
             if (st.st_dev, st.st_ino) not in skip and st.st_mtime >= seen_before and not path.endswith(".gz")
-        ]  # fmt: skip
+        ]
         if unread:
             names = ", ".join(os.path.basename(p) for p, _ in sorted(unread)[:5])
             self.notice(
                 source.path, "lost",
                 f"{source.path} was rotated faster than it is followed: {len(unread)} file(s), "
                 f"{sum(st.st_size for _, st in unread):,} bytes, were never read ({names}; still on disk)",
-            )  # fmt: skip
+            )
 
     def recover_truncated(self, source: _Source, gen: _Generation, last_size: int) -> None:
         """Before a truncated file is read again from its start: what was written after our
@@ -748,7 +750,7 @@ class Tailer:
             unread = last_size - gen.offset  # seen at the last look, not read since
             if unread > 0:
                 self.notice(source.path, "lost", f"{source.path} was truncated before {unread:,} bytes after byte "
-                            f"{gen.offset:,} were read; they could not be read (no copy of it found beside it)")  # fmt: skip
+                            f"{gen.offset:,} were read; they could not be read (no copy of it found beside it)")
             return
         copy = best[1]
         lines = got = 0
@@ -771,7 +773,7 @@ class Tailer:
         finally:
             os.close(fd)
         self.notice(source.path, "truncated", f"{source.path} was truncated before {got:,} bytes ({lines:,} lines) "
-                    f"were read; they were read from its copy {os.path.basename(copy)}")  # fmt: skip
+                    f"were read; they were read from its copy {os.path.basename(copy)}")
 
     def truncated(self, source: _Source, gen: _Generation, last_size: int = 0) -> None:
         self.recover_truncated(source, gen, last_size)

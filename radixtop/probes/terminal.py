@@ -37,7 +37,7 @@ def tmux(socket: str, *args: str, timeout_s: float = TMUX_TIMEOUT_S) -> subproce
     if exe is None:
         raise FileNotFoundError("tmux is not installed")
     return subprocess.run([exe, "-S", socket, *args], capture_output=True, text=True, timeout=timeout_s,
-                          check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+                          check=False, stdin=subprocess.DEVNULL)
 
 
 def terminal_of(pid: int) -> str | None:

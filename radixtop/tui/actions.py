@@ -215,7 +215,7 @@ class IncidentActions:
         try:
             if target is not None and target.url is not None:  # watch_server passes only targets with a url
                 seen = observe(target.url, target.pid, server_info=info, gpu_sample=gpu, logs=target.logs,
-                               previous=self.sighting)  # fmt: skip
+                               previous=self.sighting)
             if seen is not None:
                 save_sighting(seen)
         except OSError:
@@ -320,12 +320,12 @@ class IncidentActions:
         settings = self.action_settings
         try:
             result = take_bundle(
-                where, url=target.url, logs=target.logs, pid=target.pid, instruments=target.instruments, reason="manual",
-                signature_files=settings.signature_files, context=self.builder.context,
+                where, url=target.url, logs=target.logs, pid=target.pid, instruments=target.instruments,
+                reason="manual", signature_files=settings.signature_files, context=self.builder.context,
                 live_report=report, seen=seen, cancel=self._bundle_cancel,
                 on_progress=lambda p: self._tell(BundleProgressed(p)),
                 **dict(settings.bundle),
-            )  # fmt: skip
+            )
         except (BundleError, ServerError) as exc:
             self._tell(BundleTaken(None, str(exc)))
         except Exception as exc:  # noqa: BLE001 - shown as one line, the app keeps running
@@ -376,11 +376,13 @@ class IncidentActions:
         flight_dirs: list[str] = []
         if live is not None:
             for view in live.board.ordered():
-                shots = [*view.earlier, *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else [])]
+                shots = [
+                    *view.earlier, *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else [])
+                ]
                 label = f"rank{view.rank}" if view.rank is not None else f"endpoint{len(ranks)}"
                 status = view.status.state + (f" ({view.status.message})" if view.status.message else "")
                 ranks.append(RankSeen(label, view.url, status, tuple(shots), tuple(view.events),
-                                      view.source, view.locks_known))  # fmt: skip
+                                      view.source, view.locks_known))
                 if view.flight_dir and view.flight_dir not in flight_dirs:
                     flight_dirs.append(view.flight_dir)
             for key, series in live.vitals.series.items():
@@ -390,7 +392,9 @@ class IncidentActions:
         try:
             screen = app.export_screenshot(title="radixtop")
         except Exception as exc:  # noqa: BLE001 - a bundle without the picture is still a bundle; it says why
-            return SeenState(tuple(ranks), vitals, marks, screen_error=f"{type(exc).__name__}: {exc}", flight_dirs=tuple(flight_dirs))
+            return SeenState(
+                tuple(ranks), vitals, marks, screen_error=f"{type(exc).__name__}: {exc}", flight_dirs=tuple(flight_dirs)
+            )
         # The export renders the whole screen and forgets the regions waiting to be drawn: draw
         # them all on the next frame, or a pane that changed just now stays stale on the terminal.
         app.screen.refresh()
@@ -415,11 +419,11 @@ class IncidentActions:
 
             settings = self.action_settings
             options = {"signature_files": settings.signature_files, "cancel": self._bundle_cancel,
-                       "context": self.builder.context, **dict(settings.bundle)}  # fmt: skip
+                       "context": self.builder.context, **dict(settings.bundle)}
             auto = self.auto_bundler = AutoBundler(
                 settings.directory, on_done=lambda result, error: self._tell(AutoBundleTaken(result, error)),
                 options=options,
-            )  # fmt: skip
+            )
         auto.url, auto.pid, auto.logs = target.url, target.pid, target.logs
         auto.options["instruments"] = target.instruments
         if auto.observe(report, seen=self.seen_state):
@@ -464,7 +468,7 @@ class IncidentActions:
             uid = None
         if uid is not None and uid != os.geteuid():
             return (f"the server runs as uid {uid}: it cannot write into your private folder; start it with "
-                    "--crash-dump-folder instead")  # fmt: skip
+                    "--crash-dump-folder instead")
         return None
 
     def action_arm_dump(self) -> None:
@@ -488,11 +492,14 @@ class IncidentActions:
         lines = [
             f"Arm SGLang's crash dump on {target.url}:",
             f"  POST {where}  {json.dumps(body)}",
-            "  Only crash_dump_folder is sent; every other setting stays as it is. In effect until the server restarts.",
+            (
+                "  Only crash_dump_folder is sent; every other setting stays as it is."
+                " In effect until the server restarts."
+            ),
             "  When one of its processes dies, SGLang writes the requests of its last 300 s and those in flight,",
             f"  with their prompts, to {folder}/<host>/crash_dump_<time>.pkl (your private folder, mode 700),",
             "  and c then replays the crash's own workload instead of a made-up one.",
-        ]  # fmt: skip
+        ]
 
         def answered(approved: bool | None) -> None:
             if not approved:
@@ -542,7 +549,9 @@ class IncidentActions:
 
         target = self.incident_target()
         if target.url is None:
-            self._say("confirm: no server known to confirm against; start radixtop with --url URL", error=True, final=True)
+            self._say(
+                "confirm: no server known to confirm against; start radixtop with --url URL", error=True, final=True
+            )
             return
         settings = self.action_settings
         workdir = (settings.directory / f"radixtop-confirm-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -557,9 +566,10 @@ class IncidentActions:
         self.run_lock = lock
         options = ConfirmOptions(**{
             "url": target.url, "workdir": workdir, "logs": target.logs, "pid": target.pid,
-            "signature_files": settings.signature_files, "sighting": self.sighting, "crash_dump_folder": self.dump_armed,
+            "signature_files": settings.signature_files, "sighting": self.sighting,
+            "crash_dump_folder": self.dump_armed,
             **dict(settings.confirm),
-        })  # fmt: skip
+        })
         self.confirm_state = "preparing"
         self.confirm_run = self.confirm_verdict = None
         self._prepare_cancel = threading.Event()
@@ -578,7 +588,7 @@ class IncidentActions:
         self._confirm_lines, self._confirm_end, self._watch_shown = [], None, 0
         status = read_status()
         self._show_event("watching", (status.summary() if status else "a confirmation run is in progress on this node")
-                         + "; showing it instead of starting another")  # fmt: skip
+                         + "; showing it instead of starting another")
         self._show_run_screen()
         self._watch_timer = app.set_interval(WATCH_EVERY_S, self._watch_tick)
         self._watch_tick()
@@ -597,11 +607,11 @@ class IncidentActions:
             self._stop_watching()
             verdict = status.get("verdict")
             self._finish(str(status.get("headline") or "the run ended"), str(status.get("body") or ""), verdict,
-                         error=verdict is None)  # fmt: skip
+                         error=verdict is None)
         elif not lock_held_by_other():
             self._stop_watching()
             self._finish("the other radixtop ended without a verdict (killed?)", "press c to start a run of your own",
-                         error=True)  # fmt: skip
+                         error=True)
 
     def _stop_watching(self) -> None:
         if self._watch_timer is not None:
@@ -716,7 +726,7 @@ class IncidentActions:
             verdict = await run.run()  # on this loop's thread: see the module's docstring
         except ConfirmCancelled:
             self._finish("cancelled: the control server was stopped, nothing is left running",
-                         f"Work directory: {options.workdir}.{kept}")  # fmt: skip
+                         f"Work directory: {options.workdir}.{kept}")
             return
         except Exception as exc:  # noqa: BLE001 - the run's finally has stopped the control
             self._finish("the confirmation run failed", f"{type(exc).__name__}: {exc}", error=True)

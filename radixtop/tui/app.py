@@ -278,7 +278,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
 
     def _new_panes(self, options: LiveOptions) -> Panes:
         return Panes(self, options, follow_log=self.follow_logs, add_lines=self._add_lines,
-                     on_status_change=self._update_status)  # fmt: skip
+                     on_status_change=self._update_status)
 
     def _add_lines(self, lines: list[str]) -> None:
         self.state.add_message(lines)
@@ -401,7 +401,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
                     for _ in range(100):  # bounded: each wait is at most the pacer's FRAME_FAST
                         state = self.state
                         wait = self.pacer.frame_wait(time.monotonic(), state.total_lines, self.log_view.size.height,
-                                                     state.lines_per_second())  # fmt: skip
+                                                     state.lines_per_second())
                         if wait <= 0:
                             break
                         await asyncio.sleep(wait)
@@ -523,7 +523,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
         # Frames are paced also for this timer's calls: a frame in between the consumer's would
         # cost as much as theirs and show little more.
         if pacer.frame_due(now, state.version, state.total_lines, self.log_view.size.height, state.lines_per_second(),
-                           force):  # fmt: skip
+                           force):
             pacer.drew_frame(now, state.version, state.total_lines)
             self.log_view.refresh_view()
             self._show_findings(now, force)
@@ -773,4 +773,4 @@ def live_options(options: TuiOptions) -> LiveOptions | None:
     if not options.panes:
         return None
     return LiveOptions(url=options.url, instruments=options.instruments, logs=options.logs, gpu=options.gpu,
-                       discover=options.discover)  # fmt: skip
+                       discover=options.discover)

@@ -32,7 +32,10 @@ def help_text(keymap: Mapping[str, str] | None = None) -> Table:
     table.add_row(SEVERITY_MARKERS["error"], "error signature (bold, underlined match)")
     table.add_row(SEVERITY_MARKERS["warning"], "warning signature (underlined match)")
     table.add_row(SEVERITY_MARKERS["info"], "informational signature")
-    table.add_row(SEVERITY_MARKERS["notice"], "radixtop notice: file rotated, truncated, deleted, waiting, cut, or an internal error")
+    table.add_row(
+        SEVERITY_MARKERS["notice"],
+        "radixtop notice: file rotated, truncated, deleted, waiting, cut, or an internal error",
+    )
     table.add_row("", "")
     table.add_row(Text("Status line", style=Style(bold=True, underline=True)), "")
     table.add_row("FOLLOW/SCROLL", "following the newest line, or scrolled back")

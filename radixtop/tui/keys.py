@@ -40,7 +40,8 @@ class Key(WidgetKey):
 
 
 KEYS: tuple[Key, ...] = (
-    Key("quit", "q", "quit", "Quit", "quit (a confirmation run in progress is cancelled and its servers stopped first)"),
+    Key("quit", "q", "quit", "Quit",
+        "quit (a confirmation run in progress is cancelled and its servers stopped first)"),
     Key("help", "question_mark", "help", "Help", "this help (Esc closes)"),
     Key("follow", "f", "toggle_follow", "Follow",
         "follow the newest line on/off (scrolling up also stops following; End or G resumes)"),
@@ -52,7 +53,8 @@ KEYS: tuple[Key, ...] = (
     Key("filter", "ampersand,backslash", "prompt('filter')", "Filter",
         "filter: show only lines containing the text; Esc clears search, then filter"),
     Key("next-hit", "e", "hit(True)", "Next hit", "next line that matched a failure signature"),
-    Key("previous-hit", "E", "hit(False)", "Previous hit", "previous line that matched a failure signature", show=False),
+    Key("previous-hit", "E", "hit(False)", "Previous hit",
+        "previous line that matched a failure signature", show=False),
     Key("theme", "t", "cycle_theme", "Theme", "next theme: dark, light, high contrast"),
     Key("access-lines", "a", "toggle_access", "Access lines",
         "HTTP access lines (POST /generate ... 503) shown or folded; folded by default into one counted row per "

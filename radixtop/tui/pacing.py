@@ -77,7 +77,7 @@ class FramePacer:
         return max(0.0, min(wait, FRAME_FAST))
 
     def frame_due(self, now: float, version: int, total_lines: int, height: int, rate: float | None,
-                  force: bool = False) -> bool:  # fmt: skip
+                  force: bool = False) -> bool:
         """Whether to draw a frame now: only when the state's version moved, and then when the
         frame is due or `force` (a key, a message: those draw at once)."""
         if version == self.drawn_version:

@@ -8,7 +8,8 @@ pane, and the key again (or 0) shows everything.
 Redraws: on the app's timer, at most PANES_HZ times a second, every visible pane whose data moved
 is redrawn, all in the same frame (Textual renders one box around everything that changed in a
 frame: panes redrawn at scattered moments cost one such pass each); the vitals every
-VITALS_REDRAW_S anyway (their time axis moves). Hidden panes are not drawn. Nothing here waits on I/O: the probes run in one worker (LiveSources.run).
+VITALS_REDRAW_S anyway (their time axis moves). Hidden panes are not drawn. Nothing here waits on
+I/O: the probes run in one worker (LiveSources.run).
 """
 
 from __future__ import annotations
@@ -159,10 +160,10 @@ class Panes:
         discoverer = _discoverer() if opts.discover else _nothing  # one, so what it described is asked once
         if opts.discover:
             targets = await resolve_targets(url=opts.url, logs=opts.logs, instruments=opts.instruments,
-                                            discover_fn=discoverer, pick=getattr(self.app, "pick_server", None))  # fmt: skip
+                                            discover_fn=discoverer, pick=getattr(self.app, "pick_server", None))
         else:
             targets = Targets(url=opts.url, instruments=list(opts.instruments), pinned_url=bool(opts.url),
-                              pinned_instruments=bool(opts.instruments))  # fmt: skip
+                              pinned_instruments=bool(opts.instruments))
         self.targets = targets
         if targets.lines:
             self.add_lines(targets.lines)
@@ -204,7 +205,7 @@ class Panes:
         server = self.sources.server if self.sources is not None else None
         if server is not None:  # lazily: the first line almost always decides
             server.log_spoke(chain.from_iterable(run.texts for run in runs) if runs is not None
-                             else (r.text for r in batch.records))  # fmt: skip
+                             else (r.text for r in batch.records))
         if self._state is not None and not self._log_feeds_vitals():
             return
         texts: list[str]
@@ -408,7 +409,7 @@ class Panes:
             app.query_one(VitalsPane).show(st.vitals, status=status, note=_short(note, 90), now=now)
         elif name == "gpu":
             app.query_one(GpuPane).show(st.gpu, server_pids=st.server_pids(), xids=list(st.xids),
-                                        last_good=st.gpu_last_good, now=now)  # fmt: skip
+                                        last_good=st.gpu_last_good, now=now)
         elif name == "procs":
             app.query_one(ProcsPane).show(st.procs, now=now, last_good=st.procs_last_good)
 

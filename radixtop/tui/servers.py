@@ -97,7 +97,9 @@ class ServerChoice(_AppBase):
     @work(group="pipe-pane", exit_on_error=False)
     async def _pipe_pane(self, source: Any) -> None:
         why = await asyncio.to_thread(source.pane.pipe)
-        self._add_lines([why or f"following {source.pane.pane.name} through tmux pipe-pane (undone when radixtop exits)"])
+        self._add_lines(
+            [why or f"following {source.pane.pane.name} through tmux pipe-pane (undone when radixtop exits)"]
+        )
 
     async def pick_server(self, servers: Sequence[Any], current: int | None = None) -> Any:
         """The server to watch among several: the one picked earlier in this session while it
@@ -151,7 +153,7 @@ class ServerChoice(_AppBase):
         if not options.logs:  # a log given with --log stays followed
             self._leave_logs()
         self._add_lines([f"switching to {chosen.name} pid {chosen.pid}" + (f" at {chosen.url}" if chosen.url else "")
-                         + "; the lines above stay"])  # fmt: skip
+                         + "; the lines above stay"])
         self.panes = self._new_panes(options)
         self.panes.mounted = panes.mounted
         self.panes.layout(self.size.width, self.size.height)
@@ -170,4 +172,4 @@ def server_row(server: Any, current: bool = False) -> Any:
         log = "no log found"
     return ServerRow(port=str(server.port) if server.port else "—", kind=server.name, model=server.model,
                      pid=server.pid, uptime=uptime_text(time.time() - server.started), log=log,
-                     current=current)  # fmt: skip
+                     current=current)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 _ASCII_ERRORS = "radixtop-ascii-cells"
 _ASCII_GLYPHS = {"…": ".", "·": ".", "•": "*", "→": ">", "←": "<", "↑": "^", "↓": "v", "▲": "^", "▼": "v",
-                 "▶": ">", "◀": "<", "✓": "v", "✗": "x", "×": "x", "—": "-", "–": "-"}  # fmt: skip
+                 "▶": ">", "◀": "<", "✓": "v", "✗": "x", "×": "x", "—": "-", "–": "-"}
 
 
 def _ascii_glyph(ch: str) -> str:
@@ -108,7 +108,7 @@ def run_until_quit(app: App[Any]) -> int | None:
             # writer waits on a terminal no one reads): the quit path gets QUIT_GRACE_S, then the
             # process ends anyway (the servers it started die with it: PR_SET_PDEATHSIG).
             threading.Thread(target=_exit_after, args=(QUIT_GRACE_S, 128 + signum), name="radixtop-quit-deadline",
-                             daemon=True).start()  # fmt: skip
+                             daemon=True).start()
             loop.call_soon_threadsafe(lambda: loop.create_task(app.run_action("quit")))
         else:  # asked twice: the quit path itself is stuck
             os._exit(128 + signum)

@@ -4,9 +4,10 @@ Each ``[[signature]]`` table has id, title, pattern, severity, subsystem, meanin
 competing, and may have a role (ROLES; "cause" when absent): what the line is to an incident. A
 cause names a failure where it starts; a consequence follows from a failure logged before it (the
 SIGQUIT notice, a wrapper around a traceback, NCCL aborts); a notice is context (startup warnings,
-retractions). The initiating finding is the earliest cause (diagnosis/findings.py). Patterns must run unchanged on Python ``re``, RE2 and hyperscan (the matcher picks the
-fastest engine available), so constructs only Python supports are refused at load time with a
-one-line error that names the file and line: ``<file>:<line>: <what is wrong>; <what to do>``.
+retractions). The initiating finding is the earliest cause (diagnosis/findings.py). Patterns must
+run unchanged on Python ``re``, RE2 and hyperscan (the matcher picks the fastest engine
+available), so constructs only Python supports are refused at load time with a one-line error
+that names the file and line: ``<file>:<line>: <what is wrong>; <what to do>``.
 
 `radixtop scan` must start like a grep, and parsing and validating the built-in catalog (tomllib,
 a regex compile per pattern) cost more than the rest of its start-up, so the validated built-in

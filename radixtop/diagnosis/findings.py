@@ -21,10 +21,10 @@ Ordering rules (documented because clock skew between files is a fact of life):
 - Initiating = the earliest warning-or-worse occurrence of a cause (a signature's role, see
   catalog.py); with no cause logged, the earliest consequence, then the earliest notice. A cause
   inside a traceback names the record it belongs to: of the causes in that record (a frame line
-  such as "in cache_finished_req", then the exception line), the last one, which says what failed. Fingerprint = for the first error or
-  critical occurrence, the last info-level occurrence before it and the first warning after that
-  info (or, with none there, the first warning before the error); complete when
-  info < warn < error.
+  such as "in cache_finished_req", then the exception line), the last one, which says what failed.
+  Fingerprint = for the first error or critical occurrence, the last info-level occurrence before
+  it and the first warning after that info (or, with none there, the first warning before the
+  error); complete when info < warn < error.
 - batch_at_failure = per rank, the last batch stats line before the first error or critical
   occurrence. A file stops recording batch stats at its own first error.
 

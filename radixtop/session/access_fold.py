@@ -146,7 +146,8 @@ class AccessFolds:
         if group is None or group.count < 2:
             return None
         kinds = ", ".join(
-            f"{method} {path} {status} ×{n}" for (method, path, status), n in heapq.nlargest(_SUMMARY_KINDS, group.kinds.items(), key=itemgetter(1))
+            f"{method} {path} {status} ×{n}"
+            for (method, path, status), n in heapq.nlargest(_SUMMARY_KINDS, group.kinds.items(), key=itemgetter(1))
         )
         more = len(group.kinds) - _SUMMARY_KINDS
         return f"{group.count} HTTP access lines: {kinds}{f', {more} more kinds' if more > 0 else ''} (a shows them)"

@@ -58,7 +58,8 @@ class LogEntry:
         self.severity = severity  # the worst severity among the matched signatures, or None
         self.sig_ids = sig_ids
         self.span = span  # (start, end) in text of the worst signature's match, when known
-        self.kind = kind  # "line", "fold" (counted access lines), "notice" (from the probe or radixtop) or "message" (guidance)
+        # "line", "fold" (counted access lines), "notice" (from the probe or radixtop) or "message" (guidance)
+        self.kind = kind
 
     def __repr__(self) -> str:
         return f"LogEntry(seq={self.seq}, {self.kind}, {self.source}:{self.lineno}, {self.severity}, {self.text!r})"
@@ -388,7 +389,9 @@ class IncidentState:
                 self._pending_count -= old_n
                 self.pending_dropped += old_n
             else:
-                self._pending[0] = (_skip(old, over), {k - over: m for k, m in old_marks.items() if k >= over}, old_n - over)
+                self._pending[0] = (
+                    _skip(old, over), {k - over: m for k, m in old_marks.items() if k >= over}, old_n - over
+                )
                 self._pending_count -= over
                 self.pending_dropped += over
 

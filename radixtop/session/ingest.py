@@ -124,7 +124,9 @@ class Ingestor:
     """Thread side: LogBatch -> IngestResult. Thread-safe (one lock), so `flush` may run beside
     `process` from another thread."""
 
-    def __init__(self, builder: FindingsBuilder, catalog: Catalog, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, builder: FindingsBuilder, catalog: Catalog, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._builder = builder
         self._matcher = builder.matcher
         self._context = builder.context
@@ -322,7 +324,9 @@ class Ingestor:
             for k, indices in by_line.items():
                 text = texts[k]
                 worst = max(indices, key=lambda i: self._rank[i])
-                marks[base + k] = Mark(self._severity[worst], tuple(self._ids[i] for i in indices), self._span(worst, text))
+                marks[base + k] = Mark(
+                    self._severity[worst], tuple(self._ids[i] for i in indices), self._span(worst, text)
+                )
                 r = bisect.bisect_right(starts, k) - 1
                 for index in indices:
                     track.queue.append(self._hit(track, file, runs[r], k - starts[r], text, index, texts, k, now))
@@ -330,7 +334,8 @@ class Ingestor:
         return self._deliver(track)
 
     def _hit(
-        self, track: _FileTrack, file: str, run: LogRun, offset: int, text: str, index: int, texts: list[str], k: int, now: float
+        self, track: _FileTrack, file: str, run: LogRun, offset: int, text: str, index: int, texts: list[str], k: int,
+        now: float,
     ) -> _Hit:
         hit = _Hit(file, run, offset, text, index, now)
         recent = track.recent

@@ -143,7 +143,7 @@ async def resolve_targets(
             (f"watching {targets.url} (given with --url); no process of it found on this node, "
              "so the processes pane stays empty"),
             *found.notes,
-        ]  # fmt: skip
+        ]
     else:
         lines = ["attached by discovery:" if not url else "server given with --url:"]
         lines += Discovery((chosen,), found.notes).describe()
@@ -152,7 +152,7 @@ async def resolve_targets(
         others = [s for s in found.servers if s.pid != chosen.pid]
         if others:
             lines.append("also found (s switches server): " + ", ".join(
-                f"{s.name} pid {s.pid}{' at ' + s.url if s.url else ''}" for s in others[:4]))  # fmt: skip
+                f"{s.name} pid {s.pid}{' at ' + s.url if s.url else ''}" for s in others[:4]))
         targets.lines = lines
     return targets
 
@@ -179,7 +179,12 @@ class LiveState:
     def apply(self, sample: Any) -> None:
         if isinstance(sample, RadixSample):
             self.board.add(sample)
-            if sample.snapshot is not None and not sample.unchanged and not sample.source and (sample.rank or 0) == min(self._ranks(), default=0):
+            if (
+                sample.snapshot is not None
+                and not sample.unchanged
+                and not sample.source
+                and (sample.rank or 0) == min(self._ranks(), default=0)
+            ):
                 self.vitals.feed_radix(sample.snapshot, sample.time)
         elif isinstance(sample, ServerSample):
             self._server(sample)
@@ -360,7 +365,9 @@ class LiveSources:
     async def rediscover(self) -> None:
         """Find the server again (a new pid after a restart; a server that appeared later)."""
         found = await self.discover_fn()
-        chosen = choose(found.servers, self.targets.url, self.targets.logs, self.targets.pid if self.targets.picked else None)
+        chosen = choose(
+            found.servers, self.targets.url, self.targets.logs, self.targets.pid if self.targets.picked else None
+        )
         if chosen is None:
             return
         if chosen.pid != self.targets.pid:

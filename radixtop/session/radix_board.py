@@ -21,9 +21,10 @@ KEPT_SNAPSHOTS = 3  # earlier snapshots kept per rank, besides the last
 KEPT_SNAPSHOT_NODES = 5_000  # ... of at most this many nodes (a 100k-node tree is MBs of objects)
 KEPT_EVENTS = 1_000  # events kept per rank
 
-ANOMALY_KINDS = frozenset(
-    {"negative_lock_ref", "lock_failure", "unlock_failure", "evict_failure", "evict_short", "hooks_disabled", "instrument_error"}
-)
+ANOMALY_KINDS = frozenset({
+    "negative_lock_ref", "lock_failure", "unlock_failure", "evict_failure", "evict_short", "hooks_disabled",
+    "instrument_error",
+})
 
 
 @dataclass(frozen=True, slots=True)

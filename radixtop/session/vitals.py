@@ -193,7 +193,9 @@ class Vitals:
     def feed_radix(self, snapshot: Any, t: float | None = None) -> None:
         """Evicted tokens from the debug endpoint's counters (rank 0 stands for its TP group)."""
         t = snapshot.time if t is None else t
-        evicted = self._delta(f"radix_evicted/{snapshot.instance}", t, snapshot.counters.evicted_tokens, per_second=True)
+        evicted = self._delta(
+            f"radix_evicted/{snapshot.instance}", t, snapshot.counters.evicted_tokens, per_second=True
+        )
         if evicted is not None and t - self._metrics_at.get("evicted_tokens", -math.inf) >= METRICS_PRECEDENCE_S:
             self.series["evicted_tokens"].add(t, float(evicted), "radix")
             self.version += 1

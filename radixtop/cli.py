@@ -43,7 +43,8 @@ TUI_OPTIONS: dict[str, dict[str, Any]] = {
     ),
     "--from-start": dict(
         action="store_true",
-        help="keep up to 100,000 existing lines in view (default: the last 5,000; findings cover the whole file either way)",
+        help="keep up to 100,000 existing lines in view "
+             "(default: the last 5,000; findings cover the whole file either way)",
     ),
     "--theme": dict(
         choices=["dark", "light", "high-contrast"], default=None,
@@ -55,12 +56,13 @@ TUI_OPTIONS: dict[str, dict[str, Any]] = {
     ),
     "--instrument": dict(
         action="append", default=[], metavar="URL",
-        help="a rank's radixtop debug endpoint (repeatable; default: the server's /server_info, else found on its ports)",
+        help="a rank's radixtop debug endpoint (repeatable; "
+             "default: the server's /server_info, else found on its ports)",
     ),
     "--no-discover": dict(action="store_true", help="do not look for servers on this node"),
     "--no-gpu": dict(action="store_true", help="do not read GPUs through NVML"),
     "--no-panes": dict(action="store_true", help="the log pane alone"),
-}  # fmt: skip
+}
 
 _GIVEN = "given_before_command"  # the namespace's note of the root options given, by dest
 
@@ -77,7 +79,7 @@ class _Given(argparse.Action):
         self.kind = kind
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
+                 option_string: str | None = None) -> None:
         value: object
         if self.kind == "store_true":
             value = True
@@ -101,14 +103,14 @@ def _add_signature_options(parser: argparse.ArgumentParser, root: bool = False) 
     # A subcommand's --signatures add to those given before it; its --context replaces the one
     # given before it only when given itself (SUPPRESS).
     _option(parser, "--signatures", root, action="append", default=[], metavar="FILE",
-            help="extra signature catalog (TOML), merged with the built-in one; repeatable")  # fmt: skip
+            help="extra signature catalog (TOML), merged with the built-in one; repeatable")
     _option(parser, "--context", root, type=at_least(0), default=100 if root else argparse.SUPPRESS, metavar="N",
-            help="lines of context kept before each first occurrence (default 100)")  # fmt: skip
+            help="lines of context kept before each first occurrence (default 100)")
 
 
 def _add_readonly_option(parser: argparse.ArgumentParser, root: bool = False) -> None:
     _option(parser, "--readonly", root, action="store_true", default=False if root else argparse.SUPPRESS,
-            help="observe only: every action (bundle, replay, record, confirm; the UI's keys b and c) is refused")  # fmt: skip
+            help="observe only: every action (bundle, replay, record, confirm; the UI's keys b and c) is refused")
 
 
 def _add_vocab_option(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +118,7 @@ def _add_vocab_option(parser: argparse.ArgumentParser) -> None:
         "--vocab-size", type=at_least(16), default=None, metavar="N",
         help="the model's vocabulary, when its config.json is not on this machine (default: read from the "
         "folder or Hugging Face cache /server_info names)",
-    )  # fmt: skip
+    )
 
 
 def _scan_arguments(scan: argparse.ArgumentParser) -> None:
@@ -152,20 +154,29 @@ def _bundle_arguments(bundle: argparse.ArgumentParser) -> None:
     bundle.add_argument("--url", default=None, help="the server's base URL, e.g. http://127.0.0.1:30000")
     bundle.add_argument("--log", action="append", default=[], metavar="PATH", help="server log (repeatable)")
     bundle.add_argument("--out", default=None, metavar="DIR", help="directory to write the bundle in")
-    bundle.add_argument("--pid", type=int, default=None, help="the server's pid (default: the one listening on the URL's port)")
+    bundle.add_argument(
+        "--pid", type=int, default=None,
+        help="the server's pid (default: the one listening on the URL's port)",
+    )
     bundle.add_argument(
         "--instrument", action="append", default=[], metavar="URL",
         help="a rank's radixtop debug endpoint (repeatable; default: /server_info's, else found on the server's ports)",
-    )  # fmt: skip
+    )
     bundle.add_argument("--reason", default="manual", help="a word for the bundle's name (default manual)")
     bundle.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    bundle.add_argument("--verify", default=None, metavar="BUNDLE", help="check a bundle (directory or .tar.gz) against its manifest")
+    bundle.add_argument(
+        "--verify", default=None, metavar="BUNDLE",
+        help="check a bundle (directory or .tar.gz) against its manifest",
+    )
     _add_signature_options(bundle)
     _add_readonly_option(bundle)
 
 
 def _replay_arguments(replay: argparse.ArgumentParser) -> None:
-    replay.add_argument("trace", metavar="TRACE", help="a trace file, or a built-in name (finding_03330, demo_pressure)")
+    replay.add_argument(
+        "trace", metavar="TRACE",
+        help="a trace file, or a built-in name (finding_03330, demo_pressure)",
+    )
     replay.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:30000")
     replay.add_argument("--runs", type=at_least(1), default=5, help="how many times to send the trace (default 5)")
     replay.add_argument("--json", action="store_true", help="print one JSON object")
@@ -173,7 +184,7 @@ def _replay_arguments(replay: argparse.ArgumentParser) -> None:
     replay.add_argument(
         "--page-size", type=page_size_or_auto, default=None, metavar="N|auto",
         help="rescale the trace's shared prefixes to this page size (auto: the server's)",
-    )  # fmt: skip
+    )
     replay.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (same seed, same prompts)")
     replay.add_argument(
         "--max-in-flight", type=at_least(0), default=0, metavar="K",
@@ -183,7 +194,7 @@ def _replay_arguments(replay: argparse.ArgumentParser) -> None:
     replay.add_argument(
         "--namespace-per-request", action="store_true",
         help="give every call a cache namespace of its own (SGLang's extra_key): the same pressure, no prefix reuse",
-    )  # fmt: skip
+    )
     _add_vocab_option(replay)
     _add_readonly_option(replay)
 
@@ -191,8 +202,14 @@ def _replay_arguments(replay: argparse.ArgumentParser) -> None:
 def _record_arguments(record: argparse.ArgumentParser) -> None:
     record.add_argument("--url", required=True, help="the server to forward to")
     record.add_argument("--out", required=True, metavar="TRACE", help="the trace file to write")
-    record.add_argument("--listen-port", type=within(0, 65535), default=0, help="the proxy's port on 127.0.0.1 (default: a free one)")
-    record.add_argument("--keep-prompts", action="store_true", help="keep the prompts in the trace (they may be sensitive)")
+    record.add_argument(
+        "--listen-port", type=within(0, 65535), default=0,
+        help="the proxy's port on 127.0.0.1 (default: a free one)",
+    )
+    record.add_argument(
+        "--keep-prompts", action="store_true",
+        help="keep the prompts in the trace (they may be sensitive)",
+    )
     record.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: at Ctrl-C)")
     record.add_argument("--max-requests", type=int, default=0, help="stop after this many generate calls")
     record.add_argument("--name", default=None, help="the trace's name (default: the file's)")
@@ -204,15 +221,15 @@ def _trace_arguments(trace: argparse.ArgumentParser) -> None:
     trace.add_argument("action", choices=["convert"], help="convert: write SOURCE as a trace file")
     trace.add_argument("source", metavar="SOURCE",
                        help="SGLang's crash or request dump (.pkl), its dump folder (the newest dump), a trace, "
-                            "or a Mooncake trace (.jsonl)")  # fmt: skip
+                            "or a Mooncake trace (.jsonl)")
     trace.add_argument("-o", "--out", default=None, metavar="TRACE",
-                       help="the file to write (default NAME.trace.json, or NAME.mooncake.jsonl)")  # fmt: skip
+                       help="the file to write (default NAME.trace.json, or NAME.mooncake.jsonl)")
     trace.add_argument("--format", choices=["radixtop", "mooncake"], default="radixtop",
                        help="radixtop: a trace file (default); mooncake: JSON Lines of hash ids, as AIPerf, vLLM and "
-                            "SGLang's bench_serving replay")  # fmt: skip
+                            "SGLang's bench_serving replay")
     trace.add_argument("--block-size", type=at_least(1), default=None, metavar="N",
                        help="tokens a Mooncake hash id stands for: of a Mooncake SOURCE (default 512) and of "
-                            "--format mooncake (default the trace's page_size_hint)")  # fmt: skip
+                            "--format mooncake (default the trace's page_size_hint)")
 
 
 def _analyze_arguments(analyze: argparse.ArgumentParser) -> None:
@@ -222,42 +239,74 @@ def _analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     analyze.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default 16384)")
     analyze.add_argument("--max-running-requests", type=int, default=None, help="scheduler batch bound (default 32)")
     analyze.add_argument("--radix-eviction-policy", "--eviction-policy", dest="eviction_policy", default="lru",
-                         help="lru (default), lfu, fifo, mru, filo or priority")  # fmt: skip
+                         help="lru (default), lfu, fifo, mru, filo or priority")
     analyze.add_argument("--disable-radix-cache", action="store_true", help="analyze the workload without the cache")
     analyze.add_argument("--step-ms", type=within(0, 10_000, float), default=2.0,
-                         help="emulated scheduler step time (default 2 ms, as radixtop sim)")  # fmt: skip
+                         help="emulated scheduler step time (default 2 ms, as radixtop sim)")
     analyze.add_argument("--sweep", default=None, metavar="FLAG=V1,V2",
-                         help="one row per value: page-size=1,16,64, max-total-tokens=..., or max-running-requests=...")  # fmt: skip
+                         help="one row per value: page-size=1,16,64, max-total-tokens=..., or max-running-requests=...")
     analyze.add_argument("--seed", type=int, default=0, help="seed of the synthesized prompts (as replay's)")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _confirm_arguments(confirm: argparse.ArgumentParser) -> None:
     confirm.add_argument("--url", required=True, help="the live server's base URL")
-    confirm.add_argument("--trace", default=None, help="workload: a trace file or built-in name (default: pressure sized to the server)")
+    confirm.add_argument(
+        "--trace", default=None,
+        help="workload: a trace file or built-in name (default: pressure sized to the server)",
+    )
     confirm.add_argument("--runs", type=at_least(1), default=3, help="runs against each server (default 3)")
     confirm.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     confirm.add_argument("--yes", action="store_true", help="approve the plan without asking")
-    confirm.add_argument("--log", action="append", default=[], metavar="PATH", help="the live server's log (default: found)")
+    confirm.add_argument(
+        "--log", action="append", default=[], metavar="PATH",
+        help="the live server's log (default: found)",
+    )
     confirm.add_argument("--pid", type=int, default=None, help="the live server's pid (default: found by its port)")
     confirm.add_argument("--launch-command", default=None, help="the live server's command, when it cannot be learned")
     confirm.add_argument(
         "--control-cache", choices=["disable", "keep"], default="disable",
         help="disable: the control adds --disable-radix-cache (default); keep: only the pressure is lowered",
-    )  # fmt: skip
-    confirm.add_argument("--concurrency-divisor", type=at_least(1), default=4, help="the control's --max-running-requests is the live one divided by this (default 4)")
-    confirm.add_argument("--control-arg", action="append", default=[], metavar="FLAG", help="an extra control flag (--control-arg=--mem-fraction-static=0.3); repeatable")
-    confirm.add_argument("--stop-original", action="store_true", help="stop the live server first, then run a reproduction and the control (never done otherwise)")
-    confirm.add_argument("--no-reproduction", action="store_true", help="with the server gone: no reproduction arm; its crash log stands as the baseline")
-    confirm.add_argument("--gpus", default=None, metavar="IDS", help="CUDA_VISIBLE_DEVICES for the servers radixtop starts (default: idle GPUs with room, from NVML)")
-    confirm.add_argument("--own-env", action="store_true", help="start the servers with radixtop's environment when the live server's cannot be read")
-    confirm.add_argument("--inherit-env", action="store_true", help="start the servers with the live server's whole environment and working directory (default: a clean one with its behaviour keys, shown in the plan)")
+    )
+    confirm.add_argument(
+        "--concurrency-divisor", type=at_least(1), default=4,
+        help="the control's --max-running-requests is the live one divided by this (default 4)",
+    )
+    confirm.add_argument(
+        "--control-arg", action="append", default=[], metavar="FLAG",
+        help="an extra control flag (--control-arg=--mem-fraction-static=0.3); repeatable",
+    )
+    confirm.add_argument(
+        "--stop-original", action="store_true",
+        help="stop the live server first, then run a reproduction and the control (never done otherwise)",
+    )
+    confirm.add_argument(
+        "--no-reproduction", action="store_true",
+        help="with the server gone: no reproduction arm; its crash log stands as the baseline",
+    )
+    confirm.add_argument(
+        "--gpus", default=None, metavar="IDS",
+        help="CUDA_VISIBLE_DEVICES for the servers radixtop starts (default: idle GPUs with room, from NVML)",
+    )
+    confirm.add_argument(
+        "--own-env", action="store_true",
+        help="start the servers with radixtop's environment when the live server's cannot be read",
+    )
+    confirm.add_argument(
+        "--inherit-env", action="store_true",
+        help="start the servers with the live server's whole environment and working directory "
+             "(default: a clean one with its behaviour keys, shown in the plan)",
+    )
     confirm.add_argument("--no-flush", action="store_true", help="do not flush the caches between runs")
     confirm.add_argument("--no-bundle", action="store_true", help="skip the evidence bundle (not recommended)")
     confirm.add_argument("--control-timeout", "--health-timeout", dest="control_timeout", type=float, default=1200.0,
-                         help="seconds to wait for a started server's health: a real model loads for minutes (default 1200)")
+                         help="seconds to wait for a started server's health: a real model loads for minutes "
+                              "(default 1200)")
     _add_vocab_option(confirm)
-    confirm.add_argument("--workdir", default=None, help="where the plan, logs, replays and verdict go (default ./radixtop-confirm-<time>)")
+    confirm.add_argument(
+        "--workdir", default=None,
+        help="where the plan, logs, replays and verdict go (default ./radixtop-confirm-<time>)",
+    )
     _add_signature_options(confirm)
     _add_readonly_option(confirm)
 
@@ -277,14 +326,16 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
                _record_arguments, f"{_INCIDENT}:run_record", action=True),
     Subcommand("trace", "convert SGLang's crash dumps and Mooncake traces into traces, and traces into Mooncake's",
                _trace_arguments, f"{_INCIDENT}:run_trace"),
-    Subcommand("analyze", "run a trace on the simulator's radix cache in-process (no server, no GPU): hit rate, misses by reason",
+    Subcommand("analyze", "run a trace on the simulator's radix cache in-process (no server, no GPU): "
+                          "hit rate, misses by reason",
                _analyze_arguments, f"{_INCIDENT}:run_analyze"),
-    Subcommand("confirm", "the confirmation run: evidence, a plan to approve, then the live server vs a bounded control",
+    Subcommand("confirm", "the confirmation run: evidence, a plan to approve, "
+                          "then the live server vs a bounded control",
                _confirm_arguments, f"{_INCIDENT}:run_confirm", action=True),
     # SGLang's own flags, unknown ones included: its parser is its own.
     Subcommand("sim", "run the SGLang-compatible simulator (takes SGLang's flags; see `radixtop sim --help`)",
                None, "radixtop.sim.cli:main"),
-)}  # fmt: skip
+)}
 
 
 _N = TypeVar("_N")
@@ -319,8 +370,12 @@ class _RootParser(Parser):
         has = flag in self.subcommands[name]._option_string_actions  # argparse's own index of its options
         if flag in TUI_OPTIONS:
             if has:
-                raise UsageError(f"{flag} before `{name}` is the TUI's; give it after the subcommand: radixtop {name} {flag} ...")
-            raise UsageError(f"{flag} applies only to the TUI (radixtop with no subcommand); drop it from `radixtop {name}`")
+                raise UsageError(
+                    f"{flag} before `{name}` is the TUI's; give it after the subcommand: radixtop {name} {flag} ..."
+                )
+            raise UsageError(
+                f"{flag} applies only to the TUI (radixtop with no subcommand); drop it from `radixtop {name}`"
+            )
         # --readonly reaches every subcommand parsed here: one that is no action has nothing to refuse.
         parsed_here = SUBCOMMANDS[name].add_arguments is not None
         if not (has or (flag == "--readonly" and parsed_here)):
@@ -349,7 +404,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for command in SUBCOMMANDS.values():
         if only in (None, command.name):
             own = sub.add_parser(command.name, help=command.help, description=command.help,
-                                 add_help=command.add_arguments is not None)  # fmt: skip
+                                 add_help=command.add_arguments is not None)
             if command.add_arguments is not None:
                 command.add_arguments(own)
             parser.subcommands[command.name] = own

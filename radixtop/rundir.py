@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["ENV_RUNTIME_DIR", "RuntimeDirError", "default_runtime_dir", "open_lock_file", "private_dir_problem",
-           "read_checked", "read_file", "runtime_dir", "write_file"]  # fmt: skip
+           "read_checked", "read_file", "runtime_dir", "write_file"]
 
 ENV_RUNTIME_DIR = "RADIXTOP_RUNTIME_DIR"
 
@@ -51,7 +51,10 @@ def private_dir_problem(path: Path) -> str | None:
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         return f"{path} is not a directory of yours (a symlink, or another user's)"
     if info.st_mode & 0o077:
-        return f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}): another user may have put files in it"
+        return (
+            f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}): "
+            "another user may have put files in it"
+        )
     return None
 
 
@@ -64,12 +67,13 @@ def runtime_dir(sub: str | None = None) -> Path:
             part.mkdir(mode=0o700, parents=part is base, exist_ok=True)
         except OSError as exc:
             raise RuntimeDirError(
-                f"cannot use {part} for radixtop's state: {exc.strerror or exc}; set {ENV_RUNTIME_DIR} to a private directory"
+                f"cannot use {part} for radixtop's state: {exc.strerror or exc}; "
+                f"set {ENV_RUNTIME_DIR} to a private directory"
             ) from None
         why = private_dir_problem(part)
         if why is not None:
             raise RuntimeDirError(f"{why}: radixtop will not keep state there; remove it, or set {ENV_RUNTIME_DIR} to "
-                                  "a private directory (mode 700) of yours")  # fmt: skip
+                                  "a private directory (mode 700) of yours")
     return path
 
 
@@ -96,7 +100,9 @@ def read_file(path: Path, limit: int, *, owners: tuple[int, ...] | None = None) 
     return read[0] if read is not None else None
 
 
-def read_checked(path: Path, limit: int, *, owners: tuple[int, ...] | None = None) -> tuple[bytes, os.stat_result] | None:
+def read_checked(
+    path: Path, limit: int, *, owners: tuple[int, ...] | None = None
+) -> tuple[bytes, os.stat_result] | None:
     """read_file's bytes with the stat of the file they came from."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -278,7 +278,7 @@ class Counters:
             f.name: _int(o.get(f.name, 0) if f.name in _OPTIONAL_COUNTERS else _get(o, f.name, where),
                          f"{where}.{f.name}", 0)
             for f in fields(cls)
-        })  # fmt: skip
+        })
 
 
 _OPTIONAL_COUNTERS = frozenset({"evict_failures"})
@@ -413,7 +413,7 @@ class Branch(NamedTuple):
 def heaviest_first(
     branches: Sequence[Branch], roots: Sequence[int], budget: int,
     head_of: Callable[[int], tuple[int, ...]] = lambda _: (),
-) -> TreeView:  # fmt: skip
+) -> TreeView:
     """The rows of a rebuilt tree as the instrument's walk sends them: the root row, then nodes
     heaviest subtree first within `budget` (a prefix of the rows is a connected tree; ties go to
     the lower index). `head_of(index)`: a node's first token ids, asked only for the rows sent."""
@@ -425,7 +425,9 @@ def heaviest_first(
     while heap and len(rows) <= budget:
         _, i, parent_row = heapq.heappop(heap)
         b = branches[i]
-        rows.append(NodeRow(b.id, parent_row, b.tokens, b.lock_ref, False, None, None, len(b.children), b.subtree, head_of(i)))
+        rows.append(
+            NodeRow(b.id, parent_row, b.tokens, b.lock_ref, False, None, None, len(b.children), b.subtree, head_of(i))
+        )
         walked_tokens += b.tokens
         row = len(rows) - 1
         for child in b.children:
@@ -434,7 +436,7 @@ def heaviest_first(
     return TreeView(
         budget=budget, walked_nodes=walked, walked_tokens=walked_tokens, cut_nodes=len(branches) - walked,
         cut_tokens=total - walked_tokens, cut_exact=True, nodes=tuple(rows),
-    )  # fmt: skip
+    )
 
 @dataclass(frozen=True, slots=True)
 class Census:
@@ -514,7 +516,9 @@ class Snapshot:
     seq: int  # snapshot number within this instance
     time: float  # wall clock (epoch seconds) when taken
     monotonic: float  # time.monotonic() in the server when taken (for node last_access ages)
-    seconds: float  # what reading it cost the scheduler thread (CPU seconds of the detail walk; census steps and serialising not included)
+    # what reading it cost the scheduler thread (CPU seconds of the detail walk; census steps and
+    # serialising not included)
+    seconds: float
     cache_class: str
     walkable: bool
     reason: str  # why the tree is not shown ("" when walkable)
@@ -673,7 +677,8 @@ class Health:
     snapshots: int
     safe_points: int  # safe_point() calls seen (rate-limited ones included)
     last_snapshot_age_s: float | None
-    last_snapshot_seconds: float | None  # scheduler-thread cost of the latest (radixtop's instrument serialises on its HTTP thread)
+    # scheduler-thread cost of the latest (radixtop's instrument serialises on its HTTP thread)
+    last_snapshot_seconds: float | None
     snapshot_interval_s: float  # the current minimum interval between snapshots (idle or watched)
     max_budget: int  # the server-side cap on ?budget=
     message: str = ""
@@ -769,7 +774,7 @@ class FlightRecord:
             "triggers": [t.to_dict() for t in self.triggers], "snapshot": self.snapshot.to_dict(),
             "events": [e.to_dict() for e in self.events], "events_dropped": self.events_dropped,
             "before": self.before.to_dict() if self.before is not None else None,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, obj: Any) -> FlightRecord:
@@ -799,7 +804,9 @@ class FlightRecord:
 
 
 def error_body(message: str) -> bytes:
-    return encode_json({"schema_version": SCHEMA_VERSION, "error": message.splitlines()[0][:MAX_TEXT] if message else ""})
+    return encode_json(
+        {"schema_version": SCHEMA_VERSION, "error": message.splitlines()[0][:MAX_TEXT] if message else ""}
+    )
 
 
 def parse_error(data: bytes | str) -> str:

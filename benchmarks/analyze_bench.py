@@ -79,14 +79,16 @@ def main() -> int:
         parser.error("--requests must be at least 1")
     trace = make_trace(args.requests)
     print(f"python {platform.python_version()} on {platform.machine()}; {args.requests:,} requests, "
-          f"{GROUPS} groups, {PROMPT_LEN}-token prompts sharing {PREFIX_LEN}, {MAX_TOKENS} new tokens, page 16")  # fmt: skip
+          f"{GROUPS} groups, {PROMPT_LEN}-token prompts sharing {PREFIX_LEN}, {MAX_TOKENS} new tokens, page 16")
     rates = {}
-    for name, run in (("raw radix-cache match+insert loop (peer)", bench_raw_cache), ("radixtop analyze", bench_analyze)):
+    for name, run in (
+        ("raw radix-cache match+insert loop (peer)", bench_raw_cache), ("radixtop analyze", bench_analyze)
+    ):
         seconds, hit_rate = run(trace)
         rates[name] = args.requests / seconds
         print(f"  {name:<42} {args.requests / seconds:>10,.0f} requests/s  ({seconds:.2f} s; hit rate {hit_rate:.1%})")
     row(f"`radixtop analyze`, {args.requests:,}-request trace, requests/s", f"{rates['radixtop analyze']:,.0f}",
-        f"bare radix-cache match+insert loop: {rates['raw radix-cache match+insert loop (peer)']:,.0f}")  # fmt: skip
+        f"bare radix-cache match+insert loop: {rates['raw radix-cache match+insert loop (peer)']:,.0f}")
     return 0
 
 

@@ -60,7 +60,7 @@ def confirm(url: str, workdir: Path) -> tuple[float, dict]:
     done = subprocess.run(
         [sys.executable, "-m", "radixtop", "confirm", "--url", url, "--yes", "--json", "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+    )
     wall = time.monotonic() - began
     if done.returncode not in (0, 1):
         raise SystemExit(f"confirm failed: {done.stderr[-2000:]}")
@@ -87,7 +87,7 @@ def by_hand(doc: dict, workdir: Path) -> float:
                     raise SystemExit(f"{arm['role']} did not start by hand")
                 time.sleep(0.2)
             subprocess.run([sys.executable, "-m", "radixtop", "replay", trace, "--url", arm["url"], "--runs", "3"],
-                           capture_output=True, timeout=600, check=False)  # fmt: skip
+                           capture_output=True, timeout=600, check=False)
         finally:
             stop_process(proc)
             out.close()
@@ -112,15 +112,18 @@ def main() -> None:
                 "reproduction stop": repro.get("stop_s", 0), "control start": control.get("start_s", 0),
                 "control replay": control.get("replay_s", 0), "control stop": control.get("stop_s", 0),
                 "confirm total (wall)": wall, "by hand (peer)": by_hand(doc, Path(tmp)),
-            }  # fmt: skip
-            print(f"round {i + 1}: {doc['verdict']}; " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)
+            }
+            print(
+                f"round {i + 1}: {doc['verdict']}; " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()),
+                flush=True,
+            )
             rows.append(phases)
     print(f"\n| phase | seconds (median of {len(rows)}) |\n| --- | ---: |")
     for key in rows[0]:
         print(f"| {key} | {statistics.median(r[key] for r in rows):.1f} |")
     row(f"confirmation run after the demo's crash (reproduction + control, 3 runs each), wall, median of {len(rows)}",
         f"{statistics.median(r['confirm total (wall)'] for r in rows):.1f} s",
-        f"the same two arms by hand: {statistics.median(r['by hand (peer)'] for r in rows):.1f} s")  # fmt: skip
+        f"the same two arms by hand: {statistics.median(r['by hand (peer)'] for r in rows):.1f} s")
 
 
 if __name__ == "__main__":

@@ -272,7 +272,9 @@ def census_slices(cache, cfg: SnapshotConfig) -> dict:
 OTHER_BUDGETS = [SnapshotConfig(max_nodes=256, max_scan=1024), SnapshotConfig(max_nodes=192, max_scan=768)]
 
 
-def snapshot_costs(sizes: list[int], repeats: int, others: list[SnapshotConfig], build=None, count=None, keep: list | None = None) -> list[dict]:
+def snapshot_costs(
+    sizes: list[int], repeats: int, others: list[SnapshotConfig], build=None, count=None, keep: list | None = None
+) -> list[dict]:
     """Per tree size: the scheduler thread's part of a snapshot (capture: the budgeted detail walk
     reading raw rows), the endpoint thread's part (build the checked Snapshot + JSON), the old way
     (all of it on the scheduler thread, the peer of the capture), the incremental census's slices,
@@ -298,7 +300,9 @@ def snapshot_costs(sizes: list[int], repeats: int, others: list[SnapshotConfig],
             census = census_slices(cache, cfg)
             naive = float("nan")
             if label == "default":
-                naive_shot = TreeSnapshotter(SnapshotConfig(max_nodes=min(nodes, 200_000), census_max_nodes=0, max_scan=10**9))
+                naive_shot = TreeSnapshotter(
+                    SnapshotConfig(max_nodes=min(nodes, 200_000), census_max_nodes=0, max_scan=10**9)
+                )
                 naive = cpu_ms(lambda: naive_shot.take(cache).to_json(), 1 if nodes > 20_000 else 3)
             # The endpoint captures every max(0.5 s, cost / (1 % - census duty)); census steps take
             # census_share of the thread (at most census_duty).
@@ -417,19 +421,21 @@ def end_to_end_line(e: dict, nodes: int) -> str:
     done = f"the census in progress had reached {e['census_progress']:,} nodes"
     return (
         f"End to end on {nodes:,} nodes ({e['seconds']:.0f} s of a scheduler loop of 5 ms iterations calling "
-        f"safe_point, a client reading every 0.5 s; a census finished before, the next in progress): safe_point's CPU time was **{100 * e['wall_share']:.2f} %** of "
-        f"the loop's wall time and {100 * e['share']:.2f} % of the loop's own CPU time (the loop got "
-        f"{100 * e['cpu_per_wall']:.0f} % of a core here) ({e['snapshots']} snapshots, {e['snapshot_rate']:.1f}/s; {e['census_steps']} census steps, "
-        f"{100 * e['census_share']:.2f} % of wall time; {done}; a safe_point with nothing due: {e['idle_us']:.1f} µs); each read cost the endpoint's thread "
+        "safe_point, a client reading every 0.5 s; a census finished before, the next in progress): "
+        f"safe_point's CPU time was **{100 * e['wall_share']:.2f} %** of the loop's wall time and "
+        f"{100 * e['share']:.2f} % of the loop's own CPU time (the loop got "
+        f"{100 * e['cpu_per_wall']:.0f} % of a core here) ({e['snapshots']} snapshots, {e['snapshot_rate']:.1f}/s; "
+        f"{e['census_steps']} census steps, {100 * e['census_share']:.2f} % of wall time; {done}; "
+        f"a safe_point with nothing due: {e['idle_us']:.1f} µs); each read cost the endpoint's thread "
         f"{e['reader_ms']:.1f} ms (build + JSON + HTTP)."
     )
 
 
 def snapshot_table(snaps: list[dict]) -> list[str]:
     lines = [
-        "| nodes | budget | capture (scheduler) | build + JSON (endpoint thread) | all on the scheduler (one thread) | payload "
-        "| census slice: median / p99 / max | slices | census CPU | whole census every | share at 2/s (one thread) "
-        "| duty-capped rate | naive walk + JSON | naive share at 2/s |",
+        "| nodes | budget | capture (scheduler) | build + JSON (endpoint thread) | all on the scheduler (one thread) "
+        "| payload | census slice: median / p99 / max | slices | census CPU | whole census every "
+        "| share at 2/s (one thread) | duty-capped rate | naive walk + JSON | naive share at 2/s |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in snaps:
@@ -438,9 +444,10 @@ def snapshot_table(snaps: list[dict]) -> list[str]:
         lines.append(
             f"| {r['nodes']:,} | {r['config']} | {r['capture_ms']:.2f} ms | {r['build_json_ms']:.2f} ms | "
             f"{r['all_on_one_ms']:.2f} ms | {r['payload_kb']:.0f} KiB | "
-            f"{1e3 * r['slice_ms']:.0f} / {1e3 * r['slice_p99_ms']:.0f} / {1e3 * r['slice_max_ms']:.0f} µs | {r['slices']:,} | "
-            f"{r['census_ms']:.0f} ms | {r['census_every_s']:.1f} s | {100 * r['fraction_at_2hz']:.2f} % "
-            f"({100 * r['old_fraction_at_2hz']:.2f} %) | {r['rate']:.1f}/s | {naive} | {naive_share} |"
+            f"{1e3 * r['slice_ms']:.0f} / {1e3 * r['slice_p99_ms']:.0f} / {1e3 * r['slice_max_ms']:.0f} µs | "
+            f"{r['slices']:,} | {r['census_ms']:.0f} ms | {r['census_every_s']:.1f} s | "
+            f"{100 * r['fraction_at_2hz']:.2f} % ({100 * r['old_fraction_at_2hz']:.2f} %) | "
+            f"{r['rate']:.1f}/s | {naive} | {naive_share} |"
         )
     return lines
 
@@ -453,11 +460,11 @@ def snapshot_caption(where: str) -> str:
         f"{100 * d.census_duty:g} % of the thread; the capture gets the rest of the {100 * MAX_DUTY:g} % cap; 256 "
         "locked paths). Capture is what a snapshot costs the scheduler thread; the endpoint's HTTP thread builds the "
         "checked snapshot and its JSON (once per snapshot, whoever reads it); \"all on the scheduler\" is both on one "
-        "thread, the design this split replaces, for comparison. The census is one whole-tree census stepped slice by slice; it "
-        f"restarts when done, so \"whole census every\" is how old its figures get. Share at {RATE_HZ:g}/s: captures "
-        "plus census steps (in brackets: had the build and JSON stayed on the scheduler thread). The peer is the naive "
-        "snapshot: every node walked and serialised each time. The last rows are other budgets at 100k nodes (256 / 1024 "
-        "and more) for comparison with the default."
+        "thread, the design this split replaces, for comparison. The census is one whole-tree census stepped slice "
+        "by slice; it restarts when done, so \"whole census every\" is how old its figures get. Share at "
+        f"{RATE_HZ:g}/s: captures plus census steps (in brackets: had the build and JSON stayed on the scheduler "
+        "thread). The peer is the naive snapshot: every node walked and serialised each time. The last rows are "
+        "other budgets at 100k nodes (256 / 1024 and more) for comparison with the default."
     )
 
 
@@ -484,7 +491,10 @@ def render(hooks: dict, snaps: list[dict], command: str, ns_per_loop: float) -> 
             p = per_call[mode]
             # lock_pair covers one inc + one dec on a 2-node path; evict_us an evict with its event.
             modelled = (c.lock_ops * p["lock_pair_us"] + c.evict_calls * p["evict_us"]) / 1e6 / hooks["best"]["none"]
-            line += f" {p['lock_pair_us']:.2f} µs per lock+unlock, {p['evict_us']:.2f} µs per evict: {100 * modelled:+.1f} % |"
+            line += (
+                f" {p['lock_pair_us']:.2f} µs per lock+unlock, {p['evict_us']:.2f} µs per evict: "
+                f"{100 * modelled:+.1f} % |"
+            )
         else:
             line += " |"
         lines.append(line)
@@ -545,11 +555,17 @@ def real_hook_overhead(rc, n_requests: int, passes: int, chunk: int = 25) -> dic
     classes["none"] = base
 
     def new_cache(cls, size):
-        return cls(rc.CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=rc.allocator(size), page_size=1))
+        return cls(
+            rc.CacheInitParams(
+                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=rc.allocator(size), page_size=1
+            )
+        )
 
     rng = random.Random(1)
     systems = [[rng.randrange(1, 32000) for _ in range(rng.randrange(64, 256))] for _ in range(8)]
-    prompts = [rng.choice(systems) + [rng.randrange(1, 32000) for _ in range(rng.randrange(16, 96))] for _ in range(n_requests)]
+    prompts = [
+        rng.choice(systems) + [rng.randrange(1, 32000) for _ in range(rng.randrange(16, 96))] for _ in range(n_requests)
+    ]
     pool = 40 * 200  # small enough that evict_for_alloc runs often
     modes = ("none", "control", "hooks", "attach")
     ratios: dict[str, list[float]] = {m: [] for m in modes}
@@ -623,7 +639,11 @@ def real_per_call(rc, loops: int = 2000, repeats: int = 25) -> dict:
     instance_hooks = CacheHooks()
     setups = {}
     for mode, cls in (("none", base), ("hooks", hooked_cls), ("instance", dispatch_cls)):
-        cache = cls(rc.CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=rc.allocator(1 << 12), page_size=1))
+        cache = cls(
+            rc.CacheInitParams(
+                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=rc.allocator(1 << 12), page_size=1
+            )
+        )
         cache.insert(InsertParams(key=rc.key(list(range(1, 51)))))
         cache.insert(InsertParams(key=rc.key(list(range(1, 31)) + [7] * 10)))  # a 2-node path
         node = cache.match_prefix(MatchPrefixParams(key=rc.key(list(range(1, 51))))).last_device_node
@@ -694,8 +714,9 @@ def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns
 
     c = hooks["counters"]
     lines = [
-        f"Command: `{command}`; Python {sys.version.split()[0]}, sglang {sglang.__version__}, torch {torch.__version__}, "
-        f"{time.strftime('%Y-%m-%d')}; a bare Python loop here: {ns_per_loop:.0f} ns per iteration.",
+        f"Command: `{command}`; Python {sys.version.split()[0]}, sglang {sglang.__version__}, "
+        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
+        f"a bare Python loop here: {ns_per_loop:.0f} ns per iteration.",
         "",
         f"Hook overhead on sglang's RadixCache: {hooks['requests']} scheduler-shaped requests (match, lock, "
         "evict_for_alloc under pool pressure, alloc, path indices, insert, relock, unlock; 32 running requests "
@@ -723,9 +744,10 @@ def render_real(hooks: dict, per_call: dict, snaps: list[dict], command: str, ns
         "",
         f"(the attach() cache was snapshotted {hooks['snapshots']} times in the last pass)",
         "",
-        f"Per call (best of short loops): a lock + unlock on a 2-node path costs {per_call['lock_pair_base_us']:.2f} µs, "
-        f"hooks add {per_call['lock_pair_us']:.2f} µs; an evict_for_alloc that frees nothing costs "
-        f"{per_call['evict_base_us']:.2f} µs, hooks add {per_call['evict_us']:.2f} µs (installed for the instance, "
+        "Per call (best of short loops): a lock + unlock on a 2-node path costs "
+        f"{per_call['lock_pair_base_us']:.2f} µs, hooks add {per_call['lock_pair_us']:.2f} µs; "
+        f"an evict_for_alloc that frees nothing costs {per_call['evict_base_us']:.2f} µs, "
+        f"hooks add {per_call['evict_us']:.2f} µs (installed for the instance, "
         f"as attach() does: {per_call['instance_lock_pair_us']:.2f} and {per_call['instance_evict_us']:.2f} µs).",
     ]
     if c is not None:
@@ -762,9 +784,9 @@ def main_real(quick: bool, write: bool) -> None:
     print(block)
     overhead = 100 * (hooks["median"]["hooks"] - 1)
     row("instrument hooks on SGLang's `RadixCache`, median chunk", f"{overhead:+.1f} %",
-        f"unhooked cache (control: {100 * (hooks['median']['control'] - 1):+.1f} %)", "<= 5 %", overhead <= 5)  # fmt: skip
-    row("instrument duty end to end, 100k nodes, 5 ms scheduler loop (SGLang's cache)", f"{100 * e2e['wall_share']:.2f} % of the loop",
-        "duty cap: 1 %", "< 1 %", e2e["wall_share"] < 0.01)  # fmt: skip
+        f"unhooked cache (control: {100 * (hooks['median']['control'] - 1):+.1f} %)", "<= 5 %", overhead <= 5)
+    row("instrument duty end to end, 100k nodes, 5 ms scheduler loop (SGLang's cache)",
+        f"{100 * e2e['wall_share']:.2f} % of the loop", "duty cap: 1 %", "< 1 %", e2e["wall_share"] < 0.01)
     if write:
         write_readme(block, REAL_START, REAL_END)
 
@@ -790,9 +812,9 @@ def main() -> None:
     block = render(hooks, snaps, command, ns_per_loop) + "\n\n" + end_to_end_line(e2e, kept[0][1])
     print(block)
     row("instrument hooks on the simulator's `RadixCache`, whole stream", " / ".join(
-        f"{100 * (hooks['ratio'][mode] - 1):+.1f} % ({mode})" for mode in ("instance", "class")), "unhooked cache")  # fmt: skip
-    row("instrument duty end to end, 100k nodes, 5 ms scheduler loop (simulator's cache)", f"{100 * e2e['wall_share']:.2f} % of the loop",
-        "duty cap: 1 %", "< 1 %", e2e["wall_share"] < 0.01)  # fmt: skip
+        f"{100 * (hooks['ratio'][mode] - 1):+.1f} % ({mode})" for mode in ("instance", "class")), "unhooked cache")
+    row("instrument duty end to end, 100k nodes, 5 ms scheduler loop (simulator's cache)",
+        f"{100 * e2e['wall_share']:.2f} % of the loop", "duty cap: 1 %", "< 1 %", e2e["wall_share"] < 0.01)
     if args.write_readme:
         write_readme(block)
 

@@ -22,7 +22,8 @@
    160x48, every pane on screen, and in the same run the log pane alone (RADIXTOP_PANES=0) as the
    baseline: CPU share of one core and RSS over the window, the first frame's time from the
    command (the status line on screen; with the panes, also when they are on screen, for they
-   are mounted after the first frame), and RSS after a million log lines have been appended to the followed log and read.
+   are mounted after the first frame), and RSS after a million log lines have been appended to
+   the followed log and read.
    Three scenes: the simulator idle with its access log off (what watching costs), idle with its
    access log on (radixtop's own /metrics and /health polls then add a log line a second or so,
    which the log pane draws), and under the demo workload.
@@ -80,11 +81,11 @@ def big_snapshot_bytes(n: int, seed: int) -> bytes:
         rows.append(
             NodeRow(i, parent, tokens, 1 if rng.random() < 0.02 else 0, False, rng.randrange(20),
                     100.0 - rng.random() * 50, 0, tokens, tuple(rng.randrange(50_000) for _ in range(4)))
-        )  # fmt: skip
+        )
     tree = TreeView(n, n, sum(r.tokens for r in rows), 0, 0, True, tuple(rows))
     census = Census(True, n, tree.walked_tokens, {0: n - n // 50, 1: n // 50}, f"{seed:016x}", 0.1, 0.5)
     snap = Snapshot(SCHEMA_VERSION, 0, "beef", seed, time.time(), 110.0, 0.5, "RadixCache", True, "", 16,
-                    10_000_000, 100_000, 5_000_000, 100_000, "active", Counters(), 0, census, tree)  # fmt: skip
+                    10_000_000, 100_000, 5_000_000, 100_000, "active", Counters(), 0, census, tree)
     return snap.to_json()
 
 
@@ -100,7 +101,11 @@ SERVER = textwrap.dedent(
             if self.path.startswith("/radixtop/v1/snapshot"):
                 body = next(turn)
             elif self.path.startswith("/radixtop/v1/health"):
-                body = b'{"schema_version":1,"rank":0,"instance":"beef","status":"ok","hooks_state":"active","snapshots":1,"safe_points":1,"last_snapshot_age_s":0.1,"last_snapshot_seconds":0.5,"snapshot_interval_s":2.0,"max_budget":200000}'
+                body = (
+                    b'{"schema_version":1,"rank":0,"instance":"beef","status":"ok","hooks_state":"active",'
+                    b'"snapshots":1,"safe_points":1,"last_snapshot_age_s":0.1,"last_snapshot_seconds":0.5,'
+                    b'"snapshot_interval_s":2.0,"max_budget":200000}'
+                )
             else:
                 self.send_response(404); self.end_headers(); return
             self.send_response(200)
@@ -236,15 +241,15 @@ def bench_snapshot(polls: int, nodes: int) -> None:
         got = asyncio.run(ours())
         print(f"\nsnapshot: {nodes:,} nodes, {size_mb:.1f} MB of JSON, {polls} polls (each a new tree)")
         print(f"  radixtop  poll (fetch+parse+index) median {statistics.median(got['poll_s']):.2f} s, "
-              f"show() median {statistics.median(got['show_ms']):.1f} ms, rows listed {got['rows_listed']}")  # fmt: skip
+              f"show() median {statistics.median(got['show_ms']):.1f} ms, rows listed {got['rows_listed']}")
         lag = got["lag"]
         print(f"  radixtop  UI loop stall max {lag['max_ms']:.0f} ms, p99 {lag['p99_ms']:.0f} ms, "
-              f"{lag['over_100ms']} over 100 ms; RSS {psutil.Process().memory_info().rss / 2**20:.0f} MiB")  # fmt: skip
+              f"{lag['over_100ms']} over 100 ms; RSS {psutil.Process().memory_info().rss / 2**20:.0f} MiB")
         p = asyncio.run(peer())
         print(f"  peer: textual Tree filled with every node on the UI loop: {p['build_ms']:.0f} ms to build, "
-              f"stall max {p['lag']['max_ms']:.0f} ms")  # fmt: skip
+              f"stall max {p['lag']['max_ms']:.0f} ms")
         row(f"{nodes:,}-node snapshot: longest UI stall", f"{lag['max_ms']:.0f} ms (p99 {lag['p99_ms']:.0f} ms)",
-            f"Textual `Tree` with every node: {p['build_ms']:,.0f} ms", "no stall over 100 ms", lag["over_100ms"] == 0)  # fmt: skip
+            f"Textual `Tree` with every node: {p['build_ms']:,.0f} ms", "no stall over 100 ms", lag["over_100ms"] == 0)
     finally:
         server.kill()
         server.wait(10)
@@ -263,7 +268,7 @@ def start_demo_sim(
     ready = work / "sim.port"
     log = work / "sim.log"
     sim = subprocess.Popen(sim_argv(*SIM_FLAGS, *extra, ready_file=ready, log_file=log), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                           stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 30
     while not (ready.exists() and ready.read_text().strip()):
         if time.monotonic() > deadline or sim.poll() is not None:
@@ -273,7 +278,7 @@ def start_demo_sim(
     load = None
     if with_load:
         load = subprocess.Popen([sys.executable, "-m", "radixtop.sim.load", "--url", url], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                                stderr=subprocess.DEVNULL, start_new_session=True)
     return sim, load, url, log
 
 
@@ -313,9 +318,11 @@ def bench_polling(seconds: float, nvitop: str | None) -> None:
         cpu, wall, state = asyncio.run(run())
         sources = ", ".join(f"{label} {st.state}" for label, st in state.sources())
         print(f"\npolling: every live source at its default rate for {wall:.0f} s against the simulator under load")
-        print(f"  radixtop probes: {100 * cpu / wall:.2f} % of one core, RSS {psutil.Process().memory_info().rss / 2**20:.0f} MiB ({sources})")
+        print(f"  radixtop probes: {100 * cpu / wall:.2f} % of one core, "
+              f"RSS {psutil.Process().memory_info().rss / 2**20:.0f} MiB ({sources})")
         row("panes: polling every source, % of one core", f"{100 * cpu / wall:.2f} %",
-            "nvitop: " + ("not run (no NVML here)" if nvitop is None else "see the report"), "3 %", 100 * cpu / wall <= 3)  # fmt: skip
+            "nvitop: " + ("not run (no NVML here)" if nvitop is None else "see the report"), "3 %",
+            100 * cpu / wall <= 3)
         if nvitop is None:
             print("  peer nvitop: not run (pass --nvitop PATH to an nvitop in a throwaway venv)")
         else:
@@ -354,7 +361,9 @@ class Tmux:
         self.env = env
 
     def run(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10
+        ).stdout
 
     def start(self) -> float:
         line = f"cd {shlex.quote(str(ROOT))} && exec " + " ".join(shlex.quote(part) for part in self.command)
@@ -362,7 +371,7 @@ class Tmux:
         env = {k: v for k, v in (self.env or os.environ).items() if k not in ("COLUMNS", "LINES")}
         t0 = time.monotonic()
         subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "bench", "-x",
-                        str(WIDTH), "-y", str(HEIGHT), line], check=True, env=env, timeout=10)  # fmt: skip
+                        str(WIDTH), "-y", str(HEIGHT), line], check=True, env=env, timeout=10)
         return t0
 
     def pid(self) -> int:
@@ -385,8 +394,9 @@ def sglang_lines(n: int, start: int = 0) -> list[str]:
     out = []
     for i in range(start, start + n):
         if i % 3:
-            out.append(f"[{stamp} TP0] Decode batch, #running-req: {i % 32}, #token: {i % 4096}, token usage: 0.{i % 100:02d}, "
-                       f"cuda graph: True, gen throughput (token/s): 812.4, #queue-req: {i % 7}, ")  # fmt: skip
+            out.append(f"[{stamp} TP0] Decode batch, #running-req: {i % 32}, #token: {i % 4096}, "
+                       f"token usage: 0.{i % 100:02d}, "
+                       f"cuda graph: True, gen throughput (token/s): 812.4, #queue-req: {i % 7}, ")
         else:
             out.append(f'[{stamp}] INFO:     127.0.0.1:{40000 + i % 20000} - "POST /generate HTTP/1.1" 200 OK')
     return out
@@ -426,7 +436,7 @@ def bench_app(seconds: float, lines: int, scenes: list[str] | None = None) -> No
     # Byte-compile radixtop first, as an installed package is: with PYTHONDONTWRITEBYTECODE set
     # (this machine), every module changed since the last compile is compiled again at each start.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "radixtop")], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+                   stdout=subprocess.DEVNULL)
     for scene, loaded, extra in (SCENES[name] for name in (scenes or list(SCENES))):
         figures: dict[bool, tuple[float, float | None]] = {}  # every pane? -> (CPU %, first frame s)
         work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))
@@ -449,7 +459,7 @@ def bench_app(seconds: float, lines: int, scenes: list[str] | None = None) -> No
                     at = f", panes {shown * 1000:.0f} ms" if shown else ""
                     at += f", attached (server ok) {attached * 1000:.0f} ms" if attached else ""
                     print(f"  {scene:19} {what:15} first frame {ff}{at}; {cpu:.1f} % of one core over {seconds:.0f} s, "
-                          f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
+                          f"RSS {rss / 2**20:.0f} MiB")
                     figures[panes] = (cpu, first)
                     if loaded and lines:
                         _million(tmux, log, lines, what)
@@ -463,7 +473,7 @@ def bench_app(seconds: float, lines: int, scenes: list[str] | None = None) -> No
             row(f"panes: app CPU, {scene}", f"{cpu:.1f} %", f"log pane alone: {alone:.1f} %", "3 %", cpu <= 3)
             if first is not None and first_alone is not None:
                 row(f"first frame (status line on screen), {scene}", f"{first * 1000:.0f} ms",
-                    f"log pane alone: {first_alone * 1000:.0f} ms", "within 1 s", first <= 1.0)  # fmt: skip
+                    f"log pane alone: {first_alone * 1000:.0f} ms", "within 1 s", first <= 1.0)
 
 
 def _million(tmux: Tmux, log: Path, lines: int, what: str) -> None:
@@ -481,8 +491,9 @@ def _million(tmux: Tmux, log: Path, lines: int, what: str) -> None:
     peak = proc.memory_info().rss
     time.sleep(5)
     print(f"      after {lines:,} more log lines (written in {write_s:.1f} s): RSS {peak / 2**20:.0f} MiB, "
-          f"{proc.memory_info().rss / 2**20:.0f} MiB 5 s later")  # fmt: skip
-    row(f"RSS after {lines:,} more log lines, {what}", f"{peak / 2**20:.0f} MiB", "none", "< 150 MiB", peak < 150 * 2**20)
+          f"{proc.memory_info().rss / 2**20:.0f} MiB 5 s later")
+    row(f"RSS after {lines:,} more log lines, {what}", f"{peak / 2**20:.0f} MiB", "none", "< 150 MiB",
+        peak < 150 * 2**20)
 
 
 def main() -> None:
@@ -492,7 +503,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=100_000)
     ap.add_argument("--nvitop", default=None, metavar="PATH", help="an nvitop executable (throwaway venv)")
     ap.add_argument("--scene", choices=list(SCENES), action="append", help="app scenes to run (default: all)")
-    ap.add_argument("--lines", type=int, default=1_000_000, help="log lines appended after the workload scene (0: none)")
+    ap.add_argument("--lines", type=int, default=1_000_000,
+                    help="log lines appended after the workload scene (0: none)")
     ap.add_argument("--seconds", type=float, default=None, help="CPU window per app run (default 15 quick, 60)")
     args = ap.parse_args()
     parts = args.only or ["snapshot", "polling", "app"]

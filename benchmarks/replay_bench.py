@@ -51,7 +51,7 @@ from radixtop.sim.cli import sim_argv  # noqa: E402
 
 BUSY_CHUNK_S = 0.020
 SIM_FLAGS = ("--log-level", "warning", "--step-ms", "0.5", "--max-running-requests", "512",
-             "--max-total-tokens", "400000", "--page-size", "16")  # fmt: skip
+             "--max-total-tokens", "400000", "--page-size", "16")
 
 
 def poisson_trace(seconds: float, rate: float, seed: int) -> Trace:
@@ -61,7 +61,7 @@ def poisson_trace(seconds: float, rate: float, seed: int) -> Trace:
     while at < seconds:
         i = len(requests)
         requests.append(TraceRequest(f"q{i}", offset_ms=round(at * 1000.0, 3), prompt_len=64, prefix_len=32,
-                                     group=f"g{i % 8}", max_tokens=4))  # fmt: skip
+                                     group=f"g{i % 8}", max_tokens=4))
         at += rng.expovariate(rate)
     return Trace("poisson", 16, tuple(requests))
 
@@ -69,7 +69,9 @@ def poisson_trace(seconds: float, rate: float, seed: int) -> Trace:
 # -- the peer: dispatching on the caller's loop ----------------------------------------------------
 
 
-async def loop_replay(client: httpx.AsyncClient, url: str, planned: Sequence[PlannedRequest]) -> tuple[list[float], list[float], int]:
+async def loop_replay(
+    client: httpx.AsyncClient, url: str, planned: Sequence[PlannedRequest]
+) -> tuple[list[float], list[float], int]:
     """Sleep on the loop to each offset, create a task per call. Returns (lateness stamped at task
     creation, lateness when httpx wrote the request, failed calls)."""
     loop = asyncio.get_running_loop()
@@ -85,7 +87,9 @@ async def loop_replay(client: httpx.AsyncClient, url: str, planned: Sequence[Pla
                 written.append(max(0.0, (loop.time() - due) * 1000.0))
 
         try:
-            response = await client.post(f"{url}/generate", json=generate_payload(item, 0.0), extensions={"trace": trace})
+            response = await client.post(
+                f"{url}/generate", json=generate_payload(item, 0.0), extensions={"trace": trace}
+            )
             return response.status_code == 200
         except httpx.HTTPError:
             return False
@@ -129,14 +133,14 @@ async def one_run(way: str, url: str, planned: list[PlannedRequest], busy: bool)
             if way == "loop":
                 stamped, written, failed = await loop_replay(client, url, planned)
                 return {"asyncio loop (peer), as recorded (at task creation)": stamped,
-                        "asyncio loop (peer), at the write": written, "failed": failed}  # fmt: skip
+                        "asyncio loop (peer), at the write": written, "failed": failed}
             if way == "thread":
                 results: list[dict] = []
                 plan = Plan.from_json(dispatch_plan(client, url, planned, 0.0))
                 await asyncio.to_thread(Dispatcher(plan, results.append).run)
                 calls = [r for r in results if "i" in r]
                 return {"dispatcher on a thread of the caller": [r["late_ms"] for r in calls],
-                        "failed": sum(1 for r in calls if "error" in r)}  # fmt: skip
+                        "failed": sum(1 for r in calls if "error" in r)}
             run = await replay_once(client, url, planned)
             return {"dispatcher process (replay_once)": [o.lateness_ms for o in run.outcomes], "failed": run.errors}
     finally:
@@ -150,7 +154,7 @@ def start_sim(tmp: Path) -> tuple[subprocess.Popen, str]:
     ready = tmp / "sim.port"
     proc = subprocess.Popen(sim_argv(*SIM_FLAGS, ready_file=ready, log_file=tmp / "sim.log"), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True)  # a server of its own, as a real one is  # fmt: skip
+                            start_new_session=True)  # a server of its own, as a real one is
     deadline = time.monotonic() + 30
     while not (ready.exists() and ready.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -172,16 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (3 if args.quick else 5)
     trace = poisson_trace(seconds, args.rate, args.seed)
     print(f"# replay dispatch lateness: {len(trace.requests)} calls in {seconds:.0f} s (Poisson, {args.rate:.0f}/s, "
-          f"seed {args.seed}), {runs} runs per way; sim {' '.join(SIM_FLAGS)}")  # fmt: skip
-    print(f"# python {platform.python_version()}, Linux {platform.release()}, {os.cpu_count()} CPUs; load average at start "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+          f"seed {args.seed}), {runs} runs per way; sim {' '.join(SIM_FLAGS)}")
+    print(f"# python {platform.python_version()}, Linux {platform.release()}, {os.cpu_count()} CPUs; "
+          f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows: list[tuple[str, int, int, int, list[float]]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         proc, url = start_sim(Path(tmp_name))
         try:
             for run in range(1, runs + 1):  # the ways interleaved, so each sees the same machine
                 for way, busy in (("loop", False), ("process", False), ("thread", False), ("loop", True),
-                                  ("process", True), ("thread", True)):  # fmt: skip
+                                  ("process", True), ("thread", True)):
                     if way == "thread" and run > 1:
                         continue
                     planned = plan_requests(trace, seed=run)
@@ -202,14 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     for label in dict.fromkeys(r[0] for r in rows):
         for name, run, calls, failed, late in (r for r in rows if r[0] == label):
             print(f"| {name} | {run} | {calls} | {failed} | {percentile(late, 50):.2f} | {percentile(late, 99):.2f} | "
-                  f"{max(late, default=math.nan):.2f} |")  # fmt: skip
+                  f"{max(late, default=math.nan):.2f} |")
     print()
     print("| way | runs | p99 ms, median of runs | p99 ms, worst run | target p99 <= 2 ms |")
     print("| --- | ---: | ---: | ---: | --- |")
     for label in dict.fromkeys(r[0] for r in rows):
         p99s = sorted(percentile(r[4], 99) for r in rows if r[0] == label)
         met = sum(1 for p in p99s if p <= 2.0)
-        print(f"| {label} | {len(p99s)} | {statistics.median(p99s):.2f} | {p99s[-1]:.2f} | met in {met} of {len(p99s)} |")
+        print(f"| {label} | {len(p99s)} | {statistics.median(p99s):.2f} | {p99s[-1]:.2f} | "
+              f"met in {met} of {len(p99s)} |")
     for busy in ("", ", loop busy"):
         ours = [percentile(r[4], 99) for r in rows if r[0] == "dispatcher process (replay_once)" + busy]
         peer = [percentile(r[4], 99) for r in rows if r[0] == "asyncio loop (peer), at the write" + busy]
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             row(f"replay dispatch lateness p99 per run at {args.rate:.0f} calls/s{where}",
                 " / ".join(f"{p:.2f} ms" for p in ours),
                 "the trace's offsets: 0; the caller's asyncio loop + httpx: " + " / ".join(f"{p:.1f} ms" for p in peer),
-                "<= 2 ms", max(ours) <= 2.0)  # fmt: skip
+                "<= 2 ms", max(ours) <= 2.0)
     return 0
 
 

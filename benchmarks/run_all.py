@@ -40,7 +40,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str], bool]] = {
     "instrument": ("instrument_bench.py", ["--quick"], [], False),
     "instrument-sglang": ("instrument_bench.py", ["--real", "--quick"], ["--real"], True),
     "rust-walk": ("rust_walk_bench.py", ["--quick"], [], True),
-}  # fmt: skip
+}
 
 
 def run_one(name: str, quick: bool, sglang_python: str | None, timeout: float) -> tuple[list[dict], str, str]:
@@ -48,7 +48,7 @@ def run_one(name: str, quick: bool, sglang_python: str | None, timeout: float) -
     script, quick_args, full_args, needs_sglang = BENCHMARKS[name]
     python = sglang_python if needs_sglang else sys.executable
     command = ["python" if not needs_sglang else "<sglang env>/bin/python", f"benchmarks/{script}",
-               *(quick_args if quick else full_args)]  # fmt: skip
+               *(quick_args if quick else full_args)]
     if needs_sglang and not sglang_python:
         return [], " ".join(command), "skipped: needs --sglang-python"
     if not (HERE / script).exists():
@@ -62,7 +62,7 @@ def run_one(name: str, quick: bool, sglang_python: str | None, timeout: float) -
     try:
         with open(report, "wb") as out:
             done = subprocess.run([python, str(HERE / script), *command[2:]], stdout=out, stderr=subprocess.STDOUT,
-                                  env=env, cwd=HERE.parent, timeout=timeout, check=False)  # fmt: skip
+                                  env=env, cwd=HERE.parent, timeout=timeout, check=False)
         if done.returncode != 0:
             problem = f"exit status {done.returncode} (see {report.relative_to(HERE.parent)})"
     except subprocess.TimeoutExpired:
@@ -91,14 +91,18 @@ def main() -> int:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{len(names)} benchmarks, {'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, load average {load}")
-    table = ["| what is measured | radixtop | peer and its figure | target | command |", "| --- | --- | --- | --- | --- |"]
+    table = ["| what is measured | radixtop | peer and its figure | target | command |",
+             "| --- | --- | --- | --- | --- |"]
     failed = 0
     for name in names:
         began = time.monotonic()
         rows, command, problem = run_one(name, args.quick, args.sglang_python, args.timeout)
-        print(f"  {name}: {len(rows)} figures in {time.monotonic() - began:.0f} s{'; ' + problem if problem else ''}", flush=True)
+        print(f"  {name}: {len(rows)} figures in {time.monotonic() - began:.0f} s{'; ' + problem if problem else ''}",
+              flush=True)
         for r in rows:
-            table.append(f"| {r['what']} | {r['radixtop']} | {r['peer']} | {met_text(r['met'], r['target'])} | `{command}` |")
+            table.append(
+                f"| {r['what']} | {r['radixtop']} | {r['peer']} | {met_text(r['met'], r['target'])} | `{command}` |"
+            )
         if problem and not problem.startswith("skipped"):
             failed += 1
             table.append(f"| {name} | {problem} | | | `{command}` |")

@@ -56,7 +56,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = (100_000,) if args.quick else (100_000, 1_000_000)
     repeat = 3 if args.quick else 5
-    print(f"Command: <sglang env>/bin/python benchmarks/rust_walk_bench.py{' --quick' if args.quick else ''}; best of {repeat}")
+    print(f"Command: <sglang env>/bin/python benchmarks/rust_walk_bench.py{' --quick' if args.quick else ''}; "
+          f"best of {repeat}")
     config = SnapshotConfig()
     detail_duty = 0.01 - config.census_duty  # the endpoint's default max_duty, less the census's share
     print("| slots | Rust core: the two walks, per snapshot (scheduler) | copy + rebuild (endpoint thread) | nodes "
@@ -76,8 +77,9 @@ def main() -> None:
               f"| {max(1 / RATE, read_s / detail_duty):.1f} s | {capture_s * 1e3:.2f} ms | {census_s * 1e3:.1f} ms "
               f"| {nodes:,} | {census_s / config.census_duty:.1f} s |")
         row(f"Rust TreeCore's tree from its KV-canary walks, {len(walk.slots):,} slots: walk per snapshot / rebuild",
-            f"{read_s * 1e3:.1f} ms / {build_s * 1e3:.0f} ms", f"Python core: capture {capture_s * 1e3:.2f} ms, census {census_s * 1e3:.0f} ms",
-            "a pause under 100 ms", read_s < 0.1)  # fmt: skip
+            f"{read_s * 1e3:.1f} ms / {build_s * 1e3:.0f} ms",
+            f"Python core: capture {capture_s * 1e3:.2f} ms, census {census_s * 1e3:.0f} ms",
+            "a pause under 100 ms", read_s < 0.1)
 
 if __name__ == "__main__":
     main()

@@ -69,19 +69,23 @@ def sglang_line(rng: random.Random, stamp: str) -> str:
     roll = rng.random()
     if roll < 0.55:
         return (
-            f"[{stamp} {rank}] Decode batch, #running-req: {rng.randrange(1, 64)}, #token: {rng.randrange(10**5, 4 * 10**5)}, "
-            f"token usage: 0.{rng.randrange(10, 99)}, cuda graph: True, gen throughput (token/s): {rng.uniform(800, 5000):.2f}, "
-            f"#queue-req: {rng.randrange(16)}"
+            f"[{stamp} {rank}] Decode batch, #running-req: {rng.randrange(1, 64)}, "
+            f"#token: {rng.randrange(10**5, 4 * 10**5)}, token usage: 0.{rng.randrange(10, 99)}, cuda graph: True, "
+            f"gen throughput (token/s): {rng.uniform(800, 5000):.2f}, #queue-req: {rng.randrange(16)}"
         )
     if roll < 0.9:
         return (
             f"[{stamp} {rank}] Prefill batch, #new-seq: {rng.randrange(1, 8)}, #new-token: {rng.randrange(64, 8192)}, "
-            f"#cached-token: {rng.randrange(0, 4096)}, token usage: 0.{rng.randrange(10, 99)}, #running-req: {rng.randrange(64)}, "
-            f"#queue-req: {rng.randrange(16)}, #pending-token: 0, cuda graph: False, input throughput (token/s): {rng.uniform(1000, 12000):.2f}"
+            f"#cached-token: {rng.randrange(0, 4096)}, token usage: 0.{rng.randrange(10, 99)}, "
+            f"#running-req: {rng.randrange(64)}, #queue-req: {rng.randrange(16)}, #pending-token: 0, "
+            f"cuda graph: False, input throughput (token/s): {rng.uniform(1000, 12000):.2f}"
         )
     if roll < 0.9995:
         return f'[{stamp}] INFO:     127.0.0.1:{rng.randrange(30000, 60000)} - "POST /generate HTTP/1.1" 200 OK'
-    return f"[{stamp} {rank}] KV cache pool is full. Retract requests. #retracted_reqs: {rng.randrange(1, 4)}, #new_token_ratio: 0.4000 -> 0.5000"
+    return (
+        f"[{stamp} {rank}] KV cache pool is full. Retract requests. #retracted_reqs: {rng.randrange(1, 4)}, "
+        "#new_token_ratio: 0.4000 -> 0.5000"
+    )
 
 
 def big_log(size_mb: int) -> Path:
@@ -100,7 +104,10 @@ def big_log(size_mb: int) -> Path:
             chunk = []
             for _ in range(5000):
                 t += 0.0007
-                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1796212800 + int(t))) + f".{int(t * 1000) % 1000:03d}"
+                stamp = (
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1796212800 + int(t)))
+                    + f".{int(t * 1000) % 1000:03d}"
+                )
                 chunk.append(sglang_line(rng, stamp))
             text = "\n".join(chunk) + "\n"
             f.write(text)
@@ -129,7 +136,9 @@ class Tmux:
         self.env = env
 
     def run(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True, timeout=10
+        ).stdout
 
     def start(self) -> float:
         # exec: the tool itself is the pane's process, so psutil measures it and not a shell.
@@ -289,12 +298,16 @@ def settle(proc: psutil.Process, timeout: float = 60.0) -> float | None:
     return None
 
 
-def live(command: list[str], workdir: Path, rate: int, seconds: float, ready: str | None, history: Path | None) -> Live | None:
+def live(
+    command: list[str], workdir: Path, rate: int, seconds: float, ready: str | None, history: Path | None
+) -> Live | None:
     path = workdir / f"live-{uuid.uuid4().hex[:6]}.log"
     if history is not None:
         shutil.copyfile(history, path)
     else:
-        path.write_text("".join(f"[2026-12-02 00:00:00.000 TP0] warm-up line {i}\n" for i in range(100)), encoding="utf-8")
+        path.write_text(
+            "".join(f"[2026-12-02 00:00:00.000 TP0] warm-up line {i}\n" for i in range(100)), encoding="utf-8"
+        )
     with open(path, "rb") as f:  # warm the page cache
         while f.read(16 << 20):
             pass
@@ -376,7 +389,8 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=50_000, help="lines/s appended in the live test")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to append")
     parser.add_argument(
-        "--live-history-mb", type=int, default=100, help="the live test's file starts as a copy of the big log (0: 100 lines)"
+        "--live-history-mb", type=int, default=100,
+        help="the live test's file starts as a copy of the big log (0: 100 lines)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 round, 5 s of appending (shared machine)")
@@ -417,9 +431,11 @@ def main() -> int:
             opened[name] = best
             print(f"  {name:22} best {ms(best):>9}   (runs: {shown})")
         if opened.get("radixtop") is not None:
-            peers = "; ".join(f"{n}: {ms(t)}" for n, t in opened.items() if not n.startswith("radixtop") and t is not None)
+            peers = "; ".join(
+                f"{n}: {ms(t)}" for n, t in opened.items() if not n.startswith("radixtop") and t is not None
+            )
             row(f"open a {args.size_mb} MB log, last line on screen (best of {args.rounds})", ms(opened["radixtop"]),
-                peers or "none run", "0.8 s", opened["radixtop"] <= 0.8)  # fmt: skip
+                peers or "none run", "0.8 s", opened["radixtop"] <= 0.8)
 
     if args.only in (None, "startup"):
         path = one_line_log()
@@ -435,9 +451,11 @@ def main() -> int:
             started[name] = best
             print(f"  {name:22} best {ms(best):>9}   (runs: {shown})")
         if started.get("radixtop") is not None:
-            peers = "; ".join(f"{n}: {ms(t)}" for n, t in started.items() if not n.startswith("radixtop") and t is not None)
+            peers = "; ".join(
+                f"{n}: {ms(t)}" for n, t in started.items() if not n.startswith("radixtop") and t is not None
+            )
             row(f"TUI start-up, one-line file on screen (best of {args.rounds})", ms(started["radixtop"]), peers, "1 s",
-                started["radixtop"] <= 1.0)  # fmt: skip
+                started["radixtop"] <= 1.0)
 
     if args.only in (None, "live"):
         history = big_log(args.live_history_mb) if args.live_history_mb else None
@@ -468,10 +486,16 @@ def main() -> int:
                     f"last line {ms(result.drain)} after the writer stopped  RSS {result.rss_mb:.0f} MiB"
                 )
                 seconds = ", ".join(f"{x * 100:.0f}" for x in result.per_second)
-                settled = "not settled" if result.settled is None else f"settled {result.settled:.1f} s after the first screen"
+                settled = (
+                    "not settled"
+                    if result.settled is None
+                    else f"settled {result.settled:.1f} s after the first screen"
+                )
                 print(f"  {'':10} CPU % second by second: {seconds}  ({settled})")
                 if len(result.threads) > 1:
-                    parts = ", ".join(f"{k} {v * 100:.0f}%" for k, v in sorted(result.threads.items(), key=lambda kv: -kv[1]))
+                    parts = ", ".join(
+                        f"{k} {v * 100:.0f}%" for k, v in sorted(result.threads.items(), key=lambda kv: -kv[1])
+                    )
                     print(f"  {'':10} CPU by thread: {parts}")
         ours = lived.get("radixtop")
         if ours:
@@ -479,10 +503,10 @@ def main() -> int:
             what = f"log pane at {args.rate // 1000}k lines/s after opening {args.live_history_mb} MB"
             row(f"{what}: on-screen lag median", " / ".join(f"{lag * 1000:.0f} ms" for lag, _ in ours),
                 "; ".join(f"{n}: " + " / ".join(f"{lag * 1000:.0f} ms" for lag, _ in r) for n, r in peers.items()),
-                "< 100 ms", max(lag for lag, _ in ours) < 0.1)  # fmt: skip
+                "< 100 ms", max(lag for lag, _ in ours) < 0.1)
             row(f"{what}: CPU of the whole process, % of one core", " / ".join(f"{cpu * 100:.1f} %" for _, cpu in ours),
                 "; ".join(f"{n}: " + " / ".join(f"{cpu * 100:.1f} %" for _, cpu in r) for n, r in peers.items()),
-                "<= 25 %", max(cpu for _, cpu in ours) <= 0.25)  # fmt: skip
+                "<= 25 %", max(cpu for _, cpu in ours) <= 0.25)
     return 0
 
 

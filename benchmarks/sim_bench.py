@@ -164,22 +164,25 @@ def main() -> None:
             f"(peer: the emulated GPU step, 2.000 ms: sim overhead {best['ms_per_step'] / 2.0 * 100:.0f}% of it)"
         )
         row(f"simulator engine, page size {page_size}, CPU ms per scheduler step at step_time_s=0",
-            f"{best['ms_per_step']:.2f} ms ({best['requests_per_s']:.0f} requests/s)", "emulated GPU step: 2.000 ms")  # fmt: skip
+            f"{best['ms_per_step']:.2f} ms ({best['requests_per_s']:.0f} requests/s)", "emulated GPU step: 2.000 ms")
 
     runs = [tree_bench(100_000) for _ in range(repeats)]
     best = min(runs, key=lambda r: r["insert_s"])
     print(
         f"tree: {best['nodes']} nodes ({best['tokens']} tokens) from {best['sequences']} inserts: "
-        f"insert {best['insert_s']:.2f} s ({best['insert_us_per_seq']:.1f} us/insert), full walk {best['walk_s'] * 1000:.0f} ms"
+        f"insert {best['insert_s']:.2f} s ({best['insert_us_per_seq']:.1f} us/insert), "
+        f"full walk {best['walk_s'] * 1000:.0f} ms"
     )
     print(
         f"peer (per-token nested-dict trie, {best['peer_nodes']} nodes): insert {best['peer_insert_s']:.2f} s, "
-        f"walk {best['peer_walk_s'] * 1000:.0f} ms (radix/peer: insert {best['insert_s'] / best['peer_insert_s']:.2f}x, "
+        f"walk {best['peer_walk_s'] * 1000:.0f} ms "
+        f"(radix/peer: insert {best['insert_s'] / best['peer_insert_s']:.2f}x, "
         f"walk {best['walk_s'] / best['peer_walk_s']:.2f}x)"
     )
     row(f"{best['nodes']:,}-node radix tree: build / full walk",
         f"{best['insert_s']:.2f} s ({best['insert_us_per_seq']:.0f} us per insert) / {best['walk_s'] * 1000:.0f} ms",
-        f"nested-dict trie, {best['peer_nodes']:,} nodes: {best['peer_insert_s']:.2f} s / {best['peer_walk_s'] * 1000:.0f} ms")  # fmt: skip
+        f"nested-dict trie, {best['peer_nodes']:,} nodes: "
+        f"{best['peer_insert_s']:.2f} s / {best['peer_walk_s'] * 1000:.0f} ms")
     if repeats > 1:
         spread = [r["insert_s"] for r in runs]
         print(f"tree insert over {repeats} runs: min {min(spread):.2f} s, max {max(spread):.2f} s")

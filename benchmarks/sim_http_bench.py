@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 peer = by_server.get("bare uvicorn+starlette (peer)")
                 if peer is not None:
                     row(f"simulator HTTP, {label}, requests/s", f"{by_server['radixtop sim']:,.0f}",
-                        f"bare uvicorn+Starlette: {peer:,.0f}")  # fmt: skip
+                        f"bare uvicorn+Starlette: {peer:,.0f}")
         finally:
             for proc, _ in servers.values():
                 proc.terminate()

@@ -300,11 +300,11 @@ def main() -> int:
     rate = f"{args.rate // 1000}k lines/s"
     row(f"live tail at {rate}: lines lost", str(ours["lost"]), f"tail -F: {peer['lost']}", "0", ours["lost"] == 0)
     row(f"live tail at {rate}: lag p50 / p99", f"{ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} ms",
-        f"tail -F: {peer['p50_ms']:.1f} / {peer['p99_ms']:.1f} ms", "p99 < 25 ms", ours["p99_ms"] < 25)  # fmt: skip
+        f"tail -F: {peer['p50_ms']:.1f} / {peer['p99_ms']:.1f} ms", "p99 < 25 ms", ours["p99_ms"] < 25)
     row(f"live tail at {rate}: reader thread CPU, % of one core", f"{ours['cpu_pct']:.1f} %",
-        f"tail -F: {peer['cpu_pct']:.1f} %", "< 25 %", ours["cpu_pct"] < 25)  # fmt: skip
+        f"tail -F: {peer['cpu_pct']:.1f} %", "< 25 %", ours["cpu_pct"] < 25)
     row("live tail, idle CPU", f"{ours['idle_cpu_pct']:.2f} %", f"tail -F: {peer['idle_cpu_pct']:.2f} %", "near zero",
-        ours["idle_cpu_pct"] < 0.5)  # fmt: skip
+        ours["idle_cpu_pct"] < 0.5)
     print("radixtop: no line lost or duplicated" if ok else "radixtop: LINES LOST OR DUPLICATED")
     return 0 if ok else 1
 

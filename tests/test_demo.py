@@ -11,6 +11,7 @@ import httpx
 import psutil
 import pytest
 
+from radixtop.incident.crash_dump import crash_workload
 from radixtop.incident.replay import replay_once
 from radixtop.incident.trace import builtin_trace, plan_requests, rescale_prefixes
 from radixtop.sim.demo import DemoError, start_demo
@@ -52,6 +53,16 @@ def test_demo_lock_race_happens_within_a_minute_and_stop_leaves_nothing(tmp_path
         demo.stop()
     assert _gone(demo.sim.pid)
     assert demo.load is not None and _gone(demo.load.pid)
+    # Before its crash diagnostics it dumped the requests it saw, as SGLang with --crash-dump-folder:
+    # what the confirmation run (the UI's c) replays as the crash's own workload.
+    text = log.read_text(errors="replace")
+    assert text.index("SIGQUIT received") < text.index("Dumped ") < text.index("kill_process_tree")
+    own = crash_workload([str(log)], None)
+    assert own is not None, "no crash dump named in the demo's log"
+    trace, dump = own
+    assert dump.path.parent.parent == demo.crash_dump_folder.absolute()
+    assert dump.page_size == 16 and len(trace.requests) == len(dump.requests) > dump.in_flight >= 1  # finished ones too
+    assert sum(r.in_flight for r in trace.requests) == dump.in_flight
 
 
 def test_demo_without_fault_serves_until_stopped(tmp_path: Path) -> None:

@@ -91,6 +91,9 @@ def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leav
         tmux.send("c")
         plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan to approve", timeout=60)
         assert "DOWN: the server died at" in plan and "reproduction: " in plan and "control: " in plan
+        # The workload is the crash's own: the requests the simulator dumped as it died (SGLang's
+        # --crash-dump-folder, which the demo gives it), not the made-up pressure.
+        assert "the crash's own: " in plan and "crash-dumps/" in plan and "made up:" not in plan, plan
         started: dict[int, str] = {}
 
         def verdict_shown(screen: str) -> bool:

@@ -48,16 +48,17 @@ class Served:
         return self.log.read_text(errors="replace")
 
 
-def serve(kind: str, workdir: Path, *, fault: bool = False) -> Served:
+def serve(kind: str, workdir: Path, *, fault: bool = False, flags: tuple[str, ...] = ()) -> Served:
+    """A server of the kind; ``flags`` are SGLang flags both take."""
     if kind == "real":
         from real_sglang import start_server
 
         env = {**DIAGNOSTICS_ON, **({"SGLANG_TEST_EVICT_FAULT": "1"} if fault else {})}
-        real = start_server(workdir, env=env)
+        real = start_server(workdir, env=env, flags=flags)
         assert real.proc is not None
         return Served(kind, real.url, real.log, real.proc, real.stop)
-    flags = ("--fault", "lock-race:1:threshold=0.5,probability=1.0") if fault else ()
-    sim = start_sim(workdir, *SETTINGS, *flags, env=DIAGNOSTICS_ON)
+    faults = ("--fault", "lock-race:1:threshold=0.5,probability=1.0") if fault else ()
+    sim = start_sim(workdir, *SETTINGS, *faults, *flags, env=DIAGNOSTICS_ON)
     return Served(kind, sim.url, sim.log, sim.proc, sim.stop)
 
 
@@ -104,6 +105,24 @@ def test_a_start_up_and_traffic_raise_no_alarm_in_radixtop_scan(healthy: Served)
     assert not [s for s, sev in severities.items() if sev in ("error", "critical")], severities
 
 
+def test_configure_logging_takes_a_crash_dump_folder_as_sglang(healthy: Served, tmp_path: Path) -> None:
+    url = f"{healthy.url}/configure_logging"
+    refused = httpx.post(url, json={"crash_dump_folder": 5}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["object"] == "error", refused.text
+    assert "validation error" in refused.json()["message"] and "string_type" in refused.json()["message"]
+    assert httpx.get(url, timeout=30).status_code == 400  # a body is required
+    folder = str(tmp_path / "later")
+    armed = httpx.post(url, json={"crash_dump_folder": folder, "dump_requests_threshold": "5"}, timeout=30)
+    assert (armed.status_code, armed.content) == (200, b"")
+    began = time.monotonic()
+    while f"crash_dump_folder={folder!r}" not in healthy.text() and time.monotonic() - began < 10:
+        time.sleep(0.1)
+    line = next(line for line in healthy.text().splitlines() if f"crash_dump_folder={folder!r}" in line)
+    assert "Config logging: obj=ConfigureLoggingReq(rid=None, http_worker_ipc=None, log_requests=None," in line
+    assert "dump_requests_threshold=5," in line  # taken as FastAPI takes it
+    assert httpx.get(f"{healthy.url}/server_info", timeout=30).json()["crash_dump_folder"] is None  # the launch's
+
+
 def scan(log: Path) -> dict:
     done = subprocess.run([sys.executable, "-m", "radixtop", "scan", str(log), "--json"], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
@@ -111,15 +130,17 @@ def scan(log: Path) -> dict:
     return json.loads(done.stdout)
 
 
-def pressure(served: Served) -> None:
+def pressure(served: Served) -> set[tuple[int, ...]]:
     """400-token prompts with nothing in common, eight in flight: the pool fills with locked
-    prompts and the next prefill evicts under pressure."""
+    prompts and the next prefill evicts under pressure. The prompts it may have sent."""
+
+    def prompt(i: int) -> list[int]:
+        return [(i * 37 + k) % 2000 + 10 for k in range(400)]
 
     def one(i: int) -> None:
         if served.proc.poll() is not None:
             return
-        body = {"input_ids": [(i * 37 + k) % 2000 + 10 for k in range(400)],
-                "sampling_params": {"max_new_tokens": 8 + (i % 4) * 8, "ignore_eos": True}}  # fmt: skip
+        body = {"input_ids": prompt(i), "sampling_params": {"max_new_tokens": 8 + (i % 4) * 8, "ignore_eos": True}}
         try:
             httpx.post(f"{served.url}/generate", json=body, timeout=60)
         except httpx.HTTPError:
@@ -127,6 +148,7 @@ def pressure(served: Served) -> None:
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(one, range(64)))
+    return {tuple(prompt(i)) for i in range(64)}
 
 
 def stamp(line: str) -> datetime:
@@ -166,3 +188,33 @@ def test_a_cache_fault_under_pressure_dies_in_sglangs_order_and_time(kind: str, 
     times = {f["signature"]: f["first"]["time"] for f in found["findings"]}
     assert times["radix-page-lock-eviction"][:19] == failed.strftime("%Y-%m-%d %H:%M:%S"), times
     assert "child-sigquit" in times, times
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_death_with_a_crash_dump_folder_dumps_the_requests_radixtop_replays(kind: str, tmp_path: Path) -> None:
+    """With --crash-dump-folder, the parent dumps the requests before its crash diagnostics and
+    logs the line radixtop follows to the file; radixtop reads it as the crash's own workload."""
+    from radixtop.incident.crash_dump import DUMPED, read_dump
+
+    folder = tmp_path / "dumps"
+    served = serve(kind, tmp_path, fault=True, flags=("--crash-dump-folder", str(folder)))
+    try:
+        sent = pressure(served)
+        try:
+            code = served.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the fault never fired:\n" + served.text()[-2000:]) from None
+    finally:
+        served.stop()
+    assert code != 0
+    text = served.text()
+    named = DUMPED.findall(text)
+    assert len(named) == 1, text[-3000:]
+    order = ["SIGQUIT received", "Dumped ", "Sleeping 5 seconds before crash diagnostics", "kill_process_tree called"]
+    at = [text.index(line) for line in order]
+    assert at == sorted(at), list(zip(order, at, strict=True))
+    path = Path(named[0])
+    assert path.parent.parent == folder and path.name.startswith("crash_dump_")
+    dump = read_dump(path)
+    assert dump.requests and all(r.input_ids in sent for r in dump.requests), dump.summary()
+    assert dump.page_size == 16 and dump.launch_command

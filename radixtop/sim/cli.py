@@ -4,7 +4,9 @@ Takes SGLang's own flags (so a real launch command can be replayed against it; f
 model are accepted and named in one log line), plus radixtop's `--fault`, `--step-ms`,
 `--instrument-port` and `--ready-file`. Logs are SGLang's format, one flushed line at a time, to
 `--log-file` or stdout. When the engine dies (the lock-race fault), the process dies as SGLang
-0.5.23 does: the scheduler's exception, the parent's `SIGQUIT received...`, five seconds "before crash
+0.5.23 does: the scheduler's exception, the parent's `SIGQUIT received...`, with a crash dump folder
+(`--crash-dump-folder`, or `POST /configure_logging`) the dump of its requests and `Dumped N finished
+and M unfinished requests before crash to FILE` (radixtop.sim.request_log), five seconds "before crash
 diagnostics" (none when SGLANG_PYSPY_DUMP_BEFORE_CRASH and SGLANG_CUDA_COREDUMP_BEFORE_CRASH are both
 off, as SGLang), `kill_process_tree called...`, then a non-zero exit.
 """
@@ -105,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="the device batch lines name (cuda graph / cpu graph)")  # fmt: skip
     g.add_argument("--disable-overlap-schedule", action="store_true", help="accepted and echoed")
+    g.add_argument("--crash-dump-folder", default=None, metavar="DIR",
+                   help="when the server dies, dump its recent and in-flight requests to "
+                   "DIR/<host>/crash_dump_<time>.pkl, as SGLang does (also set by POST /configure_logging)")  # fmt: skip
     r = p.add_argument_group("radixtop flags")
     r.add_argument(
         "--log-file", default=None, metavar="PATH", help="append logs here, flushed per line (default stdout)"
@@ -252,6 +257,7 @@ def server_args_dict(opts: SimOptions, config: Any, port: int) -> dict[str, Any]
         "radixtop_faults": [{"name": f.name, "seed": f.seed, "params": dict(f.params)} for f in opts.faults],
         "radixtop_step_ms": a.step_ms,
         "kv_events_config": a.kv_events_config,
+        "crash_dump_folder": a.crash_dump_folder,
     }
 
 
@@ -401,6 +407,7 @@ class SimServer:
     def __init__(self, opts: SimOptions, sock: socket.socket, sink: LogSink):
         from radixtop.sim.engine import Engine
         from radixtop.sim.logfmt import format_line
+        from radixtop.sim.request_log import RequestLog
 
         self.opts = opts
         self.sock = sock
@@ -409,6 +416,8 @@ class SimServer:
         self.config = opts.config
         self._format_line = format_line
         self.engine = Engine(self.config, emit=sink.write)
+        self.request_log = RequestLog(opts.args.crash_dump_folder)
+        self.server_args: dict[str, Any] = {}
         self.instruments: list[Any] = []
         self.publishers: list[Any] = []
         self.server: Any = None
@@ -479,7 +488,7 @@ class SimServer:
                 + ", ".join(self.opts.ignored),
                 logging.WARNING,
             )
-        server_args = server_args_dict(self.opts, self.config, self.port)
+        server_args = self.server_args = server_args_dict(self.opts, self.config, self.port)
         self.log(f"server_args={server_args}")
         metrics = None
         if a.enable_metrics:
@@ -508,6 +517,8 @@ class SimServer:
             instrument_urls=urls,
             enable_cache_report=a.enable_cache_report,
             log_error=self.log_error,
+            log_info=self.log,
+            request_log=self.request_log,
         )
         config = uvicorn.Config(
             build_app(state),
@@ -575,6 +586,9 @@ class SimServer:
         await asyncio.sleep(DEATH_GRACE_S)  # in-flight requests receive their 5xx
         if not self.sink.saw_sigquit:
             self.log_error(SIGQUIT_LINE)
+        # The parent's SIGQUIT handler dumps the requests first (with a crash dump folder set),
+        # then sleeps before the crash diagnostics.
+        self.request_log.dump_before_crash(self.server_args, " ".join(sys.argv), self.log_error)
         if crash_diagnostics_on(os.environ):
             self.log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
             await asyncio.sleep(CRASH_DIAGNOSTICS_WAIT_S)

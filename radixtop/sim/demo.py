@@ -2,7 +2,9 @@
 
 The simulator and the load generator run as child processes in their own sessions (so the
 terminal's Ctrl-C reaches only the UI) and die with the parent even if it is killed outright
-(PR_SET_PDEATHSIG). Quitting the UI stops both; their logs stay on disk as evidence.
+(PR_SET_PDEATHSIG). Quitting the UI stops both; their logs stay on disk as evidence, and so does
+the simulator's crash dump (SGLang's, of the requests it saw), which the UI's confirmation run
+replays as the crash's own workload.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ SIM_FLAGS = (
     "--max-total-tokens", "4096", "--page-size", "16", "--max-running-requests", "32",
     "--tp-size", "2", "--enable-metrics",
 )
+CRASH_DUMP_FOLDER = "crash-dumps"  # in the demo's directory: DIR/<host>/crash_dump_<time>.pkl
 
 
 class DemoError(Exception):
@@ -91,6 +94,10 @@ class DemoRun:
     def log_file(self) -> Path:
         return self.workdir / "sim.log"
 
+    @property
+    def crash_dump_folder(self) -> Path:
+        return self.workdir / CRASH_DUMP_FOLDER
+
     def stop(self) -> None:
         if self.load is not None:
             stop_process(self.load)
@@ -116,7 +123,8 @@ def start_demo(fault: str = DEFAULT_FAULT, *, seed: int = 7, workdir: Path | Non
     workdir.mkdir(parents=True, exist_ok=True)
     ready = workdir / "sim.port"
     ready.unlink(missing_ok=True)
-    flags = [*SIM_FLAGS, *extra_flags]
+    # SGLang's crash dump of the requests the server saw: the confirmation run (c) replays them.
+    flags = [*SIM_FLAGS, "--crash-dump-folder", str((workdir / CRASH_DUMP_FOLDER).absolute()), *extra_flags]
     if fault != "none":
         flags += ["--fault", f"{fault}:{seed}"]
     argv = sim_argv(*flags, ready_file=ready, log_file=workdir / "sim.log")

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from radixtop.sim.engine import EngineDead
+from radixtop.sim.request_log import GenerateReqInput, RequestLog
 
 # SGLang's defaults where a request leaves a field out.
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens
@@ -71,6 +72,10 @@ class SimState:
     instrument_urls: list[str] = field(default_factory=list)
     enable_cache_report: bool = False
     log_error: Callable[[str], None] = lambda message: None
+    log_info: Callable[[str], None] = lambda message: None
+    # What a crash dump holds: the requests in flight, and with a crash dump folder set those
+    # finished in the last 300 s (radixtop.sim.request_log).
+    request_log: RequestLog = field(default_factory=RequestLog)
     startup_time: float = field(default_factory=time.time)
     ready: bool = False
 
@@ -97,9 +102,11 @@ class Prompt:
     rid: str | None
     sampling: Sampling
     extra_key: str | None = None  # SGLang's cache namespace (a request's cache salt)
+    text: str | None = None  # the prompt as sent, when it was text (input_ids are then its tokens)
+    params: dict[str, Any] = field(default_factory=dict)  # its sampling_params as SGLang holds them
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
+async def _body(request: Request) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -108,7 +115,11 @@ async def _json_object(request: Request) -> dict[str, Any]:
                 f"The request body is larger than {MAX_BODY_BYTES} bytes; send a smaller prompt.", status=413
             )
         chunks.append(chunk)
-    body = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    body = await _body(request)
     if not body:
         raise BadRequest("The request body is empty; send a JSON object.")
     try:
@@ -182,6 +193,18 @@ def _per_prompt(params: Any, count: int, **kwargs: Any) -> list[Sampling]:
     return samplings
 
 
+def _openai_sampling_params(body: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
+    """The sampling_params SGLang's OpenAI layer hands its tokenizer manager for a completion:
+    OpenAI's names mapped to SGLang's (max_tokens is max_new_tokens), SGLang's defaults filled in."""
+    return {
+        "temperature": sampling.temperature,
+        "max_new_tokens": sampling.max_new_tokens,
+        "stop": body.get("stop"),
+        "n": sampling.n,
+        "ignore_eos": body.get("ignore_eos") is True,
+    }
+
+
 def _token_list(value: Any, param: str) -> list[int]:
     if not isinstance(value, list) or not all(_is_int(t) for t in value):
         raise BadRequest(f"{param} must be a list of integer token ids.", param)
@@ -224,7 +247,12 @@ def _prompts(
         raise BadRequest(f"A batch holds at most {MAX_BATCH} prompts in the simulator.")
     rids = _rids(rid, len(token_lists), single)
     samplings = _per_prompt(params, len(token_lists), **sampling)
-    return [Prompt(*fields) for fields in zip(token_lists, rids, samplings, strict=True)], single
+    as_sent = params if isinstance(params, list) else [params] * len(token_lists)
+    prompt_texts = texts if text is not None else [None] * len(token_lists)
+    return [
+        Prompt(ids, r, s, text=t, params=dict(p or {}))
+        for ids, r, s, t, p in zip(token_lists, rids, samplings, prompt_texts, as_sent, strict=True)
+    ], single
 
 
 def _rids(rid: Any, count: int, single: bool) -> list[str | None]:
@@ -280,43 +308,59 @@ def _rid(prompt: Prompt, sample: int) -> str:
     return prompt.rid if prompt.sampling.n == 1 else f"{prompt.rid}-{sample}"
 
 
-async def _run_all(state: SimState, prompts: Sequence[Prompt]) -> list[tuple[str, Any, float]]:
-    """Generate n samples per prompt; results grouped per prompt (SGLang's order: i * n + j).
+def _request_input(prompt: Prompt, rid: str, stream: bool) -> GenerateReqInput:
+    """The request as SGLang's tokenizer manager holds it (and a crash dump keeps it)."""
+    return GenerateReqInput(
+        text=prompt.text, input_ids=prompt.input_ids if prompt.text is None else None,
+        sampling_params=prompt.params, stream=stream, rid=rid, extra_key=prompt.extra_key,
+    )  # fmt: skip
+
+
+async def _run_all(state: SimState, prompts: Sequence[Prompt], *, stream: bool = False) -> list[tuple[str, Any, float]]:
+    """Generate n samples per prompt; results grouped per prompt (SGLang's order: i * n + j), each
+    with its own latency.
 
     With n > 1 SGLang first runs each prompt once with max_new_tokens=0 to cache its prefix; the
     simulator does the same, so the samples meet the cache the way they would in SGLang.
+
+    Each sample is in the request log from now until it is answered; one that fails while the
+    engine lives is dropped from it, one the engine's death failed stays there: it was in flight
+    at the crash.
     """
     engine = state.engine
-    if prompts[0].sampling.n > 1:
-        await asyncio.gather(
-            *(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0, extra_key=p.extra_key) for p in prompts)
-        )
-    jobs: list[tuple[str, Awaitable[Any]]] = []
-    for prompt in prompts:
+    log = state.request_log
+    samples = [(prompt, _rid(prompt, j)) for prompt in prompts for j in range(prompt.sampling.n)]
+    keys = [log.start(_request_input(prompt, rid, stream)) for prompt, rid in samples]
+
+    async def one(prompt: Prompt, rid: str, key: int) -> tuple[str, Any, float]:
         sampling = prompt.sampling
-        for j in range(sampling.n):
-            rid = _rid(prompt, j)
-            job = engine.generate(
-                prompt.input_ids,
-                max_new_tokens=sampling.max_new_tokens,
-                temperature=sampling.temperature,
-                rid=rid,
-                extra_key=prompt.extra_key,
+        started = time.perf_counter()
+        result = await engine.generate(prompt.input_ids, max_new_tokens=sampling.max_new_tokens,
+                                       temperature=sampling.temperature, rid=rid, extra_key=prompt.extra_key)  # fmt: skip
+        elapsed = time.perf_counter() - started
+        log.finish(key, _generate_item(state, rid, result, elapsed))
+        return rid, result, elapsed
+
+    try:
+        if prompts[0].sampling.n > 1:
+            await asyncio.gather(
+                *(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0, extra_key=p.extra_key) for p in prompts)
             )
-            jobs.append((rid, job))
-    started = time.perf_counter()
-    if len(jobs) == 1:  # the common case: no tasks to create
-        results = [await jobs[0][1]]
-    else:
-        tasks = [asyncio.ensure_future(job) for _, job in jobs]
+        jobs = [one(prompt, rid, key) for (prompt, rid), key in zip(samples, keys, strict=True)]
+        if len(jobs) == 1:  # the common case: no tasks to create
+            return [await jobs[0]]
+        tasks = [asyncio.ensure_future(job) for job in jobs]
         try:
-            results = await asyncio.gather(*tasks)
+            return list(await asyncio.gather(*tasks))
         except BaseException:
             for task in tasks:
                 task.cancel()
             raise
-    elapsed = time.perf_counter() - started
-    return [(rid, result, elapsed) for (rid, _), result in zip(jobs, results, strict=False)]
+    except BaseException:
+        if state.alive:  # else in flight at the crash: the dump keeps it
+            for key in keys:
+                log.drop(key)
+        raise
 
 
 def _stream_flag(body: dict[str, Any]) -> bool:
@@ -371,6 +415,59 @@ def openai_error(message: str, status: int = 400, param: str | None = None) -> J
     )
 
 
+# SGLang's ConfigureLoggingReq: its fields (BaseReq's first) and their types.
+CONFIGURE_LOGGING_FIELDS = {
+    "rid": "string", "http_worker_ipc": "string", "log_requests": "bool", "log_requests_level": "int",
+    "log_requests_format": "string", "log_level": "string", "dump_requests_folder": "string",
+    "dump_requests_threshold": "int", "crash_dump_folder": "string", "dump_requests_exclude_meta_keys": "list",
+}  # fmt: skip
+_TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
+_FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
+
+
+class _Invalid(ValueError):
+    def __init__(self, kind: str, msg: str) -> None:
+        super().__init__(msg)
+        self.kind = kind
+
+
+def _lax(value: Any, kind: str) -> Any:
+    """A field's value as pydantic's lax mode takes it (FastAPI validates SGLang's bodies so)."""
+    if value is None:
+        return None
+    if kind == "string":
+        if isinstance(value, str):
+            return value
+        raise _Invalid("string_type", "Input should be a valid string")
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if _is_int(value) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
+            return value.strip().lower() in _TRUE_WORDS
+        raise _Invalid("bool_parsing", "Input should be a valid boolean")
+    if kind == "int":
+        if _is_int(value):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value.strip())
+        raise _Invalid("int_parsing", "Input should be a valid integer")
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise _Invalid("list_type", "Input should be a valid list of strings")
+
+
+def _validation_error(errors: list[dict[str, Any]]) -> JSONResponse:
+    """SGLang's answer to a body FastAPI's validation refuses: 400 and its ErrorResponse."""
+    count = f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}"
+    message = f"{count}:\n" + "\n".join(f"  {error!r}" for error in errors)
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    return JSONResponse(body, status_code=400)
+
+
 def _dead_message(state: SimState) -> str:
     return f"The scheduler died: {state.engine.dead_reason or 'unknown reason'}. The server is shutting down."
 
@@ -422,16 +519,22 @@ def build_app(state: SimState) -> Starlette:
     async def health_generate(request: Request) -> Response:
         if not (state.ready and state.alive):
             return Response(status_code=503)
+        rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
+        params = {"max_new_tokens": 1, "temperature": 0.0}
+        # In SGLang's request log while in flight only (log_metrics=False).
+        key = state.request_log.start(GenerateReqInput(input_ids=[0], sampling_params=params, log_metrics=False, rid=rid))
+        ok = False
         try:
-            await asyncio.wait_for(
-                engine.generate(
-                    [0], max_new_tokens=1, temperature=0.0, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"
-                ),
-                HEALTH_CHECK_TIMEOUT_S,
-            )
+            await asyncio.wait_for(engine.generate([0], max_new_tokens=1, temperature=0.0, rid=rid), HEALTH_CHECK_TIMEOUT_S)
+            ok = True
         except (TimeoutError, EngineDead, ValueError):
-            return Response(status_code=503)
-        return Response(status_code=200)
+            pass
+        finally:
+            if ok:
+                state.request_log.finish(key, {})
+            elif state.alive:  # else in flight at the crash
+                state.request_log.drop(key)
+        return Response(status_code=200 if ok else 503)
 
     async def server_info(request: Request) -> Response:
         stats = engine.stats()
@@ -501,7 +604,7 @@ def build_app(state: SimState) -> Starlette:
             if extra_key is not None and not isinstance(extra_key, str):
                 raise BadRequest("extra_key must be a string.", "extra_key")
             prompts = [replace(p, extra_key=extra_key) for p in prompts]
-            runs = await _run_all(state, prompts)
+            runs = await _run_all(state, prompts, stream=stream)
             _count_tokens(state, runs, stream)
             items = [_generate_item(state, *run) for run in runs]
             if stream:
@@ -537,7 +640,8 @@ def build_app(state: SimState) -> Starlette:
                 where="the request body",
             )
             _check_lengths(prompts, state.context_len)
-            runs = await _run_all(state, prompts)
+            prompts = [replace(p, params=_openai_sampling_params(body, p.sampling)) for p in prompts]
+            runs = await _run_all(state, prompts, stream=stream)
             n = prompts[0].sampling.n
             _count_tokens(state, runs, stream)
             created = int(time.time())
@@ -620,6 +724,38 @@ def build_app(state: SimState) -> Starlette:
             )
         return JSONResponse(_model_card())
 
+    async def configure_logging(request: Request) -> Response:
+        # SGLang's /configure_logging (GET or POST, a ConfigureLoggingReq as JSON, each field
+        # optional; an empty string turns a dump off). The simulator acts on crash_dump_folder
+        # and accepts the others. 200 with no body, and SGLang's line; 400 for a body that is not one.
+        try:
+            body = await _body(request)
+        except BadRequest as exc:
+            return native_error(str(exc), exc.status)
+        if not body:
+            return _validation_error([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+        try:
+            obj = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            obj = body
+        if not isinstance(obj, dict):
+            return _validation_error([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a valid dictionary",
+                                       "input": obj}])  # fmt: skip
+        values: dict[str, Any] = {}
+        errors = []
+        for name, kind in CONFIGURE_LOGGING_FIELDS.items():
+            try:
+                values[name] = _lax(obj.get(name), kind)
+            except _Invalid as exc:
+                errors.append({"type": exc.kind, "loc": ("body", name), "msg": str(exc), "input": obj.get(name)})
+        if errors:
+            return _validation_error(errors)
+        if values["crash_dump_folder"] is not None:
+            state.request_log.crash_dump_folder = values["crash_dump_folder"]
+        fields = ", ".join(f"{name}={value!r}" for name, value in values.items())
+        state.log_info(f"Config logging: obj=ConfigureLoggingReq({fields})")
+        return Response(status_code=200)
+
     async def metrics(request: Request) -> Response:
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)
@@ -632,6 +768,7 @@ def build_app(state: SimState) -> Starlette:
         Route("/model_info", model_info, methods=["GET"]),
         Route("/get_model_info", model_info, methods=["GET"]),
         Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/configure_logging", configure_logging, methods=["GET", "POST"]),
         Route("/generate", generate, methods=["POST", "PUT"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

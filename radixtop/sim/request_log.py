@@ -206,7 +206,9 @@ class RequestLog:
         log_error(f"Dumping requests before crash. self.crash_dump_folder={folder!r}")
         now = self._clock()
         finished = [entry for entry in self._finished if now - entry[3] < FINISHED_WINDOW_S]
-        unfinished = [(entry.req, {}, entry.created, now) for entry in self._in_flight.values()]
+        unfinished: list[tuple[Any, dict[str, Any], float, float]] = [
+            (entry.req, {}, entry.created, now) for entry in self._in_flight.values()
+        ]
         if not finished and not unfinished:
             return None
         doc = {

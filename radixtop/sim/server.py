@@ -504,40 +504,44 @@ def _sse(chunks: Sequence[dict[str, Any]]) -> StreamingResponse:
 # ----------------------------------------------------------------------------------------------
 
 
-def build_app(state: SimState) -> Starlette:
-    engine = state.engine
-    generating_health = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1").strip().lower() not in (
-        "0", "false", "no", "off")  # fmt: skip
+class _Api:
+    """SGLang's HTTP routes over the simulated engine, one method each."""
 
-    async def health(request: Request) -> Response:
+    def __init__(self, state: SimState) -> None:
+        self.state = state
+        self.engine = state.engine
+        self.generating_health = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1").strip().lower() not in (
+            "0", "false", "no", "off")
+
+    async def health(self, request: Request) -> Response:
         # As SGLang 0.5.23: /health generates one token through the engine (a batch in the log)
         # unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is off, and answers 503 while starting.
-        if not generating_health:
-            return Response(status_code=200 if state.ready and state.alive else 503)
-        return await health_generate(request)
+        if not self.generating_health:
+            return Response(status_code=200 if self.state.ready and self.state.alive else 503)
+        return await self.health_generate(request)
 
-    async def health_generate(request: Request) -> Response:
-        if not (state.ready and state.alive):
+    async def health_generate(self, request: Request) -> Response:
+        if not (self.state.ready and self.state.alive):
             return Response(status_code=503)
         rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
         params = {"max_new_tokens": 1, "temperature": 0.0}
         # In SGLang's request log while in flight only (log_metrics=False).
-        key = state.request_log.start(GenerateReqInput(input_ids=[0], sampling_params=params, log_metrics=False, rid=rid))
+        key = self.state.request_log.start(GenerateReqInput(input_ids=[0], sampling_params=params, log_metrics=False, rid=rid))
         ok = False
         try:
-            await asyncio.wait_for(engine.generate([0], max_new_tokens=1, temperature=0.0, rid=rid), HEALTH_CHECK_TIMEOUT_S)
+            await asyncio.wait_for(self.engine.generate([0], max_new_tokens=1, temperature=0.0, rid=rid), HEALTH_CHECK_TIMEOUT_S)
             ok = True
         except (TimeoutError, EngineDead, ValueError):
             pass
         finally:
             if ok:
-                state.request_log.finish(key, {})
-            elif state.alive:  # else in flight at the crash
-                state.request_log.drop(key)
+                self.state.request_log.finish(key, {})
+            elif self.state.alive:  # else in flight at the crash
+                self.state.request_log.drop(key)
         return Response(status_code=200 if ok else 503)
 
-    async def server_info(request: Request) -> Response:
-        stats = engine.stats()
+    async def server_info(self, request: Request) -> Response:
+        stats = self.engine.stats()
         # One entry, for the whole engine: SGLang lists one per DP rank, the Engine reports totals.
         internal = {
             "last_gen_throughput": stats.gen_throughput,
@@ -551,45 +555,45 @@ def build_app(state: SimState) -> Starlette:
             "protected_tokens": stats.protected_tokens,
             "evicted_tokens_total": stats.evicted_tokens_total,
             "num_retracted_reqs": stats.num_retracted_reqs,
-            "effective_max_running_requests_per_dp": engine.config.max_running_requests,
+            "effective_max_running_requests_per_dp": self.engine.config.max_running_requests,
         }
         body = {
-            **state.server_args,
-            "launch_command": state.launch_command,
+            **self.state.server_args,
+            "launch_command": self.state.launch_command,
             "max_total_num_tokens": stats.max_total_num_tokens,
-            "max_req_input_len": state.context_len - 1,
-            "startup_time": state.startup_time,
+            "max_req_input_len": self.state.context_len - 1,
+            "startup_time": self.state.startup_time,
             "internal_states": [internal],
-            "version": state.version,
+            "version": self.state.version,
             "frontend": "python",
-            "radixtop_instrument": list(state.instrument_urls),
+            "radixtop_instrument": list(self.state.instrument_urls),
         }
         return JSONResponse(body)
 
-    async def model_info(request: Request) -> Response:
+    async def model_info(self, request: Request) -> Response:
         return JSONResponse(
             {
-                "model_path": state.server_args.get("model_path"),
-                "served_model_name": state.served_model_name,
-                "tokenizer_path": state.server_args.get("tokenizer_path"),
+                "model_path": self.state.server_args.get("model_path"),
+                "served_model_name": self.state.served_model_name,
+                "tokenizer_path": self.state.server_args.get("tokenizer_path"),
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": state.server_args.get("weight_version", "default"),
+                "weight_version": self.state.server_args.get("weight_version", "default"),
             }
         )
 
-    async def flush_cache(request: Request) -> Response:
-        if not state.alive:
+    async def flush_cache(self, request: Request) -> Response:
+        if not self.state.alive:
             return PlainTextResponse(FLUSH_FAILED_TEXT, status_code=400)
-        ok = engine.flush_cache()
+        ok = self.engine.flush_cache()
         return PlainTextResponse(FLUSH_OK_TEXT if ok else FLUSH_FAILED_TEXT, status_code=200 if ok else 400)
 
-    async def generate(request: Request) -> Response:
+    async def generate(self, request: Request) -> Response:
         async def handle() -> Response:
             body = await _json_object(request)
             stream = _stream_flag(body)
             prompts, single = _prompts(
-                engine.tokenizer.encode,
+                self.engine.tokenizer.encode,
                 body.get("text"),
                 body.get("input_ids"),
                 body.get("rid"),
@@ -599,21 +603,21 @@ def build_app(state: SimState) -> Starlette:
                 default_max=GENERATE_DEFAULT_MAX_NEW_TOKENS,
                 where="sampling_params",
             )
-            _check_lengths(prompts, state.context_len)
+            _check_lengths(prompts, self.state.context_len)
             extra_key = body.get("extra_key")
             if extra_key is not None and not isinstance(extra_key, str):
                 raise BadRequest("extra_key must be a string.", "extra_key")
             prompts = [replace(p, extra_key=extra_key) for p in prompts]
-            runs = await _run_all(state, prompts, stream=stream)
-            _count_tokens(state, runs, stream)
-            items = [_generate_item(state, *run) for run in runs]
+            runs = await _run_all(self.state, prompts, stream=stream)
+            _count_tokens(self.state, runs, stream)
+            items = [_generate_item(self.state, *run) for run in runs]
             if stream:
                 return _sse(items)
             return JSONResponse(items[0] if single and prompts[0].sampling.n == 1 else items)
 
-        return await _guarded(state, handle, native_error)
+        return await _guarded(self.state, handle, native_error)
 
-    async def completions(request: Request) -> Response:
+    async def completions(self, request: Request) -> Response:
         async def handle() -> Response:
             media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media != "application/json":
@@ -629,7 +633,7 @@ def build_app(state: SimState) -> Starlette:
             )
             stream = _stream_flag(body)
             prompts, _ = _prompts(
-                engine.tokenizer.encode,
+                self.engine.tokenizer.encode,
                 text,
                 ids,
                 None,
@@ -639,11 +643,11 @@ def build_app(state: SimState) -> Starlette:
                 default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
                 where="the request body",
             )
-            _check_lengths(prompts, state.context_len)
+            _check_lengths(prompts, self.state.context_len)
             prompts = [replace(p, params=_openai_sampling_params(body, p.sampling)) for p in prompts]
-            runs = await _run_all(state, prompts, stream=stream)
+            runs = await _run_all(self.state, prompts, stream=stream)
             n = prompts[0].sampling.n
-            _count_tokens(state, runs, stream)
+            _count_tokens(self.state, runs, stream)
             created = int(time.time())
             response_id = f"cmpl-{uuid.uuid4().hex}"
             choices = []
@@ -667,9 +671,9 @@ def build_app(state: SimState) -> Starlette:
                 "prompt_tokens_details": None,
             }
             cached = sum(r.cached_tokens for _, r, _ in runs)
-            if state.enable_cache_report and cached:
+            if self.state.enable_cache_report and cached:
                 usage["prompt_tokens_details"] = {"cached_tokens": cached}
-            model = body.get("model") if isinstance(body.get("model"), str) else state.served_model_name
+            model = body.get("model") if isinstance(body.get("model"), str) else self.state.served_model_name
             payload = {
                 "id": response_id,
                 "object": "text_completion",
@@ -692,25 +696,25 @@ def build_app(state: SimState) -> Starlette:
                 return _sse(chunks)
             return JSONResponse(payload)
 
-        return await _guarded(state, handle, openai_error)
+        return await _guarded(self.state, handle, openai_error)
 
-    def _model_card() -> dict[str, Any]:
+    def _model_card(self) -> dict[str, Any]:
         return {
-            "id": state.served_model_name,
+            "id": self.state.served_model_name,
             "object": "model",
-            "created": int(state.startup_time),
+            "created": int(self.state.startup_time),
             "owned_by": "sglang",
-            "root": state.served_model_name,
+            "root": self.state.served_model_name,
             "parent": None,
-            "max_model_len": state.context_len,
+            "max_model_len": self.state.context_len,
         }
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card()]})
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
 
-    async def model(request: Request) -> Response:
+    async def model(self, request: Request) -> Response:
         name = request.path_params["model"]
-        if name != state.served_model_name:
+        if name != self.state.served_model_name:
             return JSONResponse(
                 {
                     "error": {
@@ -722,9 +726,9 @@ def build_app(state: SimState) -> Starlette:
                 },
                 status_code=404,
             )
-        return JSONResponse(_model_card())
+        return JSONResponse(self._model_card())
 
-    async def configure_logging(request: Request) -> Response:
+    async def configure_logging(self, request: Request) -> Response:
         # SGLang's /configure_logging (GET or POST, a ConfigureLoggingReq as JSON, each field
         # optional; an empty string turns a dump off). The simulator acts on crash_dump_folder
         # and accepts the others. 200 with no body, and SGLang's line; 400 for a body that is not one.
@@ -751,31 +755,34 @@ def build_app(state: SimState) -> Starlette:
         if errors:
             return _validation_error(errors)
         if values["crash_dump_folder"] is not None:
-            state.request_log.crash_dump_folder = values["crash_dump_folder"]
+            self.state.request_log.crash_dump_folder = values["crash_dump_folder"]
         fields = ", ".join(f"{name}={value!r}" for name, value in values.items())
-        state.log_info(f"Config logging: obj=ConfigureLoggingReq({fields})")
+        self.state.log_info(f"Config logging: obj=ConfigureLoggingReq({fields})")
         return Response(status_code=200)
 
-    async def metrics(request: Request) -> Response:
-        body, content_type = state.metrics.render()
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = self.state.metrics.render()
         return Response(body, media_type=content_type)
 
+
+def build_app(state: SimState) -> Starlette:
+    api = _Api(state)
     routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/health_generate", health_generate, methods=["GET"]),
-        Route("/server_info", server_info, methods=["GET"]),
-        Route("/get_server_info", server_info, methods=["GET"]),
-        Route("/model_info", model_info, methods=["GET"]),
-        Route("/get_model_info", model_info, methods=["GET"]),
-        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
-        Route("/configure_logging", configure_logging, methods=["GET", "POST"]),
-        Route("/generate", generate, methods=["POST", "PUT"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/health_generate", api.health_generate, methods=["GET"]),
+        Route("/server_info", api.server_info, methods=["GET"]),
+        Route("/get_server_info", api.server_info, methods=["GET"]),
+        Route("/model_info", api.model_info, methods=["GET"]),
+        Route("/get_model_info", api.model_info, methods=["GET"]),
+        Route("/flush_cache", api.flush_cache, methods=["GET", "POST"]),
+        Route("/configure_logging", api.configure_logging, methods=["GET", "POST"]),
+        Route("/generate", api.generate, methods=["POST", "PUT"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.model, methods=["GET"]),
     ]
     if state.metrics is not None:  # SGLang mounts /metrics only with --enable-metrics
-        routes.append(Route("/metrics", metrics, methods=["GET"]))
+        routes.append(Route("/metrics", api.metrics, methods=["GET"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         # FastAPI's shape for unknown routes and wrong methods, as SGLang answers them.

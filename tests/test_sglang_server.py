@@ -456,6 +456,11 @@ def test_a_crash_dump_armed_live_makes_c_replay_the_crashs_own_requests(tmp_path
         server.scheduler().kill()
         assert server.proc is not None and server.proc.wait(60) is not None
         assert "Dumped 4 finished and 0 unfinished requests before crash to" in server.text(), server.text()[-2000:]
+        # The dump SGLang's own code wrote converts exactly: each request's token ids as sent.
+        converted = tmp_path / "crash.trace.json"
+        done = radixtop("trace", "convert", str(runtime_dir / "crash-dumps"), "-o", str(converted), cwd=tmp_path)
+        assert done.returncode == 0 and "4 requests" in done.stderr, done.stderr
+        assert [r["input_ids"] for r in json.loads(converted.read_text())["requests"]] == prompts
         tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 60)
         tmux.send("c")
         plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan", 120)

@@ -264,3 +264,21 @@ async def test_rediscovery_asks_a_server_it_described_in_full_nothing_more(tmp_p
         assert log.read_text().count('"GET ') == asked, "a server described in full was asked again"
     finally:
         stop(proc)
+
+
+async def test_a_server_the_user_named_is_the_only_one_asked(tmp_path: Path) -> None:
+    """radixtop --url A on a node that also runs B: B's access log gets no line from it."""
+    from radixtop.probes.discovery import Rediscovery
+
+    a, url_a, log_a = start_sim(tmp_path / "a")
+    b, url_b, log_b = start_sim(tmp_path / "b")
+    try:
+        found = await Rediscovery(url_a)()
+        assert [s.url for s in found.servers] == [url_a]
+        assert log_a.read_text().count('"GET ') > 0 and log_b.read_text().count('"GET ') == 0
+        # A URL no server on the node listens on (a container's published port): every one is described.
+        everyone = await Rediscovery("http://127.0.0.1:1")()
+        assert {url_a, url_b} <= {s.url for s in everyone.servers}
+    finally:
+        stop(a)
+        stop(b)

@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -388,6 +389,14 @@ async def _describe(client: httpx.AsyncClient, cand: _Candidate, timeout_s: floa
     )
 
 
+def _listens_on(cand: _Candidate, port: int) -> bool:
+    try:
+        tree = [cand.proc, *cand.proc.children(recursive=True)]
+    except psutil.Error:
+        tree = [cand.proc]
+    return any(p == port for _, p in _listening(tree)[0])
+
+
 def _complete(server: FoundServer) -> bool:
     """Described in full: asking it again would find nothing new (its url, log and endpoints)."""
     return bool(server.url and server.log_path and (server.instrument_urls or server.kind not in ("sglang", "sim")))
@@ -399,14 +408,20 @@ async def discover(
     exclude: Iterable[int] | None = None,
     timeout_s: float = 1.0,
     known: Mapping[tuple[int, float], FoundServer] | None = None,
+    port: int | None = None,
 ) -> Discovery:
     """Every server found on this node, described; never raises. A server in `known` (by pid and
-    start time) that was described in full is not asked again."""
+    start time) that was described in full is not asked again. With `port` (the server the user
+    named), only the servers listening on it are described: asking the others would put a line in
+    their access logs for nothing; when none listens on it (a container's published port), all are."""
     own = client is None
     client = client or make_client(timeout_s)
     skip = set(exclude) if exclude is not None else {os.getpid()}
     try:
         candidates, notes = await asyncio.to_thread(find_candidates, skip)
+        if port is not None:
+            named = [c for c in candidates if await asyncio.to_thread(_listens_on, c, port)]
+            candidates = named or candidates
         servers = []
         for cand in candidates:
             seen = (known or {}).get((cand.proc.pid, cand.started))
@@ -431,10 +446,11 @@ class Rediscovery:
     """discover() again and again (a restarted server, one started later) without asking a server
     it has described in full anything more: every request is a line in that server's access log."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str | None = None) -> None:
         self._known: dict[tuple[int, float], FoundServer] = {}
+        self._port = urlsplit(url).port if url else None  # the server the user named: only it is asked
 
     async def __call__(self) -> Discovery:
-        found = await discover(known=self._known)
+        found = await discover(known=self._known, port=self._port)
         self._known = {(s.pid, s.started): s for s in found.servers}
         return found

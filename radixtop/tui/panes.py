@@ -157,7 +157,7 @@ class Panes:
             texts, self._log_backlog = list(self._log_backlog), deque(maxlen=LOG_BACKLOG_LINES)
             self._feed_texts(texts)
         opts = self.options
-        discoverer = _discoverer() if opts.discover else _nothing  # one, so what it described is asked once
+        discoverer = _discoverer(opts.url) if opts.discover else _nothing  # one, so what it described is asked once
         if opts.discover:
             targets = await resolve_targets(url=opts.url, logs=opts.logs, instruments=opts.instruments,
                                             discover_fn=discoverer, pick=getattr(self.app, "pick_server", None))
@@ -422,10 +422,10 @@ class Panes:
         return [(label, s.state, "" if s.ok else source_detail(s)) for label, s in self._state.sources()]
 
 
-def _discoverer() -> Callable[[], Any]:
+def _discoverer(url: str | None) -> Callable[[], Any]:
     from radixtop.probes.discovery import Rediscovery
 
-    return Rediscovery()
+    return Rediscovery(url)
 
 
 async def _nothing() -> Any:

@@ -11,8 +11,8 @@ import httpx
 import psutil
 import pytest
 
-from radixtop.incident.replay import replay_once
-from radixtop.incident.trace import builtin_trace, plan_requests, rescale_prefixes
+from radixtop.incident.replay.replay import replay_once
+from radixtop.incident.replay.trace import builtin_trace, plan_requests, rescale_prefixes
 from radixtop.sim.demo import DemoError, start_demo
 
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from test_confirm import HEALTHY
 
 from radixtop.cli import build_parser
-from radixtop.incident.bundle import verify_bundle
+from radixtop.incident.bundle.bundle import verify_bundle
 from radixtop.options import TuiOptions
 from radixtop.tui import app as app_module
 from radixtop.tui.actions import ActionSettings

@@ -17,8 +17,8 @@ import time
 
 import httpx
 
-from radixtop.incident.replay import replay_once
-from radixtop.incident.trace import TraceError, builtin_trace, load_trace, plan_requests
+from radixtop.incident.replay.replay import replay_once
+from radixtop.incident.replay.trace import TraceError, builtin_trace, load_trace, plan_requests
 
 DEFAULT_TRACE = "demo_pressure"
 

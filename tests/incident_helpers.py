@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psutil
 
+from radixtop.demo import stop_process
 from radixtop.incident.replay.trace import Trace, TraceRequest
 from radixtop.sim.cli import sim_argv
-from radixtop.sim.demo import stop_process
 
 READY_TIMEOUT_S = 20.0
 # Small and fast: one rank, a 1 ms scheduler step, a small pool so that pressure is cheap.

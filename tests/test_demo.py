@@ -11,9 +11,9 @@ import httpx
 import psutil
 import pytest
 
+from radixtop.demo import DemoError, start_demo
 from radixtop.incident.replay.replay import replay_once
 from radixtop.incident.replay.trace import builtin_trace, plan_requests, rescale_prefixes
-from radixtop.sim.demo import DemoError, start_demo
 
 
 def _wait_for(predicate, timeout_s: float, step_s: float = 0.2) -> bool:

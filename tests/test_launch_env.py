@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from radixtop.demo import stop_process
 from radixtop.incident.common.redact import Redactor
 from radixtop.incident.confirm.confirm import PlanError, _trusted_program
 from radixtop.incident.confirm.launch_env import launch_env, untrusted_module
-from radixtop.sim.demo import stop_process
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")

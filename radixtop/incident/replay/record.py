@@ -215,10 +215,8 @@ class RecordingProxy:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        from radixtop.sim.cli import (  # one-line errors for a taken port
-            UsageError,
-            bind_socket,
-        )
+        from radixtop.errors import UsageError
+        from radixtop.netbind import bind_socket  # one-line errors for a taken port
 
         self.upstream = self.upstream.rstrip("/")
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),

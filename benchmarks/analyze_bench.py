@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 
-from radixtop.incident.analyze import analyze  # noqa: E402
-from radixtop.incident.trace import Trace, TraceRequest, plan_requests  # noqa: E402
+from radixtop.incident.analyze.analyze import analyze  # noqa: E402
+from radixtop.incident.replay.trace import Trace, TraceRequest, plan_requests  # noqa: E402
 from radixtop.sim.engine import SimConfig  # noqa: E402
 from radixtop.sim.radix import InsertParams, MatchPrefixParams, RadixCache, RadixKey  # noqa: E402
 

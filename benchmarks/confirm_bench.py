@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 
-from radixtop.incident.sighting import observe, save_sighting  # noqa: E402
-from radixtop.sim.demo import start_demo, stop_process  # noqa: E402
+from radixtop.demo import start_demo, stop_process  # noqa: E402
+from radixtop.incident.common.sighting import observe, save_sighting  # noqa: E402
 
 CRASH_TIMEOUT_S = 120
 

@@ -262,8 +262,8 @@ def bench_snapshot(polls: int, nodes: int) -> None:
 def start_demo_sim(
     work: Path, with_load: bool = True, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen, subprocess.Popen | None, str, Path]:
+    from radixtop.demo import SIM_FLAGS
     from radixtop.sim.cli import sim_argv
-    from radixtop.sim.demo import SIM_FLAGS
 
     ready = work / "sim.port"
     log = work / "sim.log"
@@ -277,8 +277,8 @@ def start_demo_sim(
     url = f"http://127.0.0.1:{int(ready.read_text())}"
     load = None
     if with_load:
-        load = subprocess.Popen([sys.executable, "-m", "radixtop.sim.load", "--url", url], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        load = subprocess.Popen([sys.executable, "-m", "radixtop.incident.replay.load", "--url", url],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return sim, load, url, log
 
 

@@ -44,9 +44,9 @@ sys.path.insert(0, str(REPO))  # runs from a checkout, like the other benchmarks
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 
-from radixtop.incident.dispatch import Dispatcher, Plan  # noqa: E402
-from radixtop.incident.replay import dispatch_plan, generate_payload, replay_once  # noqa: E402
-from radixtop.incident.trace import PlannedRequest, Trace, TraceRequest, plan_requests  # noqa: E402
+from radixtop.incident.replay.dispatch import Dispatcher, Plan  # noqa: E402
+from radixtop.incident.replay.replay import dispatch_plan, generate_payload, replay_once  # noqa: E402
+from radixtop.incident.replay.trace import PlannedRequest, Trace, TraceRequest, plan_requests  # noqa: E402
 from radixtop.sim.cli import sim_argv  # noqa: E402
 
 BUSY_CHUNK_S = 0.020

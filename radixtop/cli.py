@@ -317,7 +317,7 @@ _INCIDENT = "radixtop.incident.commands"
 SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
     Subcommand("scan", "scan logs headless for known failure signatures", _scan_arguments, "radixtop.scan:run_scan"),
     Subcommand("demo", "start a simulated failing SGLang server with a workload, and watch it fail",
-               _demo_arguments, "radixtop.sim.demo:run_demo"),
+               _demo_arguments, "radixtop.demo:run_demo"),
     Subcommand("bundle", "write an evidence bundle: first occurrences, findings, server state, GPU, processes, stacks",
                _bundle_arguments, f"{_INCIDENT}:run_bundle", action=True),
     Subcommand("replay", "send a workload trace N times at temperature 0 and report which requests' outputs diverge",

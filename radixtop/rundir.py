@@ -1,7 +1,7 @@
 """The user's runtime directory for radixtop: what one radixtop leaves for another on this node.
 
-It holds what was seen of each server while it lived (``servers/``, incident/sighting.py), the
-lock and status of the confirmation run in progress (incident/runlock.py), and the instrument's
+It holds what was seen of each server while it lived (``servers/``, incident/common/sighting.py), the
+lock and status of the confirmation run in progress (incident/confirm/runlock.py), and the instrument's
 flight records (``flight/``, instrument/flight.py: written inside the server as it fails), so
 that a second radixtop, a bundle, or a headless ``radixtop confirm`` after the server died, finds
 them. Standard library only: the instrument inside SGLang uses it too. It is private to the user:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixtop.sim.demo import stop_process
+from radixtop.demo import stop_process
 
 STANDIN = Path(__file__).with_name("standin_server.py")
 

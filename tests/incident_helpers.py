@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psutil
 
-from radixtop.incident.trace import Trace, TraceRequest
+from radixtop.demo import stop_process
+from radixtop.incident.replay.trace import Trace, TraceRequest
 from radixtop.sim.cli import sim_argv
-from radixtop.sim.demo import stop_process
 
 READY_TIMEOUT_S = 20.0
 # Small and fast: one rank, a 1 ms scheduler step, a small pool so that pressure is cheap.
@@ -117,9 +117,9 @@ def lock_race_bundle(tmp_path: Path) -> tuple[Sim, Path]:
 
     import httpx
 
-    from radixtop.incident.replay import replay_once
-    from radixtop.incident.trace import plan_requests
-    from radixtop.incident.workloads import pressure_trace
+    from radixtop.incident.replay.replay import replay_once
+    from radixtop.incident.replay.trace import plan_requests
+    from radixtop.incident.replay.workloads import pressure_trace
 
     flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1")
     sim = start_sim(tmp_path / "sim", *flags)

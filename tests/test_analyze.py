@@ -12,11 +12,11 @@ import pytest
 from incident_helpers import start_sim
 
 from radixtop.cli import main
-from radixtop.incident.analyze import analyze
-from radixtop.incident.divergence import compare_runs
-from radixtop.incident.record import RecordedCall, build_trace
-from radixtop.incident.replay import replay_series
-from radixtop.incident.trace import Trace, TraceRequest, builtin_trace, plan_requests, save_trace, scale_offsets
+from radixtop.incident.analyze.analyze import analyze
+from radixtop.incident.replay.divergence import compare_runs
+from radixtop.incident.replay.record import RecordedCall, build_trace
+from radixtop.incident.replay.replay import replay_series
+from radixtop.incident.replay.trace import Trace, TraceRequest, builtin_trace, plan_requests, save_trace, scale_offsets
 from radixtop.sim.engine import SimConfig
 
 SEED_FLAGS = ("--page-size", "64", "--max-total-tokens", "65536", "--max-running-requests", "8")

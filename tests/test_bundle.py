@@ -17,13 +17,13 @@ import pytest
 from incident_helpers import all_bytes, lock_race_bundle, radixtop, start_sim, wait_for, write_lines
 
 from radixtop.diagnosis.catalog import ORDINARY_LINES, load_catalog
-from radixtop.incident.bundle import AutoBundler, take_bundle, verify_bundle
-from radixtop.incident.evidence import find_tool
-from radixtop.incident.logwindow import LogWindow
-from radixtop.incident.redact import REDACTED, Redactor
-from radixtop.incident.replay import replay_once
-from radixtop.incident.trace import plan_requests
-from radixtop.incident.workloads import pressure_trace
+from radixtop.incident.bundle.bundle import AutoBundler, take_bundle, verify_bundle
+from radixtop.incident.bundle.evidence import find_tool
+from radixtop.incident.common.redact import REDACTED, Redactor
+from radixtop.incident.confirm.logwindow import LogWindow
+from radixtop.incident.replay.replay import replay_once
+from radixtop.incident.replay.trace import plan_requests
+from radixtop.incident.replay.workloads import pressure_trace
 from radixtop.schema import FlightRecord
 
 HF = "hf_PlantedTokenAbcdefghijklmnopq"
@@ -244,8 +244,8 @@ def test_nvml_snapshot_through_the_pynvml_calls(tmp_path: Path, monkeypatch: pyt
     The bundle reads it through the probes' choke point, as the GPU pane does."""
     from test_probe_gpu import FakeNvml
 
-    from radixtop.incident.bundle import BundleWriter
-    from radixtop.incident.evidence import collect_nvml
+    from radixtop.incident.bundle.bundle import BundleWriter
+    from radixtop.incident.bundle.evidence import collect_nvml
 
     nvml = FakeNvml(monkeypatch, layout=[(60, [(4242, 50)])])
     nvml.fail("nvmlDeviceGetPowerUsage", 999)  # one failing query: a problem of its GPU, not a failed snapshot
@@ -311,7 +311,7 @@ def test_auto_bundle_takes_one_more_when_a_higher_severity_follows(tmp_path: Pat
 def test_a_cancelled_bundle_leaves_nothing_behind(tmp_path: Path) -> None:
     """Cancelled halfway (the TUI's x, Ctrl-C in confirm): BundleCancelled, and neither the
     hidden partial directory nor a bundle remains."""
-    from radixtop.incident.bundle import BundleCancelled
+    from radixtop.incident.bundle.bundle import BundleCancelled
 
     planted = tmp_path / "server.log"
     _planted_log(planted)

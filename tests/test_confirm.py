@@ -17,19 +17,19 @@ import psutil
 import pytest
 from incident_helpers import HEALTHY_FLAGS, LOCK_RACE_FLAGS, gone, radixtop, small_trace, start_sim, wait_for
 
-from radixtop.incident.confirm import (
+from radixtop.incident.common.redact import REDACTED, Redactor
+from radixtop.incident.confirm.confirm import (
     ConfirmOptions,
     PlanError,
     prepare,
 )
-from radixtop.incident.confirm_run import ConfirmationRun
-from radixtop.incident.launch import (
+from radixtop.incident.confirm.confirm_run import ConfirmationRun
+from radixtop.incident.confirm.control_server import (
     build_control_argv,
     flag_value,
     parse_launch_command,
 )
-from radixtop.incident.redact import REDACTED, Redactor
-from radixtop.incident.trace import builtin_trace, save_trace
+from radixtop.incident.replay.trace import builtin_trace, save_trace
 
 LOCK_RACE = LOCK_RACE_FLAGS
 HEALTHY = HEALTHY_FLAGS
@@ -312,7 +312,7 @@ def test_the_live_max_running_requests_comes_from_the_flag_else_server_info_else
     """SGLang sizes max_running_requests from its KV pool when the flag is absent (the usual case):
     0.5.23's /server_info then says None for the argument and the effective figure per DP rank in
     internal_states; the control must still be lower than that."""
-    from radixtop.incident.confirm import _max_running
+    from radixtop.incident.confirm.confirm import _max_running
 
     bare = parse_launch_command("python -m sglang.launch_server --model-path m", source="given")
     flagged = parse_launch_command("python -m sglang.launch_server --max-running-requests 64", source="given")

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from incident_helpers import HEALTHY_FLAGS, gone, radixtop, small_trace, start_sim, wait_for
 
-from radixtop.incident.confirm import ConfirmOptions, PlanError, prepare
-from radixtop.incident.confirm_run import ConfirmationRun
-from radixtop.incident.sighting import load_sighting, observe, save_sighting
-from radixtop.incident.trace import Trace, TraceRequest, save_trace
+from radixtop.incident.common.sighting import load_sighting, observe, save_sighting
+from radixtop.incident.confirm.confirm import ConfirmOptions, PlanError, prepare
+from radixtop.incident.confirm.confirm_run import ConfirmationRun
+from radixtop.incident.replay.trace import Trace, TraceRequest, save_trace
 
 # The race fires at the first eviction at 0.90 token usage or more: every run of the workload reaches it.
 # (The default 2 ms scheduler step: at the helpers' 1 ms, requests finish before the pool fills.)
@@ -141,7 +141,7 @@ def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
 
 def test_an_unreadable_environment_blocks_the_plan_unless_own_env(tmp_path: Path, monkeypatch) -> None:
     # Root reads every process's environ here; another user's server is unreadable on a real node.
-    monkeypatch.setattr("radixtop.incident.server.process_environ", lambda pid: None)
+    monkeypatch.setattr("radixtop.incident.common.server.process_environ", lambda pid: None)
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
         plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1)))
@@ -178,7 +178,7 @@ def test_an_arms_port_is_outside_the_ephemeral_range_and_a_servers_own_time_wait
     stays unbindable while its connection lingers): an arm's port comes from below it. A port a
     server closed connections on is left in TIME_WAIT, which a server binding with SO_REUSEADDR
     (uvicorn, SGLang) ignores: the check before an arm starts asks as that server would."""
-    from radixtop.incident.launch import _ephemeral_low, free_loopback_port, port_free
+    from radixtop.incident.confirm.control_server import _ephemeral_low, free_loopback_port, port_free
 
     low = _ephemeral_low()
     assert all(free_loopback_port() < low for _ in range(20))
@@ -332,7 +332,7 @@ def test_a_program_the_server_names_in_its_argv_is_never_what_confirm_runs(tmp_p
         proc2 = subprocess.Popen([str(evil / "python3"), "-c", "import time; time.sleep(30)"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            from radixtop.incident.server import server_interpreter
+            from radixtop.incident.common.server import server_interpreter
 
             python, why = server_interpreter(proc2.pid)
             assert python == os.path.realpath(sys.executable) and "link" not in why  # not the writable link

@@ -9,10 +9,10 @@ import pytest
 from incident_helpers import HEALTHY_FLAGS, small_trace, start_sim
 from test_probe_gpu import FakeNvml
 
-from radixtop.incident.confirm import ConfirmOptions, PlanError, prepare
-from radixtop.incident.confirm_run import ConfirmationRun
-from radixtop.incident.placement import gpus_needed, place
-from radixtop.incident.sighting import load_sighting
+from radixtop.incident.common.sighting import load_sighting
+from radixtop.incident.confirm.confirm import ConfirmOptions, PlanError, prepare
+from radixtop.incident.confirm.confirm_run import ConfirmationRun
+from radixtop.incident.confirm.placement import gpus_needed, place
 from radixtop.probes.gpu import GpuReader
 
 LIVE = 4242  # the live server's pid in the fake layouts

@@ -22,7 +22,7 @@ import pytest
 from hardening_helpers import start_standin
 from incident_helpers import wait_for
 
-from radixtop.incident.crash_dump import DumpError, dump_trace_of, find_dump, read_dump
+from radixtop.incident.replay.crash_dump import DumpError, dump_trace_of, find_dump, read_dump
 
 SYSTEM = list(range(1000, 1048))
 T0 = 1_796_466_513.0
@@ -219,7 +219,7 @@ def test_the_plan_takes_the_crash_s_own_workload_from_the_dump_its_log_names(mon
 
     from incident_helpers import HEALTHY_FLAGS, start_sim
 
-    from radixtop.incident.confirm import ConfirmOptions, prepare
+    from radixtop.incident.confirm.confirm import ConfirmOptions, prepare
 
     dump = sample(monkeypatch, tmp_path)
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
@@ -280,7 +280,7 @@ def test_a_json_request_log_is_a_workload_too_in_flight_where_it_never_finished(
 
 
 def test_a_converted_trace_with_ignore_eos_and_in_flight_loads_again(monkeypatch, tmp_path: Path) -> None:
-    from radixtop.incident.trace import dump_trace, load_trace, save_trace
+    from radixtop.incident.replay.trace import dump_trace, load_trace, save_trace
 
     trace = dump_trace_of(read_dump(sample(monkeypatch, tmp_path)))
     save_trace(trace, tmp_path / "t.json")

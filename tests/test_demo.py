@@ -11,10 +11,10 @@ import httpx
 import psutil
 import pytest
 
-from radixtop.incident.crash_dump import crash_workload
-from radixtop.incident.replay import replay_once
-from radixtop.incident.trace import builtin_trace, plan_requests, rescale_prefixes
-from radixtop.sim.demo import DemoError, start_demo
+from radixtop.demo import DemoError, start_demo
+from radixtop.incident.replay.crash_dump import crash_workload
+from radixtop.incident.replay.replay import replay_once
+from radixtop.incident.replay.trace import builtin_trace, plan_requests, rescale_prefixes
 
 
 def _wait_for(predicate, timeout_s: float, step_s: float = 0.2) -> bool:

@@ -53,7 +53,7 @@ def test_demo_shows_the_incident_and_q_leaves_nothing_running(tmp_path) -> None:
             time.sleep(0.1)
         cmdlines = list(seen.values())
         assert any("radixtop sim" in c for c in cmdlines), cmdlines
-        assert any("radixtop.sim.load" in c for c in cmdlines), cmdlines
+        assert any("radixtop.incident.replay.load" in c for c in cmdlines), cmdlines
 
         # What a person reads, which no flood of lines can scroll away: the findings list names
         # the seed's failure and the status line the rank that spoke first.

@@ -19,7 +19,7 @@ import pytest
 from pane_helpers import start_sim, stop
 
 from radixtop.probes.discovery import Discovery, discover
-from radixtop.probes.launch import classify
+from radixtop.probes.server_cmdline import classify
 
 # A stand-in `sglang.launch_server`: serves /v1/models and /server_info on --port, starts two children
 # titled like SGLang's schedulers, and prints to stdout.
@@ -202,7 +202,7 @@ def test_the_ranks_endpoints_are_found_among_the_schedulers_ports(tmp_path: Path
         assert found.instrument_urls == (f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"), found
         assert not any("no radixtop debug endpoint" in p for p in found.problems), found.problems
         # An evidence bundle of that server finds them the same way (given only its URL).
-        from radixtop.incident.bundle import take_bundle
+        from radixtop.incident.bundle.bundle import take_bundle
 
         bundle = take_bundle(tmp_path / "out", url=f"http://127.0.0.1:{port}", archive=False)
         for rank in (0, 1):

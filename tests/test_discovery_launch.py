@@ -20,7 +20,7 @@ import pytest
 from launch_helpers import ROOT, build_venv, die_with_parent, stop_group, wait_ready
 
 from radixtop.probes.discovery import discover
-from radixtop.probes.launch import classify, launch_of
+from radixtop.probes.server_cmdline import classify, launch_of
 
 # (argv, kind): each form as /proc/PID/cmdline shows it. Sources: SGLang's quick start and docker
 # command (`python3 -m sglang.launch_server --model-path M --host 0.0.0.0 --port 30000`), its CLI

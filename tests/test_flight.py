@@ -180,7 +180,7 @@ def test_a_directory_open_to_others_is_refused_and_a_planted_fifo_never_hangs_th
 def test_the_bundle_collects_only_records_written_by_the_servers_user_and_never_through_a_link(tmp_path: Path):
     """D9: a record is read through the descriptor that was checked (no link swapped in between),
     and a record planted by another user under the server's pid is not the server's evidence."""
-    from radixtop.incident.evidence import collect_flight
+    from radixtop.incident.bundle.evidence import collect_flight
 
     class Sink:
         def __init__(self) -> None:

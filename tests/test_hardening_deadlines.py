@@ -19,7 +19,7 @@ import pytest
 from hardening_helpers import start_standin
 from incident_helpers import wait_for, write_lines
 
-from radixtop.incident.bundle import BundleCancelled, take_bundle
+from radixtop.incident.bundle.bundle import BundleCancelled, take_bundle
 
 LOG_LINES = [f"[2026-12-02 14:00:01 TP0] line {i}" for i in range(200)]
 
@@ -112,7 +112,7 @@ def test_cancel_stops_a_bundle_within_a_second(tmp_path: Path, slow) -> None:
 
 
 def test_a_tool_is_killed_with_its_children_when_cancelled(tmp_path: Path) -> None:
-    from radixtop.incident.evidence import _run
+    from radixtop.incident.bundle.evidence import _run
 
     pidfile = tmp_path / "child.pid"
     cancel = threading.Event()
@@ -148,9 +148,9 @@ def test_replay_and_confirms_network_steps_end_within_their_deadlines_against_a_
     import httpx
     from incident_helpers import small_trace
 
-    from radixtop.incident.confirm import _server_info
-    from radixtop.incident.replay import flush_cache, replay_series, server_alive
-    from radixtop.incident.trace import plan_requests
+    from radixtop.incident.confirm.confirm import _server_info
+    from radixtop.incident.replay.replay import flush_cache, replay_series, server_alive
+    from radixtop.incident.replay.trace import plan_requests
 
     slow = start_standin(tmp_path, "--mode", "slow", "--drip", "2")
     try:

@@ -10,7 +10,7 @@ import httpx
 from hardening_helpers import start_standin
 from incident_helpers import start_sim
 
-from radixtop.incident.bundle import take_bundle, verify_bundle
+from radixtop.incident.bundle.bundle import take_bundle, verify_bundle
 
 
 def test_the_simulator_answers_400_to_a_body_nested_100k_deep(tmp_path: Path) -> None:

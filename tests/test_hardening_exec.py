@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hardening_helpers import argv_of, start_standin
 
-from radixtop.incident.bundle import take_bundle
+from radixtop.incident.bundle.bundle import take_bundle
 
 
 def _bundle(tmp_path: Path, pid: int) -> Path:
@@ -50,7 +50,7 @@ def test_a_program_named_by_the_servers_argv0_is_never_run(tmp_path: Path) -> No
 
 
 def test_an_interpreter_others_can_write_is_not_run_and_the_bundle_says_why(tmp_path: Path) -> None:
-    from radixtop.incident.server import server_interpreter
+    from radixtop.incident.common.server import server_interpreter
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -70,7 +70,7 @@ def test_an_interpreter_others_can_write_is_not_run_and_the_bundle_says_why(tmp_
 
 
 def test_trust_rule_checks_owner_and_write_bits_of_the_file_and_its_directory(tmp_path: Path) -> None:
-    from radixtop.incident.server import executable_trust
+    from radixtop.incident.common.server import executable_trust
 
     tool = tmp_path / "bin" / "tool"
     tool.parent.mkdir()

@@ -12,7 +12,7 @@ import httpx
 from hardening_helpers import start_standin
 from incident_helpers import start_sim
 
-from radixtop.incident.bundle import take_bundle
+from radixtop.incident.bundle.bundle import take_bundle
 from radixtop.probes.sglang import ServerProbe
 
 OFF_LOOPBACK = "http://192.0.2.7:39100"  # TEST-NET-1: never contacted, here or anywhere

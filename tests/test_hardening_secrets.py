@@ -12,8 +12,8 @@ from pathlib import Path
 from hardening_helpers import start_standin
 from incident_helpers import write_lines
 
-from radixtop.incident.bundle import take_bundle, verify_bundle
-from radixtop.incident.redact import REDACTED, Redactor
+from radixtop.incident.bundle.bundle import take_bundle, verify_bundle
+from radixtop.incident.common.redact import REDACTED, Redactor
 
 SIGNATURE = (
     "[2026-12-02 14:00:03 TP0] sglang.srt.mem_cache.radix_cache.RadixCacheError: "

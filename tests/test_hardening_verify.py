@@ -12,7 +12,7 @@ from pathlib import Path
 
 from incident_helpers import write_lines
 
-from radixtop.incident.bundle import take_bundle, verify_bundle
+from radixtop.incident.bundle.bundle import take_bundle, verify_bundle
 
 BOMB = 300 << 20  # inflated bytes of the one member
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from radixtop.incident.confirm import PlanError, _trusted_program
-from radixtop.incident.launch_env import launch_env, untrusted_module
-from radixtop.incident.redact import Redactor
-from radixtop.sim.demo import stop_process
+from radixtop.demo import stop_process
+from radixtop.incident.common.redact import Redactor
+from radixtop.incident.confirm.confirm import PlanError, _trusted_program
+from radixtop.incident.confirm.launch_env import launch_env, untrusted_module
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
@@ -178,7 +178,7 @@ def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directo
 def test_code_loading_and_destination_flags_from_server_info_are_dropped_abbreviated_too(flag: str) -> None:
     """D7: SGLang's argparse takes an unambiguous prefix for the flag: what /server_info says is
     network text, so a prefix of a code-loading or destination flag is dropped like the flag."""
-    from radixtop.incident.launch import build_control_argv, parse_launch_command
+    from radixtop.incident.confirm.control_server import build_control_argv, parse_launch_command
 
     live = parse_launch_command(f"python -m sglang.launch_server --model-path x {flag} --page-size 16",
                                 python="/usr/bin/python3")  # fmt: skip
@@ -189,7 +189,7 @@ def test_code_loading_and_destination_flags_from_server_info_are_dropped_abbrevi
 
 
 def test_the_users_own_flags_are_kept_as_given() -> None:
-    from radixtop.incident.launch import build_control_argv, launch_from_argv
+    from radixtop.incident.confirm.control_server import build_control_argv, launch_from_argv
 
     live = launch_from_argv(["python3", "-m", "sglang.launch_server", "--model-path", "x", "--trust-remote-code"],
                             source="psutil")  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from radixtop.diagnosis.catalog import load_catalog
-from radixtop.incident.logwindow import LogWindow
+from radixtop.incident.confirm.logwindow import LogWindow
 
 
 def test_the_window_keeps_the_peak_token_usage_and_the_retractions(tmp_path: Path) -> None:

@@ -12,9 +12,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixtop.cli import main
-from radixtop.incident import mooncake
-from radixtop.incident.mooncake import dump_mooncake, is_mooncake, mooncake_records, parse_mooncake, read_mooncake
-from radixtop.incident.trace import Trace, TraceError, TraceRequest, dump_trace, parse_trace, plan_requests, save_trace
+from radixtop.incident.replay import mooncake
+from radixtop.incident.replay.mooncake import (
+    dump_mooncake,
+    is_mooncake,
+    mooncake_records,
+    parse_mooncake,
+    read_mooncake,
+)
+from radixtop.incident.replay.trace import (
+    Trace,
+    TraceError,
+    TraceRequest,
+    dump_trace,
+    parse_trace,
+    plan_requests,
+    save_trace,
+)
 
 # The shape of the example in Mooncake's trace release (FAST'25): four requests on one shared
 # 512-token block, and a later turn of the first conversation that shares its 13 whole blocks.

@@ -102,7 +102,7 @@ def test_tree_zombie_then_gone(family) -> None:
 
 
 def test_a_plan_after_the_crash_dates_it_by_its_first_death() -> None:
-    from radixtop.incident.sighting import Sighting
+    from radixtop.incident.common.sighting import Sighting
 
     t0 = time.mktime((2026, 12, 4, 21, 27, 0, 0, 0, -1))
     seen = Sighting("http://127.0.0.1:30000", t0 - 60, t0)

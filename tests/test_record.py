@@ -12,9 +12,9 @@ import httpx
 import pytest
 from incident_helpers import start_sim, wait_for
 
-from radixtop.incident.record import RecordedCall, RecordingProxy, build_trace
-from radixtop.incident.replay import replay_series
-from radixtop.incident.trace import load_trace, parse_trace, plan_requests
+from radixtop.incident.replay.record import RecordedCall, RecordingProxy, build_trace
+from radixtop.incident.replay.replay import replay_series
+from radixtop.incident.replay.trace import load_trace, parse_trace, plan_requests
 
 BASE = list(range(1000, 1040))  # a 40-token "system prompt"
 
@@ -88,7 +88,7 @@ def test_kept_prompts_replay_the_same_input_and_get_the_same_output(sim) -> None
 
 
 def _dump(trace):
-    from radixtop.incident.trace import dump_trace
+    from radixtop.incident.replay.trace import dump_trace
 
     return dump_trace(trace)
 

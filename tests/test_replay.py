@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from incident_helpers import HEALTHY_FLAGS, radixtop, start_sim
 
-from radixtop.incident.divergence import compare_runs, format_report
-from radixtop.incident.replay import Outcome, ReplayRun, ReplaySeries, UsageSampler
-from radixtop.incident.trace import Trace, TraceRequest, builtin_trace
+from radixtop.incident.replay.divergence import compare_runs, format_report
+from radixtop.incident.replay.replay import Outcome, ReplayRun, ReplaySeries, UsageSampler
+from radixtop.incident.replay.trace import Trace, TraceRequest, builtin_trace
 
 BLOCK_BOUNDARY = ("--page-size", "64", "--max-total-tokens", "65536", "--fault", "block-boundary:7",
                   "--enable-deterministic-inference")  # fmt: skip
@@ -51,7 +51,7 @@ def test_replay_text_report_follows_the_seed_and_says_when_it_does_not_flush(blo
     trace = builtin_trace("finding_03330")
     small = Trace(trace.name, trace.page_size_hint, trace.requests[:3], expect_diverged=("r02",))
     path = tmp_path / "three.json"
-    from radixtop.incident.trace import save_trace
+    from radixtop.incident.replay.trace import save_trace
 
     save_trace(small, path)
     done = radixtop("replay", str(path), "--url", block_boundary_sim.url, "--runs", "2", "--no-flush")
@@ -70,7 +70,7 @@ def healthy_sim(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _replay_json(sim, trace: Trace, tmp_path: Path, *flags: str) -> dict:
-    from radixtop.incident.trace import save_trace
+    from radixtop.incident.replay.trace import save_trace
 
     path = tmp_path / f"{trace.name}.json"
     save_trace(trace, path)
@@ -102,7 +102,7 @@ def test_a_namespace_per_request_gives_no_call_another_calls_pages(healthy_sim, 
 def test_a_lower_max_in_flight_gives_a_lower_peak_token_usage(healthy_sim, tmp_path: Path) -> None:
     """The pressure workload sized to the simulator's pool: sent as it comes, the server's token
     usage nears the whole pool; two calls in flight at most keep it well below, on the same server."""
-    from radixtop.incident.workloads import pressure_trace
+    from radixtop.incident.replay.workloads import pressure_trace
 
     trace = pressure_trace(4096, 8, page_size=16, bursts=1)
     free = _replay_json(healthy_sim, trace, tmp_path)
@@ -119,7 +119,7 @@ def test_a_lower_max_in_flight_gives_a_lower_peak_token_usage(healthy_sim, tmp_p
 
 
 def test_the_text_report_says_the_cap_the_namespaces_and_the_peak_usage(healthy_sim, tmp_path: Path) -> None:
-    from radixtop.incident.trace import save_trace
+    from radixtop.incident.replay.trace import save_trace
 
     trace = Trace("burst", 16, tuple(TraceRequest(f"b{i}", 0.0, 48, 16, "sys", 64) for i in range(4)))
     path = tmp_path / "burst.json"

@@ -20,13 +20,13 @@ import pytest
 from hardening_helpers import start_standin
 from incident_helpers import start_sim, wait_for
 
-from radixtop.incident.dispatch import Dispatcher, Plan
-from radixtop.incident.http1 import Answer, Call, new_connection
-from radixtop.incident.replay import ReplayRun, dispatch_plan, replay_once, replay_series
-from radixtop.incident.trace import PlannedRequest, Trace, TraceRequest, plan_requests
+from radixtop.incident.replay.dispatch import Dispatcher, Plan
+from radixtop.incident.replay.http1 import Answer, Call, new_connection
+from radixtop.incident.replay.replay import ReplayRun, dispatch_plan, replay_once, replay_series
+from radixtop.incident.replay.trace import PlannedRequest, Trace, TraceRequest, plan_requests
 
 SIM_FLAGS = ("--max-running-requests", "256", "--max-total-tokens", "65536", "--page-size", "16")
-DISPATCHER = "radixtop.incident.dispatch"
+DISPATCHER = "radixtop.incident.replay.dispatch"
 
 
 def irregular_trace(calls: int, span_s: float, seed: int = 3) -> Trace:
@@ -100,7 +100,7 @@ def test_the_same_prompts_give_the_same_answers_as_before(sim) -> None:
     run = asyncio.run(replay(sim.url, planned))
 
     async def by_httpx() -> list[str]:
-        from radixtop.incident.replay import generate_payload
+        from radixtop.incident.replay.replay import generate_payload
 
         async with httpx.AsyncClient(timeout=30) as client:
             return [(await client.post(f"{sim.url}/generate", json=generate_payload(p, 0.0))).json()["text"] for p in planned]

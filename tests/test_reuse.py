@@ -1,9 +1,9 @@
-"""Expected cached tokens from a trace, and the reason for each shortfall (radixtop.incident.reuse)."""
+"""Expected cached tokens from a trace, and the reason for each shortfall (radixtop.incident.replay.reuse)."""
 
 from __future__ import annotations
 
-from radixtop.incident.reuse import evicted_between, expectations, explain
-from radixtop.incident.trace import Trace, TraceRequest
+from radixtop.incident.replay.reuse import evicted_between, expectations, explain
+from radixtop.incident.replay.trace import Trace, TraceRequest
 
 
 def trace_of(*requests: TraceRequest) -> Trace:

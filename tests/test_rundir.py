@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from radixtop.incident.runlock import RunLock, read_status
-from radixtop.incident.sighting import Sighting, load_sighting, save_sighting
+from radixtop.incident.common.sighting import Sighting, load_sighting, save_sighting
+from radixtop.incident.confirm.runlock import RunLock, read_status
 from radixtop.rundir import RuntimeDirError, read_file, runtime_dir, write_file
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from pane_helpers import make_snapshot, wide_snapshot
 
-from radixtop.incident.bundle import BundleWriter
-from radixtop.incident.redact import Redactor
-from radixtop.incident.seen import RankSeen, SeenState
+from radixtop.incident.bundle.bundle import BundleWriter
+from radixtop.incident.bundle.seen import RankSeen, SeenState
+from radixtop.incident.common.redact import Redactor
 from radixtop.probes.radix import RadixSample
 from radixtop.probes.status import SourceState
 from radixtop.schema import Event

@@ -3,7 +3,7 @@ UnifiedRadixCache (Python and Rust TreeCore) on a CPU torch, hooked by the same 
 safe point the plugin installs, read over real loopback HTTP and parsed with radixtop.schema,
 and held against the cache's own evictable_size(), protected_size() and an independent walk of
 its tree. Two tests start scheduler processes the way SGLang does (multiprocessing spawn, then
-load_plugins()): one through the plugin entry point, one through radixtop.instrument.launch.
+load_plugins()): one through the plugin entry point, one through radixtop.instrument.launcher.
 
 The real-SGLang tests need the environment .ci/sglang-tests builds (requirements/sglang-cpu.txt);
 elsewhere they skip, saying so. The tests of the glue that needs no sglang run everywhere.
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from sglang_gate import HELPERS, why_not
 
-from radixtop.instrument import launch, plugin
+from radixtop.instrument import launcher, plugin
 from radixtop.instrument import sglang as glue
 from radixtop.instrument.hooks import HOOKED_METHODS
 from radixtop.instrument.sglang import (
@@ -734,7 +734,7 @@ def test_launcher_route_instruments_spawned_schedulers_without_the_plugin(tmp_pa
     env["RADIXTOP_INSTRUMENT_PORT"] = str(base)
     env["PYTHONPATH"] = os.pathsep.join([str(HELPERS), str(REPO)])  # this checkout's radixtop, whatever is installed
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixtop.instrument.launch", "--module", "launch_target", "0"],
+        [sys.executable, "-m", "radixtop.instrument.launcher", "--module", "launch_target", "0"],
         cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -746,7 +746,7 @@ def test_launcher_route_instruments_spawned_schedulers_without_the_plugin(tmp_pa
         assert "error" not in report, report["error"]
         assert Path(report["radixtop_file"]).resolve().is_relative_to(REPO), report["radixtop_file"]
         assert report["launcher_env"]["RADIXTOP_INSTRUMENT"] == "1"
-        assert report["launcher_env"]["PYTHONPATH"].split(os.pathsep)[0] == launch.BOOTSTRAP_DIR
+        assert report["launcher_env"]["PYTHONPATH"].split(os.pathsep)[0] == launcher.BOOTSTRAP_DIR
         # The bootstrap's watch wrapped the scheduler as its module loaded; the plugin stood aside.
         assert report["watched_before_plugins"] and report["instrumented"]
         assert report["registry_hooks"] == 0
@@ -818,23 +818,23 @@ def test_register_outside_a_scheduler_process_imports_nothing_and_registers_noth
 
 
 def test_launcher_builds_the_servers_command_line_and_environment():
-    assert launch.command(["--model-path", "m", "--port", "30000"]) == [
+    assert launcher.command(["--model-path", "m", "--port", "30000"]) == [
         sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--port", "30000",
     ]
-    assert launch.command(["--module", "my.server", "--", "--help"]) == [sys.executable, "-m", "my.server", "--help"]
-    assert launch.command(["--module=my.server"]) == [sys.executable, "-m", "my.server"]
+    assert launcher.command(["--module", "my.server", "--", "--help"]) == [sys.executable, "-m", "my.server", "--help"]
+    assert launcher.command(["--module=my.server"]) == [sys.executable, "-m", "my.server"]
     with pytest.raises(SystemExit, match="needs a module name"):
-        launch.command(["--module", "--tp", "2"])
-    env = launch.child_environment({"PYTHONPATH": f"/a{os.pathsep}{launch.BOOTSTRAP_DIR}", "RADIXTOP_INSTRUMENT": "0"})
+        launcher.command(["--module", "--tp", "2"])
+    env = launcher.child_environment({"PYTHONPATH": f"/a{os.pathsep}{launcher.BOOTSTRAP_DIR}", "RADIXTOP_INSTRUMENT": "0"})
     assert env["RADIXTOP_INSTRUMENT"] == "1"
-    assert env["PYTHONPATH"].split(os.pathsep) == [launch.BOOTSTRAP_DIR, "/a"]
-    assert (Path(launch.BOOTSTRAP_DIR) / "sitecustomize.py").is_file()
+    assert env["PYTHONPATH"].split(os.pathsep) == [launcher.BOOTSTRAP_DIR, "/a"]
+    assert (Path(launcher.BOOTSTRAP_DIR) / "sitecustomize.py").is_file()
 
 
 def test_bootstrap_runs_the_sitecustomize_it_shadows_and_arms_the_watch(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.SHADOWED_RAN = True\n")
     code = "import builtins, sys; print(getattr(builtins, 'SHADOWED_RAN', False), type(sys.meta_path[0]).__name__ == '_SchedulerWatch')"
-    path = os.pathsep.join([launch.BOOTSTRAP_DIR, str(tmp_path)])
+    path = os.pathsep.join([launcher.BOOTSTRAP_DIR, str(tmp_path)])
     on = _python(code, {"RADIXTOP_INSTRUMENT": "1"}, pythonpath=path)
     assert on.returncode == 0, on.stderr
     assert on.stdout.strip() == "True True"
@@ -927,7 +927,7 @@ def test_a_sglang_without_the_plugin_registry_is_one_log_line_naming_the_launche
     (line,) = [r for r in caplog.records if r.name == "radixtop.instrument"]
     assert line.levelno == logging.ERROR and "\n" not in line.getMessage()
     assert "no plugin hook registry" in line.getMessage()
-    assert "python -m radixtop.instrument.launch <sglang.launch_server args>" in line.getMessage()
+    assert "python -m radixtop.instrument.launcher <sglang.launch_server args>" in line.getMessage()
     caplog.clear()
     plugin.register()  # the entry point itself: the same line, nothing raised, nothing wrapped
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [line.getMessage()]

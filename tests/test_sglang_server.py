@@ -148,8 +148,8 @@ def test_replay_rungs_lower_the_peak_token_usage_and_a_namespace_per_request_tur
     tokens rung by rung (sglang:token_usage, read from its /metrics while each run goes); with
     --namespace-per-request (an extra_key per call) at the lowest rung's pressure, no call is
     served from another's pages."""
-    from radixtop.incident.trace import save_trace
-    from radixtop.incident.workloads import pressure_trace
+    from radixtop.incident.replay.trace import save_trace
+    from radixtop.incident.replay.workloads import pressure_trace
 
     info = httpx.get(f"{live.url}/server_info", timeout=10).json()
     # One burst of 2 x 8 calls of 128 + 128 tokens: eight in flight hold half the 4,096-token pool.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixtop.incident.sharing import longest_earlier_prefixes
+from radixtop.incident.replay.sharing import longest_earlier_prefixes
 
 
 def brute(prompts: list) -> list[tuple[int, int]]:

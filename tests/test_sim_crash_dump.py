@@ -22,10 +22,10 @@ import httpx
 import pytest
 from incident_helpers import LOCK_RACE_FLAGS, Sim, start_sim
 
-from radixtop.incident.crash_dump import DUMPED, dump_trace_of, read_dump
-from radixtop.incident.replay import replay_once
-from radixtop.incident.trace import plan_requests
-from radixtop.incident.workloads import pressure_trace
+from radixtop.incident.replay.crash_dump import DUMPED, dump_trace_of, read_dump
+from radixtop.incident.replay.replay import replay_once
+from radixtop.incident.replay.trace import plan_requests
+from radixtop.incident.replay.workloads import pressure_trace
 from radixtop.sim.request_log import FINISHED_WINDOW_S, GenerateReqInput, RequestLog
 
 IO_STRUCT = "sglang.srt.managers.io_struct"

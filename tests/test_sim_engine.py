@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from radixtop.incident.trace import builtin_trace, plan_requests, rescale_prefixes, scale_offsets
+from radixtop.incident.replay.trace import builtin_trace, plan_requests, rescale_prefixes, scale_offsets
 from radixtop.sim.engine import Engine, EngineDead, SimConfig
 from radixtop.sim.faults import FaultSpec
 
@@ -174,7 +174,7 @@ async def test_block_boundary_varies_between_replays_with_a_consistent_prefix():
     """Diverged outputs keep the u<stem> of the healthy one: the stale page changes the _lo parts."""
     trace = builtin_trace("finding_03330")
     r02 = trace.request("r02")
-    from radixtop.incident.trace import synthesize_input_ids
+    from radixtop.incident.replay.trace import synthesize_input_ids
 
     first, second = synthesize_input_ids(r02, trace, 0, 0), synthesize_input_ids(r02, trace, 0, 1)
     config = SimConfig(

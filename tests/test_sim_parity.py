@@ -194,7 +194,7 @@ def test_a_cache_fault_under_pressure_dies_in_sglangs_order_and_time(kind: str, 
 def test_a_death_with_a_crash_dump_folder_dumps_the_requests_radixtop_replays(kind: str, tmp_path: Path) -> None:
     """With --crash-dump-folder, the parent dumps the requests before its crash diagnostics and
     logs the line radixtop follows to the file; radixtop reads it as the crash's own workload."""
-    from radixtop.incident.crash_dump import DUMPED, read_dump
+    from radixtop.incident.replay.crash_dump import DUMPED, read_dump
 
     folder = tmp_path / "dumps"
     served = serve(kind, tmp_path, fault=True, flags=("--crash-dump-folder", str(folder)))

@@ -26,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from radixtop.diagnosis.logline import is_continuation, parse_line
 from radixtop.instrument.flight import flight_dir, record_name
+from radixtop.netbind import bind_socket
 from radixtop.schema import HEALTH_PATH, SNAPSHOT_PATH, FlightRecord, parse_health, parse_snapshot
-from radixtop.sim.cli import LogSink, SimServer, UsageError, bind_socket, fault_text, parse_options, sim_argv
+from radixtop.sim.cli import LogSink, SimServer, UsageError, fault_text, parse_options, sim_argv
 from radixtop.sim.model import SimTokenizer
 
 REPO = Path(__file__).resolve().parents[1]

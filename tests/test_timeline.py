@@ -11,8 +11,8 @@ import pytest
 from incident_helpers import lock_race_bundle
 from pane_helpers import make_snapshot
 
-from radixtop.incident.seen import RankSeen, SeenState
-from radixtop.incident.timeline import gather, render_html
+from radixtop.incident.bundle.seen import RankSeen, SeenState
+from radixtop.incident.bundle.timeline import gather, render_html
 from radixtop.schema import FlightRecord, Trigger
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

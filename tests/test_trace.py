@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixtop.incident.trace import (
+from radixtop.incident.replay.trace import (
     Trace,
     TraceError,
     TraceRequest,
@@ -22,7 +22,7 @@ from radixtop.incident.trace import (
     scale_offsets,
     synthesize_input_ids,
 )
-from radixtop.incident.vocab import SIM_VOCABULARY, Vocabulary
+from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
 
 # The simulator's vocabulary, and a small one whose first ids are the model's special tokens.
 SMALL = Vocabulary(2048, (0, 1, 2), "a test model")
@@ -143,7 +143,7 @@ def test_synthesis_shares_exactly_the_group_prefix_and_nothing_else(vocab):
 
 
 def test_a_pressure_workload_fits_a_small_vocabulary_and_a_trace_too_big_for_it_is_one_line():
-    from radixtop.incident.workloads import pressure_trace
+    from radixtop.incident.replay.workloads import pressure_trace
 
     trace = pressure_trace(4096, 8, page_size=16)
     ids = [t for p in plan_requests(trace, vocab=SMALL) for t in p.input_ids]

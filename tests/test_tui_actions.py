@@ -20,7 +20,7 @@ from rich.console import Console
 from test_confirm import HEALTHY
 
 from radixtop.cli import build_parser
-from radixtop.incident.bundle import verify_bundle
+from radixtop.incident.bundle.bundle import verify_bundle
 from radixtop.options import TuiOptions
 from radixtop.tui import app as app_module
 from radixtop.tui.actions import ActionSettings
@@ -346,7 +346,7 @@ def test_the_help_screen_lists_b_and_c() -> None:
 def test_the_demo_keeps_its_bundles_and_runs_in_its_own_work_directory(monkeypatch) -> None:
     """`radixtop demo` starts a real simulator and hands the app its work directory, so b and c
     do not write into wherever the demo was started from."""
-    from radixtop.sim.demo import run_demo
+    from radixtop.demo import run_demo
 
     built: list[RadixtopApp] = []
     monkeypatch.setattr(RadixtopApp, "run", lambda self, *a, **k: built.append(self))  # no terminal here

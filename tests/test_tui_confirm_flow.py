@@ -12,7 +12,7 @@ from incident_helpers import HEALTHY_FLAGS, gone, start_sim
 from test_probe_gpu import FakeNvml
 from test_tui_actions import SIZE, bar_text, make_app, until
 
-from radixtop.incident.runlock import RunLock
+from radixtop.incident.confirm.runlock import RunLock
 from radixtop.tui.actions import ActionSettings
 from radixtop.tui.app import RadixtopApp
 from radixtop.tui.panes import LiveOptions
@@ -83,7 +83,7 @@ async def test_c_while_a_colleague_runs_one_shows_that_run_then_its_verdict(tmp_
 
 
 async def test_a_plan_that_cannot_start_offers_only_close(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("radixtop.incident.server.process_environ", lambda pid: None)  # another user's server
+    monkeypatch.setattr("radixtop.incident.common.server.process_environ", lambda pid: None)  # another user's server
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
         app = make_app(tmp_path, sim.url, sim.log, auto=False, bundle=False, pid=sim.pid)

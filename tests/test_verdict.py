@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from radixtop.incident.verdict import ArmEvidence, ArmRole, VerdictKind, decide
+from radixtop.incident.confirm.verdict import ArmEvidence, ArmRole, VerdictKind, decide
 
 
 def arm(role: ArmRole, *, signatures: tuple[str, ...] = (), answered: int = 96, failed: int = 0, alive: bool = True) -> ArmEvidence:
@@ -43,7 +43,7 @@ def test_a_failure_gone_under_the_control_is_not_touched_by_the_rule() -> None:
 
 
 def test_the_conditions_say_only_what_the_control_changed_alone() -> None:
-    from radixtop.incident.verdict import conditions
+    from radixtop.incident.confirm.verdict import conditions
 
     failing = replace(arm("reproduction", signatures=("radix-page-lock-eviction",), answered=10, failed=22, alive=False),
                       peak_token_usage=0.97)  # fmt: skip

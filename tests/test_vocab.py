@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from radixtop.incident.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server, from_model_dir
+from radixtop.incident.replay.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server, from_model_dir
 
 
 def model_dir(root: Path, *, vocab_size: int = 2048, tokenizer_size: int | None = None, **config: object) -> Path:

@@ -2,7 +2,7 @@
 
     python tools/screenshot.py docs/screenshot.svg
 
-Runs what `radixtop demo` runs (radixtop.sim.demo.start_demo and the same TUI options), headless,
+Runs what `radixtop demo` runs (radixtop.demo.start_demo and the same TUI options), headless,
 and saves the screen once the status line says the server is DOWN."""
 
 import asyncio
@@ -11,9 +11,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from radixtop.demo import start_demo
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.options import TuiOptions
-from radixtop.sim.demo import start_demo
 from radixtop.tui.app import RadixtopApp, action_settings, live_options
 
 OUT = Path(sys.argv[1])

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from radixtop.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
-    from radixtop.incident.confirm import ConfirmEvent, Plan
-    from radixtop.incident.record import RecordedCall
-    from radixtop.incident.replay import ReplaySeries
-    from radixtop.incident.trace import Trace
-    from radixtop.incident.verdict import Verdict
-    from radixtop.incident.vocab import Vocabulary
+    from radixtop.incident.confirm.confirm import ConfirmEvent, Plan
+    from radixtop.incident.confirm.verdict import Verdict
+    from radixtop.incident.replay.record import RecordedCall
+    from radixtop.incident.replay.replay import ReplaySeries
+    from radixtop.incident.replay.trace import Trace
+    from radixtop.incident.replay.vocab import Vocabulary
 
 __all__ = ["load_trace_arg", "run_analyze", "run_bundle", "run_confirm", "run_record", "run_replay", "run_trace"]
 
@@ -45,7 +45,7 @@ def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str
     request dump (a .pkl, or the dump folder: its newest) or its JSON request log, as the trace of
     the requests it holds, or a Mooncake trace (JSON Lines with hash_ids) of ``block_size`` tokens
     a hash id (default 512)."""
-    from radixtop.incident.crash_dump import (
+    from radixtop.incident.replay.crash_dump import (
         DumpError,
         dump_trace_of,
         find_dump,
@@ -53,8 +53,8 @@ def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str
         read_dump,
         read_request_log,
     )
-    from radixtop.incident.mooncake import MOONCAKE_BLOCK_SIZE, is_mooncake, read_mooncake
-    from radixtop.incident.trace import TraceError, builtin_trace, load_trace
+    from radixtop.incident.replay.mooncake import MOONCAKE_BLOCK_SIZE, is_mooncake, read_mooncake
+    from radixtop.incident.replay.trace import TraceError, builtin_trace, load_trace
 
     try:
         if text.endswith(".pkl") or os.path.isdir(text):
@@ -100,8 +100,8 @@ def _page_size(info: dict[str, Any] | None, url: str, value: int | str | None) -
 
 
 def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Trace) -> Vocabulary:
-    """The served model's vocabulary (radixtop.incident.vocab), from --vocab-size or its files."""
-    from radixtop.incident.vocab import VocabError, Vocabulary, for_server
+    """The served model's vocabulary (radixtop.incident.replay.vocab), from --vocab-size or its files."""
+    from radixtop.incident.replay.vocab import VocabError, Vocabulary, for_server
 
     if given is not None:
         return Vocabulary(given, (), "--vocab-size")
@@ -117,8 +117,8 @@ def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Trace) ->
 
 
 def run_bundle(args: Namespace) -> int:
-    from radixtop.incident.bundle import BundleError, take_bundle, verify_bundle
-    from radixtop.incident.server import ServerError
+    from radixtop.incident.bundle.bundle import BundleError, take_bundle, verify_bundle
+    from radixtop.incident.common.server import ServerError
 
     if args.verify:
         problems = verify_bundle(args.verify)
@@ -163,10 +163,10 @@ def run_bundle(args: Namespace) -> int:
 
 
 def run_replay(args: Namespace) -> int:
-    from radixtop.incident.divergence import compare_runs, format_report
-    from radixtop.incident.replay import format_pressure, pressure_json, replay_series
-    from radixtop.incident.server import ServerError, auth_headers, base_url
-    from radixtop.incident.trace import TraceError, plan_requests, rescale_prefixes
+    from radixtop.incident.common.server import ServerError, auth_headers, base_url
+    from radixtop.incident.replay.divergence import compare_runs, format_report
+    from radixtop.incident.replay.replay import format_pressure, pressure_json, replay_series
+    from radixtop.incident.replay.trace import TraceError, plan_requests, rescale_prefixes
 
     try:
         url = base_url(args.url)
@@ -234,7 +234,7 @@ _UNSIMULATED_POLICIES = ("slru", "tlru")
 def run_analyze(args: Namespace) -> int:
     from dataclasses import replace
 
-    from radixtop.incident.analyze import analyze, format_analysis, format_sweep, parse_sweep, sweep
+    from radixtop.incident.analyze.analyze import analyze, format_analysis, format_sweep, parse_sweep, sweep
     from radixtop.sim.engine import SimConfig
     from radixtop.sim.radix import EVICTION_POLICIES
 
@@ -275,8 +275,8 @@ def run_trace(args: Namespace) -> int:
     """`radixtop trace convert SRC -o OUT [--format radixtop|mooncake]`: a dump, a Mooncake trace
     or any trace radixtop reads, as a trace file or as a Mooncake trace, written 0600: a dump's
     prompts are the users' own."""
-    from radixtop.incident.mooncake import dump_mooncake
-    from radixtop.incident.trace import TraceError, dump_trace
+    from radixtop.incident.replay.mooncake import dump_mooncake
+    from radixtop.incident.replay.trace import TraceError, dump_trace
     from radixtop.rundir import write_file
 
     trace, label = load_trace_arg(args.source, args.block_size)
@@ -312,9 +312,9 @@ def run_trace(args: Namespace) -> int:
 
 
 def run_record(args: Namespace) -> int:
-    from radixtop.incident.record import RecordingProxy
-    from radixtop.incident.server import ServerError, base_url
-    from radixtop.incident.trace import save_trace
+    from radixtop.incident.common.server import ServerError, base_url
+    from radixtop.incident.replay.record import RecordingProxy
+    from radixtop.incident.replay.trace import save_trace
 
     try:
         url = base_url(args.url)
@@ -382,7 +382,7 @@ def _ask(lines: list[str], question: str = "Start the confirmation run as planne
 
 def watch_other_run(say: Callable[[str], None], poll_s: float = 1.0, limit_s: float = 24 * 3600) -> int:
     """Another radixtop holds the node's confirmation run: follow its progress, then its verdict."""
-    from radixtop.incident.runlock import lock_held_by_other, read_status
+    from radixtop.incident.confirm.runlock import lock_held_by_other, read_status
 
     status = read_status()
     say((status.summary() if status else "a confirmation run is in progress on this node") + "; watching it instead of starting another")
@@ -408,15 +408,15 @@ def watch_other_run(say: Callable[[str], None], poll_s: float = 1.0, limit_s: fl
 
 
 def run_confirm(args: Namespace) -> int:
-    from radixtop.incident.confirm import (
+    from radixtop.incident.common.server import ServerError
+    from radixtop.incident.confirm.confirm import (
         ConfirmCancelled,
         ConfirmOptions,
         PlanError,
         prepare,
     )
-    from radixtop.incident.confirm_run import ConfirmationRun
-    from radixtop.incident.runlock import RunLock
-    from radixtop.incident.server import ServerError
+    from radixtop.incident.confirm.confirm_run import ConfirmationRun
+    from radixtop.incident.confirm.runlock import RunLock
     from radixtop.rundir import RuntimeDirError
 
     if not args.yes and not sys.stdin.isatty():

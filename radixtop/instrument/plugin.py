@@ -46,7 +46,7 @@ def _register() -> bool:
     except ImportError as exc:
         log.error(
             "radixtop: this SGLang has no plugin hook registry (%s; it arrived in 0.5.12): start the server "
-            "with `python -m radixtop.instrument.launch <sglang.launch_server args>` instead",
+            "with `python -m radixtop.instrument.launcher <sglang.launch_server args>` instead",
             exc,
         )
         return False
@@ -59,7 +59,7 @@ def _register() -> bool:
         )
         return False
     if glue.is_instrumented(current):
-        log.info("radixtop: the scheduler is already instrumented (radixtop.instrument.launch); plugin route skipped")
+        log.info("radixtop: the scheduler is already instrumented (radixtop.instrument.launcher); plugin route skipped")
         return False
     HookRegistry.register(glue.SAFE_POINT_TARGET, glue.around_process_input_requests, HookType.AROUND)
     log.info("radixtop: instrumentation registered on %s (pid %d)", glue.SAFE_POINT_TARGET, os.getpid())

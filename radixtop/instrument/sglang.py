@@ -1,7 +1,7 @@
 """radixtop inside a real SGLang scheduler process: configuration, cache detection, the safe point.
 
 Standard library only, and sglang is never imported from here: the plugin (plugin.py) and the
-launcher (launch.py) call in once SGLang's own modules are loaded, and the tests call attach()
+launcher (launcher.py) call in once SGLang's own modules are loaded, and the tests call attach()
 on a cache they built themselves.
 
 - InstrumentConfig.from_env() (config.py): the RADIXTOP_INSTRUMENT* variables, bad values logged and replaced.

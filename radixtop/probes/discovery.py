@@ -1,7 +1,7 @@
 """Find the LLM servers on this node: SGLang (and vLLM, and radixtop's simulator), their HTTP port,
 their log file and their ranks' debug endpoints; and say what could not be found, and why.
 
-What counts as a server process: radixtop.probes.launch reads each command line (modules, console
+What counts as a server process: radixtop.probes.server_cmdline reads each command line (modules, console
 scripts started through their shebang, script paths, wrappers, Ray actors, setproctitle titles).
 Processes titled `sglang::scheduler_TP3` belong to the nearest SGLang launcher above them (or, for an
 offline `sgl.Engine` script, to their parent). A wrapper that stays as the launcher's parent
@@ -30,8 +30,8 @@ import psutil
 from radixtop.probes.container import container_of, container_ports
 from radixtop.probes.http import ANSWERING, LIVENESS_PATH, fetch, make_client
 from radixtop.probes.journal import read_cgroup
-from radixtop.probes.launch import LaunchKind, ServerKind, flag, launch_of
 from radixtop.probes.procs import role_and_rank
+from radixtop.probes.server_cmdline import LaunchKind, ServerKind, flag, launch_of
 from radixtop.probes.serverlog import LogElsewhere, find_log, log_elsewhere
 from radixtop.probes.sglang import parse_server_info
 from radixtop.schema import HEALTH_PATH, INSTRUMENT_PORT_SPAN, parse_health

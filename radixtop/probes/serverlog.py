@@ -16,7 +16,7 @@ import psutil
 
 from radixtop.probes.container import Container, logs_argv, readable_root, runtime_log_files
 from radixtop.probes.journal import can_read, journal_argv, read_cgroup, stdout_is_socket, unit_of
-from radixtop.probes.launch import flag
+from radixtop.probes.server_cmdline import flag
 from radixtop.probes.terminal import Pane, locate, terminal_of
 
 

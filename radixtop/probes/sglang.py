@@ -84,7 +84,7 @@ class ServerInfo:
     instrument_urls: tuple[str, ...] = ()
     port: int | None = None
     # The whole answer, for what radixtop remembers of the server (its launch command and server
-    # args, should it die): see radixtop.incident.sighting.
+    # args, should it die): see radixtop.incident.common.sighting.
     raw: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
 

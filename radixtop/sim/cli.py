@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import functools
 import logging
 import os
@@ -44,6 +43,7 @@ SHUTDOWN_TIMEOUT_S = 2.0
 
 from radixtop.argcheck import Parser, within  # noqa: E402 - after the constants it documents
 from radixtop.errors import ExitStatus, UsageError  # noqa: E402
+from radixtop.netbind import bind_socket  # noqa: E402
 from radixtop.sim.logfmt import SIGQUIT_LINE  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -347,27 +347,6 @@ def _configure_logging(
 # ----------------------------------------------------------------------------------------------
 # Serving
 # ----------------------------------------------------------------------------------------------
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind before uvicorn starts, so a taken port is a clean one-line error and no race follows."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
-    # without it every response waits out Nagle + delayed ACK (~40 ms) on loopback.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; never a live listener
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise UsageError(f"port {port} on {host} is in use; pick another with --port") from None
-        raise UsageError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --host/--port"
-        ) from None
-    sock.set_inheritable(True)
-    return sock
 
 
 def sim_argv(*flags: str, ready_file: str | Path, log_file: str | Path, port: int = 0) -> list[str]:

@@ -13,9 +13,9 @@ loop and shows it:
   gets PR_SET_PDEATHSIG, which fires when the *thread* that started it exits;
 * quitting cancels a run and waits for its control server to stop (bounded), so nothing is left;
 * while the server lives, what is seen of it (argv, /server_info, environment, GPUs) is kept and
-  written to the runtime directory (radixtop.incident.sighting), so that `c` after the crash can
+  written to the runtime directory (radixtop.incident.common.sighting), so that `c` after the crash can
   plan a reproduction; the moment it goes down is noted;
-* one confirmation run per user and node (radixtop.incident.runlock): `c` while another radixtop
+* one confirmation run per user and node (radixtop.incident.confirm.runlock): `c` while another radixtop
   runs one shows that run's progress and verdict instead of starting a second.
 
 `--readonly` removes all of it: the keys are refused (and hidden) and no bundle is taken by itself.
@@ -44,7 +44,7 @@ from textual.widgets import Input
 from radixtop.tui.messages import AutoBundleTaken, BundleProgressed, BundleTaken, CrashDumpArmed, ServerSighted
 
 if TYPE_CHECKING:
-    from radixtop.incident.verdict import Verdict
+    from radixtop.incident.confirm.verdict import Verdict
     from radixtop.options import TuiOptions
     from radixtop.widgets.confirm import RunScreen
 
@@ -209,7 +209,7 @@ class IncidentActions:
 
     @work(thread=True, group="sighting", exit_on_error=False)
     def _sight_worker(self, target: Target | None, info: Any, gpu: Any) -> None:
-        from radixtop.incident.sighting import observe, save_sighting
+        from radixtop.incident.common.sighting import observe, save_sighting
 
         seen = self.sighting
         try:
@@ -314,8 +314,8 @@ class IncidentActions:
 
     @work(thread=True, group="bundle", exit_on_error=False)
     def _bundle_worker(self, target: Target, where: Path, report: Any, seen: Any) -> None:
-        from radixtop.incident.bundle import BundleError, take_bundle
-        from radixtop.incident.server import ServerError
+        from radixtop.incident.bundle.bundle import BundleError, take_bundle
+        from radixtop.incident.common.server import ServerError
 
         settings = self.action_settings
         try:
@@ -362,10 +362,10 @@ class IncidentActions:
         app.state.add_notice("radixtop", "bundle", text)
 
     def seen_state(self) -> Any:
-        """What the screen holds now, for a bundle (radixtop.incident.seen): each rank's last
+        """What the screen holds now, for a bundle (radixtop.incident.bundle.seen): each rank's last
         snapshots and events (immutable, so the bundle's thread serializes them), the vital signs
         (copied) and the screen itself. Called on the UI thread, at the moment of the bundle."""
-        from radixtop.incident.seen import RankSeen, SeenState
+        from radixtop.incident.bundle.seen import RankSeen, SeenState
 
         app: Any = self
         panes = getattr(app, "panes", None)
@@ -415,7 +415,7 @@ class IncidentActions:
         if target.url is None and target.pid is None:
             return  # no live server: the logs already persist; nothing volatile to keep
         if auto is None:
-            from radixtop.incident.bundle import AutoBundler
+            from radixtop.incident.bundle.bundle import AutoBundler
 
             settings = self.action_settings
             options = {"signature_files": settings.signature_files, "cancel": self._bundle_cancel,
@@ -472,7 +472,7 @@ class IncidentActions:
         return None
 
     def action_arm_dump(self) -> None:
-        from radixtop.incident.crash_dump import arm_request, dump_folder
+        from radixtop.incident.replay.crash_dump import arm_request, dump_folder
         from radixtop.rundir import RuntimeDirError
         from radixtop.widgets.confirm import PlanScreen
 
@@ -513,7 +513,7 @@ class IncidentActions:
 
     @work(thread=True, group="arm-dump", exit_on_error=False)
     def _arm_worker(self, url: str, folder: Path) -> None:
-        from radixtop.incident.crash_dump import DumpError, arm
+        from radixtop.incident.replay.crash_dump import DumpError, arm
 
         try:
             arm(url, folder)
@@ -544,8 +544,8 @@ class IncidentActions:
             return
         if self.confirm_state == "approval":
             return
-        from radixtop.incident.confirm import ConfirmOptions
-        from radixtop.incident.runlock import RunLock
+        from radixtop.incident.confirm.confirm import ConfirmOptions
+        from radixtop.incident.confirm.runlock import RunLock
 
         target = self.incident_target()
         if target.url is None:
@@ -580,7 +580,7 @@ class IncidentActions:
 
     def _watch_other_run(self) -> None:
         """Another radixtop runs the node's confirmation run: show its progress, then its verdict."""
-        from radixtop.incident.runlock import read_status
+        from radixtop.incident.confirm.runlock import read_status
 
         app: Any = self
         self.confirm_state = "watching"
@@ -594,7 +594,7 @@ class IncidentActions:
         self._watch_tick()
 
     def _watch_tick(self) -> None:
-        from radixtop.incident.runlock import lock_held_by_other, read_status
+        from radixtop.incident.confirm.runlock import lock_held_by_other, read_status
 
         status = read_status()
         lines = list(status.get("lines") or []) if status else []
@@ -672,18 +672,18 @@ class IncidentActions:
 
     async def _prepare(self, options: Any, cancel: threading.Event) -> Any:
         """Evidence and plan in a thread of their own (psutil, files, the bundle: nothing for the UI loop)."""
-        from radixtop.incident.confirm import prepare
+        from radixtop.incident.confirm.confirm import prepare
 
         return await asyncio.to_thread(lambda: asyncio.run(prepare(options, self._confirm_event, cancel)))
 
     @work(exclusive=True, group="confirm", exit_on_error=False)
     async def _confirm_flow(self, options: Any) -> None:
-        from radixtop.incident.confirm import (
+        from radixtop.incident.common.server import ServerError
+        from radixtop.incident.confirm.confirm import (
             ConfirmCancelled,
             PlanError,
         )
-        from radixtop.incident.confirm_run import ConfirmationRun
-        from radixtop.incident.server import ServerError
+        from radixtop.incident.confirm.confirm_run import ConfirmationRun
         from radixtop.widgets.confirm import PlanScreen
 
         app: Any = self

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from radixtop.incident.bundle import BundleProgress, BundleResult
-    from radixtop.incident.sighting import Sighting
+    from radixtop.incident.bundle.bundle import BundleProgress, BundleResult
+    from radixtop.incident.common.sighting import Sighting
 
 
 @dataclass

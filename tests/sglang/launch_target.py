@@ -1,4 +1,4 @@
-"""Stands in for `sglang.launch_server` under `python -m radixtop.instrument.launch --module launch_target`.
+"""Stands in for `sglang.launch_server` under `python -m radixtop.instrument.launcher --module launch_target`.
 
 Like SGLang's server, it starts a scheduler process with multiprocessing's spawn context (see
 scheduler_child.py); it prints the child's report as one JSON line on stdout, keeps the child

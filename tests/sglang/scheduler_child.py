@@ -62,7 +62,7 @@ def _figures(cache: Any) -> dict:
 
 def run(conn: Any, route: str, tp_rank: int = 0, requests: int = 40) -> None:
     """route "plugin": SGLang >= 0.5.12 (load_plugins applies radixtop's entry point);
-    route "launch": started under python -m radixtop.instrument.launch (load_plugins runs as well,
+    route "launch": started under python -m radixtop.instrument.launcher (load_plugins runs as well,
     as it does in 0.5.23, and the plugin must stand aside)."""
     collect = _Collect()
     logging.getLogger("radixtop").addHandler(collect)

@@ -1,1 +1,1 @@
-"""Put on PYTHONPATH by `python -m radixtop.instrument.launch`; holds its sitecustomize.py."""
+"""Put on PYTHONPATH by `python -m radixtop.instrument.launcher`; holds its sitecustomize.py."""

@@ -1,5 +1,5 @@
 """radixtop's launcher bootstrap: Python runs this at start-up in every process of a server started
-with `python -m radixtop.instrument.launch` (the launcher puts this folder first on PYTHONPATH, and
+with `python -m radixtop.instrument.launcher` (the launcher puts this folder first on PYTHONPATH, and
 SGLang's spawned scheduler processes inherit it). It first runs the sitecustomize it shadows, if
 any, then, with RADIXTOP_INSTRUMENT=1, arms radixtop's watch for SGLang's scheduler module.
 Standard library only until that module is imported; it never raises.
@@ -24,7 +24,7 @@ def _radixtop_bootstrap() -> None:
     if os.environ.get("RADIXTOP_INSTRUMENT") != "1":
         return
     try:
-        from radixtop.instrument.launch import arm
+        from radixtop.instrument.launcher import arm
     except ImportError as exc:
         sys.stderr.write(f"radixtop: not importable by {sys.executable} ({exc}); this process runs uninstrumented\n")
         return

@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from radixtop.incident.redact import Redactor
-from radixtop.incident.server import directory_trust, executable_trust
-from radixtop.incident.sighting import behaviour_env
+from radixtop.incident.common.redact import Redactor
+from radixtop.incident.common.server import directory_trust, executable_trust
+from radixtop.incident.common.sighting import behaviour_env
 
 __all__ = ["LaunchEnv", "OWN_KEYS", "launch_env", "untrusted_module"]
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixtop.incident.record import RecordedCall, build_trace
-from radixtop.incident.trace import Trace
+from radixtop.incident.replay.record import RecordedCall, build_trace
+from radixtop.incident.replay.trace import Trace
 
 __all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload",
            "dump_folder", "dump_named_in", "dump_trace_of", "find_dump", "is_request_log", "read_dump",
@@ -444,7 +444,7 @@ def arm(url: str, folder: Path, *, timeout_s: float = 10.0) -> None:
     DumpError (one line) when the server does not take it."""
     import httpx
 
-    from radixtop.incident.server import auth_headers
+    from radixtop.incident.common.server import auth_headers
 
     target, body = arm_request(url, folder)
     try:

@@ -3,7 +3,7 @@
 The trace's calls run through the simulator's engine in-process (``radixtop.sim.offline``: the
 same scheduler and radix cache as ``radixtop sim``, on a virtual clock) with the page size, pool
 size, batch bound and eviction policy asked for. The report is the replay's cached-token account
-(``radixtop.incident.reuse``): hit rate, tokens saved, the calls short of their prefix by reason,
+(``radixtop.incident.replay.reuse``): hit rate, tokens saved, the calls short of their prefix by reason,
 plus the pool's peak token usage, evicted tokens and retractions. A sweep runs one setting per
 value of one flag, so the row where the hit rate falls shows where the cache stops helping.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from radixtop.incident.reuse import (
+from radixtop.incident.replay.reuse import (
     REASONS,
     Answer,
     Call,
@@ -26,7 +26,7 @@ from radixtop.incident.reuse import (
     format_summary,
     reuse_rows,
 )
-from radixtop.incident.trace import Trace, plan_requests
+from radixtop.incident.replay.trace import Trace, plan_requests
 from radixtop.sim.engine import SimConfig
 from radixtop.sim.model import SimTokenizer
 from radixtop.sim.offline import OfflineCall, run_offline

@@ -1,6 +1,6 @@
 """Start an SGLang server with radixtop's instrumentation, for releases without the plugin API.
 
-    python -m radixtop.instrument.launch [--module sglang.launch_server] <sglang.launch_server args>
+    python -m radixtop.instrument.launcher [--module sglang.launch_server] <sglang.launch_server args>
 
 SGLang before 0.5.12 loads no plugins, so radixtop needs another way into the scheduler
 processes, which SGLang starts with multiprocessing's spawn (fresh interpreters). The launcher

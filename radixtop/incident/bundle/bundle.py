@@ -1,6 +1,6 @@
 """Evidence bundles: everything needed to explain an incident later, taken before anything restarts.
 
-``take_bundle`` collects (see ``radixtop.incident.evidence``) the first occurrence of each signature
+``take_bundle`` collects (see ``radixtop.incident.bundle.evidence``) the first occurrence of each signature
 with its context, the findings, ``/server_info``, ``/metrics``, radix snapshots, NVML, the process
 tree, Python stacks, ``nvidia-smi`` and ``collect_env``; then it writes a manifest with the SHA-256
 of every file. The bundle is built in a hidden temporary directory beside its final place and
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from radixtop.diagnosis.evidence_policy import CONTEXT_AFTER, CONTEXT_BEFORE
-from radixtop.incident.redact import Redactor
+from radixtop.incident.common.redact import Redactor
 
 __all__ = [
     "AutoBundler",
@@ -209,7 +209,7 @@ def _final_name(out_dir: Path, reason: str) -> str:
 
 
 def _learn_secrets(redactor: Redactor, pid: int | None) -> None:
-    from radixtop.incident.server import process_argv, process_environ, process_tree
+    from radixtop.incident.common.server import process_argv, process_environ, process_tree
 
     redactor.learn_env(os.environ)
     for proc in process_tree(pid)[:64]:
@@ -294,8 +294,8 @@ def take_bundle(
 
     ``pid`` defaults to the process listening on the URL's port (on this machine);
     ``instruments``, the ranks' debug endpoints, to those /server_info lists or the pid's tree
-    serves (see :func:`radixtop.incident.evidence.collect_server`). ``seen``
-    (radixtop.incident.seen.SeenState) is what the TUI saw before: written under ``seen/``, it
+    serves (see :func:`radixtop.incident.bundle.evidence.collect_server`). ``seen``
+    (radixtop.incident.bundle.seen.SeenState) is what the TUI saw before: written under ``seen/``, it
     keeps the tree and its locks of ranks that died before the bundle could ask; so do the ranks'
     flight records (``flight/``), looked for in ``flight_dirs`` (where the endpoints said they
     write) and the default places. Each HTTP GET ends within
@@ -321,8 +321,8 @@ def _take_bundle(
     archive: bool, on_progress: Callable[[BundleProgress], None] | None, cancel: threading.Event,
     redactor: Redactor | None,
 ) -> BundleResult:  # fmt: skip
-    from radixtop.incident import evidence
-    from radixtop.incident.server import base_url, listening_pid, server_interpreter, url_port
+    from radixtop.incident.bundle import evidence
+    from radixtop.incident.common.server import base_url, listening_pid, server_interpreter, url_port
     from radixtop.probes.http import is_loopback_url
 
     began = time.monotonic()
@@ -403,7 +403,7 @@ def _take_bundle(
             flight_box["records"] = evidence.collect_flight(writer, *evidence.flight_sources(url, pid, given))
 
         def timeline() -> None:
-            from radixtop.incident.timeline import gather, render_html
+            from radixtop.incident.bundle.timeline import gather, render_html
 
             data = gather(seen, flight_box.get("records", ()), logs, report_box.get("report"))
             if data.empty:

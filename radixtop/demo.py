@@ -140,7 +140,7 @@ def start_demo(fault: str = DEFAULT_FAULT, *, seed: int = 7, workdir: Path | Non
     url = f"http://127.0.0.1:{int(ready.read_text().strip())}"
     load = None
     if with_load:
-        load = _spawn([sys.executable, "-m", "radixtop.sim.load", "--url", url], workdir / "load.out")
+        load = _spawn([sys.executable, "-m", "radixtop.incident.replay.load", "--url", url], workdir / "load.out")
     return DemoRun(workdir, sim, load, url, fault)
 
 

@@ -1,9 +1,9 @@
 """A looping load generator: replays a trace against a server, a new seed every cycle.
 
-`radixtop demo` runs it as its own process (``python -m radixtop.sim.load --url URL``) so that the
-load never competes with the UI's event loop, and so that quitting the demo can stop it like any
-other child. Each cycle uses fresh private tokens (the seed changes) while groups keep sharing
-their prefixes, so the radix cache keeps growing, evicting and locking as under real traffic.
+`radixtop demo` runs it as its own process (``python -m radixtop.incident.replay.load --url URL``)
+so that the load never competes with the UI's event loop, and so that quitting the demo can stop it
+like any other child. Each cycle uses fresh private tokens (the seed changes) while groups keep
+sharing their prefixes, so the radix cache keeps growing, evicting and locking as under real traffic.
 """
 
 from __future__ import annotations
@@ -14,20 +14,22 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import httpx
 
-from radixtop.incident.replay import replay_once
-from radixtop.incident.trace import TraceError, builtin_trace, load_trace, plan_requests
+from radixtop.incident.replay.replay import replay_once
+from radixtop.incident.replay.trace import Trace, TraceError, builtin_trace, load_trace, plan_requests
 
 DEFAULT_TRACE = "demo_pressure"
 
 
-def _trace(name: str):
+def _trace(name: str) -> Trace:
     return load_trace(name) if os.path.sep in name or name.endswith(".json") else builtin_trace(name)
 
 
-async def run_load(url: str, trace_name: str, *, duration_s: float, max_cycles: int, report=print) -> int:
+async def run_load(url: str, trace_name: str, *, duration_s: float, max_cycles: int,
+                   report: Callable[[str], object] = print) -> int:
     """Replay the trace in cycles until the duration or cycle count runs out, or the server dies."""
     trace = _trace(trace_name)
     deadline = time.monotonic() + duration_s
@@ -52,7 +54,7 @@ async def run_load(url: str, trace_name: str, *, duration_s: float, max_cycles: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixtop.sim.load", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m radixtop.incident.replay.load", description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     parser.add_argument("--trace", default=DEFAULT_TRACE, help="built-in trace name or a trace file")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds to run at most")

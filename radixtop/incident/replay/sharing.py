@@ -1,6 +1,6 @@
 """Which earlier prompt each prompt shares most with, and how much: a compressed prefix tree.
 
-A trace keeps a workload's sharing as ``prefix_of``/``prefix_len`` (``radixtop.incident.trace``):
+A trace keeps a workload's sharing as ``prefix_of``/``prefix_len`` (``radixtop.incident.replay.trace``):
 for every prompt, the earlier prompt with the longest common prefix and its length. Comparing each
 prompt with every earlier one is quadratic; a crash dump holds thousands of prompts of thousands
 of tokens. Here the prompts go into a radix tree in order (edges are slices of the prompts, so a

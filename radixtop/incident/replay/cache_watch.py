@@ -71,7 +71,7 @@ async def read_cache_setting(client: httpx.AsyncClient, url: str, instrument: st
 
 async def _rank0_among_ports(client: httpx.AsyncClient, url: str) -> str | None:
     """Rank 0's debug endpoint among the listening ports of the server on `url` (loopback only)."""
-    from radixtop.incident.server import listening_pid, url_port
+    from radixtop.incident.common.server import listening_pid, url_port
     from radixtop.probes.discovery import instrument_candidates, rank_of_health
     from radixtop.probes.http import is_loopback_url
 

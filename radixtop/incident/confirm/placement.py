@@ -29,7 +29,7 @@ HEADROOM = 1.05  # a GPU must have this much more free than the estimate
 
 
 def _flag(flags: Sequence[str], *names: str) -> str | None:
-    from radixtop.incident.launch import flag_value
+    from radixtop.incident.confirm.control_server import flag_value
 
     for name in names:
         value = flag_value(flags, name)
@@ -74,7 +74,7 @@ class Placement:
 
     def apply(self, flags: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str], list[str]]:
         """(flags, env, changes) for a server started on this placement."""
-        from radixtop.incident.launch import remove_flag
+        from radixtop.incident.confirm.control_server import remove_flag
 
         out, new_env = list(flags), dict(env)
         changes: list[str] = []

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from radixtop.incident.reuse import format_reuse
+from radixtop.incident.replay.reuse import format_reuse
 
 __all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Condition", "Conditions", "Decision", "SignatureSeen",
            "Verdict", "VerdictKind", "conditions", "decide"]
@@ -157,7 +157,7 @@ class ArmEvidence:
     evicted_tokens_per_s: float | None = None
     """Evicted tokens per second over the replay, from /metrics; None: unknown."""
     cached_tokens: Mapping[str, Any] | None = None
-    """Its cached-token account as radixtop.incident.reuse writes it (summary, page_size, rows)."""
+    """Its cached-token account as radixtop.incident.replay.reuse writes it (summary, page_size, rows)."""
 
     def _scan_json(self) -> dict[str, Any]:
         return {"other_signatures": list(self.other_signatures), "first_occurrences": list(self.first_occurrences),
@@ -397,7 +397,7 @@ def _signature_cell(arm: ArmEvidence) -> str:
 
 
 def _cache_lines(role: str, account: Mapping[str, Any] | None) -> list[str]:
-    """An arm's cached tokens (radixtop.incident.reuse): the totals and the calls short of their prefix or diverged."""
+    """An arm's cached tokens (radixtop.incident.replay.reuse): the totals and the calls short of their prefix or diverged."""
     if not account or not account.get("calls"):
         return []
     lines = [f"Cached tokens ({role}): {account['cached_tokens']:,} of {account['prompt_tokens']:,} prompt tokens "

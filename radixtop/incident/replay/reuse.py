@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from radixtop.incident.trace import Trace, TraceRequest
+from radixtop.incident.replay.trace import Trace, TraceRequest
 
 __all__ = [
     "REASONS",

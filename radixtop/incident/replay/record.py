@@ -10,7 +10,7 @@ the user's own traffic.
 
 Prompts stay out of the trace unless ``keep_prompts`` (they may be sensitive); then each request
 carries its exact ``input_ids`` or ``text`` and a replay sends exactly that (see
-``radixtop.incident.trace``). Without them, a replay synthesizes prompts of the same shape.
+``radixtop.incident.replay.trace``). Without them, a replay synthesizes prompts of the same shape.
 
 Shared prefixes. For token-id prompts, the longest common token prefix with every earlier prompt
 is exact. For text prompts the proxy has no tokenizer: it takes the longest common prefix in
@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from radixtop.incident.sharing import longest_earlier_prefixes
-from radixtop.incident.trace import TRACE_VERSION, Trace, TraceRequest
+from radixtop.incident.replay.sharing import longest_earlier_prefixes
+from radixtop.incident.replay.trace import TRACE_VERSION, Trace, TraceRequest
 
 if TYPE_CHECKING:
     import uvicorn
@@ -215,10 +215,8 @@ class RecordingProxy:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        from radixtop.sim.cli import (  # one-line errors for a taken port
-            UsageError,
-            bind_socket,
-        )
+        from radixtop.errors import UsageError
+        from radixtop.netbind import bind_socket  # one-line errors for a taken port
 
         self.upstream = self.upstream.rstrip("/")
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixtop.incident.replay import ReplaySeries
-from radixtop.incident.reuse import (
+from radixtop.incident.replay.replay import ReplaySeries
+from radixtop.incident.replay.reuse import (
     Answer,
     Call,
     ReuseRow,
@@ -29,7 +29,7 @@ from radixtop.incident.reuse import (
     format_summary,
     reuse_rows,
 )
-from radixtop.incident.trace import Trace
+from radixtop.incident.replay.trace import Trace
 
 __all__ = [
     "CacheAccount",
@@ -110,7 +110,7 @@ class RequestResult:
 
 @dataclass(frozen=True)
 class CacheAccount:
-    """Cached tokens per call against what the trace lets a radix cache reuse (radixtop.incident.reuse)."""
+    """Cached tokens per call against what the trace lets a radix cache reuse (radixtop.incident.replay.reuse)."""
 
     page_size: int
     page_size_from: str  # "server" (/server_info) or "trace" (its page_size_hint: the server did not say)

@@ -88,7 +88,7 @@ def _vitals_from_logs(timeline: Timeline, logs: Sequence[str]) -> None:
 
 def _tail_lines(path: str) -> list[str]:
     """The lines of the tail the bundle keeps of the log (none of a FIFO, stdin or a .gz)."""
-    from radixtop.incident.evidence import read_tail
+    from radixtop.incident.bundle.evidence import read_tail
 
     try:
         return read_tail(path)[0].decode("utf-8", "replace").splitlines()

@@ -1,11 +1,11 @@
-"""The confirmation run, executed: each arm of an approved :class:`~radixtop.incident.confirm.Plan`
+"""The confirmation run, executed: each arm of an approved :class:`~radixtop.incident.confirm.confirm.Plan`
 in turn (start it, wait for its health showing its own lines, replay the workload while watching
 its log and ``/metrics``, stop it), then the verdict with the arms side by side.
 
 ``ConfirmationRun(plan).run()`` (async); ``cancel()`` from any thread or a signal handler stops it
 at once: in-flight calls are abandoned and every server it started is stopped. It runs on the
 caller's loop (the TUI's own: a started server's PR_SET_PDEATHSIG follows the thread that started
-it). See radixtop/incident/confirm.py for the plan.
+it). See radixtop/incident/confirm/confirm.py for the plan.
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from typing import Any
 
 import httpx
 
-from radixtop.incident.confirm import (
+from radixtop.incident.confirm.confirm import (
     ArmPlan,
     ConfirmCancelled,
     ConfirmEvent,
     Plan,
     PlanError,
 )
-from radixtop.incident.divergence import DivergenceReport, compare_runs
-from radixtop.incident.launch import ControlProcess, LaunchError, exit_reason, port_free, wait_healthy
-from radixtop.incident.replay import ReplayEvent, replay_series, server_alive
-from radixtop.incident.trace import plan_requests
-from radixtop.incident.verdict import ArmEvidence, SignatureSeen, Verdict, conditions, decide
-from radixtop.incident.vocab import SIM_VOCABULARY
+from radixtop.incident.confirm.control_server import ControlProcess, LaunchError, exit_reason, port_free, wait_healthy
+from radixtop.incident.confirm.verdict import ArmEvidence, SignatureSeen, Verdict, conditions, decide
+from radixtop.incident.replay.divergence import DivergenceReport, compare_runs
+from radixtop.incident.replay.replay import ReplayEvent, replay_series, server_alive
+from radixtop.incident.replay.trace import plan_requests
+from radixtop.incident.replay.vocab import SIM_VOCABULARY
 
 __all__ = ["ConfirmationRun"]
 
@@ -46,7 +46,7 @@ PROGRESS_LINES = 3  # a starting server's newest lines shown per second while it
 
 
 def _port_holder(port: int) -> str:
-    from radixtop.incident.server import listening_pid
+    from radixtop.incident.common.server import listening_pid
 
     pid = listening_pid(port)
     return f" (by pid {pid})" if pid else ""
@@ -140,7 +140,7 @@ class ConfirmationRun:
 
     async def _window(self, paths: Sequence[str]) -> Any:
         from radixtop.diagnosis.catalog import load_catalog
-        from radixtop.incident.logwindow import LogWindow
+        from radixtop.incident.confirm.logwindow import LogWindow
 
         if not paths:
             return None
@@ -155,7 +155,7 @@ class ConfirmationRun:
     async def _replay_watched(self, arm: ArmPlan, window: Any) -> tuple[DivergenceReport, bool, float | None, float | None]:
         """The replay's report, whether the server answered after it, and from /metrics its peak
         token usage and evicted tokens per second (None: unknown)."""
-        from radixtop.incident.server import auth_headers
+        from radixtop.incident.common.server import auth_headers
 
         plan = self.plan
         evicted: list[tuple[float, float]] = []  # (time, evicted tokens total) from /metrics

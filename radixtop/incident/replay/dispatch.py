@@ -35,7 +35,7 @@ and ``"body"`` or with ``"error"`` (``late_ms + held_ms``: written this long aft
 then ``{"end": calls dispatched}`` (or ``{"fatal": why}``). The plan's ``max_in_flight`` (absent,
 null or 0: no cap) sets the cap.
 
-The standard library and h11 only (through :mod:`radixtop.incident.http1`): it is started for
+The standard library and h11 only (through :mod:`radixtop.incident.replay.http1`): it is started for
 every replay run and must start fast.
 """
 
@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from radixtop.incident.http1 import Answer, Call, new_connection
+from radixtop.incident.replay.http1 import Answer, Call, new_connection
 
 __all__ = ["Dispatcher", "Plan", "main"]
 

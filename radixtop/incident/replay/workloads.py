@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from radixtop.incident.trace import Trace, TraceRequest
+from radixtop.incident.replay.trace import Trace, TraceRequest
 
 __all__ = ["pressure_trace"]
 

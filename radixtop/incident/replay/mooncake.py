@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from radixtop.incident.trace import Trace, TraceError, TraceRequest
+from radixtop.incident.replay.trace import Trace, TraceError, TraceRequest
 
 __all__ = [
     "MAX_FILE_BYTES",

@@ -5,7 +5,7 @@ server died, on a node whose GPUs it may still hold, with a colleague watching t
 
 1. ``prepare()`` (async): evidence first (a bundle), then a :class:`Plan`. The live server's
    launch command comes from psutil while it lives, else from what was seen of it while it lived
-   (a :class:`~radixtop.incident.sighting.Sighting`: argv, /server_info, environment, GPUs), else
+   (a :class:`~radixtop.incident.common.sighting.Sighting`: argv, /server_info, environment, GPUs), else
    from ``/server_info`` (flags only) or the user. The plan has two arms, run one after the other
    with the same workload and seeds:
 
@@ -19,9 +19,9 @@ server died, on a node whose GPUs it may still hold, with a colleague watching t
    placement.py); one that cannot fit is never started. Nothing has been started or sent yet.
 2. The caller shows ``plan.describe()`` and asks the user; ``plan.blockers`` say why it cannot
    start at all (one line each, with what to pass).
-3. ``ConfirmationRun(plan).run()`` (async, radixtop/incident/confirm_run.py): each arm in turn (start, wait for health within
+3. ``ConfirmationRun(plan).run()`` (async, radixtop/incident/confirm/confirm_run.py): each arm in turn (start, wait for health within
    ``--control-timeout`` showing the server's own progress lines, replay while watching its log and
-   ``/metrics``, stop), then a :class:`~radixtop.incident.verdict.Verdict` with the arms side by side.
+   ``/metrics``, stop), then a :class:`~radixtop.incident.confirm.verdict.Verdict` with the arms side by side.
 
 Progress goes to ``on_event`` as :class:`ConfirmEvent`. ``cancel()`` (any thread, a signal
 handler) stops at once: in-flight calls are abandoned and every server radixtop started is
@@ -45,8 +45,9 @@ from typing import Any
 
 import httpx
 
-from radixtop.incident.crash_dump import DumpError, crash_workload
-from radixtop.incident.launch import (
+from radixtop.incident.common.redact import Redactor
+from radixtop.incident.common.sighting import Sighting, behaviour_env, load_sighting, observe, save_sighting
+from radixtop.incident.confirm.control_server import (
     CACHE_MODES,
     CommandSource,
     LaunchCommand,
@@ -58,13 +59,12 @@ from radixtop.incident.launch import (
     launch_from_argv,
     parse_launch_command,
 )
-from radixtop.incident.launch_env import LaunchEnv, launch_env
-from radixtop.incident.placement import Placement, place
-from radixtop.incident.redact import Redactor
-from radixtop.incident.sighting import Sighting, behaviour_env, load_sighting, observe, save_sighting
-from radixtop.incident.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
-from radixtop.incident.verdict import VERDICTS, ArmRole, Verdict
-from radixtop.incident.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
+from radixtop.incident.confirm.launch_env import LaunchEnv, launch_env
+from radixtop.incident.confirm.placement import Placement, place
+from radixtop.incident.confirm.verdict import VERDICTS, ArmRole, Verdict
+from radixtop.incident.replay.crash_dump import DumpError, crash_workload
+from radixtop.incident.replay.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
+from radixtop.incident.replay.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
 from radixtop.probes.gpu import read_once
 
 __all__ = [
@@ -313,7 +313,7 @@ class Plan:
 
 
 async def _server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any] | None:
-    from radixtop.incident.server import auth_headers
+    from radixtop.incident.common.server import auth_headers
 
     async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers()) as client:
         for path in ("/server_info", "/get_server_info"):
@@ -333,7 +333,7 @@ async def _server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any] | Non
 def _live_launch(
     options: ConfirmOptions, info: Mapping[str, Any] | None, pid: int | None, seen: Sighting | None
 ) -> LaunchCommand:
-    from radixtop.incident.server import executable_trust, process_argv, process_cwd, server_interpreter
+    from radixtop.incident.common.server import executable_trust, process_argv, process_cwd, server_interpreter
 
     python, why_not = server_interpreter(pid) if pid is not None else (None, "the server is gone")
     if python is None and seen is not None and seen.python and executable_trust(seen.python) is None:
@@ -384,9 +384,9 @@ def _runs_inline_code(arg: str) -> bool:
 def _trusted_program(program: Sequence[str], python: str | None, why_not: str, cwd: str | None) -> tuple[str, ...]:
     """The server's program as radixtop may run it: argv[0] is the process's own choice (``exec -a
     /any/dir/python``), so the interpreter is the one the kernel says it runs, checked as the
-    bundle checks it (radixtop.incident.server.executable_trust); a script it runs (a console
+    bundle checks it (radixtop.incident.common.server.executable_trust); a script it runs (a console
     script, launch_server.py) must pass the same check. PlanError when it cannot."""
-    from radixtop.incident.server import executable_trust
+    from radixtop.incident.common.server import executable_trust
 
     if not program or "python" not in os.path.basename(program[0]).lower():
         raise PlanError(f"the server's program {program[0] if program else '?'} is not a Python interpreter "
@@ -408,7 +408,7 @@ def _trusted_program(program: Sequence[str], python: str | None, why_not: str, c
 
 
 def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None, seen: Sighting | None) -> list[str]:
-    from radixtop.incident.server import stdout_log_paths
+    from radixtop.incident.common.server import stdout_log_paths
 
     if options.logs:
         return list(options.logs)
@@ -450,8 +450,8 @@ def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sig
                 notes: list[str], blockers: list[str]) -> LaunchEnv:  # fmt: skip
     """What the started servers run with: a clean environment over the live server's behaviour
     keys (read now, else what was seen of it), in a working directory that passes the ownership
-    rule (incident/launch_env.py); its whole environment with --inherit-env."""
-    from radixtop.incident.server import process_environ
+    rule (incident/confirm/launch_env.py); its whole environment with --inherit-env."""
+    from radixtop.incident.common.server import process_environ
 
     server_env = process_environ(pid) if alive else None
     if server_env is None:
@@ -521,7 +521,7 @@ async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list
     """The evidence bundle, taken before anything else (None with --no-bundle, or a note why not)."""
     if not options.bundle:
         return None
-    from radixtop.incident.bundle import BundleError, take_bundle
+    from radixtop.incident.bundle.bundle import BundleError, take_bundle
 
     def relay(p: Any) -> None:
         if p.step != "done":  # announced below, with the path as data
@@ -547,7 +547,7 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: lis
               notes: list[str]) -> tuple[Trace, str]:  # fmt: skip
     """The workload and where it comes from: given (--trace), the crash's own (a dump, a request
     log), else token pressure made up to the server's size."""
-    from radixtop.incident.workloads import pressure_trace
+    from radixtop.incident.replay.workloads import pressure_trace
 
     trace, origin = options.trace, f"given: {options.trace_label or options.trace.name}" if options.trace else ""
     if trace is None:
@@ -583,7 +583,7 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: lis
 def _placement(options: ConfirmOptions, live: LaunchCommand, gpu_sample: Any, pid: int | None, seen: Sighting | None,
                notes: list[str], blockers: list[str]) -> tuple[Placement, bool]:  # fmt: skip
     """Where the started servers go, and whether the original (alive: ``pid``) must be stopped for them."""
-    from radixtop.incident.server import process_tree
+    from radixtop.incident.common.server import process_tree
 
     original_pids = {p.pid for p in process_tree(pid)} if pid else set()
     original_use = {g.uuid: g.used_bytes for g in (seen.gpus if seen is not None else ())}
@@ -635,7 +635,7 @@ async def prepare(
     cancel: threading.Event | None = None,
 ) -> Plan:
     """Evidence first (a bundle), then the plan. Starts and stops nothing; sends no workload."""
-    from radixtop.incident.server import base_url, listening_pid, url_port
+    from radixtop.incident.common.server import base_url, listening_pid, url_port
     from radixtop.probes.http import is_loopback_url
 
     emit = on_event or (lambda event: None)

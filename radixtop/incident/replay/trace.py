@@ -29,7 +29,7 @@ reported (``finding_03330``)::
 Optional top-level keys: ``source`` (where the trace came from), ``expect_diverged`` (request ids
 a replay is expected to see diverge). Loading errors are one line naming the file and field.
 Prompts are lists of token ids (``input_ids``), so a replay controls prefix lengths exactly; the
-ids are drawn from the served model's vocabulary (``radixtop.incident.vocab``), never a special
+ids are drawn from the served model's vocabulary (``radixtop.incident.replay.vocab``), never a special
 token: an id the model does not have crashes its server.
 
 Optional request keys, written only by ``radixtop record --keep-prompts`` (prompts may be
@@ -37,7 +37,7 @@ sensitive, so a trace holds none by default): ``input_ids`` (the exact token ids
 or ``text`` (the exact prompt text). A request that has one of them is replayed with it, every copy
 alike, instead of synthesized tokens; ``prompt_len`` and ``prefix_len`` are then descriptive only
 (for a text prompt, token counts come from the server's answer and the shared prefix is an
-estimate, see ``radixtop.incident.record``).
+estimate, see ``radixtop.incident.replay.record``).
 
 Optional request key ``extra_key``: the request's cache namespace, sent as SGLang's ``extra_key``
 (requests with different keys never share cached pages, as with different LoRA adapters).
@@ -56,7 +56,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from radixtop.incident.vocab import SIM_VOCABULARY, Vocabulary
+from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
 
 __all__ = [
     "TRACE_VERSION",
@@ -330,8 +330,8 @@ def save_trace(trace: Trace, path: str | Path) -> None:
 
 
 def builtin_trace(name: str) -> Trace:
-    """A trace shipped with radixtop (``radixtop/incident/traces/<name>.json``)."""
-    ref = resources.files("radixtop.incident").joinpath("traces", f"{name}.json")
+    """A trace shipped with radixtop (``radixtop/incident/replay/traces/<name>.json``)."""
+    ref = resources.files("radixtop.incident.replay").joinpath("traces", f"{name}.json")
     if not ref.is_file():
         raise TraceError(f"no built-in trace named {name!r}")
     return parse_trace(json.loads(ref.read_text(encoding="utf-8")), f"builtin:{name}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from radixtop.incident.evidence import Sink
+    from radixtop.incident.bundle.evidence import Sink
 
 __all__ = ["RankSeen", "SeenState"]
 

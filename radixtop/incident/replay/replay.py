@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from radixtop.incident.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
-from radixtop.incident.trace import PlannedRequest
+from radixtop.incident.replay.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
+from radixtop.incident.replay.trace import PlannedRequest
 
 __all__ = [
     "Outcome",
@@ -50,7 +50,7 @@ __all__ = [
 
 DEFAULT_CALL_DEADLINE_S = 120.0  # a whole generate call, when the client sets no read timeout
 DEFAULT_CONNECT_S = 5.0
-DISPATCHER_MODULE = "radixtop.incident.dispatch"
+DISPATCHER_MODULE = "radixtop.incident.replay.dispatch"
 # Headers the dispatcher writes itself, or must not send (it does not decompress answers).
 _DISPATCHER_HEADERS = frozenset({"host", "content-type", "content-length", "transfer-encoding", "connection",
                                  "accept-encoding"})  # fmt: skip
@@ -192,7 +192,7 @@ async def replay_once(
     """Send every planned call at its offset; wait for all answers; return them in plan order.
 
     ``url`` is the server's base (``http://127.0.0.1:30000``). The calls go out from a dispatcher
-    process (:mod:`radixtop.incident.dispatch`), so the caller's loop, busy or not, never delays
+    process (:mod:`radixtop.incident.replay.dispatch`), so the caller's loop, busy or not, never delays
     them; ``client`` gives the headers and timeouts. Calls that fail become outcomes with an error,
     never exceptions, so one dead server still yields a complete, reportable run. With
     ``max_in_flight`` at most that many calls are out at once (a due call waits for an answer);

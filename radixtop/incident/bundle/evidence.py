@@ -1,11 +1,11 @@
 """What goes into an evidence bundle: one collector per source, each writing files or a note.
 
-Every collector takes a ``sink`` (``radixtop.incident.bundle.BundleWriter``: it redacts what it
+Every collector takes a ``sink`` (``radixtop.incident.bundle.bundle.BundleWriter``: it redacts what it
 writes) and never raises for an unreadable source: a dead server, a missing driver, a tool that is
 not installed or that hangs each become a ``<name>.note.txt`` saying why, so a bundle taken while
 the server dies is still complete. External tools run as argv lists with bounded timeouts; nothing
 from a log or the network is ever run, and no program that another process names (its argv, its
-environment): the server's interpreter runs only as ``radixtop.incident.server.server_interpreter``
+environment): the server's interpreter runs only as ``radixtop.incident.common.server.server_interpreter``
 allows. Each command run is recorded with why (``Sink.ran``), so the bundle says what ran.
 
 Every HTTP GET has one total deadline (``Http``), every tool a timeout, and both stop at once
@@ -33,7 +33,7 @@ import httpx
 import psutil
 
 from radixtop.diagnosis.evidence_policy import CONTEXT_AFTER, CONTEXT_BEFORE
-from radixtop.incident.server import auth_headers, snapshot_process
+from radixtop.incident.common.server import auth_headers, snapshot_process
 from radixtop.probes.http import LIVENESS_PATH
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ def collect_nvml(sink: Sink) -> None:
 
 def collect_processes(sink: Sink, pid: int | None) -> list[psutil.Process]:
     """psutil's view of the server's process tree (environment redacted by the sink)."""
-    from radixtop.incident.server import process_tree
+    from radixtop.incident.common.server import process_tree
 
     if pid is None:
         sink.note(
@@ -354,7 +354,7 @@ def flight_sources(url: str | None, pid: int | None, given: Sequence[str] = ()) 
     """The server's pid (as last seen, when it is gone) and where its flight recorder may have
     written: the directories its endpoints named (the TUI saw them in /health), the one its
     environment chooses (as last seen), and radixtop's own default."""
-    from radixtop.incident.sighting import load_sighting
+    from radixtop.incident.common.sighting import load_sighting
     from radixtop.instrument.flight import flight_dir
 
     dirs = [Path(d) for d in given if d]
@@ -443,7 +443,7 @@ def find_tool(name: str) -> str | None:
 
 def _trusted_tool(sink: Sink, rel: str, name: str, missing: str) -> str | None:
     """``find_tool(name)`` when it passes the same ownership rule as the server's interpreter."""
-    from radixtop.incident.server import executable_trust
+    from radixtop.incident.common.server import executable_trust
 
     found = find_tool(name)
     if found is None:
@@ -553,7 +553,7 @@ def collect_torch_env(
 ) -> None:
     """``<the server's python> -I -m torch.utils.collect_env``: versions of torch, CUDA, drivers.
 
-    ``python`` is what :func:`radixtop.incident.server.server_interpreter` allows, ``why`` its
+    ``python`` is what :func:`radixtop.incident.common.server.server_interpreter` allows, ``why`` its
     reason (or why there is none). ``-I``: neither the current directory nor PYTHON* variables
     add code to what runs.
     """

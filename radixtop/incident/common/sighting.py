@@ -89,7 +89,7 @@ class Sighting:
 
     def to_json(self) -> dict[str, Any]:
         """For the file: no secret value, /server_info redacted."""
-        from radixtop.incident.redact import Redactor
+        from radixtop.incident.common.redact import Redactor
 
         redactor = Redactor()
         redactor.learn_env(self.env)
@@ -193,8 +193,8 @@ def observe(
 ) -> Sighting:
     """A fresh sighting of a live server; what cannot be read now is kept from `previous` (a
     process turning into a zombie, a /server_info that timed out once)."""
-    from radixtop.incident.redact import is_secret_name
-    from radixtop.incident.server import process_argv, process_cwd, process_environ, process_python
+    from radixtop.incident.common.redact import is_secret_name
+    from radixtop.incident.common.server import process_argv, process_cwd, process_environ, process_python
 
     now = time.time() if now is None else now
     prev = previous if previous is not None and previous.url == url else None

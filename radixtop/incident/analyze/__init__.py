@@ -1,0 +1,1 @@
+"""`radixtop analyze`: a trace on the simulator's radix cache in-process."""

@@ -1,0 +1,1 @@
+"""The evidence bundle: what the server and its logs showed, redacted, with a timeline."""

@@ -22,7 +22,7 @@ import pytest
 from hardening_helpers import start_standin
 from incident_helpers import wait_for
 
-from radixtop.incident.replay.crash_dump import DumpError, dump_trace_of, find_dump, read_dump
+from radixtop.incident.replay.crash_dump import DumpError, dump_trace_of, find_dumps, read_dump
 
 SYSTEM = list(range(1000, 1048))
 T0 = 1_796_466_513.0
@@ -162,8 +162,8 @@ def test_links_and_other_users_dumps_and_folders_are_refused(monkeypatch, tmp_pa
     folder_link = tmp_path / "dumps-link"
     folder_link.symlink_to(tmp_path / "dumps")
     with pytest.raises(DumpError, match="the dump folder is a symbolic link"):
-        find_dump(folder_link)
-    assert find_dump(tmp_path / "dumps") == real  # the newest dump in a host folder
+        find_dumps(folder_link)
+    assert find_dumps(tmp_path / "dumps") == [real]  # the newest crash dump of each host folder
     if os.geteuid() == 0:  # only root can give a file away
         os.chown(real, 4242, 4242)
         with pytest.raises(DumpError, match="owned by uid 4242, not you or root"):
@@ -287,3 +287,27 @@ def test_a_converted_trace_with_ignore_eos_and_in_flight_loads_again(monkeypatch
     again = load_trace(tmp_path / "t.json")
     assert again == trace and again.request("rid-4").ignore_eos and again.request("rid-4").in_flight
     assert dump_trace(again)["prefix_unit"] == "tokens"
+
+
+def test_a_folder_is_one_incident_every_hosts_crash_dump_or_every_request_dump(monkeypatch, tmp_path: Path) -> None:
+    from radixtop.incident.replay.crash_dump import find_dumps, merge_dumps
+
+    def dump_of(path: Path, rids: range, at: float) -> Path:
+        written = write_dump(path, monkeypatch, [finished(i, SYSTEM + [i] * 4, at=at + i) for i in rids])
+        os.utime(written, (T0 + at, T0 + at))
+        return written
+
+    crashes = tmp_path / "crashes"
+    old = dump_of(crashes / "node0" / "crash_dump_2026-12-01_00-00-00.pkl", range(0, 2), -86_400)
+    a = dump_of(crashes / "node0" / "crash_dump_2026-12-05_10-28-34.pkl", range(2, 5), 0)
+    b = dump_of(crashes / "node1" / "crash_dump_2026-12-05_10-28-35.pkl", range(4, 7), 1)  # rid-4 on both
+    assert find_dumps(crashes) == [a, b] and old not in find_dumps(crashes)
+    merged = merge_dumps(crashes, [read_dump(p) for p in find_dumps(crashes)])
+    assert [r.rid for r in merged.requests] == [f"rid-{i}" for i in range(2, 7)]
+    assert merged.parts == 2 and f"{crashes} (2 dumps): 5 requests" in merged.summary()
+    periodic = tmp_path / "periodic"  # --dump-requests-folder: one file per K finished requests
+    parts = [dump_of(periodic / f"2026-12-05_10-2{k}.pkl", range(3 * k, 3 * k + 3), 10.0 * k) for k in range(3)]
+    assert find_dumps(periodic) == parts
+    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(periodic), "-o", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "(3 dumps): 9 requests" in done.stderr, done.stderr

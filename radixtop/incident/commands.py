@@ -48,8 +48,9 @@ def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str
     from radixtop.incident.replay.crash_dump import (
         DumpError,
         dump_trace_of,
-        find_dump,
+        find_dumps,
         is_request_log,
+        merge_dumps,
         read_dump,
         read_request_log,
     )
@@ -58,7 +59,7 @@ def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str
 
     try:
         if text.endswith(".pkl") or os.path.isdir(text):
-            dump = read_dump(find_dump(text))
+            dump = merge_dumps(Path(text), [read_dump(path) for path in find_dumps(text)])
             return dump_trace_of(dump), f"the crash's own workload: {dump.summary()}"
         if os.path.isfile(text) and is_request_log(text):
             dump = read_request_log(text)

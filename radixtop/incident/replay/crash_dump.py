@@ -39,11 +39,12 @@ from radixtop.incident.replay.record import RecordedCall, build_trace
 from radixtop.incident.replay.trace import Trace
 
 __all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload",
-           "dump_folder", "dump_named_in", "dump_trace_of", "find_dump", "is_request_log", "read_dump",
+           "dump_folder", "dump_named_in", "dump_trace_of", "find_dumps", "merge_dumps", "is_request_log", "read_dump",
            "read_request_log"]
 
 MAX_DUMP_BYTES = 512 << 20
 MAX_REQUESTS = 200_000
+CRASH_SPREAD_S = 600.0  # crash dumps of one incident: every host's, written within this of the newest
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's, when a request does not say
 # Packages whose names become inert stand-ins; anything else a dump asks for is refused.
 INERT_PACKAGES = frozenset({"sglang", "transformers", "torch", "numpy"})
@@ -147,6 +148,8 @@ class CrashDump:
     """The dead server's arguments as plain values (its resolved config), where the dump has them."""
     skipped: Mapping[str, int] = field(default_factory=dict)
     """Why requests were left out (a health check, a batch, multimodal input), with counts."""
+    parts: int = 1
+    """How many dump files it was read from (hosts, or request dumps over time)."""
 
     @property
     def page_size(self) -> int | None:
@@ -164,7 +167,8 @@ class CrashDump:
 
     def summary(self) -> str:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
-        return (f"{self.path}: {len(self.requests):,} requests over {self.span_s:.1f} s, {self.in_flight} in flight at "
+        where = f"{self.path} ({self.parts} dumps)" if self.parts > 1 else str(self.path)
+        return (f"{where}: {len(self.requests):,} requests over {self.span_s:.1f} s, {self.in_flight} in flight at "
                 f"the crash" + (f"; left out: {skipped}" if skipped else ""))  # fmt: skip
 
 
@@ -373,19 +377,21 @@ def dump_named_in(logs: Sequence[str]) -> Path | None:
 def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None,
                    armed: str | None = None) -> tuple[Trace, CrashDump] | None:  # fmt: skip
     """The crash's own workload, where the server left one: the dump its log names, else the newest
-    in its --crash-dump-folder or the folder radixtop armed (``armed``), else its JSON request log
+    in its --crash-dump-folder or the folder radixtop armed (``armed``, every host's), else its JSON request log
     (level 3: whole prompts). None when there is none; DumpError when the one there is unreadable."""
     args = server_args or {}
-    path = dump_named_in(logs)
+    named = dump_named_in(logs)
+    if named is not None:
+        dump = read_dump(named)
+        return dump_trace_of(dump), dump
     for folder in (args.get("crash_dump_folder"), armed):
-        if path is None and isinstance(folder, str) and folder and os.path.isdir(folder):
+        if isinstance(folder, str) and folder and os.path.isdir(folder):
             try:
-                path = find_dump(folder)
+                paths = find_dumps(folder)
             except DumpError:
                 continue
-    if path is not None:
-        dump = read_dump(path)
-        return dump_trace_of(dump), dump
+            dump = merge_dumps(Path(folder), [read_dump(path) for path in paths])
+            return dump_trace_of(dump), dump
     logged = _request_log_of(logs, args)
     if logged is None:
         return None
@@ -408,13 +414,25 @@ def _request_log_of(logs: Sequence[str], args: Mapping[str, Any]) -> Path | None
     return next((Path(log) for log in logs if os.path.isfile(log)), None) if not folders else None
 
 
-def find_dump(source: str | Path) -> Path:
-    """``source`` itself when it is a file; in a folder (SGLang's --crash-dump-folder, whose dumps
-    sit in a folder per host), its newest crash or request dump. A folder that is a symbolic link
-    or another user's is refused."""
+def find_dumps(source: str | Path) -> list[Path]:
+    """The dumps of one incident in a folder: each host's newest crash dump, of those written
+    within CRASH_SPREAD_S of the newest (a crash across nodes dumps on every node); with no crash
+    dump, every request dump (--dump-requests-folder writes one per K finished requests)."""
     path = Path(source)
     if not path.is_dir():
-        return path
+        return [path]
+    found = _dumps_in(path)
+    crashes = [p for p in found if p.name.startswith("crash_dump_")]
+    if not crashes:
+        return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
+    newest_per_host: dict[Path, Path] = {}
+    for dump in sorted(crashes, key=lambda p: (p.stat().st_mtime, p.name)):
+        newest_per_host[dump.parent] = dump
+    last = max(p.stat().st_mtime for p in newest_per_host.values())
+    return sorted(p for p in newest_per_host.values() if last - p.stat().st_mtime <= CRASH_SPREAD_S)
+
+
+def _dumps_in(path: Path) -> list[Path]:
     if path.is_symlink():
         raise DumpError(f"{path}: the dump folder is a symbolic link; pass the folder it points to, if you trust it")
     owner = path.stat().st_uid
@@ -423,7 +441,26 @@ def find_dump(source: str | Path) -> Path:
     found = [p for pattern in ("*.pkl", "*/*.pkl") for p in path.glob(pattern) if p.is_file() and not p.is_symlink()]
     if not found:
         raise DumpError(f"{path}: no dump (*.pkl) in it or in its host folders; SGLang writes one when a child dies")
-    return max(found, key=lambda p: (p.stat().st_mtime, p.name))
+    return found
+
+
+def merge_dumps(source: Path, dumps: Sequence[CrashDump]) -> CrashDump:
+    """Several dumps as one (hosts, or request dumps over time), by time; a request in several
+    (a request dump, then the crash's) counted once, finished where any says so."""
+    if len(dumps) == 1:
+        return dumps[0]
+    by_rid: dict[str, DumpedRequest] = {}
+    skipped: dict[str, int] = {}
+    for dump in dumps:
+        for why, n in dump.skipped.items():
+            skipped[why] = skipped.get(why, 0) + n
+        for req in dump.requests:
+            kept = by_rid.get(req.rid)
+            if kept is None or (kept.finished is None and req.finished is not None):
+                by_rid[req.rid] = req
+    requests = tuple(sorted(by_rid.values(), key=lambda r: r.created))
+    first = dumps[0]
+    return CrashDump(source, requests, first.launch_command, first.server_args, skipped, parts=len(dumps))
 
 
 def dump_folder() -> Path:

@@ -311,3 +311,18 @@ def test_a_folder_is_one_incident_every_hosts_crash_dump_or_every_request_dump(m
     done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(periodic), "-o", str(tmp_path / "p.json")],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0 and "(3 dumps): 9 requests" in done.stderr, done.stderr
+
+
+def test_a_bundle_keeps_the_crashs_workload_as_its_shape_without_a_prompt(monkeypatch, tmp_path: Path) -> None:
+    dump = sample(monkeypatch, tmp_path)
+    log = tmp_path / "server.log"
+    log.write_text(f"[2026-12-05 10:28:34] Dumped 3 finished and 1 unfinished requests before crash to {dump}\n")
+    done = subprocess.run([sys.executable, "-m", "radixtop", "bundle", "--log", str(log), "--out", str(tmp_path / "b"),
+                           "--json"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    bundle = Path(json.loads(done.stdout)["path"])
+    shape = json.loads((bundle / "workload" / "crash.shape.json").read_text())
+    assert [r["id"] for r in shape["requests"]] == ["rid-1", "rid-2", "rid-3", "rid-4"]
+    assert shape["requests"][1]["prefix_of"] == "rid-1" and shape["requests"][3]["in_flight"] is True
+    assert not any("input_ids" in r or "text" in r for r in shape["requests"])
+    assert "1000, 1001" not in (bundle / "workload" / "crash.shape.json").read_text()  # no token of a prompt

@@ -120,6 +120,7 @@ def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Trace) ->
 def run_bundle(args: Namespace) -> int:
     from radixtop.incident.bundle.bundle import BundleError, take_bundle, verify_bundle
     from radixtop.incident.common.server import ServerError
+    from radixtop.incident.replay.crash_dump import workload_shape
 
     if args.verify:
         problems = verify_bundle(args.verify)
@@ -137,7 +138,7 @@ def run_bundle(args: Namespace) -> int:
         result = take_bundle(
             args.out, url=args.url, logs=args.log, pid=args.pid, instruments=args.instrument, reason=args.reason,
             signature_files=args.signatures, context=args.context, cancel=cancel,
-            on_progress=lambda p: say(p.message),
+            on_progress=lambda p: say(p.message), workload=workload_shape,
         )  # fmt: skip
     except ServerError as exc:
         raise UsageError(str(exc)) from None

@@ -31,7 +31,7 @@ import os
 import shlex
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -312,6 +312,17 @@ class IncidentActions:
         self._say(f"bundle: collecting the evidence of {target.url or 'the followed logs'} into {where}…")
         self._bundle_worker(target, where, self.state.report, self.seen_state())
 
+    def _workload_shape(self) -> Callable[[Sequence[str]], Any]:
+        """What a bundle keeps of the crash's own workload: its shape, found as c would find it."""
+        from functools import partial
+
+        from radixtop.incident.replay.crash_dump import workload_shape
+
+        server = self._server_sample()
+        raw = server.info.raw if server is not None and server.info is not None else None
+        seen = self.sighting.server_info if self.sighting is not None else None
+        return partial(workload_shape, server_args=raw or seen, armed=self.dump_armed)
+
     @work(thread=True, group="bundle", exit_on_error=False)
     def _bundle_worker(self, target: Target, where: Path, report: Any, seen: Any) -> None:
         from radixtop.incident.bundle.bundle import BundleError, take_bundle
@@ -323,7 +334,7 @@ class IncidentActions:
                 where, url=target.url, logs=target.logs, pid=target.pid, instruments=target.instruments,
                 reason="manual", signature_files=settings.signature_files, context=self.builder.context,
                 live_report=report, seen=seen, cancel=self._bundle_cancel,
-                on_progress=lambda p: self._tell(BundleProgressed(p)),
+                on_progress=lambda p: self._tell(BundleProgressed(p)), workload=self._workload_shape(),
                 **dict(settings.bundle),
             )
         except (BundleError, ServerError) as exc:
@@ -426,6 +437,7 @@ class IncidentActions:
             )
         auto.url, auto.pid, auto.logs = target.url, target.pid, target.logs
         auto.options["instruments"] = target.instruments
+        auto.options["workload"] = self._workload_shape()
         if auto.observe(report, seen=self.seen_state):
             self._say(f"auto bundle: {auto.trigger} seen; preserving the evidence into {auto.out_dir}…")
 

@@ -38,7 +38,7 @@ import tarfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -289,6 +289,7 @@ def take_bundle(
     on_progress: Callable[[BundleProgress], None] | None = None,
     cancel: threading.Event | None = None,
     redactor: Redactor | None = None,
+    workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None = None,
 ) -> BundleResult:
     """Collect everything, write it under ``out_dir/<name>`` atomically, and return where.
 
@@ -310,7 +311,7 @@ def take_bundle(
             signature_files=signature_files, context=context, after=after, live_report=live_report, seen=seen,
             flight_dirs=flight_dirs, http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s, tool_timeout_s=tool_timeout_s,
             torch_env_timeout_s=torch_env_timeout_s, archive=archive, on_progress=on_progress, cancel=cancel,
-            redactor=redactor,
+            redactor=redactor, workload=workload,
         )  # fmt: skip
 
 
@@ -319,7 +320,7 @@ def _take_bundle(
     reason: str, signature_files: Sequence[str], context: int, after: int, live_report: Any, seen: Any,
     flight_dirs: Sequence[str], http_timeout_s: float, network_deadline_s: float, tool_timeout_s: float, torch_env_timeout_s: float,
     archive: bool, on_progress: Callable[[BundleProgress], None] | None, cancel: threading.Event,
-    redactor: Redactor | None,
+    redactor: Redactor | None, workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None,
 ) -> BundleResult:  # fmt: skip
     from radixtop.incident.bundle import evidence
     from radixtop.incident.common.server import base_url, listening_pid, server_interpreter, url_port
@@ -414,6 +415,7 @@ def _take_bundle(
 
         slow = [
             *([_start(guarded("what radixtop saw", lambda: seen.write(writer)))] if seen is not None else []),
+            _start(guarded("crash workload", lambda: _crash_workload(writer, workload, logs))),
             _start(guarded("flight records", flight)),
             _start(guarded("nvml", lambda: evidence.collect_nvml(writer))),
             _start(guarded("nvidia-smi", lambda: evidence.collect_nvidia_smi(writer, timeout_s=tool_timeout_s, cancel=cancel))),
@@ -447,6 +449,14 @@ def _take_bundle(
     )  # fmt: skip
     progress("done", f"bundle written: {final}")
     return result
+
+
+def _crash_workload(writer: Any, workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None,
+                    logs: Sequence[str]) -> None:  # fmt: skip
+    """The crash's own workload's shape (its source line says what it is; no prompt)."""
+    found = workload(list(logs)) if workload is not None else None
+    if found is not None:
+        writer.json("workload/crash.shape.json", found[1])
 
 
 def _start(run: Callable[[], None]) -> threading.Thread:

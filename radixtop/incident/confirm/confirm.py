@@ -40,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ from radixtop.incident.confirm.control_server import (
 from radixtop.incident.confirm.launch_env import LaunchEnv, launch_env
 from radixtop.incident.confirm.placement import Placement, place
 from radixtop.incident.confirm.verdict import VERDICTS, ArmRole, Verdict
-from radixtop.incident.replay.crash_dump import DumpError, crash_workload
+from radixtop.incident.replay.crash_dump import DumpError, crash_workload, workload_shape
 from radixtop.incident.replay.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
 from radixtop.probes.gpu import read_once
@@ -516,8 +517,8 @@ def _check_options(options: ConfirmOptions) -> None:
 
 
 async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list[str], pid: int | None,
-                    emit: Callable[[ConfirmEvent], None], cancel: threading.Event | None,
-                    notes: list[str]) -> Any:  # fmt: skip
+                    info: Mapping[str, Any] | None, emit: Callable[[ConfirmEvent], None],
+                    cancel: threading.Event | None, notes: list[str]) -> Any:  # fmt: skip
     """The evidence bundle, taken before anything else (None with --no-bundle, or a note why not)."""
     if not options.bundle:
         return None
@@ -533,6 +534,7 @@ async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list
         bundle = await asyncio.to_thread(
             take_bundle, workdir / "evidence", url=url, logs=logs, pid=pid,
             reason="confirm", signature_files=options.signature_files, cancel=cancel, on_progress=relay,
+            workload=partial(workload_shape, server_args=info, armed=options.crash_dump_folder),
         )  # fmt: skip
     except BundleError as exc:
         if cancel is not None and cancel.is_set():
@@ -688,7 +690,7 @@ async def prepare(
     baseline_logs = _baseline_logs(options, live, pid if alive else None, seen)
 
     evidence_began = time.monotonic()
-    bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, emit, cancel, notes)
+    bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, info, emit, cancel, notes)
     timings["evidence_s"] = round(time.monotonic() - evidence_began, 2)
     max_running = _max_running(live, info)
     if max_running is None:

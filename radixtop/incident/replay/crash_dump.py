@@ -39,7 +39,7 @@ from radixtop.incident.replay.record import RecordedCall, build_trace
 from radixtop.incident.replay.trace import Trace
 
 __all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload",
-           "dump_folder", "dump_named_in", "dump_trace_of", "find_dumps", "merge_dumps", "is_request_log", "read_dump",
+           "dump_folder", "dump_named_in", "workload_shape", "dump_trace_of", "find_dumps", "merge_dumps", "is_request_log", "read_dump",
            "read_request_log"]
 
 MAX_DUMP_BYTES = 512 << 20
@@ -397,6 +397,22 @@ def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None,
         return None
     dump = read_request_log(logged)
     return (dump_trace_of(dump), dump) if dump.requests else None
+
+
+def workload_shape(logs: Sequence[str], server_args: Mapping[str, Any] | None = None,
+                   armed: str | None = None) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
+    """The crash's own workload for a bundle: its summary, and the trace without its prompts (the
+    shape: lengths, offsets, what is shared, as `radixtop record` writes without --keep-prompts)."""
+    from dataclasses import replace
+
+    from radixtop.incident.replay.trace import dump_trace
+
+    found = crash_workload(logs, server_args, armed)
+    if found is None:
+        return None
+    trace, dump = found
+    shape = replace(trace, requests=tuple(replace(r, input_ids=None, text=None) for r in trace.requests))
+    return dump.summary(), dump_trace(shape)
 
 
 def _request_log_of(logs: Sequence[str], args: Mapping[str, Any]) -> Path | None:

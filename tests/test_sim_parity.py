@@ -48,17 +48,18 @@ class Served:
         return self.log.read_text(errors="replace")
 
 
-def serve(kind: str, workdir: Path, *, fault: bool = False, flags: tuple[str, ...] = ()) -> Served:
-    """A server of the kind; ``flags`` are SGLang flags both take."""
+def serve(kind: str, workdir: Path, *, fault: bool = False, flags: tuple[str, ...] = (),
+          env: dict[str, str] | None = None) -> Served:  # fmt: skip
+    """A server of the kind; ``flags`` are SGLang flags both take, ``env`` SGLang switches."""
     if kind == "real":
         from real_sglang import start_server
 
-        env = {**DIAGNOSTICS_ON, **({"SGLANG_TEST_EVICT_FAULT": "1"} if fault else {})}
-        real = start_server(workdir, env=env, flags=flags)
+        real_env = {**DIAGNOSTICS_ON, **({"SGLANG_TEST_EVICT_FAULT": "1"} if fault else {}), **(env or {})}
+        real = start_server(workdir, env=real_env, flags=flags)
         assert real.proc is not None
         return Served(kind, real.url, real.log, real.proc, real.stop)
     faults = ("--fault", "lock-race:1:threshold=0.5,probability=1.0") if fault else ()
-    sim = start_sim(workdir, *SETTINGS, *faults, *flags, env=DIAGNOSTICS_ON)
+    sim = start_sim(workdir, *SETTINGS, *faults, *flags, env={**DIAGNOSTICS_ON, **(env or {})})
     return Served(kind, sim.url, sim.log, sim.proc, sim.stop)
 
 
@@ -218,3 +219,38 @@ def test_a_death_with_a_crash_dump_folder_dumps_the_requests_radixtop_replays(ki
     dump = read_dump(path)
     assert dump.requests and all(r.input_ids in sent for r in dump.requests), dump.summary()
     assert dump.page_size == 16 and dump.launch_command
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_force_miss_turns_reuse_off_while_the_tree_still_fills_and_evicts(kind: str, tmp_path: Path) -> None:
+    """SGLANG_RADIX_FORCE_MISS=1: every match finds nothing (0 cached tokens for a repeated prompt)
+    while the tree's inserts and evictions run on: reuse off, the cache's machinery on."""
+    import asyncio
+
+    from radixtop.probes.discovery import discover
+    from radixtop.probes.radix import RadixProbe
+
+    served = serve(kind, tmp_path, env={"SGLANG_RADIX_FORCE_MISS": "1"})
+    try:
+        prompt = list(range(100, 164)) + [7] * 20
+        cached = []
+        for _ in range(3):
+            body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+            cached.append(httpx.post(f"{served.url}/generate", json=body, timeout=60).json()["meta_info"]["cached_tokens"])
+        assert cached == [0, 0, 0], cached
+        pressure(served)
+
+        async def snapshot() -> object:
+            found = await discover(port=int(served.url.rsplit(":", 1)[1]))
+            urls = [u for s in found.servers if s.url == served.url for u in s.instrument_urls]
+            assert urls, found
+            probe = RadixProbe(urls[0])
+            try:
+                return await probe.poll()
+            finally:
+                await probe.aclose()
+
+        snap = getattr(asyncio.run(snapshot()), "snapshot", None)
+        assert snap is not None and snap.counters.evictions > 0, snap  # the tree filled, and evicted
+    finally:
+        served.stop()

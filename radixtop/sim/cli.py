@@ -221,6 +221,7 @@ def sim_config(opts: SimOptions) -> Any:
     for name in ("page_size", "max_running_requests", "max_total_tokens"):
         if getattr(a, name) is not None:
             values[name] = getattr(a, name)
+    values["force_miss"] = os.environ.get("SGLANG_RADIX_FORCE_MISS", "").strip().lower() in ("true", "1", "yes", "y")
     log_ms = os.environ.get("SGLANG_LOG_MS")
     if log_ms is not None:  # SGLang's switch for the .mmm in timestamps
         values["log_ms"] = log_ms.strip().lower() in ("1", "true", "yes", "on")

@@ -110,6 +110,7 @@ class SimConfig:
     step_time_s: float = 0.002  # emulated GPU time per scheduler step
     max_prefill_tokens: int = 16384  # SGLang's --max-prefill-tokens: new tokens per prefill batch
     device: str = "cuda"  # SGLang's --device: its batch lines say "cuda graph" or "cpu graph"
+    force_miss: bool = False  # SGLANG_RADIX_FORCE_MISS: every match finds nothing; the tree runs on
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -447,14 +448,16 @@ class _Scheduler:
             tokens = req.origin_input_ids + req.output_ids
             n = len(tokens)
             # At least one token must be computed to get logits: match at most n - 1.
+            # SGLANG_RADIX_FORCE_MISS: reuse off, the tree's inserts, locks and evictions on.
+            wanted = [] if cfg.force_miss else tokens[: n - 1]
             matches = [
-                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: n - 1], req.extra_key)))
+                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(wanted, req.extra_key)))
                 for info in self.ranks
             ]
             m = len(matches[0].device_indices)
             # In-batch prefix sharing: a request whose next page another request of this batch
             # is about to compute waits one iteration and then matches it from the tree.
-            if not cfg.disable_radix_cache and m + page_size <= n - 1:
+            if not cfg.disable_radix_cache and not cfg.force_miss and m + page_size <= n - 1:
                 first_new_page = (req.extra_key, *tokens[: m + page_size])
                 if first_new_page in batch_pages:
                     keep.append(req)

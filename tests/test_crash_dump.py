@@ -71,7 +71,8 @@ def sample(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     chat_a, chat_b = SYSTEM + [1, 2, 3] * 10, SYSTEM + [7, 8] * 12
     health = GenerateReqInput(rid="HEALTH_CHECK_1", input_ids=[0], sampling_params={"max_new_tokens": 1})
     batch = GenerateReqInput(rid="batch-1", input_ids=[[1, 2], [3, 4]])
-    in_flight = GenerateReqInput(rid="rid-4", input_ids=chat_a + [9] * 40, sampling_params={"max_new_tokens": 64, "ignore_eos": True},
+    in_flight = GenerateReqInput(rid="rid-4", input_ids=chat_a + [9] * 40,
+                                 sampling_params={"max_new_tokens": 64, "ignore_eos": True, "stop": ["</s>", "\n\n"]},
                                  extra_key="tenant-a")  # fmt: skip
     return write_dump(tmp_path / "dumps" / "node0" / "crash_dump_2026-12-05_10-28-34.pkl", monkeypatch, [
         finished(1, chat_a, at=0.0), finished(2, chat_b, at=0.5, cached=48), finished(3, chat_a + [5] * 16, at=1.0, cached=64),
@@ -93,6 +94,7 @@ def test_a_dump_shaped_as_sglangs_becomes_the_trace_of_its_own_requests(monkeypa
     assert (by_id["rid-3"].prefix_of, by_id["rid-3"].prefix_len) == ("rid-1", 78)
     flight = by_id["rid-4"]
     assert flight.in_flight and flight.ignore_eos and flight.max_tokens == 64 and flight.extra_key == "tenant-a"
+    assert flight.stop == ("</s>", "\n\n") and by_id["rid-1"].stop == ()
     assert not any(r.in_flight for r in trace.requests if r.id != "rid-4")
     assert trace.page_size_hint == 16
 
@@ -326,3 +328,14 @@ def test_a_bundle_keeps_the_crashs_workload_as_its_shape_without_a_prompt(monkey
     assert shape["requests"][1]["prefix_of"] == "rid-1" and shape["requests"][3]["in_flight"] is True
     assert not any("input_ids" in r or "text" in r for r in shape["requests"])
     assert "1000, 1001" not in (bundle / "workload" / "crash.shape.json").read_text()  # no token of a prompt
+
+
+def test_a_dumped_requests_sampling_needs_go_out_with_it_at_temperature_zero(monkeypatch, tmp_path: Path) -> None:
+    from radixtop.incident.replay.replay import generate_payload
+    from radixtop.incident.replay.trace import plan_requests
+
+    trace = dump_trace_of(read_dump(sample(monkeypatch, tmp_path)))
+    bodies = {p.request_id: generate_payload(p, 0.0) for p in plan_requests(trace)}
+    assert bodies["rid-4"]["sampling_params"] == {"max_new_tokens": 64, "temperature": 0.0, "ignore_eos": True,
+                                                  "stop": ["</s>", "\n\n"]}  # fmt: skip
+    assert bodies["rid-1"]["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.0}

@@ -132,6 +132,8 @@ class DumpedRequest:
     extra_key: str | None
     """Its cache namespace: extra_key, else cache_salt, else its LoRA adapter."""
     ignore_eos: bool
+    stop: tuple[str, ...]
+    """Its stop strings."""
     prompt_tokens: int | None
     """From the server's answer (meta_info), when it finished."""
     cached_tokens: int | None
@@ -211,6 +213,12 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,) if value else ()
+    return tuple(v for v in value if isinstance(v, str) and v) if isinstance(value, (list, tuple)) else ()
+
+
 def _token_ids(value: Any) -> tuple[int, ...] | None:
     if isinstance(value, (list, tuple)) and value and all(type(t) is int and t >= 0 for t in value):
         return tuple(value)
@@ -258,7 +266,7 @@ def _from_fields(req: Mapping[str, Any], out: Any, created: float, finished: flo
         rid=rid, input_ids=ids, text=None if ids is not None else text,
         max_new_tokens=_int(params.get("max_new_tokens")) or DEFAULT_MAX_NEW_TOKENS,
         created=created, finished=finished, extra_key=namespace,
-        ignore_eos=params.get("ignore_eos") is True, prompt_tokens=prompt_tokens,
+        ignore_eos=params.get("ignore_eos") is True, stop=_stop_strings(params.get("stop")), prompt_tokens=prompt_tokens,
         cached_tokens=_int(meta.get("cached_tokens")),
     )  # fmt: skip
 
@@ -518,7 +526,7 @@ def dump_trace_of(dump: CrashDump, *, name: str | None = None) -> Trace:
     calls = [
         RecordedCall((r.created - t0) * 1000.0, "/generate", list(r.input_ids) if r.input_ids is not None else None,
                      r.text, r.max_new_tokens, 1, prompt_tokens=r.prompt_tokens, extra_key=r.extra_key,
-                     request_id=r.rid, ignore_eos=r.ignore_eos, in_flight=r.finished is None)  # fmt: skip
+                     request_id=r.rid, ignore_eos=r.ignore_eos, stop=r.stop, in_flight=r.finished is None)  # fmt: skip
         for r in dump.requests
     ]
     return build_trace(calls, name=name or dump.path.stem, keep_prompts=True, page_size_hint=dump.page_size or 1,

@@ -75,6 +75,7 @@ class RecordedCall:
     extra_key: str | None = None  # its cache namespace (see namespace_of)
     request_id: str | None = None  # the server's own id for it (a crash dump's rid), kept as the trace's id
     ignore_eos: bool = False  # generated its max_tokens whatever came
+    stop: tuple[str, ...] = ()  # its stop strings
     in_flight: bool = False  # unfinished when the server died (a crash dump says)
 
 
@@ -173,6 +174,7 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
                 extra_key=call.extra_key,
                 prefix_of=ids[parents[i]] if parents[i] >= 0 else None,
                 ignore_eos=call.ignore_eos,
+                stop=call.stop,
                 in_flight=call.in_flight,
             )
         )

@@ -114,6 +114,8 @@ def generate_payload(planned: PlannedRequest, temperature: float, namespace: str
     payload: dict[str, Any] = {"sampling_params": {"max_new_tokens": planned.max_tokens, "temperature": temperature}}
     if planned.ignore_eos:
         payload["sampling_params"]["ignore_eos"] = True
+    if planned.stop:
+        payload["sampling_params"]["stop"] = list(planned.stop)
     if planned.text is not None:
         payload["text"] = planned.text
     else:

@@ -41,7 +41,8 @@ estimate, see ``radixtop.incident.replay.record``).
 
 Optional request key ``extra_key``: the request's cache namespace, sent as SGLang's ``extra_key``
 (requests with different keys never share cached pages, as with different LoRA adapters).
-``ignore_eos``: sent as SGLang's sampling parameter, so the call generates its ``max_tokens``.
+``ignore_eos``: sent as SGLang's sampling parameter, so the call generates its ``max_tokens``;
+``stop``: its stop strings, sent as they were (a list of strings).
 ``in_flight``: the request was unfinished when the server died (descriptive).
 """
 
@@ -97,6 +98,7 @@ class TraceRequest:
     extra_key: str | None = None  # the cache namespace (SGLang's extra_key; a LoRA adapter's name)
     prefix_of: str | None = None  # the earlier request whose first prefix_len tokens this one starts with
     ignore_eos: bool = False  # generate max_tokens whatever comes (SGLang's sampling parameter)
+    stop: tuple[str, ...] = ()  # stop strings (SGLang's sampling parameter)
     in_flight: bool = False  # unfinished when the server died (a crash dump says so)
 
 
@@ -129,6 +131,7 @@ class PlannedRequest:
     text: str | None = field(default=None, repr=False)  # send this text instead of input_ids
     extra_key: str | None = None
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
 
 
 _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
@@ -144,9 +147,11 @@ _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "extra_key": (str,),
     "prefix_of": (str,),
     "ignore_eos": (bool,),
+    "stop": (list,),
     "in_flight": (bool,),
 }
-_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key", "prefix_of", "ignore_eos", "in_flight"})
+_OPTIONAL_REQUEST_FIELDS = frozenset({"n", "input_ids", "text", "extra_key", "prefix_of", "ignore_eos", "in_flight",
+                                      "stop"})
 _TOP_FIELDS = {"version", "name", "page_size_hint", "requests", "source", "expect_diverged", "prefix_unit"}
 
 
@@ -193,6 +198,10 @@ def _parse_request(source: str, i: int, raw: Any, seen: Mapping[str, TraceReques
         if key not in _OPTIONAL_REQUEST_FIELDS or key in raw
     }
     values.update(_prompt_fields(source, where, raw))
+    if "stop" in values:
+        if not all(isinstance(v, str) and v for v in values["stop"]):
+            raise TraceError(f"{source}: {where}stop must be a list of non-empty strings")
+        values["stop"] = tuple(values["stop"])
     req = TraceRequest(**values)
     if not req.id:
         raise TraceError(f"{source}: {where}id is empty")
@@ -316,6 +325,8 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
             item["prefix_of"] = r.prefix_of
         if r.ignore_eos:
             item["ignore_eos"] = True
+        if r.stop:
+            item["stop"] = list(r.stop)
         if r.in_flight:
             item["in_flight"] = True
         out["requests"].append(item)
@@ -482,7 +493,7 @@ def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULAR
                 firsts[req.id] = ids
             planned.append(PlannedRequest(offset_s=req.offset_ms / 1000.0, request_id=req.id, copy=copy, input_ids=ids,
                                           max_tokens=req.max_tokens, text=req.text, extra_key=req.extra_key,
-                                          ignore_eos=req.ignore_eos))  # fmt: skip
+                                          ignore_eos=req.ignore_eos, stop=req.stop))  # fmt: skip
     planned.sort(key=lambda p: p.offset_s)  # stable: trace order within one instant
     return planned
 

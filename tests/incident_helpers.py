@@ -49,7 +49,7 @@ def start_sim(workdir: Path, *flags: str, env: Mapping[str, str] | None = None, 
         proc = subprocess.Popen(
             argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, start_new_session=True,
-        )  # fmt: skip
+        )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not (ready.exists() and ready.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -60,7 +60,7 @@ def start_sim(workdir: Path, *flags: str, env: Mapping[str, str] | None = None, 
 
 
 def small_trace(name: str = "small", requests: int = 4, prompt_len: int = 48, max_tokens: int = 8,
-                prefix_len: int = 16) -> Trace:  # fmt: skip
+                prefix_len: int = 16) -> Trace:
     return Trace(
         name=name,
         page_size_hint=16,
@@ -98,7 +98,7 @@ def radixtop(
     return subprocess.run(
         [sys.executable, "-m", "radixtop", *args], capture_output=True, text=True, timeout=timeout_s,
         stdin=stdin, env={**os.environ, **(env or {})}, check=False,
-    )  # fmt: skip
+    )
 
 
 def all_bytes(root: Path) -> list[tuple[str, bytes]]:
@@ -139,6 +139,6 @@ def lock_race_bundle(tmp_path: Path) -> tuple[Sim, Path]:
         sim.stop()
     assert sim.proc.returncode != 0, "the lock race did not kill the server"
     done = radixtop("bundle", "--out", str(tmp_path / "out"), "--url", sim.url, "--pid", str(sim.pid),
-                    "--log", str(sim.log), "--json")  # fmt: skip
+                    "--log", str(sim.log), "--json")
     assert done.returncode == 0, done.stderr
     return sim, Path(json.loads(done.stdout)["path"])

@@ -66,7 +66,7 @@ def main() -> None:
                     deep = "[" * 900 + "]" * 900
                     listed = json.dumps(args.list_instrument)
                     body = (f'{{"version": "0.5-standin", "max_total_num_tokens": 4096, "deep": {deep}, '
-                            f'"radixtop_instrument": {listed}}}').encode()  # fmt: skip
+                            f'"radixtop_instrument": {listed}}}').encode()
                     return self._send(200, body)
                 doc = {"version": "0.5-standin", "notes": list(secrets.values()), **secrets}
                 if args.list_instrument:
@@ -98,7 +98,7 @@ def main() -> None:
                         fh.write(json.dumps({"headers": dict(self.headers.items()), "prompt": prompt, "dropped": dropped,
                                              "port": self.client_address[1], "in_flight": serving[0],
                                              "extra_key": doc.get("extra_key"),
-                                             "at": time.time()}) + "\n")  # fmt: skip
+                                             "at": time.time()}) + "\n")
             try:
                 if dropped:
                     self.close_connection = True

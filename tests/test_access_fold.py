@@ -46,7 +46,7 @@ def test_a_second_of_access_lines_is_one_counted_row_and_other_lines_stay():
     state = IncidentState(capacity=1000)
     lines = ["[2026-12-03 11:54:34] server up", *[access(35) for _ in range(30)],
              *[access(35, "GET", "/health") for _ in range(7)], "Traceback (most recent call last):",
-             *[access(35) for _ in range(5)], *[access(36) for _ in range(4)], "the end"]  # fmt: skip
+             *[access(35) for _ in range(5)], *[access(36) for _ in range(4)], "the end"]
     feed(state, lines)
     shown = view(state)
     assert shown == [

@@ -53,7 +53,7 @@ def edge_trace() -> Trace:
         r("tail-a", 0, 100, "tail"), r("tail-b", 100, 100, "tail"),
         r("ns-a", 0, 64, "ns", "tenant-a"), r("ns-b", 100, 64, "ns", "tenant-b"), r("ns-c", 200, 64, "ns", "tenant-a"),
         r("evict-a", 400, 64, "evict"), r("flood", 600, 0, "flood", prompt=65_500), r("evict-b", 900, 64, "evict"),
-    ))  # fmt: skip
+    ))
 
 
 def test_replay_reports_the_seeds_one_page_prefix_with_its_cached_tokens_and_reason(sim64, capsys) -> None:

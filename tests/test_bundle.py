@@ -87,7 +87,7 @@ def test_redactor_removes_secret_shapes_names_and_known_values_but_keeps_sglang_
         assert r.text(text) == want
     assert r.argv(["python", "--api-key", "k1234567", "--max-total-tokens", "2048", f"--hf-token={HF}"]) == [
         "python", "--api-key", REDACTED, "--max-total-tokens", "2048", f"--hf-token={REDACTED}",
-    ]  # fmt: skip
+    ]
     assert r.env({"HF_TOKEN": HF, "PATH": "/usr/bin"}) == {"HF_TOKEN": REDACTED, "PATH": "/usr/bin"}
     doc = r.json({"api_key": "abc", "max_new_tokens": 3, "launch_command": f"--api-key {API_KEY}"})
     assert doc == {"api_key": REDACTED, "max_new_tokens": 3, "launch_command": "--api-key [REDACTED]"}
@@ -110,7 +110,7 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
     events = []
     try:
         result = take_bundle(tmp_path / "out", url=sim.url, logs=[str(sim.log), str(planted)], reason="test",
-                             on_progress=events.append)  # fmt: skip
+                             on_progress=events.append)
     finally:
         sim.stop()
     root = result.path
@@ -148,7 +148,7 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
     # collect_env ran with the server's own interpreter (here without torch: its note names it)
     collect_env = root / "env/collect_env.txt"
     assert collect_env.exists() or f"{sys.executable} -I -m torch.utils.collect_env" in (
-        root / "env/collect_env.txt.note.txt").read_text()  # fmt: skip
+        root / "env/collect_env.txt.note.txt").read_text()
     ran = {c["for"]: c for c in json.loads((root / "MANIFEST.json").read_text())["commands"]}
     assert ran["env/collect_env.txt"]["argv"] == [sys.executable, "-I", "-m", "torch.utils.collect_env"]
     assert f"process {sim.pid} runs" in ran["env/collect_env.txt"]["why"]
@@ -175,7 +175,7 @@ def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> 
 
     box = {}
     worker = threading.Thread(target=lambda: box.update(result=take_bundle(
-        tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid, on_progress=kill_midway)))  # fmt: skip
+        tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid, on_progress=kill_midway)))
     worker.start()
     worker.join(60)
     sim.stop()
@@ -187,7 +187,7 @@ def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> 
     assert next(root.glob("evidence/*radix-page-lock-eviction.log")).is_file()
     # every source is there, or a note says why not
     for rel in ("server/server_info.json", "server/metrics.txt", "procs/processes.json", "gpu/nvml.json",
-                "env/collect_env.txt"):  # fmt: skip
+                "env/collect_env.txt"):
         assert (root / rel).exists() or (root / f"{rel}.note.txt").exists(), rel
 
     # and once it is certainly gone: the notes say what could not be had, the log evidence stands
@@ -205,7 +205,7 @@ def test_auto_bundle_fires_at_the_first_error_while_the_lock_race_kills_the_serv
     window.start()
     done = threading.Event()
     auto = AutoBundler(tmp_path / "auto", url=sim.url, logs=[str(sim.log)], pid=sim.pid,
-                       on_done=lambda result, error: done.set())  # fmt: skip
+                       on_done=lambda result, error: done.set())
     planned = plan_requests(pressure_trace(1024, 8, page_size=16))
 
     async def load() -> None:

@@ -60,7 +60,7 @@ def test_options_before_the_subcommand_still_reach_it(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "radixtop", "--signatures", str(extra), "scan", str(log), "--json"],
         capture_output=True, text=True, check=False, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert [f["signature"] for f in json.loads(done.stdout)["findings"]] == ["zebra"]
 

@@ -121,7 +121,7 @@ def test_an_sglang_launcher_with_schedulers(tmp_path: Path, stdout_to: str) -> N
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", "x", "--port", str(port)],
         stdout=sink, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
+    )
     try:
         found = _find(proc.pid, ranks=2)
         assert found is not None and found.kind == "sglang"
@@ -190,7 +190,7 @@ def test_the_ranks_endpoints_are_found_among_the_schedulers_ports(tmp_path: Path
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", "x", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
+    )
     try:
         found = None
         for _ in range(60):  # the endpoints come up after the schedulers import radixtop

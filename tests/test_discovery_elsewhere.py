@@ -84,7 +84,7 @@ def test_the_unit_is_read_from_the_cgroup(cgroup: str, unit: tuple[str, bool] | 
 
 def test_the_journal_reader_argv() -> None:
     assert journal_argv("sglang.service", False) == [
-        "journalctl", "-u", "sglang.service", "-f", "-o", "cat", "-n", "5000", "--no-pager"]  # fmt: skip
+        "journalctl", "-u", "sglang.service", "-f", "-o", "cat", "-n", "5000", "--no-pager"]
     assert journal_argv("sglang.service", True)[:3] == ["journalctl", "--user-unit", "sglang.service"]
 
 
@@ -95,7 +95,7 @@ def test_a_server_writing_to_journald_is_followed_through_journalctl(tmp_path: P
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ready = tmp_path / "port"
     proc = subprocess.Popen(_sim(ready), stdout=theirs.fileno(), stderr=theirs.fileno(), stdin=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     theirs.close()
     try:
         port = wait_port(ready)
@@ -121,9 +121,9 @@ async def test_a_reader_process_log_is_followed_and_stopped(tmp_path: Path) -> N
     """The plumbing behind journalctl / docker logs: a reader's output lands in a spool file that
     the attachment follows; stopping the attachment stops the reader and removes the spool."""
     reader = (sys.executable, "-c", "import time; print('[2026-12-02 14:00:00] first line', flush=True); "
-              "print('[2026-12-02 14:00:01] second line', flush=True); time.sleep(60)")  # fmt: skip
+              "print('[2026-12-02 14:00:01] second line', flush=True); time.sleep(60)")
     server = FoundServer(4242, "sglang", ("python",), 1.0, log_elsewhere=LogElsewhere("journald", "journal of unit x.service",
-                                                                                       argv=reader))  # fmt: skip
+                                                                                       argv=reader))
 
     async def one() -> Discovery:
         return Discovery((server,))
@@ -161,7 +161,7 @@ def test_docker_and_podman_log_files_are_decoded_and_followed(tmp_path: Path) ->
         out = Path(log.path)
         assert wait_for(lambda: out.exists() and "continued" in out.read_text(), 15)
         assert out.read_text().splitlines() == ["[2026-12-02 14:00:00] server started",
-                                                "[2026-12-02 14:00:01] a long line, continued"]  # fmt: skip
+                                                "[2026-12-02 14:00:01] a long line, continued"]
         with open(dj, "a") as f:
             f.write(json.dumps({"log": "[2026-12-02 14:00:02] appended\n", "stream": "stdout", "time": "t"}) + "\n")
         assert wait_for(lambda: "appended" in out.read_text(), 15)
@@ -173,7 +173,7 @@ def test_docker_and_podman_log_files_are_decoded_and_followed(tmp_path: Path) ->
         k8s = tmp_path / "ctr.log"
         k8s.write_text("2026-12-02T14:00:00.1+00:00 stdout F [2026-12-02 14:00:00] one\n"
                        "2026-12-02T14:00:00.2+00:00 stderr P [2026-12-02 14:00:01] two \n"
-                       "2026-12-02T14:00:00.3+00:00 stderr F halves\n")  # fmt: skip
+                       "2026-12-02T14:00:00.3+00:00 stderr F halves\n")
         log2 = RuntimeLog("podman container x log", str(k8s), "k8s-file", spool, poll_s=0.05)
         assert log2.start() == ""
         out2 = Path(log2.path)
@@ -279,7 +279,7 @@ def test_servers_radixtop_may_not_read_get_one_line_each(tmp_path: Path) -> None
     ready = tmp_path / "port"
     out = open(tmp_path / "out.txt", "ab")  # noqa: SIM115
     plain = subprocess.Popen(_sim(ready), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)  # fmt: skip
+                             start_new_session=True)
     out.close()
     boxes = []
     try:
@@ -291,7 +291,7 @@ def test_servers_radixtop_may_not_read_get_one_line_each(tmp_path: Path) -> None
             pids.append(server_in(box))
             read_inside(pids[-1], "/logs/port")
         got = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", DESCRIBE,
-                              *map(str, pids)], capture_output=True, text=True, timeout=120)  # fmt: skip
+                              *map(str, pids)], capture_output=True, text=True, timeout=120)
         assert got.returncode == 0 and "Traceback" not in got.stderr, got.stderr[-2000:]
         described = {int(k): v for k, v in json.loads(got.stdout).items()}
         lines = described[plain.pid]

@@ -152,16 +152,16 @@ def _start_all(bin_dir: Path, root: Path) -> list[Started]:
         ("taskset", "sglang", ["taskset", "-c", "0", str(bin_dir / "sglang"), "serve", "--model-path", "m"], "stdout"),
         ("timeout", "vllm", ["timeout", "300", str(bin_dir / "vllm"), "serve", "m"], "stdout"),
         ("torchrun", "sglang", [str(bin_dir / "torchrun"), "--nproc-per-node", "1", "--standalone", "-m",
-                                "sglang.launch_server", "--model-path", "m"], "stdout"),  # fmt: skip
+                                "sglang.launch_server", "--model-path", "m"], "stdout"),
         ("conda run", "vllm", [str(bin_dir / "conda"), "run", "-n", "vllm", "--no-capture-output",
-                               str(bin_dir / "vllm"), "serve", "m"], "stdout"),  # fmt: skip
+                               str(bin_dir / "vllm"), "serve", "m"], "stdout"),
     ]
     if shutil.which("numactl") and subprocess.run(["numactl", "-N", "0", "true"], capture_output=True).returncode == 0:
         forms.append(("numactl", "sim", ["numactl", "--cpunodebind=0", "--membind=0", py, "-m", "radixtop", "sim"], "stdout"))
     uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
     if uv:
         forms.append(("uv run", "sglang", [uv, "run", "--no-project", "--python", py, "--", str(bin_dir / "sglang"),
-                                           "serve", "--model-path", "m"], "stdout"))  # fmt: skip
+                                           "serve", "--model-path", "m"], "stdout"))
     ray_script = root / "ray_actor.py"
     ray_script.write_text(RAY_ACTOR)
     forms.append(("ray actor", "sglang", ["ray::_InternalHttpServerActor", str(ray_script)], "stdout"))
@@ -184,7 +184,7 @@ def _start_all(bin_dir: Path, root: Path) -> list[Started]:
         titled = argv[0].startswith("ray::")
         proc = subprocess.Popen([*argv, *flags], executable=py if titled else None, cwd=workdir, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ray_env if titled else env,
-                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent)
         out.close()
         started.append(Started(name, kind, proc, workdir, log, how))
     return started

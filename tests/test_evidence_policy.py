@@ -27,7 +27,7 @@ def catalog():
 
 def lines(depth: int) -> list[str]:
     before = [f"[2026-12-03 11:54:{i % 60:02d}.000 TP0] Decode batch, #running-req: 3, token usage: 0.5{i % 10}"
-              for i in range(150)]  # fmt: skip
+              for i in range(150)]
     body = [f'  File "/srv/sglang/frame_{i}.py", line {i}, in step' for i in range(depth)]
     return [*before, OPENER, *body, FAILURE]
 

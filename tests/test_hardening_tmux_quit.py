@@ -33,7 +33,7 @@ def test_q_quits_at_once_while_a_bundle_waits_on_a_dripping_server(tmp_path: Pat
     tmux = Tmux(120, 40)
     try:
         tmux.start(["sh", "-c", SCRIPT, sys.executable, "--url", slow.url, "--log", str(log), "--no-discover",
-                    "--no-gpu"], tmp_path)  # fmt: skip
+                    "--no-gpu"], tmp_path)
         tmux.wait_for(lambda s: "q Quit" in s, "radixtop to start", timeout=30)
         tmux.send("b")
         assert wait_for(lambda: _partials(tmp_path), 15), "no bundle in progress"

@@ -104,7 +104,7 @@ async def test_follows_the_simulator_through_death_and_restart(tmp_path: Path) -
 
 async def test_instruments_given_on_the_command_line_win() -> None:
     found = FoundServer(7, "sglang", ("python",), 1.0, url="http://127.0.0.1:30000",
-                        instrument_urls=("http://127.0.0.1:39100",), log_path="/var/log/s.log")  # fmt: skip
+                        instrument_urls=("http://127.0.0.1:39100",), log_path="/var/log/s.log")
 
     async def one() -> Discovery:
         return Discovery((found,))

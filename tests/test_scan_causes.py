@@ -140,7 +140,7 @@ def test_without_a_cause_the_first_consequence_is_named(tmp_path: Path) -> None:
     ("-9", "subprocess-killed", "subprocess-killed"),  # SIGKILL from outside: the first word of the failure
     ("-15", "subprocess-terminated", "child-sigquit"),  # a stop: a notice, never the cause
     ("-6", "subprocess-crashed", "subprocess-crashed"),
-])  # fmt: skip
+])
 def test_a_childs_exit_by_signal_is_named_by_its_signal(tmp_path: Path, code: str, sig_id: str, initiating: str) -> None:
     """SGLang 0.5.23's own sequence, as its watchdog and SIGQUIT handler print it."""
     lines = [

@@ -87,10 +87,10 @@ def test_a_sim_the_lock_race_kills_dumps_the_requests_it_was_sent_as_sglang(tmp_
         mine = httpx.post(f"{sim.url}/generate", json={
             "input_ids": ids, "rid": "mine-ids", "extra_key": "tenant-a",
             "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True},
-        }, timeout=30).json()  # fmt: skip
+        }, timeout=30).json()
         text = httpx.post(f"{sim.url}/generate", json={"text": "a b c", "rid": "mine-text"}, timeout=30)
         batch = httpx.post(f"{sim.url}/generate", json={"input_ids": [[11, 12, 13], [14, 15]], "rid": ["b0", "b1"],
-                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)  # fmt: skip
+                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)
         completion = httpx.post(f"{sim.url}/v1/completions", json={"prompt": [21, 22, 23], "max_tokens": 3}, timeout=30)
         assert text.status_code == batch.status_code == completion.status_code == 200
         assert httpx.get(f"{sim.url}/health", timeout=30).status_code == 200
@@ -156,7 +156,7 @@ def test_configure_logging_arms_a_running_sim_and_answers_as_sglang(tmp_path: Pa
     try:
         url = f"{sim.url}/configure_logging"
         before = httpx.post(f"{sim.url}/generate", json={"input_ids": [5] * 20, "rid": "before",
-                                                         "sampling_params": {"max_new_tokens": 2}}, timeout=30)  # fmt: skip
+                                                         "sampling_params": {"max_new_tokens": 2}}, timeout=30)
         assert before.status_code == 200
         bad = httpx.post(url, json={"crash_dump_folder": 5}, timeout=10)  # SGLang's 400 for what FastAPI refuses
         assert bad.status_code == 400 and bad.json()["object"] == "error" and bad.json()["type"] == "Bad Request"
@@ -168,7 +168,7 @@ def test_configure_logging_arms_a_running_sim_and_answers_as_sglang(tmp_path: Pa
         # SGLang keeps the launch's arguments in /server_info: the folder is the tokenizer manager's.
         assert httpx.get(f"{sim.url}/server_info", timeout=10).json()["crash_dump_folder"] is None
         after = httpx.post(f"{sim.url}/generate", json={"input_ids": [6] * 20, "rid": "after",
-                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)  # fmt: skip
+                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)
         assert after.status_code == 200
         crash_under_pressure(sim)
     finally:

@@ -631,7 +631,7 @@ async def test_the_status_line_drawn_directly_matches_textuals_rendering_in_ever
         sources=(SourceStatus("server.log", "ok", ""), SourceStatus("server", "down", "since 14:03:15"),
                  SourceStatus("gpu", "unavailable", "no NVML")),
         engine="matcher: hyperscan",
-    )  # fmt: skip
+    )
     app = RadixtopApp()
     async with app.run_test(size=(width, 30)) as pilot:
         line = app.status_line

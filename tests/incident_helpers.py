@@ -21,7 +21,9 @@ READY_TIMEOUT_S = 20.0
 FAST = ("--tp-size", "1", "--step-ms", "1", "--enable-metrics")
 # A healthy server and one whose lock race fires under the default pressure workload.
 HEALTHY_FLAGS = ("--max-total-tokens", "4096", "--page-size", "16", "--max-running-requests", "8")
-LOCK_RACE_FLAGS = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
+LOCK_RACE_FLAGS = (
+    "--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7"
+)
 
 
 @dataclass
@@ -121,7 +123,9 @@ def lock_race_bundle(tmp_path: Path) -> tuple[Sim, Path]:
     from radixtop.incident.replay.trace import plan_requests
     from radixtop.incident.replay.workloads import pressure_trace
 
-    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1")
+    flags = (
+        "--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1"
+    )
     sim = start_sim(tmp_path / "sim", *flags)
     planned = plan_requests(pressure_trace(1024, 8, page_size=16))
 

@@ -135,7 +135,11 @@ def start_server(
     argv = [python, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
             "--port", str(port), *BASE_FLAGS, *flags]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RADIXTOP_", "SGLANG_"))}
-    full_env.update({"SGLANG_USE_CPU_ENGINE": "1", "PYTHONUNBUFFERED": "1", "RADIXTOP_RUNTIME_DIR": os.environ.get("RADIXTOP_RUNTIME_DIR", "")})
+    full_env.update({
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "RADIXTOP_RUNTIME_DIR": os.environ.get("RADIXTOP_RUNTIME_DIR", ""),
+    })
     if not full_env["RADIXTOP_RUNTIME_DIR"]:
         del full_env["RADIXTOP_RUNTIME_DIR"]
     if plugin:

@@ -18,7 +18,10 @@ SEED = "[2026-12-03 11:54:35 TP1] RadixCacheError: Failed to lock memory page du
 
 
 def access(second: int, method: str = "POST", path: str = "/generate", status: int = 503) -> str:
-    return f'[2026-12-03 11:54:{second:02d}] INFO:     127.0.0.1:37568 - "{method} {path} HTTP/1.1" {status} Service Unavailable'
+    return (
+        f'[2026-12-03 11:54:{second:02d}] INFO:     127.0.0.1:37568 - "{method} {path} HTTP/1.1" '
+        f"{status} Service Unavailable"
+    )
 
 
 def feed(state: IncidentState, texts: list[str], ingestor: Ingestor | None = None, start: int = 1) -> None:

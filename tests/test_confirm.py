@@ -48,7 +48,9 @@ def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Pa
     try:
         plan, run, verdict, events = _confirm(
             # a divisor of 2 keeps the test short: 4 running requests still use well under 90 % of the pool
-            ConfirmOptions(url=sim.url, workdir=tmp_path / "confirm", runs=2, control_timeout_s=20, concurrency_divisor=2)
+            ConfirmOptions(
+                url=sim.url, workdir=tmp_path / "confirm", runs=2, control_timeout_s=20, concurrency_divisor=2
+            )
         )
     finally:
         sim.stop()
@@ -212,7 +214,10 @@ def test_control_argv_for_sglang_launch_commands() -> None:
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "40001"
     assert flag_value(argv, "--max-running-requests") == "16" and flag_value(argv, "--disable-radix-cache") == ""
     assert flag_value(argv, "--api-key") is None and flag_value(argv, "--nccl-port") is None
-    assert flag_value(argv, "--enable-deterministic-inference") == "" and flag_value(argv, "--mem-fraction-static") == "0.3"
+    assert (
+        flag_value(argv, "--enable-deterministic-inference") == ""
+        and flag_value(argv, "--mem-fraction-static") == "0.3"
+    )
     assert "--max-running-requests 64 -> 16" in changes
     keep, _ = build_control_argv(live, port=1, max_running=16, cache="keep")
     assert flag_value(keep, "--disable-radix-cache") is None
@@ -253,7 +258,9 @@ def test_a_program_flags_and_files_named_by_server_info_are_never_run_or_read(tm
     private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1r\n-----END OPENSSH PRIVATE KEY-----\n")
     proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(pwned), str(private)])
     try:
-        assert wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 20), "the fake server did not start"
+        assert wait_for(
+            lambda: port_file.exists() and port_file.read_text().strip(), 20
+        ), "the fake server did not start"
         options = ConfirmOptions(url=f"http://127.0.0.1:{port_file.read_text()}", workdir=tmp_path / "c",
                                  trace=small_trace(), runs=1, bundle=False)
         plan = asyncio.run(prepare(options))
@@ -280,8 +287,8 @@ def test_a_listener_that_is_not_sglang_is_refused_without_a_launch_command(tmp_p
     """A proxy or wrapper on the port (its argv has --flags but is not SGLang): relaunching it
     would confirm nothing; the plan stops with a line that says to pass --launch-command."""
     port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(tmp_path / "p"), str(tmp_path / "l"),
-                             "--proxy-mode", "on"])
+    proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(tmp_path / "p"),
+                             str(tmp_path / "l"), "--proxy-mode", "on"])
     try:
         assert wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 20)
         options = ConfirmOptions(url=f"http://127.0.0.1:{port_file.read_text()}", workdir=tmp_path / "c",

@@ -71,7 +71,9 @@ def test_under_pressure_the_lock_race_is_pressure_dependent_and_the_arms_are_sid
 
 
 def test_a_healthy_server_is_not_reproduced(tmp_path: Path) -> None:
-    sim = start_sim(tmp_path / "live", "--page-size", "16", "--max-total-tokens", "16384", "--max-running-requests", "64")
+    sim = start_sim(
+        tmp_path / "live", "--page-size", "16", "--max-total-tokens", "16384", "--max-running-requests", "64"
+    )
     try:
         doc, _ = confirm_json(tmp_path, "--url", sim.url, "--log", str(sim.log), "--runs", "1",
                               "--trace", str(pressure_trace_file(tmp_path / "t.json")))
@@ -91,7 +93,9 @@ def test_after_the_server_died_confirm_plans_from_what_was_seen_and_runs_two_arm
         sim.proc.wait(10)
     assert seen.env["SGLANG_TEST_FLAG"] == "7" and "HF_TOKEN" in seen.secret_keys
     assert "hf_aaaa" not in written.read_text() and "HF_TOKEN" in written.read_text()  # name kept, value never
-    doc, done = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(pressure_trace_file(tmp_path / "t.json")))
+    doc, done = confirm_json(
+        tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(pressure_trace_file(tmp_path / "t.json"))
+    )
     assert doc["mode"] == "relaunch" and "planned from what was seen at" in doc["planned_from"]
     assert doc["baseline"]["role"] == "reproduction" and doc["baseline"]["healthy"]
     assert doc["verdict"] == "pressure-dependent", doc["reason"]
@@ -379,8 +383,9 @@ def test_nvml_failing_leaves_the_placement_unknown_in_the_plan_and_asks(tmp_path
     nvml.fail("nvmlInit", 9)  # driver not loaded
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
-        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1,
-                                            launch_command="python -m sglang.launch_server --model-path m --tp-size 2")))
+        plan = asyncio.run(prepare(_options(
+            tmp_path, sim.url, runs=1, launch_command="python -m sglang.launch_server --model-path m --tp-size 2"
+        )))
     finally:
         sim.stop()
     assert plan.placement.status == "unknown" and not plan.blockers  # it asks; nothing is decided for the user

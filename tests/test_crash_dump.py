@@ -52,8 +52,13 @@ def _as_sglangs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def finished(i: int, ids: list[int], *, at: float, cached: int = 0, **params: Any) -> tuple:
-    req = GenerateReqInput(rid=f"rid-{i}", input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0.0, **params})
-    out = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "cached_tokens": cached, "finish_reason": {"type": "length"}}}
+    req = GenerateReqInput(
+        rid=f"rid-{i}", input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0.0, **params}
+    )
+    out = {
+        "text": "x",
+        "meta_info": {"prompt_tokens": len(ids), "cached_tokens": cached, "finish_reason": {"type": "length"}},
+    }
     return (req, out, T0 + at, T0 + at + 0.05)
 
 
@@ -71,10 +76,12 @@ def sample(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     chat_a, chat_b = SYSTEM + [1, 2, 3] * 10, SYSTEM + [7, 8] * 12
     health = GenerateReqInput(rid="HEALTH_CHECK_1", input_ids=[0], sampling_params={"max_new_tokens": 1})
     batch = GenerateReqInput(rid="batch-1", input_ids=[[1, 2], [3, 4]])
-    in_flight = GenerateReqInput(rid="rid-4", input_ids=chat_a + [9] * 40, sampling_params={"max_new_tokens": 64, "ignore_eos": True},
-                                 extra_key="tenant-a")
+    in_flight = GenerateReqInput(rid="rid-4", input_ids=chat_a + [9] * 40,
+                                 sampling_params={"max_new_tokens": 64, "ignore_eos": True}, extra_key="tenant-a")
     return write_dump(tmp_path / "dumps" / "node0" / "crash_dump_2026-12-05_10-28-34.pkl", monkeypatch, [
-        finished(1, chat_a, at=0.0), finished(2, chat_b, at=0.5, cached=48), finished(3, chat_a + [5] * 16, at=1.0, cached=64),
+        finished(1, chat_a, at=0.0),
+        finished(2, chat_b, at=0.5, cached=48),
+        finished(3, chat_a + [5] * 16, at=1.0, cached=64),
         (health, {"meta_info": {}}, T0 + 1.1, T0 + 1.2), (batch, {}, T0 + 1.2, None), (in_flight, {}, T0 + 1.5, None),
     ])
 
@@ -102,7 +109,9 @@ def test_a_dump_shaped_as_sglangs_becomes_the_trace_of_its_own_requests(monkeypa
     [(os.system, "posix.system"), (eval, "builtins.eval"), (subprocess.Popen, "subprocess.Popen"),
      (getattr, "builtins.getattr")],
 )
-def test_a_pickle_that_would_run_something_is_refused_in_one_line_and_runs_nothing(tmp_path: Path, target, asks_for) -> None:
+def test_a_pickle_that_would_run_something_is_refused_in_one_line_and_runs_nothing(
+    tmp_path: Path, target, asks_for
+) -> None:
     marker = tmp_path / "ran"
 
     class Hostile:
@@ -173,8 +182,12 @@ def test_links_and_other_users_dumps_and_folders_are_refused(monkeypatch, tmp_pa
 def test_replay_sends_the_dumps_exact_prompts_and_convert_writes_a_private_trace(monkeypatch, tmp_path: Path) -> None:
     dump = sample(monkeypatch, tmp_path)
     out = tmp_path / "t.json"
-    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(dump.parent.parent), "-o", str(out)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "radixtop", "trace", "convert", str(dump.parent.parent), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "the crash's own workload" in done.stderr and "4 requests over 1.5 s, 1 in flight" in done.stderr
     assert out.stat().st_mode & 0o777 == 0o600
@@ -182,8 +195,13 @@ def test_replay_sends_the_dumps_exact_prompts_and_convert_writes_a_private_trace
     calls = tmp_path / "calls.jsonl"
     standin = start_standin(tmp_path, "--mode", "generate", "--record", str(calls))
     try:
-        done = subprocess.run([sys.executable, "-m", "radixtop", "replay", str(dump), "--url", standin.url, "--runs", "1",
-                               "--no-flush", "--vocab-size", "4096", "--json"], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "radixtop", "replay", str(dump), "--url", standin.url, "--runs", "1",
+             "--no-flush", "--vocab-size", "4096", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) == 4, 10)
     finally:
@@ -229,10 +247,15 @@ def test_the_plan_takes_the_crash_s_own_workload_from_the_dump_its_log_names(mon
         assert plan.workload_origin.startswith("made up: token pressure sized to the server"), plan.workload_origin
         with open(sim.log, "a") as log:
             log.write(f"[2026-12-05 10:28:34] Dumped 3 finished and 1 unfinished requests before crash to {dump}\n")
-        plan = asyncio.run(prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c2", logs=(str(sim.log),), bundle=False)))
+        plan = asyncio.run(
+            prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c2", logs=(str(sim.log),), bundle=False))
+        )
     finally:
         sim.stop()
-    assert plan.workload_origin.startswith("the crash's own: ") and "4 requests over 1.5 s, 1 in flight" in plan.workload_origin
+    assert (
+        plan.workload_origin.startswith("the crash's own: ")
+        and "4 requests over 1.5 s, 1 in flight" in plan.workload_origin
+    )
     assert [r.id for r in plan.trace.requests] == ["rid-1", "rid-2", "rid-3", "rid-4"]
     assert any("the crash's own" in line for line in plan.describe())
     written = tmp_path / "c2" / "workload.json"
@@ -263,13 +286,20 @@ def test_a_json_request_log_is_a_workload_too_in_flight_where_it_never_finished(
         + logged("request.received", "r3", "43.0", cut)
         + logged("request.finished", "r3", "43.1", cut, {"meta_info": {"prompt_tokens": 64}})
     )
-    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(log), "-o", str(tmp_path / "t.json")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "radixtop", "trace", "convert", str(log), "-o", str(tmp_path / "t.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "the logged requests" in done.stderr and "2 requests over 0.5 s, 1 in flight" in done.stderr, done.stderr
     assert "1 health checks" in done.stderr and "1 prompts cut short (a request log below level 3)" in done.stderr
     requests = json.loads((tmp_path / "t.json").read_text())["requests"]
-    assert [(r["id"], r["offset_ms"], r.get("in_flight", False)) for r in requests] == [("r1", 0.0, False), ("r2", 500.0, True)]
+    assert [(r["id"], r["offset_ms"], r.get("in_flight", False)) for r in requests] == [
+        ("r1", 0.0, False),
+        ("r2", 500.0, True),
+    ]
     assert requests[1]["input_ids"] == chat + [6] * 20 and requests[1]["prefix_of"] == "r1"
     assert requests[1]["prefix_len"] == len(chat) and requests[1]["extra_key"] == "t"
     broken = tmp_path / "broken.log"

@@ -162,7 +162,10 @@ def test_the_demos_automatic_bundle_keeps_what_the_radix_pane_showed_after_the_r
     number = lambda text: int(text.replace(",", ""))  # noqa: E731
     assert last["seq"] == number(shown.group(1))
     assert last["protected_tokens"] == number(pool.group(1))
-    assert (last["counters"]["lock_ops"], last["counters"]["unlock_ops"]) == (number(locks.group(1)), number(locks.group(2)))
+    assert (last["counters"]["lock_ops"], last["counters"]["unlock_ops"]) == (
+        number(locks.group(1)),
+        number(locks.group(2)),
+    )
     events = json.loads((bundle / "seen/radix/rank0-events.json").read_text())["events"]
     assert any(e["kind"] == "evict" for e in events)
     vitals = json.loads((bundle / "seen/vitals.json").read_text())

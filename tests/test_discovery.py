@@ -260,7 +260,9 @@ async def test_rediscovery_asks_a_server_it_described_in_full_nothing_more(tmp_p
         third = await again()
         mine = [s for s in first.servers if s.pid == proc.pid]
         assert mine and mine[0].url == url and mine[0].instrument_urls
-        assert [s for s in third.servers if s.pid == proc.pid] == mine == [s for s in second.servers if s.pid == proc.pid]
+        assert (
+            [s for s in third.servers if s.pid == proc.pid] == mine == [s for s in second.servers if s.pid == proc.pid]
+        )
         assert log.read_text().count('"GET ') == asked, "a server described in full was asked again"
     finally:
         stop(proc)

@@ -115,7 +115,9 @@ def test_a_bundle_of_a_log_and_a_server_seeded_with_every_secret_shape_keeps_non
         env={"MYSQL_PWD": "mysqlPlantedPw77", "HF_TOKEN": TOKENS["hf"], "SLACK_HOOK": TOKENS["slack_webhook"]},
     )
     try:
-        result = take_bundle(tmp_path / "out", url=server.url, logs=[str(log)], reason="secrets", torch_env_timeout_s=30)
+        result = take_bundle(
+            tmp_path / "out", url=server.url, logs=[str(log)], reason="secrets", torch_env_timeout_s=30
+        )
     finally:
         server.stop()
     root = result.path

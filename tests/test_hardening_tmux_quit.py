@@ -1,5 +1,6 @@
 """In a real terminal: `q` while a bundle waits on a server that answers a byte every 2 s quits
-at once (it does not wait out the bundle's network deadline), the bundle's partial directory is gone and the terminal is back to normal."""
+at once (it does not wait out the bundle's network deadline), the bundle's partial directory is
+gone and the terminal is back to normal."""
 
 from __future__ import annotations
 

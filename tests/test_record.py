@@ -36,7 +36,10 @@ async def _traffic(url: str) -> list[str]:
             assert response.status_code == 200, response.text
             texts.append(response.json()["text"])
             await asyncio.sleep(0.02)
-        response = await client.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hello there radix", "max_tokens": 5, "temperature": 0})
+        response = await client.post(
+            f"{url}/v1/completions",
+            json={"model": "m", "prompt": "hello there radix", "max_tokens": 5, "temperature": 0},
+        )
         assert response.status_code == 200, response.text
         texts.append(response.json()["choices"][0]["text"])
         batch = {"input_ids": [[1, 2, 3], [4, 5, 6]], "sampling_params": {"max_new_tokens": 2}}
@@ -164,7 +167,9 @@ def test_a_server_that_does_not_say_its_page_size_gets_a_trace_in_tokens_and_a_w
     try:
         assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20)
         body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
-        assert httpx.post(f"http://127.0.0.1:{int(ready.read_text())}/generate", json=body, timeout=10).status_code == 200
+        assert (
+            httpx.post(f"http://127.0.0.1:{int(ready.read_text())}/generate", json=body, timeout=10).status_code == 200
+        )
         _, err = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:

@@ -47,7 +47,9 @@ def test_replay_json_reports_r02_diverged_and_the_rest_stable(block_boundary_sim
     assert "flushed (POST /flush_cache) before each run" in done.stderr
 
 
-def test_replay_text_report_follows_the_seed_and_says_when_it_does_not_flush(block_boundary_sim, tmp_path: Path) -> None:
+def test_replay_text_report_follows_the_seed_and_says_when_it_does_not_flush(
+    block_boundary_sim, tmp_path: Path
+) -> None:
     trace = builtin_trace("finding_03330")
     small = Trace(trace.name, trace.page_size_hint, trace.requests[:3], expect_diverged=("r02",))
     path = tmp_path / "three.json"
@@ -198,8 +200,12 @@ def test_replay_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
 
 def test_replay_of_a_dead_server_reports_failures_and_stops_early() -> None:
     refused = radixtop("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4")
-    assert refused.returncode == 2 and "no /server_info answered" in refused.stderr and "--vocab-size N" in refused.stderr
-    done = radixtop("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4", "--json", "--vocab-size", "32000")
+    assert (
+        refused.returncode == 2 and "no /server_info answered" in refused.stderr and "--vocab-size N" in refused.stderr
+    )
+    done = radixtop(
+        "replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4", "--json", "--vocab-size", "32000"
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["runs"] == 1 and doc["requested_runs"] == 4
@@ -210,7 +216,10 @@ def test_replay_of_a_dead_server_reports_failures_and_stops_early() -> None:
 
 def _run(*outcomes: tuple[str, int, str | None]) -> ReplayRun:
     return ReplayRun(
-        tuple(Outcome(rid, copy, text, (), None, None if text else "HTTP 503: dead", 1.0) for rid, copy, text in outcomes),
+        tuple(
+            Outcome(rid, copy, text, (), None, None if text else "HTTP 503: dead", 1.0)
+            for rid, copy, text in outcomes
+        ),
         0.1,
     )
 

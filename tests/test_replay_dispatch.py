@@ -103,7 +103,10 @@ def test_the_same_prompts_give_the_same_answers_as_before(sim) -> None:
         from radixtop.incident.replay.replay import generate_payload
 
         async with httpx.AsyncClient(timeout=30) as client:
-            return [(await client.post(f"{sim.url}/generate", json=generate_payload(p, 0.0))).json()["text"] for p in planned]
+            return [
+                (await client.post(f"{sim.url}/generate", json=generate_payload(p, 0.0))).json()["text"]
+                for p in planned
+            ]
 
     assert [o.text for o in run.outcomes] == asyncio.run(by_httpx())
 
@@ -120,7 +123,9 @@ def test_should_stop_mid_run_stops_dispatching_and_leaves_no_dispatcher(sim) -> 
     run = asyncio.run(replay(sim.url, planned, should_stop=should_stop))
     assert len(run.outcomes) < len(planned)  # the calls due after the stop were never written
     assert run.errors == 0  # those in flight were still answered
-    assert [(o.request_id, o.copy) for o in run.outcomes] == [(p.request_id, p.copy) for p in planned[: len(run.outcomes)]]
+    assert [(o.request_id, o.copy) for o in run.outcomes] == [
+        (p.request_id, p.copy) for p in planned[: len(run.outcomes)]
+    ]
     assert wait_for(lambda: nothing_left(threads), 10), (dispatchers(), threading.enumerate())
 
 
@@ -180,7 +185,9 @@ def test_headers_reach_the_server_and_the_answer_is_not_compressed(tmp_path: Pat
     server = start_standin(tmp_path / "srv", "--mode", "generate", "--record", str(record))
     planned = plan_requests(irregular_trace(6, 0.05))
     try:
-        series = asyncio.run(replay_series(server.url, planned, 1, flush=False, headers={"Authorization": "Bearer s3cret"}))
+        series = asyncio.run(
+            replay_series(server.url, planned, 1, flush=False, headers={"Authorization": "Bearer s3cret"})
+        )
     finally:
         server.stop()
     assert series.runs[0].errors == 0

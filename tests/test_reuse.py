@@ -10,7 +10,15 @@ def trace_of(*requests: TraceRequest) -> Trace:
     return Trace("t", 64, tuple(requests))
 
 
-def req(rid: str, offset: float, prefix: int, prompt: int = 256, group: str = "g", n: int = 1, extra_key: str | None = None) -> TraceRequest:
+def req(
+    rid: str,
+    offset: float,
+    prefix: int,
+    prompt: int = 256,
+    group: str = "g",
+    n: int = 1,
+    extra_key: str | None = None,
+) -> TraceRequest:
     return TraceRequest(rid, offset, prompt, prefix, group, 8, n, extra_key=extra_key)
 
 

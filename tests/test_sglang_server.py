@@ -212,7 +212,9 @@ def test_recorded_traffic_replays_with_the_live_reuse_and_analyze_predicts_it(li
         for i in range(18):  # one turn at a time: what each call reuses does not hang on timing
             ids = system + chats[i % 3] + [rnd.randrange(10, 2000) for _ in range(10 + i)]
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-            live_cached.append(httpx.post(f"{proxy}/generate", json=body, timeout=120).json()["meta_info"]["cached_tokens"])
+            live_cached.append(
+                httpx.post(f"{proxy}/generate", json=body, timeout=120).json()["meta_info"]["cached_tokens"]
+            )
         _, err = recorder.communicate(timeout=30)
     finally:
         if recorder.poll() is None:
@@ -237,7 +239,9 @@ def test_a_bundle_of_the_live_server_holds_its_info_and_tree_and_asks_nothing_th
     shared_prefix_traffic(live, 2)
     before = batches(live)
     out = live.log.parent / "bundle"
-    done = radixtop("bundle", "--url", live.url, "--log", str(live.log), "--out", str(out), "--json", cwd=live.log.parent)
+    done = radixtop(
+        "bundle", "--url", live.url, "--log", str(live.log), "--out", str(out), "--json", cwd=live.log.parent
+    )
     assert done.returncode == 0, done.stderr
     bundle = Path(json.loads(done.stdout)["path"])
     info = json.loads((bundle / "server" / "server_info.json").read_text())
@@ -487,7 +491,8 @@ def test_a_servers_json_request_log_is_the_confirmation_runs_workload(tmp_path: 
         for ids in prompts:
             server.generate(ids, max_new_tokens=6)
         done = radixtop("confirm", "--url", server.url, "--stop-original", "--yes", "--runs", "1", "--no-bundle",
-                        "--json", "--log", str(server.log), "--workdir", str(tmp_path / "work"), cwd=tmp_path, timeout=600)
+                        "--json", "--log", str(server.log), "--workdir", str(tmp_path / "work"),
+                        cwd=tmp_path, timeout=600)
     finally:
         server.stop()
     assert done.returncode in (0, 1), done.stderr

@@ -105,7 +105,9 @@ def test_a_sim_the_lock_race_kills_dumps_the_requests_it_was_sent_as_sglang(tmp_
     assert os.listdir(path.parent) == [path.name]  # no temporary file left beside it
     assert path.stat().st_mode & 0o777 == 0o600
     log = sim.log.read_text()
-    order = ["SIGQUIT received", "Dumping requests before crash. self.crash_dump_folder=", "Dumped ", "kill_process_tree"]
+    order = [
+        "SIGQUIT received", "Dumping requests before crash. self.crash_dump_folder=", "Dumped ", "kill_process_tree"
+    ]
     at = [log.index(text) for text in order]
     assert at == sorted(at), list(zip(order, at, strict=True))
 
@@ -139,7 +141,9 @@ def test_a_sim_the_lock_race_kills_dumps_the_requests_it_was_sent_as_sglang(tmp_
     req, out, created, finished = next(r for r in requests if r[0].rid == "mine-ids")
     assert req.module == IO_STRUCT and type(req).__name__ == "GenerateReqInput"
     fields = list(vars(req))  # SGLang's fields in SGLang's order, then those normalizing sets
-    assert fields[:3] == ["text", "input_ids", "input_embeds"] and fields[-3:] == ["is_single", "batch_size", "parallel_sample_num"]
+    assert fields[:3] == ["text", "input_ids", "input_embeds"] and fields[-3:] == [
+        "is_single", "batch_size", "parallel_sample_num"
+    ]
     assert len(fields) == 75 and vars(req)["cache_salt"] is None and vars(req)["logprob_start_len"] == -1
     assert req.sampling_params == {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
     assert req.text is None and req.stream is False and req.log_metrics is True
@@ -163,7 +167,9 @@ def test_configure_logging_arms_a_running_sim_and_answers_as_sglang(tmp_path: Pa
         assert bad.json()["message"].startswith("1 validation error:") and "string_type" in bad.json()["message"]
         assert httpx.post(url, content=b"[]", timeout=10).status_code == 400
         assert httpx.get(url, timeout=10).status_code == 400  # a body is required
-        armed = httpx.post(url, json={"crash_dump_folder": str(folder), "log_requests": "no", "not_sglangs": 1}, timeout=10)
+        armed = httpx.post(
+            url, json={"crash_dump_folder": str(folder), "log_requests": "no", "not_sglangs": 1}, timeout=10
+        )
         assert (armed.status_code, armed.content) == (200, b"")
         # SGLang keeps the launch's arguments in /server_info: the folder is the tokenizer manager's.
         assert httpx.get(f"{sim.url}/server_info", timeout=10).json()["crash_dump_folder"] is None
@@ -228,7 +234,10 @@ def test_the_log_keeps_300_s_of_finished_requests_then_those_in_flight(tmp_path:
     assert path is not None and lines[-1] == f"Dumped 1 finished and 1 unfinished requests before crash to {path}"
     assert lines[0] == f"Dumping requests before crash. self.crash_dump_folder={str(tmp_path / 'd')!r}"
     doc = raw(path)
-    assert [(r[0].rid, r[1] != {}, r[3]) for r in doc["requests"]] == [("kept", True, clock.now - 250), ("flying", False, clock.now)]
+    assert [(r[0].rid, r[1] != {}, r[3]) for r in doc["requests"]] == [
+        ("kept", True, clock.now - 250),
+        ("flying", False, clock.now),
+    ]
     assert log.in_flight == 1
     assert log.dump_before_crash({}, "", lines.append) is None and len(lines) == 2  # once per process
     assert not [name for name in sys.modules if name.split(".")[0] == "sglang"]  # taken out again

@@ -62,7 +62,9 @@ def test_c_approve_watch_and_read_the_verdict_in_a_real_terminal(tmp_path: Path)
         assert verdict["verdict"] == "pressure-dependent"
         # The default control lowers the pressure and disables the cache together: which one mattered is open.
         assert "Needs: pressure open · reuse open · cache open" in final
-        assert {k: v["state"] for k, v in verdict["conditions"].items()} == {"pressure": "open", "reuse": "open", "cache": "open"}
+        assert {k: v["state"] for k, v in verdict["conditions"].items()} == {
+            "pressure": "open", "reuse": "open", "cache": "open"
+        }
         assert wait_for(lambda: gone(verdict["control"]["pid"]), 10)  # the control was stopped
         tmux.send("Escape")
         # the main screen again (its footer), still saying the verdict (the action bar, the log pane's notice)

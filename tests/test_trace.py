@@ -253,8 +253,14 @@ def test_prefix_of_shares_along_the_tree_and_nothing_more(vocab) -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d["requests"][1].update(prefix_of="c1b"), "prefix_of names 'c1b', which is not an earlier request's id"),
-        (lambda d: d["requests"][1].update(prefix_of="c1"), "prefix_of names 'c1', which is not an earlier request's id"),
+        (
+            lambda d: d["requests"][1].update(prefix_of="c1b"),
+            "prefix_of names 'c1b', which is not an earlier request's id",
+        ),
+        (
+            lambda d: d["requests"][1].update(prefix_of="c1"),
+            "prefix_of names 'c1', which is not an earlier request's id",
+        ),
         (lambda d: d["requests"][1].update(prefix_len=0), "prefix_len must be within 1..60"),
         (lambda d: d["requests"][3].update(prefix_len=100), "prefix_len must be within 1..90 (the prompt_len of 'c1'"),
         (lambda d: d["requests"][3].update(offset_ms=0.5), "offset_ms 0.5 is before that of 'c1', its prefix_of"),

@@ -31,7 +31,10 @@ from radixtop.tui.panes import LiveOptions
 from radixtop.widgets.confirm import PlanScreen, RunScreen
 
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
-ORDINARY = "[2026-12-02 14:03:13.281] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 0"
+ORDINARY = (
+    "[2026-12-02 14:03:13.281] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, "
+    "gen throughput (token/s): 1782.15, #queue-req: 0"
+)
 SIZE = (120, 40)
 
 
@@ -42,7 +45,9 @@ def sim(tmp_path: Path):
     sim.stop()
 
 
-def make_app(tmp_path: Path, url: str, log: Path, *, readonly: bool = False, auto: bool = True, **confirm) -> RadixtopApp:
+def make_app(
+    tmp_path: Path, url: str, log: Path, *, readonly: bool = False, auto: bool = True, **confirm
+) -> RadixtopApp:
     settings = ActionSettings(
         out_dir=tmp_path / "out",
         auto_bundle=auto,

@@ -106,7 +106,9 @@ async def test_a_plan_that_cannot_start_offers_only_close(tmp_path: Path, monkey
         sim.stop()
 
 
-async def test_a_plan_that_needs_the_live_servers_gpus_is_approved_only_by_typing_stop(tmp_path: Path, monkeypatch) -> None:
+async def test_a_plan_that_needs_the_live_servers_gpus_is_approved_only_by_typing_stop(
+    tmp_path: Path, monkeypatch
+) -> None:
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
         FakeNvml(monkeypatch, layout=[(120, [(sim.pid, 118)])] * 2 + [(130, [(777, 128)])] * 6)

@@ -8,7 +8,14 @@ from dataclasses import replace
 from radixtop.incident.confirm.verdict import ArmEvidence, ArmRole, VerdictKind, decide
 
 
-def arm(role: ArmRole, *, signatures: tuple[str, ...] = (), answered: int = 96, failed: int = 0, alive: bool = True) -> ArmEvidence:
+def arm(
+    role: ArmRole,
+    *,
+    signatures: tuple[str, ...] = (),
+    answered: int = 96,
+    failed: int = 0,
+    alive: bool = True,
+) -> ArmEvidence:
     return ArmEvidence(role, url="http://127.0.0.1:1", healthy=True, signatures=signatures, calls=96, calls_per_run=32,
                        runs=3, answered_calls=answered, failed_calls=failed, alive_after=alive, peak_token_usage=0.5)
 
@@ -45,8 +52,10 @@ def test_a_failure_gone_under_the_control_is_not_touched_by_the_rule() -> None:
 def test_the_conditions_say_only_what_the_control_changed_alone() -> None:
     from radixtop.incident.confirm.verdict import conditions
 
-    failing = replace(arm("reproduction", signatures=("radix-page-lock-eviction",), answered=10, failed=22, alive=False),
-                      peak_token_usage=0.97)
+    failing = replace(
+        arm("reproduction", signatures=("radix-page-lock-eviction",), answered=10, failed=22, alive=False),
+        peak_token_usage=0.97,
+    )
     clean = replace(arm("control"), peak_token_usage=0.41)
     # The default control lowers the pressure and disables the cache together: neither alone is known.
     both = conditions(VerdictKind.PRESSURE_DEPENDENT, failing, clean, cache_disabled=True)
@@ -62,7 +71,11 @@ def test_the_conditions_say_only_what_the_control_changed_alone() -> None:
                       replace(clean, peak_token_usage=0.3), cache_disabled=True)
     assert (same.pressure.state, same.reuse.state, same.cache.state) == ("not-needed", "open", "needed")
     # Still failing without the cache: neither the cache nor reuse is needed, nor the pressure.
-    still = conditions(VerdictKind.PERSISTS_UNDER_CONTROL, failing, replace(clean, signatures=("radix-page-lock-eviction",)),
-                       cache_disabled=True)
+    still = conditions(
+        VerdictKind.PERSISTS_UNDER_CONTROL,
+        failing,
+        replace(clean, signatures=("radix-page-lock-eviction",)),
+        cache_disabled=True,
+    )
     assert (still.pressure.state, still.reuse.state, still.cache.state) == ("not-needed", "not-needed", "not-needed")
     assert conditions(VerdictKind.NOT_REPRODUCED, failing, clean, cache_disabled=True).pressure.state == "open"

@@ -104,7 +104,7 @@ def start_container(where: Path, argv: list[str], *, net: bool = False) -> subpr
          "--", *argv],
         stdout=open(where / "out.txt", "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,  # noqa: SIM115
         start_new_session=True,
-    )  # fmt: skip
+    )
 
 
 def server_in(container: subprocess.Popen, timeout_s: float = 20) -> int:
@@ -143,7 +143,7 @@ def start_proxy(where: Path, container_pid: int, container_port: int, host_port:
          "-container-ip", "127.0.0.1", "-container-port", str(container_port)],
         executable=sys.executable, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env={**os.environ, "CONTAINER_PID": str(container_pid)}, start_new_session=True,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     assert line.strip() == "ready", line

@@ -31,7 +31,7 @@ class Standin:
 def start_standin(
     workdir: Path, *args: str, argv0: str | None = None, python: str = sys.executable,
     env: Mapping[str, str] | None = None,
-) -> Standin:  # fmt: skip
+) -> Standin:
     """The stand-in server, run by ``python``; ``argv0``: the name it claims (``exec -a``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ready = workdir / f"standin-{time.monotonic_ns()}.port"
@@ -41,7 +41,7 @@ def start_standin(
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})}, start_new_session=True,
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 20
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -21,7 +21,9 @@ READY_TIMEOUT_S = 20.0
 FAST = ("--tp-size", "1", "--step-ms", "1", "--enable-metrics")
 # A healthy server and one whose lock race fires under the default pressure workload.
 HEALTHY_FLAGS = ("--max-total-tokens", "4096", "--page-size", "16", "--max-running-requests", "8")
-LOCK_RACE_FLAGS = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7")
+LOCK_RACE_FLAGS = (
+    "--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", "lock-race:7"
+)
 
 
 @dataclass
@@ -49,7 +51,7 @@ def start_sim(workdir: Path, *flags: str, env: Mapping[str, str] | None = None, 
         proc = subprocess.Popen(
             argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, start_new_session=True,
-        )  # fmt: skip
+        )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not (ready.exists() and ready.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -60,7 +62,7 @@ def start_sim(workdir: Path, *flags: str, env: Mapping[str, str] | None = None, 
 
 
 def small_trace(name: str = "small", requests: int = 4, prompt_len: int = 48, max_tokens: int = 8,
-                prefix_len: int = 16) -> Trace:  # fmt: skip
+                prefix_len: int = 16) -> Trace:
     return Trace(
         name=name,
         page_size_hint=16,
@@ -98,7 +100,7 @@ def radixtop(
     return subprocess.run(
         [sys.executable, "-m", "radixtop", *args], capture_output=True, text=True, timeout=timeout_s,
         stdin=stdin, env={**os.environ, **(env or {})}, check=False,
-    )  # fmt: skip
+    )
 
 
 def all_bytes(root: Path) -> list[tuple[str, bytes]]:
@@ -121,7 +123,9 @@ def lock_race_bundle(tmp_path: Path) -> tuple[Sim, Path]:
     from radixtop.incident.replay.trace import plan_requests
     from radixtop.incident.replay.workloads import pressure_trace
 
-    flags = ("--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1")
+    flags = (
+        "--max-total-tokens", "1024", "--page-size", "16", "--tp-size", "2", "--fault", "lock-race:1:probability=1"
+    )
     sim = start_sim(tmp_path / "sim", *flags)
     planned = plan_requests(pressure_trace(1024, 8, page_size=16))
 
@@ -139,6 +143,6 @@ def lock_race_bundle(tmp_path: Path) -> tuple[Sim, Path]:
         sim.stop()
     assert sim.proc.returncode != 0, "the lock race did not kill the server"
     done = radixtop("bundle", "--out", str(tmp_path / "out"), "--url", sim.url, "--pid", str(sim.pid),
-                    "--log", str(sim.log), "--json")  # fmt: skip
+                    "--log", str(sim.log), "--json")
     assert done.returncode == 0, done.stderr
     return sim, Path(json.loads(done.stdout)["path"])

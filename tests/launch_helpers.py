@@ -118,14 +118,21 @@ def build_venv(where: Path) -> Path:
     venv = where / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     # radixtop's dependencies come from the test run's own environment.
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True, timeout=30).stdout.strip())  # fmt: skip
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    )
     (site / "radixtop-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     got = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps",
          "-e", str(ROOT), str(pkg)],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     if got.returncode != 0:
         raise RuntimeError(f"pip install failed: {got.stderr[-2000:]}")
     return venv / "bin"

@@ -33,7 +33,7 @@ def node(parent: int, tokens: int, lock_ref: int = 0, nid: int | None = None, *,
         id=nid, parent=parent, tokens=tokens, lock_ref=lock_ref, evicted=evicted, hit_count=hits,
         last_access=last_access, children=children, subtree_tokens=subtree if subtree is not None else tokens,
         head=tuple(range(1, min(tokens, 4) + 1)),
-    )  # fmt: skip
+    )
 
 
 def small_tree() -> tuple[NodeRow, ...]:
@@ -64,7 +64,7 @@ def make_snapshot(*, rank: int = 0, instance: str = "aa11", seq: int = 1, nodes:
         "page_size": 16, "capacity_tokens": 4096, "available_tokens": 1000, "evictable_tokens": 2000,
         "protected_tokens": 32, "hooks_state": "active", "counters": counters or Counters(lock_ops=10, unlock_ops=9),
         "events_seq": events_seq, "census": census, "tree": tree,
-    }  # fmt: skip
+    }
     values.update(changes)
     return Snapshot(**values)
 
@@ -176,7 +176,7 @@ def start_sim(workdir: Path, *flags: str, timeout_s: float = 30.0) -> tuple[subp
     proc = subprocess.Popen(
         sim_argv("--step-ms", "1", *flags, ready_file=ready, log_file=log),
         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    )
     out.close()
     deadline = time.monotonic() + timeout_s
     while not (ready.exists() and ready.read_text().strip()):

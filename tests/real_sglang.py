@@ -29,7 +29,7 @@ BASE_FLAGS = (
     "--disable-cuda-graph", "--disable-overlap-schedule", "--sleep-on-idle", "--page-size", "16",
     "--max-total-tokens", "4096", "--max-running-requests", "8", "--enable-metrics",
     "--skip-server-warmup", "--load-format", "dummy",
-)  # fmt: skip
+)
 START_TIMEOUT_S = 300.0
 FIRED_UP = "The server is fired up and ready to roll!"
 
@@ -47,7 +47,7 @@ def tiny_model(root: Path) -> Path:
         python = sglang_python()
         assert python is not None
         subprocess.run([python, str(REPO / "tests" / "sglang" / "tiny_model.py"), str(model)], check=True,
-                       timeout=120, capture_output=True)  # fmt: skip
+                       timeout=120, capture_output=True)
     return model
 
 
@@ -133,9 +133,13 @@ def start_server(
     model = model or tiny_model(workdir)
     port = free_port()
     argv = [python, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
-            "--port", str(port), *BASE_FLAGS, *flags]  # fmt: skip
+            "--port", str(port), *BASE_FLAGS, *flags]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RADIXTOP_", "SGLANG_"))}
-    full_env.update({"SGLANG_USE_CPU_ENGINE": "1", "PYTHONUNBUFFERED": "1", "RADIXTOP_RUNTIME_DIR": os.environ.get("RADIXTOP_RUNTIME_DIR", "")})
+    full_env.update({
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "RADIXTOP_RUNTIME_DIR": os.environ.get("RADIXTOP_RUNTIME_DIR", ""),
+    })
     if not full_env["RADIXTOP_RUNTIME_DIR"]:
         del full_env["RADIXTOP_RUNTIME_DIR"]
     if plugin:
@@ -148,7 +152,7 @@ def start_server(
     out = log.open("wb")
     try:
         server.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=full_env, cwd=workdir, start_new_session=True)  # fmt: skip
+                                       env=full_env, cwd=workdir, start_new_session=True)
     finally:
         out.close()
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -9,8 +9,9 @@ a JSON file with --secrets). ``slow``: every answer is sent one byte every --dri
 ``--list-instrument URL`` (repeatable): /server_info's radixtop_instrument list.
 ``generate``: POST /generate answers as SGLang does (the text names the prompt: the first 12 hex
 digits of the SHA-1 of its input_ids as JSON), each request is recorded as a JSON line in
---record FILE (its headers, that prompt name, its extra_key, the client's port), the first --drop N requests are read and their connection closed with no answer (a server
-closing a keep-alive connection as a call arrives), and --close-after-answer closes every
+--record FILE (its headers, that prompt name, its extra_key, the client's port), the first
+--drop N requests are read and their connection closed with no answer (a server closing a
+keep-alive connection as a call arrives), and --close-after-answer closes every
 connection after its answer without saying so, and --answer-after S holds each answer S seconds
 (the record's ``in_flight``: generate requests being served as this one arrived, itself included).
 --tls CERT KEY serves HTTPS.
@@ -66,7 +67,7 @@ def main() -> None:
                     deep = "[" * 900 + "]" * 900
                     listed = json.dumps(args.list_instrument)
                     body = (f'{{"version": "0.5-standin", "max_total_num_tokens": 4096, "deep": {deep}, '
-                            f'"radixtop_instrument": {listed}}}').encode()  # fmt: skip
+                            f'"radixtop_instrument": {listed}}}').encode()
                     return self._send(200, body)
                 doc = {"version": "0.5-standin", "notes": list(secrets.values()), **secrets}
                 if args.list_instrument:
@@ -95,10 +96,11 @@ def main() -> None:
                 dropped = seen[0] <= args.drop
                 if args.record:
                     with open(args.record, "a") as fh:
-                        fh.write(json.dumps({"headers": dict(self.headers.items()), "prompt": prompt, "dropped": dropped,
+                        fh.write(json.dumps({"headers": dict(self.headers.items()), "prompt": prompt,
+                                             "dropped": dropped,
                                              "port": self.client_address[1], "in_flight": serving[0],
                                              "extra_key": doc.get("extra_key"),
-                                             "at": time.time()}) + "\n")  # fmt: skip
+                                             "at": time.time()}) + "\n")
             try:
                 if dropped:
                     self.close_connection = True

@@ -18,7 +18,10 @@ SEED = "[2026-12-03 11:54:35 TP1] RadixCacheError: Failed to lock memory page du
 
 
 def access(second: int, method: str = "POST", path: str = "/generate", status: int = 503) -> str:
-    return f'[2026-12-03 11:54:{second:02d}] INFO:     127.0.0.1:37568 - "{method} {path} HTTP/1.1" {status} Service Unavailable'
+    return (
+        f'[2026-12-03 11:54:{second:02d}] INFO:     127.0.0.1:37568 - "{method} {path} HTTP/1.1" '
+        f"{status} Service Unavailable"
+    )
 
 
 def feed(state: IncidentState, texts: list[str], ingestor: Ingestor | None = None, start: int = 1) -> None:
@@ -46,7 +49,7 @@ def test_a_second_of_access_lines_is_one_counted_row_and_other_lines_stay():
     state = IncidentState(capacity=1000)
     lines = ["[2026-12-03 11:54:34] server up", *[access(35) for _ in range(30)],
              *[access(35, "GET", "/health") for _ in range(7)], "Traceback (most recent call last):",
-             *[access(35) for _ in range(5)], *[access(36) for _ in range(4)], "the end"]  # fmt: skip
+             *[access(35) for _ in range(5)], *[access(36) for _ in range(4)], "the end"]
     feed(state, lines)
     shown = view(state)
     assert shown == [

@@ -20,7 +20,8 @@ from radixtop.incident.replay.trace import Trace, TraceRequest, builtin_trace, p
 from radixtop.sim.engine import SimConfig
 
 SEED_FLAGS = ("--page-size", "64", "--max-total-tokens", "65536", "--max-running-requests", "8")
-SEED_CONFIG = SimConfig(page_size=64, max_total_tokens=65536, max_running_requests=8, step_time_s=0.001)  # FAST's 1 ms step
+# FAST's 1 ms step
+SEED_CONFIG = SimConfig(page_size=64, max_total_tokens=65536, max_running_requests=8, step_time_s=0.001)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,9 @@ def rows_by_call(doc: dict) -> dict[tuple[str, int], dict]:
 def edge_trace() -> Trace:
     """At page 64: a prefix of page - 1 tokens, one not page-aligned, one shared across namespaces, and
     one page evicted by a prompt that needs the whole pool before its second use."""
-    def r(rid: str, offset: float, prefix: int, group: str, extra_key: str | None = None, prompt: int = 256) -> TraceRequest:
+    def r(
+        rid: str, offset: float, prefix: int, group: str, extra_key: str | None = None, prompt: int = 256
+    ) -> TraceRequest:
         return TraceRequest(rid, offset, prompt, prefix, group, 4, 1, extra_key=extra_key)
 
     return Trace("edges", 64, (
@@ -53,7 +56,7 @@ def edge_trace() -> Trace:
         r("tail-a", 0, 100, "tail"), r("tail-b", 100, 100, "tail"),
         r("ns-a", 0, 64, "ns", "tenant-a"), r("ns-b", 100, 64, "ns", "tenant-b"), r("ns-c", 200, 64, "ns", "tenant-a"),
         r("evict-a", 400, 64, "evict"), r("flood", 600, 0, "flood", prompt=65_500), r("evict-b", 900, 64, "evict"),
-    ))  # fmt: skip
+    ))
 
 
 def test_replay_reports_the_seeds_one_page_prefix_with_its_cached_tokens_and_reason(sim64, capsys) -> None:
@@ -70,7 +73,9 @@ def test_replay_reports_the_seeds_one_page_prefix_with_its_cached_tokens_and_rea
     assert all(r["cached_tokens"] == [64] and r["reason"] is None for r in copies if r is not first[0])
     assert rows["r02", 1]["expected_cached_tokens"] == 64 and rows["r02", 0]["expected_cached_tokens"] == 0
     assert rows["r02_b_s_b_s_s_s", 0]["cached_tokens"] == [64]
-    assert rows["r02_b_s_s_s_s", 0]["cached_tokens"] == [64] and cache["missed"] == {"first-of-group": {"calls": 1, "tokens": 64}}
+    assert rows["r02_b_s_s_s_s", 0]["cached_tokens"] == [64] and cache["missed"] == {
+        "first-of-group": {"calls": 1, "tokens": 64}
+    }
     assert cache["cached_tokens"] == sum(sum(r["cached_tokens"]) for r in cache["calls"])
     code, text, _ = run_cli(capsys, "replay", "finding_03330", "--url", sim64.url, "--runs", "1")
     assert "Page size 64 (the server's)" in text and "hit rate" in text
@@ -107,7 +112,9 @@ def replayed_hit_rate(url: str, trace: Trace) -> float:
     return account.summary.hit_rate
 
 
-def test_analyze_gives_the_hit_rate_of_a_replay_against_the_simulator_with_the_same_flags(sim64, tmp_path: Path, capsys) -> None:
+def test_analyze_gives_the_hit_rate_of_a_replay_against_the_simulator_with_the_same_flags(
+    sim64, tmp_path: Path, capsys
+) -> None:
     seed = builtin_trace("finding_03330")
     code, out, _ = run_cli(capsys, "analyze", "finding_03330", *SEED_FLAGS, "--step-ms", "1", "--json")
     doc = json.loads(out)
@@ -121,18 +128,24 @@ def test_analyze_gives_the_hit_rate_of_a_replay_against_the_simulator_with_the_s
         replayed = replayed_hit_rate(sim.url, pressure)
     finally:
         sim.stop()
-    offline = analyze(pressure, SimConfig(page_size=16, max_total_tokens=8192, max_running_requests=8, step_time_s=0.001))
+    offline = analyze(
+        pressure, SimConfig(page_size=16, max_total_tokens=8192, max_running_requests=8, step_time_s=0.001)
+    )
     assert offline.evicted_tokens > 0 and offline.summary.hit_rate == pytest.approx(replayed, abs=1e-9)
 
 
 def test_sweep_prints_one_row_per_setting_and_shows_where_the_cache_stops_helping(capsys) -> None:
-    code, out, _ = run_cli(capsys, "analyze", "finding_03330", "--max-total-tokens", "65536", "--sweep", "page-size=1,64,128")
+    code, out, _ = run_cli(
+        capsys, "analyze", "finding_03330", "--max-total-tokens", "65536", "--sweep", "page-size=1,64,128"
+    )
     assert code == 0
     rows = {int(line.split()[0].replace(",", "")): line for line in out.splitlines()[2:] if line.strip()}
     assert sorted(rows) == [1, 64, 128]
     assert rows[64].split()[1] == "1.8%" and rows[1].split()[1] == "1.8%"  # the one-page prefix is reused
     assert rows[128].split()[1] == "0.0%" and "shorter than a page 11" in rows[128]  # a 64-token prefix at page 128
-    code, out, _ = run_cli(capsys, "analyze", "demo_pressure", "--page-size", "16", "--json", "--sweep", "max-total-tokens=2048,65536")
+    code, out, _ = run_cli(
+        capsys, "analyze", "demo_pressure", "--page-size", "16", "--json", "--sweep", "max-total-tokens=2048,65536"
+    )
     doc = json.loads(out)
     small, large = doc["rows"]
     assert small["setting"]["max_total_tokens"] == 2048 and small["missed"]["evicted"]["calls"] > 100
@@ -142,10 +155,15 @@ def test_sweep_prints_one_row_per_setting_and_shows_where_the_cache_stops_helpin
 def test_a_recorded_trace_is_analyzed(tmp_path: Path, capsys) -> None:
     system = list(range(1, 129))
     calls = [
-        RecordedCall(0.0, "/generate", system + [1000 + i] * 40, None, 8, 1, prompt_tokens=None, status=200, extra_key=key)
+        RecordedCall(
+            0.0, "/generate", system + [1000 + i] * 40, None, 8, 1, prompt_tokens=None, status=200, extra_key=key
+        )
         for i, key in enumerate((None, None, "lora:x"))
     ]
-    calls = [RecordedCall(i * 50.0, c.path, c.input_ids, None, 8, 1, status=200, extra_key=c.extra_key) for i, c in enumerate(calls)]
+    calls = [
+        RecordedCall(i * 50.0, c.path, c.input_ids, None, 8, 1, status=200, extra_key=c.extra_key)
+        for i, c in enumerate(calls)
+    ]
     path = tmp_path / "recorded.json"
     save_trace(build_trace(calls, name="recorded", keep_prompts=True), path)
     code, out, _ = run_cli(capsys, "analyze", str(path), "--page-size", "16", "--json")

@@ -49,7 +49,9 @@ def _status(app) -> str:
 
 
 def _shown(app) -> set[str]:
-    names = {"#main": "log", "#radix-pane": "radix", "#gpu-pane": "gpu", "#procs-pane": "procs", "#vitals-pane": "vitals"}
+    names = {
+        "#main": "log", "#radix-pane": "radix", "#gpu-pane": "gpu", "#procs-pane": "procs", "#vitals-pane": "vitals"
+    }
     out = set()
     for selector, name in names.items():
         widget = app.query_one(selector)
@@ -67,7 +69,7 @@ def sim(tmp_path: Path):
 
 def live_app(url: str, log: Path, **kw) -> RadixtopApp:
     return RadixtopApp(log_patterns=[str(log)], from_start=True,
-                       live=LiveOptions(url=url, logs=(str(log),), **kw))  # fmt: skip
+                       live=LiveOptions(url=url, logs=(str(log),), **kw))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,10 +80,14 @@ async def test_attaches_to_the_simulator_and_shows_every_pane(sim) -> None:
     proc, url, log = sim
     app = live_app(url, log)
     async with app.run_test(size=(160, 48)) as pilot:
-        await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
+        await _until(
+            pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame"
+        )
         await _until(pilot, lambda: "rank 1" in _text(app, "#radix-title"), "both ranks in the radix pane")
         assert _shown(app) == {"log", "radix", "gpu", "procs", "vitals"}
-        await _until(pilot, lambda: "server ok" in _status(app) and "r0 ok" in _status(app), "sources in the status line")
+        await _until(
+            pilot, lambda: "server ok" in _status(app) and "r0 ok" in _status(app), "sources in the status line"
+        )
         await _until(pilot, lambda: str(proc.pid) in _text(app, "#procs-body"), "the server's pid")
         await _until(pilot, lambda: "from /metrics" in _text(app, "#vitals-title"), "vitals from /metrics")
         assert "pool 16,384" in _text(app, "#radix-summary")
@@ -96,7 +102,9 @@ async def test_small_screen_one_pane_at_a_time_and_big_screen_zoom(sim) -> None:
     _, url, log = sim
     app = live_app(url, log, gpu=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
+        await _until(
+            pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame"
+        )
         assert _shown(app) == {"log"}
         for key, name in (("2", "radix"), ("3", "gpu"), ("4", "procs"), ("5", "vitals"), ("1", "log"), ("2", "radix")):
             await pilot.press(key)
@@ -125,11 +133,15 @@ async def test_a_dead_server_is_down_with_its_time_and_panes_keep_their_values(t
     app = live_app(url, log, gpu=False)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
-            await _until(pilot, lambda: "rank 1" in _text(app, "#radix-title") and "procs ok" in _status(app), "attached")
+            await _until(
+                pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame"
+            )
+            await _until(
+                pilot, lambda: "rank 1" in _text(app, "#radix-title") and "procs ok" in _status(app), "attached"
+            )
             stop(proc)
             await _until(pilot, lambda: re.search(r"\bserver\b[\w ]* DOWN since \d\d:\d\d:\d\d", _status(app)),
-                         "server DOWN in the status line, with its time")  # fmt: skip
+                         "server DOWN in the status line, with its time")
             await _until(pilot, lambda: "DOWN since" in _text(app, "#radix-title"), "the radix pane marked DOWN")
             assert "last values from" in _text(app, "#radix-title")
             assert "root ·" in app.query_one(RadixTreeView).render_line(0).text, "the tree stays on screen"
@@ -158,15 +170,20 @@ vllm:kv_cache_usage_perc{model_name="m"} 0.5
 
 async def test_vllm_feeds_the_vitals_and_the_radix_pane_says_it_needs_sglang(tmp_path: Path) -> None:
     log = tmp_path / "vllm.log"
-    log.write_text("INFO 12-02 14:00:03 [loggers.py:123] Engine 000: Running: 3 reqs, Waiting: 1 reqs, GPU KV cache usage: 50.0%, Prefix cache hit rate: 40.0%\n")
+    log.write_text(
+        "INFO 12-02 14:00:03 [loggers.py:123] Engine 000: Running: 3 reqs, Waiting: 1 reqs, "
+        "GPU KV cache usage: 50.0%, Prefix cache hit rate: 40.0%\n"
+    )
     with stub_server() as stub:
         stub.answers["/health"] = Answer(body=b"")
         stub.answers["/v1/models"] = Answer(body=b'{"data":[{"id":"m","owned_by":"vllm"}]}')
         stub.answers["/metrics"] = Answer(body=VLLM_METRICS, content_type="text/plain")
         app = RadixtopApp(log_patterns=[str(log)], from_start=True,
-                          live=LiveOptions(url=stub.url, logs=(str(log),), gpu=False, discover=False))  # fmt: skip
+                          live=LiveOptions(url=stub.url, logs=(str(log),), gpu=False, discover=False))
         async with app.run_test(size=(160, 48)) as pilot:
-            await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame")
+            await _until(
+                pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted after the first frame"
+            )
             await _until(pilot, lambda: "vLLM has no such endpoint" in _text(app, "#radix-summary"), "the vLLM note")
             await _until(pilot, lambda: "from /metrics" in _text(app, "#vitals-title"), "vLLM gauges in the vitals")
             assert "50% /metrics" in _text(app, "#vitals-body")
@@ -186,24 +203,26 @@ def _fill(app: RadixtopApp, *, down: bool = False) -> None:
     for i in range(60):
         m = ServerMetrics("sglang", {"token_usage": min(1.0, 0.5 + i / 100), "running": float(20 + i % 12),
                                      "queued": float(max(0, i - 40)), "cache_hit_rate": 0.6,
-                                     "evicted_tokens_total": float(i * i * 10), "retracted": float(i > 50)})  # fmt: skip
+                                     "evicted_tokens_total": float(i * i * 10), "retracted": float(i > 50)})
         st.apply(ServerSample(info.url, ok, T0 - 60 + i, info=info, metrics=m))
     anomaly = Event(9, T0 - 12, "negative_lock_ref", node_id=4, lock_ref=-1, message="double unlock")
     for rank in (0, 1):
         for seq in (1, 2):
             snap = make_snapshot(rank=rank, seq=seq, when=T0 - 4 + 2 * seq,
                                  counters=Counters(lock_ops=100 * seq, unlock_ops=99 * seq, evictions=10 * seq,
-                                                   evicted_tokens=160 * seq, negative_lock_ref=1))  # fmt: skip
+                                                   evicted_tokens=160 * seq, negative_lock_ref=1))
             st.apply(RadixSample(f"http://127.0.0.1:3910{rank}", ok, T0 - 4 + 2 * seq, rank=rank, snapshot=snap,
-                                 index=TreeIndex.build(snap), events=(anomaly,) if (rank, seq) == (0, 2) else ()))  # fmt: skip
+                                 index=TreeIndex.build(snap), events=(anomaly,) if (rank, seq) == (0, 2) else ()))
     procs = (
-        ProcInfo(100, 1, "server", None, "python -m sglang.launch_server --tp 2", "sleeping", 2 * GiB, 3.0, 40, T0 - 600),
+        ProcInfo(
+            100, 1, "server", None, "python -m sglang.launch_server --tp 2", "sleeping", 2 * GiB, 3.0, 40, T0 - 600
+        ),
         ProcInfo(101, 100, "scheduler", "TP0", "sglang::scheduler_TP0", "running", 12 * GiB, 99.0, 80, T0 - 590),
         ProcInfo(102, 100, "scheduler", "TP1", "sglang::scheduler_TP1", "running", 12 * GiB, 98.0, 80, T0 - 590),
-    )  # fmt: skip
+    )
     st.apply(ProcsSample(ok, T0, 100, procs))
     gpus = tuple(GpuInfo(i, "NVIDIA H200", f"GPU-{i}", 120 * GiB, 140 * GiB, 97, 66, 512.0, 700.0,
-                         (GpuProcess(101 + i, 110 * GiB),)) for i in range(2))  # fmt: skip
+                         (GpuProcess(101 + i, 110 * GiB),)) for i in range(2))
     st.apply(GpuSample(ok, T0, gpus, driver="550.54.15", seconds=0.004))
     if down:
         gone = SourceState("down", "connection refused (is the server running?)", T0 - 3)
@@ -214,7 +233,7 @@ def _fill(app: RadixtopApp, *, down: bool = False) -> None:
 
 def _shot_app() -> RadixtopApp:
     return RadixtopApp(log_patterns=[str(SAMPLE)], from_start=True, clock=lambda: 0.0,
-                       live=LiveOptions(discover=False, gpu=False))  # fmt: skip
+                       live=LiveOptions(discover=False, gpu=False))
 
 
 def _before(keys: tuple[str, ...] = (), down: bool = False):
@@ -255,7 +274,7 @@ def test_help_lists_the_pane_keys() -> None:
     console.print(help_text())
     text = console.export_text()
     for key, pane in (("1", "log pane"), ("2", "radix tree pane"), ("3", "GPU pane"), ("4", "processes pane"),
-                      ("5", "vital signs pane"), ("0", "all panes")):  # fmt: skip
+                      ("5", "vital signs pane"), ("0", "all panes")):
         assert re.search(rf"^{key} +{pane}", text, re.MULTILINE), text
     assert re.search(r"^\[ +previous rank in the radix pane", text, re.MULTILINE)
     assert re.search(r"^\] +next rank in the radix pane", text, re.MULTILINE)

@@ -76,18 +76,20 @@ def test_redactor_removes_secret_shapes_names_and_known_values_but_keeps_sglang_
         f"--api-key {API_KEY} --port 1": "--api-key [REDACTED] --port 1",
         "--api-key=zzzz99999 --max-new-tokens 32": "--api-key=[REDACTED] --max-new-tokens 32",
         f"x {HF} y": "x [REDACTED] y",
-        "password: hunter22x, token usage: 0.93, #new-token: 64": "password: [REDACTED], token usage: 0.93, #new-token: 64",
+        "password: hunter22x, token usage: 0.93, #new-token: 64":
+            "password: [REDACTED], token usage: 0.93, #new-token: 64",
         "https://user:pa55w0rd@example/x": "https://user:[REDACTED]@example/x",
         "echo a-known-value-123": "echo [REDACTED]",
         "TOKENIZERS_PARALLELISM=false max_new_tokens=32": "TOKENIZERS_PARALLELISM=false max_new_tokens=32",
-        "a\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1r\n-----END OPENSSH PRIVATE KEY-----\nb": "a\n[REDACTED]\nb",
+        "a\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1r\n-----END OPENSSH PRIVATE KEY-----\nb":
+            "a\n[REDACTED]\nb",
         "cut: -----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\nzzz": "cut: [REDACTED]",
     }
     for text, want in cases.items():
         assert r.text(text) == want
     assert r.argv(["python", "--api-key", "k1234567", "--max-total-tokens", "2048", f"--hf-token={HF}"]) == [
         "python", "--api-key", REDACTED, "--max-total-tokens", "2048", f"--hf-token={REDACTED}",
-    ]  # fmt: skip
+    ]
     assert r.env({"HF_TOKEN": HF, "PATH": "/usr/bin"}) == {"HF_TOKEN": REDACTED, "PATH": "/usr/bin"}
     doc = r.json({"api_key": "abc", "max_new_tokens": 3, "launch_command": f"--api-key {API_KEY}"})
     assert doc == {"api_key": REDACTED, "max_new_tokens": 3, "launch_command": "--api-key [REDACTED]"}
@@ -110,7 +112,7 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
     events = []
     try:
         result = take_bundle(tmp_path / "out", url=sim.url, logs=[str(sim.log), str(planted)], reason="test",
-                             on_progress=events.append)  # fmt: skip
+                             on_progress=events.append)
     finally:
         sim.stop()
     root = result.path
@@ -148,7 +150,7 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
     # collect_env ran with the server's own interpreter (here without torch: its note names it)
     collect_env = root / "env/collect_env.txt"
     assert collect_env.exists() or f"{sys.executable} -I -m torch.utils.collect_env" in (
-        root / "env/collect_env.txt.note.txt").read_text()  # fmt: skip
+        root / "env/collect_env.txt.note.txt").read_text()
     ran = {c["for"]: c for c in json.loads((root / "MANIFEST.json").read_text())["commands"]}
     assert ran["env/collect_env.txt"]["argv"] == [sys.executable, "-I", "-m", "torch.utils.collect_env"]
     assert f"process {sim.pid} runs" in ran["env/collect_env.txt"]["why"]
@@ -156,7 +158,9 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
     # every file is in the manifest with its hash; tampering is caught; no secret anywhere
     manifest = json.loads((root / "MANIFEST.json").read_text())
     listed = {e["path"] for e in manifest["files"]}
-    assert listed == {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {"MANIFEST.json", "SHA256SUMS"}
+    assert listed == {
+        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
+    } - {"MANIFEST.json", "SHA256SUMS"}
     _assert_no_secret(tmp_path / "out")
     (root / "findings.json").write_text("{}")
     assert verify_bundle(root) == ["findings.json: SHA-256 differs from the manifest"]
@@ -175,7 +179,7 @@ def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> 
 
     box = {}
     worker = threading.Thread(target=lambda: box.update(result=take_bundle(
-        tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid, on_progress=kill_midway)))  # fmt: skip
+        tmp_path / "out", url=sim.url, logs=[str(planted)], pid=sim.pid, on_progress=kill_midway)))
     worker.start()
     worker.join(60)
     sim.stop()
@@ -187,7 +191,7 @@ def test_bundle_taken_while_the_server_is_killed_is_complete(tmp_path: Path) -> 
     assert next(root.glob("evidence/*radix-page-lock-eviction.log")).is_file()
     # every source is there, or a note says why not
     for rel in ("server/server_info.json", "server/metrics.txt", "procs/processes.json", "gpu/nvml.json",
-                "env/collect_env.txt"):  # fmt: skip
+                "env/collect_env.txt"):
         assert (root / rel).exists() or (root / f"{rel}.note.txt").exists(), rel
 
     # and once it is certainly gone: the notes say what could not be had, the log evidence stands
@@ -205,7 +209,7 @@ def test_auto_bundle_fires_at_the_first_error_while_the_lock_race_kills_the_serv
     window.start()
     done = threading.Event()
     auto = AutoBundler(tmp_path / "auto", url=sim.url, logs=[str(sim.log)], pid=sim.pid,
-                       on_done=lambda result, error: done.set())  # fmt: skip
+                       on_done=lambda result, error: done.set())
     planned = plan_requests(pressure_trace(1024, 8, page_size=16))
 
     async def load() -> None:
@@ -252,7 +256,9 @@ def test_nvml_snapshot_through_the_pynvml_calls(tmp_path: Path, monkeypatch: pyt
     collect_nvml(BundleWriter(tmp_path, Redactor()))
     doc = json.loads((tmp_path / "gpu/nvml.json").read_text())
     device = doc["devices"][0]
-    assert device["name"] == "NVIDIA H200" and device["memory_used"] == 60 << 30 and doc["driver_version"] == "550.54.15"
+    assert (
+        device["name"] == "NVIDIA H200" and device["memory_used"] == 60 << 30 and doc["driver_version"] == "550.54.15"
+    )
     assert device["power_w"] is None and any(p.startswith("power: unknown NVML error") for p in device["problems"])
     assert device["processes"] == [{"pid": 4242, "used_bytes": 50 << 30}]
 
@@ -348,7 +354,9 @@ def test_a_bundle_after_the_lock_race_keeps_every_ranks_flight_record(tmp_path: 
     sim, bundle = lock_race_bundle(tmp_path)
     for rank in (0, 1):
         record = FlightRecord.from_dict(json.loads((bundle / f"flight/rank{rank}-pid{sim.pid}.json").read_text()))
-        assert record.triggers[0].message.endswith("RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+        assert record.triggers[0].message.endswith(
+            "RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
+        )
         assert record.snapshot.rank == rank and record.snapshot.census.complete
     assert "flight/" in (bundle / "README.txt").read_text()
     assert verify_bundle(bundle) == []

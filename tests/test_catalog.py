@@ -161,7 +161,8 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
     ),
     (
         "kv-pool-retract",
-        "[2024-12-01 10:00:00 TP0] Decode out of memory happened. #retracted_reqs: 3, #new_token_ratio: 0.4000 -> 0.5500",
+        "[2024-12-01 10:00:00 TP0] Decode out of memory happened. "
+        "#retracted_reqs: 3, #new_token_ratio: 0.4000 -> 0.5500",
         frozenset(),
     ),
     (
@@ -443,7 +444,8 @@ def test_ordinary_lines_never_match(matcher: Matcher) -> None:
     ordinary = list(ORDINARY_LINES) + [
         "[2026-12-02 14:00:05 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=70.87 GB",
         "[2026-12-02 14:00:10 TP1] KV Cache is allocated. #tokens: 412345, K size: 25.17 GB, V size: 25.17 GB",
-        "[2026-12-02 14:00:14 TP0] Capture cuda graph end. Time elapsed: 3.71 s. mem usage=0.61 GB. avail mem=15.80 GB.",
+        "[2026-12-02 14:00:14 TP0] Capture cuda graph end. "
+        "Time elapsed: 3.71 s. mem usage=0.61 GB. avail mem=15.80 GB.",
         "[2026-12-02 14:00:15] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
         "Loading safetensors checkpoint shards: 100% Completed | 4/4 [00:03<00:00, 1.30it/s]",
         "INFO 12-02 14:00:00 [gpu_model_runner.py:2000] Model loading took 15.0 GiB",
@@ -580,7 +582,9 @@ def test_user_signature_role_defaults_to_cause_and_is_checked(tmp_path: Path) ->
     assert load_catalog([noticed]).get("site-b").role == "notice"
     text = GOOD.format(id="a", pattern="x1", severity="error") + 'role = "symptom"\n'
     message = _error(tmp_path, text)
-    assert message == f'{len(text.splitlines())}: signature "a" has role "symptom"; use one of cause, consequence, notice'
+    assert message == (
+        f'{len(text.splitlines())}: signature "a" has role "symptom"; use one of cause, consequence, notice'
+    )
 
 
 def test_error_unknown_key(tmp_path: Path) -> None:

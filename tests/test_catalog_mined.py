@@ -91,7 +91,11 @@ def test_every_incident_message_has_a_signature_or_a_reason() -> None:
     used = [0] * len(rules)
     missing = []
     for row in _unsigned_incident_messages():
-        hits = [i for i, (pattern, how, _) in enumerate(rules) if (not how or how & set(row["how"])) and pattern.search(row["message"])]
+        hits = [
+            i
+            for i, (pattern, how, _) in enumerate(rules)
+            if (not how or how & set(row["how"])) and pattern.search(row["message"])
+        ]
         if not hits:
             missing.append(f"{row['package']} {row['releases']}: {row['message'][:120]}")
         for i in hits:
@@ -120,7 +124,10 @@ def test_every_incident_message_has_a_signature_or_a_reason() -> None:
         ("dec_lock_ref on node with node.swa_lock_ref={}, node.id={}", "lock-ref-release-underflow"),
         ("SWA window release hit lock_ref=0 on node {}", "lock-ref-release-underflow"),
         ("Mamba release hit lock_ref=0 on node {}", "lock-ref-release-underflow"),
-        ("tombstone swa_lock_ref should always be 0, node.full_lock_ref={}, node.swa_lock_ref={}, node.id={}", "radix-lock-invariant"),
+        (
+            "tombstone swa_lock_ref should always be 0, node.full_lock_ref={}, node.swa_lock_ref={}, node.id={}",
+            "radix-lock-invariant",
+        ),
         ("Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...", "subprocess-crashed"),
         ("NCCL error: {}", "nccl-error"),
     ],
@@ -135,7 +142,9 @@ def test_every_signature_has_a_role() -> None:
     assert text.count("\nrole = ") == len(CATALOG.signatures)  # written out, not defaulted
     roles = {sig.id: sig.role for sig in CATALOG.signatures}
     assert set(roles.values()) == set(ROLES)
-    for consequence in ("child-sigquit", "scheduler-exception", "nccl-watchdog-timeout", "nccl-aborted", "subprocess-crashed"):
+    for consequence in (
+        "child-sigquit", "scheduler-exception", "nccl-watchdog-timeout", "nccl-aborted", "subprocess-crashed"
+    ):
         assert roles[consequence] == "consequence", consequence
     for notice in ("kv-pool-retract", "server-ready", "fp8-kv-no-scales", "flashinfer-jit-fallback"):
         assert roles[notice] == "notice", notice

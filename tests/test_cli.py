@@ -60,7 +60,7 @@ def test_options_before_the_subcommand_still_reach_it(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "radixtop", "--signatures", str(extra), "scan", str(log), "--json"],
         capture_output=True, text=True, check=False, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert [f["signature"] for f in json.loads(done.stdout)["findings"]] == ["zebra"]
 
@@ -108,7 +108,9 @@ def refusal(capsys: pytest.CaptureFixture, *argv: str) -> str:
 def test_the_tuis_url_and_log_before_bundle_are_refused_not_dropped(capsys: pytest.CaptureFixture) -> None:
     """bundle has --url and --log of its own: given before it, they once parsed to url=None."""
     argv = ["--url", "http://10.0.0.1:30000", "--log", "s.log", "bundle"]
-    with pytest.raises(UsageError, match=r"^--url before `bundle` is the TUI's; give it after the subcommand: radixtop bundle --url"):
+    with pytest.raises(
+        UsageError, match=r"^--url before `bundle` is the TUI's; give it after the subcommand: radixtop bundle --url"
+    ):
         build_parser().parse_args(argv)
     assert "radixtop bundle --url" in refusal(capsys, *argv)
     args = build_parser().parse_args(["bundle", "--url", "http://10.0.0.1:30000", "--log", "s.log"])
@@ -119,7 +121,9 @@ def test_a_tui_option_before_scan_is_refused(capsys: pytest.CaptureFixture, tmp_
     log = tmp_path / "x.log"
     log.write_text("[2026-12-02 14:00:00] nothing\n")
     err = refusal(capsys, "--theme", "light", "scan", str(log))
-    assert err == "radixtop: --theme applies only to the TUI (radixtop with no subcommand); drop it from `radixtop scan`\n"
+    assert err == (
+        "radixtop: --theme applies only to the TUI (radixtop with no subcommand); drop it from `radixtop scan`\n"
+    )
 
 
 SAMPLE = {"--log": ["x.log"], "--theme": ["light"], "--url": ["http://127.0.0.1:1"], "--instrument": ["http://127.0.0.1:2"]}
@@ -149,8 +153,12 @@ def test_every_tui_option_before_every_subcommand_is_refused_by_name(name: str) 
 
 
 def test_the_tuis_options_after_demo_reach_it() -> None:
-    args = build_parser().parse_args(["demo", "--no-panes", "--no-gpu", "--no-discover", "--theme", "light", "--readonly"])
-    assert (args.no_panes, args.no_gpu, args.no_discover, args.theme, args.readonly) == (True, True, True, "light", True)
+    args = build_parser().parse_args(
+        ["demo", "--no-panes", "--no-gpu", "--no-discover", "--theme", "light", "--readonly"]
+    )
+    assert (args.no_panes, args.no_gpu, args.no_discover, args.theme, args.readonly) == (
+        True, True, True, "light", True
+    )
 
 
 def test_global_options_before_a_subcommand_are_taken_where_it_has_them(capsys: pytest.CaptureFixture) -> None:
@@ -177,11 +185,17 @@ def test_global_options_before_a_subcommand_are_taken_where_it_has_them(capsys: 
         (["confirm", "--url", "u", "--runs", "0"], "--runs: must be at least 1, got 0"),
         (["confirm", "--url", "u", "--concurrency-divisor", "0"], "--concurrency-divisor: must be at least 1, got 0"),
         (["replay", "t", "--url", "u", "--vocab-size", "8"], "--vocab-size: must be at least 16, got 8"),
-        (["replay", "t", "--url", "u", "--page-size", "0"], "--page-size: must be a number of tokens (at least 1) or auto, got '0'"),
+        (
+            ["replay", "t", "--url", "u", "--page-size", "0"],
+            "--page-size: must be a number of tokens (at least 1) or auto, got '0'",
+        ),
         (["replay", "t", "--url", "u", "--max-in-flight", "-1"], "--max-in-flight: must be at least 0, got -1"),
         (["analyze", "t", "--step-ms", "20000"], "--step-ms: must be within 0..10000, got 20000"),
         (["analyze", "t", "--step-ms", "nan"], "--step-ms: must be within 0..10000, got nan"),
-        (["record", "--url", "u", "--out", "t.json", "--listen-port", "70000"], "--listen-port: must be within 0..65535, got 70000"),
+        (
+            ["record", "--url", "u", "--out", "t.json", "--listen-port", "70000"],
+            "--listen-port: must be within 0..65535, got 70000",
+        ),
     ],
 )
 def test_option_checks_are_one_line_in_one_wording(capsys: pytest.CaptureFixture, argv: list[str], says: str) -> None:

@@ -48,7 +48,9 @@ def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Pa
     try:
         plan, run, verdict, events = _confirm(
             # a divisor of 2 keeps the test short: 4 running requests still use well under 90 % of the pool
-            ConfirmOptions(url=sim.url, workdir=tmp_path / "confirm", runs=2, control_timeout_s=20, concurrency_divisor=2)
+            ConfirmOptions(
+                url=sim.url, workdir=tmp_path / "confirm", runs=2, control_timeout_s=20, concurrency_divisor=2
+            )
         )
     finally:
         sim.stop()
@@ -80,10 +82,10 @@ def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Pa
 @pytest.mark.parametrize("page_size", [64, 16])
 def test_block_boundary_cli_reports_r02_in_the_baseline_and_a_clean_control(tmp_path: Path, page_size: int) -> None:
     sim = start_sim(tmp_path / "live", "--page-size", str(page_size), "--max-total-tokens", "65536",
-                    "--fault", "block-boundary:7")  # fmt: skip
+                    "--fault", "block-boundary:7")
     try:
         done = radixtop("confirm", "--url", sim.url, "--trace", "finding_03330", "--runs", "3", "--yes", "--json",
-                        "--workdir", str(tmp_path / "confirm"), "--health-timeout", "20", timeout_s=120)  # fmt: skip
+                        "--workdir", str(tmp_path / "confirm"), "--health-timeout", "20", timeout_s=120)
     finally:
         sim.stop()
     assert done.returncode == 0, done.stderr
@@ -149,7 +151,7 @@ def test_ctrl_c_cancels_the_run_stops_the_control_and_leaves_the_live_server(tmp
         [sys.executable, "-m", "radixtop", "confirm", "--url", sim.url, "--trace", str(trace), "--runs", "30",
          "--yes", "--no-bundle", "--workdir", str(tmp_path / "c"), "--health-timeout", "20"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
     try:
@@ -175,7 +177,7 @@ def test_confirm_cli_shows_the_plan_on_a_terminal_and_starts_nothing_when_declin
     try:
         os.write(primary, b"n\n")
         done = radixtop("confirm", "--url", sim.url, "--trace", "finding_03330", "--workdir", str(tmp_path / "c"),
-                        stdin=secondary)  # fmt: skip
+                        stdin=secondary)
         assert sim.proc.poll() is None
     finally:
         os.close(primary)
@@ -212,7 +214,10 @@ def test_control_argv_for_sglang_launch_commands() -> None:
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "40001"
     assert flag_value(argv, "--max-running-requests") == "16" and flag_value(argv, "--disable-radix-cache") == ""
     assert flag_value(argv, "--api-key") is None and flag_value(argv, "--nccl-port") is None
-    assert flag_value(argv, "--enable-deterministic-inference") == "" and flag_value(argv, "--mem-fraction-static") == "0.3"
+    assert (
+        flag_value(argv, "--enable-deterministic-inference") == ""
+        and flag_value(argv, "--mem-fraction-static") == "0.3"
+    )
     assert "--max-running-requests 64 -> 16" in changes
     keep, _ = build_control_argv(live, port=1, max_running=16, cache="keep")
     assert flag_value(keep, "--disable-radix-cache") is None
@@ -253,9 +258,11 @@ def test_a_program_flags_and_files_named_by_server_info_are_never_run_or_read(tm
     private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1r\n-----END OPENSSH PRIVATE KEY-----\n")
     proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(pwned), str(private)])
     try:
-        assert wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 20), "the fake server did not start"
+        assert wait_for(
+            lambda: port_file.exists() and port_file.read_text().strip(), 20
+        ), "the fake server did not start"
         options = ConfirmOptions(url=f"http://127.0.0.1:{port_file.read_text()}", workdir=tmp_path / "c",
-                                 trace=small_trace(), runs=1, bundle=False)  # fmt: skip
+                                 trace=small_trace(), runs=1, bundle=False)
         plan = asyncio.run(prepare(options))
     finally:
         proc.kill()
@@ -280,12 +287,12 @@ def test_a_listener_that_is_not_sglang_is_refused_without_a_launch_command(tmp_p
     """A proxy or wrapper on the port (its argv has --flags but is not SGLang): relaunching it
     would confirm nothing; the plan stops with a line that says to pass --launch-command."""
     port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(tmp_path / "p"), str(tmp_path / "l"),
-                             "--proxy-mode", "on"])  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", _HOSTILE_SERVER, str(port_file), str(tmp_path / "p"),
+                             str(tmp_path / "l"), "--proxy-mode", "on"])
     try:
         assert wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 20)
         options = ConfirmOptions(url=f"http://127.0.0.1:{port_file.read_text()}", workdir=tmp_path / "c",
-                                 trace=small_trace(), runs=1, bundle=False)  # fmt: skip
+                                 trace=small_trace(), runs=1, bundle=False)
         with pytest.raises(PlanError, match="neither SGLang nor radixtop's simulator; pass --launch-command"):
             asyncio.run(prepare(options))
     finally:
@@ -299,7 +306,7 @@ def test_a_trace_written_for_another_page_size_is_rescaled_to_the_servers(tmp_pa
     sim = start_sim(tmp_path / "live", "--page-size", "16", "--max-total-tokens", "65536")
     try:
         options = ConfirmOptions(url=sim.url, workdir=tmp_path / "c", trace=builtin_trace("finding_03330"),
-                                 runs=1, bundle=False)  # fmt: skip
+                                 runs=1, bundle=False)
         plan = asyncio.run(prepare(options))
     finally:
         sim.stop()

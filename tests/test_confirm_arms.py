@@ -27,7 +27,7 @@ from radixtop.incident.replay.trace import Trace, TraceRequest, save_trace
 # The race fires at the first eviction at 0.90 token usage or more: every run of the workload reaches it.
 # (The default 2 ms scheduler step: at the helpers' 1 ms, requests finish before the pool fills.)
 PRESSURE_SIM = ("--page-size", "16", "--max-total-tokens", "16384", "--max-running-requests", "64", "--step-ms", "2",
-                "--fault", "lock-race:seed=3,probability=1")  # fmt: skip
+                "--fault", "lock-race:seed=3,probability=1")
 
 
 def pressure_trace_file(path: Path) -> Path:
@@ -37,14 +37,14 @@ def pressure_trace_file(path: Path) -> Path:
     for i in range(120):
         prefix = rng.choice((0, 256, 512))
         requests.append(TraceRequest(f"q{i:03d}", offset_ms=i * 15.0, prompt_len=rng.randint(1024, 1536),
-                                     prefix_len=prefix, group=f"g{prefix}", max_tokens=64))  # fmt: skip
+                                     prefix_len=prefix, group=f"g{prefix}", max_tokens=64))
     save_trace(Trace("pressure120", 16, tuple(requests)), path)
     return path
 
 
 def confirm_json(tmp_path: Path, *args: str, timeout_s: float = 240) -> tuple[dict, subprocess.CompletedProcess]:
     done = radixtop("confirm", "--json", "--yes", "--workdir", str(tmp_path / "c"), "--control-timeout", "30", *args,
-                    timeout_s=timeout_s)  # fmt: skip
+                    timeout_s=timeout_s)
     assert done.returncode in (0, 1), done.stderr
     return json.loads(done.stdout), done
 
@@ -53,7 +53,7 @@ def test_under_pressure_the_lock_race_is_pressure_dependent_and_the_arms_are_sid
     sim = start_sim(tmp_path / "live", *PRESSURE_SIM)
     try:
         doc, done = confirm_json(tmp_path, "--url", sim.url, "--log", str(sim.log), "--runs", "1",
-                                 "--trace", str(pressure_trace_file(tmp_path / "t.json")))  # fmt: skip
+                                 "--trace", str(pressure_trace_file(tmp_path / "t.json")))
     finally:
         sim.stop()
     assert doc["verdict"] == "pressure-dependent", doc["reason"]
@@ -71,10 +71,12 @@ def test_under_pressure_the_lock_race_is_pressure_dependent_and_the_arms_are_sid
 
 
 def test_a_healthy_server_is_not_reproduced(tmp_path: Path) -> None:
-    sim = start_sim(tmp_path / "live", "--page-size", "16", "--max-total-tokens", "16384", "--max-running-requests", "64")
+    sim = start_sim(
+        tmp_path / "live", "--page-size", "16", "--max-total-tokens", "16384", "--max-running-requests", "64"
+    )
     try:
         doc, _ = confirm_json(tmp_path, "--url", sim.url, "--log", str(sim.log), "--runs", "1",
-                              "--trace", str(pressure_trace_file(tmp_path / "t.json")))  # fmt: skip
+                              "--trace", str(pressure_trace_file(tmp_path / "t.json")))
     finally:
         sim.stop()
     assert doc["verdict"] == "not-reproduced", doc["reason"]
@@ -91,7 +93,9 @@ def test_after_the_server_died_confirm_plans_from_what_was_seen_and_runs_two_arm
         sim.proc.wait(10)
     assert seen.env["SGLANG_TEST_FLAG"] == "7" and "HF_TOKEN" in seen.secret_keys
     assert "hf_aaaa" not in written.read_text() and "HF_TOKEN" in written.read_text()  # name kept, value never
-    doc, done = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(pressure_trace_file(tmp_path / "t.json")))
+    doc, done = confirm_json(
+        tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(pressure_trace_file(tmp_path / "t.json"))
+    )
     assert doc["mode"] == "relaunch" and "planned from what was seen at" in doc["planned_from"]
     assert doc["baseline"]["role"] == "reproduction" and doc["baseline"]["healthy"]
     assert doc["verdict"] == "pressure-dependent", doc["reason"]
@@ -130,13 +134,13 @@ def test_a_dead_server_never_seen_is_one_line_naming_what_to_pass(tmp_path: Path
 
 def test_a_launch_command_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
     done = radixtop("confirm", "--url", "http://127.0.0.1:9", "--yes", "--workdir", str(tmp_path / "w"),
-                    "--launch-command", "python -m sglang.launch_server --model-path 'unterminated")  # fmt: skip
+                    "--launch-command", "python -m sglang.launch_server --model-path 'unterminated")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "cannot be split" in done.stderr
 
 
 def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
     return ConfirmOptions(**{"url": url, "workdir": tmp_path / "c", "trace": small_trace(), "bundle": False,
-                             "control_timeout_s": 20, **kw})  # fmt: skip
+                             "control_timeout_s": 20, **kw})
 
 
 def test_an_unreadable_environment_blocks_the_plan_unless_own_env(tmp_path: Path, monkeypatch) -> None:
@@ -239,13 +243,13 @@ def test_one_run_per_node_a_second_confirm_watches_the_first_and_shows_its_verdi
         [sys.executable, "-m", "radixtop", "confirm", "--url", sim.url, "--trace", str(trace), "--runs", "25",
          "--yes", "--no-bundle", "--workdir", str(tmp_path / "a")],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     reader = threading.Thread(target=lambda: first_lines.extend(first.stderr), daemon=True)
     reader.start()
     try:
         assert wait_for(lambda: any("[baseline] run 1/" in line for line in first_lines), 60), "".join(first_lines)
         second = radixtop("confirm", "--url", sim.url, "--trace", str(trace), "--yes", "--no-bundle",
-                          "--workdir", str(tmp_path / "b"), timeout_s=180)  # fmt: skip
+                          "--workdir", str(tmp_path / "b"), timeout_s=180)
         first_out, _ = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
@@ -296,7 +300,7 @@ def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tm
         assert any("Loading safetensors checkpoint shards" in m for m in progress), progress
         # Too short a --control-timeout for the load: inconclusive, with the lines it got to.
         short = asyncio.run(prepare(_options(tmp_path / "short", sim.url, runs=1, launch_command=command,
-                                             control_timeout_s=1)))  # fmt: skip
+                                             control_timeout_s=1)))
         late = asyncio.run(ConfirmationRun(short).run())
     finally:
         sim.stop()
@@ -319,7 +323,7 @@ def test_a_program_the_server_names_in_its_argv_is_never_what_confirm_runs(tmp_p
         executable=sys.executable, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         # Python looks for its environment beside argv[0]: give it this one's packages.
         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-    )  # fmt: skip
+    )
     try:
         assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20)
         url = f"http://127.0.0.1:{ready.read_text().strip()}"
@@ -330,7 +334,7 @@ def test_a_program_the_server_names_in_its_argv_is_never_what_confirm_runs(tmp_p
         evil.chmod(0o777)
         os.symlink(os.path.realpath(sys.executable), evil / "python3")
         proc2 = subprocess.Popen([str(evil / "python3"), "-c", "import time; time.sleep(30)"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             from radixtop.incident.common.server import server_interpreter
 
@@ -379,8 +383,9 @@ def test_nvml_failing_leaves_the_placement_unknown_in_the_plan_and_asks(tmp_path
     nvml.fail("nvmlInit", 9)  # driver not loaded
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
-        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1,
-                                            launch_command="python -m sglang.launch_server --model-path m --tp-size 2")))  # fmt: skip
+        plan = asyncio.run(prepare(_options(
+            tmp_path, sim.url, runs=1, launch_command="python -m sglang.launch_server --model-path m --tp-size 2"
+        )))
     finally:
         sim.stop()
     assert plan.placement.status == "unknown" and not plan.blockers  # it asks; nothing is decided for the user

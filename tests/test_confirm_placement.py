@@ -83,7 +83,7 @@ def test_without_nvml_the_placement_is_unknown_and_says_what_to_pass(monkeypatch
 
 def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
     return ConfirmOptions(url=url, workdir=tmp_path / "c", trace=small_trace(), runs=1, bundle=False,
-                          control_timeout_s=20, **kw)  # fmt: skip
+                          control_timeout_s=20, **kw)
 
 
 def test_a_plan_whose_control_cannot_fit_starts_nothing(tmp_path: Path, monkeypatch):

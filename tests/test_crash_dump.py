@@ -52,15 +52,20 @@ def _as_sglangs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def finished(i: int, ids: list[int], *, at: float, cached: int = 0, **params: Any) -> tuple:
-    req = GenerateReqInput(rid=f"rid-{i}", input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0.0, **params})
-    out = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "cached_tokens": cached, "finish_reason": {"type": "length"}}}
+    req = GenerateReqInput(
+        rid=f"rid-{i}", input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0.0, **params}
+    )
+    out = {
+        "text": "x",
+        "meta_info": {"prompt_tokens": len(ids), "cached_tokens": cached, "finish_reason": {"type": "length"}},
+    }
     return (req, out, T0 + at, T0 + at + 0.05)
 
 
 def write_dump(path: Path, monkeypatch: pytest.MonkeyPatch, requests: list) -> Path:
     _as_sglangs(monkeypatch)
     doc = {"server_args": None, "config_updates": [], "resolved_config": {"page_size": 16, "model_path": "/m"},
-           "requests": requests, "launch_command": "python -m sglang.launch_server --page-size 16"}  # fmt: skip
+           "requests": requests, "launch_command": "python -m sglang.launch_server --page-size 16"}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL))
     return path
@@ -73,11 +78,13 @@ def sample(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     batch = GenerateReqInput(rid="batch-1", input_ids=[[1, 2], [3, 4]])
     in_flight = GenerateReqInput(rid="rid-4", input_ids=chat_a + [9] * 40,
                                  sampling_params={"max_new_tokens": 64, "ignore_eos": True, "stop": ["</s>", "\n\n"]},
-                                 extra_key="tenant-a")  # fmt: skip
+                                 extra_key="tenant-a")
     return write_dump(tmp_path / "dumps" / "node0" / "crash_dump_2026-12-05_10-28-34.pkl", monkeypatch, [
-        finished(1, chat_a, at=0.0), finished(2, chat_b, at=0.5, cached=48), finished(3, chat_a + [5] * 16, at=1.0, cached=64),
+        finished(1, chat_a, at=0.0),
+        finished(2, chat_b, at=0.5, cached=48),
+        finished(3, chat_a + [5] * 16, at=1.0, cached=64),
         (health, {"meta_info": {}}, T0 + 1.1, T0 + 1.2), (batch, {}, T0 + 1.2, None), (in_flight, {}, T0 + 1.5, None),
-    ])  # fmt: skip
+    ])
 
 
 def test_a_dump_shaped_as_sglangs_becomes_the_trace_of_its_own_requests(monkeypatch, tmp_path: Path) -> None:
@@ -103,8 +110,10 @@ def test_a_dump_shaped_as_sglangs_becomes_the_trace_of_its_own_requests(monkeypa
     ("target", "asks_for"),
     [(os.system, "posix.system"), (eval, "builtins.eval"), (subprocess.Popen, "subprocess.Popen"),
      (getattr, "builtins.getattr")],
-)  # fmt: skip
-def test_a_pickle_that_would_run_something_is_refused_in_one_line_and_runs_nothing(tmp_path: Path, target, asks_for) -> None:
+)
+def test_a_pickle_that_would_run_something_is_refused_in_one_line_and_runs_nothing(
+    tmp_path: Path, target, asks_for
+) -> None:
     marker = tmp_path / "ran"
 
     class Hostile:
@@ -126,7 +135,7 @@ def test_sglangs_names_are_inert_stand_ins_nothing_is_imported_or_called(tmp_pat
     wanted = "sglang.srt.utils.common"
     assert wanted not in sys.modules
     body = (b"\x80\x04" + b"\x8c" + bytes([len(wanted)]) + wanted.encode() + b"\x94"
-            + b"\x8c\x11kill_process_tree\x94\x93\x94" + b"K\x01\x85\x94R\x94.")  # fmt: skip
+            + b"\x8c\x11kill_process_tree\x94\x93\x94" + b"K\x01\x85\x94R\x94.")
     path = tmp_path / "d.pkl"
     path.write_bytes(body)
     with pytest.raises(DumpError, match="not an SGLang crash or request dump"):
@@ -175,8 +184,12 @@ def test_links_and_other_users_dumps_and_folders_are_refused(monkeypatch, tmp_pa
 def test_replay_sends_the_dumps_exact_prompts_and_convert_writes_a_private_trace(monkeypatch, tmp_path: Path) -> None:
     dump = sample(monkeypatch, tmp_path)
     out = tmp_path / "t.json"
-    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(dump.parent.parent), "-o", str(out)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "radixtop", "trace", "convert", str(dump.parent.parent), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "the crash's own workload" in done.stderr and "4 requests over 1.5 s, 1 in flight" in done.stderr
     assert out.stat().st_mode & 0o777 == 0o600
@@ -184,8 +197,13 @@ def test_replay_sends_the_dumps_exact_prompts_and_convert_writes_a_private_trace
     calls = tmp_path / "calls.jsonl"
     standin = start_standin(tmp_path, "--mode", "generate", "--record", str(calls))
     try:
-        done = subprocess.run([sys.executable, "-m", "radixtop", "replay", str(dump), "--url", standin.url, "--runs", "1",
-                               "--no-flush", "--vocab-size", "4096", "--json"], capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "radixtop", "replay", str(dump), "--url", standin.url, "--runs", "1",
+             "--no-flush", "--vocab-size", "4096", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) == 4, 10)
     finally:
@@ -202,7 +220,7 @@ def test_a_dumps_trace_exports_as_mooncake_with_its_shared_pages(monkeypatch, tm
     dump = sample(monkeypatch, tmp_path)
     out = tmp_path / "crash.jsonl"
     done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(dump), "--format", "mooncake",
-                           "-o", str(out)], capture_output=True, text=True, timeout=60)  # fmt: skip
+                           "-o", str(out)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "4 Mooncake requests (one a copy), 16 tokens a hash id (the trace's page_size_hint)" in done.stderr
     assert "cache namespaces (extra_key) are not written" in done.stderr
@@ -210,7 +228,7 @@ def test_a_dumps_trace_exports_as_mooncake_with_its_shared_pages(monkeypatch, tm
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["timestamp"], r["input_length"], r["output_length"]) for r in lines] == [
         (0, 78, 8), (500, 72, 8), (1000, 94, 8), (1500, 118, 64),
-    ]  # fmt: skip
+    ]
     assert [r["hash_ids"] for r in lines] == [[0, 1, 2, 3, 4], [0, 1, 2, 5, 6], [0, 1, 2, 3, 7, 8], list(range(9, 17))]
 
 
@@ -231,10 +249,15 @@ def test_the_plan_takes_the_crash_s_own_workload_from_the_dump_its_log_names(mon
         assert plan.workload_origin.startswith("made up: token pressure sized to the server"), plan.workload_origin
         with open(sim.log, "a") as log:
             log.write(f"[2026-12-05 10:28:34] Dumped 3 finished and 1 unfinished requests before crash to {dump}\n")
-        plan = asyncio.run(prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c2", logs=(str(sim.log),), bundle=False)))
+        plan = asyncio.run(
+            prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c2", logs=(str(sim.log),), bundle=False))
+        )
     finally:
         sim.stop()
-    assert plan.workload_origin.startswith("the crash's own: ") and "4 requests over 1.5 s, 1 in flight" in plan.workload_origin
+    assert (
+        plan.workload_origin.startswith("the crash's own: ")
+        and "4 requests over 1.5 s, 1 in flight" in plan.workload_origin
+    )
     assert [r.id for r in plan.trace.requests] == ["rid-1", "rid-2", "rid-3", "rid-4"]
     assert any("the crash's own" in line for line in plan.describe())
     written = tmp_path / "c2" / "workload.json"
@@ -264,20 +287,27 @@ def test_a_json_request_log_is_a_workload_too_in_flight_where_it_never_finished(
         + logged("request.received", "r2", "42.868623", second)
         + logged("request.received", "r3", "43.0", cut)
         + logged("request.finished", "r3", "43.1", cut, {"meta_info": {"prompt_tokens": 64}})
-    )  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(log), "-o", str(tmp_path / "t.json")],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "radixtop", "trace", "convert", str(log), "-o", str(tmp_path / "t.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "the logged requests" in done.stderr and "2 requests over 0.5 s, 1 in flight" in done.stderr, done.stderr
     assert "1 health checks" in done.stderr and "1 prompts cut short (a request log below level 3)" in done.stderr
     requests = json.loads((tmp_path / "t.json").read_text())["requests"]
-    assert [(r["id"], r["offset_ms"], r.get("in_flight", False)) for r in requests] == [("r1", 0.0, False), ("r2", 500.0, True)]
+    assert [(r["id"], r["offset_ms"], r.get("in_flight", False)) for r in requests] == [
+        ("r1", 0.0, False),
+        ("r2", 500.0, True),
+    ]
     assert requests[1]["input_ids"] == chat + [6] * 20 and requests[1]["prefix_of"] == "r1"
     assert requests[1]["prefix_len"] == len(chat) and requests[1]["extra_key"] == "t"
     broken = tmp_path / "broken.log"
     broken.write_text(logged("request.received", "r1", "42.1", first) + '[2026-12-05 10:38:42] {"timestamp": "nope"}\n')
     done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(broken)], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+                          text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 2 and f"{broken}:2: not a request log record" in done.stderr
 
 

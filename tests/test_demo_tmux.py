@@ -86,7 +86,7 @@ def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leav
         pane_pid = int(tmux("display-message", "-p", "-t", "radixtop", "#{pane_pid}").strip())
         # The status line groups sources by state and time: "server r0 DOWN since ..., r1 procs DOWN ..."
         tmux.wait_for(lambda s: re.search(r"│ server\b[^│]*DOWN since", s) is not None,
-                      "the demo's server to die", timeout=90)  # fmt: skip
+                      "the demo's server to die", timeout=90)
         time.sleep(2)  # a person reads the crash before pressing c
         tmux.send("c")
         plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan to approve", timeout=60)
@@ -144,10 +144,10 @@ def test_the_demos_automatic_bundle_keeps_what_the_radix_pane_showed_after_the_r
             time.sleep(0.1)
         assert workdir is not None
         screen = tmux.wait_for(lambda s: re.search(r"│ server\b[^│]*DOWN since", s) is not None,
-                               "the demo's server to die", timeout=90)  # fmt: skip
+                               "the demo's server to die", timeout=90)
         tmux.wait_for(lambda s: "auto bundle (on child-sigquit) written" in s or
                       any(workdir.glob("radixtop-bundle-*-auto-child-sigquit/MANIFEST.json")),
-                      "the automatic bundle of the crash", timeout=60)  # fmt: skip
+                      "the automatic bundle of the crash", timeout=60)
         screen = tmux.capture()
         shown = re.search(r"snapshot #(\d+)", screen)
         pool = re.search(r"locked ([\d,]+) running", screen)
@@ -162,7 +162,10 @@ def test_the_demos_automatic_bundle_keeps_what_the_radix_pane_showed_after_the_r
     number = lambda text: int(text.replace(",", ""))  # noqa: E731
     assert last["seq"] == number(shown.group(1))
     assert last["protected_tokens"] == number(pool.group(1))
-    assert (last["counters"]["lock_ops"], last["counters"]["unlock_ops"]) == (number(locks.group(1)), number(locks.group(2)))
+    assert (last["counters"]["lock_ops"], last["counters"]["unlock_ops"]) == (
+        number(locks.group(1)),
+        number(locks.group(2)),
+    )
     events = json.loads((bundle / "seen/radix/rank0-events.json").read_text())["events"]
     assert any(e["kind"] == "evict" for e in events)
     vitals = json.loads((bundle / "seen/vitals.json").read_text())

@@ -121,7 +121,7 @@ def test_an_sglang_launcher_with_schedulers(tmp_path: Path, stdout_to: str) -> N
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", "x", "--port", str(port)],
         stdout=sink, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
+    )
     try:
         found = _find(proc.pid, ranks=2)
         assert found is not None and found.kind == "sglang"
@@ -190,7 +190,7 @@ def test_the_ranks_endpoints_are_found_among_the_schedulers_ports(tmp_path: Path
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", "x", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
+    )
     try:
         found = None
         for _ in range(60):  # the endpoints come up after the schedulers import radixtop
@@ -260,7 +260,9 @@ async def test_rediscovery_asks_a_server_it_described_in_full_nothing_more(tmp_p
         third = await again()
         mine = [s for s in first.servers if s.pid == proc.pid]
         assert mine and mine[0].url == url and mine[0].instrument_urls
-        assert [s for s in third.servers if s.pid == proc.pid] == mine == [s for s in second.servers if s.pid == proc.pid]
+        assert (
+            [s for s in third.servers if s.pid == proc.pid] == mine == [s for s in second.servers if s.pid == proc.pid]
+        )
         assert log.read_text().count('"GET ') == asked, "a server described in full was asked again"
     finally:
         stop(proc)

@@ -48,7 +48,9 @@ CID = "3f4e1b2c" * 8
 
 
 def _sim(ready: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "radixtop", "sim", "--port", "0", "--ready-file", str(ready), "--step-ms", "1", *flags]
+    return [
+        sys.executable, "-m", "radixtop", "sim", "--port", "0", "--ready-file", str(ready), "--step-ms", "1", *flags
+    ]
 
 
 def _server(pid: int, tries: int = 40, want=lambda s: True) -> FoundServer:
@@ -69,8 +71,14 @@ def _server(pid: int, tries: int = 40, want=lambda s: True) -> FoundServer:
     ("cgroup", "unit"),
     [
         ("0::/system.slice/sglang.service\n", ("sglang.service", False)),
-        ("12:pids:/system.slice/vllm.service\n1:name=systemd:/system.slice/vllm.service\n0::/\n", ("vllm.service", False)),
-        ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/sglang-dev.service\n", ("sglang-dev.service", True)),
+        (
+            "12:pids:/system.slice/vllm.service\n1:name=systemd:/system.slice/vllm.service\n0::/\n",
+            ("vllm.service", False),
+        ),
+        (
+            "0::/user.slice/user-1000.slice/user@1000.service/app.slice/sglang-dev.service\n",
+            ("sglang-dev.service", True),
+        ),
         (f"0::/system.slice/docker-{CID}.scope\n", None),
         ("0::/user.slice/user-1000.slice/session-3.scope\n", None),
         ("0::/init.scope\n", None),
@@ -84,7 +92,7 @@ def test_the_unit_is_read_from_the_cgroup(cgroup: str, unit: tuple[str, bool] | 
 
 def test_the_journal_reader_argv() -> None:
     assert journal_argv("sglang.service", False) == [
-        "journalctl", "-u", "sglang.service", "-f", "-o", "cat", "-n", "5000", "--no-pager"]  # fmt: skip
+        "journalctl", "-u", "sglang.service", "-f", "-o", "cat", "-n", "5000", "--no-pager"]
     assert journal_argv("sglang.service", True)[:3] == ["journalctl", "--user-unit", "sglang.service"]
 
 
@@ -95,11 +103,13 @@ def test_a_server_writing_to_journald_is_followed_through_journalctl(tmp_path: P
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ready = tmp_path / "port"
     proc = subprocess.Popen(_sim(ready), stdout=theirs.fileno(), stderr=theirs.fileno(), stdin=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     theirs.close()
     try:
         port = wait_port(ready)
-        monkeypatch.setattr(serverlog, "read_cgroup", lambda pid: "0::/system.slice/sglang.service\n" if pid == proc.pid else "")
+        monkeypatch.setattr(
+            serverlog, "read_cgroup", lambda pid: "0::/system.slice/sglang.service\n" if pid == proc.pid else ""
+        )
         real = _server(proc.pid)
         assert real.port == port
         if real.log_elsewhere is None:  # journalctl cannot read a journal here (no systemd): said so
@@ -121,9 +131,14 @@ async def test_a_reader_process_log_is_followed_and_stopped(tmp_path: Path) -> N
     """The plumbing behind journalctl / docker logs: a reader's output lands in a spool file that
     the attachment follows; stopping the attachment stops the reader and removes the spool."""
     reader = (sys.executable, "-c", "import time; print('[2026-12-02 14:00:00] first line', flush=True); "
-              "print('[2026-12-02 14:00:01] second line', flush=True); time.sleep(60)")  # fmt: skip
-    server = FoundServer(4242, "sglang", ("python",), 1.0, log_elsewhere=LogElsewhere("journald", "journal of unit x.service",
-                                                                                       argv=reader))  # fmt: skip
+              "print('[2026-12-02 14:00:01] second line', flush=True); time.sleep(60)")
+    server = FoundServer(
+        4242,
+        "sglang",
+        ("python",),
+        1.0,
+        log_elsewhere=LogElsewhere("journald", "journal of unit x.service", argv=reader),
+    )
 
     async def one() -> Discovery:
         return Discovery((server,))
@@ -161,19 +176,21 @@ def test_docker_and_podman_log_files_are_decoded_and_followed(tmp_path: Path) ->
         out = Path(log.path)
         assert wait_for(lambda: out.exists() and "continued" in out.read_text(), 15)
         assert out.read_text().splitlines() == ["[2026-12-02 14:00:00] server started",
-                                                "[2026-12-02 14:00:01] a long line, continued"]  # fmt: skip
+                                                "[2026-12-02 14:00:01] a long line, continued"]
         with open(dj, "a") as f:
             f.write(json.dumps({"log": "[2026-12-02 14:00:02] appended\n", "stream": "stdout", "time": "t"}) + "\n")
         assert wait_for(lambda: "appended" in out.read_text(), 15)
         dj.rename(tmp_path / "old.log")  # the runtime rotates it
-        dj.write_text(json.dumps({"log": "[2026-12-02 14:00:03] after rotation\n", "stream": "stdout", "time": "t"}) + "\n")
+        dj.write_text(
+            json.dumps({"log": "[2026-12-02 14:00:03] after rotation\n", "stream": "stdout", "time": "t"}) + "\n"
+        )
         assert wait_for(lambda: "after rotation" in out.read_text(), 15)
         log.stop()
 
         k8s = tmp_path / "ctr.log"
         k8s.write_text("2026-12-02T14:00:00.1+00:00 stdout F [2026-12-02 14:00:00] one\n"
                        "2026-12-02T14:00:00.2+00:00 stderr P [2026-12-02 14:00:01] two \n"
-                       "2026-12-02T14:00:00.3+00:00 stderr F halves\n")  # fmt: skip
+                       "2026-12-02T14:00:00.3+00:00 stderr F halves\n")
         log2 = RuntimeLog("podman container x log", str(k8s), "k8s-file", spool, poll_s=0.05)
         assert log2.start() == ""
         out2 = Path(log2.path)
@@ -193,11 +210,16 @@ def test_a_container_is_told_by_its_cgroup_and_its_log_found_by_runtime(tmp_path
     assert container_of(me, "0::/user.slice/user-0.slice/session-1.scope\n") is None, "not in a container"
     assert runtime_log_files(docker)[0] == (f"/var/lib/docker/containers/{CID}/{CID}-json.log", "docker-json")
     podman = container_of(me, f"0::/machine.slice/libpod-{CID}.scope\n")
-    assert runtime_log_files(podman, 0)[0] == (f"/var/lib/containers/storage/overlay-containers/{CID}/userdata/ctr.log", "k8s-file")
+    assert runtime_log_files(podman, 0)[0] == (
+        f"/var/lib/containers/storage/overlay-containers/{CID}/userdata/ctr.log",
+        "k8s-file",
+    )
 
     proc = psutil.Process(me)
     # No runtime log file and no daemon answering (docker's does not run here): one line, what to pass.
-    monkeypatch.setattr(serverlog, "runtime_log_files", lambda c, uid=None: [(str(tmp_path / "absent.log"), "docker-json")])
+    monkeypatch.setattr(
+        serverlog, "runtime_log_files", lambda c, uid=None: [(str(tmp_path / "absent.log"), "docker-json")]
+    )
     monkeypatch.setattr(serverlog, "logs_argv", lambda c: None)
     where, _, said = serverlog.log_elsewhere(proc, [], docker)
     assert where is None and len(said) == 1, said
@@ -246,7 +268,9 @@ def test_a_server_in_a_container_network_is_reached_through_its_published_port(t
         unpublished = _server(pid)
         assert unpublished.url is None
         said = [p for p in unpublished.problems if "inside the network of" in p]
-        assert len(said) == 1 and str(port) in said[0] and "pass --url http://127.0.0.1:PORT" in said[0], unpublished.problems
+        assert (
+            len(said) == 1 and str(port) in said[0] and "pass --url http://127.0.0.1:PORT" in said[0]
+        ), unpublished.problems
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             host_port = s.getsockname()[1]
@@ -279,7 +303,7 @@ def test_servers_radixtop_may_not_read_get_one_line_each(tmp_path: Path) -> None
     ready = tmp_path / "port"
     out = open(tmp_path / "out.txt", "ab")  # noqa: SIM115
     plain = subprocess.Popen(_sim(ready), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)  # fmt: skip
+                             start_new_session=True)
     out.close()
     boxes = []
     try:
@@ -291,11 +315,13 @@ def test_servers_radixtop_may_not_read_get_one_line_each(tmp_path: Path) -> None
             pids.append(server_in(box))
             read_inside(pids[-1], "/logs/port")
         got = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", DESCRIBE,
-                              *map(str, pids)], capture_output=True, text=True, timeout=120)  # fmt: skip
+                              *map(str, pids)], capture_output=True, text=True, timeout=120)
         assert got.returncode == 0 and "Traceback" not in got.stderr, got.stderr[-2000:]
         described = {int(k): v for k, v in json.loads(got.stdout).items()}
         lines = described[plain.pid]
-        assert any(f"cannot read /proc/{plain.pid}/fd/1: permission denied" in l and "pass --log" in l for l in lines), lines
+        assert any(
+            f"cannot read /proc/{plain.pid}/fd/1: permission denied" in l and "pass --log" in l for l in lines
+        ), lines
         assert any("cannot see the ports" in l and "pass --url" in l for l in lines), lines
         if boxes:
             lines = described[pids[1]]

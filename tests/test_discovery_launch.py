@@ -29,7 +29,8 @@ from radixtop.probes.server_cmdline import classify, launch_of
 # --nodes=1 vllm serve M --distributed-executor-backend ray`), SGLang's Ray entry point
 # (sglang.srt.entrypoints.http_server_actor: actor `_InternalHttpServerActor`), setproctitle names.
 FORMS = [
-    (["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--port", "30000"], "sglang"),
+    (["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
+      "--port", "30000"], "sglang"),
     (["/usr/bin/python", "-u", "-m", "sglang.launch_server"], "sglang"),
     (["python3", "-um", "sglang.launch_server", "--tp", "2"], "sglang"),
     (["python3", "-X", "faulthandler", "-W", "ignore", "-m", "sglang.launch_server"], "sglang"),
@@ -53,13 +54,17 @@ FORMS = [
     (["taskset", "-c", "0-15", "vllm", "serve", "m"], "vllm"),
     (["timeout", "600", "python", "-m", "sglang.launch_server"], "sglang"),
     (["stdbuf", "-oL", "-eL", "radixtop", "sim"], "sim"),
-    (["/venv/bin/python", "/venv/bin/torchrun", "--nproc-per-node", "8", "-m", "sglang.launch_server", "--port", "30000"], "sglang"),
-    (["torchrun", "--nnodes=1", "--standalone", "/src/sglang/python/sglang/launch_server.py", "--model-path", "m"], "sglang"),
+    (["/venv/bin/python", "/venv/bin/torchrun", "--nproc-per-node", "8", "-m", "sglang.launch_server",
+      "--port", "30000"], "sglang"),
+    (["torchrun", "--nnodes=1", "--standalone", "/src/sglang/python/sglang/launch_server.py",
+      "--model-path", "m"], "sglang"),
     (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "sglang.launch_server"], "sglang"),
     (["uv", "run", "--with", "sglang", "python", "-m", "sglang.launch_server"], "sglang"),
     (["uv", "run", "--python", "3.11", "--", "vllm", "serve", "m"], "vllm"),
-    (["/opt/conda/bin/python", "/opt/conda/bin/conda", "run", "-n", "vllm", "--no-capture-output", "vllm", "serve", "m"], "vllm"),
-    (["srun", "--overlap", "--nodes=1", "--gpus=4", "vllm", "serve", "m", "--distributed-executor-backend", "ray"], "vllm"),
+    (["/opt/conda/bin/python", "/opt/conda/bin/conda", "run", "-n", "vllm", "--no-capture-output",
+      "vllm", "serve", "m"], "vllm"),
+    (["srun", "--overlap", "--nodes=1", "--gpus=4", "vllm", "serve", "m",
+      "--distributed-executor-backend", "ray"], "vllm"),
     (["nohup", "numactl", "-N", "0", "env", "X=1", "uv", "run", "sglang", "serve"], "sglang"),
     # titles
     (["ray::_InternalHttpServerActor"], "sglang"),
@@ -147,21 +152,28 @@ def _start_all(bin_dir: Path, root: Path) -> list[Started]:
         ("console vllm", "vllm", [str(bin_dir / "vllm"), "serve", "org/m"], "stdout"),
         ("python -m sglang", "sglang", [py, "-u", "-m", "sglang.launch_server", "--model-path", "m"], "stdout"),
         ("python -m vllm", "vllm", [py, "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "stdout"),
-        ("script path", "sglang", [py, str(launchers / "sglang" / "launch_server.py"), "--model-path", "m"], "--log-file"),
+        (
+            "script path",
+            "sglang",
+            [py, str(launchers / "sglang" / "launch_server.py"), "--model-path", "m"],
+            "--log-file",
+        ),
         ("nohup env", "sim", ["nohup", "env", "RADIXTOP_FORM=1", str(bin_dir / "radixtop"), "sim"], "stdout"),
         ("taskset", "sglang", ["taskset", "-c", "0", str(bin_dir / "sglang"), "serve", "--model-path", "m"], "stdout"),
         ("timeout", "vllm", ["timeout", "300", str(bin_dir / "vllm"), "serve", "m"], "stdout"),
         ("torchrun", "sglang", [str(bin_dir / "torchrun"), "--nproc-per-node", "1", "--standalone", "-m",
-                                "sglang.launch_server", "--model-path", "m"], "stdout"),  # fmt: skip
+                                "sglang.launch_server", "--model-path", "m"], "stdout"),
         ("conda run", "vllm", [str(bin_dir / "conda"), "run", "-n", "vllm", "--no-capture-output",
-                               str(bin_dir / "vllm"), "serve", "m"], "stdout"),  # fmt: skip
+                               str(bin_dir / "vllm"), "serve", "m"], "stdout"),
     ]
     if shutil.which("numactl") and subprocess.run(["numactl", "-N", "0", "true"], capture_output=True).returncode == 0:
-        forms.append(("numactl", "sim", ["numactl", "--cpunodebind=0", "--membind=0", py, "-m", "radixtop", "sim"], "stdout"))
+        forms.append(
+            ("numactl", "sim", ["numactl", "--cpunodebind=0", "--membind=0", py, "-m", "radixtop", "sim"], "stdout")
+        )
     uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
     if uv:
         forms.append(("uv run", "sglang", [uv, "run", "--no-project", "--python", py, "--", str(bin_dir / "sglang"),
-                                           "serve", "--model-path", "m"], "stdout"))  # fmt: skip
+                                           "serve", "--model-path", "m"], "stdout"))
     ray_script = root / "ray_actor.py"
     ray_script.write_text(RAY_ACTOR)
     forms.append(("ray actor", "sglang", ["ray::_InternalHttpServerActor", str(ray_script)], "stdout"))
@@ -184,7 +196,7 @@ def _start_all(bin_dir: Path, root: Path) -> list[Started]:
         titled = argv[0].startswith("ray::")
         proc = subprocess.Popen([*argv, *flags], executable=py if titled else None, cwd=workdir, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ray_env if titled else env,
-                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent)
         out.close()
         started.append(Started(name, kind, proc, workdir, log, how))
     return started
@@ -215,7 +227,9 @@ def test_discovery_finds_a_server_started_in_every_form(venv_bin: Path, tmp_path
             assert got is not None, f"{s.name}: not found at {s.url}; found {sorted(found)}"
             assert got.kind == s.kind, (s.name, got.kind)
             assert got.pid in _tree(s.proc), f"{s.name}: pid {got.pid} is not in the launched tree"
-            assert got.log_path == str(s.log) and got.log_how == s.how, (s.name, got.log_path, got.log_how, got.problems)
+            assert got.log_path == str(s.log) and got.log_how == s.how, (
+                s.name, got.log_path, got.log_how, got.problems
+            )
         # A wrapper that stays as the server's parent (timeout, torchrun, conda run, uv run) is not
         # listed as a second server.
         pids = {s.pid for s in found.values()}

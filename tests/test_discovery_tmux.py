@@ -51,7 +51,7 @@ class OwnTmux:
             self.server = subprocess.Popen(
                 ["unshare", "--pid", "--fork", "--mount-proc", "tmux", "-S", self.socket, "-f", "/dev/null", "-D"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_clean(os.environ),
-            )  # fmt: skip
+            )
             deadline = time.monotonic() + 10
             while not os.path.exists(self.socket):
                 if self.server.poll() is not None or time.monotonic() > deadline:
@@ -66,7 +66,7 @@ class OwnTmux:
         return got.stdout
 
     def start(self, argv: list[str], *, env: dict[str, str] | None = None, split: bool = False,
-              window: bool = False, width: int = 160, height: int = 40) -> str:  # fmt: skip
+              window: bool = False, width: int = 160, height: int = 40) -> str:
         """Run an argv (never a string from outside the test) in a new session, a new pane below
         the first, or a new window; its pane id."""
         import shlex
@@ -78,10 +78,10 @@ class OwnTmux:
             cmd = [exe, "-S", self.socket, "new-window", "-d", "-t", "t", "-P", "-F", "#{pane_id}", line]
         elif split:
             cmd = [exe, "-S", self.socket, "split-window", "-d", "-v", "-l", str(height), "-t", "t:0", "-P",
-                   "-F", "#{pane_id}", line]  # fmt: skip
+                   "-F", "#{pane_id}", line]
         else:
             cmd = [exe, "-S", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(width),
-                   "-y", "80", "-P", "-F", "#{pane_id}", line]  # fmt: skip
+                   "-y", "80", "-P", "-F", "#{pane_id}", line]
         return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=10, env=base).stdout.strip()
 
     def capture(self, pane: str) -> str:
@@ -128,7 +128,7 @@ def _found(pid_or_port: Callable[[FoundServer], bool], tries: int = 40) -> Found
 
 def _generate(port: int, text: str) -> None:
     got = httpx.post(f"http://127.0.0.1:{port}/generate", json={"text": text, "sampling_params": {"max_new_tokens": 2}},
-                     timeout=10)  # fmt: skip
+                     timeout=10)
     assert got.status_code == 200
 
 
@@ -207,7 +207,7 @@ def test_a_pipe_ends_with_a_radixtop_killed_without_its_clean_up(pane_server: Pa
     ends with it, and tmux closes the pane's pipe."""
     pane = pane_server.server.log_elsewhere.pane  # type: ignore[union-attr]
     holder = subprocess.Popen([sys.executable, "-c", PIPING, pane.socket, pane.pane_id, pane.target, pane.tty,
-                               str(tmp_path)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().startswith("piped")
         assert pane_server.own.pipe_of(pane_server.pane) == "1"
@@ -248,7 +248,7 @@ def test_a_terminal_that_is_no_tmux_pane_says_what_to_do(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}
     env["TMUX_TMPDIR"] = str(tmp_path)  # no tmux server for this user there either
     proc = subprocess.Popen(_sim_argv(ready), stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     os.close(slave)
     try:
         port = wait_port(ready)

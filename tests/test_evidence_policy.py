@@ -27,7 +27,7 @@ def catalog():
 
 def lines(depth: int) -> list[str]:
     before = [f"[2026-12-03 11:54:{i % 60:02d}.000 TP0] Decode batch, #running-req: 3, token usage: 0.5{i % 10}"
-              for i in range(150)]  # fmt: skip
+              for i in range(150)]
     body = [f'  File "/srv/sglang/frame_{i}.py", line {i}, in step' for i in range(depth)]
     return [*before, OPENER, *body, FAILURE]
 
@@ -60,7 +60,9 @@ def test_the_scan_the_live_pane_and_the_feed_agree_on_a_findings_evidence(tmp_pa
     for finding in found:
         assert finding.first.line == len(text)
         # Within the lookback the opener gives the failure its rank and time; beyond it, none.
-        assert (finding.first.rank, finding.first.time) == (("TP3", "2026-12-03 11:54:35.502") if within else (None, None))
+        assert (finding.first.rank, finding.first.time) == (
+            ("TP3", "2026-12-03 11:54:35.502") if within else (None, None)
+        )
         assert len(finding.context_before) == CONTEXT_BEFORE
     assert len({(f.first.rank, f.first.time, f.context_before) for f in found}) == 1
 

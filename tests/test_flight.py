@@ -81,8 +81,9 @@ def test_the_hosts_exception_handler_adds_its_trigger_to_the_first_and_the_endpo
         assert inst.flight_record("scheduler_exception", "Scheduler hit an exception: Traceback ...")
         record = read_record(tmp_path / "flight" / record_name(0, os.getpid()))
         assert [(t.kind, t.message) for t in record.triggers] == [
-            ("lock_failure", "RadixCacheError: first"), ("scheduler_exception", "Scheduler hit an exception: Traceback ..."),
-        ]  # fmt: skip
+            ("lock_failure", "RadixCacheError: first"),
+            ("scheduler_exception", "Scheduler hit an exception: Traceback ..."),
+        ]
     finally:
         inst.close()
 

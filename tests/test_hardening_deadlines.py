@@ -38,7 +38,7 @@ def _bundle_proc(tmp_path: Path, url: str) -> subprocess.Popen:
         [sys.executable, "-m", "radixtop", "bundle", "--url", url, "--log", str(log), "--out", str(tmp_path / "out"),
          "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    )
 
 
 def _partials(out: Path) -> list[str]:
@@ -94,7 +94,7 @@ def test_cancel_stops_a_bundle_within_a_second(tmp_path: Path, slow) -> None:
     def run() -> None:
         try:
             take_bundle(tmp_path / "out", url=slow.url, logs=[str(log)], cancel=cancel, http_timeout_s=60,
-                        network_deadline_s=120)  # fmt: skip
+                        network_deadline_s=120)
         except BaseException as exc:  # noqa: BLE001 - inspected below
             box["error"] = exc
 
@@ -157,7 +157,7 @@ def test_replay_and_confirms_network_steps_end_within_their_deadlines_against_a_
         async def go():
             began = time.monotonic()
             series = await replay_series(slow.url, plan_requests(small_trace(requests=2)), 1, flush=False,
-                                         request_timeout_s=3)  # fmt: skip
+                                         request_timeout_s=3)
             replayed = time.monotonic() - began
             began = time.monotonic()
             info = await _server_info(slow.url, timeout_s=2)

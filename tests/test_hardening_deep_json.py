@@ -18,9 +18,11 @@ def test_the_simulator_answers_400_to_a_body_nested_100k_deep(tmp_path: Path) ->
     try:
         body = b'{"text": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
         answer = httpx.post(sim.url + "/generate", content=body, headers={"Content-Type": "application/json"},
-                            timeout=30)  # fmt: skip
+                            timeout=30)
         assert answer.status_code == 400 and "nested too deeply" in answer.text
-        ok = httpx.post(sim.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+        ok = httpx.post(
+            sim.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=30
+        )
         assert ok.status_code == 200  # and it serves on
     finally:
         sim.stop()

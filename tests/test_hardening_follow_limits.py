@@ -53,7 +53,7 @@ def test_copytruncate_without_a_pause_reads_the_unread_tail_from_the_copy(tmp_pa
         tailer.close()
     assert texts == _lines(1000, 510).splitlines(), "lines lost to the truncation"
     assert any(kind == "truncated" and "(500 lines) were read; they were read from its copy server.log.1" in msg
-               for kind, msg in notices), notices  # fmt: skip
+               for kind, msg in notices), notices
 
 
 def test_copytruncate_with_no_copy_left_counts_the_bytes_it_could_not_read(tmp_path: Path) -> None:

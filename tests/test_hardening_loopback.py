@@ -23,7 +23,7 @@ def test_listed_endpoints_off_loopback_are_dropped_by_the_ui_probe_and_the_bundl
     try:
         endpoint = httpx.get(sim.url + "/server_info", timeout=10).json()["radixtop_instrument"][0]
         server = start_standin(tmp_path / "srv", "--list-instrument", OFF_LOOPBACK, "--list-instrument", endpoint,
-                               "--list-instrument", "http://localhost.evil.example:1")  # fmt: skip
+                               "--list-instrument", "http://localhost.evil.example:1")
         try:
             sample = asyncio.run(ServerProbe(server.url).poll())
             assert sample.info is not None and sample.info.instrument_urls == (endpoint,)  # what the UI polls

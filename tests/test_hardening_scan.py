@@ -20,7 +20,7 @@ HUGE = 2 << 20  # bytes in each huge line: small enough for a test, 32 times the
 
 def _scan(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:  # noqa: D103
     return subprocess.run([sys.executable, "-m", "radixtop", "scan", *args], capture_output=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False, **kw)  # fmt: skip
+                          stdin=subprocess.DEVNULL, check=False, **kw)
 
 
 def test_huge_lines_around_hits_are_cut_in_the_evidence_with_a_marker(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_a_glob_past_the_open_file_limit_follows_the_newest_files_with_a_notice(
         path.write_text(f"[2026-12-02 14:00:01 TP{i}] line\n")
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # r1999 is the newest
     done = subprocess.run([sys.executable, "-c", FOLLOW_MANY, str(logs / "*.log")], capture_output=True, text=True,
-                          timeout=120, preexec_fn=_nofile(1024), check=False)  # fmt: skip
+                          timeout=120, preexec_fn=_nofile(1024), check=False)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-800:]
     capped = [line for line in done.stdout.splitlines() if line.startswith("capped ")]
     assert len(capped) == 1 and "2,000 files" in capped[0] and "ulimit -n) is 1024" in capped[0], done.stdout

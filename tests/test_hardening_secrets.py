@@ -64,7 +64,7 @@ def _log_lines() -> list[str]:
     lines += [f"[2026-12-02 14:00:01 TP0] quiet line {i}" for i in range(20)]
     lines += ["-----BEGIN OPENSSH PRIVATE KEY-----", *SSH_WHOLE, "-----END OPENSSH PRIVATE KEY-----"]
     lines += ["-----BEGIN PGP PRIVATE KEY BLOCK-----", "Version: GnuPG v2", "", *PGP, "=AbCd",
-              "-----END PGP PRIVATE KEY BLOCK-----"]  # fmt: skip
+              "-----END PGP PRIVATE KEY BLOCK-----"]
     lines += [f"[2026-12-02 14:00:02] token {v}" for v in TOKENS.values()]
     lines += [f"[2026-12-02 14:00:02] {line}" for line in PASSWORDS.values()]
     while len(lines) < 130:
@@ -113,9 +113,11 @@ def test_a_bundle_of_a_log_and_a_server_seeded_with_every_secret_shape_keeps_non
         tmp_path / "srv", "--secrets", str(secrets_file), "--redis-url", "redis://:r3disPlantedPw@cache:6379",
         "--api-key", "opaqueApiKey777", f"--note={TOKENS['xoxb']}",
         env={"MYSQL_PWD": "mysqlPlantedPw77", "HF_TOKEN": TOKENS["hf"], "SLACK_HOOK": TOKENS["slack_webhook"]},
-    )  # fmt: skip
+    )
     try:
-        result = take_bundle(tmp_path / "out", url=server.url, logs=[str(log)], reason="secrets", torch_env_timeout_s=30)
+        result = take_bundle(
+            tmp_path / "out", url=server.url, logs=[str(log)], reason="secrets", torch_env_timeout_s=30
+        )
     finally:
         server.stop()
     root = result.path

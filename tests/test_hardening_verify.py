@@ -54,7 +54,7 @@ def test_a_compression_bomb_is_refused_in_one_line_and_little_memory(tmp_path: P
          "print('maxrss_kib', hwm, file=sys.stderr)\nsys.exit(rc)",
          "bundle", "--verify", str(bomb)],
         capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 2, done.stderr
     assert "zeros.log" in lines[0] and "more than a bundle ever writes" in lines[0]

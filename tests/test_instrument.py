@@ -801,7 +801,8 @@ def test_every_metrics_scrape_is_true_when_scraped_whether_or_not_a_snapshot_was
         time.sleep(0.05)
         started = time.monotonic()
         text = get(ep, schema.METRICS_PATH).text
-        assert time.monotonic() - started < 2.0 + 8.0 and gauge(text, "radixtop_tree_nodes") == count  # waited, did not hang
+        # waited, did not hang
+        assert time.monotonic() - started < 2.0 + 8.0 and gauge(text, "radixtop_tree_nodes") == count
     finally:
         stop.set()
         thread.join(5)
@@ -944,7 +945,9 @@ def test_clients_that_hang_up_before_their_answer_are_counted_with_one_log_line_
         assert "rank 0" in lines[0].getMessage() and "more since" not in lines[0].getMessage()
         health = parse_health(get(ep, schema.HEALTH_PATH).content)
         assert health.client_disconnects == 5
-        assert re.search(r'^radixtop_client_disconnects_total\{rank="0"\} 5$', get(ep, schema.METRICS_PATH).text, re.MULTILINE)
+        assert re.search(
+            r'^radixtop_client_disconnects_total\{rank="0"\} 5$', get(ep, schema.METRICS_PATH).text, re.MULTILINE
+        )
         # ...and the next line, once the 30 s are up, says how many it left out.
         ep._disconnects._last_line -= 31
         _hang_up_early(ep)
@@ -1083,8 +1086,10 @@ def test_instrument_imports_only_the_standard_library_and_the_schema():
         "import sys; before = set(sys.modules)\n"
         "import radixtop.instrument.endpoint, radixtop.instrument.hooks, radixtop.instrument.snapshot\n"
         "new = set(sys.modules) - before\n"
-        "bad = sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names and m.split('.')[0] != 'radixtop')\n"
-        "ours = sorted(m for m in new if m.startswith('radixtop') and not m.startswith(('radixtop.instrument', 'radixtop.schema')) and m != 'radixtop')\n"
+        "bad = sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names"
+        " and m.split('.')[0] != 'radixtop')\n"
+        "ours = sorted(m for m in new if m.startswith('radixtop')"
+        " and not m.startswith(('radixtop.instrument', 'radixtop.schema')) and m != 'radixtop')\n"
         "print(bad, ours)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
@@ -1310,7 +1315,9 @@ def test_capture_holds_raw_reads_and_build_does_the_checks():
     assert raw["n1"][5] == 2.5
     shot = TreeSnapshotter(SnapshotConfig(head_tokens=3))
     rows = {r.tokens: r for r in shot.capture(cache).build().tree.nodes[1:]}
-    assert rows[5].id is None and rows[5].hit_count is None and rows[5].last_access is None and rows[5].head == (1, 2, 3)
+    assert (
+        rows[5].id is None and rows[5].hit_count is None and rows[5].last_access is None and rows[5].head == (1, 2, 3)
+    )
     assert rows[2].head == () and rows[2].id == bigram.id
 
 
@@ -1418,4 +1425,7 @@ def test_a_rust_core_too_big_to_walk_is_sizes_only_and_says_why(monkeypatch):
 
     snap = TreeSnapshotter().take(UnifiedRadixCache())
     assert RustUnifiedTreeCore.walks == 0 and not snap.walkable and snap.tree is None
-    assert f"{slot_chains.MAX_WALK_SLOTS + 1:,} slots" in snap.reason and snap.evictable_tokens == slot_chains.MAX_WALK_SLOTS
+    assert (
+        f"{slot_chains.MAX_WALK_SLOTS + 1:,} slots" in snap.reason
+        and snap.evictable_tokens == slot_chains.MAX_WALK_SLOTS
+    )

@@ -72,7 +72,7 @@ def published():
     cache.kv_events = recorder
     recorder.record_all_cleared()
     config = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{pub_port}", "bind": True,
-              "replay_endpoint": f"tcp://127.0.0.1:{replay_port}"}  # fmt: skip
+              "replay_endpoint": f"tcp://127.0.0.1:{replay_port}"}
     publisher = KvEventPublisher(recorder, config, 0)
     source = KvEventsSource(0, f"tcp://127.0.0.1:{pub_port}", "", f"tcp://127.0.0.1:{replay_port}")
     try:
@@ -140,7 +140,7 @@ def test_lost_batches_garbage_and_a_dead_publisher_are_lines_not_crashes() -> No
     try:
         wait_until(probe, lambda s: s.status.state in ("ok", "degraded"))
         stored = BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=2,
-                             lora_id=None)  # fmt: skip
+                             lora_id=None)
         ok = encode_batch(EventBatch(ts=time.time(), events=[stored]))
 
         def send_until(frames, predicate):
@@ -190,7 +190,7 @@ def test_publishers_are_found_in_server_info_and_argv_on_loopback_only() -> None
     assert [s.replay_endpoint for s in found] == ["tcp://127.0.0.1:6100", "tcp://127.0.0.1:6101"]
     assert not found[0].sub_binds  # a wildcard host: the publisher binds, radixtop connects
     block = {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 7000, "topic": "kv", "dp_size": 1,
-             "replay_endpoint_port_base": 7001}  # fmt: skip
+             "replay_endpoint_port_base": 7001}
     found, _ = from_server_info({"kv_events": block}, "http://localhost:30000")
     assert found == [KvEventsSource(0, "tcp://localhost:7000", "kv", "tcp://localhost:7001")]
     found, why = from_argv(["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": "tcp://10.1.2.3:5557"})])

@@ -43,7 +43,7 @@ def free_port_pair() -> int:
 
 def kv_sim(workdir: Path):
     config = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port_pair()}",
-              "replay_endpoint": f"tcp://127.0.0.1:{free_port_pair()}"}  # fmt: skip
+              "replay_endpoint": f"tcp://127.0.0.1:{free_port_pair()}"}
     return start_sim(workdir, "--dp-size", "2", "--no-instrument", "--kv-events-config", json.dumps(config))
 
 
@@ -113,7 +113,7 @@ def test_radixtop_url_shows_the_mirrored_tree_in_a_real_terminal(tmp_path: Path)
         send_prompts(url)
         tmux.start([sys.executable, "-m", "radixtop", "--url", url, "--log", str(log)], repo)
         screen = tmux.wait_for(lambda s: "dp 0" in s and "dp 1" in s and "kv-events: blocks, no locks" in s,
-                               "the kv-events ranks in the radix pane", 60)  # fmt: skip
+                               "the kv-events ranks in the radix pane", 60)
         assert "lock counts unknown" in screen
         for _ in range(2):  # the rank holding the prompts' blocks
             if "root ·" in screen and "blocks ·" in screen and " 0 blocks" not in screen:

@@ -34,7 +34,7 @@ def _nobodys(path: Path) -> Path:
 
 def test_the_clean_environment_keeps_behaviour_keys_and_drops_what_loads_code(tmp_path: Path) -> None:
     server = {"SGLANG_USE_CPU_ENGINE": "1", "CUDA_VISIBLE_DEVICES": "0,1", "LD_PRELOAD": "/tmp/evil.so",
-              "PYTHONSTARTUP": "/tmp/evil.py", "PATH": "/usr/bin:relative/bin", "SECRET_THING": "x"}  # fmt: skip
+              "PYTHONSTARTUP": "/tmp/evil.py", "PATH": "/usr/bin:relative/bin", "SECRET_THING": "x"}
     got = launch_env(server, {"HOME": "/root", "PATH": "/bin", "EDITOR": "vi"}, server_cwd=None, run_dir=str(tmp_path))
     assert got.env == {"HOME": "/root", "PATH": "/usr/bin", "SGLANG_USE_CPU_ENGINE": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
     assert got.cwd == str(tmp_path) and not got.inherited
@@ -83,15 +83,19 @@ def test_a_module_planted_under_a_trusted_root_is_refused(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("program", [["python3", "-c", "import os", "sglang"], ["python3", "-uc", "import os"],
-                                     ["python3", "-Bc", "x"]])  # fmt: skip
+                                     ["python3", "-Bc", "x"]])
 def test_code_given_on_the_command_line_is_never_run(program: list[str]) -> None:
     with pytest.raises(PlanError, match="python -c"):
         _trusted_program(program, sys.executable, "", None)
 
 
 def test_interpreter_options_that_run_no_inline_code_pass() -> None:
-    got = _trusted_program(["python3", "-u", "-X", "importtime", "-W", "ignore::DeprecationWarning", "-m", "sglang.launch_server"],
-                           sys.executable, "", None)  # fmt: skip
+    got = _trusted_program(
+        ["python3", "-u", "-X", "importtime", "-W", "ignore::DeprecationWarning", "-m", "sglang.launch_server"],
+        sys.executable,
+        "",
+        None,
+    )
     assert got[0] == sys.executable and got[-2:] == ("-m", "sglang.launch_server")
 
 
@@ -114,9 +118,11 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 
 @as_root
 @pytest.mark.skipif(shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"),
-                    reason="needs setpriv and a system python3")  # fmt: skip
+                    reason="needs setpriv and a system python3")
 @pytest.mark.parametrize("inherit", [False, True])
-def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directory(tmp_path: Path, inherit: bool) -> None:
+def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directory(
+    tmp_path: Path, inherit: bool
+) -> None:
     """Another user's server runs `python3 -m sglang.launch_server` from a directory of theirs
     holding their own sglang/launch_server.py, with PYTHONPATH and LD_PRELOAD of theirs: the
     confirmation run starts its servers elsewhere, with none of that, and the plan says so; asked
@@ -133,13 +139,13 @@ def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directo
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(home / "live"), "LD_PRELOAD": str(home / "evil.so"),
-           "PWNED_AT": str(pwned)}  # fmt: skip
+           "PWNED_AT": str(pwned)}
     server = subprocess.Popen(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3", "-m",
          "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--port", str(port)],
         cwd=home / "live", env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -155,7 +161,7 @@ def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directo
              "--trace", "finding_03330", "--runs", "1", "--workdir", str(work), "--yes", "--json",
              "--control-timeout", "60", "--vocab-size", "1000", *(["--inherit-env"] if inherit else [])],
             cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        )
         ran_as_root = pwned.exists()
     finally:
         stop_process(server)
@@ -167,21 +173,23 @@ def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directo
     environment = json.loads((work / "plan.json").read_text())["environment"]
     assert environment["cwd"] == str(work) and "LD_PRELOAD" not in environment["carried"], environment
     said = "\n".join(environment["left_out"])
-    assert f"the server's working directory {home / 'live'}" in said and f"PYTHONPATH entry {home / 'live'}" in said, said
+    assert (
+        f"the server's working directory {home / 'live'}" in said and f"PYTHONPATH entry {home / 'live'}" in said
+    ), said
     assert "left out: the server's working directory" in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("flag", ["--trust-remote-cod", "--trust-remote-code", "--custom-weight-load m.f",
                                   "--enable-custom-logit-proc", "--dist-init-addr 10.1.2.3:5000",
                                   "--dist-init=10.1.2.3:5000", "--otlp-traces-endpoint h:4317",
-                                  "--crash-dump-folder /etc/cron.d", "--log-requests-targ /root/x"])  # fmt: skip
+                                  "--crash-dump-folder /etc/cron.d", "--log-requests-targ /root/x"])
 def test_code_loading_and_destination_flags_from_server_info_are_dropped_abbreviated_too(flag: str) -> None:
     """D7: SGLang's argparse takes an unambiguous prefix for the flag: what /server_info says is
     network text, so a prefix of a code-loading or destination flag is dropped like the flag."""
     from radixtop.incident.confirm.control_server import build_control_argv, parse_launch_command
 
     live = parse_launch_command(f"python -m sglang.launch_server --model-path x {flag} --page-size 16",
-                                python="/usr/bin/python3")  # fmt: skip
+                                python="/usr/bin/python3")
     argv, changes = build_control_argv(live, port=1, max_running=1)
     kept = argv[3:]
     assert flag.split()[0].split("=")[0] not in " ".join(kept), kept
@@ -192,6 +200,6 @@ def test_the_users_own_flags_are_kept_as_given() -> None:
     from radixtop.incident.confirm.control_server import build_control_argv, launch_from_argv
 
     live = launch_from_argv(["python3", "-m", "sglang.launch_server", "--model-path", "x", "--trust-remote-code"],
-                            source="psutil")  # fmt: skip
+                            source="psutil")
     argv, _ = build_control_argv(live, port=1, max_running=1)
     assert "--trust-remote-code" in argv

@@ -87,7 +87,9 @@ async def test_follows_the_simulator_through_death_and_restart(tmp_path: Path) -
             assert await _until(lambda: state.server.status.ok, 30)
             assert state.server.status.since > down_since
             assert await _until(lambda: sources.targets.pid == again.pid, 30), "the new pid is found"
-            assert await _until(lambda: state.procs is not None and state.procs.status.ok and state.procs.root_pid == again.pid)
+            assert await _until(
+                lambda: state.procs is not None and state.procs.status.ok and state.procs.root_pid == again.pid
+            )
             assert await _until(lambda: set(state.board.ranks) != set(old_snapshots) and all(
                 v.status.ok for v in state.board.ranks.values()), 30), "the new debug endpoints are followed"
         finally:
@@ -104,7 +106,7 @@ async def test_follows_the_simulator_through_death_and_restart(tmp_path: Path) -
 
 async def test_instruments_given_on_the_command_line_win() -> None:
     found = FoundServer(7, "sglang", ("python",), 1.0, url="http://127.0.0.1:30000",
-                        instrument_urls=("http://127.0.0.1:39100",), log_path="/var/log/s.log")  # fmt: skip
+                        instrument_urls=("http://127.0.0.1:39100",), log_path="/var/log/s.log")
 
     async def one() -> Discovery:
         return Discovery((found,))

@@ -178,7 +178,9 @@ async def test_the_tail_is_delivered_before_the_lines_above_are_counted(tmp_path
         assert run.texts == ["line 99", "line 100"]
         assert not run.numbered and run.lineno_or_none is None  # shown now, numbered later
         (part,) = batch.skipped
-        assert (part.source, part.generation, part.end) == (str(log), 0, log.stat().st_size - len("line 99\nline 100\n"))
+        assert (part.source, part.generation, part.end) == (
+            str(log), 0, log.stat().st_size - len("line 99\nline 100\n")
+        )
         assert not part.wait(0.05)
         gate.set()
         assert part.wait(TIMEOUT) and part.lines == 98

@@ -88,7 +88,7 @@ def tree() -> Trace:
     return Trace("tree", 16, (
         r("a", 0, 100, 40), r("b", 0, 90, 70, n=2), r("c1", 5, 150, 90, "b"), r("c2", 5.4, 60, 60, "b"),
         r("c1b", 9.6, 220, 150, "c1"), r("d", 12, 33, 0), r("e", 12, 64, 33, "d", n=3),
-    ))  # fmt: skip
+    ))
 
 
 def test_a_tree_of_shared_prefixes_keeps_its_whole_pages_through_mooncake_and_back(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def traces(draw: st.DrawFn) -> Trace:
             draw(st.integers(1, 3)),
             extra_key=draw(st.sampled_from([None, None, "tenant"])), prefix_of=parent.id if parent else None,
             input_ids=tuple(recorded) if recorded else None,
-        ))  # fmt: skip
+        ))
     return parse_trace(dump_trace(Trace("prop", 1, tuple(requests))), "prop")
 
 
@@ -145,7 +145,7 @@ def test_recorded_prompts_share_ids_by_content_and_a_partial_block_gets_its_own(
         TraceRequest("b", 1, 36, 32, "a", 4, input_ids=tuple(system + [2] * 4)),
         TraceRequest("c", 2, 48, 40, "a", 4, prefix_of="a"),  # synthesized on a's recorded prompt
         TraceRequest("t", 3, 40, 0, "t", 4, 2, text="a text prompt"),
-    ))  # fmt: skip
+    ))
     ids = [rec["hash_ids"] for rec in mooncake_records(trace, 16)]
     assert ids[0] == [0, 1, 2] and ids[1] == [0, 1, 3]  # copies: the same whole pages, each its own partial page
     assert ids[2] == [0, 1, 4]  # b's prompt shares a's two pages
@@ -158,7 +158,7 @@ def test_cache_namespaces_never_share_an_id_and_the_block_size_is_the_writers_ch
     trace = Trace("ns", 4, (
         TraceRequest("a", 0, 8, 8, "g", 1), TraceRequest("b", 0, 8, 8, "g", 1, extra_key="lora:x"),
         TraceRequest("c", 0, 8, 8, "g", 1),
-    ))  # fmt: skip
+    ))
     assert [rec["hash_ids"] for rec in mooncake_records(trace, 4)] == [[0, 1], [2, 3], [0, 1]]
     assert [rec["hash_ids"] for rec in mooncake_records(trace, 8)] == [[0], [1], [0]]
     assert [rec["hash_ids"] for rec in mooncake_records(trace, 16)] == [[0], [1], [2]]  # one partial block each
@@ -177,7 +177,7 @@ def test_reading_builds_the_tree_the_ids_say(tmp_path: Path) -> None:
         ("line1", 0, 6755, 500, None, 0), ("line2", 0, 7319, 490, "line1", 512),
         ("line3", 3052, 7234, 794, "line1", 512), ("line4", 3052, 2287, 316, "line1", 512),
         ("line5", 6000, 8000, 64, "line1", 13 * 512),
-    ]  # fmt: skip
+    ]
     assert parse_trace(dump_trace(trace), "again") == trace
 
 
@@ -190,11 +190,18 @@ def test_reading_sorts_by_time_counts_from_the_first_and_shares_a_partial_block_
     ]
     trace, label = parse_mooncake(jsonl(rows), "x.jsonl", block_size=8)
     assert [(r.id, r.offset_ms, r.prefix_of, r.prefix_len) for r in trace.requests] == [
-        ("line2", 0.0, None, 0), ("line1", 1499.5, "line2", 10), ("line3", 1999.5, "line2", 10), ("line4", 1999.5, None, 0),
-    ]  # fmt: skip
+        ("line2", 0.0, None, 0),
+        ("line1", 1499.5, "line2", 10),
+        ("line3", 1999.5, "line2", 10),
+        ("line4", 1999.5, None, 0),
+    ]
     assert "offsets count from its first timestamp, 1,000.5 ms" in label and "ignored keys: session_id" in label
     made = {p.request_id: p.input_ids for p in plan_requests(trace)}
-    assert made["line3"] == made["line2"] and made["line1"][:10] == made["line2"] and made["line1"][10] != made["line2"][-1]
+    assert (
+        made["line3"] == made["line2"]
+        and made["line1"][:10] == made["line2"]
+        and made["line1"][10] != made["line2"][-1]
+    )
 
 
 def test_a_file_is_taken_as_mooncake_by_its_extension_or_its_first_line(tmp_path: Path) -> None:
@@ -218,12 +225,13 @@ def test_a_file_is_taken_as_mooncake_by_its_extension_or_its_first_line(tmp_path
         ('{"timestamp": 1, "input_length": 0, "output_length": 1}', "line 2: input_length must be >= 1, got 0"),
         ('{"timestamp": 1, "input_length": 1.5, "output_length": 1}', "line 2: input_length must be a whole number"),
         ('{"timestamp": 1, "input_length": 9, "output_length": true}', "line 2: output_length must be a whole number"),
-        ('{"timestamp": 1, "input_length": 9, "output_length": 1, "hash_ids": ["a"]}', "line 2: hash_ids must be a list"),
+        ('{"timestamp": 1, "input_length": 9, "output_length": 1, "hash_ids": ["a"]}',
+         "line 2: hash_ids must be a list"),
         ('{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 2, 3]}',
          "line 2: 3 hash_ids for input_length 600, which is 2 blocks of 512 tokens: is the block size 512?"),
         ("[" * 100_000, "line 2: nested too deeply"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_line_is_one_line_naming_the_file_and_the_line(tmp_path: Path, line: str, says: str) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_bytes(jsonl(PAPER[:1]) + line.encode() + b"\n")
@@ -268,7 +276,7 @@ def test_analyze_replays_the_papers_example_with_its_hits(tmp_path: Path, capsys
     assert {rid: (r["prefix_len"], r["cached_tokens"], r["reason"]) for rid, r in rows.items()} == {
         "line1": (0, [0], None), "line2": (512, [512], None), "line3": (512, [512], None),
         "line4": (512, [512], None), "line5": (6656, [6656], None),
-    }  # fmt: skip
+    }
     assert doc["cached_tokens"] == doc["expected_cached_tokens"] == 3 * 512 + 13 * 512
     assert "a Mooncake trace: 5 requests" in doc["source"]
 
@@ -291,4 +299,9 @@ def test_convert_writes_either_format_privately_and_says_the_block_size(tmp_path
     assert back.stat().st_mode & 0o777 == 0o600 and json.loads(back.read_text())["page_size_hint"] == 32
     code = main(["trace", "convert", str(out), "-o", str(back)])  # read at 512: the ids do not fit
     err = capsys.readouterr().err
-    assert code == 2 and f"{out}: line 1: " in err and "is the block size 512?" in err and len(err.strip().splitlines()) == 1
+    assert (
+        code == 2
+        and f"{out}: line 1: " in err
+        and "is the block size 512?" in err
+        and len(err.strip().splitlines()) == 1
+    )

@@ -149,7 +149,9 @@ def test_one_failing_call_costs_only_its_field(nvml) -> None:
     g = sample.gpus[0]
     assert g.power_w is None and g.memory_used == 100 * GiB and g.util_percent == 97
     assert g.temperature_c is None
-    assert g.problems == ("power: no permission to query the GPU (run as root or the server's user; check /dev/nvidia* permissions)",)
+    assert g.problems == (
+        "power: no permission to query the GPU (run as root or the server's user; check /dev/nvidia* permissions)",
+    )
     assert g.state == "ok", "a field the driver will not give is a note, not a broken GPU"
 
 

@@ -85,13 +85,17 @@ def test_tree_zombie_then_gone(family) -> None:
     assert {p.pid: p for p in second.procs}[kids[0]].cpu_percent is not None
 
     os.kill(kids[1], signal.SIGKILL)
-    zombie = _wait(lambda: next((s for s in [tree.read()] if any(p.pid == kids[1] and p.status == "zombie" for p in s.procs)), None))
+    zombie = _wait(lambda: next(
+        (s for s in [tree.read()] if any(p.pid == kids[1] and p.status == "zombie" for p in s.procs)), None
+    ))
     assert zombie, "the killed scheduler should be a zombie until reaped"
     assert zombie.status.state == "degraded"
     assert f"scheduler TP1 (pid {kids[1]}) is a zombie" in zombie.problems
 
     (here / "reap").write_text("")
-    gone = _wait(lambda: next((s for s in [tree.read()] if any(p.pid == kids[1] and p.status == "gone" for p in s.procs)), None))
+    gone = _wait(lambda: next(
+        (s for s in [tree.read()] if any(p.pid == kids[1] and p.status == "gone" for p in s.procs)), None
+    ))
     assert gone, "the reaped scheduler should be listed as gone"
     entry = next(p for p in gone.procs if p.pid == kids[1])
     assert entry.gone_at is not None and entry.dead
@@ -108,7 +112,10 @@ def test_a_plan_after_the_crash_dates_it_by_its_first_death() -> None:
     seen = Sighting("http://127.0.0.1:30000", t0 - 60, t0)
     said = seen.died(t0 + 2, "scheduler TP0 (pid 6489)").describe_age()
     assert said == "its scheduler TP0 (pid 6489) died at 21:27:02; planned from what was seen at 21:27:00"
-    assert Sighting.from_json(seen.died(t0 + 2, "scheduler TP0 (pid 6489)").to_json()).died_first == "scheduler TP0 (pid 6489)"
+    assert (
+        Sighting.from_json(seen.died(t0 + 2, "scheduler TP0 (pid 6489)").to_json()).died_first
+        == "scheduler TP0 (pid 6489)"
+    )
     assert seen.died(t0 + 6).describe_age().startswith("the server died at 21:27:06")
 
 

@@ -349,8 +349,18 @@ def test_module_does_not_import_textual() -> None:
     import subprocess
     import sys
 
-    code = "import sys, radixtop.probes.radix, radixtop.probes.sglang, radixtop.probes.gpu, radixtop.probes.procs, radixtop.probes.discovery, radixtop.session.vitals; print('textual' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
+    code = (
+        "import sys, radixtop.probes.radix, radixtop.probes.sglang, radixtop.probes.gpu, radixtop.probes.procs, "
+        "radixtop.probes.discovery, radixtop.session.vitals; print('textual' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[1],
+    )
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -376,8 +386,14 @@ def test_big_snapshot_path_agrees_with_the_schema() -> None:
     "mutate, expect",
     [
         (lambda o: o["tree"]["nodes"][7].__setitem__(2, -5), "snapshot.tree.nodes[7].tokens: expected an integer"),
-        (lambda o: o["tree"]["nodes"][9].__setitem__(1, 50), "snapshot.tree.nodes[9].parent: expected an integer in [0, 8]"),
-        (lambda o: o["tree"].__setitem__("walked_nodes", 3), "snapshot.tree.walked_nodes: says 3 but 30000 non-root rows"),
+        (
+            lambda o: o["tree"]["nodes"][9].__setitem__(1, 50),
+            "snapshot.tree.nodes[9].parent: expected an integer in [0, 8]",
+        ),
+        (
+            lambda o: o["tree"].__setitem__("walked_nodes", 3),
+            "snapshot.tree.walked_nodes: says 3 but 30000 non-root rows",
+        ),
         (lambda o: o["tree"]["nodes"].__setitem__(5, "x"), "snapshot.tree.nodes[5]: expected a row of 10 values"),
         (lambda o: o.__setitem__("schema_version", 9), "schema version 9 is not supported"),
     ],

@@ -206,7 +206,7 @@ async def test_an_idle_server_is_not_asked_until_its_log_speaks(monkeypatch) -> 
             await asyncio.sleep(0.3)
             assert asked() == settled, "our own access line woke the probe"
             stub.answers["/metrics"] = Answer(body=idle.replace(b"running_reqs 0", b"running_reqs 2"),
-                                              content_type="text/plain")  # fmt: skip
+                                              content_type="text/plain")
             probe.log_spoke(["[2026-12-05 08:00:02] Prefill batch, #new-seq: 2"])
             await asyncio.sleep(0.15)
             assert asked() > settled, "the server's own line did not wake the probe"

@@ -36,7 +36,10 @@ async def _traffic(url: str) -> list[str]:
             assert response.status_code == 200, response.text
             texts.append(response.json()["text"])
             await asyncio.sleep(0.02)
-        response = await client.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hello there radix", "max_tokens": 5, "temperature": 0})
+        response = await client.post(
+            f"{url}/v1/completions",
+            json={"model": "m", "prompt": "hello there radix", "max_tokens": 5, "temperature": 0},
+        )
         assert response.status_code == 200, response.text
         texts.append(response.json()["choices"][0]["text"])
         batch = {"input_ids": [[1, 2, 3], [4, 5, 6]], "sampling_params": {"max_new_tokens": 2}}
@@ -117,14 +120,14 @@ def test_sharing_that_is_a_tree_is_recorded_as_one_and_replays_as_the_same_tree(
     calls = [RecordedCall(10.0 * i, "/generate", ids, None, 4, 1) for i, ids in enumerate(prompts)]
     trace = build_trace(calls, name="chat", keep_prompts=False, page_size_hint=16)
     assert [(r.prefix_of, r.prefix_len) for r in trace.requests] == [
-        (None, 0), ("q0000", 48), ("q0000", 80), ("q0001", 64), ("q0002", 100)]  # fmt: skip
+        (None, 0), ("q0000", 48), ("q0000", 80), ("q0001", 64), ("q0002", 100)]
     planned = [p.input_ids for p in plan_requests(trace)]
     for i, a in enumerate(prompts):
         for j in range(i):
             b = prompts[j]
             shared = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             made = next((k for k, (x, y) in enumerate(zip(planned[i], planned[j], strict=False)) if x != y),
-                        min(len(planned[i]), len(planned[j])))  # fmt: skip
+                        min(len(planned[i]), len(planned[j])))
             assert made == shared, (i, j, made, shared)
     assert [len(p) for p in planned] == [len(p) for p in prompts]
 
@@ -136,7 +139,7 @@ def test_record_cli_writes_the_trace_after_max_requests(sim, tmp_path: Path) -> 
         [sys.executable, "-m", "radixtop", "record", "--url", sim.url, "--out", str(out), "--max-requests", "2",
          "--ready-file", str(ready)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     try:
         assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20), proc.stderr
         port = int(ready.read_text())
@@ -160,11 +163,13 @@ def test_a_server_that_does_not_say_its_page_size_gets_a_trace_in_tokens_and_a_w
     out, ready = tmp_path / "t.json", tmp_path / "port"
     proc = subprocess.Popen([sys.executable, "-m", "radixtop", "record", "--url", standin.url, "--out", str(out),
                              "--max-requests", "1", "--ready-file", str(ready)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20)
         body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
-        assert httpx.post(f"http://127.0.0.1:{int(ready.read_text())}/generate", json=body, timeout=10).status_code == 200
+        assert (
+            httpx.post(f"http://127.0.0.1:{int(ready.read_text())}/generate", json=body, timeout=10).status_code == 200
+        )
         _, err = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:

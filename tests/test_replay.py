@@ -13,7 +13,7 @@ from radixtop.incident.replay.replay import Outcome, ReplayRun, ReplaySeries, Us
 from radixtop.incident.replay.trace import Trace, TraceRequest, builtin_trace
 
 BLOCK_BOUNDARY = ("--page-size", "64", "--max-total-tokens", "65536", "--fault", "block-boundary:7",
-                  "--enable-deterministic-inference")  # fmt: skip
+                  "--enable-deterministic-inference")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,9 @@ def test_replay_json_reports_r02_diverged_and_the_rest_stable(block_boundary_sim
     assert "flushed (POST /flush_cache) before each run" in done.stderr
 
 
-def test_replay_text_report_follows_the_seed_and_says_when_it_does_not_flush(block_boundary_sim, tmp_path: Path) -> None:
+def test_replay_text_report_follows_the_seed_and_says_when_it_does_not_flush(
+    block_boundary_sim, tmp_path: Path
+) -> None:
     trace = builtin_trace("finding_03330")
     small = Trace(trace.name, trace.page_size_hint, trace.requests[:3], expect_diverged=("r02",))
     path = tmp_path / "three.json"
@@ -86,7 +88,7 @@ def test_a_namespace_per_request_gives_no_call_another_calls_pages(healthy_sim, 
     trace = Trace("shared", 16, tuple(
         TraceRequest(f"s{i}", offset_ms=i * 60.0, prompt_len=64, prefix_len=32, group="sys", max_tokens=4, n=2)
         for i in range(4)
-    ))  # fmt: skip
+    ))
     plain = _replay_json(healthy_sim, trace, tmp_path)
     assert plain["namespace_per_request"] is False and plain["max_in_flight"] is None
     assert plain["failed_calls"] == 0 and plain["cached_tokens"]["cached_tokens"] > 0, plain["cached_tokens"]
@@ -125,7 +127,7 @@ def test_the_text_report_says_the_cap_the_namespaces_and_the_peak_usage(healthy_
     path = tmp_path / "burst.json"
     save_trace(trace, path)
     done = radixtop("replay", str(path), "--url", healthy_sim.url, "--runs", "1", "--max-in-flight", "1",
-                    "--namespace-per-request")  # fmt: skip
+                    "--namespace-per-request")
     assert done.returncode == 0, done.stderr
     assert "Max in flight: 1 calls" in done.stdout and "    run 1: 3 of 4 calls held" in done.stdout, done.stdout
     assert "Cache namespace: one per call" in done.stdout and "Peak token usage (sglang:token_usage" in done.stdout
@@ -163,7 +165,7 @@ def _sample(answers) -> tuple[UsageSampler, ReplayRun, list[float]]:
 def test_token_usage_is_read_every_half_second_and_counts_after_the_runs_first_answer() -> None:
     # SGLang's /metrics has no token_usage sample before its first batch: the reads go on.
     sampler, run, reads = _sample(lambda n: httpx_response("sglang:num_running_reqs 0\n" if n == 1 else
-                                                            f"sglang:token_usage 0.{n}\n"))  # fmt: skip
+                                                            f"sglang:token_usage 0.{n}\n"))
     assert len(reads) == 4 and all(b - a >= 0.5 - 0.01 for a, b in zip(reads, reads[1:], strict=False)), reads
     assert sampler.missing is None
     # The reads at 1.0 s and 1.5 s (the last, after finish) count; the one at 0.5 s came before the answer.
@@ -198,8 +200,12 @@ def test_replay_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
 
 def test_replay_of_a_dead_server_reports_failures_and_stops_early() -> None:
     refused = radixtop("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4")
-    assert refused.returncode == 2 and "no /server_info answered" in refused.stderr and "--vocab-size N" in refused.stderr
-    done = radixtop("replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4", "--json", "--vocab-size", "32000")
+    assert (
+        refused.returncode == 2 and "no /server_info answered" in refused.stderr and "--vocab-size N" in refused.stderr
+    )
+    done = radixtop(
+        "replay", "finding_03330", "--url", "http://127.0.0.1:9", "--runs", "4", "--json", "--vocab-size", "32000"
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["runs"] == 1 and doc["requested_runs"] == 4
@@ -210,21 +216,24 @@ def test_replay_of_a_dead_server_reports_failures_and_stops_early() -> None:
 
 def _run(*outcomes: tuple[str, int, str | None]) -> ReplayRun:
     return ReplayRun(
-        tuple(Outcome(rid, copy, text, (), None, None if text else "HTTP 503: dead", 1.0) for rid, copy, text in outcomes),
+        tuple(
+            Outcome(rid, copy, text, (), None, None if text else "HTTP 503: dead", 1.0)
+            for rid, copy, text in outcomes
+        ),
         0.1,
     )
 
 
 def test_variants_are_counted_per_copy_and_failures_are_not_variants() -> None:
     trace = Trace("t", 1, (TraceRequest("a", 0, 4, 0, "a", 4, n=2), TraceRequest("b", 0, 4, 0, "b", 4)),
-                  expect_diverged=("a", "b"))  # fmt: skip
+                  expect_diverged=("a", "b"))
     series = ReplaySeries(
         "http://x", (
             _run(("a", 0, "x"), ("a", 1, "y"), ("b", 0, "k")),
             _run(("a", 0, "x"), ("a", 1, "z"), ("b", 0, None)),
             _run(("a", 0, "x"), ("a", 1, "y"), ("b", 0, "k")),
         ), 3, True,
-    )  # fmt: skip
+    )
     report = compare_runs(series, trace)
     a, b = report.requests
     # copies of one request have different prompts: their outputs differ and that is not divergence

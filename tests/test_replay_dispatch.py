@@ -37,7 +37,7 @@ def irregular_trace(calls: int, span_s: float, seed: int = 3) -> Trace:
         TraceRequest(f"r{i}", offset_ms=round(at, 3), prompt_len=40, prefix_len=16, group=f"g{i % 3}", max_tokens=3,
                      n=2 if i % 7 == 0 else 1)
         for i, at in enumerate(offsets)
-    ))  # fmt: skip
+    ))
 
 
 def prompt_name(planned: PlannedRequest) -> str:
@@ -103,7 +103,10 @@ def test_the_same_prompts_give_the_same_answers_as_before(sim) -> None:
         from radixtop.incident.replay.replay import generate_payload
 
         async with httpx.AsyncClient(timeout=30) as client:
-            return [(await client.post(f"{sim.url}/generate", json=generate_payload(p, 0.0))).json()["text"] for p in planned]
+            return [
+                (await client.post(f"{sim.url}/generate", json=generate_payload(p, 0.0))).json()["text"]
+                for p in planned
+            ]
 
     assert [o.text for o in run.outcomes] == asyncio.run(by_httpx())
 
@@ -120,7 +123,9 @@ def test_should_stop_mid_run_stops_dispatching_and_leaves_no_dispatcher(sim) -> 
     run = asyncio.run(replay(sim.url, planned, should_stop=should_stop))
     assert len(run.outcomes) < len(planned)  # the calls due after the stop were never written
     assert run.errors == 0  # those in flight were still answered
-    assert [(o.request_id, o.copy) for o in run.outcomes] == [(p.request_id, p.copy) for p in planned[: len(run.outcomes)]]
+    assert [(o.request_id, o.copy) for o in run.outcomes] == [
+        (p.request_id, p.copy) for p in planned[: len(run.outcomes)]
+    ]
     assert wait_for(lambda: nothing_left(threads), 10), (dispatchers(), threading.enumerate())
 
 
@@ -180,7 +185,9 @@ def test_headers_reach_the_server_and_the_answer_is_not_compressed(tmp_path: Pat
     server = start_standin(tmp_path / "srv", "--mode", "generate", "--record", str(record))
     planned = plan_requests(irregular_trace(6, 0.05))
     try:
-        series = asyncio.run(replay_series(server.url, planned, 1, flush=False, headers={"Authorization": "Bearer s3cret"}))
+        series = asyncio.run(
+            replay_series(server.url, planned, 1, flush=False, headers={"Authorization": "Bearer s3cret"})
+        )
     finally:
         server.stop()
     assert series.runs[0].errors == 0
@@ -228,7 +235,7 @@ def test_an_https_server_is_replayed(tmp_path: Path, monkeypatch: pytest.MonkeyP
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)  # fmt: skip
+                   check=True, capture_output=True, timeout=60)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the dispatcher trusts it as a system certificate
     server = start_standin(tmp_path / "srv", "--mode", "generate", "--tls", str(cert), str(key))
     planned = plan_requests(irregular_trace(6, 0.1))
@@ -287,7 +294,7 @@ def held_server(tmp_path: Path, hold_s: float):
     """The stand-in server answering each generate call after hold_s, recording each arrival."""
     record = tmp_path / "seen.jsonl"
     return start_standin(tmp_path / "srv", "--mode", "generate", "--record", str(record), "--answer-after",
-                         str(hold_s)), record  # fmt: skip
+                         str(hold_s)), record
 
 
 def test_at_most_k_calls_are_in_flight_and_a_held_call_goes_when_one_is_answered(tmp_path: Path) -> None:
@@ -355,7 +362,7 @@ def test_a_capped_dispatcher_waits_for_answers_without_spinning(tmp_path: Path) 
 def test_a_namespace_per_request_is_one_extra_key_per_call_and_run_keeping_the_requests_own(tmp_path: Path) -> None:
     server, record = held_server(tmp_path, 0.0)
     trace = Trace("keys", 16, (TraceRequest("a", 0.0, 40, 16, "g", 3, n=2), TraceRequest("b", 5.0, 40, 16, "g", 3),
-                               TraceRequest("c", 10.0, 40, 16, "g", 3, extra_key="tenant-1")))  # fmt: skip
+                               TraceRequest("c", 10.0, 40, 16, "g", 3, extra_key="tenant-1")))
     planned = plan_requests(trace)
     try:
         series = asyncio.run(replay_series(server.url, planned, 2, flush=False, namespace_per_request=True))
@@ -375,7 +382,7 @@ def test_a_namespace_per_request_is_one_extra_key_per_call_and_run_keeping_the_r
 
 def test_a_plans_cap_is_a_whole_number_and_zero_or_none_is_no_cap() -> None:
     base = {"host": "127.0.0.1", "port": 9, "tls": False, "authority": "127.0.0.1:9", "path": "/generate",
-            "headers": [], "deadline_s": 1, "connect_timeout_s": 1, "calls": [{"offset_s": 0, "body": "{}"}]}  # fmt: skip
+            "headers": [], "deadline_s": 1, "connect_timeout_s": 1, "calls": [{"offset_s": 0, "body": "{}"}]}
     assert Plan.from_json(base).max_in_flight is None
     assert Plan.from_json({**base, "max_in_flight": 0}).max_in_flight is None
     assert Plan.from_json({**base, "max_in_flight": None}).max_in_flight is None
@@ -414,7 +421,7 @@ def test_answers_are_read_by_length_by_chunks_and_to_the_close() -> None:
 
 def test_malformed_or_cut_answers_are_errors() -> None:
     for parts in ((b"SSH-2.0-nope\r\n\r\n",), (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort", b""),
-                  (b"HTTP/1.1 200 OK\r\n", b""), (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",)):  # fmt: skip
+                  (b"HTTP/1.1 200 OK\r\n", b""), (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",)):
         with pytest.raises(ValueError):
             feed_all(*parts)
     assert not Answer(new_connection()).started

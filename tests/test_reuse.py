@@ -10,7 +10,15 @@ def trace_of(*requests: TraceRequest) -> Trace:
     return Trace("t", 64, tuple(requests))
 
 
-def req(rid: str, offset: float, prefix: int, prompt: int = 256, group: str = "g", n: int = 1, extra_key: str | None = None) -> TraceRequest:
+def req(
+    rid: str,
+    offset: float,
+    prefix: int,
+    prompt: int = 256,
+    group: str = "g",
+    n: int = 1,
+    extra_key: str | None = None,
+) -> TraceRequest:
     return TraceRequest(rid, offset, prompt, prefix, group, 8, n, extra_key=extra_key)
 
 
@@ -33,7 +41,7 @@ def test_each_reason_in_its_place() -> None:
         req("tail", 40, 100, group="t"), req("tail2", 50, 100, group="t"),
         req("whole", 60, 128, prompt=128, group="w"), req("whole2", 70, 128, prompt=128, group="w"),
         req("ns", 80, 64, group="n", extra_key="lora:a"), req("ns2", 90, 64, group="n", extra_key="lora:b"),
-    )  # fmt: skip
+    )
     e = by_id(t)
     assert explain(e["first", 0], 0) == "first-of-group"
     assert explain(e["one-page", 0], 64) is None  # the seed's one-page prefix, served whole

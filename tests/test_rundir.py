@@ -43,7 +43,7 @@ def test_planted_files_in_a_directory_that_was_open_are_never_read(tmp_path: Pat
     base.chmod(0o777)
     (base / "servers").chmod(0o777)
     doc = {"schema": 1, "url": URL, "first_seen": 1, "last_seen": 2, "argv": ["python3", "-m", "sglang.launch_server"],
-           "cwd": "/tmp/evil", "env": {"LD_PRELOAD": "/tmp/evil.so"}}  # fmt: skip
+           "cwd": "/tmp/evil", "env": {"LD_PRELOAD": "/tmp/evil.so"}}
     (base / "servers" / "127.0.0.1-31999.json").write_text(json.dumps(doc))
     monkeypatch.setenv("RADIXTOP_RUNTIME_DIR", str(base))
     assert load_sighting(URL) is None

@@ -63,7 +63,8 @@ def incident_lines() -> list[str]:
         "    scheduler.event_loop_overlap()",
         "RuntimeError: CUDA error: an illegal memory access was encountered",
         "[2026-12-02 14:00:43.000 TP1] Prefill out of memory. Try to lower your batch size.",
-        "[2026-12-02 14:00:44.000 TP2] KV cache pool is full. Retract requests. KV cache pool is full. Retract requests.",
+        "[2026-12-02 14:00:44.000 TP2] KV cache pool is full. Retract requests. "
+        "KV cache pool is full. Retract requests.",
         "[2026-12-02 14:00:45.000 TP0] Received sigquit from a child process. It usually means the child failed.",
     ]
     return lines
@@ -138,7 +139,10 @@ def test_human_report_names_engine_initiating_rank_fingerprint_and_usage(inciden
     done = radixtop(str(incident_log))
     assert done.returncode == 0, done.stderr
     out = done.stdout.decode()
-    assert re.search(rf"radixtop scan: 1 input, {len(incident_lines())} lines, 6 signatures found \(engine: (hyperscan|re2|re)\)", out)
+    assert re.search(
+        rf"radixtop scan: 1 input, {len(incident_lines())} lines, 6 signatures found \(engine: (hyperscan|re2|re)\)",
+        out,
+    )
     assert "Initiating rank: TP3  cuda-illegal-memory-access (critical)" in out
     assert "Fingerprint INFO -> WARN -> ERROR (complete):" in out
     assert re.search(r"ERROR\s+cuda-illegal-memory-access\s+\S*node0.log:\d+", out)
@@ -182,7 +186,11 @@ def test_matches_plain_gzip_and_stdin_agree(incident_log, tmp_path):
     plain = radixtop("--matches", str(incident_log))
     assert plain.returncode == 0, plain.stderr
     rows = matches_of(plain.stdout, str(incident_log))
-    assert (line_of(lines, "RuntimeError"), "cuda-illegal-memory-access", lines[line_of(lines, "RuntimeError") - 1].encode()) in rows
+    assert (
+        line_of(lines, "RuntimeError"),
+        "cuda-illegal-memory-access",
+        lines[line_of(lines, "RuntimeError") - 1].encode(),
+    ) in rows
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
 
     gz = tmp_path / "node0.log.gz"
@@ -543,13 +551,17 @@ def test_read_error_reports_the_hits_before_it_then_a_one_line_error(threads):
 def test_thread_setting_from_the_environment(incident_log, tmp_path):
     big = tmp_path / "big.log"
     big.write_bytes(incident_log.read_bytes() * 3000)  # ~12 MiB: several chunks
-    outputs = {value: radixtop("--matches", str(big), env={"RADIXTOP_SCAN_THREADS": value}) for value in ("0", "1", "auto")}
+    outputs = {
+        value: radixtop("--matches", str(big), env={"RADIXTOP_SCAN_THREADS": value}) for value in ("0", "1", "auto")
+    }
     assert all(done.returncode == 0 for done in outputs.values())
     assert outputs["0"].stdout == outputs["1"].stdout == outputs["auto"].stdout
     assert outputs["0"].stdout.count(b"\n") == 3000 * len(radixtop("--matches", str(incident_log)).stdout.splitlines())
     bad = radixtop("--matches", str(incident_log), env={"RADIXTOP_SCAN_THREADS": "yes"})
     assert bad.returncode == 2 and bad.stdout == b""
-    assert bad.stderr.decode() == "radixtop: RADIXTOP_SCAN_THREADS=yes is not 0, 1 or auto; unset it to let radixtop choose\n"
+    assert bad.stderr.decode() == (
+        "radixtop: RADIXTOP_SCAN_THREADS=yes is not 0, 1 or auto; unset it to let radixtop choose\n"
+    )
 
 
 def test_worker_only_for_big_inputs_with_an_idle_core(monkeypatch):

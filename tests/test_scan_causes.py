@@ -66,7 +66,10 @@ def incident(prefix, cause_rank: int, last: str, frames: tuple[str, ...] = ()) -
     lines += traceback(prefix(cause_rank, 12), last, frames)
     lines += [
         prefix(1, 13) + " torch.distributed.DistBackendError: NCCL communicator was aborted on rank 1.",
-        "[2026-12-02 14:00:14] " + mined("Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...", "scheduler_3", "4242", "-6"),
+        "[2026-12-02 14:00:14] " + mined(
+            "Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...",
+            "scheduler_3", "4242", "-6",
+        ),
         "[2026-12-02 14:00:14] " + mined("Received sigquit from a child process. It usually means the child failed."),
     ]
     return lines
@@ -84,7 +87,10 @@ FRAME = (
 KINDS = [
     (
         "radix-tree-sanity-check-failed",
-        "Exception: " + mined("SWA Radix tree sanity check failed, ping @hanming-lu: {}", "evictable size: 64 != lru list evictable size: 32"),
+        "Exception: " + mined(
+            "SWA Radix tree sanity check failed, ping @hanming-lu: {}",
+            "evictable size: 64 != lru list evictable size: 32",
+        ),
         (),
     ),
     ("radix-evict-locked-node", "AssertionError: " + mined("node is in use, x.id={}", "77"), ()),
@@ -96,11 +102,18 @@ KINDS = [
     (
         "radix-lock-invariant",
         "AssertionError: "
-        + mined("tombstone swa_lock_ref should always be 0, node.full_lock_ref={}, node.swa_lock_ref={}, node.id={}", "1", "1", "9"),
+        + mined(
+            "tombstone swa_lock_ref should always be 0, node.full_lock_ref={}, node.swa_lock_ref={}, node.id={}",
+            "1", "1", "9",
+        ),
         (),
     ),
     # A crash inside cache_finished_req with an error no signature knows: the frame names it ...
-    ("radix-cache-finished-req-crash", "IndexError: index 4096 is out of bounds for dimension 0 with size 4096", (FRAME,)),
+    (
+        "radix-cache-finished-req-crash",
+        "IndexError: index 4096 is out of bounds for dimension 0 with size 4096",
+        (FRAME,),
+    ),
     # ... and with one it knows, the error line names it (the last cause of the record).
     (
         "lock-ref-release-underflow",
@@ -129,8 +142,13 @@ def test_without_a_cause_the_first_consequence_is_named(tmp_path: Path) -> None:
     # Killed from outside: the scheduler wrote nothing; the watcher's line comes before SIGQUIT's.
     lines = [
         "[2026-12-02 14:00:10 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1",
-        "[2026-12-02 14:00:14] " + mined("Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...", "scheduler_0", "7", "-6"),
-        "[2026-12-02 14:00:14] " + mined("SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "3", "None"),
+        "[2026-12-02 14:00:14] " + mined(
+            "Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...",
+            "scheduler_0", "7", "-6",
+        ),
+        "[2026-12-02 14:00:14] " + mined(
+            "SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "3", "None"
+        ),
     ]
     init = scan_json(tmp_path, lines)["initiating"]
     assert (init["signature"], init["line"]) == ("subprocess-crashed", 2)
@@ -140,24 +158,38 @@ def test_without_a_cause_the_first_consequence_is_named(tmp_path: Path) -> None:
     ("-9", "subprocess-killed", "subprocess-killed"),  # SIGKILL from outside: the first word of the failure
     ("-15", "subprocess-terminated", "child-sigquit"),  # a stop: a notice, never the cause
     ("-6", "subprocess-crashed", "subprocess-crashed"),
-])  # fmt: skip
-def test_a_childs_exit_by_signal_is_named_by_its_signal(tmp_path: Path, code: str, sig_id: str, initiating: str) -> None:
+])
+def test_a_childs_exit_by_signal_is_named_by_its_signal(
+    tmp_path: Path, code: str, sig_id: str, initiating: str
+) -> None:
     """SGLang 0.5.23's own sequence, as its watchdog and SIGQUIT handler print it."""
     lines = [
-        "[2026-12-04 21:27:01] " + mined("Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...", "scheduler_0", "6489", code),
-        "[2026-12-04 21:27:01] " + mined("SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "None", "None"),
+        "[2026-12-04 21:27:01] " + mined(
+            "Subprocess {} (pid={}) crashed with exit code {}. Triggering SIGQUIT for cleanup...",
+            "scheduler_0", "6489", code,
+        ),
+        "[2026-12-04 21:27:01] " + mined(
+            "SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "None", "None"
+        ),
     ]
     doc = scan_json(tmp_path, lines)
     found = {f["signature"] for f in doc["findings"]}
-    assert sig_id in found and not ({"subprocess-killed", "subprocess-terminated", "subprocess-crashed"} - {sig_id}) & found
+    assert (
+        sig_id in found
+        and not ({"subprocess-killed", "subprocess-terminated", "subprocess-crashed"} - {sig_id}) & found
+    )
     assert doc["initiating"]["signature"] == initiating
 
 
 def test_older_wordings_are_the_same_signatures(tmp_path: Path) -> None:
     lines = [
-        "[2024-11-02 14:00:11 TP0] " + mined("Decode out of memory happened. #retracted_reqs: {}, #new_token_ratio: {} -> {}", "3", "0.4000", "0.5000"),
+        "[2024-11-02 14:00:11 TP0] " + mined(
+            "Decode out of memory happened. #retracted_reqs: {}, #new_token_ratio: {} -> {}", "3", "0.4000", "0.5000"
+        ),
         "[2024-11-02 14:00:12 TP0] " + mined("Watchdog timeout (self.watchdog_timeout={})", "300"),
-        "[2024-11-02 14:00:13] " + mined("SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "3", "None"),
+        "[2024-11-02 14:00:13] " + mined(
+            "SIGQUIT received. signum={}, frame={}. It usually means one child failed.", "3", "None"
+        ),
     ]
     doc = scan_json(tmp_path, lines)
     assert {f["signature"] for f in doc["findings"]} == {"kv-pool-retract", "watchdog-timeout", "child-sigquit"}

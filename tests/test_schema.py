@@ -153,7 +153,10 @@ def test_events_and_health_round_trip():
         latest_seq=9,
         dropped=1,
         more=True,
-        events=(Event(seq=4, time=1.0, kind="evict", tokens=16, requested=32), Event(seq=5, time=2.0, kind="negative_lock_ref", node_id=7, lock_ref=-1, message="double unlock")),
+        events=(
+            Event(seq=4, time=1.0, kind="evict", tokens=16, requested=32),
+            Event(seq=5, time=2.0, kind="negative_lock_ref", node_id=7, lock_ref=-1, message="double unlock"),
+        ),
     )
     assert parse_events(json.dumps(page.to_dict())) == page
     health = Health(

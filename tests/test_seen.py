@@ -43,10 +43,10 @@ def test_seen_state_writes_the_ranks_the_vitals_and_the_screen(tmp_path: Path):
         vitals={"token_usage": {"source": "metrics", "points": [[999.0, 0.93], [1_000.0, 0.97]]}},
         marks=((1_000.2, "TP1 Radix cache page lock failed"),),
         screen_svg="<svg><text>radixtop</text></svg>",
-    )  # fmt: skip
+    )
     written = seen.write(BundleWriter(tmp_path, Redactor()))
     assert written == ["seen/radix/rank0-snapshots.json", "seen/radix/rank0-events.json", "seen/vitals.json",
-                       "seen/screen.svg"]  # fmt: skip
+                       "seen/screen.svg"]
     doc = json.loads((tmp_path / "seen/radix/rank0-snapshots.json").read_text())
     assert doc["status"].startswith("down") and doc["snapshots"][0]["snapshot"]["protected_tokens"] == 96
     assert json.loads((tmp_path / "seen/radix/rank0-events.json").read_text())["events"][0]["kind"] == "lock_failure"
@@ -63,7 +63,7 @@ def test_a_screen_that_could_not_be_exported_leaves_a_note_saying_why(tmp_path: 
 
 def test_a_rank_mirrored_from_kv_events_says_its_locks_are_unknown(tmp_path: Path):
     seen = SeenState(ranks=(RankSeen("rank0", URL, "ok", ((1_000.0, make_snapshot(seq=1)),), (),
-                                     "kv-events: blocks, no locks", False),))  # fmt: skip
+                                     "kv-events: blocks, no locks", False),))
     seen.write(BundleWriter(tmp_path, Redactor()))
     doc = json.loads((tmp_path / "seen/radix/rank0-snapshots.json").read_text())
     assert doc["source"] == "kv-events: blocks, no locks" and doc["locks_known"] is False

@@ -46,7 +46,7 @@ def kv_cache(page_size: int, size: int):
     return RadixCache(CacheInitParams(
         disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=real_cache.allocator(size),
         page_size=page_size, enable_kv_cache_events=True,
-    ))  # fmt: skip
+    ))
 
 
 def publish_step(cache, publisher) -> None:
@@ -69,7 +69,7 @@ def test_the_mirror_of_sglangs_own_publisher_matches_the_cache(page_size: int, s
     pub_port, replay_port = free_port(), free_port()
     cache = kv_cache(page_size, size=900)  # small: the driver's stream evicts
     publisher = ZmqEventPublisher(attn_dp_rank=0, endpoint=f"tcp://127.0.0.1:{pub_port}", bind=True,
-                                  replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv")  # fmt: skip
+                                  replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv")
     source = KvEventsSource(0, f"tcp://127.0.0.1:{pub_port}", "kv", f"tcp://127.0.0.1:{replay_port}")
     probe = KvEventsProbe(source)
     driver = real_cache.Driver(cache, page_size=page_size, seed=page_size)

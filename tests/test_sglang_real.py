@@ -82,7 +82,12 @@ def settle(inst, since: float):
         inst.endpoint.want_capture()  # a reader's request, without blocking this 'scheduler' thread
         inst.safe_point()
         snap = inst.endpoint.latest()[0]
-        if snap is not None and snap.census is not None and snap.census.complete and snap.monotonic - snap.census.age_s >= since:
+        if (
+            snap is not None
+            and snap.census is not None
+            and snap.census.complete
+            and snap.monotonic - snap.census.age_s >= since
+        ):
             break
         assert time.monotonic() < deadline, "no fresh snapshot within 15 s"
         time.sleep(0.01)
@@ -103,7 +108,9 @@ def assert_matches_cache(snap, cache, driver_tally=None) -> None:
     alloc = cache.token_to_kv_pool_allocator
     assert (snap.evictable_tokens, snap.protected_tokens) == (cache.evictable_size(), cache.protected_size())
     assert (snap.evictable_tokens, snap.protected_tokens) == (figures.evictable, figures.protected)
-    assert (snap.capacity_tokens, snap.available_tokens, snap.page_size) == (alloc.size, alloc.available_size(), cache.page_size)
+    assert (snap.capacity_tokens, snap.available_tokens, snap.page_size) == (
+        alloc.size, alloc.available_size(), cache.page_size
+    )
     assert snap.walkable and snap.reason == ""
     census = snap.census
     assert census.complete and census.node_count == figures.nodes and census.total_tokens == figures.tokens
@@ -185,7 +192,9 @@ def test_an_incremental_census_converges_to_a_walk_of_the_real_tree_while_reques
     census = shot.census()
     figures = real_cache.walk(cache)
     assert steps == census.slices > 10
-    assert (census.node_count, census.total_tokens, census.lock_ref_histogram) == (figures.nodes, figures.tokens, figures.histogram)
+    assert (census.node_count, census.total_tokens, census.lock_ref_histogram) == (
+        figures.nodes, figures.tokens, figures.histogram
+    )
     assert census.digest == TreeSnapshotter().take(cache, force_census=True).census.digest
 
 
@@ -353,7 +362,9 @@ def test_a_double_unlock_inside_unified_cache_leaves_a_flight_record_of_the_cach
     if backend == "python":
         assert (snap.evictable_tokens, snap.protected_tokens) == figures
         tree = real_cache.walk(cache)
-        assert snap.census.complete and (snap.census.node_count, snap.census.lock_ref_histogram) == (tree.nodes, tree.histogram)
+        assert snap.census.complete and (snap.census.node_count, snap.census.lock_ref_histogram) == (
+            tree.nodes, tree.histogram
+        )
     else:
         # The Rust core panicked: it cannot be read any more, and the record says so; the sizes
         # and the tree (rebuilt from its walk) are those of the last safe point (`before`).
@@ -617,7 +628,9 @@ def test_concurrent_clients_and_one_that_hangs_up_mid_request(closing):
                 continue
             try:
                 assert status == 200
-                {SNAPSHOT_PATH: parse_snapshot, EVENTS_PATH + "?since=0": parse_events, HEALTH_PATH: parse_health}.get(path, bytes)(body)
+                {
+                    SNAPSHOT_PATH: parse_snapshot, EVENTS_PATH + "?since=0": parse_events, HEALTH_PATH: parse_health
+                }.get(path, bytes)(body)
             except Exception as exc:
                 problems.append(f"{path}: {status} {exc}")
 
@@ -696,7 +709,9 @@ def _check_child_endpoint(report: dict, port: int, rank: int) -> None:
     assert (snap.counters.evictions, snap.counters.evicted_tokens) == (t["evictions"], t["evicted_tokens"])
     assert snap.counters.negative_lock_ref == 1
     _, body = get(f"http://127.0.0.1:{port}{EVENTS_PATH}?since=0")
-    assert [e.node_id for e in parse_events(body).events if e.kind == "negative_lock_ref"] == [report["double_unlocked_node"]]
+    assert [e.node_id for e in parse_events(body).events if e.kind == "negative_lock_ref"] == [
+        report["double_unlocked_node"]
+    ]
 
 
 @needs_sglang
@@ -775,7 +790,9 @@ def test_config_comes_from_the_environment_and_bad_values_are_one_line_each(capl
     }
     cfg = InstrumentConfig.from_env(env)
     assert (cfg.base_port, cfg.budget, cfg.interval_s, cfg.host, cfg.token) == (41000, 64, 0.25, "::1", "s3cret")
-    assert cfg.endpoint_ports() == {"base_port": 41000} and InstrumentConfig(base_port=0).endpoint_ports() == {"port": 0}
+    assert (
+        cfg.endpoint_ports() == {"base_port": 41000} and InstrumentConfig(base_port=0).endpoint_ports() == {"port": 0}
+    )
     with caplog.at_level(logging.WARNING, logger="radixtop.instrument"):
         bad = InstrumentConfig.from_env({"RADIXTOP_INSTRUMENT_PORT": "http", "RADIXTOP_INSTRUMENT_BUDGET": "999999999"})
     assert bad == InstrumentConfig()
@@ -787,7 +804,9 @@ def _python(code: str, env_extra: dict[str, str], pythonpath: str = "") -> subpr
     env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXTOP_")}
     env.update(env_extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_register_costs_nothing_unless_switched_on():
@@ -825,7 +844,9 @@ def test_launcher_builds_the_servers_command_line_and_environment():
     assert launcher.command(["--module=my.server"]) == [sys.executable, "-m", "my.server"]
     with pytest.raises(SystemExit, match="needs a module name"):
         launcher.command(["--module", "--tp", "2"])
-    env = launcher.child_environment({"PYTHONPATH": f"/a{os.pathsep}{launcher.BOOTSTRAP_DIR}", "RADIXTOP_INSTRUMENT": "0"})
+    env = launcher.child_environment(
+        {"PYTHONPATH": f"/a{os.pathsep}{launcher.BOOTSTRAP_DIR}", "RADIXTOP_INSTRUMENT": "0"}
+    )
     assert env["RADIXTOP_INSTRUMENT"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep) == [launcher.BOOTSTRAP_DIR, "/a"]
     assert (Path(launcher.BOOTSTRAP_DIR) / "sitecustomize.py").is_file()
@@ -833,7 +854,10 @@ def test_launcher_builds_the_servers_command_line_and_environment():
 
 def test_bootstrap_runs_the_sitecustomize_it_shadows_and_arms_the_watch(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.SHADOWED_RAN = True\n")
-    code = "import builtins, sys; print(getattr(builtins, 'SHADOWED_RAN', False), type(sys.meta_path[0]).__name__ == '_SchedulerWatch')"
+    code = (
+        "import builtins, sys; "
+        "print(getattr(builtins, 'SHADOWED_RAN', False), type(sys.meta_path[0]).__name__ == '_SchedulerWatch')"
+    )
     path = os.pathsep.join([launcher.BOOTSTRAP_DIR, str(tmp_path)])
     on = _python(code, {"RADIXTOP_INSTRUMENT": "1"}, pythonpath=path)
     assert on.returncode == 0, on.stderr

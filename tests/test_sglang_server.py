@@ -51,7 +51,7 @@ def batches(server: RealServer) -> int:
 
 def radixtop(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "radixtop", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+                          timeout=timeout)
 
 
 def watch(cwd: Path, *args: str) -> Tmux:
@@ -81,7 +81,7 @@ def test_radixtop_finds_the_server_by_itself_and_an_idle_minute_of_watching_adds
             tmux.wait_for(lambda s: all(w in s for w in ("server.log ok", "server ok", "r0 ok", "procs ok",
                                                          "Rust core walk · UnifiedRadixCache", "scheduler",
                                                          "detokenizer")),
-                          "discovery of the server, its log, its rank's endpoint and its processes", 90)  # fmt: skip
+                          "discovery of the server, its log, its rank's endpoint and its processes", 90)
         # Settled (the server idle past IDLE_AFTER_S), watching asks it nothing: not a batch, not a
         # line of its access log.
         time.sleep(IDLE_AFTER_S + 5)
@@ -128,7 +128,7 @@ def test_scan_of_a_real_servers_log_raises_no_alarm_for_its_start_up_and_traffic
 
 def test_replay_of_the_seed_trace_sends_only_ids_the_model_has_and_hits_what_the_trace_shares(live: RealServer) -> None:
     done = radixtop("replay", "finding_03330", "--url", live.url, "--page-size", "auto", "--runs", "2", "--json",
-                    cwd=live.log.parent, timeout=300)  # fmt: skip
+                    cwd=live.log.parent, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "2,048 token ids" in done.stderr and "tiny-llama/config.json" in done.stderr, done.stderr
     report = json.loads(done.stdout)
@@ -154,7 +154,7 @@ def test_replay_rungs_lower_the_peak_token_usage_and_a_namespace_per_request_tur
     info = httpx.get(f"{live.url}/server_info", timeout=10).json()
     # One burst of 2 x 8 calls of 128 + 128 tokens: eight in flight hold half the 4,096-token pool.
     trace = pressure_trace(info["max_total_num_tokens"], info["max_running_requests"], page_size=info["page_size"],
-                           max_input_len=info.get("max_req_input_len"), overflow=0.5, bursts=1)  # fmt: skip
+                           max_input_len=info.get("max_req_input_len"), overflow=0.5, bursts=1)
     work = live.log.parent / "rungs"
     work.mkdir()
     path = work / "pressure.json"
@@ -162,7 +162,7 @@ def test_replay_rungs_lower_the_peak_token_usage_and_a_namespace_per_request_tur
 
     def rung(*flags: str) -> dict:
         done = radixtop("replay", str(path), "--url", live.url, "--page-size", "auto", "--runs", "1", "--json", *flags,
-                        cwd=work, timeout=600)  # fmt: skip
+                        cwd=work, timeout=600)
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         assert report["failed_calls"] == 0, report
@@ -202,7 +202,7 @@ def test_recorded_traffic_replays_with_the_live_reuse_and_analyze_predicts_it(li
     httpx.post(f"{live.url}/flush_cache", timeout=30).raise_for_status()
     recorder = subprocess.Popen([sys.executable, "-m", "radixtop", "record", "--url", live.url, "--out", str(trace),
                                  "--max-requests", "18", "--ready-file", str(ready)], cwd=work,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         began = time.monotonic()
         while not (ready.exists() and ready.read_text().strip()) and time.monotonic() - began < 30:
@@ -212,7 +212,9 @@ def test_recorded_traffic_replays_with_the_live_reuse_and_analyze_predicts_it(li
         for i in range(18):  # one turn at a time: what each call reuses does not hang on timing
             ids = system + chats[i % 3] + [rnd.randrange(10, 2000) for _ in range(10 + i)]
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-            live_cached.append(httpx.post(f"{proxy}/generate", json=body, timeout=120).json()["meta_info"]["cached_tokens"])
+            live_cached.append(
+                httpx.post(f"{proxy}/generate", json=body, timeout=120).json()["meta_info"]["cached_tokens"]
+            )
         _, err = recorder.communicate(timeout=30)
     finally:
         if recorder.poll() is None:
@@ -221,12 +223,12 @@ def test_recorded_traffic_replays_with_the_live_reuse_and_analyze_predicts_it(li
     assert live_cached[:4] == [0, 48, 48, 80], live_cached  # the system prompt's 3 pages, then a chat's 5
     info = httpx.get(f"{live.url}/server_info", timeout=10).json()
     settings = ["--page-size", str(info["page_size"]), "--max-total-tokens", str(info["max_total_num_tokens"]),
-                "--max-running-requests", str(info["max_running_requests"])]  # fmt: skip
+                "--max-running-requests", str(info["max_running_requests"])]
     done = radixtop("analyze", str(trace), *settings, "--json", cwd=work)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["cached_tokens"] == sum(live_cached), done.stdout[:2000]
     done = radixtop("replay", str(trace), "--url", live.url, "--page-size", "auto", "--runs", "2", "--json",
-                    cwd=work, timeout=300)  # fmt: skip
+                    cwd=work, timeout=300)
     assert done.returncode == 0, done.stderr
     reuse = json.loads(done.stdout)["cached_tokens"]
     assert reuse["expected_cached_tokens"] == 2 * sum(live_cached), reuse
@@ -237,7 +239,9 @@ def test_a_bundle_of_the_live_server_holds_its_info_and_tree_and_asks_nothing_th
     shared_prefix_traffic(live, 2)
     before = batches(live)
     out = live.log.parent / "bundle"
-    done = radixtop("bundle", "--url", live.url, "--log", str(live.log), "--out", str(out), "--json", cwd=live.log.parent)
+    done = radixtop(
+        "bundle", "--url", live.url, "--log", str(live.log), "--out", str(out), "--json", cwd=live.log.parent
+    )
     assert done.returncode == 0, done.stderr
     bundle = Path(json.loads(done.stdout)["path"])
     info = json.loads((bundle / "server" / "server_info.json").read_text())
@@ -280,7 +284,7 @@ def test_the_servers_own_kv_events_feed_the_radix_pane_without_the_instrument(tm
     from real_sglang import free_port
 
     config = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
-              "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}  # fmt: skip
+              "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}
     server = start_server(tmp_path, plugin=False, flags=("--kv-events-config", json.dumps(config)), name="kv")
     tmux = None
     try:
@@ -366,7 +370,7 @@ def test_a_workload_outside_the_models_vocabulary_fails_both_arms_alike_and_is_i
         env_url = server.url
         done = radixtop("confirm", "--url", env_url, "--stop-original", "--yes", "--runs", "1", "--no-bundle",
                         "--vocab-size", "1000000", "--json", "--workdir", str(tmp_path / "work"),
-                        cwd=tmp_path, timeout=600)  # fmt: skip
+                        cwd=tmp_path, timeout=600)
     finally:
         server.stop()
     verdict = json.loads(done.stdout)
@@ -481,13 +485,14 @@ def test_a_servers_json_request_log_is_the_confirmation_runs_workload(tmp_path: 
     """A server logging whole requests as JSON (level 3, to its own log): with no --trace, confirm
     replays those requests, and the reproduction receives exactly their token ids."""
     server = start_server(tmp_path, name="server",
-                          flags=("--log-requests", "--log-requests-level", "3", "--log-requests-format", "json"))  # fmt: skip
+                          flags=("--log-requests", "--log-requests-level", "3", "--log-requests-format", "json"))
     prompts = [SHARED + [600 + i] * (8 + i) for i in range(3)]
     try:
         for ids in prompts:
             server.generate(ids, max_new_tokens=6)
         done = radixtop("confirm", "--url", server.url, "--stop-original", "--yes", "--runs", "1", "--no-bundle",
-                        "--json", "--log", str(server.log), "--workdir", str(tmp_path / "work"), cwd=tmp_path, timeout=600)  # fmt: skip
+                        "--json", "--log", str(server.log), "--workdir", str(tmp_path / "work"),
+                        cwd=tmp_path, timeout=600)
     finally:
         server.stop()
     assert done.returncode in (0, 1), done.stderr

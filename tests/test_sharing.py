@@ -49,4 +49,4 @@ def test_text_and_a_conversation_tree() -> None:
     system = "You are a careful assistant. "
     chats = [system + "Q1", system + "Q2", system + "Q1 A1 Q3", "other", system + "Q1 A1 Q3 A3"]
     assert longest_earlier_prefixes(chats) == [(-1, 0), (0, len(system) + 1), (0, len(system) + 2), (-1, 0),
-                                               (2, len(chats[2]))]  # fmt: skip
+                                               (2, len(chats[2]))]

@@ -87,10 +87,10 @@ def test_a_sim_the_lock_race_kills_dumps_the_requests_it_was_sent_as_sglang(tmp_
         mine = httpx.post(f"{sim.url}/generate", json={
             "input_ids": ids, "rid": "mine-ids", "extra_key": "tenant-a",
             "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True},
-        }, timeout=30).json()  # fmt: skip
+        }, timeout=30).json()
         text = httpx.post(f"{sim.url}/generate", json={"text": "a b c", "rid": "mine-text"}, timeout=30)
         batch = httpx.post(f"{sim.url}/generate", json={"input_ids": [[11, 12, 13], [14, 15]], "rid": ["b0", "b1"],
-                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)  # fmt: skip
+                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)
         completion = httpx.post(f"{sim.url}/v1/completions", json={"prompt": [21, 22, 23], "max_tokens": 3}, timeout=30)
         assert text.status_code == batch.status_code == completion.status_code == 200
         assert httpx.get(f"{sim.url}/health", timeout=30).status_code == 200
@@ -105,7 +105,9 @@ def test_a_sim_the_lock_race_kills_dumps_the_requests_it_was_sent_as_sglang(tmp_
     assert os.listdir(path.parent) == [path.name]  # no temporary file left beside it
     assert path.stat().st_mode & 0o777 == 0o600
     log = sim.log.read_text()
-    order = ["SIGQUIT received", "Dumping requests before crash. self.crash_dump_folder=", "Dumped ", "kill_process_tree"]
+    order = [
+        "SIGQUIT received", "Dumping requests before crash. self.crash_dump_folder=", "Dumped ", "kill_process_tree"
+    ]
     at = [log.index(text) for text in order]
     assert at == sorted(at), list(zip(order, at, strict=True))
 
@@ -139,7 +141,9 @@ def test_a_sim_the_lock_race_kills_dumps_the_requests_it_was_sent_as_sglang(tmp_
     req, out, created, finished = next(r for r in requests if r[0].rid == "mine-ids")
     assert req.module == IO_STRUCT and type(req).__name__ == "GenerateReqInput"
     fields = list(vars(req))  # SGLang's fields in SGLang's order, then those normalizing sets
-    assert fields[:3] == ["text", "input_ids", "input_embeds"] and fields[-3:] == ["is_single", "batch_size", "parallel_sample_num"]
+    assert fields[:3] == ["text", "input_ids", "input_embeds"] and fields[-3:] == [
+        "is_single", "batch_size", "parallel_sample_num"
+    ]
     assert len(fields) == 75 and vars(req)["cache_salt"] is None and vars(req)["logprob_start_len"] == -1
     assert req.sampling_params == {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
     assert req.text is None and req.stream is False and req.log_metrics is True
@@ -156,19 +160,21 @@ def test_configure_logging_arms_a_running_sim_and_answers_as_sglang(tmp_path: Pa
     try:
         url = f"{sim.url}/configure_logging"
         before = httpx.post(f"{sim.url}/generate", json={"input_ids": [5] * 20, "rid": "before",
-                                                         "sampling_params": {"max_new_tokens": 2}}, timeout=30)  # fmt: skip
+                                                         "sampling_params": {"max_new_tokens": 2}}, timeout=30)
         assert before.status_code == 200
         bad = httpx.post(url, json={"crash_dump_folder": 5}, timeout=10)  # SGLang's 400 for what FastAPI refuses
         assert bad.status_code == 400 and bad.json()["object"] == "error" and bad.json()["type"] == "Bad Request"
         assert bad.json()["message"].startswith("1 validation error:") and "string_type" in bad.json()["message"]
         assert httpx.post(url, content=b"[]", timeout=10).status_code == 400
         assert httpx.get(url, timeout=10).status_code == 400  # a body is required
-        armed = httpx.post(url, json={"crash_dump_folder": str(folder), "log_requests": "no", "not_sglangs": 1}, timeout=10)
+        armed = httpx.post(
+            url, json={"crash_dump_folder": str(folder), "log_requests": "no", "not_sglangs": 1}, timeout=10
+        )
         assert (armed.status_code, armed.content) == (200, b"")
         # SGLang keeps the launch's arguments in /server_info: the folder is the tokenizer manager's.
         assert httpx.get(f"{sim.url}/server_info", timeout=10).json()["crash_dump_folder"] is None
         after = httpx.post(f"{sim.url}/generate", json={"input_ids": [6] * 20, "rid": "after",
-                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)  # fmt: skip
+                                                        "sampling_params": {"max_new_tokens": 2}}, timeout=30)
         assert after.status_code == 200
         crash_under_pressure(sim)
     finally:
@@ -228,7 +234,10 @@ def test_the_log_keeps_300_s_of_finished_requests_then_those_in_flight(tmp_path:
     assert path is not None and lines[-1] == f"Dumped 1 finished and 1 unfinished requests before crash to {path}"
     assert lines[0] == f"Dumping requests before crash. self.crash_dump_folder={str(tmp_path / 'd')!r}"
     doc = raw(path)
-    assert [(r[0].rid, r[1] != {}, r[3]) for r in doc["requests"]] == [("kept", True, clock.now - 250), ("flying", False, clock.now)]
+    assert [(r[0].rid, r[1] != {}, r[3]) for r in doc["requests"]] == [
+        ("kept", True, clock.now - 250),
+        ("flying", False, clock.now),
+    ]
     assert log.in_flight == 1
     assert log.dump_before_crash({}, "", lines.append) is None and len(lines) == 2  # once per process
     assert not [name for name in sys.modules if name.split(".")[0] == "sglang"]  # taken out again

@@ -126,7 +126,7 @@ def test_configure_logging_takes_a_crash_dump_folder_as_sglang(healthy: Served, 
 
 def scan(log: Path) -> dict:
     done = subprocess.run([sys.executable, "-m", "radixtop", "scan", str(log), "--json"], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=120)
     assert done.returncode in (0, 1), done.stderr
     return json.loads(done.stdout)
 
@@ -179,7 +179,7 @@ def test_a_cache_fault_under_pressure_dies_in_sglangs_order_and_time(kind: str, 
 
     order = ["Scheduler hit an exception", "Failed to lock memory page during dynamic prefix eviction",
              "SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
-             "Sleeping 5 seconds before crash diagnostics", "kill_process_tree called"]  # fmt: skip
+             "Sleeping 5 seconds before crash diagnostics", "kill_process_tree called"]
     at = [first(text) for text in order]
     assert at == sorted(at), list(zip(order, at, strict=True))
     failed, killed = stamp(lines[at[0]]), stamp(lines[at[-1]])

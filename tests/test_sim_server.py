@@ -561,7 +561,9 @@ def test_lock_race_under_pressure_dies_like_sglang(tmp_path: Path) -> None:
     # Its flight recorder wrote the rank's cache as it died (the instrument's code, as in SGLang).
     record = FlightRecord.from_dict(json.loads((flight_dir() / record_name(0, sim.proc.pid)).read_bytes()))
     assert [t.kind for t in record.triggers] == ["scheduler_exception"]
-    assert record.triggers[0].message.endswith("RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+    assert record.triggers[0].message.endswith(
+        "RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
+    )
     assert record.snapshot.walkable and record.snapshot.census.complete and record.snapshot.counters.lock_ops > 0
 
 

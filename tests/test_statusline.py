@@ -44,7 +44,10 @@ async def test_sources_down_after_a_crash_show_at_80_columns_before_the_first_fi
 
 
 async def test_sources_down_at_different_moments_are_said_apart_and_all_fit_at_160() -> None:
-    sources = CRASH_SOURCES[:3] + (SourceStatus("r1", "down", "since 07:18:58"), SourceStatus("procs", "error", "no such pid"))
+    sources = CRASH_SOURCES[:3] + (
+        SourceStatus("r1", "down", "since 07:18:58"),
+        SourceStatus("procs", "error", "no such pid"),
+    )
     text = await _line(StatusInfo(total_lines=5000, rate=3.0, sources=sources, initiating=FIRST, findings=2), 160)
     assert "server r0 DOWN since 07:18:56, r1 DOWN since 07:18:58, procs ERROR (no such pid)" in text, text
     assert "first: TP0 07:18:55" in text

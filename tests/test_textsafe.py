@@ -45,7 +45,9 @@ async def test_the_run_screen_shows_a_servers_lines_as_text_never_markup_or_esca
         screen.add_event("control", "healthy")
         await pilot.pause()
         log = screen.query_one("#run-log", Log)
-        assert log.lines[-2].startswith("[control] [@click=app.quit]CLICKQUIT[/] [/] [bold]x \ufffdc\ufffd]52"), log.lines
+        assert log.lines[-2].startswith(
+            "[control] [@click=app.quit]CLICKQUIT[/] [/] [bold]x \ufffdc\ufffd]52"
+        ), log.lines
         assert log.lines[-1] == "[control] healthy"
         screen.finish("VERDICT: inconclusive", f"the control said: {hostile}\nsecond line")
         await pilot.pause()

@@ -25,11 +25,14 @@ def test_gather_takes_the_ui_vitals_the_ranks_locked_tokens_and_the_marks():
                                                 (1_001.0, make_snapshot(seq=2, protected_tokens=96))), ()),),
         vitals={"token_usage": {"source": "metrics", "points": [[999.0, 0.80], [1_000.0, 0.93]]}},
         marks=((1_000.5, "Radix cache page lock failed"),),
-    )  # fmt: skip
+    )
     record = FlightRecord(1, 1, 4242, 4241, 1_002.0, (Trigger("scheduler_exception", "x", 1_002.0),),
-                          make_snapshot(seq=9, rank=1, protected_tokens=128), (), 0)  # fmt: skip
+                          make_snapshot(seq=9, rank=1, protected_tokens=128), (), 0)
     timeline = gather(seen, [record])
-    assert timeline.vitals == {"token_usage": [(999.0, 0.80), (1_000.0, 0.93)]} and timeline.sources["token_usage"] == "metrics"
+    assert (
+        timeline.vitals == {"token_usage": [(999.0, 0.80), (1_000.0, 0.93)]}
+        and timeline.sources["token_usage"] == "metrics"
+    )
     assert [v for _, v in timeline.locked["rank 0"]] == [64.0, 96.0]
     assert [v for _, v in timeline.locked["rank 1"]] == [128.0]
     assert timeline.marks == [(1_000.5, "Radix cache page lock failed")]
@@ -40,9 +43,11 @@ def test_gather_takes_the_ui_vitals_the_ranks_locked_tokens_and_the_marks():
 def test_without_the_ui_the_vitals_come_from_the_logs_and_the_marks_from_the_findings(tmp_path: Path):
     log = tmp_path / "server.log"
     log.write_text(
-        "[2026-12-02 14:03:13] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 2\n"
-        "[2026-12-02 14:03:14] Decode batch, #running-req: 7, #token: 3976, token usage: 0.91, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 0\n"
-    )  # fmt: skip
+        "[2026-12-02 14:03:13] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, "
+        "gen throughput (token/s): 1782.15, #queue-req: 2\n"
+        "[2026-12-02 14:03:14] Decode batch, #running-req: 7, #token: 3976, token usage: 0.91, cuda graph: True, "
+        "gen throughput (token/s): 1782.15, #queue-req: 0\n"
+    )
     timeline = gather(logs=[str(log)])
     assert [v for _, v in timeline.vitals["token_usage"]] == [0.24, 0.91]
     assert [v for _, v in timeline.vitals["queued"]] == [2.0, 0.0] and timeline.sources["running"] == "log"
@@ -78,7 +83,7 @@ def test_the_bundles_timeline_opens_offline_in_chromium_with_every_series_and_ma
     assert errors == [] and all(url.startswith("file://") for url in requested), (errors, requested)
     names = {name for name, _ in traces}
     assert {"token usage (metrics)", "running requests (metrics)", "queued requests (metrics)"} <= names or {
-        "token usage (log)", "running requests (log)", "queued requests (log)"} <= names, names  # fmt: skip
+        "token usage (log)", "running requests (log)", "queued requests (log)"} <= names, names
     assert {"locked tokens, rank 0", "locked tokens, rank 1"} <= names
     assert all(count > 0 for _, count in traces)
     assert names <= set(legend)  # every series is drawn and named in the legend

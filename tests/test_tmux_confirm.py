@@ -44,7 +44,7 @@ def test_c_approve_watch_and_read_the_verdict_in_a_real_terminal(tmp_path: Path)
         tmux.send("c")
         # The question can be drawn a frame before the rest of the dialog: wait for all of it.
         plan = tmux.wait_for(lambda s: seen("as planned?")(s) and "Confirmation run: the plan" in s
-                             and "--disable-radix-cache" in s, "the plan to approve", 120)  # fmt: skip
+                             and "--disable-radix-cache" in s, "the plan to approve", 120)
         assert "Confirmation run: the plan" in plan and "--disable-radix-cache" in plan
         assert "Evidence      " in plan and "Approve (y)" in plan and "Cancel (n)" in plan
         assert not (tmp_path / "live" / "control.out").exists()
@@ -62,7 +62,9 @@ def test_c_approve_watch_and_read_the_verdict_in_a_real_terminal(tmp_path: Path)
         assert verdict["verdict"] == "pressure-dependent"
         # The default control lowers the pressure and disables the cache together: which one mattered is open.
         assert "Needs: pressure open · reuse open · cache open" in final
-        assert {k: v["state"] for k, v in verdict["conditions"].items()} == {"pressure": "open", "reuse": "open", "cache": "open"}
+        assert {k: v["state"] for k, v in verdict["conditions"].items()} == {
+            "pressure": "open", "reuse": "open", "cache": "open"
+        }
         assert wait_for(lambda: gone(verdict["control"]["pid"]), 10)  # the control was stopped
         tmux.send("Escape")
         # the main screen again (its footer), still saying the verdict (the action bar, the log pane's notice)

@@ -19,7 +19,10 @@ pytestmark = [
 ]
 
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
-ORDINARY = "[2026-12-02 14:03:13.281 TP0] Decode batch, #running-req: 61, #token: 387604, token usage: 0.94, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 11"
+ORDINARY = (
+    "[2026-12-02 14:03:13.281 TP0] Decode batch, #running-req: 61, #token: 387604, token usage: 0.94, "
+    "cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 11"
+)
 
 _SGR = re.compile(r"\x1b\[([0-9;:]*)m")
 
@@ -58,7 +61,9 @@ def test_appended_signature_is_highlighted_and_listed_in_a_real_terminal(tmp_pat
         with open(log, "a", encoding="utf-8") as f:
             f.write(ORDINARY + "\n" + SIGQUIT + "\n")
         appended = time.monotonic()
-        screen = tmux.wait_for(lambda s: "Received sigquit from a child process. It" in s, "the appended line", timeout=10)
+        screen = tmux.wait_for(
+            lambda s: "Received sigquit from a child process. It" in s, "the appended line", timeout=10
+        )
         lag = time.monotonic() - appended
         # The last line of a file waits up to AFTER_WAIT for lines after it before it is reported.
         screen = tmux.wait_for(lambda s: "Findings (1)" in s, "the finding", timeout=10)

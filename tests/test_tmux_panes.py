@@ -47,7 +47,7 @@ def test_demo_shows_the_panes_with_live_numbers(tmp_path: Path, size: tuple[int,
         tmux.wait_for(lambda s: "FOLLOW" in s, "the log pane", 60)
         for key, needle in (("2", r"pool 4,096 .* free [\d,]+"), ("5", r"token usage .*\d+% /metrics"),
                             ("3", r"GPU .*(ok|unavailable)"), ("4", r"\d+ server +\w+ +[\d.]+ MiB"),
-                            ("1", r"(Prefill|Decode) batch, #")):  # fmt: skip
+                            ("1", r"(Prefill|Decode) batch, #")):
             tmux("send-keys", "-t", "radixtop", key)
             tmux.wait_for(lambda s, n=needle: re.search(n, s) is not None, f"pane {key}", 20)
     finally:

@@ -149,7 +149,7 @@ def test_a_pressure_workload_fits_a_small_vocabulary_and_a_trace_too_big_for_it_
     ids = [t for p in plan_requests(trace, vocab=SMALL) for t in p.input_ids]
     assert ids and max(ids) < 2048 and min(ids) > 2
     many = parse_trace(good() | {"requests": [dict(good()["requests"][0], id=f"q{i}", n=1, prefix_len=0)
-                                              for i in range(40)]})  # fmt: skip
+                                              for i in range(40)]})
     with pytest.raises(TraceError, match=r"needs 40 distinct first tokens; a vocabulary of 64 ids has room for 15"):
         plan_requests(many, vocab=Vocabulary(64, (0,)))
 
@@ -232,7 +232,7 @@ def tree() -> dict:
         {"id": "c1", "offset_ms": 1, "prompt_len": 90, "prefix_len": 48, "prefix_of": "s", **req},
         {"id": "c2", "offset_ms": 2, "prompt_len": 70, "prefix_len": 48, "prefix_of": "s", **req, "n": 2},
         {"id": "c1b", "offset_ms": 3, "prompt_len": 120, "prefix_len": 90, "prefix_of": "c1", **req},
-    ]}  # fmt: skip
+    ]}
 
 
 @pytest.mark.parametrize("vocab", [SIM_VOCABULARY, SMALL])
@@ -241,9 +241,9 @@ def test_prefix_of_shares_along_the_tree_and_nothing_more(vocab) -> None:
     assert parse_trace(dump_trace(trace), "again") == trace
     made = {(p.request_id, p.copy): p.input_ids for p in plan_requests(trace, seed=3, vocab=vocab)}
     assert all(made[key] == synthesize_input_ids(trace.request(key[0]), trace, seed=3, copy=key[1], vocab=vocab)
-               for key in made)  # fmt: skip
+               for key in made)
     expected = {("c1", "s"): 48, ("c2", "s"): 48, ("c2", "c1"): 48, ("c1b", "c1"): 90, ("c1b", "s"): 48,
-                ("c1b", "c2"): 48}  # fmt: skip
+                ("c1b", "c2"): 48}
     for (a, b), shared in expected.items():
         assert shared_len(made[a, 0], made[b, 0]) == shared, (a, b)
     assert shared_len(made["c2", 0], made["c2", 1]) == 48  # copies share the prefix, then part
@@ -253,8 +253,14 @@ def test_prefix_of_shares_along_the_tree_and_nothing_more(vocab) -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d["requests"][1].update(prefix_of="c1b"), "prefix_of names 'c1b', which is not an earlier request's id"),
-        (lambda d: d["requests"][1].update(prefix_of="c1"), "prefix_of names 'c1', which is not an earlier request's id"),
+        (
+            lambda d: d["requests"][1].update(prefix_of="c1b"),
+            "prefix_of names 'c1b', which is not an earlier request's id",
+        ),
+        (
+            lambda d: d["requests"][1].update(prefix_of="c1"),
+            "prefix_of names 'c1', which is not an earlier request's id",
+        ),
         (lambda d: d["requests"][1].update(prefix_len=0), "prefix_len must be within 1..60"),
         (lambda d: d["requests"][3].update(prefix_len=100), "prefix_len must be within 1..90 (the prompt_len of 'c1'"),
         (lambda d: d["requests"][3].update(offset_ms=0.5), "offset_ms 0.5 is before that of 'c1', its prefix_of"),

@@ -31,7 +31,10 @@ from radixtop.tui.panes import LiveOptions
 from radixtop.widgets.confirm import PlanScreen, RunScreen
 
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
-ORDINARY = "[2026-12-02 14:03:13.281] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, gen throughput (token/s): 1782.15, #queue-req: 0"
+ORDINARY = (
+    "[2026-12-02 14:03:13.281] Decode batch, #running-req: 6, #token: 3876, token usage: 0.24, cuda graph: True, "
+    "gen throughput (token/s): 1782.15, #queue-req: 0"
+)
 SIZE = (120, 40)
 
 
@@ -42,7 +45,9 @@ def sim(tmp_path: Path):
     sim.stop()
 
 
-def make_app(tmp_path: Path, url: str, log: Path, *, readonly: bool = False, auto: bool = True, **confirm) -> RadixtopApp:
+def make_app(
+    tmp_path: Path, url: str, log: Path, *, readonly: bool = False, auto: bool = True, **confirm
+) -> RadixtopApp:
     settings = ActionSettings(
         out_dir=tmp_path / "out",
         auto_bundle=auto,
@@ -50,7 +55,7 @@ def make_app(tmp_path: Path, url: str, log: Path, *, readonly: bool = False, aut
         bundle={"tool_timeout_s": 5, "torch_env_timeout_s": 5},
     )
     return RadixtopApp(log_patterns=[str(log)], live=LiveOptions(url=url, gpu=False, discover=False),
-                       readonly=readonly, actions=settings)  # fmt: skip
+                       readonly=readonly, actions=settings)
 
 
 async def until(pilot, condition, what: str, timeout_s: float = 30.0) -> None:
@@ -120,7 +125,7 @@ async def test_the_first_critical_signature_in_a_followed_log_takes_a_bundle_by_
         assert app.auto_bundler is None or app.auto_bundler.state == "armed"  # nothing critical yet
         append(log, [ORDINARY, SIGQUIT])
         await until(pilot, lambda: app.auto_bundler is not None and app.auto_bundler.state in ("done", "failed"),
-                    "the automatic bundle", 60)  # fmt: skip
+                    "the automatic bundle", 60)
         auto = app.auto_bundler
         assert auto.state == "done", auto.error
         await until(pilot, lambda: "auto bundle (on child-sigquit) written" in bar_text(app), "the bar to say so", 5)
@@ -176,7 +181,7 @@ async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_p
         await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
         await pilot.press("y")
         await until(pilot, lambda: app.confirm_run is not None and app.confirm_run.control is not None,
-                    "the control to start", 30)  # fmt: skip
+                    "the control to start", 30)
         phases = [phase for phase, _ in app._confirm_lines]
         assert phases[0] == "evidence" and "baseline" in phases
         await until(pilot, lambda: app.confirm_state == "done", "the verdict", 60)
@@ -213,7 +218,7 @@ async def test_cancelling_or_quitting_during_the_run_leaves_no_process(tmp_path:
             await pilot.pause(0.05)
             assert "[baseline] replaying" in "\n".join(app.screen.query_one("#run-log").lines)
         await until(pilot, lambda: any(p == "control" and "run 2/" in m for p, m in app._confirm_lines),
-                    "the control's second run", 60)  # fmt: skip
+                    "the control's second run", 60)
         control_pid = app.confirm_run.control.pid
         assert not gone(control_pid)
         await pilot.press(key)
@@ -313,7 +318,7 @@ async def test_the_actions_threads_report_in_messages_and_a_failure_to_show_one_
         from_a_thread(BundleTaken(None, "the server went away"))
         await until(pilot, lambda: not app._bundling, "the bundle's message", 5)
         await until(pilot, lambda: any("showing an incident action's progress failed" in n.message
-                                       for n in app.state.notices), "the notice", 5)  # fmt: skip
+                                       for n in app.state.notices), "the notice", 5)
         assert app.is_running
     from_a_thread(BundleTaken(None, "too late"))  # the app has gone: nothing, and no error
     assert failed == []

@@ -106,16 +106,18 @@ async def test_a_plan_that_cannot_start_offers_only_close(tmp_path: Path, monkey
         sim.stop()
 
 
-async def test_a_plan_that_needs_the_live_servers_gpus_is_approved_only_by_typing_stop(tmp_path: Path, monkeypatch) -> None:
+async def test_a_plan_that_needs_the_live_servers_gpus_is_approved_only_by_typing_stop(
+    tmp_path: Path, monkeypatch
+) -> None:
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
         FakeNvml(monkeypatch, layout=[(120, [(sim.pid, 118)])] * 2 + [(130, [(777, 128)])] * 6)
         settings = ActionSettings(out_dir=tmp_path / "out", auto_bundle=False, confirm={
             "runs": 1, "control_timeout_s": 20, "bundle": False, "pid": sim.pid,
             "launch_command": "python -m sglang.launch_server --model-path m --tp-size 2",
-        })  # fmt: skip
+        })
         app = RadixtopApp(log_patterns=[str(sim.log)], live=LiveOptions(url=sim.url, gpu=False, discover=False),
-                          actions=settings)  # fmt: skip
+                          actions=settings)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)

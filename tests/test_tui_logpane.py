@@ -120,7 +120,13 @@ async def test_appended_lines_appear_highlighted_and_become_findings(log: Path) 
 
 def long_log(path: Path, before: int = 6000) -> list[str]:
     """A failure an hour ago (line 11), `before` ordinary lines, the same failure again, 30 more."""
-    lines = [decode(i) for i in range(10)] + [SEED] + [decode(i) for i in range(before)] + [SEED] + [decode(i, "TP1") for i in range(30)]
+    lines = (
+        [decode(i) for i in range(10)]
+        + [SEED]
+        + [decode(i) for i in range(before)]
+        + [SEED]
+        + [decode(i, "TP1") for i in range(30)]
+    )
     append(path, *lines)
     return lines
 
@@ -139,7 +145,9 @@ async def test_a_big_log_opens_at_its_last_lines_and_finds_what_happened_before(
         assert "14:02:29.029 TP1 Decode batch" in screen_text(app)  # the last line, on screen
         # The part before was scanned for findings: the first occurrence is line 11, not the
         # second one in the view, and the lines before it are its evidence.
-        await wait_for(pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part")
+        await wait_for(
+            pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part"
+        )
         (finding,) = app.state.report.findings
         assert (finding.signature.id, finding.first.line, finding.count) == ("radix-page-lock-eviction", 11, 2)
         assert finding.context_before == tuple(lines[:10])
@@ -164,7 +172,9 @@ async def test_a_log_named_after_start_up_is_followed_the_same_way(tmp_path: Pat
         app.follow_logs([str(path)])
         await pilot.pause(0.1)
         assert app.state.entry(app.state.next_seq - 1).text == lines[-1]
-        await wait_for(pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part")
+        await wait_for(
+            pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part"
+        )
         assert app.state.report.findings[0].first.line == 11
         append(path, SIGQUIT)
         await wait_for(pilot, lambda: seq_of(app, SIGQUIT) is not None, "a new line")
@@ -177,7 +187,9 @@ async def test_from_start_fills_the_view_with_the_last_lines_and_finds_the_rest(
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.05)
         assert app.state.view_len == 2000 and app.state.entry(app.state.next_seq - 1).text == lines[-1]
-        await wait_for(pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part")
+        await wait_for(
+            pilot, lambda: app.state.report is not None and app.state.report.lines == len(lines), "the earlier part"
+        )
         (finding,) = app.state.report.findings
         assert (finding.first.line, finding.count) == (11, 2)
 
@@ -435,7 +447,11 @@ async def test_a_failing_ingest_becomes_a_notice_and_reading_goes_on(log: Path) 
         append(log, SEED)
         await wait_for(pilot, lambda: seq_of(app, SEED) is not None, "lines after the failure")
         assert app.is_running
-        notices = [e.text for e in (app.state.entry(s) for s in range(app.state.first_seq, app.state.next_seq)) if e.kind == "notice"]
+        notices = [
+            e.text
+            for e in (app.state.entry(s) for s in range(app.state.first_seq, app.state.next_seq))
+            if e.kind == "notice"
+        ]
         assert any("reading the logs failed" in n and "simulated bug" in n for n in notices)
 
 
@@ -498,7 +514,13 @@ async def test_rows_drawn_directly_match_textuals_own_line_rendering(
     a, b = tmp_path / "rank0" / "server.log", tmp_path / "rank1" / "server.log"
     a.parent.mkdir()
     b.parent.mkdir()
-    append(a, *(decode(i) for i in range(30)), SEED, "\tTraceback (most recent call last): \x07 bell", "unicode 日本語 line")
+    append(
+        a,
+        *(decode(i) for i in range(30)),
+        SEED,
+        "\tTraceback (most recent call last): \x07 bell",
+        "unicode 日本語 line",
+    )
     append(b, SIGQUIT, RETRACT, "x" * 300)
     app = RadixtopApp(log_patterns=[str(a), str(b)], from_start=True)
     async with app.run_test(size=(120, 30)) as pilot:
@@ -631,7 +653,7 @@ async def test_the_status_line_drawn_directly_matches_textuals_rendering_in_ever
         sources=(SourceStatus("server.log", "ok", ""), SourceStatus("server", "down", "since 14:03:15"),
                  SourceStatus("gpu", "unavailable", "no NVML")),
         engine="matcher: hyperscan",
-    )  # fmt: skip
+    )
     app = RadixtopApp()
     async with app.run_test(size=(width, 30)) as pilot:
         line = app.status_line

@@ -24,7 +24,7 @@ def _screen_rows(app, widget) -> list[str]:
 async def _loaded(pilot) -> None:
     app = pilot.app
     await _until(pilot, lambda: app.state.report is not None and not app.ingestor.waiting and app.panes.mounted,
-                 "the sample log loaded and the panes mounted")  # fmt: skip
+                 "the sample log loaded and the panes mounted")
 
 
 async def test_vitals_rows_follow_a_resize_from_60x20_to_80x24(utc) -> None:
@@ -63,7 +63,7 @@ async def test_the_first_signature_in_the_log_is_marked_on_the_vitals(tmp_path, 
         await _until(pilot, lambda: app.panes is not None and app.panes.mounted, "the panes mounted")
         app.panes.clock = lambda: T0
         await _until(pilot, lambda: "token usage" in _vitals(app) and "no signature yet" in _vitals(app),
-                     "the vitals from the batch lines, no mark yet")  # fmt: skip
+                     "the vitals from the batch lines, no mark yet")
         assert "first signature" not in _vitals(app)
         with log.open("a") as f:
             f.write(lines[369] + "\n")  # the KV cache pool is full: the first signature
@@ -89,7 +89,7 @@ async def test_the_gpu_pane_in_the_app_against_the_simulator_with_nvml_faked(tmp
     nvml.set("nvmlDeviceGetComputeRunningProcesses", lambda h: [
         type("P", (), {"pid": proc.pid, "usedGpuMemory": (70 + h[1]) * GiB})(),
         type("P", (), {"pid": 999_999, "usedGpuMemory": None})(),
-    ])  # fmt: skip
+    ])
     try:
         app = live_app(url, log, gpu=True)
         async with app.run_test(size=(160, 48)) as pilot:
@@ -97,7 +97,7 @@ async def test_the_gpu_pane_in_the_app_against_the_simulator_with_nvml_faked(tmp
             body = lambda: app.query_one("#gpu-pane").query_one("#gpu-body").render().plain  # noqa: E731
             await _until(pilot, lambda: f"pid {proc.pid}" in body() and "not the server" in body()
                          and "not the server" not in next(l for l in body().splitlines() if f"pid {proc.pid}" in l),
-                         "the server's pid matched on the GPU pane", 30)  # fmt: skip
+                         "the server's pid matched on the GPU pane", 30)
             text = body()
             assert "GPU 0 H200" in text and "GPU 1 H200" in text
             assert "100 GiB/140 GiB" in text and "101 GiB/140 GiB" in text

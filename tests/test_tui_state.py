@@ -14,7 +14,10 @@ from radixtop.session.ingest import AFTER_WAIT, Ingestor, IngestResult
 SEED = "[2026-12-02 14:03:14.942 TP1] RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
 SIGQUIT = "[2026-12-02 14:03:14.964] Received sigquit from a child process. It usually means the child failed."
 RETRACT = "[2026-12-02 14:03:13.007 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 2"
-DECODE = "[2026-12-02 14:{s:02d}:00.000 TP0] Decode batch, #running-req: 61, #token: 395851, token usage: 0.96, cuda graph: True, gen throughput (token/s): 1644.05, #queue-req: {i}"
+DECODE = (
+    "[2026-12-02 14:{s:02d}:00.000 TP0] Decode batch, #running-req: 61, #token: 395851, token usage: 0.96, "
+    "cuda graph: True, gen throughput (token/s): 1644.05, #queue-req: {i}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +165,9 @@ def test_next_hit_walks_signature_lines(catalog, matcher):
 def test_probe_notices_become_marked_lines_and_colour_the_health():
     state = IncidentState(capacity=10)
     state.set_health([SourceHealth("/var/log/a/server.log", "ok", "following generation 1", 3, None)])
-    notice = LogNotice("/var/log/a/server.log", "rotated", "/var/log/a/server.log was rotated; following the new file", 0.0)
+    notice = LogNotice(
+        "/var/log/a/server.log", "rotated", "/var/log/a/server.log was rotated; following the new file", 0.0
+    )
     state.apply(IngestResult([], notices=(notice,), errors=("diagnosis failed on x:1: boom",)))
     kinds = [(e.kind, e.text) for e in (state.entry(s) for s in range(state.first_seq, state.next_seq))]
     assert kinds[0] == ("notice", "[rotated] /var/log/a/server.log was rotated; following the new file")
@@ -319,7 +324,9 @@ def test_held_file_reports_the_earlier_scan_first(catalog, matcher):
     ingest(state, ingestor, batch(["x", SEED, "y", "z"], start=5001))
     assert state.report is None or not state.report.findings  # the tail's hit waits ...
     assert state.entry(1).severity == "error"  # ... though the line is marked at once
-    ingestor.add_history_hit("server.log", 12, SEED, catalog.index("radix-page-lock-eviction"), ("a", "b"), {}, context_after=("c",))
+    ingestor.add_history_hit(
+        "server.log", 12, SEED, catalog.index("radix-page-lock-eviction"), ("a", "b"), {}, context_after=("c",)
+    )
     state.apply(ingestor.release("server.log", 5000))
     (finding,) = state.report.findings
     assert (finding.first.line, finding.count) == (12, 2)
@@ -365,7 +372,9 @@ def test_run_table_and_notices_stay_bounded_by_the_ring():
     state = IncidentState(capacity=100)
     for i in range(3000):  # one short run per batch, a notice every tenth
         notices = (LogNotice("a.log", "rotated", f"n{i}", 0.0),) if i % 10 == 0 else ()
-        state.apply(IngestResult(LogLines([LogRun("a.log", 0, 2 * i + 1, [f"x{i}", f"y{i}"], 0.0)]), notices=notices, lines=2))
+        state.apply(
+            IngestResult(LogLines([LogRun("a.log", 0, 2 * i + 1, [f"x{i}", f"y{i}"], 0.0)]), notices=notices, lines=2)
+        )
     assert len(state) == 100
     assert len(state._runs) <= 51 and len(state._special) <= 10
     assert texts_in_view(state)[-2:] == ["x2999", "y2999"]

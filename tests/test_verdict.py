@@ -8,9 +8,16 @@ from dataclasses import replace
 from radixtop.incident.confirm.verdict import ArmEvidence, ArmRole, VerdictKind, decide
 
 
-def arm(role: ArmRole, *, signatures: tuple[str, ...] = (), answered: int = 96, failed: int = 0, alive: bool = True) -> ArmEvidence:
+def arm(
+    role: ArmRole,
+    *,
+    signatures: tuple[str, ...] = (),
+    answered: int = 96,
+    failed: int = 0,
+    alive: bool = True,
+) -> ArmEvidence:
     return ArmEvidence(role, url="http://127.0.0.1:1", healthy=True, signatures=signatures, calls=96, calls_per_run=32,
-                       runs=3, answered_calls=answered, failed_calls=failed, alive_after=alive, peak_token_usage=0.5)  # fmt: skip
+                       runs=3, answered_calls=answered, failed_calls=failed, alive_after=alive, peak_token_usage=0.5)
 
 
 CRASH = ("scheduler-exception", "subprocess-crashed")
@@ -19,7 +26,7 @@ CRASH = ("scheduler-exception", "subprocess-crashed")
 def test_both_arms_failing_the_same_way_at_once_is_the_workloads_fault_not_persistence() -> None:
     decision = decide(arm("reproduction", signatures=CRASH, answered=0, failed=8, alive=False),
                       arm("control", signatures=CRASH, answered=1, failed=7, alive=False),
-                      control_summary="--max-running-requests 2, --disable-radix-cache", cache_disabled=True)  # fmt: skip
+                      control_summary="--max-running-requests 2, --disable-radix-cache", cache_disabled=True)
     assert decision.verdict == "inconclusive"
     assert "both arms failed the same way (scheduler-exception, subprocess-crashed)" in decision.reason
     assert "0 and 1 calls answered" in decision.reason
@@ -28,12 +35,12 @@ def test_both_arms_failing_the_same_way_at_once_is_the_workloads_fault_not_persi
 def test_a_failure_that_came_after_the_workload_ran_and_stays_under_the_control_persists() -> None:
     late = arm("reproduction", signatures=CRASH, answered=70, failed=26, alive=False)
     decision = decide(late, arm("control", signatures=CRASH, answered=0, failed=8, alive=False),
-                      control_summary="c", cache_disabled=True)  # fmt: skip
+                      control_summary="c", cache_disabled=True)
     assert decision.verdict == "persists-under-control"
     # Different failures at once are not "the same way".
     other = arm("control", signatures=("cuda-oom",), answered=0, failed=8, alive=False)
     assert decide(arm("reproduction", signatures=CRASH, answered=0, failed=8, alive=False), other,
-                  control_summary="c", cache_disabled=True).verdict == "persists-under-control"  # fmt: skip
+                  control_summary="c", cache_disabled=True).verdict == "persists-under-control"
 
 
 def test_a_failure_gone_under_the_control_is_not_touched_by_the_rule() -> None:
@@ -45,8 +52,10 @@ def test_a_failure_gone_under_the_control_is_not_touched_by_the_rule() -> None:
 def test_the_conditions_say_only_what_the_control_changed_alone() -> None:
     from radixtop.incident.confirm.verdict import conditions
 
-    failing = replace(arm("reproduction", signatures=("radix-page-lock-eviction",), answered=10, failed=22, alive=False),
-                      peak_token_usage=0.97)  # fmt: skip
+    failing = replace(
+        arm("reproduction", signatures=("radix-page-lock-eviction",), answered=10, failed=22, alive=False),
+        peak_token_usage=0.97,
+    )
     clean = replace(arm("control"), peak_token_usage=0.41)
     # The default control lowers the pressure and disables the cache together: neither alone is known.
     both = conditions(VerdictKind.PRESSURE_DEPENDENT, failing, clean, cache_disabled=True)
@@ -59,10 +68,14 @@ def test_the_conditions_say_only_what_the_control_changed_alone() -> None:
     assert kept.cache.state == "open" == kept.reuse.state
     # Clean without the cache at the same pressure: the cache is needed, the pressure is not.
     same = conditions(VerdictKind.CACHE_DEPENDENT, replace(failing, peak_token_usage=0.3),
-                      replace(clean, peak_token_usage=0.3), cache_disabled=True)  # fmt: skip
+                      replace(clean, peak_token_usage=0.3), cache_disabled=True)
     assert (same.pressure.state, same.reuse.state, same.cache.state) == ("not-needed", "open", "needed")
     # Still failing without the cache: neither the cache nor reuse is needed, nor the pressure.
-    still = conditions(VerdictKind.PERSISTS_UNDER_CONTROL, failing, replace(clean, signatures=("radix-page-lock-eviction",)),
-                       cache_disabled=True)  # fmt: skip
+    still = conditions(
+        VerdictKind.PERSISTS_UNDER_CONTROL,
+        failing,
+        replace(clean, signatures=("radix-page-lock-eviction",)),
+        cache_disabled=True,
+    )
     assert (still.pressure.state, still.reuse.state, still.cache.state) == ("not-needed", "not-needed", "not-needed")
     assert conditions(VerdictKind.NOT_REPRODUCED, failing, clean, cache_disabled=True).pressure.state == "open"

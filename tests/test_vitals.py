@@ -10,11 +10,16 @@ from radixtop.probes.sglang import ServerMetrics
 from radixtop.session.vitals import LIVE_TAIL_LINES, Series, Vitals, live_lines, log_observations
 
 LINES = [
-    "[2026-12-02 14:00:00 TP0] Prefill batch, #new-seq: 2, #new-token: 300, #cached-token: 100, token usage: 0.42, #running-req: 5, #queue-req: 3, ",
-    "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 7, #token: 900, token usage: 0.55, cuda graph: True, gen throughput (token/s): 812.4, #queue-req: 1, ",
-    "[2026-12-02 14:00:02 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 4, #new_token_ratio: 0.5 -> 0.7",
+    "[2026-12-02 14:00:00 TP0] Prefill batch, #new-seq: 2, #new-token: 300, #cached-token: 100, token usage: 0.42, "
+    "#running-req: 5, #queue-req: 3, ",
+    "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 7, #token: 900, token usage: 0.55, cuda graph: True, "
+    "gen throughput (token/s): 812.4, #queue-req: 1, ",
+    "[2026-12-02 14:00:02 TP0] KV cache pool is full. Retract requests. "
+    "#retracted_reqs: 4, #new_token_ratio: 0.5 -> 0.7",
     "[2026-12-02 14:00:02] INFO:     127.0.0.1:5555 - \"POST /generate HTTP/1.1\" 200 OK",
-    "INFO 12-02 14:00:03 [loggers.py:123] Engine 000: Avg prompt throughput: 10.0 tokens/s, Avg generation throughput: 50.0 tokens/s, Running: 3 reqs, Waiting: 2 reqs, GPU KV cache usage: 61.5%, Prefix cache hit rate: 40.0%",
+    "INFO 12-02 14:00:03 [loggers.py:123] Engine 000: Avg prompt throughput: 10.0 tokens/s, "
+    "Avg generation throughput: 50.0 tokens/s, Running: 3 reqs, Waiting: 2 reqs, "
+    "GPU KV cache usage: 61.5%, Prefix cache hit rate: 40.0%",
     "a batch of nothing",
 ]
 
@@ -189,9 +194,14 @@ async def test_sim_metrics_latch_the_gauges_at_each_batch_line_through_the_engin
 
 
 def test_a_live_batch_is_read_from_its_tail_but_every_retraction_and_vllm_stats_line_counts() -> None:
-    decode = "[2026-12-02 14:00:0{s} TP0] Decode batch, #running-req: 9, #token: 100, token usage: 0.{u:02d}, #queue-req: 0"
+    decode = (
+        "[2026-12-02 14:00:0{s} TP0] Decode batch, #running-req: 9, #token: 100, token usage: 0.{u:02d}, #queue-req: 0"
+    )
     flood = [decode.format(s=i * 5 // 3000, u=10 + i * 80 // 3000) for i in range(3000)]
-    retract = "[2026-12-02 14:00:00 TP1] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5"
+    retract = (
+        "[2026-12-02 14:00:00 TP1] KV cache pool is full. Retract requests. "
+        "#retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5"
+    )
     vllm = "INFO 12-02 14:00:01 [loggers.py:1] Running: 4 reqs, Waiting: 2 reqs, GPU KV cache usage: 37.5%"
     batch = flood[:10] + [retract] + flood[10:20] + [vllm] + flood[20:]
     read = live_lines(batch)

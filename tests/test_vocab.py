@@ -17,7 +17,7 @@ def model_dir(root: Path, *, vocab_size: int = 2048, tokenizer_size: int | None 
         tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(3, tokenizer_size - 1)}},
                "added_tokens": [{"id": 0, "content": "<pad>", "special": True},
                                 {"id": 1, "content": "<s>", "special": True},
-                                {"id": tokenizer_size - 1, "content": "<|im_end|>", "special": True}]}  # fmt: skip
+                                {"id": tokenizer_size - 1, "content": "<|im_end|>", "special": True}]}
         (root / "tokenizer.json").write_text(json.dumps(tok))
     return root
 

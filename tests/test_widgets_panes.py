@@ -44,16 +44,16 @@ def ok(since: float = T0) -> SourceState:
 
 def sample(url: str, snap, *, events=(), status=None, t=T0) -> RadixSample:
     return RadixSample(url, status or ok(), t, rank=snap.rank if snap else None, snapshot=snap,
-                       index=TreeIndex.build(snap) if snap else None, events=tuple(events))  # fmt: skip
+                       index=TreeIndex.build(snap) if snap else None, events=tuple(events))
 
 
 def board_two_ranks() -> RadixBoard:
     board = RadixBoard()
     anomaly = Event(5, T0 - 3, "negative_lock_ref", node_id=4, lock_ref=-1, message="double unlock")
     s0 = make_snapshot(rank=0, when=T0 - 2, counters=Counters(lock_ops=10, unlock_ops=11, negative_lock_ref=1,
-                                                              evictions=4, evicted_tokens=64))  # fmt: skip
+                                                              evictions=4, evicted_tokens=64))
     s0b = make_snapshot(rank=0, when=T0, seq=2, counters=Counters(lock_ops=12, unlock_ops=13, negative_lock_ref=1,
-                                                                  evictions=8, evicted_tokens=128))  # fmt: skip
+                                                                  evictions=8, evicted_tokens=128))
     board.add(sample("http://127.0.0.1:1", s0, t=T0 - 2))
     board.add(sample("http://127.0.0.1:1", s0b, events=[anomaly]))
     board.add(sample("http://127.0.0.1:2", make_snapshot(rank=1, when=T0 - 2, digest="fedcba9876543210")))
@@ -65,19 +65,22 @@ def gpu_sample(state: str = "ok") -> GpuSample:
     gpus = (
         GpuInfo(0, "NVIDIA H200", "GPU-0", 100 * GiB, 140 * GiB, 97, 66, 512.0, 700.0,
                 (GpuProcess(4242, 80 * GiB), GpuProcess(999, None))),
-        GpuInfo(1, "NVIDIA H200", "GPU-1", None, None, state="lost", problems=("memory: GPU lost (fallen off the bus; the kernel log has Xid 79)",)),
-    )  # fmt: skip
+        GpuInfo(1, "NVIDIA H200", "GPU-1", None, None, state="lost",
+                problems=("memory: GPU lost (fallen off the bus; the kernel log has Xid 79)",)),
+    )
     return GpuSample(SourceState(state, "" if state == "ok" else "GPU 1: memory: GPU lost", T0), T0, gpus,
-                     driver="550.54.15", seconds=0.004)  # fmt: skip
+                     driver="550.54.15", seconds=0.004)
 
 
 def procs_sample() -> ProcsSample:
     procs = (
-        ProcInfo(100, 1, "server", None, "python -m sglang.launch_server --port 30000", "sleeping", 2 * GiB, 3.0, 40, T0 - 600),
+        ProcInfo(100, 1, "server", None, "python -m sglang.launch_server --port 30000", "sleeping", 2 * GiB, 3.0, 40,
+                 T0 - 600),
         ProcInfo(101, 100, "scheduler", "TP0", "sglang::scheduler_TP0", "running", 12 * GiB, 99.0, 80, T0 - 590),
         ProcInfo(102, 100, "scheduler", "TP1", "sglang::scheduler_TP1", "zombie", None, None, None, T0 - 590),
-        ProcInfo(103, 100, "scheduler", "TP2", "sglang::scheduler_TP2", "gone", 11 * GiB, None, 70, T0 - 590, gone_at=T0 - 30),
-    )  # fmt: skip
+        ProcInfo(103, 100, "scheduler", "TP2", "sglang::scheduler_TP2", "gone", 11 * GiB, None, 70, T0 - 590,
+                 gone_at=T0 - 30),
+    )
     problems = ("scheduler TP1 (pid 102) is a zombie", "scheduler TP2 (pid 103) is gone since 22:12:50")
     return ProcsSample(SourceState("degraded", problems[0], T0 - 30), T0, 100, procs, problems)
 
@@ -88,7 +91,7 @@ def vitals_with_incident() -> Vitals:
         t = T0 - 120 + i
         v.feed_metrics(ServerMetrics("sglang", {"token_usage": min(1.0, i / 100), "running": float(i % 30),
                                                 "queued": float(max(0, i - 80)), "cache_hit_rate": 0.5,
-                                                "evicted_tokens_total": float(i * i), "retracted": float(i > 100)}), t)  # fmt: skip
+                                                "evicted_tokens_total": float(i * i), "retracted": float(i > 100)}), t)
     v.feed_log([Observation(T0 - 5, "retracted", 4.0)])
     v.mark(T0 - 20, "radix page lock failed during eviction")
     return v
@@ -129,7 +132,12 @@ async def test_radix_pane_summary_ranks_and_tree() -> None:
         title = _plain(app, "#radix-title")
         assert "rank 0" in title and "rank 1" in title
         summary = _plain(app, "#radix-summary")
-        assert "pool 4,096" in summary and "locked 32" in summary and "evictable 2,000" in summary and "running 1,064" in summary
+        assert (
+            "pool 4,096" in summary
+            and "locked 32" in summary
+            and "evictable 2,000" in summary
+            and "running 1,064" in summary
+        )
         assert "evictions 2.0/s" in summary and "32 tok/s" in summary
         assert "lock anomalies: negative lock_ref 1" in summary and "lock failures" not in summary
         assert "lock_ref " in summary and "<0:" in summary and "1:" in summary
@@ -140,7 +148,9 @@ async def test_radix_pane_summary_ranks_and_tree() -> None:
         assert "root · 5 nodes" in lines[0]
         assert "#3" in lines[1] and "#1" in lines[2] and "#5" in lines[3], "paths to anomalies and locks first"
         negative = tree.render_line(1)
-        assert any(seg.style is not None and seg.style.reverse for seg in negative), "a negative lock_ref path stands out"
+        assert any(
+            seg.style is not None and seg.style.reverse for seg in negative
+        ), "a negative lock_ref path stands out"
         tree.focus()
         await pilot.press("down", "enter")
         await pilot.pause()
@@ -183,7 +193,7 @@ async def test_locked_nodes_and_their_paths_read_without_colour(monkeypatch) -> 
             strip = tree.render_line(y)
             plain = "".join(seg.text for seg in NoColor().apply(list(strip), None))
             assert all(seg.style is None or seg.style.color is None or seg.style.color.is_default
-                       for seg in NoColor().apply(list(strip), None))  # fmt: skip
+                       for seg in NoColor().apply(list(strip), None))
             nid = int(plain.split("#", 1)[1].split()[0])
             seen[nid] = plain[glyph_at]
     assert seen == {10: "+", 11: "*", 12: "!", 13: "!", 14: " "}, seen
@@ -203,7 +213,10 @@ async def test_a_tree_rebuilt_from_the_rust_cores_walk_shows_locked_without_a_co
         app.query_one(RadixPane).show(board, now=T0)
         await pilot.pause()
         tree = app.query_one(RadixTreeView)
-        lines = {int(t.split("#", 1)[1].split()[0]): t for t in ("".join(s.text for s in tree.render_line(y)) for y in range(1, 3))}
+        lines = {
+            int(t.split("#", 1)[1].split()[0]): t
+            for t in ("".join(s.text for s in tree.render_line(y)) for y in range(1, 3))
+        }
     assert lines[10].split()[1] == "1+" and lines[11].split()[1] == "0", lines
 
 
@@ -237,7 +250,9 @@ async def test_a_down_rank_says_its_census_age_from_now_and_its_rates_are_frozen
         assert "evictions 2.0/s · 32 tok/s (last, as of 22:13:20)" in summary
         rates = app.query_one("#radix-summary", TextRows).render_line(
             next(i for i, line in enumerate(summary.splitlines()) if line.startswith("evictions")))
-        assert not any(seg.style is not None and seg.style.bold and "2.0/s" in seg.text for seg in rates), "frozen rates are not bold"
+        assert not any(
+            seg.style is not None and seg.style.bold and "2.0/s" in seg.text for seg in rates
+        ), "frozen rates are not bold"
 
 
 async def test_an_endpoint_answering_garbage_after_a_good_snapshot_keeps_the_tree_and_says_why() -> None:
@@ -318,7 +333,7 @@ def test_a_rank_whose_snapshots_carry_no_tree_keeps_them_for_the_bundle() -> Non
 
 def test_gpu_text() -> None:
     text = render_gpus(gpu_sample("degraded"), server_pids={4242: "scheduler TP0"},
-                       xids=[XidEvent(T0 - 60, 1, 79)], width=120).plain  # fmt: skip
+                       xids=[XidEvent(T0 - 60, 1, 79)], width=120).plain
     assert "GPU 0 H200" in text and "100 GiB/140 GiB" in text
     assert "util 97%" in text and "66°C" in text and "512/700 W" in text
     assert "pid 4242" in text and "scheduler TP0" in text and "80.0 GiB" in text
@@ -349,7 +364,7 @@ async def test_procs_title_counts_a_zombie_apart_and_the_down_reason_wraps_whole
         title = _plain(app, "#procs-title")
         assert "2 alive · 1 zombie/dead" in title, title  # server + TP0; TP1 is a zombie, TP2 gone
         reason = ("the server process (pid 100) exited with status 137, killed by SIGKILL (the kernel's "
-                  "out-of-memory killer, see dmesg); its schedulers went with it")  # fmt: skip
+                  "out-of-memory killer, see dmesg); its schedulers went with it")
         down = ProcsSample(SourceState("down", reason, T0 - 5), T0, 100, (), ())
         pane.show(down, now=T0, last_good=procs_sample())
         await pilot.pause()
@@ -358,7 +373,9 @@ async def test_procs_title_counts_a_zombie_apart_and_the_down_reason_wraps_whole
         rows = [body.render_line(y).text.rstrip() for y in range(6)]
         assert rows[0].startswith("DOWN since 22:13:15: the server process"), rows
         message = rows[: next(i for i, r in enumerate(rows) if "pid" in r and "role" in r)]
-        assert len(message) > 1 and " ".join(row.strip() for row in message).endswith("its schedulers went with it"), rows
+        assert (
+            len(message) > 1 and " ".join(row.strip() for row in message).endswith("its schedulers went with it")
+        ), rows
         assert all(len(row) <= width for row in message), "wrapped to the pane, not cut at its edge"
 
 
@@ -377,7 +394,9 @@ def test_vitals_text_marks_the_first_signature() -> None:
     text = render_vitals(vitals_with_incident(), width=100, now=T0).plain
     lines = text.splitlines()
     assert "▼" in lines[0] and "first signature 22:13:00: radix page lock failed" in lines[0]
-    for title in ("token usage", "running reqs", "queued reqs", "cache hit rate", "evicted tok/s", "retractions", "GPU memory"):
+    for title in (
+        "token usage", "running reqs", "queued reqs", "cache hit rate", "evicted tok/s", "retractions", "GPU memory"
+    ):
         assert any(line.startswith(title) for line in lines), title
     usage = next(line for line in lines if line.startswith("token usage"))
     assert "█" in usage and "100% /metrics" in usage
@@ -486,7 +505,10 @@ def test_pane_screenshots(snap_compare, which, show) -> None:
 
 async def test_short_evictions_are_summarised_not_listed() -> None:
     board = RadixBoard()
-    events = [Event(i, T0 - 10 + i, "evict_short", tokens=0, requested=16, message=f"freed 0 of 16 ({i})") for i in range(1, 6)]
+    events = [
+        Event(i, T0 - 10 + i, "evict_short", tokens=0, requested=16, message=f"freed 0 of 16 ({i})")
+        for i in range(1, 6)
+    ]
     board.add(sample("u", make_snapshot(events_seq=5), events=events))
     summary = await _radix_summary(board, (100, 30))
     assert "~ 22:13:15 eviction came up short while pages were locked (5 seen): freed 0 of 16 (5)" in summary
@@ -566,7 +588,8 @@ def test_the_app_imports_no_probe_before_its_first_frame():
     code = (
         "import sys, radixtop.tui.app; "
         "print(sorted(m for m in sys.modules if m.startswith(('radixtop.probes.discovery', 'radixtop.probes.sglang', "
-        "'radixtop.probes.radix', 'radixtop.probes.gpu', 'radixtop.session.live', 'psutil', 'radixtop.widgets.radix'))))"
+        "'radixtop.probes.radix', 'radixtop.probes.gpu', 'radixtop.session.live', 'psutil', "
+        "'radixtop.widgets.radix'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
@@ -580,8 +603,11 @@ def test_log_lines_read_before_the_panes_run_feed_the_vitals_once_they_do():
     from radixtop.tui.panes import LiveOptions, Panes
 
     panes = Panes(SimpleNamespace(), LiveOptions(discover=False), follow_log=lambda p: None, add_lines=lambda l: None,
-                  clock_fn=lambda: 1_764_684_000.0)  # fmt: skip
-    line = "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 7, #token: 900, token usage: 0.55, cuda graph: True, #queue-req: 1"
+                  clock_fn=lambda: 1_764_684_000.0)
+    line = (
+        "[2026-12-02 14:00:01 TP0] Decode batch, #running-req: 7, #token: 900, token usage: 0.55, cuda graph: True, "
+        "#queue-req: 1"
+    )
     panes.feed_log(SimpleNamespace(records=[SimpleNamespace(text=line)]))
     assert panes._state is None, "the live state (and its imports) waited for the panes to run"
 
@@ -608,7 +634,7 @@ def test_a_live_source_changing_state_redraws_the_status_line_at_once():
 
     told = []
     panes = Panes(SimpleNamespace(), LiveOptions(), follow_log=lambda p: None, add_lines=lambda l: None,
-                  on_status_change=lambda: told.append(1))  # fmt: skip
+                  on_status_change=lambda: told.append(1))
     ok = SourceState("ok", "", 100.0)
     panes.state.apply(RadixSample("u0", ok, 100.0, rank=0, snapshot=make_snapshot(seq=1)))
     panes._sources_changed()
@@ -710,9 +736,11 @@ async def test_radix_tree_rows_take_the_current_theme_and_width() -> None:
 
 async def test_an_evict_failure_is_a_lock_anomaly_with_its_line() -> None:
     board = RadixBoard()
-    failure = Event(1, T0 - 3, "evict_failure", message="RadixCacheError: Failed to lock memory page during dynamic prefix eviction")
+    failure = Event(
+        1, T0 - 3, "evict_failure", message="RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
+    )
     board.add(sample("u", make_snapshot(events_seq=1, counters=Counters(lock_ops=10, unlock_ops=9, evict_failures=1)),
-                     events=[failure]))  # fmt: skip
+                     events=[failure]))
     summary = await _radix_summary(board, (120, 30))
     assert "lock anomalies: evict failures 1" in summary
     assert "! 22:13:17 rank 0 evict_failure RadixCacheError: Failed to lock memory page" in summary, summary

@@ -23,7 +23,7 @@ class Tmux:
 
     def __call__(self, *args: str) -> str:
         return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
-                              timeout=10).stdout  # fmt: skip
+                              timeout=10).stdout
 
     def start(self, command: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         """Run an argv (quoted here, never taken from outside the test) in the session, in cwd."""
@@ -33,7 +33,7 @@ class Tmux:
         clean = {k: v for k, v in base.items() if k not in ("COLUMNS", "LINES", "TMUX")}
         subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", SESSION,
                         "-x", str(self.size[0]), "-y", str(self.size[1]), line], check=True, timeout=10,
-                       env=clean)  # fmt: skip
+                       env=clean)
 
     def send(self, *keys: str) -> None:
         self("send-keys", "-t", SESSION, *keys)

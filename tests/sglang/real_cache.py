@@ -36,7 +36,9 @@ def allocator(size: int) -> TokenToKVPoolAllocator:
 
 def radix_cache(size: int = 4096, page_size: int = 1) -> RadixCache:
     return RadixCache(
-        CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator(size), page_size=page_size)
+        CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator(size), page_size=page_size
+        )
     )
 
 
@@ -88,7 +90,9 @@ class Driver:
         self.systems = [[self.rng.randrange(1, 32000) for _ in range(self.rng.randrange(16, 64))] for _ in range(4)]
 
     def prompt(self) -> list[int]:
-        tokens = self.rng.choice(self.systems) + [self.rng.randrange(1, 32000) for _ in range(self.rng.randrange(8, 40))]
+        tokens = self.rng.choice(self.systems) + [
+            self.rng.randrange(1, 32000) for _ in range(self.rng.randrange(8, 40))
+        ]
         return tokens[: len(tokens) // self.page_size * self.page_size]
 
     def lock(self, node: Any) -> Any:

@@ -7,7 +7,8 @@ per-iteration call `scheduler.process_input_requests(recv_reqs)` is made on a Sc
 (built without its __init__) whose tree_cache is a real RadixCache driven by a scheduler-shaped
 workload. radixtop's safe point runs first; SGLang's body then fails on the bare object (an
 AttributeError for an attribute __init__ would have set, raised in sglang's code), which is expected
-and ignored; any other error surfaces in the report. The child reports what it saw over a pipe and serves until told to stop.
+and ignored; any other error surfaces in the report. The child reports what it saw over a pipe
+and serves until told to stop.
 """
 
 from __future__ import annotations
@@ -109,7 +110,12 @@ def run(conn: Any, route: str, tp_rank: int = 0, requests: int = 40) -> None:
             instruments = glue.SAFE_POINTS.instruments()
             inst = instruments[0] if instruments else None
             snap = inst.endpoint.latest()[0] if inst is not None else None
-            if snap is not None and snap.census is not None and snap.census.complete and snap.monotonic - snap.census.age_s >= changed:
+            if (
+                snap is not None
+                and snap.census is not None
+                and snap.census.complete
+                and snap.monotonic - snap.census.age_s >= changed
+            ):
                 break
             time.sleep(0.02)
         report["port"] = inst.endpoint.port if inst is not None else None

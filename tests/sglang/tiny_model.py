@@ -35,7 +35,7 @@ def make(root: Path) -> None:
         "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 4096,
         "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
-    }  # fmt: skip
+    }
     (root / "config.json").write_text(json.dumps(config, indent=2))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -48,7 +48,7 @@ def make(root: Path) -> None:
     (root / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "bos_token": "<s>",
         "eos_token": "</s>", "model_max_length": 4096,
-    }))  # fmt: skip
+    }))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ class _StubModule(types.ModuleType):
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname.startswith("torchvision."):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None

@@ -3,8 +3,9 @@
 SGLang's plugin loader calls `register()` in every process. With SGLANG_TEST_EVICT_FAULT=1 in the
 server's environment (an SGLANG_ key, so radixtop remembers it and its reproduction carries it),
 it wraps `UnifiedRadixCache.evict` and `evict_for_alloc` (the allocators' path, which does not
-call evict) through SGLang's HookRegistry: an eviction asked while the pool is under pressure (the cache's locked tokens past half the pool) raises the seed incident's
-error, inside the cache, in the scheduler's own thread. Below that pressure, and with the radix
+call evict) through SGLang's HookRegistry: an eviction asked while the pool is under pressure
+(the cache's locked tokens past half the pool) raises the seed incident's error, inside the
+cache, in the scheduler's own thread. Below that pressure, and with the radix
 cache disabled, nothing happens, so the failure depends on pressure, as the seed's lock race does.
 """
 

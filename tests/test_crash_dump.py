@@ -340,8 +340,9 @@ def test_a_folder_is_one_incident_every_hosts_crash_dump_or_every_request_dump(m
     periodic = tmp_path / "periodic"  # --dump-requests-folder: one file per K finished requests
     parts = [dump_of(periodic / f"2026-12-05_10-2{k}.pkl", range(3 * k, 3 * k + 3), 10.0 * k) for k in range(3)]
     assert find_dumps(periodic) == parts
-    done = subprocess.run([sys.executable, "-m", "radixtop", "trace", "convert", str(periodic), "-o", str(tmp_path / "p.json")],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    argv = [sys.executable, "-m", "radixtop", "trace", "convert", str(periodic), "-o", str(tmp_path / "p.json")]
+    done = subprocess.run(argv,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "(3 dumps): 9 requests" in done.stderr, done.stderr
 
 
@@ -350,7 +351,7 @@ def test_a_bundle_keeps_the_crashs_workload_as_its_shape_without_a_prompt(monkey
     log = tmp_path / "server.log"
     log.write_text(f"[2026-12-05 10:28:34] Dumped 3 finished and 1 unfinished requests before crash to {dump}\n")
     done = subprocess.run([sys.executable, "-m", "radixtop", "bundle", "--log", str(log), "--out", str(tmp_path / "b"),
-                           "--json"], capture_output=True, text=True, timeout=120)  # fmt: skip
+                           "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     bundle = Path(json.loads(done.stdout)["path"])
     shape = json.loads((bundle / "workload" / "crash.shape.json").read_text())
@@ -367,5 +368,5 @@ def test_a_dumped_requests_sampling_needs_go_out_with_it_at_temperature_zero(mon
     trace = dump_trace_of(read_dump(sample(monkeypatch, tmp_path)))
     bodies = {p.request_id: generate_payload(p, 0.0) for p in plan_requests(trace)}
     assert bodies["rid-4"]["sampling_params"] == {"max_new_tokens": 64, "temperature": 0.0, "ignore_eos": True,
-                                                  "stop": ["</s>", "\n\n"]}  # fmt: skip
+                                                  "stop": ["</s>", "\n\n"]}
     assert bodies["rid-1"]["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.0}

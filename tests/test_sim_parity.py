@@ -49,7 +49,7 @@ class Served:
 
 
 def serve(kind: str, workdir: Path, *, fault: bool = False, flags: tuple[str, ...] = (),
-          env: dict[str, str] | None = None) -> Served:  # fmt: skip
+          env: dict[str, str] | None = None) -> Served:
     """A server of the kind; ``flags`` are SGLang flags both take, ``env`` SGLang switches."""
     if kind == "real":
         from real_sglang import start_server
@@ -236,7 +236,8 @@ def test_force_miss_turns_reuse_off_while_the_tree_still_fills_and_evicts(kind: 
         cached = []
         for _ in range(3):
             body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-            cached.append(httpx.post(f"{served.url}/generate", json=body, timeout=60).json()["meta_info"]["cached_tokens"])
+            answer = httpx.post(f"{served.url}/generate", json=body, timeout=60).json()
+            cached.append(answer["meta_info"]["cached_tokens"])
         assert cached == [0, 0, 0], cached
         pressure(served)
 

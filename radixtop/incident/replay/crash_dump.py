@@ -165,7 +165,7 @@ class CrashDump:
     def summary(self) -> str:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
         return (f"{self.path}: {len(self.requests):,} requests over {self.span_s:.1f} s, {self.in_flight} in flight at "
-                f"the crash" + (f"; left out: {skipped}" if skipped else ""))  # fmt: skip
+                f"the crash" + (f"; left out: {skipped}" if skipped else ""))
 
 
 def _read_bytes(path: Path, limit: int) -> bytes:
@@ -179,7 +179,9 @@ def _read_bytes(path: Path, limit: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise DumpError(f"{path}: not a regular file")
         if info.st_uid not in (os.geteuid(), 0):
-            raise DumpError(f"{path}: owned by uid {info.st_uid}, not you or root: copy it somewhere of yours to read it")
+            raise DumpError(
+                f"{path}: owned by uid {info.st_uid}, not you or root: copy it somewhere of yours to read it"
+            )
         if info.st_size > limit:
             raise DumpError(f"{path}: {info.st_size:,} bytes, more than the {limit:,} radixtop reads")
         data = fh.read(limit + 1)
@@ -194,9 +196,9 @@ def _load(path: Path, data: bytes) -> Any:
     except DumpError as exc:
         raise DumpError(f"{path}: {exc}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-            OverflowError, MemoryError, RecursionError) as exc:  # fmt: skip
+            OverflowError, MemoryError, RecursionError) as exc:
         raise DumpError(f"{path}: not a complete pickle ({type(exc).__name__}: {str(exc)[:120]}); "
-                        "was it copied while being written?") from None  # fmt: skip
+                        "was it copied while being written?") from None
 
 
 def _int(value: Any) -> int | None:
@@ -256,7 +258,7 @@ def _from_fields(req: Mapping[str, Any], out: Any, created: float, finished: flo
         created=created, finished=finished, extra_key=namespace,
         ignore_eos=params.get("ignore_eos") is True, prompt_tokens=prompt_tokens,
         cached_tokens=_int(meta.get("cached_tokens")),
-    )  # fmt: skip
+    )
 
 
 # A JSON request log's line: `[time] {"timestamp": ISO, "event": ..., "rid": ..., "obj": {...}, "out": {...}}`.
@@ -371,7 +373,7 @@ def dump_named_in(logs: Sequence[str]) -> Path | None:
 
 
 def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None,
-                   armed: str | None = None) -> tuple[Trace, CrashDump] | None:  # fmt: skip
+                   armed: str | None = None) -> tuple[Trace, CrashDump] | None:
     """The crash's own workload, where the server left one: the dump its log names, else the newest
     in its --crash-dump-folder or the folder radixtop armed (``armed``), else its JSON request log
     (level 3: whole prompts). None when there is none; DumpError when the one there is unreadable."""
@@ -398,7 +400,7 @@ def _request_log_of(logs: Sequence[str], args: Mapping[str, Any]) -> Path | None
     --log-requests-target folder, else its own log (the lines go to stdout)."""
     level = args.get("log_requests_level")
     if not (args.get("log_requests") is True and args.get("log_requests_format") == "json"
-            and isinstance(level, int) and level >= 3):  # fmt: skip
+            and isinstance(level, int) and level >= 3):
         return None
     target = args.get("log_requests_target")
     folders = [t for t in (target if isinstance(target, list) else [target]) if isinstance(t, str) and os.path.isdir(t)]
@@ -465,8 +467,8 @@ def dump_trace_of(dump: CrashDump, *, name: str | None = None) -> Trace:
     calls = [
         RecordedCall((r.created - t0) * 1000.0, "/generate", list(r.input_ids) if r.input_ids is not None else None,
                      r.text, r.max_new_tokens, 1, prompt_tokens=r.prompt_tokens, extra_key=r.extra_key,
-                     request_id=r.rid, ignore_eos=r.ignore_eos, in_flight=r.finished is None)  # fmt: skip
+                     request_id=r.rid, ignore_eos=r.ignore_eos, in_flight=r.finished is None)
         for r in dump.requests
     ]
     return build_trace(calls, name=name or dump.path.stem, keep_prompts=True, page_size_hint=dump.page_size or 1,
-                       source=f"SGLang dump {dump.path}: {len(calls):,} requests, {dump.in_flight} in flight")  # fmt: skip
+                       source=f"SGLang dump {dump.path}: {len(calls):,} requests, {dump.in_flight} in flight")

@@ -161,8 +161,11 @@ def run_demo(args: Namespace) -> int:
             actions_dir=str(demo.workdir),  # bundles and confirmation runs beside the demo's logs
             banner=(f"demo: simulated SGLang at {demo.url}, fault {demo.fault}; logs, bundles (b) and "
                     f"confirmation runs (c) in {demo.workdir}"),
-        )  # fmt: skip
+        )
         return run_tui(options)
     finally:
         demo.stop()
-        print(f"radixtop demo: stopped the simulator; its log, bundles and runs are kept in {demo.workdir}", file=sys.stderr)
+        print(
+            f"radixtop demo: stopped the simulator; its log, bundles and runs are kept in {demo.workdir}",
+            file=sys.stderr,
+        )

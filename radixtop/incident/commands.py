@@ -139,7 +139,7 @@ def run_bundle(args: Namespace) -> int:
             args.out, url=args.url, logs=args.log, pid=args.pid, instruments=args.instrument, reason=args.reason,
             signature_files=args.signatures, context=args.context, cancel=cancel,
             on_progress=lambda p: say(p.message), workload=workload_shape,
-        )  # fmt: skip
+        )
     except ServerError as exc:
         raise UsageError(str(exc)) from None
     except BundleError as exc:
@@ -192,9 +192,10 @@ def run_replay(args: Namespace) -> int:
         say("the server's cache is flushed (POST /flush_cache) before each run")
     if args.max_in_flight:
         say(f"--max-in-flight {args.max_in_flight}: at most {args.max_in_flight} calls out at once; "
-            "a call due while they are out waits for an answer")  # fmt: skip
+            "a call due while they are out waits for an answer")
     if args.namespace_per_request:
-        say("--namespace-per-request: every call has a cache namespace of its own (extra_key), so none reuses another's pages")
+        say("--namespace-per-request: every call has a cache namespace of its own (extra_key), "
+            "so none reuses another's pages")
     vocab = _vocabulary(info, args.vocab_size, trace)
     try:
         planned = plan_requests(trace, seed=args.seed, vocab=vocab)
@@ -212,7 +213,7 @@ def run_replay(args: Namespace) -> int:
             on_event=lambda e: say(e.message) if e.kind != "flush" else None, should_stop=stop.is_set,
             max_in_flight=args.max_in_flight or None, namespace_per_request=args.namespace_per_request,
             sample_token_usage=True,
-        )  # fmt: skip
+        )
         return series, stop.is_set()
 
     series, stopped = asyncio.run(go())
@@ -244,9 +245,9 @@ def run_analyze(args: Namespace) -> int:
     policy = args.eviction_policy.lower()
     if policy in _UNSIMULATED_POLICIES:
         raise UsageError(f"--radix-eviction-policy {policy}: SGLang has it, the simulator does not yet; "
-                     f"use one of {', '.join(EVICTION_POLICIES)}")  # fmt: skip
+                     f"use one of {', '.join(EVICTION_POLICIES)}")
     config = SimConfig(radix_eviction_policy=policy, disable_radix_cache=args.disable_radix_cache,
-                       step_time_s=args.step_ms / 1000.0)  # fmt: skip
+                       step_time_s=args.step_ms / 1000.0)
     for name in ("page_size", "max_total_tokens", "max_running_requests"):
         if getattr(args, name) is not None:
             config = replace(config, **{name: getattr(args, name)})
@@ -344,10 +345,11 @@ def run_record(args: Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"record: {exc}") from None
         say(f"recording: point clients at http://127.0.0.1:{port} (forwarding to {url}); "
-            f"Ctrl-C writes {out}" + ("" if args.keep_prompts else "; prompts are not kept (--keep-prompts keeps them)"))  # fmt: skip
+            f"Ctrl-C writes {out}"
+            + ("" if args.keep_prompts else "; prompts are not kept (--keep-prompts keeps them)"))
         if proxy.page_size is None:
             say(f"{url}/server_info did not say its page_size: the trace's page_size_hint is 1 "
-                "(trace convert --format mooncake then needs --block-size)")  # fmt: skip
+                "(trace convert --format mooncake then needs --block-size)")
         if args.ready_file:
             Path(args.ready_file).write_text(f"{port}\n", encoding="utf-8")
         try:
@@ -373,7 +375,11 @@ def run_record(args: Namespace) -> int:
 # -- confirm ------------------------------------------------------------------------------------
 
 
-def _ask(lines: list[str], question: str = "Start the confirmation run as planned? [y/N] ", yes: tuple[str, ...] = ("y", "yes")) -> bool:
+def _ask(
+    lines: list[str],
+    question: str = "Start the confirmation run as planned? [y/N] ",
+    yes: tuple[str, ...] = ("y", "yes"),
+) -> bool:
     """The plan and the question on stderr (stdout stays for the result), the answer from the terminal."""
     print("\n".join(lines), file=sys.stderr)
     sys.stderr.write(question)
@@ -387,7 +393,10 @@ def watch_other_run(say: Callable[[str], None], poll_s: float = 1.0, limit_s: fl
     from radixtop.incident.confirm.runlock import lock_held_by_other, read_status
 
     status = read_status()
-    say((status.summary() if status else "a confirmation run is in progress on this node") + "; watching it instead of starting another")
+    say(
+        (status.summary() if status else "a confirmation run is in progress on this node")
+        + "; watching it instead of starting another"
+    )
     shown = 0  # lines noted by the run that this watcher has printed
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
@@ -422,7 +431,8 @@ def run_confirm(args: Namespace) -> int:
     from radixtop.rundir import RuntimeDirError
 
     if not args.yes and not sys.stdin.isatty():
-        raise UsageError("confirm: stdin is not a terminal, so the plan cannot be approved here; pass --yes to approve it")
+        raise UsageError("confirm: stdin is not a terminal, so the plan cannot be approved here; "
+                         "pass --yes to approve it")
     trace, label = load_trace_arg(args.trace) if args.trace else (None, None)
     workdir = Path(args.workdir) if args.workdir else Path(f"radixtop-confirm-{time.strftime('%Y%m%d-%H%M%S')}")
     options = ConfirmOptions(
@@ -433,7 +443,7 @@ def run_confirm(args: Namespace) -> int:
         reproduction=not args.no_reproduction, gpus=args.gpus, own_env=args.own_env, inherit_env=args.inherit_env,
         control_timeout_s=args.control_timeout, bundle=not args.no_bundle,
         signature_files=tuple(args.signatures), vocab_size=args.vocab_size,
-    )  # fmt: skip
+    )
     say = _progress("confirm", False)
     lock = RunLock(args.url, options.workdir)
     try:
@@ -474,8 +484,10 @@ def run_confirm(args: Namespace) -> int:
             if args.yes:
                 print("\n".join(described), file=sys.stderr)
                 lock.finish("no confirmation run: it needs the live server's GPUs", "pass --stop-original")
-                raise UsageError("confirm: no GPU has room for the control beside the live server; pass --stop-original "
-                             "to stop it first (then a reproduction and the control run on its GPUs)")
+                raise UsageError(
+                    "confirm: no GPU has room for the control beside the live server; pass --stop-original "
+                    "to stop it first (then a reproduction and the control run on its GPUs)"
+                )
             if not _ask(described, "This plan STOPS the live server first. Type stop to approve: ", ("stop",)):
                 lock.finish("not approved: nothing was started")
                 say("not approved; nothing was started" + (". The evidence bundle is kept." if plan.bundle else ""))
@@ -485,7 +497,11 @@ def run_confirm(args: Namespace) -> int:
             say("approved with --yes")
         elif not _ask(described):
             lock.finish("not approved: nothing was started")
-            say("not approved; nothing was started. The evidence bundle is kept." if plan.bundle else "not approved; nothing was started")
+            say(
+                "not approved; nothing was started. The evidence bundle is kept."
+                if plan.bundle
+                else "not approved; nothing was started"
+            )
             return ExitStatus.ERROR
 
         run = ConfirmationRun(plan, on_event)

@@ -76,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default=None, help="bind address (default 127.0.0.1; anything else prints a warning)"
     )
     g.add_argument(
-        "--port", type=within(0, 65535), default=30000, help="HTTP port (default 30000; 0 picks a free port and logs it)"
+        "--port",
+        type=within(0, 65535),
+        default=30000,
+        help="HTTP port (default 30000; 0 picks a free port and logs it)",
     )
     g.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 1)")
     g.add_argument(
@@ -105,11 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mem-fraction-static", type=float, default=None, help="accepted and echoed")
     g.add_argument("--attention-backend", default=None, help="accepted and echoed")
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="the device batch lines name (cuda graph / cpu graph)")  # fmt: skip
+                   help="the device batch lines name (cuda graph / cpu graph)")
     g.add_argument("--disable-overlap-schedule", action="store_true", help="accepted and echoed")
     g.add_argument("--crash-dump-folder", default=None, metavar="DIR",
                    help="when the server dies, dump its recent and in-flight requests to "
-                   "DIR/<host>/crash_dump_<time>.pkl, as SGLang does (also set by POST /configure_logging)")  # fmt: skip
+                   "DIR/<host>/crash_dump_<time>.pkl, as SGLang does (also set by POST /configure_logging)")
     r = p.add_argument_group("radixtop flags")
     r.add_argument(
         "--log-file", default=None, metavar="PATH", help="append logs here, flushed per line (default stdout)"
@@ -121,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[:SEED][:K=V,...]",
         help="inject a fault: lock-race, block-boundary, leak, double-unlock (repeatable)",
     )
-    r.add_argument("--step-ms", type=within(0, 10_000, float), default=2.0, help="simulated scheduler step time (default 2 ms)")
+    r.add_argument(
+        "--step-ms", type=within(0, 10_000, float), default=2.0, help="simulated scheduler step time (default 2 ms)"
+    )
     r.add_argument(
         "--instrument-port",
         type=within(1, 65535 - 128),  # rank r serves on BASE+r: room for 128 ranks
@@ -356,7 +361,7 @@ def sim_argv(*flags: str, ready_file: str | Path, log_file: str | Path, port: in
     return [
         sys.executable, "-m", "radixtop", "sim", "--port", str(port),
         "--ready-file", str(ready_file), "--log-file", str(log_file), *flags,
-    ]  # fmt: skip
+    ]
 
 
 def _write_ready_file(path: str, port: int) -> None:
@@ -484,7 +489,9 @@ class SimServer:
         if a.kv_events_config:
             from radixtop.sim.kv_events import parse_config, start_publishers
 
-            self.publishers = start_publishers(self.engine.caches, self.config.tp_size, parse_config(a.kv_events_config))
+            self.publishers = start_publishers(
+                self.engine.caches, self.config.tp_size, parse_config(a.kv_events_config)
+            )
         stats = self.engine.stats()
         state = SimState(
             engine=self.engine,

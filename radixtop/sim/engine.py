@@ -873,7 +873,7 @@ class Engine:
     ) -> GenerateResult:
         future: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         req = self.submit(input_ids, max_new_tokens=max_new_tokens, temperature=temperature, rid=rid,
-                          future=future, extra_key=extra_key)  # fmt: skip
+                          future=future, extra_key=extra_key)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:

@@ -84,7 +84,9 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
             future.add_done_callback(mark_finished)
             try:
                 call = calls[index]
-                engine.submit(call.input_ids, max_new_tokens=call.max_new_tokens, future=future, extra_key=call.extra_key)
+                engine.submit(
+                    call.input_ids, max_new_tokens=call.max_new_tokens, future=future, extra_key=call.extra_key
+                )
             except ValueError as exc:  # what the served simulator answers 400 to
                 errors[index] = str(exc)
                 continue
@@ -112,7 +114,9 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
             why = errors.get(i) or "aborted (retracted with no room left)"
             results.append(OfflineResult(call.key, arrived[i], None, len(call.input_ids), None, why))
         else:
-            results.append(OfflineResult(call.key, arrived[i], finished[i], result.prompt_tokens, result.cached_tokens, None))
+            results.append(
+                OfflineResult(call.key, arrived[i], finished[i], result.prompt_tokens, result.cached_tokens, None)
+            )
     stats = engine.stats()
     return OfflineRun(
         results=tuple(results),

@@ -68,7 +68,7 @@ _REQUEST_FIELDS: tuple[tuple[str, Any], ...] = (
     ("mm_processor_kwargs", None), ("multi_item_delimiter_indices", None), ("token_indices_to_pool", None),
     ("cache_salt", None), ("kv_hints", None), ("rid", None), ("session_id", None), ("http_worker_ipc", None),
     ("is_single", True), ("batch_size", 1), ("parallel_sample_num", 1),
-)  # fmt: skip
+)
 _REQUEST_DEFAULTS = dict(_REQUEST_FIELDS)
 
 
@@ -196,7 +196,7 @@ class RequestLog:
         self._in_flight.pop(key, None)
 
     def dump_before_crash(self, server_args: Mapping[str, Any], launch_command: str,
-                          log_error: Callable[[str], None]) -> Path | None:  # fmt: skip
+                          log_error: Callable[[str], None]) -> Path | None:
         """Write the dump once, as SGLang's parent does when a child dies; its path, or None when
         no folder is set, it was written already, or there was nothing to write."""
         folder = self.crash_dump_folder
@@ -226,7 +226,9 @@ class RequestLog:
         except (OSError, pickle.PicklingError) as exc:
             log_error(f"Failed to dump requests before crash to {filename}: {exc}")
             return None
-        log_error(f"Dumped {len(finished)} finished and {len(unfinished)} unfinished requests before crash to {filename}")
+        log_error(
+            f"Dumped {len(finished)} finished and {len(unfinished)} unfinished requests before crash to {filename}"
+        )
         return Path(filename)
 
 

@@ -313,7 +313,7 @@ def _request_input(prompt: Prompt, rid: str, stream: bool) -> GenerateReqInput:
     return GenerateReqInput(
         text=prompt.text, input_ids=prompt.input_ids if prompt.text is None else None,
         sampling_params=prompt.params, stream=stream, rid=rid, extra_key=prompt.extra_key,
-    )  # fmt: skip
+    )
 
 
 async def _run_all(state: SimState, prompts: Sequence[Prompt], *, stream: bool = False) -> list[tuple[str, Any, float]]:
@@ -336,7 +336,7 @@ async def _run_all(state: SimState, prompts: Sequence[Prompt], *, stream: bool =
         sampling = prompt.sampling
         started = time.perf_counter()
         result = await engine.generate(prompt.input_ids, max_new_tokens=sampling.max_new_tokens,
-                                       temperature=sampling.temperature, rid=rid, extra_key=prompt.extra_key)  # fmt: skip
+                                       temperature=sampling.temperature, rid=rid, extra_key=prompt.extra_key)
         elapsed = time.perf_counter() - started
         log.finish(key, _generate_item(state, rid, result, elapsed))
         return rid, result, elapsed
@@ -344,7 +344,10 @@ async def _run_all(state: SimState, prompts: Sequence[Prompt], *, stream: bool =
     try:
         if prompts[0].sampling.n > 1:
             await asyncio.gather(
-                *(engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0, extra_key=p.extra_key) for p in prompts)
+                *(
+                    engine.generate(p.input_ids, max_new_tokens=0, temperature=0.0, extra_key=p.extra_key)
+                    for p in prompts
+                )
             )
         jobs = [one(prompt, rid, key) for (prompt, rid), key in zip(samples, keys, strict=True)]
         if len(jobs) == 1:  # the common case: no tasks to create
@@ -420,7 +423,7 @@ CONFIGURE_LOGGING_FIELDS = {
     "rid": "string", "http_worker_ipc": "string", "log_requests": "bool", "log_requests_level": "int",
     "log_requests_format": "string", "log_level": "string", "dump_requests_folder": "string",
     "dump_requests_threshold": "int", "crash_dump_folder": "string", "dump_requests_exclude_meta_keys": "list",
-}  # fmt: skip
+}
 _TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
 _FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
 
@@ -510,8 +513,10 @@ class _Api:
     def __init__(self, state: SimState) -> None:
         self.state = state
         self.engine = state.engine
-        self.generating_health = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1").strip().lower() not in (
-            "0", "false", "no", "off")
+        self.generating_health = (
+            os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1").strip().lower()
+            not in ("0", "false", "no", "off")
+        )
 
     async def health(self, request: Request) -> Response:
         # As SGLang 0.5.23: /health generates one token through the engine (a batch in the log)
@@ -526,10 +531,14 @@ class _Api:
         rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
         params = {"max_new_tokens": 1, "temperature": 0.0}
         # In SGLang's request log while in flight only (log_metrics=False).
-        key = self.state.request_log.start(GenerateReqInput(input_ids=[0], sampling_params=params, log_metrics=False, rid=rid))
+        key = self.state.request_log.start(
+            GenerateReqInput(input_ids=[0], sampling_params=params, log_metrics=False, rid=rid)
+        )
         ok = False
         try:
-            await asyncio.wait_for(self.engine.generate([0], max_new_tokens=1, temperature=0.0, rid=rid), HEALTH_CHECK_TIMEOUT_S)
+            await asyncio.wait_for(
+                self.engine.generate([0], max_new_tokens=1, temperature=0.0, rid=rid), HEALTH_CHECK_TIMEOUT_S
+            )
             ok = True
         except (TimeoutError, EngineDead, ValueError):
             pass
@@ -743,8 +752,9 @@ class _Api:
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             obj = body
         if not isinstance(obj, dict):
-            return _validation_error([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a valid dictionary",
-                                       "input": obj}])  # fmt: skip
+            return _validation_error([
+                {"type": "dict_type", "loc": ("body",), "msg": "Input should be a valid dictionary", "input": obj}
+            ])
         values: dict[str, Any] = {}
         errors = []
         for name, kind in CONFIGURE_LOGGING_FIELDS.items():

@@ -92,7 +92,13 @@ def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
     config.validate()
     tokenizer = SimTokenizer()
     calls = [
-        OfflineCall((p.request_id, p.copy), p.offset_s, _prompt_ids(p.input_ids, p.text, tokenizer), p.max_tokens, p.extra_key)
+        OfflineCall(
+            (p.request_id, p.copy),
+            p.offset_s,
+            _prompt_ids(p.input_ids, p.text, tokenizer),
+            p.max_tokens,
+            p.extra_key,
+        )
         for p in plan_requests(trace, seed=seed)
     ]
     run = run_offline(config, calls)
@@ -108,7 +114,7 @@ def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
     rows, summary = reuse_rows(exps, [answers], cache_disabled=config.disable_radix_cache)
     failed = tuple((r.key, r.error) for r in run.results if r.error is not None)
     return Analysis(trace.name, config, tuple(rows), summary, failed, run.evicted_tokens,
-                    run.peak_token_usage, run.retractions, run.duration_s)  # fmt: skip
+                    run.peak_token_usage, run.retractions, run.duration_s)
 
 
 def parse_sweep(text: str) -> tuple[str, list[int]]:
@@ -139,7 +145,7 @@ def _setting_line(a: Analysis) -> str:
     s = a.setting()
     cache = "radix cache disabled" if s["disable_radix_cache"] else f"{s['eviction_policy']} eviction"
     return (f"page size {s['page_size']}, {s['max_total_tokens']:,} tokens, "
-            f"{s['max_running_requests']} running requests, {cache}, {s['step_ms']:g} ms steps")  # fmt: skip
+            f"{s['max_running_requests']} running requests, {cache}, {s['step_ms']:g} ms steps")
 
 
 def format_analysis(a: Analysis, *, source: str = "", limit: int = 40) -> str:

@@ -309,19 +309,20 @@ def take_bundle(
         return _take_bundle(
             out_dir, url=url, logs=logs, pid=pid, instruments=instruments, reason=reason,
             signature_files=signature_files, context=context, after=after, live_report=live_report, seen=seen,
-            flight_dirs=flight_dirs, http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s, tool_timeout_s=tool_timeout_s,
-            torch_env_timeout_s=torch_env_timeout_s, archive=archive, on_progress=on_progress, cancel=cancel,
-            redactor=redactor, workload=workload,
-        )  # fmt: skip
+            flight_dirs=flight_dirs, http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s,
+            tool_timeout_s=tool_timeout_s, torch_env_timeout_s=torch_env_timeout_s, archive=archive,
+            on_progress=on_progress, cancel=cancel, redactor=redactor, workload=workload,
+        )
 
 
 def _take_bundle(
     out_dir: str | Path, *, url: str | None, logs: Sequence[str], pid: int | None, instruments: Sequence[str],
     reason: str, signature_files: Sequence[str], context: int, after: int, live_report: Any, seen: Any,
-    flight_dirs: Sequence[str], http_timeout_s: float, network_deadline_s: float, tool_timeout_s: float, torch_env_timeout_s: float,
+    flight_dirs: Sequence[str], http_timeout_s: float, network_deadline_s: float, tool_timeout_s: float,
+    torch_env_timeout_s: float,
     archive: bool, on_progress: Callable[[BundleProgress], None] | None, cancel: threading.Event,
     redactor: Redactor | None, workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None,
-) -> BundleResult:  # fmt: skip
+) -> BundleResult:
     from radixtop.incident.bundle import evidence
     from radixtop.incident.common.server import base_url, listening_pid, server_interpreter, url_port
     from radixtop.probes.http import is_loopback_url
@@ -342,7 +343,10 @@ def _take_bundle(
         tmp.mkdir()
     except OSError as exc:
         raise BundleError(f"cannot write a bundle in {out}: {exc.strerror or exc}; pass a writable --out") from None
-    steps = ["processes+stacks", "server", "metrics", "flight records", "nvml", "nvidia-smi", "collect_env", "logs", "timeline"]
+    steps = [
+        "processes+stacks", "server", "metrics", "flight records", "nvml",
+        "nvidia-smi", "collect_env", "logs", "timeline",
+    ]
     state = {"done": 0}
     lock = threading.Lock()
 
@@ -386,7 +390,7 @@ def _take_bundle(
             report_box["report"] = evidence.collect_logs(
                 writer, list(logs), signature_files=signature_files, context=context, after=after,
                 live_report=live_report,
-            )  # fmt: skip
+            )
 
         progress("start", f"bundle {name}: collecting")
         volatile = [
@@ -396,7 +400,7 @@ def _take_bundle(
                 cancel=cancel))),
             _start(guarded("metrics", lambda: evidence.collect_metrics(
                 writer, url, timeout_s=http_timeout_s, deadline=net_deadline, cancel=cancel))),
-        ]  # fmt: skip
+        ]
         flight_box: dict[str, Any] = {}
 
         def flight() -> None:
@@ -408,7 +412,10 @@ def _take_bundle(
 
             data = gather(seen, flight_box.get("records", ()), logs, report_box.get("report"))
             if data.empty:
-                writer.note("timeline.html", "nothing to plot: no vital signs in the logs or from the UI, no radix snapshots, no signature")
+                writer.note(
+                    "timeline.html",
+                    "nothing to plot: no vital signs in the logs or from the UI, no radix snapshots, no signature",
+                )
                 return
             data.marks = [(t, redactor.text(label)) for t, label in data.marks]
             writer.generated("timeline.html", render_html(data, redactor.text(f"radixtop bundle {name}: {reason}")))
@@ -418,9 +425,12 @@ def _take_bundle(
             _start(guarded("crash workload", lambda: _crash_workload(writer, workload, logs))),
             _start(guarded("flight records", flight)),
             _start(guarded("nvml", lambda: evidence.collect_nvml(writer))),
-            _start(guarded("nvidia-smi", lambda: evidence.collect_nvidia_smi(writer, timeout_s=tool_timeout_s, cancel=cancel))),
+            _start(guarded(
+                "nvidia-smi",
+                lambda: evidence.collect_nvidia_smi(writer, timeout_s=tool_timeout_s, cancel=cancel),
+            )),
             _start(guarded("collect_env", torch_env)),
-        ]  # fmt: skip
+        ]
         _wait(volatile, cancel)
         slow.append(_start(guarded("logs", logs_step)))
         _wait(slow, cancel)
@@ -446,13 +456,13 @@ def _take_bundle(
     result = BundleResult(
         final, archive_path, tuple(files), dict(writer.notes), reason, time.monotonic() - began,
         findings=0 if report is None else len(report.findings),
-    )  # fmt: skip
+    )
     progress("done", f"bundle written: {final}")
     return result
 
 
 def _crash_workload(writer: Any, workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None,
-                    logs: Sequence[str]) -> None:  # fmt: skip
+                    logs: Sequence[str]) -> None:
     """The crash's own workload's shape (its source line says what it is; no prompt)."""
     found = workload(list(logs)) if workload is not None else None
     if found is not None:
@@ -489,7 +499,7 @@ def _wait(threads: Iterable[threading.Thread], cancel: threading.Event) -> None:
 def _write_manifest(
     root: Path, writer: BundleWriter, *, reason: str, url: str | None, pid: int | None,
     logs: Sequence[str], began: float,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     from radixtop import __version__
 
     readme = [
@@ -504,7 +514,8 @@ def _write_manifest(
         "server/, radix/, gpu/, procs/, stacks/, env/: the server and the machine at bundle time",
         "seen/                         what radixtop saw before (a bundle from the UI): each rank's last radix",
         "                              snapshots and events, the vital signs, the screen (seen/screen.svg)",
-        "timeline.html                 the picture: vital signs, locked tokens per rank, first signatures (offline in a browser)",
+        "timeline.html                 the picture: vital signs, locked tokens per rank, first signatures"
+        " (offline in a browser)",
         "flight/                       the ranks' flight records: each cache as it failed, written inside the server",
         "*.note.txt                    why something is not here",
         "",
@@ -654,7 +665,7 @@ def _hash_archive(path: Path, sums: dict[str, str], small: dict[str, bytes | Non
                 if member.size > MAX_MEMBER_BYTES:
                     return (f"{path}: member {member.name} says it holds {member.size:,} bytes, more than a "
                             f"bundle ever writes ({MAX_MEMBER_BYTES >> 20} MiB); not checked further (not a "
-                            "radixtop bundle, or a compression bomb)")  # fmt: skip
+                            "radixtop bundle, or a compression bomb)")
                 handle = tar.extractfile(member)
                 if handle is None:
                     continue
@@ -729,7 +740,7 @@ class AutoBundler:
             self.result = take_bundle(
                 self.out_dir, url=self.url, logs=self.logs, pid=self.pid,
                 reason=f"auto-{self.trigger}", live_report=live_report, seen=seen, **self.options,
-            )  # fmt: skip
+            )
             self.state = "done"
         except Exception as exc:  # noqa: BLE001 - reported through on_done and .error
             self.error = f"{type(exc).__name__}: {exc}"  # reported through on_done / error

@@ -177,7 +177,7 @@ def collect_server(
         try:  # never SGLang's /health: it runs a generation through the scheduler under investigation
             status, body = client.get(f"{url}{LIVENESS_PATH}")
             sink.text("server/health.txt", f"GET {url}{LIVENESS_PATH} -> HTTP {status} (the HTTP front; /health is "
-                      "not asked, as it generates through the scheduler)\n")  # fmt: skip
+                      "not asked, as it generates through the scheduler)\n")
         except _HTTP_ERRORS as exc:
             sink.note("server/health.txt", f"GET {url}{LIVENESS_PATH} failed: {_one_line(exc)}")
         try:
@@ -314,14 +314,17 @@ def collect_nvml(sink: Sink) -> None:
 
     sample = read_once()
     if sample.status.state not in ("ok", "degraded"):
-        sink.note("gpu/nvml.json", f"NVML {sample.status.state}: {sample.status.message} (no NVIDIA driver on this machine?)")
+        sink.note(
+            "gpu/nvml.json",
+            f"NVML {sample.status.state}: {sample.status.message} (no NVIDIA driver on this machine?)",
+        )
         return
     sink.json("gpu/nvml.json", {
         "driver_version": sample.driver,
         "state": sample.status.state,
         "devices": [dataclasses.asdict(gpu) for gpu in sample.gpus],
         "xid_note": sample.xid_note,
-    })  # fmt: skip
+    })
 
 
 def collect_processes(sink: Sink, pid: int | None) -> list[psutil.Process]:
@@ -404,9 +407,15 @@ def collect_flight(sink: Sink, pid: int | None, dirs: Sequence[Path]) -> list[An
     where = ", ".join(str(d) for d in dirs)
     if not found:
         whose = f"process {pid} or its children" if pid is not None else "any server in the last hour"
-        sink.note("flight/records", f"no flight record of {whose} in {where}: no rank's cache failed through radixtop's instrument")
+        sink.note(
+            "flight/records",
+            f"no flight record of {whose} in {where}: no rank's cache failed through radixtop's instrument",
+        )
     elif pid is None:
-        sink.note("flight/matched-by-time", f"the server's pid is unknown: these are the records written in the last hour in {where}")
+        sink.note(
+            "flight/matched-by-time",
+            f"the server's pid is unknown: these are the records written in the last hour in {where}",
+        )
     if skipped:
         sink.note("flight/unreadable", "; ".join(skipped[:20]))
     return found
@@ -471,7 +480,7 @@ def collect_stacks(
         sink, "stacks/py-spy.txt", "py-spy",
         "py-spy is not installed, so the server's Python stacks were not captured "
         "(pip install py-spy, then take the bundle again while the server still runs)",
-    )  # fmt: skip
+    )
     if py_spy is None:
         return
     pythons = [p for p in processes if _is_python(p)][:MAX_STACK_PROCESSES]
@@ -483,9 +492,10 @@ def collect_stacks(
             return
         _run_tool(
             sink, f"stacks/py-spy-{proc.pid}.txt", [py_spy, "dump", "--pid", str(proc.pid)], timeout_s,
-            f"py-spy dump --pid {proc.pid}", why=f"Python stacks of server process {proc.pid} (radixtop's py-spy: {py_spy})",
+            f"py-spy dump --pid {proc.pid}",
+            why=f"Python stacks of server process {proc.pid} (radixtop's py-spy: {py_spy})",
             cancel=cancel, partial=False,
-        )  # fmt: skip
+        )
 
 
 def _run(argv: list[str], timeout_s: float, cancel: threading.Event | None) -> tuple[int | None, bytes, bytes, str]:
@@ -493,7 +503,7 @@ def _run(argv: list[str], timeout_s: float, cancel: threading.Event | None) -> t
     stdout, stderr, why it was stopped). Stopped at ``timeout_s`` or at once on ``cancel``."""
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+    )
     end = time.monotonic() + timeout_s
     while True:
         try:
@@ -519,7 +529,7 @@ def _run(argv: list[str], timeout_s: float, cancel: threading.Event | None) -> t
 def _run_tool(
     sink: Sink, rel: str, argv: list[str], timeout_s: float, what: str, *, why: str = "",
     cancel: threading.Event | None = None, partial: bool = True,
-) -> None:  # fmt: skip
+) -> None:
     sink.ran(rel, argv, why or what)
     try:
         code, out_bytes, err, stopped = _run(argv, timeout_s, cancel)
@@ -540,12 +550,14 @@ def _run_tool(
 
 def collect_nvidia_smi(sink: Sink, *, timeout_s: float = 15.0, cancel: threading.Event | None = None) -> None:
     exe = _trusted_tool(sink, "gpu/nvidia-smi.txt", "nvidia-smi",
-                        "nvidia-smi is not on PATH (no NVIDIA driver on this machine?)")  # fmt: skip
+                        "nvidia-smi is not on PATH (no NVIDIA driver on this machine?)")
     if exe is None:
         return
     _run_tool(sink, "gpu/nvidia-smi.txt", [exe], timeout_s, "nvidia-smi", why="GPU state", cancel=cancel)
     if cancel is None or not cancel.is_set():
-        _run_tool(sink, "gpu/nvidia-smi-q.txt", [exe, "-q"], timeout_s, "nvidia-smi -q", why="GPU details", cancel=cancel)
+        _run_tool(
+            sink, "gpu/nvidia-smi-q.txt", [exe, "-q"], timeout_s, "nvidia-smi -q", why="GPU details", cancel=cancel
+        )
 
 
 def collect_torch_env(
@@ -565,7 +577,7 @@ def collect_torch_env(
         )
         return
     _run_tool(sink, "env/collect_env.txt", [python, "-I", "-m", "torch.utils.collect_env"], timeout_s,
-              f"{python} -I -m torch.utils.collect_env", why=why, cancel=cancel)  # fmt: skip
+              f"{python} -I -m torch.utils.collect_env", why=why, cancel=cancel)
 
 
 # -- logs -----------------------------------------------------------------------------------------
@@ -590,7 +602,10 @@ def collect_logs(
     if live_report is not None:
         sink.json("findings-live.json", live_report.to_json())
     if not logs:
-        sink.note("findings.json", "no log given (--log), so no log evidence; findings-live.json has the UI's view if present")
+        sink.note(
+            "findings.json",
+            "no log given (--log), so no log evidence; findings-live.json has the UI's view if present",
+        )
         return None
     usable: list[str] = []
     for path in logs:
@@ -658,7 +673,8 @@ def read_tail(path: str) -> tuple[bytes, int, bool]:
     tail cannot be read again; OSError as the system raises it."""
     if path == "-" or path.endswith(".gz"):
         raise ValueError(f"{path}: a compressed file or stdin; its evidence is in evidence/, its tail is not copied")
-    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO was read once by the scan; opening it again would wait for a writer
+    # a FIFO was read once by the scan; opening it again would wait for a writer
+    if not stat.S_ISREG(os.stat(path).st_mode):
         raise ValueError(f"{path}: not a regular file (a FIFO?); its evidence is in evidence/, its tail is not copied")
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size

@@ -49,7 +49,7 @@ class SeenState:
                     "url": rank.url, "status": rank.status, "source": rank.source or "radixtop debug endpoint",
                     "locks_known": rank.locks_known,
                     "snapshots": [{"fetched": t, "snapshot": s.to_dict()} for t, s in rank.snapshots],
-                })  # fmt: skip
+                })
                 written.append(f"{base}-snapshots.json")
             if rank.events:
                 sink.json(f"{base}-events.json", {"url": rank.url, "events": [e.to_dict() for e in rank.events]})

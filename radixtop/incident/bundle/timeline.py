@@ -31,7 +31,8 @@ class Timeline:
     vitals: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # series key -> (epoch, value)
     sources: dict[str, str] = field(default_factory=dict)  # series key -> "metrics" / "log" / ...
     locked: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # "rank 0" -> (epoch, locked tokens)
-    evictions: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # "rank 0" -> (epoch, evictions so far)
+    # "rank 0" -> (epoch, evictions so far)
+    evictions: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     marks: list[tuple[float, str]] = field(default_factory=list)  # (epoch, first signature)
 
     @property
@@ -136,19 +137,22 @@ def render_html(timeline: Timeline, title: str) -> str:
         if traces:
             rows.append((row_title, traces))
     if any(timeline.locked.values()):
-        rows.append(("locked tokens", [(f"locked tokens, {label}", pts) for label, pts in sorted(timeline.locked.items())]))
+        rows.append((
+            "locked tokens",
+            [(f"locked tokens, {label}", pts) for label, pts in sorted(timeline.locked.items())],
+        ))
     if any(len(p) > 1 for p in timeline.evictions.values()):
         rows.append(("evictions", [(f"evictions, {label}", pts) for label, pts in sorted(timeline.evictions.items())]))
     count = max(1, len(rows))
     fig = make_subplots(rows=count, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=[r[0] for r in rows] or ["nothing to plot"])  # fmt: skip
+                        subplot_titles=[r[0] for r in rows] or ["nothing to plot"])
     for i, (_, traces) in enumerate(rows, 1):
         for name, points in traces:
             fig.add_trace(
                 go.Scatter(x=[_when(t) for t, _ in points], y=[v for _, v in points], name=name,
                            mode="lines+markers" if len(points) < 3 else "lines"),
                 row=i, col=1,
-            )  # fmt: skip
+            )
     for n, (t, label) in enumerate(timeline.marks):
         fig.add_vline(x=_when(t), line_dash="dash", line_color="firebrick", row="all", col=1)
         # Labels stack above the plot, one line each: first signatures come seconds apart.
@@ -156,7 +160,7 @@ def render_html(timeline: Timeline, title: str) -> str:
             x=_when(t), y=1.0, yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
             text=f"{_when(t)[11:]} {label}", font={"color": "firebrick", "size": 11},
             yshift=4 + 15 * (len(timeline.marks) - 1 - n),
-        )  # fmt: skip
+        )
     for i, (row_title, _) in enumerate(rows, 1):
         if row_title in _RATIO_ROWS:
             fig.update_yaxes(range=[0, 1.05], row=i, col=1)
@@ -164,6 +168,6 @@ def render_html(timeline: Timeline, title: str) -> str:
         title={"text": title, "y": 0.995, "yanchor": "top"}, height=200 * count + 120 + 15 * len(timeline.marks),
         template="plotly_white", legend={"orientation": "h", "y": -0.04},
         margin={"t": 90 + 15 * len(timeline.marks)},
-    )  # fmt: skip
+    )
     page: str = fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})  # plotly is untyped
     return page

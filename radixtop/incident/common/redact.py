@@ -76,7 +76,9 @@ _KEY_VALUE = re.compile(
     r"""(?P<key>[A-Za-z_][\w.-]*)(?P<sep>["']?\s*[:=]\s*)(?P<quote>["']?)(?!\[REDACTED\])(?P<value>[^\s"',;}\]\)]+)"""
 )
 # --flag value / --flag=value on a command line.
-_FLAG_VALUE = re.compile(r"(?P<flag>--[A-Za-z][\w-]*)(?P<sep>=|\s+)(?!\[REDACTED\])(?P<value>[^\s\"']+|\"[^\"]*\"|'[^']*')")
+_FLAG_VALUE = re.compile(
+    r"(?P<flag>--[A-Za-z][\w-]*)(?P<sep>=|\s+)(?!\[REDACTED\])(?P<value>[^\s\"']+|\"[^\"]*\"|'[^']*')"
+)
 # "password hunter2": a password word, blanks, then the value (words that start a sentence stay).
 _PASSWORD_WORD = re.compile(
     r"(?i)\b(?P<key>pass(?:word|wd|phrase))(?P<sep>[ \t]+)(?!\[REDACTED\])"

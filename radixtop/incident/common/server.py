@@ -147,7 +147,7 @@ def executable_trust(path: str) -> str | None:
     real = os.path.realpath(link)
     checks = [real, os.path.dirname(real), os.path.dirname(link)]
     for cfg in (os.path.join(os.path.dirname(link), "pyvenv.cfg"),
-                os.path.join(os.path.dirname(os.path.dirname(link)), "pyvenv.cfg")):  # fmt: skip
+                os.path.join(os.path.dirname(os.path.dirname(link)), "pyvenv.cfg")):
         if os.path.exists(cfg):
             checks += [cfg, os.path.dirname(cfg)]
     for item in dict.fromkeys(checks):

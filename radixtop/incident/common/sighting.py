@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["BEHAVIOUR_ENV_KEYS", "BEHAVIOUR_ENV_PREFIXES", "GpuUse", "Sighting", "behaviour_env", "load_sighting",
-           "observe", "save_sighting", "server_gpus"]  # fmt: skip
+           "observe", "save_sighting", "server_gpus"]
 
 SCHEMA = 1
 # Environment keys that change what SGLang does, or where it finds its code and weights.
@@ -34,11 +34,11 @@ BEHAVIOUR_ENV_PREFIXES = (
     "SGLANG_", "SGL_", "CUDA_", "NCCL_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "HF_", "HUGGING_FACE_",
     "TRANSFORMERS_", "FLASHINFER_", "TRITON_", "VLLM_", "NVIDIA_", "OMP_", "MKL_", "RADIXTOP_", "GLOO_",
     "MASTER_",
-)  # fmt: skip
+)
 BEHAVIOUR_ENV_KEYS = (
     "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "TMPDIR",
     "XDG_RUNTIME_DIR",  # where its instrument writes its flight records
-)  # fmt: skip
+)
 MAX_FILE_BYTES = 1 << 20
 
 

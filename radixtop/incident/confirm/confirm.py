@@ -19,9 +19,10 @@ server died, on a node whose GPUs it may still hold, with a colleague watching t
    placement.py); one that cannot fit is never started. Nothing has been started or sent yet.
 2. The caller shows ``plan.describe()`` and asks the user; ``plan.blockers`` say why it cannot
    start at all (one line each, with what to pass).
-3. ``ConfirmationRun(plan).run()`` (async, radixtop/incident/confirm/confirm_run.py): each arm in turn (start, wait for health within
-   ``--control-timeout`` showing the server's own progress lines, replay while watching its log and
-   ``/metrics``, stop), then a :class:`~radixtop.incident.confirm.verdict.Verdict` with the arms side by side.
+3. ``ConfirmationRun(plan).run()`` (async, radixtop/incident/confirm/confirm_run.py): each arm in turn
+   (start, wait for health within ``--control-timeout`` showing the server's own progress lines, replay
+   while watching its log and ``/metrics``, stop), then a :class:`~radixtop.incident.confirm.verdict.Verdict`
+   with the arms side by side.
 
 Progress goes to ``on_event`` as :class:`ConfirmEvent`. ``cancel()`` (any thread, a signal
 handler) stops at once: in-flight calls are abandoned and every server radixtop started is
@@ -194,7 +195,7 @@ class Plan:
         o = self.options
         argv = ["radixtop", "confirm", "--url", self.baseline_url, "--trace", str(self.trace_path),
                 "--runs", str(o.runs), "--control-cache", o.cache,
-                "--concurrency-divisor", str(o.concurrency_divisor)]  # fmt: skip
+                "--concurrency-divisor", str(o.concurrency_divisor)]
         for log in self.baseline_logs:
             argv += ["--log", log]
         if not o.flush:
@@ -223,12 +224,15 @@ class Plan:
         """The plan as lines, for the approval prompt (secrets redacted)."""
         o = self.options
         duration = max((r.offset_ms for r in self.trace.requests), default=0) / 1000.0
-        lines = [f"Live server   {self.baseline_url}  pid {self.server_pid or '?'}  {self.server_version or ''}".rstrip()]
+        lines = [
+            f"Live server   {self.baseline_url}  pid {self.server_pid or '?'}  {self.server_version or ''}".rstrip()
+        ]
         if self.planned_from:
             lines.append(f"  DOWN: {self.planned_from}")
         lines += [
             f"  launched as ({self.live.source}): {shlex.join(self.redactor.argv(self.live.argv))}",
-            f"  logs watched: {', '.join(self.baseline_logs) or '(none found: signatures cannot be watched; pass --log)'}",
+            "  logs watched: "
+            f"{', '.join(self.baseline_logs) or '(none found: signatures cannot be watched; pass --log)'}",
             f"Evidence      {self.bundle.path if self.bundle is not None else '(no bundle taken)'}",
             (
                 f"Workload      {self.trace.name}: {len(self.trace.requests)} requests, {self.calls} calls "
@@ -237,14 +241,15 @@ class Plan:
             *([f"  {self.workload_origin}"] if self.workload_origin else []),
             f"  token ids from the model's vocabulary: {self.vocab.describe() if self.vocab else 'unknown'}",
             f"Runs          {o.runs} per arm, one arm after the other, the same workload; "
-            + ("the cache is flushed before each run (POST /flush_cache)" if o.flush else "no cache flush (--no-flush)"),
+            + ("the cache is flushed before each run (POST /flush_cache)" if o.flush
+               else "no cache flush (--no-flush)"),
             *self.placement.lines,
         ]
         if self.launch_env is not None and any(arm.argv is not None for arm in self.arms):
             lines += self.launch_env.describe(self.redactor)  # both started arms run with it
         if self.mode == "crash-log":
             lines.append("Baseline      the original's crash log (--no-reproduction): it assumes the workload that "
-                         "crashed it was like this one")  # fmt: skip
+                         "crashed it was like this one")
         for number, arm in enumerate(self.arms, 1):
             if arm.argv is None:
                 lines.append(f"Arm {number}         {arm.role}: the live server {arm.url}, as it runs")
@@ -257,7 +262,9 @@ class Plan:
         if self.mode == "live":
             lines.append("Live server   left running (it is never stopped unless you pass --stop-original)")
         elif self.requires_stop:
-            lines.append(f"Live server   STOPPED FIRST (pid {self.server_pid}): its GPUs are needed; approve by typing stop")
+            lines.append(
+                f"Live server   STOPPED FIRST (pid {self.server_pid}): its GPUs are needed; approve by typing stop"
+            )
         elif self.options.stop_original:
             lines.append(f"Live server   STOPPED FIRST (pid {self.server_pid}), as asked (--stop-original)")
         else:
@@ -280,11 +287,11 @@ class Plan:
                 {"role": a.role, "url": a.url, "argv": self.redactor.argv(a.argv) if a.argv else None,
                  "output": str(a.output) if a.output else None, "changes": list(a.changes)}
                 for a in self.arms
-            ],  # fmt: skip
+            ],
             "environment": None if self.launch_env is None else {
                 "inherited": self.launch_env.inherited, "cwd": self.launch_env.cwd,
                 "carried": list(self.launch_env.carried), "left_out": list(self.launch_env.dropped),
-                "env": self.redactor.env(self.launch_env.env)},  # fmt: skip
+                "env": self.redactor.env(self.launch_env.env)},
             "control_argv": self.redactor.argv(self.control_argv),
             "control_url": self.control_url,
             "control_changes": list(self.control_changes),
@@ -342,7 +349,7 @@ def _live_launch(
     cwd = process_cwd(pid) or (seen.cwd if seen is not None else None)
     if options.launch_command:
         return replace(parse_launch_command(options.launch_command, source="given",
-                                            version=(info or {}).get("version"), python=python), cwd=cwd)  # fmt: skip
+                                            version=(info or {}).get("version"), python=python), cwd=cwd)
     argv = process_argv(pid)
     source: CommandSource = "psutil"
     if not (argv and any(a.startswith("--") for a in argv)) and seen is not None and seen.argv:
@@ -391,12 +398,12 @@ def _trusted_program(program: Sequence[str], python: str | None, why_not: str, c
 
     if not program or "python" not in os.path.basename(program[0]).lower():
         raise PlanError(f"the server's program {program[0] if program else '?'} is not a Python interpreter "
-                        "radixtop can vouch for; pass --launch-command '...' with the command to run")  # fmt: skip
+                        "radixtop can vouch for; pass --launch-command '...' with the command to run")
     if python is None:
         raise PlanError(f"{why_not}; pass --launch-command '...' with the command to run")
     if any(_runs_inline_code(a) for a in program[1:]):
         raise PlanError("the server's program runs code given on its command line (python -c): radixtop runs no "
-                        "code it cannot vouch for; pass --launch-command '...' with the command to run")  # fmt: skip
+                        "code it cannot vouch for; pass --launch-command '...' with the command to run")
     out = [python]
     for arg in program[1:]:
         path = arg if os.path.isabs(arg) or cwd is None else os.path.join(cwd, arg)
@@ -437,7 +444,7 @@ def _max_running(live: LaunchCommand, info: Mapping[str, Any] | None) -> int | N
     info = info or {}
     states = info.get("internal_states")
     effective = states[0].get("effective_max_running_requests_per_dp") if (
-        isinstance(states, list) and states and isinstance(states[0], dict)) else None  # fmt: skip
+        isinstance(states, list) and states and isinstance(states[0], dict)) else None
     for value in (flag_value(live.flags, "--max-running-requests"), info.get("max_running_requests"), effective):
         try:
             if value not in (None, ""):
@@ -448,7 +455,7 @@ def _max_running(live: LaunchCommand, info: Mapping[str, Any] | None) -> int | N
 
 
 def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sighting | None, cwd: str | None,
-                notes: list[str], blockers: list[str]) -> LaunchEnv:  # fmt: skip
+                notes: list[str], blockers: list[str]) -> LaunchEnv:
     """What the started servers run with: a clean environment over the live server's behaviour
     keys (read now, else what was seen of it), in a working directory that passes the ownership
     rule (incident/confirm/launch_env.py); its whole environment with --inherit-env."""
@@ -465,18 +472,18 @@ def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sig
             missing = [k for k in seen.secret_keys if k not in seen.env and k not in os.environ]
             if missing:
                 notes.append(f"secret keys the server had are not kept on disk and not set here: {', '.join(missing)}; "
-                             "export them before confirming if the server needs them")  # fmt: skip
+                             "export them before confirming if the server needs them")
             server_env = {**behaviour_env(os.environ), **seen.env}
         else:
             if not alive:
                 notes.append("the server's environment was never seen: the servers start with radixtop's")
             server_env = dict(os.environ)
     return launch_env(server_env, os.environ, server_cwd=cwd, run_dir=str(options.workdir),
-                      inherit=options.inherit_env)  # fmt: skip
+                      inherit=options.inherit_env)
 
 
 def _vocabulary(options: ConfirmOptions, info: Mapping[str, Any] | None, live: LaunchCommand,
-                seen: Sighting | None) -> tuple[Vocabulary | None, str | None]:  # fmt: skip
+                seen: Sighting | None) -> tuple[Vocabulary | None, str | None]:
     """The model's vocabulary, from --vocab-size or its files (named by /server_info or the launch
     command's --model-path); else None and the blocker that says what to pass."""
     if options.vocab_size is not None:
@@ -490,7 +497,10 @@ def _vocabulary(options: ConfirmOptions, info: Mapping[str, Any] | None, live: L
     try:
         return for_server(named, env=seen.env if seen is not None else None, kind=live.kind), None
     except VocabError as exc:
-        if options.trace is not None and all(r.input_ids is not None or r.text is not None for r in options.trace.requests):
+        if (
+            options.trace is not None
+            and all(r.input_ids is not None or r.text is not None for r in options.trace.requests)
+        ):
             return Vocabulary(1 << 31, (), "the trace's recorded prompts"), None  # nothing is made up
         return None, str(exc)
 
@@ -518,7 +528,7 @@ def _check_options(options: ConfirmOptions) -> None:
 
 async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list[str], pid: int | None,
                     info: Mapping[str, Any] | None, emit: Callable[[ConfirmEvent], None],
-                    cancel: threading.Event | None, notes: list[str]) -> Any:  # fmt: skip
+                    cancel: threading.Event | None, notes: list[str]) -> Any:
     """The evidence bundle, taken before anything else (None with --no-bundle, or a note why not)."""
     if not options.bundle:
         return None
@@ -529,13 +539,13 @@ async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list
             emit(ConfirmEvent("evidence", p.message, {"done": p.done, "total": p.total}))
 
     emit(ConfirmEvent("evidence", "preserving evidence first: taking a bundle of the server"
-                      + ("" if pid is not None else " (down: its logs and what is left)")))  # fmt: skip
+                      + ("" if pid is not None else " (down: its logs and what is left)")))
     try:
         bundle = await asyncio.to_thread(
             take_bundle, workdir / "evidence", url=url, logs=logs, pid=pid,
             reason="confirm", signature_files=options.signature_files, cancel=cancel, on_progress=relay,
             workload=partial(workload_shape, server_args=info, armed=options.crash_dump_folder),
-        )  # fmt: skip
+        )
     except BundleError as exc:
         if cancel is not None and cancel.is_set():
             raise ConfirmCancelled("cancelled while taking the bundle") from None
@@ -546,7 +556,7 @@ async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list
 
 
 def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: list[str], max_running: int | None,
-              notes: list[str]) -> tuple[Trace, str]:  # fmt: skip
+              notes: list[str]) -> tuple[Trace, str]:
     """The workload and where it comes from: given (--trace), the crash's own (a dump, a request
     log), else token pressure made up to the server's size."""
     from radixtop.incident.replay.workloads import pressure_trace
@@ -564,11 +574,11 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: lis
             origin = f"{whose}: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
     server_page = (info or {}).get("page_size")
     if (trace is not None and trace.prefix_unit == "pages" and isinstance(server_page, int) and server_page >= 1
-            and server_page != trace.page_size_hint):  # fmt: skip
+            and server_page != trace.page_size_hint):
         # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one
         # page): replayed as written against another page size they would test nothing.
         notes.append(f"the trace's prefixes were written for page size {trace.page_size_hint}; "
-                     f"rescaled to the server's {server_page}")  # fmt: skip
+                     f"rescaled to the server's {server_page}")
         trace = rescale_prefixes(trace, server_page)
     if trace is not None:
         return trace, origin
@@ -577,25 +587,25 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: lis
     trace = pressure_trace(
         int(info["max_total_num_tokens"]), max_running or 32,
         page_size=int(info.get("page_size") or 1), max_input_len=info.get("max_req_input_len"),
-    )  # fmt: skip
+    )
     return trace, ("made up: token pressure sized to the server (no crash dump of it found; SGLang writes one "
-                   "with --crash-dump-folder)")  # fmt: skip
+                   "with --crash-dump-folder)")
 
 
 def _placement(options: ConfirmOptions, live: LaunchCommand, gpu_sample: Any, pid: int | None, seen: Sighting | None,
-               notes: list[str], blockers: list[str]) -> tuple[Placement, bool]:  # fmt: skip
+               notes: list[str], blockers: list[str]) -> tuple[Placement, bool]:
     """Where the started servers go, and whether the original (alive: ``pid``) must be stopped for them."""
     from radixtop.incident.common.server import process_tree
 
     original_pids = {p.pid for p in process_tree(pid)} if pid else set()
     original_use = {g.uuid: g.used_bytes for g in (seen.gpus if seen is not None else ())}
     placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
-                      original_gone=pid is None, will_stop=options.stop_original, given=options.gpus)  # fmt: skip
+                      original_gone=pid is None, will_stop=options.stop_original, given=options.gpus)
     requires_stop = False
     if pid is not None and placement.status == "no-room" and placement.room_if_stopped and not options.stop_original:
         requires_stop = True  # the plan can run only on the original's GPUs: a second approval
         placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
-                          will_stop=True)  # fmt: skip
+                          will_stop=True)
     elif placement.status == "no-room":
         blockers.append(placement.lines[0].removeprefix("GPUs").strip())
     if placement.status == "unknown":
@@ -604,7 +614,7 @@ def _placement(options: ConfirmOptions, live: LaunchCommand, gpu_sample: Any, pi
 
 
 def _started_arm(role: ArmRole, options: ConfirmOptions, live: LaunchCommand, workdir: Path, control_running: int,
-                 placement: Placement, launch: LaunchEnv) -> ArmPlan:  # fmt: skip
+                 placement: Placement, launch: LaunchEnv) -> ArmPlan:
     """A server the plan starts: the reproduction (the original's flags) or the control."""
     env = launch.env
     port = free_loopback_port()
@@ -613,7 +623,7 @@ def _started_arm(role: ArmRole, options: ConfirmOptions, live: LaunchCommand, wo
     try:
         if role == "control":
             argv, changes = build_control_argv(live, port=port, max_running=control_running, cache=options.cache,
-                                               log_file=log_file, extra=options.control_args)  # fmt: skip
+                                               log_file=log_file, extra=options.control_args)
         else:
             argv, changes = build_reproduction_argv(live, port=port, log_file=log_file)
     except LaunchError as exc:
@@ -625,10 +635,10 @@ def _started_arm(role: ArmRole, options: ConfirmOptions, live: LaunchCommand, wo
         # must not take the arm's tree for the original's.
         arm_env = {**arm_env, "RADIXTOP_INSTRUMENT_PORT": str(free_loopback_port())}
         placed = [*placed, f"radixtop's debug endpoint from 127.0.0.1:{arm_env['RADIXTOP_INSTRUMENT_PORT']} "
-                  "(its own, not the original's)"]  # fmt: skip
+                  "(its own, not the original's)"]
     watched = [str(output)] + ([str(log_file)] if live.kind == "radixtop-sim" else [])
     return ArmPlan(role, f"http://127.0.0.1:{port}", [*program, *flags], port, output, watched, arm_env,
-                   launch.cwd, changes + placed)  # fmt: skip
+                   launch.cwd, changes + placed)
 
 
 async def prepare(
@@ -686,7 +696,7 @@ async def prepare(
     redactor.learn_argv(live.argv)
     if any("[REDACTED]" in a for a in live.argv):
         notes.append("secret flag values were not kept on disk ([REDACTED] in the command): pass --launch-command "
-                     "with them, or --control-arg for each")  # fmt: skip
+                     "with them, or --control-arg for each")
     baseline_logs = _baseline_logs(options, live, pid if alive else None, seen)
 
     evidence_began = time.monotonic()

@@ -63,11 +63,13 @@ def _with_signatures(arm: ArmEvidence, report: Any, threshold: int) -> ArmEviden
         if finding.signature.level >= threshold:
             found.append(finding.signature.id)
             firsts.append(f"{finding.signature.id} at {occ.file}:{occ.line}: {occ.text.strip()[:160]}")
-            detail.append(SignatureSeen(finding.signature.id, finding.count, occ.time, occ.rank, occ.text.strip()[:300]))
+            detail.append(
+                SignatureSeen(finding.signature.id, finding.count, occ.time, occ.rank, occ.text.strip()[:300])
+            )
         else:
             other.append(finding.signature.id)
     return replace(arm, signatures=tuple(found), other_signatures=tuple(other), first_occurrences=tuple(firsts),
-                   signature_detail=tuple(detail))  # fmt: skip
+                   signature_detail=tuple(detail))
 
 
 async def _metrics(client: httpx.AsyncClient, url: str) -> Any:
@@ -152,7 +154,9 @@ class ConfirmationRun:
 
         return await asyncio.to_thread(make)
 
-    async def _replay_watched(self, arm: ArmPlan, window: Any) -> tuple[DivergenceReport, bool, float | None, float | None]:
+    async def _replay_watched(
+        self, arm: ArmPlan, window: Any
+    ) -> tuple[DivergenceReport, bool, float | None, float | None]:
         """The replay's report, whether the server answered after it, and from /metrics its peak
         token usage and evicted tokens per second (None: unknown)."""
         from radixtop.incident.common.server import auth_headers
@@ -190,7 +194,7 @@ class ConfirmationRun:
                     on_event=relay, should_stop=self._cancel.is_set,
                     request_timeout_s=plan.options.request_timeout_s,
                 )
-            )  # fmt: skip
+            )
             await self._guard(asyncio.sleep(SETTLE_S))
         finally:
             watcher.cancel()
@@ -210,7 +214,11 @@ class ConfirmationRun:
         from radixtop.diagnosis.logline import access_key
 
         await self._poll(f"{arm.role}-start", window)  # off the loop, as every read of a log here
-        fresh = [line for line in (window.fresh if window is not None else ()) if line.strip() and access_key(line) is None]
+        fresh = [
+            line
+            for line in (window.fresh if window is not None else ())
+            if line.strip() and access_key(line) is None
+        ]
         if window is not None:
             window.fresh.clear()
         if not fresh:
@@ -225,7 +233,7 @@ class ConfirmationRun:
             role=arm.role, url=arm.url, argv=tuple(plan.redactor.argv(arm.argv)) if arm.argv else None,
             output=str(arm.output) if arm.output else None, calls=plan.runs_calls, calls_per_run=plan.calls,
             healthy=arm.argv is None, logs=tuple(arm.logs),
-        )  # fmt: skip
+        )
         window = await self._window(arm.logs)
         server: ControlProcess | None = None
         started = time.monotonic()
@@ -233,8 +241,10 @@ class ConfirmationRun:
             if arm.port is not None and not port_free(arm.port):
                 return replace(result, error=(
                     f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
-                    "nothing was started; press c (or run confirm) again for a fresh plan"))  # fmt: skip
-            server = ControlProcess(arm.argv, arm.output or Path(plan.options.workdir) / f"{arm.role}.out", arm.cwd, arm.env)
+                    "nothing was started; press c (or run confirm) again for a fresh plan"))
+            server = ControlProcess(
+                arm.argv, arm.output or Path(plan.options.workdir) / f"{arm.role}.out", arm.cwd, arm.env
+            )
             self._emit(f"{arm.role}-start", f"starting the {arm.role} on {arm.url}")
             try:
                 server.start()
@@ -247,7 +257,7 @@ class ConfirmationRun:
                     should_stop=self._cancel.is_set,
                     on_tick=lambda waited: self._progress(arm, window, waited),
                 )
-            )  # fmt: skip
+            )
             result = replace(result, pid=server.pid, start_s=round(time.monotonic() - started, 1))
             if why is not None:
                 if why == "cancelled":
@@ -258,7 +268,7 @@ class ConfirmationRun:
                 return replace(result, death_signatures=result.signatures + result.other_signatures)
             result = replace(result, healthy=True)
             self._emit(arm.role, f"{arm.role} healthy after {result.start_s:.0f} s; replaying {plan.trace.name} "
-                                 f"({plan.options.runs} runs)")  # fmt: skip
+                                 f"({plan.options.runs} runs)")
         else:
             self._emit(arm.role, f"replaying {plan.trace.name} against the live server ({plan.options.runs} runs)")
         replay_began = time.monotonic()
@@ -280,7 +290,7 @@ class ConfirmationRun:
             stopped_early=report.stopped_early,
             peak_token_usage=_peak(window.peak_token_usage if window is not None else None, metrics_usage),
             retractions=window.retracted if window is not None else 0,
-        )  # fmt: skip
+        )
         if server is not None and not alive:
             code = server.exited()
             died = f"the {arm.role} server {exit_reason(code)} during the replay" if code is not None else ""
@@ -288,8 +298,11 @@ class ConfirmationRun:
                 result = replace(result, error=died)  # killed from outside: no signature of its own
             result = replace(result, output_tail=plan.redactor.text(server.tail(30)))
         if report.cache is not None:  # the verdict shows the calls short of their prefix, and the diverged
-            result = replace(result, cached_tokens={**report.cache.summary.to_json(), "page_size": report.cache.page_size,
-                                                    "rows": [r.to_json() for r in report.cache.shown(report.diverged)]})  # fmt: skip
+            result = replace(result, cached_tokens={
+                **report.cache.summary.to_json(),
+                "page_size": report.cache.page_size,
+                "rows": [r.to_json() for r in report.cache.shown(report.diverged)],
+            })
         await self._write(f"{arm.role}-replay.json", report.to_json())
         if arm.argv is None and not alive and result.signatures:
             self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")
@@ -309,8 +322,13 @@ class ConfirmationRun:
         self._began = time.monotonic()
         try:
             vocab = plan.vocab if plan.vocab is not None else SIM_VOCABULARY  # not None: no vocabulary is a blocker
-            self._planned = await asyncio.to_thread(plan_requests, plan.trace, 0, vocab)  # the same prompts for each arm
-            if plan.mode == "relaunch" and plan.server_pid is not None and (plan.options.stop_original or plan.requires_stop):
+            # the same prompts for each arm
+            self._planned = await asyncio.to_thread(plan_requests, plan.trace, 0, vocab)
+            if (
+                plan.mode == "relaunch"
+                and plan.server_pid is not None
+                and (plan.options.stop_original or plan.requires_stop)
+            ):
                 self._emit("stop-original", f"stopping the live server (pid {plan.server_pid}) as approved")
                 stopped = await asyncio.to_thread(_stop_original, plan.server_pid)
                 self._emit("stop-original", stopped)
@@ -319,8 +337,16 @@ class ConfirmationRun:
                 results.append(result)
                 if arm.role == "reproduction" and not result.healthy:
                     break  # the control would be compared with nothing
-            failing = results[0] if plan.mode != "crash-log" else await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
-            control = results[-1] if results[-1].role == "control" else ArmEvidence("control", error="not run: the reproduction could not start")
+            failing = (
+                results[0]
+                if plan.mode != "crash-log"
+                else await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
+            )
+            control = (
+                results[-1]
+                if results[-1].role == "control"
+                else ArmEvidence("control", error="not run: the reproduction could not start")
+            )
             return await self._finish(failing, control)
         except ConfirmCancelled:
             self._emit("cancelled", "cancelled; stopping the servers radixtop started")
@@ -354,7 +380,7 @@ class ConfirmationRun:
             mode=plan.mode,
             planned_from=plan.planned_from,
             assumption=("the original's crash log stands for a run of this workload: the workload that crashed it "
-                        "may have differed") if plan.mode == "crash-log" else None,  # fmt: skip
+                        "may have differed") if plan.mode == "crash-log" else None,
             notes=list(plan.notes),
             timings={**plan.timings, "run_s": round(time.monotonic() - self._began, 2)},
         )
@@ -387,7 +413,7 @@ def _crash_log_arm(plan: Plan, threshold: int) -> ArmEvidence:
     return replace(
         _with_signatures(arm, report, threshold), peak_token_usage=max(usages) if usages else None,
         retractions=sum(f.count for f in report.findings if f.signature.id == "kv-pool-retract"),
-    )  # fmt: skip
+    )
 
 
 def _stop_original(pid: int | None) -> str:

@@ -355,7 +355,7 @@ class ControlProcess:
                 self.proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                     cwd=self.cwd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only
-                )  # fmt: skip
+                )
             except OSError as exc:
                 raise LaunchError(f"the control command could not start: {exc.strerror or exc}") from None
 
@@ -436,7 +436,10 @@ async def wait_healthy(
                 pass
             waited = time.monotonic() - began
             if waited > timeout_s:
-                return f"{what} was not healthy within {timeout_s:.0f} s (raise --control-timeout for a slow model load)"
+                return (
+                    f"{what} was not healthy within {timeout_s:.0f} s "
+                    "(raise --control-timeout for a slow model load)"
+                )
             if on_tick is not None and waited - last_tick >= tick_s:
                 last_tick = waited
                 await on_tick(waited)

@@ -50,7 +50,7 @@ class LaunchEnv:
             head = f"Environment   the server's whole environment, {len(self.env)} keys (--inherit-env)"
         else:
             head = (f"Environment   clean: radixtop's {', '.join(k for k in OWN_KEYS if k in self.env)}, "
-                    f"and the server's {len(self.carried)} behaviour keys")  # fmt: skip
+                    f"and the server's {len(self.carried)} behaviour keys")
         lines = [head]
         if not self.inherited:
             # Settings with their values; directories by name (long, and checked above).
@@ -58,7 +58,9 @@ class LaunchEnv:
             shown = redactor.env({k: self.env[k] for k in self.carried if k in self.env and k not in LOCATION_KEYS})
             said = " ".join([*(f"{k}={v}" for k, v in sorted(shown.items())), *(f"{k}=(the server's)" for k in named)])
             if said:
-                lines.append("  " + (said if len(said) <= SHOWN_CHARS else said[:SHOWN_CHARS] + " … (all in plan.json)"))
+                lines.append(
+                    "  " + (said if len(said) <= SHOWN_CHARS else said[:SHOWN_CHARS] + " … (all in plan.json)")
+                )
         lines.append(f"  working directory: {self.cwd}")
         lines += [f"  left out: {d}" for d in self.dropped]
         return lines

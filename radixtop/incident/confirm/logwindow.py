@@ -55,7 +55,7 @@ def _count_lines(path: str, end: int) -> int:
 
 class LogWindow:
     def __init__(self, paths: Sequence[str], catalog: Catalog, matcher: Matcher | None = None, *,
-                 context: int = CONTEXT_BEFORE):  # fmt: skip
+                 context: int = CONTEXT_BEFORE):
         from radixtop.diagnosis.findings import FindingsBuilder
 
         self.paths = list(dict.fromkeys(paths))

@@ -115,17 +115,21 @@ def place(
     need = gpus_needed(flags)
     if _int(_flag(flags, "--nnodes")) > 1:
         return Placement("no-room", need, lines=(
-            f"GPUs          the server spans {_flag(flags, '--nnodes')} nodes: a control cannot be placed from one node; "
-            "run radixtop confirm on the head node with --gpus and --launch-command for a single-node control",))  # fmt: skip
+            f"GPUs          the server spans {_flag(flags, '--nnodes')} nodes: "
+            "a control cannot be placed from one node; run radixtop confirm on the head node "
+            "with --gpus and --launch-command for a single-node control",
+        ))
     if given:
-        return Placement("given", need, visible=given,
-                         lines=(f"GPUs          CUDA_VISIBLE_DEVICES={given} (given with --gpus; not checked for room)",))  # fmt: skip
+        return Placement(
+            "given", need, visible=given,
+            lines=(f"GPUs          CUDA_VISIBLE_DEVICES={given} (given with --gpus; not checked for room)",),
+        )
     state = getattr(getattr(sample, "status", None), "state", None)
     if sample is None or state not in ("ok", "degraded"):
         why = getattr(getattr(sample, "status", None), "message", "") or "not read"
         return Placement("unknown", need, lines=(
             f"GPUs          placement unknown: NVML {why}; the control needs {need} GPU(s) and may not fit beside "
-            "the live server (pass --gpus UUID,... to choose them, or --stop-original)",))  # fmt: skip
+            "the live server (pass --gpus UUID,... to choose them, or --stop-original)",))
     gpus = list(getattr(sample, "gpus", ()))
     ours = set(original_pids)
     use = dict(original_use or {})
@@ -155,24 +159,32 @@ def place(
         return (not others and free >= estimate * HEADROOM), free, estimate
 
     fits = [g for g in gpus if room(g, free_original)[0]]
-    per_gpu = max(estimates) if estimates else (int(gpus[0].memory_total * fraction_value) if gpus and gpus[0].memory_total else None)
+    per_gpu = (
+        max(estimates)
+        if estimates
+        else (int(gpus[0].memory_total * fraction_value) if gpus and gpus[0].memory_total else None)
+    )
     if len(fits) >= need:
         chosen = fits[:need]
         visible = ",".join(g.uuid or str(g.index) for g in chosen)
         return Placement("placed", need, per_gpu, visible, (
             f"GPUs          {', '.join(f'GPU {g.index}' for g in chosen)} (idle, {_gib(per_gpu)} or more free each; "
-            f"the control needs {need}): CUDA_VISIBLE_DEVICES={visible}",), chosen=tuple(g.index for g in chosen))  # fmt: skip
+            f"the control needs {need}): CUDA_VISIBLE_DEVICES={visible}",), chosen=tuple(g.index for g in chosen))
     busy = []
     for g in gpus:
         holders = sorted({p.pid for p in g.processes})
         _, free, _ = room(g, free_original)
-        owner = "the live server" if holders and set(holders) <= ours else (f"pid {', '.join(map(str, holders[:3]))}" if holders else "nobody")
+        owner = (
+            "the live server"
+            if holders and set(holders) <= ours
+            else (f"pid {', '.join(map(str, holders[:3]))}" if holders else "nobody")
+        )
         busy.append(f"GPU {g.index}: {_gib(free)} free, held by {owner}")
     room_if_stopped = not free_original and len([g for g in gpus if room(g, True)[0]]) >= need
     offer = ("stop the live server first (it frees its GPUs), then run a reproduction and the control there"
-             if room_if_stopped else "free GPUs, or pass --gpus UUID,... to choose them yourself")  # fmt: skip
+             if room_if_stopped else "free GPUs, or pass --gpus UUID,... to choose them yourself")
     return Placement("no-room", need, per_gpu, None, (
         f"GPUs          no room for the control: it needs {need} GPU(s) with {_gib(per_gpu)} free and no other "
         f"process; {len(fits)} of {len(gpus)} qualify. {offer}",
         *(f"              {line}" for line in busy[:16]),
-    ), room_if_stopped=room_if_stopped)  # fmt: skip
+    ), room_if_stopped=room_if_stopped)

@@ -39,7 +39,7 @@ class RunStatus(dict[str, Any]):
     def summary(self) -> str:
         started = time.strftime("%H:%M:%S", time.localtime(self.get("started") or 0))
         return (f"a confirmation run is in progress on this node (radixtop pid {self.get('pid')}, started {started}, "
-                f"against {self.get('url')}; work directory {self.get('workdir')}): phase {self.get('phase')}")  # fmt: skip
+                f"against {self.get('url')}; work directory {self.get('workdir')}): phase {self.get('phase')}")
 
 
 def read_status() -> RunStatus | None:
@@ -93,7 +93,7 @@ class RunLock:
             return False
         self._fd = fd
         self._status = {"pid": os.getpid(), "started": time.time(), "url": self.url, "workdir": self.workdir,
-                        "phase": "evidence", "lines": [], "done": False}  # fmt: skip
+                        "phase": "evidence", "lines": [], "done": False}
         self._write()
         return True
 
@@ -114,7 +114,7 @@ class RunLock:
         if self._fd is None:
             return
         self._status.update(done=True, phase="done", headline=headline, body=body[:60_000], verdict=verdict,
-                            ended=time.time())  # fmt: skip
+                            ended=time.time())
         self._write()
         self.release()
 

@@ -38,8 +38,8 @@ from typing import Any, Literal
 
 from radixtop.incident.replay.reuse import format_reuse
 
-__all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Condition", "Conditions", "Decision", "SignatureSeen",
-           "Verdict", "VerdictKind", "conditions", "decide"]
+__all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Condition", "Conditions", "Decision",
+           "SignatureSeen", "Verdict", "VerdictKind", "conditions", "decide"]
 
 
 class VerdictKind(StrEnum):
@@ -83,7 +83,7 @@ class SignatureSeen:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "count": self.count, "first_time": self.first_time, "rank": self.rank,
-                "first_line": self.first_line}  # fmt: skip
+                "first_line": self.first_line}
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +161,7 @@ class ArmEvidence:
 
     def _scan_json(self) -> dict[str, Any]:
         return {"other_signatures": list(self.other_signatures), "first_occurrences": list(self.first_occurrences),
-                "signature_detail": [d.to_json() for d in self.signature_detail]}  # fmt: skip
+                "signature_detail": [d.to_json() for d in self.signature_detail]}
 
     def to_json(self) -> dict[str, Any]:
         """The arm as verdict.json holds it: the keys it reached, in the order the run learns them."""
@@ -170,16 +170,21 @@ class ArmEvidence:
         if self.role == "crash-log":
             doc: dict[str, Any] = {"role": self.role, "url": self.url, "logs": list(self.logs),
                                    "signatures": list(self.signatures), "diverged": list(self.diverged),
-                                   "healthy": self.healthy}  # fmt: skip
+                                   "healthy": self.healthy}
             if self.note is not None:
                 return {**doc, "note": self.note}
-            return {**doc, **self._scan_json(), "peak_token_usage": self.peak_token_usage, "retractions": self.retractions}
+            return {
+                **doc,
+                **self._scan_json(),
+                "peak_token_usage": self.peak_token_usage,
+                "retractions": self.retractions,
+            }
         doc = {
             "role": self.role, "url": self.url, "argv": None if self.argv is None else list(self.argv),
             "output": self.output, "calls": self.calls, "calls_per_run": self.calls_per_run,
             "signatures": list(self.signatures), "diverged": list(self.diverged), "healthy": self.healthy,
             "logs": list(self.logs), **_present(pid=self.pid, start_s=self.start_s),
-        }  # fmt: skip
+        }
         if self.runs is None:  # it never replayed: why, then what its log said as it died
             doc.update(_present(error=self.error, output_tail=self.output_tail))
             if self.death_signatures is not None:
@@ -192,7 +197,7 @@ class ArmEvidence:
             answered_calls=self.answered_calls,
             dispatch_jitter_ms=None if self.dispatch_jitter_ms is None else dict(self.dispatch_jitter_ms),
             stopped_early=self.stopped_early, peak_token_usage=self.peak_token_usage, retractions=self.retractions,
-        )  # fmt: skip
+        )
         doc.update(_present(error=self.error, output_tail=self.output_tail, cached_tokens=self.cached_tokens))
         return doc
 
@@ -257,19 +262,19 @@ class Conditions:
 
 
 UNDECIDED = Conditions(_open("no failure to condition"), _open("no failure to condition"),
-                       _open("no failure to condition"))  # fmt: skip
+                       _open("no failure to condition"))
 
 
 def conditions(verdict: VerdictKind, failing: ArmEvidence, control: ArmEvidence, *, cache_disabled: bool) -> Conditions:
     """What two arms decide: only a condition the control changed alone, or one a failure
     persisted without."""
     if verdict not in (VerdictKind.PRESSURE_DEPENDENT, VerdictKind.CACHE_DEPENDENT,
-                       VerdictKind.PERSISTS_UNDER_CONTROL):  # fmt: skip
+                       VerdictKind.PERSISTS_UNDER_CONTROL):
         return UNDECIDED
     f, c = failing.peak_token_usage, control.peak_token_usage
     if verdict == VerdictKind.PERSISTS_UNDER_CONTROL:
         pressure = Condition("not-needed", f"it fails under the control too (peak token usage {_usage(control)})",
-                             fails_at=c if c is not None else f)  # fmt: skip
+                             fails_at=c if c is not None else f)
         if cache_disabled:
             gone = "it persists with the radix cache disabled"
             return Conditions(pressure, Condition("not-needed", gone), Condition("not-needed", gone))
@@ -278,16 +283,16 @@ def conditions(verdict: VerdictKind, failing: ArmEvidence, control: ArmEvidence,
     lowered = f is not None and c is not None and c < f
     if not cache_disabled:  # the control lowered the pressure alone
         pressure = Condition("needed", f"fails at peak token usage {_usage(failing)}, clean at {_usage(control)}",
-                             fails_at=f, clean_at=c)  # fmt: skip
+                             fails_at=f, clean_at=c)
         kept = "the control kept the radix cache: its part is untested"
         return Conditions(pressure, _open(kept), _open(kept))
     if not lowered and f is not None and c is not None:  # the same pressure: the cache alone changed
         same = f"clean at the same pressure (peak token usage {_usage(control)}) with the cache disabled"
         return Conditions(Condition("not-needed", same, fails_at=f, clean_at=c),
                           _open("reuse off and the cache off were not tried apart"),
-                          Condition("needed", "gone with the radix cache disabled at the same pressure"))  # fmt: skip
+                          Condition("needed", "gone with the radix cache disabled at the same pressure"))
     both = (f"the control lowered the pressure ({_usage(failing)} to {_usage(control)}) and disabled the cache "
-            "together: one of them is needed, not yet which")  # fmt: skip
+            "together: one of them is needed, not yet which")
     return Conditions(Condition("open", both, fails_at=f, clean_at=c), _open(both), _open(both))
 
 
@@ -328,7 +333,7 @@ def _failed_at_once(arm: ArmEvidence) -> bool:
     """The arm failed before it had answered one run's calls (and so never ran the workload)."""
     per_run = arm.calls_per_run
     return bool(_bad(arm)) and per_run is not None and arm.answered_calls < per_run and (
-        bool(arm.failed_calls) or arm.alive_after is False)  # fmt: skip
+        bool(arm.failed_calls) or arm.alive_after is False)
 
 
 def _same_failure(failing: ArmEvidence, control: ArmEvidence) -> list[str]:
@@ -352,13 +357,19 @@ def decide(failing: ArmEvidence, control: ArmEvidence, *, control_summary: str, 
     if control.answered_calls == 0 and not control.signatures:
         return Decision(inconclusive, "the control answered none of the workload's calls (see its output)")
     if control.error:  # died mid-run without a signature of its own: killed from outside
-        return Decision(inconclusive, f"{control.error}: the control's evidence is incomplete; {name} showed {what or 'nothing'}")
+        return Decision(
+            inconclusive,
+            f"{control.error}: the control's evidence is incomplete; {name} showed {what or 'nothing'}",
+        )
     if not what:
         if failing.role != "crash-log" and failing.answered_calls == 0:
             return Decision(inconclusive, failing.note or f"{name} answered no call")
         extra = _bad(control)
-        return Decision(VerdictKind.NOT_REPRODUCED, f"{name} stayed clean under this workload: no signature, no divergence"
-                                                    + (f" (the control showed {extra})" if extra else ""))  # fmt: skip
+        return Decision(
+            VerdictKind.NOT_REPRODUCED,
+            f"{name} stayed clean under this workload: no signature, no divergence"
+            + (f" (the control showed {extra})" if extra else ""),
+        )
     still = _bad(control)
     same = _same_failure(failing, control)
     if same:
@@ -366,24 +377,24 @@ def decide(failing: ArmEvidence, control: ArmEvidence, *, control_summary: str, 
             f"both arms failed the same way ({', '.join(same)}) before answering one run of the workload "
             f"({failing.answered_calls} and {control.answered_calls} calls answered): the workload "
             "or the environment fails them alike, whatever the control changes (see each arm's output)"
-        ))  # fmt: skip
+        ))
     if still:
         return Decision(VerdictKind.PERSISTS_UNDER_CONTROL, (
             f"{name} showed {what}; under the control ({control_summary}) there is still {still}: "
             "an unconditional defect or another cause (the competing hypothesis stays open)"
-        ))  # fmt: skip
+        ))
     if _under_pressure(failing) or not cache_disabled:
         return Decision(VerdictKind.PRESSURE_DEPENDENT, (
             f"{name} showed {what} under capacity pressure (peak token usage {_usage(failing)}, "
             f"{failing.retractions} retractions); under the control ({control_summary}) it is gone "
             f"(peak token usage {_usage(control)}): resume only with bounded pressure (the control's settings)"
             + ("; to tell pressure from the cache itself, repeat with --control-cache keep" if cache_disabled else "")
-        ))  # fmt: skip
+        ))
     return Decision(VerdictKind.CACHE_DEPENDENT, (
         f"{name} showed {what} with no capacity pressure (peak token usage {_usage(failing)}, no retractions); "
         f"without the radix cache ({control_summary}) it is gone: the prefix cache's own behaviour is the "
         "condition, not load (run with --disable-radix-cache until it is fixed, and report it upstream)"
-    ))  # fmt: skip
+    ))
 
 
 def _signature_cell(arm: ArmEvidence) -> str:
@@ -397,12 +408,13 @@ def _signature_cell(arm: ArmEvidence) -> str:
 
 
 def _cache_lines(role: str, account: Mapping[str, Any] | None) -> list[str]:
-    """An arm's cached tokens (radixtop.incident.replay.reuse): the totals and the calls short of their prefix or diverged."""
+    """An arm's cached tokens (radixtop.incident.replay.reuse): the totals and the calls short of their
+    prefix or diverged."""
     if not account or not account.get("calls"):
         return []
     lines = [f"Cached tokens ({role}): {account['cached_tokens']:,} of {account['prompt_tokens']:,} prompt tokens "
              f"(hit rate {account['hit_rate']:.1%}, page size {account.get('page_size', '?')}; "
-             f"{account['expected_cached_tokens']:,} expected from the trace)"]  # fmt: skip
+             f"{account['expected_cached_tokens']:,} expected from the trace)"]
     return lines + format_reuse(account.get("rows") or [], title="short of their prefix, or diverged")
 
 
@@ -454,12 +466,13 @@ class Verdict:
             ("ran", "yes" if b.healthy else "no", "yes" if c.healthy else "no"),
             ("signatures", _signature_cell(b), _signature_cell(c)),
             ("diverged", ", ".join(b.diverged) or "none", ", ".join(c.diverged) or "none"),
-            ("failed calls", f"{b.failed_calls} of {_known(b.calls, '?')}", f"{c.failed_calls} of {_known(c.calls, '?')}"),
+            ("failed calls", f"{b.failed_calls} of {_known(b.calls, '?')}",
+             f"{c.failed_calls} of {_known(c.calls, '?')}"),
             ("peak token usage", _usage(b), _usage(c)),
             ("evicted tok/s", _rate(b.evicted_tokens_per_s, ",.0f"), _rate(c.evicted_tokens_per_s, ",.0f")),
             ("retractions", str(b.retractions), str(c.retractions)),
             ("alive after", _known(b.alive_after), _known(c.alive_after)),
-        ]  # fmt: skip
+        ]
         left = max(len(r[0]) for r in rows)
         mid = min(60, max(len(r[1]) for r in rows))
         out = []

@@ -38,9 +38,11 @@ from typing import Any
 from radixtop.incident.replay.record import RecordedCall, build_trace
 from radixtop.incident.replay.trace import Trace
 
-__all__ = ["MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload",
-           "dump_folder", "dump_named_in", "workload_shape", "dump_trace_of", "find_dumps", "merge_dumps", "is_request_log", "read_dump",
-           "read_request_log"]
+__all__ = [
+    "MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload", "dump_folder",
+    "dump_named_in", "dump_trace_of", "find_dumps", "is_request_log", "merge_dumps", "read_dump", "read_request_log",
+    "workload_shape",
+]
 
 MAX_DUMP_BYTES = 512 << 20
 MAX_REQUESTS = 200_000
@@ -171,7 +173,7 @@ class CrashDump:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
         where = f"{self.path} ({self.parts} dumps)" if self.parts > 1 else str(self.path)
         return (f"{where}: {len(self.requests):,} requests over {self.span_s:.1f} s, {self.in_flight} in flight at "
-                f"the crash" + (f"; left out: {skipped}" if skipped else ""))  # fmt: skip
+                f"the crash" + (f"; left out: {skipped}" if skipped else ""))
 
 
 def _read_bytes(path: Path, limit: int) -> bytes:
@@ -185,7 +187,9 @@ def _read_bytes(path: Path, limit: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise DumpError(f"{path}: not a regular file")
         if info.st_uid not in (os.geteuid(), 0):
-            raise DumpError(f"{path}: owned by uid {info.st_uid}, not you or root: copy it somewhere of yours to read it")
+            raise DumpError(
+                f"{path}: owned by uid {info.st_uid}, not you or root: copy it somewhere of yours to read it"
+            )
         if info.st_size > limit:
             raise DumpError(f"{path}: {info.st_size:,} bytes, more than the {limit:,} radixtop reads")
         data = fh.read(limit + 1)
@@ -200,9 +204,9 @@ def _load(path: Path, data: bytes) -> Any:
     except DumpError as exc:
         raise DumpError(f"{path}: {exc}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-            OverflowError, MemoryError, RecursionError) as exc:  # fmt: skip
+            OverflowError, MemoryError, RecursionError) as exc:
         raise DumpError(f"{path}: not a complete pickle ({type(exc).__name__}: {str(exc)[:120]}); "
-                        "was it copied while being written?") from None  # fmt: skip
+                        "was it copied while being written?") from None
 
 
 def _int(value: Any) -> int | None:
@@ -266,9 +270,10 @@ def _from_fields(req: Mapping[str, Any], out: Any, created: float, finished: flo
         rid=rid, input_ids=ids, text=None if ids is not None else text,
         max_new_tokens=_int(params.get("max_new_tokens")) or DEFAULT_MAX_NEW_TOKENS,
         created=created, finished=finished, extra_key=namespace,
-        ignore_eos=params.get("ignore_eos") is True, stop=_stop_strings(params.get("stop")), prompt_tokens=prompt_tokens,
+        ignore_eos=params.get("ignore_eos") is True, stop=_stop_strings(params.get("stop")),
+        prompt_tokens=prompt_tokens,
         cached_tokens=_int(meta.get("cached_tokens")),
-    )  # fmt: skip
+    )
 
 
 # A JSON request log's line: `[time] {"timestamp": ISO, "event": ..., "rid": ..., "obj": {...}, "out": {...}}`.
@@ -383,7 +388,7 @@ def dump_named_in(logs: Sequence[str]) -> Path | None:
 
 
 def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None,
-                   armed: str | None = None) -> tuple[Trace, CrashDump] | None:  # fmt: skip
+                   armed: str | None = None) -> tuple[Trace, CrashDump] | None:
     """The crash's own workload, where the server left one: the dump its log names, else the newest
     in its --crash-dump-folder or the folder radixtop armed (``armed``, every host's), else its JSON request log
     (level 3: whole prompts). None when there is none; DumpError when the one there is unreadable."""
@@ -408,7 +413,7 @@ def crash_workload(logs: Sequence[str], server_args: Mapping[str, Any] | None,
 
 
 def workload_shape(logs: Sequence[str], server_args: Mapping[str, Any] | None = None,
-                   armed: str | None = None) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
+                   armed: str | None = None) -> tuple[str, dict[str, Any]] | None:
     """The crash's own workload for a bundle: its summary, and the trace without its prompts (the
     shape: lengths, offsets, what is shared, as `radixtop record` writes without --keep-prompts)."""
     from dataclasses import replace
@@ -428,7 +433,7 @@ def _request_log_of(logs: Sequence[str], args: Mapping[str, Any]) -> Path | None
     --log-requests-target folder, else its own log (the lines go to stdout)."""
     level = args.get("log_requests_level")
     if not (args.get("log_requests") is True and args.get("log_requests_format") == "json"
-            and isinstance(level, int) and level >= 3):  # fmt: skip
+            and isinstance(level, int) and level >= 3):
         return None
     target = args.get("log_requests_target")
     folders = [t for t in (target if isinstance(target, list) else [target]) if isinstance(t, str) and os.path.isdir(t)]
@@ -526,8 +531,8 @@ def dump_trace_of(dump: CrashDump, *, name: str | None = None) -> Trace:
     calls = [
         RecordedCall((r.created - t0) * 1000.0, "/generate", list(r.input_ids) if r.input_ids is not None else None,
                      r.text, r.max_new_tokens, 1, prompt_tokens=r.prompt_tokens, extra_key=r.extra_key,
-                     request_id=r.rid, ignore_eos=r.ignore_eos, stop=r.stop, in_flight=r.finished is None)  # fmt: skip
+                     request_id=r.rid, ignore_eos=r.ignore_eos, stop=r.stop, in_flight=r.finished is None)
         for r in dump.requests
     ]
     return build_trace(calls, name=name or dump.path.stem, keep_prompts=True, page_size_hint=dump.page_size or 1,
-                       source=f"SGLang dump {dump.path}: {len(calls):,} requests, {dump.in_flight} in flight")  # fmt: skip
+                       source=f"SGLang dump {dump.path}: {len(calls):,} requests, {dump.in_flight} in flight")

@@ -99,7 +99,7 @@ class Plan(NamedTuple):
             doc["host"], int(doc["port"]), bool(doc["tls"]), doc["authority"], doc["path"],
             tuple((str(n), str(v)) for n, v in doc["headers"]), float(doc["deadline_s"]),
             float(doc["connect_timeout_s"]), offsets, tuple(c["body"].encode() for c in calls), cap,
-        )  # fmt: skip
+        )
 
 
 class _Conn:
@@ -137,7 +137,7 @@ class Dispatcher:
 
     def __init__(self, plan: Plan, emit: Callable[[dict[str, Any]], None], *,
                  send: Callable[[socket.socket, memoryview], int] | None = None,
-                 control: int | None = None, flush: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 control: int | None = None, flush: Callable[[], None] | None = None) -> None:
         self.plan = plan
         self._emit = emit
         self._flush = flush or (lambda: None)
@@ -391,7 +391,9 @@ class Dispatcher:
         retries, self._retries = self._retries, []
         for flight in retries:
             if self.stopping:
-                self._report(flight, time.monotonic(), "the connection closed before an answer; not sent again: stopped")
+                self._report(
+                    flight, time.monotonic(), "the connection closed before an answer; not sent again: stopped"
+                )
             else:
                 self._start(flight.index, flight.due, flight.held, None, retried=True)
 
@@ -412,7 +414,7 @@ class Dispatcher:
 
     def _report(self, flight: _Flight, written: float, error: str | None) -> None:
         doc: dict[str, Any] = {"i": flight.index, "late_ms": _late_ms(written, flight.due, flight.held),
-               "held_ms": flight.held * 1000.0, "sent": self._wall(written), "answered": self._wall(time.monotonic())}  # fmt: skip
+               "held_ms": flight.held * 1000.0, "sent": self._wall(written), "answered": self._wall(time.monotonic())}
         if error is None:
             doc["status"] = flight.answer.status
             doc["body"] = flight.answer.body.decode("utf-8", "replace")
@@ -423,7 +425,7 @@ class Dispatcher:
     def _report_unsent(self, index: int, due: float, held: float, error: str) -> None:
         now = time.monotonic()
         self._emit({"i": index, "late_ms": _late_ms(now, due, held), "held_ms": held * 1000.0, "sent": self._wall(now),
-                    "answered": self._wall(now), "error": error})  # fmt: skip
+                    "answered": self._wall(now), "error": error})
 
     def _wall(self, mono: float) -> float:
         return mono - self.mono0 + self.wall0
@@ -509,7 +511,9 @@ class Dispatcher:
                 return
             if self._ssl is not None:
                 self._sel.unregister(conn.sock)
-                conn.sock = self._ssl.wrap_socket(conn.sock, server_hostname=self.plan.host, do_handshake_on_connect=False)
+                conn.sock = self._ssl.wrap_socket(
+                    conn.sock, server_hostname=self.plan.host, do_handshake_on_connect=False
+                )
                 self._sel.register(conn.sock, selectors.EVENT_WRITE, conn)
                 conn.state = "handshake"
         if conn.state == "handshake":
@@ -608,7 +612,7 @@ def ask_for_a_short_slice() -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         # struct sched_attr (56 bytes): size, policy, flags, nice, priority, runtime (the slice), ...
         attr = struct.pack("IIQiIQQQII", 56, os.SCHED_OTHER, 0, os.getpriority(os.PRIO_PROCESS, 0), 0,
-                           SLICE_NS, 0, 0, 0, 0)  # fmt: skip
+                           SLICE_NS, 0, 0, 0, 0)
         result: int = libc.syscall(nr, 0, ctypes.c_char_p(attr), 0)  # ctypes' calls are untyped
         return result == 0
     except (OSError, AttributeError):

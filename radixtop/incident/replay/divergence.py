@@ -305,11 +305,16 @@ def format_cache_account(account: CacheAccount | None, diverged: Sequence[str]) 
     if account.summary.calls == 0:
         return ["", "  Cached tokens: the server reported none (no meta_info.cached_tokens in its answers)"]
     source = "the server's" if account.page_size_from == "server" else "the trace's hint: the server did not say"
-    evictions = "evictions from its debug endpoint" if account.evictions_seen else "evictions unseen (no debug endpoint)"
+    evictions = (
+        "evictions from its debug endpoint" if account.evictions_seen else "evictions unseen (no debug endpoint)"
+    )
     out = ["", f"  Page size {account.page_size} ({source}); {evictions}", *format_summary(account.summary)]
     shown = account.shown(diverged)
     if shown:
-        out += ["", *format_reuse([r.to_json() for r in shown], title="CACHED TOKENS — short of their prefix, or diverged")]
+        out += [
+            "",
+            *format_reuse([r.to_json() for r in shown], title="CACHED TOKENS — short of their prefix, or diverged"),
+        ]
     return out
 
 
@@ -370,6 +375,9 @@ def format_report(report: DivergenceReport, *, source: str = "", extra: Sequence
         hit = sum(1 for rid in report.expect_diverged if rid in report.diverged)
         unexpected = [rid for rid in report.diverged if rid not in report.expect_diverged]
         extra = f"; also diverged, not expected: {', '.join(unexpected)}" if unexpected else ""
-        out += ["", f"  RESULT: {report.result}  ({hit}/{len(report.expect_diverged)} expected divergences reproduced{extra})"]
+        out += [
+            "",
+            f"  RESULT: {report.result}  ({hit}/{len(report.expect_diverged)} expected divergences reproduced{extra})",
+        ]
     out.append(bar)
     return "\n".join(out) + "\n"

@@ -28,7 +28,12 @@ class Call:
     __slots__ = ("body", "request")
 
     def __init__(self, authority: str, path: str, headers: Iterable[tuple[str, str]], body: bytes) -> None:
-        fields = [("Host", authority), ("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers]
+        fields = [
+            ("Host", authority),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            *headers,
+        ]
         try:
             self.request = h11.Request(method="POST", target=path, headers=fields)
         except h11.LocalProtocolError as exc:
@@ -37,7 +42,9 @@ class Call:
 
     def bytes_on(self, conn: h11.Connection) -> bytes:
         """The call's bytes, as written on ``conn`` (whose next cycle this starts)."""
-        return b"".join(conn.send(event) or b"" for event in (self.request, h11.Data(data=self.body), h11.EndOfMessage()))
+        return b"".join(
+            conn.send(event) or b"" for event in (self.request, h11.Data(data=self.body), h11.EndOfMessage())
+        )
 
 
 class Answer:

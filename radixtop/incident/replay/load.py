@@ -54,7 +54,9 @@ async def run_load(url: str, trace_name: str, *, duration_s: float, max_cycles: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixtop.incident.replay.load", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m radixtop.incident.replay.load", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     parser.add_argument("--trace", default=DEFAULT_TRACE, help="built-in trace name or a trace file")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds to run at most")

@@ -153,7 +153,7 @@ def _parse_line(where: str, number: int, raw: bytes, block_size: int) -> tuple[_
     if ids and len(ids) != blocks:
         raise TraceError(f"{where}: {len(ids):,} hash_ids for input_length {input_length:,}, which is {blocks:,} "
                          f"blocks of {block_size} tokens: is the block size {block_size}? "
-                         "(radixtop trace convert --block-size N)")  # fmt: skip
+                         "(radixtop trace convert --block-size N)")
     return _Line(number, timestamp, input_length, output_length, tuple(ids)), set(doc) - _KNOWN
 
 
@@ -164,7 +164,7 @@ def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
 
 
 def parse_mooncake(data: bytes, source: str, *, block_size: int = MOONCAKE_BLOCK_SIZE,
-                   name: str = "mooncake") -> tuple[Trace, str]:  # fmt: skip
+                   name: str = "mooncake") -> tuple[Trace, str]:
     """The trace of a Mooncake file's bytes, and a one-line description of it."""
     if block_size < 1:
         raise TraceError(f"block size must be >= 1, got {block_size}")
@@ -179,7 +179,7 @@ def parse_mooncake(data: bytes, source: str, *, block_size: int = MOONCAKE_BLOCK
         tokens += row.input_length
         if tokens > MAX_PROMPT_TOKENS:
             raise TraceError(f"{where}: the prompts so far add up to more than {MAX_PROMPT_TOKENS:,} tokens; "
-                             "take a part of the trace (head -n N)")  # fmt: skip
+                             "take a part of the trace (head -n N)")
         rows.append(row)
         ignored |= extra
     if not rows:
@@ -219,13 +219,13 @@ def _as_trace(rows: list[_Line], block_size: int, name: str, source: str) -> Tra
             sharer = made[parent.number]
             prefix = min(depth * block_size, parent.input_length, row.input_length)
             req = TraceRequest(rid, row.timestamp - start, row.input_length, prefix, sharer.group, row.output_length,
-                               prefix_of=sharer.id)  # fmt: skip
+                               prefix_of=sharer.id)
         else:
             req = TraceRequest(rid, row.timestamp - start, row.input_length, 0, rid, row.output_length)
         made[row.number] = req
         requests.append(req)
     return Trace(name=name, page_size_hint=block_size, requests=tuple(requests), source=f"mooncake:{source}",
-                 prefix_unit="tokens")  # fmt: skip
+                 prefix_unit="tokens")
 
 
 def read_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE) -> tuple[Trace, str]:
@@ -306,7 +306,7 @@ def mooncake_records(trace: Trace, block_size: int) -> list[dict[str, Any]]:
         {"timestamp": round(offset), "input_length": length, "output_length": req.max_tokens,
          "hash_ids": [numbering.setdefault((req.extra_key, i), len(numbering)) for i in ids]}
         for offset, req, length, ids in calls
-    ]  # fmt: skip
+    ]
 
 
 def dump_mooncake(trace: Trace, block_size: int) -> bytes:

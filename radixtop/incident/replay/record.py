@@ -54,7 +54,7 @@ GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
      "transfer-encoding", "upgrade", "host", "content-length"}
-)  # fmt: skip
+)
 MAX_BODY_BYTES = 64 << 20
 TAIL_BYTES = 64 << 10  # of a streamed answer, enough to find its usage/meta_info
 CHARS_PER_TOKEN = 4
@@ -133,14 +133,17 @@ def namespace_of(body: Any) -> str | None:
 
 
 def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool, page_size_hint: int = 1,
-                source: str = "") -> Trace:  # fmt: skip
+                source: str = "") -> Trace:
     """The recorded calls as a trace (see the module's docstring for groups and prefixes)."""
     usable = [c for c in calls if c.status is None or c.status == 200]
     if not usable:
         raise ValueError("no generate call was recorded; point a client at the proxy and send some traffic")
     t0 = min(c.offset_ms for c in usable)
-    lengths = [len(c.input_ids) if c.input_ids is not None else c.prompt_tokens or max(1, len(c.text or "") // CHARS_PER_TOKEN)
-               for c in usable]  # fmt: skip
+    lengths = [
+        len(c.input_ids) if c.input_ids is not None
+        else c.prompt_tokens or max(1, len(c.text or "") // CHARS_PER_TOKEN)
+        for c in usable
+    ]
     parents = [-1] * len(usable)
     prefix = [0] * len(usable)
     for by_ids in (True, False):  # ids and text cannot be compared: each kind among its own
@@ -179,7 +182,7 @@ def build_trace(calls: Sequence[RecordedCall], *, name: str, keep_prompts: bool,
             )
         )
     return Trace(name=name, page_size_hint=max(1, page_size_hint), requests=tuple(requests),
-                 version=TRACE_VERSION, source=source, prefix_unit="tokens")  # fmt: skip
+                 version=TRACE_VERSION, source=source, prefix_unit="tokens")
 
 
 def _unique_ids(calls: Sequence[RecordedCall]) -> list[str]:
@@ -222,8 +225,10 @@ class RecordingProxy:
 
         self.upstream = self.upstream.rstrip("/")
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
-                                         limits=httpx.Limits(max_connections=1024, keepalive_expiry=1.0))  # fmt: skip
-        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])])
+                                         limits=httpx.Limits(max_connections=1024, keepalive_expiry=1.0))
+        app = Starlette(
+            routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
+        )
         try:
             sock = bind_socket("127.0.0.1", self.port)
         except UsageError as exc:
@@ -265,7 +270,7 @@ class RecordingProxy:
             self.calls, name=name, keep_prompts=self.keep_prompts, page_size_hint=self.page_size or 1,
             source=f"radixtop record in front of {self.upstream}"
             + ("" if self.keep_prompts else " (prompts not kept: replays synthesize prompts of the same shape)"),
-        )  # fmt: skip
+        )
 
     async def _forward(self, request: Any) -> Any:
         from starlette.responses import Response, StreamingResponse
@@ -285,10 +290,16 @@ class RecordingProxy:
         except httpx.HTTPError as exc:
             if call is not None:
                 call.status = 502
-            return Response(f"radixtop record: upstream {self.upstream} failed: {type(exc).__name__}\n", status_code=502)
+            return Response(
+                f"radixtop record: upstream {self.upstream} failed: {type(exc).__name__}\n", status_code=502
+            )
         if call is not None:
             call.status = upstream.status_code
-        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"}
+        out_headers = {
+            k: v
+            for k, v in upstream.headers.items()
+            if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"
+        }
 
         async def relay() -> AsyncIterator[bytes]:
             tail = b""
@@ -320,7 +331,7 @@ class RecordingProxy:
             return None
         ids, text, max_tokens, n = parsed
         call = RecordedCall((now - self._t0) * 1000.0, path, ids, text, max_tokens, n,
-                            chat=path == "/v1/chat/completions", extra_key=namespace_of(decoded))  # fmt: skip
+                            chat=path == "/v1/chat/completions", extra_key=namespace_of(decoded))
         self.calls.append(call)
         if self.on_call is not None:
             self.on_call(call)

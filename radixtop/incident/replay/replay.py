@@ -53,7 +53,7 @@ DEFAULT_CONNECT_S = 5.0
 DISPATCHER_MODULE = "radixtop.incident.replay.dispatch"
 # Headers the dispatcher writes itself, or must not send (it does not decompress answers).
 _DISPATCHER_HEADERS = frozenset({"host", "content-type", "content-length", "transfer-encoding", "connection",
-                                 "accept-encoding"})  # fmt: skip
+                                 "accept-encoding"})
 STOP_POLL_S = 0.05  # how often should_stop is asked while calls are out
 DISPATCHER_GRACE_S = 30.0  # past the last call's deadline, before a silent dispatcher is killed
 EXIT_WAIT_S = 5.0
@@ -162,7 +162,7 @@ def _outcome(planned: PlannedRequest, result: dict[str, Any]) -> Outcome:
 
 
 def dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRequest], temperature: float, *,
-                  max_in_flight: int | None = None, namespace: str | None = None) -> dict[str, Any]:  # fmt: skip
+                  max_in_flight: int | None = None, namespace: str | None = None) -> dict[str, Any]:
     """What the dispatcher process is told: where, with which headers, each call's body (each in a
     cache namespace of its own under ``namespace``), and at most how many calls in flight."""
     parts = urlsplit(url)
@@ -176,9 +176,11 @@ def dispatch_plan(client: httpx.AsyncClient, url: str, order: Sequence[PlannedRe
         # forever. The same number of seconds is the whole call's deadline.
         "deadline_s": client.timeout.read or DEFAULT_CALL_DEADLINE_S,
         "connect_timeout_s": client.timeout.connect or DEFAULT_CONNECT_S,
-        "calls": [{"offset_s": p.offset_s, "body": json.dumps(generate_payload(p, temperature, namespace))} for p in order],
+        "calls": [
+            {"offset_s": p.offset_s, "body": json.dumps(generate_payload(p, temperature, namespace))} for p in order
+        ],
         "max_in_flight": max_in_flight or None,
-    }  # fmt: skip
+    }
 
 
 async def replay_once(
@@ -233,7 +235,7 @@ async def _run_dispatcher(
             sys.executable, "-m", DISPATCHER_MODULE, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C goes to the caller, which says stop
-        )  # fmt: skip
+        )
     except OSError as exc:
         return results, started_at, f"the dispatcher could not start: {exc}"
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -387,7 +389,7 @@ class UsageSampler:
             began, sent = time.monotonic(), time.time()
             try:
                 got = await asyncio.wait_for(fetch(self._client, f"{self._url}/metrics", max_bytes=MAX_METRICS_BYTES,
-                                                   timeout_s=USAGE_DEADLINE_S), USAGE_DEADLINE_S)  # fmt: skip
+                                                   timeout_s=USAGE_DEADLINE_S), USAGE_DEADLINE_S)
             except TimeoutError:
                 got = None
             if got is not None and got.ok:
@@ -486,7 +488,7 @@ async def replay_series(
             try:
                 run = await replay_once(client, url, planned, temperature=temperature, should_stop=should_stop,
                                         max_in_flight=max_in_flight,
-                                        namespace=f"{series_tag}-{index}" if namespace_per_request else None)  # fmt: skip
+                                        namespace=f"{series_tag}-{index}" if namespace_per_request else None)
             except BaseException:
                 if sampling is not None:
                     sampling.cancel()  # cancelled: no run to report
@@ -501,8 +503,9 @@ async def replay_series(
             done.append(run)
             emit(ReplayEvent(
                 "run-done", index, runs,
-                f"run {index}/{runs}: {len(run.outcomes) - run.errors} answered, {run.errors} failed, {run.duration_s:.1f} s",
-            ))  # fmt: skip
+                f"run {index}/{runs}: {len(run.outcomes) - run.errors} answered, {run.errors} failed, "
+                f"{run.duration_s:.1f} s",
+            ))
             if run.outcomes and run.errors == len(run.outcomes) and not await server_alive(client, url):
                 if index < runs:
                     stopped = f"the server stopped answering during run {index}"
@@ -512,7 +515,7 @@ async def replay_series(
         if owned:
             await client.aclose()
     return ReplaySeries(url, tuple(done), runs, flush, tuple(notes), stopped, cache, max_in_flight or None,
-                        namespace_per_request)  # fmt: skip
+                        namespace_per_request)
 
 
 # -- what the series' pressure settings did -------------------------------------------------------
@@ -521,7 +524,7 @@ async def replay_series(
 def _held(run: ReplayRun) -> dict[str, Any]:
     held = sorted(o.held_ms for o in run.outcomes if o.held_ms > 0)
     return {"calls": len(held), "median": round(held[len(held) // 2], 3) if held else 0.0,
-            "max": round(held[-1], 3) if held else 0.0}  # fmt: skip
+            "max": round(held[-1], 3) if held else 0.0}
 
 
 def pressure_json(series: ReplaySeries) -> dict[str, Any]:
@@ -535,23 +538,23 @@ def pressure_json(series: ReplaySeries) -> dict[str, Any]:
              "held_by_cap_ms": _held(run)}
             for i, run in enumerate(series.runs, 1)
         ],
-    }  # fmt: skip
+    }
 
 
 def format_pressure(series: ReplaySeries) -> list[str]:
     """The same as report lines."""
     out = []
     if series.max_in_flight:
-        out.append(f"  Max in flight: {series.max_in_flight} calls (client-side: a call due while they are out waits for "
-                   "an answer; the jitter above leaves that wait out)")  # fmt: skip
+        out.append(f"  Max in flight: {series.max_in_flight} calls (client-side: a call due while they are out "
+                   "waits for an answer; the jitter above leaves that wait out)")
         for i, run in enumerate(series.runs, 1):
             held = _held(run)
-            out.append(f"    run {i}: {held['calls']} of {len(run.outcomes)} calls held, median {held['median']:.1f} ms, "
-                       f"longest {held['max']:.1f} ms")  # fmt: skip
+            out.append(f"    run {i}: {held['calls']} of {len(run.outcomes)} calls held, "
+                       f"median {held['median']:.1f} ms, longest {held['max']:.1f} ms")
     if series.namespace_per_request:
         out.append("  Cache namespace: one per call (extra_key): no call can reuse another's cached pages")
     if any(run.usage_samples for run in series.runs):
         peaks = [f"run {i} {'-' if r.peak_token_usage is None else f'{r.peak_token_usage:.2f}'}"
-                 for i, r in enumerate(series.runs, 1)]  # fmt: skip
+                 for i, r in enumerate(series.runs, 1)]
         out.append(f"  Peak token usage (sglang:token_usage, read every {USAGE_EVERY_S:g} s): {', '.join(peaks)}")
     return out

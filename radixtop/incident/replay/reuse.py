@@ -96,9 +96,13 @@ def expectations(trace: Trace, page_size: int, *, namespace_per_request: bool = 
     copy). ``namespace_per_request``: every call in a cache namespace of its own, as a replay with
     that setting sends them: what a call shares with earlier ones is all in other namespaces."""
     if namespace_per_request:
-        return [replace(e, shared_in_namespace=0, sharer=None, with_sharer=False) for e in expectations(trace, page_size)]
+        return [
+            replace(e, shared_in_namespace=0, sharer=None, with_sharer=False)
+            for e in expectations(trace, page_size)
+        ]
     longest: dict[str, int] = {}  # group -> longest prefix_len sent so far
-    holder: dict[tuple[str, str | None], tuple[int, Call, float]] = {}  # (group, namespace) -> (longest, first call, its offset)
+    # (group, namespace) -> (longest, first call, its offset)
+    holder: dict[tuple[str, str | None], tuple[int, Call, float]] = {}
     by_id = {req.id: req for req in trace.requests}
     out = []
     for req in sorted(trace.requests, key=lambda r: r.offset_ms):
@@ -110,7 +114,7 @@ def expectations(trace: Trace, page_size: int, *, namespace_per_request: bool = 
             shared = min(req.prefix_len, longest.get(req.group, 0))
             held, sharer, sent = holder.get(namespace, (0, None, -1.0))
             out.append(Expectation(req.id, copy, req.prompt_len, req.prefix_len, shared, min(req.prefix_len, held),
-                                   sharer, page_size, sent == req.offset_ms))  # fmt: skip
+                                   sharer, page_size, sent == req.offset_ms))
             if req.prefix_len > longest.get(req.group, 0):
                 longest[req.group] = req.prefix_len
             if req.prefix_len > held:
@@ -131,7 +135,7 @@ def _along_prefixes(req: TraceRequest, by_id: dict[str, TraceRequest], page_size
     holder = (sharer.id, 0) if in_namespace else None
     together = sharer.offset_ms == req.offset_ms
     return [Expectation(req.id, copy, req.prompt_len, req.prefix_len, shared, in_namespace, holder, page_size, together)
-            for copy in range(req.n)]  # fmt: skip
+            for copy in range(req.n)]
 
 
 def explain(exp: Expectation, cached: int, *, cache_disabled: bool = False, evicted: bool | None = None) -> str | None:
@@ -228,14 +232,16 @@ def summarize(answers: Iterable[tuple[Expectation, int, str | None]]) -> ReuseSu
             n, short = missed.get(reason, (0, 0))
             missed[reason] = (n + 1, short + exp.prefix_len - cached)
     order = {r: i for i, r in enumerate(REASONS)}
-    return ReuseSummary(calls, prompt, cached_total, expected, dict(sorted(missed.items(), key=lambda kv: order[kv[0]])))
+    return ReuseSummary(
+        calls, prompt, cached_total, expected, dict(sorted(missed.items(), key=lambda kv: order[kv[0]]))
+    )
 
 
 Answer = tuple[int, bool | None]  # (cached tokens, whether the cache evicted in the call's window)
 
 
 def reuse_rows(exps: Sequence[Expectation], runs: Sequence[dict[Call, Answer]], *,
-               cache_disabled: bool = False) -> tuple[list[ReuseRow], ReuseSummary]:  # fmt: skip
+               cache_disabled: bool = False) -> tuple[list[ReuseRow], ReuseSummary]:
     """Every call's row over the runs (a failed call is absent from its run's dict), and the totals."""
     rows = []
     answered: list[tuple[Expectation, int, str | None]] = []
@@ -272,7 +278,7 @@ def format_reuse(rows: Sequence[dict[str, Any]], *, title: str = "CACHED TOKENS"
     if not rows:
         return []
     out = [f"  [{title} — {len(rows)} calls]",
-           f"    {'request':<22} {'copy':>4} {'prompt':>6} {'prefix':>6} {'expect':>6} {'cached':>9}  why"]  # fmt: skip
+           f"    {'request':<22} {'copy':>4} {'prompt':>6} {'prefix':>6} {'expect':>6} {'cached':>9}  why"]
     for row in rows[:limit]:
         runs = row["cached_tokens"]
         lo, hi = (min(runs), max(runs)) if runs else (None, None)

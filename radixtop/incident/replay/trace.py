@@ -272,7 +272,7 @@ def _check_prefix_of(source: str, where: str, req: TraceRequest, seen: Mapping[s
         raise TraceError(f"{source}: {where}prefix_of names {req.prefix_of!r}, which is not an earlier request's id")
     if not 0 < req.prefix_len <= parent.prompt_len:
         raise TraceError(f"{source}: {where}prefix_len must be within 1..{parent.prompt_len} (the prompt_len of "
-                         f"{parent.id!r}, its prefix_of), got {req.prefix_len}")  # fmt: skip
+                         f"{parent.id!r}, its prefix_of), got {req.prefix_len}")
     if req.offset_ms < parent.offset_ms:
         raise TraceError(f"{source}: {where}offset_ms {req.offset_ms} is before that of {parent.id!r}, its prefix_of")
 
@@ -411,7 +411,7 @@ class _Bands:
         self.band_size = vocab.usable // 4
         if len(index) > self.band_size:
             raise TraceError(f"trace {trace.name!r} needs {len(index):,} distinct first tokens; a vocabulary of "
-                             f"{vocab.size:,} ids has room for {self.band_size:,}")  # fmt: skip
+                             f"{vocab.size:,} ids has room for {self.band_size:,}")
         self.index = index
 
     def band_token(self, key: tuple[str, ...], offset: int) -> int:
@@ -447,7 +447,7 @@ def synthesize_input_ids(
 
 
 def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands,
-                firsts: Mapping[str, list[int]]) -> list[int]:  # fmt: skip
+                firsts: Mapping[str, list[int]]) -> list[int]:
     """``firsts``: the first copy's prompt of every request named by a ``prefix_of`` so far."""
     band_offset = _seed_int("band", trace.name, seed) % bands.band_size
     shared = request.prefix_len
@@ -470,7 +470,7 @@ def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands
 
 
 def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands,
-                             firsts: Mapping[str, list[int]]) -> list[int]:  # fmt: skip
+                             firsts: Mapping[str, list[int]]) -> list[int]:
     if req.input_ids is not None:
         return list(req.input_ids)
     if req.text is not None:
@@ -493,7 +493,7 @@ def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULAR
                 firsts[req.id] = ids
             planned.append(PlannedRequest(offset_s=req.offset_ms / 1000.0, request_id=req.id, copy=copy, input_ids=ids,
                                           max_tokens=req.max_tokens, text=req.text, extra_key=req.extra_key,
-                                          ignore_eos=req.ignore_eos, stop=req.stop))  # fmt: skip
+                                          ignore_eos=req.ignore_eos, stop=req.stop))
     planned.sort(key=lambda p: p.offset_s)  # stable: trace order within one instant
     return planned
 
@@ -506,4 +506,4 @@ def check_recorded_ids(trace: Trace, vocab: Vocabulary) -> None:
             top = max(req.input_ids)
             if top >= vocab.size:
                 raise TraceError(f"request {req.id!r} has token id {top:,}, outside the model's vocabulary of "
-                                 f"{vocab.describe()}: the trace was recorded against another model")  # fmt: skip
+                                 f"{vocab.describe()}: the trace was recorded against another model")

@@ -217,9 +217,9 @@ def for_server(
     if not tried:
         why = "no model_path in /server_info" if info else "no /server_info answered"
         raise VocabError(f"the server's model is unknown ({why}), so is its vocabulary: pass --vocab-size N, or "
-                         "--trace with recorded prompts")  # fmt: skip
+                         "--trace with recorded prompts")
     raise VocabError(f"no config.json with vocab_size for the model {tried[0]!r} on this machine (its folder or the "
-                     "Hugging Face cache): pass --vocab-size N, or --trace with recorded prompts")  # fmt: skip
+                     "Hugging Face cache): pass --vocab-size N, or --trace with recorded prompts")
 
 
 def _model_paths(info: Mapping[str, Any] | None) -> Sequence[str]:

@@ -9,13 +9,14 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.tui.keys import help_rows
+from radixtop.widgets.keys import HELP_CLOSE, binding
 
 
 def help_text(keymap: Mapping[str, str] | None = None) -> Table:
@@ -71,7 +72,7 @@ class HelpScreen(ModalScreen[None]):
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,question_mark", "close", "Close"),
+        binding(HELP_CLOSE),
     ]
 
     def __init__(self, keymap: Mapping[str, str] | None = None) -> None:

@@ -9,13 +9,13 @@ from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Log, Static
 
 from radixtop.textsafe import printable
-from radixtop.widgets.keys import APPROVE, CANCEL_RUN, HIDE_RUN, REFUSE, binding
+from radixtop.widgets.keys import APPROVE, CANCEL_RUN, HIDE_RUN, REFUSE, RUN_CLOSE, RUN_QUIT, binding
 
 MAX_EVENT_LINES = 2_000  # the run's progress lines kept on screen (a long run polls every 5 s)
 
@@ -138,8 +138,8 @@ class RunScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         binding(CANCEL_RUN),
         binding(HIDE_RUN),
-        Binding("enter", "close_done", "Close", show=False),
-        Binding("q", "quit_or_close", "Quit", show=False),
+        binding(RUN_CLOSE),
+        binding(RUN_QUIT),
     ]
 
     def __init__(self, on_cancel: Callable[[], None]) -> None:

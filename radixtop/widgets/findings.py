@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
@@ -22,7 +22,7 @@ from textual.widgets.option_list import Option
 
 from radixtop.textsafe import printable_text
 from radixtop.themes import SEVERITY_MARKERS
-from radixtop.widgets.keys import EVIDENCE, binding
+from radixtop.widgets.keys import EVIDENCE, EVIDENCE_CLOSE, TO_LOG, binding
 
 
 def _when(occurrence: Any) -> str:
@@ -59,7 +59,7 @@ class FindingsList(OptionList):
     FindingsList > .findings--dim { color: $log-dim; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("tab", "app.toggle_findings", "Log"),
+        binding(TO_LOG),
         binding(EVIDENCE),
     ]
 
@@ -208,7 +208,7 @@ class EvidenceScreen(ModalScreen[None]):
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,d", "dismiss", "Close"),
+        binding(EVIDENCE_CLOSE),
     ]
 
     def __init__(self, finding: Any, label: Callable[[str], str] = lambda s: s) -> None:

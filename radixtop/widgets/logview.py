@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.cache import LRUCache
 from textual.geometry import Offset, Region, Size
 from textual.scroll_view import ScrollView
@@ -33,6 +33,7 @@ from radixtop.diagnosis.logline import parse_line
 from radixtop.session.incident_state import IncidentState, LogEntry
 from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
+from radixtop.widgets.keys import LOG_DOWN, LOG_END, LOG_PAGE_DOWN, LOG_PAGE_UP, LOG_TOP, LOG_UP, TO_FINDINGS, binding
 from radixtop.widgets.textual_private import update_scrollbars
 
 _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
@@ -113,13 +114,13 @@ class LogView(ScrollView, can_focus=True):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("tab", "app.toggle_findings", "Findings"),
-        Binding("k", "scroll_up", "Up", show=False),
-        Binding("j", "scroll_down", "Down", show=False),
-        Binding("g", "scroll_home", "Top", show=False),
-        Binding("G", "scroll_end", "End (follow)", show=False),
-        Binding("b", "page_up", "Page up", show=False),
-        Binding("space", "page_down", "Page down", show=False),
+        binding(TO_FINDINGS),
+        binding(LOG_UP),
+        binding(LOG_DOWN),
+        binding(LOG_TOP),
+        binding(LOG_END),
+        binding(LOG_PAGE_UP),
+        binding(LOG_PAGE_DOWN),
     ]
 
     def __init__(self, state: IncidentState, *, id: str | None = None, classes: str | None = None) -> None:

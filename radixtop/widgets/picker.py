@@ -11,11 +11,13 @@ from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
+
+from radixtop.widgets.keys import PICKER_CANCEL, QUESTION_NO, QUESTION_YES, binding
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class ServerPicker(ModalScreen[int | None]):
     ServerPicker OptionList { height: auto; max-height: 20; }
     ServerPicker #picker-help { color: $text-muted; padding: 1 0 0 0; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [binding(PICKER_CANCEL)]
 
     def __init__(self, rows: Sequence[ServerRow], title: str = "Servers on this node: which one to watch?") -> None:
         super().__init__()
@@ -112,8 +114,8 @@ class Question(ModalScreen[bool]):
     Question #question-text { text-style: bold; padding: 1 0 0 0; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n,escape", "answer(False)", "No"),
+        binding(QUESTION_YES),
+        binding(QUESTION_NO),
     ]
 
     def __init__(self, lines: Sequence[str], question: str) -> None:

@@ -21,7 +21,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.geometry import Region, Size
 from textual.message import Message
@@ -32,7 +32,20 @@ from textual.widgets import Static
 from radixtop.probes.radix_tree import TreeIndex, discard
 from radixtop.session.radix_board import RadixBoard, RankView
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
-from radixtop.widgets.keys import LOCKED_PATHS, binding
+from radixtop.widgets.keys import (
+    LOCKED_PATHS,
+    TREE_BOTTOM,
+    TREE_COLLAPSE,
+    TREE_DOWN,
+    TREE_EXPAND,
+    TREE_PAGE_DOWN,
+    TREE_PAGE_UP,
+    TREE_RANK_NEXT,
+    TREE_RANK_PREVIOUS,
+    TREE_TOP,
+    TREE_UP,
+    binding,
+)
 from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
@@ -90,17 +103,17 @@ class RadixTreeView(ScrollView, can_focus=True):
     RadixTreeView > .radixtree--more { color: $text-muted; text-style: italic; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up,k", "move(-1)", "Up", show=False),
-        Binding("down,j", "move(1)", "Down", show=False),
-        Binding("pageup", "page(-1)", "Page up", show=False),
-        Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "jump(0)", "Top", show=False),
-        Binding("end", "jump(-1)", "Bottom", show=False),
-        Binding("enter,right,l,space", "expand", "Expand", show=False),
-        Binding("left,h", "collapse", "Collapse", show=False),
+        binding(TREE_UP),
+        binding(TREE_DOWN),
+        binding(TREE_PAGE_UP),
+        binding(TREE_PAGE_DOWN),
+        binding(TREE_TOP),
+        binding(TREE_BOTTOM),
+        binding(TREE_EXPAND),
+        binding(TREE_COLLAPSE),
         binding(LOCKED_PATHS),
-        Binding("left_square_bracket", "rank(-1)", "Prev rank"),
-        Binding("right_square_bracket", "rank(1)", "Next rank"),
+        binding(TREE_RANK_PREVIOUS),
+        binding(TREE_RANK_NEXT),
     ]
 
     class RankRequested(Message):

@@ -8,6 +8,7 @@ object with --json). Bad input is one line on stderr and exit status USAGE (rais
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 from argparse import Namespace
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,11 +41,16 @@ def _progress(prefix: str, quiet: bool = False) -> Callable[[str], None]:
     return say
 
 
+def _per_source(parts: Sequence[Any]) -> str:
+    """One line per file read, when there were several."""
+    return "".join(f"\n  {part.summary()}" for part in parts) if len(parts) > 1 else ""
+
+
 def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str]:
     """A trace file, a built-in trace's name (finding_03330, demo_pressure), SGLang's crash or
-    request dump (a .pkl, or the dump folder: its newest) or its JSON request log, as the trace of
-    the requests it holds, or a Mooncake trace (JSON Lines with hash_ids) of ``block_size`` tokens
-    a hash id (default 512)."""
+    request dumps (a .pkl, a dump folder: its incident, or a glob of them) or its JSON request logs
+    (one, or a glob: several hosts'), merged by time, as the trace of the requests they hold, or a
+    Mooncake trace (JSON Lines with hash_ids) of ``block_size`` tokens a hash id (default 512)."""
     from radixtop.incident.replay.crash_dump import (
         DumpError,
         dump_trace_of,
@@ -58,12 +64,17 @@ def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str
     from radixtop.incident.replay.trace import TraceError, builtin_trace, load_trace
 
     try:
-        if text.endswith(".pkl") or os.path.isdir(text):
-            dump = merge_dumps(Path(text), [read_dump(path) for path in find_dumps(text)])
-            return dump_trace_of(dump), f"the crash's own workload: {dump.summary()}"
-        if os.path.isfile(text) and is_request_log(text):
-            dump = read_request_log(text)
-            return dump_trace_of(dump), f"the logged requests: {dump.summary()}"
+        sources = sorted(glob.glob(text)) if glob.has_magic(text) else [text]
+        if not sources:
+            raise DumpError(f"{text}: matches no file")
+        if all(s.endswith(".pkl") or os.path.isdir(s) for s in sources):
+            parts = [read_dump(path) for source in sources for path in find_dumps(source)]
+            dump = merge_dumps(Path(text), parts)
+            return dump_trace_of(dump), f"the crash's own workload: {dump.summary()}" + _per_source(parts)
+        if all(os.path.isfile(s) and is_request_log(s) for s in sources):
+            parts = [read_request_log(s) for s in sources]  # several hosts' request logs, merged by time
+            dump = merge_dumps(Path(text), parts)
+            return dump_trace_of(dump), f"the logged requests: {dump.summary()}" + _per_source(parts)
     except DumpError as exc:
         raise UsageError(str(exc)) from None
     if text.endswith(".jsonl") or (os.path.isfile(text) and is_mooncake(text)):

@@ -375,7 +375,8 @@ def test_a_dumped_requests_sampling_needs_go_out_with_it_at_temperature_zero(mon
 def test_a_glob_of_dumps_is_one_workload_with_a_line_per_file(monkeypatch, tmp_path: Path) -> None:
     first = write_dump(tmp_path / "h0" / "crash_dump_a.pkl", monkeypatch, [finished(1, SYSTEM, at=0.0)])
     write_dump(tmp_path / "h1" / "crash_dump_b.pkl", monkeypatch, [finished(2, SYSTEM + [3], at=1.0)])
-    argv = [sys.executable, "-m", "radixtop", "trace", "convert", str(tmp_path / "h*" / "*.pkl"), "-o", str(tmp_path / "t.json")]
+    pattern = str(tmp_path / "h*" / "*.pkl")
+    argv = [sys.executable, "-m", "radixtop", "trace", "convert", pattern, "-o", str(tmp_path / "t.json")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "2 requests over" in done.stderr and f"\n  {first}: 1 requests" in done.stderr, done.stderr

@@ -43,6 +43,31 @@ REQUIRED_IDS = {
 # `also` lists the only other signatures allowed to match the same line.
 EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
     (
+        "vllm-engine-dead",
+        "ERROR 12-05 10:00:01 [core.py:720] EngineCore encountered a fatal error.",
+        frozenset(),
+    ),
+    (
+        "committed-kv-freed",
+        "AssertionError: Committed KV cache already freed (self.kv_committed_len=128)",
+        frozenset(),
+    ),
+    (
+        "mamba-cache-exhausted",
+        "AssertionError: Can not alloc mamba cache",
+        frozenset(),
+    ),
+    (
+        "mamba-cache-exhausted",
+        "AssertionError: Not enough space for mamba ping pong idx, try to increase --mamba-full-memory-ratio.",
+        frozenset(),
+    ),
+    (
+        "radix-tree-corrupt-child",
+        "AssertionError: parent does not have child key, (12, 40)",
+        frozenset(),
+    ),
+    (
         "radix-page-lock-eviction",
         "RadixCacheError: Failed to lock memory page during dynamic prefix eviction",
         frozenset(),

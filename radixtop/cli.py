@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar, overload
@@ -437,3 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitStatus.USAGE
     except KeyboardInterrupt:
         return ExitStatus.INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`radixtop analyze ... | head`): no traceback, and no second
+        # BrokenPipeError when Python flushes stdout on the way out.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return ExitStatus.PIPE_CLOSED

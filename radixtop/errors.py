@@ -21,3 +21,4 @@ class ExitStatus(IntEnum):
     ERROR = 1
     USAGE = 2  # a UsageError: one line on stderr says what to do
     INTERRUPTED = 130  # Ctrl-C or SIGTERM stopped it cleanly (128 + SIGINT, as a shell reports)
+    PIPE_CLOSED = 141  # whoever read the output stopped (`| head`): 128 + SIGPIPE, as a shell reports

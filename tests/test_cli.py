@@ -219,3 +219,22 @@ def test_the_simulator_words_the_same_checks_the_same_way(argv: list[str], says:
 
 def test_exit_statuses_keep_their_numbers() -> None:
     assert [(s.name, int(s)) for s in ExitStatus] == [("OK", 0), ("ERROR", 1), ("USAGE", 2), ("INTERRUPTED", 130)]
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path) -> None:
+    """`radixtop analyze big.json --json | head`: the pipe closes under a long answer."""
+    import json as json_module
+    import subprocess
+    import sys
+
+    requests = [{"id": f"r{i}", "offset_ms": i, "prompt_len": 32, "prefix_len": 0, "group": f"g{i}", "max_tokens": 1}
+                for i in range(3000)]
+    trace = tmp_path / "big.json"
+    trace.write_text(json_module.dumps({"version": 1, "name": "big", "page_size_hint": 1, "requests": requests}))
+    proc = subprocess.Popen([sys.executable, "-m", "radixtop", "analyze", str(trace), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -218,7 +218,8 @@ def test_the_simulator_words_the_same_checks_the_same_way(argv: list[str], says:
 
 
 def test_exit_statuses_keep_their_numbers() -> None:
-    assert [(s.name, int(s)) for s in ExitStatus] == [("OK", 0), ("ERROR", 1), ("USAGE", 2), ("INTERRUPTED", 130)]
+    assert [(s.name, int(s)) for s in ExitStatus] == [("OK", 0), ("ERROR", 1), ("USAGE", 2), ("INTERRUPTED", 130),
+                                                      ("PIPE_CLOSED", 141)]
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path) -> None:

@@ -584,6 +584,9 @@ def test_port_in_use_is_one_log_line_and_leaves_the_cache_untouched(caplog):
     try:  # the whole window taken (by us, or already by someone else)
         for p in range(port, min(port + INSTRUMENT_PORT_SPAN, 65536)):
             s = socket.socket()
+            # As the endpoint binds (SO_REUSEADDR): a port a server left in TIME_WAIT after a long
+            # run is one it could take, so it is held here too.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", p))
                 s.listen()
@@ -595,6 +598,8 @@ def test_port_in_use_is_one_log_line_and_leaves_the_cache_untouched(caplog):
     finally:
         for s in held:
             s.close()
+    if inst is not None:
+        inst.close()  # its hooks off the class again, or every later test would see them
     assert inst is None
     assert any("in use" in r.getMessage() for r in caplog.records)
     assert {name: type(cache).__dict__.get(name) for name in HOOKED_METHODS} == originals  # hooks off again

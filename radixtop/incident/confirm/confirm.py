@@ -41,7 +41,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,7 @@ from radixtop.incident.confirm.control_server import (
 from radixtop.incident.confirm.launch_env import LaunchEnv, launch_env
 from radixtop.incident.confirm.placement import Placement, place
 from radixtop.incident.confirm.verdict import VERDICTS, ArmRole, Verdict
-from radixtop.incident.replay.crash_dump import DumpError, crash_workload, workload_shape
+from radixtop.incident.replay.crash_dump import CrashDump, DumpError, crash_workload, shape_of
 from radixtop.incident.replay.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
 from radixtop.probes.gpu import read_once
@@ -527,7 +526,7 @@ def _check_options(options: ConfirmOptions) -> None:
 
 
 async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list[str], pid: int | None,
-                    info: Mapping[str, Any] | None, emit: Callable[[ConfirmEvent], None],
+                    own: OwnWorkload, emit: Callable[[ConfirmEvent], None],
                     cancel: threading.Event | None, notes: list[str]) -> Any:
     """The evidence bundle, taken before anything else (None with --no-bundle, or a note why not)."""
     if not options.bundle:
@@ -544,7 +543,7 @@ async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list
         bundle = await asyncio.to_thread(
             take_bundle, workdir / "evidence", url=url, logs=logs, pid=pid,
             reason="confirm", signature_files=options.signature_files, cancel=cancel, on_progress=relay,
-            workload=partial(workload_shape, server_args=info, armed=options.crash_dump_folder),
+            workload=lambda _logs: own.shape(),
         )
     except BundleError as exc:
         if cancel is not None and cancel.is_set():
@@ -555,7 +554,27 @@ async def _evidence(options: ConfirmOptions, workdir: Path, url: str, logs: list
     return bundle
 
 
-def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: list[str], max_running: int | None,
+@dataclass(frozen=True)
+class OwnWorkload:
+    """The crash's own workload, read once for the plan and the evidence bundle both."""
+
+    found: tuple[Trace, CrashDump] | None
+    unreadable: DumpError | None = None
+
+    @classmethod
+    def read(cls, options: ConfirmOptions, info: Mapping[str, Any] | None, logs: list[str]) -> OwnWorkload:
+        try:
+            return cls(crash_workload(logs, info, options.crash_dump_folder))
+        except DumpError as exc:
+            return cls(None, exc)
+
+    def shape(self) -> tuple[str, dict[str, Any]] | None:
+        if self.unreadable is not None:
+            raise self.unreadable  # the bundle notes it, as it notes any source it cannot read
+        return shape_of(self.found)
+
+
+def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, own: OwnWorkload, max_running: int | None,
               notes: list[str]) -> tuple[Trace, str]:
     """The workload and where it comes from: given (--trace), the crash's own (a dump, a request
     log), else token pressure made up to the server's size."""
@@ -563,13 +582,10 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, logs: lis
 
     trace, origin = options.trace, f"given: {options.trace_label or options.trace.name}" if options.trace else ""
     if trace is None:
-        try:
-            own = crash_workload(logs, info, options.crash_dump_folder)
-        except DumpError as exc:
-            own = None
-            notes.append(f"the server's crash dump cannot be read: {exc}")
-        if own is not None:
-            trace, dump = own
+        if own.unreadable is not None:
+            notes.append(f"the server's crash dump cannot be read: {own.unreadable}")
+        if own.found is not None:
+            trace, dump = own.found
             whose = "the crash's own" if dump.path.suffix == ".pkl" else "the server's logged requests"
             origin = f"{whose}: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
     server_page = (info or {}).get("page_size")
@@ -700,7 +716,8 @@ async def prepare(
     baseline_logs = _baseline_logs(options, live, pid if alive else None, seen)
 
     evidence_began = time.monotonic()
-    bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, info, emit, cancel, notes)
+    own = OwnWorkload.read(options, info, baseline_logs)
+    bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, own, emit, cancel, notes)
     timings["evidence_s"] = round(time.monotonic() - evidence_began, 2)
     max_running = _max_running(live, info)
     if max_running is None:
@@ -708,7 +725,7 @@ async def prepare(
         control_running = 4
     else:
         control_running = max(1, max_running // options.concurrency_divisor)
-    trace, origin = _workload(options, info, baseline_logs, max_running, notes)
+    trace, origin = _workload(options, info, own, max_running, notes)
     vocab, no_vocab = _vocabulary(options, info, live, seen)
     if no_vocab is not None:
         blockers.append(no_vocab)

@@ -41,7 +41,7 @@ from radixtop.incident.replay.trace import Trace
 __all__ = [
     "MAX_DUMP_BYTES", "CrashDump", "DumpError", "DumpedRequest", "arm", "arm_request", "crash_workload", "dump_folder",
     "dump_named_in", "dump_trace_of", "find_dumps", "is_request_log", "merge_dumps", "read_dump", "read_request_log",
-    "workload_shape",
+    "shape_of", "workload_shape",
 ]
 
 MAX_DUMP_BYTES = 512 << 20
@@ -416,11 +416,15 @@ def workload_shape(logs: Sequence[str], server_args: Mapping[str, Any] | None = 
                    armed: str | None = None) -> tuple[str, dict[str, Any]] | None:
     """The crash's own workload for a bundle: its summary, and the trace without its prompts (the
     shape: lengths, offsets, what is shared, as `radixtop record` writes without --keep-prompts)."""
+    return shape_of(crash_workload(logs, server_args, armed))
+
+
+def shape_of(found: tuple[Trace, CrashDump] | None) -> tuple[str, dict[str, Any]] | None:
+    """What crash_workload found, as a bundle keeps it: its summary, and the trace without prompts."""
     from dataclasses import replace
 
     from radixtop.incident.replay.trace import dump_trace
 
-    found = crash_workload(logs, server_args, armed)
     if found is None:
         return None
     trace, dump = found

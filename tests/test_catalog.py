@@ -36,6 +36,12 @@ REQUIRED_IDS = {
     "watchdog-timeout",
     "server-ready",
     "radix-eviction-lock-contention",
+    "kv-canary-violation",
+    "kv-canary-stalled",
+    "kv-canary-verify-skipped",
+    "kv-page-use-after-free",
+    "kv-double-free",
+    "kv-page-length-invariant",
 }
 
 # Real lines as the programs print them (SGLang 0.5.5-0.5.23, vLLM, FlashInfer, Triton, PyTorch),
@@ -404,6 +410,106 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         "needed, which is larger than the available KV cache memory (13.15 GiB).",
         frozenset(),
     ),
+    # SGLang 0.5.23's own corruption detectors, each line formatted from SGLang's format string.
+    # The KV canary (sglang/srt/kv_canary/runner/violation_reporter.py): a warning under --kv-canary log,
+    (
+        "kv-canary-violation",
+        "[2026-12-05 10:00:00 TP0] kv_canary violation: launch_tag=SWEEP_K_FULL fail_reason=verify_chain_hash "
+        "slot_idx=18342 position=517 stored_token=9906 expected_token=9906 stored_chain_hash=0x3f1c2a9be07d4411 "
+        "expected_aux=0x7a55e01c9d2b3e08",
+        frozenset(),
+    ),
+    (
+        "kv-canary-violation",
+        "[2026-12-05 10:00:00 TP0] kv_canary violation: launch_tag=TAIL_K_FULL "
+        "fail_reason=verify_chain_hash+verify_real_kv_hash slot_idx=4100 position=96 stored_token=318 "
+        "expected_token=318 stored_chain_hash=0x0000000000000abc expected_aux=0x0000000000000def",
+        frozenset(),
+    ),
+    # and the same text raised under --kv-canary raise.
+    (
+        "kv-canary-violation",
+        "RuntimeError: kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=write_token slot_idx=777 "
+        "position=12 stored_token=220 expected_token=1734 stored_chain_hash=0x0000000000000011 "
+        "expected_aux=0x000000000000000c",
+        frozenset(),
+    ),
+    (
+        "kv-canary-stalled",
+        "RuntimeError: kv-canary: kernel_run_counter did not increase since previous check for "
+        "tags=[SWEEP_K_FULL, SWEEP_V_FULL] at step=1200; canary path is not executing",
+        frozenset(),
+    ),
+    (
+        "kv-canary-verify-skipped",
+        "[2026-12-05 10:00:00 TP0] kv-canary: per-forward verify skipped this step due to overflow "
+        "(total=3, capacity=8192); check ServerArgs / pool sizing",
+        frozenset(),
+    ),
+    # The KV page invariants (sglang/srt/managers/scheduler_components/invariant_checker.py): a warning
+    # with SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=0, a ValueError with its default 1.
+    (
+        "kv-page-use-after-free",
+        "[2026-12-05 10:00:00 TP0] KV page use-after-free: 3 owner page refs are in the free pool, "
+        "sample pages=[1187, 1188, 2051].",
+        frozenset(),
+    ),
+    (
+        "kv-page-use-after-free",
+        "ValueError: KV page use-after-free: 1 owner page refs are in the free pool, sample pages=[40].",
+        frozenset(),
+    ),
+    ("kv-double-free", "[2026-12-05 10:00:00 TP0] KV double free: sub-pool 0 has 2 duplicate pages.", frozenset()),
+    ("kv-double-free", "ValueError: KV double free: sub-pool 1 has 1 duplicate pages.", frozenset()),
+    # SGLANG_DEBUG_MEMORY_POOL=1: the allocators' own check at the free (mem_cache/allocator/).
+    ("kv-double-free", "AssertionError: double free: duplicate pages in class 1", frozenset()),
+    ("kv-double-free", "    assert len(torch.unique(pages)) == len(pages)", frozenset()),
+    (
+        "kv-page-length-invariant",
+        "    assert 0 <= kv.kv_committed_len <= kv.kv_allocated_len <= row_width",
+        frozenset(),
+    ),
+]
+
+# Real lines next to each detector's that its signature must not match: the rest of the same record,
+# the detector's routine lines, and the same words from another check.
+NEAR_MISSES: list[tuple[str, str]] = [
+    # The canary's violation record goes on over continuation lines: one finding per violation.
+    (
+        "kv-canary-violation",
+        "KV cache canary violation detected (kernel_kind=SWEEP_K_FULL, slot_idx=18342, position=517)",
+    ),
+    ("kv-canary-violation", "  total_violations=1 ring_overflow=False step_when_pumped=2300"),
+    (
+        "kv-canary-violation",
+        "[2026-12-05 10:00:00 TP0] [canary] step=2300 protected_tokens=183420 sweep_passes=23 violations=1 "
+        "launch_tags_active=6/12",
+    ),
+    (
+        "kv-canary-stalled",
+        "RuntimeError: kv-canary: expected_inputs.tokens shape 64 != num_tokens 65; caller must slice before invoking",
+    ),
+    ("kv-canary-stalled", "[2026-12-05 10:00:00 TP0] [canary] sweep succeeded 23 times (last_step=2300)"),
+    (
+        "kv-canary-verify-skipped",
+        "[2026-12-05 10:00:00 TP0] Post-capture KV sizing: KV-canary per-forward workspace 0.12 GB",
+    ),
+    ("kv-page-use-after-free", "ValueError: KV double free: sub-pool 0 has 2 duplicate pages."),
+    (
+        "kv-page-use-after-free",
+        "AssertionError: Full Pool Mem Leak Detected! [full] total=100, available=90",
+    ),
+    ("kv-double-free", "AssertionError: double free? mamba_index is None"),
+    ("kv-double-free", "ValueError: Double free! 12 is already freed."),
+    (
+        "kv-double-free",
+        "ValueError: KV page use-after-free: 3 owner page refs are in the free pool, sample pages=[1187, 1188, 2051].",
+    ),
+    (
+        "kv-page-length-invariant",
+        "AssertionError: Unexpected overallocated KV cache, req.kv.kv_committed_len=130, req.kv.kv_allocated_len=128",
+    ),
+    ("kv-page-length-invariant", "    assert max_alloc_len <= row_width, ("),
 ]
 
 ENGINES = ["re", "re2", "hyperscan"]
@@ -463,6 +569,12 @@ def test_example_matches_its_signature_only(
     found = {catalog.signatures[i].id for i in matcher.match(line)}
     assert sig_id in found
     assert found - {sig_id} <= also, f"{line!r} also matched {sorted(found - {sig_id} - also)}"
+
+
+@pytest.mark.parametrize(("sig_id", "line"), NEAR_MISSES, ids=[f"{e[0]}-{i}" for i, e in enumerate(NEAR_MISSES)])
+def test_near_miss_does_not_match_its_signature(matcher: Matcher, catalog: Catalog, sig_id: str, line: str) -> None:
+    assert sig_id in catalog.ids
+    assert sig_id not in {catalog.signatures[i].id for i in matcher.match(line)}
 
 
 def test_ordinary_lines_never_match(matcher: Matcher) -> None:

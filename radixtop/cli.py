@@ -256,7 +256,7 @@ def _confirm_arguments(confirm: argparse.ArgumentParser) -> None:
         "--trace", default=None,
         help="workload: a trace file or built-in name (default: pressure sized to the server)",
     )
-    confirm.add_argument("--runs", type=at_least(1), default=3, help="runs against each server (default 3)")
+    confirm.add_argument("--runs", type=at_least(1), default=3, help="runs of the workload per step (default 3)")
     confirm.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     confirm.add_argument("--yes", action="store_true", help="approve the plan without asking")
     confirm.add_argument(
@@ -267,23 +267,25 @@ def _confirm_arguments(confirm: argparse.ArgumentParser) -> None:
     confirm.add_argument("--launch-command", default=None, help="the live server's command, when it cannot be learned")
     confirm.add_argument(
         "--control-cache", choices=["disable", "keep"], default="disable",
-        help="disable: the control adds --disable-radix-cache (default); keep: only the pressure is lowered",
+        help="disable: the experiment may start a server with --disable-radix-cache (default); keep: never "
+             "(the cache question stays open)",
     )
     confirm.add_argument(
         "--concurrency-divisor", type=at_least(1), default=4,
-        help="the control's --max-running-requests is the live one divided by this (default 4)",
+        help="the pressure ladder's lowest rung: max running requests divided by this, in flight (default 4)",
     )
     confirm.add_argument(
         "--control-arg", action="append", default=[], metavar="FLAG",
-        help="an extra control flag (--control-arg=--mem-fraction-static=0.3); repeatable",
+        help="an extra flag for the server without the cache (--control-arg=--mem-fraction-static=0.3); "
+             "repeatable",
     )
     confirm.add_argument(
         "--stop-original", action="store_true",
-        help="stop the live server first, then run a reproduction and the control (never done otherwise)",
+        help="stop the live server first, then run the experiment on a reproduction (never done otherwise)",
     )
     confirm.add_argument(
         "--no-reproduction", action="store_true",
-        help="with the server gone: no reproduction arm; its crash log stands as the baseline",
+        help="with the server gone: its crash log stands for the workload as run (no run of it as recorded)",
     )
     confirm.add_argument(
         "--gpus", default=None, metavar="IDS",

@@ -43,11 +43,11 @@ def _confirm(options: ConfirmOptions):
     return plan, run, verdict, events
 
 
-def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Path) -> None:
+def test_lock_race_needs_pressure_and_the_caches_eviction_path_and_leaves_nothing_running(tmp_path: Path) -> None:
     sim = start_sim(tmp_path / "live", *LOCK_RACE)
     try:
         plan, run, verdict, events = _confirm(
-            # a divisor of 2 keeps the test short: 4 running requests still use well under 90 % of the pool
+            # a divisor of 2 keeps the test short: 4 in flight still use well under 90 % of the pool
             ConfirmOptions(
                 url=sim.url, workdir=tmp_path / "confirm", runs=2, control_timeout_s=20, concurrency_divisor=2
             )
@@ -55,52 +55,74 @@ def test_lock_race_is_pressure_dependent_and_leaves_nothing_running(tmp_path: Pa
     finally:
         sim.stop()
     assert verdict.verdict == "pressure-dependent", verdict.format()
-    assert "radix-page-lock-eviction" in verdict.baseline.signatures
-    assert verdict.baseline.alive_after is False  # the baseline run killed it: that is the evidence
-    assert verdict.control.healthy and verdict.control.signatures == () and verdict.control.diverged == ()
-    # the plan: evidence first, the live argv from psutil, the control bounded and on loopback
+    c = verdict.conditions
+    assert (c.pressure.state, c.reuse.state, c.cache.state) == ("needed", "not-needed", "needed"), verdict.format()
+    assert c.pressure.fails_at >= 0.9 and c.pressure.clean_at < c.pressure.fails_at
+    assert "persists with reuse off, gone with the cache disabled" in c.cache.why
+    # The ladder from the lowest load up on the live server; the race killed it as recorded.
+    kinds = [(s.step, s.role, s.max_in_flight) for s in verdict.steps]
+    assert kinds == [("lower-pressure", "baseline", 4), ("as-run", "baseline", None),
+                     ("reuse-off", "reproduction", None), ("cache-off", "control", None)]
+    lower, as_run, reuse_off, cache_off = verdict.steps
+    assert lower.signatures == () and "radix-page-lock-eviction" in as_run.signatures
+    assert as_run.alive_after is False  # the run killed it: that is the evidence
+    # Reuse off on a restarted reproduction (SGLang's own switch): no prefix hit, the race still fires.
+    assert reuse_off.reuse_off == "SGLANG_RADIX_FORCE_MISS=1" and reuse_off.cached_tokens["cached_tokens"] == 0
+    assert "radix-page-lock-eviction" in reuse_off.signatures
+    assert cache_off.healthy and cache_off.signatures == () and cache_off.diverged == ()
+    # the plan: evidence first, the live argv from psutil, the servers it starts on loopback
     phases = [e.phase for e in events]
-    assert phases.index("evidence") < phases.index("plan") < phases.index("baseline") < phases.index("control-start")
+    assert phases.index("evidence") < phases.index("plan") < phases.index("baseline") < phases.index(
+        "reproduction-start") < phases.index("control-start")
     written = [e for e in events if e.message.startswith("bundle written")]
     assert len(written) == 1 and written[0].data["bundle"] == str(plan.bundle.path)  # said once, with the path
     assert plan.live.source == "psutil" and plan.live.kind == "radixtop-sim"
-    assert flag_value(plan.control_argv, "--max-running-requests") == "4"
+    assert flag_value(plan.control_argv, "--max-running-requests") == "8"  # its load is the steps' to set
     assert flag_value(plan.control_argv, "--disable-radix-cache") == ""
     assert flag_value(plan.control_argv, "--host") == "127.0.0.1"
     assert flag_value(plan.control_argv, "--fault") == "lock-race:7"  # other flags kept
     assert flag_value(plan.control_argv, "--log-file") == str(tmp_path / "confirm" / "control.log")
+    assert "SGLANG_RADIX_FORCE_MISS" not in (plan.restart.env or {})  # only the step with reuse off has it
     # evidence first: the bundle was taken before anything was replayed
     assert plan.bundle is not None and (plan.bundle.path / "MANIFEST.json").is_file()
     assert next(plan.bundle.path.glob("evidence/*radix-page-lock-eviction.log"), None) is None
     # the verdict's evidence and the command to repeat it are on disk
     saved = json.loads((tmp_path / "confirm" / "verdict.json").read_text())
     assert saved["verdict"] == "pressure-dependent" and saved["repeat"][:2] == ["radixtop", "confirm"]
+    assert saved["conditions"]["reuse"]["state"] == "not-needed"
+    assert [r["failed"] for r in saved["ladder"]] == [False, True]
     assert "--trace" in saved["repeat"] and Path(saved["repeat"][saved["repeat"].index("--trace") + 1]).is_file()
-    assert gone(run.control.pid)
+    assert len(run.servers) == 2 and all(gone(server.pid) for server in run.servers)
 
 
 @pytest.mark.parametrize("page_size", [64, 16])
-def test_block_boundary_cli_reports_r02_in_the_baseline_and_a_clean_control(tmp_path: Path, page_size: int) -> None:
+def test_the_stale_page_at_a_block_boundary_needs_reuse_not_pressure(tmp_path: Path, page_size: int) -> None:
     sim = start_sim(tmp_path / "live", "--page-size", str(page_size), "--max-total-tokens", "65536",
                     "--fault", "block-boundary:7")
     try:
         done = radixtop("confirm", "--url", sim.url, "--trace", "finding_03330", "--runs", "3", "--yes", "--json",
                         "--workdir", str(tmp_path / "confirm"), "--health-timeout", "20", timeout_s=120)
+        assert sim.proc.poll() is None  # every step ran on the live server, and it lives
     finally:
         sim.stop()
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    # No capacity pressure in a 65,536-token pool: gone without the radix cache is the cache's own doing.
+    # No capacity pressure in a 65,536-token pool; gone with a namespace per request at the same load.
     assert doc["verdict"] == "cache-dependent", doc["reason"]
-    assert doc["baseline"]["peak_token_usage"] < 0.85 and not doc["baseline"]["retractions"]
-    assert doc["baseline"]["diverged"] == ["r02"] and doc["baseline"]["signatures"] == []
+    conditions = doc["conditions"]
+    assert [conditions[k]["state"] for k in ("pressure", "reuse", "cache")] == ["not-needed", "needed", "needed"]
+    assert conditions["pressure"]["fails_at"] < 0.85 and "below pressure" in conditions["pressure"]["why"]
+    failing, reuse_off = doc["steps"]
+    assert failing["step"] == "lower-pressure" and failing["role"] == "baseline" and not failing["retractions"]
+    assert failing["diverged"] == ["r02"] and failing["signatures"] == []
     r02 = next(r for r in builtin_trace("finding_03330").requests if r.id == "r02")
     assert r02.prefix_len == 64  # exactly one page as written (rescaled to the server's page size)
     assert any(f"rescaled to the server's {page_size}" in n for n in doc["plan"]["notes"]) or page_size == 64
-    assert doc["control"]["diverged"] == [] and doc["control"]["signatures"] == []
-    assert "--disable-radix-cache" in doc["control"]["argv"]
+    assert reuse_off["reuse_off"] == "a namespace per request" and reuse_off["max_in_flight"] == failing[
+        "max_in_flight"]
+    assert reuse_off["diverged"] == [] and reuse_off["cached_tokens"]["cached_tokens"] == 0
     assert Path(doc["bundle"]).is_dir()
-    assert "approved with --yes" in done.stderr and "[baseline]" in done.stderr and "[control]" in done.stderr
+    assert "approved with --yes" in done.stderr and "[baseline]" in done.stderr and "[control]" not in done.stderr
 
 
 def test_healthy_server_is_not_reproduced_and_stop_original_is_honoured(tmp_path: Path) -> None:
@@ -112,50 +134,56 @@ def test_healthy_server_is_not_reproduced_and_stop_original_is_honoured(tmp_path
         )
         plan, run, verdict, events = _confirm(options)
         assert verdict.verdict == "not-reproduced", verdict.format()
-        # Asked to stop the original: it did, first; then a reproduction of it and the control.
+        # Asked to stop the original: it did, first; then the ladder on a reproduction of it, and no more.
         assert any(e.phase == "stop-original" and e.message.startswith(f"stopped pid {sim.pid}") for e in events)
         assert sim.proc.wait(10) is not None
-        assert verdict.baseline.role == "reproduction" and verdict.baseline.answered_calls == 8
-        assert verdict.control.healthy and verdict.control.answered_calls == 8
+        assert [(s.step, s.role, s.max_in_flight) for s in verdict.steps] == [
+            ("lower-pressure", "reproduction", 2), ("lower-pressure", "reproduction", 4),
+            ("as-run", "reproduction", None)]
+        assert all(s.answered_calls == 8 for s in verdict.steps)
+        assert len(run.servers) == 1  # one start for every rung; no control once the answer was known
     finally:
         sim.stop()
     assert plan.mode == "relaunch" and "STOPPED FIRST" in "\n".join(plan.describe())
-    assert gone(run.control.pid)
+    assert gone(run.servers[0].pid)
 
 
-def test_a_control_that_cannot_start_is_inconclusive_with_its_stderr(tmp_path: Path) -> None:
-    sim = start_sim(tmp_path / "live", *HEALTHY)
+def test_a_control_that_cannot_start_leaves_the_cache_open_with_its_stderr(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path / "live", *LOCK_RACE)
     try:
         options = ConfirmOptions(
-            url=sim.url, workdir=tmp_path / "confirm", trace=small_trace(), runs=1, control_timeout_s=20,
+            url=sim.url, workdir=tmp_path / "confirm", runs=2, control_timeout_s=20, concurrency_divisor=2,
             control_args=("--page-size", "-3"), bundle=False,
         )
         _, run, verdict, _ = _confirm(options)
-        assert sim.proc.poll() is None  # the live server is never stopped unless asked
     finally:
         sim.stop()
-    assert verdict.verdict == "inconclusive"
-    assert "exited with status 2" in verdict.control.error
-    assert "--page-size must be" in verdict.control.output_tail
+    cache_off = verdict.step("cache-off")
+    assert verdict.conditions.cache.state == "open" and "could not run" in verdict.conditions.cache.why
+    assert "exited with status 2" in cache_off.error
+    assert "--page-size must be" in cache_off.output_tail
     assert "--page-size must be" in verdict.format()
-    assert gone(run.control.pid)
+    assert verdict.verdict == "pressure-dependent" and "open: cache" in verdict.reason
+    assert all(gone(server.pid) for server in run.servers)
 
 
 def test_ctrl_c_cancels_the_run_stops_the_control_and_leaves_the_live_server(tmp_path: Path) -> None:
     """SIGINT reaches ConfirmationRun.cancel() (what a UI calls): the control goes, nothing is left."""
-    sim = start_sim(tmp_path / "live", *HEALTHY)
+    # A leak needs neither pressure nor reuse: the live server survives every step, and the control runs.
+    sim = start_sim(tmp_path / "live", *HEALTHY, "--fault", "leak")
     trace = tmp_path / "small.json"
     save_trace(small_trace(), trace)
     lines: list[str] = []
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixtop", "confirm", "--url", sim.url, "--trace", str(trace), "--runs", "30",
-         "--yes", "--no-bundle", "--workdir", str(tmp_path / "c"), "--health-timeout", "20"],
+         "--yes", "--no-bundle", "--workdir", str(tmp_path / "c"), "--health-timeout", "20",
+         "--concurrency-divisor", "2"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
     try:
-        assert wait_for(lambda: any("[control] run 2/" in line for line in lines), 30), "".join(lines)
+        assert wait_for(lambda: any("[control] run 2/" in line for line in lines), 90), "".join(lines)
         children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         assert children, "the control server should be running"
         proc.send_signal(signal.SIGINT)
@@ -185,7 +213,8 @@ def test_confirm_cli_shows_the_plan_on_a_terminal_and_starts_nothing_when_declin
         sim.stop()
     assert done.returncode == 1, done.stderr
     assert "Start the confirmation run as planned? [y/N]" in done.stderr and done.stdout == ""
-    assert "control: " in done.stderr and "--disable-radix-cache" in done.stderr and "not approved" in done.stderr
+    assert "the server without the cache: " in done.stderr and "--disable-radix-cache" in done.stderr
+    assert "Experiment" in done.stderr and "not approved" in done.stderr
     assert not (tmp_path / "c" / "control.out").exists() and not (tmp_path / "c" / "verdict.json").exists()
     assert (tmp_path / "c" / "plan.json").is_file()
 
@@ -209,18 +238,17 @@ def test_control_argv_for_sglang_launch_commands() -> None:
     reported = parse_launch_command(text, python="/srv/venv/bin/python")  # /server_info: flags only
     assert reported.program == ("/srv/venv/bin/python", "-m", "sglang.launch_server") and reported.notes
     assert reported.flags == live.flags
-    argv, changes = build_control_argv(live, port=40001, max_running=16, extra=("--mem-fraction-static", "0.3"))
+    argv, changes = build_control_argv(live, port=40001, extra=("--mem-fraction-static", "0.3"))
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "40001"
-    assert flag_value(argv, "--max-running-requests") == "16" and flag_value(argv, "--disable-radix-cache") == ""
+    # One condition changes: the cache; the load is the experiment's, by calls in flight.
+    assert flag_value(argv, "--max-running-requests") == "64" and flag_value(argv, "--disable-radix-cache") == ""
     assert flag_value(argv, "--api-key") is None and flag_value(argv, "--nccl-port") is None
     assert (
         flag_value(argv, "--enable-deterministic-inference") == ""
         and flag_value(argv, "--mem-fraction-static") == "0.3"
     )
-    assert "--max-running-requests 64 -> 16" in changes
-    keep, _ = build_control_argv(live, port=1, max_running=16, cache="keep")
-    assert flag_value(keep, "--disable-radix-cache") is None
+    assert "added --disable-radix-cache" in changes
     # the string is split like a shell would, never run by one; its secret never shown
     shown = shlex.join(Redactor().argv(live.argv))
     assert "sk-live" not in shown and REDACTED in shown
@@ -276,7 +304,7 @@ def test_a_program_flags_and_files_named_by_server_info_are_never_run_or_read(tm
     # code-loading flags named by the network are dropped, and the plan says how to add them back
     assert flag_value(plan.control_argv, "--trust-remote-code") is None
     assert flag_value(plan.control_argv, "--custom-weight-loader") is None
-    assert any("--control-arg=--trust-remote-code" in c for c in plan.control_changes)
+    assert any("--control-arg=--trust-remote-code" in c for c in plan.control.changes)
     assert flag_value(plan.control_argv, "--model-path") == "evil/model"  # other flags kept
     # a log path named by /server_info is not read into the evidence
     assert str(private) not in plan.baseline_logs
@@ -318,7 +346,7 @@ def test_a_trace_written_for_another_page_size_is_rescaled_to_the_servers(tmp_pa
 def test_the_live_max_running_requests_comes_from_the_flag_else_server_info_else_what_sglang_settled_on() -> None:
     """SGLang sizes max_running_requests from its KV pool when the flag is absent (the usual case):
     0.5.23's /server_info then says None for the argument and the effective figure per DP rank in
-    internal_states; the control must still be lower than that."""
+    internal_states; the pressure ladder must still start below that."""
     from radixtop.incident.confirm.confirm import _max_running
 
     bare = parse_launch_command("python -m sglang.launch_server --model-path m", source="given")
@@ -329,3 +357,29 @@ def test_the_live_max_running_requests_comes_from_the_flag_else_server_info_else
     assert _max_running(bare, {**info, "max_running_requests": 128}) == 128
     assert _max_running(bare, {"internal_states": []}) is None and _max_running(bare, None) is None
     assert _max_running(bare, {"internal_states": [{"effective_max_running_requests_per_dp": "x"}]}) is None
+
+
+def test_the_expected_load_time_is_the_originals_last_start_up_from_its_log(tmp_path: Path) -> None:
+    from radixtop.incident.confirm.startup import startup_seconds
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-12-05 09:00:00] server_args=ServerArgs(model_path='m', page_size=16)\n"
+        "[2026-12-05 09:00:12] The server is fired up and ready to roll!\n"
+        "[2026-12-05 10:00:00] server_args=ServerArgs(model_path='m', page_size=16)\n"
+        "[2026-12-05 10:00:01] Load weight begin.\n"
+        "[2026-12-05 10:01:30.500] The server is fired up and ready to roll!\n"
+        "[2026-12-05 10:05:00] server_args=ServerArgs(model_path='m', page_size=16)\n",  # a start that never served
+        encoding="utf-8",
+    )
+    assert startup_seconds([str(log)]) == 90.5  # the last start that reached "fired up"
+    assert startup_seconds([str(tmp_path / "missing.log")]) is None
+    # The simulator logs both lines too: a plan made against it says so.
+    sim = start_sim(tmp_path / "live", *HEALTHY)
+    try:
+        plan = asyncio.run(prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c", trace=small_trace(), runs=1,
+                                                  bundle=False)))
+    finally:
+        sim.stop()
+    assert plan.startup_s is not None and 0 <= plan.startup_s < 30
+    assert "s to load, as the original took" in "\n".join(plan.describe())

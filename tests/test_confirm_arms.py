@@ -49,24 +49,34 @@ def confirm_json(tmp_path: Path, *args: str, timeout_s: float = 240) -> tuple[di
     return json.loads(done.stdout), done
 
 
-def test_under_pressure_the_lock_race_is_pressure_dependent_and_the_arms_are_side_by_side(tmp_path: Path) -> None:
+def test_under_pressure_the_lock_race_is_pressure_dependent_and_the_steps_are_side_by_side(tmp_path: Path) -> None:
     sim = start_sim(tmp_path / "live", *PRESSURE_SIM)
     try:
+        trace = pressure_trace_file(tmp_path / "t.json")
         doc, done = confirm_json(tmp_path, "--url", sim.url, "--log", str(sim.log), "--runs", "1",
-                                 "--trace", str(pressure_trace_file(tmp_path / "t.json")))
+                                 "--concurrency-divisor", "16", "--trace", str(trace))
     finally:
         sim.stop()
     assert doc["verdict"] == "pressure-dependent", doc["reason"]
-    base, control = doc["baseline"], doc["control"]
-    assert "radix-page-lock-eviction" in base["signatures"] and base["peak_token_usage"] >= 0.85
-    lock = next(d for d in base["signature_detail"] if d["id"] == "radix-page-lock-eviction")
+    ladder = doc["ladder"]
+    assert ladder[0]["max_in_flight"] == 4 and not ladder[0]["failed"] and ladder[-1]["failed"]
+    # The pressure ladder: each rung's peak token usage higher than the one below, up to the failure.
+    usages = [r["peak_token_usage"] for r in ladder]
+    assert usages == sorted(usages) and usages[-1] >= 0.85, ladder
+    fails = doc["conditions"]["pressure"]
+    assert fails["state"] == "needed" and fails["fails_at"] == usages[-1] and fails["clean_at"] == usages[-2]
+    failing = next(s for s in doc["steps"] if s["signatures"])
+    lock = next(d for d in failing["signature_detail"] if d["id"] == "radix-page-lock-eviction")
     assert lock["count"] >= 1 and lock["first_time"]
     # The simulator, as SGLang, cannot race a radix tree it does not have: the control is clean.
-    assert control["signatures"] == [] and "--disable-radix-cache" in control["argv"]
+    control = doc["steps"][-1]
+    assert control["step"] == "cache-off" and control["signatures"] == [] and "--disable-radix-cache" in control[
+        "argv"]
     assert control["answered_calls"] == 120 and control["evicted_tokens_per_s"] is not None
+    assert control["max_in_flight"] == failing["max_in_flight"]  # at the load it failed at
     table = "\n".join(doc["table"])
-    for row in ("signatures", "diverged", "failed calls", "peak token usage", "evicted tok/s", "retractions"):
-        assert row in table
+    for column in ("change", "in flight", "result", "peak", "evict/s", "retr", "cached"):
+        assert column in table
     assert "radix-page-lock-eviction" in done.stderr and "VERDICT" not in done.stdout  # --json: one object
 
 
@@ -93,21 +103,21 @@ def test_after_the_server_died_confirm_plans_from_what_was_seen_and_runs_two_arm
         sim.proc.wait(10)
     assert seen.env["SGLANG_TEST_FLAG"] == "7" and "HF_TOKEN" in seen.secret_keys
     assert "hf_aaaa" not in written.read_text() and "HF_TOKEN" in written.read_text()  # name kept, value never
-    doc, done = confirm_json(
-        tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(pressure_trace_file(tmp_path / "t.json"))
-    )
+    doc, done = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--concurrency-divisor", "16",
+                             "--trace", str(pressure_trace_file(tmp_path / "t.json")))
     assert doc["mode"] == "relaunch" and "planned from what was seen at" in doc["planned_from"]
-    assert doc["baseline"]["role"] == "reproduction" and doc["baseline"]["healthy"]
+    first = doc["steps"][0]
+    assert first["role"] == "reproduction" and first["healthy"]
     assert doc["verdict"] == "pressure-dependent", doc["reason"]
-    repro = doc["baseline"]["argv"]
+    repro = first["argv"]
     assert "--fault" in repro and PRESSURE_SIM[-1] in repro and "--disable-radix-cache" not in repro
-    assert "--disable-radix-cache" in doc["control"]["argv"]
+    assert "--disable-radix-cache" in doc["steps"][-1]["argv"]
     plan = doc["plan"]
     assert [a["role"] for a in plan["arms"]] == ["reproduction", "control"]
     assert "DOWN: the server is down; planned from what was seen" in done.stderr
     # The reproduction got the environment the server had (what was kept: secret values are not).
     out = Path(tmp_path / "c" / "reproduction.out")
-    assert out.is_file() and gone(doc["baseline"]["pid"]) and gone(doc["control"]["pid"])
+    assert out.is_file() and all(gone(s["pid"]) for s in doc["steps"] if s.get("pid"))
 
 
 def test_no_reproduction_takes_the_crash_log_as_the_baseline_and_says_what_that_assumes(tmp_path: Path) -> None:
@@ -119,11 +129,21 @@ def test_no_reproduction_takes_the_crash_log_as_the_baseline_and_says_what_that_
         assert wait_for(lambda: sim.proc.poll() is not None, 10)
     finally:
         sim.stop()
-    doc, _ = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(trace), "--no-reproduction")
-    assert doc["mode"] == "crash-log" and doc["baseline"]["role"] == "crash-log"
-    assert "radix-page-lock-eviction" in doc["baseline"]["signatures"]
-    assert doc["verdict"] == "pressure-dependent" and "may have differed" in doc["assumption"]
-    assert [a["role"] for a in doc["plan"]["arms"]] == ["control"]
+    # No ladder (a divisor of 1): the crash log stands for the workload as run, and decides first.
+    doc, _ = confirm_json(tmp_path, "--url", sim.url, "--runs", "1", "--trace", str(trace), "--no-reproduction",
+                          "--concurrency-divisor", "1")
+    assert doc["mode"] == "crash-log" and "may have differed" in doc["assumption"]
+    crash_log, reuse_off, cache_off = doc["steps"]
+    assert crash_log["role"] == "crash-log" and crash_log["step"] == "as-run"
+    assert "radix-page-lock-eviction" in crash_log["signatures"] and crash_log["peak_token_usage"] >= 0.85
+    # The questions after it ran on servers started with its flags.
+    assert reuse_off["role"] == "reproduction" and reuse_off["reuse_off"] == "SGLANG_RADIX_FORCE_MISS=1"
+    assert cache_off["role"] == "control" and cache_off["signatures"] == []
+    conditions = {k: v["state"] for k, v in doc["conditions"].items()}
+    assert conditions == {"pressure": "open", "reuse": "not-needed", "cache": "needed"}, doc["conditions"]
+    assert doc["conditions"]["pressure"]["why"] == "no lower rung ran"
+    assert doc["verdict"] == "cache-dependent" and "open: pressure" in doc["reason"]
+    assert [a["role"] for a in doc["plan"]["arms"]] == ["reproduction", "control"]
 
 
 def test_a_dead_server_never_seen_is_one_line_naming_what_to_pass(tmp_path: Path) -> None:
@@ -164,8 +184,8 @@ def test_a_port_taken_between_plan_and_start_starts_nothing(tmp_path: Path) -> N
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     squatter = socket.socket()
     try:
-        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1)))
-        squatter.bind(("127.0.0.1", plan.control.port))
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, stop_original=True)))
+        squatter.bind(("127.0.0.1", plan.restart.port))
         squatter.listen()
         run = ConfirmationRun(plan)
         verdict = asyncio.run(run.run())
@@ -173,8 +193,8 @@ def test_a_port_taken_between_plan_and_start_starts_nothing(tmp_path: Path) -> N
         squatter.close()
         sim.stop()
     assert verdict.verdict == "inconclusive"
-    assert f"port {plan.control.port} was taken between the plan and the start" in verdict.control.error
-    assert run.servers == [] and not (tmp_path / "c" / "control.out").exists()
+    assert f"port {plan.restart.port} was taken between the plan and the start" in verdict.steps[0].error
+    assert run.servers == [] and not (tmp_path / "c" / "reproduction.out").exists()
 
 
 def test_an_arms_port_is_outside_the_ephemeral_range_and_a_servers_own_time_wait_does_not_take_it() -> None:
@@ -215,14 +235,14 @@ def test_an_arms_port_is_outside_the_ephemeral_range_and_a_servers_own_time_wait
         squatter.close()
 
 
-def test_the_control_killed_mid_run_is_inconclusive_with_its_death(tmp_path: Path) -> None:
+def test_a_started_server_killed_mid_run_is_inconclusive_with_its_death(tmp_path: Path) -> None:
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
-        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=40)))
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=40, stop_original=True)))
         run: ConfirmationRun
 
         def on_event(event) -> None:
-            if event.phase == "control" and "run 2/" in event.message and run.control is not None:
+            if event.phase == "reproduction" and "run 2/" in event.message and run.control is not None:
                 os.kill(run.control.pid, signal.SIGKILL)
 
         run = ConfirmationRun(plan, on_event)
@@ -230,8 +250,8 @@ def test_the_control_killed_mid_run_is_inconclusive_with_its_death(tmp_path: Pat
     finally:
         sim.stop()
     assert verdict.verdict == "inconclusive", verdict.format()
-    assert "was killed by signal 9 (SIGKILL) during the replay" in verdict.control.error
-    assert "killed by signal 9" in verdict.reason and "evidence is incomplete" in verdict.reason
+    assert "was killed by signal 9 (SIGKILL) during the replay" in verdict.steps[0].error
+    assert "killed by signal 9" in verdict.reason and len(verdict.steps) == 1
 
 
 def test_one_run_per_node_a_second_confirm_watches_the_first_and_shows_its_verdict(tmp_path: Path) -> None:
@@ -256,7 +276,7 @@ def test_one_run_per_node_a_second_confirm_watches_the_first_and_shows_its_verdi
             first.kill()
         sim.stop()
     assert "a confirmation run is in progress on this node" in second.stderr and "watching it" in second.stderr
-    assert "[control]" in second.stderr  # its phases, as they came
+    assert "[baseline] step 2" in second.stderr  # its phases, as they came
     assert "VERDICT: not-reproduced" in second.stdout and "VERDICT: not-reproduced" in first_out
     assert second.returncode == 0 and not (tmp_path / "b").exists()  # nothing of its own was started
 
@@ -293,10 +313,11 @@ def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tm
     try:
         command = f"{sys.executable} {script} --page-size 16 --max-total-tokens 4096 --max-running-requests 8"
         events: list = []
-        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, launch_command=command, control_timeout_s=30)))
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, launch_command=command, control_timeout_s=30,
+                                            stop_original=True)))
         verdict = asyncio.run(ConfirmationRun(plan, events.append).run())
-        assert verdict.control.healthy and verdict.control.start_s >= 2.5
-        progress = [e.message for e in events if e.phase == "control-start"]
+        assert verdict.steps[0].healthy and verdict.steps[0].start_s >= 2.5
+        progress = [e.message for e in events if e.phase == "reproduction-start"]
         assert any("Loading safetensors checkpoint shards" in m for m in progress), progress
         # Too short a --control-timeout for the load: inconclusive, with the lines it got to.
         short = asyncio.run(prepare(_options(tmp_path / "short", sim.url, runs=1, launch_command=command,
@@ -304,8 +325,8 @@ def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tm
         late = asyncio.run(ConfirmationRun(short).run())
     finally:
         sim.stop()
-    assert late.verdict == "inconclusive" and "not healthy within 1 s" in late.control.error
-    assert "Loading safetensors" in late.control.output_tail
+    assert late.verdict == "inconclusive" and "not healthy within 1 s" in late.steps[0].error
+    assert "Loading safetensors" in late.steps[0].output_tail
 
 
 def test_a_program_the_server_names_in_its_argv_is_never_what_confirm_runs(tmp_path: Path) -> None:
@@ -360,20 +381,20 @@ sys.exit(1)
 
 
 def test_a_server_that_dies_at_start_is_inconclusive_with_its_last_lines_and_death_signature(tmp_path: Path) -> None:
-    """What a control started beside the live server on the same GPUs does on a real node."""
+    """What a server started on GPUs another process still holds does on a real node."""
     script = tmp_path / "oom_server.py"
     script.write_text(OOM_AT_START)
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
         command = f"{sys.executable} {script} --page-size 16 --max-running-requests 8"
-        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, launch_command=command)))
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, launch_command=command, stop_original=True)))
         verdict = asyncio.run(ConfirmationRun(plan).run())
     finally:
         sim.stop()
     assert verdict.verdict == "inconclusive" and "exited with status 1 before it was healthy" in verdict.reason
-    assert "cuda-oom" in verdict.control.death_signatures
-    assert "CUDA out of memory" in verdict.control.output_tail
-    assert "Control died with: cuda-oom" in verdict.format()
+    assert "cuda-oom" in verdict.steps[0].death_signatures
+    assert "CUDA out of memory" in verdict.steps[0].output_tail
+    assert "Died, step 1 (lower load, 2 in flight, on the reproduction), with: cuda-oom" in verdict.format()
 
 
 def test_nvml_failing_leaves_the_placement_unknown_in_the_plan_and_asks(tmp_path: Path, monkeypatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def test_every_gpu_busy_needs_the_original_stopped_and_never_fits_a_control_besi
     sample = read(monkeypatch, layout)
     busy = place("sglang", SGLANG, sample, original_pids={LIVE})
     assert busy.status == "no-room" and busy.room_if_stopped and not busy.can_start
-    assert "stop the live server first" in busy.lines[0]
+    assert "--stop-original stops the live server first" in busy.lines[0]
     assert any("GPU 0" in line and "the live server" in line for line in busy.lines)
     # Stopping it frees its two GPUs: exactly what the control needs.
     after = place("sglang", SGLANG, sample, original_pids={LIVE}, will_stop=True)
@@ -86,36 +87,48 @@ def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
                           control_timeout_s=20, **kw)
 
 
-def test_a_plan_whose_control_cannot_fit_starts_nothing(tmp_path: Path, monkeypatch):
-    """An SGLang launch (given) on a node whose GPUs others hold: one line, nothing started."""
+def test_a_node_whose_gpus_others_hold_keeps_every_step_on_the_live_server(tmp_path: Path, monkeypatch):
+    """An SGLang launch (given) on a node whose GPUs others hold: no server is started, the steps
+    run on the live one, and the plan says the cache question stays open."""
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
         FakeNvml(monkeypatch, layout=[(130, [(777, 128)])] * 8)
         options = _options(tmp_path, sim.url, launch_command="python -m sglang.launch_server " + " ".join(SGLANG))
         plan = asyncio.run(prepare(options))
-        assert plan.blockers and "no room for the control" in plan.blockers[0]
-        assert any(line.startswith("CANNOT START") for line in plan.describe())
+        assert not plan.blockers and plan.mode == "live-only" and plan.restart is None and plan.control is None
+        text = "\n".join(plan.describe())
+        assert "no room for a server radixtop starts" in text and "open: cache: no GPU is free" in text
         run = ConfirmationRun(plan)
-        with pytest.raises(PlanError, match="no room"):
-            asyncio.run(run.run())
-        assert run.servers == []
+        verdict = asyncio.run(run.run())
+        assert run.servers == [] and {s.role for s in verdict.steps} == {"baseline"}
+        assert verdict.verdict == "not-reproduced"
         assert sim.proc.poll() is None
     finally:
         sim.stop()
+    # With the original gone and no GPU free, nothing can run: one line says why.
+    FakeNvml(monkeypatch, layout=[(130, [(777, 128)])] * 8)
+    gone = asyncio.run(prepare(options))
+    assert gone.blockers and "no room for a server radixtop starts" in gone.blockers[0]
+    with pytest.raises(PlanError, match="no room"):
+        asyncio.run(ConfirmationRun(gone).run())
 
 
-def test_a_plan_that_needs_the_originals_gpus_asks_to_stop_it_first(tmp_path: Path, monkeypatch):
+def test_a_plan_that_needs_the_originals_gpus_keeps_to_it_unless_asked_to_stop_it(tmp_path: Path, monkeypatch):
     sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
     try:
         FakeNvml(monkeypatch, layout=[(120, [(sim.pid, 118)])] * 2 + [(130, [(777, 128)])] * 6)
         options = _options(tmp_path, sim.url, launch_command="python -m sglang.launch_server " + " ".join(SGLANG))
         plan = asyncio.run(prepare(options))
+        stopping = asyncio.run(prepare(replace(options, stop_original=True)))
     finally:
         sim.stop()
-    assert plan.requires_stop and not plan.blockers and plan.mode == "relaunch"
+    assert plan.mode == "live-only" and not plan.blockers and [a.role for a in plan.arms] == ["baseline"]
+    assert "--stop-original stops the live server first" in "\n".join(plan.describe())
     # What was seen of it includes the GPUs its process held (for a plan made after it dies).
     seen = load_sighting(sim.url)
     assert seen is not None and [g.index for g in seen.gpus] == [0, 1] and seen.gpus[0].used_bytes == 118 << 30
-    assert [a.role for a in plan.arms] == ["reproduction", "control"]
-    assert all(a.env["CUDA_VISIBLE_DEVICES"] == "GPU-0000,GPU-0001" for a in plan.arms)
-    assert "approve by typing stop" in "\n".join(plan.describe())
+    # Asked to stop it: the experiment runs on its GPUs, on a reproduction and a control.
+    assert stopping.mode == "relaunch" and stopping.stops_original and not stopping.blockers
+    assert [a.role for a in stopping.arms] == ["reproduction", "control"]
+    assert all(a.env["CUDA_VISIBLE_DEVICES"] == "GPU-0000,GPU-0001" for a in stopping.arms)
+    assert "STOPPED FIRST" in "\n".join(stopping.describe())

@@ -77,9 +77,10 @@ def test_demo_shows_the_incident_and_q_leaves_nothing_running(tmp_path) -> None:
         tmux.kill()
 
 
-def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leaves_nothing(tmp_path) -> None:
-    """The headline flow as a new user meets it: the demo's server dies, c, the plan names a
-    reproduction and the control, y, the verdict with the arms side by side, q."""
+def test_demo_crash_then_c_runs_the_experiment_to_the_conditions_and_q_leaves_nothing(tmp_path) -> None:
+    """The headline flow as a new user meets it: the demo's server dies, c, the plan lays out the
+    experiment (a reproduction, the control), y, the verdict naming the conditions with the steps
+    side by side and the ladder, q."""
     tmux = Tmux(160, 48)
     try:
         tmux.start([sys.executable, "-m", "radixtop", "demo"], tmp_path)
@@ -90,7 +91,7 @@ def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leav
         time.sleep(2)  # a person reads the crash before pressing c
         tmux.send("c")
         plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan to approve", timeout=60)
-        assert "DOWN: the server died at" in plan and "reproduction: " in plan and "control: " in plan
+        assert "DOWN: the server died at" in plan and "Experiment" in plan and "lower load: at most" in plan
         # The workload is the crash's own: the requests the simulator dumped as it died (SGLang's
         # --crash-dump-folder, which the demo gives it), not the made-up pressure.
         assert "the crash's own: " in plan and "crash-dumps/" in plan and "made up:" not in plan, plan
@@ -102,13 +103,15 @@ def test_demo_crash_then_c_runs_reproduction_and_control_to_a_verdict_and_q_leav
                     note_cmdline(started, proc)
                 except psutil.Error:
                     pass
-            return "VERDICT: pressure-dependent" in screen and "peak token usage" in screen
+            return "VERDICT: pressure-dependent" in screen and "Pressure ladder" in screen
 
         tmux.send("y")
         began = time.monotonic()
-        screen = tmux.wait_for(verdict_shown, "the verdict with the arms side by side", timeout=300, step=0.5)
+        screen = tmux.wait_for(verdict_shown, "the verdict with the steps side by side", timeout=300, step=0.5)
         took = time.monotonic() - began
-        assert "the reproduction" in screen and "the control" in screen and "retractions" in screen
+        # The lock race: clean lower on the ladder, failing with reuse off, gone without the cache.
+        assert "Needs: pressure needed · reuse not-needed · cache needed" in screen
+        assert "repro" in screen and "no cache" in screen and "evict/s" in screen
         assert any("--disable-radix-cache" in c for c in started.values()), started  # the control ran
         print(f"\nverdict {took:.0f} s after y\n{screen}")
         tmux.send("Escape")

@@ -327,7 +327,7 @@ def _instrument_port(server: RealServer) -> int:
 def test_scheduler_sigkilled_then_c_y_confirms_a_not_reproduced_with_real_arms(tmp_path: Path) -> None:
     """The headline flow: a real server under shared-prefix traffic, its scheduler SIGKILLed from
     outside; radixtop names the kill, keeps the evidence, and `c`, `y` replays the pressure
-    workload on a real reproduction and control that answer every call: not reproduced."""
+    workload up the ladder on a real reproduction that answers every call: not reproduced."""
     server = start_server(tmp_path, name="server")
     tmux = None
     try:
@@ -351,20 +351,23 @@ def test_scheduler_sigkilled_then_c_y_confirms_a_not_reproduced_with_real_arms(t
         final = tmux.wait_for(lambda s: "VERDICT:" in s, "the verdict", 600, step=1.0)
         verdict = json.loads(next(tmp_path.glob("radixtop-confirm-*/verdict.json")).read_text())
         assert verdict["verdict"] == "not-reproduced", (verdict["reason"], final)
-        for arm in (verdict["baseline"], verdict["control"]):
-            assert arm["healthy"] and arm["failed_calls"] == 0 and arm["answered_calls"] == arm["calls"], arm
+        steps = verdict["steps"]
+        assert [s["step"] for s in steps][-1] == "as-run" and {s["role"] for s in steps} == {"reproduction"}
+        for step in steps:
+            assert step["healthy"] and step["failed_calls"] == 0 and step["answered_calls"] == step["calls"], step
+        usages = [r["peak_token_usage"] for r in verdict["ladder"]]
+        assert None not in usages and usages == sorted(usages), verdict["ladder"]  # lower load, lower usage
         work = next(tmp_path.glob("radixtop-confirm-*"))
-        for out in ("reproduction.out", "control.out"):
-            assert "IndexError" not in (work / out).read_text(errors="replace"), out
+        assert "IndexError" not in (work / "reproduction.out").read_text(errors="replace")
     finally:
         if tmux is not None:
             tmux.kill()
         server.stop()
 
 
-def test_a_workload_outside_the_models_vocabulary_fails_both_arms_alike_and_is_inconclusive(tmp_path: Path) -> None:
-    """What radixtop used to send (token ids up to 2**24 against a 2,048-id model): both arms die at
-    once in F.embedding, which says nothing about the failure under study."""
+def test_a_workload_outside_the_models_vocabulary_fails_every_step_alike_and_is_inconclusive(tmp_path: Path) -> None:
+    """What radixtop used to send (token ids up to 2**24 against a 2,048-id model): every server dies
+    at once in F.embedding, whatever the step changes, which says nothing about the failure."""
     server = start_server(tmp_path, name="server")
     try:
         env_url = server.url
@@ -375,7 +378,8 @@ def test_a_workload_outside_the_models_vocabulary_fails_both_arms_alike_and_is_i
         server.stop()
     verdict = json.loads(done.stdout)
     assert verdict["verdict"] == "inconclusive", verdict["reason"]
-    assert "both arms failed the same way" in verdict["reason"], verdict["reason"]
+    assert "steps failed the same way" in verdict["reason"], verdict["reason"]
+    assert [s["step"] for s in verdict["steps"]] == ["lower-pressure", "reuse-off", "cache-off"], verdict["steps"]
     assert "IndexError" in (tmp_path / "work" / "reproduction.out").read_text(errors="replace")
 
 
@@ -402,9 +406,10 @@ def pressure_traffic(server: RealServer, requests: int = 64) -> None:
 def test_a_fault_inside_the_real_cache_is_found_kept_and_confirmed_pressure_dependent(tmp_path: Path) -> None:
     """The seed's failure inside the real UnifiedRadixCache (tests/sglang/fault_plugin: its evict
     raises while running requests lock half the pool): radixtop names the signature, the rank's
-    flight record is written, the automatic bundle keeps both, and `c`, `y` replays on a real
-    reproduction (the fault's switch carried, an SGLANG_ key) and a real control (fewer running
-    requests, no radix cache) and says the failure needs the pressure."""
+    flight record is written, the automatic bundle keeps both, and `c`, `y` runs the experiment on
+    real servers (the fault's switch carried, an SGLANG_ key): clean lower on the ladder, failing
+    as recorded and again with SGLANG_RADIX_FORCE_MISS=1, clean with --disable-radix-cache: it needs
+    the pressure and the cache's eviction path, not reuse."""
     server = start_server(tmp_path, name="server", env={"SGLANG_TEST_EVICT_FAULT": "1"})
     tmux = None
     try:
@@ -429,7 +434,14 @@ def test_a_fault_inside_the_real_cache_is_found_kept_and_confirmed_pressure_depe
         final = tmux.wait_for(lambda s: "VERDICT:" in s, "the verdict", 900, step=1.0)
         verdict = json.loads(next(tmp_path.glob("radixtop-confirm-*/verdict.json")).read_text())
         assert verdict["verdict"] == "pressure-dependent", (verdict["reason"], final)
-        assert verdict["control"]["healthy"] and verdict["control"]["failed_calls"] == 0, verdict["control"]
+        states = {k: v["state"] for k, v in verdict["conditions"].items()}
+        assert states == {"pressure": "needed", "reuse": "not-needed", "cache": "needed"}, verdict["conditions"]
+        reuse_off = next(s for s in verdict["steps"] if s["step"] == "reuse-off")
+        assert reuse_off["reuse_off"] == "SGLANG_RADIX_FORCE_MISS=1", reuse_off
+        assert reuse_off["cached_tokens"]["cached_tokens"] == 0, reuse_off
+        control = verdict["steps"][-1]
+        assert control["step"] == "cache-off" and control["healthy"] and control["failed_calls"] == 0, control
+        assert "Needs: pressure needed · reuse not-needed · cache needed" in final
         work = next(tmp_path.glob("radixtop-confirm-*"))
         assert "Failed to lock memory page" in (work / "reproduction.out").read_text(errors="replace")
     finally:

@@ -44,10 +44,11 @@ def test_c_approve_watch_and_read_the_verdict_in_a_real_terminal(tmp_path: Path)
         tmux.send("c")
         # The question can be drawn a frame before the rest of the dialog: wait for all of it.
         plan = tmux.wait_for(lambda s: seen("as planned?")(s) and "Confirmation run: the plan" in s
-                             and "Arm 2         control" in s, "the plan to approve", 120)
-        # The control's changes may lie below the dialog's fold (it scrolls): the plan file has them all.
+                             and "Experiment" in s, "the plan to approve", 120)
+        # The servers' changes may lie below the dialog's fold (it scrolls): the plan file has them all.
         written = json.loads(next(tmp_path.glob("radixtop-confirm-*/plan.json")).read_text())
-        assert "--disable-radix-cache" in written["control_argv"]
+        assert "--disable-radix-cache" in next(a for a in written["arms"] if a["role"] == "control")["argv"]
+        assert written["ladder"] == [8, 16]
         assert "Evidence      " in plan and "Approve (y)" in plan and "Cancel (n)" in plan
         assert not (tmp_path / "live" / "control.out").exists()
         tmux.send("y")
@@ -58,16 +59,18 @@ def test_c_approve_watch_and_read_the_verdict_in_a_real_terminal(tmp_path: Path)
         print("\n" + final)  # pytest -s shows what the terminal showed
         # the progress was on screen as it came, phase by phase
         assert any("[baseline] run 1/3" in s for s in screens) and any("[control]" in s for s in screens)
+        assert "Pressure ladder" in final and "FAIL" in final
         assert "Repeat:          radixtop confirm --url" in final and "Evidence bundle: " in final
         assert "Esc / q / Enter close" in final
         verdict = json.loads(next(tmp_path.glob("radixtop-confirm-*/verdict.json")).read_text())
         assert verdict["verdict"] == "pressure-dependent"
-        # The default control lowers the pressure and disables the cache together: which one mattered is open.
-        assert "Needs: pressure open · reuse open · cache open" in final
+        # Clean lower on the ladder, still failing with reuse off, gone without the cache.
+        assert "Needs: pressure needed · reuse not-needed · cache needed" in final
         assert {k: v["state"] for k, v in verdict["conditions"].items()} == {
-            "pressure": "open", "reuse": "open", "cache": "open"
+            "pressure": "needed", "reuse": "not-needed", "cache": "needed"
         }
-        assert wait_for(lambda: gone(verdict["control"]["pid"]), 10)  # the control was stopped
+        started = [s["pid"] for s in verdict["steps"] if s.get("pid")]
+        assert started and wait_for(lambda: all(gone(pid) for pid in started), 10)  # every started server stopped
         tmux.send("Escape")
         # the main screen again (its footer), still saying the verdict (the action bar, the log pane's notice)
         tmux.wait_for(lambda s: "c Confirm" in s and "VERDICT: pressure-dependent" in s, "the log pane again", 10)

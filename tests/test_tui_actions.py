@@ -45,6 +45,15 @@ def sim(tmp_path: Path):
     sim.stop()
 
 
+@pytest.fixture()
+def leaky(tmp_path: Path):
+    """A live server that leaks KV pages whatever the load, reuse or cache: the experiment goes on to
+    start a server without the cache, and the live server lives through it."""
+    sim = start_sim(tmp_path / "live", *HEALTHY, "--fault", "leak")
+    yield sim
+    sim.stop()
+
+
 def make_app(
     tmp_path: Path, url: str, log: Path, *, readonly: bool = False, auto: bool = True, **confirm
 ) -> RadixtopApp:
@@ -174,25 +183,25 @@ async def test_quitting_at_the_plan_launches_nothing_and_quits_at_once(tmp_path:
     assert not next((tmp_path / "out").glob("radixtop-confirm-*/control.out"), None)
 
 
-async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_path: Path, sim) -> None:
+async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_path: Path, leaky) -> None:
+    sim = leaky
     app = make_app(tmp_path, sim.url, sim.log, auto=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
         await pilot.press("y")
-        await until(pilot, lambda: app.confirm_run is not None and app.confirm_run.control is not None,
-                    "the control to start", 30)
+        await until(pilot, lambda: app.confirm_state == "done", "the verdict", 90)
         phases = [phase for phase, _ in app._confirm_lines]
-        assert phases[0] == "evidence" and "baseline" in phases
-        await until(pilot, lambda: app.confirm_state == "done", "the verdict", 60)
+        assert phases[0] == "evidence" and phases.index("baseline") < phases.index("control-start")
         screen = app.screen
         assert isinstance(screen, RunScreen) and screen.done
         shown = str(screen.query_one("#run-verdict").content)
-        assert shown.startswith("VERDICT: not-reproduced"), shown
+        assert shown.startswith("VERDICT: persists-under-control"), shown
+        assert "Needs: pressure not-needed · reuse not-needed · cache not-needed" in shown
         assert "Repeat:          radixtop confirm --url" in shown and "Evidence bundle: " in shown
-        assert "peak token usage" in shown and "The control: " in shown  # the table, then the evidence behind it
-        assert app.confirm_verdict.verdict == "not-reproduced"
-        assert "VERDICT: not-reproduced" in bar_text(app)
+        assert "evict/s" in shown and "The server without the cache: " in shown  # the table, then what is behind it
+        assert app.confirm_verdict.verdict == "persists-under-control"
+        assert "VERDICT: persists-under-control" in bar_text(app)
         control_pid = app.confirm_run.control.pid
         await pilot.press("escape")
         assert not isinstance(app.screen, RunScreen)
@@ -201,8 +210,9 @@ async def test_approving_runs_to_a_verdict_on_screen_and_stops_the_control(tmp_p
 
 
 @pytest.mark.parametrize("key", ["x", "q"])
-async def test_cancelling_or_quitting_during_the_run_leaves_no_process(tmp_path: Path, sim, key: str) -> None:
+async def test_cancelling_or_quitting_during_the_run_leaves_no_process(tmp_path: Path, leaky, key: str) -> None:
     """x cancels the run; q quits the app, which cancels it first. Either way the control goes."""
+    sim = leaky
     app = make_app(tmp_path, sim.url, sim.log, auto=False, runs=30, bundle=False)
     before = children()
     async with app.run_test(size=SIZE) as pilot:
@@ -216,9 +226,9 @@ async def test_cancelling_or_quitting_during_the_run_leaves_no_process(tmp_path:
             await pilot.press("c")
             assert isinstance(app.screen, RunScreen) and app.screen is app.run_screen
             await pilot.pause(0.05)
-            assert "[baseline] replaying" in "\n".join(app.screen.query_one("#run-log").lines)
+            assert "[baseline] step 1, lower load" in "\n".join(app.screen.query_one("#run-log").lines)
         await until(pilot, lambda: any(p == "control" and "run 2/" in m for p, m in app._confirm_lines),
-                    "the control's second run", 60)
+                    "the control's second run", 120)
         control_pid = app.confirm_run.control.pid
         assert not gone(control_pid)
         await pilot.press(key)

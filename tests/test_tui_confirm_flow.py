@@ -1,6 +1,6 @@
 """The confirmation run's key when it matters, in the app (Textual's Pilot, real simulators): after
 the server died, with a colleague's run in progress, with a plan that cannot start, and with one
-that must stop the live server first."""
+that finds no GPU free beside the live server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import signal
 from pathlib import Path
 
-from incident_helpers import HEALTHY_FLAGS, gone, start_sim
+from incident_helpers import HEALTHY_FLAGS, LOCK_RACE_FLAGS, gone, start_sim
 from test_probe_gpu import FakeNvml
 from test_tui_actions import SIZE, bar_text, make_app, until
 
@@ -38,20 +38,21 @@ async def test_c_after_the_server_died_plans_a_reproduction_from_what_was_seen(t
             await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
             plan_text = "\n".join(app.screen.lines)
             assert "DOWN: the server died at" in plan_text and "planned from what was seen at" in plan_text
-            assert "reproduction: " in plan_text and "control: " in plan_text
-            assert "--disable-radix-cache" in plan_text.split("control: ", 1)[1]
+            assert "the reproduction: " in plan_text and "the server without the cache: " in plan_text
+            assert "--disable-radix-cache" in plan_text.split("the server without the cache: ", 1)[1]
+            assert "1 lower load: at most 2 calls in flight on the reproduction" in plan_text
             await pilot.press("y")
             await until(pilot, lambda: app.confirm_state == "done", "the verdict", 90)
             shown = verdict_text(app)
             assert shown.startswith("VERDICT: not-reproduced"), shown
-            assert "the reproduction" in shown and "peak token usage" in shown  # the arms side by side
-            assert "Cached tokens (failing side):" in shown and "Cached tokens (control):" in shown
+            assert "repro" in shown and "peak" in shown  # the steps side by side
+            assert "Cached tokens (step 1):" in shown and "Cached tokens (step 3):" in shown
             servers = [s.pid for s in app.confirm_run.servers]
     finally:
         sim.stop()
-    assert len(servers) == 2 and all(gone(pid) for pid in servers)
+    assert len(servers) == 1 and all(gone(pid) for pid in servers)  # one start for the whole ladder
     verdict = json.loads(next((tmp_path / "out").glob("radixtop-confirm-*/verdict.json")).read_text())
-    assert verdict["mode"] == "relaunch" and verdict["baseline"]["role"] == "reproduction"
+    assert verdict["mode"] == "relaunch" and {s["role"] for s in verdict["steps"]} == {"reproduction"}
 
 
 async def test_c_while_a_colleague_runs_one_shows_that_run_then_its_verdict(tmp_path: Path) -> None:
@@ -106,14 +107,14 @@ async def test_a_plan_that_cannot_start_offers_only_close(tmp_path: Path, monkey
         sim.stop()
 
 
-async def test_a_plan_that_needs_the_live_servers_gpus_is_approved_only_by_typing_stop(
+async def test_on_a_node_whose_gpus_are_taken_the_steps_run_on_the_live_server_and_say_what_stayed_open(
     tmp_path: Path, monkeypatch
 ) -> None:
-    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS)
+    sim = start_sim(tmp_path / "live", *LOCK_RACE_FLAGS)
     try:
         FakeNvml(monkeypatch, layout=[(120, [(sim.pid, 118)])] * 2 + [(130, [(777, 128)])] * 6)
         settings = ActionSettings(out_dir=tmp_path / "out", auto_bundle=False, confirm={
-            "runs": 1, "control_timeout_s": 20, "bundle": False, "pid": sim.pid,
+            "runs": 2, "control_timeout_s": 20, "bundle": False, "pid": sim.pid,
             "launch_command": "python -m sglang.launch_server --model-path m --tp-size 2",
         })
         app = RadixtopApp(log_patterns=[str(sim.log)], live=LiveOptions(url=sim.url, gpu=False, discover=False),
@@ -121,15 +122,16 @@ async def test_a_plan_that_needs_the_live_servers_gpus_is_approved_only_by_typin
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
-            assert "approve by typing stop" in "\n".join(app.screen.lines)
-            await pilot.press("y", "enter")  # "y" is typed, not an approval; Enter submits "y": refused
-            await pilot.pause(0.3)
-            assert isinstance(app.screen, PlanScreen) and sim.proc.poll() is None
-            await pilot.press("backspace", "s", "t", "o", "p", "enter")
-            await until(pilot, lambda: app.confirm_state == "done", "the run to end", 60)
+            plan_text = "\n".join(app.screen.lines)
+            assert "no room for a server radixtop starts" in plan_text and "open: cache: no GPU is free" in plan_text
+            await pilot.press("y")
+            await until(pilot, lambda: app.confirm_state == "done", "the run to end", 90)
             shown = verdict_text(app)
+            servers = list(app.confirm_run.servers)
     finally:
         sim.stop()
-    # Stopped first, as approved; then the reproduction (SGLang is not installed here) cannot start.
-    assert sim.proc.returncode is not None
-    assert shown.startswith("VERDICT: inconclusive") and "the reproduction could not run" in shown
+    # Nothing was started; the ladder ran on the live server until the race killed it.
+    assert servers == []
+    assert shown.startswith("VERDICT: pressure-dependent"), shown
+    assert "Needs: pressure needed · reuse open · cache open" in shown
+    assert "no GPU is free to start another" in shown and "no GPU is free to start a server without the cache" in shown

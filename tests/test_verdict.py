@@ -1,81 +1,122 @@
-"""The verdict's rules on the arms' evidence (the arms themselves are run in test_confirm_arms.py
-and, against a real SGLang server, in test_sglang_server.py)."""
+"""The experiment's rules on the steps' evidence (the steps themselves run in test_confirm.py and
+test_confirm_arms.py, and against a real SGLang server in test_sglang_server.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from radixtop.incident.confirm.verdict import ArmEvidence, ArmRole, VerdictKind, decide
+from radixtop.incident.confirm.judge import judge
+from radixtop.incident.confirm.verdict import ArmEvidence, ArmRole, StepKind, Verdict
 
-
-def arm(
-    role: ArmRole,
-    *,
-    signatures: tuple[str, ...] = (),
-    answered: int = 96,
-    failed: int = 0,
-    alive: bool = True,
-) -> ArmEvidence:
-    return ArmEvidence(role, url="http://127.0.0.1:1", healthy=True, signatures=signatures, calls=96, calls_per_run=32,
-                       runs=3, answered_calls=answered, failed_calls=failed, alive_after=alive, peak_token_usage=0.5)
-
-
+LOCK = ("radix-page-lock-eviction",)
 CRASH = ("scheduler-exception", "subprocess-crashed")
 
 
-def test_both_arms_failing_the_same_way_at_once_is_the_workloads_fault_not_persistence() -> None:
-    decision = decide(arm("reproduction", signatures=CRASH, answered=0, failed=8, alive=False),
-                      arm("control", signatures=CRASH, answered=1, failed=7, alive=False),
-                      control_summary="--max-running-requests 2, --disable-radix-cache", cache_disabled=True)
+def step(
+    kind: StepKind = "as-run",
+    role: ArmRole = "reproduction",
+    *,
+    signatures: tuple[str, ...] = (),
+    diverged: tuple[str, ...] = (),
+    answered: int = 96,
+    failed: int = 0,
+    alive: bool = True,
+    usage: float | None = 0.5,
+    in_flight: int | None = None,
+    cached: int | None = 800,
+    reuse_off: str | None = None,
+) -> ArmEvidence:
+    account = None if cached is None else {"calls": 96, "cached_tokens": cached, "prompt_tokens": 9600}
+    return ArmEvidence(role, url="http://127.0.0.1:1", healthy=True, signatures=signatures, diverged=diverged,
+                       calls=96, calls_per_run=32, runs=3, answered_calls=answered, failed_calls=failed,
+                       alive_after=alive, peak_token_usage=usage, step=kind, max_in_flight=in_flight,
+                       cached_tokens=account, reuse_off=reuse_off)
+
+
+def states(decision) -> tuple[str, str, str]:
+    c = decision.conditions
+    return c.pressure.state, c.reuse.state, c.cache.state
+
+
+def test_the_lock_race_needs_pressure_and_the_caches_eviction_path_not_reuse() -> None:
+    steps = [
+        step("lower-pressure", "baseline", usage=0.61, in_flight=8),
+        step("as-run", "baseline", signatures=LOCK, usage=0.97, answered=40, failed=56, alive=False),
+        step("reuse-off", signatures=LOCK, usage=0.98, cached=0, reuse_off="SGLANG_RADIX_FORCE_MISS=1",
+             answered=50, failed=46, alive=False),
+        step("cache-off", "control", usage=0.93, cached=0),
+    ]
+    decision = judge(steps)
+    assert decision.verdict == "pressure-dependent", decision.reason
+    assert states(decision) == ("needed", "not-needed", "needed")
+    assert decision.conditions.pressure.to_json() == {
+        "state": "needed", "why": "fails at peak token usage 0.97 (as recorded), clean at 0.61 (at most 8 in flight)",
+        "fails_at": 0.97, "clean_at": 0.61}
+    assert "persists with reuse off, gone with the cache disabled" in decision.conditions.cache.why
+
+
+def test_a_stale_page_at_low_usage_needs_reuse_not_pressure() -> None:
+    steps = [step("lower-pressure", "baseline", diverged=("r02",), usage=0.2, in_flight=4),
+             step("reuse-off", "baseline", usage=0.2, in_flight=4, cached=0, reuse_off="a namespace per request")]
+    decision = judge(steps)
+    assert decision.verdict == "cache-dependent" and states(decision) == ("not-needed", "needed", "needed")
+    assert "below pressure" in decision.conditions.pressure.why
+    assert decision.conditions.pressure.fails_at == 0.2
+
+
+def test_reuse_that_was_not_off_decides_nothing() -> None:
+    steps = [step("as-run", diverged=("r02",), usage=0.2),
+             step("reuse-off", usage=0.2, cached=320, reuse_off="a namespace per request")]
+    decision = judge(steps)
+    assert decision.conditions.reuse.state == "open" and "reuse was not off: 320 cached tokens" in (
+        decision.conditions.reuse.why)
+
+
+def test_a_failure_with_no_prefix_hit_does_not_need_reuse() -> None:
+    decision = judge([step("as-run", signatures=LOCK, usage=0.3, cached=0)], unasked={"cache": "no GPU is free"})
+    assert states(decision) == ("not-needed", "not-needed", "open")
+    assert decision.verdict == "persists-under-control" and "open: cache" in decision.reason
+    assert decision.conditions.cache.why == "no GPU is free"
+
+
+def test_steps_failing_the_same_way_at_once_is_the_workloads_fault_not_persistence() -> None:
+    decision = judge([step("lower-pressure", signatures=CRASH, answered=0, failed=8, alive=False, in_flight=2),
+                      step("reuse-off", signatures=CRASH, answered=1, failed=7, alive=False, cached=0,
+                           reuse_off="SGLANG_RADIX_FORCE_MISS=1")])
     assert decision.verdict == "inconclusive"
-    assert "both arms failed the same way (scheduler-exception, subprocess-crashed)" in decision.reason
+    assert "2 steps failed the same way (scheduler-exception, subprocess-crashed)" in decision.reason
     assert "0 and 1 calls answered" in decision.reason
-
-
-def test_a_failure_that_came_after_the_workload_ran_and_stays_under_the_control_persists() -> None:
-    late = arm("reproduction", signatures=CRASH, answered=70, failed=26, alive=False)
-    decision = decide(late, arm("control", signatures=CRASH, answered=0, failed=8, alive=False),
-                      control_summary="c", cache_disabled=True)
-    assert decision.verdict == "persists-under-control"
     # Different failures at once are not "the same way".
-    other = arm("control", signatures=("cuda-oom",), answered=0, failed=8, alive=False)
-    assert decide(arm("reproduction", signatures=CRASH, answered=0, failed=8, alive=False), other,
-                  control_summary="c", cache_disabled=True).verdict == "persists-under-control"
+    other = judge([step("lower-pressure", signatures=CRASH, answered=0, failed=8, alive=False, in_flight=2),
+                   step("cache-off", "control", signatures=("cuda-oom",), answered=0, failed=8, alive=False)])
+    assert other.verdict != "inconclusive"
 
 
-def test_a_failure_gone_under_the_control_is_not_touched_by_the_rule() -> None:
-    failing = arm("reproduction", signatures=("radix-page-lock-eviction",), answered=10, failed=22, alive=False)
-    failing = replace(failing, peak_token_usage=0.97)
-    assert decide(failing, arm("control"), control_summary="c", cache_disabled=True).verdict == "pressure-dependent"
+def test_clean_as_recorded_is_not_reproduced_and_an_open_ladder_says_why() -> None:
+    assert judge([step("lower-pressure", in_flight=2), step("as-run")]).verdict == "not-reproduced"
+    # The live server died, no other may start: the ladder's top could not run.
+    gone = replace(step("as-run", "baseline"), healthy=False, answered_calls=0, runs=None,
+                   error="the live server died in step 1 and no GPU is free to start another")
+    decision = judge([step("lower-pressure", "baseline", in_flight=2), gone])
+    assert decision.verdict == "inconclusive" and "no GPU is free" in decision.reason
+    # The lowest rung still under pressure: the ladder did not get below it.
+    high = judge([step("lower-pressure", signatures=LOCK, usage=0.95, in_flight=2)])
+    assert high.conditions.pressure.state == "open" and "did not get below pressure" in high.conditions.pressure.why
 
 
-def test_the_conditions_say_only_what_the_control_changed_alone() -> None:
-    from radixtop.incident.confirm.verdict import conditions
-
-    failing = replace(
-        arm("reproduction", signatures=("radix-page-lock-eviction",), answered=10, failed=22, alive=False),
-        peak_token_usage=0.97,
-    )
-    clean = replace(arm("control"), peak_token_usage=0.41)
-    # The default control lowers the pressure and disables the cache together: neither alone is known.
-    both = conditions(VerdictKind.PRESSURE_DEPENDENT, failing, clean, cache_disabled=True)
-    assert (both.pressure.state, both.reuse.state, both.cache.state) == ("open", "open", "open")
-    assert "0.97 to 0.41" in both.pressure.why and both.pressure.to_json()["fails_at"] == 0.97
-    # --control-cache keep: the pressure alone changed.
-    kept = conditions(VerdictKind.PRESSURE_DEPENDENT, failing, clean, cache_disabled=False)
-    assert kept.pressure.state == "needed" and kept.pressure.to_json() == {
-        "state": "needed", "why": "fails at peak token usage 0.97, clean at 0.41", "fails_at": 0.97, "clean_at": 0.41}
-    assert kept.cache.state == "open" == kept.reuse.state
-    # Clean without the cache at the same pressure: the cache is needed, the pressure is not.
-    same = conditions(VerdictKind.CACHE_DEPENDENT, replace(failing, peak_token_usage=0.3),
-                      replace(clean, peak_token_usage=0.3), cache_disabled=True)
-    assert (same.pressure.state, same.reuse.state, same.cache.state) == ("not-needed", "open", "needed")
-    # Still failing without the cache: neither the cache nor reuse is needed, nor the pressure.
-    still = conditions(
-        VerdictKind.PERSISTS_UNDER_CONTROL,
-        failing,
-        replace(clean, signatures=("radix-page-lock-eviction",)),
-        cache_disabled=True,
-    )
-    assert (still.pressure.state, still.reuse.state, still.cache.state) == ("not-needed", "not-needed", "not-needed")
-    assert conditions(VerdictKind.NOT_REPRODUCED, failing, clean, cache_disabled=True).pressure.state == "open"
+def test_the_verdict_shows_the_steps_as_a_table_and_the_ladder_as_a_picture() -> None:
+    steps = (step("lower-pressure", "baseline", usage=0.5, in_flight=8),
+             step("as-run", "baseline", signatures=LOCK, usage=1.0, alive=False))
+    decision = judge(steps)
+    verdict = Verdict(decision.verdict, decision.reason, steps, bundle=None, repeat=["radixtop"], workdir="/w",
+                      conditions=decision.conditions)
+    picture = verdict.ladder_picture()
+    assert picture[1].split() == ["8", "in", "flight", "██████████··········", "0.50", "clean"]
+    assert picture[2].split() == ["as", "recorded", "████████████████████", "1.00", "FAIL"]
+    table = verdict.table()
+    assert table[2].split()[:7] == ["2", "as", "run", "as", "recorded", "live", "radix-page-lock-eviction"]
+    doc = verdict.to_json()
+    assert [s["step"] for s in doc["steps"]] == ["lower-pressure", "as-run"]
+    assert doc["ladder"] == [{"max_in_flight": 8, "peak_token_usage": 0.5, "failed": False, "role": "baseline"},
+                             {"max_in_flight": None, "peak_token_usage": 1.0, "failed": True, "role": "baseline"}]
+    assert all(len(line) <= 100 for line in table)

@@ -491,19 +491,7 @@ def run_confirm(args: Namespace) -> int:
             print("\n".join(described), file=sys.stderr)
             lock.finish("no confirmation run: the plan cannot start", plan.blockers[0])
             raise UsageError(f"confirm: {plan.blockers[0]}")
-        if plan.requires_stop and not args.stop_original:
-            if args.yes:
-                print("\n".join(described), file=sys.stderr)
-                lock.finish("no confirmation run: it needs the live server's GPUs", "pass --stop-original")
-                raise UsageError(
-                    "confirm: no GPU has room for the control beside the live server; pass --stop-original "
-                    "to stop it first (then a reproduction and the control run on its GPUs)"
-                )
-            if not _ask(described, "This plan STOPS the live server first. Type stop to approve: ", ("stop",)):
-                lock.finish("not approved: nothing was started")
-                say("not approved; nothing was started" + (". The evidence bundle is kept." if plan.bundle else ""))
-                return ExitStatus.ERROR
-        elif args.yes:
+        if args.yes:
             print("\n".join(described), file=sys.stderr)
             say("approved with --yes")
         elif not _ask(described):

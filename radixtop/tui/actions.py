@@ -717,12 +717,12 @@ class IncidentActions:
         self.confirm_state = "approval"
         if plan.blockers:
             self._say("confirm: the plan cannot start (Esc closes it)", error=True)
-        elif plan.requires_stop:
+        elif plan.stops_original:
             self._say("confirm: the plan stops the live server first: type stop and Enter to approve, Esc cancels")
         else:
             self._say("confirm: the plan waits for your approval (y approve, n cancel)")
         approved = await app.push_screen_wait(
-            PlanScreen(plan.describe(), blockers=plan.blockers, requires_stop=plan.requires_stop)
+            PlanScreen(plan.describe(), blockers=plan.blockers, requires_stop=plan.stops_original)
         )
         if plan.blockers:
             self._finish("no confirmation run: the plan cannot start", f"{plan.blockers[0]}.{kept}", error=True)
@@ -732,8 +732,8 @@ class IncidentActions:
             return
         run = self.confirm_run = ConfirmationRun(plan, self._confirm_event)
         self.confirm_state = "running"
-        arms = " then ".join(arm.role for arm in plan.arms)
-        self._show_event("approved", f"starting: {plan.options.runs} runs per arm: {arms}")
+        self._show_event("approved", f"starting: {plan.options.runs} runs per step, {len(plan.steps())} steps "
+                         "at most, each only while its question is open")
         try:
             verdict = await run.run()  # on this loop's thread: see the module's docstring
         except ConfirmCancelled:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -62,7 +62,8 @@ from radixtop.incident.confirm.control_server import (
 )
 from radixtop.incident.confirm.launch_env import LaunchEnv, launch_env
 from radixtop.incident.confirm.placement import Placement, place
-from radixtop.incident.confirm.verdict import VERDICTS, ArmRole, Verdict
+from radixtop.incident.confirm.startup import startup_seconds
+from radixtop.incident.confirm.verdict import ROLE_NAMES, VERDICTS, ArmRole, Verdict
 from radixtop.incident.replay.crash_dump import CrashDump, DumpError, crash_workload, shape_of
 from radixtop.incident.replay.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
@@ -80,6 +81,12 @@ __all__ = [
     "prepare",
 ]
 
+
+
+# live: the ladder on the live server, started servers beside it; live-only: no GPU is free, the
+# live server alone; relaunch: a reproduction of the original (gone, or stopped first); crash-log:
+# the original's crash log stands for the workload as run (--no-reproduction).
+PlanMode = Literal["live", "live-only", "relaunch", "crash-log"]
 
 
 class PlanError(Exception):
@@ -108,9 +115,9 @@ class ConfirmOptions:
     logs: tuple[str, ...] = ()  # the live server's logs; discovered when empty
     pid: int | None = None  # the live server's pid; found by its port when None
     launch_command: str | None = None  # overrides psutil, the sighting and /server_info
-    cache: str = "disable"  # "disable": --disable-radix-cache; "keep": only the pressure changes
-    concurrency_divisor: int = 4
-    control_args: tuple[str, ...] = ()  # extra control flags, overriding the live ones
+    cache: str = "disable"  # "disable": a server without the cache may be started; "keep": never (left open)
+    concurrency_divisor: int = 4  # the pressure ladder's lowest rung: max running requests / this
+    control_args: tuple[str, ...] = ()  # extra flags for the server without the cache, overriding the live ones
     stop_original: bool = False  # stop the live server first, then reproduction + control
     reproduction: bool = True  # False: with the original gone, its crash log is the baseline
     control_timeout_s: float = 1200.0  # a real model loads for minutes
@@ -130,7 +137,7 @@ class ConfirmOptions:
 class ArmPlan:
     """One side of the comparison: the live server, or a server radixtop starts."""
 
-    role: ArmRole  # "baseline" (the live server), "reproduction" or "control"
+    role: ArmRole  # "baseline" (the live server), "reproduction" or "control" (the cache off)
     url: str
     argv: list[str] | None = None  # None: the live server, which radixtop does not start
     port: int | None = None
@@ -148,8 +155,11 @@ class Plan:
     server_pid: int | None
     server_version: str | None
     live: LaunchCommand
-    mode: str  # "live" (baseline + control), "relaunch" (reproduction + control), "crash-log" (control only)
-    arms: list[ArmPlan]
+    mode: PlanMode
+    failing: ArmPlan | None  # the server the ladder runs on: the live one or a reproduction; None: the crash log
+    restart: ArmPlan | None  # the reproduction that replaces a failing server that died; None: none may start
+    control: ArmPlan | None  # the server without the cache; None: not asked (why in ``unasked``)
+    ladder: tuple[int, ...]  # calls in flight for each rung below the workload as recorded, lowest first
     placement: Placement
     baseline_logs: list[str]  # the original's logs
     trace: Trace
@@ -157,30 +167,28 @@ class Plan:
     workload_origin: str = ""  # where the workload comes from: given, the crash's own, or made up
     vocab: Vocabulary | None = SIM_VOCABULARY  # where made-up prompts draw their ids; None: unknown (a blocker)
     launch_env: LaunchEnv | None = None  # what the started servers run with (None: none is started)
-    control_summary: str = ""  # the condition the control changes, in a few words
+    unasked: dict[str, str] = field(default_factory=dict)  # a question no step can answer: why ("cache": ...)
+    startup_s: float | None = None  # the original's own start-up (server_args to "fired up"), seconds
     bundle: Any = None  # BundleResult
     notes: list[str] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)  # why it cannot start; what to pass
-    requires_stop: bool = False  # the plan stops the live server first: a second, explicit approval
     planned_from: str | None = None  # "the server died at T; planned from what was seen at T0"
     timings: dict[str, float] = field(default_factory=dict)  # seconds: evidence, plan
     redactor: Redactor = field(default_factory=Redactor, repr=False)
 
     @property
-    def control(self) -> ArmPlan:
-        return self.arms[-1]
+    def arms(self) -> list[ArmPlan]:
+        """Every server the plan may use, the failing one first."""
+        found = [a for a in (self.failing, self.restart, self.control) if a is not None]
+        return [a for i, a in enumerate(found) if a not in found[:i]]
 
     @property
     def control_argv(self) -> list[str]:
-        return list(self.control.argv or [])
+        return list(self.control.argv or []) if self.control is not None else []
 
     @property
-    def control_changes(self) -> list[str]:
-        return self.control.changes
-
-    @property
-    def control_url(self) -> str:
-        return self.control.url
+    def stops_original(self) -> bool:
+        return self.options.stop_original and self.server_pid is not None and self.mode == "relaunch"
 
     @property
     def calls(self) -> int:
@@ -239,37 +247,59 @@ class Plan:
             ),
             *([f"  {self.workload_origin}"] if self.workload_origin else []),
             f"  token ids from the model's vocabulary: {self.vocab.describe() if self.vocab else 'unknown'}",
-            f"Runs          {o.runs} per arm, one arm after the other, the same workload; "
+            f"Runs          {o.runs} per step, the same workload and prompts; "
             + ("the cache is flushed before each run (POST /flush_cache)" if o.flush
                else "no cache flush (--no-flush)"),
             *self.placement.lines,
         ]
         if self.launch_env is not None and any(arm.argv is not None for arm in self.arms):
-            lines += self.launch_env.describe(self.redactor)  # both started arms run with it
-        if self.mode == "crash-log":
-            lines.append("Baseline      the original's crash log (--no-reproduction): it assumes the workload that "
-                         "crashed it was like this one")
-        for number, arm in enumerate(self.arms, 1):
+            lines += self.launch_env.describe(self.redactor)  # every started server runs with it
+        lines += self.experiment_lines()
+        for arm in self.arms:
             if arm.argv is None:
-                lines.append(f"Arm {number}         {arm.role}: the live server {arm.url}, as it runs")
                 continue
             lines += [
-                f"Arm {number}         {arm.role}: {shlex.join(self.redactor.argv(arm.argv))}",
+                f"Server        {ROLE_NAMES[arm.role]}: {shlex.join(self.redactor.argv(arm.argv))}",
                 f"  on {arm.url}, output in {arm.output}",
             ]
             lines += [f"  change: {c}" for c in arm.changes]
-        if self.mode == "live":
-            lines.append("Live server   left running (it is never stopped unless you pass --stop-original)")
-        elif self.requires_stop:
-            lines.append(
-                f"Live server   STOPPED FIRST (pid {self.server_pid}): its GPUs are needed; approve by typing stop"
-            )
-        elif self.options.stop_original:
+        if self.mode in ("live", "live-only"):
+            lines.append("Live server   left running by radixtop (it is never stopped unless you pass --stop-original)")
+        elif self.stops_original:
             lines.append(f"Live server   STOPPED FIRST (pid {self.server_pid}), as asked (--stop-original)")
         else:
             lines.append("Live server   already down: nothing of it is touched")
         lines += [f"Note          {n}" for n in self.notes]
         lines += [f"CANNOT START  {b}" for b in self.blockers]
+        return lines
+
+    def load_time(self) -> str:
+        return f"~{self.startup_s:.0f} s to load, as the original took" if self.startup_s is not None else (
+            "its load time unknown (no start-up in the original's log)")
+
+    def steps(self) -> list[str]:
+        """The experiment's steps in the order they may run, each with the question it answers."""
+        where = ROLE_NAMES["baseline" if self.mode in ("live", "live-only") else "reproduction"]
+        out = [f"lower load: at most {k} calls in flight on {where}: does it fail below the pressure of the "
+               "workload as recorded?" for k in self.ladder]
+        out.append("as run: the original's crash log stands for the workload as recorded" if self.mode == "crash-log"
+                   else f"as run: the workload as recorded on {where}: does it fail at all?")
+        restart = (f"if the server died, a reproduction restarted with SGLANG_RADIX_FORCE_MISS=1, "
+                   f"{self.load_time()}" if self.restart is not None else "")
+        out.append("reuse off at the failing load: a cache namespace per request on the same server"
+                   + (f" (or, {restart})" if restart else "") + ": does it fail without prefix hits?")
+        if self.control is not None:
+            out.append(f"cache off at the failing load: a server started with --disable-radix-cache, "
+                       f"{self.load_time()}, unless reuse was needed: does it fail without the cache?")
+        return out
+
+    def experiment_lines(self) -> list[str]:
+        lines = ["Experiment    one condition changed per step, from the lowest load up; a step runs only while its "
+                 "question is open (a clean rung leaves the server up, a failing one may end it)"]
+        lines += [f"  {n} {text}" for n, text in enumerate(self.steps(), 1)]
+        if self.restart is not None and self.mode != "crash-log":
+            lines.append(f"  a failing server that dies is replaced by a reproduction ({self.load_time()})")
+        lines += [f"  open: {what}: {why}" for what, why in self.unasked.items()]
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -287,14 +317,14 @@ class Plan:
                  "output": str(a.output) if a.output else None, "changes": list(a.changes)}
                 for a in self.arms
             ],
+            "ladder": list(self.ladder),
+            "steps": self.steps(),
+            "unasked": dict(self.unasked),
+            "startup_s": self.startup_s,
             "environment": None if self.launch_env is None else {
                 "inherited": self.launch_env.inherited, "cwd": self.launch_env.cwd,
                 "carried": list(self.launch_env.carried), "left_out": list(self.launch_env.dropped),
                 "env": self.redactor.env(self.launch_env.env)},
-            "control_argv": self.redactor.argv(self.control_argv),
-            "control_url": self.control_url,
-            "control_changes": list(self.control_changes),
-            "control_summary": self.control_summary,
             "gpus": {"status": self.placement.status, "visible": self.placement.visible, "need": self.placement.need},
             "workload": {
                 "name": self.trace.name,
@@ -307,7 +337,7 @@ class Plan:
             },
             "runs": self.options.runs,
             "flush": self.options.flush,
-            "stop_original": self.options.stop_original or self.requires_stop,
+            "stop_original": self.stops_original,
             "bundle": None if self.bundle is None else str(self.bundle.path),
             "notes": list(self.notes),
             "blockers": list(self.blockers),
@@ -609,37 +639,46 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, own: OwnW
 
 
 def _placement(options: ConfirmOptions, live: LaunchCommand, gpu_sample: Any, pid: int | None, seen: Sighting | None,
-               notes: list[str], blockers: list[str]) -> tuple[Placement, bool]:
-    """Where the started servers go, and whether the original (alive: ``pid``) must be stopped for them."""
+               notes: list[str], blockers: list[str]) -> Placement:
+    """Where the started servers go. With the original alive (``pid``) and no GPU free, none is
+    started: the experiment keeps to the live server (a blocker only when the original is gone)."""
     from radixtop.incident.common.server import process_tree
 
     original_pids = {p.pid for p in process_tree(pid)} if pid else set()
     original_use = {g.uuid: g.used_bytes for g in (seen.gpus if seen is not None else ())}
     placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
                       original_gone=pid is None, will_stop=options.stop_original, given=options.gpus)
-    requires_stop = False
-    if pid is not None and placement.status == "no-room" and placement.room_if_stopped and not options.stop_original:
-        requires_stop = True  # the plan can run only on the original's GPUs: a second approval
-        placement = place(live.kind, live.flags, gpu_sample, original_pids=original_pids, original_use=original_use,
-                          will_stop=True)
-    elif placement.status == "no-room":
+    if placement.status == "no-room" and pid is None:
         blockers.append(placement.lines[0].removeprefix("GPUs").strip())
     if placement.status == "unknown":
         notes.append("GPU placement is unknown: approving starts the servers anyway")
-    return placement, requires_stop
+    return placement
 
 
-def _started_arm(role: ArmRole, options: ConfirmOptions, live: LaunchCommand, workdir: Path, control_running: int,
+def _ladder(max_running: int | None, divisor: int, notes: list[str]) -> tuple[int, ...]:
+    """Calls in flight for each rung below the workload as recorded: from max running / divisor,
+    doubling while below max running."""
+    if max_running is None:
+        notes.append("the live server's max running requests is unknown: the pressure ladder has one rung, 4 in flight")
+        return (4,)
+    rungs: list[int] = []
+    k = max(1, max_running // divisor)
+    while k < max_running and divisor > 1:
+        rungs.append(k)
+        k *= 2
+    return tuple(rungs)
+
+
+def _started_arm(role: ArmRole, options: ConfirmOptions, live: LaunchCommand, workdir: Path,
                  placement: Placement, launch: LaunchEnv) -> ArmPlan:
-    """A server the plan starts: the reproduction (the original's flags) or the control."""
+    """A server the plan starts: the reproduction (the original's flags) or the control (the cache off)."""
     env = launch.env
     port = free_loopback_port()
     output = workdir / f"{role}.out"
     log_file = workdir / f"{role}.log"
     try:
         if role == "control":
-            argv, changes = build_control_argv(live, port=port, max_running=control_running, cache=options.cache,
-                                               log_file=log_file, extra=options.control_args)
+            argv, changes = build_control_argv(live, port=port, log_file=log_file, extra=options.control_args)
         else:
             argv, changes = build_reproduction_argv(live, port=port, log_file=log_file)
     except LaunchError as exc:
@@ -720,11 +759,7 @@ async def prepare(
     bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, own, emit, cancel, notes)
     timings["evidence_s"] = round(time.monotonic() - evidence_began, 2)
     max_running = _max_running(live, info)
-    if max_running is None:
-        notes.append("the live server's max running requests is unknown; the control runs 4")
-        control_running = 4
-    else:
-        control_running = max(1, max_running // options.concurrency_divisor)
+    ladder = _ladder(max_running, options.concurrency_divisor, notes)
     trace, origin = _workload(options, info, own, max_running, notes)
     vocab, no_vocab = _vocabulary(options, info, live, seen)
     if no_vocab is not None:
@@ -738,23 +773,35 @@ async def prepare(
     save_trace(trace, trace_path)
 
     # Where the started servers go, and whether the original must be stopped for them.
-    placement, requires_stop = _placement(options, live, gpu_sample, pid if alive else None, seen, notes, blockers)
-    if alive and not (options.stop_original or requires_stop):
-        mode = "live"
+    placement = _placement(options, live, gpu_sample, pid if alive else None, seen, notes, blockers)
+    mode: PlanMode
+    if alive and not options.stop_original:
+        mode = "live" if placement.can_start else "live-only"
     elif options.reproduction or alive:
         mode = "relaunch"
     else:
         mode = "crash-log"
 
-    launch = _server_env(options, pid, alive, seen, live.cwd, notes, blockers)
-    redactor.learn_env(launch.env)
-    why_module = _untrusted_module(live, launch)
-    if why_module is not None:
-        raise PlanError(f"{why_module}; pass --launch-command '...' with a module radixtop can vouch for")
-    arms = [ArmPlan("baseline", url, logs=baseline_logs)] if mode == "live" else []
-    roles: list[ArmRole] = ["reproduction", "control"] if mode == "relaunch" else ["control"]
-    arms += [_started_arm(role, options, live, workdir, control_running, placement, launch) for role in roles]
-    if flag_value(live.flags, "--api-key") is not None and mode == "live":
+    unasked: dict[str, str] = {}
+    restart = control = launch = None
+    if mode == "live-only":
+        unasked["cache"] = ("no GPU is free to start a server without the cache beside the live server "
+                            "(--stop-original stops it and uses its GPUs)")
+        notes.append("no GPU is free: every step runs on the live server; should it die, no other is started")
+    else:
+        launch = _server_env(options, pid, alive, seen, live.cwd, notes, blockers)
+        redactor.learn_env(launch.env)
+        why_module = _untrusted_module(live, launch)
+        if why_module is not None:
+            raise PlanError(f"{why_module}; pass --launch-command '...' with a module radixtop can vouch for")
+        restart = _started_arm("reproduction", options, live, workdir, placement, launch)
+        if options.cache == "keep":
+            unasked["cache"] = "--control-cache keep: no server without the cache is started"
+        else:
+            control = _started_arm("control", options, live, workdir, placement, launch)
+    failing = ArmPlan("baseline", url, logs=baseline_logs) if mode in ("live", "live-only") else (
+        restart if mode == "relaunch" else None)
+    if flag_value(live.flags, "--api-key") is not None and mode in ("live", "live-only"):
         notes.append("the live server requires an API key: the baseline replay sends $RADIXTOP_API_KEY if set")
     if options.runs < 2:
         notes.append("with 1 run, divergence cannot be seen; only signatures count")
@@ -765,11 +812,14 @@ async def prepare(
         server_version=str((info or {}).get("version", "")) or None,
         live=live,
         mode=mode,
-        arms=arms,
+        failing=failing,
+        restart=restart,
+        control=control,
+        ladder=ladder,
+        unasked=unasked,
+        startup_s=startup_seconds(baseline_logs),
         placement=placement,
         launch_env=launch,
-        control_summary=f"--max-running-requests {control_running}"
-        + (", --disable-radix-cache" if options.cache == "disable" else ", radix cache kept"),
         baseline_logs=baseline_logs,
         trace=trace,
         trace_path=trace_path,
@@ -778,7 +828,6 @@ async def prepare(
         bundle=bundle,
         notes=notes,
         blockers=blockers,
-        requires_stop=requires_stop,
         planned_from=planned_from,
         timings=timings,
         redactor=redactor,

@@ -1,6 +1,11 @@
-"""The confirmation run, executed: each arm of an approved :class:`~radixtop.incident.confirm.confirm.Plan`
-in turn (start it, wait for its health showing its own lines, replay the workload while watching
-its log and ``/metrics``, stop it), then the verdict with the arms side by side.
+"""The confirmation run, executed: the experiment of an approved :class:`~radixtop.incident.confirm.confirm.Plan`,
+step by step, then the verdict (radixtop/incident/confirm/judge.py) with the steps side by side.
+
+Steps run from the lowest load up on the failing server (the live one, or a reproduction),
+starting a server only when a step needs one: a reproduction when the failing server died, with
+``SGLANG_RADIX_FORCE_MISS=1`` when the step is reuse off; the control (the cache off). Each start
+waits for health showing the server's own lines; each step replays the workload while watching
+its log and ``/metrics``. A step runs only while its question is open.
 
 ``ConfirmationRun(plan).run()`` (async); ``cancel()`` from any thread or a signal handler stops it
 at once: in-flight calls are abandoned and every server it started is stopped. It runs on the
@@ -15,8 +20,8 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +35,8 @@ from radixtop.incident.confirm.confirm import (
     PlanError,
 )
 from radixtop.incident.confirm.control_server import ControlProcess, LaunchError, exit_reason, port_free, wait_healthy
-from radixtop.incident.confirm.verdict import ArmEvidence, SignatureSeen, Verdict, conditions, decide
+from radixtop.incident.confirm.judge import bad, failed, judge, ran
+from radixtop.incident.confirm.verdict import ArmEvidence, SignatureSeen, StepKind, Verdict
 from radixtop.incident.replay.divergence import DivergenceReport, compare_runs
 from radixtop.incident.replay.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.replay.trace import plan_requests
@@ -43,6 +49,21 @@ METRICS_EVERY_S = 1.0
 SETTLE_S = 0.6  # after a replay, lines the server is still writing (a death is several lines)
 STOP_ORIGINAL_GRACE_S = 15.0
 PROGRESS_LINES = 3  # a starting server's newest lines shown per second while it loads
+
+
+NAMESPACES = "a namespace per request"  # reuse off on a running server: SGLang's extra_key per call
+FORCE_MISS = "SGLANG_RADIX_FORCE_MISS=1"  # reuse off on a started server: every match finds nothing
+
+
+@dataclass
+class _Running:
+    """A server steps run on: the live one (no process) or one this run started."""
+
+    arm: ArmPlan
+    process: ControlProcess | None
+    start: ArmEvidence  # what its start showed (pid, seconds to health)
+    dead: bool = False
+    window: Any = None  # its log from its start, for its first step: it ran under that step's condition from birth
 
 
 def _port_holder(port: int) -> str:
@@ -103,10 +124,15 @@ class ConfirmationRun:
         self._planned: list[Any] = []
         self._threshold = 0
         self._began = 0.0
+        self._steps: list[ArmEvidence] = []
+        self._unasked: dict[str, str] = dict(plan.unasked)
+        self._current: _Running | None = None  # the server the next step runs on
+        self._failing_used = False  # the planned failing server was used (a later one is a restart)
+        self._stop_s: dict[str, float] = {}
 
     @property
     def control(self) -> ControlProcess | None:
-        """The server started last (the control once it runs)."""
+        """The server started last (the control, once it runs)."""
         return self.servers[-1] if self.servers else None
 
     def cancel(self) -> None:
@@ -155,7 +181,7 @@ class ConfirmationRun:
         return await asyncio.to_thread(make)
 
     async def _replay_watched(
-        self, arm: ArmPlan, window: Any
+        self, arm: ArmPlan, window: Any, max_in_flight: int | None, *, namespaces: bool
     ) -> tuple[DivergenceReport, bool, float | None, float | None]:
         """The replay's report, whether the server answered after it, and from /metrics its peak
         token usage and evicted tokens per second (None: unknown)."""
@@ -193,6 +219,7 @@ class ConfirmationRun:
                     headers=auth_headers() if arm.argv is None else None,
                     on_event=relay, should_stop=self._cancel.is_set,
                     request_timeout_s=plan.options.request_timeout_s,
+                    max_in_flight=max_in_flight, namespace_per_request=namespaces,
                 )
             )
             await self._guard(asyncio.sleep(SETTLE_S))
@@ -227,86 +254,193 @@ class ConfirmationRun:
         for line in fresh[-PROGRESS_LINES:]:
             self._emit(f"{arm.role}-start", f"({waited:.0f} s) {self.plan.redactor.text(line.strip())[:200]}")
 
-    async def _run_arm(self, arm: ArmPlan) -> ArmEvidence:
+    def _base(self, arm: ArmPlan, kind: StepKind, max_in_flight: int | None, reuse_off: str | None) -> ArmEvidence:
         plan = self.plan
-        result = ArmEvidence(
+        return ArmEvidence(
             role=arm.role, url=arm.url, argv=tuple(plan.redactor.argv(arm.argv)) if arm.argv else None,
             output=str(arm.output) if arm.output else None, calls=plan.runs_calls, calls_per_run=plan.calls,
-            healthy=arm.argv is None, logs=tuple(arm.logs),
+            healthy=arm.argv is None, logs=tuple(arm.logs), step=kind, max_in_flight=max_in_flight,
+            reuse_off=reuse_off,
         )
+
+    async def _start(self, arm: ArmPlan, base: ArmEvidence, env: Mapping[str, str] | None = None
+                     ) -> tuple[_Running | None, ArmEvidence]:
+        """Start a planned server and wait for its health: the running server, or None and why not."""
+        plan = self.plan
+        if arm.argv is None:
+            return _Running(arm, None, base), base
         window = await self._window(arm.logs)
-        server: ControlProcess | None = None
+        if arm.port is not None and not port_free(arm.port):
+            return None, replace(base, error=(
+                f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
+                "nothing was started; press c (or run confirm) again for a fresh plan"))
+        server = ControlProcess(arm.argv, arm.output or Path(plan.options.workdir) / f"{arm.role}.out", arm.cwd,
+                                {**(arm.env or {}), **(env or {})} if env else arm.env)
+        extra = f" with {', '.join(f'{k}={v}' for k, v in env.items())}" if env else ""
+        self._emit(f"{arm.role}-start", f"starting the {arm.role} on {arm.url}{extra}")
         started = time.monotonic()
-        if arm.argv is not None:
-            if arm.port is not None and not port_free(arm.port):
-                return replace(result, error=(
-                    f"port {arm.port} was taken between the plan and the start{_port_holder(arm.port)}: "
-                    "nothing was started; press c (or run confirm) again for a fresh plan"))
-            server = ControlProcess(
-                arm.argv, arm.output or Path(plan.options.workdir) / f"{arm.role}.out", arm.cwd, arm.env
-            )
-            self._emit(f"{arm.role}-start", f"starting the {arm.role} on {arm.url}")
-            try:
-                server.start()
-            except LaunchError as exc:
-                return replace(result, error=str(exc))
-            self.servers.append(server)
-            why = await self._guard(
-                wait_healthy(
-                    arm.url, server, timeout_s=plan.options.control_timeout_s, what=f"the {arm.role} server",
-                    should_stop=self._cancel.is_set,
-                    on_tick=lambda waited: self._progress(arm, window, waited),
-                )
-            )
-            result = replace(result, pid=server.pid, start_s=round(time.monotonic() - started, 1))
-            if why is not None:
-                if why == "cancelled":
-                    raise ConfirmCancelled(why)
-                result = replace(result, error=why, output_tail=plan.redactor.text(server.tail(30)))
-                await self._poll(arm.role, window)
-                result = _with_signatures(result, window.report() if window is not None else None, self._threshold)
-                return replace(result, death_signatures=result.signatures + result.other_signatures)
-            result = replace(result, healthy=True)
-            self._emit(arm.role, f"{arm.role} healthy after {result.start_s:.0f} s; replaying {plan.trace.name} "
-                                 f"({plan.options.runs} runs)")
-        else:
-            self._emit(arm.role, f"replaying {plan.trace.name} against the live server ({plan.options.runs} runs)")
-        replay_began = time.monotonic()
-        stop_s = None
         try:
-            report, alive, metrics_usage, evicted_per_s = await self._replay_watched(arm, window)
-        finally:
-            replay_s = round(time.monotonic() - replay_began, 1)
-            if server is not None:
-                self._emit("cleanup", f"stopping the {arm.role} server")
-                stop_began = time.monotonic()
-                await asyncio.to_thread(server.stop)
-                stop_s = round(time.monotonic() - stop_began, 1)
+            server.start()
+        except LaunchError as exc:
+            return None, replace(base, error=str(exc))
+        self.servers.append(server)
+        why = await self._guard(
+            wait_healthy(
+                arm.url, server, timeout_s=plan.options.control_timeout_s, what=f"the {arm.role} server",
+                should_stop=self._cancel.is_set,
+                on_tick=lambda waited: self._progress(arm, window, waited),
+            )
+        )
+        base = replace(base, pid=server.pid, start_s=round(time.monotonic() - started, 1))
+        if why is None:
+            self._emit(arm.role, f"{arm.role} healthy after {base.start_s:.0f} s")
+            return _Running(arm, server, replace(base, healthy=True), window=window), replace(base, healthy=True)
+        if why == "cancelled":
+            raise ConfirmCancelled(why)
+        result = replace(base, error=why, output_tail=plan.redactor.text(server.tail(30)))
+        await self._poll(arm.role, window)
+        result = _with_signatures(result, window.report() if window is not None else None, self._threshold)
+        await asyncio.to_thread(server.stop)
+        return None, replace(result, death_signatures=result.signatures + result.other_signatures)
+
+    async def _step(self, running: _Running, kind: StepKind, max_in_flight: int | None,
+                    reuse_off: str | None = None) -> ArmEvidence:
+        """One step on a running server: the workload replayed at that load, watched."""
+        plan = self.plan
+        arm, server = running.arm, running.process
+        number = len(self._steps) + 1
+        result = replace(running.start, step=kind, max_in_flight=max_in_flight, reuse_off=reuse_off)
+        window, running.window = running.window or await self._window(arm.logs), None
+        self._emit(arm.role, f"step {number}, {result.label()}: replaying {plan.trace.name} "
+                             f"({plan.options.runs} runs)")
+        replay_began = time.monotonic()
+        report, alive, metrics_usage, evicted_per_s = await self._replay_watched(
+            arm, window, max_in_flight, namespaces=reuse_off == NAMESPACES)
         result = _with_signatures(result, window.report() if window is not None else None, self._threshold)
         result = replace(
-            result, evicted_tokens_per_s=evicted_per_s, replay_s=replay_s, stop_s=stop_s,
+            result, evicted_tokens_per_s=evicted_per_s, replay_s=round(time.monotonic() - replay_began, 1),
             diverged=tuple(report.diverged), runs=report.runs, failed_calls=report.failed_calls, alive_after=alive,
             answered_calls=report.runs * plan.calls - report.failed_calls, dispatch_jitter_ms=report.jitter,
             stopped_early=report.stopped_early,
             peak_token_usage=_peak(window.peak_token_usage if window is not None else None, metrics_usage),
             retractions=window.retracted if window is not None else 0,
         )
-        if server is not None and not alive:
-            code = server.exited()
-            died = f"the {arm.role} server {exit_reason(code)} during the replay" if code is not None else ""
-            if died and not result.signatures:
-                result = replace(result, error=died)  # killed from outside: no signature of its own
-            result = replace(result, output_tail=plan.redactor.text(server.tail(30)))
+        if not alive:
+            running.dead = True
+            if server is not None:
+                code = server.exited()
+                died = f"the {arm.role} server {exit_reason(code)} during the replay" if code is not None else ""
+                if died and not result.signatures:
+                    result = replace(result, error=died)  # killed from outside: no signature of its own
+                result = replace(result, output_tail=plan.redactor.text(server.tail(30)))
+            elif result.signatures:
+                self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")
         if report.cache is not None:  # the verdict shows the calls short of their prefix, and the diverged
             result = replace(result, cached_tokens={
                 **report.cache.summary.to_json(),
                 "page_size": report.cache.page_size,
                 "rows": [r.to_json() for r in report.cache.shown(report.diverged)],
             })
-        await self._write(f"{arm.role}-replay.json", report.to_json())
-        if arm.argv is None and not alive and result.signatures:
-            self._emit(arm.role, "the live server died during the replay: that is the evidence (see its log)")
+        await self._write(f"step{number}-{arm.role}-{kind}.json", report.to_json())
+        peak = result.peak_token_usage
+        self._emit(arm.role, f"step {number}: {bad(result) or 'clean'}"
+                   + (f", peak token usage {peak:.2f}" if peak is not None else ""))
         return result
+
+    async def _retire(self, running: _Running | None) -> None:
+        """Stop a server this run started (the live one is never stopped)."""
+        if running is not None and running.process is not None:
+            self._emit("cleanup", f"stopping the {running.arm.role} server")
+            began = time.monotonic()
+            await asyncio.to_thread(running.process.stop)
+            self._stop_s[running.arm.role] = round(time.monotonic() - began, 1)
+
+    async def _failing_server(self, kind: StepKind, max_in_flight: int | None) -> ArmEvidence:
+        """A ladder step on the failing server, (re)starting it first when it is not up."""
+        plan = self.plan
+        arm = plan.failing if not self._failing_used else plan.restart
+        if self._current is not None and not self._current.dead:
+            return await self._step(self._current, kind, max_in_flight)
+        await self._retire(self._current)
+        self._current = None
+        if arm is None:
+            arm = plan.restart
+        if arm is None:
+            return replace(self._base(plan.failing or ArmPlan("baseline", plan.baseline_url), kind, max_in_flight,
+                                      None), healthy=False, error=self._no_restart())
+        self._failing_used = True
+        running, started = await self._start(arm, self._base(arm, kind, max_in_flight, None))
+        if running is None:
+            return started
+        self._current = running
+        return await self._step(running, kind, max_in_flight)
+
+    def _no_restart(self) -> str:
+        died = next((n for n, s in enumerate(self._steps, 1) if s.alive_after is False), None)
+        return (f"the live server died in step {died}" if died else "the live server is gone") + (
+            " and no GPU is free to start another")
+
+    async def _reuse_off(self, failing: ArmEvidence) -> ArmEvidence | None:
+        """Reuse off at the failing load: namespaces on the running server, else a restart with
+        SGLANG_RADIX_FORCE_MISS=1; None (and why, in unasked) when neither can be. A server that
+        logged the failure's signature is replaced when it may be: what it left can hide a repeat."""
+        plan = self.plan
+        max_in_flight = failing.max_in_flight
+        current = self._current
+        if current is not None and not current.dead and (not failing.signatures or plan.restart is None):
+            step = await self._step(current, "reuse-off", max_in_flight, NAMESPACES)
+            return replace(step, after_failure=bool(failing.signatures))
+        await self._retire(self._current)
+        self._current = None
+        if plan.restart is None:
+            self._unasked["reuse"] = self._no_restart()
+            return None
+        base = self._base(plan.restart, "reuse-off", max_in_flight, FORCE_MISS)
+        running, started = await self._start(plan.restart, base, {"SGLANG_RADIX_FORCE_MISS": "1"})
+        if running is None:
+            return started
+        self._current = running
+        return await self._step(running, "reuse-off", max_in_flight, FORCE_MISS)
+
+    async def _cache_off(self, max_in_flight: int | None) -> ArmEvidence:
+        plan = self.plan
+        assert plan.control is not None
+        await self._retire(self._current)  # the control needs the failing server's room
+        self._current = None
+        running, started = await self._start(plan.control, self._base(plan.control, "cache-off", max_in_flight, None))
+        if running is None:
+            return started
+        self._current = running
+        return await self._step(running, "cache-off", max_in_flight)
+
+    async def _experiment(self) -> None:
+        """The steps, each only while its question is open (radixtop/incident/confirm/judge.py)."""
+        plan = self.plan
+        failing = None
+        for k in [*plan.ladder, None]:
+            kind: StepKind = "lower-pressure" if k is not None else "as-run"
+            if k is None and plan.mode == "crash-log":
+                step = await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
+            else:
+                step = await self._failing_server(kind, k)
+            self._steps.append(step)
+            if failed(step):
+                failing = step
+                break
+            if not ran(step):
+                return
+        if failing is None:
+            return
+        account = failing.cached_tokens or {}
+        reuse = None
+        if not (account.get("calls") and account.get("cached_tokens") == 0):  # with no hit, reuse is not needed
+            reuse = await self._reuse_off(failing)
+            if reuse is not None:
+                self._steps.append(reuse)
+        if reuse is not None and ran(reuse) and not failed(reuse):
+            return  # reuse needed: the cache is, too
+        if plan.control is not None:
+            self._steps.append(await self._cache_off(failing.max_in_flight))
 
     async def run(self) -> Verdict:
         from radixtop.diagnosis.severity import severity_rank
@@ -318,36 +452,19 @@ class ConfirmationRun:
         self._started = True
         plan = self.plan
         self._threshold = severity_rank(plan.options.min_severity)
-        results: list[ArmEvidence] = []
         self._began = time.monotonic()
         try:
             vocab = plan.vocab if plan.vocab is not None else SIM_VOCABULARY  # not None: no vocabulary is a blocker
-            # the same prompts for each arm
+            # the same prompts for every step
             self._planned = await asyncio.to_thread(plan_requests, plan.trace, 0, vocab)
-            if (
-                plan.mode == "relaunch"
-                and plan.server_pid is not None
-                and (plan.options.stop_original or plan.requires_stop)
-            ):
+            if plan.stops_original:
                 self._emit("stop-original", f"stopping the live server (pid {plan.server_pid}) as approved")
                 stopped = await asyncio.to_thread(_stop_original, plan.server_pid)
                 self._emit("stop-original", stopped)
-            for arm in plan.arms:
-                result = await self._run_arm(arm)
-                results.append(result)
-                if arm.role == "reproduction" and not result.healthy:
-                    break  # the control would be compared with nothing
-            failing = (
-                results[0]
-                if plan.mode != "crash-log"
-                else await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
-            )
-            control = (
-                results[-1]
-                if results[-1].role == "control"
-                else ArmEvidence("control", error="not run: the reproduction could not start")
-            )
-            return await self._finish(failing, control)
+            await self._experiment()
+            await self._retire(self._current)
+            self._current = None
+            return await self._finish()
         except ConfirmCancelled:
             self._emit("cancelled", "cancelled; stopping the servers radixtop started")
             raise
@@ -364,16 +481,16 @@ class ConfirmationRun:
         async with aiofiles.open(Path(self.plan.options.workdir) / name, "w", encoding="utf-8") as fh:
             await fh.write(text)
 
-    async def _finish(self, failing: ArmEvidence, control: ArmEvidence) -> Verdict:
+    async def _finish(self) -> Verdict:
         plan = self.plan
-        cache_disabled = plan.options.cache == "disable"
-        decision = decide(failing, control, control_summary=plan.control_summary, cache_disabled=cache_disabled)
+        decision = judge(self._steps, unasked=self._unasked)
+        skipped = [f"{what} stayed open: {why}" for what, why in self._unasked.items()
+                   if what not in plan.unasked]
         result = Verdict(
             verdict=decision.verdict,
             reason=decision.reason,
-            conditions=conditions(decision.verdict, failing, control, cache_disabled=cache_disabled),
-            baseline=failing,
-            control=control,
+            conditions=decision.conditions,
+            steps=tuple(self._steps),
             bundle=None if plan.bundle is None else str(plan.bundle.path),
             repeat=plan.repeat_command(),
             workdir=str(plan.options.workdir),
@@ -381,8 +498,9 @@ class ConfirmationRun:
             planned_from=plan.planned_from,
             assumption=("the original's crash log stands for a run of this workload: the workload that crashed it "
                         "may have differed") if plan.mode == "crash-log" else None,
-            notes=list(plan.notes),
-            timings={**plan.timings, "run_s": round(time.monotonic() - self._began, 2)},
+            notes=[*plan.notes, *skipped],
+            timings={**plan.timings, "run_s": round(time.monotonic() - self._began, 2),
+                     **{f"stop_{role}_s": s for role, s in self._stop_s.items()}},
         )
         await self._write("verdict.json", result.to_json())
         self.verdict = result

@@ -4,11 +4,11 @@ A launch command is an argv list, always: psutil's cmdline of the listening proc
 ``/server_info`` ``launch_command`` string split with ``shlex.split``. It is never handed to a
 shell; the control server is started with ``subprocess.Popen(argv)``.
 
-The control command keeps every flag of the live one except what must change:
+The control command (the cache off) and the reproduction keep every flag of the live one except
+what must change:
 
-* ``--max-running-requests``: lowered (a quarter by default, at least 1): bounded pressure;
-* ``--disable-radix-cache`` added (cache mode ``disable``, the default), or the cache kept
-  (``keep``: only the pressure changes, which separates capacity pressure from the cache itself);
+* the control adds ``--disable-radix-cache``; its load is set by the experiment's calls in flight,
+  so ``--max-running-requests`` stays the original's (one condition changes at a time);
 * ``--host 127.0.0.1`` and ``--port`` a free loopback port: the control is never reachable from
   outside and never collides with the live server;
 * flags that would make the control share the live server's resources are dropped or redirected:
@@ -251,23 +251,16 @@ def build_control_argv(
     live: LaunchCommand,
     *,
     port: int,
-    max_running: int,
-    cache: str = "disable",
     log_file: str | Path | None = None,
     extra: Sequence[str] = (),
 ) -> tuple[list[str], list[str]]:
-    """The control's argv and a list of what changed (for the plan)."""
-    if cache not in CACHE_MODES:
-        raise LaunchError(f"control cache mode {cache!r}: choose one of {', '.join(CACHE_MODES)}")
+    """The control's argv (the original's, without the radix cache) and what changed, for the plan.
+    Its load is the experiment's to set, by calls in flight: its flags keep the original's."""
     flags, changes = _relocated(live, port, log_file)
-    before = flag_value(live.flags, "--max-running-requests")
-    flags = set_flag(flags, "--max-running-requests", str(max_running))
-    changes.append(f"--max-running-requests {before or '(default)'} -> {max_running}")
-    if cache == "disable":
-        if flag_value(flags, "--disable-radix-cache") is None:
-            flags = set_flag(flags, "--disable-radix-cache", None)
-            changes.append("added --disable-radix-cache")
-    elif flag_value(flags, "--disable-radix-cache") is not None:
+    if flag_value(flags, "--disable-radix-cache") is None:
+        flags = set_flag(flags, "--disable-radix-cache", None)
+        changes.append("added --disable-radix-cache")
+    else:
         changes.append("kept --disable-radix-cache (the live server already runs without the radix cache)")
     i = 0
     while i < len(extra):  # extra control flags override: --flag value, --flag=value, --switch

@@ -1,7 +1,7 @@
 """Where the confirmation run's servers go: GPUs with room for them, read from NVML.
 
-SGLang takes ``--mem-fraction-static`` (0.85-0.9) of every GPU it uses at start, so a control
-started beside a live server on the same GPUs dies at once with CUDA OOM. The control (and the
+SGLang takes ``--mem-fraction-static`` (0.85-0.9) of every GPU it uses at start, so a server
+started beside a live one on the same GPUs dies at once with CUDA OOM. The control (and the
 reproduction) needs tp x pp (x dp, unless DP attention) GPUs, each with room for what the live
 server held per GPU (NVML's per-process figures, remembered while it lived; else the static
 fraction of the GPU). GPUs are chosen by UUID in ``CUDA_VISIBLE_DEVICES`` (NVML's order and CUDA's
@@ -9,7 +9,8 @@ may differ; a UUID is the same for both), and ``--base-gpu-id`` / ``--gpu-id-ste
 since the visible set then starts at 0.
 
 The answer is never a guess presented as a fact: without NVML the placement is "unknown" and the
-plan asks; with no GPU free it is "no-room", and the plan offers to stop the original first.
+plan asks; with no GPU free it is "no-room": with the original alive the experiment keeps to it
+(``--stop-original`` frees its GPUs), with it gone the plan cannot start.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def place(
     if sample is None or state not in ("ok", "degraded"):
         why = getattr(getattr(sample, "status", None), "message", "") or "not read"
         return Placement("unknown", need, lines=(
-            f"GPUs          placement unknown: NVML {why}; the control needs {need} GPU(s) and may not fit beside "
+            f"GPUs          placement unknown: NVML {why}; a started server needs {need} GPU(s) and may not fit beside "
             "the live server (pass --gpus UUID,... to choose them, or --stop-original)",))
     gpus = list(getattr(sample, "gpus", ()))
     ours = set(original_pids)
@@ -169,7 +170,7 @@ def place(
         visible = ",".join(g.uuid or str(g.index) for g in chosen)
         return Placement("placed", need, per_gpu, visible, (
             f"GPUs          {', '.join(f'GPU {g.index}' for g in chosen)} (idle, {_gib(per_gpu)} or more free each; "
-            f"the control needs {need}): CUDA_VISIBLE_DEVICES={visible}",), chosen=tuple(g.index for g in chosen))
+            f"a started server needs {need}): CUDA_VISIBLE_DEVICES={visible}",), chosen=tuple(g.index for g in chosen))
     busy = []
     for g in gpus:
         holders = sorted({p.pid for p in g.processes})
@@ -181,10 +182,11 @@ def place(
         )
         busy.append(f"GPU {g.index}: {_gib(free)} free, held by {owner}")
     room_if_stopped = not free_original and len([g for g in gpus if room(g, True)[0]]) >= need
-    offer = ("stop the live server first (it frees its GPUs), then run a reproduction and the control there"
+    offer = ("--stop-original stops the live server first (it frees its GPUs) and runs every step there"
              if room_if_stopped else "free GPUs, or pass --gpus UUID,... to choose them yourself")
     return Placement("no-room", need, per_gpu, None, (
-        f"GPUs          no room for the control: it needs {need} GPU(s) with {_gib(per_gpu)} free and no other "
+        f"GPUs          no room for a server radixtop starts: it needs {need} GPU(s) with {_gib(per_gpu)} free and "
+        "no other "
         f"process; {len(fits)} of {len(gpus)} qualify. {offer}",
         *(f"              {line}" for line in busy[:16]),
     ), room_if_stopped=room_if_stopped)

@@ -1,31 +1,12 @@
-"""The confirmation run's verdict: what the failing arm and the control showed, side by side.
+"""The confirmation run's outcome as records: each step's evidence, the conditions, the verdict.
 
-The failing side is the live server (the baseline), a reproduction of it started from what was
-seen (when the original is gone or stopped), or the original's crash log (``--no-reproduction``).
-The control is the same launch with bounded pressure (``--max-running-requests`` divided) and,
-by default, no radix cache. The verdicts:
-
-* ``pressure-dependent``: the failure (a signature, or a divergence at temperature 0) is gone under
-  the control, and the failing side was under capacity pressure when it failed (token usage at or
-  above PRESSURE_USAGE, or retractions) that the control removed: resume only with bounded
-  pressure;
-* ``cache-dependent``: gone under a control without the radix cache, while the failing side showed
-  no capacity pressure: the cache's own behaviour (SGLang #22819's stale page at a one-page
-  prefix), not load, is the condition;
-* ``persists-under-control``: still there under the control: an unconditional defect or another
-  cause (the competing hypothesis stays open);
-* ``not-reproduced``: the failing side came out clean under this workload;
-* ``inconclusive``: an arm could not run, or answered nothing (why, with its output's tail), or
-  both arms failed the same way before they had answered one run of the workload: a workload the
-  model cannot take or a broken environment fails every arm alike, whatever the control changes.
-
-Beside the verdict, the conditions the failure needs (:class:`Conditions`): capacity pressure,
-prefix reuse, and the radix cache itself, each ``needed``, ``not-needed`` or ``open`` with why.
-Two arms decide only what their one difference decides: a control that lowers the pressure and
-disables the cache together leaves open which of the two mattered, and says so.
-
-Each arm's evidence is an :class:`ArmEvidence`; ``decide()`` turns two of them into a
-:class:`Decision`, and :class:`Verdict` is the run's outcome as shown and written to verdict.json.
+An experiment (radixtop/incident/confirm/confirm_run.py) runs the incident's workload in steps on
+the failing server (the live one, or a reproduction of it), on servers started to change one
+condition, or reads the original's crash log; each step's evidence is an :class:`ArmEvidence`.
+radixtop/incident/confirm/judge.py decides from them what the failure needs (:class:`Conditions`:
+capacity pressure, prefix reuse, the radix cache's machinery, each ``needed``, ``not-needed`` or
+``open`` with why) and the verdict's name; :class:`Verdict` is the run's outcome as shown and
+written to verdict.json, with the steps as a table and the pressure ladder as a picture.
 """
 
 from __future__ import annotations
@@ -38,8 +19,8 @@ from typing import Any, Literal
 
 from radixtop.incident.replay.reuse import format_reuse
 
-__all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Condition", "Conditions", "Decision",
-           "SignatureSeen", "Verdict", "VerdictKind", "conditions", "decide"]
+__all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Condition", "Conditions", "SignatureSeen",
+           "StepKind", "Verdict", "VerdictKind"]
 
 
 class VerdictKind(StrEnum):
@@ -58,11 +39,15 @@ PRESSURE_USAGE = 0.85  # token usage (evictable counted free) at which the pool 
 PRESSURE_SIGNATURES = frozenset({"kv-pool-retract", "prefill-oom", "decode-oom", "req-slots-oom", "vllm-preemption"})
 # Which side an arm is: the live server, a reproduction of it, the original's crash log, or the control.
 ArmRole = Literal["baseline", "reproduction", "crash-log", "control"]
+# What a step changes against the workload as recorded (radixtop/incident/confirm/judge.py).
+StepKind = Literal["lower-pressure", "as-run", "reuse-off", "cache-off"]
+SHORT_REUSE_OFF = {"a namespace per request": "namespace", "SGLANG_RADIX_FORCE_MISS=1": "force-miss"}
+SHORT_ROLES = {"baseline": "live", "reproduction": "repro", "crash-log": "crash log", "control": "no cache"}
 ROLE_NAMES: dict[str, str] = {
     "baseline": "the live server",
     "reproduction": "the reproduction",
     "crash-log": "the original's crash log",
-    "control": "the control",
+    "control": "the server without the cache",
 }
 
 
@@ -158,6 +143,28 @@ class ArmEvidence:
     """Evicted tokens per second over the replay, from /metrics; None: unknown."""
     cached_tokens: Mapping[str, Any] | None = None
     """Its cached-token account as radixtop.incident.replay.reuse writes it (summary, page_size, rows)."""
+    step: StepKind = "as-run"
+    """What the step changes against the workload as recorded."""
+    max_in_flight: int | None = None
+    """The client-side cap on calls in flight; None: the workload's own timing (as recorded)."""
+    reuse_off: str | None = None
+    """How prefix reuse was off (a namespace per request, SGLANG_RADIX_FORCE_MISS=1); None: it was on."""
+    after_failure: bool = False
+    """It ran on a server that had already shown the failure's signature: what a failure leaves
+    (leaked slots, a tree out of step, a line SGLang logs once) may hide it, so clean decides nothing."""
+
+    def load(self) -> str:
+        return "as recorded" if self.max_in_flight is None else f"{self.max_in_flight} in flight"
+
+    def change(self) -> str:
+        """What the step changes, in a few words."""
+        return {"lower-pressure": "lower load", "as-run": "as run", "cache-off": "cache off",
+                "reuse-off": f"reuse off/{SHORT_REUSE_OFF.get(self.reuse_off or '', self.reuse_off or '?')}",
+                }[self.step]
+
+    def label(self) -> str:
+        """The step in a few words: what it changed, at which load, on which server."""
+        return f"{self.change()}, {self.load()}, on {ROLE_NAMES.get(self.role, self.role)}"
 
     def _scan_json(self) -> dict[str, Any]:
         return {"other_signatures": list(self.other_signatures), "first_occurrences": list(self.first_occurrences),
@@ -165,10 +172,12 @@ class ArmEvidence:
 
     def to_json(self) -> dict[str, Any]:
         """The arm as verdict.json holds it: the keys it reached, in the order the run learns them."""
+        step = {"step": self.step, "label": self.label(), "max_in_flight": self.max_in_flight,
+                "reuse_off": self.reuse_off, "after_failure": self.after_failure}
         if self.url is None:  # never ran: the control after a reproduction that could not start
-            return {"role": self.role, "error": self.error}
+            return {**step, "role": self.role, "error": self.error}
         if self.role == "crash-log":
-            doc: dict[str, Any] = {"role": self.role, "url": self.url, "logs": list(self.logs),
+            doc: dict[str, Any] = {**step, "role": self.role, "url": self.url, "logs": list(self.logs),
                                    "signatures": list(self.signatures), "diverged": list(self.diverged),
                                    "healthy": self.healthy}
             if self.note is not None:
@@ -180,7 +189,7 @@ class ArmEvidence:
                 "retractions": self.retractions,
             }
         doc = {
-            "role": self.role, "url": self.url, "argv": None if self.argv is None else list(self.argv),
+            **step, "role": self.role, "url": self.url, "argv": None if self.argv is None else list(self.argv),
             "output": self.output, "calls": self.calls, "calls_per_run": self.calls_per_run,
             "signatures": list(self.signatures), "diverged": list(self.diverged), "healthy": self.healthy,
             "logs": list(self.logs), **_present(pid=self.pid, start_s=self.start_s),
@@ -231,10 +240,6 @@ class Condition:
         return f"{self.state} ({self.why})"
 
 
-def _open(why: str) -> Condition:
-    return Condition("open", why)
-
-
 @dataclass(frozen=True, slots=True)
 class Conditions:
     """What the failure needs, as far as the arms that ran can tell."""
@@ -261,153 +266,10 @@ class Conditions:
         return {"pressure": self.pressure.to_json(), "reuse": self.reuse.to_json(), "cache": self.cache.to_json()}
 
 
-UNDECIDED = Conditions(_open("no failure to condition"), _open("no failure to condition"),
-                       _open("no failure to condition"))
+UNDECIDED = Conditions(*(Condition("open", "no failure to condition"),) * 3)
 
 
-def conditions(verdict: VerdictKind, failing: ArmEvidence, control: ArmEvidence, *, cache_disabled: bool) -> Conditions:
-    """What two arms decide: only a condition the control changed alone, or one a failure
-    persisted without."""
-    if verdict not in (VerdictKind.PRESSURE_DEPENDENT, VerdictKind.CACHE_DEPENDENT,
-                       VerdictKind.PERSISTS_UNDER_CONTROL):
-        return UNDECIDED
-    f, c = failing.peak_token_usage, control.peak_token_usage
-    if verdict == VerdictKind.PERSISTS_UNDER_CONTROL:
-        pressure = Condition("not-needed", f"it fails under the control too (peak token usage {_usage(control)})",
-                             fails_at=c if c is not None else f)
-        if cache_disabled:
-            gone = "it persists with the radix cache disabled"
-            return Conditions(pressure, Condition("not-needed", gone), Condition("not-needed", gone))
-        kept = "the control kept the radix cache"
-        return Conditions(pressure, _open(kept), _open(kept))
-    lowered = f is not None and c is not None and c < f
-    if not cache_disabled:  # the control lowered the pressure alone
-        pressure = Condition("needed", f"fails at peak token usage {_usage(failing)}, clean at {_usage(control)}",
-                             fails_at=f, clean_at=c)
-        kept = "the control kept the radix cache: its part is untested"
-        return Conditions(pressure, _open(kept), _open(kept))
-    if not lowered and f is not None and c is not None:  # the same pressure: the cache alone changed
-        same = f"clean at the same pressure (peak token usage {_usage(control)}) with the cache disabled"
-        return Conditions(Condition("not-needed", same, fails_at=f, clean_at=c),
-                          _open("reuse off and the cache off were not tried apart"),
-                          Condition("needed", "gone with the radix cache disabled at the same pressure"))
-    both = (f"the control lowered the pressure ({_usage(failing)} to {_usage(control)}) and disabled the cache "
-            "together: one of them is needed, not yet which")
-    return Conditions(Condition("open", both, fails_at=f, clean_at=c), _open(both), _open(both))
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The verdict on two arms, and why."""
-
-    verdict: VerdictKind
-    """What the arms show."""
-    reason: str
-    """One sentence saying why, with the evidence that decided it."""
-
-
-def _bad(arm: ArmEvidence) -> str:
-    parts = []
-    if arm.signatures:
-        parts.append(f"signature {', '.join(arm.signatures)}")
-    if arm.diverged:
-        parts.append(f"divergence in {', '.join(arm.diverged)}")
-    return " and ".join(parts)
-
-
-def _under_pressure(arm: ArmEvidence) -> bool:
-    usage = arm.peak_token_usage
-    return bool(
-        (usage is not None and usage >= PRESSURE_USAGE)
-        or arm.retractions
-        or PRESSURE_SIGNATURES & set(arm.signatures) | PRESSURE_SIGNATURES & set(arm.other_signatures)
-    )
-
-
-def _usage(arm: ArmEvidence) -> str:
-    usage = arm.peak_token_usage
-    return "unknown" if usage is None else f"{usage:.2f}"
-
-
-def _failed_at_once(arm: ArmEvidence) -> bool:
-    """The arm failed before it had answered one run's calls (and so never ran the workload)."""
-    per_run = arm.calls_per_run
-    return bool(_bad(arm)) and per_run is not None and arm.answered_calls < per_run and (
-        bool(arm.failed_calls) or arm.alive_after is False)
-
-
-def _same_failure(failing: ArmEvidence, control: ArmEvidence) -> list[str]:
-    """The signatures both arms failed with, when both failed at once."""
-    if failing.role == "crash-log" or not (_failed_at_once(failing) and _failed_at_once(control)):
-        return []
-    return sorted(set(failing.signatures) & set(control.signatures))
-
-
-def decide(failing: ArmEvidence, control: ArmEvidence, *, control_summary: str, cache_disabled: bool) -> Decision:
-    """The verdict, and why, from the two arms' evidence."""
-    inconclusive, name = VerdictKind.INCONCLUSIVE, ROLE_NAMES.get(failing.role, "the failing side")
-    if failing.role == "reproduction" and not failing.healthy:
-        return Decision(inconclusive, f"the reproduction could not run: {failing.error or 'it did not start'}")
-    if failing.role == "reproduction" and failing.error:
-        return Decision(inconclusive, f"{failing.error}: the reproduction's evidence is incomplete")
-    what = _bad(failing)
-    if not control.healthy:
-        why = control.error or "the control server did not run"
-        return Decision(inconclusive, f"the control could not run: {why}; {name} showed {what or 'nothing'}")
-    if control.answered_calls == 0 and not control.signatures:
-        return Decision(inconclusive, "the control answered none of the workload's calls (see its output)")
-    if control.error:  # died mid-run without a signature of its own: killed from outside
-        return Decision(
-            inconclusive,
-            f"{control.error}: the control's evidence is incomplete; {name} showed {what or 'nothing'}",
-        )
-    if not what:
-        if failing.role != "crash-log" and failing.answered_calls == 0:
-            return Decision(inconclusive, failing.note or f"{name} answered no call")
-        extra = _bad(control)
-        return Decision(
-            VerdictKind.NOT_REPRODUCED,
-            f"{name} stayed clean under this workload: no signature, no divergence"
-            + (f" (the control showed {extra})" if extra else ""),
-        )
-    still = _bad(control)
-    same = _same_failure(failing, control)
-    if same:
-        return Decision(inconclusive, (
-            f"both arms failed the same way ({', '.join(same)}) before answering one run of the workload "
-            f"({failing.answered_calls} and {control.answered_calls} calls answered): the workload "
-            "or the environment fails them alike, whatever the control changes (see each arm's output)"
-        ))
-    if still:
-        return Decision(VerdictKind.PERSISTS_UNDER_CONTROL, (
-            f"{name} showed {what}; under the control ({control_summary}) there is still {still}: "
-            "an unconditional defect or another cause (the competing hypothesis stays open)"
-        ))
-    if _under_pressure(failing) or not cache_disabled:
-        return Decision(VerdictKind.PRESSURE_DEPENDENT, (
-            f"{name} showed {what} under capacity pressure (peak token usage {_usage(failing)}, "
-            f"{failing.retractions} retractions); under the control ({control_summary}) it is gone "
-            f"(peak token usage {_usage(control)}): resume only with bounded pressure (the control's settings)"
-            + ("; to tell pressure from the cache itself, repeat with --control-cache keep" if cache_disabled else "")
-        ))
-    return Decision(VerdictKind.CACHE_DEPENDENT, (
-        f"{name} showed {what} with no capacity pressure (peak token usage {_usage(failing)}, no retractions); "
-        f"without the radix cache ({control_summary}) it is gone: the prefix cache's own behaviour is the "
-        "condition, not load (run with --disable-radix-cache until it is fixed, and report it upstream)"
-    ))
-
-
-def _signature_cell(arm: ArmEvidence) -> str:
-    details = arm.signature_detail
-    if not details:
-        return "none"
-    return "; ".join(
-        f"{d.id} ×{d.count}" + (f" first {str(d.first_time)[11:] or d.first_time}" if d.first_time else "")
-        for d in details[:4]
-    ) + (f"; +{len(details) - 4} more" if len(details) > 4 else "")
-
-
-def _cache_lines(role: str, account: Mapping[str, Any] | None) -> list[str]:
+def _cache_lines(role: str, account: Mapping[str, Any] | None, *, rows: bool = True) -> list[str]:
     """An arm's cached tokens (radixtop.incident.replay.reuse): the totals and the calls short of their
     prefix or diverged."""
     if not account or not account.get("calls"):
@@ -415,29 +277,48 @@ def _cache_lines(role: str, account: Mapping[str, Any] | None) -> list[str]:
     lines = [f"Cached tokens ({role}): {account['cached_tokens']:,} of {account['prompt_tokens']:,} prompt tokens "
              f"(hit rate {account['hit_rate']:.1%}, page size {account.get('page_size', '?')}; "
              f"{account['expected_cached_tokens']:,} expected from the trace)"]
-    return lines + format_reuse(account.get("rows") or [], title="short of their prefix, or diverged")
+    return lines + (format_reuse(account.get("rows") or [], title="short of their prefix, or diverged") if rows else [])
 
 
-def _rate(value: float | None, fmt: str) -> str:
-    return "unknown" if value is None else format(value, fmt)
+def _usage(arm: ArmEvidence, unknown: str = "unknown") -> str:
+    usage = arm.peak_token_usage
+    return unknown if usage is None else f"{usage:.2f}"
 
 
 def _known(value: object, unknown: str = "-") -> str:
     return unknown if value is None else str(value)
 
 
+def _rate(value: float | None, fmt: str) -> str:
+    return "?" if value is None else format(value, fmt)
+
+
+def _result_cell(step: ArmEvidence) -> str:
+    if step.signatures or step.diverged:
+        return ", ".join([*step.signatures, *(f"diverged {r}" for r in step.diverged)])
+    if step.error or step.note:
+        return "did not run"
+    return "clean"
+
+
+def _cached_cell(step: ArmEvidence) -> str:
+    account = step.cached_tokens
+    return "-" if not account or not account.get("calls") else f"{account['cached_tokens']:,}"
+
+
+LADDER_WIDTH = 20  # the ladder picture's bar, in cells, for token usage 1.0
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """The run's outcome: the decision, the arms behind it, and where its evidence is."""
+    """The run's outcome: the decision, the steps behind it, and where its evidence is."""
 
     verdict: VerdictKind
-    """What the arms show."""
+    """What the steps show."""
     reason: str
     """Why, with the evidence that decided it."""
-    baseline: ArmEvidence
-    """The failing side (its role says which)."""
-    control: ArmEvidence
-    """The control."""
+    steps: tuple[ArmEvidence, ...]
+    """Every step in the order it ran (the crash log standing for the workload as run, too)."""
     bundle: str | None
     """The evidence bundle's directory; None: none was taken."""
     repeat: list[str]
@@ -445,70 +326,94 @@ class Verdict:
     workdir: str
     """Where the plan, the servers' output, the replays and verdict.json are."""
     mode: str = "live"
-    """The plan's mode: live, relaunch or crash-log."""
+    """The plan's mode: live, live-only, relaunch or crash-log."""
     planned_from: str | None = None
     """What the plan was made from, when not the live server."""
     assumption: str | None = None
     """What the comparison assumes (the crash log standing for a run of the workload)."""
     notes: list[str] = field(default_factory=list)
-    """The plan's notes."""
+    """The plan's notes, then why a step was not run."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent on the evidence, the plan and the run."""
     conditions: Conditions = UNDECIDED
-    """What the failure needs, as far as the arms tell."""
+    """What the failure needs, as far as the steps tell."""
+
+    @property
+    def failing(self) -> ArmEvidence | None:
+        """The step the failure showed in first on the ladder (as run, or a lower rung)."""
+        ladder = [s for s in self.steps if s.step in ("lower-pressure", "as-run")]
+        return next((s for s in ladder if s.signatures or s.diverged), ladder[-1] if ladder else None)
+
+    def step(self, kind: StepKind) -> ArmEvidence | None:
+        """The first step of that kind, if one ran."""
+        return next((s for s in self.steps if s.step == kind), None)
 
     def table(self) -> list[str]:
-        """The arms side by side, one row per piece of evidence."""
-        b, c = self.baseline, self.control
-        rows = [
-            ("", ROLE_NAMES.get(b.role, "failing side"), "the control"),
-            ("server", b.url or "-", c.url or "-"),
-            ("ran", "yes" if b.healthy else "no", "yes" if c.healthy else "no"),
-            ("signatures", _signature_cell(b), _signature_cell(c)),
-            ("diverged", ", ".join(b.diverged) or "none", ", ".join(c.diverged) or "none"),
-            ("failed calls", f"{b.failed_calls} of {_known(b.calls, '?')}",
-             f"{c.failed_calls} of {_known(c.calls, '?')}"),
-            ("peak token usage", _usage(b), _usage(c)),
-            ("evicted tok/s", _rate(b.evicted_tokens_per_s, ",.0f"), _rate(c.evicted_tokens_per_s, ",.0f")),
-            ("retractions", str(b.retractions), str(c.retractions)),
-            ("alive after", _known(b.alive_after), _known(c.alive_after)),
+        """The steps, one row each: what failed, peak usage, evictions, retractions, cached tokens."""
+        rows = [("#", "change", "in flight", "server", "result", "peak", "evict/s", "retr", "cached")] + [
+            (str(n), s.change(), _known(s.max_in_flight, "as recorded"), SHORT_ROLES.get(s.role, s.role),
+             _result_cell(s), _usage(s, "?"), _rate(s.evicted_tokens_per_s, ",.0f"), str(s.retractions),
+             _cached_cell(s))
+            for n, s in enumerate(self.steps, 1)
         ]
-        left = max(len(r[0]) for r in rows)
-        mid = min(60, max(len(r[1]) for r in rows))
-        out = []
-        for label, x, y in rows:
-            x = x if len(x) <= mid else x[: mid - 1] + "…"
-            out.append(f"  {label.ljust(left)}  {x.ljust(mid)}  {y}")
-        return out
+        result_width = min(24, max(len(r[4]) for r in rows))
+
+        def cut(text: str) -> str:
+            return text if len(text) <= result_width else text[: result_width - 1] + "…"
+
+        return [f"  {a:>1} {b:<20} {c:<11} {d:<8} {cut(e):<{result_width}} {f:>5} {g:>7} {h:>4} {i:>7}".rstrip()
+                for a, b, c, d, e, f, g, h, i in rows]
+
+    def ladder(self) -> list[dict[str, Any]]:
+        """The pressure ladder: each rung's load, peak token usage and whether it failed."""
+        return [{"max_in_flight": s.max_in_flight, "peak_token_usage": s.peak_token_usage,
+                 "failed": bool(s.signatures or s.diverged), "role": s.role}
+                for s in self.steps if s.step in ("lower-pressure", "as-run")]
+
+    def ladder_picture(self) -> list[str]:
+        """The ladder as bars of peak token usage, each rung marked failed or clean."""
+        rungs = self.ladder()
+        if len(rungs) < 2 and not any(r["failed"] for r in rungs):
+            return []
+        lines = ["Pressure ladder (peak token usage; FAIL or clean):"]
+        for rung in rungs:
+            value = rung["peak_token_usage"]
+            filled = 0 if value is None else round(min(1.0, max(0.0, value)) * LADDER_WIDTH)
+            load = "as recorded" if rung["max_in_flight"] is None else f"{rung['max_in_flight']} in flight"
+            shown = "unknown" if value is None else f"{value:.2f}"
+            lines.append(f"  {load:>13} {'█' * filled}{'·' * (LADDER_WIDTH - filled)} {shown:>7}  "
+                         + ("FAIL" if rung["failed"] else "clean"))
+        return lines
 
     def summary(self) -> list[str]:
-        """What was planned from, what it assumes, and the arms side by side."""
+        """The conditions, what was planned from, what it assumes, and the steps as a table."""
         lines = [self.conditions.line()]
         if self.planned_from:
             lines.append(f"Planned from: {self.planned_from}")
         if self.assumption:
             lines.append(f"Assumes: {self.assumption}")
-        return lines + self.table()
+        return lines + self.table() + self.ladder_picture()
 
     def details(self) -> list[str]:
         """The evidence behind the table: first occurrences, errors, output tails, the commands."""
         lines = ["Conditions the failure needs:", *self.conditions.lines()]
-        for role, arm in (("failing side", self.baseline), ("control", self.control)):
-            if arm.first_occurrences:
-                lines.append(f"First occurrences ({role}):")
-                lines += [f"  {f}" for f in arm.first_occurrences[:5]]
-            if arm.error:
-                lines.append(f"{role.capitalize()} error: {arm.error}")
-            if arm.death_signatures:
-                lines.append(f"{role.capitalize()} died with: {', '.join(arm.death_signatures)}")
-            if arm.output_tail:
-                lines.append(f"{role.capitalize()}'s output ended with:")
-                lines += [f"    {line}" for line in arm.output_tail.splitlines()[-15:]]
-        for role, arm in (("failing side", self.baseline), ("control", self.control)):
-            lines += _cache_lines(role, arm.cached_tokens)
-        for arm in (self.baseline, self.control):
-            if arm.argv:
-                lines.append(f"{ROLE_NAMES.get(arm.role, arm.role).capitalize()}: {shlex.join(arm.argv)}")
+        for n, step in enumerate(self.steps, 1):
+            name = f"step {n} ({step.label()})"
+            if step.first_occurrences:
+                lines.append(f"First occurrences, {name}:")
+                lines += [f"  {f}" for f in step.first_occurrences[:5]]
+            if step.error:
+                lines.append(f"Error, {name}: {step.error}")
+            if step.death_signatures:
+                lines.append(f"Died, {name}, with: {', '.join(step.death_signatures)}")
+            if step.output_tail:
+                lines.append(f"Output of {name} ended with:")
+                lines += [f"    {line}" for line in step.output_tail.splitlines()[-15:]]
+        for n, step in enumerate(self.steps, 1):  # per call only where reuse was on: elsewhere every call is short
+            lines += _cache_lines(f"step {n}", step.cached_tokens, rows=step.step in ("lower-pressure", "as-run"))
+        started = {s.argv: s for s in self.steps if s.argv}
+        for argv, step in started.items():
+            lines.append(f"{ROLE_NAMES.get(step.role, step.role).capitalize()}: {shlex.join(argv)}")
         return lines + [f"Note: {n}" for n in self.notes]
 
     def format(self) -> str:
@@ -529,8 +434,8 @@ class Verdict:
             "mode": self.mode,
             "planned_from": self.planned_from,
             "assumption": self.assumption,
-            "baseline": self.baseline.to_json(),
-            "control": self.control.to_json(),
+            "steps": [s.to_json() for s in self.steps],
+            "ladder": self.ladder(),
             "table": self.table(),
             "bundle": self.bundle,
             "repeat": self.repeat,

@@ -280,6 +280,11 @@ def _confirm_arguments(confirm: argparse.ArgumentParser) -> None:
              "repeatable",
     )
     confirm.add_argument(
+        "--detectors", action="store_true",
+        help="start servers with SGLang's own corruption detectors (page invariants, busy memory check; the KV "
+             "canary on a GPU): a corruption caught at its cause, at some cost in speed",
+    )
+    confirm.add_argument(
         "--stop-original", action="store_true",
         help="stop the live server first, then run the experiment on a reproduction (never done otherwise)",
     )

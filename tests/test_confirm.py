@@ -383,3 +383,32 @@ def test_the_expected_load_time_is_the_originals_last_start_up_from_its_log(tmp_
         sim.stop()
     assert plan.startup_s is not None and 0 <= plan.startup_s < 30
     assert "s to load, as the original took" in "\n".join(plan.describe())
+
+
+def test_detectors_put_sglangs_own_checks_on_every_started_server_and_say_so(tmp_path: Path) -> None:
+    """--detectors: the page invariants and the busy memory check (environment keys) on every server
+    the run starts, the KV canary (flags) where a GPU runs it; listed in the plan, kept in the repeat."""
+    sim = start_sim(tmp_path / "live", *HEALTHY)
+    try:
+        def plan_for(command: str):
+            return asyncio.run(prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "c", trace=small_trace(),
+                                                      runs=1, bundle=False, detectors=True,
+                                                      launch_command=command)))
+
+        gpu = plan_for("python -m sglang.launch_server --model-path m")
+        cpu = plan_for("python -m sglang.launch_server --model-path m --device cpu")
+        own = asyncio.run(prepare(ConfirmOptions(url=sim.url, workdir=tmp_path / "s", trace=small_trace(), runs=1,
+                                                 bundle=False, detectors=True)))
+    finally:
+        sim.stop()
+    for arm in (gpu.restart, gpu.control):
+        assert arm.env["SGLANG_CHECK_KV_PAGE_INVARIANTS"] == "1"
+        assert arm.env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"] == "1"
+        assert flag_value(arm.argv, "--kv-canary") == "log" and flag_value(arm.argv, "--kv-canary-sweep-interval")
+    assert "detectors: --kv-canary log --kv-canary-sweep-interval 64" in "\n".join(gpu.describe())
+    assert "--detectors" in gpu.repeat_command()
+    assert flag_value(cpu.restart.argv, "--kv-canary") is None
+    assert cpu.restart.env["SGLANG_CHECK_KV_PAGE_INVARIANTS"] == "1"
+    assert any("left out on the CPU" in c for c in cpu.restart.changes)
+    assert "SGLANG_CHECK_KV_PAGE_INVARIANTS" not in (own.restart.env or {})
+    assert any("the simulator has none of SGLang's detectors" in c for c in own.restart.changes)

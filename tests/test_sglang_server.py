@@ -384,6 +384,51 @@ def test_a_workload_outside_the_models_vocabulary_fails_every_step_alike_and_is_
 
 
 
+def test_detectors_run_inside_a_real_reproduction_and_raise_no_false_alarm(tmp_path: Path) -> None:
+    """--detectors on the CPU engine: the reproduction runs with SGLang's page invariants and busy
+    memory check (its own environment says so while it serves), the KV canary is left out (Triton
+    kernels), and a healthy server stays clean up the whole ladder: no check misreads the CPU
+    engine's accounting."""
+    import psutil
+
+    from radixtop.incident.common.server import listening_pid
+
+    server = start_server(tmp_path, name="server")
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixtop", "confirm", "--url", server.url, "--stop-original", "--detectors", "--yes",
+         "--runs", "1", "--no-bundle", "--json", "--workdir", str(work)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    seen: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not seen:
+            plan = work / "plan.json"
+            if plan.is_file():
+                arm = next(a for a in json.loads(plan.read_text())["arms"] if a["role"] == "reproduction")
+                pid = listening_pid(int(arm["url"].rsplit(":", 1)[1]))
+                if pid is not None:
+                    try:
+                        seen = psutil.Process(pid).environ()
+                    except psutil.Error:
+                        pass
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+    assert seen.get("SGLANG_CHECK_KV_PAGE_INVARIANTS") == "1", sorted(seen)
+    assert seen.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY") == "1"
+    verdict = json.loads(out)
+    assert verdict["verdict"] == "not-reproduced", (verdict["reason"], err[-3000:])
+    assert {s["role"] for s in verdict["steps"]} == {"reproduction"} and all(
+        s["signatures"] == [] for s in verdict["steps"]), verdict["steps"]
+    repro = next(a for a in verdict["plan"]["arms"] if a["role"] == "reproduction")
+    assert any("left out on the CPU" in c for c in repro["changes"]) and "--kv-canary" not in repro["argv"]
+
+
 def pressure_traffic(server: RealServer, requests: int = 64) -> None:
     """400-token prompts with nothing in common, eight in flight at all times: while some decode
     (their prompts locked in the tree), the next ones' prefill needs the finished ones' pages, so

@@ -453,7 +453,7 @@ def run_confirm(args: Namespace) -> int:
         control_args=tuple(args.control_arg), stop_original=args.stop_original,
         reproduction=not args.no_reproduction, gpus=args.gpus, own_env=args.own_env, inherit_env=args.inherit_env,
         control_timeout_s=args.control_timeout, bundle=not args.no_bundle,
-        signature_files=tuple(args.signatures), vocab_size=args.vocab_size,
+        signature_files=tuple(args.signatures), vocab_size=args.vocab_size, detectors=args.detectors,
     )
     say = _progress("confirm", False)
     lock = RunLock(args.url, options.workdir)

@@ -60,6 +60,7 @@ from radixtop.incident.confirm.control_server import (
     launch_from_argv,
     parse_launch_command,
 )
+from radixtop.incident.confirm.detectors import detectors
 from radixtop.incident.confirm.launch_env import LaunchEnv, launch_env
 from radixtop.incident.confirm.placement import Placement, place
 from radixtop.incident.confirm.startup import startup_seconds
@@ -131,6 +132,7 @@ class ConfirmOptions:
     sighting: Sighting | None = None  # what the caller saw of the server while it lived (the TUI)
     crash_dump_folder: str | None = None  # where radixtop told the server to dump its requests
     vocab_size: int | None = None  # --vocab-size: the model's vocabulary when its files are not here
+    detectors: bool = False  # the started servers run SGLang's own corruption detectors (detectors.py)
 
 
 @dataclass
@@ -225,6 +227,8 @@ class Plan:
             argv += ["--control-timeout", f"{o.control_timeout_s:g}"]
         if o.vocab_size is not None:
             argv += ["--vocab-size", str(o.vocab_size)]
+        if o.detectors:
+            argv.append("--detectors")
         return self.redactor.argv(argv)
 
     def describe(self) -> list[str]:
@@ -685,6 +689,9 @@ def _started_arm(role: ArmRole, options: ConfirmOptions, live: LaunchCommand, wo
         raise PlanError(str(exc)) from None
     program, flags = argv[: len(live.program)], argv[len(live.program) :]
     flags, arm_env, placed = placement.apply(flags, env)
+    if options.detectors:
+        flags, arm_env, found = detectors(live.kind, flags, arm_env)
+        placed = [*placed, *found]
     if arm_env is not None and arm_env.get("RADIXTOP_INSTRUMENT") == "1":
         # Its own debug endpoints, never the original's ports: a radixtop watching the original
         # must not take the arm's tree for the original's.

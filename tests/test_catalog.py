@@ -42,6 +42,16 @@ REQUIRED_IDS = {
     "kv-page-use-after-free",
     "kv-double-free",
     "kv-page-length-invariant",
+    "radix-tree-leaf-invariant",
+    "hicache-write-ack-unknown",
+    "hicache-load-back-no-value",
+    "crash-dump-requests",
+    "crash-diagnostics-sleep",
+    "pyspy-dump",
+    "kill-process-tree",
+    "nccl-watchdog-failure",
+    "vllm-free-block-queue-corrupt",
+    "vllm-block-hash-reassigned",
 }
 
 # Real lines as the programs print them (SGLang 0.5.5-0.5.23, vLLM, FlashInfer, Triton, PyTorch),
@@ -469,6 +479,131 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         "    assert 0 <= kv.kv_committed_len <= kv.kv_allocated_len <= row_width",
         frozenset(),
     ),
+    # Radix tree corruption seen in eviction: a leaf with children (SWA / Mamba / HiCache caches' asserts,
+    # 0.4.10-0.5.12), the unified cache's D-leaf and H-leaf checks (0.5.12-0.5.23), and the Rust TreeCore,
+    # whose panics come as "Rust TreeCore panicked: <message>" (as the 0.5.23 binding raised it here).
+    ("radix-tree-leaf-invariant", "AssertionError: leaf node has children, node.id=4711", frozenset()),
+    ("radix-tree-leaf-invariant", "AssertionError: non-leaf, node.id=88", frozenset()),
+    ("radix-tree-leaf-invariant", "AssertionError: Cannot tombstone a leaf node, node.id=301", frozenset()),
+    ("radix-tree-leaf-invariant", "AssertionError: node 57 is not a D-leaf", frozenset()),
+    ("radix-tree-leaf-invariant", "AssertionError: node 912 is not an H-leaf", frozenset()),
+    (
+        "radix-tree-leaf-invariant",
+        "RuntimeError: Rust TreeCore panicked: node 2 is not a D-leaf",
+        frozenset({"rust-tree-core-panic"}),
+    ),
+    # Messages of the Rust TreeCore's errors (the .so's strings), with plausible values: the strings do not
+    # show which exception class carries them, so only the message is quoted.
+    ("radix-tree-leaf-invariant", "cannot free non-leaf node 12: it has 2 children", frozenset()),
+    (
+        "radix-tree-corrupt-child",
+        "detach_from_parent: parent 3 has no child 7 under key 1734 (found None)",
+        frozenset(),
+    ),
+    (
+        "hicache-load-back-no-value",
+        "SWA load-back traversal reached node 57 without a device or host value",
+        frozenset(),
+    ),
+    # HiCache: a KeyError at writing_check's pop of an unknown acknowledgement (the frame's source line in
+    # HiRadixCache 0.5.6-0.5.12, UnifiedRadixCache 0.5.12 and 0.5.23, its buffer pipeline 0.5.23).
+    ("hicache-write-ack-unknown", "    backuped_node = self.ongoing_write_through.pop(ack_id)", frozenset()),
+    ("hicache-write-ack-unknown", "    del self.ongoing_write_through[ack_id]", frozenset()),
+    ("hicache-write-ack-unknown", "    node, params = self.ongoing_write_through.pop(ack_id)", frozenset()),
+    (
+        "hicache-write-ack-unknown",
+        "    lock_node_id, lock_params, publish_node_ids = self.ongoing_write_through.pop(",
+        frozenset(),
+    ),
+    ("hicache-write-ack-unknown", "    entry = self.ongoing_write_through.pop(ack_id)", frozenset()),
+    # HiCache load-back of a node with neither a host nor a device value.
+    (
+        "hicache-load-back-no-value",
+        "AssertionError: No backup available on evicted nodes, should not happen",
+        frozenset(),
+    ),
+    ("hicache-load-back-no-value", "AssertionError: No backup on evicted node 4711", frozenset()),
+    ("hicache-load-back-no-value", "    assert cd.host_value is not None or cd.value is not None", frozenset()),
+    # The dying server's way out (0.5.23): the watcher's line, the crash dump, py-spy, the kill.
+    (
+        "subprocess-crashed",
+        "[2026-12-05 10:00:02] Subprocess scheduler_1 (pid=4243) crashed with exit code 1. Triggering SIGQUIT for "
+        "cleanup...",
+        frozenset(),
+    ),
+    (
+        "crash-dump-requests",
+        "[2026-12-05 10:00:03] Dumping requests before crash. self.crash_dump_folder='/tmp/crash_dump'",
+        frozenset(),
+    ),
+    (
+        "crash-dump-requests",
+        "[2026-12-05 10:00:03] Dumped 12 finished and 3 unfinished requests before crash to "
+        "/tmp/crash_dump/node-0/crash_dump_2026-12-05_10-00-03.pkl",
+        frozenset(),
+    ),
+    (
+        "crash-diagnostics-sleep",
+        "[2026-12-05 10:00:03] Sleeping 5 seconds before crash diagnostics to let GPU activity settle.",
+        frozenset(),
+    ),
+    (
+        "pyspy-dump",
+        "[2026-12-05 10:00:08] Pyspy dump for PID 4242 (py-spy dump --native --pid 4242):",
+        frozenset(),
+    ),
+    (
+        "pyspy-dump",
+        "[2025-06-01 00:00:00] Pyspy dump for PID 4242: Process 4242: sglang::scheduler_TP0",
+        frozenset(),
+    ),
+    (
+        "kill-process-tree",
+        "[2026-12-05 10:00:10] kill_process_tree called: parent_pid=4200, include_parent=True, pid=4200",
+        frozenset(),
+    ),
+    # PyTorch's NCCL watchdog (ProcessGroupNCCL.cpp), for a timeout and an error alike.
+    (
+        "nccl-watchdog-failure",
+        "[rank0]:[E1205 10:00:00.123456789 ProcessGroupNCCL.cpp:2057] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+        "failure detected by watchdog at work sequence id: 1234 PG status: last enqueued work: 1234, "
+        "last completed work: 1233",
+        frozenset(),
+    ),
+    # vLLM V1's block pool (vllm/v1/core/kv_cache_utils.py and block_pool.py, 0.8-0.34).
+    (
+        "vllm-free-block-queue-corrupt",
+        "AssertionError: num_free_blocks (3) is out of sync with the free list.",
+        frozenset(),
+    ),
+    (
+        "vllm-free-block-queue-corrupt",
+        "RuntimeError: Invalid block found in popleft() which doesn't have a valid next_free_block",
+        frozenset(),
+    ),
+    (
+        "vllm-free-block-queue-corrupt",
+        "RuntimeError: remove() called on an invalid block: KVCacheBlock(block_id=17, ref_cnt=0, _block_hash=None, "
+        "prev_free_block=None, next_free_block=None)",
+        frozenset(),
+    ),
+    (
+        "vllm-free-block-queue-corrupt",
+        "RuntimeError: next_free_block of fake_free_list_head should always exist",
+        frozenset(),
+    ),
+    (
+        "vllm-free-block-queue-corrupt",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_utils.py", line 296, in popleft_n',
+        frozenset(),
+    ),
+    ("vllm-block-hash-reassigned", "    assert blk.block_hash is None", frozenset()),
+    ("vllm-block-hash-reassigned", "    assert dst_block.block_hash is None", frozenset()),
+    (
+        "vllm-block-hash-reassigned",
+        "AssertionError: The block already has a hash. This should not happen.",
+        frozenset(),
+    ),
 ]
 
 # Real lines next to each detector's that its signature must not match: the rest of the same record,
@@ -510,6 +645,53 @@ NEAR_MISSES: list[tuple[str, str]] = [
         "AssertionError: Unexpected overallocated KV cache, req.kv.kv_committed_len=130, req.kv.kv_allocated_len=128",
     ),
     ("kv-page-length-invariant", "    assert max_alloc_len <= row_width, ("),
+    # The assertion's own source line above its message: one finding per failure, on the message.
+    ("radix-tree-leaf-invariant", '    assert len(node.children) == 0, f"leaf node has children, {node.id=}"'),
+    ("radix-tree-leaf-invariant", "AssertionError: Invariant violated: leaf node is a tombstone, node.id=3"),
+    ("radix-tree-leaf-invariant", "AssertionError: leaf node with full lock must also have swa lock, x.id=5"),
+    # The safe lookups of the same table, and the KeyError line itself, which says nothing on its own.
+    ("hicache-write-ack-unknown", "    entry = self.ongoing_write_through.pop(ack_id, None)"),
+    ("hicache-write-ack-unknown", "    pending = self.ongoing_write_through.get(ack_id)"),
+    ("hicache-write-ack-unknown", "    assert len(self.ongoing_write_through) == 0"),
+    ("hicache-write-ack-unknown", "KeyError: 17"),
+    # The host-eviction paths' check of the same field, and a load-back that falls back to recomputing.
+    ("hicache-load-back-no-value", "    assert cd.host_value is not None"),
+    (
+        "hicache-load-back-no-value",
+        "[2026-12-05 10:00:00 TP0] load_back: FAILED to load 512 tokens for node 88 even after eviction "
+        "(evictable_size=0)",
+    ),
+    (
+        "crash-dump-requests",
+        "[2026-12-05 10:00:03] SIGTERM/SIGQUIT/Exception triggered, but crash dump already performed, skipping.",
+    ),
+    ("crash-dump-requests", "RuntimeError: Test crash after stream_output called 3 times"),
+    ("crash-diagnostics-sleep", "[2026-12-05 10:00:08] Waiting 30.0 seconds for CUDA coredumps before exiting."),
+    ("pyspy-dump", "[2026-12-05 10:00:08] Pyspy failed (py-spy dump --native --pid 4242). Error: Permission denied"),
+    ("pyspy-dump", "[2026-12-05 10:00:08] All pyspy dump attempts failed for PID 4242."),
+    (
+        "kill-process-tree",
+        "[2026-12-05 10:00:15] kill_process_tree: 2 process(es) still alive after 5.0s SIGKILL; continuing to wait "
+        "up to 60.0s total. pids=[4242, 4243]",
+    ),
+    (
+        "nccl-watchdog-failure",
+        "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, "
+        "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.",
+    ),
+    (
+        "nccl-watchdog-failure",
+        "[rank0]:[I1205 10:00:00.123 ProcessGroupNCCL.cpp:1900] Process group watchdog thread started!",
+    ),
+    ("vllm-free-block-queue-corrupt", "ValueError: No free blocks available"),
+    ("vllm-free-block-queue-corrupt", "ValueError: Cannot get 12 free blocks from the pool"),
+    (
+        "vllm-free-block-queue-corrupt",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_utils.py", line 244, in popleft',
+    ),
+    ("vllm-block-hash-reassigned", "    assert prev_block.block_hash is not None"),
+    ("vllm-block-hash-reassigned", "    assert block.block_hash not in self.evictor"),
 ]
 
 ENGINES = ["re", "re2", "hyperscan"]

@@ -185,6 +185,99 @@ def test_torch_rank_tag_inside_a_record_keeps_the_record_time(
     assert (f.first.time, f.first.rank) == ("2026-12-02 14:00:00.500", "rank3")
 
 
+def scanned(catalog: Catalog, matcher: Matcher, name: str, lines: list[str]) -> FindingsBuilder:
+    """add_hit as a scanner calls it: context before and after for a file's first hit of a signature."""
+    builder = FindingsBuilder(catalog, matcher=matcher)
+    first_seen: set[int] = set()
+    for n, line in enumerate(lines, 1):
+        for index in matcher.match(line):
+            before: tuple[str, ...] = ()
+            after: tuple[str, ...] = ()
+            if index not in first_seen:
+                first_seen.add(index)
+                before, after = tuple(lines[max(0, n - 101) : n - 1]), tuple(lines[n : n + 20])
+            builder.add_hit(name, n, line, index, before, {}, context_after=after)
+    builder.add_lines(len(lines))
+    return builder
+
+
+def both_paths(catalog: Catalog, matcher: Matcher, lines: list[str]) -> list[FindingsBuilder]:
+    live = FindingsBuilder(catalog, matcher=matcher)
+    feed(live, "a.log", lines)
+    return [live, scanned(catalog, matcher, "a.log", lines)]
+
+
+CUDA_IMA = "CUDA error: an illegal memory access was encountered"
+PG_LINE = (
+    "[rank0]:[E1205 10:00:00.123456 123 ProcessGroupNCCL.cpp:1234] [PG ID 2 PG GUID 3 Rank 0] "
+    "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered"
+)
+
+
+def test_rankless_line_takes_the_rank_of_the_pytorch_line_after_it(catalog: Catalog, matcher: Matcher) -> None:
+    for builder in both_paths(catalog, matcher, [CUDA_IMA, PG_LINE]):
+        report = builder.report()
+        f = finding(report, "cuda-illegal-memory-access")
+        assert (f.first.line, f.first.rank, f.first.text) == (1, "rank0", CUDA_IMA)
+        assert report.initiating is not None
+        assert (report.initiating[0], report.initiating[1].line, report.initiating[1].rank) == (
+            "cuda-illegal-memory-access",
+            1,
+            "rank0",
+        )
+        assert list(report.first_by_rank) == ["rank0"]  # no rankless entry left behind
+        assert report.first_by_rank["rank0"][1].line == 1
+    # The parent's line, then the child's own record: TP0 is not the parent's rank.
+    lines = [
+        "SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+        "[2026-12-05 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        "ValueError: boom",
+    ]
+    for builder in both_paths(catalog, matcher, lines):
+        assert finding(builder.report(), "child-sigquit").first.rank is None
+    # A line that names no rank and opens its record (a rankless process's own record) keeps none.
+    lines = ["[2026-12-05 10:00:00] " + CUDA_IMA, PG_LINE]
+    for builder in both_paths(catalog, matcher, lines):
+        assert builder.report().first_by_rank[""][1].line == 1
+    # Its record's rank, when it names one, is kept over any rank after it.
+    lines = [
+        "[2026-12-05 10:00:00 TP3] Scheduler hit an exception: Traceback (most recent call last):",
+        CUDA_IMA,
+        PG_LINE,
+    ]
+    for builder in both_paths(catalog, matcher, lines):
+        assert finding(builder.report(), "cuda-illegal-memory-access").first.rank == "TP3"
+
+
+def test_live_report_counts_a_waiting_line_as_it_stands(catalog: Catalog, matcher: Matcher) -> None:
+    builder = FindingsBuilder(catalog, matcher=matcher)
+    builder.feed("a.log", 1, CUDA_IMA)
+    report = builder.report()  # the line after it has not arrived
+    assert finding(report, "cuda-illegal-memory-access").first.rank is None
+    assert list(report.first_by_rank) == [""]
+    builder.feed("a.log", 2, "")
+    builder.feed("a.log", 3, PG_LINE.removeprefix("[rank0]:"))  # the process-group tag alone
+    report = builder.report()
+    assert finding(report, "cuda-illegal-memory-access").first.rank == "rank0"
+    assert list(report.first_by_rank) == ["rank0"]
+
+
+def test_torchrun_traceback_after_a_rankless_line_names_its_rank(catalog: Catalog, matcher: Matcher) -> None:
+    lines = [
+        "CUDA error: device-side assert triggered",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/sgl/python/sglang/srt/managers/scheduler.py", line 2612, in run_scheduler_process',
+        "[rank1]:     scheduler.event_loop_overlap()",
+        "[rank1]: RuntimeError: CUDA error: device-side assert triggered",
+    ]
+    for builder in both_paths(catalog, matcher, lines):
+        report = builder.report()
+        assert report.initiating is not None
+        sig_id, occ = report.initiating
+        assert (occ.line, occ.rank) == (1, "rank1"), sig_id
+        assert list(report.first_by_rank) == ["rank1"]
+
+
 # -- initiating rank across files ---------------------------------------------------------------
 
 TP0_LOG = [
@@ -292,6 +385,46 @@ def test_lines_without_time_sort_first_within_the_rules(catalog: Catalog, matche
     feed(builder, "b.log", [CONTENDED])  # no timestamp anywhere in b.log
     sig_id, occ = builder.report().initiating  # type: ignore[misc]
     assert (sig_id, occ.file, occ.time) == ("radix-eviction-lock-contention", "b.log", None)
+
+
+def test_the_child_that_names_its_rank_is_initiating_not_the_rankless_parent(
+    catalog: Catalog, matcher: Matcher
+) -> None:
+    sigquit = "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
+    for parent in ("[2026-12-05 10:00:00] " + sigquit, sigquit):
+        # Only consequences logged, the parent's SIGQUIT line written before the child's exception.
+        lines = [
+            parent,
+            "[2026-12-05 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+            '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 2612, in run_scheduler_process',
+            "    scheduler.event_loop_overlap()",
+            "ValueError: no signature knows this one",
+        ]
+        for builder in both_paths(catalog, matcher, lines):
+            report = builder.report()
+            assert report.initiating is not None
+            sig_id, occ = report.initiating
+            assert (sig_id, occ.rank, occ.line) == ("scheduler-exception", "TP0", 2)
+            # The parent's line is still a finding, and the first warning-or-worse without a rank.
+            assert finding(report, "child-sigquit").first.rank is None
+            assert report.first_by_rank[""][0] == "child-sigquit"
+    # With no consequence that names a rank, the rankless one is named.
+    alone = FindingsBuilder(catalog, matcher=matcher)
+    alone.feed("a.log", 1, "[2026-12-05 10:00:00] " + sigquit)
+    sig_id, occ = alone.report().initiating  # type: ignore[misc]
+    assert (sig_id, occ.rank) == ("child-sigquit", None)
+    # Causes keep the earliest, rankless or not: which rank failed first is not known.
+    causes = FindingsBuilder(catalog, matcher=matcher)
+    feed(
+        causes,
+        "a.log",
+        [
+            "[2026-12-05 10:00:00] " + CUDA_IMA,
+            "[2026-12-05 10:00:01 TP1] NCCL error in: /x/ProcessGroupNCCL.cpp:1, unhandled cuda error",
+        ],
+    )
+    sig_id, occ = causes.report().initiating  # type: ignore[misc]
+    assert (sig_id, occ.rank, occ.line) == ("cuda-illegal-memory-access", None, 1)
 
 
 # -- fingerprint -------------------------------------------------------------------------------

@@ -10,11 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixtop.diagnosis.logline import (
+    RANK_LOOKAHEAD,
     BatchStats,
     is_continuation,
     opens_record,
     parse_batch,
     parse_line,
+    rank_ahead,
     strip_ansi,
 )
 
@@ -300,3 +302,81 @@ def test_pytorch_glog_level_and_a_time_without_a_date() -> None:
     # torchrun's tag alone still continues the record before it.
     assert not opens_record("[rank3]: RuntimeError: CUDA error")
     assert not opens_record("[default3]:   File \"x.py\", line 1, in f")
+
+
+def test_level_number_and_ranks_in_the_file_bracket() -> None:
+    # A logging config that writes the level, a number, then SGLang's rank prefix (its leading
+    # space kept) in front of the file and line; every line ends with a carriage return.
+    line = "ERROR 499 [ TP4 scheduler.py:2982] Scheduler hit an exception: Traceback (most recent call last):\r"
+    parsed = parse_line(line)
+    assert (parsed.time, parsed.epoch, parsed.rank, parsed.level, parsed.message) == (
+        None,
+        None,
+        "TP4",
+        "ERROR",
+        "Scheduler hit an exception: Traceback (most recent call last):",
+    )
+    assert opens_record(line)  # the traceback after it is TP4's
+    assert is_continuation('  File "/sgl/python/sglang/srt/managers/scheduler.py", line 2982, in f\r')
+    several = parse_line("WARNING 7 [ DP0 TP4 EP2 scheduler.py:1] slow\r")
+    assert (several.rank, several.level, several.message) == ("DP0 TP4 EP2", "WARNING", "slow")
+    single = parse_line("INFO 12 [ scheduler.py:88] ready\r")  # every parallel size 1: no rank
+    assert (single.rank, single.level, single.message) == (None, "INFO", "ready")
+    assert opens_record("INFO 12 [ scheduler.py:88] ready\r")
+    batch = parse_line("INFO 499 [ TP4 scheduler.py:2100] Decode batch, #running-req: 3, token usage: 0.50\r")
+    assert batch.rank == "TP4" and batch.batch is not None and batch.batch.token_usage == 0.5
+    # vLLM's level-date prefix is still read as vLLM's.
+    assert parse_line("ERROR 12-02 14:00:00 [a.py:1] x\r").time == "12-02 14:00:00"
+
+
+def test_process_group_tag_inside_a_line_names_its_rank() -> None:
+    thrown = "terminate called after throwing an instance of 'c10::DistBackendError'"
+    what = (
+        "  what():  [PG ID 2 PG GUID 3 Rank 1] Process group watchdog thread terminated with exception: "
+        "CUDA error: an illegal memory access was encountered"
+    )
+    assert parse_line(thrown).rank is None
+    parsed = parse_line(what)
+    assert (parsed.rank, parsed.message) == ("rank1", what)  # the tag stays where it was written
+    assert not opens_record(what)
+    # At the start of a line the tag is a prefix: taken off the message, as before.
+    start = parse_line("[PG ID 2 PG GUID 3 Rank 2] Process group watchdog thread terminated")
+    assert (start.rank, start.message) == ("rank2", "Process group watchdog thread terminated")
+    # A rankless record's message holding the tag.
+    assert parse_line(f"[{STAMP}] [PG ID 0 PG GUID 0(default_pg) Rank 3] x").rank == "rank3"
+    # A prefix that names a rank is kept over a tag further in.
+    assert parse_line("[rank0]:   what():  [PG ID 2 PG GUID 3 Rank 1] x").rank == "rank0"
+    assert parse_line(f"[{STAMP} TP3] [Rank 1] x").rank == "TP3"
+    assert parse_line("Rank 1 of 8 is not a tag").rank is None
+
+
+PG_LINE = (
+    "[rank0]:[E1205 10:00:00.123456 123 ProcessGroupNCCL.cpp:1234] [PG ID 2 PG GUID 3 Rank 0] "
+    "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered"
+)
+
+
+def test_rank_ahead_takes_pytorch_tags_within_the_record() -> None:
+    # PyTorch's glog line with its process-group tag, with or without torchrun's tag in front.
+    assert rank_ahead([PG_LINE]) == "rank0"
+    assert rank_ahead([PG_LINE.removeprefix("[rank0]:")]) == "rank0"
+    # torchrun's tag on the traceback that follows.
+    assert rank_ahead(["[rank1]: Traceback (most recent call last):", "[rank1]:   File \"x.py\""]) == "rank1"
+    # The tag inside a C++ exception's what().
+    assert rank_ahead(["  what():  [PG ID 2 PG GUID 3 Rank 1] Process group watchdog thread terminated"]) == "rank1"
+    # Past a CUDA error's hint lines and a blank line, with carriage returns.
+    hints = [
+        "CUDA kernel errors might be asynchronously reported at any other API call, so the stacktrace below "
+        "might be incorrect.\r",
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\r",
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\r",
+        "\r",
+    ]
+    assert rank_ahead([*hints, PG_LINE]) == "rank0"
+    assert rank_ahead([""] * RANK_LOOKAHEAD + [PG_LINE]) is None  # too far
+    # Another record before any tag: the look stops, whatever that record's rank.
+    assert rank_ahead(["[2026-12-05 10:00:00 TP0] Scheduler hit an exception: Traceback", PG_LINE]) is None
+    assert rank_ahead(["[2026-12-05 10:00:00] x", PG_LINE]) is None
+    assert rank_ahead(["ERROR 499 [ TP4 scheduler.py:2982] x", PG_LINE]) is None
+    assert rank_ahead(["[E1205 10:00:00.123456 123 ProcessGroupNCCL.cpp:1234] no tag", PG_LINE]) is None
+    assert rank_ahead([]) is None

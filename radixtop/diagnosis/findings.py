@@ -10,6 +10,10 @@ Two ways in, one report out:
 Ordering rules (documented because clock skew between files is a fact of life):
 - An occurrence's time is its line's own timestamp; a line without one (a traceback body, the
   second line of a multi-line message) takes the time and rank of the line that opened its record.
+  A file's first occurrence of a signature on a line that opens no record, left without a rank by
+  both (a bare "CUDA error: ..." line), takes the rank the lines after it hand back
+  (logline.rank_ahead: PyTorch's tags within a few lines, before any other record starts). The
+  live path waits for those lines; the fast-scan path reads them from context_after.
 - Occurrences are ordered by (epoch, file order, line): the epoch as written, shifted by the
   file's entry in ``clock_offsets`` when one is given (seconds added to that file's times); file
   order is the order in which files were first seen. A line with no time of its own or of its
@@ -19,7 +23,10 @@ Ordering rules (documented because clock skew between files is a fact of life):
   that gap so a reader can judge it, and ``clock_offsets`` corrects a known skew.
 - Within one file, the first occurrence of a signature is the first in line order.
 - Initiating = the earliest warning-or-worse occurrence of a cause (a signature's role, see
-  catalog.py); with no cause logged, the earliest consequence, then the earliest notice. A cause
+  catalog.py); with no cause logged, the earliest consequence, then the earliest notice, where one
+  that names a rank goes before any that names none: a rankless consequence is the parent's
+  ("SIGQUIT received ... one child failed", which can be written before the child's own line) and
+  says which process reacted, not which one failed. A cause
   inside a traceback names the record it belongs to: of the causes in that record (a frame line
   such as "in cache_finished_req", then the exception line), the last one, which says what failed.
   Fingerprint = for the first error or critical occurrence, the last info-level occurrence before
@@ -35,12 +42,21 @@ few dozen batch stats per rank and info occurrences per file. The whole log is n
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixtop.diagnosis.catalog import ROLES, Catalog, Signature
 from radixtop.diagnosis.evidence_policy import CONTEXT_BEFORE, OPENER_LOOKBACK, find_opener
-from radixtop.diagnosis.logline import BatchStats, LogLine, opens_record, parse_line, strip_ansi
+from radixtop.diagnosis.logline import (
+    RANK_LOOKAHEAD,
+    BatchStats,
+    LogLine,
+    opens_record,
+    parse_line,
+    rank_ahead,
+    rank_handed_back,
+    strip_ansi,
+)
 from radixtop.diagnosis.severity import Severity
 
 if TYPE_CHECKING:
@@ -160,6 +176,8 @@ def _initiating(states: list[_FindingState]) -> tuple[str, Occurrence] | None:
         found = [s for s in states if s.signature.role == role and s.signature.level >= _WARNING]
         if not found:
             continue
+        if role != "cause":  # a reaction that names a rank says more than the parent's rankless one
+            found = [s for s in found if s.first.rank] or found
         first = found[0]
         if first.record and first.record[1]:  # a known record: its last cause names it
             first = max((s for s in found if s.record == first.record), key=lambda s: s.key)
@@ -183,6 +201,7 @@ class _FileState:
         "frozen",
         "infos",
         "last_epoch",
+        "waiting",
     )
 
     def __init__(self, name: str, order: int, offset: float, context: int) -> None:
@@ -197,6 +216,19 @@ class _FileState:
         self.frozen = False  # saw an error: batch stats after it do not count
         self.infos: deque[tuple[_Key, str, Occurrence]] = deque(maxlen=_INFO_HISTORY)
         self.last_epoch: float | None = None  # of the last timed occurrence: orders an untimed one
+        self.waiting: list[_Waiting] = []  # rankless occurrences waiting for the lines after them
+
+
+class _Waiting:
+    """An occurrence without a rank whose first_by_rank (or info) entry waits for the lines after it."""
+
+    __slots__ = ("key", "index", "occ", "left")
+
+    def __init__(self, key: _Key, index: int, occ: Occurrence) -> None:
+        self.key = key
+        self.index = index
+        self.occ = occ
+        self.left = RANK_LOOKAHEAD  # lines still to look at
 
 
 class _FindingState:
@@ -267,6 +299,8 @@ class FindingsBuilder:
         self._lines += 1
         if st.pending:
             self._collect_after(st, text)
+        if st.waiting:
+            self._look_ahead(st, text)
         opens = opens_record(text)
         if opens:
             st.opener = text
@@ -275,7 +309,7 @@ class FindingsBuilder:
         indices = self.matcher.match(text)
         if indices:
             for index in indices:
-                self._hit(st, lineno, text, index, None, None)
+                self._hit(st, lineno, text, index, None, None, opens)
         elif opens and not st.frozen and "batch" in text:
             parsed = st.opener_parsed = parse_line(text)  # the opener, just set
             if parsed.batch is not None:
@@ -307,7 +341,8 @@ class FindingsBuilder:
         st = self._files.get(file) or self._new_file(file)
         text = strip_ansi(text).rstrip("\r\n")
         opener_line = lineno
-        if opens_record(text):
+        opens = opens_record(text)
+        if opens:
             opener = text
         else:
             found = find_opener(reversed(context_before))
@@ -320,7 +355,7 @@ class FindingsBuilder:
         if batch_before and self._levels[signature_index] >= _ERROR:
             self._batch_snapshots.setdefault(st.order, dict(batch_before))
         before = tuple(strip_ansi(x).rstrip("\r\n") for x in context_before)
-        self._hit(st, lineno, text, signature_index, before, tuple(context_after))
+        self._hit(st, lineno, text, signature_index, before, tuple(context_after), opens)
 
     def add_lines(self, n: int) -> None:
         """Lines read by the fast-scan path."""
@@ -345,6 +380,7 @@ class FindingsBuilder:
             for state in oldest.pending:
                 state.after_left = 0
             oldest.pending = []
+            self._settle(oldest, None)
 
     def _opener_parsed(self, st: _FileState) -> LogLine | None:
         if st.opener_parsed is None and st.opener is not None:
@@ -380,14 +416,25 @@ class FindingsBuilder:
         index: int,
         before: tuple[str, ...] | None,
         after: tuple[str, ...] | None,
+        opens: bool,
     ) -> None:
         level = self._levels[index]
         state = self._findings.get(index)
         seen = (index, st.order)
         found: tuple[_Key, Occurrence] | None = None  # parsed once, and only when needed
+        waiting = False
         if state is None or seen not in self._seen_in_file:
             self._seen_in_file.add(seen)
-            found = key, occ = self._occurrence(st, lineno, text)
+            key, occ = self._occurrence(st, lineno, text)
+            if occ.rank is None and not opens:
+                # No rank on the line nor its record: the lines after it may name one.
+                if after is None:
+                    waiting = True  # the live path: they have not arrived yet
+                else:
+                    rank = rank_ahead(after)
+                    if rank is not None:
+                        occ = occ._replace(rank=rank)
+            found = key, occ
             if state is None or key < state.key:
                 if state is not None and state.after_left:
                     self._drop_pending(state)
@@ -409,17 +456,57 @@ class FindingsBuilder:
                     state.after_left = self.after
                     st.pending.append(state)
         state.count += 1
-        if level == _INFO:
+        if level >= _ERROR:
+            st.frozen = True
+        if level == _INFO or level >= _WARNING:
             key, occ = found or self._occurrence(st, lineno, text)
+            if waiting:
+                st.waiting.append(_Waiting(key, index, occ))
+            else:
+                self._note(st, key, index, occ, self._first_by_rank)
+
+    def _note(
+        self,
+        st: _FileState,
+        key: _Key,
+        index: int,
+        occ: Occurrence,
+        first_by_rank: dict[str, tuple[_Key, str, Occurrence]],
+    ) -> None:
+        """An occurrence into the file's infos or the first warning-or-worse per rank."""
+        if self._levels[index] == _INFO:
             st.infos.append((key, self._ids[index], occ))
-        elif level >= _WARNING:
-            key, occ = found or self._occurrence(st, lineno, text)
-            rank = occ.rank or ""
-            known = self._first_by_rank.get(rank)
-            if known is None or key < known[0]:
-                self._first_by_rank[rank] = (key, self._ids[index], occ)
-            if level >= _ERROR:
-                st.frozen = True
+            return
+        rank = occ.rank or ""
+        known = first_by_rank.get(rank)
+        if known is None or key < known[0]:
+            first_by_rank[rank] = (key, self._ids[index], occ)
+
+    def _look_ahead(self, st: _FileState, text: str) -> None:
+        """One more line after the file's rankless occurrences: settle those it decides."""
+        stop, rank = rank_handed_back(text)
+        if stop:
+            self._settle(st, rank)
+            return
+        for w in st.waiting:
+            w.left -= 1
+        if any(w.left <= 0 for w in st.waiting):
+            done = [w for w in st.waiting if w.left <= 0]
+            st.waiting = [w for w in st.waiting if w.left > 0]
+            self._settle(st, None, done)
+
+    def _settle(self, st: _FileState, rank: str | None, which: list[_Waiting] | None = None) -> None:
+        """Give waiting occurrences their rank (None: they stay rankless) and note them."""
+        if which is None:
+            which, st.waiting = st.waiting, []
+        for w in which:
+            occ = w.occ
+            if rank is not None:
+                occ = occ._replace(rank=rank)
+                state = self._findings.get(w.index)
+                if state is not None and state.first is w.occ:
+                    state.first = occ
+            self._note(st, w.key, w.index, occ, self._first_by_rank)
 
     def _collect_after(self, st: _FileState, text: str) -> None:
         done = False
@@ -451,6 +538,15 @@ class FindingsBuilder:
 
     def report(self) -> Report:
         states = sorted(self._findings.values(), key=lambda s: s.key)
+        # Occurrences still waiting for the lines after them count as they stand (rankless); a
+        # later report settles them. The builder's own lists are left as they are.
+        waiting = [(st, w) for st in self._files.values() for w in st.waiting]
+        firsts = self._first_by_rank
+        if waiting:
+            firsts = dict(firsts)
+            for st, w in waiting:
+                if self._levels[w.index] >= _WARNING:
+                    self._note(st, w.key, w.index, w.occ, firsts)
         findings = tuple(
             Finding(s.signature, s.count, s.first, s.before, tuple(s.after)) for s in states
         )
@@ -463,9 +559,7 @@ class FindingsBuilder:
             batch = self._batch_before(failure)
         first_by_rank = {
             rank: (sig_id, occ)
-            for rank, (_, sig_id, occ) in sorted(
-                self._first_by_rank.items(), key=lambda item: item[1][0]
-            )
+            for rank, (_, sig_id, occ) in sorted(firsts.items(), key=lambda item: item[1][0])
         }
         return Report(
             lines=self._lines,
@@ -480,7 +574,13 @@ class FindingsBuilder:
     def _fingerprint(self, states: list[_FindingState], failure: _FindingState) -> Fingerprint:
         info_key = info_id = info = None
         for st in self._files.values():
-            for key, sig_id, occ in st.infos:
+            infos: Iterable[tuple[_Key, str, Occurrence]] = st.infos
+            if st.waiting:  # still waiting for a rank: counted as they stand
+                infos = [
+                    *st.infos,
+                    *((w.key, self._ids[w.index], w.occ) for w in st.waiting if self._levels[w.index] == _INFO),
+                ]
+            for key, sig_id, occ in infos:
                 if key < failure.key and (info_key is None or key > info_key):
                     info_key, info_id, info = key, sig_id, occ
         warnings = [s for s in states if s.signature.level == _WARNING and s.key < failure.key]

@@ -11,28 +11,36 @@ Also understood:
   ``(VllmWorker rank=1 pid=42)`` or ``(Worker_DP0_TP1 pid=42)`` (its year is not written: the
   current year is assumed).
 - Python logging: ``2026-12-02 14:00:00,123 - name - WARNING - msg``.
+- A logging config that writes the level, a number and SGLang's rank prefix in the file's bracket:
+  ``ERROR 499 [ TP4 scheduler.py:2982] msg`` (rank ``TP4``; no time).
 - SGLang's prefix without a date (``[14:00:00 TP0]``) or with ranks only (``[TP5 EP5]``), as
   pasted excerpts and some launchers write it: a time without a date has no epoch.
 - PyTorch's C++ (glog) prefix ``[E323 21:33:26.170490902 ProcessGroupNCCL.cpp:1896]`` and its
-  process-group tag ``[PG ID 2 PG GUID 3 Rank 2]`` or ``[Rank 2]``: rank ``rank2``.
+  process-group tag ``[PG ID 2 PG GUID 3 Rank 2]`` or ``[Rank 2]``: rank ``rank2``. A line that no
+  prefix gives a rank takes it from that tag further in, as in a C++ exception's
+  ``  what():  [PG ID 2 PG GUID 3 Rank 1] Process group watchdog thread terminated ...``.
 - In front of any of the above, in this order: a Kubernetes timestamp (``kubectl logs
   --timestamps``) or pod tag (``--prefix``), a console box border (``│``, ``|``; a trailing one is
   dropped too), a Ray tag (``(SGLangEngine pid=23902)``, ``(RayWorkerWrapper pid=7, ip=10.0.0.2)``,
   ``(pid=7)``), torchrun's ``[rank3]:`` or ``[default3]:``. The rank comes from the innermost
   prefix that names one.
 
-A line opens a record when it carries a time or an SGLang rank prefix; the lines after it that do
-not (a traceback's body, the rest of a line the terminal wrapped) take its time and rank.
+A line opens a record when it carries a time, an SGLang rank prefix or a logging config's level and
+number prefix; the lines after it that do not (a traceback's body, the rest of a line the terminal
+wrapped) take its time and rank. A line left without a rank that way (no prefix, and a record that
+names none) may take one from the lines after it: ``rank_ahead`` says which.
 
 ``parse_line`` runs on every live line: one compiled regular expression for the prefix, and the
-batch fields only when the message starts with ``Prefill batch`` / ``Decode batch``. It never
-raises, whatever the input.
+batch fields only when the message starts with ``Prefill batch`` / ``Decode batch``; a rankless
+line is searched for a process-group tag only when it holds ``Rank ``. Trailing carriage returns
+and newlines are dropped. It never raises, whatever the input.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
 __all__ = [
@@ -43,6 +51,9 @@ __all__ = [
     "parse_batch",
     "is_continuation",
     "opens_record",
+    "RANK_LOOKAHEAD",
+    "rank_ahead",
+    "rank_handed_back",
     "strip_ansi",
 ]
 
@@ -99,6 +110,12 @@ _PYLOG = re.compile(
 _VLLM = re.compile(
     r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?"
     r"(?: \[[^\]]{0,120}\])? ?"
+)
+# A logging config with the level, a number and the ranks in front of the file and line: "ERROR 499
+# [ TP4 scheduler.py:2982] " (SGLang's rank prefix keeps its leading space: "[ scheduler.py:1]" at size 1).
+_LEVELED = re.compile(
+    r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d{1,9} \[ ?([A-Z][A-Z_]*\d+(?: [A-Z][A-Z_]*\d+)*)?"
+    r"(?: ?[^\]\[\s]{1,200}:\d+)?\] ?"
 )
 # SGLang's prefix without the date, or with ranks only: "[14:00:00.123 TP0] ", "[TP5 EP5] ".
 _SGLANG_CLOCK = re.compile(r"\[(\d\d:\d\d:\d\d)(?:[.,](\d{1,6}))?((?: [A-Z][A-Z_]*\d+)*)\] ?")
@@ -211,7 +228,13 @@ def _unwrap(line: str) -> tuple[str, int, str | None]:
 def parse_line(text: str) -> LogLine:
     """Split one line into time, rank, level, message and batch stats. Never raises."""
     try:
-        return _parse(_clean(text))
+        parsed = _parse(_clean(text))
+        if parsed.rank is None and "Rank " in parsed.message:
+            # PyTorch's process-group tag inside the line: "  what():  [PG ID 2 PG GUID 3 Rank 1] ..."
+            m = _PG_RANK.search(parsed.message)
+            if m is not None:
+                return parsed._replace(rank=f"rank{m.group(1)}")
+        return parsed
     except Exception:  # defensive: a parser on the live path must not take the app down
         return LogLine(None, None, None, None, text if isinstance(text, str) else "", None)
 
@@ -271,6 +294,13 @@ def _parse(line: str) -> LogLine:
                 message,
                 parse_batch(message),
             )
+        m = _LEVELED.match(line, pos)
+        if m is not None:
+            level, ranks = m.group(1), m.group(2)
+            message = line[m.end() :]
+            return LogLine(
+                None, None, ranks or rank, _LEVEL_NAMES.get(level, level), message, parse_batch(message)
+            )
     message = line[pos:]
     return LogLine(None, None, rank, _level_of(message), message, None)
 
@@ -308,7 +338,8 @@ def _parse_bracket(line: str, pos: int, rank: str | None) -> LogLine | None:
 
 
 def opens_record(text: str) -> bool:
-    """True when the line starts a new log record: it carries a time, or an SGLang rank prefix."""
+    """True when the line starts a new log record: it carries a time, an SGLang rank prefix, or a
+    logging config's level and number prefix."""
     line = text
     if line.startswith("\x1b"):
         line = _ANSI.sub("", line)
@@ -324,7 +355,7 @@ def opens_record(text: str) -> bool:
     if head.isdigit():
         return _PYLOG.match(line, pos) is not None
     if head in ("D", "I", "W", "E", "C"):
-        return _VLLM.match(line, pos) is not None
+        return _VLLM.match(line, pos) is not None or _LEVELED.match(line, pos) is not None
     return False
 
 
@@ -337,6 +368,43 @@ def is_continuation(text: str) -> bool:
     the extra lines of a multi-line message (SGLang's "Decode out of memory ..." writes several).
     """
     return not opens_record(text)
+
+
+RANK_LOOKAHEAD = 5  # lines looked at after a rankless one (a CUDA error's hint lines and a blank)
+
+
+def rank_handed_back(text: str) -> tuple[bool, str | None]:
+    """What one line says of the rank of a rankless line before it: (the look stops here, the rank).
+
+    A line that continues the record and names a rank (torchrun's ``[rank0]:``, a process tag, the
+    process-group tag in ``what():``) hands it back, and so does PyTorch's glog line with its rank
+    tag: it reports the CUDA or NCCL error whose bare text may come just before it. Any other
+    record opener stops the look empty-handed: an SGLang, vLLM or Python logging record belongs to
+    the process that wrote it, which need not be the one that wrote the line before (a child's
+    ``[... TP0] Scheduler hit an exception`` right after the parent's rankless SIGQUIT line). A
+    line that opens nothing and names no rank (a blank, a CUDA error's hint) lets the look go on.
+    """
+    line = _clean(text)
+    rank = parse_line(line).rank
+    if not opens_record(line):
+        return rank is not None, rank
+    if rank is not None:
+        line, pos, _ = _unwrap(line)
+        if line.startswith("[", pos) and _GLOG.match(line, pos) is not None:
+            return True, rank
+    return True, None
+
+
+def rank_ahead(lines_after: Iterable[str]) -> str | None:
+    """The rank a line that names none (no prefix, and a record that names none) takes from the
+    lines after it, looking at RANK_LOOKAHEAD of them at most (see ``rank_handed_back``)."""
+    for looked, text in enumerate(lines_after):
+        if looked >= RANK_LOOKAHEAD:
+            return None
+        stop, rank = rank_handed_back(text)
+        if stop:
+            return rank
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_demo_crash_then_c_runs_the_experiment_to_the_conditions_and_q_leaves_no
 
         tmux.send("y")
         began = time.monotonic()
-        screen = tmux.wait_for(verdict_shown, "the verdict with the steps side by side", timeout=300, step=0.5)
+        screen = tmux.wait_for(verdict_shown, "the verdict with the steps side by side", timeout=420, step=0.5)
         took = time.monotonic() - began
         # The lock race: clean lower on the ladder, failing with reuse off, gone without the cache.
         assert "Needs: pressure needed · reuse not-needed · cache needed" in screen

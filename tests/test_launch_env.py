@@ -190,7 +190,7 @@ def test_code_loading_and_destination_flags_from_server_info_are_dropped_abbrevi
 
     live = parse_launch_command(f"python -m sglang.launch_server --model-path x {flag} --page-size 16",
                                 python="/usr/bin/python3")
-    argv, changes = build_control_argv(live, port=1, max_running=1)
+    argv, changes = build_control_argv(live, port=1)
     kept = argv[3:]
     assert flag.split()[0].split("=")[0] not in " ".join(kept), kept
     assert "--page-size" in kept and any("named by /server_info" in c for c in changes), changes
@@ -201,5 +201,5 @@ def test_the_users_own_flags_are_kept_as_given() -> None:
 
     live = launch_from_argv(["python3", "-m", "sglang.launch_server", "--model-path", "x", "--trust-remote-code"],
                             source="psutil")
-    argv, _ = build_control_argv(live, port=1, max_running=1)
+    argv, _ = build_control_argv(live, port=1)
     assert "--trust-remote-code" in argv

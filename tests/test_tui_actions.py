@@ -158,7 +158,8 @@ async def test_c_shows_the_plan_and_cancelling_it_launches_nothing(tmp_path: Pat
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, PlanScreen), "the plan modal", 60)
         plan_text = "\n".join(app.screen.lines)
-        assert "control: " in plan_text and "--disable-radix-cache" in plan_text and sim.url in plan_text
+        assert "the server without the cache: " in plan_text and "--disable-radix-cache" in plan_text
+        assert sim.url in plan_text and "Experiment" in plan_text
         assert "Evidence      " in plan_text and "radixtop-bundle-" in plan_text  # evidence first
         assert "Live server   left running" in plan_text
         await pilot.press("n")

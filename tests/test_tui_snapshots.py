@@ -63,18 +63,33 @@ PLAN_LINES = [
     "Evidence      /srv/incidents/radixtop-confirm-20261202-140500/evidence/radixtop-bundle-20261202-140500-confirm",
     "Workload      pressure: 128 requests, 128 calls over 0.5 s at temperature 0 "
     "(/srv/incidents/radixtop-confirm-20261202-140500/workload.json)",
-    "Runs          3 per arm, one arm after the other, the same workload; the cache is flushed before each run "
+    "Runs          3 per step, the same workload and prompts; the cache is flushed before each run "
     "(POST /flush_cache)",
-    "GPUs          GPU 4, GPU 5, GPU 6, GPU 7 (idle, 70.2 GiB or more free each; the control needs 4): "
+    "GPUs          GPU 4, GPU 5, GPU 6, GPU 7 (idle, 70.2 GiB or more free each; a started server needs 4): "
     "CUDA_VISIBLE_DEVICES=GPU-4,GPU-5,GPU-6,GPU-7",
-    "Arm 1         reproduction: python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --tp-size 4 "
-    "--max-running-requests 64 --host 127.0.0.1 --port 40113",
+    "Experiment    one condition changed per step, from the lowest load up; a step runs only while its question "
+    "is open (a clean rung leaves the server up, a failing one may end it)",
+    "  1 lower load: at most 16 calls in flight on the reproduction: does it fail below the pressure of the "
+    "workload as recorded? (failing under pressure already: down by halves until clean)",
+    "  2 lower load: at most 32 calls in flight on the reproduction: does it fail below the pressure of the "
+    "workload as recorded?",
+    "  3 as run: the workload as recorded on the reproduction: does it fail at all?",
+    "  4 reuse off at the failing load: a cache namespace per request on the same server (or, if the server "
+    "died, a reproduction restarted with SGLANG_RADIX_FORCE_MISS=1, ~212 s to load, as the original took): "
+    "does it fail without prefix hits?",
+    "  5 cache off at the failing load: a server started with --disable-radix-cache, ~212 s to load, as the "
+    "original took, unless reuse was needed: does it fail without the cache?",
+    "  a changed step clean below the pressure the failure came at is tried again at more load: a change that "
+    "also lowers the pressure decides nothing",
+    "  a failing server that dies is replaced by a reproduction (~212 s to load, as the original took)",
+    "Server        the reproduction: python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct "
+    "--tp-size 4 --max-running-requests 64 --host 127.0.0.1 --port 40113",
     "  on http://127.0.0.1:40113, output in /srv/incidents/radixtop-confirm-20261202-140500/reproduction.out",
-    "Arm 2         control: python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --tp-size 4 "
-    "--host 127.0.0.1 --port 40117 --max-running-requests 16 --disable-radix-cache",
+    "Server        the server without the cache: python3 -m sglang.launch_server --model-path "
+    "Qwen/Qwen2.5-7B-Instruct --tp-size 4 --max-running-requests 64 --host 127.0.0.1 --port 40117 "
+    "--disable-radix-cache",
     "  on http://127.0.0.1:40117, output in /srv/incidents/radixtop-confirm-20261202-140500/control.out",
     "  change: --host 127.0.0.1 --port 40117 (loopback, free)",
-    "  change: --max-running-requests 64 -> 16",
     "  change: added --disable-radix-cache",
     "  change: CUDA_VISIBLE_DEVICES=GPU-4,GPU-5,GPU-6,GPU-7",
     "Live server   already down: nothing of it is touched",

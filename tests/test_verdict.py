@@ -42,11 +42,14 @@ def test_the_lock_race_needs_pressure_and_the_caches_eviction_path_not_reuse() -
     steps = [
         step("lower-pressure", "baseline", usage=0.61, in_flight=8),
         step("as-run", "baseline", signatures=LOCK, usage=0.97, answered=40, failed=56, alive=False),
-        step("reuse-off", signatures=LOCK, usage=0.98, cached=0, reuse_off="SGLANG_RADIX_FORCE_MISS=1",
+        step("reuse-off", signatures=LOCK, usage=0.91, cached=0, reuse_off="SGLANG_RADIX_FORCE_MISS=1",
              answered=50, failed=46, alive=False),
         step("cache-off", "control", usage=0.93, cached=0),
     ]
-    decision = judge(steps)
+    # Clean without the cache only below every pressure it failed at: the change lowered the pressure too.
+    low = judge([*steps[:3], replace(steps[3], peak_token_usage=0.89)])
+    assert low.conditions.cache.state == "open" and "0.89 against 0.91" in low.conditions.cache.why
+    decision = judge(steps)  # clean at 0.93, where it failed with reuse off (0.91): the cache is needed
     assert decision.verdict == "pressure-dependent", decision.reason
     assert states(decision) == ("needed", "not-needed", "needed")
     assert decision.conditions.pressure.to_json() == {

@@ -162,6 +162,7 @@ class Plan:
     restart: ArmPlan | None  # the reproduction that replaces a failing server that died; None: none may start
     control: ArmPlan | None  # the server without the cache; None: not asked (why in ``unasked``)
     ladder: tuple[int, ...]  # calls in flight for each rung below the workload as recorded, lowest first
+    max_running: int | None  # the original's max running requests (the ladder's top below as recorded)
     placement: Placement
     baseline_logs: list[str]  # the original's logs
     trace: Trace
@@ -285,7 +286,8 @@ class Plan:
         """The experiment's steps in the order they may run, each with the question it answers."""
         where = ROLE_NAMES["baseline" if self.mode in ("live", "live-only") else "reproduction"]
         out = [f"lower load: at most {k} calls in flight on {where}: does it fail below the pressure of the "
-               "workload as recorded?" for k in self.ladder]
+               "workload as recorded?" + (" (failing under pressure already: down by halves until clean)"
+                                          if n == 0 else "") for n, k in enumerate(self.ladder)]
         out.append("as run: the original's crash log stands for the workload as recorded" if self.mode == "crash-log"
                    else f"as run: the workload as recorded on {where}: does it fail at all?")
         restart = (f"if the server died, a reproduction restarted with SGLANG_RADIX_FORCE_MISS=1, "
@@ -301,6 +303,8 @@ class Plan:
         lines = ["Experiment    one condition changed per step, from the lowest load up; a step runs only while its "
                  "question is open (a clean rung leaves the server up, a failing one may end it)"]
         lines += [f"  {n} {text}" for n, text in enumerate(self.steps(), 1)]
+        lines.append("  a changed step clean below the pressure the failure came at is tried again at more load: a "
+                     "change that also lowers the pressure decides nothing")
         if self.restart is not None and self.mode != "crash-log":
             lines.append(f"  a failing server that dies is replaced by a reproduction ({self.load_time()})")
         lines += [f"  open: {what}: {why}" for what, why in self.unasked.items()]
@@ -823,6 +827,7 @@ async def prepare(
         restart=restart,
         control=control,
         ladder=ladder,
+        max_running=max_running,
         unasked=unasked,
         startup_s=startup_seconds(baseline_logs),
         placement=placement,

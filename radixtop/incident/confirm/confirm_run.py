@@ -20,10 +20,10 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -35,7 +35,7 @@ from radixtop.incident.confirm.confirm import (
     PlanError,
 )
 from radixtop.incident.confirm.control_server import ControlProcess, LaunchError, exit_reason, port_free, wait_healthy
-from radixtop.incident.confirm.judge import bad, failed, judge, ran
+from radixtop.incident.confirm.judge import bad, failed, failing_floor, judge, matched, ran, under_pressure
 from radixtop.incident.confirm.verdict import ArmEvidence, SignatureSeen, StepKind, Verdict
 from radixtop.incident.replay.divergence import DivergenceReport, compare_runs
 from radixtop.incident.replay.replay import ReplayEvent, replay_series, server_alive
@@ -48,9 +48,11 @@ POLL_S = 0.25
 METRICS_EVERY_S = 1.0
 SETTLE_S = 0.6  # after a replay, lines the server is still writing (a death is several lines)
 STOP_ORIGINAL_GRACE_S = 15.0
+PLATEAU = 0.01  # token usage a step at more load must add to be worth another
 PROGRESS_LINES = 3  # a starting server's newest lines shown per second while it loads
 
 
+Flavor = Literal["failing", "force-miss", "control"]
 NAMESPACES = "a namespace per request"  # reuse off on a running server: SGLang's extra_key per call
 FORCE_MISS = "SGLANG_RADIX_FORCE_MISS=1"  # reuse off on a started server: every match finds nothing
 
@@ -63,6 +65,8 @@ class _Running:
     process: ControlProcess | None
     start: ArmEvidence  # what its start showed (pid, seconds to health)
     dead: bool = False
+    flavor: Flavor = "failing"  # the original's flags, reuse off from its start, or the cache off
+    failed_before: bool = False  # a step on it showed a signature: what that left may hide a repeat
     window: Any = None  # its log from its start, for its first step: it ran under that step's condition from birth
 
 
@@ -309,7 +313,8 @@ class ConfirmationRun:
         plan = self.plan
         arm, server = running.arm, running.process
         number = len(self._steps) + 1
-        result = replace(running.start, step=kind, max_in_flight=max_in_flight, reuse_off=reuse_off)
+        result = replace(running.start, step=kind, max_in_flight=max_in_flight, reuse_off=reuse_off,
+                         after_failure=running.failed_before)
         window, running.window = running.window or await self._window(arm.logs), None
         self._emit(arm.role, f"step {number}, {result.label()}: replaying {plan.trace.name} "
                              f"({plan.options.runs} runs)")
@@ -325,6 +330,7 @@ class ConfirmationRun:
             peak_token_usage=_peak(window.peak_token_usage if window is not None else None, metrics_usage),
             retractions=window.retracted if window is not None else 0,
         )
+        running.failed_before = running.failed_before or bool(result.signatures)
         if not alive:
             running.dead = True
             if server is not None:
@@ -355,92 +361,155 @@ class ConfirmationRun:
             await asyncio.to_thread(running.process.stop)
             self._stop_s[running.arm.role] = round(time.monotonic() - began, 1)
 
-    async def _failing_server(self, kind: StepKind, max_in_flight: int | None) -> ArmEvidence:
-        """A ladder step on the failing server, (re)starting it first when it is not up."""
-        plan = self.plan
-        arm = plan.failing if not self._failing_used else plan.restart
-        if self._current is not None and not self._current.dead:
-            return await self._step(self._current, kind, max_in_flight)
+    def _usable(self, flavor: Flavor) -> _Running | None:
+        """The running server, if it is of that flavor and up; one that already failed with a
+        signature only when no other may start (what a failure leaves can hide a repeat)."""
+        current = self._current
+        if current is None or current.dead or current.flavor != flavor:
+            return None
+        if current.failed_before and (flavor == "control" or self.plan.restart is not None):
+            return None
+        return current
+
+    async def _fresh(self, arm: ArmPlan, flavor: Flavor, base: ArmEvidence) -> tuple[_Running | None, ArmEvidence]:
+        """Stop the running server (the next needs its room), then start this one."""
         await self._retire(self._current)
         self._current = None
-        if arm is None:
-            arm = plan.restart
-        if arm is None:
-            return replace(self._base(plan.failing or ArmPlan("baseline", plan.baseline_url), kind, max_in_flight,
-                                      None), healthy=False, error=self._no_restart())
-        self._failing_used = True
-        running, started = await self._start(arm, self._base(arm, kind, max_in_flight, None))
-        if running is None:
-            return started
-        self._current = running
-        return await self._step(running, kind, max_in_flight)
+        env = {"SGLANG_RADIX_FORCE_MISS": "1"} if flavor == "force-miss" else None
+        running, started = await self._start(arm, base, env)
+        if running is not None:
+            running.flavor = flavor
+            self._current = running
+        return running, started
+
+    async def _rung(self, max_in_flight: int | None) -> ArmEvidence:
+        """A rung of the pressure ladder on the failing server (the crash log as recorded, with it)."""
+        plan = self.plan
+        kind: StepKind = "lower-pressure" if max_in_flight is not None else "as-run"
+        if max_in_flight is None and plan.mode == "crash-log":
+            step = await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
+        elif (running := self._usable("failing")) is not None:
+            step = await self._step(running, kind, max_in_flight)
+        else:
+            arm = plan.failing if not self._failing_used and plan.failing is not None else plan.restart
+            if arm is None:
+                live = plan.failing or ArmPlan("baseline", plan.baseline_url)
+                step = replace(self._base(live, kind, max_in_flight, None), error=self._no_restart())
+            else:
+                self._failing_used = True
+                if arm.argv is None:  # the live server: nothing to start
+                    self._current = _Running(arm, None, self._base(arm, kind, max_in_flight, None))
+                    step = await self._step(self._current, kind, max_in_flight)
+                else:
+                    running, step = await self._fresh(arm, "failing", self._base(arm, kind, max_in_flight, None))
+                    if running is not None:
+                        step = await self._step(running, kind, max_in_flight)
+        self._steps.append(step)
+        return step
 
     def _no_restart(self) -> str:
         died = next((n for n, s in enumerate(self._steps, 1) if s.alive_after is False), None)
         return (f"the live server died in step {died}" if died else "the live server is gone") + (
             " and no GPU is free to start another")
 
-    async def _reuse_off(self, failing: ArmEvidence) -> ArmEvidence | None:
-        """Reuse off at the failing load: namespaces on the running server, else a restart with
-        SGLANG_RADIX_FORCE_MISS=1; None (and why, in unasked) when neither can be. A server that
-        logged the failure's signature is replaced when it may be: what it left can hide a repeat."""
+    async def _reuse_off(self, failing: ArmEvidence, max_in_flight: int | None) -> ArmEvidence | None:
+        """Reuse off at a load: namespaces on the failing server while it is fit, a server started
+        with SGLANG_RADIX_FORCE_MISS=1 otherwise; None (and why, in unasked) when neither can be."""
         plan = self.plan
-        max_in_flight = failing.max_in_flight
-        current = self._current
-        if current is not None and not current.dead and (not failing.signatures or plan.restart is None):
-            step = await self._step(current, "reuse-off", max_in_flight, NAMESPACES)
-            return replace(step, after_failure=bool(failing.signatures))
-        await self._retire(self._current)
-        self._current = None
-        if plan.restart is None:
+        if (running := self._usable("failing")) is not None:
+            step = await self._step(running, "reuse-off", max_in_flight, NAMESPACES)
+        elif (running := self._usable("force-miss")) is not None:
+            step = await self._step(running, "reuse-off", max_in_flight, FORCE_MISS)
+        elif plan.restart is not None:
+            running, step = await self._fresh(plan.restart, "force-miss",
+                                              self._base(plan.restart, "reuse-off", max_in_flight, FORCE_MISS))
+            if running is not None:
+                step = await self._step(running, "reuse-off", max_in_flight, FORCE_MISS)
+        else:
             self._unasked["reuse"] = self._no_restart()
             return None
-        base = self._base(plan.restart, "reuse-off", max_in_flight, FORCE_MISS)
-        running, started = await self._start(plan.restart, base, {"SGLANG_RADIX_FORCE_MISS": "1"})
-        if running is None:
-            return started
-        self._current = running
-        return await self._step(running, "reuse-off", max_in_flight, FORCE_MISS)
+        self._steps.append(step)
+        return step
 
     async def _cache_off(self, max_in_flight: int | None) -> ArmEvidence:
         plan = self.plan
         assert plan.control is not None
-        await self._retire(self._current)  # the control needs the failing server's room
-        self._current = None
-        running, started = await self._start(plan.control, self._base(plan.control, "cache-off", max_in_flight, None))
-        if running is None:
-            return started
-        self._current = running
-        return await self._step(running, "cache-off", max_in_flight)
+        if (running := self._usable("control")) is not None:
+            step = await self._step(running, "cache-off", max_in_flight)
+        else:
+            running, step = await self._fresh(plan.control, "control",
+                                              self._base(plan.control, "cache-off", max_in_flight, None))
+            if running is not None:
+                step = await self._step(running, "cache-off", max_in_flight)
+        self._steps.append(step)
+        return step
+
+    def _loads_from(self, failing: ArmEvidence) -> list[int | None]:
+        """The failing load, then more, up to the workload as recorded: where a changed step is
+        tried until it reaches the pressure the failure came at."""
+        loads: list[int | None] = [failing.max_in_flight]
+        k = failing.max_in_flight
+        while k is not None:
+            k *= 2
+            loads.append(k if self.plan.max_running is not None and k < self.plan.max_running else None)
+            k = loads[-1]
+        return loads
+
+    async def _ladder(self) -> ArmEvidence | None:
+        """The pressure ladder from the lowest rung up; when the lowest already fails under pressure,
+        down until a rung is clean. The failing step at the least load, or None."""
+        plan = self.plan
+        rungs: list[int | None] = [*plan.ladder, None]
+        first = await self._rung(rungs[0])
+        if failed(first):
+            lowest, k = first, rungs[0] if rungs[0] is not None else plan.max_running
+            while k is not None and k > 1 and under_pressure(lowest):
+                k //= 2
+                step = await self._rung(k)
+                if not failed(step):
+                    break
+                lowest = step
+            return lowest
+        if not ran(first):
+            return None
+        for k in rungs[1:]:
+            step = await self._rung(k)
+            if failed(step):
+                return step
+            if not ran(step):
+                return None
+        return None
+
+    async def _until_matched(self, failing: ArmEvidence, one: Callable[[int | None], Awaitable[ArmEvidence | None]]
+                             ) -> ArmEvidence | None:
+        """A changed step at the failing load, then at more while it stays clean below the pressure the
+        failure came at and more load still raises its pressure."""
+        step = None
+        for k in self._loads_from(failing):
+            before = step
+            step = await one(k)
+            if step is None or failed(step) or not ran(step) or step.after_failure:
+                return step
+            if matched(step, failing, failing_floor(self._steps)):
+                return step
+            if before is not None and (step.peak_token_usage or 0.0) <= (before.peak_token_usage or 0.0) + PLATEAU:
+                return step  # more calls in flight no longer raise its token usage: as high as it gets
+        return step
 
     async def _experiment(self) -> None:
         """The steps, each only while its question is open (radixtop/incident/confirm/judge.py)."""
-        plan = self.plan
-        failing = None
-        for k in [*plan.ladder, None]:
-            kind: StepKind = "lower-pressure" if k is not None else "as-run"
-            if k is None and plan.mode == "crash-log":
-                step = await asyncio.to_thread(_crash_log_arm, plan, self._threshold)
-            else:
-                step = await self._failing_server(kind, k)
-            self._steps.append(step)
-            if failed(step):
-                failing = step
-                break
-            if not ran(step):
-                return
+        failing = await self._ladder()
         if failing is None:
             return
         account = failing.cached_tokens or {}
         reuse = None
         if not (account.get("calls") and account.get("cached_tokens") == 0):  # with no hit, reuse is not needed
-            reuse = await self._reuse_off(failing)
-            if reuse is not None:
-                self._steps.append(reuse)
-        if reuse is not None and ran(reuse) and not failed(reuse):
+            reuse = await self._until_matched(failing, lambda k: self._reuse_off(failing, k))
+        if reuse is not None and ran(reuse) and not failed(reuse) and not reuse.after_failure and matched(
+                reuse, failing, failing_floor(self._steps)):
             return  # reuse needed: the cache is, too
-        if plan.control is not None:
-            self._steps.append(await self._cache_off(failing.max_in_flight))
+        if self.plan.control is not None:
+            await self._until_matched(failing, self._cache_off)
 
     async def run(self) -> Verdict:
         from radixtop.diagnosis.severity import severity_rank

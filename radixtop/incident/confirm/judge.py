@@ -12,7 +12,12 @@ each changing one condition against the step that failed:
 
 Each condition is decided only by a step that changed it alone, or by the failing step itself
 (a failure at low token usage does not need pressure; one with no cached token does not need
-reuse). What no step decided stays ``open``, with why (no GPU free, the server died, not asked).
+reuse). The failing step is the one at the least load. A clean step decides only where it is
+fair: on a server that had not already failed with a signature (what a failure leaves, leaked
+slots or a line SGLang logs once, can hide a repeat), and, for a failure under pressure, at a
+token usage it has been seen failing at or more (a change that also lowers the pressure decides
+nothing about itself). What no step decided stays ``open``, with why (no GPU free, the server
+died, never at the failing pressure, not asked).
 
 The verdict's name summarises the conditions: ``pressure-dependent`` (pressure needed),
 ``cache-dependent`` (reuse or the cache's machinery needed, not pressure), ``persists-under-control``
@@ -23,7 +28,8 @@ a workload the model cannot take fails every step alike).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from radixtop.incident.confirm.verdict import (
@@ -37,7 +43,7 @@ from radixtop.incident.confirm.verdict import (
     VerdictKind,
 )
 
-__all__ = ["Decision", "failed", "judge", "ran"]
+__all__ = ["Decision", "failed", "failing_floor", "judge", "load", "matched", "ran", "under_pressure"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +84,7 @@ def usage(step: ArmEvidence) -> str:
     return "unknown" if value is None else f"{value:.2f}"
 
 
-def _under_pressure(step: ArmEvidence) -> bool:
+def under_pressure(step: ArmEvidence) -> bool:
     value = step.peak_token_usage
     return bool((value is not None and value >= PRESSURE_USAGE) or step.retractions
                 or PRESSURE_SIGNATURES & {*step.signatures, *step.other_signatures})
@@ -95,16 +101,26 @@ def _where(step: ArmEvidence) -> str:
     return "as recorded" if step.max_in_flight is None else f"at most {step.max_in_flight} in flight"
 
 
+def load(step: ArmEvidence) -> float:
+    """Calls in flight, for ordering: the workload as recorded is the most."""
+    return math.inf if step.max_in_flight is None else step.max_in_flight
+
+
 def _pressure(ladder: Sequence[ArmEvidence], failing: ArmEvidence) -> Condition:
-    clean_below = [s for s in ladder if s is not failing and not failed(s) and ran(s)]
-    if clean_below:
-        clean = max(clean_below, key=lambda s: s.peak_token_usage or 0.0)
-        fell = (failing.peak_token_usage is not None and clean.peak_token_usage is not None
-                and clean.peak_token_usage < failing.peak_token_usage)
-        why = (f"fails at peak token usage {usage(failing)} ({_where(failing)}), clean at {usage(clean)} "
-               f"({_where(clean)})" + ("" if fell else ": the load, not the token usage, fell"))
-        return Condition("needed", why, fails_at=failing.peak_token_usage, clean_at=clean.peak_token_usage)
-    if not _under_pressure(failing):
+    clean = [s for s in ladder if ran(s) and not failed(s) and not s.after_failure]
+    above = [s for s in clean if load(s) > load(failing)]
+    if above:  # clean at more load than a failing rung: the failure does not come every time
+        return Condition("open", f"clean at {_where(above[0])} but failing at {_where(failing)}: the failure does "
+                         "not come every time at this load (more runs would tell)", fails_at=failing.peak_token_usage)
+    below = [s for s in clean if load(s) < load(failing)]
+    if below:
+        calm = max(below, key=lambda s: s.peak_token_usage or 0.0)
+        fell = (failing.peak_token_usage is not None and calm.peak_token_usage is not None
+                and calm.peak_token_usage < failing.peak_token_usage)
+        why = (f"fails at peak token usage {usage(failing)} ({_where(failing)}), clean at {usage(calm)} "
+               f"({_where(calm)})" + ("" if fell else ": the load, not the token usage, fell"))
+        return Condition("needed", why, fails_at=failing.peak_token_usage, clean_at=calm.peak_token_usage)
+    if not under_pressure(failing):
         return Condition("not-needed", f"fails at peak token usage {usage(failing)} ({_where(failing)}), "
                          f"below pressure ({PRESSURE_USAGE:.2f}) and with no retraction",
                          fails_at=failing.peak_token_usage)
@@ -114,39 +130,84 @@ def _pressure(ladder: Sequence[ArmEvidence], failing: ArmEvidence) -> Condition:
     return Condition("open", "no lower rung ran", fails_at=failing.peak_token_usage)
 
 
-def _reuse(failing: ArmEvidence, reuse_off: ArmEvidence | None, unasked: str | None) -> Condition:
+def failing_floor(steps: Sequence[ArmEvidence]) -> float | None:
+    """The least peak token usage any step failed at: the pressure the failure is known to come at."""
+    seen = [s.peak_token_usage for s in steps if failed(s) and s.peak_token_usage is not None]
+    return min(seen) if seen else None
+
+
+def matched(step: ArmEvidence, failing: ArmEvidence, floor: float | None) -> bool:
+    """A clean step compares with the failure only at a pressure it has been seen failing at, or
+    more (when it came under pressure): a step that also lowered the token usage tells nothing
+    about its own change."""
+    if not under_pressure(failing):
+        return True
+    return (step.peak_token_usage is not None and floor is not None and step.peak_token_usage >= floor) or bool(
+        step.retractions)
+
+
+def _clean_verdict(tried: Sequence[ArmEvidence], failing: ArmEvidence, floor: float | None,
+                   what: str) -> tuple[ArmEvidence | None, str]:
+    """The clean step that decides a question, or None and why none does."""
+    clean = [s for s in tried if ran(s) and not failed(s)]
+    fresh = [s for s in clean if not s.after_failure]
+    if not fresh:
+        if clean:
+            return None, (f"clean with {what} ({_where(clean[0])}), but on the server that had already failed: "
+                          "what the failure left (leaked slots, a line logged once) can hide it; a fresh server "
+                          "would tell")
+        why = next((s.error or s.note for s in tried if s.error or s.note), None) or "it answered nothing"
+        return None, f"the step with {what} could not run: {why}"
+    fit = [s for s in fresh if matched(s, failing, floor)]
+    if not fit:
+        top = max(fresh, key=lambda s: s.peak_token_usage or 0.0)
+        return None, (f"clean with {what}, but only below the pressure it failed at (peak token usage "
+                      f"{usage(top)} against {'unknown' if floor is None else f'{floor:.2f}'}): the change "
+                      "lowered the pressure too")
+    return fit[0], ""
+
+
+def _changed(tried: Sequence[ArmEvidence], failing: ArmEvidence, floor: float | None, what: str,
+             how: Callable[[ArmEvidence], str]) -> tuple[Condition, ArmEvidence | None]:
+    """A question from the steps that changed it: not-needed (the failure persists) or open, with
+    no step; else the clean step that makes it needed."""
+    still = next((s for s in tried if failed(s)), None)
+    if still is not None:
+        return Condition("not-needed", f"persists with {what} ({how(still)}, peak token usage {usage(still)}): "
+                         f"{bad(still)}"), None
+    gone, why = _clean_verdict(tried, failing, floor, what)
+    return Condition("open", why), gone
+
+
+def _reuse(failing: ArmEvidence, tried: Sequence[ArmEvidence], floor: float | None, unasked: str | None) -> Condition:
     hits = (failing.cached_tokens or {}).get("cached_tokens")
     if hits == 0 and failing.cached_tokens and failing.cached_tokens.get("calls"):
         return Condition("not-needed", "it failed with no prefix hit (0 cached tokens)")
-    if reuse_off is None:
+    if not tried:
         return Condition("open", unasked or "reuse off was not tried")
-    if not ran(reuse_off):
-        return Condition("open", f"the step with reuse off could not run: {reuse_off.error or 'it answered nothing'}")
-    left = (reuse_off.cached_tokens or {}).get("cached_tokens")
-    if left:
-        return Condition("open", f"reuse was not off: {left:,} cached tokens with {reuse_off.reuse_off}")
-    how = f"{reuse_off.reuse_off}, {_where(reuse_off)}, peak token usage {usage(reuse_off)}"
-    if failed(reuse_off):
-        return Condition("not-needed", f"persists with reuse off ({how}): {bad(reuse_off)}")
-    if reuse_off.after_failure:
-        return Condition("open", f"clean with reuse off ({how}), but on the server that had already failed: what "
-                         "the failure left (leaked slots, a line logged once) can hide it; a fresh server would tell")
-    return Condition("needed", f"gone without prefix hits at the same load ({how})")
+    leaky = next((s for s in tried if (s.cached_tokens or {}).get("cached_tokens")), None)
+    if leaky is not None:
+        left = (leaky.cached_tokens or {})["cached_tokens"]
+        return Condition("open", f"reuse was not off: {left:,} cached tokens with {leaky.reuse_off}")
+    settled, gone = _changed(tried, failing, floor, "reuse off", lambda s: f"{s.reuse_off}, {_where(s)}")
+    if gone is None:
+        return settled
+    return Condition("needed", f"gone without prefix hits at the same load ({gone.reuse_off}, {_where(gone)}, "
+                     f"peak token usage {usage(gone)})")
 
 
-def _cache(reuse: Condition, reuse_off: ArmEvidence | None, cache_off: ArmEvidence | None,
+def _cache(failing: ArmEvidence, reuse: Condition, tried: Sequence[ArmEvidence], floor: float | None,
            unasked: str | None) -> Condition:
     if reuse.state == "needed":
         return Condition("needed", "reuse is the cache's: gone with reuse off")
-    if cache_off is None:
+    if not tried:
         return Condition("open", unasked or "the cache off was not tried")
-    if not ran(cache_off):
-        return Condition("open", f"the server without the cache could not run: {cache_off.error or 'no answer'}")
-    how = f"--disable-radix-cache, {_where(cache_off)}, peak token usage {usage(cache_off)}"
-    if failed(cache_off):
-        return Condition("not-needed", f"persists with the radix cache disabled ({how}): {bad(cache_off)}")
-    machinery = "persists with reuse off, " if reuse_off is not None and reuse.state == "not-needed" else ""
-    return Condition("needed", f"the cache's own machinery: {machinery}gone with the cache disabled ({how})")
+    settled, gone = _changed(tried, failing, floor, "the radix cache disabled", _where)
+    if gone is None:
+        return settled
+    machinery = "persists with reuse off, " if reuse.state == "not-needed" else ""
+    return Condition("needed", f"the cache's own machinery: {machinery}gone with the cache disabled "
+                     f"(--disable-radix-cache, {_where(gone)}, peak token usage {usage(gone)})")
 
 
 def _same_at_once(steps: Sequence[ArmEvidence]) -> tuple[list[ArmEvidence], list[str]]:
@@ -204,7 +265,7 @@ def judge(steps: Sequence[ArmEvidence], *, unasked: Mapping[str, str] | None = N
         if step.role == "reproduction" and not step.healthy:
             return Decision(inconclusive, f"the reproduction could not run: {step.error or 'it did not start'}")
     ladder = [s for s in steps if s.step in ("lower-pressure", "as-run")]
-    failing = next((s for s in ladder if failed(s)), None)
+    failing = min((s for s in ladder if failed(s)), key=load, default=None)  # the least load it failed at
     if failing is None:
         full = next((s for s in ladder if s.step == "as-run"), None)
         if full is not None and ran(full):
@@ -224,11 +285,10 @@ def judge(steps: Sequence[ArmEvidence], *, unasked: Mapping[str, str] | None = N
             f"{len(alike)} steps failed the same way ({', '.join(shared)}) before answering one run of the "
             f"workload ({answered} calls answered): the workload or the environment fails them alike, whatever "
             "the step changes (see each step's output)"))
-    reuse_off = next((s for s in steps if s.step == "reuse-off"), None)
-    cache_off = next((s for s in steps if s.step == "cache-off"), None)
-    pressure = _pressure(ladder[: ladder.index(failing) + 1], failing)
-    reuse = _reuse(failing, reuse_off, unasked.get("reuse"))
-    cache = _cache(reuse, reuse_off, cache_off, unasked.get("cache"))
+    pressure = _pressure(ladder, failing)
+    floor = failing_floor(steps)
+    reuse = _reuse(failing, [s for s in steps if s.step == "reuse-off"], floor, unasked.get("reuse"))
+    cache = _cache(failing, reuse, [s for s in steps if s.step == "cache-off"], floor, unasked.get("cache"))
     found = Conditions(pressure, reuse, cache)
     verdict = _summary(found)
     return Decision(verdict, _reason(verdict, failing, found), found)

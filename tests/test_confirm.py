@@ -93,6 +93,16 @@ def test_lock_race_needs_pressure_and_the_caches_eviction_path_and_leaves_nothin
     assert [r["failed"] for r in saved["ladder"]] == [False, True]
     assert "--trace" in saved["repeat"] and Path(saved["repeat"][saved["repeat"].index("--trace") + 1]).is_file()
     assert len(run.servers) == 2 and all(gone(server.pid) for server in run.servers)
+    # The bundle taken first holds the outcome too, its evidence's hashes as they were.
+    from radixtop.incident.bundle.bundle import verify_bundle
+
+    kept = json.loads((plan.bundle.path / "experiment" / "verdict.json").read_text())
+    assert kept["conditions"] == saved["conditions"]
+    picture = (plan.bundle.path / "experiment" / "ladder.html").read_text()
+    assert "The pressure ladder" in picture and picture.count('<tr class="fail">') >= 2 and "<script" not in picture
+    assert verify_bundle(plan.bundle.path) == [] and verify_bundle(plan.bundle.archive) == []
+    manifest = json.loads((plan.bundle.path / "MANIFEST.json").read_text())
+    assert {"experiment/verdict.json", "experiment/ladder.html"} <= {f["path"] for f in manifest["files"]}
 
 
 @pytest.mark.parametrize("page_size", [64, 16])

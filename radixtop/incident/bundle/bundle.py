@@ -517,6 +517,7 @@ def _write_manifest(
         "timeline.html                 the picture: vital signs, locked tokens per rank, first signatures"
         " (offline in a browser)",
         "flight/                       the ranks' flight records: each cache as it failed, written inside the server",
+        "experiment/                   a confirmation run's verdict and its pressure ladder (added when it ends)",
         "*.note.txt                    why something is not here",
         "",
         "Verify: sha256sum -c SHA256SUMS (or radixtop bundle --verify DIR).",

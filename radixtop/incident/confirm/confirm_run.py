@@ -571,7 +571,15 @@ class ConfirmationRun:
             timings={**plan.timings, "run_s": round(time.monotonic() - self._began, 2),
                      **{f"stop_{role}_s": s for role, s in self._stop_s.items()}},
         )
-        await self._write("verdict.json", result.to_json())
+        doc = self.plan.redactor.json(result.to_json())
+        await self._write("verdict.json", doc)
+        if plan.bundle is not None:  # the post-mortem holds the outcome beside the evidence it began with
+            from radixtop.incident.bundle.experiment import add_experiment
+
+            try:
+                await asyncio.to_thread(add_experiment, plan.bundle.path, doc)
+            except (OSError, ValueError, KeyError) as exc:
+                result.notes.append(f"the verdict was not added to the evidence bundle: {exc}")
         self.verdict = result
         self._emit("verdict", f"{decision.verdict}: {decision.reason}", verdict=decision.verdict)
         return result

@@ -732,8 +732,8 @@ class IncidentActions:
             return
         run = self.confirm_run = ConfirmationRun(plan, self._confirm_event)
         self.confirm_state = "running"
-        self._show_event("approved", f"starting: {plan.options.runs} runs per step, {len(plan.steps())} steps "
-                         "at most, each only while its question is open")
+        self._show_event("approved", f"starting the experiment: {plan.options.runs} runs per step, each step "
+                         "only while its question is open")
         try:
             verdict = await run.run()  # on this loop's thread: see the module's docstring
         except ConfirmCancelled:

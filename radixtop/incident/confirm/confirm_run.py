@@ -313,8 +313,9 @@ class ConfirmationRun:
         plan = self.plan
         arm, server = running.arm, running.process
         number = len(self._steps) + 1
+        first = running.window is not None  # the first step on a server it started carries the start's time
         result = replace(running.start, step=kind, max_in_flight=max_in_flight, reuse_off=reuse_off,
-                         after_failure=running.failed_before)
+                         after_failure=running.failed_before, start_s=running.start.start_s if first else None)
         window, running.window = running.window or await self._window(arm.logs), None
         self._emit(arm.role, f"step {number}, {result.label()}: replaying {plan.trace.name} "
                              f"({plan.options.runs} runs)")

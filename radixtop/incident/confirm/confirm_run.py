@@ -133,6 +133,7 @@ class ConfirmationRun:
         self._current: _Running | None = None  # the server the next step runs on
         self._failing_used = False  # the planned failing server was used (a later one is a restart)
         self._stop_s: dict[str, float] = {}
+        self._catalog: Any = None  # the signature catalog, read at the first window
 
     @property
     def control(self) -> ControlProcess | None:
@@ -178,7 +179,9 @@ class ConfirmationRun:
             return None
 
         def make() -> LogWindow:
-            window = LogWindow(paths, load_catalog(list(self.plan.options.signature_files)))
+            if self._catalog is None:  # read once: every start and step opens a window
+                self._catalog = load_catalog(list(self.plan.options.signature_files))
+            window = LogWindow(paths, self._catalog)
             window.start()
             return window
 
@@ -271,8 +274,7 @@ class ConfirmationRun:
                      ) -> tuple[_Running | None, ArmEvidence]:
         """Start a planned server and wait for its health: the running server, or None and why not."""
         plan = self.plan
-        if arm.argv is None:
-            return _Running(arm, None, base), base
+        assert arm.argv is not None  # the live server is never started
         window = await self._window(arm.logs)
         if arm.port is not None and not port_free(arm.port):
             return None, replace(base, error=(

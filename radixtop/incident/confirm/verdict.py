@@ -338,12 +338,6 @@ class Verdict:
     conditions: Conditions = UNDECIDED
     """What the failure needs, as far as the steps tell."""
 
-    @property
-    def failing(self) -> ArmEvidence | None:
-        """The step the failure showed in first on the ladder (as run, or a lower rung)."""
-        ladder = [s for s in self.steps if s.step in ("lower-pressure", "as-run")]
-        return next((s for s in ladder if s.signatures or s.diverged), ladder[-1] if ladder else None)
-
     def step(self, kind: StepKind) -> ArmEvidence | None:
         """The first step of that kind, if one ran."""
         return next((s for s in self.steps if s.step == kind), None)

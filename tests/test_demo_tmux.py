@@ -183,3 +183,20 @@ def test_the_demos_automatic_bundle_keeps_what_the_radix_pane_showed_after_the_r
     svg = bundle / "seen/screen.svg"
     assert svg.exists(), [p.read_text() for p in bundle.glob("seen/screen.svg*")]  # the note says why
     assert svg.read_text().lstrip().startswith("<svg")
+
+
+def test_the_tree_the_server_printed_at_its_failure_is_in_the_radix_pane(tmp_path) -> None:
+    """The double-unlock fault ends in SGLang's `Prefill out of memory` with each rank's tree
+    printed into the log: the radix pane turns to the first rank's print, its lock counts and the
+    pool figures of its error line, beside the ranks' last live snapshots."""
+    tmux = Tmux(160, 48)
+    try:
+        tmux.start([sys.executable, "-m", "radixtop", "demo", "--fault", "double-unlock"], tmp_path)
+        screen = tmux.wait_for(lambda s: "source printed by the server at" in s, "the printed tree in the radix pane",
+                               timeout=90)
+        assert "printed TP0" in screen and "printed TP1" in screen and "(TP0)" in screen, screen
+        assert re.search(r"pool at the failure: available [\d,]+ · evictable [\d,]+ · locked [\d,]+", screen), screen
+        assert "RadixCache print after 'Prefill out of memory" in screen, screen
+        assert re.search(r"root · \d+ nodes", screen), screen
+    finally:
+        tmux.kill()

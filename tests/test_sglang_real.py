@@ -448,6 +448,59 @@ def test_unified_cache_on_the_rust_core_is_rebuilt_from_its_walk_with_sizes_and_
     assert parse_health(get(inst.endpoint.url + HEALTH_PATH)[1]).status == "ok"
 
 
+PRINT_TRIGGER = "[2026-12-05 10:00:00 TP0] Prefill out of memory. Try to lower your batch size."
+
+
+def printed(cache, capfd):
+    """The cache's own pretty_print (the Rust core prints from Rust, to fd 1), read back."""
+    from radixtop.diagnosis.printed_tree import read_printed_trees
+
+    capfd.readouterr()
+    cache.pretty_print()
+    out = capfd.readouterr().out
+    (tree,) = read_printed_trees([PRINT_TRIGGER, *out.splitlines()])
+    assert tree.skipped_rows == 0 and tree.trigger is not None, out[:2000]
+    assert tree.inverted_locks == 0  # a healthy cache: every parent holds its children's locks
+    return tree
+
+
+@needs_sglang
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_radix_caches_print_is_read_back_node_for_node(page_size, capfd):
+    cache = real_cache.radix_cache(size=600, page_size=page_size)
+    driver = real_cache.Driver(cache, page_size=page_size).run(40)
+    assert driver.tally.evictions > 0 and driver.running  # split, evicted, and locked by running requests
+    tree = printed(cache, capfd)
+    figures = real_cache.walk(cache)
+    assert tree.form == "radix-cache" and tree.complete and tree.total_tokens == cache.total_size() == tree.tokens
+    assert len(tree.nodes) - 1 == figures.nodes and tree.tokens == figures.tokens
+    assert tree.locked_tokens == cache.protected_size() > 0
+    walked = []
+    stack = list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        walked.append((len(node.key), node.lock_ref, tuple(int(t) for t in node.key.token_ids[:10])))
+    assert sorted((n.tokens, n.lock_ref, n.head) for n in tree.nodes[1:]) == sorted(walked)
+
+
+@needs_sglang
+def test_unified_trees_print_is_read_back_node_for_node_on_both_cores(capfd):
+    trees = {}
+    for backend in ("python", "rust"):
+        cache = real_cache.unified_cache(size=600, backend=backend)
+        real_cache.Driver(cache).run(40)
+        tree = trees[backend] = printed(cache, capfd)
+        assert tree.form == "unified" and tree.locked_tokens == cache.protected_size() > 0
+        assert tree.tokens == cache.evictable_size() + cache.protected_size()
+        if backend == "python":
+            figures = real_cache.walk(cache)
+            assert {(n.node_id, n.tokens, n.lock_ref) for n in tree.nodes[1:]} == {r[:3] for r in figures.rows}
+    # the same requests on both cores: the same tree, as each printed it
+    python, rust = ([(n.depth, n.tokens, n.lock_ref) for n in trees[b].nodes] for b in ("python", "rust"))
+    assert sorted(python) == sorted(rust)
+
+
 def canonical(rows) -> list[tuple[int, int, bool]]:
     """A tree as (depth in tokens, tokens, locked) of maximal unbranched runs of one lock state:
     what the Rust core's walk can show of any tree."""

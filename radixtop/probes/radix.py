@@ -71,6 +71,7 @@ class RadixSample:
     source: str = ""  # what the tree comes from when not the debug endpoint (kv-events), named in the pane
     source_note: str = ""  # that source's one line of what it holds and missed
     locks_known: bool = True  # False: lock counts are unknown (shown as such, never as zero)
+    label: str = ""  # the view's name in the pane's title, when not its rank's
 
 
 class RadixProbe(PolledProbe):

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 KEPT_SNAPSHOTS = 3  # earlier snapshots kept per rank, besides the last
 KEPT_SNAPSHOT_NODES = 5_000  # ... of at most this many nodes (a 100k-node tree is MBs of objects)
 KEPT_EVENTS = 1_000  # events kept per rank
+SAME_FAILURE_S = 5.0  # prints this close together are one failure seen by several ranks
 
 ANOMALY_KINDS = frozenset({
     "negative_lock_ref", "lock_failure", "unlock_failure", "evict_failure", "evict_short", "hooks_disabled",
@@ -59,6 +60,7 @@ class RankView:
     source: str = ""  # the tree's source when not the debug endpoint (kv-events), named in the pane
     source_note: str = ""  # that source's line of what it holds and missed
     locks_known: bool = True
+    name: str = ""  # the title's name for a view that is not a rank's endpoint (a printed tree)
     # What an evidence bundle keeps of what radixtop saw (a dead rank's endpoint cannot be asked):
     # the snapshots before the last one (small ones only: a big tree is the last one alone) and
     # every event received, bounded.
@@ -67,6 +69,8 @@ class RankView:
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         if self.rank is None:
             return self.url
         return f"dp {self.rank}" if self.source else f"rank {self.rank}"  # kv-events publish per DP rank
@@ -80,15 +84,21 @@ class RadixBoard:
         self.anomalies: deque[Anomaly] = deque(maxlen=max_anomalies)
         self.version = 0
         self.note: str = ""  # why the pane cannot show a tree (no endpoint, vLLM, ...)
+        # The view the pane turns to: a tree the server printed at a failure, when it first comes.
+        self.focus: str | None = None
+        self.focus_seq = 0
 
     def add(self, sample: RadixSample) -> None:
         view = self.ranks.get(sample.url)
         changed = view is None or view.status != sample.status or bool(sample.events) or not sample.unchanged
         if view is None:
             view = self.ranks[sample.url] = RankView(sample.url, sample.status)
+            if sample.label and self._newer_than_focus(sample):
+                self.focus, self.focus_seq = sample.url, self.focus_seq + 1
         view.status = sample.status
         changed = changed or view.source_note != sample.source_note
         view.source, view.source_note, view.locks_known = sample.source, sample.source_note, sample.locks_known
+        view.name = sample.label
         if sample.rank is not None:
             view.rank = sample.rank
         if sample.health is not None and sample.health.flight_dir:
@@ -127,6 +137,13 @@ class RadixBoard:
         if changed:  # an unchanged snapshot of a rank in the same state redraws nothing
             self.version += 1
             view.version += 1
+
+    def _newer_than_focus(self, sample: RadixSample) -> bool:
+        """A print of the same failure by another rank (seconds apart) leaves the pane on the first."""
+        focused = self.ranks.get(self.focus) if self.focus else None
+        if focused is None or focused.snapshot is None or sample.snapshot is None:
+            return True
+        return sample.snapshot.time > focused.snapshot.time + SAME_FAILURE_S
 
     def _rates(self, view: RankView, snap: Snapshot) -> None:
         c = snap.counters

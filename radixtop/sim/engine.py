@@ -392,6 +392,22 @@ class _Scheduler:
                 )
         return pages
 
+    def _prefill_out_of_memory(self, tokens: int) -> None:
+        """SGLang's alloc_paged_token_slots_extend on failure: the error on each rank, each rank's
+        tree printed to stdout (here: the log, as a server run with `> log 2>&1` writes it), then
+        the exception that ends the scheduler."""
+        available, evictable = self.available(), self.evictable()
+        message = (
+            "Prefill out of memory. Try to lower your batch size.\n"
+            f"Try to allocate {tokens} tokens.\n"
+            f"Available tokens: {available + evictable} (available_size={available} + evictable_size={evictable})"
+        )
+        for info in self.ranks:
+            self.log_rank(info.tp_rank, message)
+            for line in info.cache.printed_lines():
+                self.engine._emit_fn(line)
+        raise RuntimeError(message)
+
     def _release(self, req: _Req, *, insert: bool) -> None:
         for info, view in zip(self.ranks, req.views):
             info.cache.cache_finished_req(view, is_insert=insert)
@@ -493,6 +509,10 @@ class _Scheduler:
             view.kv_indices = list(match.device_indices)
             view.cache_protected_len = m
         pages = self._alloc_pages(new_pages)
+        if pages is None and self.available() + self.evictable() >= new_pages * self.page_size:
+            # The tree counts as evictable more than an eviction could free (a lock_ref driven
+            # below zero): SGLang's admission trusts that size, and its allocation fails.
+            self._prefill_out_of_memory(new_pages * self.page_size)
         if pages is None:
             for info, view in zip(self.ranks, req.views):
                 info.cache.unlock(view.lock)

@@ -38,8 +38,10 @@ the same sequence of scheduler decisions give the same behaviour.
 ``double-unlock``
     With ``probability`` (default 0.1) per finished request, ``dec_lock_ref`` is called a second
     time on the node the request held, driving lock_ref below zero along the path, silently, as
-    legacy SGLang does. What follows (a protected prefix becoming evictable under a live request)
-    is left to happen.
+    legacy SGLang does. What follows is left to happen: a protected prefix becomes evictable under
+    a live request, the tree counts as evictable tokens no eviction can free, and a prefill's
+    allocation fails as SGLang's does: ``Prefill out of memory`` on every rank, each rank's tree
+    printed into the log (``pretty_print``), and the scheduler dies.
 """
 
 from __future__ import annotations

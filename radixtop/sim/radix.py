@@ -638,14 +638,20 @@ class RadixCache:
             stack.extend(node.children.values())
 
     def pretty_print(self) -> None:
+        for line in self.printed_lines():
+            print(line)
+
+    def printed_lines(self) -> Iterator[str]:
+        """SGLang's pretty_print, line by line: `print(" " * indent, len(key), ids[:10], "r=N")`
+        (print's separator puts one more space in front), then the total."""
         stack = [(self.root_node, 0)]
         while stack:
             node, indent = stack.pop()
             key = _key(node)
-            print(" " * indent, len(key), key.token_ids[:10], f"r={node.lock_ref}")
+            yield f"{' ' * indent} {len(key)} {key.token_ids[:10]} r={node.lock_ref}"
             for child in node.children.values():
                 stack.append((child, indent + 2))
-        print(f"#tokens: {self.total_size()}")
+        yield f"#tokens: {self.total_size()}"
 
     ##### Internal helpers #####
 

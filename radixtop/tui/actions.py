@@ -390,7 +390,10 @@ class IncidentActions:
                 shots = [
                     *view.earlier, *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else [])
                 ]
-                label = f"rank{view.rank}" if view.rank is not None else f"endpoint{len(ranks)}"
+                if view.name:  # a tree the server printed: beside its rank's snapshots, not over them
+                    label = view.name.replace(" ", "-")
+                else:
+                    label = f"rank{view.rank}" if view.rank is not None else f"endpoint{len(ranks)}"
                 status = view.status.state + (f" ({view.status.message})" if view.status.message else "")
                 ranks.append(RankSeen(label, view.url, status, tuple(shots), tuple(view.events),
                                       view.source, view.locks_known))

@@ -31,6 +31,7 @@ from radixtop.widgets.fmt import clock
 if TYPE_CHECKING:
     from radixtop.probes.status import SourceState
     from radixtop.session.live import LiveSources, LiveState, Targets
+    from radixtop.session.printed import PrintedTrees
 
 RADIX_SUBSYSTEM = "radix-cache"  # the signatures' subsystem the radix pane repeats from the log
 
@@ -138,6 +139,7 @@ class Panes:
         self._frame_at = -1e9
         self._marked: str | None = None
         self._radix_log: tuple[LogFinding, ...] = ()
+        self._printed: PrintedTrees | None = None  # the trees the server printed into its log
 
     @property
     def state(self) -> LiveState:
@@ -206,6 +208,8 @@ class Panes:
         if server is not None:  # lazily: the first line almost always decides
             server.log_spoke(chain.from_iterable(run.texts for run in runs) if runs is not None
                              else (r.text for r in batch.records))
+        if runs is not None:
+            self._read_printed_trees(runs)
         if self._state is not None and not self._log_feeds_vitals():
             return
         texts: list[str]
@@ -219,6 +223,16 @@ class Panes:
         from radixtop.session.vitals import live_lines
 
         self._feed_texts(live_lines(texts))
+
+    def _read_printed_trees(self, runs: Any) -> None:
+        """A tree SGLang printed at a failure gets a view of its own in the radix pane."""
+        if self._printed is None:
+            from radixtop.session.printed import PrintedTrees
+
+            self._printed = PrintedTrees()
+        for run in runs:
+            for sample in self._printed.feed(run.source, run.texts):
+                self.state.board.add(sample)
 
     def _log_feeds_vitals(self) -> bool:
         usage = self.state.vitals.series["token_usage"]

@@ -391,6 +391,7 @@ class RadixPane(Vertical):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.selected: str | None = None  # the endpoint URL shown
+        self._focus_seen = 0  # the board's focus_seq last turned to
         self._board: RadixBoard | None = None
         self._note = ""
         self._groups: Any = None
@@ -424,6 +425,8 @@ class RadixPane(Vertical):
             self._from_log = tuple(from_log)
         now = time.time() if now is None else now
         views = board.ordered()
+        if board.focus_seq != self._focus_seen and board.focus in board.ranks:
+            self._focus_seen, self.selected = board.focus_seq, board.focus
         if views and (self.selected is None or self.selected not in board.ranks):
             self.selected = views[0].url
         view = board.ranks.get(self.selected) if self.selected else None
@@ -581,6 +584,14 @@ class RadixPane(Vertical):
         width = max(40, (self.size.width or 80) - 2)
         out.append(f"source {view.source} · page {snap.page_size or '?'}\n", style="bold")
         out.append(_fit(view.source_note, width) + "\n", style="dim")
+        if view.locks_known:  # a print: its lock counts are the server's, its pool figures its error line's
+            if snap.available_tokens is not None:
+                out.append(
+                    f"pool at the failure: available {count(snap.available_tokens)} · evictable "
+                    f"{count(snap.evictable_tokens or 0)} · locked {count(snap.protected_tokens or 0)}\n"
+                )
+            out.append("as printed: no hits, evictions or access times", style="italic")
+            return
         out.append(
             "lock counts unknown (shown ?) · pool, evictions and hits unknown: the radixtop instrument shows them",
             style="italic",

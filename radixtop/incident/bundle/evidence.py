@@ -53,6 +53,8 @@ __all__ = [
 
 MAX_HTTP_BYTES = 32 << 20
 LOG_TAIL_BYTES = 4 << 20
+MAX_PRINTED_TREES = 16  # per log: a print per rank and failure
+MAX_PRINTED_NODES = 50_000
 MAX_STACK_PROCESSES = 16
 RADIX_SNAPSHOT_BUDGET = 5_000
 RADIX_EVENTS_LIMIT = 2_000
@@ -697,4 +699,25 @@ def _copy_tail(sink: Sink, path: str, rel: str) -> None:
         sink.note(rel, f"{path}: {_one_line(exc)}")
         return
     header = f"# last {len(data):,} bytes of {path} ({size:,} bytes)\n" if cut else ""
-    sink.text(rel, header + data.decode("utf-8", "replace"))
+    text = data.decode("utf-8", "replace")
+    sink.text(rel, header + text)
+    _keep_printed_trees(sink, path, text, rel.removesuffix(".tail.log"))
+
+
+def _keep_printed_trees(sink: Sink, path: str, tail: str, stem: str) -> None:
+    """The trees SGLang printed at a failure (diagnosis/printed_tree.py), read from the log's tail
+    (where a failure's print is), each as a snapshot in the debug endpoint's shape."""
+    from radixtop.diagnosis.printed_tree import printed_snapshot, read_printed_trees
+
+    for k, tree in enumerate(read_printed_trees(tail.splitlines())[:MAX_PRINTED_TREES], 1):
+        t = tree.trigger
+        sink.json(f"radix/printed/{stem.removeprefix('logs/')}-{k}.json", {
+            "log": path,
+            "tail_lines": [tree.first_line, tree.last_line],  # line numbers in the copied tail
+            "what": tree.describe(),
+            "after": None if t is None else {
+                "line": t.text, "rank": t.rank, "time": t.epoch, "tokens_asked": t.requested,
+                "available": t.available, "evictable": t.evictable,
+            },
+            "snapshot": printed_snapshot(tree, rank=tree.rank_number, seq=k, budget=MAX_PRINTED_NODES).to_dict(),
+        })

@@ -38,6 +38,7 @@ from radixtop.probes.procs import ProcProbe, ProcsSample
 from radixtop.probes.radix import RadixProbe, RadixSample
 from radixtop.probes.sglang import ServerProbe, ServerSample
 from radixtop.probes.status import SourceState, poll_forever
+from radixtop.session.idle_watch import IdleWatch
 from radixtop.session.radix_board import RadixBoard, rank_groups
 from radixtop.session.vitals import Vitals
 
@@ -164,6 +165,7 @@ class LiveState:
         self.clock = clock
         self.board = RadixBoard()
         self.vitals = Vitals()
+        self.idle = IdleWatch()
         self.server: ServerSample | None = None
         self.server_last_ok: float | None = None
         self.gpu: GpuSample | None = None
@@ -179,6 +181,8 @@ class LiveState:
     def apply(self, sample: Any) -> None:
         if isinstance(sample, RadixSample):
             self.board.add(sample)
+            if sample.snapshot is not None and not sample.source and not sample.unchanged:
+                self.board.alarm(self.idle.snapshot(sample.rank, sample.snapshot, sample.time))
             if (
                 sample.snapshot is not None
                 and not sample.unchanged
@@ -209,6 +213,7 @@ class LiveState:
             self.server_last_ok = sample.time
         if sample.metrics is not None:
             self.vitals.feed_metrics(sample.metrics, sample.time)
+        self.board.alarm(self.idle.server(sample))
         info = sample.info
         if info is not None and info.kind != "unknown":
             self.kind = info.kind

@@ -6,7 +6,7 @@ last values kept while a rank is down. Pure: no I/O, no Textual.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from radixtop.schema import Event, Snapshot
 
 if TYPE_CHECKING:
     from radixtop.probes.radix import RadixSample
+    from radixtop.session.idle_watch import IdleAlarm
 
 KEPT_SNAPSHOTS = 3  # earlier snapshots kept per rank, besides the last
 KEPT_SNAPSHOT_NODES = 5_000  # ... of at most this many nodes (a 100k-node tree is MBs of objects)
@@ -137,6 +138,13 @@ class RadixBoard:
         if changed:  # an unchanged snapshot of a rank in the same state redraws nothing
             self.version += 1
             view.version += 1
+
+    def alarm(self, alarms: Sequence[IdleAlarm]) -> None:
+        """Live alarms (session/idle_watch.py) among the anomalies the pane lists."""
+        for a in alarms:
+            self.anomalies.append(Anomaly(a.time, a.rank, a.kind, None, None, a.message))
+        if alarms:
+            self.version += 1
 
     def _newer_than_focus(self, sample: RadixSample) -> bool:
         """A print of the same failure by another rank (seconds apart) leaves the pane on the first."""

@@ -486,6 +486,7 @@ class RadixPane(Vertical):
         out = Text()
         if view is None:
             out.append(note or NO_ENDPOINT, style="italic")
+            self._server_alarms(out, board)
             return out
         snap = view.snapshot
         if not view.status.ok and view.status.message:
@@ -495,6 +496,7 @@ class RadixPane(Vertical):
             return out
         if view.source:
             self._mirrored(out, view, snap)
+            self._server_alarms(out, board)
             return out
         head = (
             f"{_plugin_source(snap)} · {snap.cache_class} · page {snap.page_size or '?'}"
@@ -553,7 +555,7 @@ class RadixPane(Vertical):
             # The census's age is given relative to its snapshot: the time since then is added.
             out.append(f"  nodes, census {age(census.age_s + max(0.0, now - snap.time))} old{done}\n", style="dim")
         width = max(40, (self.size.width or 80) - 2)
-        mine = [a for a in board.anomalies if a.rank == view.rank or view.rank is None]
+        mine = [a for a in board.anomalies if a.rank is None or a.rank == view.rank or view.rank is None]
         alarms = [a for a in mine if a.kind != "evict_short"][-3:]
         for a in reversed(alarms):
             where = f" node {a.node_id}" if a.node_id is not None else ""
@@ -577,6 +579,12 @@ class RadixPane(Vertical):
             )
         out.rstrip()
         return out
+
+    def _server_alarms(self, out: Text, board: RadixBoard) -> None:
+        """The alarms no rank's view carries (/metrics' figures while idle), below any view."""
+        width = max(40, (self.size.width or 80) - 2)
+        for a in [a for a in board.anomalies if a.rank is None][-3:]:
+            out.append("\n" + _fit(f"! {clock(a.time)} {a.kind} {a.message}", width), style="bold red")
 
     def _mirrored(self, out: Text, view: RankView, snap: Any) -> None:
         """A tree rebuilt from another source (kv-events): its name, what it holds and missed, and

@@ -184,6 +184,14 @@ def evidence_text(finding: Any, label: Callable[[str], str] = lambda s: s) -> Te
         out.append("Competing hypotheses (not ruled out by this line):\n", Style(bold=True))
         for other in sig.competing:
             out.append(f"  • {other}\n")
+    if "Pyspy dump for PID" in first.text:
+        from radixtop.diagnosis.pyspy import read_dumps, where
+
+        places = where(read_dumps([first.text, *finding.context_after]))
+        if places:
+            out.append("Where each process was (SGLang's py-spy dump, innermost frame first):\n", Style(bold=True))
+            for place in places:
+                out.append(f"  • {place}\n")
     out.append(
         f"\nEvidence: {len(finding.context_before)} line(s) before, {len(finding.context_after)} after, "
         f"from {first.file}\n",

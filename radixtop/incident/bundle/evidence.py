@@ -702,6 +702,24 @@ def _copy_tail(sink: Sink, path: str, rel: str) -> None:
     text = data.decode("utf-8", "replace")
     sink.text(rel, header + text)
     _keep_printed_trees(sink, path, text, rel.removesuffix(".tail.log"))
+    _keep_pyspy_dumps(sink, path, text, rel.removesuffix(".tail.log"))
+
+
+def _keep_pyspy_dumps(sink: Sink, path: str, tail: str, stem: str) -> None:
+    """SGLang's own py-spy dumps of its schedulers in the log's tail: where each one was."""
+    if "Pyspy dump for PID" not in tail:
+        return
+    from radixtop.diagnosis.pyspy import read_dumps, where
+
+    stacks = read_dumps(tail.splitlines())
+    if not stacks:
+        return
+    lines = [f"# SGLang's py-spy dumps in the tail of {path}: where each process was (innermost frame first)",
+             *where(stacks), ""]
+    for s in stacks:
+        name = f' "{s.name}"' if s.name else ""
+        lines += [f"PID {s.pid} thread {s.thread}{name} ({s.state})", *(f"    {f}" for f in s.frames), ""]
+    sink.text(f"stacks/sglang-pyspy-{stem.removeprefix('logs/')}.txt", "\n".join(lines))
 
 
 def _keep_printed_trees(sink: Sink, path: str, tail: str, stem: str) -> None:

@@ -350,10 +350,6 @@ def collect_processes(sink: Sink, pid: int | None) -> list[psutil.Process]:
 
 # -- the flight recorder's files ---------------------------------------------------------------
 
-FLIGHT_MAX_AGE_S = 3600.0  # with no pid to match, records written this recently are taken
-FLIGHT_MAX_FILES = 256  # per directory: a directory of others' leftovers is not read whole
-FLIGHT_MAX_BYTES = 64 << 20
-
 
 def flight_sources(url: str | None, pid: int | None, given: Sequence[str] = ()) -> tuple[int | None, list[Path]]:
     """The server's pid (as last seen, when it is gone) and where its flight recorder may have
@@ -373,41 +369,16 @@ def flight_sources(url: str | None, pid: int | None, given: Sequence[str] = ()) 
 
 
 def collect_flight(sink: Sink, pid: int | None, dirs: Sequence[Path]) -> list[Any]:
-    """The flight records of the server's ranks (radixtop.instrument.flight), written by its
-    scheduler processes as the cache failed: those whose process is ``pid`` or a child of it, or,
-    with no pid known, those written in the last hour (said in a note). Returns them parsed."""
-    from radixtop.rundir import read_checked
-    from radixtop.schema import FlightRecord, decode_json
+    """The flight records of the server's ranks (probes/flight.py), written by its scheduler
+    processes as the cache failed: those whose process is ``pid`` or a child of it, or, with no
+    pid known, those written in the last hour (said in a note). Returns them parsed."""
+    from radixtop.probes.flight import read_flight_records
 
-    found: list[Any] = []
-    skipped: list[str] = []
-    now = time.time()
-    owners = _flight_owners(pid)
-    for directory in dirs:
-        try:
-            paths = sorted(directory.glob("rank*-pid*.json"))[:FLIGHT_MAX_FILES]
-        except OSError:
-            continue
-        for path in paths:
-            try:
-                # Checked on the open file, never through a link: what is checked is what is read,
-                # and only a file written by the server's own user is its record.
-                read = read_checked(path, FLIGHT_MAX_BYTES, owners=owners)
-                if read is None:
-                    continue
-                data, info = read
-                if pid is None and now - info.st_mtime > FLIGHT_MAX_AGE_S:
-                    continue
-                record = FlightRecord.from_dict(decode_json(data, "flight record"))
-            except (OSError, ValueError) as exc:
-                skipped.append(f"{path}: {_one_line(exc)}")
-                continue
-            if pid is not None and pid not in (record.pid, record.ppid):
-                continue
-            found.append(record)
-            sink.json(f"flight/{path.name}", record.to_dict())
+    read = read_flight_records(dirs, pid)
+    for found in read.records:
+        sink.json(f"flight/{found.path.name}", found.record.to_dict())
     where = ", ".join(str(d) for d in dirs)
-    if not found:
+    if not read.records:
         whose = f"process {pid} or its children" if pid is not None else "any server in the last hour"
         sink.note(
             "flight/records",
@@ -418,17 +389,9 @@ def collect_flight(sink: Sink, pid: int | None, dirs: Sequence[Path]) -> list[An
             "flight/matched-by-time",
             f"the server's pid is unknown: these are the records written in the last hour in {where}",
         )
-    if skipped:
-        sink.note("flight/unreadable", "; ".join(skipped[:20]))
-    return found
-
-
-def _flight_owners(pid: int | None) -> tuple[int, ...]:
-    """Whose files may be the server's flight records: its user's (while it runs), else ours."""
-    try:
-        return (psutil.Process(pid).uids().effective,) if pid is not None else (os.geteuid(),)
-    except (psutil.Error, OSError):
-        return (os.geteuid(),)
+    if read.skipped:
+        sink.note("flight/unreadable", "; ".join(read.skipped[:20]))
+    return [found.record for found in read.records]
 
 
 def _is_python(proc: psutil.Process) -> bool:

@@ -62,15 +62,23 @@ _PEAK = ("import sys\nfrom radixtop.cli import main\nrc = main(sys.argv[1:])\n"
          "print('peak_kib', hwm, file=sys.stderr)\nsys.exit(rc)")
 
 
-def radixtop_peak(*args: str, timeout_s: float = 120.0, cwd: Path | None = None,
-                  env: Mapping[str, str] | None = None) -> tuple[subprocess.CompletedProcess, int]:
-    """`radixtop ARGS` run to its end: (the finished process, less its last stderr line; its peak RSS in MiB)."""
+def radixtop_peak(
+    *args: str, timeout_s: float = 120.0, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+    limit_mib: int = 4096,
+) -> tuple[subprocess.CompletedProcess, int]:
+    """`radixtop ARGS` run to its end: (the finished process, less its last stderr line; its peak RSS
+    in MiB). Its address space is held to ``limit_mib``, so a run that would eat memory without end
+    fails (MemoryError) instead of taking the machine's."""
+    limit = f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({limit_mib << 20}, {limit_mib << 20}))\n"
     done = subprocess.run(
-        [sys.executable, "-c", _PEAK, *args], capture_output=True, text=True, timeout=timeout_s, check=False,
-        stdin=subprocess.DEVNULL, cwd=cwd, env={**os.environ, **(env or {})},
+        [sys.executable, "-c", limit + _PEAK, *args], capture_output=True, text=True, timeout=timeout_s, check=False,
+        # Not run from the checkout: `python -c` imports from its working directory first.
+        stdin=subprocess.DEVNULL, cwd=cwd or Path(__file__).parent, env={**os.environ, **(env or {})},
     )
     head, _, last = done.stderr.rstrip("\n").rpartition("\n")
     if not last.startswith("peak_kib "):
         head, last = done.stderr, "peak_kib 0"
+    elif head:
+        head += "\n"
     done.stderr = head
     return done, int(last.split()[1]) >> 10

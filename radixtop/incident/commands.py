@@ -92,21 +92,23 @@ def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str
 
 def _server_info(url: str) -> dict[str, Any] | None:
     """The server's /server_info, or None when it does not answer one."""
-    import httpx
+    from radixtop.incident.common.server import auth_headers
+    from radixtop.probes.server_info import read_server_info_now
 
-    try:
-        info = httpx.get(f"{url}/server_info", timeout=5).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
+    return read_server_info_now(url, auth_headers())
 
 
 def _page_size(info: dict[str, Any] | None, url: str, value: int | str | None) -> int | None:
     """--page-size: None (as written), a number, or auto (the server's, from /server_info)."""
+    from radixtop.probes.server_info import LimitError, ServerLimits
+
     if value is None or isinstance(value, int):
         return value
-    size = (info or {}).get("page_size")
-    if type(size) is not int or size < 1:
+    try:
+        size = ServerLimits.read(info, f"{url}/server_info").page_size
+    except LimitError as exc:
+        raise UsageError(f"--page-size auto: {exc}") from None
+    if size is None:
         raise UsageError(f"--page-size auto: {url}/server_info did not say its page_size; pass a number")
     return size
 

@@ -203,3 +203,24 @@ def test_removing_a_block_always_takes_it_out_of_the_roots() -> None:
     assert m.roots == {1} and set(m.blocks) == {1} and m.blocks[1].parent is None
     assert m.prefixes() == {(3,)}
     assert m.snapshot(rank=0, instance="x", seq=5, budget=100).tree.walked_tokens == 1
+
+
+def test_a_far_jump_mid_stream_is_not_counted_lost_and_the_way_back_starts_over() -> None:
+    from radixtop.kv_wire import EventBatch, encode_batch, seq_bytes
+
+    probe = KvEventsProbe(KvEventsSource(0, "tcp://127.0.0.1:1"))  # no replay endpoint: nothing to ask
+
+    def batch(seq: int, block: int) -> list[bytes]:
+        stored = BlockStored(block_hashes=[block], parent_block_hash=None, token_ids=[block], block_size=1,
+                             lora_id=None)
+        return [b"", seq_bytes(seq), encode_batch(EventBatch(ts=0.0, events=[stored]))]
+
+    for seq in range(5):
+        probe._receive(batch(seq, 100 + seq), live=True)
+    probe._receive(batch(1 << 62, 999), live=True)  # a malformed number, far ahead
+    assert probe.lost == 0 and "jumps" in probe._problem
+    for seq in range(5, 8):
+        probe._receive(batch(seq, 100 + seq), live=True)
+    assert probe.resyncs == 1 and "jumped far ahead" in probe._problem and "starts over" in probe._problem
+    assert set(probe.mirror.blocks) == {105, 106, 107} and probe.lost == 0
+    assert "started over 1x" in probe.note()

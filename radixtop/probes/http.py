@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up, b
 
 DEFAULT_TIMEOUT_S = 3.0
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+SHORT_ANSWER_BYTES = 64 * 1024  # /health, /flush_cache: a line of text, if anything
 
 
 @dataclass(frozen=True, slots=True)

@@ -333,14 +333,13 @@ USAGE_DEADLINE_S = 2.0  # one read of /metrics, whole
 FLUSH_ATTEMPTS = 5
 FLUSH_RETRY_S = 0.2
 FLUSH_DEADLINE_S = 10.0  # one flush call, whole
-SHORT_ANSWER_BYTES = 64 << 10  # /flush_cache and /health: SGLang answers a line of text
 HEALTH_DEADLINE_S = 3.0
 
 
 async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
     """POST /flush_cache; None when flushed, else why not (SGLang refuses while requests run).
     The answer is read within the cap every answer has (probes/http.py fetch)."""
-    from radixtop.probes.http import fetch
+    from radixtop.probes.http import SHORT_ANSWER_BYTES, fetch
 
     last = ""
     for attempt in range(FLUSH_ATTEMPTS):
@@ -361,7 +360,7 @@ async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
 
 
 async def server_alive(client: httpx.AsyncClient, url: str) -> bool:
-    from radixtop.probes.http import fetch
+    from radixtop.probes.http import SHORT_ANSWER_BYTES, fetch
 
     try:
         got = await asyncio.wait_for(fetch(client, f"{url}/health", max_bytes=SHORT_ANSWER_BYTES,

@@ -224,3 +224,9 @@ def test_a_far_jump_mid_stream_is_not_counted_lost_and_the_way_back_starts_over(
     assert probe.resyncs == 1 and "jumped far ahead" in probe._problem and "starts over" in probe._problem
     assert set(probe.mirror.blocks) == {105, 106, 107} and probe.lost == 0
     assert "started over 1x" in probe.note()
+    # Numbering from 0 behind what only the replay brought: a restart, not "already applied".
+    fresh = KvEventsProbe(KvEventsSource(0, "tcp://127.0.0.1:1"))
+    for seq in range(4):
+        fresh._receive(batch(seq, 200 + seq), live=False)
+    fresh._receive(batch(0, 300), live=True)
+    assert fresh.restarts == 1 and set(fresh.mirror.blocks) == {300}

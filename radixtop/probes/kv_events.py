@@ -182,10 +182,12 @@ class KvEventsProbe:
             self.malformed += 1
             self._note(f"a message of {len(frames)} frames is not topic, sequence, batch: skipped")
             return
-        if live and self._live_seq is not None and seq <= self._live_seq:
-            if seq == self._live_seq:
-                return  # the same batch twice
-            self._start_over(seq)  # a live stream never goes back unless its publisher began again
+        if live and seq == self._live_seq:
+            return  # the same batch twice
+        # A live stream never goes back unless its publisher began again; numbering from 0 behind
+        # what the replay brought is a restart too.
+        if live and ((self._live_seq is not None and seq < self._live_seq) or (seq == 0 and (self._last_seq or 0) > 0)):
+            self._start_over(seq)
         last = self._last_seq
         if live:
             self._far_jump = last is not None and seq - last > FAR_JUMP
@@ -315,9 +317,10 @@ class KvEventsProbe:
         if self.restarts or self.resyncs:
             parts.append(f"started over {self.restarts + self.resyncs:,}x")
         if self.stalls:
-            parts.append(f"replay silent: waited {self.stalls * REPLAY_TIMEOUT_S:g} s in {self.stalls:,} polls")
+            polls = f"{self.stalls:,} poll" + ("s" if self.stalls != 1 else "")
+            parts.append(f"replay silent: waited {self.stalls * REPLAY_TIMEOUT_S:g} s in {polls}")
         if self.drops:
-            parts.append(f"connection dropped {self.drops:,}x (libzmq drops a frame over 16 MiB)")
+            parts.append(f"connection dropped {self.drops:,}x (a restart, or a frame over 16 MiB refused)")
         if m.unknown_parents:
             parts.append(f"{m.unknown_parents:,} blocks under unseen parents")
         return f"{self.source.endpoint}: " + " · ".join(parts)

@@ -28,6 +28,9 @@ reported (``finding_03330``)::
 
 Optional top-level keys: ``source`` (where the trace came from), ``expect_diverged`` (request ids
 a replay is expected to see diverge). Loading errors are one line naming the file and field.
+Sizes are held to what a node can build (``MAX_PROMPT_TOKENS``, ``MAX_NEW_TOKENS``, ``MAX_COPIES``,
+``MAX_OFFSET_MS`` per request, ``MAX_TRACE_TOKENS`` for all of a replay's prompts: ``check_size``),
+since every call's prompt is built before the first goes out.
 Prompts are lists of token ids (``input_ids``), so a replay controls prefix lengths exactly; the
 ids are drawn from the served model's vocabulary (``radixtop.incident.replay.vocab``), never a special
 token: an id the model does not have crashes its server.

@@ -111,3 +111,16 @@ def test_replay_against_a_deeply_nested_server_info_replays(tmp_path: Path) -> N
     assert "Traceback" not in done.stderr and "RecursionError" not in done.stderr, done.stderr
     assert done.returncode in (0, 1), done.stderr
     assert "44 answered, 0 failed" in done.stderr
+
+
+def test_replay_says_which_prompts_the_server_takes_as_too_long(tmp_path: Path) -> None:
+    info = tmp_path / "info.json"
+    info.write_text(json.dumps({"version": "0.5.23", "page_size": 64, "max_req_input_len": 300}))
+    standin = start_standin(tmp_path / "srv", "--mode", "generate", "--info", str(info))
+    try:
+        done, _ = radixtop_peak("replay", "finding_03330", "--url", standin.url, "--runs", "1", "--no-flush",
+                                "--vocab-size", "1000", timeout_s=90)
+    finally:
+        standin.stop()
+    line = next((x for x in done.stderr.splitlines() if "max_req_input_len" in x), "")
+    assert "have prompts longer than the server's max_req_input_len of 300 tokens" in line, done.stderr

@@ -113,6 +113,22 @@ def _page_size(info: dict[str, Any] | None, url: str, value: int | str | None) -
     return size
 
 
+def _longer_than_the_server_takes(info: dict[str, Any] | None, url: str, trace: Trace) -> str | None:
+    """A line when some of the trace's prompts are longer than the server's max_req_input_len
+    (it refuses those calls), or when its /server_info's numbers are not a server's."""
+    from radixtop.probes.server_info import LimitError, ServerLimits
+
+    try:
+        longest = ServerLimits.read(info, f"{url}/server_info").max_req_input_len
+    except LimitError as exc:
+        return f"{exc}; its limits are not checked"
+    over = [r for r in trace.requests if longest is not None and r.prompt_len > longest]
+    if not over:
+        return None
+    return (f"{len(over):,} of the trace's requests (first {over[0].id}) have prompts longer than the server's "
+            f"max_req_input_len of {longest:,} tokens: it refuses those calls")
+
+
 def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Trace) -> Vocabulary:
     """The served model's vocabulary (radixtop.incident.replay.vocab), from --vocab-size or its files."""
     from radixtop.incident.replay.vocab import VocabError, Vocabulary, for_server
@@ -199,6 +215,9 @@ def run_replay(args: Namespace) -> int:
             raise UsageError(str(exc)) from None
         label += f", prefixes rescaled to page size {size}"
     say = _progress("replay")
+    too_long = _longer_than_the_server_takes(info, url, trace)
+    if too_long:
+        say(too_long)
     if args.no_flush:
         say("--no-flush: the cache is NOT flushed between runs, so later runs may hit what earlier ones cached")
     else:

@@ -225,22 +225,13 @@ def _guard(kind: str, parse: Callable[[Any], _T], obj: Any) -> _T:
 
 
 def decode_json(data: bytes | str, kind: str) -> Any:
-    """Bytes -> JSON value with the size guard; one-line ValueError on anything wrong."""
-    if isinstance(data, str):
-        size = len(data)
-    elif isinstance(data, (bytes, bytearray, memoryview)):
-        size = len(data)
-    else:
+    """Bytes -> JSON value with the size guard; one-line ValueError on anything wrong. Every level
+    is checked by the parsers here, so nothing is cut."""
+    from radixtop.bounded import load_json
+
+    if not isinstance(data, (bytes, bytearray, memoryview, str)):
         raise ValueError(f"{kind}: expected bytes, got {type(data).__name__}")
-    if size > MAX_PAYLOAD_BYTES:
-        raise ValueError(f"{kind}: {size} bytes is more than the limit of {MAX_PAYLOAD_BYTES}; refusing it")
-    try:
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
-    except RecursionError:
-        raise ValueError(f"{kind}: JSON nested too deeply; refusing it") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{kind}: not valid JSON ({first[:120]})") from None
+    return load_json(data, kind, max_bytes=MAX_PAYLOAD_BYTES, cut_depth=None)
 
 
 def encode_json(obj: Any) -> bytes:

@@ -14,7 +14,8 @@ digits of the SHA-1 of its input_ids as JSON), each request is recorded as a JSO
 keep-alive connection as a call arrives), and --close-after-answer closes every
 connection after its answer without saying so, and --answer-after S holds each answer S seconds
 (the record's ``in_flight``: generate requests being served as this one arrived, itself included).
---tls CERT KEY serves HTTPS.
+--tls CERT KEY serves HTTPS. --flush-bytes N: POST /flush_cache answers 200 with N bytes and no
+Content-Length (read until the connection closes). --info FILE: /server_info answers FILE's bytes.
 Arguments it does not know are ignored, so a test can put secrets in its argv.
 """
 
@@ -44,6 +45,8 @@ def main() -> None:
     parser.add_argument("--close-after-answer", action="store_true")
     parser.add_argument("--answer-after", type=float, default=0.0)
     parser.add_argument("--tls", nargs=2, default=None, metavar=("CERT", "KEY"))
+    parser.add_argument("--flush-bytes", type=int, default=0)
+    parser.add_argument("--info", default=None)
     args, _ = parser.parse_known_args()
     secrets = json.load(open(args.secrets)) if args.secrets else {}
     lock = threading.Lock()
@@ -63,6 +66,9 @@ def main() -> None:
             if path == "/health":
                 return self._send(200, b"")
             if path == "/server_info":
+                if args.info:
+                    with open(args.info, "rb") as fh:
+                        return self._send(200, fh.read())
                 if args.mode == "deep":
                     deep = "[" * 900 + "]" * 900
                     listed = json.dumps(args.list_instrument)
@@ -83,6 +89,8 @@ def main() -> None:
             body = self.rfile.read(min(length, 1 << 20))
             if args.mode == "generate" and self.path == "/generate":
                 return self._generate(body)
+            if self.path == "/flush_cache" and args.flush_bytes:
+                return self._flood(args.flush_bytes)
             if args.mode == "slow":
                 return self._drip(b'{"text": "slow", "meta_info": {}}')
             return self._send(404, b"not found")
@@ -119,6 +127,16 @@ def main() -> None:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def _flood(self, size: int) -> None:
+            self.close_connection = True
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+            block = b"x" * (1 << 20)
+            try:
+                for _ in range(size >> 20):
+                    self.wfile.write(block)
+            except OSError:
+                return
 
         def _drip(self, body: bytes) -> None:
             raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)

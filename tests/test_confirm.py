@@ -358,15 +358,19 @@ def test_the_live_max_running_requests_comes_from_the_flag_else_server_info_else
     0.5.23's /server_info then says None for the argument and the effective figure per DP rank in
     internal_states; the pressure ladder must still start below that."""
     from radixtop.incident.confirm.confirm import _max_running
+    from radixtop.probes.server_info import LimitError, ServerLimits
 
     bare = parse_launch_command("python -m sglang.launch_server --model-path m", source="given")
     flagged = parse_launch_command("python -m sglang.launch_server --max-running-requests 64", source="given")
     info = {"max_running_requests": None, "internal_states": [{"effective_max_running_requests_per_dp": 512}]}
-    assert _max_running(bare, info) == 512
-    assert _max_running(flagged, info) == 64
-    assert _max_running(bare, {**info, "max_running_requests": 128}) == 128
-    assert _max_running(bare, {"internal_states": []}) is None and _max_running(bare, None) is None
-    assert _max_running(bare, {"internal_states": [{"effective_max_running_requests_per_dp": "x"}]}) is None
+    assert _max_running(bare, ServerLimits.read(info)) == 512
+    assert _max_running(flagged, ServerLimits.read(info)) == 64
+    assert _max_running(bare, ServerLimits.read({**info, "max_running_requests": 128})) == 128
+    assert _max_running(bare, ServerLimits.read({"internal_states": []})) is None
+    assert _max_running(bare, ServerLimits.read(None)) is None
+    # A value no server gives is one line naming it, not a number the ladder is built from.
+    with pytest.raises(LimitError, match="effective_max_running_requests_per_dp is 'x'"):
+        ServerLimits.read({"internal_states": [{"effective_max_running_requests_per_dp": "x"}]})
 
 
 def test_the_expected_load_time_is_the_originals_last_start_up_from_its_log(tmp_path: Path) -> None:

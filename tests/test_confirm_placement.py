@@ -132,3 +132,28 @@ def test_a_plan_that_needs_the_originals_gpus_keeps_to_it_unless_asked_to_stop_i
     assert [a.role for a in stopping.arms] == ["reproduction", "control"]
     assert all(a.env["CUDA_VISIBLE_DEVICES"] == "GPU-0000,GPU-0001" for a in stopping.arms)
     assert "STOPPED FIRST" in "\n".join(stopping.describe())
+
+
+def test_a_sighting_with_impossible_numbers_is_read_without_them(monkeypatch):
+    """A sighting is a file in the runtime directory, read back, not trusted: a time past any clock
+    and a GPU's memory as text are left out, not an OverflowError or a TypeError in the plan."""
+    import json
+
+    from radixtop.incident.common.sighting import observe, save_sighting
+    from radixtop.rundir import write_file
+
+    url = "http://127.0.0.1:31999"
+    path = save_sighting(observe(url, None, server_info={"version": "x"}))
+    doc = json.loads(path.read_text())
+    doc["last_seen"] = 1e300
+    doc["died_at"] = float("inf")
+    doc["gpus"] = [{"index": 0, "uuid": "GPU-0000", "used_bytes": "lots", "total_bytes": [1]}]
+    write_file(path, json.dumps(doc).encode())
+    seen = load_sighting(url)
+    assert seen is not None and seen.last_seen == 0.0 and seen.died_at is None
+    assert "planned from what was seen at" in seen.describe_age() or "found" in seen.describe_age()
+    assert seen.gpus[0].used_bytes is None and seen.gpus[0].total_bytes is None
+    sample = read(monkeypatch, [(0.5, [])] * 2)
+    placed = place("sglang", SGLANG, sample, original_pids=set(),
+                   original_use={g.uuid: g.used_bytes for g in seen.gpus}, original_gone=True)
+    assert placed.status == "placed"

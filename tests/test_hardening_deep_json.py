@@ -47,3 +47,25 @@ def test_a_bundle_keeps_the_server_section_when_server_info_nests_900_deep(tmp_p
     assert "nested deeper than 64 levels: cut" in json.dumps(info["deep"])
     assert json.loads((result.path / "radix/rank0-snapshot.json").read_text())["schema_version"] == 1
     assert verify_bundle(result.path) == []
+
+
+def test_a_keymap_nested_30k_deep_is_a_notice_and_the_default_keys(tmp_path: Path) -> None:
+    from radixtop.tui.keys import load_keymap
+
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text("[keys]\nquit = " + "[" * 30_000 + "]" * 30_000 + "\n")
+    table, problem = load_keymap(keymap)
+    assert table == {} and problem is not None and "\n" not in problem
+    assert "nested too deeply" in problem and "the default keys are in use" in problem
+
+
+def test_a_catalog_nested_50k_deep_is_one_line(tmp_path: Path) -> None:
+    import pytest
+
+    from radixtop.diagnosis.catalog import CatalogError, load_catalog
+
+    catalog = tmp_path / "deep.toml"
+    catalog.write_text("[[signature]]\nid = 'x'\ncompeting = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(CatalogError) as info:
+        load_catalog([catalog])
+    assert "\n" not in str(info.value) and "nested too deeply" in str(info.value)

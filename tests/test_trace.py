@@ -92,8 +92,18 @@ def test_roundtrip_through_a_real_file(tmp_path):
             r"requests\[0\]\.prefix_len must be within 0\.\.prompt_len \(128\)",
         ),
         (lambda d: d["requests"][1].update(id="a"), r"requests\[1\]\.id 'a' appears twice"),
-        (lambda d: d["requests"][0].update(offset_ms=-1), r"requests\[0\]\.offset_ms must be >= 0"),
-        (lambda d: d["requests"][0].update(n=0), r"requests\[0\]\.n must be >= 1"),
+        (lambda d: d["requests"][0].update(offset_ms=-1), r"requests\[0\]\.offset_ms must be within 0\.\."),
+        (lambda d: d["requests"][0].update(n=0), r"requests\[0\]\.n must be within 1\.\.1,024"),
+        # Sizes that would build prompts without end, and offsets the clock cannot hold.
+        (lambda d: d["requests"][0].update(prompt_len=10**12), r"requests\[0\]\.prompt_len must be within 1\.\."),
+        (lambda d: d["requests"][0].update(n=10**9), r"requests\[0\]\.n must be within 1\.\.1,024, got 1000000000"),
+        (lambda d: d["requests"][0].update(max_tokens=10**12), r"requests\[0\]\.max_tokens must be within 0\.\."),
+        (lambda d: d["requests"][0].update(offset_ms=1e300), r"requests\[0\]\.offset_ms must be within 0\.\."),
+        (lambda d: d["requests"][0].update(offset_ms=float("inf")), r"requests\[0\]\.offset_ms must be within"),
+        (lambda d: d["requests"][0].update(offset_ms=float("nan")), r"requests\[0\]\.offset_ms must be within"),
+        (lambda d: d["requests"].extend({**d["requests"][0], "id": f"big{i}", "prompt_len": 1 << 21, "prefix_len": 0,
+                                         "n": 1024} for i in range(1)),
+         r"its calls hold [\d,]+ prompt tokens \(prompt_len x n\), more than the 33,554,432"),
         (lambda d: d["requests"][0].update(prompt=1), r"requests\[0\]\.prompt is not a request field"),
         (lambda d: d.update(expect_diverged=["zz"]), "expect_diverged names 'zz'"),
     ],
@@ -117,6 +127,14 @@ def test_loader_errors_for_unreadable_and_invalid_json(tmp_path):
         load_trace(bad)
     with pytest.raises(TraceError, match="no built-in trace named 'nope'"):
         builtin_trace("nope")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"version": 1, "name": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(TraceError, match="JSON nested too deeply"):
+        load_trace(deep)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"version": 1, "name": "caf\xe9"}')
+    with pytest.raises(TraceError, match=r"not valid JSON \(.*utf-8"):
+        load_trace(latin)
 
 
 @pytest.mark.parametrize("vocab", [SIM_VOCABULARY, SMALL], ids=["sim", "small"])

@@ -55,6 +55,7 @@ _REQUIRED = (
     "competing",
 )
 _OPTIONAL = ("role",)
+MAX_CATALOG_BYTES = 16 << 20  # a user catalog of 20,000 signatures is a few MB
 _ID = r"[a-z0-9]+(?:-[a-z0-9]+)*\Z"
 _TABLE_HEADER = r"^\s*\[\[\s*signature\s*\]\]"
 
@@ -254,13 +255,17 @@ def parse_catalog(text: str, source: str, *, origin: str) -> tuple[Signature, ..
     """Parse and validate one catalog's TOML text; ``source`` names it in errors."""
     import tomllib
 
+    from radixtop.bounded import load_toml
+
     try:
-        doc = tomllib.loads(text)
+        doc = load_toml(text, source, max_bytes=MAX_CATALOG_BYTES)
     except tomllib.TOMLDecodeError as exc:
         line, column, what = _decode_error_position(exc, text)
         raise CatalogError(
             f"{source}:{line}: invalid TOML ({what}, column {column}); fix the syntax there"
         ) from None
+    except ValueError as exc:  # too big, or nested too deeply to read
+        raise CatalogError(f"{exc}; a catalog holds flat [[signature]] tables") from None
 
     lines = text.splitlines()
     header = re.compile(_TABLE_HEADER)

@@ -92,23 +92,41 @@ def load_trace_arg(text: str, block_size: int | None = None) -> tuple[Trace, str
 
 def _server_info(url: str) -> dict[str, Any] | None:
     """The server's /server_info, or None when it does not answer one."""
-    import httpx
+    from radixtop.incident.common.server import auth_headers
+    from radixtop.probes.server_info import read_server_info_now
 
-    try:
-        info = httpx.get(f"{url}/server_info", timeout=5).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
+    return read_server_info_now(url, auth_headers())
 
 
 def _page_size(info: dict[str, Any] | None, url: str, value: int | str | None) -> int | None:
     """--page-size: None (as written), a number, or auto (the server's, from /server_info)."""
+    from radixtop.probes.server_info import LimitError, ServerLimits
+
     if value is None or isinstance(value, int):
         return value
-    size = (info or {}).get("page_size")
-    if type(size) is not int or size < 1:
+    try:
+        size = ServerLimits.read(info, f"{url}/server_info").page_size
+    except LimitError as exc:
+        raise UsageError(f"--page-size auto: {exc}") from None
+    if size is None:
         raise UsageError(f"--page-size auto: {url}/server_info did not say its page_size; pass a number")
     return size
+
+
+def _longer_than_the_server_takes(info: dict[str, Any] | None, url: str, trace: Trace) -> str | None:
+    """A line when some of the trace's prompts are longer than the server's max_req_input_len
+    (it refuses those calls), or when its /server_info's numbers are not a server's."""
+    from radixtop.probes.server_info import LimitError, ServerLimits
+
+    try:
+        longest = ServerLimits.read(info, f"{url}/server_info").max_req_input_len
+    except LimitError as exc:
+        return f"{exc}; its limits are not checked"
+    over = [r for r in trace.requests if longest is not None and r.prompt_len > longest]
+    if not over:
+        return None
+    return (f"{len(over):,} of the trace's requests (first {over[0].id}) have prompts longer than the server's "
+            f"max_req_input_len of {longest:,} tokens: it refuses those calls")
 
 
 def _vocabulary(info: dict[str, Any] | None, given: int | None, trace: Trace) -> Vocabulary:
@@ -197,6 +215,9 @@ def run_replay(args: Namespace) -> int:
             raise UsageError(str(exc)) from None
         label += f", prefixes rescaled to page size {size}"
     say = _progress("replay")
+    too_long = _longer_than_the_server_takes(info, url, trace)
+    if too_long:
+        say(too_long)
     if args.no_flush:
         say("--no-flush: the cache is NOT flushed between runs, so later runs may hit what earlier ones cached")
     else:

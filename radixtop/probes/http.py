@@ -1,4 +1,5 @@
-"""Bounded HTTP GETs for the probes: a size cap while reading, a timeout, one-line failures.
+"""Bounded HTTP requests for the probes and the actions: a size cap while reading, a timeout,
+one-line failures.
 
 Every failure a server can hand us (refused connection, timeout, reset, an answer larger than we
 will hold, a redirect elsewhere) becomes `Fetched.error`, a line that says what happened; nothing
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # imported when first used: httpx costs ~70 ms of start-up, b
 
 DEFAULT_TIMEOUT_S = 3.0
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+SHORT_ANSWER_BYTES = 64 * 1024  # /health, /flush_cache: a line of text, if anything
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +113,10 @@ async def fetch(
     max_bytes: int = DEFAULT_MAX_BYTES,
     timeout_s: float | None = None,
     params: dict[str, str | int] | None = None,
+    method: str = "GET",
 ) -> Fetched:
-    """GET url; the body is read up to max_bytes (a longer answer is abandoned, not buffered)."""
+    """GET (or ``method``) url; the body is read up to max_bytes (a longer answer is abandoned, not
+    buffered)."""
     import httpx
 
     started = time.monotonic()
@@ -122,7 +126,7 @@ async def fetch(
         return Fetched(url, status, b"", message, time.monotonic() - started, refused)
 
     try:
-        async with client.stream("GET", url, params=params, timeout=timeout) as resp:
+        async with client.stream(method, url, params=params, timeout=timeout) as resp:
             length = resp.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > max_bytes:
                 return failed(

@@ -82,13 +82,17 @@ class BlockMirror:
             self.unknown_removes += 1
             return
         self.tokens -= len(block.tokens)
+        # Always out of the roots: a parent removed and stored again under another block leaves
+        # this block's parent hash naming a block that is not the one it hung under.
+        self.roots.discard(h)
         above = self.blocks.get(block.parent) if block.parent is not None else None
         if above is not None:
             above.children.discard(h)
-        else:
-            self.roots.discard(h)
         for child in block.children:  # not SGLang's order (leaves go first): shown under the root
-            self.roots.add(child)
+            below = self.blocks.get(child)
+            if below is not None:
+                below.parent = None  # its parent is gone: a block stored later under that hash is another
+                self.roots.add(child)
 
     def prefixes(self) -> set[tuple[Any, ...]]:
         """Every block's whole token path from the root: what the cache holds, in comparable form."""

@@ -115,12 +115,9 @@ def _int(v: Any) -> int | None:
 
 def parse_server_info(url: str, data: bytes) -> ServerInfo:
     """/server_info (SGLang) -> ServerInfo; ValueError with one line when it is not that."""
-    try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"/server_info is not JSON ({one_line(str(exc), 80)})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"/server_info is not a JSON object (got {type(obj).__name__})")
+    from radixtop.probes.server_info import decode_server_info
+
+    obj = decode_server_info(data)
     version = obj.get("version")
     return ServerInfo(
         url=url,

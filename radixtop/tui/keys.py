@@ -16,7 +16,6 @@ that cannot be used is one notice in the log pane, and the default keys stay.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,13 @@ from pathlib import Path
 from textual.binding import Binding
 from textual.keys import format_key
 
+from radixtop.bounded import load_toml
 from radixtop.widgets.keys import WIDGET_KEYS, WidgetKey
 
 __all__ = ["EXTRA_HELP", "KEYS", "Key", "bindings", "display", "help_rows", "keymap_path", "load_keymap"]
 
 ENV_KEYMAP = "RADIXTOP_KEYMAP"
+MAX_KEYMAP_BYTES = 1 << 20  # a keymap is a few lines
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,11 @@ def load_keymap(path: Path | None = None) -> tuple[dict[str, str], str | None]:
     path = path or keymap_path()
     try:
         with open(path, "rb") as fh:
-            doc = tomllib.load(fh)
+            doc = load_toml(fh.read(MAX_KEYMAP_BYTES + 1), str(path), max_bytes=MAX_KEYMAP_BYTES)
     except FileNotFoundError:
         return {}, None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        return {}, f"{path}: not read ({exc}); the default keys are in use"
+    except (OSError, ValueError) as exc:  # ValueError: TOML that is malformed, too big or nested too deeply
+        return {}, f"{path}: not read ({str(exc).removeprefix(f'{path}: ')}); the default keys are in use"
     table = doc.get("keys")
     if not isinstance(table, dict):
         return {}, f"{path}: no [keys] table; write e.g. [keys] quit = \"ctrl+q\""

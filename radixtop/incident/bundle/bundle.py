@@ -146,6 +146,8 @@ class BundleWriter:
         self._write(rel, text)
 
     def json(self, rel: str, obj: Any) -> None:
+        from radixtop.bounded import prune_depth
+
         obj = prune_depth(obj)  # redacting and dumping recurse: a hostile document nests thousands deep
         self._write(rel, json.dumps(self.redactor.json(obj), indent=2, ensure_ascii=False, default=str) + "\n")
 
@@ -154,29 +156,6 @@ class BundleWriter:
         with self._lock:
             self.notes[self.redactor.name(rel)] = why
         self._write(rel + NOTE_SUFFIX, why + "\n")
-
-
-MAX_JSON_DEPTH = 64
-
-
-def prune_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> Any:
-    """A copy of a JSON value whose objects and arrays nested deeper than ``limit`` are replaced
-    by a string saying so; the rest is kept. Iterative: it must not recurse itself."""
-    holder: list[Any] = [None]
-    stack: list[tuple[Any, Any, Any, int]] = [(obj, holder, 0, 0)]
-    while stack:
-        value, parent, key, depth = stack.pop()
-        if isinstance(value, (dict, list, tuple)) and depth >= limit:
-            parent[key] = f"[nested deeper than {limit} levels: cut]"
-        elif isinstance(value, dict):
-            mapping = parent[key] = dict.fromkeys(value)  # keys in order; values filled below
-            stack.extend((v, mapping, k, depth + 1) for k, v in value.items())
-        elif isinstance(value, (list, tuple)):
-            items = parent[key] = [None] * len(value)
-            stack.extend((v, items, i, depth + 1) for i, v in enumerate(value))
-        else:
-            parent[key] = value
-    return holder[0]
 
 
 class _FileEntry(TypedDict):

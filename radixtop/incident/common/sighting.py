@@ -40,6 +40,7 @@ BEHAVIOUR_ENV_KEYS = (
     "XDG_RUNTIME_DIR",  # where its instrument writes its flight records
 )
 MAX_FILE_BYTES = 1 << 20
+MAX_WALL_TIME = 95_617_584_000.0  # 5000-01-01 UTC: a later "time" is no time radixtop wrote
 
 
 def behaviour_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -124,14 +125,22 @@ class Sighting:
             return value if isinstance(value, str) else None
 
         def number(value: Any) -> float | None:
-            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            """A wall-clock time: a number between the epoch and year 5000 (anything else cannot be
+            one, and would overflow the clock's formatting)."""
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < MAX_WALL_TIME:
+                return float(value)
+            return None
+
+        def size(value: Any) -> int | None:
+            return value if type(value) is int and 0 <= value < 1 << 60 else None
 
         argv = doc.get("argv")
         env = doc.get("env")
         gpus = []
         for g in doc.get("gpus") or ():
             if isinstance(g, Mapping) and isinstance(g.get("index"), int):
-                gpus.append(GpuUse(g["index"], str(g.get("uuid") or ""), g.get("used_bytes"), g.get("total_bytes")))
+                gpus.append(GpuUse(g["index"], str(g.get("uuid") or ""), size(g.get("used_bytes")),
+                                   size(g.get("total_bytes"))))
         info = doc.get("server_info")
         return cls(
             url=doc["url"],
@@ -255,12 +264,13 @@ def save_sighting(sighting: Sighting) -> Path:
 
 def load_sighting(url: str) -> Sighting | None:
     """The last sighting written for this URL, or None (none, unreadable, another version)."""
+    from radixtop.bounded import load_json
     from radixtop.rundir import read_file
 
     try:
         data = read_file(_path(url), MAX_FILE_BYTES)  # a regular file of ours, or nothing
         if data is None:
             return None
-        return Sighting.from_json(json.loads(data))
-    except (OSError, ValueError, RecursionError, TypeError, KeyError):
+        return Sighting.from_json(load_json(data, "sighting", max_bytes=MAX_FILE_BYTES))
+    except (OSError, ValueError, TypeError, KeyError):
         return None

@@ -44,8 +44,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
-
 from radixtop.incident.common.redact import Redactor
 from radixtop.incident.common.sighting import Sighting, behaviour_env, load_sighting, observe, save_sighting
 from radixtop.incident.confirm.control_server import (
@@ -66,9 +64,17 @@ from radixtop.incident.confirm.placement import Placement, place
 from radixtop.incident.confirm.startup import startup_seconds
 from radixtop.incident.confirm.verdict import ROLE_NAMES, VERDICTS, ArmRole, Verdict
 from radixtop.incident.replay.crash_dump import CrashDump, DumpError, crash_workload, shape_of
-from radixtop.incident.replay.trace import Trace, TraceError, check_recorded_ids, rescale_prefixes, save_trace
+from radixtop.incident.replay.trace import (
+    Trace,
+    TraceError,
+    check_recorded_ids,
+    check_size,
+    rescale_prefixes,
+    save_trace,
+)
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, VocabError, Vocabulary, for_server
 from radixtop.probes.gpu import read_once
+from radixtop.probes.server_info import MAX_RUNNING, LimitError, ServerLimits
 
 __all__ = [
     "VERDICTS",
@@ -359,20 +365,20 @@ class Plan:
 
 async def _server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any] | None:
     from radixtop.incident.common.server import auth_headers
+    from radixtop.probes.http import make_client
+    from radixtop.probes.server_info import read_server_info
 
-    async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers()) as client:
-        for path in ("/server_info", "/get_server_info"):
-            try:  # the whole answer within timeout_s, not each read (a server may drip bytes)
-                response = await asyncio.wait_for(client.get(f"{url}{path}"), timeout_s)
-            except (httpx.HTTPError, TimeoutError):
-                return None
-            if response.status_code == 200:
-                try:
-                    body = response.json()
-                except (ValueError, RecursionError):
-                    return None
-                return body if isinstance(body, dict) else None
-    return None
+    async with make_client(timeout_s) as client:
+        client.headers.update(auth_headers())
+        return await read_server_info(client, url, timeout_s)
+
+
+def _limits(info: Mapping[str, Any] | None, url: str) -> ServerLimits:
+    """The numbers the plan is sized from; PlanError (one line) when /server_info's are not a server's."""
+    try:
+        return ServerLimits.read(info, f"{url}/server_info")
+    except LimitError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _live_launch(
@@ -474,21 +480,14 @@ def _baseline_logs(options: ConfirmOptions, live: LaunchCommand, pid: int | None
     return found
 
 
-def _max_running(live: LaunchCommand, info: Mapping[str, Any] | None) -> int | None:
+def _max_running(live: LaunchCommand, limits: ServerLimits) -> int | None:
     """The live server's max running requests: its flag, /server_info's server argument, else
     what the scheduler settled on (SGLang sizes it from the KV pool when the flag is absent, the
     usual case; 0.5.23 reports it per DP rank in internal_states)."""
-    info = info or {}
-    states = info.get("internal_states")
-    effective = states[0].get("effective_max_running_requests_per_dp") if (
-        isinstance(states, list) and states and isinstance(states[0], dict)) else None
-    for value in (flag_value(live.flags, "--max-running-requests"), info.get("max_running_requests"), effective):
-        try:
-            if value not in (None, ""):
-                return int(value)
-        except (TypeError, ValueError):
-            continue
-    return None
+    flag = flag_value(live.flags, "--max-running-requests")
+    if flag is not None and flag.isdigit() and 1 <= int(flag) <= MAX_RUNNING:
+        return int(flag)
+    return limits.max_running_requests or limits.effective_max_running_requests
 
 
 def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sighting | None, cwd: str | None,
@@ -612,7 +611,7 @@ class OwnWorkload:
         return shape_of(self.found)
 
 
-def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, own: OwnWorkload, max_running: int | None,
+def _workload(options: ConfirmOptions, limits: ServerLimits, own: OwnWorkload, max_running: int | None,
               notes: list[str]) -> tuple[Trace, str]:
     """The workload and where it comes from: given (--trace), the crash's own (a dump, a request
     log), else token pressure made up to the server's size."""
@@ -626,8 +625,8 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, own: OwnW
             trace, dump = own.found
             whose = "the crash's own" if dump.path.suffix == ".pkl" else "the server's logged requests"
             origin = f"{whose}: {dump.summary()}; made-up pressure is the fallback (--trace to choose)"
-    server_page = (info or {}).get("page_size")
-    if (trace is not None and trace.prefix_unit == "pages" and isinstance(server_page, int) and server_page >= 1
+    server_page = limits.page_size
+    if (trace is not None and trace.prefix_unit == "pages" and server_page is not None
             and server_page != trace.page_size_hint):
         # A trace's boundary cases are written in pages (finding_03330: a prefix of exactly one
         # page): replayed as written against another page size they would test nothing.
@@ -636,12 +635,17 @@ def _workload(options: ConfirmOptions, info: Mapping[str, Any] | None, own: OwnW
         trace = rescale_prefixes(trace, server_page)
     if trace is not None:
         return trace, origin
-    if info is None or not info.get("max_total_num_tokens"):
+    if limits.max_total_num_tokens is None:
         raise PlanError("no /server_info to size a pressure workload from; pass --trace (a file or a built-in name)")
     trace = pressure_trace(
-        int(info["max_total_num_tokens"]), max_running or 32,
-        page_size=int(info.get("page_size") or 1), max_input_len=info.get("max_req_input_len"),
+        limits.max_total_num_tokens, max_running or 32,
+        page_size=limits.page_size or 1, max_input_len=limits.max_req_input_len,
     )
+    try:
+        check_size(trace, f"a pressure workload for a {limits.max_total_num_tokens:,}-token pool",
+                   fix="pass --trace (a file or a built-in name)")
+    except TraceError as exc:
+        raise PlanError(str(exc)) from None
     return trace, ("made up: token pressure sized to the server (no crash dump of it found; SGLang writes one "
                    "with --crash-dump-folder)")
 
@@ -769,9 +773,10 @@ async def prepare(
     own = OwnWorkload.read(options, info, baseline_logs)
     bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, own, emit, cancel, notes)
     timings["evidence_s"] = round(time.monotonic() - evidence_began, 2)
-    max_running = _max_running(live, info)
+    limits = _limits(info, url)
+    max_running = _max_running(live, limits)
     ladder = _ladder(max_running, options.concurrency_divisor, notes)
-    trace, origin = _workload(options, info, own, max_running, notes)
+    trace, origin = _workload(options, limits, own, max_running, notes)
     vocab, no_vocab = _vocabulary(options, info, live, seen)
     if no_vocab is not None:
         blockers.append(no_vocab)

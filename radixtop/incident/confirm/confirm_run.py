@@ -99,14 +99,15 @@ def _with_signatures(arm: ArmEvidence, report: Any, threshold: int) -> ArmEviden
 
 async def _metrics(client: httpx.AsyncClient, url: str) -> Any:
     """The server's /metrics (probes.sglang.ServerMetrics), or None."""
-    from radixtop.probes.sglang import parse_metrics
+    from radixtop.probes.http import fetch
+    from radixtop.probes.sglang import MAX_METRICS_BYTES, parse_metrics
 
     try:
-        response = await asyncio.wait_for(client.get(f"{url}/metrics", timeout=2.0), 2.0)
-        if response.status_code != 200:
+        got = await asyncio.wait_for(fetch(client, f"{url}/metrics", max_bytes=MAX_METRICS_BYTES, timeout_s=2.0), 2.0)
+        if not got.ok:
             return None
-        return parse_metrics(response.text)
-    except (httpx.HTTPError, ValueError, TimeoutError):
+        return parse_metrics(got.body.decode("utf-8", "replace"))
+    except (ValueError, TimeoutError):
         return None
 
 

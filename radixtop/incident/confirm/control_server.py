@@ -415,6 +415,8 @@ async def wait_healthy(
     await on_tick(seconds waited) every tick_s: the caller shows the server's own progress lines."""
     began = time.monotonic()
     last_tick = 0.0
+    from radixtop.probes.http import SHORT_ANSWER_BYTES, fetch
+
     async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as client:
         while True:
             code = server.exited()
@@ -423,9 +425,9 @@ async def wait_healthy(
             if should_stop():
                 return "cancelled"
             try:  # whole answers: a server dripping bytes must not hold the wait past its timeout
-                if (await asyncio.wait_for(client.get(f"{url}/health"), 2.0)).status_code == 200:
+                if (await asyncio.wait_for(fetch(client, f"{url}/health", max_bytes=SHORT_ANSWER_BYTES), 2.0)).ok:
                     return None
-            except (httpx.HTTPError, TimeoutError):
+            except TimeoutError:
                 pass
             waited = time.monotonic() - began
             if waited > timeout_s:

@@ -53,18 +53,19 @@ class CacheSetting:
 
 async def read_cache_setting(client: httpx.AsyncClient, url: str, instrument: str | None = None) -> CacheSetting:
     """The server's cache setting from /server_info; ``instrument`` (the user's) wins over its list."""
-    import json
+    from radixtop.probes.server_info import LimitError, ServerLimits, decode_server_info
 
     got = await _fetch(client, f"{url}/server_info")
     info: dict[str, Any] = {}
     if got is not None and got.ok:
         try:
-            decoded = json.loads(got.body)
-            info = decoded if isinstance(decoded, dict) else {}
+            info = decode_server_info(got.body, url)
         except ValueError:
             info = {}
-    page = info.get("page_size")
-    page_size = page if isinstance(page, int) and not isinstance(page, bool) and page >= 1 else None
+    try:
+        page_size = ServerLimits.read(info).page_size
+    except LimitError:
+        page_size = None  # unknown, as when the server does not say
     if instrument is None:
         listed = info.get("radixtop_instrument")
         urls = instrument_urls(listed if isinstance(listed, list) else [])

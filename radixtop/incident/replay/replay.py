@@ -337,28 +337,37 @@ HEALTH_DEADLINE_S = 3.0
 
 
 async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
-    """POST /flush_cache; None when flushed, else why not (SGLang refuses while requests run)."""
+    """POST /flush_cache; None when flushed, else why not (SGLang refuses while requests run).
+    The answer is read within the cap every answer has (probes/http.py fetch)."""
+    from radixtop.probes.http import SHORT_ANSWER_BYTES, fetch
+
     last = ""
     for attempt in range(FLUSH_ATTEMPTS):
         try:
-            response = await asyncio.wait_for(client.post(f"{url}/flush_cache"), FLUSH_DEADLINE_S)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
+            got = await asyncio.wait_for(fetch(client, f"{url}/flush_cache", method="POST",
+                                               max_bytes=SHORT_ANSWER_BYTES, timeout_s=FLUSH_DEADLINE_S),
+                                         FLUSH_DEADLINE_S)
         except TimeoutError:
             return f"no whole answer within {FLUSH_DEADLINE_S:.0f} s"
-        if response.status_code == 200:
+        if got.error is not None:
+            return got.error
+        if got.status == 200:
             return None
-        last = f"HTTP {response.status_code}: {response.text.strip()[:200]}"
+        last = f"HTTP {got.status}: {got.body.decode('utf-8', 'replace').strip()[:200]}"
         if attempt + 1 < FLUSH_ATTEMPTS:
             await asyncio.sleep(FLUSH_RETRY_S)
     return last
 
 
 async def server_alive(client: httpx.AsyncClient, url: str) -> bool:
+    from radixtop.probes.http import SHORT_ANSWER_BYTES, fetch
+
     try:
-        return (await asyncio.wait_for(client.get(f"{url}/health", timeout=3.0), HEALTH_DEADLINE_S)).status_code == 200
-    except (httpx.HTTPError, TimeoutError):
+        got = await asyncio.wait_for(fetch(client, f"{url}/health", max_bytes=SHORT_ANSWER_BYTES,
+                                           timeout_s=HEALTH_DEADLINE_S), HEALTH_DEADLINE_S)
+    except TimeoutError:
         return False
+    return got.ok
 
 
 class UsageSampler:

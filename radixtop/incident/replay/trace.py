@@ -28,6 +28,9 @@ reported (``finding_03330``)::
 
 Optional top-level keys: ``source`` (where the trace came from), ``expect_diverged`` (request ids
 a replay is expected to see diverge). Loading errors are one line naming the file and field.
+Sizes are held to what a node can build (``MAX_PROMPT_TOKENS``, ``MAX_NEW_TOKENS``, ``MAX_COPIES``,
+``MAX_OFFSET_MS`` per request, ``MAX_TRACE_TOKENS`` for all of a replay's prompts: ``check_size``),
+since every call's prompt is built before the first goes out.
 Prompts are lists of token ids (``input_ids``), so a replay controls prefix lengths exactly; the
 ids are drawn from the served model's vocabulary (``radixtop.incident.replay.vocab``), never a special
 token: an id the model does not have crashes its server.
@@ -74,10 +77,19 @@ __all__ = [
     "save_trace",
     "scale_offsets",
     "check_recorded_ids",
+    "check_size",
     "synthesize_input_ids",
 ]
 
 TRACE_VERSION = 1
+MAX_TRACE_BYTES = 1 << 30  # a trace file; recorded prompts make big ones
+# What one replay builds stays within memory a node has: every call's prompt is a list of token ids
+# (about 36 bytes a token), made before the first call goes out.
+MAX_PROMPT_TOKENS = 1 << 21  # one prompt: above the longest context a served model has
+MAX_NEW_TOKENS = 1 << 21
+MAX_COPIES = 1 << 10  # n: copies sent at once
+MAX_OFFSET_MS = 7 * 24 * 3600 * 1000.0  # a week: a recorded incident is hours long
+MAX_TRACE_TOKENS = 1 << 25  # prompt tokens over all calls (prompt_len x n): about 1.2 GB of ids
 
 
 class TraceError(ValueError):
@@ -207,20 +219,21 @@ def _parse_request(source: str, i: int, raw: Any, seen: Mapping[str, TraceReques
         raise TraceError(f"{source}: {where}id is empty")
     if req.id in seen:
         raise TraceError(f"{source}: {where}id {req.id!r} appears twice; ids must be unique")
-    if req.offset_ms < 0:
-        raise TraceError(f"{source}: {where}offset_ms must be >= 0, got {req.offset_ms}")
-    if req.prompt_len < 1:
-        raise TraceError(f"{source}: {where}prompt_len must be >= 1, got {req.prompt_len}")
+    if not 0 <= req.offset_ms <= MAX_OFFSET_MS:  # NaN fails both tests
+        raise TraceError(f"{source}: {where}offset_ms must be within 0..{MAX_OFFSET_MS:,.0f} (a week), "
+                         f"got {req.offset_ms}")
+    if not 1 <= req.prompt_len <= MAX_PROMPT_TOKENS:
+        raise TraceError(f"{source}: {where}prompt_len must be within 1..{MAX_PROMPT_TOKENS:,}, got {req.prompt_len}")
     if not 0 <= req.prefix_len <= req.prompt_len:
         raise TraceError(
             f"{source}: {where}prefix_len must be within 0..prompt_len ({req.prompt_len}), got {req.prefix_len}"
         )
     if not req.group:
         raise TraceError(f"{source}: {where}group is empty")
-    if req.max_tokens < 0:
-        raise TraceError(f"{source}: {where}max_tokens must be >= 0, got {req.max_tokens}")
-    if req.n < 1:
-        raise TraceError(f"{source}: {where}n must be >= 1, got {req.n}")
+    if not 0 <= req.max_tokens <= MAX_NEW_TOKENS:
+        raise TraceError(f"{source}: {where}max_tokens must be within 0..{MAX_NEW_TOKENS:,}, got {req.max_tokens}")
+    if not 1 <= req.n <= MAX_COPIES:
+        raise TraceError(f"{source}: {where}n must be within 1..{MAX_COPIES:,}, got {req.n}")
     if req.prefix_of is not None:
         _check_prefix_of(source, where, req, seen)
     return req
@@ -263,7 +276,18 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     unit = data.get("prefix_unit", "pages")
     if unit not in ("pages", "tokens"):
         raise TraceError(f"{source}: prefix_unit must be \"pages\" or \"tokens\", got {unit!r}")
-    return Trace(name, hint, tuple(requests), version, src, tuple(expect), unit)
+    trace = Trace(name, hint, tuple(requests), version, src, tuple(expect), unit)
+    check_size(trace, source)
+    return trace
+
+
+def check_size(trace: Trace, source: str, fix: str = "split the trace or shorten its prompts") -> None:
+    """TraceError when one replay of the trace would build more prompt tokens than MAX_TRACE_TOKENS
+    (every trace, however made, is held to it before its calls are built)."""
+    total = sum(r.prompt_len * r.n for r in trace.requests)
+    if total > MAX_TRACE_TOKENS:
+        raise TraceError(f"{source}: its calls hold {total:,} prompt tokens (prompt_len x n), more than the "
+                         f"{MAX_TRACE_TOKENS:,} radixtop builds for one replay; {fix}")
 
 
 def _check_prefix_of(source: str, where: str, req: TraceRequest, seen: Mapping[str, TraceRequest]) -> None:
@@ -278,18 +302,24 @@ def _check_prefix_of(source: str, where: str, req: TraceRequest, seen: Mapping[s
 
 
 def load_trace(path: str | Path) -> Trace:
+    from radixtop.bounded import load_json
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:  # in chunks: read(n) would take n bytes of memory up front
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_TRACE_BYTES and (chunk := fh.read(1 << 20)):
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read the trace: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceError(
-            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
-    return parse_trace(data, str(path))
+    try:  # every level parse_trace reads is checked there: nothing is cut
+        doc = load_json(data, str(path), max_bytes=MAX_TRACE_BYTES, cut_depth=None)
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
+    return parse_trace(doc, str(path))
 
 
 def dump_trace(trace: Trace) -> dict[str, Any]:
@@ -481,6 +511,7 @@ def _recorded_or_synthesized(req: TraceRequest, trace: Trace, seed: int, copy: i
 def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULARY) -> list[PlannedRequest]:
     """Every generate call of one replay, sorted by send time (copies of a request together), its
     made-up prompts drawn from ``vocab``. TraceError when a recorded prompt has an id ``vocab`` lacks."""
+    check_size(trace, trace.name)
     check_recorded_ids(trace, vocab)
     bands = _Bands(trace, vocab, _band_indices(trace))  # once for the whole trace: per request it is quadratic
     named = {req.prefix_of for req in trace.requests if req.prefix_of is not None}

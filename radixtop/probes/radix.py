@@ -72,6 +72,7 @@ class RadixSample:
     source_note: str = ""  # that source's one line of what it holds and missed
     locks_known: bool = True  # False: lock counts are unknown (shown as such, never as zero)
     label: str = ""  # the view's name in the pane's title, when not its rank's
+    before: Snapshot | None = None  # a flight record's last safe point before the failure
 
 
 class RadixProbe(PolledProbe):

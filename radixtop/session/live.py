@@ -27,9 +27,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from radixtop.probes.discovery import Discovery, FoundServer, discover
+from radixtop.probes.flight import FlightProbe, FlightSample
 from radixtop.probes.gpu import GpuProbe, GpuSample
 from radixtop.probes.kv_events import KvEventsProbe
 from radixtop.probes.kv_events_config import KvEventsSource, from_argv, from_server_info
@@ -38,6 +40,7 @@ from radixtop.probes.procs import ProcProbe, ProcsSample
 from radixtop.probes.radix import RadixProbe, RadixSample
 from radixtop.probes.sglang import ServerProbe, ServerSample
 from radixtop.probes.status import SourceState, poll_forever
+from radixtop.session.flight_views import flight_sample
 from radixtop.session.idle_watch import IdleWatch
 from radixtop.session.radix_board import RadixBoard, rank_groups
 from radixtop.session.vitals import Vitals
@@ -190,6 +193,9 @@ class LiveState:
                 and (sample.rank or 0) == min(self._ranks(), default=0)
             ):
                 self.vitals.feed_radix(sample.snapshot, sample.time)
+        elif isinstance(sample, FlightSample):
+            for found in sample.records:
+                self.board.add(flight_sample(found))
         elif isinstance(sample, ServerSample):
             self._server(sample)
         elif isinstance(sample, GpuSample):
@@ -276,6 +282,7 @@ class LiveSources:
         self.kv: dict[str, KvEventsProbe] = {} if self.radix else {s.url: KvEventsProbe(s) for s in targets.kv_events}
         self.procs = ProcProbe(targets.pid) if targets.pid else None
         self.gpu = GpuProbe() if gpu else None
+        self.flight = FlightProbe(self._flight_dirs, lambda: self.targets.pid)
         self.interval_s = interval_s  # overrides every probe's own interval (tests, benchmarks)
         self.rediscover_down_s = rediscover_down_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -295,10 +302,18 @@ class LiveSources:
             self._spawn("procs", self.procs)
         if self.gpu is not None:
             self._spawn("gpu", self.gpu)
+        self._spawn("flight", self.flight)
         try:
             await self._rediscover_forever()
         finally:
             await self.aclose()
+
+    def _flight_dirs(self) -> list[Path]:
+        """Where the ranks said their flight records go (their /health), and the default place."""
+        from radixtop.instrument.flight import flight_dir
+
+        named = [Path(v.flight_dir) for v in self.state.board.ranks.values() if v.flight_dir]
+        return [*named, flight_dir()]
 
     def _spawn(self, name: str, probe: Any) -> None:
         self._tasks[name] = asyncio.create_task(self._loop(probe), name=f"radixtop {name}")

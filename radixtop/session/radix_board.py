@@ -62,11 +62,42 @@ class RankView:
     source_note: str = ""  # that source's line of what it holds and missed
     locks_known: bool = True
     name: str = ""  # the title's name for a view that is not a rank's endpoint (a printed tree)
+    before: Snapshot | None = None  # a flight record's last safe point before the failure
+    cursor: int | None = None  # the moment shown (an index in moments()); None: the latest
+    _shown: tuple[Snapshot, TreeIndex | None] | None = None  # an earlier moment's index, built once
     # What an evidence bundle keeps of what radixtop saw (a dead rank's endpoint cannot be asked):
     # the snapshots before the last one (small ones only: a big tree is the last one alone) and
     # every event received, bounded.
     earlier: deque[tuple[float, Snapshot]] = field(default_factory=lambda: deque(maxlen=KEPT_SNAPSHOTS))
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=KEPT_EVENTS))
+
+    def moments(self) -> list[tuple[float, Snapshot]]:
+        """What the pane can step through, oldest first: a flight record's safe point and its
+        failure, else the snapshots kept (see `earlier`) and the latest."""
+        if self.snapshot is None:
+            return []
+        if self.before is not None:
+            return [(self.before.time, self.before), (self.snapshot.time, self.snapshot)]
+        return [*self.earlier, (self.snapshot_at or self.snapshot.time, self.snapshot)]
+
+    def step(self, by: int) -> None:
+        """Move the cursor `by` moments (negative: earlier); past the latest it follows again."""
+        moments = self.moments()
+        if not moments:
+            return
+        at = (len(moments) - 1 if self.cursor is None else self.cursor) + by
+        self.cursor = None if at >= len(moments) - 1 else max(0, at)
+        self.version += 1
+
+    def shown(self) -> tuple[Snapshot | None, TreeIndex | None]:
+        """The snapshot at the cursor and its index (built for an earlier one when it is shown)."""
+        moments = self.moments()
+        if self.cursor is None or self.cursor >= len(moments) - 1:
+            return self.snapshot, self.index
+        snap = moments[self.cursor][1]
+        if self._shown is None or self._shown[0] is not snap:
+            self._shown = (snap, TreeIndex.build(snap))
+        return self._shown
 
     @property
     def label(self) -> str:
@@ -99,7 +130,7 @@ class RadixBoard:
         view.status = sample.status
         changed = changed or view.source_note != sample.source_note
         view.source, view.source_note, view.locks_known = sample.source, sample.source_note, sample.locks_known
-        view.name = sample.label
+        view.name, view.before = sample.label, sample.before
         if sample.rank is not None:
             view.rank = sample.rank
         if sample.health is not None and sample.health.flight_dir:
@@ -129,7 +160,11 @@ class RadixBoard:
                     else:
                         discard(old)
                     discard(view.index)
+                pinned = view.shown()[0] if view.cursor is not None else None
                 view.snapshot, view.index = snap, sample.index
+                if pinned is not None:  # the moment looked at stays in view while new ones come
+                    kept = [i for i, (_, s) in enumerate(view.moments()) if s is pinned]
+                    view.cursor = kept[0] if kept else 0
             view.snapshot_at = sample.time
         view.events.extend(sample.events)
         for ev in sample.events:
@@ -173,8 +208,8 @@ class RadixBoard:
         None when they agree or cannot be compared."""
         by_group: dict[int, list[tuple[int, str]]] = {}
         for v in self.ordered():
-            if v.rank is None or not v.digest or not v.digest_steady or not v.status.ok:
-                continue
+            if v.rank is None or v.name or not v.digest or not v.digest_steady or not v.status.ok:
+                continue  # a flight record or a print is a moment of its own, not a rank now
             by_group.setdefault(groups(v.rank) if groups else 0, []).append((v.rank, v.digest))
         for members in by_group.values():
             digests = {d for _, d in members}

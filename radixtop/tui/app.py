@@ -648,6 +648,13 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
 
             self.query_one(RadixPane).select_step(step)
 
+    @guarded("step through time")
+    def action_moment(self, step: int) -> None:
+        if self.panes is not None:
+            from radixtop.widgets.radix import RadixPane
+
+            self.query_one(RadixPane).step_moment(step)
+
     @guarded("help")
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.user_keymap))

@@ -85,6 +85,11 @@ KEYS: tuple[Key, ...] = (
     Key("rank-previous", "left_square_bracket", "rank(-1)", "Previous rank", "previous rank in the radix pane",
         show=False),
     Key("rank-next", "right_square_bracket", "rank(1)", "Next rank", "next rank in the radix pane", show=False),
+    Key("moment-earlier", "comma", "moment(-1)", "Earlier",
+        "the radix pane one moment earlier: a flight record's last safe point before the failure, or an earlier "
+        "snapshot kept", show=False),
+    Key("moment-later", "full_stop", "moment(1)", "Later", "the radix pane one moment later (past the last: live)",
+        show=False),
     Key("servers", "s", "server", "Servers",
         "the servers on this node (port, model, pid, uptime, log): Enter watches another one", show=False),
     Key("clear", "escape", "clear", "Clear", "clear the search, then the filter", show=False),

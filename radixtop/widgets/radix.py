@@ -13,6 +13,7 @@ The app hands in a `RadixBoard` (radixtop.session.radix_board) with `show()`; no
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ from textual.strip import Strip
 from textual.widgets import Static
 
 from radixtop.probes.radix_tree import TreeIndex, discard
-from radixtop.session.radix_board import RadixBoard, RankView
+from radixtop.session.radix_board import SAME_FAILURE_S, RadixBoard, RankView
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
 from radixtop.widgets.keys import (
     LOCKED_PATHS,
@@ -392,6 +393,7 @@ class RadixPane(Vertical):
         super().__init__(id=id, classes=classes)
         self.selected: str | None = None  # the endpoint URL shown
         self._focus_seen = 0  # the board's focus_seq last turned to
+        self._auto: str | None = None  # the view the pane turned to by itself
         self._board: RadixBoard | None = None
         self._note = ""
         self._groups: Any = None
@@ -425,8 +427,10 @@ class RadixPane(Vertical):
             self._from_log = tuple(from_log)
         now = time.time() if now is None else now
         views = board.ordered()
-        if board.focus_seq != self._focus_seen and board.focus in board.ranks:
-            self._focus_seen, self.selected = board.focus_seq, board.focus
+        if board.focus in board.ranks and (board.focus_seq != self._focus_seen or self.selected == self._auto):
+            # turned to the failure until the user picks a view: the log may name the first rank later
+            self._focus_seen = board.focus_seq
+            self.selected = self._auto = self._first_to_fail(board, board.focus)
         if views and (self.selected is None or self.selected not in board.ranks):
             self.selected = views[0].url
         view = board.ranks.get(self.selected) if self.selected else None
@@ -434,12 +438,12 @@ class RadixPane(Vertical):
         summary = self._summary(board, view, now, note)
         self._log_lines(summary)
         self.query_one("#radix-summary", TextRows).update(summary)
-        snap = view.snapshot if view is not None else None
+        snap, index = view.shown() if view is not None else (None, None)
         locks_known = view.locks_known if view is not None else True
         if self.tree_view.locks_known != locks_known:
             self.tree_view.locks_known = locks_known
             self.tree_view.refresh()
-        self.tree_view.set_tree(snap, view.index if view is not None else None)
+        self.tree_view.set_tree(snap, index)
 
     def on_radix_tree_view_rank_requested(self, event: RadixTreeView.RankRequested) -> None:
         event.stop()
@@ -452,6 +456,30 @@ class RadixPane(Vertical):
         urls = [v.url for v in board.ordered()]
         i = urls.index(self.selected) if self.selected in urls else 0
         self.selected = urls[(i + step) % len(urls)]
+        self.show(board, now=self._now, note=self._note, groups=self._groups)
+
+    def _first_to_fail(self, board: RadixBoard, focus: str) -> str:
+        """Of the views of one failure (each rank's flight record or print), the rank the log
+        names first, when it names one: the rank that spoke first, not the first file read."""
+        first = min((f for f in self._from_log if f.rank and f.epoch is not None), key=lambda f: f.epoch, default=None)
+        m = re.search(r"TP ?(\d+)|rank ?(\d+)", first.rank or "") if first is not None else None
+        focused = board.ranks[focus]
+        if m is None or focused.snapshot is None:
+            return focus
+        rank = int(m.group(1) or m.group(2))
+        for url, v in board.ranks.items():
+            same_kind = v.name.split(" ")[0] == focused.name.split(" ")[0]
+            if v.rank == rank and same_kind and v.snapshot is not None and \
+                    abs(v.snapshot.time - focused.snapshot.time) <= SAME_FAILURE_S:
+                return url
+        return focus
+
+    def step_moment(self, step: int) -> None:
+        board = self._board
+        view = board.ranks.get(self.selected) if board is not None and self.selected else None
+        if board is None or view is None:
+            return
+        view.step(step)
         self.show(board, now=self._now, note=self._note, groups=self._groups)
 
     def _log_lines(self, out: Text) -> None:
@@ -488,9 +516,10 @@ class RadixPane(Vertical):
             out.append(note or NO_ENDPOINT, style="italic")
             self._server_alarms(out, board)
             return out
-        snap = view.snapshot
+        snap = view.shown()[0]
         if not view.status.ok and view.status.message:
             out.append(view.status.message + "\n", style="red")
+        self._moment(out, view)
         if snap is None:
             out.append(note or "waiting for the first snapshot…", style="italic")
             return out
@@ -509,6 +538,8 @@ class RadixPane(Vertical):
         elif snap.lock_detail == "locked-only":
             head += " · lock counts, hits and token ids not in the walk (locked: 1+)"
         out.append(head + "\n", style="dim")
+        if view.name and view.source_note:  # a flight record: what made the rank write it
+            out.append(_fit(view.source_note, max(40, (self.size.width or 80) - 2)) + "\n", style="bold red")
         self._pool(out, snap)
         c = snap.counters
         # A rank that is not answering: its last rates are not current, and say so.
@@ -579,6 +610,20 @@ class RadixPane(Vertical):
             )
         out.rstrip()
         return out
+
+    def _moment(self, out: Text, view: RankView) -> None:
+        """Which moment is shown, when it is not simply the latest snapshot."""
+        moments = view.moments()
+        if view.before is not None:
+            at_failure = view.cursor is None
+            what = "at the failure" if at_failure else "the last safe point before the failure"
+            other = ", the safe point before" if at_failure else ". the failure"
+            when = clock(moments[-1 if at_failure else 0][0])
+            out.append(f"{what}, {when} · {other}\n", style="bold" if at_failure else "bold yellow")
+        elif view.cursor is not None and len(moments) > 1:
+            when = clock(moments[view.cursor][0])
+            out.append(f"as of {when}, {view.cursor + 1} of {len(moments)} kept · , earlier · . later (to live)\n",
+                       style="bold yellow")
 
     def _server_alarms(self, out: Text, board: RadixBoard) -> None:
         """The alarms no rank's view carries (/metrics' figures while idle), below any view."""

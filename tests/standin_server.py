@@ -15,6 +15,7 @@ keep-alive connection as a call arrives), and --close-after-answer closes every
 connection after its answer without saying so, and --answer-after S holds each answer S seconds
 (the record's ``in_flight``: generate requests being served as this one arrived, itself included).
 --tls CERT KEY serves HTTPS.
+A POST body over 1 MiB is read to its end and answered 413.
 Arguments it does not know are ignored, so a test can put secrets in its argv.
 """
 
@@ -81,6 +82,14 @@ def main() -> None:
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(min(length, 1 << 20))
+            rest = length - len(body)
+            while rest > 0:  # read and drop the rest: a client streaming a huge body is never stalled
+                got = len(self.rfile.read(min(rest, 1 << 20)))
+                if not got:
+                    return
+                rest -= got
+            if length > 1 << 20:
+                return self._send(413, b"too large")
             if args.mode == "generate" and self.path == "/generate":
                 return self._generate(body)
             if args.mode == "slow":

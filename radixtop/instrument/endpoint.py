@@ -10,7 +10,10 @@ census, which advances one bounded slice per step, its steps spaced to keep with
 (ten times less while nobody reads snapshots); at most `max_connections` requests are served at once,
 at most half of them for one client address, and each connection is closed once it has taken
 `request_deadline_s` in all (a client that sends its request a line every few seconds, which no
-per-read timeout catches, cannot keep the others out for longer).
+per-read timeout catches, cannot keep the others out for longer), or HEAD_DEADLINE_S without its
+request head. A new connection that finds no slot takes the one of the oldest connection still
+without its head: radixtop's own probe shares 127.0.0.1 with every local user, whose idle
+half-requests must not keep it out.
 
 The scheduler thread only reads: it captures raw figures (snapshot.Capture: plain ints, floats and
 row tuples) and swaps the capture in under a lock. The first HTTP thread that wants it builds the
@@ -26,6 +29,7 @@ Wiring for a host (one per rank), see Instrumentation below for the three-call v
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import ipaddress
@@ -87,6 +91,8 @@ _COUNTER_HELP = {
     "events_dropped": "Events pushed out of the bounded event ring before being read.",
 }
 _NOTICE_EVERY_S = 30.0  # at most one INFO line per kind of client trouble this often
+HEAD_DEADLINE_S = 2.0  # a request head (a GET's line and headers) comes at once, or not at all
+HEAD_GRACE_S = 0.25  # a connection still without its head after this yields its slot to a new one
 
 
 def one_line(exc: BaseException) -> str:
@@ -133,6 +139,18 @@ def is_loopback(host: str) -> bool:
         return False  # a name we will not resolve: treat as reachable from outside
 
 
+class _Conn:
+    """A connection being served: its client address, when it was accepted, whether its request
+    head has been read."""
+
+    __slots__ = ("head_read", "host", "started")
+
+    def __init__(self, host: str, started: float) -> None:
+        self.host = host
+        self.started = started
+        self.head_read = False
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -143,35 +161,62 @@ class _Server(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._per_client = max(1, (max_connections + 1) // 2)
         self._deadline_s = deadline_s
+        self._head_deadline_s = min(deadline_s, HEAD_DEADLINE_S)
         self._lock = threading.Lock()
-        self._active: dict[Any, tuple[str, float]] = {}  # connection -> (client address, deadline)
+        self._active: dict[Any, _Conn] = {}
         family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.address_family = family
         super().__init__(addr, _Handler)
 
-    def _admit(self, request: Any, host: str) -> bool:
+    def _admit(self, request: Any, host: str) -> tuple[bool, Any]:
+        """(admitted, the connection it displaced or None). Every local user shares 127.0.0.1 with
+        radixtop's own probe: a connection still without its request head after HEAD_GRACE_S
+        yields its slot to a new one, so idle half-requests cannot keep the owner out."""
+        now = time.monotonic()
         with self._lock:
-            if sum(1 for h, _ in self._active.values() if h == host) >= self._per_client:
-                return False
-            if not self._slots.acquire(blocking=False):  # bounded threads inside the host
-                return False
-            self._active[request] = (host, time.monotonic() + self._deadline_s)
-            return True
+            own = [c for c in self._active.items() if c[1].host == host]
+            if len(own) < self._per_client and self._slots.acquire(blocking=False):  # bounded threads
+                self._active[request] = _Conn(host, now)
+                return True, None
+            idle = [c for c in (own if len(own) >= self._per_client else self._active.items())
+                    if not c[1].head_read and now - c[1].started >= HEAD_GRACE_S]
+            if not idle:
+                return False, None
+            victim = min(idle, key=lambda c: c[1].started)[0]
+            del self._active[victim]  # its slot passes to the new connection
+            self._active[request] = _Conn(host, now)
+            return True, victim
+
+    def head_read(self, request: Any) -> None:
+        with self._lock:
+            conn = self._active.get(request)
+            if conn is not None:
+                conn.head_read = True
 
     def _release(self, request: Any) -> None:
         with self._lock:
             if self._active.pop(request, None) is not None:
                 self._slots.release()
 
+    def _turn_away(self, request: Any, *, close: bool) -> None:
+        self.endpoint._refusals.note(self.endpoint.rank)
+        try:
+            request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+        except OSError:
+            pass
+        if close:
+            self.shutdown_request(request)
+        else:  # its own thread, blocked reading it, wakes, ends and closes it
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RDWR)
+
     def process_request(self, request: Any, client_address: Any) -> None:
         host = client_address[0] if isinstance(client_address, tuple) and client_address else ""
-        if not self._admit(request, host):
-            self.endpoint._refusals.note(self.endpoint.rank)
-            try:
-                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
+        admitted, displaced = self._admit(request, host)
+        if displaced is not None:
+            self._turn_away(displaced, close=False)
+        if not admitted:
+            self._turn_away(request, close=True)
             return
         try:
             super().process_request(request, client_address)
@@ -186,14 +231,16 @@ class _Server(ThreadingHTTPServer):
             self._release(request)
 
     def service_actions(self) -> None:
-        """Between polls of the serving loop: end connections past their deadline (shutting the
-        socket down wakes the thread blocked reading it, which then ends and frees its slot)."""
+        """Between polls of the serving loop: end connections past their deadline, HEAD_DEADLINE_S
+        for the request head, the request deadline in all (shutting the socket down wakes the
+        thread blocked reading it, which then ends and frees its slot)."""
         now = time.monotonic()
         with self._lock:
-            late = [conn for conn, (_, deadline) in self._active.items() if deadline <= now]
-        for conn in late:
+            late = [request for request, c in self._active.items()
+                    if now - c.started >= (self._deadline_s if c.head_read else self._head_deadline_s)]
+        for request in late:
             try:
-                conn.shutdown(socket.SHUT_RDWR)
+                request.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
@@ -211,6 +258,11 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = f"radixtop-instrument/{SCHEMA_VERSION}"
     protocol_version = "HTTP/1.0"
     timeout = 10  # a stalled client cannot hold a thread forever
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.server.head_read(self.request)
+        return parsed
 
     def do_GET(self) -> None:
         try:
@@ -670,7 +722,8 @@ class InstrumentEndpoint:
                 "Errors caught at the scheduler's safe point (repeated ones switch the instrumentation off).",
             ),
             ("client_disconnects", "Clients that went away before their response was complete."),
-            ("clients_refused", "Connections answered 503 because every connection slot was busy."),
+            ("clients_refused", "Connections answered 503 because every connection slot was busy, or cut "
+             "without their request head to free one."),
         ):
             family(STATE_METRIC_NAMES[key], "counter", help_text, [(rank, getattr(self, key))])
         if snap is not None:

@@ -14,7 +14,8 @@ digits of the SHA-1 of its input_ids as JSON), each request is recorded as a JSO
 keep-alive connection as a call arrives), and --close-after-answer closes every
 connection after its answer without saying so, and --answer-after S holds each answer S seconds
 (the record's ``in_flight``: generate requests being served as this one arrived, itself included).
---tls CERT KEY serves HTTPS.
+--tls CERT KEY serves HTTPS. --flush-error-page answers POST /flush_cache 502 with a proxy's HTML
+error page of many lines (an escape sequence in it).
 A POST body over 1 MiB is read to its end and answered 413.
 Arguments it does not know are ignored, so a test can put secrets in its argv.
 """
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--close-after-answer", action="store_true")
     parser.add_argument("--answer-after", type=float, default=0.0)
     parser.add_argument("--tls", nargs=2, default=None, metavar=("CERT", "KEY"))
+    parser.add_argument("--flush-error-page", action="store_true")
     args, _ = parser.parse_known_args()
     secrets = json.load(open(args.secrets)) if args.secrets else {}
     lock = threading.Lock()
@@ -90,6 +92,11 @@ def main() -> None:
                 rest -= got
             if length > 1 << 20:
                 return self._send(413, b"too large")
+            if args.flush_error_page and self.path == "/flush_cache":
+                page = ("<!DOCTYPE html>\n<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n"
+                        "<h1>Bad Gateway</h1>\n\x1b]2;TITLE\x07<p>" + "upstream said no. " * 40
+                        + "</p>\n</body></html>\n")
+                return self._send(502, page.encode())
             if args.mode == "generate" and self.path == "/generate":
                 return self._generate(body)
             if args.mode == "slow":

@@ -41,7 +41,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from radixtop.instrument.flight import FlightRecorder
@@ -91,6 +91,7 @@ _COUNTER_HELP = {
     "events_dropped": "Events pushed out of the bounded event ring before being read.",
 }
 _NOTICE_EVERY_S = 30.0  # at most one INFO line per kind of client trouble this often
+RefusedFor = Literal["token", "port", "error"]  # no token off loopback, no free port, anything else
 HEAD_DEADLINE_S = 2.0  # a request head (a GET's line and headers) comes at once, or not at all
 HEAD_GRACE_S = 0.25  # a connection still without its head after this yields its slot to a new one
 
@@ -330,6 +331,7 @@ class InstrumentEndpoint:
         self.instance = secrets.token_hex(8)
         self.flight_dir = ""  # set by Instrumentation: where its flight recorder writes
         self.disabled_reason = "not started"
+        self.refused_for: RefusedFor | None = None  # why start() refused, for the host's advice
         self.snapshot_errors = 0
         self.safe_point_errors = 0  # reported by the host's glue (sglang.SafePoints), shown in health
         self.last_error = ""  # the latest safe point or snapshot error, one line
@@ -382,17 +384,18 @@ class InstrumentEndpoint:
             return True
         if not is_loopback(self.host) and not self.token:
             return self._refuse(
+                "token",
                 f"refusing to serve on non-loopback address {self.host} without a bearer token; "
-                "set a token or bind 127.0.0.1"
+                "set a token or bind 127.0.0.1",
             )
         try:
             self._server = self._bind()
         except OSError as exc:
             why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
             where = f"{self.host}:{self._ports[0]}" + (f"..{self._ports[-1]}" if len(self._ports) > 1 else "")
-            return self._refuse(f"{where} {why}; choose another base port (the server keeps running)")
+            return self._refuse("port", f"{where} {why}; choose another base port (the server keeps running)")
         except Exception as exc:
-            return self._refuse(f"could not start ({type(exc).__name__}: {exc})")
+            return self._refuse("error", f"could not start ({type(exc).__name__}: {exc})")
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.25},  # how soon stop() is noticed
@@ -415,7 +418,8 @@ class InstrumentEndpoint:
                     raise
         raise OSError(errno.EADDRINUSE, "no port in the window")  # an empty window
 
-    def _refuse(self, why: str) -> bool:
+    def _refuse(self, cause: RefusedFor, why: str) -> bool:
+        self.refused_for = cause
         self.disabled_reason = why
         self._server = None
         log.error("radixtop debug endpoint for rank %d disabled: %s", self.rank, why)

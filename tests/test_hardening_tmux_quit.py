@@ -82,18 +82,21 @@ competing = []
 
 def test_a_catalog_with_a_nested_repeat_draws_and_q_quits(tmp_path: Path) -> None:
     # The first signature moved the whole catalog to Python's re, where the second backtracked
-    # 2**40 ways on the log's line: a blank screen that no key and no SIGTERM ended.
+    # 2**40 ways on the log's lines: a blank screen that no key and no SIGTERM ended.
     catalog = tmp_path / "combo.toml"
     catalog.write_text(COMBO_CATALOG, encoding="utf-8")
     log = tmp_path / "redos.log"
-    write_lines(log, ["QZX! " + "a" * 40 + "!", "[2026-12-02 14:00:01 TP0] after the line"])
+    # The first line fails after 2**40 tries; the second matches late, after as many (the span the
+    # log pane marks is searched too).
+    write_lines(log, ["QZX! " + "a" * 40 + "!", "a" * 40 + "! b QZX", "[2026-12-02 14:00:01 TP0] after the line"])
     tmux = Tmux(120, 40)
     pane = None
     try:
         tmux.start(["sh", "-c", SCRIPT, sys.executable, "--signatures", str(catalog), "--log", str(log),
                     "--no-discover", "--no-gpu", "--readonly", "--from-start"], tmp_path)
         pane = psutil.Process(int(tmux("display", "-p", "-t", "radixtop", "#{pane_pid}")))
-        tmux.wait_for(lambda s: "q Quit" in s and "after the line" in s, "radixtop to draw the log", timeout=30)
+        tmux.wait_for(lambda s: "q Quit" in s and "after the line" in s and "Findings (1)" in s,
+                      "radixtop to draw the log and the finding", timeout=30)
         tmux.send("q")
         assert "EXITED 0" in tmux.wait_for(lambda s: "EXITED" in s, "radixtop to exit", timeout=30)
     finally:

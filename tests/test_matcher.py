@@ -240,6 +240,18 @@ def test_hyperscan_rechecks_a_nested_repeat_without_re():
     assert done.stdout.split() == ["hyperscan", "[(47,", "0)]", "(0,)"]
 
 
+def test_the_span_of_a_hit_is_found_without_re_on_a_nested_repeat():
+    # The log pane marks where a signature matched; `re` took 2**40 tries to find this one.
+    code = (
+        "from radixtop.diagnosis.matcher import span_search\n"
+        "print(span_search(r'(\\w+\\s?)+QZX')('a' * 40 + '! b QZX'), span_search(r'lock\\s+page')('a lock  page'),"
+        " span_search('(unclosed'))\n"
+    )
+    done = _ends_in(code, 60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(42,", "47)", "(2,", "12)", "None"]
+
+
 def test_re_alone_refuses_a_nested_repeat_in_one_line_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "hyperscan", None)
     monkeypatch.setitem(sys.modules, "re2", None)

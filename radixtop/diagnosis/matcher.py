@@ -333,6 +333,27 @@ def line_search(pattern: str) -> Callable[[str], bool]:
     return lambda line: search(_encode(line)) is not None
 
 
+def span_search(pattern: str) -> Callable[[str], tuple[int, int] | None] | None:
+    """Where `pattern` first matches in one line of text (character offsets, to mark the match):
+    by `re`, or by RE2 where `re` could backtrack without end; None when neither compiles it."""
+    try:
+        if backtracking_risk(pattern) is None:
+            regex: Any = re.compile(pattern)
+        else:
+            import re2
+
+            regex = re2.compile(pattern)
+    except Exception:  # noqa: BLE001 - re.error, a missing re2, or re2.error
+        return None
+    search = regex.search
+
+    def span(text: str) -> tuple[int, int] | None:
+        m = search(text)
+        return m.span() if m else None
+
+    return span
+
+
 def required_literals(pattern: str) -> tuple[bytes, ...] | None:
     """Literals (UTF-8) of which every match of `pattern` contains at least one, or None.
 

@@ -265,7 +265,8 @@ def test_re_alone_refuses_a_nested_repeat_in_one_line_naming_it(monkeypatch):
 @pytest.mark.parametrize(
     ("pattern", "risky"),
     [(r"(\w+\s?)+QZX", True), (r"(.*)*x", True), (r"((a)+b)+", True), (r"(\w+){1,60000}", True),
-     (r"a{1,60000}", False), (r"(?:foo|bar)+", False), (r"x(?:\s+\w+)?y", False), (r"(a+){2}", False)],
+     (r"a{1,60000}", False), (r"(?:foo|bar)+", False), (r"x(?:\s+\w+)?y", False), (r"(a+){2}", False),
+     (r"a\)+b+", False)],
 )
 def test_backtracking_risk_is_a_repeat_of_many_rounds_inside_another(pattern, risky):
     assert (backtracking_risk(pattern) is not None) == risky

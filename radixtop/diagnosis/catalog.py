@@ -423,7 +423,7 @@ def pattern_problem(pattern: str) -> str | None:
         # POSIX class: one pattern, two meanings.
         warnings.simplefilter("error", FutureWarning)
         try:
-            re.compile(pattern)
+            compiled = re.compile(pattern)
         except FutureWarning as exc:
             return (f"has a set that Python's re reads otherwise than RE2 and hyperscan ({exc}); "
                     "write the class out, e.g. [A-Za-z] for [[:alpha:]]")
@@ -432,7 +432,7 @@ def pattern_problem(pattern: str) -> str | None:
     from radixtop.diagnosis.matcher import MatcherError, line_search
 
     try:
-        search = line_search(pattern)  # never `re` where it could backtrack without end
+        search = line_search(pattern, compiled)  # never `re` where it could backtrack without end
     except MatcherError as exc:
         return str(exc)
     if search(""):

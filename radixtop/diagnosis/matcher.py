@@ -50,6 +50,7 @@ _MIN_LITERAL = 3  # shorter required literals would find too many candidate line
 # A repeat allowing more than this many rounds counts as unbounded for backtracking_risk: nested in
 # another such repeat, the ways to split a line grow beyond any time bound.
 _WIDE_REPEAT = 10
+_GROUP_REPEAT = re.compile(r"\)[*+?{]")  # a group with a quantifier (or a literal paren: parsed to tell)
 
 
 class MatcherError(ValueError):
@@ -278,6 +279,8 @@ def backtracking_risk(pattern: str) -> str | None:
     """Why Python's backtracking `re` could take without end on some line with `pattern` (one
     line, naming the pattern and what to do), or None: a repeat of many rounds inside another
     (`(\\w+\\s?)+`, `(.*)*`), where a failing line has exponentially many ways to be split."""
+    if _GROUP_REPEAT.search(pattern) is None:  # only a group can hold a repeat: none is repeated
+        return None
     try:
         from re import _constants as c  # type: ignore[attr-defined]  # CPython's private parser: no stubs
         from re import _parser  # type: ignore[attr-defined]
@@ -309,26 +312,26 @@ def _nested_wide_repeat(items: list[tuple[Any, Any]], c: Any, *, inside: bool) -
     return False
 
 
-def line_search(pattern: str) -> Callable[[str], bool]:
-    """Whether `pattern` matches in one line (matched as the Matcher does, UTF-8 bytes), by an
-    engine that cannot run without end: RE2, else `re` when backtracking_risk finds nothing.
-    MatcherError (one line) for a pattern neither runs."""
-    data = _encode(pattern)
+def line_search(pattern: str, compiled: re.Pattern[str] | None = None) -> Callable[[str], bool]:
+    """Whether `pattern` matches in one line, by an engine that cannot run without end: `re` when
+    backtracking_risk finds nothing (`compiled`, when the caller has it), else RE2 as the Matcher
+    runs it (UTF-8 bytes). MatcherError (one line) for a pattern neither runs."""
+    risk = backtracking_risk(pattern)
+    if risk is None and compiled is not None:
+        return lambda line: compiled.search(line) is not None
+    data = b"(?m)" + _encode(pattern)
     try:
-        import re2
+        if risk is None:
+            regex: Any = re.compile(data)
+        else:
+            import re2
 
-        try:
-            regex: Any = re2.compile(b"(?m)" + data, _re2_options())
-        except re2.error as exc:
-            why = f"RE2 cannot run it either ({_one_line(exc)})"
-            regex = None
+            regex = re2.compile(data, _re2_options())
     except ImportError:
-        why, regex = "install google-re2, which runs it in linear time", None
-    if regex is None:
-        try:
-            regex = _compile_re(0, data, pattern, why)
-        except _PatternRejected as exc:
-            raise MatcherError(exc.message) from None
+        raise MatcherError(f"{risk}; install google-re2, which runs it in linear time") from None
+    except Exception as exc:  # noqa: BLE001 - re.error, or re2.error (not importable without re2)
+        raise MatcherError(f"{risk}; RE2 cannot run it either ({_one_line(exc)})" if risk
+                           else f"does not compile ({_one_line(exc)})") from None
     search = regex.search
     return lambda line: search(_encode(line)) is not None
 

@@ -201,6 +201,38 @@ def _unique_ids(calls: Sequence[RecordedCall]) -> list[str]:
     return out
 
 
+class _BodyTee:
+    """A request body on its way upstream, chunk by chunk as it arrives (a proxy holding it whole
+    needs its size in memory), keeping its first `keep` bytes for the trace: `whole` once it all
+    went through within that, and `take()` gives them."""
+
+    def __init__(self, stream: AsyncIterator[bytes], keep: int) -> None:
+        self._stream = stream
+        self._keep = keep
+        self._kept = bytearray()
+        self._over = keep <= 0
+        self._done = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            if not self._over:
+                if len(self._kept) + len(chunk) <= self._keep:
+                    self._kept += chunk
+                else:  # too long to record: forwarded, not kept
+                    self._over = True
+                    self._kept = bytearray()
+            yield chunk
+        self._done = True
+
+    @property
+    def whole(self) -> bool:
+        return self._done and not self._over
+
+    def take(self) -> bytes:
+        data, self._kept = bytes(self._kept), bytearray()
+        return data
+
+
 def _server_leaving_signals(config: uvicorn.Config) -> uvicorn.Server:
     """A uvicorn server that leaves SIGINT and SIGTERM to its owner (run_record: stop, then write
     the trace): uvicorn's own capture ends the calls in flight on a second Ctrl-C and raises each
@@ -297,21 +329,7 @@ class RecordingProxy:
         recording = request.method == "POST" and path in GENERATE_PATHS
         if recording and self._t0 is None:
             self._t0 = arrived
-        kept = bytearray()  # the body's first MAX_BODY_BYTES, for the trace; a longer body is not recorded
-        body_state = {"whole": False, "over": False}
-
-        async def body() -> AsyncIterator[bytes]:
-            # The body goes upstream as it arrives: a proxy holding it whole needs its size in memory.
-            async for chunk in request.stream():
-                if recording and not body_state["over"]:
-                    if len(kept) + len(chunk) <= MAX_BODY_BYTES:
-                        kept.extend(chunk)
-                    else:
-                        body_state["over"] = True
-                        del kept[:]
-                yield chunk
-            body_state["whole"] = True
-
+        body = _BodyTee(request.stream(), MAX_BODY_BYTES if recording else 0)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         length = request.headers.get("content-length")
         if length is not None:  # else httpx sends the stream chunked
@@ -322,20 +340,19 @@ class RecordingProxy:
         try:
             upstream = await self._client.send(
                 self._client.build_request(request.method, url, headers=headers,
-                                           content=body() if has_body else None),
+                                           content=body.chunks() if has_body else None),
                 stream=True,
             )
         except httpx.HTTPError as exc:
-            if recording and body_state["whole"] and not body_state["over"]:
-                call = self._note_call(path, bytes(kept), arrived)
+            if recording and body.whole:
+                call = self._note_call(path, body.take(), arrived)
             if call is not None:
                 call.status = 502
             return Response(
                 f"radixtop record: upstream {self.upstream} failed: {type(exc).__name__}\n", status_code=502
             )
-        if recording and (body_state["whole"] or not has_body) and not body_state["over"]:
-            call = self._note_call(path, bytes(kept), arrived)
-        del kept[:]
+        if recording and (body.whole or not has_body):
+            call = self._note_call(path, body.take(), arrived)
         if call is not None:
             call.status = upstream.status_code
         out_headers = {

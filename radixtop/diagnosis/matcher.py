@@ -19,9 +19,9 @@ How each engine scans a buffer of many lines:
   and the regex runs only on the lines holding it; a pattern without one is searched in full.
 
 `re` backtracks: a repeat inside a repeat (`(\\w+\\s?)+X`, `(.*)*X`) can take it longer than the
-universe's age on one line. `re` never runs such a pattern: hyperscan's re-checks of such hits and
-a catalog's validation search with RE2, and a pattern no other engine takes is refused
-(`backtracking_risk`).
+universe's age on one line. `re` never runs such a pattern: hyperscan's re-checks of such hits, a
+catalog's validation (`line_search`) and the log pane's mark of a hit (`span_search`) search with
+RE2, and a pattern no other engine takes is refused (`backtracking_risk`).
 
 This module is imported by `radixtop scan` before any output, so it imports its engines lazily and
 nothing else heavy.
@@ -276,7 +276,7 @@ class _ReEngine:
 
 
 def backtracking_risk(pattern: str) -> str | None:
-    """Why Python's backtracking `re` could take without end on some line with `pattern` (one
+    """Why Python's backtracking `re` could run without end on some line with `pattern` (one
     line, naming the pattern and what to do), or None: a repeat of many rounds inside another
     (`(\\w+\\s?)+`, `(.*)*`), where a failing line has exponentially many ways to be split."""
     if _GROUP_REPEAT.search(pattern) is None:  # only a group can hold a repeat: none is repeated

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-__all__ = ["printable", "printable_text"]
+__all__ = ["printable", "printable_line", "printable_text"]
 
 _BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
 _TABLE = str.maketrans({**{i: "\ufffd" for i in (*range(32), *range(0x7F, 0xA0), *_BIDI)}, 9: " "})
@@ -23,6 +23,13 @@ def printable(text: str, *, block: bool = False) -> str:
     if (text.replace("\n", "") if block else text).isprintable():
         return text
     return text.translate(_BLOCK_TABLE if block else _TABLE)
+
+
+def printable_line(text: str, limit: int = 200) -> str:
+    """`text` (a server's error page, an answer) as one printable line: each run of whitespace,
+    newlines included, becomes one space; cut to `limit` characters, ending in "…" when cut."""
+    line = printable(" ".join(text.split()))
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 class _Plain(Protocol):

@@ -16,6 +16,8 @@ connection after its answer without saying so, and --answer-after S holds each a
 (the record's ``in_flight``: generate requests being served as this one arrived, itself included).
 --tls CERT KEY serves HTTPS. --flush-bytes N: POST /flush_cache answers 200 with N bytes and no
 Content-Length (read until the connection closes). --info FILE: /server_info answers FILE's bytes.
+--flush-error-page answers POST /flush_cache 502 with a proxy's HTML error page of many lines (an
+escape sequence in it). A POST body over 1 MiB is read to its end and answered 413.
 Arguments it does not know are ignored, so a test can put secrets in its argv.
 """
 
@@ -47,6 +49,7 @@ def main() -> None:
     parser.add_argument("--tls", nargs=2, default=None, metavar=("CERT", "KEY"))
     parser.add_argument("--flush-bytes", type=int, default=0)
     parser.add_argument("--info", default=None)
+    parser.add_argument("--flush-error-page", action="store_true")
     args, _ = parser.parse_known_args()
     secrets = json.load(open(args.secrets)) if args.secrets else {}
     lock = threading.Lock()
@@ -87,6 +90,19 @@ def main() -> None:
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(min(length, 1 << 20))
+            rest = length - len(body)
+            while rest > 0:  # read and drop the rest: a client streaming a huge body is never stalled
+                got = len(self.rfile.read(min(rest, 1 << 20)))
+                if not got:
+                    return
+                rest -= got
+            if length > 1 << 20:
+                return self._send(413, b"too large")
+            if args.flush_error_page and self.path == "/flush_cache":
+                page = ("<!DOCTYPE html>\n<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n"
+                        "<h1>Bad Gateway</h1>\n\x1b]2;TITLE\x07<p>" + "upstream said no. " * 40
+                        + "</p>\n</body></html>\n")
+                return self._send(502, page.encode())
             if args.mode == "generate" and self.path == "/generate":
                 return self._generate(body)
             if self.path == "/flush_cache" and args.flush_bytes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -927,6 +929,8 @@ def test_error_unknown_key(tmp_path: Path) -> None:
         ("(?>atomic)x", 'uses an atomic group at "(?>"'),
         ("x*", "matches an empty line"),
         ("token usage", "matches an ordinary Prefill/Decode batch line"),
+        ("[[:alpha:]]+ page", "has a set that Python's re reads otherwise than RE2 and hyperscan"),
+        (r"(\w+\s?){1,2000}QZX", '"(\\w+\\s?){1,2000}QZX" has a repeat inside a repeat'),
     ],
 )
 def test_error_bad_pattern_points_at_the_pattern_line(
@@ -936,6 +940,18 @@ def test_error_bad_pattern_points_at_the_pattern_line(
     message = _error(tmp_path, text)
     line = [i for i, x in enumerate(text.splitlines(), 1) if x.startswith("pattern")][0]
     assert message.startswith(f'{line}: signature "a" pattern {expected}')
+
+
+def test_validating_a_nested_repeat_ends_and_says_nothing_on_stderr(tmp_path: Path) -> None:
+    # `re` over the ordinary batch lines tried 2**60 splits of "Prefill batch(.*)*QZX"; RE2 answers
+    # at once. A POSIX class made `re` print a FutureWarning.
+    path = write(tmp_path, "nested.toml", GOOD.format(id="a", pattern="Prefill batch(.*)*QZX", severity="error")
+                 + GOOD.format(id="b", pattern="[[:alpha:]]+ page", severity="error"))
+    code = ("from radixtop.diagnosis.catalog import CatalogError, load_catalog\n"
+            f"try:\n    load_catalog([{str(path)!r}])\nexcept CatalogError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert 'signature "b" pattern has a set that Python' in done.stdout
 
 
 def test_escaped_constructs_are_literals_and_allowed() -> None:

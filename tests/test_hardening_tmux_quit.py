@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from hardening_helpers import start_standin
 from incident_helpers import wait_for, write_lines
@@ -54,3 +55,51 @@ def test_q_quits_at_once_while_a_bundle_waits_on_a_dripping_server(tmp_path: Pat
     finally:
         tmux.kill()
         slow.stop()
+
+
+COMBO_CATALOG = """
+[[signature]]
+id = "big-count"
+title = "A counted repeat RE2 and hyperscan refuse"
+pattern = 'Zq{1,60000}Y'
+severity = "error"
+subsystem = "custom"
+meaning = "m"
+first_checks = ["x"]
+competing = []
+
+[[signature]]
+id = "nested"
+title = "A repeat inside a repeat"
+pattern = '(\\w+\\s?)+QZX'
+severity = "error"
+subsystem = "custom"
+meaning = "m"
+first_checks = ["x"]
+competing = []
+"""
+
+
+def test_a_catalog_with_a_nested_repeat_draws_and_q_quits(tmp_path: Path) -> None:
+    # The first signature moved the whole catalog to Python's re, where the second backtracked
+    # 2**40 ways on the log's lines: a blank screen that no key and no SIGTERM ended.
+    catalog = tmp_path / "combo.toml"
+    catalog.write_text(COMBO_CATALOG, encoding="utf-8")
+    log = tmp_path / "redos.log"
+    # The first line fails after 2**40 tries; the second matches late, after as many (the span the
+    # log pane marks is searched too).
+    write_lines(log, ["QZX! " + "a" * 40 + "!", "a" * 40 + "! b QZX", "[2026-12-02 14:00:01 TP0] after the line"])
+    tmux = Tmux(120, 40)
+    pane = None
+    try:
+        tmux.start(["sh", "-c", SCRIPT, sys.executable, "--signatures", str(catalog), "--log", str(log),
+                    "--no-discover", "--no-gpu", "--readonly", "--from-start"], tmp_path)
+        pane = psutil.Process(int(tmux("display", "-p", "-t", "radixtop", "#{pane_pid}")))
+        tmux.wait_for(lambda s: "q Quit" in s and "after the line" in s and "Findings (1)" in s,
+                      "radixtop to draw the log and the finding", timeout=30)
+        tmux.send("q")
+        assert "EXITED 0" in tmux.wait_for(lambda s: "EXITED" in s, "radixtop to exit", timeout=30)
+    finally:
+        for child in pane.children(recursive=True) if pane is not None and pane.is_running() else ():
+            child.kill()  # a hung radixtop handles no signal but this one
+        tmux.kill()

@@ -1429,3 +1429,14 @@ def test_a_rust_core_too_big_to_walk_is_sizes_only_and_says_why(monkeypatch):
         f"{slot_chains.MAX_WALK_SLOTS + 1:,} slots" in snap.reason
         and snap.evictable_tokens == slot_chains.MAX_WALK_SLOTS
     )
+
+
+def test_an_endpoint_refused_for_want_of_a_token_says_to_set_the_token_not_the_port(caplog):
+    from radixtop.instrument.config import ENV_PORT, ENV_TOKEN, InstrumentConfig
+    from radixtop.instrument.sglang import attach
+
+    with caplog.at_level(logging.ERROR, logger="radixtop.instrument"):
+        assert attach(MiniCache(), rank=0, config=InstrumentConfig(host="0.0.0.0", base_port=0)) is None
+    lines = [r.getMessage() for r in caplog.records if "not instrumented" in r.getMessage()]
+    assert len(lines) == 1 and "bearer token" in lines[0], lines
+    assert ENV_TOKEN in lines[0] and ENV_PORT not in lines[0]

@@ -74,6 +74,35 @@ async def test_a_keymap_that_cannot_be_used_is_one_notice_and_the_default_keys(t
     assert "not read" in (load_keymap(keymap)[1] or "")
 
 
+async def test_a_keymap_whose_quit_could_never_run_is_refused_in_one_notice(tmp_path: Path, monkeypatch):
+    # ctrl+c is the screen's (copy) before any app binding sees it, and help on ctrl+q shadows
+    # Textual's own quit: with this file, before, no key quit radixtop.
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('[keys]\nquit = "ctrl+c"\nhelp = "ctrl+q"\n', encoding="utf-8")
+    monkeypatch.setenv("RADIXTOP_KEYMAP", str(keymap))
+    app = RadixtopApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.1)
+        notices = [n.message for n in app.state.notices if n.kind == "keymap"]
+        assert len(notices) == 1 and 'quit = "ctrl+c" never runs: the screen takes ctrl+c first' in notices[0]
+        assert "\n" not in notices[0] and notices[0].endswith("the default keys are in use")
+        await pilot.press("q")  # the default keys stay
+        await pilot.pause(0.2)
+        assert not app.is_running
+
+
+def test_a_keymap_giving_one_key_to_several_bindings_is_refused(tmp_path: Path):
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('[keys]\n' + "".join(f'{k.id} = "q"\n' for k in KEYS), encoding="utf-8")
+    keys, problem = load_keymap(keymap)
+    assert keys == {} and problem is not None and "\n" not in problem
+    assert "q is bound to quit, help, follow" in problem and "give each its own key" in problem
+    keymap.write_text('[keys]\nhelp = "q"\n', encoding="utf-8")  # q still quits by default
+    assert "q is bound to quit, help" in (load_keymap(keymap)[1] or "")
+    keymap.write_text('[keys]\nquit = "x"\nhelp = "q"\n', encoding="utf-8")  # moved out of each other's way
+    assert load_keymap(keymap) == ({"quit": "x", "help": "q"}, None)
+
+
 async def test_a_keymap_file_moves_a_dialogs_keys_too(tmp_path: Path, monkeypatch):
     """The plan's approve and refuse keys are no different: the keymap moves them by their ids."""
     from radixtop.widgets.confirm import PlanScreen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixtop.diagnosis.catalog import Signature, load_catalog
-from radixtop.diagnosis.matcher import ENGINES, Matcher, MatcherError, required_literals
+from radixtop.diagnosis.matcher import ENGINES, Matcher, MatcherError, backtracking_risk, required_literals
 
 
 @pytest.fixture(autouse=True)
@@ -187,15 +188,92 @@ def test_a_pattern_hyperscan_rejects_moves_the_whole_matcher_and_names_the_signa
         Matcher(sigs, engine="hyperscan")
 
 
-def test_a_pattern_only_re_understands_ends_at_re_with_both_reasons():
-    sigs = [sig("backref", r"(ab)\1")]
+def test_a_pattern_only_re_understands_runs_alone_on_re_and_the_rest_stay_on_re2():
+    pytest.importorskip("re2")
+    sigs = [sig("backref", r"(ab)\1"), sig("nested", r"(\w+\s?)+QZX")]
     m = Matcher(sigs)
-    assert m.engine == "re"
+    assert m.engine == "re2"
     note = m.fallback_note
-    assert note.endswith("; using re")
+    assert "re2 cannot compile signature 'backref'" in note and "it runs on re" in note
+    assert note.endswith("; using re2")
     if "hyperscan" in sys.modules and sys.modules["hyperscan"] is not None:
         assert "hyperscan cannot compile signature 'backref'" in note
-    assert m.scan(b"xabab\nab\n") == [(5, 0)]
+    assert m.scan(b"xabab\nab\nxy QZX\n") == [(5, 0), (15, 1)]
+
+
+def _ends_in(code: str, limit_s: float) -> subprocess.CompletedProcess[str]:
+    """`code` in a child Python, killed after limit_s: a hang is a failure, not a stuck suite."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit_s)
+
+
+NESTED_LINE = "QZX! " + "a" * 40 + "!"  # `re` tries 2**40 splits of the a's for (\w+\s?)+QZX
+
+
+def test_a_nested_repeat_stays_off_re_when_another_pattern_needs_re():
+    # A counted repeat over 1,000 is refused by hyperscan and RE2; before, it moved the whole
+    # catalog to `re`, where the nested repeat below ran for hours on one line.
+    code = (
+        "from radixtop.diagnosis.catalog import Signature\n"
+        "from radixtop.diagnosis.matcher import Matcher\n"
+        "s = lambda i, p: Signature(i, i, p, 'error', 't', 'm', (), ())\n"
+        "m = Matcher([s('big', 'Zq{1,60000}Y'), s('nested', r'(\\w+\\s?)+QZX')])\n"
+        f"line = {NESTED_LINE!r}\n"
+        "print(m.engine, m.scan((line + '\\n').encode()), m.match(line), m.match('ZqqY'))\n"
+    )
+    done = _ends_in(code, 60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["re2", "[]", "()", "(0,)"]
+
+
+def test_hyperscan_rechecks_a_nested_repeat_without_re():
+    pytest.importorskip("hyperscan")
+    # \s may cross lines, so hyperscan's hits are re-checked on their line: not with `re` here.
+    code = (
+        "from radixtop.diagnosis.catalog import Signature\n"
+        "from radixtop.diagnosis.matcher import Matcher\n"
+        "m = Matcher([Signature('n', 'n', r'(\\w+\\s?)+QZX', 'error', 't', 'm', (), ())])\n"
+        f"line = {('a' * 40 + '! b QZX')!r}\n"
+        "print(m.engine, m.scan((line + '\\n').encode()), m.match(line))\n"
+    )
+    done = _ends_in(code, 60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["hyperscan", "[(47,", "0)]", "(0,)"]
+
+
+def test_the_span_of_a_hit_is_found_without_re_on_a_nested_repeat():
+    # The log pane marks where a signature matched; `re` took 2**40 tries to find this one.
+    code = (
+        "from radixtop.diagnosis.matcher import span_search\n"
+        "print(span_search(r'(\\w+\\s?)+QZX')('a' * 40 + '! b QZX'), span_search(r'lock\\s+page')('a lock  page'),"
+        " span_search('(unclosed'))\n"
+    )
+    done = _ends_in(code, 60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(42,", "47)", "(2,", "12)", "None"]
+
+
+def test_re_alone_refuses_a_nested_repeat_in_one_line_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hyperscan", None)
+    monkeypatch.setitem(sys.modules, "re2", None)
+    with pytest.raises(MatcherError) as caught:
+        Matcher([sig("ok", r"out of memory"), sig("nested", r"Prefill batch(.*)*QZX")])
+    message = str(caught.value)
+    assert "'nested'" in message and '"Prefill batch(.*)*QZX" has a repeat inside a repeat' in message
+    assert "install google-re2" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("pattern", "risky"),
+    [(r"(\w+\s?)+QZX", True), (r"(.*)*x", True), (r"((a)+b)+", True), (r"(\w+){1,60000}", True),
+     (r"a{1,60000}", False), (r"(?:foo|bar)+", False), (r"x(?:\s+\w+)?y", False), (r"(a+){2}", False),
+     (r"a\)+b+", False)],
+)
+def test_backtracking_risk_is_a_repeat_of_many_rounds_inside_another(pattern, risky):
+    assert (backtracking_risk(pattern) is not None) == risky
+
+
+def test_the_builtin_catalog_has_no_pattern_re_could_run_without_end():
+    assert [s.id for s in load_catalog().signatures if backtracking_risk(s.pattern)] == []
 
 
 def test_bad_pattern_for_every_engine_is_an_error_naming_it():

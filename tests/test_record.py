@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +180,87 @@ def test_a_server_that_does_not_say_its_page_size_gets_a_trace_in_tokens_and_a_w
     assert proc.returncode == 0, err
     assert "/server_info did not say its page_size: the trace's page_size_hint is 1" in err
     assert load_trace(out).page_size_hint == 1
+
+
+class _Recorder:
+    """`radixtop record` as a child process in front of the stand-in server; its stderr lines
+    collected on a thread, so a test can wait for one."""
+
+    def __init__(self, tmp_path: Path, upstream: str, *extra: str) -> None:
+        import threading
+
+        self.out, ready = tmp_path / "rec.json", tmp_path / "rec.port"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "radixtop", "record", "--url", upstream, "--out", str(self.out),
+             "--ready-file", str(ready), *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
+        assert wait_for(lambda: ready.exists() and ready.read_text().strip(), 20), self.lines
+        self.url = f"http://127.0.0.1:{int(ready.read_text())}"
+
+    def said(self, text: str, timeout_s: float = 30) -> bool:
+        return wait_for(lambda: any(text in line for line in self.lines), timeout_s)
+
+    def peak_rss_kib(self) -> int:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def test_a_huge_body_is_streamed_upstream_and_the_proxy_holds_at_most_its_cap(tmp_path: Path) -> None:
+    from hardening_helpers import start_standin
+
+    standin = start_standin(tmp_path, "--mode", "generate")
+    rec = _Recorder(tmp_path, standin.url)
+    size = 256 << 20  # held whole (the old way), it cost the proxy twice this much
+    try:
+        with socket.create_connection(("127.0.0.1", int(rec.url.rsplit(":", 1)[1])), timeout=60) as conn:
+            conn.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % size)
+            chunk = b"\0" * (1 << 20)
+            for _ in range(size // len(chunk)):
+                conn.sendall(chunk)
+            answer = conn.recv(64)
+        assert answer.startswith(b"HTTP/1.1 413"), answer  # the server's own answer, after the whole body
+        peak_mib = rec.peak_rss_kib() >> 10
+        assert peak_mib < 200, f"the proxy peaked at {peak_mib} MiB for a {size >> 20} MiB body"
+        body = {"input_ids": BASE, "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(f"{rec.url}/generate", json=body, timeout=10).status_code == 200
+        rec.proc.send_signal(signal.SIGINT)
+        assert rec.proc.wait(30) == 0, rec.lines
+    finally:
+        rec.stop()
+        standin.stop()
+    assert [r.prompt_len for r in load_trace(rec.out).requests] == [len(BASE)]  # the huge one is not recorded
+
+
+def test_a_second_ctrl_c_while_the_trace_is_written_loses_nothing(tmp_path: Path) -> None:
+    from hardening_helpers import start_standin
+
+    standin = start_standin(tmp_path, "--mode", "generate")
+    rec = _Recorder(tmp_path, standin.url)
+    calls = 60
+    try:
+        with httpx.Client(timeout=10) as client:
+            for i in range(calls):
+                body = {"input_ids": [*range(1, 2001), i], "sampling_params": {"max_new_tokens": 1}}
+                assert client.post(f"{rec.url}/generate", json=body).status_code == 200
+        rec.proc.send_signal(signal.SIGINT)
+        assert rec.said("stopping: 60 calls recorded"), rec.lines
+        rec.proc.send_signal(signal.SIGINT)
+        assert rec.said("writing"), rec.lines
+        rec.proc.send_signal(signal.SIGINT)
+        assert rec.proc.wait(30) == 0, rec.lines
+    finally:
+        rec.stop()
+        standin.stop()
+    assert rec.said("still writing", 5), rec.lines
+    assert rec.said(f"wrote {rec.out}", 5), rec.lines
+    trace = load_trace(rec.out)
+    assert len(trace.requests) == calls and trace.requests[-1].prefix_len == 2000

@@ -211,7 +211,7 @@ def test_replay_of_a_dead_server_reports_failures_and_stops_early() -> None:
     assert doc["runs"] == 1 and doc["requested_runs"] == 4
     assert "stopped answering" in doc["stopped_early"]
     assert doc["failed_calls"] == 44 and not doc["diverged"]
-    assert doc["result"] == "NOT REPRODUCED"
+    assert doc["result"] == "INCONCLUSIVE"  # every call failed: nothing could diverge
 
 
 def _run(*outcomes: tuple[str, int, str | None]) -> ReplayRun:
@@ -253,3 +253,38 @@ def test_a_single_run_says_divergence_cannot_be_seen() -> None:
     report = compare_runs(ReplaySeries("http://x", (_run(("a", 0, "x")),), 1, True), trace)
     assert "divergence needs at least 2 runs" in format_report(report)
     assert report.result is None and "RESULT" not in format_report(report)
+
+
+def test_a_replay_whose_expected_requests_never_answered_twice_is_inconclusive() -> None:
+    trace = Trace("t", 1, (TraceRequest("a", 0, 4, 0, "a", 4), TraceRequest("b", 0, 4, 0, "b", 4)),
+                  expect_diverged=("a",))
+    series = ReplaySeries("http://x", (_run(("a", 0, "x"), ("b", 0, "k")), _run(("a", 0, None), ("b", 0, "k"))),
+                          2, True)
+    report = compare_runs(series, trace)
+    assert report.result == "INCONCLUSIVE" and report.uncompared == ["a"]
+    assert "RESULT: INCONCLUSIVE  (0/1 expected divergences reproduced; 1 of them never answered twice" in (
+        format_report(report))
+    answered = ReplaySeries("http://x", (_run(("a", 0, "x")), _run(("a", 0, "x"))), 2, True)
+    assert compare_runs(answered, trace).result == "NOT REPRODUCED"
+
+
+def test_a_flush_refused_with_an_html_error_page_is_one_printable_line(tmp_path: Path) -> None:
+    import asyncio
+
+    from hardening_helpers import start_standin
+    from incident_helpers import small_trace
+
+    from radixtop.incident.replay.replay import replay_series
+    from radixtop.incident.replay.trace import plan_requests
+
+    standin = start_standin(tmp_path, "--mode", "generate", "--flush-error-page")
+    events = []
+    try:
+        series = asyncio.run(replay_series(standin.url, plan_requests(small_trace(requests=1)), 1, flush=True,
+                                           on_event=events.append, request_timeout_s=10))
+    finally:
+        standin.stop()
+    flush = [e.message for e in events if e.kind == "flush"]
+    assert len(flush) == 1 and flush[0].startswith("cache NOT flushed: HTTP 502: <!DOCTYPE html> <html> <head>")
+    assert "\n" not in flush[0] and "\x1b" not in flush[0] and len(flush[0]) < 260
+    assert all("\n" not in note and "\x1b" not in note for note in series.notes)

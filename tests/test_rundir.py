@@ -112,3 +112,27 @@ def test_write_file_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> No
     write_file(path, b"one")
     write_file(path, b"two")
     assert path.read_bytes() == b"two" and sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_write_the_disk_refuses_leaves_no_temporary_file(tmp_path: Path) -> None:
+    # The flight recorder writes a dying rank's record through write_file: a full disk must leave
+    # neither a half record nor an empty temporary behind. A child process whose file size limit
+    # is 4 KiB meets the same refusal (EFBIG) as one whose disk is full (ENOSPC).
+    import errno
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from radixtop.rundir import write_file\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "try:\n"
+        "    write_file(Path(sys.argv[1]) / 'record.json', b'x' * (1 << 20))\n"
+        "except OSError as exc:\n"
+        "    print(exc.errno)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == str(errno.EFBIG), done
+    assert list(tmp_path.iterdir()) == []

@@ -35,3 +35,10 @@ async def test_update_scrollbars_sizes_the_horizontal_scrollbar_to_the_virtual_w
         update_scrollbars(view, size)
         assert view.show_horizontal_scrollbar  # at once, not at some later layout
         assert view.horizontal_scrollbar.window_virtual_size == 400
+
+
+def test_normalize_keys_names_keys_as_a_keymap_binds_them():
+    from radixtop.widgets.textual_private import normalize_keys
+
+    assert normalize_keys("?,q,ctrl+c") == ["question_mark", "q", "ctrl+c"]
+    assert normalize_keys("&") == ["ampersand"]

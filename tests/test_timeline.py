@@ -88,3 +88,33 @@ def test_the_bundles_timeline_opens_offline_in_chromium_with_every_series_and_ma
     assert all(count > 0 for _, count in traces)
     assert names <= set(legend)  # every series is drawn and named in the legend
     assert all(any(note.endswith(f" {title}") for note in notes) for title in expected_marks), (expected_marks, notes)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package (.ci/run installs it)")
+def test_markup_in_a_signature_title_and_the_reason_is_shown_as_text(tmp_path: Path):
+    # Plotly reads a subset of HTML in its texts: a title in a user catalog, or --reason, made a
+    # clickable link, a 90 px span, and bidi overrides were drawn raw.
+    from playwright.sync_api import sync_playwright
+
+    from radixtop.incident.bundle.timeline import Timeline
+
+    label = '<a href="https://example.com/x">open</a> <span style="font-size:90px">BIG</span> a&amp;b \u202eevil'
+    reason = "<b>bold</b> <i>reason</i>"
+    timeline = Timeline(vitals={"token_usage": [(1_000.0, 0.5), (1_001.0, 0.9)]}, marks=[(1_000.5, label)])
+    page_file = tmp_path / "timeline.html"
+    page_file.write_text(render_html(timeline, reason), encoding="utf-8")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_context(offline=True).new_page()
+            page.goto(page_file.as_uri())
+            page.wait_for_selector(".js-plotly-plot .annotation-text", timeout=20_000)
+            notes = page.eval_on_selector_all(".annotation-text", "els => els.map(e => e.textContent)")
+            title = page.eval_on_selector(".gtitle", "e => e.textContent")
+            links = page.eval_on_selector_all(".js-plotly-plot a", "els => els.length")
+            styled = page.eval_on_selector_all(".js-plotly-plot tspan[style*='font-size:90px']", "els => els.length")
+        finally:
+            browser.close()
+    shown = label.replace("\u202e", "\ufffd")
+    assert any(note.endswith(f" {shown}") for note in notes), notes
+    assert title == reason and links == 0 and styled == 0

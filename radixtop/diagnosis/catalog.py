@@ -421,14 +421,29 @@ def pattern_problem(pattern: str) -> str | None:
                 f'uses {what} at "{m.group(0)}", which RE2 and hyperscan cannot run; '
                 "rewrite it with plain literals, classes, groups (?:...) and repeats"
             )
+    import warnings
+
+    with warnings.catch_warnings():
+        # Python's re reads "[[:alpha:]]" as a set of ":alph[" (and warns), RE2 and hyperscan as a
+        # POSIX class: one pattern, two meanings.
+        warnings.simplefilter("error", FutureWarning)
+        try:
+            compiled = re.compile(pattern)
+        except FutureWarning as exc:
+            return (f"has a set that Python's re reads otherwise than RE2 and hyperscan ({exc}); "
+                    "write the class out, e.g. [A-Za-z] for [[:alpha:]]")
+        except re.error as exc:
+            return f"does not compile ({exc.msg} at position {exc.pos}); fix the regular expression"
+    from radixtop.diagnosis.matcher import MatcherError, line_search
+
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        return f"does not compile ({exc.msg} at position {exc.pos}); fix the regular expression"
-    if compiled.search("") is not None:
+        search = line_search(pattern, compiled)  # never `re` where it could backtrack without end
+    except MatcherError as exc:
+        return str(exc)
+    if search(""):
         return "matches an empty line; anchor it on a distinctive literal"
     for line in ORDINARY_LINES:
-        if compiled.search(line) is not None:
+        if search(line):
             return (
                 "matches an ordinary Prefill/Decode batch line; anchor it on a distinctive literal"
             )

@@ -13,9 +13,15 @@ How each engine scans a buffer of many lines:
   `radixtop scan` must start like grep; for the same reason no Python regex is compiled until a
   hit needs its line re-checked.
 - re2: an RE2::Set pass says which patterns occur in the buffer at all; only those are searched,
-  on the lines holding their required literal (below) where they have one.
+  on the lines holding their required literal (below) where they have one. A pattern RE2 cannot
+  compile (a counted repeat over 1,000) runs alone on `re`, the others stay on RE2.
 - re: each pattern's required literal (e.g. "Failed to lock memory page") is found with bytes.find,
   and the regex runs only on the lines holding it; a pattern without one is searched in full.
+
+`re` backtracks: a repeat inside a repeat (`(\\w+\\s?)+X`, `(.*)*X`) can take it longer than the
+universe's age on one line. `re` never runs such a pattern: hyperscan's re-checks of such hits, a
+catalog's validation (`line_search`) and the log pane's mark of a hit (`span_search`) search with
+RE2, and a pattern no other engine takes is refused (`backtracking_risk`).
 
 This module is imported by `radixtop scan` before any output, so it imports its engines lazily and
 nothing else heavy.
@@ -25,10 +31,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixtop.diagnosis import diskcache
+from radixtop.textsafe import printable
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.catalog import Signature
@@ -40,6 +47,10 @@ CACHE_ENV = diskcache.CACHE_ENV  # where compiled hyperscan databases are kept; 
 # so its hits need no re-check. Conservative: a false "may cross" only costs a re-check per hit.
 _MAY_CROSS_LINES = re.compile(r"\\[sWDvnxcpPhHNRXV0-7]|\[\^|\(\?[a-zA-Z]*s|[\x00-\x1f]")
 _MIN_LITERAL = 3  # shorter required literals would find too many candidate lines to help
+# A repeat allowing more than this many rounds counts as unbounded for backtracking_risk: nested in
+# another such repeat, the ways to split a line grow beyond any time bound.
+_WIDE_REPEAT = 10
+_GROUP_REPEAT = re.compile(r"\)[*+?{]")  # a group with a quantifier (or a literal paren: parsed to tell)
 
 
 class MatcherError(ValueError):
@@ -175,7 +186,19 @@ class _HyperscanEngine:
 # -- RE2 and re -----------------------------------------------------------------------------------
 
 
+def _re2_options() -> Any:
+    import re2
+
+    options = re2.Options()
+    options.encoding = re2.Options.Encoding.LATIN1  # byte semantics, like hyperscan and re
+    options.log_errors = False
+    return options
+
+
 class _Re2Engine:
+    """RE2 for every pattern it compiles; a pattern it refuses runs alone on `re` (listed in
+    `on_re` with RE2's reason), unless `re` could backtrack on it without end."""
+
     name = "re2"
 
     def __init__(self, patterns: Sequence[bytes], sources: Sequence[str]) -> None:
@@ -183,20 +206,23 @@ class _Re2Engine:
             import re2
         except ImportError as exc:
             raise _EngineUnavailable(_one_line(exc)) from exc
-        options = re2.Options()
-        options.encoding = re2.Options.Encoding.LATIN1  # byte semantics, like hyperscan and re
-        options.log_errors = False
-        compiled = []
+        options = _re2_options()
+        compiled: list[Any] = []
+        self.on_re: list[tuple[int, str]] = []
+        self._set = re2.Set.SearchSet(options)
+        self._set_index: list[int] = []  # the set's pattern number -> the pattern's index
         for i, pattern in enumerate(patterns):
             try:
                 compiled.append(re2.compile(b"(?m)" + pattern, options))
             except re2.error as exc:
-                raise _PatternRejected(i, _one_line(exc)) from exc
+                reason = _one_line(exc)
+                compiled.append(_compile_re(i, pattern, sources[i], f"RE2 cannot run it either ({reason})"))
+                self.on_re.append((i, reason))
+                continue
+            self._set.Add(b"(?m)" + pattern)
+            self._set_index.append(i)
         self.compiled = compiled
         self.literals = [required_literals(source) for source in sources]
-        self._set = re2.Set.SearchSet(options)
-        for pattern in patterns:
-            self._set.Add(b"(?m)" + pattern)
         self._set.Compile()
 
     def scan_into(self, data: Any, size: int, hits: list[tuple[int, int]]) -> None:
@@ -204,25 +230,40 @@ class _Re2Engine:
         view = data if size == len(data) else memoryview(data)[:size]
         # One RE2::Set pass names the patterns present anywhere in the buffer (hits are rare);
         # each of those is searched only on the lines holding its literal, when it has one.
-        for i in sorted(self._set.Match(view) or ()):
-            literals = self.literals[i]
-            if literals is None:
-                _line_hits(self.compiled[i], data, hits, i, size, view)
-            else:
-                _literal_line_hits(self.compiled[i], literals, data, hits, i, size, view)
+        present = [self._set_index[k] for k in self._set.Match(view) or ()] if self._set_index else []
+        for i in sorted(present):
+            self._search(i, data, size, hits, view)
+        for i, _ in self.on_re:
+            self._search(i, data, size, hits, None)
+
+    def _search(self, i: int, data: Any, size: int, hits: list[tuple[int, int]], view: Any) -> None:
+        literals = self.literals[i]
+        if literals is None:
+            _line_hits(self.compiled[i], data, hits, i, size, view)
+        else:
+            _literal_line_hits(self.compiled[i], literals, data, hits, i, size, view)
+
+
+def _compile_re(index: int, pattern: bytes, source: str, why_re: str) -> re.Pattern[bytes]:
+    """`re`'s compiled pattern, or _PatternRejected when `re` cannot compile it or could backtrack
+    on it without end (`why_re`: why no other engine runs it)."""
+    risk = backtracking_risk(source)
+    if risk is not None:
+        raise _PatternRejected(index, f"{risk}; {why_re}")
+    try:
+        return re.compile(b"(?m)" + pattern)
+    except re.error as exc:
+        raise _PatternRejected(index, _one_line(exc)) from exc
 
 
 class _ReEngine:
     name = "re"
 
     def __init__(self, patterns: Sequence[bytes], sources: Sequence[str]) -> None:
-        compiled = []
-        for i, pattern in enumerate(patterns):
-            try:
-                compiled.append(re.compile(b"(?m)" + pattern))
-            except re.error as exc:
-                raise _PatternRejected(i, _one_line(exc)) from exc
-        self.compiled = compiled
+        self.compiled = [
+            _compile_re(i, pattern, sources[i], "install google-re2, which runs it in linear time")
+            for i, pattern in enumerate(patterns)
+        ]
         self.literals = [required_literals(source) for source in sources]
 
     def scan_into(self, data: Any, size: int, hits: list[tuple[int, int]]) -> None:
@@ -232,6 +273,88 @@ class _ReEngine:
                 _line_hits(pattern, data, hits, i, size)
             else:
                 _literal_line_hits(pattern, literals, data, hits, i, size)
+
+
+def backtracking_risk(pattern: str) -> str | None:
+    """Why Python's backtracking `re` could run without end on some line with `pattern` (one
+    line, naming the pattern and what to do), or None: a repeat of many rounds inside another
+    (`(\\w+\\s?)+`, `(.*)*`), where a failing line has exponentially many ways to be split."""
+    if _GROUP_REPEAT.search(pattern) is None:  # only a group can hold a repeat: none is repeated
+        return None
+    try:
+        from re import _constants as c  # type: ignore[attr-defined]  # CPython's private parser: no stubs
+        from re import _parser  # type: ignore[attr-defined]
+
+        nested = _nested_wide_repeat(list(_parser.parse(pattern)), c, inside=False)
+    except Exception:  # noqa: BLE001 - a pattern the parser refuses fails to compile and says so there
+        return None
+    if not nested:
+        return None
+    shown = printable(pattern if len(pattern) <= 80 else pattern[:79] + "…")
+    return (f'"{shown}" has a repeat inside a repeat, on which Python\'s re can run without end; '
+            "rewrite it without the nested repeat (e.g. (\\w+\\s?)+X as [\\w\\s]+X)")
+
+
+def _nested_wide_repeat(items: list[tuple[Any, Any]], c: Any, *, inside: bool) -> bool:
+    for op, arg in items:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None)):
+            wide = arg[1] > _WIDE_REPEAT
+            if (wide and inside) or _nested_wide_repeat(list(arg[2]), c, inside=inside or wide):
+                return True
+        elif op is c.SUBPATTERN:
+            if _nested_wide_repeat(list(arg[3]), c, inside=inside):
+                return True
+        elif op is c.BRANCH:
+            if any(_nested_wide_repeat(list(b), c, inside=inside) for b in arg[1]):
+                return True
+        elif op in (c.ASSERT, c.ASSERT_NOT) and _nested_wide_repeat(list(arg[1]), c, inside=inside):
+            return True
+    return False
+
+
+def line_search(pattern: str, compiled: re.Pattern[str] | None = None) -> Callable[[str], bool]:
+    """Whether `pattern` matches in one line, by an engine that cannot run without end: `re` when
+    backtracking_risk finds nothing (`compiled`, when the caller has it), else RE2 as the Matcher
+    runs it (UTF-8 bytes). MatcherError (one line) for a pattern neither runs."""
+    risk = backtracking_risk(pattern)
+    if risk is None and compiled is not None:
+        return lambda line: compiled.search(line) is not None
+    data = b"(?m)" + _encode(pattern)
+    try:
+        if risk is None:
+            regex: Any = re.compile(data)
+        else:
+            import re2
+
+            regex = re2.compile(data, _re2_options())
+    except ImportError:
+        raise MatcherError(f"{risk}; install google-re2, which runs it in linear time") from None
+    except Exception as exc:  # noqa: BLE001 - re.error, or re2.error (not importable without re2)
+        raise MatcherError(f"{risk}; RE2 cannot run it either ({_one_line(exc)})" if risk
+                           else f"does not compile ({_one_line(exc)})") from None
+    search = regex.search
+    return lambda line: search(_encode(line)) is not None
+
+
+def span_search(pattern: str) -> Callable[[str], tuple[int, int] | None] | None:
+    """Where `pattern` first matches in one line of text (character offsets, to mark the match):
+    by `re`, or by RE2 where `re` could backtrack without end; None when neither compiles it."""
+    try:
+        if backtracking_risk(pattern) is None:
+            regex: Any = re.compile(pattern)
+        else:
+            import re2
+
+            regex = re2.compile(pattern)
+    except Exception:  # noqa: BLE001 - re.error, a missing re2, or re2.error
+        return None
+    search = regex.search
+
+    def span(text: str) -> tuple[int, int] | None:
+        m = search(text)
+        return m.span() if m else None
+
+    return span
 
 
 def required_literals(pattern: str) -> tuple[bytes, ...] | None:
@@ -362,7 +485,7 @@ class Matcher:
         self._may_cross = frozenset(
             i for i, sig in enumerate(self.signatures) if _may_cross_lines(sig.pattern)
         )
-        self._recheck: dict[int, re.Pattern[bytes] | None] = {}
+        self._recheck: dict[int, Any] = {}
         self.fallback_note: str | None = None
         self._engine: Any = None
         if not self._patterns:
@@ -391,6 +514,8 @@ class Matcher:
                 continue
             break
         self.engine = self._engine.name
+        for index, reason in getattr(self._engine, "on_re", ()):
+            notes.append(f"re2 cannot compile signature {self.signatures[index].id!r} ({reason}): it runs on re")
         if notes:
             self.fallback_note = "; ".join(notes) + f"; using {self.engine}"
 
@@ -410,19 +535,26 @@ class Matcher:
             found = {i for i in found if self._any_line_matches(i, data)}
         return tuple(sorted(found))
 
-    def _recheck_pattern(self, index: int) -> re.Pattern[bytes] | None:
-        """The `re` pattern that re-checks hits of signature `index` on their line, or None when
-        its hits need no re-check."""
+    def _recheck_pattern(self, index: int) -> Any:
+        """The regex that re-checks hits of signature `index` on their line (`re`, or RE2 where
+        `re` could backtrack without end), or None when its hits need no re-check."""
         if index not in self._may_cross:
             return None
         try:
             return self._recheck[index]
         except KeyError:
             pass
+        pattern: Any = None  # hyperscan accepted what neither takes: trust the engine
+        source = self.signatures[index].pattern
         try:
-            pattern: re.Pattern[bytes] | None = re.compile(b"(?m)" + self._patterns[index])
-        except re.error:
-            pattern = None  # hyperscan or RE2 accepted what `re` does not: trust the engine
+            if backtracking_risk(source) is None:
+                pattern = re.compile(b"(?m)" + self._patterns[index])
+            else:
+                import re2
+
+                pattern = re2.compile(b"(?m)" + self._patterns[index], _re2_options())
+        except Exception:  # noqa: BLE001 - re.error, a missing re2, or re2.error
+            pattern = None
         self._recheck[index] = pattern
         return pattern
 
@@ -472,11 +604,12 @@ class Matcher:
         if not self._may_cross:
             return hits
         kept = []
+        subject = data if size == len(data) else memoryview(data)[:size]  # RE2's `$` at endpos: see scan_into
         for line_end, index in hits:
             pattern = self._recheck_pattern(index)
             if pattern is not None:
                 line_start = data.rfind(b"\n", 0, line_end) + 1
-                if pattern.search(data, line_start, line_end) is None:
+                if pattern.search(subject, line_start, line_end) is None:
                     continue
             kept.append((line_end, index))
         return kept

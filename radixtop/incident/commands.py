@@ -360,12 +360,19 @@ def run_record(args: Namespace) -> int:
         raise UsageError(f"--out {out}: its directory does not exist")
     say = _progress("record", False)
 
+    signals = [0]
+
+    def stopping(note: Callable[[], None]) -> None:
+        signals[0] += 1
+        if signals[0] > 1:  # the trace is still being written: a second Ctrl-C must not lose it
+            say(f"still writing {out}; it takes a moment ({len(proxy.calls)} calls)")
+        note()
+
     async def go() -> RecordingProxy:
-        proxy = RecordingProxy(url, keep_prompts=args.keep_prompts, port=args.listen_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stopping, stop.set)
 
         def seen(call: RecordedCall) -> None:
             if args.max_requests and len(proxy.calls) >= args.max_requests:
@@ -388,19 +395,32 @@ def run_record(args: Namespace) -> int:
             await asyncio.wait_for(stop.wait(), args.duration if args.duration else None)
         except TimeoutError:
             pass
+        signals[0] = max(signals[0], 1)
+        say(f"stopping: {len(proxy.calls)} calls recorded; the calls in flight get up to 5 s to end")
         await proxy.stop()
         return proxy
 
-    proxy = asyncio.run(go())
+    proxy = RecordingProxy(url, keep_prompts=args.keep_prompts, port=args.listen_port)
+    asyncio.run(go())
+    # Until the trace is written, SIGINT and SIGTERM say so instead of ending the process (the
+    # loop's handlers, gone with the loop, did the same while the proxy stopped).
+    handlers = {sig: signal.signal(sig, lambda *_: stopping(lambda: None)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        trace = proxy.trace(name=args.name or out.stem)
-    except ValueError as exc:
-        raise UsageError(f"record: {exc}") from None
-    tmp = out.with_name(f".{out.name}.partial")
-    save_trace(trace, tmp)
-    os.replace(tmp, out)
+        started = time.monotonic()
+        say(f"writing {out}: finding the shared prefixes of {len(proxy.calls)} calls")
+        try:
+            trace = proxy.trace(name=args.name or out.stem)
+        except ValueError as exc:
+            raise UsageError(f"record: {exc}") from None
+        tmp = out.with_name(f".{out.name}.partial")
+        save_trace(trace, tmp)
+        os.replace(tmp, out)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     note = f"; {proxy.skipped} batch calls forwarded but not recorded" if proxy.skipped else ""
-    say(f"wrote {out}: {len(trace.requests)} requests over {trace.requests[-1].offset_ms / 1000:.1f} s{note}")
+    say(f"wrote {out} in {time.monotonic() - started:.1f} s: {len(trace.requests)} requests over "
+        f"{trace.requests[-1].offset_ms / 1000:.1f} s{note}")
     return ExitStatus.OK
 
 

@@ -10,7 +10,10 @@ census, which advances one bounded slice per step, its steps spaced to keep with
 (ten times less while nobody reads snapshots); at most `max_connections` requests are served at once,
 at most half of them for one client address, and each connection is closed once it has taken
 `request_deadline_s` in all (a client that sends its request a line every few seconds, which no
-per-read timeout catches, cannot keep the others out for longer).
+per-read timeout catches, cannot keep the others out for longer), or HEAD_DEADLINE_S without its
+request head. A new connection that finds no slot takes the one of the oldest connection still
+without its head: radixtop's own probe shares 127.0.0.1 with every local user, whose idle
+half-requests must not keep it out.
 
 The scheduler thread only reads: it captures raw figures (snapshot.Capture: plain ints, floats and
 row tuples) and swaps the capture in under a lock. The first HTTP thread that wants it builds the
@@ -26,6 +29,7 @@ Wiring for a host (one per rank), see Instrumentation below for the three-call v
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import ipaddress
@@ -37,7 +41,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from radixtop.instrument.flight import FlightRecorder
@@ -87,6 +91,9 @@ _COUNTER_HELP = {
     "events_dropped": "Events pushed out of the bounded event ring before being read.",
 }
 _NOTICE_EVERY_S = 30.0  # at most one INFO line per kind of client trouble this often
+RefusedFor = Literal["token", "port", "error"]  # no token off loopback, no free port, anything else
+HEAD_DEADLINE_S = 2.0  # a request head (a GET's line and headers) comes at once, or not at all
+HEAD_GRACE_S = 0.25  # a connection still without its head after this yields its slot to a new one
 
 
 def one_line(exc: BaseException) -> str:
@@ -133,6 +140,18 @@ def is_loopback(host: str) -> bool:
         return False  # a name we will not resolve: treat as reachable from outside
 
 
+class _Conn:
+    """A connection being served: its client address, when it was accepted, whether its request
+    head has been read."""
+
+    __slots__ = ("head_read", "host", "started")
+
+    def __init__(self, host: str, started: float) -> None:
+        self.host = host
+        self.started = started
+        self.head_read = False
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -143,35 +162,62 @@ class _Server(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._per_client = max(1, (max_connections + 1) // 2)
         self._deadline_s = deadline_s
+        self._head_deadline_s = min(deadline_s, HEAD_DEADLINE_S)
         self._lock = threading.Lock()
-        self._active: dict[Any, tuple[str, float]] = {}  # connection -> (client address, deadline)
+        self._active: dict[Any, _Conn] = {}
         family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.address_family = family
         super().__init__(addr, _Handler)
 
-    def _admit(self, request: Any, host: str) -> bool:
+    def _admit(self, request: Any, host: str) -> tuple[bool, Any]:
+        """(admitted, the connection it displaced or None). Every local user shares 127.0.0.1 with
+        radixtop's own probe: a connection still without its request head after HEAD_GRACE_S
+        yields its slot to a new one, so idle half-requests cannot keep the owner out."""
+        now = time.monotonic()
         with self._lock:
-            if sum(1 for h, _ in self._active.values() if h == host) >= self._per_client:
-                return False
-            if not self._slots.acquire(blocking=False):  # bounded threads inside the host
-                return False
-            self._active[request] = (host, time.monotonic() + self._deadline_s)
-            return True
+            own = [c for c in self._active.items() if c[1].host == host]
+            if len(own) < self._per_client and self._slots.acquire(blocking=False):  # bounded threads
+                self._active[request] = _Conn(host, now)
+                return True, None
+            idle = [c for c in (own if len(own) >= self._per_client else self._active.items())
+                    if not c[1].head_read and now - c[1].started >= HEAD_GRACE_S]
+            if not idle:
+                return False, None
+            victim = min(idle, key=lambda c: c[1].started)[0]
+            del self._active[victim]  # its slot passes to the new connection
+            self._active[request] = _Conn(host, now)
+            return True, victim
+
+    def head_read(self, request: Any) -> None:
+        with self._lock:
+            conn = self._active.get(request)
+            if conn is not None:
+                conn.head_read = True
 
     def _release(self, request: Any) -> None:
         with self._lock:
             if self._active.pop(request, None) is not None:
                 self._slots.release()
 
+    def _turn_away(self, request: Any, *, close: bool) -> None:
+        self.endpoint._refusals.note(self.endpoint.rank)
+        try:
+            request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+        except OSError:
+            pass
+        if close:
+            self.shutdown_request(request)
+        else:  # its own thread, blocked reading it, wakes, ends and closes it
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RDWR)
+
     def process_request(self, request: Any, client_address: Any) -> None:
         host = client_address[0] if isinstance(client_address, tuple) and client_address else ""
-        if not self._admit(request, host):
-            self.endpoint._refusals.note(self.endpoint.rank)
-            try:
-                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
+        admitted, displaced = self._admit(request, host)
+        if displaced is not None:
+            self._turn_away(displaced, close=False)
+        if not admitted:
+            self._turn_away(request, close=True)
             return
         try:
             super().process_request(request, client_address)
@@ -186,14 +232,16 @@ class _Server(ThreadingHTTPServer):
             self._release(request)
 
     def service_actions(self) -> None:
-        """Between polls of the serving loop: end connections past their deadline (shutting the
-        socket down wakes the thread blocked reading it, which then ends and frees its slot)."""
+        """Between polls of the serving loop: end connections past their deadline, HEAD_DEADLINE_S
+        for the request head, the request deadline in all (shutting the socket down wakes the
+        thread blocked reading it, which then ends and frees its slot)."""
         now = time.monotonic()
         with self._lock:
-            late = [conn for conn, (_, deadline) in self._active.items() if deadline <= now]
-        for conn in late:
+            late = [request for request, c in self._active.items()
+                    if now - c.started >= (self._deadline_s if c.head_read else self._head_deadline_s)]
+        for request in late:
             try:
-                conn.shutdown(socket.SHUT_RDWR)
+                request.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
@@ -211,6 +259,11 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = f"radixtop-instrument/{SCHEMA_VERSION}"
     protocol_version = "HTTP/1.0"
     timeout = 10  # a stalled client cannot hold a thread forever
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.server.head_read(self.request)
+        return parsed
 
     def do_GET(self) -> None:
         try:
@@ -278,6 +331,7 @@ class InstrumentEndpoint:
         self.instance = secrets.token_hex(8)
         self.flight_dir = ""  # set by Instrumentation: where its flight recorder writes
         self.disabled_reason = "not started"
+        self.refused_for: RefusedFor | None = None  # why start() refused, for the host's advice
         self.snapshot_errors = 0
         self.safe_point_errors = 0  # reported by the host's glue (sglang.SafePoints), shown in health
         self.last_error = ""  # the latest safe point or snapshot error, one line
@@ -330,17 +384,18 @@ class InstrumentEndpoint:
             return True
         if not is_loopback(self.host) and not self.token:
             return self._refuse(
+                "token",
                 f"refusing to serve on non-loopback address {self.host} without a bearer token; "
-                "set a token or bind 127.0.0.1"
+                "set a token or bind 127.0.0.1",
             )
         try:
             self._server = self._bind()
         except OSError as exc:
             why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
             where = f"{self.host}:{self._ports[0]}" + (f"..{self._ports[-1]}" if len(self._ports) > 1 else "")
-            return self._refuse(f"{where} {why}; choose another base port (the server keeps running)")
+            return self._refuse("port", f"{where} {why}; choose another base port (the server keeps running)")
         except Exception as exc:
-            return self._refuse(f"could not start ({type(exc).__name__}: {exc})")
+            return self._refuse("error", f"could not start ({type(exc).__name__}: {exc})")
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.25},  # how soon stop() is noticed
@@ -363,7 +418,8 @@ class InstrumentEndpoint:
                     raise
         raise OSError(errno.EADDRINUSE, "no port in the window")  # an empty window
 
-    def _refuse(self, why: str) -> bool:
+    def _refuse(self, cause: RefusedFor, why: str) -> bool:
+        self.refused_for = cause
         self.disabled_reason = why
         self._server = None
         log.error("radixtop debug endpoint for rank %d disabled: %s", self.rank, why)
@@ -670,7 +726,8 @@ class InstrumentEndpoint:
                 "Errors caught at the scheduler's safe point (repeated ones switch the instrumentation off).",
             ),
             ("client_disconnects", "Clients that went away before their response was complete."),
-            ("clients_refused", "Connections answered 503 because every connection slot was busy."),
+            ("clients_refused", "Connections answered 503 because every connection slot was busy, or cut "
+             "without their request head to free one."),
         ):
             family(STATE_METRIC_NAMES[key], "counter", help_text, [(rank, getattr(self, key))])
         if snap is not None:

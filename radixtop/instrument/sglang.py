@@ -129,11 +129,13 @@ def attach(cache: Any, *, rank: int = 0, config: InstrumentConfig | None = None)
         log.error("radixtop: rank %d not instrumented: %s: %s; the server keeps serving", rank, type(exc).__name__, exc)
         return None
     if not inst.start():
+        why, cause = inst.endpoint.disabled_reason, inst.endpoint.refused_for  # before close() says "stopped"
         inst.close()
-        log.error(
-            "radixtop: rank %d not instrumented (%s); set %s to a free base port to get the endpoint",
-            rank, inst.endpoint.disabled_reason, ENV_PORT,
-        )
+        advice = {
+            "token": f"set {ENV_TOKEN}, or {ENV_HOST}=127.0.0.1, to get the endpoint",
+            "port": f"set {ENV_PORT} to a free base port to get the endpoint",
+        }.get(cause or "", "the server keeps serving")
+        log.error("radixtop: rank %d not instrumented (%s); %s", rank, why, advice)
         return None
     level = logging.WARNING if info.kind in ("unknown", "unified-rust", "disabled") else logging.INFO
     log.log(level, "radixtop: rank %d instrumented: %s; endpoint %s", rank, info.summary, inst.endpoint.url)

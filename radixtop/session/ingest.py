@@ -21,7 +21,6 @@ takes.
 from __future__ import annotations
 
 import bisect
-import re
 import threading
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixtop.diagnosis.evidence_policy import BATCH_LOOKBACK, OPENER_LOOKBACK, batch_stats_before, find_opener
 from radixtop.diagnosis.logline import opens_record
+from radixtop.diagnosis.matcher import span_search
 from radixtop.diagnosis.severity import Severity, rank
 from radixtop.probes.logbatch import LogRun
 
@@ -137,7 +137,7 @@ class Ingestor:
         self._severity = tuple(sig.severity for sig in sigs)
         self._rank = tuple(rank(sig.severity) for sig in sigs)
         self._raw = tuple(sig.pattern for sig in sigs)
-        self._patterns: dict[int, re.Pattern[str] | None] = {}
+        self._spans: dict[int, Callable[[str], tuple[int, int] | None] | None] = {}
         self._files: dict[str, _FileTrack] = {}
         self._generation: dict[str, int] = {}  # newest generation seen per source
         self._keep = max(self._context, BATCH_LOOKBACK, OPENER_LOOKBACK)
@@ -149,18 +149,11 @@ class Ingestor:
     # -- helpers -------------------------------------------------------------------------------
 
     def _span(self, index: int, text: str) -> tuple[int, int] | None:
-        if index in self._patterns:
-            pattern = self._patterns[index]
+        if index in self._spans:
+            span = self._spans[index]
         else:
-            try:
-                pattern = re.compile(self._raw[index])
-            except re.error:
-                pattern = None
-            self._patterns[index] = pattern
-        if pattern is None:
-            return None
-        m = pattern.search(text)
-        return m.span() if m else None
+            span = self._spans[index] = span_search(self._raw[index])  # never `re` on a nested repeat
+        return span(text) if span is not None else None
 
     def _error(self, errors: list[str], message: str) -> None:
         self.failed += 1

@@ -10,7 +10,9 @@ A keymap is a TOML file, ``$RADIXTOP_KEYMAP``, else ``$XDG_CONFIG_HOME/radixtop/
     confirm = "C"
 
 Textual's own keymap does the rest (``App.set_keymap``: the binding with that id moves). A file
-that cannot be used is one notice in the log pane, and the default keys stay.
+that cannot be used is one notice in the log pane, and the default keys stay; so is one with a
+binding that could never run (a key the screen takes first, such as ctrl+c, or one key for two
+of the app's bindings).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from textual.keys import format_key
 
 from radixtop.bounded import load_toml
 from radixtop.widgets.keys import WIDGET_KEYS, WidgetKey
+from radixtop.widgets.textual_private import normalize_keys
 
 __all__ = ["EXTRA_HELP", "KEYS", "Key", "bindings", "display", "help_rows", "keymap_path", "load_keymap"]
 
@@ -152,4 +155,31 @@ def load_keymap(path: Path | None = None) -> tuple[dict[str, str], str | None]:
     bad = sorted(str(name) for name, value in table.items() if not isinstance(value, str) or not value.strip())
     if bad:
         return {}, f"{path}: {', '.join(bad)} must be keys as text, e.g. \"ctrl+q\" or \"B\""
-    return {str(name): value.replace(" ", "") for name, value in table.items()}, None
+    keymap = {str(name): value.replace(" ", "") for name, value in table.items()}
+    problem = _never_fires(keymap)
+    if problem is not None:
+        return {}, f"{path}: {problem}; the default keys are in use"
+    return keymap, None
+
+
+def _never_fires(keymap: Mapping[str, str]) -> str | None:
+    """Why a binding of `keymap` could never run (one line), or None. A key the screen binds
+    itself (ctrl+c copies, tab moves the focus) reaches no app binding, and a key two of the app's
+    bindings share runs only one: moving quit to one of those would leave no key that quits."""
+    from textual.screen import Screen
+
+    taken = {name: b.description or b.action for b in Screen.BINDINGS if isinstance(b, Binding)
+             for name in normalize_keys(b.key)}
+    owners: dict[str, list[str]] = {}
+    for key in KEYS:
+        given = keymap.get(key.id)
+        for name in normalize_keys(given if given is not None else key.keys):
+            if given is not None and name in taken:
+                return (f'{key.id} = "{given}" never runs: the screen takes {name} first ({taken[name]}); '
+                        "choose another key")
+            owners.setdefault(name, []).append(key.id)
+    shared = next(((name, ids) for name, ids in owners.items() if len(ids) > 1), None)
+    if shared is not None:
+        name, ids = shared
+        return f"{name} is bound to {', '.join(ids)}, but only one of them can run; give each its own key"
+    return None

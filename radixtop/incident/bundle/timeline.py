@@ -7,7 +7,8 @@ What it plots, best source first:
   token usage, running and queued requests, cache hit rate, retractions);
 - locked tokens and evictions per rank from the radix snapshots radixtop kept (seen/) and from the
   ranks' flight records (flight/: the cache as it failed, and the safe point before);
-- the first signatures as vertical lines with their labels, from the findings (else the UI's marks).
+- the first signatures as vertical lines with their labels, from the findings (else the UI's marks),
+  shown as written (no markup in them is read).
 
 Plotly draws it (a maintained library; the chart is interactive: zoom to the seconds before the
 crash, hover for values) with plotly.js inlined, so it opens offline in any browser: a GPU node's
@@ -17,9 +18,12 @@ post-mortem is often read far from any network.
 from __future__ import annotations
 
 import datetime as dt
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from radixtop.textsafe import printable
 
 __all__ = ["Timeline", "gather", "render_html"]
 
@@ -118,6 +122,13 @@ _ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 _RATIO_ROWS = frozenset({"token usage", "cache hit rate"})
 
 
+def _shown(text: str) -> str:
+    """`text` as plotly shows it literally: plotly reads a subset of HTML in every text it draws
+    (links, styled spans, line breaks), so <, > and & become entities, and controls and bidi
+    overrides are replaced (textsafe). Signature titles and the bundle's reason are the user's."""
+    return html.escape(printable(text), quote=False)
+
+
 def _when(t: float) -> str:
     return dt.datetime.fromtimestamp(t).isoformat(timespec="milliseconds")
 
@@ -158,14 +169,15 @@ def render_html(timeline: Timeline, title: str) -> str:
         # Labels stack above the plot, one line each: first signatures come seconds apart.
         fig.add_annotation(
             x=_when(t), y=1.0, yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
-            text=f"{_when(t)[11:]} {label}", font={"color": "firebrick", "size": 11},
+            text=f"{_when(t)[11:]} {_shown(label)}", font={"color": "firebrick", "size": 11},
             yshift=4 + 15 * (len(timeline.marks) - 1 - n),
         )
     for i, (row_title, _) in enumerate(rows, 1):
         if row_title in _RATIO_ROWS:
             fig.update_yaxes(range=[0, 1.05], row=i, col=1)
     fig.update_layout(
-        title={"text": title, "y": 0.995, "yanchor": "top"}, height=200 * count + 120 + 15 * len(timeline.marks),
+        title={"text": _shown(title), "y": 0.995, "yanchor": "top"},
+        height=200 * count + 120 + 15 * len(timeline.marks),
         template="plotly_white", legend={"orientation": "h", "y": -0.04},
         margin={"t": 90 + 15 * len(timeline.marks)},
     )

@@ -7,7 +7,8 @@ copies did, and its ``variants``/``samples`` are those of its most-diverged copy
 are not variants: they are counted apart (a server that died is a different kind of evidence).
 
 The text report follows the seed's reproduction output (DIVERGED / STABLE sections, a RESULT line
-when the trace says which requests are expected to diverge).
+when the trace says which requests are expected to diverge). Calls that failed prove nothing: when
+no expected request diverged and some were never answered twice, the result is INCONCLUSIVE.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class RequestResult:
     @property
     def failed(self) -> int:
         return sum(c.failed for c in self.copies)
+
+    @property
+    def comparable(self) -> bool:
+        """Some copy was answered at least twice: there was something to diverge."""
+        return any(sum(c.counts) >= 2 for c in self.copies)
 
     def to_json(self) -> dict[str, Any]:
         worst = self.worst
@@ -185,14 +191,23 @@ class DivergenceReport:
         return sum(r.failed for r in self.requests)
 
     @property
+    def uncompared(self) -> list[str]:
+        """The expected requests no copy of which was answered twice (their calls failed)."""
+        by_id = {r.id: r for r in self.requests}
+        return [rid for rid in self.expect_diverged if rid not in by_id or not by_id[rid].comparable]
+
+    @property
     def result(self) -> str | None:
-        """CONFIRMED / PARTIAL / NOT REPRODUCED against expect_diverged; None without expectations."""
+        """CONFIRMED / PARTIAL / NOT REPRODUCED against expect_diverged, INCONCLUSIVE when none
+        diverged and some could not (their calls failed); None without expectations."""
         if not self.expect_diverged:
             return None
         hit = [rid for rid in self.expect_diverged if rid in self.diverged]
         if len(hit) == len(self.expect_diverged):
             return "CONFIRMED"
-        return "PARTIAL" if hit else "NOT REPRODUCED"
+        if hit:
+            return "PARTIAL"
+        return "INCONCLUSIVE" if self.uncompared else "NOT REPRODUCED"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -375,6 +390,9 @@ def format_report(report: DivergenceReport, *, source: str = "", extra: Sequence
         hit = sum(1 for rid in report.expect_diverged if rid in report.diverged)
         unexpected = [rid for rid in report.diverged if rid not in report.expect_diverged]
         extra = f"; also diverged, not expected: {', '.join(unexpected)}" if unexpected else ""
+        if report.result == "INCONCLUSIVE":
+            extra += (f"; {len(report.uncompared)} of them never answered twice to compare "
+                      "(their calls failed: see FAILED)")
         out += [
             "",
             f"  RESULT: {report.result}  ({hit}/{len(report.expect_diverged)} expected divergences reproduced{extra})",

@@ -1,12 +1,13 @@
 """Record a live workload as a trace: a reverse proxy on loopback in front of the server.
 
 Clients are pointed at the proxy (``http://127.0.0.1:PORT``) instead of the server; it forwards
-every request unchanged (streaming answers too) and, for each generate call (``/generate``,
-``/v1/completions``, ``/v1/chat/completions``), writes down when it arrived (``offset_ms`` from
-the first call), its prompt length, how much of its prompt it shares with an earlier one, its
-``max_tokens``, its ``n`` and its cache namespace (``extra_key``, else its LoRA adapter). The
-result is a trace that ``radixtop replay`` and ``radixtop confirm`` take: "the same input" can be
-the user's own traffic.
+every request unchanged, streaming bodies both ways (it keeps at most a request's first
+``MAX_BODY_BYTES`` to read it; a longer one is forwarded, not recorded), and, for each generate
+call (``/generate``, ``/v1/completions``, ``/v1/chat/completions``), writes down when it arrived
+(``offset_ms`` from the first call), its prompt length, how much of its prompt it shares with an
+earlier one, its ``max_tokens``, its ``n`` and its cache namespace (``extra_key``, else its LoRA
+adapter). The result is a trace that ``radixtop replay`` and ``radixtop confirm`` take: "the same
+input" can be the user's own traffic.
 
 Prompts stay out of the trace unless ``keep_prompts`` (they may be sensitive); then each request
 carries its exact ``input_ids`` or ``text`` and a replay sends exactly that (see
@@ -32,11 +33,12 @@ page for page.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -199,6 +201,52 @@ def _unique_ids(calls: Sequence[RecordedCall]) -> list[str]:
     return out
 
 
+class _BodyTee:
+    """A request body on its way upstream, chunk by chunk as it arrives (a proxy holding it whole
+    needs its size in memory), keeping its first `keep` bytes for the trace: `whole` once it all
+    went through within that, and `take()` gives them."""
+
+    def __init__(self, stream: AsyncIterator[bytes], keep: int) -> None:
+        self._stream = stream
+        self._keep = keep
+        self._kept = bytearray()
+        self._over = keep <= 0
+        self._done = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            if not self._over:
+                if len(self._kept) + len(chunk) <= self._keep:
+                    self._kept += chunk
+                else:  # too long to record: forwarded, not kept
+                    self._over = True
+                    self._kept = bytearray()
+            yield chunk
+        self._done = True
+
+    @property
+    def whole(self) -> bool:
+        return self._done and not self._over
+
+    def take(self) -> bytes:
+        data, self._kept = bytes(self._kept), bytearray()
+        return data
+
+
+def _server_leaving_signals(config: uvicorn.Config) -> uvicorn.Server:
+    """A uvicorn server that leaves SIGINT and SIGTERM to its owner (run_record: stop, then write
+    the trace): uvicorn's own capture ends the calls in flight on a second Ctrl-C and raises each
+    signal again once it stops."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)
+
+
 @dataclass
 class RecordingProxy:
     """``await start()`` -> the port clients use; ``await stop()``; ``trace()`` of what passed."""
@@ -236,7 +284,7 @@ class RecordingProxy:
             raise OSError(str(exc)) from None
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=5)
-        self._server = uvicorn.Server(config)
+        self._server = _server_leaving_signals(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         deadline = time.monotonic() + 10
         while not self._server.started and time.monotonic() < deadline and not self._task.done():
@@ -276,23 +324,35 @@ class RecordingProxy:
         from starlette.responses import Response, StreamingResponse
 
         assert self._client is not None
-        body = await request.body()
+        arrived = time.monotonic()
         path = request.url.path
-        call = None
-        if request.method == "POST" and path in GENERATE_PATHS and len(body) <= MAX_BODY_BYTES:
-            call = self._note_call(path, body)
+        recording = request.method == "POST" and path in GENERATE_PATHS
+        if recording and self._t0 is None:
+            self._t0 = arrived
+        body = _BodyTee(request.stream(), MAX_BODY_BYTES if recording else 0)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        length = request.headers.get("content-length")
+        if length is not None:  # else httpx sends the stream chunked
+            headers.append(("content-length", length))
+        has_body = length is not None or "transfer-encoding" in request.headers
         url = f"{self.upstream}{path}" + (f"?{request.url.query}" if request.url.query else "")
+        call = None
         try:
             upstream = await self._client.send(
-                self._client.build_request(request.method, url, headers=headers, content=body), stream=True
+                self._client.build_request(request.method, url, headers=headers,
+                                           content=body.chunks() if has_body else None),
+                stream=True,
             )
         except httpx.HTTPError as exc:
+            if recording and body.whole:
+                call = self._note_call(path, body.take(), arrived)
             if call is not None:
                 call.status = 502
             return Response(
                 f"radixtop record: upstream {self.upstream} failed: {type(exc).__name__}\n", status_code=502
             )
+        if recording and (body.whole or not has_body):
+            call = self._note_call(path, body.take(), arrived)
         if call is not None:
             call.status = upstream.status_code
         out_headers = {
@@ -317,10 +377,7 @@ class RecordingProxy:
 
         return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
 
-    def _note_call(self, path: str, body: bytes) -> RecordedCall | None:
-        now = time.monotonic()
-        if self._t0 is None:
-            self._t0 = now
+    def _note_call(self, path: str, body: bytes, arrived: float) -> RecordedCall | None:
         try:
             decoded = json.loads(body)
         except ValueError:
@@ -330,9 +387,11 @@ class RecordingProxy:
             self.skipped += 1
             return None
         ids, text, max_tokens, n = parsed
-        call = RecordedCall((now - self._t0) * 1000.0, path, ids, text, max_tokens, n,
+        t0 = arrived if self._t0 is None else self._t0
+        call = RecordedCall((arrived - t0) * 1000.0, path, ids, text, max_tokens, n,
                             chat=path == "/v1/chat/completions", extra_key=namespace_of(decoded))
-        self.calls.append(call)
+        # In order of arrival: a long body ends after a shorter one that came later.
+        bisect.insort(self.calls, call, key=lambda c: c.offset_ms)
         if self.on_call is not None:
             self.on_call(call)
         return call

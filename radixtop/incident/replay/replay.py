@@ -35,6 +35,7 @@ import httpx
 
 from radixtop.incident.replay.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
 from radixtop.incident.replay.trace import PlannedRequest
+from radixtop.textsafe import printable_line
 
 __all__ = [
     "Outcome",
@@ -488,6 +489,7 @@ async def replay_series(
                 if why is None:
                     emit(ReplayEvent("flush", index, runs, "cache flushed"))
                 else:
+                    why = printable_line(why)  # an error page is many lines of HTML: one line, as text
                     notes.append(f"run {index}: the cache could not be flushed ({why})")
                     emit(ReplayEvent("flush", index, runs, f"cache NOT flushed: {why}"))
             emit(ReplayEvent("run-start", index, runs, f"run {index}/{runs}: {len(planned)} calls"))

@@ -616,7 +616,8 @@ class RadixPane(Vertical):
         moments = view.moments()
         if view.before is not None:
             at_failure = view.cursor is None
-            what = "at the failure" if at_failure else "the last safe point before the failure"
+            rank = view.rank
+            what = f"as rank {rank} failed" if at_failure else f"rank {rank}'s last safe point before it failed"
             other = ", the safe point before" if at_failure else ". the failure"
             when = clock(moments[-1 if at_failure else 0][0])
             out.append(f"{what}, {when} · {other}\n", style="bold" if at_failure else "bold yellow")

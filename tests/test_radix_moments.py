@@ -115,6 +115,8 @@ def test_the_demos_lock_race_shows_rank_1_as_it_failed_then_its_safe_point(tmp_p
         tmux.send(",")
         screen = tmux.wait_for(lambda s: "rank 1's last safe point before it failed" in s, "the safe point", 10)
         assert re.search(r"snapshot #\d+ ", screen), screen
+        # the vital signs at that moment, beside the tree
+        screen = tmux.wait_for(lambda s: re.search(r"token usage .*◆ \d+%", s), "the vitals' cursor", 10)
         tmux.send(".")
         tmux.wait_for(lambda s: "as rank 1 failed" in s, "back at the failure", 10)
     finally:

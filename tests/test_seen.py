@@ -14,7 +14,7 @@ from radixtop.incident.common.redact import Redactor
 from radixtop.probes.radix import RadixSample
 from radixtop.probes.status import SourceState
 from radixtop.schema import Event
-from radixtop.session.radix_board import KEPT_EVENTS, KEPT_SNAPSHOTS, RadixBoard
+from radixtop.session.radix_board import KEPT_EVENTS, KEPT_NODES, KEPT_SNAPSHOTS, RadixBoard
 
 OK = SourceState("ok")
 URL = "http://127.0.0.1:39100"
@@ -22,17 +22,23 @@ URL = "http://127.0.0.1:39100"
 
 def test_the_board_keeps_a_bounded_history_of_small_snapshots_and_events():
     board = RadixBoard()
-    for seq in range(1, 8):
+    last = KEPT_SNAPSHOTS + 7
+    for seq in range(1, last + 1):
         events = tuple(Event(seq * 10 + i, 1.0 + seq, "evict", tokens=16) for i in range(300))
         board.add(RadixSample(URL, OK, 1_000.0 + seq, rank=0, snapshot=make_snapshot(seq=seq), events=events))
     view = board.ranks[URL]
-    assert view.snapshot.seq == 7
-    assert [s.seq for _, s in view.earlier] == list(range(7 - KEPT_SNAPSHOTS, 7))  # the ones before it
-    assert len(view.events) == KEPT_EVENTS and view.events[-1].seq == 7 * 10 + 299
+    assert view.snapshot.seq == last
+    assert [s.seq for _, s in view.earlier] == list(range(last - KEPT_SNAPSHOTS, last))  # the ones before it
+    assert len(view.events) == KEPT_EVENTS and view.events[-1].seq == last * 10 + 299
     # A big tree is kept as the last snapshot only (a 100k-node tree is MBs of objects).
-    board.add(RadixSample(URL, OK, 2_000.0, rank=0, snapshot=wide_snapshot(6_000, seq=8)))
-    board.add(RadixSample(URL, OK, 2_001.0, rank=0, snapshot=make_snapshot(seq=9)))
-    assert [s.seq for _, s in view.earlier][-1] == 7  # the wide one was not kept as an earlier one
+    board.add(RadixSample(URL, OK, 2_000.0, rank=0, snapshot=wide_snapshot(6_000, seq=last + 1)))
+    board.add(RadixSample(URL, OK, 2_001.0, rank=0, snapshot=make_snapshot(seq=last + 2)))
+    assert [s.seq for _, s in view.earlier][-1] == last  # the wide one was not kept as an earlier one
+    # Trees up to KEPT_SNAPSHOT_NODES are kept, within KEPT_NODES rows in all.
+    for i in range(40):
+        board.add(RadixSample(URL, OK, 3_000.0 + i, rank=0, snapshot=wide_snapshot(4_000, seq=last + 3 + i)))
+    rows = sum(len(s.tree.nodes) for _, s in view.earlier)
+    assert KEPT_NODES - 4_001 <= rows <= KEPT_NODES and view.earlier[-1][1].seq == last + 41
 
 
 def test_seen_state_writes_the_ranks_the_vitals_and_the_screen(tmp_path: Path):

@@ -410,6 +410,20 @@ def test_vitals_text_marks_the_first_signature() -> None:
         assert not any("reverse" in str(_style_at(line, c)) for c in range(16, col)), "only the mark's column"
 
 
+def test_vitals_mark_the_radix_panes_moment_with_the_values_then() -> None:
+    # token usage is i / 100 at T0 - 120 + i: 60 s before T0 it was 0.60, at T0 1.00
+    cursor = T0 - 60
+    text = render_vitals(vitals_with_incident(), width=100, now=T0, cursor=cursor)
+    lines = text.plain.splitlines()
+    usage = next(line for line in lines if line.startswith("token usage"))
+    assert "◆ 61%" in usage and "100%" not in usage, usage  # its 2 s column's last value
+    assert lines[-1].endswith("· ◆ 22:12:20"), lines[-1]
+    col = 15 + 1 + (int(cursor) - (int(T0) - 128)) // 2  # 2 s per column, as above
+    styled = _styled_lines(text)[1:8]
+    assert all("yellow" in str(_style_at(line, col)) for line in styled), "the moment's column on every plot"
+    assert "off the plot" in render_vitals(vitals_with_incident(), width=100, now=T0, cursor=T0 - 9_999).plain
+
+
 def _styled_lines(text: Text) -> list[Text]:
     return list(text.split("\n"))
 

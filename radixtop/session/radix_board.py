@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     from radixtop.probes.radix import RadixSample
     from radixtop.session.idle_watch import IdleAlarm
 
-KEPT_SNAPSHOTS = 3  # earlier snapshots kept per rank, besides the last
-KEPT_SNAPSHOT_NODES = 5_000  # ... of at most this many nodes (a 100k-node tree is MBs of objects)
+KEPT_SNAPSHOTS = 120  # earlier snapshots kept per rank besides the last, to step back through ...
+KEPT_SNAPSHOT_NODES = 5_000  # ... of at most this many nodes each (a 100k-node tree is MBs of objects) ...
+KEPT_NODES = 60_000  # ... and this many in all per rank (about 10 MB of rows)
+BUNDLE_SNAPSHOTS = 3  # of those, the newest a bundle keeps
 KEPT_EVENTS = 1_000  # events kept per rank
 SAME_FAILURE_S = 5.0  # prints this close together are one failure seen by several ranks
 
@@ -68,8 +70,19 @@ class RankView:
     # What an evidence bundle keeps of what radixtop saw (a dead rank's endpoint cannot be asked):
     # the snapshots before the last one (small ones only: a big tree is the last one alone) and
     # every event received, bounded.
-    earlier: deque[tuple[float, Snapshot]] = field(default_factory=lambda: deque(maxlen=KEPT_SNAPSHOTS))
+    earlier: deque[tuple[float, Snapshot]] = field(default_factory=deque)
+    _kept_nodes: int = 0
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=KEPT_EVENTS))
+
+    def keep(self, at: float, snap: Snapshot) -> None:
+        """An earlier snapshot kept, the oldest let go past KEPT_SNAPSHOTS or KEPT_NODES rows."""
+        self.earlier.append((at, snap))
+        self._kept_nodes += _rows(snap)
+        while len(self.earlier) > KEPT_SNAPSHOTS or (self._kept_nodes > KEPT_NODES and len(self.earlier) > 1):
+            _, gone = self.earlier.popleft()
+            self._kept_nodes -= _rows(gone)
+            if self._shown is None or self._shown[0] is not gone:
+                discard(gone)
 
     def moments(self) -> list[tuple[float, Snapshot]]:
         """What the pane can step through, oldest first: a flight record's safe point and its
@@ -152,15 +165,15 @@ class RadixBoard:
                     view.digest_steady = bool(digest) and digest == view.digest and (
                         view.snapshot is None or view.snapshot.seq != snap.seq)
                 view.digest = digest
+                pinned = view.shown()[0] if view.cursor is not None else None
                 if view.snapshot is not snap:
                     old = view.snapshot
                     small = old is not None and (old.tree is None or len(old.tree.nodes) <= KEPT_SNAPSHOT_NODES)
                     if old is not None and small and view.snapshot_at is not None:
-                        view.earlier.append((view.snapshot_at, old))  # small: kept for the bundle
+                        view.keep(view.snapshot_at, old)  # small: kept to step back to, and for the bundle
                     else:
                         discard(old)
                     discard(view.index)
-                pinned = view.shown()[0] if view.cursor is not None else None
                 view.snapshot, view.index = snap, sample.index
                 if pinned is not None:  # the moment looked at stays in view while new ones come
                     kept = [i for i, (_, s) in enumerate(view.moments()) if s is pinned]
@@ -217,6 +230,10 @@ class RadixBoard:
                 shown = " ".join(f"r{r}={d[:8]}" for r, d in members)
                 return f"ranks disagree: tree digests {shown} (each rank's last census)"
         return None
+
+
+def _rows(snap: Snapshot) -> int:
+    return len(snap.tree.nodes) if snap.tree is not None else 1
 
 
 def rank_groups(tp_size: int | None) -> Callable[[int], int] | None:

@@ -377,6 +377,7 @@ class IncidentActions:
         snapshots and events (immutable, so the bundle's thread serializes them), the vital signs
         (copied) and the screen itself. Called on the UI thread, at the moment of the bundle."""
         from radixtop.incident.bundle.seen import RankSeen, SeenState
+        from radixtop.session.radix_board import BUNDLE_SNAPSHOTS
 
         app: Any = self
         panes = getattr(app, "panes", None)
@@ -388,7 +389,8 @@ class IncidentActions:
         if live is not None:
             for view in live.board.ordered():
                 shots = [
-                    *view.earlier, *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else [])
+                    *list(view.earlier)[-BUNDLE_SNAPSHOTS:],
+                    *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else []),
                 ]
                 if view.name:  # a tree the server printed: beside its rank's snapshots, not over them
                     label = view.name.replace(" ", "-")

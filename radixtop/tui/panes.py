@@ -339,10 +339,22 @@ class Panes:
         gpu, procs = st.gpu, st.procs
         return {
             "radix": self._radix_key(),
-            "vitals": (st.vitals.version, st.server.status if st.server is not None else None),
+            "vitals": (st.vitals.version, st.server.status if st.server is not None else None, self._moment()),
             "gpu": None if gpu is None else (gpu.status, gpu.gpus, len(st.xids), gpu.xid_note),
             "procs": None if procs is None else (procs.status, procs.procs, procs.problems),
         }
+
+    def _moment(self) -> float | None:
+        """The time of what the radix pane shows when it is not live (an earlier snapshot, a
+        flight record, a print): the vitals mark it."""
+        pane = self._widgets.get("radix")
+        if pane is None:
+            return None
+        view = self.state.board.ranks.get(pane.selected) if pane.selected else None
+        if view is None or view.snapshot is None or (view.cursor is None and not view.name):
+            return None
+        moments = view.moments()
+        return moments[view.cursor if view.cursor is not None else -1][0]
 
     def _radix_key(self) -> Any:
         """The radix pane shows one rank: its own view, and of the others only what the title and
@@ -420,7 +432,8 @@ class Panes:
             note = ""
             if st.server is not None and st.server.metrics_note and st.vitals.series["token_usage"].source != "log":
                 note = st.server.metrics_note
-            app.query_one(VitalsPane).show(st.vitals, status=status, note=_short(note, 90), now=now)
+            app.query_one(VitalsPane).show(st.vitals, status=status, note=_short(note, 90), now=now,
+                                           cursor=self._moment())
         elif name == "gpu":
             app.query_one(GpuPane).show(st.gpu, server_pids=st.server_pids(), xids=list(st.xids),
                                         last_good=st.gpu_last_good, now=now)

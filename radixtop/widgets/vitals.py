@@ -71,7 +71,9 @@ def window_end(vitals: Vitals, now: float) -> float:
     return newest + 1
 
 
-def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None) -> Text:
+def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None, cursor: float | None = None) -> Text:
+    """`cursor`: the moment the radix pane shows (an earlier snapshot, a flight record): its column
+    is marked on every plot and the values (◆) are the ones at that moment."""
     now = time.time() if now is None else now
     columns = max(8, width - LABEL_WIDTH - VALUE_WIDTH - 2)
     end = window_end(vitals, now)
@@ -83,6 +85,9 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
         col = (int(mark[0]) - start) // step
         if 0 <= col < columns:
             mark_col = col
+    cursor_col = None
+    if cursor is not None and 0 <= (int(cursor) - start) // step < columns:
+        cursor_col = (int(cursor) - start) // step
     out = Text()
     if mark is not None and mark_col is not None:
         label = f"first signature {clock(mark[0])}: {mark[1]}"
@@ -110,13 +115,19 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
             hi = max(present) if present and max(present) > 0 else 1.0
         line = sparkline(values, lo, hi)
         out.append(f"{spec.title:<{LABEL_WIDTH}} ", style="bold")
-        if mark_col is not None:
-            out.append(line[:mark_col], style="cyan")
-            out.append(line[mark_col] if line[mark_col] != " " else "│", style="bold red reverse")
-            out.append(line[mark_col + 1 :], style="cyan")
+        shown = ((mark_col, "bold red reverse"), (cursor_col, "bold yellow reverse"))
+        marks = {c: s for c, s in shown if c is not None}
+        at = 0
+        for col in sorted(marks):
+            out.append(line[at:col], style="cyan")
+            out.append(line[col] if line[col] != " " else "│", style=marks[col])
+            at = col + 1
+        out.append(line[at:], style="cyan")
+        if cursor_col is not None:  # the value beside the tree shown, not the newest
+            then = values[cursor_col]
+            value = "◆ " + (_value(spec, then, vitals) if then is not None else "—")
         else:
-            out.append(line, style="cyan")
-        value = _value(spec, series.last, vitals)
+            value = _value(spec, series.last, vitals)
         stale = series.updated < end - max(10.0, 5 * step)
         src = _SOURCE.get(series.source, "")
         tail = f" {value}" + (f" {src}" if src else "")
@@ -126,6 +137,8 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None)
         out.append("\n")
     span = columns * step
     ends = f"now {clock(now)}" if end == now else f"ends at the last value, {clock(end)}"
+    if cursor is not None:
+        ends += f" · ◆ {clock(cursor)}" + ("" if cursor_col is not None else " (off the plot)")
     out.append(f"{'':<{LABEL_WIDTH}} ← {span // 60} min {span % 60} s · {step} s per column · {ends}", style="dim")
     return out
 
@@ -147,8 +160,9 @@ class VitalsPane(Vertical):
         if self._last is not None:  # the plots' width is the pane's
             self.show(*self._last[:1], **self._last[1])
 
-    def show(self, vitals: Vitals, *, status: Any = None, note: str = "", now: float | None = None) -> None:
-        self._last = (vitals, {"status": status, "note": note, "now": now})
+    def show(self, vitals: Vitals, *, status: Any = None, note: str = "", now: float | None = None,
+             cursor: float | None = None) -> None:
+        self._last = (vitals, {"status": status, "note": note, "now": now, "cursor": cursor})
         title = Text("Vital signs", style="bold")
         sources = sorted({_SOURCE.get(s.source, s.source) for s in vitals.series.values() if s.source})
         if sources:
@@ -159,4 +173,4 @@ class VitalsPane(Vertical):
             title.append(f"  {note}", style="yellow")
         update_text(self.query_one("#vitals-title", Static), title)
         width = max(40, (self.size.width or 100) - 2)
-        self.query_one("#vitals-body", TextRows).update(render_vitals(vitals, width=width, now=now))
+        self.query_one("#vitals-body", TextRows).update(render_vitals(vitals, width=width, now=now, cursor=cursor))

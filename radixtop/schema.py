@@ -22,6 +22,7 @@ import heapq
 import json
 import math
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple, TypeVar
@@ -428,6 +429,22 @@ def heaviest_first(
         budget=budget, walked_nodes=walked, walked_tokens=walked_tokens, cut_nodes=len(branches) - walked,
         cut_tokens=total - walked_tokens, cut_exact=True, nodes=tuple(rows),
     )
+
+def rebuilt_snapshot(
+    tree: TreeView, *, rank: int, instance: str, seq: int, when: float, cache_class: str, page_size: int | None,
+    lock_detail: str, seconds: float = 0.0, available: int | None = None, evictable: int | None = None,
+    protected: int | None = None,
+) -> Snapshot:
+    """A tree rebuilt outside the instrument (kv-events, a print in the log) in the debug
+    endpoint's shape: what its source does not carry is None, its counters zero, no census."""
+    return Snapshot(
+        schema_version=SCHEMA_VERSION, rank=rank, instance=instance, seq=max(0, seq), time=when,
+        monotonic=time.monotonic(), seconds=seconds, cache_class=cache_class, walkable=True, reason="",
+        page_size=page_size, capacity_tokens=None, available_tokens=available, evictable_tokens=evictable,
+        protected_tokens=protected, hooks_state="off", counters=Counters(), events_seq=0, census=None, tree=tree,
+        lock_detail=lock_detail,
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class Census:

@@ -28,14 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from radixtop.diagnosis.logline import parse_line, strip_ansi
-from radixtop.schema import (
-    MAX_HEAD_TOKENS,
-    SCHEMA_VERSION,
-    Branch,
-    Counters,
-    Snapshot,
-    heaviest_first,
-)
+from radixtop.schema import MAX_HEAD_TOKENS, Branch, Snapshot, heaviest_first, rebuilt_snapshot
 
 TreeForm = Literal["radix-cache", "unified"]
 
@@ -334,26 +327,10 @@ def printed_snapshot(tree: PrintedTree, *, rank: int, seq: int, budget: int, pag
     t = tree.trigger
     locked = tree.locked_tokens
     when = t.epoch if t is not None and t.epoch is not None else time.time()
-    return Snapshot(
-        schema_version=SCHEMA_VERSION,
-        rank=rank,
-        instance=f"printed-{tree.first_line}",
-        seq=seq,
-        time=when,
-        monotonic=0.0,
-        seconds=time.process_time() - started,
-        cache_class="RadixCache" if tree.form == "radix-cache" else "UnifiedRadixCache",
-        walkable=True,
-        reason="",
-        page_size=page_size,
-        capacity_tokens=None,
-        available_tokens=t.available if t is not None else None,
-        evictable_tokens=t.evictable if t is not None else None,
-        protected_tokens=locked,
-        hooks_state="off",
-        counters=Counters(),
-        events_seq=0,
-        census=None,
-        tree=view,
-        lock_detail="counts",
+    return rebuilt_snapshot(
+        view, rank=rank, instance=f"printed-{tree.first_line}", seq=seq, when=when,
+        cache_class="RadixCache" if tree.form == "radix-cache" else "UnifiedRadixCache", page_size=page_size,
+        lock_detail="counts", seconds=time.process_time() - started,
+        available=t.available if t is not None else None, evictable=t.evictable if t is not None else None,
+        protected=locked,
     )

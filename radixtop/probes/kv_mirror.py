@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixtop.schema import MAX_HEAD_TOKENS, SCHEMA_VERSION, Branch, Counters, Snapshot, TreeView, heaviest_first
+from radixtop.schema import MAX_HEAD_TOKENS, Branch, Snapshot, TreeView, heaviest_first, rebuilt_snapshot
 
 SOURCE = "kv-events: blocks, no locks"  # the pane names the source and what it cannot see
 CACHE_CLASS = "kv-events mirror"
@@ -156,26 +156,7 @@ class BlockMirror:
         """The mirror in the debug endpoint's shape; what kv-events do not carry is None."""
         started = time.process_time()
         tree = self.tree(budget)
-        return Snapshot(
-            schema_version=SCHEMA_VERSION,
-            rank=rank,
-            instance=instance,
-            seq=max(0, seq),
-            time=time.time(),
-            monotonic=time.monotonic(),
-            seconds=time.process_time() - started,
-            cache_class=CACHE_CLASS,
-            walkable=True,
-            reason="",
-            page_size=self.block_size,
-            capacity_tokens=None,
-            available_tokens=None,
-            evictable_tokens=None,
-            protected_tokens=None,
-            hooks_state="off",
-            counters=Counters(),
-            events_seq=0,
-            census=None,
-            tree=tree,
-            lock_detail="none",
+        return rebuilt_snapshot(
+            tree, rank=rank, instance=instance, seq=seq, when=time.time(), cache_class=CACHE_CLASS,
+            page_size=self.block_size, lock_detail="none", seconds=time.process_time() - started,
         )

@@ -8,9 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "load_json", "load_toml", "prune_depth"]
+__all__ = ["MAX_DEPTH", "load_json", "load_toml", "prune_depth", "read_user_file"]
 
 MAX_DEPTH = 64  # no document radixtop reads nests deeper; a hostile one nests thousands deep
+
+
+def read_user_file(path: str, max_bytes: int) -> bytes:
+    """A file the user named (a keymap, a signature catalog): followed through links as the user
+    would, but only a regular file of at most `max_bytes` is read; a FIFO or a device (which would
+    block or never end) is refused at once, in a ValueError of one line. OSError as the system
+    raises it (FileNotFoundError for a file that is not there)."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file (a FIFO or a device?); give a file")
+        _size_check(info.st_size, path, max_bytes)
+        data = fh.read(max_bytes + 1)
+    _size_check(len(data), path, max_bytes)
+    return data
 
 
 def _size_check(size: int, what: str, max_bytes: int) -> None:

@@ -235,13 +235,17 @@ def _read_text_as_user_file(path: str) -> str:
 
 
 def _read_text(path: Path) -> str:
+    from radixtop.bounded import read_user_file
+
     try:
-        data = path.read_bytes()
+        data = read_user_file(str(path), MAX_CATALOG_BYTES)  # a FIFO or /dev/zero is refused, never read
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
         raise CatalogError(
             f"{path}:1: cannot read the signature file ({reason}); check the path"
         ) from None
+    except ValueError as exc:
+        raise CatalogError(f"{path}:1: {str(exc).removeprefix(f'{path}: ')}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

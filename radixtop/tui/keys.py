@@ -25,7 +25,7 @@ from pathlib import Path
 from textual.binding import Binding
 from textual.keys import format_key
 
-from radixtop.bounded import load_toml
+from radixtop.bounded import load_toml, read_user_file
 from radixtop.widgets.keys import WIDGET_KEYS, WidgetKey
 from radixtop.widgets.textual_private import normalize_keys
 
@@ -139,8 +139,8 @@ def load_keymap(path: Path | None = None) -> tuple[dict[str, str], str | None]:
     """(keymap, a one-line problem or None); a missing file is no keymap and no problem."""
     path = path or keymap_path()
     try:
-        with open(path, "rb") as fh:
-            doc = load_toml(fh.read(MAX_KEYMAP_BYTES + 1), str(path), max_bytes=MAX_KEYMAP_BYTES)
+        data = read_user_file(str(path), MAX_KEYMAP_BYTES)  # a FIFO or a device is refused, never waited on
+        doc = load_toml(data, str(path), max_bytes=MAX_KEYMAP_BYTES)
     except FileNotFoundError:
         return {}, None
     except (OSError, ValueError) as exc:  # ValueError: TOML that is malformed, too big or nested too deeply

@@ -14,31 +14,63 @@ from radixtop.incident.common.redact import Redactor
 from radixtop.probes.radix import RadixSample
 from radixtop.probes.status import SourceState
 from radixtop.schema import Event
-from radixtop.session.radix_board import KEPT_EVENTS, KEPT_NODES, KEPT_SNAPSHOTS, RadixBoard
+from radixtop.session.radix_board import KEPT_EVENTS, RadixBoard
 
 OK = SourceState("ok")
 URL = "http://127.0.0.1:39100"
 
 
-def test_the_board_keeps_a_bounded_history_of_small_snapshots_and_events():
+def test_the_board_keeps_a_bounded_history_of_snapshots_and_events():
     board = RadixBoard()
-    last = KEPT_SNAPSHOTS + 7
+    last = 12
     for seq in range(1, last + 1):
         events = tuple(Event(seq * 10 + i, 1.0 + seq, "evict", tokens=16) for i in range(300))
         board.add(RadixSample(URL, OK, 1_000.0 + seq, rank=0, snapshot=make_snapshot(seq=seq), events=events))
     view = board.ranks[URL]
     assert view.snapshot.seq == last
-    assert [s.seq for _, s in view.earlier] == list(range(last - KEPT_SNAPSHOTS, last))  # the ones before it
+    kept = view.earlier.newest(100)
+    assert [s.seq for _, s in kept] == list(range(1, last))  # the ones before it, whole again
+    assert kept[0][1] == make_snapshot(seq=1)
     assert len(view.events) == KEPT_EVENTS and view.events[-1].seq == last * 10 + 299
-    # A big tree is kept as the last snapshot only (a 100k-node tree is MBs of objects).
-    board.add(RadixSample(URL, OK, 2_000.0, rank=0, snapshot=wide_snapshot(6_000, seq=last + 1)))
-    board.add(RadixSample(URL, OK, 2_001.0, rank=0, snapshot=make_snapshot(seq=last + 2)))
-    assert [s.seq for _, s in view.earlier][-1] == last  # the wide one was not kept as an earlier one
-    # Trees up to KEPT_SNAPSHOT_NODES are kept, within KEPT_NODES rows in all.
-    for i in range(40):
-        board.add(RadixSample(URL, OK, 3_000.0 + i, rank=0, snapshot=wide_snapshot(4_000, seq=last + 3 + i)))
-    rows = sum(len(s.tree.nodes) for _, s in view.earlier)
-    assert KEPT_NODES - 4_001 <= rows <= KEPT_NODES and view.earlier[-1][1].seq == last + 41
+
+
+def test_kept_snapshots_share_their_unchanged_rows_and_stay_within_count_and_bytes():
+    from radixtop.session.snapshot_store import ROW_BYTES, SnapshotStore
+
+    store = SnapshotStore(max_count=40, max_bytes=4_000_000)
+    base = wide_snapshot(2_000)
+    rows = list(base.tree.nodes)
+    snaps = []
+    for seq in range(60):
+        rows[1 + seq] = rows[1 + seq]._replace(hit_count=(rows[1 + seq].hit_count or 0) + 1)  # one row moves a poll
+        if seq % 7 == 0:  # and now and then the order shifts: rows 1 and 2 swap places
+            a, b = rows[1], rows[2]
+            rows[1], rows[2] = b, a
+        snap = make_snapshot(seq=seq, nodes=tuple(rows))
+        snaps.append(snap)
+        store.add(1_000.0 + seq, snap)
+    assert len(store) == 40 and store.bytes <= 4_000_000
+    # 2,001 rows a snapshot, 40 snapshots: shared, about one new row each (and the swapped pairs)
+    assert store.distinct_rows < 2_001 + 3 * 40, store.distinct_rows
+    assert store.bytes < 40 * (2_000 + 2_001 * 4) + (2_001 + 3 * 40) * ROW_BYTES
+    assert [store.load(k) for k in store] == snaps[-40:]  # every one whole again, parents where they were
+    small = SnapshotStore(max_count=1_000, max_bytes=1_500_000)
+    for seq, snap in enumerate(snaps):
+        small.add(seq, snap)
+    assert small.bytes <= 1_500_000 and len(small) < 60 and small.load(small[-1]) == snaps[-1]
+
+
+def test_stepping_back_decodes_a_kept_snapshot_and_keeps_it_while_new_ones_come():
+    board = RadixBoard()
+    for seq in range(5):
+        board.add(RadixSample(URL, OK, 1_000.0 + seq, rank=0, snapshot=wide_snapshot(300, seq=seq, when=1_000.0 + seq)))
+    view = board.ranks[URL]
+    view.step(-2)
+    shown, index = view.shown()
+    assert shown.seq == 2 and index is not None and shown == wide_snapshot(300, seq=2, when=1_002.0)
+    assert view.shown()[0] is shown  # made whole once
+    board.add(RadixSample(URL, OK, 1_010.0, rank=0, snapshot=wide_snapshot(300, seq=5, when=1_010.0)))
+    assert view.shown()[0].seq == 2
 
 
 def test_seen_state_writes_the_ranks_the_vitals_and_the_screen(tmp_path: Path):

@@ -8,20 +8,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from radixtop.probes.radix_tree import TreeIndex, discard
 from radixtop.probes.status import SourceState
 from radixtop.schema import Event, Snapshot
+from radixtop.session.snapshot_store import Kept, SnapshotStore
 
 if TYPE_CHECKING:
     from radixtop.probes.radix import RadixSample
     from radixtop.session.idle_watch import IdleAlarm
 
-KEPT_SNAPSHOTS = 120  # earlier snapshots kept per rank besides the last, to step back through ...
-KEPT_SNAPSHOT_NODES = 5_000  # ... of at most this many nodes each (a 100k-node tree is MBs of objects) ...
-KEPT_NODES = 60_000  # ... and this many in all per rank (about 10 MB of rows)
-BUNDLE_SNAPSHOTS = 3  # of those, the newest a bundle keeps
+BUNDLE_SNAPSHOTS = 3  # of the earlier snapshots kept (session/snapshot_store.py), the newest a bundle keeps
 KEPT_EVENTS = 1_000  # events kept per rank
 SAME_FAILURE_S = 5.0  # prints this close together are one failure seen by several ranks
 
@@ -65,52 +63,51 @@ class RankView:
     locks_known: bool = True
     name: str = ""  # the title's name for a view that is not a rank's endpoint (a printed tree)
     before: Snapshot | None = None  # a flight record's last safe point before the failure
-    cursor: int | None = None  # the moment shown (an index in moments()); None: the latest
-    _shown: tuple[Snapshot, TreeIndex | None] | None = None  # an earlier moment's index, built once
-    # What an evidence bundle keeps of what radixtop saw (a dead rank's endpoint cannot be asked):
-    # the snapshots before the last one (small ones only: a big tree is the last one alone) and
-    # every event received, bounded.
-    earlier: deque[tuple[float, Snapshot]] = field(default_factory=deque)
-    _kept_nodes: int = 0
+    cursor: int | None = None  # the moment shown (an index of moment_times()); None: the latest
+    _shown: tuple[object, Snapshot, TreeIndex | None] | None = None  # an earlier moment, decoded and indexed once
+    # What radixtop saw, to step back through and for an evidence bundle (a dead rank's endpoint
+    # cannot be asked): the snapshots before the last one, and every event received, bounded.
+    earlier: SnapshotStore = field(default_factory=SnapshotStore)
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=KEPT_EVENTS))
 
-    def keep(self, at: float, snap: Snapshot) -> None:
-        """An earlier snapshot kept, the oldest let go past KEPT_SNAPSHOTS or KEPT_NODES rows."""
-        self.earlier.append((at, snap))
-        self._kept_nodes += _rows(snap)
-        while len(self.earlier) > KEPT_SNAPSHOTS or (self._kept_nodes > KEPT_NODES and len(self.earlier) > 1):
-            _, gone = self.earlier.popleft()
-            self._kept_nodes -= _rows(gone)
-            if self._shown is None or self._shown[0] is not gone:
-                discard(gone)
-
-    def moments(self) -> list[tuple[float, Snapshot]]:
-        """What the pane can step through, oldest first: a flight record's safe point and its
-        failure, else the snapshots kept (see `earlier`) and the latest."""
+    def moment_times(self) -> list[float]:
+        """When each moment the pane can step through was, oldest first: a flight record's safe
+        point and its failure, else the snapshots kept and the latest."""
         if self.snapshot is None:
             return []
         if self.before is not None:
-            return [(self.before.time, self.before), (self.snapshot.time, self.snapshot)]
-        return [*self.earlier, (self.snapshot_at or self.snapshot.time, self.snapshot)]
+            return [self.before.time, self.snapshot.time]
+        return [*(k.time for k in self.earlier), self.snapshot_at or self.snapshot.time]
 
     def step(self, by: int) -> None:
         """Move the cursor `by` moments (negative: earlier); past the latest it follows again."""
-        moments = self.moments()
-        if not moments:
+        count = len(self.moment_times())
+        if not count:
             return
-        at = (len(moments) - 1 if self.cursor is None else self.cursor) + by
-        self.cursor = None if at >= len(moments) - 1 else max(0, at)
+        at = (count - 1 if self.cursor is None else self.cursor) + by
+        self.cursor = None if at >= count - 1 else max(0, at)
         self.version += 1
 
+    def _pinned(self) -> object | None:
+        """What the cursor is on, to find it again once the kept snapshots have moved."""
+        if self.cursor is None:
+            return None
+        if self.before is not None:
+            return self.before
+        return self.earlier[self.cursor] if self.cursor < len(self.earlier) else None
+
     def shown(self) -> tuple[Snapshot | None, TreeIndex | None]:
-        """The snapshot at the cursor and its index (built for an earlier one when it is shown)."""
-        moments = self.moments()
-        if self.cursor is None or self.cursor >= len(moments) - 1:
+        """The snapshot at the cursor and its index (decoded and built once for an earlier one)."""
+        pinned = self._pinned()
+        if pinned is None:
             return self.snapshot, self.index
-        snap = moments[self.cursor][1]
-        if self._shown is None or self._shown[0] is not snap:
-            self._shown = (snap, TreeIndex.build(snap))
-        return self._shown
+        if self._shown is None or self._shown[0] is not pinned:
+            try:
+                snap = pinned if isinstance(pinned, Snapshot) else self.earlier.load(cast(Kept, pinned))
+            except ValueError:
+                return self.snapshot, self.index
+            self._shown = (pinned, snap, TreeIndex.build(snap))
+        return self._shown[1], self._shown[2]
 
     @property
     def label(self) -> str:
@@ -165,19 +162,17 @@ class RadixBoard:
                     view.digest_steady = bool(digest) and digest == view.digest and (
                         view.snapshot is None or view.snapshot.seq != snap.seq)
                 view.digest = digest
-                pinned = view.shown()[0] if view.cursor is not None else None
+                pinned = view._pinned()
                 if view.snapshot is not snap:
                     old = view.snapshot
-                    small = old is not None and (old.tree is None or len(old.tree.nodes) <= KEPT_SNAPSHOT_NODES)
-                    if old is not None and small and view.snapshot_at is not None:
-                        view.keep(view.snapshot_at, old)  # small: kept to step back to, and for the bundle
-                    else:
-                        discard(old)
+                    if old is not None and view.snapshot_at is not None:
+                        view.earlier.add(view.snapshot_at, old)  # its rows, shared with its neighbours
+                    discard(old)
                     discard(view.index)
                 view.snapshot, view.index = snap, sample.index
-                if pinned is not None:  # the moment looked at stays in view while new ones come
-                    kept = [i for i, (_, s) in enumerate(view.moments()) if s is pinned]
-                    view.cursor = kept[0] if kept else 0
+                if isinstance(pinned, Kept):  # the moment looked at stays in view while new ones come
+                    at = view.earlier.index_of(pinned)
+                    view.cursor = at if at is not None else 0
             view.snapshot_at = sample.time
         view.events.extend(sample.events)
         for ev in sample.events:
@@ -230,10 +225,6 @@ class RadixBoard:
                 shown = " ".join(f"r{r}={d[:8]}" for r, d in members)
                 return f"ranks disagree: tree digests {shown} (each rank's last census)"
         return None
-
-
-def _rows(snap: Snapshot) -> int:
-    return len(snap.tree.nodes) if snap.tree is not None else 1
 
 
 def rank_groups(tp_size: int | None) -> Callable[[int], int] | None:

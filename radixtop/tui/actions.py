@@ -389,7 +389,7 @@ class IncidentActions:
         if live is not None:
             for view in live.board.ordered():
                 shots = [
-                    *list(view.earlier)[-BUNDLE_SNAPSHOTS:],
+                    *view.earlier.newest(BUNDLE_SNAPSHOTS),
                     *([(view.snapshot_at or 0.0, view.snapshot)] if view.snapshot is not None else []),
                 ]
                 if view.name:  # a tree the server printed: beside its rank's snapshots, not over them

@@ -353,8 +353,7 @@ class Panes:
         view = self.state.board.ranks.get(pane.selected) if pane.selected else None
         if view is None or view.snapshot is None or (view.cursor is None and not view.name):
             return None
-        moments = view.moments()
-        return moments[view.cursor if view.cursor is not None else -1][0]
+        return view.moment_times()[view.cursor if view.cursor is not None else -1]
 
     def _radix_key(self) -> Any:
         """The radix pane shows one rank: its own view, and of the others only what the title and

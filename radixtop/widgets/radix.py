@@ -613,17 +613,17 @@ class RadixPane(Vertical):
 
     def _moment(self, out: Text, view: RankView) -> None:
         """Which moment is shown, when it is not simply the latest snapshot."""
-        moments = view.moments()
+        times = view.moment_times()
         if view.before is not None:
             at_failure = view.cursor is None
             rank = view.rank
             what = f"as rank {rank} failed" if at_failure else f"rank {rank}'s last safe point before it failed"
             other = ", the safe point before" if at_failure else ". the failure"
-            when = clock(moments[-1 if at_failure else 0][0])
+            when = clock(times[-1 if at_failure else 0])
             out.append(f"{what}, {when} · {other}\n", style="bold" if at_failure else "bold yellow")
-        elif view.cursor is not None and len(moments) > 1:
-            when = clock(moments[view.cursor][0])
-            out.append(f"as of {when}, {view.cursor + 1} of {len(moments)} kept · , earlier · . later (to live)\n",
+        elif view.cursor is not None and len(times) > 1:
+            when = clock(times[view.cursor])
+            out.append(f"as of {when}, {view.cursor + 1} of {len(times)} kept · , earlier · . later (to live)\n",
                        style="bold yellow")
 
     def _server_alarms(self, out: Text, board: RadixBoard) -> None:

@@ -123,3 +123,18 @@ def test_the_verdict_shows_the_steps_as_a_table_and_the_ladder_as_a_picture() ->
     assert doc["ladder"] == [{"max_in_flight": 8, "peak_token_usage": 0.5, "failed": False, "role": "baseline"},
                              {"max_in_flight": None, "peak_token_usage": 1.0, "failed": True, "role": "baseline"}]
     assert all(len(line) <= 100 for line in table)
+
+
+def test_a_narrow_screen_gets_the_table_without_its_least_columns() -> None:
+    steps = (step("lower-pressure", "baseline", usage=0.5, in_flight=8),
+             step("as-run", "baseline", signatures=LOCK, usage=1.0, alive=False))
+    decision = judge(steps)
+    verdict = Verdict(decision.verdict, decision.reason, steps, bundle=None, repeat=["radixtop"], workdir="/w",
+                      conditions=decision.conditions)
+    wide = verdict.table()
+    assert wide[0].split()[-3:] == ["evict/s", "retr", "cached"] and verdict.table(200) == wide
+    narrow = verdict.table(72)  # an 80-column terminal's run screen
+    assert all(len(line) <= 72 for line in narrow), narrow
+    assert narrow[0].split() == ["#", "change", "in", "flight", "result", "peak"]
+    assert narrow[2].split()[:5] == ["2", "as", "run", "as", "recorded"] and narrow[2].split()[-1] == "1.00"
+    assert verdict.summary(72)[-len(verdict.ladder_picture()) - 3:-len(verdict.ladder_picture())] == narrow

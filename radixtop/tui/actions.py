@@ -105,13 +105,14 @@ def expand_logs(patterns: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def verdict_body(verdict: Verdict) -> str:
+def verdict_body(verdict: Verdict, width: int | None = None) -> str:
     """What the run screen shows under the headline: the reason and the arms side by side first,
-    then what to do next (the repeat command, where the evidence is), then the evidence behind it."""
+    then what to do next (the repeat command, where the evidence is), then the evidence behind it.
+    `width`: the screen's, for the steps' table."""
     lines = [
         verdict.reason,
         "",
-        *verdict.summary(),
+        *verdict.summary(width),
         "",
         f"Repeat:          {shlex.join(verdict.repeat)}",
         f"Evidence bundle: {verdict.bundle or '(none)'}",
@@ -749,7 +750,8 @@ class IncidentActions:
             self._finish("the confirmation run failed", f"{type(exc).__name__}: {exc}", error=True)
             return
         self.confirm_verdict = verdict
-        self._finish(f"VERDICT: {verdict.verdict}", verdict_body(verdict), verdict.verdict)
+        # the run screen's text is its width less its border and padding
+        self._finish(f"VERDICT: {verdict.verdict}", verdict_body(verdict, app.size.width - 8), verdict.verdict)
 
     # -- quitting --------------------------------------------------------------------------------
 

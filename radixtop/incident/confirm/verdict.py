@@ -342,8 +342,10 @@ class Verdict:
         """The first step of that kind, if one ran."""
         return next((s for s in self.steps if s.step == kind), None)
 
-    def table(self) -> list[str]:
-        """The steps, one row each: what failed, peak usage, evictions, retractions, cached tokens."""
+    def table(self, width: int | None = None) -> list[str]:
+        """The steps, one row each: what failed, peak usage, evictions, retractions, cached tokens.
+        Narrower than the whole table (`width`), the cached, retraction, eviction and server columns
+        go, in that order (the details and verdict.json keep them)."""
         rows = [("#", "change", "in flight", "server", "result", "peak", "evict/s", "retr", "cached")] + [
             (str(n), s.change(), _known(s.max_in_flight, "as recorded"), SHORT_ROLES.get(s.role, s.role),
              _result_cell(s), _usage(s, "?"), _rate(s.evicted_tokens_per_s, ",.0f"), str(s.retractions),
@@ -351,12 +353,18 @@ class Verdict:
             for n, s in enumerate(self.steps, 1)
         ]
         result_width = min(24, max(len(r[4]) for r in rows))
+        # (column, its format) in order; the droppable ones go from the end of DROPS first
+        columns = [(0, ">1"), (1, "<20"), (2, "<11"), (3, "<8"), (4, f"<{result_width}"), (5, ">5"), (6, ">7"),
+                   (7, ">4"), (8, ">7")]
+        for drop in (8, 7, 6, 3):
+            if width is None or 2 + sum(int(f[1:]) + 1 for _, f in columns) <= width:
+                break
+            columns = [(c, f) for c, f in columns if c != drop]
 
         def cut(text: str) -> str:
             return text if len(text) <= result_width else text[: result_width - 1] + "…"
 
-        return [f"  {a:>1} {b:<20} {c:<11} {d:<8} {cut(e):<{result_width}} {f:>5} {g:>7} {h:>4} {i:>7}".rstrip()
-                for a, b, c, d, e, f, g, h, i in rows]
+        return ["  " + " ".join(f"{cut(r[c]) if c == 4 else r[c]:{f}}" for c, f in columns).rstrip() for r in rows]
 
     def ladder(self) -> list[dict[str, Any]]:
         """The pressure ladder: each rung's load, peak token usage and whether it failed."""
@@ -379,14 +387,14 @@ class Verdict:
                          + ("FAIL" if rung["failed"] else "clean"))
         return lines
 
-    def summary(self) -> list[str]:
+    def summary(self, width: int | None = None) -> list[str]:
         """The conditions, what was planned from, what it assumes, and the steps as a table."""
         lines = [self.conditions.line()]
         if self.planned_from:
             lines.append(f"Planned from: {self.planned_from}")
         if self.assumption:
             lines.append(f"Assumes: {self.assumption}")
-        return lines + self.table() + self.ladder_picture()
+        return lines + self.table(width) + self.ladder_picture()
 
     def details(self) -> list[str]:
         """The evidence behind the table: first occurrences, errors, output tails, the commands."""

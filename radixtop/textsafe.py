@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-__all__ = ["printable", "printable_line", "printable_text"]
+__all__ = ["printable", "printable_escaped", "printable_line", "printable_text"]
 
 _BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
 _TABLE = str.maketrans({**{i: "\ufffd" for i in (*range(32), *range(0x7F, 0xA0), *_BIDI)}, 9: " "})
@@ -30,6 +30,15 @@ def printable_line(text: str, limit: int = 200) -> str:
     newlines included, becomes one space; cut to `limit` characters, ending in "…" when cut."""
     line = printable(" ".join(text.split()))
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def printable_escaped(text: str) -> str:
+    """`text` (a decoded prompt) on one line that still shows its line breaks: a newline is the
+    two characters \\n, a carriage return \\r; every other control character is as `printable`
+    makes it. A backslash stays as it is."""
+    if text.isprintable():
+        return text
+    return printable(text.replace("\r", "\\r").replace("\n", "\\n"))
 
 
 class _Plain(Protocol):

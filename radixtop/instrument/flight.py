@@ -37,8 +37,9 @@ MAX_TRIGGERS = 32  # kept in the record, the first ones
 MAX_RECORD_BYTES = 8 << 20
 RECORD_EVENTS = 2_000
 # A bigger detail walk than a live snapshot's (this one is read once, post mortem), and a census
-# bounded so that a huge tree costs its dying scheduler at most a fraction of a second.
-RECORD_CONFIG = SnapshotConfig(max_nodes=4_000, census_max_nodes=300_000, census_slice=4_096)
+# bounded so that a huge tree costs its dying scheduler at most a fraction of a second; 4 token ids
+# a node (not a live snapshot's 32) keep a 4,000-row record, written as the rank dies, small.
+RECORD_CONFIG = SnapshotConfig(max_nodes=4_000, census_max_nodes=300_000, census_slice=4_096, head_tokens=4)
 
 
 def flight_dir(environ: Any = None) -> Path:

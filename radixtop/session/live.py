@@ -40,6 +40,7 @@ from radixtop.probes.procs import ProcProbe, ProcsSample
 from radixtop.probes.radix import RadixProbe, RadixSample
 from radixtop.probes.sglang import ServerProbe, ServerSample
 from radixtop.probes.status import SourceState, poll_forever
+from radixtop.probes.tokenizer import TokenText, load_for_server
 from radixtop.session.flight_views import flight_sample
 from radixtop.session.idle_watch import IdleWatch
 from radixtop.session.radix_board import RadixBoard, rank_groups
@@ -177,6 +178,9 @@ class LiveState:
         self.procs: ProcsSample | None = None
         self.procs_last_good: ProcsSample | None = None
         self.kind: str | None = None  # "vllm" when the server is vLLM: the radix pane says it needs SGLang
+        # The served model's tokenizer (the radix pane's prefixes as text), or why there is none.
+        self.tokens: TokenText | None = None
+        self.tokens_note = ""  # said from the first /server_info on
         self.version = 0
 
     # -- intake -------------------------------------------------------------------------------
@@ -224,6 +228,10 @@ class LiveState:
         if info is not None and info.kind != "unknown":
             self.kind = info.kind
 
+    def set_tokens(self, tokens: TokenText | None, note: str) -> None:
+        self.tokens, self.tokens_note = tokens, note
+        self.version += 1
+
     def mark(self, epoch: float | None, label: str) -> None:
         """The first signature appeared at `epoch` (from the log line): mark it on every plot."""
         if epoch is not None:
@@ -257,6 +265,13 @@ class LiveState:
         return out
 
 
+def _loopback(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 class LiveSources:
     """The probes of one attachment, each polled in its own loop, folded into `state`."""
 
@@ -287,6 +302,9 @@ class LiveSources:
         self.rediscover_down_s = rediscover_down_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
+        self._tokenizer_for: tuple[str, ...] | None = None  # the server and model paths it was read for
+        if self.server is None:
+            self.state.tokens_note = "no server URL to ask which model it serves"
         if targets.kind == "vllm":
             self.state.kind = "vllm"
 
@@ -336,6 +354,8 @@ class LiveSources:
     async def _follow_server(self, sample: ServerSample) -> None:
         """After a (re)start the server may name other debug endpoints: follow them."""
         info = sample.info
+        if info is not None and info.raw is not None:
+            self._follow_tokenizer(info)
         if info is not None and not self.radix and not self.targets.pinned_instruments and not info.instrument_urls:
             await self._follow_kv_events(info)
         if info is None or self.targets.pinned_instruments or not info.instrument_urls:
@@ -354,6 +374,29 @@ class LiveSources:
                 self.radix[url] = RadixProbe(url)
                 self._spawn(f"radix {url}", self.radix[url])
         self.targets.instruments = list(info.instrument_urls)
+
+    def _follow_tokenizer(self, info: Any) -> None:
+        """Read the served model's tokenizer.json once per model (a restart may serve another),
+        on a worker thread: a big one takes a second to parse."""
+        raw = info.raw
+        key = (info.url, str(raw.get("model_path")), str(raw.get("tokenizer_path")))
+        if key == self._tokenizer_for:
+            return
+        self._tokenizer_for = key
+        local = _loopback(info.url) or self.targets.pid is not None
+        self.state.set_tokens(None, "reading the model's tokenizer.json…")
+        old = self._tasks.pop("tokenizer", None)
+        if old is not None:
+            old.cancel()
+
+        async def load() -> None:
+            tokens, note = await asyncio.to_thread(load_for_server, raw, local=local)
+            if self._tokenizer_for == key:
+                self.state.set_tokens(tokens, note)
+                if self.on_change is not None:
+                    self.on_change()
+
+        self._tasks["tokenizer"] = asyncio.create_task(load(), name="radixtop tokenizer")
 
     async def _follow_kv_events(self, info: Any) -> None:
         """No debug endpoint: mirror the publishers /server_info names (SGLang's kv-events)."""

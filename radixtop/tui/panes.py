@@ -378,6 +378,7 @@ class Panes:
             selected.version if selected is not None else None,
             others,
             self._radix_log,
+            (id(st.tokens), st.tokens_note),
         )
 
     def redraw_after_frame(self) -> None:
@@ -425,7 +426,10 @@ class Panes:
                 note = NEEDS_SGLANG
             elif self.targets is None:
                 note = "looking for servers on this node…"
-            app.query_one(RadixPane).show(st.board, now=now, note=note, groups=st.groups(), from_log=self._radix_log)
+            pane = app.query_one(RadixPane)
+            # The rows' prefixes as text with the served model's tokenizer (or why they stay ids).
+            pane.tree_view.set_text_source(st.tokens, st.tokens_note)
+            pane.show(st.board, now=now, note=note, groups=st.groups(), from_log=self._radix_log)
         elif name == "vitals":
             status = st.server.status if st.server is not None else None
             note = ""

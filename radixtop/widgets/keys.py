@@ -81,6 +81,9 @@ TREE_RANK_PREVIOUS = WidgetKey("tree-rank-previous", "left_square_bracket", "ran
                                "in the radix tree: the previous rank")
 TREE_RANK_NEXT = WidgetKey("tree-rank-next", "right_square_bracket", "rank(1)", "Next rank",
                            "in the radix tree: the next rank")
+TREE_TEXT = WidgetKey("tree-text", "i", "toggle_text", "Ids/text",
+                      "in the radix tree: each node's prefix as text (the served model's tokenizer.json, read from "
+                      "this node's disk) or as token ids")
 WIDGET_KEYS = (APPROVE, REFUSE, CANCEL_RUN, HIDE_RUN, EVIDENCE, LOCKED_PATHS,
                HELP_CLOSE, RUN_CLOSE, RUN_QUIT, TO_LOG,
                EVIDENCE_CLOSE, TO_FINDINGS, LOG_UP, LOG_DOWN,
@@ -88,7 +91,7 @@ WIDGET_KEYS = (APPROVE, REFUSE, CANCEL_RUN, HIDE_RUN, EVIDENCE, LOCKED_PATHS,
                PICKER_CANCEL, QUESTION_YES, QUESTION_NO, TREE_UP,
                TREE_DOWN, TREE_PAGE_UP, TREE_PAGE_DOWN, TREE_TOP,
                TREE_BOTTOM, TREE_EXPAND, TREE_COLLAPSE, TREE_RANK_PREVIOUS,
-               TREE_RANK_NEXT)
+               TREE_RANK_NEXT, TREE_TEXT)
 
 
 def binding(key: WidgetKey) -> Binding:

@@ -16,8 +16,10 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from itertools import islice
+from typing import Any, ClassVar, Protocol
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -32,6 +34,7 @@ from textual.widgets import Static
 
 from radixtop.probes.radix_tree import TreeIndex, discard
 from radixtop.session.radix_board import SAME_FAILURE_S, RadixBoard, RankView
+from radixtop.textsafe import printable_escaped
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
 from radixtop.widgets.keys import (
     LOCKED_PATHS,
@@ -43,6 +46,7 @@ from radixtop.widgets.keys import (
     TREE_PAGE_UP,
     TREE_RANK_NEXT,
     TREE_RANK_PREVIOUS,
+    TREE_TEXT,
     TREE_TOP,
     TREE_UP,
     binding,
@@ -69,6 +73,36 @@ NO_ENDPOINT = (
 
 def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _fit_middle(text: str, width: int) -> str:
+    """`text` cut in its middle to `width` cells: a note's start says what, its end which folder."""
+    if cell_len(text) <= width or width < 8:
+        return set_cell_size(text, max(0, width)).rstrip()
+    start = width // 2
+    tail = text[-(width - start - 1):]
+    while cell_len(tail) > width - start - 1:
+        tail = tail[1:]
+    return set_cell_size(text, start).rstrip() + "…" + tail
+
+
+class TokenDecoder(Protocol):
+    """Token ids -> text (radixtop.probes.tokenizer.TokenText); None where the ids are not its."""
+
+    def decode(self, ids: Sequence[int]) -> str | None: ...
+
+
+def shape_only(snapshot: Any) -> str:
+    """Why a tree's rows carry no token ids (its shape alone is known), or "" when they do."""
+    tree = getattr(snapshot, "tree", None)
+    if tree is None or len(tree.nodes) <= 1 or any(n.head for n in islice(tree.nodes, 1, 2001)):
+        return ""
+    detail = getattr(snapshot, "lock_detail", "counts")
+    if detail == "locked-only":
+        return "shape only: the Rust core's walk carries no token ids"
+    if detail == "none":
+        return "shape only: these kv-events carry no token ids"
+    return "shape only: this tree carries no token ids"
 
 
 def lock_histogram(hist: dict[int, int]) -> list[tuple[str, int]]:
@@ -115,6 +149,7 @@ class RadixTreeView(ScrollView, can_focus=True):
         binding(LOCKED_PATHS),
         binding(TREE_RANK_PREVIOUS),
         binding(TREE_RANK_NEXT),
+        binding(TREE_TEXT),
     ]
 
     class RankRequested(Message):
@@ -133,6 +168,11 @@ class RadixTreeView(ScrollView, can_focus=True):
         self.locks_known = True  # False (kv-events): the lock column says "?", never 0
         self._styles: dict[str, Style] = {}
         self._pass: tuple[int, Style] | None = None  # (width, base style) while render_lines runs
+        # Prefixes as text (the served model's tokenizer) or as token ids; the key TREE_TEXT flips it.
+        self.show_text = True
+        self.decoder: TokenDecoder | None = None
+        self.text_note = ""  # why there is no decoder ("no tokenizer.json in ..."), from the live sources
+        self._shape_note = ""  # why the shown tree has no token ids at all (shape_only)
 
     # -- data -------------------------------------------------------------------------------
 
@@ -144,6 +184,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             discard(self.snapshot)  # a big tree is freed on a worker thread, not here
             discard(self.index)
         self.snapshot, self.index = snapshot, index
+        self._shape_note = shape_only(snapshot)
         self._flatten()
         if cursor_key is not None:
             for i, (row, _, more) in enumerate(self.rows):
@@ -190,7 +231,29 @@ class RadixTreeView(ScrollView, can_focus=True):
                 for child in reversed(listed):
                     stack.append((child, depth + 1, 0))
         self.rows = rows
-        self.virtual_size = Size(self.size.width, len(rows))
+        self.virtual_size = Size(self.size.width, len(rows) + self._top())
+
+    def set_text_source(self, decoder: TokenDecoder | None, note: str = "") -> None:
+        """The tokenizer rows are decoded with (None: ids), and why there is none (said once,
+        above the rows)."""
+        if decoder is self.decoder and note == self.text_note:
+            return
+        self.decoder, self.text_note = decoder, note
+        self._flatten()
+        self.refresh()
+
+    def note(self) -> str:
+        """The line above the rows: why they are not text, when they cannot be; else ""."""
+        if self.snapshot is None or not self._tree_nodes():
+            return ""
+        if self._shape_note:
+            return self._shape_note
+        if self.show_text and self.decoder is None and self.text_note:
+            return f"token ids only: {self.text_note}"
+        return ""
+
+    def _top(self) -> int:
+        return 1 if self.note() else 0
 
     # -- actions ----------------------------------------------------------------------------
 
@@ -198,14 +261,14 @@ class RadixTreeView(ScrollView, can_focus=True):
         self._set_cursor(self.cursor + step)
 
     def action_page(self, step: int) -> None:
-        self._set_cursor(self.cursor + step * max(1, self.scrollable_content_region.height - 1))
+        self._set_cursor(self.cursor + step * max(1, self.scrollable_content_region.height - self._top() - 1))
 
     def action_jump(self, where: int) -> None:
         self._set_cursor(0 if where == 0 else len(self.rows) - 1)
 
     def _set_cursor(self, cursor: int) -> None:
         self.cursor = max(0, min(cursor, len(self.rows) - 1))
-        height = max(1, self.scrollable_content_region.height)
+        height = max(1, self.scrollable_content_region.height - self._top())
         top = round(self.scroll_y)
         if self.cursor < top:
             self.scroll_to(y=self.cursor, animate=False, immediate=True)
@@ -258,6 +321,11 @@ class RadixTreeView(ScrollView, can_focus=True):
     def action_rank(self, step: int) -> None:
         self.post_message(self.RankRequested(step))
 
+    def action_toggle_text(self) -> None:
+        self.show_text = not self.show_text
+        self._flatten()
+        self._set_cursor(self.cursor)
+
     # -- rendering --------------------------------------------------------------------------
 
     def notify_style_update(self) -> None:
@@ -271,7 +339,7 @@ class RadixTreeView(ScrollView, can_focus=True):
         return style
 
     def on_resize(self) -> None:
-        self.virtual_size = Size(self.size.width, len(self.rows))
+        self.virtual_size = Size(self.size.width, len(self.rows) + self._top())
 
     def render_lines(self, crop: Region) -> list[Strip]:
         # The size and the base style once per pass, not per row: `rich_style` walks every
@@ -284,6 +352,12 @@ class RadixTreeView(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         width, base = self._pass or (self.size.width, self.rich_style)
+        note = self.note()
+        if note:  # said once, above the rows, and kept there while they scroll
+            if y == 0:
+                line = _fit_middle(note, width - 1)
+                return Strip([Segment(line, base + self._style("more"))]).crop_extend(0, width, None)
+            y -= 1
         i = round(self.scroll_y) + y
         if i >= len(self.rows):
             if i == 0:
@@ -324,7 +398,6 @@ class RadixTreeView(ScrollView, can_focus=True):
         if node.last_access is not None:
             idle = snap.monotonic - node.last_access
         twisty = ("▾ " if self._key(row) in self.expanded else "▸ ") if has_kids else "  "
-        head = " ".join(str(t) for t in node.head[:4])
         more_kids = ""
         if node.children > len(index.children[row] if index is not None else ()):
             more_kids = f" (+{node.children - len(index.children[row]) if index else node.children} not sent)"
@@ -341,12 +414,9 @@ class RadixTreeView(ScrollView, can_focus=True):
             glyph = " "
         lock = self._lock_text(node, snap)
         nums = f"{node.tokens:>7,} {lock:>5} {count(node.hit_count):>6} {age(idle):>6} {glyph}"
-        label = (
-            f"{indent}{twisty}#{node.id if node.id is not None else '?'}"
-            f" [{head}{' …' if node.tokens > len(node.head) else ''}]{more_kids}"
-        )
-        if node.evicted:
-            label += " evicted"
+        label = f"{indent}{twisty}#{node.id if node.id is not None else '?'}"
+        tail = f"{more_kids}{' evicted' if node.evicted else ''}"
+        label += self._prefix(node, width - cell_len(nums) - cell_len(label) - cell_len(tail)) + tail
         if node.lock_ref < 0:
             style = self._style("negative")
         elif node.lock_ref > 0:
@@ -360,6 +430,23 @@ class RadixTreeView(ScrollView, can_focus=True):
         else:
             style = None
         return Strip([Segment(nums, style), Segment(label, style)])
+
+    def _prefix(self, node: Any, room: int) -> str:
+        """The node's first tokens as text in quotes (its head decoded, escaped, cut to `room`
+        cells), else as ids in brackets; "" when the tree has none."""
+        head = node.head
+        if not head:
+            return ""
+        goes_on = node.tokens > len(head)
+        text = self.decoder.decode(head) if self.show_text and self.decoder is not None else None
+        if text is None:  # the first 4 ids; "…" when the node holds more than those
+            ids = " ".join(str(t) for t in head[:4])
+            return f" [{ids}{' …' if node.tokens > min(4, len(head)) else ''}]"
+        text = printable_escaped(text)
+        room = max(8, room - 3)  # the space and the quotes
+        if cell_len(text) > room or (goes_on and cell_len(text) >= room):
+            text, goes_on = set_cell_size(text, room - 1).rstrip(), True
+        return f' "{text}{"…" if goes_on else ""}"'
 
     def _lock_text(self, node: Any, snap: Any) -> Any:
         """The lock column: the count, "1+" where only locked-or-not is known (the Rust TreeCore's

@@ -259,9 +259,17 @@ def test_the_radix_pane_reads_the_python_core_with_its_token_ids(tmp_path: Path)
         from radixtop.probes.radix import RadixProbe
 
         async def read() -> object:
+            """Polls as the pane does: the endpoint answers with its latest snapshot and takes a
+            fresh one because a reader asked, so the first answer can predate the traffic."""
             probe = RadixProbe(f"http://127.0.0.1:{_instrument_port(server)}")
             try:
-                return await probe.poll()
+                for _ in range(30):  # bounded: 15 s
+                    sample = await probe.poll()
+                    tree = getattr(getattr(sample, "snapshot", None), "tree", None)
+                    if tree is not None and len(tree.nodes) > 1:
+                        break
+                    await asyncio.sleep(0.5)
+                return sample
             finally:
                 await probe.aclose()
 

@@ -83,7 +83,7 @@ def parse_and_index(data: bytes) -> tuple[Snapshot, TreeIndex | None]:
     if len(data) <= SPLICE_PARSE_BYTES:
         snapshot = parse_snapshot(data)
         return snapshot, TreeIndex.build(snapshot)
-    with _no_gc_pauses():
+    with no_gc_pauses():
         spliced = _parse_spliced(data) if len(data) <= MAX_PAYLOAD_BYTES else None
         snapshot = spliced if spliced is not None else parse_snapshot(data)
         return snapshot, TreeIndex.build(snapshot)
@@ -95,11 +95,11 @@ _gc_was_enabled = True
 
 
 @contextlib.contextmanager
-def _no_gc_pauses() -> Iterator[None]:
+def no_gc_pauses(freeze: bool = True) -> Iterator[None]:
     """A big snapshot is a few hundred thousand new containers: with the cyclic GC on, its
     collections walk them (and the whole app) over and over, holding the GIL for 100+ ms at a time
     and freezing the UI thread. Off while building (its objects have no cycles; refcounting frees
-    them), then frozen out of future collections (gc.freeze), then on again."""
+    them), then (`freeze`, for a big one) frozen out of future collections, then on again."""
     global _gc_depth, _gc_was_enabled
     with _gc_lock:
         if _gc_depth == 0:
@@ -112,7 +112,8 @@ def _no_gc_pauses() -> Iterator[None]:
         with _gc_lock:
             _gc_depth -= 1
             if _gc_depth == 0:
-                gc.freeze()
+                if freeze:
+                    gc.freeze()
                 if _gc_was_enabled:
                     gc.enable()
 

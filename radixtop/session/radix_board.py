@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from radixtop.probes.radix_tree import TreeIndex, discard
+from radixtop.probes.radix_tree import TreeIndex, discard, no_gc_pauses
 from radixtop.probes.status import SourceState
 from radixtop.schema import Event, Snapshot
 from radixtop.session.snapshot_store import Kept, SnapshotStore
@@ -106,7 +106,9 @@ class RankView:
                 snap = pinned if isinstance(pinned, Snapshot) else self.earlier.load(cast(Kept, pinned))
             except ValueError:
                 return self.snapshot, self.index
-            self._shown = (pinned, snap, TreeIndex.build(snap))
+            with no_gc_pauses(freeze=False):  # an index of thousands of tuples, built at once
+                index = TreeIndex.build(snap)
+            self._shown = (pinned, snap, index)
         return self._shown[1], self._shown[2]
 
     @property

@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixtop.probes.radix_tree import no_gc_pauses
 from radixtop.schema import NodeRow, Snapshot
 
 KEPT_SNAPSHOTS = 1_000  # per rank: half an hour of polls every 2 s
 KEPT_BYTES = 128 << 20  # per rank, the index arrays and the distinct rows together
-ROW_BYTES = 600  # a distinct row held, near enough (a tuple of ten, its ids and floats, the table's entry)
+ROW_BYTES = 300  # a distinct row held, near enough (measured: 240 B; its ids and head are shared)
 HEADER_BYTES = 2_000  # a snapshot's header (its census and counters)
 
 _Key = tuple[Any, ...]  # a NodeRow with its parent as (node id, -1), or (None, position) when it has no id
@@ -56,7 +57,8 @@ class SnapshotStore:
         rows = None
         if tree is not None:
             nodes = tree.nodes
-            rows = array("I", (self._intern(_key(node, nodes)) for node in nodes))
+            with no_gc_pauses(freeze=False):  # the new rows have no cycles: no collection walks them as they come
+                rows = array("I", (self._intern(_key(node, nodes)) for node in nodes))
             snapshot = replace(snapshot, tree=replace(tree, nodes=()))
         kept = Kept(at, snapshot, rows, HEADER_BYTES + (len(rows) * rows.itemsize if rows is not None else 0))
         self._kept.append(kept)
@@ -68,9 +70,10 @@ class SnapshotStore:
         """A kept snapshot whole again (its rows' parents back to positions)."""
         if kept.rows is None or kept.header.tree is None:
             return kept.header
-        keys = [self._rows[i] for i in kept.rows]
-        position = {key[0]: i for i, key in enumerate(keys) if key is not None and key[0] is not None}
-        nodes = tuple(_row(key, position) for key in keys if key is not None)
+        with no_gc_pauses(freeze=False):
+            keys = [self._rows[i] for i in kept.rows]
+            position = {key[0]: i for i, key in enumerate(keys) if key is not None and key[0] is not None}
+            nodes = tuple(_row(key, position) for key in keys if key is not None)
         return replace(kept.header, tree=replace(kept.header.tree, nodes=nodes))
 
     def __len__(self) -> int:

@@ -54,10 +54,10 @@ def test_kept_snapshots_share_their_unchanged_rows_and_stay_within_count_and_byt
     assert store.distinct_rows < 2_001 + 3 * 40, store.distinct_rows
     assert store.bytes < 40 * (2_000 + 2_001 * 4) + (2_001 + 3 * 40) * ROW_BYTES
     assert [store.load(k) for k in store] == snaps[-40:]  # every one whole again, parents where they were
-    small = SnapshotStore(max_count=1_000, max_bytes=1_500_000)
+    small = SnapshotStore(max_count=1_000, max_bytes=1_000_000)
     for seq, snap in enumerate(snaps):
         small.add(seq, snap)
-    assert small.bytes <= 1_500_000 and len(small) < 60 and small.load(small[-1]) == snaps[-1]
+    assert small.bytes <= 1_000_000 and len(small) < 60 and small.load(small[-1]) == snaps[-1]
 
 
 def test_stepping_back_decodes_a_kept_snapshot_and_keeps_it_while_new_ones_come():

@@ -107,12 +107,16 @@ def test_clean_as_recorded_is_not_reproduced_and_an_open_ladder_says_why() -> No
     assert high.conditions.pressure.state == "open" and "did not get below pressure" in high.conditions.pressure.why
 
 
-def test_the_verdict_shows_the_steps_as_a_table_and_the_ladder_as_a_picture() -> None:
+def clean_below_failing_above() -> Verdict:
     steps = (step("lower-pressure", "baseline", usage=0.5, in_flight=8),
              step("as-run", "baseline", signatures=LOCK, usage=1.0, alive=False))
     decision = judge(steps)
-    verdict = Verdict(decision.verdict, decision.reason, steps, bundle=None, repeat=["radixtop"], workdir="/w",
-                      conditions=decision.conditions)
+    return Verdict(decision.verdict, decision.reason, steps, bundle=None, repeat=["radixtop"], workdir="/w",
+                   conditions=decision.conditions)
+
+
+def test_the_verdict_shows_the_steps_as_a_table_and_the_ladder_as_a_picture() -> None:
+    verdict = clean_below_failing_above()
     picture = verdict.ladder_picture()
     assert picture[1].split() == ["8", "in", "flight", "██████████··········", "0.50", "clean"]
     assert picture[2].split() == ["as", "recorded", "████████████████████", "1.00", "FAIL"]
@@ -126,11 +130,7 @@ def test_the_verdict_shows_the_steps_as_a_table_and_the_ladder_as_a_picture() ->
 
 
 def test_a_narrow_screen_gets_the_table_without_its_least_columns() -> None:
-    steps = (step("lower-pressure", "baseline", usage=0.5, in_flight=8),
-             step("as-run", "baseline", signatures=LOCK, usage=1.0, alive=False))
-    decision = judge(steps)
-    verdict = Verdict(decision.verdict, decision.reason, steps, bundle=None, repeat=["radixtop"], workdir="/w",
-                      conditions=decision.conditions)
+    verdict = clean_below_failing_above()
     wide = verdict.table()
     assert wide[0].split()[-3:] == ["evict/s", "retr", "cached"] and verdict.table(200) == wide
     narrow = verdict.table(72)  # an 80-column terminal's run screen

@@ -336,7 +336,7 @@ def test_servers_radixtop_may_not_read_get_one_line_each(tmp_path: Path) -> None
 
 
 def test_a_containers_absolute_link_resolves_inside_its_root_never_to_a_file_of_the_node(tmp_path: Path) -> None:
-    """D3: under /proc/PID/root the kernel resolves an absolute link against the reader's root,
+    """Under /proc/PID/root the kernel resolves an absolute link against the reader's root,
     so a container could point its log at any host file; radixtop resolves it in the container."""
     from radixtop.probes.container import resolve_in_root
 

@@ -159,7 +159,7 @@ def test_a_directory_that_is_a_symlink_is_refused(tmp_path: Path):
 
 
 def test_a_directory_open_to_others_is_refused_and_a_planted_fifo_never_hangs_the_failing_thread(tmp_path: Path):
-    """D8: in a flight directory others may write, a FIFO at the temporary's old name would block
+    """In a flight directory others may write, a FIFO at the temporary's old name would block
     the failing scheduler thread in open(); such a directory is refused, and the record's
     temporary is created exclusively under a random name in a private one."""
     shared = tmp_path / "flight"
@@ -179,7 +179,7 @@ def test_a_directory_open_to_others_is_refused_and_a_planted_fifo_never_hangs_th
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
 def test_the_bundle_collects_only_records_written_by_the_servers_user_and_never_through_a_link(tmp_path: Path):
-    """D9: a record is read through the descriptor that was checked (no link swapped in between),
+    """A record is read through the descriptor that was checked (no link swapped in between),
     and a record planted by another user under the server's pid is not the server's evidence."""
     from radixtop.incident.bundle.evidence import collect_flight
 

@@ -116,7 +116,7 @@ HOSTILE = ("[@click=app.quit]CLICKQUIT[/] [/] \x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUv
 
 
 def test_escapes_in_a_log_files_name_and_lines_never_reach_the_terminal(tmp_path: Path) -> None:
-    """D2 and D6: the status line shows the file's name, the log pane and the evidence view (d)
+    """The status line shows the file's name, the log pane and the evidence view (d)
     its lines; none of them passes an escape, a C1 control or a bidi override to the terminal,
     and none interprets markup."""
     name = "sim\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUveCB8IHNo\x1b\\\x1b]2;PWNED_NAME\x1b\\.log"

@@ -184,7 +184,7 @@ def test_confirm_never_runs_a_module_another_user_planted_in_the_servers_directo
                                   "--dist-init=10.1.2.3:5000", "--otlp-traces-endpoint h:4317",
                                   "--crash-dump-folder /etc/cron.d", "--log-requests-targ /root/x"])
 def test_code_loading_and_destination_flags_from_server_info_are_dropped_abbreviated_too(flag: str) -> None:
-    """D7: SGLang's argparse takes an unambiguous prefix for the flag: what /server_info says is
+    """SGLang's argparse takes an unambiguous prefix for the flag: what /server_info says is
     network text, so a prefix of a code-loading or destination flag is dropped like the flag."""
     from radixtop.incident.confirm.control_server import build_control_argv, parse_launch_command
 

@@ -36,7 +36,7 @@ def test_a_directory_open_to_others_is_refused_and_never_chmoded(tmp_path: Path,
 
 
 def test_planted_files_in_a_directory_that_was_open_are_never_read(tmp_path: Path, monkeypatch) -> None:
-    """D4: a sighting planted while the directory was world-writable (its cwd, env and argv
+    """A sighting planted while the directory was world-writable (its cwd, env and argv
     would be run) is not trusted: the directory is refused as it stands."""
     base = tmp_path / "rt"
     (base / "servers").mkdir(parents=True)
@@ -61,7 +61,7 @@ def test_a_sighting_read_back_keeps_only_behaviour_keys(runtime_dir: Path) -> No
 
 
 def test_writes_never_follow_a_planted_link(runtime_dir: Path, tmp_path: Path) -> None:
-    """D5: links planted where the temporary files used to go (.NAME.PID.tmp), and at the file
+    """Links planted where the temporary files used to go (.NAME.PID.tmp), and at the file
     itself: the victim is untouched, the link replaced by the file."""
     victim = tmp_path / "victim.txt"
     victim.write_text("root's important file\n")
@@ -84,7 +84,7 @@ def test_writes_never_follow_a_planted_link(runtime_dir: Path, tmp_path: Path) -
 
 
 def test_a_fifo_or_a_link_where_state_is_read_is_skipped_at_once(runtime_dir: Path, tmp_path: Path) -> None:
-    """D12: a FIFO at the sighting's or the status file's path no longer hangs a reader."""
+    """A FIFO at the sighting's or the status file's path no longer hangs a reader."""
     (runtime_dir / "servers").mkdir(mode=0o700)
     os.mkfifo(runtime_dir / "servers" / "127.0.0.1-31999.json")
     os.mkfifo(runtime_dir / "confirm-status.json")

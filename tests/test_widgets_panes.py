@@ -422,6 +422,9 @@ def test_vitals_mark_the_radix_panes_moment_with_the_values_then() -> None:
     styled = _styled_lines(text)[1:8]
     assert all("yellow" in str(_style_at(line, col)) for line in styled), "the moment's column on every plot"
     assert "off the plot" in render_vitals(vitals_with_incident(), width=100, now=T0, cursor=T0 - 9_999).plain
+    # a moment in a column with no value of its own (a server that died between two polls): the last one before it
+    at_end = render_vitals(vitals_with_incident(), width=100, now=T0, cursor=T0).plain.splitlines()
+    assert "◆ 100%" in next(line for line in at_end if line.startswith("token usage"))
 
 
 def _styled_lines(text: Text) -> list[Text]:

@@ -123,8 +123,9 @@ def render_vitals(vitals: Vitals, *, width: int = 100, now: float | None = None,
             out.append(line[col] if line[col] != " " else "│", style=marks[col])
             at = col + 1
         out.append(line[at:], style="cyan")
-        if cursor_col is not None:  # the value beside the tree shown, not the newest
-            then = values[cursor_col]
+        if cursor_col is not None:  # the value beside the tree shown (the last one at or before it)
+            back = [values[c] for c in range(cursor_col, max(-1, cursor_col - 1 - int(FILL_S // step)), -1)]
+            then = next((v for v in back if v is not None), None)
             value = "◆ " + (_value(spec, then, vitals) if then is not None else "—")
         else:
             value = _value(spec, series.last, vitals)

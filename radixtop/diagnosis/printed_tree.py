@@ -145,19 +145,16 @@ class PrintedTree:
 def parse_row(text: str) -> tuple[TreeForm, PrintedNode] | None:
     """One printed row, or None when the line is not one."""
     line = strip_ansi(text).rstrip("\r\n") if "\x1b" in text else text.rstrip("\r\n")
+    depth = _depth(len(line) - len(line.lstrip(" ")))
+    if depth is None:
+        return None
     m = _LEGACY.fullmatch(line)
     if m is not None:
-        spaces, tokens, array_ids, list_ids, lock = m.groups()
-        depth = _depth(len(spaces))
-        if depth is None:
-            return None
+        _, tokens, array_ids, list_ids, lock = m.groups()
         return "radix-cache", PrintedNode(depth, int(tokens), int(lock), None, _head(array_ids or list_ids or ""), ())
     m = _UNIFIED.fullmatch(line)
     if m is not None:
-        spaces, node_id, tokens, lock, comps = m.groups()
-        depth = _depth(len(spaces))
-        if depth is None:
-            return None
+        _, node_id, tokens, lock, comps = m.groups()
         pairs = tuple((name, value == "yes") for name, value in (c.split("=") for c in comps.split()))
         return "unified", PrintedNode(depth, int(tokens), int(lock), int(node_id), (), pairs)
     return None

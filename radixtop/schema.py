@@ -80,6 +80,8 @@ EVENT_KINDS = (
     "hooks_disabled",  # too many instrument errors: hooks removed themselves
 )
 HOOK_STATES = ("active", "off", "disabled")
+HOLDER_STATES = ("running", "chunked", "waiting")  # where the scheduler keeps a request holding a lock
+MAX_HOLDERS = 4_096
 LOCK_DETAILS = ("counts", "locked-only", "none")
 HEALTH_STATES = ("ok", "starting", "degraded")
 
@@ -391,6 +393,31 @@ class TreeView:
         )
 
 
+class Holder(NamedTuple):
+    """A request the scheduler holds a tree lock for (`req.lock`). The lock holds `node` and every
+    node on the path above it, so a node's holders are those whose node is it or below it."""
+
+    rid: str
+    node: int | None  # the id of the deepest node the lock holds; None where it is not in the walk
+    held_s: float  # seconds since the instrument first saw this lock (a lower bound)
+    prompt_tokens: int
+    state: str  # HOLDER_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_dict(cls, obj: Any, where: str) -> Holder:
+        o = _obj(obj, where)
+        return cls(
+            rid=_str(_get(o, "rid", where), f"{where}.rid", 200),
+            node=_opt_int(_get(o, "node", where), f"{where}.node"),
+            held_s=_float(_get(o, "held_s", where), f"{where}.held_s", 0.0),
+            prompt_tokens=_int(_get(o, "prompt_tokens", where), f"{where}.prompt_tokens", 0),
+            state=_choice(_get(o, "state", where), f"{where}.state", HOLDER_STATES),
+        )
+
+
 class Branch(NamedTuple):
     """A node of a tree rebuilt outside the instrument's walk (the Rust TreeCore's slots,
     kv-events' blocks), for heaviest_first()."""
@@ -543,11 +570,16 @@ class Snapshot:
     # What the rows' lock_ref means: "counts" (the node's lock_ref), "locked-only" (1: locked by
     # some count; the Rust TreeCore's walk), "none" (unknown: kv-events). Added without a bump.
     lock_detail: str = "counts"
+    # The requests holding tree locks as the scheduler sees them (added without a bump): None where
+    # they are unknown (an older server, a tree rebuilt from kv-events or a print), () where none.
+    holders: tuple[Holder, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for f in fields(self):
-            if f.name != "tree":
+            if f.name == "holders":
+                d[f.name] = None if self.holders is None else [h.to_dict() for h in self.holders]
+            elif f.name != "tree":
                 v = getattr(self, f.name)
                 d[f.name] = v.to_dict() if hasattr(v, "to_dict") else v
         d["tree"] = self.tree.to_dict() if self.tree is not None else None  # last: see encode_snapshot
@@ -597,7 +629,14 @@ class Snapshot:
             census=None if census is None else Census.from_dict(census, f"{w}.census"),
             tree=None if tree is None else TreeView.from_dict(tree, f"{w}.tree"),
             lock_detail=_choice(o.get("lock_detail", "counts"), f"{w}.lock_detail", LOCK_DETAILS),
+            holders=_holders(o.get("holders"), f"{w}.holders"),
         )
+
+
+def _holders(v: Any, where: str) -> tuple[Holder, ...] | None:
+    if v is None:
+        return None
+    return tuple(Holder.from_dict(h, f"{where}[{i}]") for i, h in enumerate(_list(v, where, MAX_HOLDERS)))
 
 
 class Event(NamedTuple):
@@ -742,9 +781,10 @@ class Trigger:
     kind: str  # evict_failure, lock_failure, unlock_failure or scheduler_exception
     message: str  # the exception's first line
     time: float  # wall clock
+    node: int | None = None  # the id of the node the failing lock or unlock was on, where known
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, "time": self.time}
+        return {"kind": self.kind, "message": self.message, "time": self.time, "node": self.node}
 
     @classmethod
     def from_dict(cls, obj: Any, where: str = "trigger") -> Trigger:
@@ -753,6 +793,7 @@ class Trigger:
             kind=_pattern(_get(o, "kind", where), f"{where}.kind", _KIND_RE, "a lowercase kind"),
             message=_str(_get(o, "message", where), f"{where}.message"),
             time=_float(_get(o, "time", where), f"{where}.time", 0.0),
+            node=_opt_int(o.get("node"), f"{where}.node"),
         )
 
 

@@ -73,6 +73,8 @@ class RadixSample:
     locks_known: bool = True  # False: lock counts are unknown (shown as such, never as zero)
     label: str = ""  # the view's name in the pane's title, when not its rank's
     before: Snapshot | None = None  # a flight record's last safe point before the failure
+    failed_node: int | None = None  # the node the failing lock or unlock was on (a flight record's trigger)
+    failed_op: str = ""  # that trigger's kind
 
 
 class RadixProbe(PolledProbe):

@@ -18,6 +18,7 @@ def flight_sample(found: FlightFile) -> RadixSample:
     when = first.time if first is not None else record.written_at
     what = f"{first.kind}: {first.message}" if first is not None else "written without a trigger"
     more = f" (+{len(record.triggers) - 1} later)" if len(record.triggers) > 1 else ""
+    on_node = next((t for t in record.triggers if t.node is not None), None)  # the failing operation's
     return RadixSample(
         url=f"flight {found.path}",
         status=SourceState("ok", "", when),
@@ -28,5 +29,7 @@ def flight_sample(found: FlightFile) -> RadixSample:
         source_note=f"flight record of pid {record.pid}: {what}{more}",
         label=f"failed r{record.rank}",
         before=record.before,
+        failed_node=on_node.node if on_node is not None else None,
+        failed_op=on_node.kind if on_node is not None else "",
         locks_known=record.snapshot.lock_detail != "none",
     )

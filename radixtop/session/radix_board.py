@@ -5,6 +5,7 @@ last values kept while a rank is down. Pure: no I/O, no Textual.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,8 +64,11 @@ class RankView:
     locks_known: bool = True
     name: str = ""  # the title's name for a view that is not a rank's endpoint (a printed tree)
     before: Snapshot | None = None  # a flight record's last safe point before the failure
+    failed_node: int | None = None  # the node the failing lock or unlock was on
+    failed_op: str = ""  # what failed there (the trigger's kind)
     cursor: int | None = None  # the moment shown (an index of moment_times()); None: the latest
     _shown: tuple[object, Snapshot, TreeIndex | None] | None = None  # an earlier moment, decoded and indexed once
+    _side: tuple[object, Snapshot, TreeIndex | None] | None = None  # the moment shown beside another rank
     # What radixtop saw, to step back through and for an evidence bundle (a dead rank's endpoint
     # cannot be asked): the snapshots before the last one, and every event received, bounded.
     earlier: SnapshotStore = field(default_factory=SnapshotStore)
@@ -111,6 +115,25 @@ class RankView:
             self._shown = (pinned, snap, index)
         return self._shown[1], self._shown[2]
 
+    def at_moment(self, t: float) -> tuple[Snapshot | None, TreeIndex | None, float | None]:
+        """This rank's tree as it was at `t` (the moment another view shows): its newest moment at
+        or before `t`, with when that was; (None, None, None) when it had none yet."""
+        times = self.moment_times()
+        i = bisect_right(times, t) - 1
+        if i < 0:
+            return None, None, None
+        if i == len(times) - 1:
+            return self.snapshot, self.index, times[i]
+        pinned: object = self.before if self.before is not None else self.earlier[i]
+        if self._side is None or self._side[0] is not pinned:
+            try:
+                snap = pinned if isinstance(pinned, Snapshot) else self.earlier.load(cast(Kept, pinned))
+            except ValueError:
+                return None, None, None
+            with no_gc_pauses(freeze=False):
+                self._side = (pinned, snap, TreeIndex.build(snap))
+        return self._side[1], self._side[2], times[i]
+
     @property
     def label(self) -> str:
         if self.name:
@@ -143,6 +166,7 @@ class RadixBoard:
         changed = changed or view.source_note != sample.source_note
         view.source, view.source_note, view.locks_known = sample.source, sample.source_note, sample.locks_known
         view.name, view.before = sample.label, sample.before
+        view.failed_node, view.failed_op = sample.failed_node, sample.failed_op
         if sample.rank is not None:
             view.rank = sample.rank
         if sample.health is not None and sample.health.flight_dir:

@@ -84,6 +84,12 @@ TREE_RANK_NEXT = WidgetKey("tree-rank-next", "right_square_bracket", "rank(1)", 
 TREE_TEXT = WidgetKey("tree-text", "i", "toggle_text", "Ids/text",
                       "in the radix tree: each node's prefix as text (the served model's tokenizer.json, read from "
                       "this node's disk) or as token ids")
+TREE_NODE = WidgetKey("tree-node", "v", "node", "Node",
+                      "in the radix tree: the node under the cursor: its path's prefix, its locks and who holds them",
+                      show=False)
+TREE_SIDE = WidgetKey("tree-side", "w", "side", "Side by side",
+                      "in the radix tree: this rank and the next side by side, at the same moment", show=False)
+NODE_CLOSE = WidgetKey("node-close", "escape,q,v", "dismiss", "Close", "on a node's details: close them")
 WIDGET_KEYS = (APPROVE, REFUSE, CANCEL_RUN, HIDE_RUN, EVIDENCE, LOCKED_PATHS,
                HELP_CLOSE, RUN_CLOSE, RUN_QUIT, TO_LOG,
                EVIDENCE_CLOSE, TO_FINDINGS, LOG_UP, LOG_DOWN,
@@ -91,7 +97,7 @@ WIDGET_KEYS = (APPROVE, REFUSE, CANCEL_RUN, HIDE_RUN, EVIDENCE, LOCKED_PATHS,
                PICKER_CANCEL, QUESTION_YES, QUESTION_NO, TREE_UP,
                TREE_DOWN, TREE_PAGE_UP, TREE_PAGE_DOWN, TREE_TOP,
                TREE_BOTTOM, TREE_EXPAND, TREE_COLLAPSE, TREE_RANK_PREVIOUS,
-               TREE_RANK_NEXT, TREE_TEXT)
+               TREE_RANK_NEXT, TREE_TEXT, TREE_NODE, TREE_SIDE, NODE_CLOSE)
 
 
 def binding(key: WidgetKey) -> Binding:

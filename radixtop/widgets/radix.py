@@ -25,7 +25,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
@@ -33,6 +33,7 @@ from textual.strip import Strip
 from textual.widgets import Static
 
 from radixtop.probes.radix_tree import TreeIndex, discard
+from radixtop.session.lock_holders import LockHolders
 from radixtop.session.radix_board import SAME_FAILURE_S, RadixBoard, RankView
 from radixtop.textsafe import printable_escaped
 from radixtop.widgets.fmt import age, bar, clock, count, frozen_banner, rate, update_text
@@ -42,15 +43,18 @@ from radixtop.widgets.keys import (
     TREE_COLLAPSE,
     TREE_DOWN,
     TREE_EXPAND,
+    TREE_NODE,
     TREE_PAGE_DOWN,
     TREE_PAGE_UP,
     TREE_RANK_NEXT,
     TREE_RANK_PREVIOUS,
+    TREE_SIDE,
     TREE_TEXT,
     TREE_TOP,
     TREE_UP,
     binding,
 )
+from radixtop.widgets.radix_node import NodeScreen, node_text
 from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
@@ -59,7 +63,9 @@ _LOCK_BUCKETS = (
     ("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63)
 )
 _SPARK = "▁▂▃▄▅▆▇█"
-COLUMNS = f"{'tokens':>7} {'lock':>5} {'hits':>6} {'idle':>6}  node   (* locked, + path to a lock, ! negative lock_ref)"
+_LEGEND = "(* locked, + path to a lock, ! negative lock_ref, » path of the failed operation)"
+COLUMNS = f"{'tokens':>7} {'lock':>5} {'hits':>6} {'idle':>6}  node   {_LEGEND}"
+COMPACT_COLUMNS = f"{'tokens':>7} {'lock':>5}  node   {_LEGEND}"  # two trees side by side: no hits, no idle
 
 NEEDS_SGLANG = (
     "The radix pane reads SGLang's prefix tree through radixtop's debug endpoint; "
@@ -126,6 +132,7 @@ class RadixTreeView(ScrollView, can_focus=True):
         "radixtree--cursor",
         "radixtree--dim",
         "radixtree--more",
+        "radixtree--failed",
     }
     DEFAULT_CSS = """
     RadixTreeView { background: $surface; scrollbar-size-vertical: 1; overflow-x: hidden; }
@@ -136,6 +143,7 @@ class RadixTreeView(ScrollView, can_focus=True):
     RadixTreeView > .radixtree--cursor { background: $primary 30%; }
     RadixTreeView > .radixtree--dim { color: $text-muted; }
     RadixTreeView > .radixtree--more { color: $text-muted; text-style: italic; }
+    RadixTreeView > .radixtree--failed { color: $error; text-style: bold underline; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         binding(TREE_UP),
@@ -150,6 +158,8 @@ class RadixTreeView(ScrollView, can_focus=True):
         binding(TREE_RANK_PREVIOUS),
         binding(TREE_RANK_NEXT),
         binding(TREE_TEXT),
+        binding(TREE_NODE),
+        binding(TREE_SIDE),
     ]
 
     class RankRequested(Message):
@@ -157,8 +167,12 @@ class RadixTreeView(ScrollView, can_focus=True):
             super().__init__()
             self.step = step
 
+    class SideRequested(Message):
+        """The key for two ranks side by side."""
+
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
+        self.compact = False  # no hits or idle columns (two trees side by side)
         self.snapshot: Any = None
         self.index: TreeIndex | None = None
         self.expanded: set[int] = set()  # node keys (ids, or -(row + 1) for id-less rows)
@@ -173,18 +187,30 @@ class RadixTreeView(ScrollView, can_focus=True):
         self.decoder: TokenDecoder | None = None
         self.text_note = ""  # why there is no decoder ("no tokenizer.json in ..."), from the live sources
         self._shape_note = ""  # why the shown tree has no token ids at all (shape_only)
+        self._holders: LockHolders | None = None  # who holds the shown tree's locks, placed once asked
+        self.failed: tuple[int, str] | None = None  # (node id, kind) of the operation that failed
+        self._failed_rows: dict[int, int] = {}  # the rows from the root to that node -> their depth
 
     # -- data -------------------------------------------------------------------------------
 
-    def set_tree(self, snapshot: Any, index: TreeIndex | None) -> None:
-        if snapshot is self.snapshot and index is self.index:
+    def set_tree(self, snapshot: Any, index: TreeIndex | None, *, failed: tuple[int, str] | None = None) -> None:
+        """Show `snapshot`; `failed`: (node id, what failed) of the operation a flight record caught,
+        whose path is marked and opened, the cursor on it."""
+        if snapshot is self.snapshot and index is self.index and failed == self.failed:
             return
         cursor_key = self._cursor_key()
         if self.snapshot is not snapshot:
             discard(self.snapshot)  # a big tree is freed on a worker thread, not here
             discard(self.index)
         self.snapshot, self.index = snapshot, index
+        self._holders = None
         self._shape_note = shape_only(snapshot)
+        newly_failed = failed is not None and failed != self.failed
+        self.failed = failed
+        self._failed_rows = self._path_to(failed[0]) if failed is not None else {}
+        if newly_failed and self._failed_rows:
+            self.expanded.update(self._key(row) for row in self._failed_rows)
+            cursor_key = self._key(max(self._failed_rows, key=lambda r: self._failed_rows[r]))
         self._flatten()
         if cursor_key is not None:
             for i, (row, _, more) in enumerate(self.rows):
@@ -193,6 +219,22 @@ class RadixTreeView(ScrollView, can_focus=True):
                     break
         self.cursor = min(self.cursor, max(0, len(self.rows) - 1))
         self.refresh()
+
+    @property
+    def holders(self) -> LockHolders:
+        if self._holders is None:
+            self._holders = LockHolders.of(self.snapshot)
+        return self._holders
+
+    def _path_to(self, node_id: int) -> dict[int, int]:
+        """The rows from the root to the node with `node_id`, each with its depth; {} if not sent."""
+        nodes = self._tree_nodes()
+        row = next((i for i, n in enumerate(nodes) if n.id == node_id), None)
+        path: list[int] = []
+        while row is not None and row > 0:
+            path.append(row)
+            row = nodes[row].parent
+        return {r: depth for depth, r in enumerate(reversed(path), 1)}
 
     def _tree_nodes(self) -> tuple:
         tree = getattr(self.snapshot, "tree", None)
@@ -321,6 +363,18 @@ class RadixTreeView(ScrollView, can_focus=True):
     def action_rank(self, step: int) -> None:
         self.post_message(self.RankRequested(step))
 
+    def action_side(self) -> None:
+        self.post_message(self.SideRequested())
+
+    def action_node(self) -> None:
+        """The node under the cursor in a screen of its own (radix_node.py)."""
+        if not self.rows or self.snapshot is None:
+            return
+        row, _, more = self.rows[self.cursor]
+        if more:
+            return
+        self.app.push_screen(NodeScreen(node_text(self, row)))
+
     def action_toggle_text(self) -> None:
         self.show_text = not self.show_text
         self._flatten()
@@ -379,8 +433,9 @@ class RadixTreeView(ScrollView, can_focus=True):
         snap = self.snapshot
         nodes = snap.tree.nodes
         indent = "  " * min(depth, 30)
+        gap = "" if self.compact else f" {'':>6} {'':>6}"
         if more:
-            text = f"{'':>7} {'':>5} {'':>6} {'':>6}  {indent}… {more:,} more children (Enter lists {CHILD_PAGE} more)"
+            text = f"{'':>7} {'':>5}{gap}  {indent}… {more:,} more children (Enter lists {CHILD_PAGE} more)"
             return Strip([Segment(text, self._style("more"))])
         node = nodes[row]
         index = self.index
@@ -392,7 +447,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             if tree.cut_nodes:
                 cut = f", {tree.cut_nodes:,}{'' if tree.cut_exact else '~'} more not sent (budget {tree.budget:,})"
             lock = self._lock_text(node, snap)
-            text = f"{tree.walked_tokens:>7,} {lock:>5} {'':>6} {'':>6}  root · {tree.walked_nodes:,} nodes{cut}"
+            text = f"{tree.walked_tokens:>7,} {lock:>5}{gap}  root · {tree.walked_nodes:,} nodes{cut}"
             return Strip([Segment(text, self._style("locked") if node.lock_ref > 0 else None)])
         idle = None
         if node.last_access is not None:
@@ -413,11 +468,19 @@ class RadixTreeView(ScrollView, can_focus=True):
         else:
             glyph = " "
         lock = self._lock_text(node, snap)
-        nums = f"{node.tokens:>7,} {lock:>5} {count(node.hit_count):>6} {age(idle):>6} {glyph}"
-        label = f"{indent}{twisty}#{node.id if node.id is not None else '?'}"
-        tail = f"{more_kids}{' evicted' if node.evicted else ''}"
+        stats = "" if self.compact else f" {count(node.hit_count):>6} {age(idle):>6}"
+        nums = f"{node.tokens:>7,} {lock:>5}{stats} {glyph}"
+        on_failed = row in self._failed_rows
+        label = f"{indent}{twisty}{'»' if on_failed else ''}#{node.id if node.id is not None else '?'}"
+        held, leaked = self._held(row, node, mark)
+        failed_here = ""
+        if on_failed and self.failed is not None and node.id == self.failed[0]:
+            failed_here = f" ◀ {self.failed[1].replace('_', ' ')} here"
+        tail = f"{more_kids}{' evicted' if node.evicted else ''}{held}{failed_here}"
         label += self._prefix(node, width - cell_len(nums) - cell_len(label) - cell_len(tail)) + tail
-        if node.lock_ref < 0:
+        if on_failed:
+            style = self._style("failed")
+        elif node.lock_ref < 0 or leaked:
             style = self._style("negative")
         elif node.lock_ref > 0:
             style = self._style("locked")
@@ -430,6 +493,28 @@ class RadixTreeView(ScrollView, can_focus=True):
         else:
             style = None
         return Strip([Segment(nums, style), Segment(label, style)])
+
+    def _held(self, row: int, node: Any, mark: int) -> tuple[str, bool]:
+        """Who holds the row's lock, where it is a request's deepest locked node: its rid and how
+        long (+N more), or that no request holds it (True: flagged), or that the holder is unknown."""
+        if node.lock_ref <= 0 or not self.locks_known:
+            return "", False
+        holders = self.holders
+        if not holders.known:
+            index = self.index
+            tip = index is not None and not any(index.marks[c] & TreeIndex.LOCKED for c in index.children[row])
+            return (" held, holder unknown", False) if tip else ("", False)
+        if row in holders.leaks:
+            n = holders.unheld_locks(self.snapshot, row)
+            what = "no request holds it" if n <= 1 or node.lock_ref <= 1 else f"{n} locks no request holds"
+            return f" ⚠ {what}", True
+        at = holders.deepest.get(row)
+        if not at:
+            return "", False
+        first = at[0]
+        more = f" +{len(at) - 1}" if len(at) > 1 else ""
+        state = "" if first.state == "running" else f" {first.state}"
+        return f" ← {_fit(printable_escaped(first.rid), 24)} {age(first.held_s)}{state}{more}", False
 
     def _prefix(self, node: Any, room: int) -> str:
         """The node's first tokens as text in quotes (its head decoded, escaped, cut to `room`
@@ -473,7 +558,11 @@ class RadixPane(Vertical):
     RadixPane > #radix-title { height: 1; background: $panel; text-style: bold; padding: 0 1; }
     RadixPane > #radix-summary { height: auto; max-height: 9; padding: 0 1; }
     RadixPane > #radix-columns { height: 1; color: $text-muted; padding: 0 1; }
-    RadixPane > RadixTreeView { height: 1fr; padding: 0 1; }
+    RadixPane > #radix-trees { height: 1fr; }
+    RadixPane RadixTreeView { height: 1fr; padding: 0 1; }
+    RadixPane #radix-side { display: none; width: 1fr; border-left: vkey $panel; }
+    RadixPane.side-by-side #radix-side { display: block; }
+    RadixPane #radix-side-title { height: 1; text-style: bold; padding: 0 1; }
     """
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
@@ -491,11 +580,66 @@ class RadixPane(Vertical):
         yield Static("Radix cache", id="radix-title")
         yield TextRows(id="radix-summary")  # row by row: each snapshot moves a row or two
         yield Static(COLUMNS, id="radix-columns")
-        yield RadixTreeView(id="radix-tree")
+        with Horizontal(id="radix-trees"):
+            yield RadixTreeView(id="radix-tree")
+            with Vertical(id="radix-side"):
+                yield Static("", id="radix-side-title")
+                yield RadixTreeView(id="radix-side-tree")
 
     @property
     def tree_view(self) -> RadixTreeView:
-        return self.query_one(RadixTreeView)
+        return self.query_one("#radix-tree", RadixTreeView)
+
+    @property
+    def side_view(self) -> RadixTreeView:
+        return self.query_one("#radix-side-tree", RadixTreeView)
+
+    @property
+    def side_by_side(self) -> bool:
+        return self.has_class("side-by-side")
+
+    def toggle_side_by_side(self) -> None:
+        """This rank and the next beside it, at the moment this one shows (or back to one tree)."""
+        self.toggle_class("side-by-side")
+        compact = self.side_by_side
+        for tree in (self.tree_view, self.side_view):
+            tree.compact = compact
+            tree.refresh()
+        self.query_one("#radix-columns", Static).update(COMPACT_COLUMNS if compact else COLUMNS)
+        if self._board is not None:
+            self.show(self._board, now=self._now, note=self._note, groups=self._groups)
+
+    def _show_side(self, board: RadixBoard, view: RankView | None) -> None:
+        """The next rank (of the same kind of view: a flight record beside a flight record) at
+        the shown moment: its newest tree at or before it."""
+        title = self.query_one("#radix-side-title", Static)
+        side = self.side_view
+        others = [v for v in board.ordered() if view is not None and v is not view
+                  and v.name.split(" ")[0] == view.name.split(" ")[0]]
+        times = view.moment_times() if view is not None else []
+        if view is None or not others or not times:
+            update_text(title, Text("no other rank to show beside this one", style="italic"))
+            side.set_tree(None, None)
+            return
+        after = [v for v in others if (v.rank or 0) > (view.rank or 0)]
+        other = (after or others)[0]
+        t = times[-1 if view.cursor is None else view.cursor]
+        if view.cursor is None:  # live beside live, a failure beside a failure
+            other_times = other.moment_times()
+            snap, index, when = other.snapshot, other.index, other_times[-1] if other_times else None
+        else:
+            snap, index, when = other.at_moment(t)
+        main = self.tree_view
+        side.set_text_source(main.decoder, main.text_note)
+        side.show_text = main.show_text
+        side.locks_known = other.locks_known
+        failed = (other.failed_node, other.failed_op) if other.failed_node is not None else None
+        side.set_tree(snap, index, failed=failed)
+        if snap is None or when is None:
+            update_text(title, Text(f"{other.label}: nothing yet at {clock(t)}", style="italic"))
+            return
+        gap = f", {age(abs(t - when))} {'before' if when < t else 'after'}" if abs(t - when) >= 0.05 else ""
+        update_text(title, Text(f"{other.label} at {clock(when)}{gap} · snapshot #{snap.seq}"))
 
     def on_resize(self) -> None:
         if self._board is not None:  # the pool bar's width is the pane's
@@ -522,15 +666,24 @@ class RadixPane(Vertical):
             self.selected = views[0].url
         view = board.ranks.get(self.selected) if self.selected else None
         update_text(self.query_one("#radix-title", Static), self._title(views, view, now))
-        summary = self._summary(board, view, now, note)
-        self._log_lines(summary)
-        self.query_one("#radix-summary", TextRows).update(summary)
         snap, index = view.shown() if view is not None else (None, None)
         locks_known = view.locks_known if view is not None else True
         if self.tree_view.locks_known != locks_known:
             self.tree_view.locks_known = locks_known
             self.tree_view.refresh()
-        self.tree_view.set_tree(snap, index)
+        failed = None
+        if view is not None and view.failed_node is not None:
+            failed = (view.failed_node, view.failed_op)
+        self.tree_view.set_tree(snap, index, failed=failed)
+        if self.side_by_side:
+            self._show_side(board, view)
+        summary = self._summary(board, view, now, note)
+        self._log_lines(summary)
+        self.query_one("#radix-summary", TextRows).update(summary)
+
+    def on_radix_tree_view_side_requested(self, event: RadixTreeView.SideRequested) -> None:
+        event.stop()
+        self.toggle_side_by_side()
 
     def on_radix_tree_view_rank_requested(self, event: RadixTreeView.RankRequested) -> None:
         event.stop()
@@ -627,6 +780,10 @@ class RadixPane(Vertical):
         out.append(head + "\n", style="dim")
         if view.name and view.source_note:  # a flight record: what made the rank write it
             out.append(_fit(view.source_note, max(40, (self.size.width or 80) - 2)) + "\n", style="bold red")
+        if view.failed_node is not None:
+            where = "marked »" if self.tree_view._failed_rows else "not among the rows sent"
+            what = view.failed_op.replace("_", " ")
+            out.append(f"the {what} was on node #{view.failed_node} ({where})\n", style="bold")
         self._pool(out, snap)
         c = snap.counters
         # A rank that is not answering: its last rates are not current, and say so.
@@ -688,6 +845,7 @@ class RadixPane(Vertical):
                 f"{last.message}"
             )
             out.append(_fit(line, width) + "\n", style="yellow")
+        self._holder_lines(out, snap, width)
         disagree = board.disagreement(self._groups)
         if disagree:
             out.append(disagree + "\n", style="bold yellow")
@@ -697,6 +855,31 @@ class RadixPane(Vertical):
             )
         out.rstrip()
         return out
+
+    def _holder_lines(self, out: Text, snap: Any, width: int) -> None:
+        """The requests holding locks, and the locks no request accounts for."""
+        holders = self.tree_view.holders
+        if not holders.known or not snap.holders and not holders.unheld:
+            return
+        nodes = snap.tree.nodes
+        if snap.holders:
+            listed = sorted(snap.holders, key=lambda h: -h.held_s)
+            text = ", ".join(
+                f"{printable_escaped(h.rid)[:24]} {age(h.held_s)} {count(h.prompt_tokens)} tok"
+                + ("" if h.state == "running" else f" {h.state}")
+                for h in listed[:4]
+            )
+            more = f" (+{len(listed) - 4})" if len(listed) > 4 else ""
+            out.append(_fit(f"locks held by {len(listed)} request{'s' if len(listed) > 1 else ''}: {text}{more}",
+                            width) + "\n")
+        if holders.leaks:
+            where = ", ".join(f"#{nodes[row].id}" for row in holders.leaks[:3])
+            out.append(_fit(f"⚠ locked with no request holding it: {where} (leaked, or the cache's own lock)",
+                            width) + "\n", style="bold red")
+        if holders.overheld:
+            where = ", ".join(f"#{nodes[row].id}" for row in holders.overheld[:3])
+            out.append(_fit(f"⚠ fewer locks than requests holding them: {where} (a lock released twice?)",
+                            width) + "\n", style="bold red")
 
     def _moment(self, out: Text, view: RankView) -> None:
         """Which moment is shown, when it is not simply the latest snapshot."""

@@ -195,3 +195,10 @@ async def test_w_puts_the_next_rank_beside_this_one_at_the_same_moment() -> None
         await pilot.pause()
         assert not pane.side_by_side and not pane.tree_view.compact
         assert not pane.query_one("#radix-side").display
+
+
+def test_the_time_scale_places_the_moments_kept_and_the_one_shown() -> None:
+    from radixtop.widgets.radix import time_scale
+
+    assert time_scale([0.0, 5.0, 10.0], 1, 11) == "▕·    ◆    ·▏"
+    assert time_scale([0.0, 1.0, 2.0, 10.0], 3, 6) == "▕··   ◆▏"  # crowded moments share a cell

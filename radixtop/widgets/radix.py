@@ -895,6 +895,9 @@ class RadixPane(Vertical):
             when = clock(times[view.cursor])
             out.append(f"as of {when}, {view.cursor + 1} of {len(times)} kept · , earlier · . later (to live)\n",
                        style="bold yellow")
+            width = max(10, min(60, (self.size.width or 80) - 24))
+            out.append(f"{clock(times[0])} {time_scale(times, view.cursor, width)} {clock(times[-1])} live\n",
+                       style="dim")
 
     def _server_alarms(self, out: Text, board: RadixBoard) -> None:
         """The alarms no rank's view carries (/metrics' figures while idle), below any view."""
@@ -945,6 +948,16 @@ class RadixPane(Vertical):
             out.append(f" {name} ", style="dim")
             out.append(count(n), style=style)
         out.append("\n")
+
+
+def time_scale(times: Sequence[float], cursor: int, width: int) -> str:
+    """The moments kept along a line of `width` cells, oldest left: · where one was, ◆ the shown."""
+    first, span = times[0], max(1e-9, times[-1] - times[0])
+    cells = [" "] * width
+    for t in times:
+        cells[min(width - 1, int((t - first) / span * (width - 1) + 0.5))] = "·"
+    cells[min(width - 1, int((times[cursor] - first) / span * (width - 1) + 0.5))] = "◆"
+    return "▕" + "".join(cells) + "▏"
 
 
 def _plugin_source(snap: Any) -> str:

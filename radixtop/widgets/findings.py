@@ -12,17 +12,16 @@ from typing import Any, ClassVar
 
 from rich.style import Style
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import OptionList, Static
+from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from radixtop.textsafe import printable_text
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.widgets.keys import EVIDENCE, EVIDENCE_CLOSE, TO_LOG, binding
+from radixtop.widgets.text_screen import TextScreen
 
 
 def _when(occurrence: Any) -> str:
@@ -205,37 +204,21 @@ def evidence_text(finding: Any, label: Callable[[str], str] = lambda s: s) -> Te
     return printable_text(out)  # log lines and file names from outside
 
 
-class EvidenceScreen(ModalScreen[None]):
+class EvidenceScreen(TextScreen):
     """A finding's signature, first checks and the context kept around its first occurrence."""
 
-    DEFAULT_CSS = """
-    EvidenceScreen { align: center middle; }
-    EvidenceScreen > VerticalScroll {
-        width: 95%; height: 90%;
-        border: round $primary; background: $surface; padding: 0 1;
-    }
-    """
-    BINDINGS: ClassVar[list[BindingType]] = [
-        binding(EVIDENCE_CLOSE),
-    ]
+    TEXT_ID = "evidence"
+    TITLE_TEXT = "Finding"
+    BINDINGS: ClassVar[list[BindingType]] = [binding(EVIDENCE_CLOSE)]
 
     def __init__(self, finding: Any, label: Callable[[str], str] = lambda s: s) -> None:
-        super().__init__()
+        super().__init__(evidence_text(finding, label))
         self.finding = finding
-        self._label = label
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(evidence_text(self.finding, self._label), id="evidence")
 
     def on_mount(self) -> None:
+        super().on_mount()
         scroller = self.query_one(VerticalScroll)
-        scroller.border_title = "Finding (Esc closes)"
-        scroller.focus()
         # Start at the first occurrence, not at the top of a hundred lines of context.
         self.call_after_refresh(
             lambda: scroller.scroll_to(y=max(0, len(self.finding.context_before) - 3 + 12), animate=False)
         )
-
-    async def action_dismiss(self, result: None = None) -> None:
-        self.dismiss(result)

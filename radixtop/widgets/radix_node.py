@@ -7,15 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
-from textual.widgets import Static
 
 from radixtop.textsafe import printable_escaped, printable_text
 from radixtop.widgets.fmt import age, count
 from radixtop.widgets.keys import NODE_CLOSE, binding
+from radixtop.widgets.text_screen import TextScreen
 
 if TYPE_CHECKING:
     from radixtop.widgets.radix import RadixTreeView
@@ -99,28 +96,7 @@ def _holders(out: Text, tree: RadixTreeView, row: int) -> None:
         out.append(f"{holders.unplaced} holder(s) on nodes not among the rows sent\n", style="dim")
 
 
-class NodeScreen(ModalScreen[None]):
-    DEFAULT_CSS = """
-    NodeScreen { align: center middle; }
-    NodeScreen > VerticalScroll {
-        width: 95%; height: 90%;
-        border: round $primary; background: $surface; padding: 0 1;
-    }
-    """
+class NodeScreen(TextScreen):
+    TEXT_ID = "node-details"
+    TITLE_TEXT = "Node"
     BINDINGS: ClassVar[list[BindingType]] = [binding(NODE_CLOSE)]
-
-    def __init__(self, text: Text) -> None:
-        super().__init__()
-        self.text = text
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(self.text, id="node-details")
-
-    def on_mount(self) -> None:
-        scroller = self.query_one(VerticalScroll)
-        scroller.border_title = "Node (Esc closes)"
-        scroller.focus()
-
-    async def action_dismiss(self, result: None = None) -> None:
-        self.dismiss(result)

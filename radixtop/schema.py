@@ -398,7 +398,9 @@ class Holder(NamedTuple):
     node on the path above it, so a node's holders are those whose node is it or below it."""
 
     rid: str
-    node: int | None  # the id of the deepest node the lock holds; None where it is not in the walk
+    # The id of the deepest node the lock holds, as the snapshot's rows name nodes (it may be cut
+    # from the rows sent, as any node); None where the instrument cannot name it.
+    node: int | None
     held_s: float  # seconds since the instrument first saw this lock (a lower bound)
     prompt_tokens: int
     state: str  # HOLDER_STATES
@@ -781,7 +783,9 @@ class Trigger:
     kind: str  # evict_failure, lock_failure, unlock_failure or scheduler_exception
     message: str  # the exception's first line
     time: float  # wall clock
-    node: int | None = None  # the id of the node the failing lock or unlock was on, where known
+    # The node the failing lock or unlock was on, as the record's rows name nodes, where known (a
+    # scheduler exception's: where the host names one, as the simulator's faults do).
+    node: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "time": self.time, "node": self.node}

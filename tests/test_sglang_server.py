@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -24,6 +25,7 @@ from sglang_gate import why_no_server
 from tmux_helpers import Tmux
 
 from radixtop.probes.sglang import IDLE_AFTER_S
+from radixtop.schema import Snapshot
 
 _WHY = why_no_server()
 pytestmark = [
@@ -252,38 +254,107 @@ def test_a_bundle_of_the_live_server_holds_its_info_and_tree_and_asks_nothing_th
     assert batches(live) == before
 
 
-def test_the_radix_pane_reads_the_python_core_with_its_token_ids(tmp_path: Path) -> None:
-    server = start_server(tmp_path, core="python", name="python-core")
+@pytest.fixture(scope="module")
+def python_core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    server = start_server(tmp_path_factory.mktemp("python-core"), core="python", name="python-core")
     try:
-        shared_prefix_traffic(server, 4)
-        from radixtop.probes.radix import RadixProbe
-
-        async def read() -> object:
-            """Polls as the pane does: the endpoint answers with its latest snapshot and takes a
-            fresh one because a reader asked, so the first answer can predate the traffic."""
-            probe = RadixProbe(f"http://127.0.0.1:{_instrument_port(server)}")
-            try:
-                for _ in range(30):  # bounded: 15 s
-                    sample = await probe.poll()
-                    tree = getattr(getattr(sample, "snapshot", None), "tree", None)
-                    if tree is not None and len(tree.nodes) > 1:
-                        break
-                    await asyncio.sleep(0.5)
-                return sample
-            finally:
-                await probe.aclose()
-
-        import asyncio
-
-        sample = asyncio.run(read())
-        snap = getattr(sample, "snapshot", None)
-        assert snap is not None and snap.tree is not None, sample
-        assert snap.cache_class == "UnifiedRadixCache" and snap.page_size == 16
-        heads = [tuple(row.head) for row in snap.tree.nodes]
-        # The shared prefix's node starts with the prefix's own ids (the Python core's tree carries them).
-        assert any(h and h == tuple(SHARED[: len(h)]) for h in heads), heads
+        yield server
     finally:
         server.stop()
+
+
+HELD = list(range(1000, 1100))  # a prompt of 100 ids: six pages of 16 in the tree while it runs
+
+
+def _snapshot(port: int) -> Snapshot:
+    return Snapshot.from_dict(httpx.get(f"http://127.0.0.1:{port}/radixtop/v1/snapshot", timeout=10).json())
+
+
+def held_while_generating(server: RealServer, rid: str) -> tuple[Snapshot, Snapshot]:
+    """A long generation of HELD with our own rid: (a snapshot taken while it ran that has it among
+    the lock holders, None if none had; one taken once it finished and holders were ())."""
+    port = _instrument_port(server)
+    during = None
+    sampling = {"max_new_tokens": 300, "temperature": 0.0, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(server.generate, HELD, rid=rid, sampling_params=sampling)
+        while not done.done() and during is None:
+            snap = _snapshot(port)
+            if any(h.rid == rid for h in snap.holders or ()):
+                during = snap
+            time.sleep(0.2)
+        assert done.result()["meta_info"]["completion_tokens"] == 300
+    deadline = time.monotonic() + 30
+    after = _snapshot(port)
+    while after.holders != () and time.monotonic() < deadline:
+        time.sleep(0.3)
+        after = _snapshot(port)
+    assert during is not None, "no snapshot showed the running request among the lock holders"
+    return during, after
+
+
+def assert_holds_its_path(snap: Snapshot, rid: str) -> None:
+    """The holder's node is a row; every row from the root to it is locked and starts with the
+    prompt's ids at its position (the Rust core's rows carry them only because a request holds them)."""
+    (holder,) = [h for h in snap.holders or () if h.rid == rid]
+    assert holder.state == "running" and holder.prompt_tokens == len(HELD) and holder.held_s >= 0, holder
+    assert snap.tree is not None
+    rows = snap.tree.nodes
+    index = next(i for i, row in enumerate(rows) if row.id == holder.node and i > 0)
+    path = []
+    while index > 0:
+        path.append(rows[index])
+        index = rows[index].parent
+    position = 0
+    for row in reversed(path):
+        assert row.lock_ref > 0, (row, rows)
+        assert row.head == tuple(HELD[position : position + min(row.tokens, 32)]), (position, row)
+        position += row.tokens
+    assert position == len(HELD) // 16 * 16, path  # the prompt's whole pages, locked while it runs
+
+
+def test_the_rust_cores_snapshot_names_a_running_requests_lock_and_its_prompt(live: RealServer) -> None:
+    during, after = held_while_generating(live, "radixtop-held-rust")
+    assert during.lock_detail == "locked-only" and during.cache_class == "UnifiedRadixCache"
+    assert_holds_its_path(during, "radixtop-held-rust")
+    assert after.holders == ()
+
+
+def test_the_python_cores_snapshot_names_a_running_requests_lock(python_core: RealServer) -> None:
+    during, after = held_while_generating(python_core, "radixtop-held-python")
+    assert during.lock_detail == "counts"
+    assert_holds_its_path(during, "radixtop-held-python")
+    assert after.holders == ()
+
+
+def test_the_radix_pane_reads_the_python_core_with_its_token_ids(python_core: RealServer) -> None:
+    shared_prefix_traffic(python_core, 4)
+    from radixtop.probes.radix import RadixProbe
+
+    async def read() -> object:
+        """Polls as the pane does: the endpoint answers with its latest snapshot and takes a
+        fresh one because a reader asked, so the first answer can predate the traffic."""
+        probe = RadixProbe(f"http://127.0.0.1:{_instrument_port(python_core)}")
+        try:
+            for _ in range(30):  # bounded: 15 s
+                sample = await probe.poll()
+                tree = getattr(getattr(sample, "snapshot", None), "tree", None)
+                if tree is not None and len(tree.nodes) > 1:
+                    break
+                await asyncio.sleep(0.5)
+            return sample
+        finally:
+            await probe.aclose()
+
+    import asyncio
+
+    sample = asyncio.run(read())
+    snap = getattr(sample, "snapshot", None)
+    assert snap is not None and snap.tree is not None, sample
+    assert snap.cache_class == "UnifiedRadixCache" and snap.page_size == 16
+    heads = [tuple(row.head) for row in snap.tree.nodes]
+    # The shared prefix's node starts with the prefix's own ids (the Python core's tree carries them).
+    assert any(h and h == tuple(SHARED[: len(h)]) for h in heads), heads
 
 
 def test_the_servers_own_kv_events_feed_the_radix_pane_without_the_instrument(tmp_path: Path) -> None:

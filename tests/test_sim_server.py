@@ -565,6 +565,9 @@ def test_lock_race_under_pressure_dies_like_sglang(tmp_path: Path) -> None:
         "RadixCacheError: Failed to lock memory page during dynamic prefix eviction"
     )
     assert record.snapshot.walkable and record.snapshot.census.complete and record.snapshot.counters.lock_ops > 0
+    # Its trigger names the node the warning said the eviction contended with.
+    contended = re.search(r"contended with a page lock on node (\d+)", log)
+    assert contended and record.triggers[0].node == int(contended.group(1))
 
 
 def test_log_level_warning_drops_info_lines_of_the_http_server(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from radixtop.instrument.flight import FlightRecorder
+from radixtop.instrument.holders import HolderTracker
 from radixtop.instrument.hooks import CacheHooks, EventRing
 from radixtop.instrument.snapshot import Capture, SnapshotConfig, TreeSnapshotter
 from radixtop.schema import (
@@ -340,6 +341,7 @@ class InstrumentEndpoint:
             f"all {max(1, max_connections)} connection slots busy; a client was answered 503", notice_every_s
         )
         self._snapshotter = TreeSnapshotter(self.config, activity=self._hook_activity if hooks is not None else None)
+        self.holders = HolderTracker()  # the scheduler's lock holders, observed at every safe point
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._running = False
@@ -447,13 +449,18 @@ class InstrumentEndpoint:
         assert hooks is not None
         return hooks.lock_ops, hooks.unlock_ops, hooks.evict_calls
 
-    def safe_point(self, cache: Any) -> bool:
+    def safe_point(self, cache: Any, scheduler: Any = None) -> bool:
         """Call once per scheduler iteration, on the scheduler thread, where the tree is consistent.
-        Takes a snapshot when the rate limit allows; True when it did. Never raises."""
+        `scheduler`: the host's scheduler, whose requests' locks are read every time (holders.py);
+        without it a snapshot's holders are unknown. Takes a snapshot when the rate limit allows;
+        True when it did. Never raises."""
         try:
             self._safe_points += 1
             now = time.monotonic()
-            if not self._running or (now < self._next_at and now < self._census_next_at):
+            if not self._running:
+                return False
+            self.holders.observe(scheduler, now)
+            if now < self._next_at and now < self._census_next_at:
                 return False
             fresh = False
             if now >= self._census_next_at:
@@ -490,6 +497,7 @@ class InstrumentEndpoint:
                 hooks_state=hooks.state if hooks is not None else "off",
                 events_seq=self.events.latest_seq,
                 census_fresh=census_fresh,
+                holders=self.holders.latest,
             )
         finally:
             # Whatever happened, the next try waits: a broken cache must not cost every iteration.
@@ -844,17 +852,19 @@ class Instrumentation:
     def start(self) -> bool:
         return self.endpoint.start()
 
-    def safe_point(self) -> bool:
-        return self.endpoint.safe_point(self.cache)
+    def safe_point(self, scheduler: Any = None) -> bool:
+        """`scheduler`: where the requests holding locks are read (see InstrumentEndpoint.safe_point)."""
+        return self.endpoint.safe_point(self.cache, scheduler)
 
     def follow(self, cache: Any) -> None:
         """The host replaced its cache: count, snapshot and record the new one."""
         self.hooks.install(cache)
         self.cache = self.recorder.cache = cache
 
-    def flight_record(self, kind: str, message: str) -> bool:
-        """The host's exception handler ran (kind "scheduler_exception"): record this rank now."""
-        return self.recorder.record(kind, message)
+    def flight_record(self, kind: str, message: str, node: int | None = None) -> bool:
+        """The host's exception handler ran (kind "scheduler_exception"): record this rank now.
+        `node`: the node the failure concerns, as the cache's API names it, where the host knows it."""
+        return self.recorder.record(kind, message, node)
 
     def close(self) -> None:
         self.endpoint.stop()

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter
+from radixtop.instrument.snapshot import SnapshotConfig, TreeSnapshotter, rust_core
 from radixtop.schema import SCHEMA_VERSION, FlightRecord, Trigger, encode_json
 
 log = logging.getLogger("radixtop.instrument")
@@ -77,28 +77,42 @@ class FlightRecorder:
         self.last_error = ""  # why the latest write failed, one line
         self.path: Path | None = None  # the file once written
 
-    def record(self, kind: str, message: str) -> bool:
+    def record(self, kind: str, message: str, node: int | None = None) -> bool:
         """Write the record now (on the calling thread: the failing one). True when written.
-        Never raises."""
+        `node`: the failing operation's node as the cache's API names it (a node's id, a NodeId);
+        the trigger names it as the record's rows do (on the Rust core: the chain holding its
+        path's last slot, known only when the record is written). Never raises."""
         try:
-            if len(self.triggers) < MAX_TRIGGERS:
+            kept = len(self.triggers) < MAX_TRIGGERS
+            if kept:
                 self.triggers.append(Trigger(kind, message.splitlines()[0][:500] if message else "", time.time()))
             if self.writes >= MAX_WRITES:
+                if kept and rust_core(self.cache) is None:
+                    self._name_last(node if type(node) is int else None)
                 return False
             self.writes += 1
-            return self._write(self._build())
+            record, named = self._build(node)
+            if kept:
+                self._name_last(named)
+                record = dataclasses.replace(record, triggers=tuple(self.triggers))
+            return self._write(record)
         except Exception as exc:  # noqa: BLE001 - the host must never see our failure
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("radixtop flight recorder (rank %d): %s", self.rank, self.last_error)
             return False
 
-    def _build(self) -> FlightRecord:
+    def _name_last(self, node: int | None) -> None:
+        self.triggers[-1] = dataclasses.replace(self.triggers[-1], node=node)
+
+    def _build(self, node: int | None) -> tuple[FlightRecord, int | None]:
+        """The record, and `node` as its rows name it (None: unknown)."""
         hooks = self.hooks
-        snapshot = TreeSnapshotter(RECORD_CONFIG).take(
+        snapshot, marks = TreeSnapshotter(RECORD_CONFIG).take_marked(
             self.cache, force_census=True, rank=self.rank, instance=self.instance,
             counters=hooks.counters() if hooks is not None else None,
             hooks_state=hooks.state if hooks is not None else "off",
             events_seq=hooks.events.latest_seq if hooks is not None else 0,
+            marks=(node,) if type(node) is int else (),
         )
         events: tuple[Any, ...] = ()
         dropped = 0
@@ -114,7 +128,7 @@ class FlightRecorder:
         return FlightRecord(
             SCHEMA_VERSION, self.rank, os.getpid(), os.getppid(), time.time(), tuple(self.triggers), snapshot,
             tuple(events), dropped, before,
-        )
+        ), marks[0] if marks else None
 
     def _write(self, record: FlightRecord) -> bool:
         data = encode_json(record.to_dict())

@@ -170,8 +170,10 @@ class CacheHooks:
         self.evict_failures = 0
         self.instrument_errors = 0
         self.disabled_reason = ""
-        # Called as on_host_failure(kind, message) after the cache raised (flight.py records it).
-        self.on_host_failure: Callable[[str, str], Any] | None = None
+        # Called as on_host_failure(kind, message, node) after the cache raised (flight.py records
+        # it); node: the failing lock or unlock's node as the cache's API names it (a TreeNode's
+        # id, a NodeId), None for evict or where it is not a plain int.
+        self.on_host_failure: Callable[[str, str, int | None], Any] | None = None
         self._disabled = False
         self._external = False  # AROUND hooks handed to someone else's registry
         self._walk_paths = True  # off once nodes turn out not to be TreeNodes (e.g. NodeIds)
@@ -292,7 +294,8 @@ class CacheHooks:
                 message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500],
             )
             if self.on_host_failure is not None:
-                self.on_host_failure(kind, f"{type(exc).__name__}: {exc}")
+                named = node if type(node) is int else _node_id(node)  # a NodeId, or a TreeNode's id
+                self.on_host_failure(kind, f"{type(exc).__name__}: {exc}", named)
         except Exception as own:
             self._own_error(kind, own)
 

@@ -221,7 +221,7 @@ class SafePoints:
             cache = scheduler.tree_cache
             if cache is not slot.cache:
                 self._cache_replaced(slot, cache)
-            inst.endpoint.safe_point(cache)
+            inst.endpoint.safe_point(cache, scheduler)
         except Exception as exc:
             self._failed(exc)
 

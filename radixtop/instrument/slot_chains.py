@@ -10,6 +10,15 @@ show: a node whose only child was split off and later evicted reads as one node 
 per-node lock_ref counts, hit counts, last access and token ids are unknown (the snapshot says
 `lock_detail="locked-only"`: lock_ref 1 means locked, by some count).
 
+The token ids of the paths requests hold locked are known from the requests themselves: build()
+takes each holder's locked path (the device slots `path_device_indices` gives for its lock's node,
+read at the safe point) and the request's ids, names the holder's node (the chain holding the
+path's last slot) and fills the head of every chain on that path with the ids at its positions
+(the walk's positions index the request's prompt, then its output). Heads stay empty for chains
+no holder's path runs through, and a head stops where the request's ids end or are not plain ints;
+where a tree's key is not the request's ids position for position (EAGLE's bigram keys), the ids
+shown are the request's, not the key's.
+
 read_walk() runs on the scheduler thread (the core's own walks); build() runs on the endpoint's
 thread. Standard library only (the rows are torch tensors: read with `.tolist()`).
 """
@@ -18,12 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixtop.schema import Branch, Census, TreeView, heaviest_first
 
-__all__ = ["MAX_WALK_SLOTS", "SlotWalk", "build", "read_walk", "walkable"]
+__all__ = ["MAX_WALK_SLOTS", "HeldPath", "SlotWalk", "build", "read_walk", "walkable"]
 
 # The walks are one pause of the scheduler, about 15 ms per 100k slots on a 2-core machine
 # (benchmarks/rust_walk_bench.py): past this a snapshot is sizes only rather than a long stall.
@@ -63,8 +73,37 @@ class _Chain:
     position: int  # of its first slot
 
 
-def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]], int]:
-    """The chains in parent-before-child order, each chain's children, and the slot count."""
+class HeldPath(NamedTuple):
+    """A path a request holds locked: its last device slot (None: unknown) and the request's token
+    id at a position (None where it has none)."""
+
+    last_slot: int | None
+    token_at: Callable[[int], int | None] | None
+
+
+@dataclass(frozen=True)
+class _Rebuilt:
+    chains: list[_Chain]
+    children: list[list[int]]
+    slots: int
+    prev: dict[int, int]  # slot -> the slot before it
+    position: dict[int, int]  # slot -> its position in its sequence
+    chain_of_first: dict[int, int]  # a chain's first slot -> its index
+
+    def chain_of(self, slot: int | None) -> int | None:
+        """The index of the chain holding `slot`, None when the walk does not have it."""
+        if slot is None or slot not in self.position:
+            return None
+        for _ in range(len(self.position)):
+            index = self.chain_of_first.get(slot)
+            if index is not None:
+                return index
+            slot = self.prev[slot]
+        return None
+
+
+def _chains(walk: SlotWalk) -> _Rebuilt:
+    """The chains in parent-before-child order, each chain's children, and the slot maps."""
     slots = _plain(walk.slots)
     position = dict(zip(slots, _plain(walk.positions), strict=True))
     prev = dict(zip(slots, _plain(walk.prevs), strict=True))
@@ -98,13 +137,47 @@ def _chains(walk: SlotWalk) -> tuple[list[_Chain], list[list[int]], int]:
         if parent >= 0:
             children[parent].append(index)
         chain_of_last[last] = index
-    return chains, children, len(slots)
+    return _Rebuilt(chains, children, len(slots), prev, position, {c.first: i for i, c in enumerate(chains)})
 
 
-def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census]:
-    """The tree view (heaviest subtrees first within `budget` nodes) and the census of all chains."""
+def _heads(
+    rebuilt: _Rebuilt, held: Sequence[HeldPath], ends: Sequence[int | None], head_n: int
+) -> dict[int, tuple[int, ...]]:
+    """Each chain on a held path: its first `head_n` token ids, from the request holding it (the
+    longest any holder gives: a chain the path ends inside of is known only up to the path's end)."""
+    heads: dict[int, tuple[int, ...]] = {}
+    chains = rebuilt.chains
+    for path, end in zip(held, ends, strict=True):
+        if end is None or path.token_at is None or path.last_slot is None:
+            continue
+        last_position = rebuilt.position[path.last_slot]
+        index = end
+        while index >= 0:
+            chain = chains[index]
+            stop = min(chain.position + min(chain.tokens, head_n), last_position + 1)
+            head = []
+            for p in range(chain.position, stop):
+                token = path.token_at(p)
+                if token is None:
+                    break
+                head.append(token)
+            if len(head) > len(heads.get(index, ())):
+                heads[index] = tuple(head)
+            index = chain.parent
+    return heads
+
+
+def build(
+    walk: SlotWalk, budget: int, held: Sequence[HeldPath] = (), head_n: int = 0
+) -> tuple[TreeView, Census, tuple[int | None, ...]]:
+    """The tree view (heaviest subtrees first within `budget` nodes), the census of all chains,
+    and for each held path the id of the chain holding its last slot (None: not in the walk),
+    with the heads of the chains on held paths filled in (`head_n` ids at most)."""
     started = time.monotonic()
-    chains, children, total = _chains(walk)
+    rebuilt = _chains(walk)
+    chains, children, total = rebuilt.chains, rebuilt.children, rebuilt.slots
+    ends = [rebuilt.chain_of(path.last_slot) for path in held]
+    heads = _heads(rebuilt, held, ends, head_n) if head_n else {}
     subtree = [c.tokens for c in chains]
     for i in range(len(chains) - 1, -1, -1):  # children come after their parents
         parent = chains[i].parent
@@ -113,7 +186,9 @@ def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census]:
     branches = [
         Branch(c.first, c.tokens, 1 if c.locked else 0, subtree[i], tuple(children[i])) for i, c in enumerate(chains)
     ]
-    tree = heaviest_first(branches, [i for i, c in enumerate(chains) if c.parent < 0], budget)
+    tree = heaviest_first(
+        branches, [i for i, c in enumerate(chains) if c.parent < 0], budget, lambda i: heads.get(i, ())
+    )
     locked_nodes = sum(1 for c in chains if c.locked)
     shape = hashlib.blake2b(digest_size=8)
     for c in sorted(chains, key=lambda c: (c.position, c.tokens, c.locked)):
@@ -123,4 +198,4 @@ def build(walk: SlotWalk, budget: int) -> tuple[TreeView, Census]:
         lock_ref_histogram={k: v for k, v in ((0, len(chains) - locked_nodes), (1, locked_nodes)) if v},
         digest=shape.hexdigest(), age_s=0.0, seconds=time.monotonic() - started, slices=1, span_s=0.0,
     )
-    return tree, census
+    return tree, census, tuple(None if end is None else chains[end].first for end in ends)

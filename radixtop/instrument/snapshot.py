@@ -31,10 +31,11 @@ import heapq
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixtop.instrument import holders as holders_mod
 from radixtop.instrument import slot_chains
 from radixtop.schema import (
     MAX_HEAD_TOKENS,
@@ -42,6 +43,7 @@ from radixtop.schema import (
     SCHEMA_VERSION,
     Census,
     Counters,
+    Holder,
     NodeRow,
     Snapshot,
     TreeView,
@@ -580,13 +582,19 @@ class Capture:
     cut_tokens: int | None
     cut_exact: bool
     slot_walk: slot_chains.SlotWalk | None = None  # the Rust TreeCore's walk, rebuilt in build()
+    holders: tuple[holders_mod.RawHolder, ...] | None = None  # None: unknown
+    marks: tuple[Any, ...] = ()  # node ids, or on the Rust core locked paths' slots
+    head_tokens: int = 0  # the Rust core: ids of a held path's chains sent per row
 
     def build(self) -> Snapshot:
+        return self.build_marked()[0]
+
+    def build_marked(self) -> tuple[Snapshot, tuple[int | None, ...]]:
+        """The Snapshot, and each mark's node as the rows name it (None: unknown)."""
         if self.slot_walk is not None:
-            walked, census = slot_chains.build(self.slot_walk, self.budget)
-            return replace(
-                self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE
-            )._snapshot(walked, "locked-only")
+            return self._build_rebuilt(self.slot_walk)
+        marks = tuple(m if type(m) is int else None for m in self.marks)
+        holders = None if self.holders is None else holders_mod.named(self.holders)
         tree = None
         if self.rows is not None:
             tree = TreeView(
@@ -598,9 +606,20 @@ class Capture:
                 cut_exact=self.cut_exact,
                 nodes=tuple(map(_clean_row, self.rows)),
             )
-        return self._snapshot(tree, "counts")
+        return self._snapshot(tree, "counts", holders), marks
 
-    def _snapshot(self, tree: TreeView | None, lock_detail: str) -> Snapshot:
+    def _build_rebuilt(self, walk: slot_chains.SlotWalk) -> tuple[Snapshot, tuple[int | None, ...]]:
+        """The Rust core: the tree rebuilt from the walk, the holders' paths named and their heads
+        filled from the requests' ids (slot_chains.build)."""
+        raw = self.holders or ()
+        held = [slot_chains.HeldPath(holders_mod.last_slot(h.node), _ids_reader(h.ids)) for h in raw]
+        held += [slot_chains.HeldPath(holders_mod.last_slot(m), None) for m in self.marks]
+        walked, census, ends = slot_chains.build(walk, self.budget, held, self.head_tokens)
+        holders = None if self.holders is None else holders_mod.named(raw, ends[: len(raw)])
+        rebuilt = replace(self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE)
+        return rebuilt._snapshot(walked, "locked-only", holders), ends[len(raw) :]
+
+    def _snapshot(self, tree: TreeView | None, lock_detail: str, holders: tuple[Holder, ...] | None) -> Snapshot:
         s = self.sizes
         return Snapshot(
             schema_version=SCHEMA_VERSION,
@@ -624,7 +643,35 @@ class Capture:
             census=self.census,
             tree=tree,
             lock_detail=lock_detail,
+            holders=holders,
         )
+
+
+def _no_path(_node: Any) -> None:
+    return None
+
+
+def _path_reader(cache: Any) -> Callable[[Any], Any]:
+    """The cache's path_device_indices (a node's device slots, root to it), where it has one."""
+    path_of = getattr(cache, "path_device_indices", None)
+    return path_of if callable(path_of) else _no_path
+
+
+def _mark(node: Any, path_of: Callable[[Any], Any] | None) -> Any:
+    """A node named by the cache's API, as the capture keeps it: its path's slots on the Rust core
+    (read now, on the calling thread), else its id."""
+    if path_of is None:
+        return node
+    try:
+        return path_of(node) if type(node) is int else None
+    except Exception:  # a node the core does not have
+        return None
+
+
+def _ids_reader(ids: tuple[Any, Any] | None) -> Callable[[int], int | None] | None:
+    if ids is None:
+        return None
+    return lambda position: holders_mod.token_at(ids, position)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -725,6 +772,12 @@ class TreeSnapshotter:
         Runs a census slice first when census_duty allows (force_census: a whole census), then
         capture(cache, **capture_args) (rank, instance, seq, counters, hooks_state, events_seq)
         and builds it, all on this thread."""
+        return self.take_marked(cache, force_census=force_census, **capture_args)[0]
+
+    def take_marked(
+        self, cache: Any, *, force_census: bool = False, **capture_args: Any
+    ) -> tuple[Snapshot, tuple[int | None, ...]]:
+        """take(), and capture_args' `marks` as the snapshot's rows name them (Capture.build_marked)."""
         cfg = self.config
         now = time.monotonic()
         self.last_census_seconds = 0.0
@@ -734,7 +787,7 @@ class TreeSnapshotter:
             cost = self.last_census_seconds = self.census_step(cache)
             self._next_census_at = now + cost / cfg.census_duty
         fresh, self.fresh = self.fresh, False
-        return self.capture(cache, census_fresh=fresh, **capture_args).build()
+        return self.capture(cache, census_fresh=fresh, **capture_args).build_marked()
 
     def capture(
         self,
@@ -747,10 +800,14 @@ class TreeSnapshotter:
         hooks_state: str = "off",
         events_seq: int = 0,
         census_fresh: bool = False,
+        holders: Sequence[holders_mod.Seen] | None = None,
+        marks: Sequence[Any] = (),
     ) -> Capture:
         """The scheduler-thread part of a snapshot: sizes, the detail walk's raw rows, the census
-        figures. `census_fresh`: the tree has not moved since census_step() set `fresh` (the same
-        safe point), so the cut can be counted exactly. Never raises for a strange cache."""
+        figures, the lock holders (HolderTracker.latest; None: unknown). `census_fresh`: the tree
+        has not moved since census_step() set `fresh` (the same safe point), so the cut can be
+        counted exactly. `marks`: nodes as the cache's API names them (a NodeId, a node's id),
+        which Capture.build_marked() names as the rows do. Never raises for a strange cache."""
         started = time.thread_time()
         sizes = read_sizes(cache)
         root, reason = find_root(cache)
@@ -758,6 +815,7 @@ class TreeSnapshotter:
         walk: _Walk | None = None
         cut: tuple[int | None, int | None, bool] = (None, None, False)
         slot_walk = None
+        path_of: Callable[[Any], Any] | None = None  # how a node is named: None, by its id
         if root is not None:
             try:
                 self._check_root(root)
@@ -766,6 +824,7 @@ class TreeSnapshotter:
                 reason = f"walking the tree failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
                 census, walk, root = None, None, None
         elif (core := rust_core(cache)) is not None:
+            path_of = _no_path  # no walk: the Rust core's nodes cannot be named
             held = (sizes.evictable_tokens or 0) + (sizes.protected_tokens or 0)
             if held > slot_chains.MAX_WALK_SLOTS:
                 reason = (f"the Rust TreeCore holds {held:,} slots: its walk would pause the scheduler for "
@@ -773,14 +832,18 @@ class TreeSnapshotter:
             else:
                 try:
                     slot_walk = slot_chains.read_walk(core)
+                    path_of = _path_reader(cache)
                 except Exception as exc:  # a core that panicked, say: sizes only, and why
                     reason = f"the Rust TreeCore's walk failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
+        now = time.monotonic()
+        raw = None if holders is None else holders_mod.raw_holders(holders, now, path_of)
+        marked = tuple(_mark(m, path_of) for m in marks)
         return Capture(
             rank=rank,
             instance=instance,
             seq=seq,
             time=time.time(),
-            monotonic=time.monotonic(),
+            monotonic=now,
             seconds=time.thread_time() - started,
             cache_class=type(cache).__name__[:200],
             walkable=root is not None,
@@ -791,12 +854,15 @@ class TreeSnapshotter:
             events_seq=events_seq,
             census=census,
             budget=self.config.max_nodes,
+            head_tokens=self.config.head_tokens,
             rows=tuple(walk.rows) if walk is not None else None,
             walked_tokens=walk.walked_tokens if walk is not None else 0,
             cut_nodes=cut[0],
             cut_tokens=cut[1],
             cut_exact=cut[2],
             slot_walk=slot_walk,
+            holders=raw,
+            marks=marked,
         )
 
     def _walk(

@@ -436,18 +436,23 @@ class SimServer:
                 url = inst.endpoint.url
                 if url is not None:  # a started endpoint has its port
                     urls.append(url)
-        safe_points = [inst.safe_point for inst in self.instruments]
+        engine = self.engine
+        # Each rank's requests as its scheduler names them: the holders of its cache's locks.
+        safe_points = [(inst.safe_point, engine.rank_requests(rank))
+                       for inst, rank in zip(self.instruments, sorted(engine.caches))]
 
         def safe_point(*_: Any) -> None:
-            for call in safe_points:
-                call()
+            for call, requests in safe_points:
+                call(requests)
 
         self.engine.on_safe_point.append(safe_point)
-        instruments = list(self.instruments)
+        instruments = list(zip(self.instruments, sorted(engine.caches)))
 
         def record_flight(reason: str) -> None:  # every rank lives in this process: all are recorded
-            for inst in instruments:
-                inst.flight_record("scheduler_exception", f"Scheduler hit an exception: {reason}")
+            for inst, rank in instruments:
+                inst.flight_record(
+                    "scheduler_exception", f"Scheduler hit an exception: {reason}", engine.dead_nodes.get(rank)
+                )
 
         self.engine.on_death.append(record_flight)
         return urls

@@ -216,6 +216,33 @@ class _ReqView:
         return self.req.rid
 
 
+class _Batch:
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs: list[_ReqView]) -> None:
+        self.reqs = reqs
+
+
+class RankRequests:
+    """One rank's requests under the names SGLang's scheduler keeps them by (`running_batch.reqs`,
+    `waiting_queue`, `chunked_req`), each as that rank's cache sees it (its own `lock`): what the
+    instrument's holder reader looks at (radixtop.instrument.holders). No chunked prefill here."""
+
+    chunked_req = None
+
+    def __init__(self, sched: _Scheduler, tp_rank: int) -> None:
+        self._sched = sched
+        self._tp_rank = tp_rank
+
+    @property
+    def running_batch(self) -> _Batch:
+        return _Batch([req.views[self._tp_rank] for req in self._sched.running])
+
+    @property
+    def waiting_queue(self) -> list[_ReqView]:
+        return [req.views[self._tp_rank] for req in self._sched.waiting]
+
+
 class _Req:
     def __init__(
         self,
@@ -311,6 +338,10 @@ class _Scheduler:
         self.num_retracted_reqs = 0
         self.cached_tokens_total = 0
         self.prompt_tokens_total = 0
+        # The node the latest fault that fired concerns (the lock race's contended node, the last
+        # node a double unlock drove below zero): the same id on every rank of the group, whose
+        # trees are replicas.
+        self.fault_node: int | None = None
 
     # ----- accounting (rank 0 speaks for the group: ranks are identical) -----
 
@@ -356,7 +387,7 @@ class _Scheduler:
             rank = race.consider(usage, engine.iteration, self.cfg.tp_size)
             if rank is not None:
                 engine._lock_race_dp = self.dp_rank
-                node = self._contended_node(rank)
+                node = self.fault_node = self._contended_node(rank)
                 self.log_rank(
                     rank,
                     f"WARNING: radix cache eviction contended with a page lock on node {node} "
@@ -680,6 +711,8 @@ class _Scheduler:
             for info, view in zip(self.ranks, req.views):
                 if view.last_node is not None:  # always set: a finishing request was admitted
                     info.cache.dec_lock_ref(view.last_node)
+                    if view.last_node.lock_ref < 0:  # unlocked once too often: what the fault breaks
+                        self.fault_node = view.last_node.id
         engine._resolve(req, reason)
 
     # ----- idle -----
@@ -802,6 +835,8 @@ class Engine:
         self._stop_requested = False
         self._lock_race_dp = 0
         self._stepping: _Scheduler | None = None  # the group being stepped, named if it raises
+        # Rank -> the node its death concerns, where a fault names one (set before on_death runs).
+        self.dead_nodes: dict[int, int] = {}
 
     # ----- public surface -----
 
@@ -816,6 +851,11 @@ class Engine:
     @property
     def max_total_num_tokens(self) -> int:
         return self._schedulers[0].capacity
+
+    def rank_requests(self, rank: int) -> RankRequests:
+        """That rank's requests as SGLang's scheduler names them (for the instrument's holders)."""
+        info = next(i for i in self.ranks if i.rank == rank)
+        return RankRequests(self._schedulers[info.dp_rank], info.tp_rank)
 
     def ready_line(self) -> str:
         return format_line(
@@ -1051,6 +1091,8 @@ class Engine:
             tp_rank = 0
             text = "".join(traceback.format_exception(exc))
             self.dead_reason = f"{type(exc).__name__}: {exc}"
+        if sched.fault_node is not None:
+            self.dead_nodes = {info.rank: sched.fault_node for info in sched.ranks}
         for hook in list(self.on_death):
             try:
                 hook(self.dead_reason)

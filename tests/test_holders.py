@@ -1,0 +1,252 @@
+"""The requests holding tree locks (radixtop/instrument/holders.py) and the node a failing lock
+operation was on: read from scheduler-shaped objects, kept with the time each lock was first seen,
+named as a snapshot's rows name nodes, in the simulator as in SGLang (tests/test_sglang_server.py
+checks them on a real server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import types
+from pathlib import Path
+
+import pytest
+from test_instrument import filled_sim_cache, insert
+from test_sim_server import inproc
+
+from radixtop.instrument import slot_chains
+from radixtop.instrument.endpoint import Instrumentation
+from radixtop.instrument.flight import record_name
+from radixtop.instrument.holders import MAX_WAITING_SCAN, HolderTracker
+from radixtop.schema import FlightRecord, Snapshot
+from radixtop.sim.engine import Engine, SimConfig
+from radixtop.sim.radix import RadixKey, TreeNode
+
+
+def req(rid: str, node: object = None, prompt: int = 5, locked: bool = True) -> types.SimpleNamespace:
+    lock = types.SimpleNamespace(node=node) if locked else None
+    return types.SimpleNamespace(rid=rid, origin_input_ids=list(range(prompt)), output_ids=[], lock=lock)
+
+
+def scheduler(**places: object) -> types.SimpleNamespace:
+    """SGLang's names: running_batch / cur_batch / last_batch (each with .reqs), chunked_req, waiting_queue."""
+    s = types.SimpleNamespace()
+    for name, value in places.items():
+        setattr(s, name, types.SimpleNamespace(reqs=value) if name.endswith("batch") else value)
+    return s
+
+
+def states(tracker: HolderTracker) -> list[tuple[str, str]]:
+    assert tracker.latest is not None
+    return [(s.req.rid, s.state) for s in tracker.latest]
+
+
+# ----------------------------------------------------------------------------------------------
+# The reader
+
+
+def test_the_reader_finds_every_holder_once_in_the_place_that_names_its_state() -> None:
+    chunked, running, waiting = req("c"), req("r"), req("w")
+    tracker = HolderTracker()
+    tracker.observe(scheduler(
+        chunked_req=chunked, running_batch=[running, req("free", locked=False)], last_batch=[chunked, running],
+        waiting_queue=[waiting],
+    ))
+    assert states(tracker) == [("c", "chunked"), ("r", "running"), ("w", "waiting")]
+    tracker.observe(scheduler())  # a scheduler with none of the places: no holders, not unknown
+    assert tracker.latest == []
+
+
+def test_the_reader_is_bounded_and_never_raises() -> None:
+    tracker = HolderTracker(max_holders=3)
+    tracker.observe(scheduler(running_batch=[req(str(i)) for i in range(10)]))
+    assert [rid for rid, _ in states(tracker)] == ["0", "1", "2"]
+    waiting = [req(f"x{i}", locked=False) for i in range(MAX_WAITING_SCAN)] + [req("past the scan")]
+    tracker = HolderTracker()
+    tracker.observe(scheduler(waiting_queue=waiting))
+    assert tracker.latest == []
+
+    class Broken:
+        @property
+        def running_batch(self) -> object:
+            raise RuntimeError("a scheduler we do not understand")
+
+    tracker.observe(Broken())
+    assert tracker.latest is None and tracker.errors == 1
+    tracker.observe(None)
+    assert tracker.latest is None
+
+
+def test_a_lock_keeps_the_time_it_was_first_seen_and_is_forgotten_once_gone() -> None:
+    a, b = req("a"), req("b")
+    tracker = HolderTracker()
+    tracker.observe(scheduler(running_batch=[a]), now=10.0)
+    tracker.observe(scheduler(running_batch=[a, b]), now=12.0)
+    assert [(s.req.rid, s.first_seen) for s in tracker.latest or ()] == [("a", 10.0), ("b", 12.0)]
+    tracker.observe(scheduler(running_batch=[b]), now=13.0)  # a's lock is gone: forgotten
+    tracker.observe(scheduler(running_batch=[a, b]), now=14.0)
+    assert [(s.req.rid, s.first_seen) for s in tracker.latest or ()] == [("a", 14.0), ("b", 12.0)]
+    a.lock = types.SimpleNamespace(node=None)  # a checkpoint's new lock: held since it was taken
+    tracker.observe(scheduler(running_batch=[a, b]), now=15.0)
+    assert [s.first_seen for s in tracker.latest or ()] == [15.0, 12.0]
+    assert len(tracker._first) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# In a snapshot
+
+
+def serving(cache: object) -> Instrumentation:
+    inst = Instrumentation(cache, rank=0, port=0, min_interval_s=0.0)
+    assert inst.start()
+    return inst
+
+
+def captured(inst: Instrumentation, requests: object = None) -> Snapshot:
+    inst.endpoint.want_capture()
+    inst.endpoint._next_at = 0.0  # the duty cap's rest, over for the test
+    assert inst.safe_point(requests)
+    snap, _ = inst.endpoint.latest()
+    assert snap is not None
+    return Snapshot.from_dict(json.loads(snap.to_json()))  # as a reader gets it
+
+
+def test_a_snapshot_names_each_holders_node_as_its_rows_do() -> None:
+    cache = filled_sim_cache(n_prompts=10)
+    node = insert(cache, list(range(5000, 5040)))
+    lock = cache.lock(node)
+    holder = types.SimpleNamespace(rid="r" * 300, origin_input_ids=list(range(5000, 5040)), output_ids=[], lock=lock)
+    inst = serving(cache)
+    try:
+        snap = captured(inst, scheduler(running_batch=[holder]))
+        (got,) = snap.holders or ()
+        assert got.rid == "r" * 200 and got.prompt_tokens == 40 and got.state == "running"
+        assert got.node == node.id and got.held_s >= 0.0
+        row = next(r for r in snap.tree.nodes if r.id == got.node)
+        assert row.lock_ref == 1 and row.head[:3] == (5000, 5001, 5002)
+        cache.unlock(holder.lock)
+        holder.lock = None
+        assert captured(inst, scheduler(running_batch=[holder])).holders == ()
+        assert captured(inst).holders is None  # a cache instrumented without its scheduler: unknown
+    finally:
+        inst.close()
+
+
+def walk(*chains: tuple[int, list[int], bool]) -> slot_chains.SlotWalk:
+    """A Rust-core walk from (prev slot of the first, slots, locked) runs, positions following prev."""
+    slots, positions, prevs, unlocked = [], [], [], []
+    position = {-1: -1}
+    for before, run, locked in chains:
+        for i, slot in enumerate(run):
+            prev = before if i == 0 else run[i - 1]
+            slots.append(slot)
+            prevs.append(prev)
+            position[slot] = position[prev] + 1
+            positions.append(position[slot])
+            if not locked:
+                unlocked.append(slot)
+    return slot_chains.SlotWalk(slots, positions, prevs, unlocked)
+
+
+def test_the_rust_cores_rows_carry_a_held_paths_ids_and_nothing_else() -> None:
+    # A 6-slot locked trunk, a 4-slot locked branch held by a request, a 3-slot unlocked branch.
+    rebuilt = walk((-1, [10, 11, 12, 13, 14, 15], True), (15, [20, 21, 22, 23], True), (15, [30, 31, 32], False))
+    ids = list(range(700, 710))
+    held = [slot_chains.HeldPath(23, lambda p: ids[p] if p < len(ids) else None),
+            slot_chains.HeldPath(999, None)]  # a slot the walk does not have
+    tree, census, ends = slot_chains.build(rebuilt, 64, held, head_n=4)
+    assert ends == (20, None) and census.node_count == 3
+    heads = {row.id: row.head for row in tree.nodes}
+    assert heads == {None: (), 10: (700, 701, 702, 703), 20: (706, 707, 708, 709), 30: ()}
+    # A path ending inside a chain gives its ids only up to its end.
+    tree, _, ends = slot_chains.build(rebuilt, 64, [slot_chains.HeldPath(12, lambda p: ids[p])], head_n=32)
+    assert ends == (10,) and {row.id: row.head for row in tree.nodes}[10] == (700, 701, 702)
+
+
+# ----------------------------------------------------------------------------------------------
+# The node a failing lock operation was on
+
+
+def test_a_lock_and_an_unlock_that_raise_name_their_node_in_the_flight_record(tmp_path: Path) -> None:
+    cache = filled_sim_cache(n_prompts=10)
+    stray = TreeNode(id=4242)  # a node of no tree: the cache's walk up from it fails, as SGLang's does
+    stray.key = RadixKey([1, 2])
+    inst = Instrumentation(cache, rank=0, port=0, flight_dir=tmp_path)
+    try:
+        with pytest.raises(AttributeError):  # past the stray node there is no parent to lock
+            cache.inc_lock_ref(stray)
+        with pytest.raises(AssertionError, match="another tree"):
+            cache.dec_lock_ref(stray)
+        with pytest.raises(TypeError):
+            cache.evict(object())
+    finally:
+        inst.close()
+    record = FlightRecord.from_dict(json.loads((tmp_path / record_name(0, os.getpid())).read_bytes()))
+    assert [(t.kind, t.node) for t in record.triggers] == [
+        ("lock_failure", 4242), ("unlock_failure", 4242), ("evict_failure", None)
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# The simulator
+
+
+def test_the_simulators_running_requests_are_its_snapshots_holders() -> None:
+    engine = Engine(SimConfig(page_size=4, step_time_s=0, tp_size=2), lambda line: None)
+    insts = [serving(cache) for _, cache in sorted(engine.caches.items())]
+    try:
+        from concurrent.futures import Future
+
+        prompt = list(range(10, 50))
+        future: Future = Future()
+        engine.submit(prompt, max_new_tokens=30, future=future, rid="long")
+        engine.submit(list(range(60, 70)), max_new_tokens=30, future=Future(), rid="other")
+        for _ in range(3):
+            engine.iterate()
+        for rank, inst in enumerate(insts):
+            snap = captured(inst, engine.rank_requests(rank))
+            holders = {h.rid: h for h in snap.holders or ()}
+            assert set(holders) == {"long", "other"}
+            long = holders["long"]
+            assert long.state == "running" and long.prompt_tokens == 40
+            row = next(r for r in snap.tree.nodes if r.id == long.node)
+            assert row.lock_ref == 1 and row.tokens == 40 and row.head[:4] == tuple(prompt[:4])
+        while not future.done():
+            engine.iterate()
+        engine.iterate()
+        later = [h.rid for h in captured(insts[0], engine.rank_requests(0)).holders or ()]
+        assert later == ["other"] or later == []
+    finally:
+        for inst in insts:
+            inst.close()
+
+
+@pytest.mark.parametrize("fault", ["double-unlock:probability=1"])
+def test_a_simulated_faults_flight_record_names_the_node_it_concerns(
+    fault: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The double unlock drives lock_ref below zero until a prefill's allocation fails: the record
+    written as the scheduler dies names the node unlocked twice."""
+    monkeypatch.setenv("RADIXTOP_FLIGHT_DIR", str(tmp_path / "flight"))
+
+    async def run() -> None:
+        flags = ("--max-total-tokens", "1024", "--page-size", "16", "--max-running-requests", "8", "--fault", fault)
+        async with inproc(tmp_path, *flags) as (sim, client):
+
+            async def one(i: int) -> None:  # four families of prompts sharing 48 tokens
+                body = {"input_ids": [100 + i % 4] * 48 + [200 + i] * 60, "sampling_params": {"max_new_tokens": 40}}
+                await client.post("/generate", json=body)
+
+            for wave in range(10):
+                if sim.engine.dead_reason is not None:
+                    break
+                await asyncio.gather(*(one(wave * 48 + i) for i in range(48)), return_exceptions=True)
+            assert sim.engine.dead_reason is not None, "the double unlock did not kill the scheduler"
+            assert sim.engine.dead_nodes, "the death names no node"
+
+    asyncio.run(run())
+    record = FlightRecord.from_dict(json.loads((tmp_path / "flight" / record_name(0, os.getpid())).read_bytes()))
+    (trigger,) = record.triggers
+    below_zero = {e.node_id for e in record.events if e.kind == "negative_lock_ref"}
+    assert trigger.kind == "scheduler_exception" and trigger.node in below_zero

@@ -202,3 +202,14 @@ def test_the_time_scale_places_the_moments_kept_and_the_one_shown() -> None:
 
     assert time_scale([0.0, 5.0, 10.0], 1, 11) == "▕·    ◆    ·▏"
     assert time_scale([0.0, 1.0, 2.0, 10.0], 3, 6) == "▕··   ◆▏"  # crowded moments share a cell
+
+
+def test_a_flight_records_failure_takes_its_holders_from_the_safe_point_before_and_says_so() -> None:
+    from dataclasses import replace
+
+    found = _flight(3)
+    record = replace(found.record, before=replace(found.record.before, holders=HOLDERS))
+    sample = flight_sample(FlightFile(found.path, 0.0, record))
+    assert sample.snapshot.holders == HOLDERS and sample.snapshot.seq == 0  # the failure's tree, the safe point's holders
+    assert sample.source_note.endswith("lock holders as of the safe point 1.5 s before")
+    assert flight_sample(found).snapshot.holders is None  # neither knows: unknown, not none

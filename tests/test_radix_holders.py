@@ -204,12 +204,24 @@ def test_the_time_scale_places_the_moments_kept_and_the_one_shown() -> None:
     assert time_scale([0.0, 1.0, 2.0, 10.0], 3, 6) == "▕··   ◆▏"  # crowded moments share a cell
 
 
-def test_a_flight_records_failure_takes_its_holders_from_the_safe_point_before_and_says_so() -> None:
+async def test_at_a_failure_the_holders_are_unknown_and_the_safe_point_before_names_them() -> None:
+    """Mid-step the scheduler's requests are not read: the failure's tree claims no holder and no
+    leak (a lock taken since the safe point would read as leaked); the safe point lists them."""
     from dataclasses import replace
 
     found = _flight(3)
     record = replace(found.record, before=replace(found.record.before, holders=HOLDERS))
-    sample = flight_sample(FlightFile(found.path, 0.0, record))
-    assert sample.snapshot.holders == HOLDERS and sample.snapshot.seq == 0  # the failure's tree, the safe point's holders
-    assert sample.source_note.endswith("lock holders as of the safe point 1.5 s before")
-    assert flight_sample(found).snapshot.holders is None  # neither knows: unknown, not none
+    board = RadixBoard()
+    board.add(flight_sample(FlightFile(found.path, 0.0, record)))
+    app = PaneApp()
+    async with app.run_test(size=(120, 30)) as pilot:
+        pane = app.query_one(RadixPane)
+        pane.show(board, now=T0 + 1)
+        await pilot.pause()
+        summary = pane.query_one("#radix-summary").render().plain  # type: ignore[union-attr]
+        assert "lock holders unknown at the failure: 2 requests held locks at the safe point before (,)" in summary
+        assert "⚠" not in summary and not [r for r in _text(pane) if "⚠" in r]
+        pane.step_moment(-1)
+        await pilot.pause()
+        summary = pane.query_one("#radix-summary").render().plain  # type: ignore[union-attr]
+        assert "locks held by 2 requests: r-a 12s" in summary and "⚠ locked with no request holding it: #4" in summary

@@ -5,7 +5,6 @@ safe point before it one key away. The board turns to the first rank that failed
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from radixtop.probes.flight import FlightFile
 from radixtop.probes.radix import RadixSample
@@ -15,12 +14,6 @@ from radixtop.probes.status import SourceState
 
 def flight_sample(found: FlightFile) -> RadixSample:
     record = found.record
-    at = record.snapshot
-    holders_note = ""
-    if at.holders is None and record.before is not None and record.before.holders is not None:
-        # Mid-iteration the scheduler's requests are not read; the safe point's are a step older.
-        at = replace(at, holders=record.before.holders)
-        holders_note = f" · lock holders as of the safe point {max(0.0, at.time - record.before.time):.1f} s before"
     first = record.triggers[0] if record.triggers else None
     when = first.time if first is not None else record.written_at
     what = f"{first.kind}: {first.message}" if first is not None else "written without a trigger"
@@ -31,12 +24,12 @@ def flight_sample(found: FlightFile) -> RadixSample:
         status=SourceState("ok", "", when),
         time=time.time(),
         rank=record.rank,
-        snapshot=at,
-        index=TreeIndex.build(at),
-        source_note=f"flight record of pid {record.pid}: {what}{more}{holders_note}",
+        snapshot=record.snapshot,
+        index=TreeIndex.build(record.snapshot),
+        source_note=f"flight record of pid {record.pid}: {what}{more}",
         label=f"failed r{record.rank}",
         before=record.before,
         failed_node=on_node.node if on_node is not None else None,
         failed_op=on_node.kind if on_node is not None else "",
-        locks_known=at.lock_detail != "none",
+        locks_known=record.snapshot.lock_detail != "none",
     )

@@ -780,6 +780,11 @@ class RadixPane(Vertical):
         out.append(head + "\n", style="dim")
         if view.name and view.source_note:  # a flight record: what made the rank write it
             out.append(_fit(view.source_note, max(40, (self.size.width or 80) - 2)) + "\n", style="bold red")
+        if view.before is not None and view.cursor is None and snap.holders is None and view.before.holders:
+            # Mid-step the scheduler's requests are not read: who held locks is known a step before.
+            n = len(view.before.holders)
+            out.append(f"lock holders unknown at the failure: {n} request{'s' if n > 1 else ''} held locks at "
+                       "the safe point before (,)\n", style="dim")
         if view.failed_node is not None:
             where = "marked »" if self.tree_view._failed_rows else "not among the rows sent"
             what = view.failed_op.replace("_", " ")

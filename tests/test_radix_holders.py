@@ -98,7 +98,7 @@ async def test_rows_name_their_holders_and_flag_the_lock_no_request_holds() -> N
         rows = _text(pane)
         by_id = {int(r.split("#")[1].split()[0]): r for r in rows if "#" in r}
         assert "← r-a 12s" in by_id[2] and "← r-b 1.0s chunked" in by_id[3]
-        assert "⚠ no request holds it" in by_id[4] and "←" not in by_id[1]
+        assert "⚠ no request holds it" in by_id[4] and "⇠ shared by 2 requests" in by_id[1] and "←" not in by_id[1]
         summary = pane.query_one("#radix-summary").render().plain  # type: ignore[union-attr]
         assert "locks held by 2 requests: r-a 12s 300 tok, r-b 1.0s 40 tok chunked" in summary
         assert "⚠ locked with no request holding it: #4" in summary

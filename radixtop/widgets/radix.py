@@ -510,7 +510,8 @@ class RadixTreeView(ScrollView, can_focus=True):
             return f" ⚠ {what}", True
         at = holders.deepest.get(row)
         if not at:
-            return "", False
+            shared = len(holders.held_by.get(row, ()))
+            return (f" ⇠ shared by {shared} requests", False) if shared > 1 else ("", False)
         first = at[0]
         more = f" +{len(at) - 1}" if len(at) > 1 else ""
         state = "" if first.state == "running" else f" {first.state}"

@@ -311,6 +311,13 @@ def assert_holds_its_path(snap: Snapshot, rid: str) -> None:
         assert row.head == tuple(HELD[position : position + min(row.tokens, 32)]), (position, row)
         position += row.tokens
     assert position == len(HELD) // 16 * 16, path  # the prompt's whole pages, locked while it runs
+    # The pane's reading of the same snapshot: the holder placed, no lock flagged as held by nobody
+    # or as released twice (a real server's locks are all its requests').
+    from radixtop.session.lock_holders import LockHolders
+
+    placed = LockHolders.of(snap)
+    assert placed.known and placed.unplaced == 0 and placed.unheld == () and placed.overheld == (), placed
+    assert [h.rid for h in placed.deepest[next(i for i, r in enumerate(rows) if r.id == holder.node and i)]] == [rid]
 
 
 def test_the_rust_cores_snapshot_names_a_running_requests_lock_and_its_prompt(live: RealServer) -> None:

@@ -111,6 +111,9 @@ def test_the_demos_lock_race_shows_rank_1_as_it_failed_then_its_safe_point(tmp_p
         screen = tmux.wait_for(lambda s: re.search(r"as rank 1 failed, \d\d:\d\d:\d\d · , the safe point before", s),
                                "rank 1 as it failed in the radix pane", timeout=90)
         assert "failed r1" in screen and "flight record of pid " in screen, screen
+        # the failing operation's node and the path to it, marked and opened
+        failed = re.search(r"the scheduler exception was on node #(\d+) \(marked »\)", screen)
+        assert failed is not None and f"»#{failed.group(1)} " in screen, screen
         assert "ranks disagree" not in screen, screen
         tmux.send(",")
         screen = tmux.wait_for(lambda s: "rank 1's last safe point before it failed" in s, "the safe point", 10)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
+import time
 
 import pytest
 
@@ -19,7 +22,7 @@ from radixtop.probes.node_report import (
     ServerReport,
     parse_node_report,
 )
-from radixtop.probes.remote import check_host, check_remote_command, ssh_argv
+from radixtop.probes.remote import check_host, check_remote_command, reach, ssh_argv
 from radixtop.probes.ssh_failure import explain_failure
 
 REPORT = NodeReport(
@@ -138,3 +141,33 @@ def test_a_remote_command_a_shell_would_read_is_refused(command: str) -> None:
 def test_each_ssh_failure_is_one_line_with_what_to_do(code: int, stderr: str, says: str) -> None:
     line = explain_failure("gpu-9", code, stderr)
     assert line.startswith(says) and "\n" not in line and "\x1b" not in line
+
+
+def fake_ssh(folder, python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An `ssh` first on PATH that runs `python` (this interpreter) whatever it is asked."""
+    folder.mkdir()
+    script = folder / "ssh"
+    script.write_text(f"#!{sys.executable}\nimport json, sys, time\n{python}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+
+
+def test_the_clock_skew_is_the_nodes_time_against_the_round_trips_midpoint(tmp_path, monkeypatch) -> None:
+    """A node 100 s ahead whose report is made at once and arrives 1 s later: the skew is read
+    from the midpoint (100 - 0.5 s), and the truth (+100 s) lies within half the round trip."""
+    fake_ssh(tmp_path / "bin", f"doc = {REPORT.to_dict()!r}\ndoc['time'] = time.time() + 100\n"
+             "print(json.dumps(doc), flush=True)\ntime.sleep(1.0)", monkeypatch)
+    answer = asyncio.run(reach("gpu-7", timeout_s=10))
+    assert answer.ok and answer.skew is not None, answer.error
+    assert answer.skew.round_trip_s == pytest.approx(answer.seconds) and answer.seconds >= 1.0
+    assert abs(answer.skew.offset_s - 100) <= answer.skew.uncertainty_s
+    assert answer.skew.offset_s < 99.8  # the midpoint, not the moment it was sent
+
+
+def test_an_endless_answer_is_cut_at_the_cap_and_ssh_killed(tmp_path, monkeypatch) -> None:
+    fake_ssh(tmp_path / "bin", "while True:\n    sys.stderr.write('x' * 4096)\n    sys.stdout.write('y' * 65536)",
+             monkeypatch)
+    started = time.monotonic()
+    answer = asyncio.run(reach("gpu-7", timeout_s=20))
+    assert not answer.ok and answer.error.startswith(f"gpu-7: its answer is over {MAX_REPORT_BYTES} bytes")
+    assert time.monotonic() - started < 5

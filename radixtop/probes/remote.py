@@ -177,7 +177,15 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
-    """ssh and its process group gone, and waited for (a timeout, a cap, a cancel end here too)."""
+    """ssh and its process group gone, waited for, and its pipes read to their end (a timeout, a
+    cap, a cancel end here too): a pipe left unread keeps asyncio's transport open past the loop."""
     _kill(proc)
     with contextlib.suppress(TimeoutError, ProcessLookupError):
-        await asyncio.wait_for(proc.wait(), 5.0)
+        await asyncio.wait_for(_drain(proc), 5.0)
+
+
+async def _drain(proc: asyncio.subprocess.Process) -> None:
+    for stream in (proc.stdout, proc.stderr):
+        while stream is not None and await stream.read(_CHUNK):  # the group is killed: EOF comes
+            pass
+    await proc.wait()

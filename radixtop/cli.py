@@ -133,6 +133,27 @@ def _scan_arguments(scan: argparse.ArgumentParser) -> None:
     _add_signature_options(scan)
 
 
+def _discover_arguments(discover: argparse.ArgumentParser) -> None:
+    discover.description = (
+        "What radixtop finds on this node (servers, their URL, logs, ranks' debug endpoints, processes, GPUs, "
+        "hostname, clock), and with --node on other nodes, through your own ssh (BatchMode: your agent and keys, "
+        "never a password prompt; radixtop installed there)."
+    )
+    discover.add_argument("--json", action="store_true", help="print one JSON object")
+    discover.add_argument(
+        "--node", action="append", default=[], metavar="HOST",
+        help="another node, as ssh names it (host, user@host, an alias in your ssh config); repeatable",
+    )
+    discover.add_argument("--no-local", action="store_true", help="only the --node hosts, not this node")
+    discover.add_argument("--ssh-config", default=None, metavar="FILE",
+                          help="the ssh config file to use (ssh -F; default: ssh's own, ~/.ssh/config)")
+    discover.add_argument("--timeout", type=within(1, 600, float), default=30.0, metavar="S",
+                          help="seconds to wait for each node's answer (default 30)")
+    discover.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
+                          help="the radixtop command on the nodes, e.g. /opt/venv/bin/radixtop (default: radixtop on "
+                               "the PATH of a non-interactive ssh session)")
+
+
 def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--fault",
@@ -324,6 +345,8 @@ _INCIDENT = "radixtop.incident.commands"
 # Every subcommand, in the order `radixtop --help` lists them.
 SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
     Subcommand("scan", "scan logs headless for known failure signatures", _scan_arguments, "radixtop.scan:run_scan"),
+    Subcommand("discover", "what radixtop finds on this node, and on others through ssh (--node HOST)",
+               _discover_arguments, "radixtop.discover:run_discover"),
     Subcommand("demo", "start a simulated failing SGLang server with a workload, and watch it fail",
                _demo_arguments, "radixtop.demo:run_demo"),
     Subcommand("bundle", "write an evidence bundle: first occurrences, findings, server state, GPU, processes, stacks",

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ARGVS = [
     ["scan", "a.log", "--json", "--signatures", "x.toml", "--context", "5"],
     ["scan", "-", "--matches"],
+    ["discover", "--json", "--node", "gpu-7", "--node", "me@gpu-8", "--ssh-config", "cfg", "--timeout", "5",
+     "--no-local", "--remote-radixtop", "/opt/venv/bin/radixtop"],
     ["demo", "--fault", "leak", "--seed", "3", "--theme", "light"],
     ["bundle", "--url", "http://127.0.0.1:1", "--log", "s.log", "--reason", "r", "--json"],
     ["replay", "finding_03330", "--url", "http://127.0.0.1:1", "--runs", "2", "--no-flush", "--max-in-flight", "4",
@@ -39,7 +41,9 @@ def test_one_subcommands_parser_answers_as_the_whole_parser_does(argv: list[str]
 
 
 def test_one_subcommands_parser_holds_that_subcommand_only() -> None:
-    assert set(SUBCOMMANDS) == {"scan", "demo", "bundle", "replay", "record", "trace", "analyze", "confirm", "sim"}
+    assert set(SUBCOMMANDS) == {
+        "scan", "discover", "demo", "bundle", "replay", "record", "trace", "analyze", "confirm", "sim"
+    }
     for name in SUBCOMMANDS:
         with pytest.raises(UsageError, match="invalid choice"):
             build_parser(name).parse_args([next(other for other in SUBCOMMANDS if other != name)])

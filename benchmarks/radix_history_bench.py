@@ -1,15 +1,17 @@
 """Stepping back through the radix pane's kept snapshots: memory and the time of one step.
 
-    python benchmarks/radix_history_bench.py [--quick] [--snapshots N] [--nodes N] [--churn F]
+    python benchmarks/radix_history_bench.py [--quick] [--snapshots N] [--nodes N] [--churn F] [--expanded N]
 
 A rank's view keeps every snapshot the pane received (session/snapshot_store.py): a header and an
 array of indices into a table of distinct rows that all its snapshots share. Here 1,000 snapshots
 of 10,000 nodes each go through the board as the probe hands them over, made with radixtop's own
 schema as a busy server's polls look: between two polls `--churn` of the nodes change (hit count,
 access time, lock: the paths running requests touch; 2 % by default, 200 nodes), some are evicted
-and inserted, and the siblings' order shifts. Then the pane's step is timed: the cursor moved and
-the snapshot made whole and indexed (RankView.shown, the widget's input), with the cyclic
-collector set as the app sets it.
+and inserted, and the siblings' order shifts. Then the pane's step is timed as a key press costs
+it: the cursor moved to a kept snapshot (RankView.step, to a random one other than the one shown),
+the snapshot made whole and indexed (RankView.shown), and the pane's tree given it
+(RadixTreeView.set_tree, which flattens the rows it lists: the root's children and a path of
+`--expanded` nodes opened by hand), with the cyclic collector set as the app sets it.
 
 The peer in the same run: the same snapshots held as Snapshot objects (what the board kept
 before), measured on a tenth of them and scaled (the thousand would take gigabytes).
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_rows import row  # noqa: E402
 
 from radixtop.probes.radix import RadixSample  # noqa: E402
+from radixtop.probes.radix_tree import TreeIndex  # noqa: E402
 from radixtop.probes.status import SourceState  # noqa: E402
 from radixtop.schema import SCHEMA_VERSION, Counters, NodeRow, Snapshot, TreeView  # noqa: E402
 from radixtop.session.radix_board import RadixBoard  # noqa: E402
@@ -82,6 +85,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--churn", type=float, default=0.02)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--expanded", type=int, default=8, help="nodes of one path expanded in the pane")
     args = parser.parse_args()
     count = args.snapshots or (200 if args.quick else 1_000)
     from radixtop.tui.app import GC_YOUNG_THRESHOLD
@@ -106,13 +110,41 @@ def main() -> None:
     gc.collect()
     kept = tracemalloc.get_traced_memory()[0] - base  # the store and the latest snapshot
     tracemalloc.stop()
+    # tracemalloc's teardown frees its table of traces (one small malloc'd entry per live block)
+    # into glibc's fast bins; the next malloc over 1 KiB merges them all, tens of milliseconds the
+    # app never pays (it never traces). Paid here, before the steps, and printed.
+    began = time.perf_counter()
+    bytes(4096)
+    teardown = time.perf_counter() - began
+
+    from radixtop.widgets.radix import RadixTreeView
+
+    pane = RadixTreeView()  # the pane's tree, headless: set_tree flattens what it lists
+    pane.set_tree(*view.shown())
+    nodes = view.snapshot.tree.nodes if view.snapshot is not None and view.snapshot.tree is not None else ()
+    index = view.index or TreeIndex.build(view.snapshot)
+    on = 0
+    for _ in range(args.expanded):  # a path opened by hand: the heaviest child, and its, and on
+        kids = index.children[on] if index is not None else ()
+        if not kids:
+            break
+        on = kids[0]
+        pane.expanded.add(nodes[on].id)
     steps = []
+    listed = []
     for _ in range(args.steps):
-        view.cursor = rng.randrange(len(view.earlier))
+        at = len(view.earlier) if view.cursor is None else view.cursor
+        to = at
+        while to == at:  # a kept snapshot not shown now: made whole and indexed again
+            to = rng.randrange(len(view.earlier))
         began = time.perf_counter()
-        shown, index = view.shown()
+        view.step(to - at)  # what a key press costs: the cursor moved, the snapshot made whole and
+        shown, index = view.shown()  # indexed, the pane's rows flattened
+        pane.set_tree(shown, index)
         steps.append(time.perf_counter() - began)
         assert shown is not None and index is not None and len(shown.tree.nodes) == args.nodes + 1
+        assert view.cursor == to and pane.rows
+        listed.append(len(pane.rows))
 
     sample = max(2, count // 10)
     gc.collect()
@@ -129,8 +161,10 @@ def main() -> None:
     print(f"{count:,} snapshots of {args.nodes:,} nodes, {args.churn:.0%} of the nodes changed a poll; "
           f"{len(view.earlier):,} kept, {view.earlier.distinct_rows:,} distinct rows")
     print(f"radixtop (shared rows): {kept / mib:.1f} MiB (tracemalloc); a step median {p50:.1f} ms, "
-          f"p95 {p95:.1f} ms, max {worst:.1f} ms over {args.steps}; keeping one on the UI thread: median "
+          f"p95 {p95:.1f} ms, max {worst:.1f} ms over {args.steps} ({statistics.median(listed):.0f} rows listed, "
+          f"{len(pane.expanded)} nodes expanded); keeping one on the UI thread: median "
           f"{statistics.median(adding) * 1e3:.1f} ms")
+    print(f"tracemalloc's teardown, paid before the steps: {teardown * 1e3:.1f} ms")
     print(f"peer (Snapshot objects held): {held_bytes / mib:,.0f} MiB for {count:,} (measured on {sample}, scaled)")
     row(f"radix pane: {count:,} kept snapshots of {args.nodes:,} nodes, memory", f"{kept / mib:.0f} MiB",
         f"Snapshot objects held: {held_bytes / mib:,.0f} MiB", "< 150 MiB", kept < 150 * mib)

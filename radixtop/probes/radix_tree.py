@@ -14,9 +14,12 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from itertools import compress
+from operator import itemgetter
+from typing import Any, overload
 
 from radixtop.schema import (
     MAX_PAYLOAD_BYTES,
@@ -37,9 +40,10 @@ class TreeIndex:
     """Children of each row (locked first, then the heaviest subtree) and which rows lead to a lock.
 
     `marks[row]` is a bit set: 1 the row or a descendant holds a lock (lock_ref > 0), 2 the row or
-    a descendant has a negative lock_ref (a double unlock)."""
+    a descendant has a negative lock_ref (a double unlock). `children` is a tuple of every row's
+    children (`build`), or sorts a row's children when first asked for them (`lazy`)."""
 
-    children: tuple[tuple[int, ...], ...]
+    children: Sequence[tuple[int, ...]]
     marks: bytes
     depth_max: int
 
@@ -76,6 +80,85 @@ class TreeIndex:
 
         ordered = tuple(tuple(sorted(k, key=weight)) if len(k) > 1 else tuple(k) for k in kids)
         return cls(ordered, bytes(marks), max(depth) if depth else 0)
+
+    @classmethod
+    def lazy(cls, snapshot: Snapshot) -> TreeIndex | None:
+        """The same index, its rows' children sorted only when asked for: for a snapshot looked at
+        on the UI thread (an earlier one stepped to), of whose thousands of rows the pane lists
+        the root's children and the expanded paths. Its columns are read in C loops (no object per
+        row but the ints), its marks walked up from the locked rows only."""
+        tree = snapshot.tree
+        if tree is None:
+            return None
+        nodes = tree.nodes
+        n = len(nodes)
+        parents = list(map(_PARENT, nodes))
+        lock_refs = list(map(_LOCK_REF, nodes))
+        marks = bytearray(n)
+        for row in compress(range(n), lock_refs):  # a row and its ancestors, up to one marked already
+            bit = cls.LOCKED if lock_refs[row] > 0 else cls.NEGATIVE
+            while row >= 0 and not marks[row] & bit:
+                marks[row] |= bit
+                row = parents[row]
+        depth = [0] * n
+        for i in range(1, n):  # children come after their parent
+            depth[i] = depth[parents[i]] + 1
+        weights = [t if s is None else s for t, s in zip(map(_TOKENS, nodes), map(_SUBTREE_TOKENS, nodes))]
+        frozen = bytes(marks)
+        return cls(_SortedOnDemand(parents, weights, frozen), frozen, max(depth) if depth else 0)
+
+
+_PARENT, _TOKENS, _LOCK_REF, _SUBTREE_TOKENS = (itemgetter(NodeRow._fields.index(f))
+                                                 for f in ("parent", "tokens", "lock_ref", "subtree_tokens"))
+
+
+class _SortedOnDemand(Sequence[tuple[int, ...]]):
+    """Every row's children, in TreeIndex.build's order, each row's sorted when first asked for.
+    The rows are held sorted by their parent (stable: in row order under each parent), so a
+    row's children are one slice of them, found by bisection."""
+
+    __slots__ = ("_by_parent", "_cache", "_marks", "_under", "_weights")
+
+    def __init__(self, parents: list[int], weights: list[int], marks: bytes) -> None:
+        self._by_parent = sorted(range(1, len(parents)), key=parents.__getitem__)
+        self._under = list(map(parents.__getitem__, self._by_parent))
+        self._weights = weights
+        self._marks = marks
+        self._cache: dict[int, tuple[int, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    @overload
+    def __getitem__(self, row: int) -> tuple[int, ...]: ...
+
+    @overload
+    def __getitem__(self, row: slice) -> tuple[tuple[int, ...], ...]: ...
+
+    def __getitem__(self, row: int | slice) -> tuple[int, ...] | tuple[tuple[int, ...], ...]:
+        n = len(self._weights)
+        if isinstance(row, slice):
+            return tuple(self[i] for i in range(*row.indices(n)))
+        if row < 0:
+            row += n
+        if not 0 <= row < n:
+            raise IndexError("row out of range")
+        got = self._cache.get(row)
+        if got is None:
+            lo = bisect_left(self._under, row)
+            kids = self._by_parent[lo:bisect_right(self._under, row, lo)]
+            if len(kids) > 1:
+                marks, weights = self._marks, self._weights
+                kids.sort(key=lambda r: (-(marks[r] & TreeIndex.NEGATIVE), -(marks[r] & TreeIndex.LOCKED), -weights[r]))
+            got = self._cache[row] = tuple(kids)
+        return got
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        return (self[i] for i in range(len(self._weights)))
+
+    def parts(self) -> list[Any]:
+        """Its big members, to be freed a chunk at a time (see discard)."""
+        return [self._by_parent, self._under, self._weights, self._cache]
 
 
 def parse_and_index(data: bytes) -> tuple[Snapshot, TreeIndex | None]:
@@ -288,7 +371,8 @@ def _release_parts(obj: Any) -> list[Any]:
     if isinstance(obj, Snapshot) and obj.tree is not None:
         return list(obj.tree.nodes)
     if isinstance(obj, TreeIndex):
-        return list(obj.children)
+        children = obj.children
+        return children.parts() if isinstance(children, _SortedOnDemand) else list(children)
     return []
 
 

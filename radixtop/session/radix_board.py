@@ -110,8 +110,8 @@ class RankView:
                 snap = pinned if isinstance(pinned, Snapshot) else self.earlier.load(cast(Kept, pinned))
             except ValueError:
                 return self.snapshot, self.index
-            with no_gc_pauses(freeze=False):  # an index of thousands of tuples, built at once
-                index = TreeIndex.build(snap)
+            with no_gc_pauses(freeze=False):
+                index = TreeIndex.lazy(snap)  # the rows the pane lists sorted as it lists them
             self._shown = (pinned, snap, index)
         return self._shown[1], self._shown[2]
 

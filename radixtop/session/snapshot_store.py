@@ -15,6 +15,9 @@ from array import array
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
+from itertools import compress, repeat
+from operator import add, is_, itemgetter
 from typing import Any
 
 from radixtop.probes.radix_tree import no_gc_pauses
@@ -67,13 +70,19 @@ class SnapshotStore:
             self._drop(self._kept.popleft())
 
     def load(self, kept: Kept) -> Snapshot:
-        """A kept snapshot whole again (its rows' parents back to positions)."""
+        """A kept snapshot whole again (its rows' parents back to positions). Each column is one
+        C loop (map, zip, dict), not a Python call per row: it is on the UI thread, at a key press."""
         if kept.rows is None or kept.header.tree is None:
             return kept.header
         with no_gc_pauses(freeze=False):
-            keys = [self._rows[i] for i in kept.rows]
-            position = {key[0]: i for i, key in enumerate(keys) if key is not None and key[0] is not None}
-            nodes = tuple(_row(key, position) for key in keys if key is not None)
+            keys: list[Any] = list(map(self._rows.__getitem__, kept.rows))  # a kept row is never let go: no None
+            ids = list(map(_ID, keys))
+            position = dict(zip(ids, range(len(keys))))
+            parent_ids = list(map(_PARENT_ID, keys))
+            parents = list(map(position.get, parent_ids, repeat(0)))
+            for i in compress(range(len(keys)), map(is_, parent_ids, repeat(None))):
+                parents[i] = keys[i][2]  # the root, or a parent without an id: its position was kept
+            nodes = tuple(map(_NEW_ROW, map(add, zip(ids, parents), map(_AFTER_PARENT, keys))))
         return replace(kept.header, tree=replace(kept.header.tree, nodes=nodes))
 
     def __len__(self) -> int:
@@ -129,6 +138,5 @@ def _key(node: NodeRow, nodes: tuple[NodeRow, ...]) -> _Key:
     return (node.id, parent_id, -1 if parent_id is not None else node.parent, *node[2:])
 
 
-def _row(key: _Key, position: dict[Any, int]) -> NodeRow:
-    parent = position.get(key[1], 0) if key[1] is not None else key[2]
-    return NodeRow(key[0], parent, *key[3:])
+_ID, _PARENT_ID, _AFTER_PARENT = itemgetter(0), itemgetter(1), itemgetter(slice(3, None))
+_NEW_ROW = partial(tuple.__new__, NodeRow)  # NodeRow(*fields), without a Python call per row

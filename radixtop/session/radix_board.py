@@ -131,7 +131,7 @@ class RankView:
             except ValueError:
                 return None, None, None
             with no_gc_pauses(freeze=False):
-                self._side = (pinned, snap, TreeIndex.build(snap))
+                self._side = (pinned, snap, TreeIndex.lazy(snap))
         return self._side[1], self._side[2], times[i]
 
     @property

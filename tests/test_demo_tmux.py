@@ -200,6 +200,7 @@ def test_the_tree_the_server_printed_at_its_failure_is_in_the_radix_pane(tmp_pat
     try:
         tmux.start([sys.executable, "-m", "radixtop", "demo", "--fault", "double-unlock"], tmp_path)
         tmux.wait_for(lambda s: "printed TP0" in s, "the printed tree among the radix pane's views", timeout=90)
+        tmux.send("2")  # the radix pane alone: its title has room for every view (flight records too)
         # The simulator's instrument also wrote flight records, which the pane may have turned to:
         # ] steps to the next view until the print is the one shown (bounded: one pass of the views).
         for _ in range(8):

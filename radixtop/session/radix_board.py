@@ -67,8 +67,8 @@ class RankView:
     failed_node: int | None = None  # the node the failing lock or unlock was on
     failed_op: str = ""  # what failed there (the trigger's kind)
     cursor: int | None = None  # the moment shown (an index of moment_times()); None: the latest
-    _shown: tuple[object, Snapshot, TreeIndex | None] | None = None  # an earlier moment, decoded and indexed once
-    _side: tuple[object, Snapshot, TreeIndex | None] | None = None  # the moment shown beside another rank
+    # Earlier moments decoded and indexed once: the cursor's, and the one shown beside another rank.
+    _opened: dict[str, tuple[object, Snapshot, TreeIndex | None]] = field(default_factory=dict)
     # What radixtop saw, to step back through and for an evidence bundle (a dead rank's endpoint
     # cannot be asked): the snapshots before the last one, and every event received, bounded.
     earlier: SnapshotStore = field(default_factory=SnapshotStore)
@@ -103,17 +103,8 @@ class RankView:
     def shown(self) -> tuple[Snapshot | None, TreeIndex | None]:
         """The snapshot at the cursor and its index (decoded and built once for an earlier one)."""
         pinned = self._pinned()
-        if pinned is None:
-            return self.snapshot, self.index
-        if self._shown is None or self._shown[0] is not pinned:
-            try:
-                snap = pinned if isinstance(pinned, Snapshot) else self.earlier.load(cast(Kept, pinned))
-            except ValueError:
-                return self.snapshot, self.index
-            with no_gc_pauses(freeze=False):
-                index = TreeIndex.lazy(snap)  # the rows the pane lists sorted as it lists them
-            self._shown = (pinned, snap, index)
-        return self._shown[1], self._shown[2]
+        opened = self._open(pinned, "cursor") if pinned is not None else None
+        return opened if opened is not None else (self.snapshot, self.index)
 
     def at_moment(self, t: float) -> tuple[Snapshot | None, TreeIndex | None, float | None]:
         """This rank's tree as it was at `t` (the moment another view shows): its newest moment at
@@ -124,15 +115,26 @@ class RankView:
             return None, None, None
         if i == len(times) - 1:
             return self.snapshot, self.index, times[i]
-        pinned: object = self.before if self.before is not None else self.earlier[i]
-        if self._side is None or self._side[0] is not pinned:
+        opened = self._open(self.before if self.before is not None else self.earlier[i], "side")
+        return (*opened, times[i]) if opened is not None else (None, None, None)
+
+    def _open(self, pinned: object, use: str) -> tuple[Snapshot, TreeIndex | None] | None:
+        """An earlier moment decoded and indexed, kept for `use` (the cursor's, the side view's)
+        until another is asked for; None when its rows cannot be made whole."""
+        kept = self._opened.get(use)
+        if kept is None or kept[0] is not pinned:
             try:
                 snap = pinned if isinstance(pinned, Snapshot) else self.earlier.load(cast(Kept, pinned))
             except ValueError:
-                return None, None, None
+                return None
             with no_gc_pauses(freeze=False):
-                self._side = (pinned, snap, TreeIndex.lazy(snap))
-        return self._side[1], self._side[2], times[i]
+                kept = self._opened[use] = (pinned, snap, TreeIndex.lazy(snap))  # children sorted as listed
+        return kept[1], kept[2]
+
+    @property
+    def kind(self) -> str:
+        """What sort of view: "" a rank's endpoint, else its name's first word ("failed", "printed")."""
+        return self.name.split(" ")[0]
 
     @property
     def label(self) -> str:

@@ -472,7 +472,7 @@ class RadixTreeView(ScrollView, can_focus=True):
         nums = f"{node.tokens:>7,} {lock:>5}{stats} {glyph}"
         on_failed = row in self._failed_rows
         label = f"{indent}{twisty}{'»' if on_failed else ''}#{node.id if node.id is not None else '?'}"
-        held, leaked = self._held(row, node, mark)
+        held, leaked = self._held(row, node)
         failed_here = ""
         if on_failed and self.failed is not None and node.id == self.failed[0]:
             failed_here = f" ◀ {self.failed[1].replace('_', ' ')} here"
@@ -494,7 +494,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             style = None
         return Strip([Segment(nums, style), Segment(label, style)])
 
-    def _held(self, row: int, node: Any, mark: int) -> tuple[str, bool]:
+    def _held(self, row: int, node: Any) -> tuple[str, bool]:
         """Who holds the row's lock, where it is a request's deepest locked node: its rid and how
         long (+N more), or that no request holds it (True: flagged), or that the holder is unknown."""
         if node.lock_ref <= 0 or not self.locks_known:
@@ -615,8 +615,7 @@ class RadixPane(Vertical):
         the shown moment: its newest tree at or before it."""
         title = self.query_one("#radix-side-title", Static)
         side = self.side_view
-        others = [v for v in board.ordered() if view is not None and v is not view
-                  and v.name.split(" ")[0] == view.name.split(" ")[0]]
+        others = [v for v in board.ordered() if view is not None and v is not view and v.kind == view.kind]
         times = view.moment_times() if view is not None else []
         if view is None or not others or not times:
             update_text(title, Text("no other rank to show beside this one", style="italic"))
@@ -709,8 +708,7 @@ class RadixPane(Vertical):
             return focus
         rank = int(m.group(1) or m.group(2))
         for url, v in board.ranks.items():
-            same_kind = v.name.split(" ")[0] == focused.name.split(" ")[0]
-            if v.rank == rank and same_kind and v.snapshot is not None and \
+            if v.rank == rank and v.kind == focused.kind and v.snapshot is not None and \
                     abs(v.snapshot.time - focused.snapshot.time) <= SAME_FAILURE_S:
                 return url
         return focus
@@ -871,7 +869,7 @@ class RadixPane(Vertical):
         if snap.holders:
             listed = sorted(snap.holders, key=lambda h: -h.held_s)
             text = ", ".join(
-                f"{printable_escaped(h.rid)[:24]} {age(h.held_s)} {count(h.prompt_tokens)} tok"
+                f"{_fit(printable_escaped(h.rid), 24)} {age(h.held_s)} {count(h.prompt_tokens)} tok"
                 + ("" if h.state == "running" else f" {h.state}")
                 for h in listed[:4]
             )

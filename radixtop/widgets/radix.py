@@ -446,7 +446,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             cut = ""
             if tree.cut_nodes:
                 cut = f", {tree.cut_nodes:,}{'' if tree.cut_exact else '~'} more not sent (budget {tree.budget:,})"
-            lock = self._lock_text(node, snap)
+            lock = self.lock_text(node, snap)
             text = f"{tree.walked_tokens:>7,} {lock:>5}{gap}  root · {tree.walked_nodes:,} nodes{cut}"
             return Strip([Segment(text, self._style("locked") if node.lock_ref > 0 else None)])
         idle = None
@@ -467,7 +467,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             glyph = "+"  # on the path to a locked node
         else:
             glyph = " "
-        lock = self._lock_text(node, snap)
+        lock = self.lock_text(node, snap)
         stats = "" if self.compact else f" {count(node.hit_count):>6} {age(idle):>6}"
         nums = f"{node.tokens:>7,} {lock:>5}{stats} {glyph}"
         on_failed = row in self._failed_rows
@@ -534,7 +534,7 @@ class RadixTreeView(ScrollView, can_focus=True):
             text, goes_on = set_cell_size(text, room - 1).rstrip(), True
         return f' "{text}{"…" if goes_on else ""}"'
 
-    def _lock_text(self, node: Any, snap: Any) -> Any:
+    def lock_text(self, node: Any, snap: Any) -> Any:
         """The lock column: the count, "1+" where only locked-or-not is known (the Rust TreeCore's
         walk), "?" where nothing is (kv-events): never a 0 that was not read."""
         detail = getattr(snap, "lock_detail", "counts")

@@ -40,7 +40,7 @@ def node_text(tree: RadixTreeView, row: int) -> Text:
     idle = snap.monotonic - node.last_access if node.last_access is not None else None
     out.append(f"{name}", style="bold")
     out.append(
-        f" · {count(node.tokens)} tokens · lock {tree._lock_text(node, snap)} · hits {count(node.hit_count)}"
+        f" · {count(node.tokens)} tokens · lock {tree.lock_text(node, snap)} · hits {count(node.hit_count)}"
         f" · idle {age(idle)} · {node.children} children{' · evicted' if node.evicted else ''}\n"
     )
     if tree.failed is not None and node.id == tree.failed[0]:
@@ -65,7 +65,7 @@ def node_text(tree: RadixTreeView, row: int) -> Text:
             cut = "…" if n.tokens > len(n.head) and n.head else ""
             style = "bold" if r == row else None
             out.append(f"  #{n.id if n.id is not None else '?':<8} {count(n.tokens):>7} tok  lock "
-                       f"{str(tree._lock_text(n, snap)):>3}  {_head(tree, n)}{cut}\n", style=style)
+                       f"{str(tree.lock_text(n, snap)):>3}  {_head(tree, n)}{cut}\n", style=style)
     if tree.note():
         out.append(f"\n{tree.note()}\n", style="italic")
     return printable_text(out)
@@ -81,9 +81,9 @@ def _holders(out: Text, tree: RadixTreeView, row: int) -> None:
     held = holders.held_by.get(row, ())
     if held:
         out.append(f"\nheld by {len(held)} request{'s' if len(held) > 1 else ''}\n", style="bold")
-        rows = {n.id: r for r, n in enumerate(tree.snapshot.tree.nodes)}
+        here = holders.deepest.get(row, ())
         for h in sorted(held, key=lambda h: -h.held_s):
-            where = "this node" if rows.get(h.node) == row else f"#{h.node} below"
+            where = "this node" if h in here else f"#{h.node} below"
             out.append(f"  {printable_escaped(h.rid)}  {h.state}  held {age(h.held_s)}  "
                        f"prompt {count(h.prompt_tokens)} tok  (locked at {where})\n")
     if row in holders.unheld:

@@ -82,6 +82,7 @@ EVENT_KINDS = (
 HOOK_STATES = ("active", "off", "disabled")
 HOLDER_STATES = ("running", "chunked", "waiting")  # where the scheduler keeps a request holding a lock
 MAX_HOLDERS = 4_096
+MAX_SHARERS = 1_024
 LOCK_DETAILS = ("counts", "locked-only", "none")
 HEALTH_STATES = ("ok", "starting", "degraded")
 
@@ -420,6 +421,29 @@ class Holder(NamedTuple):
         )
 
 
+class Sharer(NamedTuple):
+    """A request that held a lock and let go of it (it finished, or moved its lock deeper), whose
+    node is still cached: the nodes on its path are the ones it used."""
+
+    rid: str
+    node: int | None  # the deepest node it held, as the rows name nodes; None: unknown
+    released_s: float  # seconds since the instrument first saw it let go
+    prompt_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_dict(cls, obj: Any, where: str) -> Sharer:
+        o = _obj(obj, where)
+        return cls(
+            rid=_str(_get(o, "rid", where), f"{where}.rid", 200),
+            node=_opt_int(_get(o, "node", where), f"{where}.node"),
+            released_s=_float(_get(o, "released_s", where), f"{where}.released_s", 0.0),
+            prompt_tokens=_int(_get(o, "prompt_tokens", where), f"{where}.prompt_tokens", 0),
+        )
+
+
 class Branch(NamedTuple):
     """A node of a tree rebuilt outside the instrument's walk (the Rust TreeCore's slots,
     kv-events' blocks), for heaviest_first()."""
@@ -575,12 +599,16 @@ class Snapshot:
     # The requests holding tree locks as the scheduler sees them (added without a bump): None where
     # they are unknown (an older server, a tree rebuilt from kv-events or a print), () where none.
     holders: tuple[Holder, ...] | None = None
+    # The requests that let go of their locks while the nodes they held stay cached, newest first
+    # (added without a bump): None where the source does not remember them.
+    sharers: tuple[Sharer, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for f in fields(self):
-            if f.name == "holders":
-                d[f.name] = None if self.holders is None else [h.to_dict() for h in self.holders]
+            if f.name in ("holders", "sharers"):
+                records = getattr(self, f.name)
+                d[f.name] = None if records is None else [r.to_dict() for r in records]
             elif f.name != "tree":
                 v = getattr(self, f.name)
                 d[f.name] = v.to_dict() if hasattr(v, "to_dict") else v
@@ -631,14 +659,19 @@ class Snapshot:
             census=None if census is None else Census.from_dict(census, f"{w}.census"),
             tree=None if tree is None else TreeView.from_dict(tree, f"{w}.tree"),
             lock_detail=_choice(o.get("lock_detail", "counts"), f"{w}.lock_detail", LOCK_DETAILS),
-            holders=_holders(o.get("holders"), f"{w}.holders"),
+            holders=_records(Holder, o.get("holders"), f"{w}.holders", MAX_HOLDERS),
+            sharers=_records(Sharer, o.get("sharers"), f"{w}.sharers", MAX_SHARERS),
         )
 
 
-def _holders(v: Any, where: str) -> tuple[Holder, ...] | None:
+_Record = TypeVar("_Record", Holder, Sharer)
+
+
+def _records(kind: type[_Record], v: Any, where: str, cap: int) -> tuple[_Record, ...] | None:
+    """A list of `kind` records (Holder, Sharer), None where the field is null or missing."""
     if v is None:
         return None
-    return tuple(Holder.from_dict(h, f"{where}[{i}]") for i, h in enumerate(_list(v, where, MAX_HOLDERS)))
+    return tuple(kind.from_dict(r, f"{where}[{i}]") for i, r in enumerate(_list(v, where, cap)))
 
 
 class Event(NamedTuple):

@@ -15,6 +15,7 @@ import pytest
 from test_instrument import filled_sim_cache, insert
 from test_sim_server import inproc
 
+from radixtop.instrument import holders as holders_mod
 from radixtop.instrument import slot_chains
 from radixtop.instrument.endpoint import Instrumentation
 from radixtop.instrument.flight import record_name
@@ -91,6 +92,44 @@ def test_a_lock_keeps_the_time_it_was_first_seen_and_is_forgotten_once_gone() ->
     tracker.observe(scheduler(running_batch=[a, b]), now=15.0)
     assert [s.first_seen for s in tracker.latest or ()] == [15.0, 12.0]
     assert len(tracker._first) == 2
+
+
+def test_a_lock_let_go_is_remembered_with_its_node_newest_last_and_bounded() -> None:
+    a, b = req("a", node=7), req("b", node=types.SimpleNamespace(id=8))  # a NodeId; a TreeNode's id
+    tracker = HolderTracker(max_released=3)
+    tracker.observe(scheduler(running_batch=[a, b]), now=10.0)
+    assert not tracker.released
+    a.lock = types.SimpleNamespace(node=9)  # a checkpoint: the lock moves deeper
+    tracker.observe(scheduler(running_batch=[a, b]), now=11.0)
+    tracker.observe(scheduler(running_batch=[a]), now=12.0)  # b finished
+    assert [(r.rid, r.node, r.released) for r in tracker.released.values()] == [("a", 7, 11.0), ("b", 8, 12.0)]
+    assert tracker.released["b", 8].prompt == list(range(5))
+    for i in range(5):
+        tracker.observe(scheduler(running_batch=[req(f"x{i}", node=100 + i)]), now=13.0 + i)
+    assert [r.rid for r in tracker.released.values()] == ["x1", "x2", "x3"]  # the newest three
+
+
+def test_the_requests_that_let_go_are_named_once_each_and_gone_nodes_are_forgotten() -> None:
+    tracker = HolderTracker()
+    a, b, c = req("a", node=1), req("b", node=2), req("c", node=3)
+    tracker.observe(scheduler(running_batch=[a, b, c]), now=0.0)
+    a.lock = types.SimpleNamespace(node=4)  # a moves deeper, then finishes: two nodes remembered
+    tracker.observe(scheduler(running_batch=[a, b, c]), now=1.0)
+    tracker.observe(scheduler(running_batch=[a, c]), now=2.0)
+    tracker.observe(scheduler(running_batch=[c]), now=3.0)
+    still = tracker.latest or []
+    # Python cores: the node's id, one entry per rid (its newest), none for a request holding a lock.
+    got = holders_mod.raw_sharers(tracker.released, still, now=5.0)
+    assert [(h.rid, h.node, h.held_s, h.state) for h in got] == [("a", 4, 2.0, "released"), ("b", 2, 3.0, "released")]
+    # The Rust core: a node the core no longer has raises, and is forgotten; the older one stands in.
+    paths = {1: [10], 2: [10, 20]}
+    got = holders_mod.raw_sharers(tracker.released, still, now=5.0, path_of=lambda node: paths[node])
+    assert [(h.rid, h.node) for h in got] == [("b", [10, 20]), ("a", [10])]  # newest let go first
+    assert got[1].ids == (list(range(5)), [])
+    assert ("a", 4) not in tracker.released and ("a", 1) in tracker.released
+    named = holders_mod.named_sharers(got, (55, None))
+    assert [(s.rid, s.node, s.released_s) for s in named] == [("b", 55, 3.0), ("a", None, 4.0)]
+    assert all(r.rid != "c" for r in tracker.released.values())  # c holds its lock still
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,7 +231,7 @@ def test_a_lock_and_an_unlock_that_raise_name_their_node_in_the_flight_record(tm
 # The simulator
 
 
-def test_the_simulators_running_requests_are_its_snapshots_holders() -> None:
+def test_the_simulators_requests_are_its_snapshots_holders_and_then_its_sharers() -> None:
     engine = Engine(SimConfig(page_size=4, step_time_s=0, tp_size=2), lambda line: None)
     insts = [serving(cache) for _, cache in sorted(engine.caches.items())]
     try:
@@ -215,8 +254,13 @@ def test_the_simulators_running_requests_are_its_snapshots_holders() -> None:
         while not future.done():
             engine.iterate()
         engine.iterate()
-        later = [h.rid for h in captured(insts[0], engine.rank_requests(0)).holders or ()]
+        snap = captured(insts[0], engine.rank_requests(0))
+        later = [h.rid for h in snap.holders or ()]
         assert later == ["other"] or later == []
+        # "long" let go of its lock and its node stays cached: the snapshot names it there.
+        (used,) = [u for u in snap.sharers or () if u.rid == "long"]
+        row = next(r for r in snap.tree.nodes if r.id == used.node)
+        assert row.lock_ref == 0 and row.head[:4] == tuple(prompt[:4]) and used.prompt_tokens == 40
     finally:
         for inst in insts:
             inst.close()

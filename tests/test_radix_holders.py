@@ -13,7 +13,7 @@ from radixtop.probes.flight import FlightFile
 from radixtop.probes.radix import RadixSample
 from radixtop.probes.radix_tree import TreeIndex
 from radixtop.probes.status import SourceState
-from radixtop.schema import FlightRecord, Holder, Trigger
+from radixtop.schema import FlightRecord, Holder, Sharer, Trigger
 from radixtop.session.flight_views import flight_sample
 from radixtop.session.lock_holders import LockHolders
 from radixtop.session.radix_board import RadixBoard
@@ -37,6 +37,16 @@ def held_tree(root_lock: int = 1) -> tuple:
 
 
 HOLDERS = (Holder("r-a", 2, 12.5, 300, "running"), Holder("r-b", 3, 1.0, 40, "chunked"))
+
+
+def used_tree() -> tuple:
+    """held_tree()'s, with 4 unlocked and an unlocked 5 under it: the nodes earlier requests used."""
+    return (*held_tree()[:4], node(0, 32, 0, 4, children=1, subtree=40), node(4, 8, 0, 5))
+
+
+# r-old let go of #5, r-older of #4; r-gone's node is no longer among the rows; r-a still holds #2
+# and let go of #3 at a checkpoint before (a request holding a lock is named by it, not here).
+SHARERS = (Sharer("r-old", 5, 3.0, 64), Sharer("r-older", 4, 40.0, 48), Sharer("r-gone", 99, 1.0, 8))
 
 
 def _board(snap, *, url: str = URL, rank: int = 0, at: float = T0) -> RadixBoard:
@@ -81,6 +91,13 @@ def test_holders_unknown_or_off_the_rows_claim_no_leak() -> None:
     # the Rust core's walk says locked-or-not: a locked row no request covers is still flagged
     rust = make_snapshot(nodes=held_tree(), holders=HOLDERS, lock_detail="locked-only")
     assert LockHolders.of(rust).leaks == (4,)
+
+
+def test_the_requests_that_let_go_are_placed_on_the_paths_they_used() -> None:
+    h = LockHolders.of(make_snapshot(nodes=used_tree(), holders=HOLDERS, sharers=SHARERS))
+    assert [u.rid for u in h.used_by[4]] == ["r-old", "r-older"] and [u.rid for u in h.used_by[5]] == ["r-old"]
+    assert 1 not in h.used_by and h.unplaced == 0  # sharers hold no lock: no holder went missing
+    assert h.leaks == ()  # and they are no holders: #4, unlocked now, is no leak
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,6 +159,31 @@ async def test_the_failing_operations_path_is_marked_and_opened_with_the_cursor_
         pane.show(board, now=T0)
         await pilot.pause()
         assert not [r for r in _text(pane) if "»" in r]
+
+
+async def test_rows_no_lock_holds_name_the_requests_that_used_them() -> None:
+    app = PaneApp()
+    async with app.run_test(size=(120, 30)) as pilot:
+        pane = app.query_one(RadixPane)
+        pane.show(_board(make_snapshot(nodes=used_tree(), holders=HOLDERS, sharers=SHARERS)), now=T0)
+        view = pane.tree_view
+        view.focus()
+        await pilot.press("x")  # open the locked paths
+        await pilot.pause()
+        view.cursor = next(i for i, (row, *_) in enumerate(view.rows) if view.snapshot.tree.nodes[row].id == 4)
+        await pilot.press("right")  # and #4
+        await pilot.pause()
+        rows = _text(pane, 10)
+        by_id = {int(r.split("#")[1].split()[0]): r for r in rows if "#" in r}
+        assert "⇠ r-old 3.0s ago +1" in by_id[4] and "⇠ r-old 3.0s ago" in by_id[5], rows
+        assert "← r-a 12s" in by_id[2] and "ago" not in by_id[1]  # a held row names its holders
+        summary = pane.query_one("#radix-summary").render().plain  # type: ignore[union-attr]
+        assert "⇠ names the nodes 2 earlier requests used" in summary
+        await pilot.press("v")
+        await pilot.pause()
+        text = app.screen.text.plain
+        assert "used before by 2 requests" in text
+        assert "  r-old  let go 3.0s ago  prompt 64 tok\n  r-older  let go 40s ago  prompt 48 tok" in text
 
 
 async def test_v_shows_the_node_its_path_and_its_holders() -> None:

@@ -320,11 +320,60 @@ def assert_holds_its_path(snap: Snapshot, rid: str) -> None:
     assert [h.rid for h in placed.deepest[next(i for i, r in enumerate(rows) if r.id == holder.node and i)]] == [rid]
 
 
+def used_path(snap: Snapshot, rid: str) -> list[int]:
+    """The rows from the root to the node an earlier request let go of (snap.sharers), each
+    unlocked now and starting with the prompt's ids at its position, and each naming the request
+    in the pane's reading (LockHolders.used_by)."""
+    from radixtop.session.lock_holders import LockHolders
+
+    (used,) = [u for u in snap.sharers or () if u.rid == rid]
+    assert used.prompt_tokens == len(HELD) and used.released_s >= 0, used
+    assert snap.tree is not None
+    rows = snap.tree.nodes
+    index = next(i for i, row in enumerate(rows) if row.id == used.node and i > 0)
+    path = []
+    while index > 0:
+        path.append(index)
+        index = rows[index].parent
+    path.reverse()
+    placed = LockHolders.of(snap)
+    position = 0
+    for index in path:
+        row = rows[index]
+        assert row.lock_ref == 0 and rid in [u.rid for u in placed.used_by[index]], (row, placed.used_by)
+        if position + row.tokens <= len(HELD):  # the prompt's part (the output's ids are the model's)
+            assert row.head == tuple(HELD[position : position + min(row.tokens, 32)]), (position, row)
+        position += row.tokens
+    assert position >= len(HELD) // 16 * 16, path
+    return path
+
+
 def test_the_rust_cores_snapshot_names_a_running_requests_lock_and_its_prompt(live: RealServer) -> None:
     during, after = held_while_generating(live, "radixtop-held-rust")
     assert during.lock_detail == "locked-only" and during.cache_class == "UnifiedRadixCache"
     assert_holds_its_path(during, "radixtop-held-rust")
     assert after.holders == ()
+    # Finished, it holds no lock; the nodes it used stay cached and still name it, with its ids.
+    used_path(after, "radixtop-held-rust")
+    # A second request sharing the first four pages: the node they share names both.
+    sampling = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    live.generate(HELD[:64] + list(range(2000, 2040)), rid="radixtop-second", sampling_params=sampling)
+    port, deadline = _instrument_port(live), time.monotonic() + 30
+    snap = _snapshot(port)
+    while not {"radixtop-held-rust", "radixtop-second"} <= {u.rid for u in snap.sharers or ()}:
+        assert time.monotonic() < deadline, snap.sharers
+        time.sleep(0.3)
+        snap = _snapshot(port)
+    first = used_path(snap, "radixtop-held-rust")
+    rows = snap.tree.nodes
+    shared = [i for i in first if sum(rows[j].tokens for j in first[: first.index(i) + 1]) <= 64]
+    assert shared, first  # the split at the fourth page ends a node there
+    from radixtop.session.lock_holders import LockHolders
+
+    used_by = LockHolders.of(snap).used_by
+    assert {u.rid for u in used_by[shared[0]]} >= {"radixtop-held-rust", "radixtop-second"}, used_by
+    below = first[len(shared)]  # the first one's own continuation: not the second's
+    assert "radixtop-second" not in {u.rid for u in used_by[below]}
 
 
 def test_the_python_cores_snapshot_names_a_running_requests_lock(python_core: RealServer) -> None:

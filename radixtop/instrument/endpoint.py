@@ -498,6 +498,7 @@ class InstrumentEndpoint:
                 events_seq=self.events.latest_seq,
                 census_fresh=census_fresh,
                 holders=self.holders.latest,
+                released=self.holders.released,
             )
         finally:
             # Whatever happened, the next try waits: a broken cache must not cost every iteration.

@@ -10,10 +10,11 @@ show: a node whose only child was split off and later evicted reads as one node 
 per-node lock_ref counts, hit counts, last access and token ids are unknown (the snapshot says
 `lock_detail="locked-only"`: lock_ref 1 means locked, by some count).
 
-The token ids of the paths requests hold locked are known from the requests themselves: build()
-takes each holder's locked path (the device slots `path_device_indices` gives for its lock's node,
-read at the safe point) and the request's ids, names the holder's node (the chain holding the
-path's last slot) and fills the head of every chain on that path with the ids at its positions
+The token ids of the paths requests hold locked, or held and let go of while the nodes stay, are
+known from the requests themselves: build() takes each such path (the device slots
+`path_device_indices` gives for the lock's node, read at the safe point) and the request's ids,
+names the request's node (the chain holding the path's last slot) and fills the head of every
+chain on that path with the ids at its positions
 (the walk's positions index the request's prompt, then its output). Heads stay empty for chains
 no holder's path runs through, and a head stops where the request's ids end or are not plain ints;
 where a tree's key is not the request's ids position for position (EAGLE's bigram keys), the ids

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import time
 from array import array
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,6 +45,7 @@ from radixtop.schema import (
     Counters,
     Holder,
     NodeRow,
+    Sharer,
     Snapshot,
     TreeView,
 )
@@ -54,7 +55,8 @@ _K1, _K2, _K3 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9  # od
 _RUST_CORE_HINT = "restart the server with SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to see the tree"
 _RUST_WALK_NOTE = (
     "Rust TreeCore: the tree rebuilt from its KV-canary walk (a node = an unbranched run of slots of "
-    "one lock state); lock counts (locked or not only), hits, last access and token ids are unknown"
+    "one lock state); lock counts (locked or not only), hits and last access are unknown, and token ids "
+    "are known only on the paths of requests that hold or held a lock there"
 )
 
 
@@ -583,6 +585,7 @@ class Capture:
     cut_exact: bool
     slot_walk: slot_chains.SlotWalk | None = None  # the Rust TreeCore's walk, rebuilt in build()
     holders: tuple[holders_mod.RawHolder, ...] | None = None  # None: unknown
+    sharers: tuple[holders_mod.RawHolder, ...] | None = None  # None: not remembered
     marks: tuple[Any, ...] = ()  # node ids, or on the Rust core locked paths' slots
     head_tokens: int = 0  # the Rust core: ids of a held path's chains sent per row
 
@@ -595,6 +598,7 @@ class Capture:
             return self._build_rebuilt(self.slot_walk)
         marks = tuple(m if type(m) is int else None for m in self.marks)
         holders = None if self.holders is None else holders_mod.named(self.holders)
+        sharers = None if self.sharers is None else holders_mod.named_sharers(self.sharers)
         tree = None
         if self.rows is not None:
             tree = TreeView(
@@ -606,20 +610,25 @@ class Capture:
                 cut_exact=self.cut_exact,
                 nodes=tuple(map(_clean_row, self.rows)),
             )
-        return self._snapshot(tree, "counts", holders), marks
+        return self._snapshot(tree, "counts", holders, sharers), marks
 
     def _build_rebuilt(self, walk: slot_chains.SlotWalk) -> tuple[Snapshot, tuple[int | None, ...]]:
-        """The Rust core: the tree rebuilt from the walk, the holders' paths named and their heads
-        filled from the requests' ids (slot_chains.build)."""
-        raw = self.holders or ()
-        held = [slot_chains.HeldPath(holders_mod.last_slot(h.node), _ids_reader(h.ids)) for h in raw]
+        """The Rust core: the tree rebuilt from the walk, the holders' and sharers' paths named and
+        their heads filled from the requests' ids (slot_chains.build)."""
+        raw, used = self.holders or (), self.sharers or ()
+        held = [slot_chains.HeldPath(holders_mod.last_slot(h.node), _ids_reader(h.ids)) for h in (*raw, *used)]
         held += [slot_chains.HeldPath(holders_mod.last_slot(m), None) for m in self.marks]
         walked, census, ends = slot_chains.build(walk, self.budget, held, self.head_tokens)
-        holders = None if self.holders is None else holders_mod.named(raw, ends[: len(raw)])
+        n, m = len(raw), len(raw) + len(used)
+        holders = None if self.holders is None else holders_mod.named(raw, ends[:n])
+        sharers = None if self.sharers is None else holders_mod.named_sharers(used, ends[n:m])
         rebuilt = replace(self, slot_walk=None, rows=None, census=census, walkable=True, reason=_RUST_WALK_NOTE)
-        return rebuilt._snapshot(walked, "locked-only", holders), ends[len(raw) :]
+        return rebuilt._snapshot(walked, "locked-only", holders, sharers), ends[m:]
 
-    def _snapshot(self, tree: TreeView | None, lock_detail: str, holders: tuple[Holder, ...] | None) -> Snapshot:
+    def _snapshot(
+        self, tree: TreeView | None, lock_detail: str, holders: tuple[Holder, ...] | None,
+        sharers: tuple[Sharer, ...] | None,
+    ) -> Snapshot:
         s = self.sizes
         return Snapshot(
             schema_version=SCHEMA_VERSION,
@@ -644,6 +653,7 @@ class Capture:
             tree=tree,
             lock_detail=lock_detail,
             holders=holders,
+            sharers=sharers,
         )
 
 
@@ -801,10 +811,12 @@ class TreeSnapshotter:
         events_seq: int = 0,
         census_fresh: bool = False,
         holders: Sequence[holders_mod.Seen] | None = None,
+        released: OrderedDict[tuple[Any, int], holders_mod.Released] | None = None,
         marks: Sequence[Any] = (),
     ) -> Capture:
         """The scheduler-thread part of a snapshot: sizes, the detail walk's raw rows, the census
-        figures, the lock holders (HolderTracker.latest; None: unknown). `census_fresh`: the tree
+        figures, the lock holders (HolderTracker.latest; None: unknown) and the requests that let go
+        of theirs (HolderTracker.released, whose gone nodes it forgets). `census_fresh`: the tree
         has not moved since census_step() set `fresh` (the same safe point), so the cut can be
         counted exactly. `marks`: nodes as the cache's API names them (a NodeId, a node's id),
         which Capture.build_marked() names as the rows do. Never raises for a strange cache."""
@@ -837,6 +849,9 @@ class TreeSnapshotter:
                     reason = f"the Rust TreeCore's walk failed ({type(exc).__name__}: {str(exc)[:200]}): sizes only"
         now = time.monotonic()
         raw = None if holders is None else holders_mod.raw_holders(holders, now, path_of)
+        sharers = None
+        if released is not None and path_of is not _no_path:
+            sharers = holders_mod.raw_sharers(released, holders or (), now, path_of)
         marked = tuple(_mark(m, path_of) for m in marks)
         return Capture(
             rank=rank,
@@ -862,6 +877,7 @@ class TreeSnapshotter:
             cut_exact=cut[2],
             slot_walk=slot_walk,
             holders=raw,
+            sharers=sharers,
             marks=marked,
         )
 

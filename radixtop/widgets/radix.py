@@ -59,6 +59,7 @@ from radixtop.widgets.rows import TextRows
 
 CHILD_PAGE = 200  # children listed per expanded node before a "… N more" row
 MAX_ROWS = 50_000  # visible rows at most, however much is expanded
+_PREFIX_ROOM = 32  # cells a row keeps for its prefix before it names the requests that used it
 _LOCK_BUCKETS = (
     ("<0", -(2**63), -1), ("0", 0, 0), ("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 2**63)
 )
@@ -477,6 +478,10 @@ class RadixTreeView(ScrollView, can_focus=True):
         if on_failed and self.failed is not None and node.id == self.failed[0]:
             failed_here = f" ◀ {self.failed[1].replace('_', ' ')} here"
         tail = f"{more_kids}{' evicted' if node.evicted else ''}{held}{failed_here}"
+        if not held and (used := self._used(row)):  # where the prefix keeps room to be read
+            room = width - cell_len(nums) - cell_len(label) - cell_len(tail) - cell_len(used)
+            if room >= _PREFIX_ROOM or not node.head:
+                tail += used
         label += self._prefix(node, width - cell_len(nums) - cell_len(label) - cell_len(tail)) + tail
         if on_failed:
             style = self._style("failed")
@@ -516,6 +521,16 @@ class RadixTreeView(ScrollView, can_focus=True):
         more = f" +{len(at) - 1}" if len(at) > 1 else ""
         state = "" if first.state == "running" else f" {first.state}"
         return f" ← {_fit(printable_escaped(first.rid), 24)} {age(first.held_s)}{state}{more}", False
+
+    def _used(self, row: int) -> str:
+        """The requests that used the row and let go (the newest first, +N more), where the source
+        remembers them: how a node no lock holds says whose prefix it is."""
+        used = self.holders.used_by.get(row)
+        if not used:
+            return ""
+        newest = used[0]
+        more = f" +{len(used) - 1}" if len(used) > 1 else ""
+        return f" ⇠ {_fit(printable_escaped(newest.rid), 12)} {age(newest.released_s)} ago{more}"
 
     def _prefix(self, node: Any, room: int) -> str:
         """The node's first tokens as text in quotes (its head decoded, escaped, cut to `room`
@@ -863,9 +878,13 @@ class RadixPane(Vertical):
     def _holder_lines(self, out: Text, snap: Any, width: int) -> None:
         """The requests holding locks, and the locks no request accounts for."""
         holders = self.tree_view.holders
-        if not holders.known or not snap.holders and not holders.unheld:
+        if not holders.known or not snap.holders and not holders.unheld and not snap.sharers:
             return
         nodes = snap.tree.nodes
+        placed = {u.rid for used in holders.used_by.values() for u in used}
+        if placed:
+            out.append(_fit(f"⇠ names the nodes {len(placed)} earlier request{'s' if len(placed) > 1 else ''} used "
+                            "(their locks let go, the nodes still cached; v: a node's)", width) + "\n", style="dim")
         if snap.holders:
             listed = sorted(snap.holders, key=lambda h: -h.held_s)
             text = ", ".join(

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from radixtop.widgets.radix import RadixTreeView
 
 PATH_ROWS = 64  # the deepest path shown whole; deeper ones keep their first and last rows
+USED_ROWS = 32  # the earlier requests listed for a node; the rest counted
 
 
 def _head(tree: RadixTreeView, node: object) -> str:
@@ -94,6 +95,15 @@ def _holders(out: Text, tree: RadixTreeView, row: int) -> None:
         out.append("fewer locks than requests holding them: a lock released twice?\n", style="bold red")
     if holders.unplaced:
         out.append(f"{holders.unplaced} holder(s) on nodes not among the rows sent\n", style="dim")
+    used = holders.used_by.get(row, ())
+    if used:
+        out.append(f"\nused before by {len(used)} request{'s' if len(used) > 1 else ''} "
+                   "(let go of their locks; the node stays cached)\n", style="bold")
+        for u in used[:USED_ROWS]:
+            out.append(f"  {printable_escaped(u.rid)}  let go {age(u.released_s)} ago  "
+                       f"prompt {count(u.prompt_tokens)} tok\n")
+        if len(used) > USED_ROWS:
+            out.append(f"  … {len(used) - USED_ROWS} more\n", style="dim")
 
 
 class NodeScreen(TextScreen):

@@ -64,15 +64,7 @@ class FleetScreen(TextScreen):
     BINDINGS: ClassVar[list[BindingType]] = [binding(FLEET_CLOSE)]
 
     def __init__(self, view: FleetView | None) -> None:
-        super().__init__(render_fleet(view))
-        self.url = view.url if view is not None else ""
-
-    def on_mount(self) -> None:
-        super().on_mount()
-        if self.url:
-            from textual.containers import VerticalScroll
-
-            self.query_one(VerticalScroll).border_title = f"Fleet: {printable(self.url)} (Esc closes)"
+        super().__init__(render_fleet(view), title=f"Fleet: {printable(view.url)}" if view is not None else None)
 
     def show(self, view: FleetView, *, now: float | None = None) -> None:
         self.query_one(f"#{self.TEXT_ID}", Static).update(render_fleet(view, now=now))

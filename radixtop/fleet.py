@@ -18,7 +18,7 @@ from typing import Any
 from radixtop.errors import ExitStatus, UsageError
 from radixtop.probes.fleet import FleetSample, RankFigures
 from radixtop.probes.fleet_probe import FleetProbe
-from radixtop.probes.prometheus import check_url
+from radixtop.probes.prometheus import check_url, shown_url
 from radixtop.session.fleet import HEADER, FleetState, FleetView, open_command, rank_row
 from radixtop.textsafe import printable
 
@@ -30,7 +30,7 @@ def run_fleet(args: Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--prometheus: {exc}") from None
     sample = asyncio.run(_poll_once(url, args.timeout))
-    state = FleetState(url)
+    state = FleetState(shown_url(url))  # what is printed: a password in the URL masked
     state.apply(sample)
     if sample.status.state not in ("ok", "degraded"):
         print(f"radixtop: {sample.status.message}", file=sys.stderr)

@@ -151,6 +151,7 @@ async def test_a_content_length_past_the_cap_is_refused_before_reading(junk: Jun
     (Answer(status=400, body=json.dumps({"status": "error", "errorType": "bad_data",
                                          "error": "parse error\x1b[31m at char 3"}).encode()),
      "refused the query (HTTP 400: parse error\ufffd[31m at char 3)"),
+    (Answer(status=401, body=b"Unauthorized", content_type="text/plain"), "it wants credentials"),
     (Answer(body=b"[1, 2]"), "not an object"),
     (Answer(body=b'{"status": "success", "data": {"resultType": "matrix", "result": []}}'), "not an instant vector"),
     (Answer(body=b'{"status": "success", "data": []}'), "not an instant vector"),

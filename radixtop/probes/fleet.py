@@ -95,7 +95,7 @@ class RankFigures:
 
 @dataclass(frozen=True, slots=True)
 class FleetSample:
-    url: str
+    url: str  # as shown: a password in it masked
     status: SourceState
     time: float  # time.time() of this poll
     ranks: tuple[RankFigures, ...] = ()

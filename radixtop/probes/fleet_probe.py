@@ -19,7 +19,7 @@ from radixtop.probes.fleet import (
     fold,
 )
 from radixtop.probes.http import make_client
-from radixtop.probes.prometheus import instant_query
+from radixtop.probes.prometheus import instant_query, shown_url
 from radixtop.probes.status import StateClock
 from radixtop.schema import STATE_METRIC_NAMES
 
@@ -59,7 +59,7 @@ class FleetProbe:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a gap in our own handling must not take the caller down
-            return self._sample("error", f"radixtop failed reading {self.url}: {type(exc).__name__}: {exc}")
+            return self._sample("error", f"radixtop failed reading {shown_url(self.url)}: {type(exc).__name__}: {exc}")
 
     async def _poll(self) -> FleetSample:
         deadline = self.timeout_s
@@ -69,7 +69,7 @@ class FleetProbe:
                     instant_query(self.client, self.url, q, timeout_s=deadline) for q in QUERIES.values()
                 ))
         except TimeoutError:
-            return self._sample("down", f"Prometheus at {self.url}: no answer within {deadline:g} s; "
+            return self._sample("down", f"Prometheus at {shown_url(self.url)}: no answer within {deadline:g} s; "
                                         "check the URL, or give it longer (--timeout)")
         failed = next((a for a in answers if not a.ok), None)
         if failed is not None:
@@ -85,4 +85,4 @@ class FleetProbe:
 
     def _sample(self, state: str, message: str = "", *, ranks: tuple[RankFigures, ...] = (),
                 notes: tuple[str, ...] = ()) -> FleetSample:
-        return FleetSample(self.url, self._state.update(state, message), self._clock(), ranks, notes)
+        return FleetSample(shown_url(self.url), self._state.update(state, message), self._clock(), ranks, notes)

@@ -22,7 +22,8 @@ from radixtop.textsafe import printable_line
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["MAX_ANSWER_BYTES", "MAX_SERIES", "Labels", "QueryAnswer", "Series", "check_url", "instant_query"]
+__all__ = ["MAX_ANSWER_BYTES", "MAX_SERIES", "Labels", "QueryAnswer", "Series", "check_url", "instant_query",
+           "shown_url"]
 
 QUERY_PATH = "/api/v1/query"
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a few thousand ranks' series fit many times over
@@ -77,18 +78,34 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def shown_url(url: str) -> str:
+    """The URL as it may be shown: a user:password in it (httpx sends it as basic auth) is masked."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return printable_line(url, 200)
+    if parts.password is None and parts.username is None:
+        return printable_line(url, 200)
+    host = parts.netloc.rpartition("@")[2]
+    return printable_line(parts._replace(netloc=f"***@{host}").geturl(), 200)
+
+
 async def instant_query(client: httpx.AsyncClient, base_url: str, query: str, *, timeout_s: float,
                         max_bytes: int = MAX_ANSWER_BYTES) -> QueryAnswer:
     """`query` evaluated now; Prometheus is asked to give up at the same deadline (its `timeout`)."""
     url = base_url + QUERY_PATH
     fetched = await fetch(client, url, max_bytes=max_bytes, timeout_s=timeout_s,
                           params={"query": query, "timeout": f"{max(0.1, timeout_s):.3g}s"})
-    where = f"Prometheus at {printable_line(base_url, 120)}"
+    where = f"Prometheus at {shown_url(base_url)}"
     if fetched.error is not None:
         if fetched.refused:
             return QueryAnswer(query, error=f"{where}: connection refused; is it running, and is the URL its "
                                              "address (e.g. http://host:9090)?")
         return QueryAnswer(query, error=f"{where}: {fetched.error}; check the URL and that Prometheus answers")
+    if fetched.status in (401, 403):
+        return QueryAnswer(query, error=f"{where} answered HTTP {fetched.status}: it wants credentials, and radixtop "
+                                        "sends none; give an address that answers without them (e.g. from inside "
+                                        "the cluster)")
     try:
         doc = load_json(fetched.body, "the answer", max_bytes=max_bytes)
     except ValueError as exc:

@@ -57,9 +57,10 @@ class FleetWatch(_AppBase):
         """Once mounted: poll the fleet and show its view, when --prometheus named one."""
         if self.fleet_url is None:
             return
+        from radixtop.probes.prometheus import shown_url
         from radixtop.session.fleet import FleetState
 
-        self.fleet_state = FleetState(self.fleet_url)
+        self.fleet_state = FleetState(shown_url(self.fleet_url))  # shown: a password in the URL masked
         self._poll_fleet()
         self.action_fleet()
 

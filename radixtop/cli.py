@@ -60,6 +60,11 @@ TUI_OPTIONS: dict[str, dict[str, Any]] = {
         help="a rank's radixtop debug endpoint (repeatable; "
              "default: the server's /server_info, else found on its ports)",
     ),
+    "--prometheus": dict(
+        default=None, metavar="URL",
+        help="the fleet's Prometheus, e.g. http://prometheus:9090: a fleet view (F) of every rank it scrapes, "
+             "and those that stand out",
+    ),
     "--no-discover": dict(action="store_true", help="do not look for servers on this node"),
     "--no-gpu": dict(action="store_true", help="do not read GPUs through NVML"),
     "--no-panes": dict(action="store_true", help="the log pane alone"),
@@ -152,6 +157,19 @@ def _discover_arguments(discover: argparse.ArgumentParser) -> None:
     discover.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
                           help="the radixtop command on the nodes, e.g. /opt/venv/bin/radixtop (default: radixtop on "
                                "the PATH of a non-interactive ssh session)")
+
+
+def _fleet_arguments(fleet: argparse.ArgumentParser) -> None:
+    fleet.description = (
+        "Every rank the fleet's own Prometheus scrapes (radixtop's debug endpoints' /metrics), per node and rank: "
+        "token usage, locked tokens, evictions, lock anomalies; and the ranks that stand out, with why and the "
+        "command that opens one."
+    )
+    fleet.add_argument("--prometheus", required=True, metavar="URL",
+                       help="Prometheus's base URL, e.g. http://prometheus:9090 (its HTTP API, /api/v1/query)")
+    fleet.add_argument("--json", action="store_true", help="print one JSON object")
+    fleet.add_argument("--timeout", type=within(1, 600, float), default=10.0, metavar="S",
+                       help="seconds to wait for Prometheus's answers (default 10)")
 
 
 def _demo_arguments(demo: argparse.ArgumentParser) -> None:
@@ -347,6 +365,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
     Subcommand("scan", "scan logs headless for known failure signatures", _scan_arguments, "radixtop.scan:run_scan"),
     Subcommand("discover", "what radixtop finds on this node, and on others through ssh (--node HOST)",
                _discover_arguments, "radixtop.discover:run_discover"),
+    Subcommand("fleet", "the fleet through its own Prometheus: every rank, and those that stand out",
+               _fleet_arguments, "radixtop.fleet:run_fleet"),
     Subcommand("demo", "start a simulated failing SGLang server with a workload, and watch it fail",
                _demo_arguments, "radixtop.demo:run_demo"),
     Subcommand("bundle", "write an evidence bundle: first occurrences, findings, server state, GPU, processes, stacks",

@@ -28,6 +28,7 @@ class TuiOptions:
     panes: bool = True  # False: the log pane alone (--no-panes, or RADIXTOP_PANES=0 for benchmarks)
     readonly: bool = False
     actions_dir: str | None = None  # where b and c write (default: the current directory)
+    prometheus: str | None = None  # the fleet's Prometheus: the fleet view
 
     @classmethod
     def from_args(cls, args: Namespace) -> TuiOptions:
@@ -44,4 +45,5 @@ class TuiOptions:
             gpu=not args.no_gpu,
             panes=not args.no_panes and os.environ.get("RADIXTOP_PANES") != "0",
             readonly=args.readonly,
+            prometheus=args.prometheus,
         )

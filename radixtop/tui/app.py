@@ -42,6 +42,8 @@ from radixtop.session.incident_state import DEFAULT_CAPACITY, IncidentState
 from radixtop.session.ingest import Ingestor, finding_file
 from radixtop.themes import CLI_THEMES, THEMES, next_theme, variable_defaults
 from radixtop.tui.actions import IncidentActions, action_settings
+from radixtop.tui.fleet import FleetWatch
+from radixtop.tui.fleet import checked_url as fleet_url
 from radixtop.tui.guard import guarded
 from radixtop.tui.help import HelpScreen
 from radixtop.tui.keys import bindings, load_keymap
@@ -105,7 +107,7 @@ class TiledHorizontal(Horizontal):
     BLANK = True
 
 
-class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
+class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "radixtop"
     ENABLE_COMMAND_PALETTE = False
@@ -127,8 +129,10 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
         live: LiveOptions | None = None,
         readonly: bool = False,
         actions: Any = None,
+        fleet: str | None = None,
     ) -> None:
         super().__init__()
+        self.init_fleet(fleet)  # the fleet view's Prometheus (tui/fleet.py)
         self.user_keymap: dict[str, str] = {}  # binding id -> keys, from the keymap file (tui/keys.py)
         self.init_actions(readonly, actions)  # b, c and the automatic bundle (tui/actions.py)
         for t in THEMES.values():
@@ -240,6 +244,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, App[int]):
             self.call_after_refresh(self._start_history)
         self._schedule_timer(1 / REFRESH_HZ)
         self._tick(force=True)
+        self.call_after_refresh(self.start_fleet)
         self.call_after_refresh(self._freeze_startup_objects)
 
     def _freeze_startup_objects(self) -> None:
@@ -769,6 +774,7 @@ def run_tui(options: TuiOptions) -> int:
         live=live_options(options),
         readonly=options.readonly,
         actions=action_settings(options),
+        fleet=fleet_url(options.prometheus),
     )
     fit_terminal()
     signum = run_until_quit(app)

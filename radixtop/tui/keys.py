@@ -96,6 +96,9 @@ KEYS: tuple[Key, ...] = (
     Key("servers", "s", "server", "Servers",
         "the servers on this node (port, model, pid, uptime, log): Enter watches another one", show=False),
     Key("clear", "escape", "clear", "Clear", "clear the search, then the filter", show=False),
+    Key("fleet", "F", "fleet", "Fleet",
+        "the fleet view (radixtop --prometheus URL): every rank the fleet's Prometheus scrapes, those that stand "
+        "out with why, and the command that opens one", show=False),
 )
 
 # What the help screen also says: keys of a focused widget, and a flag.

@@ -90,6 +90,7 @@ TREE_NODE = WidgetKey("tree-node", "v", "node", "Node",
 TREE_SIDE = WidgetKey("tree-side", "w", "side", "Side by side",
                       "in the radix tree: this rank and the next side by side, at the same moment", show=False)
 NODE_CLOSE = WidgetKey("node-close", "escape,q,v", "dismiss", "Close", "on a node's details: close them")
+FLEET_CLOSE = WidgetKey("fleet-close", "escape,q,F", "dismiss", "Close", "on the fleet view: close it")
 WIDGET_KEYS = (APPROVE, REFUSE, CANCEL_RUN, HIDE_RUN, EVIDENCE, LOCKED_PATHS,
                HELP_CLOSE, RUN_CLOSE, RUN_QUIT, TO_LOG,
                EVIDENCE_CLOSE, TO_FINDINGS, LOG_UP, LOG_DOWN,
@@ -97,7 +98,7 @@ WIDGET_KEYS = (APPROVE, REFUSE, CANCEL_RUN, HIDE_RUN, EVIDENCE, LOCKED_PATHS,
                PICKER_CANCEL, QUESTION_YES, QUESTION_NO, TREE_UP,
                TREE_DOWN, TREE_PAGE_UP, TREE_PAGE_DOWN, TREE_TOP,
                TREE_BOTTOM, TREE_EXPAND, TREE_COLLAPSE, TREE_RANK_PREVIOUS,
-               TREE_RANK_NEXT, TREE_TEXT, TREE_NODE, TREE_SIDE, NODE_CLOSE)
+               TREE_RANK_NEXT, TREE_TEXT, TREE_NODE, TREE_SIDE, NODE_CLOSE, FLEET_CLOSE)
 
 
 def binding(key: WidgetKey) -> Binding:

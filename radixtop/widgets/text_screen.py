@@ -26,9 +26,10 @@ class TextScreen(ModalScreen[None]):
     TEXT_ID: ClassVar[str] = "screen-text"
     BINDINGS: ClassVar[list[BindingType]] = []
 
-    def __init__(self, text: Text) -> None:
+    def __init__(self, text: Text, title: str | None = None) -> None:
         super().__init__()
         self.text = text
+        self.title_text = self.TITLE_TEXT if title is None else title  # a frame that names what it shows
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
@@ -36,7 +37,7 @@ class TextScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         scroller = self.query_one(VerticalScroll)
-        scroller.border_title = f"{self.TITLE_TEXT} (Esc closes)"
+        scroller.border_title = f"{self.title_text} (Esc closes)"
         scroller.focus()
 
     async def action_dismiss(self, result: None = None) -> None:

@@ -251,3 +251,56 @@ def test_a_node_whose_answer_is_not_a_bundle_is_one_line(nodes: Nodes, tmp_path:
     assert not (path / "nodes" / "node2").exists() and not list((path / "nodes").glob(".*"))
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
     assert took < 60 and time.monotonic() - started < 60
+
+
+def scan(nodes: Nodes, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "radixtop", "scan", "--ssh-config", str(nodes.config), *args],
+        capture_output=True, text=True, check=False, timeout=BUNDLE_WITHIN_S, cwd=ROOT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_scan_across_nodes_tags_each_finding_and_names_the_earliest_initiating_one(nodes: Nodes) -> None:
+    done = scan(nodes, str(nodes.here.log), "--node", "node2", "--node-log", f"node2={nodes.node2.log}",
+                "--node", "bare", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()] and done.stderr.startswith(
+        "radixtop: bare: radixtop is not installed there"), done.stderr
+    doc = json.loads(done.stdout)
+    local, two, bare = doc["nodes"]
+    assert (local["node"], two["node"], bare["node"]) == ("local", "node2", "bare")
+    assert two["ok"] and not bare["ok"] and two["clock_correction_s"] == 0
+    assert abs(two["clock_skew_s"]) <= two["clock_skew_uncertainty_s"] + 0.01
+    # The race on node2 came first: its cause is the initiating finding across nodes.
+    init = doc["initiating"]
+    assert (init["node"], init["signature"]) == ("node2", "radix-page-lock-eviction")
+    assert init["first"]["file"] == str(nodes.node2.log) and init["first"]["rank"] in ("TP0", "TP1")
+    found = doc["findings"]
+    assert [f["first"]["epoch"] for f in found] == sorted(f["first"]["epoch"] for f in found)
+    races = [f["node"] for f in found if f["signature"] == "radix-page-lock-eviction"]
+    assert races == ["node2", "local"]
+    # The same for a person.
+    done = scan(nodes, str(nodes.here.log), "--node", "node2", "--node-log", f"node2={nodes.node2.log}")
+    assert done.returncode == 0, done.stderr
+    assert "\nInitiating: node2 TP" in done.stdout and "radix-page-lock-eviction (error)" in done.stdout
+    assert "node node2: clock " in done.stdout and "not corrected" in done.stdout
+
+
+def test_scan_on_a_node_without_a_log_named_takes_the_servers_it_finds(nodes: Nodes) -> None:
+    done = scan(nodes, "--node", "node2", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert [n["node"] for n in doc["nodes"]] == ["node2"]  # no LOG here: this node adds nothing
+    # Every server's log there, the live simulator's among them (the crashed ones are no process).
+    live = (nodes.workdir / "sim-live" / "sim.log").read_text().count("\n")
+    assert doc["nodes"][0]["lines"] >= live > 0
+    assert any(f["signature"] == "server-ready" for f in doc["findings"])
+    assert all(f["node"] == "node2" for f in doc["findings"])
+
+
+def test_scan_with_nothing_to_scan_is_one_line(nodes: Nodes) -> None:
+    done = subprocess.run([sys.executable, "-m", "radixtop", "scan"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2
+    assert done.stderr == "radixtop: scan: name the LOG files (or - for stdin), or pass --found or --node HOST\n"

@@ -142,7 +142,6 @@ def test_a_nodes_timeline_json_comes_back_as_it_went_and_hostile_ones_are_one_li
 
 
 def test_nodes_shifted_onto_this_clock_are_tagged_and_ordered_across_nodes():
-    from radixtop.incident.bundle.nodes import correction
     from radixtop.incident.bundle.timeline import Timeline, events, shifted
     from radixtop.probes.remote import ClockSkew
 
@@ -150,10 +149,10 @@ def test_nodes_shifted_onto_this_clock_are_tagged_and_ordered_across_nodes():
     # The other node's clock runs 100 s ahead, measured within ± 0.25 s: its race, at its 1_099.5,
     # came half a second before this node's failure.
     skew = ClockSkew(100.0, 0.5)
-    assert correction(skew) == 100.0 and correction(ClockSkew(0.2, 0.5)) == 0.0 and correction(None) == 0.0
+    assert skew.correction_s == 100.0 and ClockSkew(0.2, 0.5).correction_s == 0.0  # within its ± 0.25 s: not applied
     there = shifted(Timeline(vitals={"token_usage": [(1_099.0, 0.97)]}, locked={"rank 3": [(1_099.5, 96.0)]},
                              marks=[(1_099.5, "Radix cache eviction contended with a page lock")]),
-                    correction(skew), "node2")
+                    skew.correction_s, "node2")
     assert there.node == "node2" and there.vitals["token_usage"] == [(999.0, 0.97)]
     assert there.locked["rank 3"] == [(999.5, 96.0)]
     assert [(e["node"], e["time"]) for e in events([here, there])] == [("node2", 999.5), ("local", 1_000.0)]

@@ -9,10 +9,8 @@ manifest; its timeline.json, on this node's clock (minus the skew) and tagged wi
 this node's on the bundle's one timeline.
 
 The skew is the node's report's time minus the midpoint of the ssh round trip that fetched it, so
-the truth lies within ± half that round trip. A skew within its uncertainty of zero is not applied:
-the clocks agree as far as one round trip can tell, and moving the node's events by it would only
-add the measurement's noise (on one machine, the time radixtop takes to start there reads as
-tenths of a second of skew). A larger one is subtracted from each of the node's times.
+the truth lies within ± half that round trip; `ClockSkew.correction_s` says what is subtracted from
+the node's times (nothing when the skew is within its uncertainty of zero).
 
 A node that cannot be reached, has no radixtop, or sends something that is not a bundle is one
 line (`nodes/<host>.note.txt`, the bundle's notes and README); the rest of the bundle is written.
@@ -38,7 +36,7 @@ from radixtop.incident.bundle.untar import UnpackError, unpack_bundle
 from radixtop.probes.remote import ClockSkew, reach, run_remote
 from radixtop.textsafe import printable_line
 
-__all__ = ["MAX_STREAM_BYTES", "NodeBundles", "NodeOptions", "NodePart", "NodeTarget", "correction", "folder_names"]
+__all__ = ["MAX_STREAM_BYTES", "NodeBundles", "NodeOptions", "NodePart", "NodeTarget", "folder_names"]
 
 MAX_STREAM_BYTES = 1 << 30  # a node's .tar.gz as it streams in
 MAX_AT_ONCE = 8  # nodes bundled at once
@@ -193,19 +191,13 @@ class NodeBundles:
             partial.unlink(missing_ok=True)
         problems = await asyncio.to_thread(_verified, root / folder)
         timeline = await asyncio.to_thread(_timeline, root / folder)
-        offset = correction(answer.skew)
+        offset = answer.skew.correction_s if answer.skew is not None else 0.0
         return NodePart(
             target.host, folder, skew=answer.skew, hostname=report.hostname,
             radixtop_version=report.radixtop_version, files=files, correction_s=offset, problems=tuple(problems),
             seconds=seconds, timeline=None if timeline is None else shifted(timeline, offset, target.host),
         )
 
-
-def correction(skew: ClockSkew | None) -> float:
-    """What to subtract from a node's times: its skew, unless that is within its uncertainty of zero."""
-    if skew is None or abs(skew.offset_s) <= skew.uncertainty_s:
-        return 0.0
-    return skew.offset_s
 
 
 def _verified(folder: Path) -> list[str]:

@@ -238,7 +238,7 @@ def test_a_node_whose_answer_is_not_a_bundle_is_one_line(nodes: Nodes, tmp_path:
         "climbs": f"cat {evil_tar(tmp_path / 'climbs.tar.gz', 'climbs')}",
         "link": f"cat {evil_tar(tmp_path / 'link.tar.gz', 'link')}",
         "endless": "exec cat /dev/zero",
-        "stuck": "exec sleep 30",
+        "stuck": "exec sleep 8",  # ends by itself soon after: killing ssh here does not stop it there
     }
     fake = hostile(tmp_path, nodes, "radixtop", bodies[case])
     started = time.monotonic()
@@ -304,3 +304,27 @@ def test_scan_with_nothing_to_scan_is_one_line(nodes: Nodes) -> None:
                           cwd=ROOT, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2
     assert done.stderr == "radixtop: scan: name the LOG files (or - for stdin), or pass --found or --node HOST\n"
+
+
+def test_a_bundle_that_does_not_match_its_manifest_or_has_a_hostile_timeline_is_kept_and_said(
+        nodes: Nodes, tmp_path: Path) -> None:
+    """A well-formed archive whose contents lie: stored (it is the node's evidence), its own
+    manifest's check and the refused timeline said in the bundle's manifest, nothing drawn from it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (("MANIFEST.json", b'{"format": "radixtop-bundle", "files": []}'),
+                           ("SHA256SUMS", b""), ("timeline.json", b'{"radixtop_timeline": 1, "marks": [[1, {}]]}'),
+                           ("evidence/01-x.log", b"<script>alert(1)</script>\n")):
+            info = tarfile.TarInfo(f"radixtop-bundle-lies/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (tmp_path / "lies.tar.gz").write_bytes(buf.getvalue())
+    fake = hostile(tmp_path, nodes, "radixtop", f"cat {tmp_path / 'lies.tar.gz'}")
+    done, _ = bundle(nodes, tmp_path / "out", "--node", "node2", "--remote-radixtop", str(fake))
+    path = written(done)  # the whole verifies: its manifest lists the node's files as they came
+    assert (path / "nodes" / "node2" / "evidence" / "01-x.log").is_file()
+    part = json.loads((path / "MANIFEST.json").read_text())["nodes"][0]
+    assert part["ok"] and part["files"] == 4
+    assert part["manifest_problems"][0] == "evidence/01-x.log: present but not in the manifest"
+    assert part["manifest_problems"][-1].startswith("timeline.json: marks: a name is not a string")
+    assert json.loads((path / "timeline.json").read_text())["nodes"] == []

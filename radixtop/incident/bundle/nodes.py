@@ -190,7 +190,9 @@ class NodeBundles:
         finally:
             partial.unlink(missing_ok=True)
         problems = await asyncio.to_thread(_verified, root / folder)
-        timeline = await asyncio.to_thread(_timeline, root / folder)
+        timeline, why = await asyncio.to_thread(_timeline, root / folder)
+        if why:
+            problems.append(f"timeline.json: {why}; its events are not on the timeline")
         offset = answer.skew.correction_s if answer.skew is not None else 0.0
         return NodePart(
             target.host, folder, skew=answer.skew, hostname=report.hostname,
@@ -204,12 +206,14 @@ def _verified(folder: Path) -> list[str]:
     return [printable_line(p, 200) for p in verify_bundle(folder)]
 
 
-def _timeline(folder: Path) -> Timeline | None:
-    """The node's timeline.json, read as hostile; None where it has none or it is not one."""
+def _timeline(folder: Path) -> tuple[Timeline | None, str]:
+    """The node's timeline.json, read as hostile; (None, why) where it has none or it is not one."""
     path = folder / "timeline.json"
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_TIMELINE_BYTES:
-            return None
-        return from_json(load_json(path.read_bytes(), "timeline.json", max_bytes=MAX_TIMELINE_BYTES))
-    except (OSError, ValueError):
-        return None
+        if not path.is_file():
+            return None, "none (a radixtop there that writes none)"
+        if path.stat().st_size > MAX_TIMELINE_BYTES:
+            return None, f"over {MAX_TIMELINE_BYTES >> 20} MiB"
+        return from_json(load_json(path.read_bytes(), "timeline.json", max_bytes=MAX_TIMELINE_BYTES)), ""
+    except (OSError, ValueError) as exc:
+        return None, printable_line(str(exc), 160)

@@ -128,13 +128,31 @@ def _add_vocab_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _scan_arguments(scan: argparse.ArgumentParser) -> None:
-    scan.add_argument("logs", nargs="+", metavar="LOG", help="log files (.gz accepted), or - for stdin")
+    scan.add_argument("logs", nargs="*", metavar="LOG", help="log files (.gz accepted), or - for stdin")
     scan.add_argument("--json", action="store_true", help="print one JSON object")
     scan.add_argument(
         "--matches",
         action="store_true",
         help="print every matching line as FILE:LINE:SIGNATURE:TEXT instead of the report",
     )
+    scan.add_argument("--found", action="store_true",
+                      help="scan the log of each server radixtop finds on this node (what --node runs on each node)")
+    nodes = scan.add_argument_group(
+        "other nodes (through your own ssh, radixtop installed there: each finding tagged with its node, the "
+        "initiating one the earliest across nodes on this node's clock)")
+    nodes.add_argument(
+        "--node", action="append", default=[], metavar="HOST",
+        help="another node, as ssh names it (host, user@host, an alias in your ssh config); repeatable",
+    )
+    nodes.add_argument("--node-log", action="append", default=[], metavar="HOST=PATH",
+                       help="a log to scan on HOST (default: the log of each server radixtop finds there); repeatable")
+    nodes.add_argument("--ssh-config", default=None, metavar="FILE",
+                       help="the ssh config file to use (ssh -F; default: ssh's own, ~/.ssh/config)")
+    nodes.add_argument("--timeout", type=within(1, 3600, float), default=120.0, metavar="S",
+                       help="seconds to wait for each node's scan (default 120)")
+    nodes.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
+                       help="the radixtop command on the nodes (default: radixtop on the PATH of a non-interactive "
+                            "ssh session)")
     _add_signature_options(scan)
 
 
@@ -208,6 +226,27 @@ def _bundle_arguments(bundle: argparse.ArgumentParser) -> None:
         "--verify", default=None, metavar="BUNDLE",
         help="check a bundle (directory or .tar.gz) against its manifest",
     )
+    nodes = bundle.add_argument_group(
+        "other nodes (through your own ssh, radixtop installed there: each node's own bundle in nodes/HOST/, "
+        "one timeline on this node's clock)")
+    nodes.add_argument(
+        "--node", action="append", default=[], metavar="HOST",
+        help="another node, as ssh names it (host, user@host, an alias in your ssh config); repeatable",
+    )
+    nodes.add_argument("--node-url", action="append", default=[], metavar="HOST=URL",
+                       help="the server to bundle on HOST (default: the one radixtop finds there)")
+    nodes.add_argument("--node-log", action="append", default=[], metavar="HOST=PATH",
+                       help="a log to bundle on HOST, e.g. a dead server's (default: the found server's); repeatable")
+    nodes.add_argument("--ssh-config", default=None, metavar="FILE",
+                       help="the ssh config file to use (ssh -F; default: ssh's own, ~/.ssh/config)")
+    nodes.add_argument("--node-timeout", type=within(1, 3600, float), default=300.0, metavar="S",
+                       help="seconds to wait for each node's bundle (default 300)")
+    nodes.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
+                       help="the radixtop command on the nodes (default: radixtop on the PATH of a non-interactive "
+                            "ssh session)")
+    nodes.add_argument("--node-max-bytes", type=at_least(1024), default=1 << 30, help=argparse.SUPPRESS)
+    nodes.add_argument("--stream", action="store_true",
+                       help="write this node's bundle as a .tar.gz to stdout (what --node runs on each node)")
     _add_signature_options(bundle)
     _add_readonly_option(bundle)
 

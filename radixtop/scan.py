@@ -4,6 +4,11 @@ Three outputs: a short human report (default), one JSON object (`--json`), or ev
 as `FILE:LINE:SIGNATURE:TEXT` (`--matches`, like `grep -n`). Exit status 0 when the scan ran,
 findings or not; 2 with one line on stderr when an input or a catalog cannot be used.
 
+`--found` scans the log of each server discovery finds on this node. `--node HOST` adds other
+nodes' scans, run there through the user's ssh (radixtop.probes.node_scan) and merged here
+(radixtop.diagnosis.node_findings): each finding tagged with its node, on this node's clock. A node
+that gives none is one line on stderr; the exit status is 1 only when no node gave a scan.
+
 It must start like grep: only the catalog, the matcher, the scanner and the findings are
 imported (no textual, no httpx); `json` only for --json. RADIXTOP_SCAN_ENGINE=hyperscan|re2|re
 forces a matching engine (the benchmark uses it to time the fallbacks). RADIXTOP_SCAN_THREADS=0|1
@@ -64,7 +69,15 @@ def _run(args: Namespace) -> int:
 
     if args.json and args.matches:
         raise UsageError("--json and --matches cannot be combined; choose one output")
+    if args.node and args.matches:
+        raise UsageError("--matches prints this node's lines: drop --node, or --matches for the report")
+    if args.node_log and not args.node:
+        raise UsageError("--node-log names a log on a --node: add --node HOST")
     paths = list(args.logs)
+    if args.found:
+        paths += _found_logs()
+    if not paths and not args.node:
+        raise UsageError("scan: name the LOG files (or - for stdin), or pass --found or --node HOST")
     if paths.count("-") > 1:
         raise UsageError("stdin (-) is named more than once; name it once")
     try:
@@ -76,6 +89,7 @@ def _run(args: Namespace) -> int:
     threads = _threads_choice()
     unicode_ok = _fit_stdout()
     matcher = _make_matcher(catalog)
+    targets = _node_targets(args) if args.node else []
     try:
         if args.matches:
             return _print_matches(paths, matcher, sys.stdout, threads)
@@ -83,6 +97,8 @@ def _run(args: Namespace) -> int:
     except ScanInputError as exc:
         raise UsageError(str(exc)) from None
     notes = _notes(catalog, matcher, summaries)
+    if targets:
+        return _across_nodes(report.to_json() if paths else None, targets, args, unicode_ok)
     if args.json:
         import json
 
@@ -96,6 +112,81 @@ def _run(args: Namespace) -> int:
         _print_report(report, summaries, matcher, notes, sys.stdout)
     sys.stdout.flush()
     return ExitStatus.OK
+
+
+def _across_nodes(here: dict | None, targets: list[tuple[str, list[str]]], args: Namespace, unicode_ok: bool) -> int:
+    """This node's report (None: no log here) and each node's, merged: printed, or one JSON object."""
+    import asyncio
+    import json
+
+    from radixtop.diagnosis.node_findings import LOCAL, across_nodes, initiating_across, read_scan, report_lines
+    from radixtop.probes.node_scan import scan_nodes
+
+    answers = asyncio.run(scan_nodes(targets, ssh_config=args.ssh_config, timeout_s=args.timeout,
+                                     command=args.remote_radixtop))
+    scans = ([read_scan(here, LOCAL)] if here is not None else []) + [a.scan for a in answers if a.scan is not None]
+    clocks = {a.host: a.skew for a in answers if a.skew is not None}
+    if args.json:
+        nodes: list[dict] = [{"node": LOCAL, "ok": True, "lines": scans[0].lines}] if here is not None else []
+        for a in answers:
+            entry: dict = {"node": a.host, "ok": a.scan is not None}
+            if a.scan is not None:
+                entry["lines"] = a.scan.lines
+            if a.error:
+                entry["error"] = a.error
+            if a.skew is not None:
+                entry.update(clock_skew_s=round(a.skew.offset_s, 6),
+                             clock_skew_uncertainty_s=round(a.skew.uncertainty_s, 6),
+                             clock_correction_s=round(a.skew.correction_s, 6))
+            nodes.append(entry)
+        initiating = initiating_across(scans)
+        doc = {"nodes": nodes, "initiating": None if initiating is None else initiating.to_json(),
+               "findings": [f.to_json() for f in across_nodes(scans)]}
+        json.dump(doc, sys.stdout, indent=2, ensure_ascii=not unicode_ok)
+        sys.stdout.write("\n")
+    else:
+        skews = {host: (s.offset_s, s.uncertainty_s, s.correction_s) for host, s in clocks.items()}
+        sys.stdout.write("".join(f"{line}\n" for line in report_lines(scans, skews, _ellipsis)))
+    sys.stdout.flush()
+    for a in answers:
+        if a.error:
+            print(f"radixtop: {a.error}", file=sys.stderr)
+    return ExitStatus.OK if scans else ExitStatus.ERROR
+
+
+def _found_logs() -> list[str]:
+    """The log file of each server discovery finds on this node (`--found`)."""
+    import asyncio
+
+    from radixtop.probes.discovery import discover
+
+    found = asyncio.run(discover())
+    logs = list(dict.fromkeys(s.log_path for s in found.servers if s.log_path))
+    if not logs:
+        raise UsageError("--found: no server with a log file found on this node; name the LOG files instead")
+    return logs
+
+
+def _node_targets(args: Namespace) -> list[tuple[str, list[str]]]:
+    """(host, logs named there) per --node; bad input is one line."""
+    from radixtop.probes.remote import check_host, check_remote_command
+
+    hosts = list(dict.fromkeys(args.node))
+    try:
+        for host in hosts:
+            check_host(host)
+        check_remote_command(args.remote_radixtop)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
+        raise UsageError(f"--ssh-config: {args.ssh_config}: no such file; give the ssh config file to use")
+    logs: dict[str, list[str]] = {h: [] for h in hosts}
+    for spec in args.node_log:
+        host, sep, path = spec.partition("=")
+        if not sep or host not in logs or not path:
+            raise UsageError(f"--node-log {spec[:80]!r}: give HOST=PATH for a host given with --node")
+        logs[host].append(path)
+    return list(logs.items())
 
 
 def _make_matcher(catalog: Catalog) -> Matcher:

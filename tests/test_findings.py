@@ -594,7 +594,7 @@ def test_to_json_schema(catalog: Catalog, matcher: Matcher) -> None:
             "role",
             "context_after",
         }
-        assert set(f["first"]) == {"file", "line", "time", "rank", "text"}
+        assert set(f["first"]) == {"file", "line", "time", "epoch", "rank", "text"}
         assert isinstance(f["count"], int) and isinstance(f["first"]["line"], int)
         assert all(isinstance(x, str) for x in f["context_before"])
     assert data["initiating"] == {
@@ -612,6 +612,7 @@ def test_to_json_schema(catalog: Catalog, matcher: Matcher) -> None:
         "file",
         "line",
         "time",
+        "epoch",
         "rank",
         "text",
     }

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import zlib
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_json_report_schema_and_values(incident_log):
     ]
     for finding in doc["findings"]:
         assert {"signature", "severity", "count", "first", "context_before"} <= finding.keys()
-        assert set(finding["first"]) == {"file", "line", "time", "rank", "text"}
+        assert set(finding["first"]) == {"file", "line", "time", "epoch", "rank", "text"}
         assert isinstance(finding["count"], int) and isinstance(finding["context_before"], list)
     by_id = {f["signature"]: f for f in doc["findings"]}
 
@@ -114,9 +115,11 @@ def test_json_report_schema_and_values(incident_log):
         "file": str(incident_log),
         "line": first_line,
         "time": "2026-12-02 14:00:41.000",
+        "epoch": retract["first"]["epoch"],
         "rank": "TP3",
         "text": lines[first_line - 1],
     }
+    assert retract["first"]["epoch"] == datetime(2026, 12, 2, 14, 0, 41).timestamp()  # this node's time zone
     assert retract["context_before"] == lines[first_line - 4 : first_line - 1]
 
     # The traceback's last line has no prefix: it takes its record's time and rank.

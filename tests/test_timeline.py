@@ -118,3 +118,44 @@ def test_markup_in_a_signature_title_and_the_reason_is_shown_as_text(tmp_path: P
     shown = label.replace("\u202e", "\ufffd")
     assert any(note.endswith(f" {shown}") for note in notes), notes
     assert title == reason and links == 0 and styled == 0
+
+
+def test_a_nodes_timeline_json_comes_back_as_it_went_and_hostile_ones_are_one_line():
+    from radixtop.incident.bundle.timeline import Timeline, from_json, to_json
+
+    timeline = Timeline(vitals={"token_usage": [(1.0, 0.5), (2.0, 0.9)]}, sources={"token_usage": "log"},
+                        locked={"rank 3": [(2.0, 64.0)]}, evictions={"rank 3": [(2.0, 1.0)]},
+                        marks=[(2.5, "Radix cache page lock failed")])
+    assert from_json(json.loads(json.dumps(to_json(timeline)))) == timeline
+    doc = to_json(timeline)
+    for field, value, says in [
+        ("vitals", {"token_usage": [["1", 0.5]]}, "vitals: '1' is not a number"),
+        ("locked", {"rank 0": [[1.0, float("nan")]]}, "locked: nan is not a number"),
+        ("marks", [[1.0, 7]], "marks: a name is not a string"),
+        ("evictions", {f"r{i}": [] for i in range(65)}, "evictions: more than 64 series"),
+        ("radixtop_timeline", 2, "not a timeline"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{says}"):
+            from_json({**doc, field: value})
+    shown = from_json({**doc, "marks": [[3.0, "\x1b[31mred\nline"]]})
+    assert shown.marks == [(3.0, "\ufffd[31mred line")]  # printable, one line
+
+
+def test_nodes_shifted_onto_this_clock_are_tagged_and_ordered_across_nodes():
+    from radixtop.incident.bundle.timeline import Timeline, events, shifted
+    from radixtop.probes.remote import ClockSkew
+
+    here = Timeline(marks=[(1_000.0, "Radix cache page lock failed")], node="local")
+    # The other node's clock runs 100 s ahead, measured within ± 0.25 s: its race, at its 1_099.5,
+    # came half a second before this node's failure.
+    skew = ClockSkew(100.0, 0.5)
+    assert skew.correction_s == 100.0 and ClockSkew(0.2, 0.5).correction_s == 0.0  # within its ± 0.25 s: not applied
+    there = shifted(Timeline(vitals={"token_usage": [(1_099.0, 0.97)]}, locked={"rank 3": [(1_099.5, 96.0)]},
+                             marks=[(1_099.5, "Radix cache eviction contended with a page lock")]),
+                    skew.correction_s, "node2")
+    assert there.node == "node2" and there.vitals["token_usage"] == [(999.0, 0.97)]
+    assert there.locked["rank 3"] == [(999.5, 96.0)]
+    assert [(e["node"], e["time"]) for e in events([here, there])] == [("node2", 999.5), ("local", 1_000.0)]
+    page = render_html([here, there], "across nodes")
+    assert "node2: Radix cache eviction contended" in page and "local: Radix cache page lock failed" in page
+    assert "locked tokens, rank 3 node2" in page and "token usage, node2" in page

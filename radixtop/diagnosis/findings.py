@@ -89,6 +89,7 @@ class Occurrence(NamedTuple):
             "file": self.file,
             "line": self.line,
             "time": self.time,
+            "epoch": self.epoch,  # the time on this node's clock: scans across nodes line up by it
             "rank": self.rank,
             "text": self.text,
         }

@@ -158,17 +158,31 @@ def run_bundle(args: Namespace) -> int:
         if not problems:
             print(f"{args.verify}: verified, every file matches the manifest")
         return ExitStatus.ERROR if problems else ExitStatus.OK
-    if not args.out:
+    nodes = _node_bundles(args)
+    if args.stream:
+        if nodes is not None or args.out or args.json:
+            raise UsageError("bundle --stream writes this node's bundle to stdout: drop --out, --json and --node")
+        if sys.stdout.isatty():
+            raise UsageError("bundle --stream writes a .tar.gz to stdout: redirect it (> bundle.tar.gz)")
+    elif not args.out:
         raise UsageError("bundle: pass --out DIR (where the bundle and its .tar.gz are written)")
     say = _progress("bundle")
+    url, logs, pid, instruments = _bundle_target(args, found=args.stream or nodes is not None, say=say)
+    out = args.out
+    if args.stream:
+        import tempfile
+
+        out = tempfile.mkdtemp(prefix="radixtop-stream-")
     cancel = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
         result = take_bundle(
-            args.out, url=args.url, logs=args.log, pid=args.pid, instruments=args.instrument, reason=args.reason,
+            out, url=url, logs=logs, pid=pid, instruments=instruments, reason=args.reason,
             signature_files=args.signatures, context=args.context, cancel=cancel,
-            on_progress=lambda p: say(p.message), workload=workload_shape,
+            on_progress=lambda p: say(p.message), workload=workload_shape, nodes=nodes,
         )
+        if args.stream:
+            return _stream_archive(result.archive)
     except ServerError as exc:
         raise UsageError(str(exc)) from None
     except BundleError as exc:
@@ -178,6 +192,10 @@ def run_bundle(args: Namespace) -> int:
         raise UsageError(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
+        if args.stream:
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return ExitStatus.OK
@@ -185,8 +203,88 @@ def run_bundle(args: Namespace) -> int:
     if result.archive is not None:
         print(f"archive: {result.archive}")
     print(f"{len(result.files)} files, {result.findings} signatures with evidence, in {result.duration_s:.1f} s")
+    for part in result.nodes:
+        if part.ok:
+            print(f"  node {part.summary()}")
     for rel, why in sorted(result.notes.items()):
         print(f"  not collected: {rel}: {why}")
+    return ExitStatus.OK
+
+
+def _bundle_target(args: Namespace, *, found: bool,
+                   say: Callable[[str], None]) -> tuple[str | None, list[str], int | None, list[str]]:
+    """(URL, logs, pid, debug endpoints) to bundle here: as given, or with `found` and no log or
+    pid given, the server discovery finds on this node (at the URL given, if any)."""
+    if not found or args.log or args.pid is not None:
+        return args.url, args.log, args.pid, args.instrument
+    from radixtop.incident.bundle.here import find_here
+    from radixtop.incident.common.server import ServerError, base_url
+
+    try:
+        here = find_here(base_url(args.url) if args.url else None)
+    except ServerError as exc:
+        raise UsageError(str(exc)) from None
+    say(here.said)
+    return here.url, list(here.logs), here.pid, args.instrument or list(here.instruments)
+
+
+def _node_bundles(args: Namespace) -> Any:
+    """The other nodes to bundle (--node, with --node-url and --node-log naming what to take
+    there), or None without --node; bad input is one line."""
+    from radixtop.incident.bundle.nodes import NodeBundles, NodeOptions, NodeTarget
+    from radixtop.incident.common.server import ServerError, base_url
+    from radixtop.probes.remote import check_host, check_remote_command
+
+    hosts = list(dict.fromkeys(args.node))
+    named = {"--node-url": args.node_url, "--node-log": args.node_log}
+    if not hosts:
+        for flag, given in named.items():
+            if given:
+                raise UsageError(f"{flag} names what to bundle on a --node: add --node HOST")
+        return None
+    if len(hosts) > MAX_NODES:
+        raise UsageError(f"--node: {len(hosts)} nodes is more than {MAX_NODES}; bundle them in batches")
+    try:
+        for host in hosts:
+            check_host(host)
+        check_remote_command(args.remote_radixtop)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
+        raise UsageError(f"--ssh-config: {args.ssh_config}: no such file; give the ssh config file to use")
+    urls: dict[str, str] = {}
+    logs: dict[str, list[str]] = {}
+    for flag, given in named.items():
+        for spec in given:
+            host, sep, value = spec.partition("=")
+            if not sep or host not in hosts or not value:
+                raise UsageError(f"{flag} {spec[:80]!r}: give HOST=VALUE for a host given with --node")
+            if flag == "--node-url":
+                try:
+                    urls[host] = base_url(value)
+                except ServerError as exc:
+                    raise UsageError(f"{flag} {host}: {exc}") from None
+            else:
+                logs.setdefault(host, []).append(value)
+    targets = [NodeTarget(h, urls.get(h), tuple(logs.get(h, ()))) for h in hosts]
+    options = NodeOptions(ssh_config=args.ssh_config, timeout_s=args.node_timeout, command=args.remote_radixtop,
+                          max_bytes=args.node_max_bytes, reason=args.reason)
+    return NodeBundles(targets, options)
+
+
+MAX_NODES = 64
+
+
+def _stream_archive(archive: Path | None) -> int:
+    """The bundle's .tar.gz on stdout (`bundle --stream`: another node's radixtop reads it over ssh)."""
+    import shutil
+
+    if archive is None:
+        print("radixtop bundle: the bundle's .tar.gz could not be written", file=sys.stderr)
+        return ExitStatus.ERROR
+    with open(archive, "rb") as fh:
+        shutil.copyfileobj(fh, sys.stdout.buffer, 1 << 20)
+    sys.stdout.buffer.flush()
     return ExitStatus.OK
 
 

@@ -1,12 +1,14 @@
-"""Another node's report, through the user's own OpenSSH: `ssh -o BatchMode=yes ... HOST --
-radixtop discover --json`, and the clock skew measured over that channel.
+"""A radixtop command on another node, through the user's own OpenSSH: `ssh -o BatchMode=yes ...
+HOST -- radixtop ARGS` (`run_remote`); the node's report that way (`reach`: `radixtop discover
+--json`) and the clock skew measured over that channel.
 
 It is the user's ssh, with their ~/.ssh/config (or the file `ssh_config` names), agent, keys and
 known_hosts: radixtop holds no key and never asks for a password (BatchMode: what would prompt
 fails instead, and radixtop says what to run). The ssh is an argv list, never a shell line; a
 HOST that ssh would read as an option, or with whitespace or control characters in it, is refused
-first. Its output is read up to a size cap, within a deadline, then it is killed with its process
-group; every failure is one line (radixtop.probes.ssh_failure).
+first, and every remote argument is quoted for the node's shell (ssh joins them into one line).
+Its output is read up to a size cap (into memory, or into a file for a bundle), within a deadline,
+then it is killed with its process group; every failure is one line (radixtop.probes.ssh_failure).
 """
 
 from __future__ import annotations
@@ -15,19 +17,25 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from radixtop.probes.node_report import MAX_REPORT_BYTES, NodeReport, parse_node_report
 from radixtop.probes.ssh_failure import explain_bad_answer, explain_failure, explain_timeout
 
-__all__ = ["ClockSkew", "NodeAnswer", "check_host", "check_remote_command", "reach", "ssh_argv"]
+__all__ = [
+    "ClockSkew", "NodeAnswer", "RemoteRun", "check_host", "check_remote_command", "reach", "run_remote", "ssh_argv",
+]
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_STDERR_BYTES = 64 * 1024  # ssh's messages and a shell's complaints; the rest is dropped
 _CHUNK = 64 * 1024
 _REMOTE_COMMAND = re.compile(r"[A-Za-z0-9_./~+-]+")
+DISCOVER = ("discover", "--json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +50,14 @@ class ClockSkew:
     @property
     def uncertainty_s(self) -> float:
         return self.round_trip_s / 2
+
+    @property
+    def correction_s(self) -> float:
+        """What to subtract from the node's times to put them on this clock: the offset, unless it
+        is within its uncertainty of zero. Then the clocks agree as far as one round trip can tell,
+        and moving the node's times would only add the measurement's noise (on one machine, the
+        time radixtop takes to start there reads as tenths of a second of skew)."""
+        return 0.0 if abs(self.offset_s) <= self.uncertainty_s else self.offset_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,95 +95,141 @@ def check_remote_command(command: str) -> str:
 
 
 def ssh_argv(host: str, *, ssh_config: str | None = None, connect_timeout_s: int = 10,
-             command: str = "radixtop") -> list[str]:
-    """The ssh command line. -T: no terminal; ClearAllForwardings: a LocalForward in the user's
-    config for that host must not fail this run; LogLevel=ERROR: ssh's own failures are said,
-    its warnings are not (a Host key "Permanently added" line is not an error)."""
+             command: str = "radixtop", args: Sequence[str] = DISCOVER) -> list[str]:
+    """The ssh command line running `command ARGS` there. -T: no terminal; ClearAllForwardings: a
+    LocalForward in the user's config for that host must not fail this run; LogLevel=ERROR: ssh's
+    own failures are said, its warnings are not (a Host key "Permanently added" line is not an
+    error). ARGS are quoted: ssh hands the node's shell one line, and a path or URL the user gave
+    must reach radixtop as one word."""
     argv = ["ssh", "-T", "-x", "-a",
             "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, connect_timeout_s)}",
             "-o", "ClearAllForwardings=yes", "-o", "LogLevel=ERROR"]
     if ssh_config is not None:
         argv += ["-F", ssh_config]
-    return [*argv, check_host(host), "--", check_remote_command(command), "discover", "--json"]
+    return [*argv, check_host(host), "--", check_remote_command(command), *(shlex.quote(a) for a in args)]
 
 
-async def reach(host: str, *, ssh_config: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                command: str = "radixtop", max_bytes: int = MAX_REPORT_BYTES) -> NodeAnswer:
-    """The node's report, or the one line why not; never raises (but for CancelledError)."""
+@dataclass(frozen=True, slots=True)
+class RemoteRun:
+    """What one `ssh HOST -- radixtop ARGS` gave: `error` (one line with what to do) when it gave
+    nothing usable (ssh missing, the deadline, over the cap, a failure), else its exit status 0
+    and its output (`out`, or in the sink the caller passed: `out_bytes` of it)."""
+
+    host: str
+    error: str = ""
+    out: bytes = b""
+    out_bytes: int = 0
+    sent: float = 0.0  # the wall clock when ssh started
+    seconds: float = 0.0  # from start to exit
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+async def run_remote(host: str, args: Sequence[str], *, ssh_config: str | None = None,
+                     timeout_s: float = DEFAULT_TIMEOUT_S, command: str = "radixtop", max_bytes: int,
+                     sink: BinaryIO | None = None) -> RemoteRun:
+    """`command ARGS` on the node; its stdout kept (up to `max_bytes`), or written to `sink`.
+    Never raises (but for CancelledError); ssh and what it started are gone when it returns."""
     started = time.monotonic()
     sent = time.time()
     try:
         argv = ssh_argv(host, ssh_config=ssh_config, connect_timeout_s=int(min(10.0, max(1.0, timeout_s / 2))),
-                        command=command)
+                        command=command, args=args)
     except ValueError as exc:
-        return NodeAnswer(host, error=str(exc))
+        return RemoteRun(host, error=str(exc))
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: a timeout kills ssh and whatever it started
         )
     except FileNotFoundError:
-        return NodeAnswer(host, error="the OpenSSH client (ssh) is not installed here: install openssh-client")
+        return RemoteRun(host, error="the OpenSSH client (ssh) is not installed here: install openssh-client")
     except OSError as exc:
-        return NodeAnswer(host, error=f"{host}: could not start ssh ({exc.strerror or exc})")
+        return RemoteRun(host, error=f"{host}: could not start ssh ({exc.strerror or exc})")
     try:
-        got = await asyncio.wait_for(_run(proc, max_bytes), timeout_s)
+        got = await asyncio.wait_for(_run(proc, max_bytes, sink), timeout_s)
         elapsed = time.monotonic() - started
     except TimeoutError:
-        return NodeAnswer(host, error=explain_timeout(host, timeout_s, command), seconds=time.monotonic() - started)
+        return RemoteRun(host, error=explain_timeout(host, timeout_s, command, args), sent=sent,
+                         seconds=time.monotonic() - started)
     finally:
         await _reap(proc)
-    out, too_big, err, code = got
+    out, count, too_big, err, code = got
     if too_big:
-        return NodeAnswer(host, error=f"{host}: its answer is over {max_bytes} bytes, more than a node report; "
-                                      f"try `ssh {host} {command} discover --json`", seconds=elapsed)
-    stderr = err.decode("utf-8", "replace")
+        return RemoteRun(host, error=f"{host}: its answer is over {max_bytes} bytes, more than `{command} "
+                                     f"{_shown(args)}` ever writes; try `ssh {host} {command} {_shown(args)}`",
+                         sent=sent, seconds=elapsed)
     if code != 0:
-        return NodeAnswer(host, error=explain_failure(host, code, stderr, command), seconds=elapsed)
+        return RemoteRun(host, error=explain_failure(host, code, err.decode("utf-8", "replace"), command, args),
+                         sent=sent, seconds=elapsed)
+    return RemoteRun(host, out=out, out_bytes=count, sent=sent, seconds=elapsed)
+
+
+async def reach(host: str, *, ssh_config: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                command: str = "radixtop", max_bytes: int = MAX_REPORT_BYTES) -> NodeAnswer:
+    """The node's report, or the one line why not; never raises (but for CancelledError)."""
+    run = await run_remote(host, DISCOVER, ssh_config=ssh_config, timeout_s=timeout_s, command=command,
+                           max_bytes=max_bytes)
+    if not run.ok:
+        return NodeAnswer(host, error=run.error, seconds=run.seconds)
     try:
-        report = parse_node_report(out, "the answer")
+        report = parse_node_report(run.out, "the answer")
     except ValueError as exc:
-        return NodeAnswer(host, error=explain_bad_answer(host, str(exc), command), seconds=elapsed)
-    received = sent + elapsed  # the wall clock at the answer, on the monotonic clock's count
-    skew = ClockSkew(report.time - (sent + received) / 2, elapsed)
-    return NodeAnswer(host, report, skew=skew, seconds=elapsed)
+        return NodeAnswer(host, error=explain_bad_answer(host, str(exc), command), seconds=run.seconds)
+    received = run.sent + run.seconds  # the wall clock at the answer, on the monotonic clock's count
+    skew = ClockSkew(report.time - (run.sent + received) / 2, run.seconds)
+    return NodeAnswer(host, report, skew=skew, seconds=run.seconds)
 
 
-async def _run(proc: asyncio.subprocess.Process, max_bytes: int) -> tuple[bytes, bool, bytes, int]:
-    """(stdout up to max_bytes, whether it said more, stderr's first MAX_STDERR_BYTES, exit status).
-    An answer over the cap kills ssh at once: left blocked on a full pipe it would never exit."""
+def _shown(args: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)
+
+
+async def _run(proc: asyncio.subprocess.Process, max_bytes: int,
+               sink: BinaryIO | None) -> tuple[bytes, int, bool, bytes, int]:
+    """(stdout up to max_bytes, its length, whether it said more, stderr's first MAX_STDERR_BYTES,
+    exit status). An answer over the cap kills ssh at once: left blocked on a full pipe it would
+    never exit."""
     assert proc.stdout is not None and proc.stderr is not None
-    out_task = asyncio.ensure_future(_read(proc.stdout, max_bytes))
+    out_task = asyncio.ensure_future(_read(proc.stdout, max_bytes, sink=sink))
     err_task = asyncio.ensure_future(_read(proc.stderr, MAX_STDERR_BYTES, drain=True))
     try:
-        out, too_big = await out_task
+        out, count, too_big = await out_task
         if too_big:
             _kill(proc)
-            return out, True, b"", -1
-        err, _ = await err_task
-        return out, False, err, await proc.wait()
+            return out, count, True, b"", -1
+        err, _, _ = await err_task
+        return out, count, False, err, await proc.wait()
     finally:
         out_task.cancel()
         err_task.cancel()
 
 
-async def _read(stream: asyncio.StreamReader, limit: int, *, drain: bool = False) -> tuple[bytes, bool]:
-    """Up to `limit` bytes of the stream; (what was kept, whether there was more). Without `drain`
-    it stops at the cap; with it, it reads on to the end (within the caller's deadline) keeping
-    nothing more, so the writer never blocks on a full pipe."""
+async def _read(stream: asyncio.StreamReader, limit: int, *, drain: bool = False,
+                sink: BinaryIO | None = None) -> tuple[bytes, int, bool]:
+    """Up to `limit` bytes of the stream, kept or written to `sink`; (what was kept, how many
+    bytes came, whether there was more). Without `drain` it stops at the cap; with it, it reads on
+    to the end (within the caller's deadline) keeping nothing more, so the writer never blocks on
+    a full pipe."""
     buf = bytearray()
+    count = 0
     more = False
     while True:  # ends at EOF, at the cap without drain, or at the caller's deadline
         chunk = await stream.read(_CHUNK)
         if not chunk:
-            return bytes(buf), more
+            return bytes(buf), count, more
         if not more:
-            buf += chunk
-        if len(buf) > limit:
-            del buf[limit:]
-            more = True
-            if not drain:
-                return bytes(buf), True
+            kept = chunk[:max(0, limit - count)]
+            if sink is not None:
+                sink.write(kept)
+            else:
+                buf += kept
+            count += len(kept)
+            more = len(kept) < len(chunk)
+            if more and not drain:
+                return bytes(buf), count, True
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:

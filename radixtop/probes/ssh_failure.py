@@ -1,4 +1,5 @@
-"""A failed `ssh HOST -- radixtop discover --json` as one line that says what to do.
+"""A failed `ssh HOST -- radixtop ARGS` (discover --json, bundle --stream) as one line that says
+what to do.
 
 OpenSSH exits 255 for its own failures and says which on stderr (radixtop runs it with
 LogLevel=ERROR, so those lines are there whatever the user's config says); otherwise the exit
@@ -7,6 +8,9 @@ comes from another machine and a shell's startup files: only printable, cut, tex
 """
 
 from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
 
 from radixtop.textsafe import printable_line
 
@@ -41,10 +45,12 @@ _SSH_SAYS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 _COMMAND_NOT_FOUND = ("command not found", "not found", "No such file or directory")
+_DISCOVER = ("discover", "--json")
 
 
-def explain_failure(host: str, returncode: int, stderr: str, command: str = "radixtop") -> str:
-    """One line for a finished ssh that gave no node report (`returncode` its exit status)."""
+def explain_failure(host: str, returncode: int, stderr: str, command: str = "radixtop",
+                    args: Sequence[str] = _DISCOVER) -> str:
+    """One line for a finished ssh whose `command ARGS` failed (`returncode` its exit status)."""
     said = _last_words(stderr)
     if returncode == 255:
         for needles, meaning in _SSH_SAYS:
@@ -54,9 +60,11 @@ def explain_failure(host: str, returncode: int, stderr: str, command: str = "rad
     if returncode == NOT_FOUND or (command in stderr and any(n in stderr for n in _COMMAND_NOT_FOUND)):
         return (f"{host}: radixtop is not installed there, or not on the PATH of a non-interactive ssh session: "
                 f"install radixtop there, or pass --remote-radixtop /path/to/bin/radixtop")
-    if returncode == 2 and "invalid choice: 'discover'" in stderr:
-        return f"{host}: the radixtop there has no `discover` (an older version): upgrade it there"
-    return f"{host}: `{command} discover --json` failed there (exit {returncode}): {said or 'it said nothing'}"
+    if returncode == 2 and f"invalid choice: '{args[0]}'" in stderr:
+        return f"{host}: the radixtop there has no `{args[0]}` (an older version): upgrade it there"
+    if returncode == 2 and "unrecognized arguments" in stderr:
+        return f"{host}: the radixtop there does not take `{_shown(args)}` (an older version): upgrade it there"
+    return f"{host}: `{command} {_shown(args)}` failed there (exit {returncode}): {said or 'it said nothing'}"
 
 
 def explain_bad_answer(host: str, reason: str, command: str = "radixtop") -> str:
@@ -65,9 +73,13 @@ def explain_bad_answer(host: str, reason: str, command: str = "radixtop") -> str
             f"does a shell startup file print there? try `ssh {host} {command} discover --json`")
 
 
-def explain_timeout(host: str, timeout_s: float, command: str = "radixtop") -> str:
-    return (f"{host}: no answer within {timeout_s:g} s (ssh still connecting, or radixtop discover stuck there); "
-            f"try `ssh {host} {command} discover --json`, or a longer --timeout")
+def explain_timeout(host: str, timeout_s: float, command: str = "radixtop", args: Sequence[str] = _DISCOVER) -> str:
+    return (f"{host}: no answer within {timeout_s:g} s (ssh still connecting, or radixtop {args[0]} stuck there); "
+            f"try `ssh {host} {command} {_shown(args)}`, or a longer --timeout")
+
+
+def _shown(args: Sequence[str]) -> str:
+    return printable_line(" ".join(shlex.quote(a) for a in args), 200)
 
 
 def _last_words(stderr: str) -> str:

@@ -19,6 +19,10 @@ cancel, Ctrl-C, and SIGTERM/SIGHUP (which, on the main thread, cancel the bundle
 delivered as before); a partial directory left by a process that was killed outright is removed by
 the next bundle in the same directory.
 
+With ``nodes`` (radixtop.incident.bundle.nodes.NodeBundles), other nodes' own bundles come back
+through the user's ssh into ``nodes/<host>/`` while this node's evidence is collected, and the
+timeline shows every node's figures on this node's clock; the manifest covers them all.
+
 For a UI: ``take_bundle`` blocks (run it in a thread worker); ``on_progress`` receives
 :class:`BundleProgress` events from worker threads; setting the ``cancel`` event stops it and
 removes the partial directory. :class:`AutoBundler` takes one bundle, in a background thread, the
@@ -59,6 +63,7 @@ __all__ = [
 ]
 
 MANIFEST = "MANIFEST.json"
+LOCAL = "local"  # this node, in a bundle across nodes
 SUMS = "SHA256SUMS"
 FORMAT = "radixtop-bundle"
 FORMAT_VERSION = 1
@@ -90,6 +95,7 @@ class BundleResult:
     reason: str
     duration_s: float
     findings: int = 0
+    nodes: tuple[Any, ...] = ()  # radixtop.incident.bundle.nodes.NodePart, with --node
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +106,7 @@ class BundleResult:
             "reason": self.reason,
             "findings": self.findings,
             "duration_s": round(self.duration_s, 3),
+            **({"nodes": [part.to_json() for part in self.nodes]} if self.nodes else {}),
         }
 
 
@@ -269,6 +276,7 @@ def take_bundle(
     cancel: threading.Event | None = None,
     redactor: Redactor | None = None,
     workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None = None,
+    nodes: Any = None,
 ) -> BundleResult:
     """Collect everything, write it under ``out_dir/<name>`` atomically, and return where.
 
@@ -281,7 +289,7 @@ def take_bundle(
     write) and the default places. Each HTTP GET ends within
     ``http_timeout_s`` and all of them within ``network_deadline_s`` of the start. Raises
     :class:`BundleError` only when nothing can be written (:class:`BundleCancelled` when
-    cancelled); every unreadable source is a note.
+    cancelled); every unreadable source is a note, every node that gave no bundle too.
     """
     cancel = cancel or threading.Event()
     with _Signals(cancel):
@@ -290,7 +298,7 @@ def take_bundle(
             signature_files=signature_files, context=context, after=after, live_report=live_report, seen=seen,
             flight_dirs=flight_dirs, http_timeout_s=http_timeout_s, network_deadline_s=network_deadline_s,
             tool_timeout_s=tool_timeout_s, torch_env_timeout_s=torch_env_timeout_s, archive=archive,
-            on_progress=on_progress, cancel=cancel, redactor=redactor, workload=workload,
+            on_progress=on_progress, cancel=cancel, redactor=redactor, workload=workload, nodes=nodes,
         )
 
 
@@ -301,6 +309,7 @@ def _take_bundle(
     torch_env_timeout_s: float,
     archive: bool, on_progress: Callable[[BundleProgress], None] | None, cancel: threading.Event,
     redactor: Redactor | None, workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None,
+    nodes: Any,
 ) -> BundleResult:
     from radixtop.incident.bundle import evidence
     from radixtop.incident.common.server import base_url, listening_pid, server_interpreter, url_port
@@ -324,7 +333,7 @@ def _take_bundle(
         raise BundleError(f"cannot write a bundle in {out}: {exc.strerror or exc}; pass a writable --out") from None
     steps = [
         "processes+stacks", "server", "metrics", "flight records", "nvml",
-        "nvidia-smi", "collect_env", "logs", "timeline",
+        "nvidia-smi", "collect_env", "logs", "timeline", *_node_steps(nodes),
     ]
     state = {"done": 0}
     lock = threading.Lock()
@@ -387,19 +396,16 @@ def _take_bundle(
             flight_box["records"] = evidence.collect_flight(writer, *evidence.flight_sources(url, pid, given))
 
         def timeline() -> None:
-            from radixtop.incident.bundle.timeline import gather, render_html
+            from radixtop.incident.bundle.timeline import gather
 
             data = gather(seen, flight_box.get("records", ()), logs, report_box.get("report"))
-            if data.empty:
-                writer.note(
-                    "timeline.html",
-                    "nothing to plot: no vital signs in the logs or from the UI, no radix snapshots, no signature",
-                )
-                return
-            data.marks = [(t, redactor.text(label)) for t, label in data.marks]
-            writer.generated("timeline.html", render_html(data, redactor.text(f"radixtop bundle {name}: {reason}")))
+            _draw_timeline(writer, data, nodes, f"radixtop bundle {name}: {reason}")
+
+        def other_nodes() -> None:
+            _collect_nodes(writer, nodes, tmp, cancel)
 
         slow = [
+            *(_start(guarded(step, other_nodes)) for step in _node_steps(nodes)),
             *([_start(guarded("what radixtop saw", lambda: seen.write(writer)))] if seen is not None else []),
             _start(guarded("crash workload", lambda: _crash_workload(writer, workload, logs))),
             _start(guarded("flight records", flight)),
@@ -419,7 +425,9 @@ def _take_bundle(
         if cancel.is_set():
             raise BundleCancelled("bundle cancelled")
         progress("manifest", "writing the manifest")
-        files = _write_manifest(tmp, writer, reason=reason, url=url, pid=pid, logs=logs, began=began)
+        node_parts = _node_parts(nodes)
+        files = _write_manifest(tmp, writer, reason=reason, url=url, pid=pid, logs=logs, began=began,
+                                nodes=node_parts)
         final = out / name
         os.rename(tmp, final)
     except BaseException:
@@ -435,9 +443,51 @@ def _take_bundle(
     result = BundleResult(
         final, archive_path, tuple(files), dict(writer.notes), reason, time.monotonic() - began,
         findings=0 if report is None else len(report.findings),
+        nodes=tuple(node_parts or ()),
     )
     progress("done", f"bundle written: {final}")
     return result
+
+
+def _node_steps(nodes: Any) -> list[str]:
+    return [] if nodes is None else ["nodes"]
+
+
+def _node_parts(nodes: Any) -> list[Any] | None:
+    return None if nodes is None else list(nodes.parts)
+
+
+def _collect_nodes(writer: BundleWriter, nodes: Any, root: Path, cancel: threading.Event) -> None:
+    """The other nodes' bundles into nodes/; each node that gave none is a note (one line)."""
+    for part in nodes.collect(root, cancel):
+        if not part.ok:
+            writer.note(part.folder, part.error)
+
+
+def _draw_timeline(writer: BundleWriter, data: Any, nodes: Any, title: str) -> None:
+    """timeline.json and timeline.html: this node's figures, and with `nodes` every other node's
+    (on this node's clock, tagged) and the first signatures of all, earliest first."""
+    from radixtop.incident.bundle.timeline import events, render_html, to_json
+
+    redact = writer.redactor.text
+    data.marks = [(t, redact(label)) for t, label in data.marks]
+    doc = to_json(data)
+    parts = [data]
+    if nodes is not None:
+        data.node = LOCAL
+        parts += [p.timeline for p in nodes.parts if p.timeline is not None]
+        for part in parts[1:]:
+            part.marks = [(t, redact(label)) for t, label in part.marks]
+        doc["nodes"] = [{"node": p.node, **to_json(p)} for p in parts[1:]]
+        doc["events"] = events(parts)
+    writer.json("timeline.json", doc)
+    if all(p.empty for p in parts):
+        writer.note(
+            "timeline.html",
+            "nothing to plot: no vital signs in the logs or from the UI, no radix snapshots, no signature",
+        )
+        return
+    writer.generated("timeline.html", render_html(parts, redact(title)))
 
 
 def _crash_workload(writer: Any, workload: Callable[[Sequence[str]], tuple[str, Mapping[str, Any]] | None] | None,
@@ -477,7 +527,7 @@ def _wait(threads: Iterable[threading.Thread], cancel: threading.Event) -> None:
 
 def _write_manifest(
     root: Path, writer: BundleWriter, *, reason: str, url: str | None, pid: int | None,
-    logs: Sequence[str], began: float,
+    logs: Sequence[str], began: float, nodes: Sequence[Any] | None = None,
 ) -> list[str]:
     from radixtop import __version__
 
@@ -497,12 +547,18 @@ def _write_manifest(
         " (offline in a browser)",
         "flight/                       the ranks' flight records: each cache as it failed, written inside the server",
         "experiment/                   a confirmation run's verdict and its pressure ladder (added when it ends)",
+        "nodes/<host>/                 another node's own bundle (radixtop bundle --node), with its own manifest",
         "*.note.txt                    why something is not here",
         "",
         "Verify: sha256sum -c SHA256SUMS (or radixtop bundle --verify DIR).",
         "Secrets (tokens, API keys, Authorization headers, secret-named variables) are redacted as",
         "[REDACTED]; a secret with no recognisable shape in an innocently named variable is not.",
     ]
+    if nodes is not None:
+        readme += ["", "Nodes (timeline.html and timeline.json show every node's events on this node's clock:",
+                   "each node's times minus its measured clock skew; the skew is known within ± half the",
+                   "round trip of the ssh call that measured it):"]
+        readme += [f"  {part.summary()}" for part in nodes] or ["  none"]
     readme += ["", "Programs run (no program that the server names is ever run):"]
     readme += [f"  {' '.join(c['argv'])}  ({c['why']})" for c in writer.commands] or ["  none"]
     if writer.notes:
@@ -526,6 +582,7 @@ def _write_manifest(
         "duration_s": round(time.monotonic() - began, 3),
         "notes": dict(sorted(writer.notes.items())),
         "commands": list(writer.commands),
+        **({"nodes": [part.to_json() for part in nodes]} if nodes is not None else {}),
         "files": entries,
     }
     (root / MANIFEST).write_text(json.dumps(writer.redactor.json(manifest), indent=2) + "\n", encoding="utf-8")

@@ -177,6 +177,17 @@ def _discover_arguments(discover: argparse.ArgumentParser) -> None:
                                "the PATH of a non-interactive ssh session)")
 
 
+def _follow_arguments(follow: argparse.ArgumentParser) -> None:
+    follow.description = (
+        "This node's server logs as a stream of JSON lines (what `radixtop --node HOST` on another node runs here "
+        "through ssh): the logs --log names, else the ones discovery finds."
+    )
+    follow.add_argument("--json", action="store_true", required=True, help="JSON lines (the only form)")
+    follow.add_argument("--log", action="append", default=[], metavar="PATH", help="a log to follow (repeatable)")
+    follow.add_argument("--backlog", type=within(0, 100_000, int), default=5_000, metavar="N",
+                        help="lines before each log's end to send first (default 5000)")
+
+
 def _fleet_arguments(fleet: argparse.ArgumentParser) -> None:
     fleet.description = (
         "Every rank the fleet's own Prometheus scrapes (radixtop's debug endpoints' /metrics), per node and rank: "
@@ -404,6 +415,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
     Subcommand("scan", "scan logs headless for known failure signatures", _scan_arguments, "radixtop.scan:run_scan"),
     Subcommand("discover", "what radixtop finds on this node, and on others through ssh (--node HOST)",
                _discover_arguments, "radixtop.discover:run_discover"),
+    Subcommand("follow", "this node's server logs as JSON lines, for radixtop --node on another node",
+               _follow_arguments, "radixtop.follow:run_follow"),
     Subcommand("fleet", "the fleet through its own Prometheus: every rank, and those that stand out",
                _fleet_arguments, "radixtop.fleet:run_fleet"),
     Subcommand("demo", "start a simulated failing SGLang server with a workload, and watch it fail",

@@ -20,7 +20,10 @@ Ordering rules (documented because clock skew between files is a fact of life):
   record takes the place of its file's last timed occurrence (or sorts first if none). No skew
   is guessed: hosts whose clocks disagree by more than the gap between two ranks' first warnings
   can make the wrong rank look first. ``first_by_rank`` (each rank's first warning-or-worse) shows
-  that gap so a reader can judge it, and ``clock_offsets`` corrects a known skew.
+  that gap so a reader can judge it, and ``clock_offsets`` corrects a known skew. A file another
+  node wrote (``node_of(file)`` names the node and its clock's correction) takes that correction,
+  and the ranks its lines name are tagged with the node ("node2 TP3"), so ranks of different nodes
+  never merge and the initiating rank says where it ran.
 - Within one file, the first occurrence of a signature is the first in line order.
 - Initiating = the earliest warning-or-worse occurrence of a cause (a signature's role, see
   catalog.py); with no cause logged, the earliest consequence, then the earliest notice, where one
@@ -42,7 +45,7 @@ few dozen batch stats per rank and info occurrences per file. The whole log is n
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixtop.diagnosis.catalog import ROLES, Catalog, Signature
@@ -62,7 +65,7 @@ from radixtop.diagnosis.severity import Severity
 if TYPE_CHECKING:
     from radixtop.diagnosis.matcher import Matcher
 
-__all__ = ["Occurrence", "Finding", "Fingerprint", "Report", "FindingsBuilder"]
+__all__ = ["Occurrence", "Finding", "Fingerprint", "Report", "FindingsBuilder", "NodeClock"]
 
 _INFO = Severity.INFO
 _WARNING = Severity.WARNING
@@ -194,6 +197,7 @@ class _FileState:
         "name",
         "order",
         "offset",
+        "node",
         "ring",
         "opener",
         "opener_line",
@@ -205,10 +209,11 @@ class _FileState:
         "waiting",
     )
 
-    def __init__(self, name: str, order: int, offset: float, context: int) -> None:
+    def __init__(self, name: str, order: int, offset: float, context: int, node: str = "") -> None:
         self.name = name
         self.order = order
         self.offset = offset
+        self.node = node  # the node that wrote the file ("": this one)
         self.ring: deque[str] = deque(maxlen=context)  # the lines before the current one
         self.opener: str | None = None  # the last line that opened a record
         self.opener_line = 0  # its line number (0: none yet)
@@ -252,6 +257,17 @@ class _FindingState:
 _NO_TIME = float("-inf")
 
 
+class NodeClock(NamedTuple):
+    """The node that wrote a file, and what to add to its times to put them on this node's clock."""
+
+    name: str
+    offset_s: float
+
+
+def _tagged(st: _FileState, rank: str | None) -> str | None:
+    return f"{st.node} {rank}" if st.node and rank is not None else rank
+
+
 class FindingsBuilder:
     def __init__(
         self,
@@ -261,6 +277,7 @@ class FindingsBuilder:
         context: int = CONTEXT_BEFORE,
         after: int = 20,
         clock_offsets: Mapping[str, float] | None = None,
+        node_of: Callable[[str], NodeClock | None] | None = None,
     ) -> None:
         if matcher is None:
             from radixtop.diagnosis.matcher import Matcher
@@ -274,6 +291,7 @@ class FindingsBuilder:
         self._levels = tuple(sig.level for sig in catalog.signatures)
         self._ids = tuple(sig.id for sig in catalog.signatures)
         self._offsets = dict(clock_offsets or {})
+        self._node_of = node_of
         self._files: dict[str, _FileState] = {}
         self._findings: dict[int, _FindingState] = {}
         self._seen_in_file: set[tuple[int, int]] = set()  # (signature index, file order)
@@ -365,7 +383,11 @@ class FindingsBuilder:
     # -- shared ------------------------------------------------------------------------------
 
     def _new_file(self, file: str) -> _FileState:
-        st = _FileState(file, len(self._files), float(self._offsets.get(file, 0.0)), self.context)
+        node = self._node_of(file) if self._node_of is not None else None
+        if node is None:
+            st = _FileState(file, len(self._files), float(self._offsets.get(file, 0.0)), self.context)
+        else:
+            st = _FileState(file, len(self._files), node.offset_s, self.context, node.name)
         self._files[file] = st
         return st
 
@@ -400,7 +422,7 @@ class FindingsBuilder:
                 time, epoch, rank = opener.time, opener.epoch, rank or opener.rank
         if epoch is not None and st.offset:
             epoch += st.offset
-        occ = Occurrence(st.name, lineno, time, epoch, rank, text)
+        occ = Occurrence(st.name, lineno, time, epoch, _tagged(st, rank), text)
         if epoch is None:
             # No time of its own or its record's (a fast-scan hit without context): order it
             # after the last timed occurrence of its file rather than before everything.
@@ -434,7 +456,7 @@ class FindingsBuilder:
                 else:
                     rank = rank_ahead(after)
                     if rank is not None:
-                        occ = occ._replace(rank=rank)
+                        occ = occ._replace(rank=_tagged(st, rank))
             found = key, occ
             if state is None or key < state.key:
                 if state is not None and state.after_left:
@@ -503,7 +525,7 @@ class FindingsBuilder:
         for w in which:
             occ = w.occ
             if rank is not None:
-                occ = occ._replace(rank=rank)
+                occ = occ._replace(rank=_tagged(st, rank))
                 state = self._findings.get(w.index)
                 if state is not None and state.first is w.occ:
                     state.first = occ

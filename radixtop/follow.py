@@ -1,0 +1,82 @@
+"""`radixtop follow --json`: this node's server logs as a stream of JSON lines, for the radixtop on
+another node that watches this one through ssh (`radixtop --node HOST` runs it here).
+
+The logs are the ones `--log` names, else the ones discovery finds (what `radixtop` alone would
+follow here). The first line says which: `{"logs": [...], "time": T}`; then each run of lines read
+together is one `{"log": PATH, "lines": [...]}`, flushed as it is read (probes/follow.py: rotation,
+truncation and late creation handled as `tail -F` does, lines cleaned and capped), and every
+HEARTBEAT_S without lines `{"time": T}`: the reader knows the node is there, and a reader gone away
+(ssh's connection closed) is found by the next write's broken pipe even while the logs are quiet.
+The stream ends then, or at SIGTERM / SIGHUP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from argparse import Namespace
+from typing import BinaryIO
+
+from radixtop.errors import ExitStatus, UsageError
+from radixtop.probes.follow import LogFollower
+from radixtop.probes.node_local import local_report
+
+__all__ = ["follow_record", "run_follow"]
+
+MAX_LINE = 64 * 1024  # characters per line sent, as the local follower caps them
+MAX_RUN = 2_000  # lines per record: a reader's per-record cap (probes/node_stream.py) stays small
+HEARTBEAT_S = 5.0
+
+
+def run_follow(args: Namespace) -> int:
+    logs = list(args.log) or _discovered_logs()
+    if not logs:
+        raise UsageError("no server log found on this node: give --log PATH (radixtop discover says what it sees)")
+    return asyncio.run(_stream(logs, args.backlog, sys.stdout.buffer))
+
+
+def _discovered_logs() -> list[str]:
+    report = asyncio.run(local_report())
+    return list(dict.fromkeys(s.log_path for s in report.servers if s.log_path))
+
+
+def follow_record(obj: object) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
+
+
+async def _stream(logs: list[str], backlog: int, out: BinaryIO) -> int:
+    follower = LogFollower(logs, backlog_lines=backlog, max_line=MAX_LINE)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(signum, follower.stop)
+    beat = asyncio.ensure_future(_heartbeat(out, follower))
+    try:
+        out.write(follow_record({"logs": logs, "time": time.time()}))
+        out.flush()
+        async for batch in follower.batches():
+            runs = getattr(batch.records, "runs", ())
+            for run in runs:
+                for start in range(0, len(run.texts), MAX_RUN):
+                    out.write(follow_record({"log": run.source, "lines": run.texts[start : start + MAX_RUN]}))
+            out.flush()
+    except BrokenPipeError:  # the reader went away: the stream is over (and stdout's last flush too)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    finally:
+        beat.cancel()
+        follower.stop()
+    return ExitStatus.OK
+
+
+async def _heartbeat(out: BinaryIO, follower: LogFollower) -> None:
+    while True:  # until the stream ends (cancelled) or its reader is gone
+        await asyncio.sleep(HEARTBEAT_S)
+        try:
+            out.write(follow_record({"time": time.time()}))
+            out.flush()
+        except BrokenPipeError:
+            follower.stop()
+            return

@@ -231,7 +231,7 @@ def _bundle_target(args: Namespace, *, found: bool,
 def _node_bundles(args: Namespace) -> Any:
     """The other nodes to bundle (--node, with --node-url and --node-log naming what to take
     there), or None without --node; bad input is one line."""
-    from radixtop.incident.bundle.nodes import NodeBundles, NodeOptions, NodeTarget
+    from radixtop.incident.bundle.nodes import MAX_NODES, NodeBundles, NodeOptions, NodeTarget
     from radixtop.incident.common.server import ServerError, base_url
     from radixtop.probes.remote import check_host, check_remote_command
 
@@ -270,9 +270,6 @@ def _node_bundles(args: Namespace) -> Any:
     options = NodeOptions(ssh_config=args.ssh_config, timeout_s=args.node_timeout, command=args.remote_radixtop,
                           max_bytes=args.node_max_bytes, reason=args.reason)
     return NodeBundles(targets, options)
-
-
-MAX_NODES = 64
 
 
 def _stream_archive(archive: Path | None) -> int:

@@ -36,9 +36,10 @@ from radixtop.incident.bundle.untar import UnpackError, unpack_bundle
 from radixtop.probes.remote import ClockSkew, reach, run_remote
 from radixtop.textsafe import printable_line
 
-__all__ = ["MAX_STREAM_BYTES", "NodeBundles", "NodeOptions", "NodePart", "NodeTarget", "folder_names"]
+__all__ = ["MAX_NODES", "MAX_STREAM_BYTES", "NodeBundles", "NodeOptions", "NodePart", "NodeTarget", "folder_names"]
 
 MAX_STREAM_BYTES = 1 << 30  # a node's .tar.gz as it streams in
+MAX_NODES = 64  # in one bundle
 MAX_AT_ONCE = 8  # nodes bundled at once
 MAX_TIMELINE_BYTES = 32 << 20
 DISCOVER_TIMEOUT_S = 30.0

@@ -65,6 +65,21 @@ TUI_OPTIONS: dict[str, dict[str, Any]] = {
         help="the fleet's Prometheus, e.g. http://prometheus:9090: a fleet view (F) of every rank it scrapes, "
              "and those that stand out",
     ),
+    "--node": dict(
+        action="append", default=[], metavar="HOST",
+        help="another node to watch too, as ssh names it (host, user@host, an alias in your ssh config; your own "
+             "ssh, BatchMode, radixtop installed there): its logs streamed here, its ranks' endpoints forwarded "
+             "to loopback; repeatable",
+    ),
+    "--node-url": dict(
+        action="append", default=[], metavar="HOST=URL",
+        help="the server to watch on a --node host, as its URL there (default: every server radixtop finds there)",
+    ),
+    "--ssh-config": dict(default=None, metavar="FILE",
+                         help="the ssh config file for --node (ssh -F; default: ssh's own, ~/.ssh/config)"),
+    "--remote-radixtop": dict(default="radixtop", metavar="CMD",
+                              help="the radixtop command on the --node hosts (default: radixtop on the PATH of a "
+                                   "non-interactive ssh session)"),
     "--no-discover": dict(action="store_true", help="do not look for servers on this node"),
     "--no-gpu": dict(action="store_true", help="do not read GPUs through NVML"),
     "--no-panes": dict(action="store_true", help="the log pane alone"),
@@ -184,6 +199,8 @@ def _follow_arguments(follow: argparse.ArgumentParser) -> None:
     )
     follow.add_argument("--json", action="store_true", required=True, help="JSON lines (the only form)")
     follow.add_argument("--log", action="append", default=[], metavar="PATH", help="a log to follow (repeatable)")
+    follow.add_argument("--url", default=None, metavar="URL", help="the server whose log to follow (default: every "
+                                                                    "server's discovery finds)")
     follow.add_argument("--backlog", type=within(0, 100_000, int), default=5_000, metavar="N",
                         help="lines before each log's end to send first (default 5000)")
 

@@ -21,7 +21,7 @@ from radixtop.errors import ExitStatus, UsageError
 from radixtop.probes.discovery import Discovery, FoundServer
 from radixtop.probes.node_local import local_report
 from radixtop.probes.node_report import ServerReport
-from radixtop.probes.remote import NodeAnswer, check_host, check_remote_command, reach
+from radixtop.probes.remote import NodeAnswer, check_host, check_remote_command, reach_all
 from radixtop.probes.server_cmdline import ServerKind
 from radixtop.probes.serverlog import LogElsewhere
 
@@ -29,7 +29,6 @@ __all__ = ["run_discover"]
 
 LOCAL = "local"  # this node's name in --node's output
 MAX_NODES = 256
-MAX_AT_ONCE = 16  # ssh sessions open at once
 
 
 def run_discover(args: Namespace) -> int:
@@ -75,16 +74,13 @@ def _hosts(given: list[str]) -> list[str]:
 
 async def _gather(hosts: list[str], local: bool, ssh_config: str | None, timeout_s: float,
                   command: str) -> list[NodeAnswer]:
-    gate = asyncio.Semaphore(MAX_AT_ONCE)
+    async def here() -> list[NodeAnswer]:
+        return [NodeAnswer(LOCAL, await local_report())] if local else []
 
-    async def one(host: str) -> NodeAnswer:
-        async with gate:
-            return await reach(host, ssh_config=ssh_config, timeout_s=timeout_s, command=command)
-
-    async def here() -> NodeAnswer:
-        return NodeAnswer(LOCAL, await local_report())
-
-    return list(await asyncio.gather(*([here()] if local else []), *(one(h) for h in hosts)))
+    mine, theirs = await asyncio.gather(
+        here(), reach_all(hosts, ssh_config=ssh_config, timeout_s=timeout_s, command=command)
+    )
+    return [*mine, *theirs]
 
 
 def _entry(answer: NodeAnswer) -> dict[str, Any]:

@@ -1,13 +1,13 @@
 """`radixtop follow --json`: this node's server logs as a stream of JSON lines, for the radixtop on
 another node that watches this one through ssh (`radixtop --node HOST` runs it here).
 
-The logs are the ones `--log` names, else the ones discovery finds (what `radixtop` alone would
-follow here). The first line says which: `{"logs": [...], "time": T}`; then each run of lines read
-together is one `{"log": PATH, "lines": [...]}`, flushed as it is read (probes/follow.py: rotation,
-truncation and late creation handled as `tail -F` does, lines cleaned and capped), and every
-HEARTBEAT_S without lines `{"time": T}`: the reader knows the node is there, and a reader gone away
-(ssh's connection closed) is found by the next write's broken pipe even while the logs are quiet.
-The stream ends then, or at SIGTERM / SIGHUP.
+The logs are the ones `--log` names, else the log of the server `--url` names as discovery finds
+it, else the logs of every server discovery finds. The first line says which: `{"logs": [...],
+"time": T}`. Then each run of lines read together is one `{"log": PATH, "lines": [...]}`, flushed
+as it is read (probes/follow.py: rotation, truncation and late creation handled as `tail -F`
+does, lines cleaned and capped), and every HEARTBEAT_S `{"time": T}`: the reader knows the node
+is there, and a reader gone away (ssh's connection closed) is found by the next write's broken
+pipe even while the logs are quiet. The stream ends then, or at SIGTERM / SIGHUP.
 """
 
 from __future__ import annotations
@@ -33,15 +33,17 @@ HEARTBEAT_S = 5.0
 
 
 def run_follow(args: Namespace) -> int:
-    logs = list(args.log) or _discovered_logs()
+    logs = list(args.log) or _discovered_logs(args.url)
     if not logs:
-        raise UsageError("no server log found on this node: give --log PATH (radixtop discover says what it sees)")
+        which = f"of the server at {args.url}" if args.url else "of a server"
+        raise UsageError(f"no log {which} found on this node: give --log PATH (radixtop discover says what it sees)")
     return asyncio.run(_stream(logs, args.backlog, sys.stdout.buffer))
 
 
-def _discovered_logs() -> list[str]:
+def _discovered_logs(url: str | None) -> list[str]:
     report = asyncio.run(local_report())
-    return list(dict.fromkeys(s.log_path for s in report.servers if s.log_path))
+    servers = [s for s in report.servers if url is None or (s.url or "").rstrip("/") == url.rstrip("/")]
+    return list(dict.fromkeys(s.log_path for s in servers if s.log_path))
 
 
 def follow_record(obj: object) -> bytes:

@@ -29,6 +29,10 @@ class TuiOptions:
     readonly: bool = False
     actions_dir: str | None = None  # where b and c write (default: the current directory)
     prometheus: str | None = None  # the fleet's Prometheus: the fleet view
+    nodes: tuple[str, ...] = ()  # other nodes watched through ssh (--node)
+    node_urls: tuple[str, ...] = ()  # --node-url HOST=URL: the server watched there
+    ssh_config: str | None = None
+    remote_radixtop: str = "radixtop"
 
     @classmethod
     def from_args(cls, args: Namespace) -> TuiOptions:
@@ -46,4 +50,8 @@ class TuiOptions:
             panes=not args.no_panes and os.environ.get("RADIXTOP_PANES") != "0",
             readonly=args.readonly,
             prometheus=args.prometheus,
+            nodes=tuple(args.node),
+            node_urls=tuple(args.node_url),
+            ssh_config=args.ssh_config,
+            remote_radixtop=args.remote_radixtop,
         )

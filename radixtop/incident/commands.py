@@ -231,27 +231,41 @@ def _bundle_target(args: Namespace, *, found: bool,
 def _node_bundles(args: Namespace) -> Any:
     """The other nodes to bundle (--node, with --node-url and --node-log naming what to take
     there), or None without --node; bad input is one line."""
-    from radixtop.incident.bundle.nodes import MAX_NODES, NodeBundles, NodeOptions, NodeTarget
+    from radixtop.incident.bundle.nodes import NodeBundles, NodeOptions
+
+    targets = node_targets(args.node, args.node_url, args.node_log, args.ssh_config, args.remote_radixtop)
+    if not targets:
+        return None
+    options = NodeOptions(ssh_config=args.ssh_config, timeout_s=args.node_timeout, command=args.remote_radixtop,
+                          max_bytes=args.node_max_bytes, reason=args.reason)
+    return NodeBundles(targets, options)
+
+
+def node_targets(nodes: Sequence[str], node_urls: Sequence[str], node_logs: Sequence[str] = (),
+                 ssh_config: str | None = None, command: str = "radixtop") -> list[Any]:
+    """--node HOST, each with what --node-url HOST=URL and --node-log HOST=PATH name there, as
+    NodeTargets ([] without --node); bad input is one line (UsageError)."""
+    from radixtop.incident.bundle.nodes import MAX_NODES, NodeTarget
     from radixtop.incident.common.server import ServerError, base_url
     from radixtop.probes.remote import check_host, check_remote_command
 
-    hosts = list(dict.fromkeys(args.node))
-    named = {"--node-url": args.node_url, "--node-log": args.node_log}
+    hosts = list(dict.fromkeys(nodes))
+    named = {"--node-url": node_urls, "--node-log": node_logs}
     if not hosts:
         for flag, given in named.items():
             if given:
-                raise UsageError(f"{flag} names what to bundle on a --node: add --node HOST")
-        return None
+                raise UsageError(f"{flag} names what to take on a --node: add --node HOST")
+        return []
     if len(hosts) > MAX_NODES:
-        raise UsageError(f"--node: {len(hosts)} nodes is more than {MAX_NODES}; bundle them in batches")
+        raise UsageError(f"--node: {len(hosts)} nodes is more than {MAX_NODES}; give fewer")
     try:
         for host in hosts:
             check_host(host)
-        check_remote_command(args.remote_radixtop)
+        check_remote_command(command)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
-        raise UsageError(f"--ssh-config: {args.ssh_config}: no such file; give the ssh config file to use")
+    if ssh_config is not None and not os.path.isfile(ssh_config):
+        raise UsageError(f"--ssh-config: {ssh_config}: no such file; give the ssh config file to use")
     urls: dict[str, str] = {}
     logs: dict[str, list[str]] = {}
     for flag, given in named.items():
@@ -266,10 +280,7 @@ def _node_bundles(args: Namespace) -> Any:
                     raise UsageError(f"{flag} {host}: {exc}") from None
             else:
                 logs.setdefault(host, []).append(value)
-    targets = [NodeTarget(h, urls.get(h), tuple(logs.get(h, ()))) for h in hosts]
-    options = NodeOptions(ssh_config=args.ssh_config, timeout_s=args.node_timeout, command=args.remote_radixtop,
-                          max_bytes=args.node_max_bytes, reason=args.reason)
-    return NodeBundles(targets, options)
+    return [NodeTarget(h, urls.get(h), tuple(logs.get(h, ()))) for h in hosts]
 
 
 def _stream_archive(archive: Path | None) -> int:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from radixtop.bounded import load_json
 from radixtop.diagnosis.findings import NodeClock
+from radixtop.probes.node_report import ServerReport
 from radixtop.probes.remote import NodeAnswer, check_host, ssh_argv
 from radixtop.probes.ssh_failure import explain_failure
 
@@ -84,6 +85,7 @@ class _Forward:
 class NodeLink:
     answer: NodeAnswer
     spool_root: Path
+    url: str | None = None  # the server watched there, as its URL there (None: every one found)
     ssh_config: str | None = None
     command: str = "radixtop"
     backlog: int = 5_000
@@ -120,17 +122,22 @@ class NodeLink:
         skew = self.answer.skew
         return NodeClock(self.name, -skew.correction_s if skew is not None else 0.0)
 
-    def logs(self) -> list[str]:
+    def servers(self) -> list[ServerReport]:
+        """The servers watched there: the one at `url`, else every one the report names."""
         report = self.answer.report
-        return list(dict.fromkeys(s.log_path for s in report.servers if s.log_path)) if report else []
+        found = list(report.servers) if report is not None else []
+        return [s for s in found if self.url is None or (s.url or "").rstrip("/") == self.url.rstrip("/")]
+
+    def logs(self) -> list[str]:
+        return list(dict.fromkeys(s.log_path for s in self.servers() if s.log_path))
+
+    def instrument_urls(self) -> list[str]:
+        return list(dict.fromkeys(u for s in self.servers() for u in s.instrument_urls))
 
     def endpoints(self) -> list[str]:
         """The URLs on the node to forward: its servers' and their ranks' debug endpoints, those on
         its loopback only."""
-        report = self.answer.report
-        urls = []
-        for server in report.servers if report else ():
-            urls += [u for u in (server.url, *server.instrument_urls) if u]
+        urls = [u for s in self.servers() for u in (s.url, *s.instrument_urls) if u]
         return [u for u in dict.fromkeys(urls) if _loopback_port(u) is not None][:MAX_FORWARDS]
 
     def local_url(self, remote: str) -> str | None:
@@ -214,8 +221,10 @@ class NodeLink:
 
     def _stream_once(self, backlog: int) -> str:
         """One session of the stream, until it ends; the one line saying why it ended."""
-        argv = ssh_argv(self.host, ssh_config=self.ssh_config, command=self.command,
-                        args=("follow", "--json", "--backlog", str(backlog)))
+        args = ["follow", "--json", "--backlog", str(backlog)]
+        if self.url is not None:  # what the user typed, never what the node said
+            args += ["--url", self.url]
+        argv = ssh_argv(self.host, ssh_config=self.ssh_config, command=self.command, args=args)
         proc = self._spawn(argv, stdout=subprocess.PIPE)
         if proc is None:
             return self._detail

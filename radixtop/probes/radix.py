@@ -75,6 +75,7 @@ class RadixSample:
     before: Snapshot | None = None  # a flight record's last safe point before the failure
     failed_node: int | None = None  # the node the failing lock or unlock was on (a flight record's trigger)
     failed_op: str = ""  # that trigger's kind
+    node: str = ""  # the node the endpoint is on, when not this one (reached through an ssh forward)
 
 
 class RadixProbe(PolledProbe):
@@ -90,8 +91,10 @@ class RadixProbe(PolledProbe):
         max_bytes: int = MAX_SNAPSHOT_BYTES,
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
+        node: str = "",
     ) -> None:
         self.url = base_url.rstrip("/")
+        self.node = node
         self.interval_s = interval_s
         self.budget = budget
         self.timeout_s = timeout_s
@@ -108,7 +111,7 @@ class RadixProbe(PolledProbe):
         self._health_at = -float("inf")
 
     def _sample(self, state: str, message: str = "", **kw) -> RadixSample:
-        return RadixSample(self.url, self._state.update(state, message), self._clock(), **kw)
+        return RadixSample(self.url, self._state.update(state, message), self._clock(), node=self.node, **kw)
 
     async def _poll(self) -> RadixSample:
         started = time.monotonic()

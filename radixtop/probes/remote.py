@@ -28,7 +28,8 @@ from radixtop.probes.node_report import MAX_REPORT_BYTES, NodeReport, parse_node
 from radixtop.probes.ssh_failure import explain_bad_answer, explain_failure, explain_timeout
 
 __all__ = [
-    "ClockSkew", "NodeAnswer", "RemoteRun", "check_host", "check_remote_command", "reach", "run_remote", "ssh_argv",
+    "ClockSkew", "NodeAnswer", "RemoteRun", "check_host", "check_remote_command", "reach", "reach_all", "run_remote",
+    "ssh_argv",
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -36,6 +37,7 @@ MAX_STDERR_BYTES = 64 * 1024  # ssh's messages and a shell's complaints; the res
 _CHUNK = 64 * 1024
 _REMOTE_COMMAND = re.compile(r"[A-Za-z0-9_./~+-]+")
 DISCOVER = ("discover", "--json")
+MAX_AT_ONCE = 16  # ssh sessions reaching nodes at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,3 +253,15 @@ async def _drain(proc: asyncio.subprocess.Process) -> None:
         while stream is not None and await stream.read(_CHUNK):  # the group is killed: EOF comes
             pass
     await proc.wait()
+
+
+async def reach_all(hosts: Sequence[str], *, ssh_config: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                    command: str = "radixtop") -> list[NodeAnswer]:
+    """Every node's answer, in the order given, at most MAX_AT_ONCE ssh sessions at a time."""
+    gate = asyncio.Semaphore(MAX_AT_ONCE)
+
+    async def one(host: str) -> NodeAnswer:
+        async with gate:
+            return await reach(host, ssh_config=ssh_config, timeout_s=timeout_s, command=command)
+
+    return list(await asyncio.gather(*(one(h) for h in hosts)))

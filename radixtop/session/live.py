@@ -67,6 +67,8 @@ class Targets:
     lines: list[str] = field(default_factory=list)  # what discovery found / could not, for the log pane
     log_source: LogSource | None = None  # the spool behind `logs` when the log is no file
     kv_events: list[KvEventsSource] = field(default_factory=list)  # publishers, read when no debug endpoint
+    # Other nodes' debug endpoints, forwarded to this node's loopback: URL here -> the node's name.
+    node_instruments: dict[str, str] = field(default_factory=dict)
 
 
 _PREFERENCE = {"sglang": 0, "vllm": 1, "sim": 2}
@@ -294,6 +296,7 @@ class LiveSources:
         self.on_attach = on_attach  # told when rediscovery attaches to a (new) server process
         self.server = ServerProbe(targets.url) if targets.url else None
         self.radix: dict[str, RadixProbe] = {u: RadixProbe(u) for u in targets.instruments}
+        self.node_radix = {u: RadixProbe(u, node=node) for u, node in targets.node_instruments.items()}
         self.kv: dict[str, KvEventsProbe] = {} if self.radix else {s.url: KvEventsProbe(s) for s in targets.kv_events}
         self.procs = ProcProbe(targets.pid) if targets.pid else None
         self.gpu = GpuProbe() if gpu else None
@@ -312,7 +315,7 @@ class LiveSources:
         """Poll everything until cancelled."""
         if self.server is not None:
             self._spawn("server", self.server)
-        for url, probe in self.radix.items():
+        for url, probe in (*self.radix.items(), *self.node_radix.items()):
             self._spawn(f"radix {url}", probe)
         for url, kv in self.kv.items():
             self._spawn(url, kv)
@@ -455,7 +458,8 @@ class LiveSources:
             await asyncio.to_thread(self.targets.log_source.stop)
         for name in list(self._tasks):
             await self._stop(name)
-        for probe in (self.server, self.procs, self.gpu, *self.radix.values(), *self.kv.values()):
+        for probe in (self.server, self.procs, self.gpu, *self.radix.values(), *self.node_radix.values(),
+                      *self.kv.values()):
             if probe is not None:
                 with contextlib.suppress(Exception):
                     await probe.aclose()

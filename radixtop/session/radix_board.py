@@ -63,6 +63,7 @@ class RankView:
     source_note: str = ""  # that source's line of what it holds and missed
     locks_known: bool = True
     name: str = ""  # the title's name for a view that is not a rank's endpoint (a printed tree)
+    node: str = ""  # the node the rank runs on, when not this one
     before: Snapshot | None = None  # a flight record's last safe point before the failure
     failed_node: int | None = None  # the node the failing lock or unlock was on
     failed_op: str = ""  # what failed there (the trigger's kind)
@@ -142,7 +143,8 @@ class RankView:
             return self.name
         if self.rank is None:
             return self.url
-        return f"dp {self.rank}" if self.source else f"rank {self.rank}"  # kv-events publish per DP rank
+        rank = f"dp {self.rank}" if self.source else f"rank {self.rank}"  # kv-events publish per DP rank
+        return f"{self.node} {rank}" if self.node else rank
 
 
 class RadixBoard:
@@ -167,7 +169,7 @@ class RadixBoard:
         view.status = sample.status
         changed = changed or view.source_note != sample.source_note
         view.source, view.source_note, view.locks_known = sample.source, sample.source_note, sample.locks_known
-        view.name, view.before = sample.label, sample.before
+        view.name, view.before, view.node = sample.label, sample.before, sample.node
         view.failed_node, view.failed_op = sample.failed_node, sample.failed_op
         if sample.rank is not None:
             view.rank = sample.rank

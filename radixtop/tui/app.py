@@ -27,8 +27,9 @@ import time
 import traceback
 from argparse import Namespace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from importlib import resources
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -47,9 +48,13 @@ from radixtop.tui.fleet import checked_url as fleet_url
 from radixtop.tui.guard import guarded
 from radixtop.tui.help import HelpScreen
 from radixtop.tui.keys import bindings, load_keymap
+from radixtop.tui.nodes import NodeWatching, prepare_nodes
 from radixtop.tui.pacing import REFRESH_HZ, FramePacer
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.tui.search import SearchKeys
+
+if TYPE_CHECKING:
+    from radixtop.session.node_watch import NodeWatch
 from radixtop.tui.servers import ServerChoice
 from radixtop.tui.terminal import fit_terminal, run_until_quit
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
@@ -107,7 +112,7 @@ class TiledHorizontal(Horizontal):
     BLANK = True
 
 
-class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, App[int]):
+class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWatching, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "radixtop"
     ENABLE_COMMAND_PALETTE = False
@@ -130,9 +135,11 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, App[int
         readonly: bool = False,
         actions: Any = None,
         fleet: str | None = None,
+        nodes: NodeWatch | None = None,
     ) -> None:
         super().__init__()
         self.init_fleet(fleet)  # the fleet view's Prometheus (tui/fleet.py)
+        self.init_nodes(nodes)  # other nodes, linked through ssh (tui/nodes.py)
         self.user_keymap: dict[str, str] = {}  # binding id -> keys, from the keymap file (tui/keys.py)
         self.init_actions(readonly, actions)  # b, c and the automatic bundle (tui/actions.py)
         for t in THEMES.values():
@@ -152,7 +159,8 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, App[int
         from radixtop.diagnosis.matcher import Matcher
 
         self.matcher = Matcher(catalog.signatures)
-        self.builder = FindingsBuilder(catalog, matcher=self.matcher, context=context)
+        node_of = nodes.node_of if nodes is not None else None  # their spools: tagged, on this clock
+        self.builder = FindingsBuilder(catalog, matcher=self.matcher, context=context, node_of=node_of)
         self.ingestor = Ingestor(self.builder, catalog)
         self.state = IncidentState(capacity, clock=clock) if clock else IncidentState(capacity)
         self.follower: Any = None
@@ -226,6 +234,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, App[int
             self.state.add_notice("radixtop", "catalog", note)
         if self.banner:
             self.state.add_message([self.banner])
+        self.say_node_failures()
         if self.live_options is not None:
             self.panes = self._new_panes(self.live_options)
             # After the first frame: mounting the panes, discovery and the first NVML read would
@@ -450,6 +459,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, App[int
             self._flushing = False
 
     def _poll_health(self) -> None:
+        self.poll_nodes()
         if self.follower is None:
             return
         try:
@@ -489,6 +499,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, App[int
 
     def on_unmount(self) -> None:
         self._stop_following()
+        self.stop_nodes()
 
     # -- failures ----------------------------------------------------------------------------------
 
@@ -758,23 +769,35 @@ def run_from_args(args: Namespace) -> int:
 def run_tui(options: TuiOptions) -> int:
     """Entry point for the default command (`radixtop [--log PATH ...]`) and the demo."""
     from radixtop.diagnosis.catalog import CatalogError, load_catalog
-    from radixtop.errors import ExitStatus, UsageError
+    from radixtop.errors import UsageError
 
     try:
         catalog = load_catalog(options.signatures)
     except CatalogError as exc:
         raise UsageError(str(exc)) from exc
+    options, nodes = prepare_nodes(options)
+    try:
+        return _run_app(options, catalog, nodes)
+    finally:
+        if nodes is not None:
+            nodes.stop()
+
+
+def _run_app(options: TuiOptions, catalog: Any, nodes: NodeWatch | None) -> int:
+    from radixtop.errors import ExitStatus
+
     app = RadixtopApp(
-        log_patterns=list(options.logs),
+        log_patterns=[*options.logs, *(nodes.patterns() if nodes is not None else ())],
         from_start=options.from_start,
         theme=options.theme,
         catalog=catalog,
         context=options.context,
         banner=options.banner,
-        live=live_options(options),
+        live=_with_nodes(live_options(options), nodes),
         readonly=options.readonly,
         actions=action_settings(options),
         fleet=fleet_url(options.prometheus),
+        nodes=nodes,
     )
     fit_terminal()
     signum = run_until_quit(app)
@@ -787,3 +810,9 @@ def live_options(options: TuiOptions) -> LiveOptions | None:
         return None
     return LiveOptions(url=options.url, instruments=options.instruments, logs=options.logs, gpu=options.gpu,
                        discover=options.discover)
+
+
+def _with_nodes(live: LiveOptions | None, nodes: NodeWatch | None) -> LiveOptions | None:
+    if live is None or nodes is None:
+        return live
+    return replace(live, node_instruments=nodes.instruments())

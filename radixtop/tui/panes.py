@@ -65,6 +65,7 @@ class LiveOptions:
     logs: tuple[str, ...] = ()  # --log patterns: the server writing one of them is the one watched
     gpu: bool = True
     discover: bool = True  # False: no discovery at all (tests, or a --url that is elsewhere)
+    node_instruments: tuple[tuple[str, str], ...] = ()  # other nodes' forwarded endpoints: (URL here, node)
 
 
 def pane_rows() -> list[Horizontal]:
@@ -166,6 +167,7 @@ class Panes:
         else:
             targets = Targets(url=opts.url, instruments=list(opts.instruments), pinned_url=bool(opts.url),
                               pinned_instruments=bool(opts.instruments))
+        targets.node_instruments = dict(opts.node_instruments)
         self.targets = targets
         if targets.lines:
             self.add_lines(targets.lines)

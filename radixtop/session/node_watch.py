@@ -29,7 +29,7 @@ __all__ = ["NodeWatch", "connect_nodes"]
 @dataclass
 class NodeWatch:
     links: list[NodeLink] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)  # one line per node that could not be reached
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (host, one line) per node not reached
     spool_root: Path | None = None
 
     def patterns(self) -> list[str]:
@@ -68,7 +68,7 @@ def connect_nodes(
     watch = NodeWatch()
     for answer in answers:
         if not answer.ok:
-            watch.failures.append(answer.error)
+            watch.failures.append((answer.host, answer.error))
             say(f"radixtop: {answer.error}")
             continue
         if watch.spool_root is None:

@@ -71,6 +71,16 @@ class ActionSettings:
     signature_files: tuple[str, ...] = ()
     confirm: Mapping[str, Any] = field(default_factory=dict)  # ConfirmOptions fields (tests: a small trace)
     bundle: Mapping[str, Any] = field(default_factory=dict)  # take_bundle keywords (tests: shorter timeouts)
+    nodes: tuple[Any, ...] = ()  # other nodes' NodeTargets: b takes each one's own bundle too
+    node_options: Any = None  # their NodeOptions
+
+    def node_bundles(self) -> Any:
+        """A fresh collector of the other nodes' bundles for one b (None: this node alone)."""
+        if not self.nodes:
+            return None
+        from radixtop.incident.bundle.nodes import NodeBundles
+
+        return NodeBundles(self.nodes, self.node_options)
 
     @property
     def directory(self) -> Path:
@@ -79,9 +89,19 @@ class ActionSettings:
 
 def action_settings(options: TuiOptions) -> ActionSettings:
     """From the command line's options (`radixtop demo` gives its own work directory)."""
+    nodes: tuple[Any, ...] = ()
+    node_options = None
+    if options.nodes:
+        from radixtop.incident.bundle.nodes import NodeOptions
+        from radixtop.incident.commands import node_targets
+
+        nodes = tuple(node_targets(options.nodes, options.node_urls, (), options.ssh_config, options.remote_radixtop))
+        node_options = NodeOptions(ssh_config=options.ssh_config, command=options.remote_radixtop)
     return ActionSettings(
         out_dir=Path(options.actions_dir) if options.actions_dir else None,
         signature_files=options.signatures,
+        nodes=nodes,
+        node_options=node_options,
     )
 
 
@@ -174,7 +194,10 @@ class IncidentActions:
             if targets.url and url and targets.url.rstrip("/") == url.rstrip("/"):
                 pid = targets.pid
             instruments = tuple(targets.instruments)
-        return Target(url, pid, expand_logs(getattr(app, "log_patterns", ()) or ()), instruments)
+        nodes = getattr(app, "nodes", None)  # other nodes' spools: their own bundles carry their logs
+        logs = expand_logs(getattr(app, "log_patterns", ()) or ())
+        logs = tuple(p for p in logs if nodes is None or not nodes.node_of(p))
+        return Target(url, pid, logs, instruments)
 
     # -- what was seen of the server ---------------------------------------------------------------
 
@@ -336,7 +359,7 @@ class IncidentActions:
                 reason="manual", signature_files=settings.signature_files, context=self.builder.context,
                 live_report=report, seen=seen, cancel=self._bundle_cancel,
                 on_progress=lambda p: self._tell(BundleProgressed(p)), workload=self._workload_shape(),
-                **dict(settings.bundle),
+                nodes=settings.node_bundles(), **dict(settings.bundle),
             )
         except (BundleError, ServerError) as exc:
             self._tell(BundleTaken(None, str(exc)))

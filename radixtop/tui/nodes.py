@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from radixtop.options import TuiOptions
+    from radixtop.probes.logbatch import HealthState
     from radixtop.session.incident_state import IncidentState
     from radixtop.session.node_watch import NodeWatch
 
@@ -41,6 +42,11 @@ def prepare_nodes(options: TuiOptions) -> tuple[TuiOptions, NodeWatch | None]:
     return replace(options, logs=logs), watch
 
 
+_HEALTH: dict[str, HealthState] = {
+    "streaming": "ok", "connecting": "waiting", "retrying": "error", "stopped": "waiting",
+}
+
+
 class NodeWatching:
     """The app's side of the linked nodes."""
 
@@ -54,26 +60,33 @@ class NodeWatching:
 
     def say_node_failures(self) -> None:
         if self.nodes is not None:
-            for line in self.nodes.failures:
+            for _, line in self.nodes.failures:
                 self.state.add_notice("radixtop", "error", line)
 
     def poll_nodes(self) -> None:
-        """Each link's state, said in the log pane when it changes."""
+        """Each node's state on the status line (`ssh HOST`), and said in the log pane when it changes."""
         if self.nodes is None:
             return
-        for health in self.nodes.health():
+        from radixtop.probes.logbatch import SourceHealth
+
+        links = self.nodes.health()
+        self.state.set_health(
+            [SourceHealth(f"ssh {host}", "error", line, 0, None) for host, line in self.nodes.failures]
+            + [SourceHealth(f"ssh {h.node}", _HEALTH.get(h.state, "error"), h.detail, h.lines, None) for h in links]
+        )
+        for health in links:
             said = (health.state, health.detail)
-            if self._node_states.get(health.node) == said:
+            before = self._node_states.get(health.node)
+            if before == said:
                 continue
-            first = health.node not in self._node_states
             self._node_states[health.node] = said
             if health.detail:
                 self.state.add_notice("radixtop", "error", f"{health.node}: {health.detail}")
-            elif health.state == "streaming" and first:
+            elif health.state == "streaming" and before is not None and before[0] == "retrying":
+                self.state.add_message([f"{health.node}: its log stream is back"])
+            elif health.state == "streaming":
                 self.state.add_message([f"{health.node}: following its logs through ssh; "
                                         f"{health.forwards} endpoint(s) forwarded to this node's loopback"])
-            elif health.state == "streaming":
-                self.state.add_message([f"{health.node}: its log stream is back"])
 
     def stop_nodes(self) -> None:
         if self.nodes is not None:

@@ -13,7 +13,7 @@ import pytest
 
 from radixtop.incident.replay.trace import builtin_trace, plan_requests, rescale_prefixes, scale_offsets
 from radixtop.sim.engine import Engine, EngineDead, SimConfig
-from radixtop.sim.faults import FaultSpec
+from radixtop.sim.faults import FaultSet, FaultSpec
 
 STAMP = r"\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<rank>(?: DP\d+)?(?: PP\d+)?(?: TP\d+)?)\] "
 PREFILL = re.compile(
@@ -190,14 +190,25 @@ async def test_block_boundary_varies_between_replays_with_a_consistent_prefix():
     assert stale.text.split("_")[0] == healthy.text.split("_")[0]
 
 
-async def lock_race_run(max_running: int, seed: int = 1, tp_size: int = 1, disable: bool = False):
+async def lock_race_run(
+    max_running: int,
+    seed: int = 1,
+    tp_size: int = 1,
+    disable: bool = False,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rank: int | None = None,
+):
     config = SimConfig(
         max_total_tokens=4096,
         max_running_requests=max_running,
         step_time_s=0,
         tp_size=tp_size,
+        nnodes=nnodes,
+        node_rank=node_rank,
         disable_radix_cache=disable,
-        faults=(FaultSpec("lock-race", seed=seed),),
+        faults=(FaultSpec("lock-race", seed=seed, params={} if rank is None else {"rank": rank}),),
     )
     lines: list[str] = []
     engine = Engine(config, lines.append)
@@ -274,6 +285,85 @@ async def test_lock_race_with_tp2_the_initiating_rank_speaks_then_the_parent():
     # SGLang 0.5.23: the parent's SIGQUIT handler writes it, with no rank, once.
     sigquit = [i for i, line in enumerate(lines) if "SIGQUIT received." in line]
     assert len(sigquit) == 1 and sigquit[0] > error and not re.match(STAMP, lines[sigquit[0]]).group("rank")
+
+
+def test_lock_race_draws_its_rank_from_the_ranks_it_is_given_unless_one_is_named():
+    def fired(spec: FaultSpec, ranks: range) -> int | None:
+        race = FaultSet([spec]).lock_race
+        assert race is not None
+        return race.consider(0.95, 1, ranks)
+
+    def drawn(seed: int, ranks: range) -> int:
+        rng = random.Random(f"lock-race:{seed}")
+        rng.random()  # the fire-or-not draw comes first
+        return ranks[rng.randrange(len(ranks))]
+
+    for seed in range(8):
+        spec = FaultSpec("lock-race", seed, {"probability": 1})
+        # One node: the draw randrange(tp_size) always made, so a seed keeps its rank.
+        single = random.Random(f"lock-race:{seed}")
+        single.random()
+        assert fired(spec, range(4)) == drawn(seed, range(4)) == single.randrange(4)
+        assert fired(spec, range(2, 4)) == drawn(seed, range(2, 4))
+    assert {fired(FaultSpec("lock-race", seed, {"probability": 1}), range(2, 4)) for seed in range(8)} == {2, 3}
+    assert fired(FaultSpec.parse("lock-race:seed=1,probability=1,rank=3"), range(2, 4)) == 3
+    with pytest.raises(ValueError, match="rank must be a TP rank"):
+        FaultSpec.parse("lock-race:rank=-1")
+
+
+async def test_a_node_of_a_multi_node_tp_group_runs_its_share_of_the_ranks():
+    workload = [prompt(60, 300 + i % 3, seed=i % 2) for i in range(9)]
+
+    async def run(**node: int) -> tuple[Engine, list[str]]:
+        config = SimConfig(tp_size=4, page_size=4, decode_log_interval=4, step_time_s=0, log_ms=False, **node)
+        async with engine_running(config) as (engine, lines):
+            for ids in workload:  # one at a time: both engines take the same decisions
+                await engine.generate(ids, max_new_tokens=12)
+        return engine, lines
+
+    whole, _ = await run()
+    engine, lines = await run(nnodes=2, node_rank=1)
+    assert sorted(engine.caches) == [2, 3]
+    ranked = {m.group("rank") for m in map(lambda x: re.match(STAMP, x), lines) if m and m.group("rank")}
+    assert ranked == {" TP2", " TP3"}
+    # TP0 writes the batch statistics and the pool's size: it runs on node 0.
+    assert not any(text in x for x in lines for text in ("Prefill batch", "Decode batch", "max_total_num_tokens="))
+
+    def shape(cache):
+        return [(n.id, n.key.token_ids, n.value, n.lock_ref) for n in cache.iter_nodes()]
+
+    # The same requests give this node's ranks the trees the whole group's ranks 2 and 3 have.
+    assert shape(engine.caches[2]) and shape(engine.caches[2]) == shape(whole.caches[2])
+    assert shape(engine.caches[3]) == shape(whole.caches[3])
+    assert engine.rank_requests(3).waiting_queue == []
+    assert engine.flush_cache() and lines[-1].endswith(" TP2] Cache flushed successfully!")
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ({"nnodes": 0}, "nnodes must be within 1..64, got 0"),
+        ({"nnodes": 2, "node_rank": 2, "tp_size": 4}, "node_rank must be below the number of nodes (2), got 2"),
+        ({"nnodes": 2, "tp_size": 3}, "tp_size must be a multiple of the number of nodes (2)"),
+        ({"nnodes": 2, "tp_size": 4, "dp_size": 2}, "dp_size must be 1 when the TP group spans several nodes"),
+    ],
+)
+def test_node_settings_are_checked(node: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SimConfig(**node).validate()
+
+
+async def test_lock_race_on_a_node_fires_on_its_ranks_or_the_named_one():
+    engine, lines, _ = await lock_race_run(32, seed=1, tp_size=4, nnodes=2, node_rank=1)
+    assert engine.dead_reason is not None
+    warn = next(line for line in lines if "WARNING: radix cache eviction" in line)
+    assert re.match(STAMP, warn).group("rank") in (" TP2", " TP3")
+    engine, lines, _ = await lock_race_run(32, seed=1, tp_size=4, nnodes=2, node_rank=1, rank=3)
+    for text in ("WARNING: radix cache eviction", "Scheduler hit an exception"):
+        assert re.match(STAMP, next(x for x in lines if text in x)).group("rank") == " TP3"
+    assert sorted(engine.dead_nodes) == [2, 3]
+    with pytest.raises(ValueError, match=re.escape("rank=1 is not a TP rank this node runs (2, 3)")):
+        SimConfig(tp_size=4, nnodes=2, node_rank=1, faults=(FaultSpec("lock-race", 0, {"rank": 1}),)).validate()
 
 
 async def test_leak_is_real_and_the_idle_check_logs_sglang_0523_wording():

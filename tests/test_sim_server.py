@@ -115,18 +115,25 @@ def _prompt(i: int, words: int) -> str:
 
 def _free_port_pair() -> int:
     """A base port with base and base + 1 free right now (the OS picks the base)."""
+    return _free_base(0, 1)
+
+
+def _free_base(*offsets: int) -> int:
+    """A base port with base + each offset free right now (the OS picks the first of them)."""
     for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            if base >= 65535:
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            base = first.getsockname()[1] - offsets[0]
+            if base < 1 or base + max(offsets) > 65535:
                 continue
             try:
-                b.bind(("127.0.0.1", base + 1))
+                for offset in offsets[1:]:
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", base + offset))
             except OSError:
                 continue
             return base
-    pytest.skip("no two consecutive free ports found")
+    pytest.skip(f"no free ports at base + {offsets} found")
 
 
 async def test_health_server_info_and_models(tmp_path: Path) -> None:
@@ -533,23 +540,24 @@ def test_unknown_flags_noted_tp2_prefixes_debug_endpoints_and_log_format(tmp_pat
         assert parse_line(line).time is not None or is_continuation(line), line
 
 
+async def _pressure(url: str) -> list[int | str]:
+    """48 distinct 60-word prompts at once: a 1024-token pool runs full and evicts."""
+    async with httpx.AsyncClient(base_url=url, timeout=15.0) as c:
+
+        async def one(i: int) -> int | str:
+            try:
+                body = {"text": _prompt(100 + i, 60), "sampling_params": {"max_new_tokens": 40}}
+                return (await c.post("/generate", json=body)).status_code
+            except httpx.HTTPError as exc:  # the process may be gone before a late request lands
+                return type(exc).__name__
+
+        return await asyncio.gather(*(one(i) for i in range(48)))
+
+
 def test_lock_race_under_pressure_dies_like_sglang(tmp_path: Path) -> None:
     flags = ("--max-total-tokens", "1024", "--fault", "lock-race:1:probability=1", "--step-ms", "1")
     with launch(tmp_path, *flags) as sim:
-
-        async def pressure() -> list[int | str]:
-            async with httpx.AsyncClient(base_url=sim.url, timeout=15.0) as c:
-
-                async def one(i: int) -> int | str:
-                    try:
-                        body = {"text": _prompt(100 + i, 60), "sampling_params": {"max_new_tokens": 40}}
-                        return (await c.post("/generate", json=body)).status_code
-                    except httpx.HTTPError as exc:  # the process may be gone before a late request lands
-                        return type(exc).__name__
-
-                return await asyncio.gather(*(one(i) for i in range(48)))
-
-        statuses = asyncio.run(pressure())
+        statuses = asyncio.run(_pressure(sim.url))
         rc = sim.proc.wait(timeout=10)
         log = sim.log_text()
     assert rc != 0
@@ -568,6 +576,95 @@ def test_lock_race_under_pressure_dies_like_sglang(tmp_path: Path) -> None:
     # Its trigger names the node the warning said the eviction contended with.
     contended = re.search(r"contended with a page lock on node (\d+)", log)
     assert contended and record.triggers[0].node == int(contended.group(1))
+
+
+def _snapshot(url: str) -> bytes:
+    deadline = time.monotonic() + 10
+    while True:  # 503 until the scheduler's first safe point
+        resp = httpx.get(url + SNAPSHOT_PATH, timeout=5)
+        if resp.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert resp.status_code == 200, resp.text
+    return resp.content
+
+
+def test_node_1_of_2_runs_serves_and_fails_as_tp2_and_tp3(tmp_path: Path) -> None:
+    base = _free_base(2, 3)
+    flags = (
+        "--tp-size", "4", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000",
+        "--instrument-port", str(base), "--enable-metrics", "--max-total-tokens", "1024",
+        "--fault", "lock-race:1:probability=1,rank=3", "--step-ms", "1",
+    )
+    with launch(tmp_path, *flags) as sim:
+        info = httpx.get(f"{sim.url}/server_info", timeout=10).json()
+        assert (info["tp_size"], info["nnodes"], info["node_rank"]) == (4, 2, 1)
+        assert info["dist_init_addr"] == "10.0.0.1:5000"  # echoed: nodes make no connection
+        urls = info["radixtop_instrument"]
+        assert urls == [f"http://127.0.0.1:{base + 2}", f"http://127.0.0.1:{base + 3}"]
+        body = {"text": _prompt(6, 20), "sampling_params": {"max_new_tokens": 3}}
+        assert httpx.post(f"{sim.url}/generate", json=body, timeout=10).status_code == 200
+        for rank, url in zip((2, 3), urls, strict=True):
+            assert parse_snapshot(_snapshot(url)).rank == rank
+            assert parse_health(httpx.get(url + HEALTH_PATH, timeout=5).content).rank == rank
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{sim.url}/metrics").text)}
+        labelled = {s.labels["tp_rank"] for f in families.values() for s in f.samples if "tp_rank" in s.labels}
+        assert labelled == {"2", "3"}
+        assert "sglang:token_usage" not in families  # SGLang's TP0, on node 0, sets the scheduler gauges
+        asyncio.run(_pressure(sim.url))
+        rc = sim.proc.wait(timeout=15)
+        log = sim.log_text()
+    assert rc != 0
+    assert set(re.findall(r"^\[[^\]]* (TP\d+)\]", log, re.M)) == {"TP2", "TP3"}
+    assert "Prefill batch" not in log and "Decode batch" not in log  # TP0's lines
+    # The lock race fires on the rank named: its warning, then its scheduler's exception.
+    assert re.search(r"^\[[^\]]* TP3\] WARNING: radix cache eviction contended with a page lock", log, re.M)
+    failure = re.search(r"^\[[^\]]*?( TP\d+)?\] Scheduler hit an exception: Traceback", log, re.M)
+    assert failure and failure.group(1) == " TP3"
+    record = FlightRecord.from_dict(json.loads((flight_dir() / record_name(3, sim.proc.pid)).read_bytes()))
+    assert [t.kind for t in record.triggers] == ["scheduler_exception"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--nnodes", "0"], "--nnodes: must be within 1..64, got 0 (see `radixtop sim --help`)"),
+        (
+            ["--tp-size", "4", "--nnodes", "2", "--node-rank", "2"],
+            "--node-rank must be below the number of nodes (2), got 2",
+        ),
+        (["--node-rank", "1"], "--node-rank must be below the number of nodes (1), got 1"),
+        (
+            ["--tp-size", "3", "--nnodes", "2"],
+            "--tp-size must be a multiple of the number of nodes (2), each node running an equal share "
+            "of the TP ranks; got 3",
+        ),
+        (
+            ["--tp-size", "4", "--nnodes", "2", "--dp-size", "2"],
+            "--dp-size must be 1 when the TP group spans several nodes, got 2",
+        ),
+        (["--fault", "lock-race:rank=1"], "--fault 'lock-race': rank=1 is not a TP rank this node runs (0)"),
+    ],
+)
+def test_bad_node_flags_are_one_line(flags: list[str], line: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_options(flags)
+    assert str(caught.value) == line
+
+
+def test_a_rank_off_this_node_is_one_line_and_exit_2() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "radixtop", "sim", "--tp-size", "4", "--nnodes", "2", "--node-rank", "1",
+         "--fault", "lock-race:1:rank=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "radixtop sim: --fault 'lock-race': rank=1 is not a TP rank this node runs (2, 3)"
+    ]
 
 
 def test_log_level_warning_drops_info_lines_of_the_http_server(tmp_path: Path) -> None:

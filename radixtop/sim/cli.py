@@ -9,6 +9,12 @@ model are accepted and named in one log line), plus radixtop's `--fault`, `--ste
 and M unfinished requests before crash to FILE` (radixtop.sim.request_log), five seconds "before crash
 diagnostics" (none when SGLANG_PYSPY_DUMP_BEFORE_CRASH and SGLANG_CUDA_COREDUMP_BEFORE_CRASH are both
 off, as SGLang), `kill_process_tree called...`, then a non-zero exit.
+
+With `--nnodes N --node-rank R` it is node R of a TP group spread over N machines: it runs, logs
+and serves the debug endpoints of that node's TP ranks only (node 1 of 2 at `--tp-size 4`: TP2
+and TP3, on BASE+2 and BASE+3). Unlike SGLang's nodes past the first, which serve only a health
+check, it serves the whole API: nodes make no connection to each other, so a driver sends each
+node the same requests, standing in for node 0's scheduler handing them on.
 """
 
 from __future__ import annotations
@@ -98,6 +104,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int, default=1)
     g.add_argument("--dp-size", "--data-parallel-size", "--dp", dest="dp_size", type=int, default=1)
     g.add_argument(
+        "--nnodes",
+        type=within(1, 64),
+        default=1,
+        help="machines the TP group spans (default 1); this simulator runs one node's share of the ranks",
+    )
+    g.add_argument(
+        "--node-rank",
+        type=within(0, 63),
+        default=0,
+        help="which node this is (default 0): node R of N runs TP ranks R*tp/N .. (R+1)*tp/N - 1",
+    )
+    g.add_argument(
+        "--dist-init-addr",
+        "--nccl-init-addr",
+        dest="dist_init_addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="accepted and echoed; no connection is made (each node's simulator schedules on its own)",
+    )
+    g.add_argument(
         "--kv-events-config",
         default=None,
         metavar="JSON",
@@ -122,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME[:SEED][:K=V,...]",
-        help="inject a fault: lock-race, block-boundary, leak, double-unlock (repeatable)",
+help="inject a fault: lock-race, block-boundary, leak, double-unlock (repeatable); "
+        "lock-race's rank=N names the TP rank it fires on",
     )
     r.add_argument(
         "--step-ms", type=within(0, 10_000, float), default=2.0, help="simulated scheduler step time (default 2 ms)"
@@ -217,6 +244,8 @@ def sim_config(opts: SimOptions) -> Any:
         "radix_eviction_policy": a.radix_eviction_policy,
         "tp_size": a.tp_size,
         "dp_size": a.dp_size,
+        "nnodes": a.nnodes,
+        "node_rank": a.node_rank,
         "decode_log_interval": a.decode_log_interval,
         "enable_deterministic_inference": a.enable_deterministic_inference,
         "faults": tuple(opts.faults),
@@ -253,6 +282,9 @@ def server_args_dict(opts: SimOptions, config: Any, port: int) -> dict[str, Any]
         "tp_size": config.tp_size,
         "dp_size": config.dp_size,
         "pp_size": 1,
+        "nnodes": config.nnodes,
+        "node_rank": config.node_rank,
+        "dist_init_addr": a.dist_init_addr,
         "decode_log_interval": config.decode_log_interval,
         "log_level": a.log_level,
         "mem_fraction_static": a.mem_fraction_static,
@@ -487,6 +519,7 @@ class SimServer:
                 model_name=server_args["served_model_name"],
                 tp_size=self.config.tp_size,
                 dp_size=self.config.dp_size,
+                tp_ranks=self.config.tp_ranks,
             )
             for rank, cache in self.engine.caches.items():
                 _time_evictions(cache, functools.partial(metrics.observe_eviction, rank))

@@ -4,7 +4,9 @@ One :class:`Engine` is one SGLang server: ``dp_size`` data-parallel schedulers, 
 ``tp_size`` tensor-parallel ranks. Every rank owns a :class:`~radixtop.sim.radix.RadixCache` and a
 :class:`~radixtop.sim.pool.TokenToKVPoolAllocator`; within a DP group rank 0 drives and every
 cache operation is replayed on the other ranks, so their trees are identical (same node ids,
-same slots), as on a real server where each rank runs the same scheduler decisions.
+same slots), as on a real server where each rank runs the same scheduler decisions. With
+``nnodes`` > 1 the engine is one node of a TP group spread over machines and holds only that
+node's ranks (``SimConfig.tp_ranks``), keyed and prefixed by their global TP rank.
 
 Each loop iteration (SGLang's ``event_loop_normal``): admit waiting requests into a prefill
 batch when they fit (match_prefix, lock the matched node, allocate the rest, evicting LRU
@@ -111,6 +113,16 @@ class SimConfig:
     max_prefill_tokens: int = 16384  # SGLang's --max-prefill-tokens: new tokens per prefill batch
     device: str = "cuda"  # SGLang's --device: its batch lines say "cuda graph" or "cpu graph"
     force_miss: bool = False  # SGLANG_RADIX_FORCE_MISS: every match finds nothing; the tree runs on
+    # SGLang's --nnodes / --node-rank: the TP group spans nnodes machines and this engine runs
+    # node_rank's share of its ranks (node 1 of 2 at tp_size 4: TP2 and TP3).
+    nnodes: int = 1
+    node_rank: int = 0
+
+    @property
+    def tp_ranks(self) -> range:
+        """The TP ranks this node runs, as SGLang deals them out: consecutive, tp_size / nnodes each."""
+        per_node = self.tp_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -131,6 +143,21 @@ class SimConfig:
             ),
             (1 <= self.tp_size <= 64, f"tp_size must be within 1..64, got {self.tp_size}"),
             (1 <= self.dp_size <= 64, f"dp_size must be within 1..64, got {self.dp_size}"),
+            (1 <= self.nnodes <= 64, f"nnodes must be within 1..64, got {self.nnodes}"),
+            (
+                0 <= self.node_rank < self.nnodes,
+                f"node_rank must be below the number of nodes ({self.nnodes}), got {self.node_rank}",
+            ),
+            (
+                self.nnodes >= 1 and self.tp_size % self.nnodes == 0,
+                f"tp_size must be a multiple of the number of nodes ({self.nnodes}), each node running "
+                f"an equal share of the TP ranks; got {self.tp_size}",
+            ),
+            # SGLang lays DP groups over nodes in ways of their own; the simulator splits one TP group.
+            (
+                self.dp_size == 1 or self.nnodes == 1,
+                f"dp_size must be 1 when the TP group spans several nodes, got {self.dp_size}",
+            ),
             (
                 self.decode_log_interval >= 1,
                 f"decode_log_interval must be >= 1, got {self.decode_log_interval}",
@@ -144,7 +171,12 @@ class SimConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        FaultSet(self.faults)  # validates names and parameters
+        race = FaultSet(self.faults).lock_race  # validates names and parameters
+        if race is not None and race.named_rank is not None and race.named_rank not in self.tp_ranks:
+            ranks = ", ".join(map(str, self.tp_ranks))
+            raise ValueError(
+                f"fault 'lock-race': rank={race.named_rank} is not a TP rank this node runs ({ranks})"
+            )
 
 
 @dataclass(frozen=True)
@@ -232,15 +264,15 @@ class RankRequests:
 
     def __init__(self, sched: _Scheduler, tp_rank: int) -> None:
         self._sched = sched
-        self._tp_rank = tp_rank
+        self._view = sched.local_index(tp_rank)
 
     @property
     def running_batch(self) -> _Batch:
-        return _Batch([req.views[self._tp_rank] for req in self._sched.running])
+        return _Batch([req.views[self._view] for req in self._sched.running])
 
     @property
     def waiting_queue(self) -> list[_ReqView]:
-        return [req.views[self._tp_rank] for req in self._sched.waiting]
+        return [req.views[self._view] for req in self._sched.waiting]
 
 
 class _Req:
@@ -308,9 +340,10 @@ class _Scheduler:
         self.cfg = cfg
         self.dp_rank = dp_rank
         self.page_size = cfg.page_size
-        self.ranks: list[RankInfo] = []
-        for tp_rank in range(cfg.tp_size):
-            pool = TokenToKVPoolAllocator(cfg.max_total_tokens, cfg.page_size, store_contents=(tp_rank == 0))
+        self.ranks: list[RankInfo] = []  # this node's TP ranks; a request's views follow their order
+        for tp_rank in cfg.tp_ranks:
+            # The first rank here holds the contents every read uses (pool0): the others replicate.
+            pool = TokenToKVPoolAllocator(cfg.max_total_tokens, cfg.page_size, store_contents=not self.ranks)
             cache = RadixCache(
                 CacheInitParams(
                     disable=cfg.disable_radix_cache,
@@ -362,11 +395,24 @@ class _Scheduler:
 
     # ----- logging -----
 
+    def local_index(self, tp_rank: int) -> int:
+        """Where TP rank `tp_rank` sits in `ranks` and in each request's `views`."""
+        index = tp_rank - self.ranks[0].tp_rank
+        if not 0 <= index < len(self.ranks):
+            raise ValueError(f"TP rank {tp_rank} does not run on this node")
+        return index
+
     def log_rank(self, tp_rank: int, message: str) -> None:
-        self.engine._emit(message, self.ranks[tp_rank].prefix)
+        """A line on TP rank `tp_rank`; none when that rank runs on another node, so what SGLang
+        writes on TP0 alone (batch lines, the pool's size) is absent from other nodes' logs."""
+        if tp_rank in self.cfg.tp_ranks:
+            self.engine._emit(message, self.ranks[self.local_index(tp_rank)].prefix)
 
     def log_batch_line(self, message: str) -> None:
-        """A stats line (on TP rank 0, as SGLang's), then the engine's batch-line subscribers."""
+        """A stats line (on TP rank 0, as SGLang's), then the engine's batch-line subscribers; a
+        node without TP0 writes none (SGLang's stats-logging rank is TP0)."""
+        if 0 not in self.cfg.tp_ranks:
+            return
         self.log_rank(0, message)
         for subscriber in self.engine.on_batch_line:
             subscriber(message)
@@ -384,7 +430,7 @@ class _Scheduler:
         # Without the radix cache SGLang runs a chunk cache: no tree, no prefix eviction, no race.
         if race is not None and race.fired_at is None and not self.cfg.disable_radix_cache:
             usage = self.token_usage()
-            rank = race.consider(usage, engine.iteration, self.cfg.tp_size)
+            rank = race.consider(usage, engine.iteration, self.cfg.tp_ranks)
             if rank is not None:
                 engine._lock_race_dp = self.dp_rank
                 node = self.fault_node = self._contended_node(rank)
@@ -401,11 +447,12 @@ class _Scheduler:
         self.evicted_tokens_total += evicted
 
     def _contended_node(self, tp_rank: int) -> int:
+        index = self.local_index(tp_rank)
         for req in reversed(self.running):
-            node = req.views[tp_rank].last_node
+            node = req.views[index].last_node
             if node is not None and node.lock_ref > 0 and node.parent is not None:
                 return node.id
-        return self.ranks[tp_rank].cache.root_node.id
+        return self.ranks[index].cache.root_node.id
 
     def _alloc_pages(self, num_pages: int) -> list[int] | None:
         need = num_pages * self.page_size
@@ -966,7 +1013,7 @@ class Engine:
                 rng = random.Random(hash(tuple(input_ids)) ^ max_new_tokens)
             else:
                 rng = random.Random(self._req_counter * 0x9E3779B1)
-        req = _Req(rid, input_ids, max_new_tokens, temperature, future, self.config.tp_size, rng, extra_key)
+        req = _Req(rid, input_ids, max_new_tokens, temperature, future, len(self.config.tp_ranks), rng, extra_key)
         sched = self._schedulers[self._next_dp]
         self._next_dp = (self._next_dp + 1) % len(self._schedulers)
         sched._reset_views(req)
@@ -986,7 +1033,7 @@ class Engine:
             return False
         for sched in self._schedulers:
             sched.flush()
-            sched.log_rank(0, "Cache flushed successfully!")
+            sched.log_rank(sched.ranks[0].tp_rank, "Cache flushed successfully!")  # the node's first rank
         return True
 
     def stats(self) -> EngineStats:
@@ -1083,12 +1130,12 @@ class Engine:
             self.dead_reason = f"RadixCacheError: {LOCK_RACE_MESSAGE}"
         elif isinstance(exc, _StrictLeakError):
             sched = self._schedulers[exc.dp_rank]
-            tp_rank = 0
+            tp_rank = sched.ranks[0].tp_rank  # the node's first rank (TP0 on a single node)
             text = leak_traceback(str(exc))
             self.dead_reason = f"ValueError: {exc}"
         else:
             sched = stepping or self._schedulers[0]
-            tp_rank = 0
+            tp_rank = sched.ranks[0].tp_rank
             text = "".join(traceback.format_exception(exc))
             self.dead_reason = f"{type(exc).__name__}: {exc}"
         if sched.fault_node is not None:

@@ -13,7 +13,9 @@ the same sequence of scheduler decisions give the same behaviour.
     (default 3) that rank raises the RadixCacheError: ``Scheduler hit an exception: Traceback ...``,
     then the parent logs ``SIGQUIT received. signum=None, frame=None. It usually means one child
     failed.`` and the engine dies. Under bounded pressure (usage below the threshold) it never
-    fires, which is what a confirmation run with lower ``--max-running-requests`` shows.
+    fires, which is what a confirmation run with lower ``--max-running-requests`` shows. The
+    initiating rank is drawn by the seed from the TP ranks the engine runs (a node's share when
+    the group spans nodes), unless ``rank`` names one of them.
 
 ``block-boundary`` (SGLang issue #22819)
     A request whose matched cached prefix is exactly one page (prefix_len == page_size) and that
@@ -68,7 +70,12 @@ LOCK_RACE_MESSAGE = "Failed to lock memory page during dynamic prefix eviction"
 
 # name -> {param: (type, default)}
 FAULTS: dict[str, dict[str, tuple[type, Any]]] = {
-    "lock-race": {"threshold": (float, 0.90), "probability": (float, 0.5), "delay_iters": (int, 3)},
+    "lock-race": {
+        "threshold": (float, 0.90),
+        "probability": (float, 0.5),
+        "delay_iters": (int, 3),
+        "rank": (int, None),  # the initiating TP rank; None: drawn by the seed
+    },
     "block-boundary": {"window_ms": (float, 100.0)},
     "leak": {"probability": (float, 1.0), "strict": (bool, False), "style": (str, "0.5.23")},
     "double-unlock": {"probability": (float, 0.1)},
@@ -140,6 +147,8 @@ def _validate(spec: FaultSpec) -> dict[str, Any]:
             raise ValueError(f"fault {spec.name!r}: {key} must be within [0, 1], got {values[key]}")
     if values.get("delay_iters", 0) < 0 or values.get("window_ms", 0) < 0:
         raise ValueError(f"fault {spec.name!r}: delay_iters and window_ms must be >= 0")
+    if values.get("rank") is not None and values["rank"] < 0:
+        raise ValueError(f"fault {spec.name!r}: rank must be a TP rank (>= 0), got {values['rank']}")
     if spec.name == "leak" and values["style"] not in ("0.5.23", "legacy"):
         raise ValueError(f"fault 'leak': style must be '0.5.23' or 'legacy', got {values['style']!r}")
     return values
@@ -156,19 +165,23 @@ class LockRaceFault:
         self.threshold: float = values["threshold"]
         self.probability: float = values["probability"]
         self.delay_iters: int = values["delay_iters"]
+        self.named_rank: int | None = values["rank"]  # the engine checks it is one of its ranks
         self.rng = _rng(spec)
         self.fired_at: int | None = None  # scheduler iteration of the WARN
         self.rank: int | None = None  # initiating TP rank
 
-    def consider(self, token_usage: float, iteration: int, tp_size: int) -> int | None:
-        """Called at each eviction for room; the initiating TP rank when the race happens now
-        (only once), else None."""
+    def consider(self, token_usage: float, iteration: int, tp_ranks: Sequence[int]) -> int | None:
+        """Called at each eviction for room, with the TP ranks the engine runs; the initiating TP
+        rank when the race happens now (only once), else None."""
         if self.fired_at is not None or token_usage < self.threshold:
             return None
         if self.rng.random() >= self.probability:
             return None
         self.fired_at = iteration
-        self.rank = self.rng.randrange(tp_size)
+        if self.named_rank is not None:
+            self.rank = self.named_rank
+        else:  # the same draw as randrange(tp_size) on a single node: seeds keep their rank
+            self.rank = tp_ranks[self.rng.randrange(len(tp_ranks))]
         return self.rank
 
     def due(self, iteration: int) -> bool:

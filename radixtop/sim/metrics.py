@@ -3,7 +3,9 @@
 Scheduler gauges (`sglang:token_usage`, ...) carry `model_name, engine_type, tp_rank, pp_rank,
 moe_ep_rank` and come from TP rank 0 only, as in SGLang where only the stats-logging rank reports.
 Radix-cache metrics (`sglang:evicted_tokens_total`, `sglang:eviction_duration_seconds`) carry
-`cache_type, tp_rank, pp_rank, dp_rank`, one series per rank. Token counters
+`cache_type, tp_rank, pp_rank, dp_rank`, one series per rank. A node of a TP group spread over
+machines without TP0 (`--node-rank 1`) reports only its ranks' radix-cache series: SGLang's
+stats-logging rank, the one that sets the gauges, is TP0. Token counters
 (`sglang:prompt_tokens_total`, `sglang:generation_tokens_total`) are the tokenizer's:
 `model_name, engine_type, is_streaming`.
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -116,7 +118,10 @@ class SimMetrics(Collector):
         tp_size: int = 1,
         dp_size: int = 1,
         batch_lines: list[Callable[[str], None]] | None = None,
+        tp_ranks: Sequence[int] | None = None,
     ):
+        """`tp_ranks`: the TP ranks this server runs (a node's share of a group spread over
+        machines; default all of `tp_size`)."""
         self._stats = stats
         self.gauges = StatsLatch(stats)
         # The engine's batch-line subscribers (Engine.on_batch_line); found from `stats` when not given.
@@ -132,13 +137,15 @@ class SimMetrics(Collector):
         }
         if dp_size > 1:
             self._scheduler_labels["dp_rank"] = "0"
+        ranks = range(tp_size) if tp_ranks is None else tp_ranks
+        self._reports_gauges = 0 in ranks
         # Rank index r = tp + dp * tp_size, as radixtop.sim.cli numbers the debug endpoints.
-        self.rank_labels = [
-            {"cache_type": CACHE_TYPE, "tp_rank": str(tp), "pp_rank": "0", "dp_rank": str(dp)}
+        self.rank_labels = {
+            dp * tp_size + tp: {"cache_type": CACHE_TYPE, "tp_rank": str(tp), "pp_rank": "0", "dp_rank": str(dp)}
             for dp in range(dp_size)
-            for tp in range(tp_size)
-        ]
-        self._evictions = [_Histogram() for _ in self.rank_labels]
+            for tp in ranks
+        }
+        self._evictions = {rank: _Histogram() for rank in self.rank_labels}
         self._model_name = model_name
         self._prompt_tokens = {False: 0, True: 0}
         self._generation_tokens = {False: 0, True: 0}
@@ -160,12 +167,12 @@ class SimMetrics(Collector):
         stats = self._stats()  # live: the radix-cache counters
         gauges = self.gauges.current()  # as of the last batch line (SGLang's scheduler gauges)
         names, values = list(self._scheduler_labels), list(self._scheduler_labels.values())
-        for metric, attr, doc in SCHEDULER_GAUGES:
+        for metric, attr, doc in SCHEDULER_GAUGES if self._reports_gauges else ():
             family = GaugeMetricFamily(metric, doc, labels=names)
             family.add_metric(values, float(getattr(gauges, attr)))
             yield family
 
-        rank_names = list(self.rank_labels[0])
+        rank_names = list(next(iter(self.rank_labels.values())))
         # One pool count per rank: TP ranks replicate the tree, so each evicts the same tokens.
         evicted = CounterMetricFamily(
             "sglang:evicted_tokens",
@@ -177,7 +184,8 @@ class SimMetrics(Collector):
             "End-to-end time of a device eviction pass in seconds.",
             labels=rank_names,
         )
-        for labels, histogram in zip(self.rank_labels, self._evictions, strict=False):
+        for rank, labels in self.rank_labels.items():
+            histogram = self._evictions[rank]
             evicted.add_metric(list(labels.values()), float(stats.evicted_tokens_total))
             duration.add_metric(list(labels.values()), histogram.buckets(), histogram.total)
         yield evicted

@@ -433,7 +433,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
     Subcommand("discover", "what radixtop finds on this node, and on others through ssh (--node HOST)",
                _discover_arguments, "radixtop.discover:run_discover"),
     Subcommand("follow", "this node's server logs as JSON lines, for radixtop --node on another node",
-               _follow_arguments, "radixtop.follow:run_follow"),
+               _follow_arguments, "radixtop.incident.follow:run_follow"),
     Subcommand("fleet", "the fleet through its own Prometheus: every rank, and those that stand out",
                _fleet_arguments, "radixtop.fleet:run_fleet"),
     Subcommand("demo", "start a simulated failing SGLang server with a workload, and watch it fail",

@@ -116,7 +116,9 @@ def test_the_first_node_names_the_second_nodes_rank_first_and_b_bundles_both(two
         tmux.send("2")  # back to every pane
         tmux.send("b")
         tmux.wait_for(lambda s: "bundle: written" in s or "bundle written" in s, "the bundle", timeout=120)
-        (bundle,) = [p for p in out.iterdir() if p.is_dir() and p.name.startswith("radixtop-bundle-")]
+        # b's bundle (the crash's automatic one lies beside it)
+        (bundle,) = [p for p in out.iterdir() if p.is_dir() and p.name.startswith("radixtop-bundle-")
+                     and p.name.endswith("-manual")]
         assert (bundle / "nodes" / "node2").is_dir(), sorted(p.name for p in bundle.iterdir())
         timeline = json.loads((bundle / "timeline.json").read_text())
         assert any(e.get("node") == "node2" for e in timeline["events"]), timeline

@@ -1,13 +1,16 @@
 """The server a bundle is about when the user named no log: the one discovery finds on this node
 (`radixtop bundle --stream` on another node, and this node's part of `--node`), with its log, pid
-and ranks' debug endpoints. With a URL, the server listening on its port."""
+and ranks' debug endpoints. With a URL, the server listening on its port, or, once it has died, the
+log its sighting names (what a radixtop here saw of it while it lived)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from radixtop.incident.common.server import base_url, url_port
+from radixtop.incident.common.sighting import load_sighting
 from radixtop.probes.discovery import FoundServer, discover
 
 __all__ = ["Here", "find_here"]
@@ -31,6 +34,11 @@ def find_here(url: str | None = None, *, timeout_s: float = 1.0) -> Here:
     if url:
         servers = [s for s in servers if (s.url and base_url(s.url) == url) or (port in s.ports)]
     if not servers:
+        seen = load_sighting(url) if url else None
+        if seen is not None and seen.logs:  # a server that died: its log as radixtop saw it here
+            when = time.strftime("%H:%M:%S", time.localtime(seen.last_seen))
+            return Here(url=url, logs=tuple(seen.logs),
+                        said=f"no server at {url} now; bundled its log, as a radixtop here saw it at {when}")
         where = f" at {url}" if url else ""
         return Here(url=url, said=f"no server found{where} on this node (a server that died is no process): "
                                   "its log is bundled only when --log names it")

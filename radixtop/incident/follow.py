@@ -2,12 +2,14 @@
 another node that watches this one through ssh (`radixtop --node HOST` runs it here).
 
 The logs are the ones `--log` names, else the log of the server `--url` names as discovery finds
-it, else the logs of every server discovery finds. The first line says which: `{"logs": [...],
-"time": T}`. Then each run of lines read together is one `{"log": PATH, "lines": [...]}`, flushed
-as it is read (probes/follow.py: rotation, truncation and late creation handled as `tail -F`
-does, lines cleaned and capped), and every HEARTBEAT_S `{"time": T}`: the reader knows the node
-is there, and a reader gone away (ssh's connection closed) is found by the next write's broken
-pipe even while the logs are quiet. The stream ends then, or at SIGTERM / SIGHUP.
+it (noted in that server's sighting, incident/common/sighting.py, so that once the server has
+died `radixtop bundle --url URL` here still finds its log), else the logs of every server found.
+The first line says which: `{"logs": [...], "time": T}`. Then each run of lines read together is
+one `{"log": PATH, "lines": [...]}`, flushed as it is read (probes/follow.py: rotation,
+truncation and late creation handled as `tail -F` does, lines cleaned and capped), and every
+HEARTBEAT_S `{"time": T}`: the reader knows the node is there, and a reader gone away (ssh's
+connection closed) is found by the next write's broken pipe even while the logs are quiet. The
+stream ends then, or at SIGTERM / SIGHUP.
 """
 
 from __future__ import annotations
@@ -33,17 +35,32 @@ HEARTBEAT_S = 5.0
 
 
 def run_follow(args: Namespace) -> int:
-    logs = list(args.log) or _discovered_logs(args.url)
+    logs = list(args.log) or _found_logs(args.url)
     if not logs:
         which = f"of the server at {args.url}" if args.url else "of a server"
         raise UsageError(f"no log {which} found on this node: give --log PATH (radixtop discover says what it sees)")
     return asyncio.run(_stream(logs, args.backlog, sys.stdout.buffer))
 
 
-def _discovered_logs(url: str | None) -> list[str]:
+def _found_logs(url: str | None) -> list[str]:
+    """The logs of the server at `url` (its sighting noted), else of every server found here."""
     report = asyncio.run(local_report())
-    servers = [s for s in report.servers if url is None or (s.url or "").rstrip("/") == url.rstrip("/")]
-    return list(dict.fromkeys(s.log_path for s in servers if s.log_path))
+    url = url.rstrip("/") if url else None
+    servers = [s for s in report.servers if url is None or (s.url or "").rstrip("/") == url]
+    logs = list(dict.fromkeys(s.log_path for s in servers if s.log_path))
+    if url is not None and servers and logs:
+        _note_sighting(url, servers[0].pid, logs)
+    return logs
+
+
+def _note_sighting(url: str, pid: int, logs: list[str]) -> None:
+    """What this node's radixtop keeps of the server while it lives (its pid, argv, logs)."""
+    from radixtop.incident.common.sighting import load_sighting, observe, save_sighting
+
+    try:
+        save_sighting(observe(url, pid, logs=logs, previous=load_sighting(url)))
+    except OSError:  # no runtime directory (RuntimeDirError): the stream goes on without the note
+        pass
 
 
 def follow_record(obj: object) -> bytes:

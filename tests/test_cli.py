@@ -24,6 +24,7 @@ ARGVS = [
     ["discover", "--json", "--node", "gpu-7", "--node", "me@gpu-8", "--ssh-config", "cfg", "--timeout", "5",
      "--no-local", "--remote-radixtop", "/opt/venv/bin/radixtop"],
     ["fleet", "--prometheus", "http://127.0.0.1:9090", "--json", "--timeout", "3"],
+    ["follow", "--json", "--url", "http://127.0.0.1:1", "--log", "s.log", "--backlog", "10"],
     ["demo", "--fault", "leak", "--seed", "3", "--theme", "light"],
     ["bundle", "--url", "http://127.0.0.1:1", "--log", "s.log", "--reason", "r", "--json"],
     ["replay", "finding_03330", "--url", "http://127.0.0.1:1", "--runs", "2", "--no-flush", "--max-in-flight", "4",
@@ -43,7 +44,7 @@ def test_one_subcommands_parser_answers_as_the_whole_parser_does(argv: list[str]
 
 def test_one_subcommands_parser_holds_that_subcommand_only() -> None:
     assert set(SUBCOMMANDS) == {
-        "scan", "discover", "fleet", "demo", "bundle", "replay", "record", "trace", "analyze", "confirm", "sim"
+        "scan", "discover", "fleet", "follow", "demo", "bundle", "replay", "record", "trace", "analyze", "confirm", "sim"
     }
     for name in SUBCOMMANDS:
         with pytest.raises(UsageError, match="invalid choice"):
@@ -132,7 +133,8 @@ def test_a_tui_option_before_scan_is_refused(capsys: pytest.CaptureFixture, tmp_
 
 
 SAMPLE = {"--log": ["x.log"], "--theme": ["light"], "--url": ["http://127.0.0.1:1"], "--instrument": ["http://127.0.0.1:2"],
-          "--prometheus": ["http://127.0.0.1:3"]}
+          "--prometheus": ["http://127.0.0.1:3"], "--node": ["gpu-9"], "--node-url": ["gpu-9=http://127.0.0.1:4"],
+          "--ssh-config": ["cfg"], "--remote-radixtop": ["/opt/radixtop"]}
 VALID = {a[0]: a[1:] for a in ARGVS}  # each subcommand's own argv that parses
 
 

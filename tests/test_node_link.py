@@ -12,9 +12,10 @@ from pathlib import Path
 
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder, NodeClock
-from radixtop.probes.node_link import MAX_RECORD_BYTES, NodeLink, spool_name
-from radixtop.probes.node_report import NodeReport, ServerReport
+from radixtop.probes.node_link import MAX_RECORD_BYTES, NodeGpus, NodeLink, spool_name
+from radixtop.probes.node_report import GpuReport, NodeReport, ServerReport
 from radixtop.probes.remote import ClockSkew, NodeAnswer
+from radixtop.widgets.gpu import render_node_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,6 +75,24 @@ def test_each_record_is_read_as_hostile_and_lands_in_the_nodes_spool(tmp_path: P
     assert sorted(p.parent for p in tmp_path.rglob("*.log")) == [link.spool_dir, link.spool_dir]
     assert "/" not in spool_name("../../x/../y.log") and spool_name("a.log") != spool_name("b/a.log")
     assert MAX_RECORD_BYTES >= 64 * 1024
+
+
+def test_the_heartbeat_brings_the_nodes_gpus_read_as_hostile(tmp_path: Path) -> None:
+    link = _link(tmp_path)
+    report = NodeReport(hostname="n2", time=1.0, gpus=(GpuReport(0, "NVIDIA H100 80GB HBM3", memory_used=70 << 30,
+                                                                 memory_total=80 << 30, util_percent=95, pids=(42,)),))
+    assert link._take(json.dumps({"time": 1.0, "report": report.to_dict()}).encode(), {}) == ""
+    got = link.gpus()
+    assert got is not None and got.node == "node2" and got.gpus == report.gpus
+    bad = report.to_dict()
+    bad["gpus"][0]["util_percent"] = 250
+    assert "its GPU report" in link._take(json.dumps({"time": 2.0, "report": bad}).encode(), {})
+    assert link.gpus() == got  # a bad report changes nothing
+    text = render_node_gpus([got], width=100, now=got.at + 20).plain
+    assert "node2 GPU 0 H100 80GB HB" in text and "70.0 GiB/80.0 GiB  util 95%" in text, text
+    assert "pids 42 (as of 20s ago)" in text
+    none = NodeGpus("node3", (), "NVML: no NVIDIA driver", got.at)
+    assert render_node_gpus([none], now=got.at).plain == "node3: NVML: no NVIDIA driver"
 
 
 def test_only_the_nodes_own_loopback_endpoints_are_forwarded(tmp_path: Path) -> None:

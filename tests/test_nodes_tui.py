@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from pane_helpers import start_sim, stop
 from sshd_helpers import PLAIN_PATH, Sshd, client_config, free_port, keygen, radixtop_bin, require_openssh, start_sshd
 from tmux_helpers import Tmux
 
 from radixtop.incident.replay.replay import replay_once
+from radixtop.probes.node_local import gpu_reports
 from radixtop.incident.replay.trace import plan_requests
 from radixtop.incident.replay.workloads import pressure_trace
 
@@ -102,6 +104,11 @@ def test_the_first_node_names_the_second_nodes_rank_first_and_b_bundles_both(two
         tmux.wait_for(lambda s: "node2: following its logs" in s, "the second node's log stream", timeout=60)
         screen = tmux.capture()
         assert "ssh gone ERROR (gone: connection refused" in screen, screen  # one line, and the rest goes on
+        # node2's GPUs in the GPU pane, as its stream reports them (this machine has no NVIDIA driver:
+        # the reason NVML gives there, named by node)
+        gpus, why = gpu_reports()
+        expect = f"node2 GPU {gpus[0].index}" if gpus else f"node2: {why}"[:40]
+        tmux.wait_for(lambda s: expect in s, "node2's GPUs in the GPU pane", timeout=20)
         started = time.monotonic()
         _race(nodes.node2_url, nodes.node2)
         screen = tmux.wait_for(lambda s: "first: node2 TP3" in s, "node2 TP3 named first in the status line",
@@ -122,6 +129,13 @@ def test_the_first_node_names_the_second_nodes_rank_first_and_b_bundles_both(two
         assert (bundle / "nodes" / "node2").is_dir(), sorted(p.name for p in bundle.iterdir())
         timeline = json.loads((bundle / "timeline.json").read_text())
         assert any(e.get("node") == "node2" for e in timeline["events"]), timeline
+        # The stream drops (its process on node2 is killed): one line, then it comes back by itself.
+        streams = [p for p in psutil.process_iter(["cmdline"])
+                   if "follow" in (p.info["cmdline"] or []) and nodes.node2_url in (p.info["cmdline"] or [])]
+        assert streams, "no radixtop follow running on node2"
+        for proc in streams:
+            proc.kill()
+        tmux.wait_for(lambda s: "node2: its log stream is back" in s, "the stream back after it dropped", timeout=30)
     finally:
         tmux.send("q")
         time.sleep(1)

@@ -7,9 +7,10 @@ died `radixtop bundle --url URL` here still finds its log), else the logs of eve
 The first line says which: `{"logs": [...], "time": T}`. Then each run of lines read together is
 one `{"log": PATH, "lines": [...]}`, flushed as it is read (probes/follow.py: rotation,
 truncation and late creation handled as `tail -F` does, lines cleaned and capped), and every
-HEARTBEAT_S `{"time": T}`: the reader knows the node is there, and a reader gone away (ssh's
-connection closed) is found by the next write's broken pipe even while the logs are quiet. The
-stream ends then, or at SIGTERM / SIGHUP.
+HEARTBEAT_S `{"time": T, "report": R}`, R a node report holding only the GPUs (one NVML read): the
+reader shows them, knows the node is there, and a reader gone away (ssh's connection closed) is
+found by the next write's broken pipe even while the logs are quiet. The stream ends then, or at
+SIGTERM / SIGHUP.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from argparse import Namespace
 from typing import BinaryIO
 
 from radixtop.errors import ExitStatus, UsageError
+from radixtop.incident.bundle.here import find_here
 from radixtop.probes.follow import LogFollower
-from radixtop.probes.node_local import local_report
+from radixtop.probes.node_local import gpu_reports, local_report
+from radixtop.probes.node_report import NodeReport
 
 __all__ = ["follow_record", "run_follow"]
 
@@ -43,14 +47,15 @@ def run_follow(args: Namespace) -> int:
 
 
 def _found_logs(url: str | None) -> list[str]:
-    """The logs of the server at `url` (its sighting noted), else of every server found here."""
+    """The logs of the server at `url` (found live, its sighting noted; else, once it has died,
+    as its sighting names them: incident/bundle/here.py's rule), else of every server found here."""
+    if url is not None:
+        here = find_here(url.rstrip("/"))
+        if here.pid is not None and here.logs:
+            _note_sighting(url.rstrip("/"), here.pid, list(here.logs))
+        return list(here.logs)
     report = asyncio.run(local_report())
-    url = url.rstrip("/") if url else None
-    servers = [s for s in report.servers if url is None or (s.url or "").rstrip("/") == url]
-    logs = list(dict.fromkeys(s.log_path for s in servers if s.log_path))
-    if url is not None and servers and logs:
-        _note_sighting(url, servers[0].pid, logs)
-    return logs
+    return list(dict.fromkeys(s.log_path for s in report.servers if s.log_path))
 
 
 def _note_sighting(url: str, pid: int, logs: list[str]) -> None:
@@ -91,10 +96,13 @@ async def _stream(logs: list[str], backlog: int, out: BinaryIO) -> int:
 
 
 async def _heartbeat(out: BinaryIO, follower: LogFollower) -> None:
+    hostname = socket.gethostname()
     while True:  # until the stream ends (cancelled) or its reader is gone
         await asyncio.sleep(HEARTBEAT_S)
+        gpus, unavailable = await asyncio.to_thread(gpu_reports)
+        report = NodeReport(hostname=hostname, time=time.time(), gpus=gpus, gpus_unavailable=unavailable)
         try:
-            out.write(follow_record({"time": time.time()}))
+            out.write(follow_record({"time": report.time, "report": report.to_dict()}))
             out.flush()
         except BrokenPipeError:
             follower.stop()

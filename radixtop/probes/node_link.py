@@ -36,11 +36,11 @@ from urllib.parse import urlsplit
 
 from radixtop.bounded import load_json
 from radixtop.diagnosis.findings import NodeClock
-from radixtop.probes.node_report import ServerReport
+from radixtop.probes.node_report import GpuReport, NodeReport, ServerReport
 from radixtop.probes.remote import NodeAnswer, check_host, ssh_argv
 from radixtop.probes.ssh_failure import explain_failure
 
-__all__ = ["LinkHealth", "NodeLink", "node_name", "spool_name"]
+__all__ = ["LinkHealth", "NodeGpus", "NodeLink", "node_name", "spool_name"]
 
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a record of follow's: MAX_RUN lines of at most 64 KiB, and room
 MAX_LINE_CHARS = 65_536
@@ -73,6 +73,14 @@ class LinkHealth:
     forwards: int  # endpoints forwarded
 
 
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    node: str
+    gpus: tuple[GpuReport, ...]
+    unavailable: str  # why there are none, when there are none
+    at: float  # time.time() here when it came
+
+
 @dataclass
 class _Forward:
     remote: str  # the URL on the node
@@ -100,6 +108,12 @@ class NodeLink:
     _lines: int = 0
     _thread: threading.Thread | None = None
     _lost_forwards: str = ""
+    _gpus: NodeGpus | None = None
+
+    def gpus(self) -> NodeGpus | None:
+        """The node's GPUs as its stream last reported them (None: not yet)."""
+        with self._lock:
+            return self._gpus
 
     @property
     def host(self) -> str:
@@ -264,6 +278,13 @@ class NodeLink:
         if not isinstance(record, dict):
             return "its log stream sent a record that is not an object"
         if "lines" not in record:
+            if "report" in record:
+                try:
+                    report = NodeReport.from_dict(record["report"])
+                except ValueError as exc:
+                    return f"its GPU report: {exc}"
+                with self._lock:
+                    self._gpus = NodeGpus(self.name, report.gpus, report.gpus_unavailable, time.time())
             if "logs" in record or "time" in record:
                 self._set("streaming", "")
                 return ""

@@ -39,6 +39,11 @@ async def local_report(*, timeout_s: float = 1.0) -> NodeReport:
     )
 
 
+def gpu_reports() -> tuple[tuple[GpuReport, ...], str]:
+    """This node's GPUs as a report holds them, or why there are none (one NVML read)."""
+    return _gpus(_read_gpus())
+
+
 def _read_gpus() -> GpuSample | str:
     try:
         return read_once()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixtop.diagnosis.findings import NodeClock
-from radixtop.probes.node_link import LinkHealth, NodeLink
+from radixtop.probes.node_link import LinkHealth, NodeGpus, NodeLink
 from radixtop.probes.remote import reach_all
 from radixtop.rundir import runtime_dir
 
@@ -46,6 +46,9 @@ class NodeWatch:
         """Each node's forwarded debug endpoints: (the URL here, the node)."""
         pairs = [(link, url) for link in self.links for url in link.instrument_urls()]
         return tuple((local, link.name) for link, url in pairs if (local := link.local_url(url)) is not None)
+
+    def gpus(self) -> list[NodeGpus]:
+        return [g for link in self.links if (g := link.gpus()) is not None]
 
     def health(self) -> list[LinkHealth]:
         return [link.health() for link in self.links]

@@ -81,7 +81,9 @@ class NodeWatching:
                 continue
             self._node_states[health.node] = said
             if health.detail:
-                self.state.add_notice("radixtop", "error", f"{health.node}: {health.detail}")
+                named = health.detail.startswith(f"{health.node}:")
+                line = health.detail if named else f"{health.node}: {health.detail}"
+                self.state.add_notice("radixtop", "error", line)
             elif health.state == "streaming" and before is not None and before[0] == "retrying":
                 self.state.add_message([f"{health.node}: its log stream is back"])
             elif health.state == "streaming":

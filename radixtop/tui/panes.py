@@ -342,9 +342,14 @@ class Panes:
         return {
             "radix": self._radix_key(),
             "vitals": (st.vitals.version, st.server.status if st.server is not None else None, self._moment()),
-            "gpu": None if gpu is None else (gpu.status, gpu.gpus, len(st.xids), gpu.xid_note),
+            "gpu": (None if gpu is None else (gpu.status, gpu.gpus, len(st.xids), gpu.xid_note), self._node_gpus()),
             "procs": None if procs is None else (procs.status, procs.procs, procs.problems),
         }
+
+    def _node_gpus(self) -> tuple[Any, ...]:
+        """Other nodes' GPUs, as their streams last reported them (radixtop --node)."""
+        nodes = getattr(self.app, "nodes", None)
+        return tuple(nodes.gpus()) if nodes is not None else ()
 
     def _moment(self) -> float | None:
         """The time of what the radix pane shows when it is not live (an earlier snapshot, a
@@ -441,7 +446,7 @@ class Panes:
                                            cursor=self._moment())
         elif name == "gpu":
             app.query_one(GpuPane).show(st.gpu, server_pids=st.server_pids(), xids=list(st.xids),
-                                        last_good=st.gpu_last_good, now=now)
+                                        last_good=st.gpu_last_good, now=now, nodes=self._node_gpus())
         elif name == "procs":
             app.query_one(ProcsPane).show(st.procs, now=now, last_good=st.procs_last_good)
 

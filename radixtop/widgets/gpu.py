@@ -16,9 +16,11 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
+from radixtop.probes.gpu import GpuInfo
 from radixtop.widgets.fmt import bar, clock, frozen_banner, size, update_text
 
 MAX_XIDS_SHOWN = 5
+NODE_GPUS_OLD_S = 15.0  # another node's GPUs come every 5 s; past this they are marked old
 
 
 def render_gpus(
@@ -51,23 +53,7 @@ def render_gpus(
     names = server_pids or {}
     bar_width = max(6, min(30, width - 66))
     for g in shown.gpus:
-        style = "bold red" if g.state != "ok" else "bold"
-        out.append(f"GPU {g.index} ", style=style)
-        out.append(f"{g.name.removeprefix('NVIDIA ')[:12]:<12} ", style="dim")
-        frac = g.memory_fraction
-        if frac is not None:
-            colour = "red" if frac >= 0.95 else ("yellow" if frac >= 0.85 else "green")
-            for ch, n in bar([frac], bar_width, ("█", "░")):
-                out.append(ch * n, style=colour if ch == "█" else "dim")
-            out.append(f" {size(g.memory_used)}/{size(g.memory_total)}")
-        else:
-            out.append("memory —")
-        out.append(f"  util {g.util_percent if g.util_percent is not None else '—'}%")
-        out.append(f"  {g.temperature_c if g.temperature_c is not None else '—'}°C")
-        if g.power_w is not None:
-            limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
-            out.append(f"  {g.power_w:.0f}{limit} W")
-        out.append("\n")
+        _gpu_line(out, f"GPU {g.index}", g, bar_width)
         if g.state != "ok" or g.problems:
             out.append(
                 f"  {g.state.upper() if g.state != 'ok' else 'note'}: {'; '.join(g.problems[:3])}\n", style="red"
@@ -90,6 +76,47 @@ def render_gpus(
         out.append(shown.xid_note + "\n", style="dim")
     if shown.driver:
         out.append(f"driver {shown.driver} · read in {shown.seconds * 1000:.0f} ms", style="dim")
+    out.rstrip()
+    return out
+
+
+def _gpu_line(out: Text, label: str, g: Any, bar_width: int) -> None:
+    """One GPU's line: its name, memory bar, utilisation, and what else it reports (a GpuInfo read
+    here, or another node's GpuReport, which has no temperature or power)."""
+    out.append(f"{label} ", style="bold red" if g.state != "ok" else "bold")
+    out.append(f"{g.name.removeprefix('NVIDIA ')[:12]:<12} ", style="dim")
+    frac = g.memory_used / g.memory_total if g.memory_used is not None and g.memory_total else None
+    if frac is not None:
+        colour = "red" if frac >= 0.95 else ("yellow" if frac >= 0.85 else "green")
+        for ch, n in bar([frac], bar_width, ("█", "░")):
+            out.append(ch * n, style=colour if ch == "█" else "dim")
+        out.append(f" {size(g.memory_used)}/{size(g.memory_total)}")
+    else:
+        out.append("memory —")
+    out.append(f"  util {g.util_percent if g.util_percent is not None else '—'}%")
+    if isinstance(g, GpuInfo):
+        out.append(f"  {g.temperature_c if g.temperature_c is not None else '—'}°C")
+        if g.power_w is not None:
+            limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
+            out.append(f"  {g.power_w:.0f}{limit} W")
+    out.append("\n")
+
+
+def render_node_gpus(nodes: Sequence[Any], *, width: int = 80, now: float | None = None) -> Text:
+    """Other nodes' GPUs as their streams last reported them (probes/node_link.py NodeGpus), each
+    line named by its node; its age where it is old."""
+    now = time.time() if now is None else now
+    out = Text()
+    bar_width = max(6, min(30, width - 66))
+    for node in nodes:
+        age = now - node.at
+        old = f" (as of {age:.0f}s ago)" if age > NODE_GPUS_OLD_S else ""
+        if not node.gpus:
+            out.append(f"{node.node}: {node.unavailable or 'no GPU'}{old}\n", style="dim")
+        for g in node.gpus:
+            _gpu_line(out, f"{node.node} GPU {g.index}", g, bar_width)
+            if g.pids:
+                out.append(f"  pids {', '.join(str(p) for p in g.pids[:8])}{old}\n", style="dim")
     out.rstrip()
     return out
 
@@ -120,8 +147,10 @@ class GpuPane(Vertical):
         xids: Sequence[Any] = (),
         last_good: Any = None,
         now: float | None = None,
+        nodes: Sequence[Any] = (),
     ) -> None:
-        self._last = (sample, {"server_pids": server_pids, "xids": xids, "last_good": last_good, "now": now})
+        self._last = (sample, {"server_pids": server_pids, "xids": xids, "last_good": last_good, "now": now,
+                               "nodes": nodes})
         title = Text("GPU", style="bold")
         if sample is not None:
             state = sample.status.state
@@ -132,4 +161,7 @@ class GpuPane(Vertical):
         body = render_gpus(
             sample, server_pids=server_pids, xids=xids, last_good=last_good, width=self.size.width or 80, now=now
         )
+        if nodes:
+            body.append("\n")
+            body.append_text(render_node_gpus(nodes, width=self.size.width or 80, now=now))
         update_text(self.query_one("#gpu-body", Static), body)

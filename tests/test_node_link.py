@@ -12,7 +12,8 @@ from pathlib import Path
 
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder, NodeClock
-from radixtop.probes.node_link import MAX_RECORD_BYTES, NodeGpus, NodeLink, spool_name
+from radixtop.probes.node_link import MAX_RECORD_BYTES, NodeGpus, NodeLink
+from radixtop.probes.spool import Spool
 from radixtop.probes.node_report import GpuReport, NodeReport, ServerReport
 from radixtop.probes.remote import ClockSkew, NodeAnswer
 from radixtop.widgets.gpu import render_node_gpus
@@ -52,28 +53,31 @@ def _link(tmp_path: Path) -> NodeLink:
         ServerReport(pid=1, kind="sim", name="radixtop sim", started=0.0, url="http://127.0.0.1:30000",
                      log_path="/var/log/a.log",
                      instrument_urls=("http://127.0.0.1:39100", "http://10.0.0.9:39101")),))
-    link = NodeLink(NodeAnswer("me@node2", report, skew=ClockSkew(5.0, 0.2)), tmp_path)
-    link.spool_dir.mkdir(parents=True)
+    link = NodeLink(NodeAnswer("me@node2", report, skew=ClockSkew(5.0, 0.2)), Spool(str(tmp_path)))
+    link.spool_dir.mkdir()
     return link
 
 
 def test_each_record_is_read_as_hostile_and_lands_in_the_nodes_spool(tmp_path: Path) -> None:
     link = _link(tmp_path)
-    assert link.name == "node2" and link.spool_dir == tmp_path / "node2"
+    assert link.name == "node2" and link.spool_dir.parent.parent == tmp_path
     spools: dict[str, Path] = {}
     ok = json.dumps({"log": "/var/log/a.log", "lines": ["x", "a\nb", "é"]}).encode() + b"\n"
     assert link._take(ok, spools) == ""
-    spool = link.spool_dir / spool_name("/var/log/a.log")
+    spool = link.spool_dir / "a@node2.log"  # the log pane's label: the log's name at its node
     assert spool.read_text() == "x\na b\né\n"  # a line is one line, whatever the node sent
     assert link.health().lines == 3 and link.health().state == "streaming"
     for junk, said in [(b"not json\n", "not JSON"), (b"[1, 2]\n", "not an object"),
                        (b'{"log": 3, "lines": []}\n', "malformed"), (b'{"log": "x", "lines": [1]}\n', "malformed"),
                        (b'{"what": 1}\n', "no known kind"), (b"[" * 100_000 + b"\n", "not JSON")]:
         assert said in link._take(junk, spools), junk[:40]
-    # A log named to climb out of the spool folder stays in it.
-    assert link._take(json.dumps({"log": "../../etc/passwd", "lines": ["y"]}).encode(), spools) == ""
-    assert sorted(p.parent for p in tmp_path.rglob("*.log")) == [link.spool_dir, link.spool_dir]
-    assert "/" not in spool_name("../../x/../y.log") and spool_name("a.log") != spool_name("b/a.log")
+    # A log named to climb out of the spool folder stays in it; another log of the same name keeps
+    # apart from the first.
+    for log in ("../../etc/passwd", "/other/a.log", "/var/log/a.log"):
+        assert link._take(json.dumps({"log": log, "lines": ["y"]}).encode(), spools) == ""
+    names = sorted(p.relative_to(link.spool_dir).as_posix() for p in tmp_path.rglob("*.log"))
+    assert len(names) == 3 and "a@node2.log" in names and "passwd@node2.log" in names, names
+    assert spool.read_text().endswith("é\ny\n")
     assert MAX_RECORD_BYTES >= 64 * 1024
 
 

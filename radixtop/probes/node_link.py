@@ -3,12 +3,12 @@ its ranks' debug endpoints and its server's URL forwarded to loopback ports here
 
 `NodeLink` starts from the node's report (probes/remote.py `reach`: what radixtop found there, and
 the clock skew). Two ssh sessions, both argv lists with BatchMode (nothing prompts):
-- the stream: `ssh HOST -- radixtop follow --json` (radixtop/follow.py). Each record is decoded as
-  hostile (a size cap per record, the shape checked, lines cut) and its lines appended to
-  `SPOOL/<node>/<log's name>-<hash>.log`, so the log pane follows them as it follows any file
-  (rotation-safe, its findings' context and evidence included). A spool over MAX_SPOOL_BYTES is
-  truncated, which the follower reads as a truncation. When the stream ends it is started again
-  (1, 2, 4 ... 30 s apart), sending only new lines;
+- the stream: `ssh HOST -- radixtop follow --json` (incident/follow.py). Each record is decoded as
+  hostile (a size cap per record, the shape checked, a line kept one line) and its lines appended
+  to a spool file (probes/spool.py: cut back past its cap, which the follower reads as a
+  truncation), `<node>/<log's name>@<node>.log`, the log pane's label for it; the log pane follows
+  it as it follows any file (rotation-safe, its findings' context and evidence included). When the
+  stream ends it is started again (1, 2, 4 ... 30 s apart), sending only new lines;
 - the forwards: `ssh -N -o ExitOnForwardFailure=yes -L 127.0.0.1:LOCAL:127.0.0.1:REMOTE ...` for
   every endpoint the report names on the node's loopback (a URL naming any other host is not
   forwarded: the report is the node's word, and radixtop reaches nothing it names beyond that
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -38,30 +37,21 @@ from radixtop.bounded import load_json
 from radixtop.diagnosis.findings import NodeClock
 from radixtop.probes.node_report import GpuReport, NodeReport, ServerReport
 from radixtop.probes.remote import NodeAnswer, check_host, ssh_argv
+from radixtop.probes.spool import Spool, spool_name
 from radixtop.probes.ssh_failure import explain_failure
 
-__all__ = ["LinkHealth", "NodeGpus", "NodeLink", "node_name", "spool_name"]
+__all__ = ["LinkHealth", "NodeGpus", "NodeLink", "node_name"]
 
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a record of follow's: MAX_RUN lines of at most 64 KiB, and room
 MAX_LINE_CHARS = 65_536
-MAX_SPOOL_BYTES = 256 * 1024 * 1024
 MAX_FORWARDS = 64
 RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def node_name(host: str) -> str:
     """The node's name in tags and folders: the host as ssh was given it, without a user@."""
     return host.rsplit("@", 1)[-1]
-
-
-def spool_name(remote_path: str) -> str:
-    """A spool file's name for a log on the node: its own name, made safe, and a hash of its path
-    (two logs of one name in different folders stay apart)."""
-    base = _SAFE.sub("_", os.path.basename(remote_path))[:80] or "log"
-    digest = hashlib.blake2b(remote_path.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
-    return f"{base.removesuffix('.log')}-{digest}.log"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +82,7 @@ class _Forward:
 @dataclass
 class NodeLink:
     answer: NodeAnswer
-    spool_root: Path
+    spool: Spool
     url: str | None = None  # the server watched there, as its URL there (None: every one found)
     ssh_config: str | None = None
     command: str = "radixtop"
@@ -108,6 +98,7 @@ class NodeLink:
     _lines: int = 0
     _thread: threading.Thread | None = None
     _lost_forwards: str = ""
+    _spools: dict[str, str] = field(default_factory=dict)  # spool file name -> the log's path there
     _gpus: NodeGpus | None = None
 
     def gpus(self) -> NodeGpus | None:
@@ -125,7 +116,18 @@ class NodeLink:
 
     @property
     def spool_dir(self) -> Path:
-        return self.spool_root / _SAFE.sub("_", self.name)[:80]
+        return Path(self.spool.dir) / spool_name(self.name)
+
+    def spool_path(self, remote_path: str) -> Path:
+        """The spool file of a log on the node: the log's name at the node's (the log pane's label),
+        with a hash of its path where another log of the node has that name."""
+        base = os.path.basename(remote_path).removesuffix(".log") or "log"
+        path = self.spool_dir / f"{spool_name(base)}@{spool_name(self.name)}.log"
+        taken = self._spools.setdefault(path.name, remote_path)
+        if taken != remote_path:
+            digest = hashlib.blake2b(remote_path.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+            path = path.with_name(f"{spool_name(base)}-{digest}@{spool_name(self.name)}.log")
+        return path
 
     @property
     def spool_pattern(self) -> str:
@@ -160,9 +162,9 @@ class NodeLink:
     def start(self) -> None:
         """The spool files of the logs the report names (so the follower finds them at once), the
         forwards, and the stream's thread."""
-        self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.spool_dir.mkdir(exist_ok=True, mode=0o700)
         for path in self.logs():
-            (self.spool_dir / spool_name(path)).touch(mode=0o600)
+            self.spool_path(path).touch(mode=0o600)
         self._forward()
         self._thread = threading.Thread(target=self._stream_loop, name=f"radixtop-node-{self.name}", daemon=True)
         self._thread.start()
@@ -294,13 +296,8 @@ class NodeLink:
             return "its log stream sent a malformed record"
         path = spools.get(log)
         if path is None:
-            path = spools[log] = self.spool_dir / spool_name(log)
-        text = "".join(line[:MAX_LINE_CHARS].replace("\n", " ").replace("\r", " ") + "\n" for line in lines)
-        data = text.encode("utf-8", "surrogateescape")
-        with open(path, "ab") as out:
-            if out.tell() + len(data) > MAX_SPOOL_BYTES:
-                out.truncate(0)  # the follower reads a truncation; the evidence kept so far stays in its ring
-            out.write(data)
+            path = spools[log] = self.spool_path(log)
+        self.spool.append(str(path), (line[:MAX_LINE_CHARS].replace("\n", " ").replace("\r", " ") for line in lines))
         with self._lock:
             self._lines += len(lines)
             self._state = "streaming"

@@ -5,22 +5,20 @@ its logs into spool files here, its endpoints forwarded to loopback ports here).
 `connect_nodes` runs before the UI starts, so the log pane follows the spools from its first frame
 and the findings know which node wrote each file and how far its clock is off. A node that cannot
 be reached is one line (`NodeWatch.failures`), and the others go on. The spools live in a folder
-of this process's own under the runtime directory, removed at `stop()`.
+of this process's own under the runtime directory (probes/spool.py), removed at `stop()`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import secrets
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from radixtop.diagnosis.findings import NodeClock
 from radixtop.probes.node_link import LinkHealth, NodeGpus, NodeLink
 from radixtop.probes.remote import reach_all
+from radixtop.probes.spool import Spool
 from radixtop.rundir import runtime_dir
 
 __all__ = ["NodeWatch", "connect_nodes"]
@@ -30,7 +28,7 @@ __all__ = ["NodeWatch", "connect_nodes"]
 class NodeWatch:
     links: list[NodeLink] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (host, one line) per node not reached
-    spool_root: Path | None = None
+    spool: Spool | None = None  # the spool files' folder, this process's own
 
     def patterns(self) -> list[str]:
         return [link.spool_pattern for link in self.links]
@@ -56,8 +54,8 @@ class NodeWatch:
     def stop(self) -> None:
         for link in self.links:
             link.stop()
-        if self.spool_root is not None:
-            shutil.rmtree(self.spool_root, ignore_errors=True)
+        if self.spool is not None:
+            self.spool.close()
 
 
 def connect_nodes(
@@ -74,10 +72,9 @@ def connect_nodes(
             watch.failures.append((answer.host, answer.error))
             say(f"radixtop: {answer.error}")
             continue
-        if watch.spool_root is None:
-            watch.spool_root = runtime_dir("nodes") / f"{os.getpid()}-{secrets.token_hex(4)}"
-            watch.spool_root.mkdir(mode=0o700)
-        link = NodeLink(answer, watch.spool_root, (urls or {}).get(answer.host), ssh_config=ssh_config, command=command)
+        if watch.spool is None:
+            watch.spool = Spool(base=str(runtime_dir("nodes")))
+        link = NodeLink(answer, watch.spool, (urls or {}).get(answer.host), ssh_config=ssh_config, command=command)
         link.start()
         watch.links.append(link)
     return watch

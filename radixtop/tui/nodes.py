@@ -53,10 +53,12 @@ class NodeWatching:
     state: IncidentState
     nodes: NodeWatch | None
     _node_states: dict[str, tuple[str, str]]
+    _node_streamed: set[str]  # the nodes whose stream has run: streaming again is "back"
 
     def init_nodes(self, nodes: NodeWatch | None) -> None:
         self.nodes = nodes
         self._node_states = {}
+        self._node_streamed = set()
 
     def say_node_failures(self) -> None:
         if self.nodes is not None:
@@ -76,17 +78,17 @@ class NodeWatching:
         )
         for health in links:
             said = (health.state, health.detail)
-            before = self._node_states.get(health.node)
-            if before == said:
+            if self._node_states.get(health.node) == said:
                 continue
             self._node_states[health.node] = said
             if health.detail:
                 named = health.detail.startswith(f"{health.node}:")
                 line = health.detail if named else f"{health.node}: {health.detail}"
                 self.state.add_notice("radixtop", "error", line)
-            elif health.state == "streaming" and before is not None and before[0] == "retrying":
+            elif health.state == "streaming" and health.node in self._node_streamed:
                 self.state.add_message([f"{health.node}: its log stream is back"])
             elif health.state == "streaming":
+                self._node_streamed.add(health.node)
                 self.state.add_message([f"{health.node}: following its logs through ssh; "
                                         f"{health.forwards} endpoint(s) forwarded to this node's loopback"])
 

@@ -106,7 +106,7 @@ def describe(name: str, answer: NodeAnswer) -> list[str]:
     if report.radixtop_version:
         head += f", radixtop {report.radixtop_version}"
     if answer.skew is not None:
-        head += f"; clock {answer.skew.offset_s:+.3f} s ± {answer.skew.uncertainty_s:.3f} s against this one"
+        head += f"; {answer.skew.text()}"
     lines = [head + "):"]
     if not report.servers:
         lines += [f"  {line}" for line in Discovery((), report.notes).describe()]

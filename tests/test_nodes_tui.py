@@ -101,8 +101,8 @@ def test_the_first_node_names_the_second_nodes_rank_first_and_b_bundles_both(two
         tmux.start([sys.executable, "-m", "radixtop", "--log", str(nodes.here_log), "--url", nodes.here_url,
                     "--node", "node2", "--node-url", f"node2={nodes.node2_url}", "--node", "gone",
                     "--ssh-config", str(nodes.config), "--no-gpu"], out, env)
-        tmux.wait_for(lambda s: "node2: following its logs" in s, "the second node's log stream", timeout=60)
-        screen = tmux.capture()
+        screen = tmux.wait_for(lambda s: "node2: following its logs" in s, "the second node's log stream", timeout=60)
+        assert "node2: following its logs through ssh (clock " in screen, screen  # the skew, as measured
         assert "ssh gone ERROR (gone: connection refused" in screen, screen  # one line, and the rest goes on
         # node2's GPUs in the GPU pane, as its stream reports them (this machine has no NVIDIA driver:
         # the reason NVML gives there, named by node)

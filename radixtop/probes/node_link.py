@@ -61,6 +61,7 @@ class LinkHealth:
     detail: str  # one line: what went wrong and what to do, or ""
     lines: int  # lines received
     forwards: int  # endpoints forwarded
+    clock: str  # its clock against this one, as measured when it was reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +189,8 @@ class NodeLink:
             self._lost_forwards = f"its endpoints' forwards ended ({why})"
         with self._lock:
             detail = "; ".join(x for x in (self._detail, self._lost_forwards) if x)
-            return LinkHealth(self.name, self._state, detail, self._lines, forwards if not self._lost_forwards else 0)
+            return LinkHealth(self.name, self._state, detail, self._lines, forwards if not self._lost_forwards else 0,
+                              self.answer.skew.text() if self.answer.skew is not None else "clock unknown")
 
     # -- the forwards ------------------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ class ClockSkew:
     def uncertainty_s(self) -> float:
         return self.round_trip_s / 2
 
+    def text(self) -> str:
+        """The skew as radixtop says it: "clock +0.004 s ± 0.150 s against this one"."""
+        return f"clock {self.offset_s:+.3f} s ± {self.uncertainty_s:.3f} s against this one"
+
     @property
     def correction_s(self) -> float:
         """What to subtract from the node's times to put them on this clock: the offset, unless it

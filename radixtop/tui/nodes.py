@@ -89,7 +89,7 @@ class NodeWatching:
                 self.state.add_message([f"{health.node}: its log stream is back"])
             elif health.state == "streaming":
                 self._node_streamed.add(health.node)
-                self.state.add_message([f"{health.node}: following its logs through ssh; "
+                self.state.add_message([f"{health.node}: following its logs through ssh ({health.clock}); "
                                         f"{health.forwards} endpoint(s) forwarded to this node's loopback"])
 
     def stop_nodes(self) -> None:

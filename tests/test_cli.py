@@ -44,7 +44,8 @@ def test_one_subcommands_parser_answers_as_the_whole_parser_does(argv: list[str]
 
 def test_one_subcommands_parser_holds_that_subcommand_only() -> None:
     assert set(SUBCOMMANDS) == {
-        "scan", "discover", "fleet", "follow", "demo", "bundle", "replay", "record", "trace", "analyze", "confirm", "sim"
+        "scan", "discover", "fleet", "follow", "demo", "bundle", "replay", "record", "trace", "analyze", "confirm",
+        "sim",
     }
     for name in SUBCOMMANDS:
         with pytest.raises(UsageError, match="invalid choice"):

@@ -13,9 +13,9 @@ from pathlib import Path
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder, NodeClock
 from radixtop.probes.node_link import MAX_RECORD_BYTES, NodeGpus, NodeLink
-from radixtop.probes.spool import Spool
 from radixtop.probes.node_report import GpuReport, NodeReport, ServerReport
 from radixtop.probes.remote import ClockSkew, NodeAnswer
+from radixtop.probes.spool import Spool
 from radixtop.widgets.gpu import render_node_gpus
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,9 +25,9 @@ from sshd_helpers import PLAIN_PATH, Sshd, client_config, free_port, keygen, rad
 from tmux_helpers import Tmux
 
 from radixtop.incident.replay.replay import replay_once
-from radixtop.probes.node_local import gpu_reports
 from radixtop.incident.replay.trace import plan_requests
 from radixtop.incident.replay.workloads import pressure_trace
+from radixtop.probes.node_local import gpu_reports
 
 pytestmark = [
     pytest.mark.tmux,
@@ -56,12 +56,15 @@ def two_nodes(tmp_path: Path) -> Iterator[TwoNodes]:
     authorized = [keygen(user)]
     folder = radixtop_bin(tmp_path / "bin")
     server = start_sshd(tmp_path / "sshd", "127.0.0.2", authorized, f"{folder}:{PLAIN_PATH}")
+    bare = start_sshd(tmp_path / "bare", "127.0.0.3", authorized, PLAIN_PATH)  # no radixtop there
+    locked = start_sshd(tmp_path / "locked", "127.0.0.3", [], PLAIN_PATH)  # our key refused: it would ask a password
     sims = []
     try:
         known = tmp_path / "known_hosts"
-        known.write_text(server.known_hosts_line() + "\n")
+        known.write_text("".join(s.known_hosts_line() + "\n" for s in (server, bare, locked)))
         closed = Sshd("127.0.0.2", free_port("127.0.0.2"), "", server.proc, server.log)
-        config = client_config(tmp_path / "ssh_config", {"node2": (server, user), "gone": (closed, user)}, known)
+        config = client_config(tmp_path / "ssh_config", {"node2": (server, user), "gone": (closed, user),
+                                                         "bare": (bare, user), "locked": (locked, user)}, known)
         here, here_url, here_log = start_sim(tmp_path / "node1", *GROUP, "--node-rank", "0")
         sims.append(here)
         node2, node2_url, _ = start_sim(tmp_path / "node2", *GROUP, "--node-rank", "1", *RACE_ON_RANK_3)
@@ -70,7 +73,8 @@ def two_nodes(tmp_path: Path) -> Iterator[TwoNodes]:
     finally:
         for sim in sims:
             stop(sim)
-        server.stop()
+        for sshd in (server, bare, locked):
+            sshd.stop()
 
 
 def _race(url: str, proc) -> None:
@@ -99,11 +103,23 @@ def test_the_first_node_names_the_second_nodes_rank_first_and_b_bundles_both(two
     tmux = Tmux(160, 48)
     try:
         tmux.start([sys.executable, "-m", "radixtop", "--log", str(nodes.here_log), "--url", nodes.here_url,
-                    "--node", "node2", "--node-url", f"node2={nodes.node2_url}", "--node", "gone",
+                    "--node", "node2", "--node-url", f"node2={nodes.node2_url}", "--node", "gone", "--node", "bare",
+                    "--node", "locked",
                     "--ssh-config", str(nodes.config), "--no-gpu"], out, env)
         screen = tmux.wait_for(lambda s: "node2: following its logs" in s, "the second node's log stream", timeout=60)
         assert "node2: following its logs through ssh (clock " in screen, screen  # the skew, as measured
-        assert "ssh gone ERROR (gone: connection refused" in screen, screen  # one line, and the rest goes on
+        # A node that cannot be reached, one without radixtop, one that would ask for a password: one
+        # line each in the log pane, nothing hangs, and the rest goes on.
+        for line in ("gone: connection refused", "bare: radixtop is not installed there",
+                     "locked: authentication needed"):
+            tmux.send("&")  # the log pane's filter: the line may have scrolled off under the backlog
+            tmux.wait_for(lambda s: "show only lines containing" in s, "the filter's prompt", timeout=10)
+            tmux.send("-l", line)
+            tmux.send("Enter")
+            # one row of the log pane holds it
+            tmux.wait_for(lambda s, line=line: f"filter '{line}' 1 row" in s, f"{line!r} filtered", timeout=10)
+            tmux.send("Escape")
+            tmux.wait_for(lambda s: "filter '" not in s, "the filter cleared", timeout=10)
         # node2's GPUs in the GPU pane, as its stream reports them (this machine has no NVIDIA driver:
         # the reason NVML gives there, named by node)
         gpus, why = gpu_reports()

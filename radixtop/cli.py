@@ -155,20 +155,26 @@ def _scan_arguments(scan: argparse.ArgumentParser) -> None:
     nodes = scan.add_argument_group(
         "other nodes (through your own ssh, radixtop installed there: each finding tagged with its node, the "
         "initiating one the earliest across nodes on this node's clock)")
-    nodes.add_argument(
+    _add_node_options(nodes, "--timeout", 3600, 120.0, "scan")
+    nodes.add_argument("--node-log", action="append", default=[], metavar="HOST=PATH",
+                       help="a log to scan on HOST (default: the log of each server radixtop finds there); repeatable")
+    _add_signature_options(scan)
+
+
+def _add_node_options(parser: Any, timeout_flag: str, max_s: int, default_s: float, what: str) -> None:
+    """--node, --ssh-config, the wait for each node's `what` and --remote-radixtop: how a headless
+    command reaches other nodes (the TUI's are in TUI_OPTIONS)."""
+    parser.add_argument(
         "--node", action="append", default=[], metavar="HOST",
         help="another node, as ssh names it (host, user@host, an alias in your ssh config); repeatable",
     )
-    nodes.add_argument("--node-log", action="append", default=[], metavar="HOST=PATH",
-                       help="a log to scan on HOST (default: the log of each server radixtop finds there); repeatable")
-    nodes.add_argument("--ssh-config", default=None, metavar="FILE",
-                       help="the ssh config file to use (ssh -F; default: ssh's own, ~/.ssh/config)")
-    nodes.add_argument("--timeout", type=within(1, 3600, float), default=120.0, metavar="S",
-                       help="seconds to wait for each node's scan (default 120)")
-    nodes.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
-                       help="the radixtop command on the nodes (default: radixtop on the PATH of a non-interactive "
-                            "ssh session)")
-    _add_signature_options(scan)
+    parser.add_argument("--ssh-config", default=None, metavar="FILE",
+                        help="the ssh config file to use (ssh -F; default: ssh's own, ~/.ssh/config)")
+    parser.add_argument(timeout_flag, type=within(1, max_s, float), default=default_s, metavar="S",
+                        help=f"seconds to wait for each node's {what} (default {default_s:g})")
+    parser.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
+                        help="the radixtop command on the nodes, e.g. /opt/venv/bin/radixtop (default: radixtop on "
+                             "the PATH of a non-interactive ssh session)")
 
 
 def _discover_arguments(discover: argparse.ArgumentParser) -> None:
@@ -178,18 +184,8 @@ def _discover_arguments(discover: argparse.ArgumentParser) -> None:
         "never a password prompt; radixtop installed there)."
     )
     discover.add_argument("--json", action="store_true", help="print one JSON object")
-    discover.add_argument(
-        "--node", action="append", default=[], metavar="HOST",
-        help="another node, as ssh names it (host, user@host, an alias in your ssh config); repeatable",
-    )
+    _add_node_options(discover, "--timeout", 600, 30.0, "answer")
     discover.add_argument("--no-local", action="store_true", help="only the --node hosts, not this node")
-    discover.add_argument("--ssh-config", default=None, metavar="FILE",
-                          help="the ssh config file to use (ssh -F; default: ssh's own, ~/.ssh/config)")
-    discover.add_argument("--timeout", type=within(1, 600, float), default=30.0, metavar="S",
-                          help="seconds to wait for each node's answer (default 30)")
-    discover.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
-                          help="the radixtop command on the nodes, e.g. /opt/venv/bin/radixtop (default: radixtop on "
-                               "the PATH of a non-interactive ssh session)")
 
 
 def _follow_arguments(follow: argparse.ArgumentParser) -> None:
@@ -257,21 +253,11 @@ def _bundle_arguments(bundle: argparse.ArgumentParser) -> None:
     nodes = bundle.add_argument_group(
         "other nodes (through your own ssh, radixtop installed there: each node's own bundle in nodes/HOST/, "
         "one timeline on this node's clock)")
-    nodes.add_argument(
-        "--node", action="append", default=[], metavar="HOST",
-        help="another node, as ssh names it (host, user@host, an alias in your ssh config); repeatable",
-    )
+    _add_node_options(nodes, "--node-timeout", 3600, 300.0, "bundle")
     nodes.add_argument("--node-url", action="append", default=[], metavar="HOST=URL",
                        help="the server to bundle on HOST (default: the one radixtop finds there)")
     nodes.add_argument("--node-log", action="append", default=[], metavar="HOST=PATH",
                        help="a log to bundle on HOST, e.g. a dead server's (default: the found server's); repeatable")
-    nodes.add_argument("--ssh-config", default=None, metavar="FILE",
-                       help="the ssh config file to use (ssh -F; default: ssh's own, ~/.ssh/config)")
-    nodes.add_argument("--node-timeout", type=within(1, 3600, float), default=300.0, metavar="S",
-                       help="seconds to wait for each node's bundle (default 300)")
-    nodes.add_argument("--remote-radixtop", default="radixtop", metavar="CMD",
-                       help="the radixtop command on the nodes (default: radixtop on the PATH of a non-interactive "
-                            "ssh session)")
     nodes.add_argument("--node-max-bytes", type=at_least(1024), default=1 << 30, help=argparse.SUPPRESS)
     nodes.add_argument("--stream", action="store_true",
                        help="write this node's bundle as a .tar.gz to stdout (what --node runs on each node)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixtop.probes.fleet import (
     DEFAULT_INTERVAL_S,
@@ -15,10 +15,9 @@ from radixtop.probes.fleet import (
     LOOKBACK,
     QUERIES,
     FleetSample,
-    RankFigures,
     fold,
 )
-from radixtop.probes.http import make_client
+from radixtop.probes.http import PolledProbe
 from radixtop.probes.prometheus import instant_query, shown_url
 from radixtop.probes.status import StateClock
 from radixtop.schema import STATE_METRIC_NAMES
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["FleetProbe"]
 
 
-class FleetProbe:
+class FleetProbe(PolledProbe):
     """Polls the fleet's Prometheus at `url`; each poll is one FleetSample, never an exception."""
 
     def __init__(self, url: str, *, interval_s: float = DEFAULT_INTERVAL_S, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -43,23 +42,8 @@ class FleetProbe:
         self._state = StateClock(clock)
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = make_client(self.timeout_s)
-        return self._client
-
-    async def aclose(self) -> None:
-        if self._own_client and self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-    async def poll(self) -> FleetSample:
-        try:
-            return await self._poll()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a gap in our own handling must not take the caller down
-            return self._sample("error", f"radixtop failed reading {shown_url(self.url)}: {type(exc).__name__}: {exc}")
+    def shown_url(self) -> str:
+        return shown_url(self.url)
 
     async def _poll(self) -> FleetSample:
         deadline = self.timeout_s
@@ -69,7 +53,7 @@ class FleetProbe:
                     instant_query(self.client, self.url, q, timeout_s=deadline) for q in QUERIES.values()
                 ))
         except TimeoutError:
-            return self._sample("down", f"Prometheus at {shown_url(self.url)}: no answer within {deadline:g} s; "
+            return self._sample("down", f"Prometheus at {self.shown_url}: no answer within {deadline:g} s; "
                                         "check the URL, or give it longer (--timeout)")
         failed = next((a for a in answers if not a.ok), None)
         if failed is not None:
@@ -83,6 +67,7 @@ class FleetProbe:
                                             "add the ranks' /metrics to its scrape config", notes=notes)
         return self._sample("ok", ranks=ranks, notes=notes)
 
-    def _sample(self, state: str, message: str = "", *, ranks: tuple[RankFigures, ...] = (),
-                notes: tuple[str, ...] = ()) -> FleetSample:
-        return FleetSample(shown_url(self.url), self._state.update(state, message), self._clock(), ranks, notes)
+    def _sample(self, state: str, message: str = "", **kw: Any) -> FleetSample:
+        """A sample with `ranks` (tuple[RankFigures, ...]) and `notes` (tuple[str, ...]) where given."""
+        return FleetSample(self.shown_url, self._state.update(state, message), self._clock(), kw.get("ranks", ()),
+                           kw.get("notes", ()))

@@ -204,7 +204,12 @@ class PolledProbe:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a gap in our own handling must not take the app down
-            return self._sample("error", f"radixtop failed reading {self.url}: {type(exc).__name__}: {exc}")
+            return self._sample("error", f"radixtop failed reading {self.shown_url}: {type(exc).__name__}: {exc}")
+
+    @property
+    def shown_url(self) -> str:
+        """The URL as messages say it (a probe whose URL may hold a password masks it)."""
+        return self.url
 
     async def _poll(self) -> Any:
         raise NotImplementedError

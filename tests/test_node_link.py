@@ -99,6 +99,14 @@ def test_the_heartbeat_brings_the_nodes_gpus_read_as_hostile(tmp_path: Path) -> 
     assert render_node_gpus([none], now=got.at).plain == "node3: NVML: no NVIDIA driver"
 
 
+def test_a_flight_record_from_the_node_is_checked_before_it_lands(tmp_path: Path) -> None:
+    link = _link(tmp_path)
+    for name, record, said in [("../../x.json", {}, "not rankN-pidN.json"), ("rank3-pid7.json", {"rank": "x"}, "rank3"),
+                               ("rank3-pid7.json", [1], "rank3-pid7.json")]:
+        assert said in link._take(json.dumps({"flight": name, "record": record}).encode(), {}), name
+    assert not link.flight_dir.exists()  # nothing written of what was refused
+
+
 def test_only_the_nodes_own_loopback_endpoints_are_forwarded(tmp_path: Path) -> None:
     link = _link(tmp_path)
     assert link.endpoints() == ["http://127.0.0.1:30000", "http://127.0.0.1:39100"]  # 10.0.0.9: not the node's

@@ -136,6 +136,9 @@ def test_the_first_node_names_the_second_nodes_rank_first_and_b_bundles_both(two
         # Each node's radix pane: this node's ranks 0 and 1, and node2's, named by node.
         tmux.send("2")
         tmux.wait_for(lambda s: "node2 rank" in s, "node2's ranks in the radix pane", timeout=20)
+        # and node2's rank 3 as it failed: its flight record, brought from node2 by the stream
+        tmux.wait_for(lambda s: "as rank 3 failed" in s, "rank 3's flight record in the radix pane", timeout=20)
+        assert list((nodes.work / "run" / "nodes").glob("*/node2/flight/rank3-pid*.json"))
         tmux.send("2")  # back to every pane
         tmux.send("b")
         tmux.wait_for(lambda s: "bundle: written" in s or "bundle written" in s, "the bundle", timeout=120)

@@ -98,17 +98,20 @@ class FlightProbe:
     """Polls the flight directories the ranks named (and the default one) for the server's new
     records: a glob of a small directory every FLIGHT_POLL_S."""
 
-    def __init__(self, dirs: Callable[[], Sequence[Path]], pid: Callable[[], int | None]) -> None:
+    def __init__(self, dirs: Callable[[], Sequence[Path]], pid: Callable[[], int | None],
+                 others: Callable[[], Sequence[Path]] = tuple) -> None:
         self.interval_s = FLIGHT_POLL_S
         self._dirs = dirs
         self._pid = pid
+        self._others = others  # other nodes' records, brought here as they came: no pid of ours to match
         self._seen: dict[Path, float] = {}
 
     async def poll(self) -> FlightSample:
         import asyncio
 
         read = await asyncio.to_thread(read_flight_records, self._dirs(), self._pid(), seen=self._seen)
-        return FlightSample(SourceState("ok"), time.time(), read.records)
+        theirs = await asyncio.to_thread(read_flight_records, self._others(), None, seen=self._seen)
+        return FlightSample(SourceState("ok"), time.time(), read.records + theirs.records)
 
     async def aclose(self) -> None:
         return None

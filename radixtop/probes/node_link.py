@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,14 +36,19 @@ from urllib.parse import urlsplit
 
 from radixtop.bounded import load_json
 from radixtop.diagnosis.findings import NodeClock
+from radixtop.probes.flight import FLIGHT_MAX_BYTES
 from radixtop.probes.node_report import GpuReport, NodeReport, ServerReport
 from radixtop.probes.remote import NodeAnswer, check_host, ssh_argv
 from radixtop.probes.spool import Spool, spool_name
 from radixtop.probes.ssh_failure import explain_failure
+from radixtop.rundir import write_file
+from radixtop.schema import FlightRecord, encode_json
 
 __all__ = ["LinkHealth", "NodeGpus", "NodeLink", "node_name"]
 
-MAX_RECORD_BYTES = 4 * 1024 * 1024  # a record of follow's: MAX_RUN lines of at most 64 KiB, and room
+# A record of follow's: MAX_RUN lines of at most 64 KiB, or a flight record (at most FLIGHT_MAX_BYTES).
+MAX_RECORD_BYTES = FLIGHT_MAX_BYTES + (1 << 20)
+_FLIGHT_NAME = re.compile(r"rank\d{1,6}-pid\d{1,10}\.json")
 MAX_LINE_CHARS = 65_536
 MAX_FORWARDS = 64
 RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -281,6 +287,8 @@ class NodeLink:
             return "its log stream sent something that is not JSON (is `radixtop follow` there this version?)"
         if not isinstance(record, dict):
             return "its log stream sent a record that is not an object"
+        if "flight" in record:
+            return self._flight(record.get("flight"), record.get("record"))
         if "lines" not in record:
             if "report" in record:
                 try:
@@ -305,6 +313,23 @@ class NodeLink:
             self._state = "streaming"
             self._detail = ""
         return ""
+
+    def _flight(self, name: object, record: object) -> str:
+        """A rank's flight record from the node, checked against the schema, into the node's flight
+        folder here (read by the radix pane's FlightProbe as another node's); "" or what was wrong."""
+        if not isinstance(name, str) or not _FLIGHT_NAME.fullmatch(name):
+            return "its log stream sent a flight record under a name that is not rankN-pidN.json"
+        try:
+            parsed = FlightRecord.from_dict(record)
+        except ValueError as exc:
+            return f"its flight record {name}: {str(exc).splitlines()[0] if str(exc) else 'malformed'}"
+        self.flight_dir.mkdir(exist_ok=True, mode=0o700)
+        write_file(self.flight_dir / name, encode_json(parsed.to_dict()))
+        return ""
+
+    @property
+    def flight_dir(self) -> Path:
+        return self.spool_dir / "flight"
 
     # -- processes ---------------------------------------------------------------------------------
 

@@ -69,6 +69,7 @@ class Targets:
     kv_events: list[KvEventsSource] = field(default_factory=list)  # publishers, read when no debug endpoint
     # Other nodes' debug endpoints, forwarded to this node's loopback: URL here -> the node's name.
     node_instruments: dict[str, str] = field(default_factory=dict)
+    node_flight_dirs: list[Path] = field(default_factory=list)  # their flight records, brought here
 
 
 _PREFERENCE = {"sglang": 0, "vllm": 1, "sim": 2}
@@ -300,7 +301,7 @@ class LiveSources:
         self.kv: dict[str, KvEventsProbe] = {} if self.radix else {s.url: KvEventsProbe(s) for s in targets.kv_events}
         self.procs = ProcProbe(targets.pid) if targets.pid else None
         self.gpu = GpuProbe() if gpu else None
-        self.flight = FlightProbe(self._flight_dirs, lambda: self.targets.pid)
+        self.flight = FlightProbe(self._flight_dirs, lambda: self.targets.pid, lambda: self.targets.node_flight_dirs)
         self.interval_s = interval_s  # overrides every probe's own interval (tests, benchmarks)
         self.rediscover_down_s = rediscover_down_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -333,7 +334,7 @@ class LiveSources:
         """Where the ranks said their flight records go (their /health), and the default place."""
         from radixtop.instrument.flight import flight_dir
 
-        named = [Path(v.flight_dir) for v in self.state.board.ranks.values() if v.flight_dir]
+        named = [Path(v.flight_dir) for v in self.state.board.ranks.values() if v.flight_dir and not v.node]
         return [*named, flight_dir()]
 
     def _spawn(self, name: str, probe: Any) -> None:

@@ -45,6 +45,9 @@ class NodeWatch:
         pairs = [(link, url) for link in self.links for url in link.instrument_urls()]
         return tuple((local, link.name) for link, url in pairs if (local := link.local_url(url)) is not None)
 
+    def flight_dirs(self) -> tuple[str, ...]:
+        return tuple(str(link.flight_dir) for link in self.links)
+
     def gpus(self) -> list[NodeGpus]:
         return [g for link in self.links if (g := link.gpus()) is not None]
 

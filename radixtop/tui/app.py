@@ -815,4 +815,4 @@ def live_options(options: TuiOptions) -> LiveOptions | None:
 def _with_nodes(live: LiveOptions | None, nodes: NodeWatch | None) -> LiveOptions | None:
     if live is None or nodes is None:
         return live
-    return replace(live, node_instruments=nodes.instruments())
+    return replace(live, node_instruments=nodes.instruments(), node_flight_dirs=nodes.flight_dirs())

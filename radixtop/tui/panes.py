@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from textual.containers import Horizontal
@@ -66,6 +67,7 @@ class LiveOptions:
     gpu: bool = True
     discover: bool = True  # False: no discovery at all (tests, or a --url that is elsewhere)
     node_instruments: tuple[tuple[str, str], ...] = ()  # other nodes' forwarded endpoints: (URL here, node)
+    node_flight_dirs: tuple[str, ...] = ()  # where their flight records are brought
 
 
 def pane_rows() -> list[Horizontal]:
@@ -168,6 +170,7 @@ class Panes:
             targets = Targets(url=opts.url, instruments=list(opts.instruments), pinned_url=bool(opts.url),
                               pinned_instruments=bool(opts.instruments))
         targets.node_instruments = dict(opts.node_instruments)
+        targets.node_flight_dirs = [Path(d) for d in opts.node_flight_dirs]
         self.targets = targets
         if targets.lines:
             self.add_lines(targets.lines)

@@ -16,7 +16,6 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
-from radixtop.probes.gpu import GpuInfo
 from radixtop.widgets.fmt import bar, clock, frozen_banner, size, update_text
 
 MAX_XIDS_SHOWN = 5
@@ -80,9 +79,9 @@ def render_gpus(
     return out
 
 
-def _gpu_line(out: Text, label: str, g: Any, bar_width: int) -> None:
-    """One GPU's line: its name, memory bar, utilisation, and what else it reports (a GpuInfo read
-    here, or another node's GpuReport, which has no temperature or power)."""
+def _gpu_line(out: Text, label: str, g: Any, bar_width: int, *, here: bool = True) -> None:
+    """One GPU's line: its name, memory bar, utilisation, and for a GPU read here (a GpuInfo) its
+    temperature and power, which another node's report (a GpuReport) does not carry."""
     out.append(f"{label} ", style="bold red" if g.state != "ok" else "bold")
     out.append(f"{g.name.removeprefix('NVIDIA ')[:12]:<12} ", style="dim")
     frac = g.memory_used / g.memory_total if g.memory_used is not None and g.memory_total else None
@@ -94,7 +93,7 @@ def _gpu_line(out: Text, label: str, g: Any, bar_width: int) -> None:
     else:
         out.append("memory —")
     out.append(f"  util {g.util_percent if g.util_percent is not None else '—'}%")
-    if isinstance(g, GpuInfo):
+    if here:
         out.append(f"  {g.temperature_c if g.temperature_c is not None else '—'}°C")
         if g.power_w is not None:
             limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
@@ -114,7 +113,7 @@ def render_node_gpus(nodes: Sequence[Any], *, width: int = 80, now: float | None
         if not node.gpus:
             out.append(f"{node.node}: {node.unavailable or 'no GPU'}{old}\n", style="dim")
         for g in node.gpus:
-            _gpu_line(out, f"{node.node} GPU {g.index}", g, bar_width)
+            _gpu_line(out, f"{node.node} GPU {g.index}", g, bar_width, here=False)
             if g.pids:
                 out.append(f"  pids {', '.join(str(p) for p in g.pids[:8])}{old}\n", style="dim")
     out.rstrip()

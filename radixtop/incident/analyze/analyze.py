@@ -92,7 +92,7 @@ def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
     """Run the trace once on a fresh engine built from ``config`` (ValueError names a bad field)."""
     config.validate()
     # The prompts, the tree and the requests are millions of objects and no garbage until the
-    # run ends: the cyclic collector would walk them again and again (a fifth of the run).
+    # run ends: the cyclic collector would only walk them again and again.
     collecting = gc.isenabled()
     gc.disable()
     try:

@@ -3,8 +3,9 @@
 ``randrange(n)`` takes ``getrandbits(k)`` (k: n's bit length; for k <= 32 that is the top k bits
 of the generator's next 32-bit word) until a value falls below n. ``getrandbits(32 * m)`` hands out
 the next m words in one call, the first in the lowest bits, so cutting that number into words,
-keeping each word's top k bits and dropping those >= n gives the same values with one Python call
-per draw instead of three (``randrange``, ``_randbelow``, ``getrandbits``).
+keeping each word's top k bits and dropping those >= n gives the same values: one comprehension
+step per word instead of three Python calls per value (``randrange``, ``_randbelow``,
+``getrandbits``).
 
 A bulk draw reads past the last word it keeps, so the generator must serve nothing afterwards.
 """

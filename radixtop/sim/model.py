@@ -40,8 +40,13 @@ _BASE = 0x5BD1E995_3C6EF372 % _MOD
 _WORD = re.compile(r"u(\d{1,4})_(\d{1,4})")
 
 
+@lru_cache(maxsize=8)
+def _packer(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}q")
+
+
 def _hash64(*parts: int) -> int:
-    data = struct.pack(f"<{len(parts)}q", *parts)
+    data = _packer(len(parts)).pack(*parts)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 

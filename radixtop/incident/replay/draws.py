@@ -2,10 +2,10 @@
 
 ``randrange(n)`` takes ``getrandbits(k)`` (k: n's bit length; for k <= 32 that is the top k bits
 of the generator's next 32-bit word) until a value falls below n. ``getrandbits(32 * m)`` hands out
-the next m words in one call, the first in the lowest bits, so cutting that number into words,
-keeping each word's top k bits and dropping those >= n gives the same values: one comprehension
-step per word instead of three Python calls per value (``randrange``, ``_randbelow``,
-``getrandbits``).
+the next m words in one call, the first in the lowest bits. Shifted right by 32 - k and masked to
+k bits in every 32-bit lane, that number holds each word's top k bits in the word's own lane; cut
+into lanes, those below n are the same values: one comprehension step per word instead of three
+Python calls per value (``randrange``, ``_randbelow``, ``getrandbits``).
 
 A bulk draw reads past the last word it keeps, so the generator must serve nothing afterwards.
 """
@@ -31,7 +31,6 @@ def randrange_many(rng: random.Random, n: int, count: int) -> list[int]:
     if type(rng) is not random.Random or k > _WORD_BITS:  # another generator's bits, or wider than a word
         return [rng.randrange(n) for _ in range(count)]
     shift = _WORD_BITS - k
-    limit = n << shift  # a word below it: its top k bits are below n
     out: list[int] = []
     for _ in range(_ROUNDS):
         need = count - len(out)
@@ -39,11 +38,13 @@ def randrange_many(rng: random.Random, n: int, count: int) -> list[int]:
             break
         # n / 2**k of the words are kept (at least half): draw for that, with a margin.
         words = need * (1 << k) // n + need // 8 + 16
-        chunk = array(_TYPECODE)
-        chunk.frombytes(rng.getrandbits(words * _WORD_BITS).to_bytes(words * 4, "little"))
+        # The mask drops what the shift brings into a lane from the next word.
+        mask = int.from_bytes(((1 << k) - 1).to_bytes(4, "little") * words, "little")
+        values = array(_TYPECODE)
+        values.frombytes(((rng.getrandbits(words * _WORD_BITS) >> shift) & mask).to_bytes(words * 4, "little"))
         if sys.byteorder == "big":
-            chunk.byteswap()
-        out.extend([word >> shift for word in chunk if word < limit])
+            values.byteswap()
+        out.extend([value for value in values if value < n])
     del out[count:]
     # Past the rounds (a run of rejections no real draw has), the calls themselves go on from
     # the next word, where the rounds stopped.

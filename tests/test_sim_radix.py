@@ -418,3 +418,16 @@ def test_the_kept_leaf_heap_evicts_what_ordering_every_leaf_evicts(policy: str, 
                 elif op == "evict":
                     cache.evict(EvictParams(num_tokens=amount))
             assert tree_state(caches[0]) == tree_state(caches[1])
+
+
+@pytest.mark.parametrize("policy", ["lru", "mru", "lfu"])
+def test_an_access_time_set_from_outside_to_nan_still_lets_eviction_end(policy: str) -> None:
+    cache = make(policy=policy)
+    for tokens in ([1, 2, 3], [5, 6], [7]):
+        cache.insert(InsertParams(key=RadixKey(tokens)))
+    cache.evict(EvictParams(num_tokens=1))  # the heap holds the keys as they were
+    left = cache.evictable_size()
+    for node in cache.iter_nodes():
+        node.last_access_time = float("nan")
+    assert cache.evict(EvictParams(num_tokens=10)).num_tokens_evicted == left > 0
+    assert cache.evictable_size() == 0 and not cache.evictable_leaves

@@ -501,14 +501,22 @@ class RadixCache:
         # childless, those at lock_ref 0; one below 0 (a double unlock) waits for the next call.
         later: set[TreeNode] = set()
         set_aside: list[tuple[Any, int, TreeNode]] = []
+        # A popped entry whose key has moved since gets one fresh entry per call, which alone
+        # then counts for its node: bounded even for a key set from outside that never equals
+        # itself (NaN).
+        renewed: dict[TreeNode, Any] = {}
         num_evicted = 0
         while num_evicted < num_tokens and heap:
             entry = heapq.heappop(heap)
             key, _, x = entry
             if x not in leaves:
                 continue  # evicted, locked or a parent since
-            if key != priority_of(x):  # its key moved: it has a newer entry (or now gets one)
-                self._push_leaf(x)
+            if x in renewed:
+                if key is not renewed[x]:
+                    continue
+            elif key != priority_of(x):
+                renewed[x] = fresh = priority_of(x)
+                heapq.heappush(heap, (fresh, x.id, x))
                 continue
             if x in later:
                 set_aside.append(entry)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +15,7 @@ from radixtop.sim.pool import TokenToKVPoolAllocator
 from radixtop.sim.radix import (
     CacheInitParams,
     EvictParams,
+    EvictResult,
     InsertParams,
     MatchPrefixParams,
     RadixCache,
@@ -354,3 +357,77 @@ def test_pool_contents_survive_free_like_gpu_memory():
     pool.clear()
     assert pool.read(slots[1]) == (78, 6)
     assert pool.page_of(slots[0]) in pool.written_pages
+
+
+class OrderEveryLeafCache(RadixCache):
+    """SGLang's own evict: every unlocked leaf put in a heap on every call, and the parents that
+    call leaves unlocked and childless pushed as it goes. The cache keeps its heap across calls
+    instead; both must take the same leaves in the same order."""
+
+    def evict(self, params: EvictParams | int) -> EvictResult:
+        num_tokens = params.num_tokens if isinstance(params, EvictParams) else int(params)
+        heap = [(self._priority_of(n), n.id, n) for n in self.evictable_leaves]
+        heapq.heapify(heap)
+        num_evicted = 0
+        while num_evicted < num_tokens and heap:
+            _, _, x = heapq.heappop(heap)
+            num_evicted += len(x.value or ())
+            self._delete_leaf(x)
+            parent = x.parent
+            assert parent is not None
+            if len(parent.children) == 0 and parent.lock_ref == 0 and parent is not self.root_node:
+                heapq.heappush(heap, (self._priority_of(parent), parent.id, parent))
+        return EvictResult(num_tokens_evicted=num_evicted)
+
+
+def tree_state(cache: RadixCache) -> list[tuple]:
+    return sorted(
+        (n.id, tuple(n.key.token_ids), n.lock_ref, n.parent.id if n.parent else None, n.hit_count)
+        for n in cache.iter_nodes()
+    ) + [("sizes", cache.evictable_size(), cache.protected_size(), tuple(sorted(n.id for n in cache.evictable_leaves)))]
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "mru", "filo", "priority"])
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_the_kept_leaf_heap_evicts_what_ordering_every_leaf_evicts(policy: str, page_size: int) -> None:
+    for seed in range(12):
+        rng = random.Random(seed)
+        params = dict(page_size=page_size, eviction_policy=policy)
+        caches = [cls(CacheInitParams(**params, clock=ticking_clock())) for cls in (RadixCache, OrderEveryLeafCache)]
+        locks: list[list[TreeLock]] = [[], []]
+        for _ in range(300):
+            op = rng.choice(["insert", "insert", "match", "lock", "unlock", "unlock-twice", "evict"])
+            tokens = [rng.randrange(3) for _ in range(rng.randrange(1, 13))]
+            amount = rng.randrange(1, 12)
+            which = rng.randrange(1 << 30)
+            priority = rng.randrange(4)
+            for cache, held in zip(caches, locks):
+                if op == "insert":
+                    cache.insert(InsertParams(key=RadixKey(tokens), priority=priority))
+                elif op == "match":
+                    cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
+                elif op == "lock":
+                    node = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).last_device_node
+                    held.append(cache.lock(node))
+                elif op.startswith("unlock") and held:
+                    lock = held.pop(which % len(held))
+                    if lock.node.value is not None:  # the node a lock names can be evicted once unlocked
+                        cache.unlock(lock)
+                        if op == "unlock-twice":  # a double unlock leaves lock_ref below zero
+                            cache.unlock(lock)
+                elif op == "evict":
+                    cache.evict(EvictParams(num_tokens=amount))
+            assert tree_state(caches[0]) == tree_state(caches[1])
+
+
+@pytest.mark.parametrize("policy", ["lru", "mru", "lfu"])
+def test_an_access_time_set_from_outside_to_nan_still_lets_eviction_end(policy: str) -> None:
+    cache = make(policy=policy)
+    for tokens in ([1, 2, 3], [5, 6], [7]):
+        cache.insert(InsertParams(key=RadixKey(tokens)))
+    cache.evict(EvictParams(num_tokens=1))  # the heap holds the keys as they were
+    left = cache.evictable_size()
+    for node in cache.iter_nodes():
+        node.last_access_time = float("nan")
+    assert cache.evict(EvictParams(num_tokens=10)).num_tokens_evicted == left > 0
+    assert cache.evictable_size() == 0 and not cache.evictable_leaves

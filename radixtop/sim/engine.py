@@ -51,7 +51,7 @@ from radixtop.sim.faults import (
     lock_race_traceback,
 )
 from radixtop.sim.logfmt import SIGQUIT_LINE, format_line, rank_prefix
-from radixtop.sim.model import VOCAB_SIZE, SimModel, SimTokenizer
+from radixtop.sim.model import VOCAB_SIZE, PromptFolds, SimModel, SimTokenizer
 from radixtop.sim.pool import TokenToKVPoolAllocator
 from radixtop.sim.radix import (
     EVICTION_POLICIES,
@@ -343,7 +343,9 @@ class _Scheduler:
         self.ranks: list[RankInfo] = []  # this node's TP ranks; a request's views follow their order
         for tp_rank in cfg.tp_ranks:
             # The first rank here holds the contents every read uses (pool0): the others replicate.
-            pool = TokenToKVPoolAllocator(cfg.max_total_tokens, cfg.page_size, store_contents=not self.ranks)
+            pool = TokenToKVPoolAllocator(
+                cfg.max_total_tokens, cfg.page_size, store_contents=not self.ranks and engine.kv_contents
+            )
             cache = RadixCache(
                 CacheInitParams(
                     disable=cfg.disable_radix_cache,
@@ -358,6 +360,7 @@ class _Scheduler:
             )
         self.pool0 = self.ranks[0].pool
         self.cache0 = self.ranks[0].cache
+        self.prompt_folds = PromptFolds()
         self.capacity = self.pool0.size
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
@@ -482,8 +485,9 @@ class _Scheduler:
         )
         for info in self.ranks:
             self.log_rank(info.tp_rank, message)
-            for line in info.cache.printed_lines():
-                self.engine._emit_fn(line)
+            if self.engine._emit_fn is not None:
+                for line in info.cache.printed_lines():
+                    self.engine._emit_fn(line)
         raise RuntimeError(message)
 
     def _release(self, req: _Req, *, insert: bool) -> None:
@@ -632,21 +636,29 @@ class _Scheduler:
 
     def _run_prefill(self, batch: list[_Req]) -> None:
         engine = self.engine
-        pool = self.pool0
         for req in batch:
             tokens = req.origin_input_ids + req.output_ids
-            start = req.extend_from
-            kv = req.views[0].kv_indices
-            pool.write(kv[start:], tokens[start:], start)
-            req.digest = engine.model.read_kv(0, pool, self._read_slots(req, len(kv)))
+            req.digest = self._read_prompt(req, tokens)
             if not req.done:
-                req.output_ids.append(engine._next_token(req, len(kv)))
+                req.output_ids.append(engine._next_token(req, len(req.views[0].kv_indices)))
             if req.done or req.aborted:
                 self._finish(req, "abort" if req.aborted and not req.done else "length")
             else:
                 for info, view in zip(self.ranks, req.views):
                     info.cache.checkpoint(view, up_to=len(view.kv_indices))
                 self.running.append(req)
+
+    def _read_prompt(self, req: _Req, tokens: list[int]) -> int:
+        """Write the KV the prefill computes and read the whole prompt's back, as attention does;
+        without contents, fold the tokens (what the slots hold while no fault intervenes), from
+        the digest of the cached prefix where another request folded it."""
+        pool = self.pool0
+        if not pool.store_contents:
+            return self.prompt_folds.fold(tokens, req.extend_from)
+        kv = req.views[0].kv_indices
+        start = req.extend_from
+        pool.write(kv[start:], tokens[start:], start)
+        return self.engine.model.read_kv(0, pool, self._read_slots(req, len(kv)))
 
     def _decode_pages_needed(self, reqs: list[_Req]) -> int:
         page_size = self.page_size
@@ -682,8 +694,11 @@ class _Scheduler:
                 slot = req.views[0].kv_indices[-1] + 1
             for view in req.views:
                 view.kv_indices.append(slot)
-            pool.write((slot,), (req.output_ids[-1],), position)
-            req.digest = engine.model.read_kv(req.digest, pool, (slot,))
+            if pool.store_contents:
+                pool.write((slot,), (req.output_ids[-1],), position)
+                req.digest = engine.model.read_kv(req.digest, pool, (slot,))
+            else:
+                req.digest = engine.model.fold(req.digest, (req.output_ids[-1],), position)
             req.output_ids.append(engine._next_token(req, position + 1))
             if req.done:
                 finished.append(req)
@@ -789,11 +804,13 @@ class _Scheduler:
     # ----- stats lines -----
 
     def _log_prefill(self, batch: list[_Req]) -> None:
-        new_tokens = sum(len(r.origin_input_ids) + len(r.output_ids) - r.extend_from for r in batch)
-        cached = sum(r.extend_from for r in batch)
         now = time.perf_counter()
         gap = now - self.last_prefill_tic
         self.last_prefill_tic = now
+        if not self.engine.writes_lines():
+            return
+        new_tokens = sum(len(r.origin_input_ids) + len(r.output_ids) - r.extend_from for r in batch)
+        cached = sum(r.extend_from for r in batch)
         throughput = new_tokens / gap if gap > 0 else 0.0
         self.log_batch_line(
             f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
@@ -808,6 +825,8 @@ class _Scheduler:
         self.last_decode_tic = now
         self.gen_throughput = self.num_generated_tokens / gap if gap > 0 else 0.0
         self.num_generated_tokens = 0
+        if not self.engine.writes_lines():
+            return
         self.log_batch_line(
             f"Decode batch, #running-req: {len(self.running)}, #token: {self.num_used()}, "
             f"token usage: {self.token_usage():.2f}, {self.cfg.device} graph: {self.cfg.device == 'cuda'}, "
@@ -852,11 +871,19 @@ class Engine:
     def __init__(
         self,
         config: SimConfig,
-        emit: Callable[[str], None],
+        emit: Callable[[str], None] | None,
         *,
         wall_clock: Callable[[], float] = time.time,
+        kv_contents: bool = True,
     ) -> None:
+        """``emit`` writes each log line (None: the engine makes none, as an in-process driver
+        with no reader wants). ``kv_contents=False``: the pools keep no contents and the model
+        folds the tokens each request writes, which is what it would read back while no fault
+        makes a slot hold something else (so a config with faults needs the contents)."""
         config.validate()
+        if config.faults and not kv_contents:
+            raise ValueError("faults read what a KV slot held before: they need kv_contents")
+        self.kv_contents = kv_contents
         self.config = config
         self._emit_fn = emit
         self._wall_clock = wall_clock
@@ -913,7 +940,8 @@ class Engine:
 
     def emit_ready(self) -> None:
         """Write SGLang's ready line (the main process writes it once the HTTP server listens)."""
-        self._emit_fn(self.ready_line())
+        if self._emit_fn is not None:
+            self._emit_fn(self.ready_line())
 
     async def run(self) -> None:
         if self._running or self._stopped:
@@ -1036,14 +1064,25 @@ class Engine:
             sched.log_rank(sched.ranks[0].tp_rank, "Cache flushed successfully!")  # the node's first rank
         return True
 
+    def pool_usage(self) -> tuple[float, int]:
+        """The token usage and the tokens evicted so far, as :meth:`stats` says them: for a caller
+        that asks after every iteration."""
+        s = self._schedulers
+        if len(s) == 1:
+            return s[0].token_usage(), s[0].evicted_tokens_total
+        capacity = sum(x.capacity for x in s)
+        used = sum(x.num_used() for x in s)
+        return used / capacity, sum(x.evicted_tokens_total for x in s)
+
     def stats(self) -> EngineStats:
         s = self._schedulers
         capacity = sum(x.capacity for x in s)
         available = sum(x.available() for x in s)
         evictable = sum(x.evictable() for x in s)
         prompt_total = sum(x.prompt_tokens_total for x in s)
+        usage, _ = self.pool_usage()
         return EngineStats(
-            token_usage=(capacity - available - evictable) / capacity,
+            token_usage=usage,
             num_running_reqs=sum(len(x.running) for x in s),
             num_queue_reqs=sum(len(x.waiting) for x in s),
             cache_hit_rate=(sum(x.cached_tokens_total for x in s) / prompt_total) if prompt_total else 0.0,
@@ -1058,7 +1097,13 @@ class Engine:
 
     # ----- internals -----
 
+    def writes_lines(self) -> bool:
+        """Whether a log line has a reader: the emitter, or a batch line's subscribers."""
+        return self._emit_fn is not None or bool(self.on_batch_line)
+
     def _emit(self, message: str, prefix: str = "") -> None:
+        if self._emit_fn is None:
+            return
         self._emit_fn(format_line(message, when=self._wall_clock(), prefix=prefix, log_ms=self.config.log_ms))
 
     def _validate(self, input_ids: Any, max_new_tokens: Any, temperature: Any) -> list[int]:
@@ -1066,7 +1111,7 @@ class Engine:
             raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
         if len(input_ids) == 0:
             raise ValueError("input_ids is empty: send at least one token")
-        if not all(type(tok) is int for tok in input_ids):  # bool is not a token id either
+        if not set(map(type, input_ids)) <= {int}:  # bool is not a token id either
             i, tok = next((i, t) for i, t in enumerate(input_ids) if type(t) is not int)
             raise ValueError(f"input_ids[{i}] must be an integer token id, got {tok!r}")
         if min(input_ids) < 0 or max(input_ids) >= VOCAB_SIZE:

@@ -19,14 +19,17 @@ corrupted read changes the ``_lo`` parts while the ``u7892`` stem stays, as in i
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 import struct
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from typing import NamedTuple
 
 from radixtop.sim.pool import TokenToKVPoolAllocator
 
-__all__ = ["VOCAB_SIZE", "SimModel", "SimTokenizer"]
+__all__ = ["VOCAB_SIZE", "PromptFolds", "SimModel", "SimTokenizer"]
 
 VOCAB_SIZE = 1 << 24
 _LO_BITS = 11
@@ -37,14 +40,36 @@ _BASE = 0x5BD1E995_3C6EF372 % _MOD
 _WORD = re.compile(r"u(\d{1,4})_(\d{1,4})")
 
 
+@lru_cache(maxsize=8)
+def _packer(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}q")
+
+
 def _hash64(*parts: int) -> int:
-    data = struct.pack(f"<{len(parts)}q", *parts)
+    data = _packer(len(parts)).pack(*parts)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 @lru_cache(maxsize=4096)
 def _stem(seed: int, stem_token: int) -> int:
     return _hash64(seed, 1, stem_token) % _HI_RANGE
+
+
+class _FoldTables(NamedTuple):
+    powers: list[int]  # B**j for j in 0..chunk
+    descending: list[int]  # B**(chunk-1) .. B**0: its last n are a chunk of n's weights
+    power_sums: list[int]  # sum of B**j for j < n: a position offset's weight
+    count_sums: list[int]  # sum of (i + 1) * B**(n-1-i) for i < n: Horner's rule over 1..n
+
+
+@lru_cache(maxsize=1)
+def _fold_tables(chunk: int = 1024) -> _FoldTables:
+    powers, power_sums, count_sums = [1], [0], [0]
+    for n in range(1, chunk + 1):
+        powers.append(powers[-1] * _BASE % _MOD)
+        power_sums.append((power_sums[-1] + powers[n - 1]) % _MOD)
+        count_sums.append((count_sums[-1] * _BASE + n) % _MOD)
+    return _FoldTables(powers, powers[chunk - 1 :: -1], power_sums, count_sums)
 
 
 class SimTokenizer:
@@ -87,8 +112,66 @@ class SimModel:
             state = (state * base + (kt[s] << 32) + kp[s] + 1) % mod
         return state
 
+    @staticmethod
+    def fold(state: int, tokens: Sequence[int], first_position: int) -> int:
+        """What :meth:`read_kv` gives for slots holding ``tokens`` at consecutive positions from
+        ``first_position``, from the tokens themselves: for a reader that knows what its slots hold.
+
+        Horner's rule over n tokens is ``state * B**n + sum(c_i * B**(n-1-i))`` with ``c_i = (t_i
+        << 32) + position_i + 1``: one C loop multiplies the tokens by the powers, and the
+        positions' part comes from two tables, so no Python step runs per token. A token or two
+        (a decode step's) cost less by the rule itself.
+        """
+        if len(tokens) <= 2:
+            for i, token in enumerate(tokens):
+                state = (state * _BASE + (token << 32) + first_position + i + 1) % _MOD
+            return state
+        tables = _fold_tables()
+        chunk = len(tables.powers) - 1
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start : start + chunk]
+            n = len(part)
+            weighted = sum(map(operator.mul, part, tables.descending[chunk - n :]))
+            state = (
+                state * tables.powers[n]
+                + (weighted << 32)
+                + (first_position + start) * tables.power_sums[n]
+                + tables.count_sums[n]
+            ) % _MOD
+        return state
+
     def next_token(self, state: int, position: int, stem_token: int, noise: int = 0) -> int:
         """The token at ``position``; ``stem_token`` (the prompt's last token) picks the ``u<hi>`` stem."""
         hi = _stem(self.seed, stem_token)
         lo = _hash64(self.seed, 2, state, position, noise) & _LO_MASK
         return hi << _LO_BITS | lo
+
+
+class PromptFolds:
+    """Prompts' digests from their first position, each started where a remembered head ends.
+
+    A prompt's digest over its first ``head`` tokens depends on those tokens alone, so requests
+    that matched the same cached prefix share it: it is kept by the tokens themselves (the most
+    recently used heads, ``max_tokens`` of them in all) and only the rest of each prompt is folded.
+    """
+
+    def __init__(self, max_tokens: int = 1 << 20) -> None:
+        self._max_tokens = max_tokens
+        self._held = 0
+        self._heads: OrderedDict[tuple[int, ...], int] = OrderedDict()
+
+    def fold(self, tokens: list[int], head: int) -> int:
+        """``SimModel.fold(0, tokens, 0)``, by way of the digest of ``tokens[:head]``."""
+        if head <= 0:
+            return SimModel.fold(0, tokens, 0)
+        key = tuple(tokens[:head])
+        state = self._heads.get(key)
+        if state is None:
+            state = self._heads[key] = SimModel.fold(0, key, 0)
+            self._held += head
+            while self._held > self._max_tokens:  # each turn lets the oldest head go
+                oldest, _ = self._heads.popitem(last=False)
+                self._held -= len(oldest)
+        else:
+            self._heads.move_to_end(key)
+        return SimModel.fold(state, tokens[head:], head)

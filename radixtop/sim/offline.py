@@ -11,7 +11,6 @@ same flags gets, without HTTP's timing noise and as fast as the CPU allows.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -56,14 +55,43 @@ class OfflineRun(Generic[K]):
     duration_s: float  # on the virtual clock
 
 
+class _Clock:
+    """The virtual clock, and how many calls the engine has answered by it."""
+
+    __slots__ = ("now", "answered")
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.answered = 0
+
+
+class _Answer:
+    """The part of a Future the engine answers a call on, stamped with the clock's time."""
+
+    __slots__ = ("_clock", "result", "finished_s")
+
+    def __init__(self, clock: _Clock) -> None:
+        self._clock = clock
+        self.result: GenerateResult | None = None
+        self.finished_s = 0.0
+
+    def done(self) -> bool:
+        return self.result is not None
+
+    def set_result(self, result: GenerateResult) -> None:
+        self.result = result
+        self.finished_s = self._clock.now
+        self._clock.answered += 1
+
+
 def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRun[K]:
     """Run every call through a fresh engine built from ``config``; raises ValueError for a bad config."""
-    clock = [0.0]
-    engine = Engine(config, emit=lambda line: None, wall_clock=lambda: clock[0])
+    clock = _Clock()
+    # Without faults every slot holds what its request wrote: the model need keep no KV contents.
+    engine = Engine(config, emit=None, wall_clock=lambda: clock.now, kv_contents=bool(config.faults))
     order = sorted(range(len(calls)), key=lambda i: calls[i].offset_s)  # stable: given order within one instant
-    futures: dict[int, Future[GenerateResult]] = {}
+    answers: dict[int, _Answer] = {}
     arrived: dict[int, float] = {}
-    finished: dict[int, float] = {}
     errors: dict[int, str] = {}
     evictions: list[float] = []
     peak = 0.0
@@ -71,52 +99,46 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
     next_call = 0
     iterations = 0
     limit = _ITERATIONS_PER_CALL * max(1, len(calls))
-    while next_call < len(order) or len(finished) + len(errors) < len(calls):
-        while next_call < len(order) and calls[order[next_call]].offset_s <= clock[0]:
+    while next_call < len(order) or clock.answered + len(errors) < len(calls):
+        while next_call < len(order) and calls[order[next_call]].offset_s <= clock.now:
             index = order[next_call]
             next_call += 1
-            arrived[index] = clock[0]
-            future: Future[GenerateResult] = Future()
-
-            def mark_finished(_f: Future[GenerateResult], i: int = index) -> None:
-                finished.setdefault(i, clock[0])
-
-            future.add_done_callback(mark_finished)
+            arrived[index] = clock.now
+            answer = _Answer(clock)
             try:
                 call = calls[index]
                 engine.submit(
-                    call.input_ids, max_new_tokens=call.max_new_tokens, future=future, extra_key=call.extra_key
+                    call.input_ids, max_new_tokens=call.max_new_tokens, future=answer, extra_key=call.extra_key
                 )
             except ValueError as exc:  # what the served simulator answers 400 to
                 errors[index] = str(exc)
                 continue
-            futures[index] = future
+            answers[index] = answer
         iterations += 1
         if iterations > limit:
             raise RuntimeError(f"the engine made no progress in {limit} iterations")
         worked = engine.iterate()
-        stats = engine.stats()
-        peak = max(peak, stats.token_usage)
-        if stats.evicted_tokens_total != last_evicted:
-            last_evicted = stats.evicted_tokens_total
-            evictions.append(clock[0])
+        usage, evicted = engine.pool_usage()
+        peak = max(peak, usage)
+        if evicted != last_evicted:
+            last_evicted = evicted
+            evictions.append(clock.now)
         if worked:
-            clock[0] += config.step_time_s
+            clock.now += config.step_time_s
         elif next_call < len(order):
-            clock[0] = max(clock[0], calls[order[next_call]].offset_s)
-        elif len(finished) + len(errors) < len(calls):
+            clock.now = max(clock.now, calls[order[next_call]].offset_s)
+        elif clock.answered + len(errors) < len(calls):
             raise RuntimeError("the engine is idle with calls unanswered")
     results = []
     for i, call in enumerate(calls):
-        answered = futures.get(i)
-        result = answered.result() if answered is not None else None
-        if result is None or result.finish_reason == "abort":
+        answered = answers.get(i)
+        result = answered.result if answered is not None else None
+        if answered is None or result is None or result.finish_reason == "abort":
             why = errors.get(i) or "aborted (retracted with no room left)"
             results.append(OfflineResult(call.key, arrived[i], None, len(call.input_ids), None, why))
         else:
-            results.append(
-                OfflineResult(call.key, arrived[i], finished[i], result.prompt_tokens, result.cached_tokens, None)
-            )
+            done_s, cached = answered.finished_s, result.cached_tokens
+            results.append(OfflineResult(call.key, arrived[i], done_s, result.prompt_tokens, cached, None))
     stats = engine.stats()
     return OfflineRun(
         results=tuple(results),
@@ -125,5 +147,5 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
         peak_token_usage=peak,
         retractions=stats.num_retracted_reqs,
         iterations=iterations,
-        duration_s=clock[0],
+        duration_s=clock.now,
     )

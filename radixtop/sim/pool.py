@@ -18,9 +18,11 @@ the wrong slots computes from the wrong "KV" and its output changes.
 
 from __future__ import annotations
 
+import operator
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 
 __all__ = ["TokenToKVPoolAllocator"]
 
@@ -81,7 +83,7 @@ class TokenToKVPoolAllocator:
         if page_size == 1:
             pages = list(dict.fromkeys(free_index))
         else:
-            pages = list(dict.fromkeys(s // page_size for s in free_index))
+            pages = list(dict.fromkeys(map(operator.floordiv, free_index, repeat(page_size))))
         if not pages:
             return
         # Freed pages go on top of the stack, lowest first out, so reuse order is deterministic.

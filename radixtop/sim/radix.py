@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, cast
 
@@ -121,7 +122,7 @@ class RadixKey:
         return f"RadixKey(extra_key={self.extra_key!r}, token_ids={preview}{more})"
 
     def page_aligned(self, page_size: int) -> RadixKey:
-        if page_size == 1:
+        if len(self.token_ids) % page_size == 0:
             return self
         return self[: len(self) // page_size * page_size]
 
@@ -141,23 +142,25 @@ class RadixKey:
 def _match_len(t0: list[int], t1: list[int], offset: int, page_size: int) -> int:
     """Shared prefix of ``t0`` and ``t1[offset:]``, in whole pages, without slicing ``t1`` whole."""
     n = min(len(t0), len(t1) - offset)
-    # Gallop in doubling windows (one C-level slice compare each), then bisect the window
-    # holding the first difference: no per-token Python loop on long shared prefixes.
     matched = n
-    lo, step = 0, 1
-    while lo < n:
-        hi = min(lo + step, n)
-        if t0[lo:hi] != t1[offset + lo : offset + hi]:
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if t0[lo:mid] == t1[offset + lo : offset + mid]:
-                    lo = mid
-                else:
-                    hi = mid
-            matched = lo
-            break
-        lo = hi
-        step *= 2
+    # One compare first: most steps of a walk match the whole node. Else gallop in doubling
+    # windows (one C-level slice compare each), then bisect the window holding the first
+    # difference: no per-token Python loop on long shared prefixes.
+    if (t0 if n == len(t0) else t0[:n]) != t1[offset : offset + n]:
+        lo, step = 0, 1
+        while lo < n:
+            hi = min(lo + step, n)
+            if t0[lo:hi] != t1[offset + lo : offset + hi]:
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if t0[lo:mid] == t1[offset + lo : offset + mid]:
+                        lo = mid
+                    else:
+                        hi = mid
+                matched = lo
+                break
+            lo = hi
+            step *= 2
     if page_size > 1:
         matched = matched // page_size * page_size
     return matched
@@ -322,52 +325,42 @@ class TreeNode:
 
 
 # A node in the tree has a key, and a parent unless it is the root; its value is there until it is
-# evicted. mypy is told so with casts, which cost no check: a fault that breaks this fails where
-# SGLang's own code fails, with the same error.
-def _key(node: TreeNode) -> RadixKey:
-    return cast(RadixKey, node.key)
+# evicted. mypy is told so by these typed getters, which check nothing: a fault that breaks this
+# fails where SGLang's own code fails, with the same error. (C getters: the walks call them a lot.)
+_key = cast(Callable[[TreeNode], RadixKey], operator.attrgetter("key"))
+_value = cast(Callable[[TreeNode], list[int]], operator.attrgetter("value"))
+_parent = cast(Callable[[TreeNode], TreeNode], operator.attrgetter("parent"))
 
 
-def _value(node: TreeNode) -> list[int]:
-    return cast(list[int], node.value)
+class _Policy:
+    """An eviction order: the unlocked leaf with the smallest of these fields goes first (their
+    tuple when several; negated, for the newest first). Read by C loops over all leaves at once."""
+
+    __slots__ = ("_get", "_negate")
+
+    def __init__(self, *fields: str, negate: bool = False) -> None:
+        self._get: Callable[[TreeNode], Any] = operator.attrgetter(*fields)
+        self._negate = negate  # one field only: a tuple has no negation
+
+    def __call__(self, node: TreeNode) -> Any:
+        value = self._get(node)
+        return -value if self._negate else value
+
+    def keys(self, nodes: Iterable[TreeNode]) -> Iterator[Any]:
+        """``map(self, nodes)``, without a Python call per node."""
+        values = map(self._get, nodes)
+        return map(operator.neg, values) if self._negate else values
 
 
-def _parent(node: TreeNode) -> TreeNode:
-    return cast(TreeNode, node.parent)
-
-
-def _lru(node: TreeNode) -> Any:
-    return node.last_access_time
-
-
-def _lfu(node: TreeNode) -> Any:
-    return (node.hit_count, node.last_access_time)
-
-
-def _fifo(node: TreeNode) -> Any:
-    return node.creation_time
-
-
-def _mru(node: TreeNode) -> Any:
-    return -node.last_access_time
-
-
-def _filo(node: TreeNode) -> Any:
-    return -node.creation_time
-
-
-def _priority(node: TreeNode) -> Any:
-    return (node.priority, node.last_access_time)
-
-
-EVICTION_POLICIES: dict[str, Callable[[TreeNode], Any]] = {
-    "lru": _lru,
-    "lfu": _lfu,
-    "fifo": _fifo,
-    "mru": _mru,
-    "filo": _filo,
-    "priority": _priority,
+EVICTION_POLICIES: dict[str, _Policy] = {
+    "lru": _Policy("last_access_time"),
+    "lfu": _Policy("hit_count", "last_access_time"),
+    "fifo": _Policy("creation_time"),
+    "mru": _Policy("last_access_time", negate=True),
+    "filo": _Policy("creation_time", negate=True),
+    "priority": _Policy("priority", "last_access_time"),
 }
+_NODE_ID = operator.attrgetter("id")
 
 
 class _StrictClock:
@@ -414,6 +407,10 @@ class RadixCache:
         self.clock = _StrictClock(params.clock or time.monotonic)
         self._node_ids = itertools.count()
         self.evictable_leaves: set[TreeNode] = set()
+        # Every evictable leaf's (eviction key, id, node), pushed when it becomes one and whenever
+        # its key moves; older entries stay until popped or the heap is rebuilt. evict() pops it
+        # instead of ordering every leaf on each call, which was most of a step on a full pool.
+        self._leaf_heap: list[tuple[Any, int, TreeNode]] = []
         self.kv_events: Any = None  # radixtop.sim.kv_events.KvEventRecorder when --kv-events-config is given
         self.reset()
 
@@ -454,6 +451,7 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.evictable_leaves.clear()
+        self._leaf_heap.clear()
         if self.kv_events is not None:
             self.kv_events.record_all_cleared()
 
@@ -482,7 +480,7 @@ class RadixCache:
         key = params.key.page_aligned(self.page_size)
         val = params.value
         # Debug/test fallback, as SGLang: the token ids stand in for slot indices.
-        val = list(key.token_ids) if val is None else list(val[: len(key)])
+        val = list(key.token_ids) if val is None else val[: len(key)]  # a copy either way
         if len(val) != len(key):
             raise ValueError(f"insert needs one value per key token: {len(key)} tokens, {len(val)} values")
         prefix_len, last_node = self._insert_helper(
@@ -495,13 +493,34 @@ class RadixCache:
         num_tokens = params.num_tokens if isinstance(params, EvictParams) else int(params)
         if self.disable:
             return EvictResult()
+        leaves = self.evictable_leaves
+        heap = self._leaf_heap
         priority_of = self._priority_of
-        heap = [(priority_of(n), n.id, n) for n in self.evictable_leaves]
-        heapq.heapify(heap)
         allocator = self.token_to_kv_pool_allocator
+        # SGLang's loop takes the leaves there are when it starts and, of the parents it leaves
+        # childless, those at lock_ref 0; one below 0 (a double unlock) waits for the next call.
+        later: set[TreeNode] = set()
+        set_aside: list[tuple[Any, int, TreeNode]] = []
+        # A popped entry whose key has moved since gets one fresh entry per call, which alone
+        # then counts for its node: bounded even for a key set from outside that never equals
+        # itself (NaN).
+        renewed: dict[TreeNode, Any] = {}
         num_evicted = 0
         while num_evicted < num_tokens and heap:
-            _, _, x = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            key, _, x = entry
+            if x not in leaves:
+                continue  # evicted, locked or a parent since
+            if x in renewed:
+                if key is not renewed[x]:
+                    continue
+            elif key != priority_of(x):
+                renewed[x] = fresh = priority_of(x)
+                heapq.heappush(heap, (fresh, x.id, x))
+                continue
+            if x in later:
+                set_aside.append(entry)
+                continue
             slots = _value(x)  # an evictable leaf is not evicted yet
             if allocator is not None:
                 allocator.free(slots)
@@ -510,8 +529,10 @@ class RadixCache:
             if self.kv_events is not None:
                 self.kv_events.record_remove(x)
             parent = _parent(x)
-            if len(parent.children) == 0 and parent.lock_ref == 0 and parent is not self.root_node:
-                heapq.heappush(heap, (priority_of(parent), parent.id, parent))
+            if parent in leaves and parent.lock_ref != 0:
+                later.add(parent)
+        for entry in set_aside:
+            heapq.heappush(heap, entry)
         return EvictResult(num_tokens_evicted=num_evicted)
 
     def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
@@ -570,8 +591,11 @@ class RadixCache:
         result = self.insert(InsertParams(key=key, value=kv[:key_len]))
         if self.token_to_kv_pool_allocator is not None:
             self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : result.prefix_len])
-        match = self.match_prefix(MatchPrefixParams(key=key))
-        new_indices, new_last_node = match.device_indices, match.last_device_node
+        # SGLang matches the key again here for the tree's slots: the walk insert just made ends
+        # at that node and stamped its path last, so the path's slots are those, and a second
+        # stamp would keep every node in the same order of access.
+        new_last_node = cast(TreeNode, result.last_device_node)
+        new_indices = self.path_device_indices(new_last_node)
         if len(new_indices) != key_len:
             raise AssertionError(f"{len(new_indices)=}, {key_len=}")
         kv[req.cache_protected_len : key_len] = new_indices[req.cache_protected_len :]
@@ -662,6 +686,7 @@ class RadixCache:
         # SGLang's algorithm; walks an offset into the key instead of re-slicing it per level.
         access_time = self.clock()
         node.last_access_time = access_time
+        self._touched(node)
         page_size = self.page_size
         tokens, extra = key.token_ids, key.extra_key
         n = len(tokens)
@@ -672,6 +697,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access_time = access_time
+            self._touched(child)
             child_key = _key(child)
             prefix_len = _match_len(child_key.token_ids, tokens, offset, page_size)
             if prefix_len < len(child_key.token_ids):
@@ -713,6 +739,7 @@ class RadixCache:
         access_time = self.clock()
         node.last_access_time = access_time
         node.priority = max(node.priority, priority)
+        self._touched(node)
         if len(key) == 0:
             return 0, node
         page_size = self.page_size
@@ -729,10 +756,12 @@ class RadixCache:
             prefix_len = _match_len(node_key.token_ids, tokens, offset, page_size)
             offset += prefix_len
             if prefix_len < len(node_key.token_ids):
+                self._touched(node)  # the part split off below keeps the new access time
                 node = self._split_node(node_key, node, prefix_len)
             node.priority = max(node.priority, priority)
             if offset > inserted_len:
                 node.hit_count += 1
+            self._touched(node)
         if offset < n:
             new_node = self._new_node(priority=priority)
             new_node.last_access_time = access_time
@@ -770,7 +799,22 @@ class RadixCache:
             if not child.evicted:
                 self.evictable_leaves.discard(node)
                 return
-        self.evictable_leaves.add(node)
+        if node not in self.evictable_leaves:
+            self.evictable_leaves.add(node)
+            self._push_leaf(node)
+
+    def _touched(self, node: TreeNode) -> None:
+        """``node``'s access time, hit count or priority moved: an evictable leaf's entry follows."""
+        if node in self.evictable_leaves:
+            self._push_leaf(node)
+
+    def _push_leaf(self, node: TreeNode) -> None:
+        heap, leaves = self._leaf_heap, self.evictable_leaves
+        heapq.heappush(heap, (self._priority_of(node), node.id, node))
+        if len(heap) > 2 * len(leaves) + 64:  # mostly stale entries: start again from the leaves
+            # (in place: evict() holds the list) iterating the unchanged set three times in one order
+            heap[:] = zip(self._priority_of.keys(leaves), map(_NODE_ID, leaves), leaves)
+            heapq.heapify(heap)
 
     def _total_size_helper(self) -> int:
         total = 0

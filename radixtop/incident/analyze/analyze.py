@@ -10,6 +10,7 @@ value of one flag, so the row where the hit rate falls shows where the cache sto
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -90,6 +91,18 @@ def _prompt_ids(ids: list[int], text: str | None, tokenizer: SimTokenizer) -> li
 def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
     """Run the trace once on a fresh engine built from ``config`` (ValueError names a bad field)."""
     config.validate()
+    # The prompts, the tree and the requests are millions of objects and no garbage until the
+    # run ends: the cyclic collector would only walk them again and again.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _analyze(trace, config, seed)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _analyze(trace: Trace, config: SimConfig, seed: int) -> Analysis:
     tokenizer = SimTokenizer()
     calls = [
         OfflineCall(

@@ -60,6 +60,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from radixtop.incident.replay.draws import randrange_many
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
 
 __all__ = [
@@ -443,12 +444,34 @@ class _Bands:
             raise TraceError(f"trace {trace.name!r} needs {len(index):,} distinct first tokens; a vocabulary of "
                              f"{vocab.size:,} ids has room for {self.band_size:,}")
         self.index = index
+        self.trace_name = trace.name
+        self._offsets: dict[int, int] = {}
+        self._bases: dict[tuple[str, int], list[int]] = {}  # per group: the longest base made so far
+
+    def offset(self, seed: int) -> int:
+        """Where the band's numbering starts for ``seed``."""
+        if seed not in self._offsets:
+            self._offsets[seed] = _seed_int("band", self.trace_name, seed) % self.band_size
+        return self._offsets[seed]
+
+    def group_base(self, group: str, seed: int, length: int) -> list[int]:
+        """The first ``length`` tokens of ``group``'s shared base: its band token, then ordinary
+        tokens from the group's own generator. Made once per group (again only when a longer
+        one is asked for): a shorter base is the head of a longer one, the generator's draws
+        coming in the same order however many are taken."""
+        base = self._bases.get((group, seed))
+        if base is None or len(base) < length:
+            rng = random.Random(_seed_int("group", self.trace_name, group, seed))
+            base = [self.band_token(("group", group), self.offset(seed)), *self.ordinary_tokens(rng, length - 1)]
+            self._bases[group, seed] = base
+        return base[:length]
 
     def band_token(self, key: tuple[str, ...], offset: int) -> int:
         return self.vocab.nth(self.ordinary + (offset + self.index[key]) % self.band_size)
 
-    def ordinary_token(self, rng: random.Random) -> int:
-        return self.vocab.nth(rng.randrange(self.ordinary))
+    def ordinary_tokens(self, rng: random.Random, count: int) -> list[int]:
+        """``count`` ordinary tokens from ``rng``, which serves nothing afterwards."""
+        return self.vocab.nth_many(randrange_many(rng, self.ordinary, count))
 
 
 def synthesize_input_ids(
@@ -479,7 +502,7 @@ def synthesize_input_ids(
 def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands: _Bands,
                 firsts: Mapping[str, list[int]]) -> list[int]:
     """``firsts``: the first copy's prompt of every request named by a ``prefix_of`` so far."""
-    band_offset = _seed_int("band", trace.name, seed) % bands.band_size
+    band_offset = bands.offset(seed)
     shared = request.prefix_len
     tokens: list[int] = []
     if shared > 0 and request.prefix_of is not None:
@@ -487,15 +510,13 @@ def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands
         if len(tokens) < request.prompt_len:
             tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
     elif shared > 0:
-        base_rng = random.Random(_seed_int("group", trace.name, request.group, seed))
-        tokens.append(bands.band_token(("group", request.group), band_offset))
-        tokens.extend(bands.ordinary_token(base_rng) for _ in range(shared - 1))
+        tokens.extend(bands.group_base(request.group, seed, shared))
         if len(tokens) < request.prompt_len:
             tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
     else:
         tokens.append(bands.band_token(("start", request.id, str(copy)), band_offset))
     own_rng = random.Random(_seed_int("own", trace.name, request.id, copy, seed))
-    tokens.extend(bands.ordinary_token(own_rng) for _ in range(request.prompt_len - len(tokens)))
+    tokens.extend(bands.ordinary_tokens(own_rng, request.prompt_len - len(tokens)))
     return tokens
 
 

@@ -1,0 +1,214 @@
+"""`radixtop analyze` reports what the simulator's reference path reports, figure for figure.
+
+The expected figures below are the reports of the engine as it was before analyze had its own
+fast paths (prompts drawn one randrange at a time, every KV slot written and read back, every
+evictable leaf ordered on every eviction, log lines formatted): on small traces that exercise
+every eviction policy, page sizes 1 to 16, retractions, prefix_of chains, copies and identical
+recorded prompts whose outputs share the tree. Any change of behaviour in the faster path moves
+one of them. The pieces each fast path rests on are checked against their reference here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixtop.incident.analyze.analyze import analyze
+from radixtop.incident.replay.draws import randrange_many
+from radixtop.incident.replay.trace import Trace, TraceRequest, plan_requests
+from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
+from radixtop.sim.engine import Engine, EngineStats, GenerateResult, SimConfig
+from radixtop.sim.faults import FaultSpec
+from radixtop.sim.model import PromptFolds, SimModel
+from radixtop.sim.pool import TokenToKVPoolAllocator
+
+
+def shared_trace() -> Trace:
+    """The benchmark's shape, small: 8 groups sharing a 128-token base, 256-token prompts."""
+    return Trace("shared", 16, tuple(TraceRequest(f"r{i}", i * 2.0, 256, 128, f"g{i % 8}", 8) for i in range(240)))
+
+
+def tree_trace() -> Trace:
+    """Varied lengths and outputs, copies, and every fourth request starting with an earlier one's prefix."""
+    return Trace("tree", 16, tuple(
+        TraceRequest(f"m{i}", i * 0.7, 40 + (i * 37) % 300, (i * 13) % 90, f"g{i % 5}", 1 + i % 40, 1 + i % 3,
+                     prefix_of=f"m{i - 3}" if i % 4 == 3 and i >= 3 else None)
+        for i in range(120)))
+
+
+def repeat_trace() -> Trace:
+    """Recorded prompts, three of them again and again: identical prompts give identical outputs."""
+    return Trace("repeat", 16, tuple(
+        TraceRequest(f"d{i}", i * 1.5, 60 + 17 * (i % 3), 0, f"d{i}", 10 + (i % 4) * 9,
+                     input_ids=tuple(range(100 + i % 3, 160 + i % 3 + 17 * (i % 3))))
+        for i in range(60)))
+
+
+CASES: dict[str, tuple[Callable[[], Trace], SimConfig]] = {
+    "shared-lru-16": (shared_trace, SimConfig(page_size=16, max_total_tokens=8192, max_running_requests=32)),
+    "shared-mru-1": (shared_trace, SimConfig(page_size=1, max_total_tokens=3000, max_running_requests=32,
+                                            radix_eviction_policy="mru", step_time_s=0.0005)),
+    "tree-lfu-4": (tree_trace, SimConfig(page_size=4, max_total_tokens=4000, max_running_requests=16,
+                                        radix_eviction_policy="lfu")),
+    "tree-fifo-16": (tree_trace, SimConfig(page_size=16, max_total_tokens=4096, max_running_requests=64,
+                                          radix_eviction_policy="fifo")),
+    "tree-filo-8": (tree_trace, SimConfig(page_size=8, max_total_tokens=3000, max_running_requests=12,
+                                         radix_eviction_policy="filo")),
+    "tree-priority-2": (tree_trace, SimConfig(page_size=2, max_total_tokens=3000, max_running_requests=12,
+                                             radix_eviction_policy="priority")),
+    "repeat-lru-1": (repeat_trace, SimConfig(page_size=1, max_total_tokens=2048, max_running_requests=8)),
+    "shared-retract-16": (shared_trace, SimConfig(page_size=16, max_total_tokens=3000, max_running_requests=32)),
+    "tree-retract-1": (tree_trace, SimConfig(page_size=1, max_total_tokens=1500, max_running_requests=32)),
+    "repeat-retract-16": (repeat_trace, SimConfig(page_size=16, max_total_tokens=1500, max_running_requests=64)),
+    "tree-off": (tree_trace, SimConfig(page_size=16, max_total_tokens=4096, disable_radix_cache=True)),
+}
+
+# (hit rate, tokens saved, missed by reason, evicted tokens, peak usage, retractions, failed calls,
+# simulated seconds, digest of every call's cached tokens and reason): the reference engine's.
+EXPECTED = {
+    "shared-lru-16": (0.483333, 29696, {"first-of-group": [8, 1024]}, 23808, 0.6875, 0, 0, 0.494, "b48ec657668f623b"),
+    "shared-mru-1": (0.483333, 29696, {"first-of-group": [8, 1024]}, 30510, 0.259, 0, 0, 0.482, "b48ec657668f623b"),
+    "tree-lfu-4": (0.207628, 9472, {"first-of-group": [6, 200], "evicted": [5, 143], "shorter-than-page": [12, 22],
+                                    "last-token": [8, 32], "page-tail": [156, 501]},
+                   36676, 0.887, 0, 0, 0.992, "8a715d28f373b3f7"),
+    "tree-fifo-16": (0.154318, 7040, {"first-of-group": [5, 170], "evicted": [34, 1576],
+                                      "shorter-than-page": [44, 467], "last-token": [5, 20], "page-tail": [137, 1097]},
+                     37696, 0.976562, 0, 0, 0.79, "a6a28af9d5952662"),
+    "tree-filo-8": (0.172205, 7856, {"first-of-group": [5, 170], "evicted": [35, 1493], "shorter-than-page": [22, 73],
+                                     "last-token": [5, 12], "page-tail": [148, 766]},
+                    38880, 0.968, 0, 0, 1.194, "36a067f1e9e505c2"),
+    "tree-priority-2": (0.179833, 8204, {"first-of-group": [6, 235], "evicted": [39, 1753],
+                                         "shorter-than-page": [4, 4], "last-token": [5, 6], "page-tail": [103, 168]},
+                        39346, 0.968, 0, 0, 1.166, "40d17687556eadf9"),
+    "repeat-lru-1": (0.937662, 4332, {}, 0, 0.187988, 0, 0, 0.426, "7a2a49051deb54ba"),
+    "shared-retract-16": (0.483333, 29696, {"first-of-group": [8, 1024]}, 31232, 0.967914, 18, 0, 0.506,
+                          "b48ec657668f623b"),
+    "tree-retract-1": (0.160368, 7316, {"first-of-group": [7, 300], "evicted": [63, 2750], "last-token": [4, 4]},
+                       41946, 0.996667, 1, 0, 1.636, "8c140a60885ece1b"),
+    "repeat-retract-16": (0.78961, 3648, {}, 0, 1.0, 2, 0, 0.202, "b781ff6abb1bd884"),
+    "tree-off": (0.0, 0, {"cache-disabled": [238, 10370]}, 0, 0.976562, 0, 0, 0.846, "03536aea6d36a982"),
+}
+
+
+def digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_analyze_reports_the_reference_engines_figures(name: str) -> None:
+    make, config = CASES[name]
+    a = analyze(make(), config, seed=1)
+    s = a.summary
+    rows = digest([[r.exp.request_id, r.exp.copy, list(r.cached), r.reason] for r in a.rows])
+    assert (round(s.hit_rate, 6), s.cached_tokens, {k: list(v) for k, v in s.missed.items()}, a.evicted_tokens,
+            round(a.peak_token_usage, 6), a.retractions, len(a.failed), round(a.duration_s, 6), rows) == EXPECTED[name]
+
+
+def test_synthesized_prompts_are_the_reference_draws_token_for_token() -> None:
+    def prompts(trace: Trace, vocab: Vocabulary = SIM_VOCABULARY) -> str:
+        return digest([p.input_ids for p in plan_requests(trace, seed=3, vocab=vocab)])
+
+    assert prompts(tree_trace()) == "68be520ebbd3535a"
+    assert prompts(shared_trace()) == "98d155606c7bc9c5"
+    # A vocabulary listed in a table, and one past the table's size (special ids skipped by bisection).
+    assert prompts(tree_trace(), Vocabulary(50000, (0, 1, 2, 49999, 1000), "t")) == "e6c76f46abe24004"
+    assert prompts(tree_trace(), Vocabulary(1 << 21, (5, 77777), "t")) == "0fc4a5df127e828f"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, (1 << 33) + 5), st.integers(0, 1 << 64), st.integers(0, 600))
+def test_bulk_draws_are_the_values_randrange_gives_call_after_call(n: int, seed: int, count: int) -> None:
+    one_by_one = random.Random(seed)
+    assert randrange_many(random.Random(seed), n, count) == [one_by_one.randrange(n) for _ in range(count)]
+
+
+def test_bulk_draws_take_no_shortcut_with_another_generator() -> None:
+    class Counting(random.Random):
+        calls = 0
+
+        def randrange(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            Counting.calls += 1
+            return super().randrange(*args, **kwargs)
+
+    reference = random.Random(5)
+    assert randrange_many(Counting(5), 1000, 7) == [reference.randrange(1000) for _ in range(7)]
+    assert Counting.calls == 7
+    with pytest.raises(ValueError, match="empty range"):
+        randrange_many(random.Random(1), 0, 3)
+
+
+@pytest.mark.parametrize(
+    "vocab", [SIM_VOCABULARY, Vocabulary(3000, (0, 2, 2999), "t"), Vocabulary(1 << 21, (3, 9), "t")]
+)
+def test_a_vocabularys_bulk_lookup_is_its_one_by_one_lookup(vocab: Vocabulary) -> None:
+    indices = [0, 1, 2, 7, vocab.usable // 2, vocab.usable - 1]
+    assert vocab.nth_many(indices) == [vocab.nth(i) for i in indices]
+    assert vocab.nth_many([]) == []
+    with pytest.raises(IndexError, match="outside"):
+        vocab.nth_many([0, vocab.usable])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, (1 << 24) - 1), max_size=2600), st.integers(0, 1 << 20), st.integers(0, (1 << 61) - 2))
+def test_folding_tokens_is_reading_the_slots_that_hold_them(tokens: list[int], first: int, state: int) -> None:
+    pool = TokenToKVPoolAllocator(4096, 1)
+    slots = random.Random(len(tokens)).sample(range(1, 4097), len(tokens))
+    pool.write(slots, tokens, first)
+    assert SimModel.fold(state, tokens, first) == SimModel.read_kv(state, pool, slots)
+
+
+def test_prompt_folds_start_from_a_remembered_head_and_give_the_same_digest() -> None:
+    rng = random.Random(3)
+    head = [rng.randrange(1 << 24) for _ in range(128)]
+    prompts = [head + [rng.randrange(1 << 24) for _ in range(n)] for n in (1, 50, 300)]
+    folds = PromptFolds(max_tokens=300)
+    for tokens in prompts + prompts:
+        assert folds.fold(tokens, 128) == SimModel.fold(0, tokens, 0)
+        assert folds.fold(tokens, 0) == SimModel.fold(0, tokens, 0)
+    for n in (16, 32, 48):  # more heads than it keeps: the oldest go, the digests stay right
+        assert folds.fold(prompts[2], n) == SimModel.fold(0, prompts[2], 0)
+
+
+def run_engine(
+    config: SimConfig, prompts: list[list[int]], max_new: int, *, kv_contents: bool
+) -> tuple[list[tuple[list[int], int, str]], EngineStats]:
+    """Every prompt submitted at once, the engine iterated until all are answered; the stats
+    without the generation throughput, which is timed on the wall clock."""
+    engine = Engine(config, None, wall_clock=lambda: 0.0, kv_contents=kv_contents)
+    futures: list[Future[GenerateResult]] = []
+    for tokens in prompts:
+        future: Future[GenerateResult] = Future()
+        engine.submit(tokens, max_new_tokens=max_new, future=future)
+        futures.append(future)
+    for _ in range(100_000):
+        if all(f.done() for f in futures):
+            break
+        engine.iterate()
+    answers = [(r.output_ids, r.cached_tokens, r.finish_reason) for r in (f.result() for f in futures)]
+    return answers, replace(engine.stats(), gen_throughput=0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_an_engine_without_kv_contents_answers_what_one_with_them_answers(page_size: int) -> None:
+    rng = random.Random(11)
+    families = [[9_000_000 + f] + [rng.randrange(1 << 20) for _ in range(40)] for f in range(4)]
+    prompts = [families[i % 4] + [rng.randrange(1 << 20) for _ in range(20 + i % 90)] for i in range(60)]
+    prompts += prompts[:12]  # identical prompts: their outputs share the tree
+    config = SimConfig(page_size=page_size, max_total_tokens=1200, max_running_requests=24, step_time_s=0)
+    with_contents = run_engine(config, prompts, 40, kv_contents=True)
+    without = run_engine(config, prompts, 40, kv_contents=False)
+    assert with_contents == without
+    assert with_contents[1].evicted_tokens_total > 0 and with_contents[1].num_retracted_reqs > 0
+
+
+def test_an_engine_with_faults_keeps_the_kv_contents_the_faults_read() -> None:
+    with pytest.raises(ValueError, match="kv_contents"):
+        Engine(SimConfig(faults=(FaultSpec("leak"),)), None, kv_contents=False)

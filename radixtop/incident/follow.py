@@ -97,7 +97,8 @@ def _note_sighting(url: str, pid: int, logs: list[str]) -> None:
 
 
 def follow_record(obj: object) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
+    """One record: one line of ASCII JSON (whatever a log line holds, the reader can decode it)."""
+    return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 async def _stream(logs: list[str], backlog: int, out: BinaryIO, pid: int | None, flights: list[Path]) -> int:

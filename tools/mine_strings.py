@@ -14,8 +14,7 @@ One row per (package, message): the releases it appears in ("a..b" for a run of 
 runs joined by ","), the files, and how it is printed (raise X, assert, logger.warning ..., or
 "message variable" for a string assigned to a msg/message/error name and printed later). The
 table is what tests/test_catalog_mined.py holds the signature catalog to; tests never download.
-Its messages are SGLang's and vLLM's own words, verbatim (one assert speaks of requests received
-"this round"): data to match, not radixtop's prose.
+Its messages are SGLang's and vLLM's own words, verbatim: data to match, not radixtop's prose.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from radixtop.bounded import load_json
 from radixtop.diagnosis.findings import NodeClock
 from radixtop.probes.flight import FLIGHT_MAX_BYTES
 from radixtop.probes.node_report import GpuReport, NodeReport, ServerReport
-from radixtop.probes.remote import NodeAnswer, check_host, ssh_argv
+from radixtop.probes.remote import NodeAnswer, check_host, ssh_argv, ssh_options
 from radixtop.probes.spool import Spool, spool_name
 from radixtop.probes.ssh_failure import explain_failure
 from radixtop.rundir import write_file
@@ -212,21 +212,13 @@ class NodeLink:
             wanted.append(_Forward(url, local, port, local_port))
         if not wanted:
             return
-        argv = self._ssh_base() + ["-N", "-o", "ExitOnForwardFailure=yes"]
+        argv = ssh_options(ssh_config=self.ssh_config, forwarding=True) + ["-N", "-o", "ExitOnForwardFailure=yes"]
         for f in wanted:
             argv += ["-L", f"127.0.0.1:{f.local_port}:127.0.0.1:{f.remote_port}"]
         argv.append(self.host)
         self._forwarder = self._spawn(argv, stdout=subprocess.DEVNULL)
         if self._forwarder is not None:
             self.forwards = wanted
-
-    def _ssh_base(self) -> list[str]:
-        """ssh_argv's options (BatchMode, ConnectTimeout, LogLevel, -F), without its remote command
-        and without ClearAllForwardings (the forwards are this session's point)."""
-        argv = ssh_argv(self.host, ssh_config=self.ssh_config, command=self.command)
-        options = argv[: argv.index(self.host)]
-        i = options.index("ClearAllForwardings=yes")
-        return options[: i - 1] + options[i + 1 :]
 
     # -- the stream --------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from radixtop.probes.ssh_failure import explain_bad_answer, explain_failure, exp
 
 __all__ = [
     "ClockSkew", "NodeAnswer", "RemoteRun", "check_host", "check_remote_command", "reach", "reach_all", "run_remote",
-    "ssh_argv",
+    "ssh_argv", "ssh_options",
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -107,12 +107,20 @@ def ssh_argv(host: str, *, ssh_config: str | None = None, connect_timeout_s: int
     own failures are said, its warnings are not (a Host key "Permanently added" line is not an
     error). ARGS are quoted: ssh hands the node's shell one line, and a path or URL the user gave
     must reach radixtop as one word."""
-    argv = ["ssh", "-T", "-x", "-a",
-            "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, connect_timeout_s)}",
-            "-o", "ClearAllForwardings=yes", "-o", "LogLevel=ERROR"]
+    argv = ssh_options(ssh_config=ssh_config, connect_timeout_s=connect_timeout_s)
+    return [*argv, check_host(host), "--", check_remote_command(command), *(shlex.quote(a) for a in args)]
+
+
+def ssh_options(*, ssh_config: str | None = None, connect_timeout_s: int = 10, forwarding: bool = False) -> list[str]:
+    """ssh and the options every session of radixtop's takes; a session made for its -L forwards
+    (forwarding=True) keeps the user's forwarding settings, any other clears them."""
+    argv = ["ssh", "-T", "-x", "-a", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, connect_timeout_s)}"]
+    if not forwarding:
+        argv += ["-o", "ClearAllForwardings=yes"]
+    argv += ["-o", "LogLevel=ERROR"]
     if ssh_config is not None:
         argv += ["-F", ssh_config]
-    return [*argv, check_host(host), "--", check_remote_command(command), *(shlex.quote(a) for a in args)]
+    return argv
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from radixtop.schema import HEALTH_PATH, parse_health
 __all__ = ["follow_record", "run_follow"]
 
 MAX_LINE = 64 * 1024  # characters per line sent, as the local follower caps them
-MAX_RUN = 2_000  # lines per record: a reader's per-record cap (probes/node_stream.py) stays small
+MAX_RUN = 2_000  # lines per record: the reader's per-record cap (probes/node_link.py) is met with room
 HEARTBEAT_S = 5.0
 
 

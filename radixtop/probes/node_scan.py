@@ -6,13 +6,13 @@ node's clock. Never raises: a node that gives no findings is one line."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radixtop.bounded import load_json
 from radixtop.diagnosis.node_findings import NodeScan, read_scan
-from radixtop.probes.remote import ClockSkew, reach, run_remote
+from radixtop.probes.remote import ClockSkew, at_most, reach, run_remote
 
 __all__ = ["MAX_SCAN_BYTES", "ScanAnswer", "scan_nodes"]
 
@@ -32,13 +32,10 @@ class ScanAnswer:
 async def scan_nodes(targets: Sequence[tuple[str, Sequence[str]]], *, ssh_config: str | None, timeout_s: float,
                      command: str) -> list[ScanAnswer]:
     """Each (host, logs there)'s findings, in the order given."""
-    gate = asyncio.Semaphore(MAX_AT_ONCE)
-
-    async def one(host: str, logs: Sequence[str]) -> ScanAnswer:
-        async with gate:
-            return await _scan_node(host, logs, ssh_config=ssh_config, timeout_s=timeout_s, command=command)
-
-    return list(await asyncio.gather(*(one(h, logs) for h, logs in targets)))
+    return await at_most(MAX_AT_ONCE, [
+        functools.partial(_scan_node, h, logs, ssh_config=ssh_config, timeout_s=timeout_s, command=command)
+        for h, logs in targets
+    ])
 
 
 async def _scan_node(host: str, logs: Sequence[str], *, ssh_config: str | None, timeout_s: float,

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import shlex
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from radixtop.probes.node_report import MAX_REPORT_BYTES, NodeReport, parse_node_report
 from radixtop.probes.ssh_failure import explain_bad_answer, explain_failure, explain_timeout
 
 __all__ = [
-    "ClockSkew", "NodeAnswer", "RemoteRun", "check_host", "check_remote_command", "reach", "reach_all", "run_remote",
-    "ssh_argv", "ssh_options",
+    "ClockSkew", "NodeAnswer", "RemoteRun", "at_most", "check_host", "check_remote_command", "reach", "reach_all",
+    "run_remote", "ssh_argv", "ssh_options",
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -38,6 +39,7 @@ _CHUNK = 64 * 1024
 _REMOTE_COMMAND = re.compile(r"[A-Za-z0-9_./~+-]+")
 DISCOVER = ("discover", "--json")
 MAX_AT_ONCE = 16  # ssh sessions reaching nodes at once
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,10 +272,19 @@ async def _drain(proc: asyncio.subprocess.Process) -> None:
 async def reach_all(hosts: Sequence[str], *, ssh_config: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                     command: str = "radixtop") -> list[NodeAnswer]:
     """Every node's answer, in the order given, at most MAX_AT_ONCE ssh sessions at a time."""
-    gate = asyncio.Semaphore(MAX_AT_ONCE)
+    return await at_most(MAX_AT_ONCE, [
+        functools.partial(reach, h, ssh_config=ssh_config, timeout_s=timeout_s, command=command) for h in hosts
+    ])
 
-    async def one(host: str) -> NodeAnswer:
+
+async def at_most(n: int, calls: Sequence[Callable[[], Awaitable[_T]]]) -> list[_T]:
+    """Each call's result, in the order given, at most `n` of them running at a time (one ssh
+    session per node: a fleet's worth at once would exhaust this node's sockets and the user's
+    agent)."""
+    gate = asyncio.Semaphore(max(1, n))
+
+    async def one(call: Callable[[], Awaitable[_T]]) -> _T:
         async with gate:
-            return await reach(host, ssh_config=ssh_config, timeout_s=timeout_s, command=command)
+            return await call()
 
-    return list(await asyncio.gather(*(one(h) for h in hosts)))
+    return list(await asyncio.gather(*(one(c) for c in calls)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import threading
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from radixtop.bounded import load_json
 from radixtop.incident.bundle.bundle import verify_bundle
 from radixtop.incident.bundle.timeline import Timeline, from_json, shifted
 from radixtop.incident.bundle.untar import UnpackError, unpack_bundle
-from radixtop.probes.remote import ClockSkew, reach, run_remote
+from radixtop.probes.remote import ClockSkew, at_most, reach, run_remote
 from radixtop.textsafe import printable_line
 
 __all__ = ["MAX_NODES", "MAX_STREAM_BYTES", "NodeBundles", "NodeOptions", "NodePart", "NodeTarget", "folder_names"]
@@ -140,14 +141,10 @@ class NodeBundles:
 
     async def _all(self, root: Path, cancel: threading.Event) -> list[NodePart]:
         (root / "nodes").mkdir(exist_ok=True)  # not parents: a cancelled bundle's folder is gone
-        gate = asyncio.Semaphore(MAX_AT_ONCE)
         names = folder_names([t.host for t in self.targets])
-
-        async def one(target: NodeTarget, name: str) -> NodePart:
-            async with gate:
-                return await self._one(target, root, name)
-
-        work = asyncio.ensure_future(asyncio.gather(*(one(t, n) for t, n in zip(self.targets, names, strict=True))))
+        work = asyncio.ensure_future(at_most(MAX_AT_ONCE, [
+            functools.partial(self._one, t, root, n) for t, n in zip(self.targets, names, strict=True)
+        ]))
         while not work.done():
             await asyncio.wait({work}, timeout=0.1)
             if cancel.is_set():

@@ -288,6 +288,11 @@ def _replay_arguments(replay: argparse.ArgumentParser) -> None:
         "--namespace-per-request", action="store_true",
         help="give every call a cache namespace of its own (SGLang's extra_key): the same pressure, no prefix reuse",
     )
+    replay.add_argument(
+        "--log", action="append", default=[], metavar="PATH",
+        help="the server's log, whose batch lines give each run's peak token usage (repeatable; "
+             "default: the log of the server at --url, when it runs on this node)",
+    )
     _add_vocab_option(replay)
     _add_readonly_option(replay)
 

@@ -130,13 +130,18 @@ def test_the_text_report_says_the_cap_the_namespaces_and_the_peak_usage(healthy_
                     "--namespace-per-request")
     assert done.returncode == 0, done.stderr
     assert "Max in flight: 1 calls" in done.stdout and "    run 1: 3 of 4 calls held" in done.stdout, done.stdout
-    assert "Cache namespace: one per call" in done.stdout and "Peak token usage (sglang:token_usage" in done.stdout
+    assert "Cache namespace: one per call" in done.stdout, done.stdout
+    # The simulator runs here: its log, found by itself, gives every batch's usage as well.
+    assert "Peak token usage (sglang:token_usage, read every 0.5 s and the logs' batch lines): run 1 0." in done.stdout
+    assert f"peak token usage also from the batch lines of {healthy_sim.log}" in done.stderr, done.stderr
     assert "--max-in-flight 1" in done.stderr and "--namespace-per-request" in done.stderr
 
 
-def _sample(answers) -> tuple[UsageSampler, ReplayRun, list[float]]:
+def _sample(answers, log: Path | None = None,
+            lines: tuple[str, ...] = ()) -> tuple[UsageSampler, ReplayRun, list[float]]:
     """A sampler against /metrics answered by ``answers(n)`` for the n-th read (1-based), over a
-    run whose one call was answered 0.75 s in, finished at 1.2 s."""
+    run whose one call was answered 0.75 s in, finished at 1.2 s; ``lines`` are appended to
+    ``log`` (the server's log) 0.1 s in."""
     import asyncio
     import time
 
@@ -151,10 +156,14 @@ def _sample(answers) -> tuple[UsageSampler, ReplayRun, list[float]]:
 
     async def go() -> tuple[UsageSampler, ReplayRun]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            sampler = UsageSampler(client, "http://127.0.0.1:9")
+            sampler = UsageSampler(client, "http://127.0.0.1:9", (str(log),) if log else ())
             began = time.time()
             task = asyncio.create_task(sampler.run())
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(0.1)
+            if log is not None:
+                with log.open("a") as fh:
+                    fh.write("".join(lines))
+            await asyncio.sleep(1.1)
             run = ReplayRun((Outcome("a", 0, "x", (), 0, None, 0.0, began, began + 0.75),), 1.2)
             return sampler, await sampler.finish(task, run)
 
@@ -176,6 +185,32 @@ def test_a_server_without_metrics_is_asked_once() -> None:
     sampler, run, reads = _sample(lambda n: httpx_response("not found", 404))
     assert len(reads) == 1 and "HTTP 404" in (sampler.missing or "") and "--enable-metrics" in sampler.missing
     assert run.peak_token_usage is None and run.usage_samples == 0
+
+
+# SGLang 0.5.23's batch lines, as its scheduler writes them.
+_DECODE = ("[2026-12-06 01:15:06] Decode batch, #running-req: 8, #token: {t}, token usage: {u}, cpu graph: False, "
+           "gen throughput (token/s): 1992.21, #queue-req: 0\n")
+
+
+def test_the_logs_batch_lines_give_the_peak_the_reads_missed(tmp_path: Path) -> None:
+    # The gauge moved between reads: each read saw 0.12, the batch lines saw 0.44. A line written
+    # before the run is not the run's; a line with no newline yet is not whole.
+    log = tmp_path / "server.log"
+    log.write_text(_DECODE.format(t=4000, u=0.98))
+    lines = (_DECODE.format(t=1536, u=0.38), _DECODE.format(t=1808, u=0.44),
+             "[2026-12-06 01:15:07] Prefill batch, #new-seq: 1, token usage: 0.03, #running-req: 0\n",
+             _DECODE.format(t=3000, u=0.73).rstrip("\n"))
+    sampler, run, reads = _sample(lambda n: httpx_response("sglang:token_usage 0.12\n"), log, lines)
+    assert len(reads) == 4 and sampler.missing is None
+    assert run.peak_token_usage == 0.44 and run.usage_lines == 3 and run.usage_samples == 2, run
+
+
+def test_a_server_without_metrics_is_asked_once_and_its_log_still_counts(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.touch()
+    sampler, run, reads = _sample(lambda n: httpx_response("not found", 404), log, (_DECODE.format(t=704, u=0.17),))
+    assert len(reads) == 1 and "--enable-metrics" in (sampler.missing or "")
+    assert run.peak_token_usage == 0.17 and run.usage_lines == 1 and run.usage_samples == 0, run
 
 
 def httpx_response(text: str, status: int = 200):

@@ -299,6 +299,20 @@ def _stream_archive(archive: Path | None) -> int:
 # -- replay -------------------------------------------------------------------------------------
 
 
+def _replay_logs(given: list[str], url: str) -> tuple[str, ...]:
+    """The logs whose batch lines give each run's peak token usage: those named, else the log of
+    the server that listens at a loopback ``url`` (another host's port is no process here)."""
+    from radixtop.incident.bundle.here import find_here
+    from radixtop.probes.http import is_loopback_url
+
+    if given:
+        return tuple(given)
+    if not is_loopback_url(url):
+        return ()
+    here = find_here(url)
+    return here.logs if here.pid is not None else ()
+
+
 def run_replay(args: Namespace) -> int:
     from radixtop.incident.common.server import ServerError, auth_headers, base_url
     from radixtop.incident.replay.divergence import compare_runs, format_report
@@ -340,6 +354,9 @@ def run_replay(args: Namespace) -> int:
     except TraceError as exc:
         raise UsageError(str(exc)) from None
     say(f"prompts made up from the model's vocabulary: {vocab.describe()}")
+    logs = _replay_logs(args.log, url)
+    if logs:
+        say(f"peak token usage also from the batch lines of {', '.join(logs)}")
 
     async def go() -> tuple[ReplaySeries, bool]:
         loop = asyncio.get_running_loop()
@@ -350,7 +367,7 @@ def run_replay(args: Namespace) -> int:
             url, planned, args.runs, flush=not args.no_flush, headers=auth_headers(),
             on_event=lambda e: say(e.message) if e.kind != "flush" else None, should_stop=stop.is_set,
             max_in_flight=args.max_in_flight or None, namespace_per_request=args.namespace_per_request,
-            sample_token_usage=True,
+            sample_token_usage=True, logs=logs,
         )
         return series, stop.is_set()
 

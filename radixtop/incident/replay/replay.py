@@ -13,8 +13,9 @@ its flags: ``max_in_flight`` (at most K calls written and not yet answered: a ca
 while K are out waits for an answer, so the server runs fewer requests and holds fewer KV tokens;
 the time it waited is ``held_ms``, apart from its dispatch lateness) and a cache namespace per
 call (``namespace_per_request``: every call carries its own SGLang ``extra_key``, so none can
-reuse another's cached pages: the same pressure without prefix reuse). A series can also sample
-the server's ``sglang:token_usage`` from /metrics while each run goes (``peak_token_usage``).
+reuse another's cached pages: the same pressure without prefix reuse). A series can also take
+each run's peak token usage (``peak_token_usage``): from the server's ``sglang:token_usage`` on
+/metrics, read while the run goes, and from the batch lines its logs gained meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from radixtop.incident.common.appended import AppendedLines, BatchTally
 from radixtop.incident.replay.cache_watch import CacheSetting, EvictionWatch, read_cache_setting
 from radixtop.incident.replay.trace import PlannedRequest
 from radixtop.textsafe import printable_line
@@ -84,10 +86,11 @@ class ReplayRun:
     duration_s: float
     eviction_times: tuple[float, ...] | None = None  # the server's evictions (wall clock); None: unseen
     started_at: float = 0.0  # wall clock of offset 0: a call was due at started_at + its offset
-    # The highest sglang:token_usage /metrics gave while the run went (None: not sampled, or no
-    # sample the run's own batches had set), and how many samples that is of.
+    # The highest token usage the run's own batches set (None: not sampled, or none seen): from
+    # sglang:token_usage on /metrics (usage_samples reads) and the logs' batch lines (usage_lines).
     peak_token_usage: float | None = None
     usage_samples: int = 0
+    usage_lines: int = 0
 
     @property
     def errors(self) -> int:
@@ -378,43 +381,63 @@ class UsageSampler:
     at the next tick, and the run's peak.
 
     SGLang's scheduler sets the gauge where it logs a batch (a prefill, every 40th decode step) and
-    /metrics gives the value set last (none before its first batch), so a read before the run's
-    first answer may hold the previous run's value: only the reads sent after that answer count.
-    Only an answer other than 200 (no ``--enable-metrics``: 404) stops the reads.
+    /metrics gives the value set last (none before its first batch; 0 once idle), so a read before
+    the run's first answer may hold the previous run's value: only the reads sent after that answer
+    count. Only an answer other than 200 (no ``--enable-metrics``: 404) stops the reads.
+
+    Reads miss whatever the gauge held between them; the batch lines do not. With the server's
+    ``logs``, the lines they gain from the sampler's creation on count too (``BatchTally``).
     """
 
-    def __init__(self, client: httpx.AsyncClient, url: str) -> None:
+    def __init__(self, client: httpx.AsyncClient, url: str, logs: Sequence[str] = (), *, metrics: bool = True) -> None:
         self._client = client
         self._url = url
         self._stop = asyncio.Event()
+        self._metrics = metrics
         self.samples: list[tuple[float, float]] = []  # (wall time the read was sent, token usage)
         self.missing: str | None = None  # why the server gives no token usage (no /metrics)
+        self._lines = AppendedLines(logs) if logs else None
+        self.tally = BatchTally()
+        if self._lines is not None:
+            self._lines.start()
+
+    def _read_logs(self) -> None:
+        if self._lines is not None:
+            for _path, _lineno, text in self._lines.read():
+                self.tally.add(text)
 
     async def run(self) -> None:
-        from radixtop.probes.http import fetch
-        from radixtop.probes.sglang import MAX_METRICS_BYTES, parse_metrics
-
         while True:
             last = self._stop.is_set()
-            began, sent = time.monotonic(), time.time()
-            try:
-                got = await asyncio.wait_for(fetch(self._client, f"{self._url}/metrics", max_bytes=MAX_METRICS_BYTES,
-                                                   timeout_s=USAGE_DEADLINE_S), USAGE_DEADLINE_S)
-            except TimeoutError:
-                got = None
-            if got is not None and got.ok:
-                try:
-                    usage = parse_metrics(got.body.decode("utf-8", "replace")).get("token_usage")
-                except ValueError:
-                    usage = None
-                if usage is not None:  # SGLang has no sample of the gauge before its first batch
-                    self.samples.append((sent, usage))
-            elif got is not None and got.status is not None:  # answered, but not with metrics
-                self.missing = f"{self._url}/metrics answered HTTP {got.status} (start it with --enable-metrics)"
-                return
+            began = time.monotonic()
+            await asyncio.to_thread(self._read_logs)
+            if self._metrics and self.missing is None:
+                await self._read_metrics()
+            elif self._lines is None:
+                return  # nothing left to read
             if last:
                 return
             await asyncio.sleep(max(0.0, USAGE_EVERY_S - (time.monotonic() - began)))
+
+    async def _read_metrics(self) -> None:
+        from radixtop.probes.http import fetch
+        from radixtop.probes.sglang import MAX_METRICS_BYTES, parse_metrics
+
+        sent = time.time()
+        try:
+            got = await asyncio.wait_for(fetch(self._client, f"{self._url}/metrics", max_bytes=MAX_METRICS_BYTES,
+                                               timeout_s=USAGE_DEADLINE_S), USAGE_DEADLINE_S)
+        except TimeoutError:
+            return
+        if got.ok:
+            try:
+                usage = parse_metrics(got.body.decode("utf-8", "replace")).get("token_usage")
+            except ValueError:
+                usage = None
+            if usage is not None:  # SGLang has no sample of the gauge before its first batch
+                self.samples.append((sent, usage))
+        elif got.status is not None:  # answered, but not with metrics
+            self.missing = f"{self._url}/metrics answered HTTP {got.status} (start it with --enable-metrics)"
 
     async def finish(self, task: asyncio.Task[None], run: ReplayRun) -> ReplayRun:
         """One last read (the run's final batches), then ``run`` with its peak token usage."""
@@ -430,7 +453,11 @@ class UsageSampler:
             return run
         first = min(answered)
         usage = [u for sent, u in self.samples if sent >= first]
-        return replace(run, peak_token_usage=max(usage) if usage else None, usage_samples=len(usage))
+        if self.tally.peak_token_usage is not None:
+            usage.append(self.tally.peak_token_usage)
+        return replace(run, peak_token_usage=max(usage) if usage else None,
+                       usage_samples=len(usage) - (self.tally.peak_token_usage is not None),
+                       usage_lines=self.tally.usage_lines)
 
 
 async def replay_series(
@@ -449,6 +476,7 @@ async def replay_series(
     max_in_flight: int | None = None,
     namespace_per_request: bool = False,
     sample_token_usage: bool = False,
+    logs: Sequence[str] = (),
 ) -> ReplaySeries:
     """The same planned calls ``runs`` times, the cache flushed before each run when ``flush``.
 
@@ -458,7 +486,8 @@ async def replay_series(
     /server_info lists) when there is one. ``max_in_flight``: at most that many calls out at once;
     ``namespace_per_request``: every call of every run in a cache namespace of its own (tagged
     with this series and run, so neither another run nor another replay can share its pages);
-    ``sample_token_usage``: each run's peak ``sglang:token_usage`` (:class:`UsageSampler`).
+    ``sample_token_usage``: each run's peak token usage (:class:`UsageSampler`; ``logs``: the
+    server's logs, whose batch lines miss no value).
     """
     url = url.rstrip("/")
     emit = on_event or (lambda event: None)
@@ -475,7 +504,7 @@ async def replay_series(
     notes: list[str] = []
     stopped: str | None = None
     series_tag = secrets.token_hex(4)  # the cache namespaces of this series' calls
-    sample = sample_token_usage
+    metrics = sample_token_usage  # until /metrics says it has none
     try:
         cache = await read_cache_setting(client, url, instrument)
         watch = EvictionWatch(cache.instrument) if cache.instrument else None
@@ -494,7 +523,8 @@ async def replay_series(
                     emit(ReplayEvent("flush", index, runs, f"cache NOT flushed: {why}"))
             emit(ReplayEvent("run-start", index, runs, f"run {index}/{runs}: {len(planned)} calls"))
             watching = watch is not None and await watch.mark(client)
-            sampler = UsageSampler(client, url) if sample else None
+            sampled = metrics or (sample_token_usage and bool(logs))
+            sampler = UsageSampler(client, url, logs, metrics=metrics) if sampled else None
             sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
             try:
                 run = await replay_once(client, url, planned, temperature=temperature, should_stop=should_stop,
@@ -507,8 +537,8 @@ async def replay_series(
             if sampler is not None and sampling is not None:
                 run = await sampler.finish(sampling, run)
                 if sampler.missing is not None:
-                    sample = False  # asked no more: it will not have them in the next run either
-                    notes.append(f"no token usage sampled: {sampler.missing}")
+                    metrics = False  # asked no more: the next run would not have it either
+                    notes.append(f"no token usage sampled from /metrics: {sampler.missing}")
             if watch is not None and watching:
                 run = replace(run, eviction_times=await watch.eviction_times(client))
             done.append(run)
@@ -546,7 +576,7 @@ def pressure_json(series: ReplaySeries) -> dict[str, Any]:
         "namespace_per_request": series.namespace_per_request,
         "per_run": [
             {"run": i, "peak_token_usage": run.peak_token_usage, "token_usage_samples": run.usage_samples,
-             "held_by_cap_ms": _held(run)}
+             "token_usage_lines": run.usage_lines, "held_by_cap_ms": _held(run)}
             for i, run in enumerate(series.runs, 1)
         ],
     }
@@ -564,8 +594,10 @@ def format_pressure(series: ReplaySeries) -> list[str]:
                        f"median {held['median']:.1f} ms, longest {held['max']:.1f} ms")
     if series.namespace_per_request:
         out.append("  Cache namespace: one per call (extra_key): no call can reuse another's cached pages")
-    if any(run.usage_samples for run in series.runs):
+    if any(run.usage_samples or run.usage_lines for run in series.runs):
         peaks = [f"run {i} {'-' if r.peak_token_usage is None else f'{r.peak_token_usage:.2f}'}"
                  for i, r in enumerate(series.runs, 1)]
-        out.append(f"  Peak token usage (sglang:token_usage, read every {USAGE_EVERY_S:g} s): {', '.join(peaks)}")
+        sources = ([f"sglang:token_usage, read every {USAGE_EVERY_S:g} s"] if any(r.usage_samples for r in series.runs)
+                   else []) + (["the logs' batch lines"] if any(r.usage_lines for r in series.runs) else [])
+        out.append(f"  Peak token usage ({' and '.join(sources)}): {', '.join(peaks)}")
     return out

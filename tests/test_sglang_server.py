@@ -388,15 +388,20 @@ def test_the_radix_pane_reads_the_python_core_with_its_token_ids(python_core: Re
     shared_prefix_traffic(python_core, 4)
     from radixtop.probes.radix import RadixProbe
 
+    def shows_the_prefix(sample: object) -> bool:
+        tree = getattr(getattr(sample, "snapshot", None), "tree", None)
+        return tree is not None and any(tuple(r.head) and tuple(r.head) == tuple(SHARED[: len(r.head)])
+                                        for r in tree.nodes)
+
     async def read() -> object:
         """Polls as the pane does: the endpoint answers with its latest snapshot and takes a
-        fresh one because a reader asked, so the first answer can predate the traffic."""
+        fresh one because a reader asked, so the first answers can predate the traffic (and
+        hold only what the module's earlier tests left in the tree)."""
         probe = RadixProbe(f"http://127.0.0.1:{_instrument_port(python_core)}")
         try:
             for _ in range(30):  # bounded: 15 s
                 sample = await probe.poll()
-                tree = getattr(getattr(sample, "snapshot", None), "tree", None)
-                if tree is not None and len(tree.nodes) > 1:
+                if shows_the_prefix(sample):
                     break
                 await asyncio.sleep(0.5)
             return sample
@@ -409,9 +414,8 @@ def test_the_radix_pane_reads_the_python_core_with_its_token_ids(python_core: Re
     snap = getattr(sample, "snapshot", None)
     assert snap is not None and snap.tree is not None, sample
     assert snap.cache_class == "UnifiedRadixCache" and snap.page_size == 16
-    heads = [tuple(row.head) for row in snap.tree.nodes]
     # The shared prefix's node starts with the prefix's own ids (the Python core's tree carries them).
-    assert any(h and h == tuple(SHARED[: len(h)]) for h in heads), heads
+    assert shows_the_prefix(sample), [tuple(row.head) for row in snap.tree.nodes]
 
 
 def test_the_servers_own_kv_events_feed_the_radix_pane_without_the_instrument(tmp_path: Path) -> None:

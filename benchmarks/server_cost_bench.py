@@ -1,0 +1,256 @@
+"""What watching costs a real SGLang server, and what radixtop itself costs the node.
+
+A real SGLang 0.5.23 server on this CPU (the tests' recipe, from the environment that
+`.ci/sglang-tests --build-only` builds, found as the tests find it), two of them up at once: one
+plain (the peer), one with radixtop's instrument (`RADIXTOP_INSTRUMENT=1`), on the Rust radix core
+and, with `--core python`, SGLang's Python core too.
+
+1. **The instrument's cost where it runs.** The same closed-loop load goes to each server in turn,
+   round after round (plain, instrumented, plain, ...), so a drift of the machine falls on both:
+   `--concurrency` workers, each sending shared-prefix prompts (8 groups of a 64-token system
+   prompt and a 64-token question, ids inside the model's vocabulary) for 64 new tokens at
+   temperature 0 with `ignore_eos`, for `--seconds`. While the instrumented server takes its load,
+   radixtop watches it in tmux (160x48, every pane, `radixtop --url URL --log LOG`) as a user
+   does, so its debug endpoint is polled as the TUI polls it. Measured: generated tokens/s and
+   the p99 of a call's latency, per round; the spread of the plain server's rounds is the noise.
+2. **radixtop's footprint.** The same radixtop, the server idle, for `--idle-seconds`: CPU of the
+   radixtop process (every thread, user+system, as `top` shows it) and its RSS. Peer in the same
+   window: `top -d 1` in a tmux of the same size (the monitor one runs on a node anyway).
+
+Targets: the instrumented server within 2 % of the plain one in tokens/s and p99, and within the
+noise of the plain rounds; radixtop at most 3 % of a core idle.
+
+    python benchmarks/server_cost_bench.py --quick
+    python benchmarks/server_cost_bench.py --core both
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+
+WIDTH, HEIGHT = 160, 48
+GROUPS, SYSTEM_LEN, QUESTION_LEN, NEW_TOKENS = 8, 64, 64, 64
+VOCAB_LOW, VOCAB_HIGH = 10, 2000  # inside the tiny model's vocabulary (the tests' range)
+SETTLE_PCT, SETTLE_S, SETTLE_TIMEOUT_S = 5.0, 1.0, 60.0
+
+
+@dataclass
+class Round:
+    tokens_per_s: float
+    p99_ms: float
+    calls: int
+
+
+async def _load(url: str, concurrency: int, seconds: float, seed: int) -> Round:
+    rnd = random.Random(seed)
+    systems = [[rnd.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(SYSTEM_LEN)] for _ in range(GROUPS)]
+    latencies: list[float] = []
+    tokens = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker(client: httpx.AsyncClient, w: int) -> None:
+        nonlocal tokens
+        mine = random.Random(seed * 1000 + w)
+        while time.monotonic() < deadline:
+            ids = systems[mine.randrange(GROUPS)] + [mine.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(QUESTION_LEN)]
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0,
+                                                          "ignore_eos": True}}
+            began = time.monotonic()
+            r = await client.post(f"{url}/generate", json=body)
+            r.raise_for_status()
+            latencies.append(time.monotonic() - began)
+            tokens += int(r.json()["meta_info"]["completion_tokens"])
+
+    began = time.monotonic()
+    async with httpx.AsyncClient(timeout=120) as client:
+        await asyncio.gather(*(worker(client, w) for w in range(concurrency)))
+    wall = time.monotonic() - began
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    return Round(tokens / wall, p99 * 1000.0, len(latencies))
+
+
+def load(url: str, concurrency: int, seconds: float, seed: int) -> Round:
+    return asyncio.run(_load(url, concurrency, seconds, seed))
+
+
+class Watcher:
+    """A command in a tmux server of its own at WIDTH x HEIGHT; its pane's process is measured."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        self.socket = f"radixtop-bench-{random.randrange(1 << 30):x}"
+        line = f"cd {shlex.quote(str(cwd))} && exec " + " ".join(shlex.quote(a) for a in argv)
+        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", str(WIDTH), "-y", str(HEIGHT), line)
+        self.proc = psutil.Process(int(self._tmux("display", "-p", "-t", "b", "#{pane_pid}").strip()))
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
+                              timeout=10).stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "b")
+
+    def cpu(self) -> float:
+        t = self.proc.cpu_times()
+        return t.user + t.system
+
+    def settle(self) -> float:
+        """Seconds until the process's CPU stays under SETTLE_PCT of a core for SETTLE_S."""
+        began = time.monotonic()
+        while time.monotonic() - began < SETTLE_TIMEOUT_S:
+            c0 = self.cpu()
+            time.sleep(SETTLE_S)
+            if (self.cpu() - c0) / SETTLE_S * 100.0 < SETTLE_PCT:
+                return time.monotonic() - began
+        raise SystemExit(f"{self.proc.cmdline()[:3]} did not settle within {SETTLE_TIMEOUT_S:.0f} s")
+
+    def share(self, seconds: float) -> float:
+        """Per cent of one core over the next ``seconds``."""
+        c0, t0 = self.cpu(), time.monotonic()
+        time.sleep(seconds)
+        return (self.cpu() - c0) / (time.monotonic() - t0) * 100.0
+
+    def stop(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
+
+
+def radixtop_watching(server, workdir: Path) -> Watcher:  # noqa: ANN001 (tests/real_sglang.RealServer)
+    watcher = Watcher([sys.executable, "-m", "radixtop", "--url", server.url, "--log", str(server.log)], workdir)
+    deadline = time.monotonic() + 60
+    while not all(w in watcher.screen() for w in ("server ok", "r0 ok", "procs ok")):  # its status line
+        if time.monotonic() > deadline:
+            watcher.stop()
+            raise SystemExit(f"radixtop found no server, debug endpoint or processes in 60 s:\n{watcher.screen()}")
+        time.sleep(0.2)
+    watcher.settle()
+    return watcher
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.1f} (min {min(values):,.1f}, max {max(values):,.1f})"
+
+
+def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
+    from real_sglang import start_server
+
+    plain = start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain")
+    instrumented = start_server(workdir / f"{core}-instrumented", plugin=True, core=core, name="instrumented",
+                                model=plain.model)
+    try:
+        load(plain.url, args.concurrency, min(5.0, args.seconds), 0)  # warm both: first calls compile
+        load(instrumented.url, args.concurrency, min(5.0, args.seconds), 0)
+        rounds: dict[str, list[Round]] = {"plain": [], "instrumented": []}
+        watcher_cpu: list[float] = []
+        for i in range(args.rounds):
+            rounds["plain"].append(load(plain.url, args.concurrency, args.seconds, i + 1))
+            watcher = radixtop_watching(instrumented, workdir)
+            try:
+                c0, t0 = watcher.cpu(), time.monotonic()
+                rounds["instrumented"].append(load(instrumented.url, args.concurrency, args.seconds, i + 1))
+                watcher_cpu.append((watcher.cpu() - c0) / (time.monotonic() - t0) * 100.0)
+            finally:
+                watcher.stop()
+            p, q = rounds["plain"][-1], rounds["instrumented"][-1]
+            print(f"  {core} round {i + 1}: plain {p.tokens_per_s:,.0f} tok/s p99 {p.p99_ms:,.0f} ms "
+                  f"({p.calls} calls); "
+                  f"instrumented+radixtop {q.tokens_per_s:,.0f} tok/s p99 {q.p99_ms:,.0f} ms ({q.calls} calls); "
+                  f"radixtop {watcher_cpu[-1]:.1f} % of a core", flush=True)
+        report_load(core, rounds, watcher_cpu, args)
+        footprint(core, instrumented, workdir, args)
+    finally:
+        plain.stop()
+        instrumented.stop()
+
+
+def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[float], args: argparse.Namespace) -> None:
+    tps = {k: [r.tokens_per_s for r in v] for k, v in rounds.items()}
+    p99 = {k: [r.p99_ms for r in v] for k, v in rounds.items()}
+    cost_tps = (statistics.median(tps["plain"]) - statistics.median(tps["instrumented"])) / statistics.median(
+        tps["plain"]) * 100.0
+    cost_p99 = (statistics.median(p99["instrumented"]) - statistics.median(p99["plain"])) / statistics.median(
+        p99["plain"]) * 100.0
+    noise_tps = (max(tps["plain"]) - min(tps["plain"])) / statistics.median(tps["plain"]) * 100.0
+    noise_p99 = (max(p99["plain"]) - min(p99["plain"])) / statistics.median(p99["plain"]) * 100.0
+    print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s at {args.concurrency} in flight:")
+    print(f"  tokens/s  plain {spread(tps['plain'])}; instrumented, radixtop watching {spread(tps['instrumented'])}: "
+          f"cost {cost_tps:+.1f} % (the plain rounds' spread: {noise_tps:.1f} %)")
+    print(f"  p99 ms    plain {spread(p99['plain'])}; instrumented, radixtop watching {spread(p99['instrumented'])}: "
+          f"cost {cost_p99:+.1f} % (the plain rounds' spread: {noise_p99:.1f} %)")
+    print(f"  radixtop while the load ran: {spread(watcher_cpu)} % of a core")
+    within = cost_tps <= max(2.0, noise_tps) and cost_p99 <= max(2.0, noise_p99)
+    row(f"real SGLang server ({core} core), tokens/s, instrumented with radixtop watching vs plain, "
+        f"{args.concurrency} in flight",
+        f"{statistics.median(tps['instrumented']):,.0f} ({cost_tps:+.1f} %)",
+        f"plain server: {statistics.median(tps['plain']):,.0f} (spread {noise_tps:.1f} %)",
+        "within 2 % or the noise", within)
+    row(f"real SGLang server ({core} core), p99 latency, instrumented with radixtop watching vs plain",
+        f"{statistics.median(p99['instrumented']):,.0f} ms ({cost_p99:+.1f} %)",
+        f"plain server: {statistics.median(p99['plain']):,.0f} ms (spread {noise_p99:.1f} %)",
+        "within 2 % or the noise", within)
+
+
+def footprint(core: str, server, workdir: Path, args: argparse.Namespace) -> None:  # noqa: ANN001
+    watcher = radixtop_watching(server, workdir)
+    top = Watcher(["top", "-d", "1"], workdir)
+    try:
+        top.settle()
+        c_rt, c_top, t0 = watcher.cpu(), top.cpu(), time.monotonic()
+        time.sleep(args.idle_seconds)
+        wall = time.monotonic() - t0
+        ours, theirs = (watcher.cpu() - c_rt) / wall * 100.0, (top.cpu() - c_top) / wall * 100.0
+        rss = watcher.proc.memory_info().rss / (1 << 20)
+    finally:
+        top.stop()
+        watcher.stop()
+    print(f"  idle {args.idle_seconds:g} s, every pane on the instrumented server: radixtop {ours:.2f} % of a core, "
+          f"RSS {rss:.0f} MiB; top -d 1: {theirs:.2f} %")
+    row(f"radixtop watching a real idle SGLang server ({core} core), every pane, % of one core",
+        f"{ours:.2f} % (RSS {rss:.0f} MiB)", f"top -d 1: {theirs:.2f} %", "<= 3 %", ours <= 3.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s, 20 s idle (default 3 of 20 s, 60 s)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--seconds", type=float, default=None, help="each round's load")
+    parser.add_argument("--idle-seconds", type=float, default=None)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--core", choices=("rust", "python", "both"), default="rust")
+    args = parser.parse_args()
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.seconds = args.seconds or (10.0 if args.quick else 20.0)
+    args.idle_seconds = args.idle_seconds or (20.0 if args.quick else 60.0)
+    if not (1 <= args.rounds <= 20 and 1 <= args.seconds <= 600 and 1 <= args.concurrency <= 64):
+        raise SystemExit("--rounds 1-20, --seconds 1-600, --concurrency 1-64")
+    from sglang_gate import sglang_python
+
+    if sglang_python() is None:
+        raise SystemExit("the real-SGLang environment is missing: run bash .ci/sglang-tests --build-only")
+    print(f"load average before: {psutil.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory(prefix="server-cost-") as tmp:
+        for core in (("rust", "python") if args.core == "both" else (args.core,)):
+            run_core(core, args, Path(tmp))
+    print(f"load average after: {psutil.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str], bool]] = {
     "instrument": ("instrument_bench.py", ["--quick"], [], False),
     "instrument-sglang": ("instrument_bench.py", ["--real", "--quick"], ["--real"], True),
     "rust-walk": ("rust_walk_bench.py", ["--quick"], [], True),
+    # Starts its real servers from the SGLang environment itself; radixtop runs from this one.
+    "server-cost": ("server_cost_bench.py", ["--quick"], ["--core", "both", "--seconds", "30"], False),
 }
 
 

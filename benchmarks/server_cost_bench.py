@@ -5,8 +5,13 @@ A real SGLang 0.5.23 server on this CPU (the tests' recipe, from the environment
 plain (the peer), one with radixtop's instrument (`RADIXTOP_INSTRUMENT=1`), on the Rust radix core
 and, with `--core python`, SGLang's Python core too.
 
+Both servers keep to the last CPU (one torch thread each); the load, radixtop and the peer keep
+to the others, as on a GPU node the server's cores are its own: the instrument's cost is then what
+it adds inside the server's process, not two processes contending for a core.
+
 1. **The instrument's cost where it runs.** The same closed-loop load goes to each server in turn,
-   round after round (plain, instrumented, plain, ...), so a drift of the machine falls on both:
+   round after round (plain; instrumented with nobody watching; instrumented with radixtop
+   watching; plain again ...), so a drift of the machine falls on every arm:
    `--concurrency` workers, each sending shared-prefix prompts (8 groups of a 64-token system
    prompt and a 64-token question, ids inside the model's vocabulary) for 64 new tokens at
    temperature 0 with `ignore_eos`, for `--seconds`. While the instrumented server takes its load,
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shlex
 import statistics
@@ -149,31 +155,45 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.1f} (min {min(values):,.1f}, max {max(values):,.1f})"
 
 
-def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
+def start_pinned(core: str, workdir: Path):  # noqa: ANN201 (tests/real_sglang.RealServer)
+    """The plain and the instrumented server, both on the last CPU (a process inherits its
+    parent's affinity), one torch thread each; this process, its load and radixtop then keep to
+    the other CPUs, as a node's GPUs leave a server its own cores."""
     from real_sglang import start_server
 
-    plain = start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain")
-    instrumented = start_server(workdir / f"{core}-instrumented", plugin=True, core=core, name="instrumented",
-                                model=plain.model)
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus, other_cpus = ({cpus[-1]}, set(cpus[:-1])) if len(cpus) > 1 else (set(cpus), set(cpus))
+    env = {"OMP_NUM_THREADS": "1"}
+    os.sched_setaffinity(0, server_cpus)
+    try:
+        plain = start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain", env=env)
+        instrumented = start_server(workdir / f"{core}-instrumented", plugin=True, core=core, name="instrumented",
+                                    model=plain.model, env=env)
+    finally:
+        os.sched_setaffinity(0, other_cpus)
+    return plain, instrumented
+
+
+def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
+    plain, instrumented = start_pinned(core, workdir)
     try:
         load(plain.url, args.concurrency, min(5.0, args.seconds), 0)  # warm both: first calls compile
         load(instrumented.url, args.concurrency, min(5.0, args.seconds), 0)
-        rounds: dict[str, list[Round]] = {"plain": [], "instrumented": []}
+        rounds: dict[str, list[Round]] = {"plain": [], "instrumented": [], "watched": []}
         watcher_cpu: list[float] = []
         for i in range(args.rounds):
             rounds["plain"].append(load(plain.url, args.concurrency, args.seconds, i + 1))
+            rounds["instrumented"].append(load(instrumented.url, args.concurrency, args.seconds, i + 1))
             watcher = radixtop_watching(instrumented, workdir)
             try:
                 c0, t0 = watcher.cpu(), time.monotonic()
-                rounds["instrumented"].append(load(instrumented.url, args.concurrency, args.seconds, i + 1))
+                rounds["watched"].append(load(instrumented.url, args.concurrency, args.seconds, i + 1))
                 watcher_cpu.append((watcher.cpu() - c0) / (time.monotonic() - t0) * 100.0)
             finally:
                 watcher.stop()
-            p, q = rounds["plain"][-1], rounds["instrumented"][-1]
-            print(f"  {core} round {i + 1}: plain {p.tokens_per_s:,.0f} tok/s p99 {p.p99_ms:,.0f} ms "
-                  f"({p.calls} calls); "
-                  f"instrumented+radixtop {q.tokens_per_s:,.0f} tok/s p99 {q.p99_ms:,.0f} ms ({q.calls} calls); "
-                  f"radixtop {watcher_cpu[-1]:.1f} % of a core", flush=True)
+            said = "; ".join(f"{k} {v[-1].tokens_per_s:,.0f} tok/s p99 {v[-1].p99_ms:,.0f} ms ({v[-1].calls} calls)"
+                             for k, v in rounds.items())
+            print(f"  {core} round {i + 1}: {said}; radixtop {watcher_cpu[-1]:.1f} % of a core", flush=True)
         report_load(core, rounds, watcher_cpu, args)
         footprint(core, instrumented, workdir, args)
     finally:
@@ -184,28 +204,26 @@ def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
 def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[float], args: argparse.Namespace) -> None:
     tps = {k: [r.tokens_per_s for r in v] for k, v in rounds.items()}
     p99 = {k: [r.p99_ms for r in v] for k, v in rounds.items()}
-    cost_tps = (statistics.median(tps["plain"]) - statistics.median(tps["instrumented"])) / statistics.median(
-        tps["plain"]) * 100.0
-    cost_p99 = (statistics.median(p99["instrumented"]) - statistics.median(p99["plain"])) / statistics.median(
-        p99["plain"]) * 100.0
-    noise_tps = (max(tps["plain"]) - min(tps["plain"])) / statistics.median(tps["plain"]) * 100.0
-    noise_p99 = (max(p99["plain"]) - min(p99["plain"])) / statistics.median(p99["plain"]) * 100.0
-    print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s at {args.concurrency} in flight:")
-    print(f"  tokens/s  plain {spread(tps['plain'])}; instrumented, radixtop watching {spread(tps['instrumented'])}: "
-          f"cost {cost_tps:+.1f} % (the plain rounds' spread: {noise_tps:.1f} %)")
-    print(f"  p99 ms    plain {spread(p99['plain'])}; instrumented, radixtop watching {spread(p99['instrumented'])}: "
-          f"cost {cost_p99:+.1f} % (the plain rounds' spread: {noise_p99:.1f} %)")
+    base_tps, base_p99 = statistics.median(tps["plain"]), statistics.median(p99["plain"])
+    noise_tps = (max(tps["plain"]) - min(tps["plain"])) / base_tps * 100.0
+    noise_p99 = (max(p99["plain"]) - min(p99["plain"])) / base_p99 * 100.0
+    print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s at {args.concurrency} in flight "
+          f"(the plain rounds' spread: {noise_tps:.1f} % in tokens/s, {noise_p99:.1f} % in p99):")
+    for arm, what in (("plain", "plain"), ("instrumented", "instrumented, nobody watching"),
+                      ("watched", "instrumented, radixtop watching")):
+        cost_tps = (base_tps - statistics.median(tps[arm])) / base_tps * 100.0
+        cost_p99 = (statistics.median(p99[arm]) - base_p99) / base_p99 * 100.0
+        print(f"  {what:34} tokens/s {spread(tps[arm])} ({-cost_tps:+.1f} %); p99 ms {spread(p99[arm])} "
+              f"({cost_p99:+.1f} %)")
+        if arm == "plain":
+            continue
+        within = cost_tps <= max(2.0, noise_tps) and cost_p99 <= max(2.0, noise_p99)
+        row(f"real SGLang server ({core} core) {what}, {args.concurrency} in flight: tokens/s / p99",
+            f"{statistics.median(tps[arm]):,.0f} ({-cost_tps:+.1f} %) / {statistics.median(p99[arm]):,.0f} ms "
+            f"({cost_p99:+.1f} %)",
+            f"plain server: {base_tps:,.0f} / {base_p99:,.0f} ms (spread {noise_tps:.1f} / {noise_p99:.1f} %)",
+            "within 2 % or the noise", within)
     print(f"  radixtop while the load ran: {spread(watcher_cpu)} % of a core")
-    within = cost_tps <= max(2.0, noise_tps) and cost_p99 <= max(2.0, noise_p99)
-    row(f"real SGLang server ({core} core), tokens/s, instrumented with radixtop watching vs plain, "
-        f"{args.concurrency} in flight",
-        f"{statistics.median(tps['instrumented']):,.0f} ({cost_tps:+.1f} %)",
-        f"plain server: {statistics.median(tps['plain']):,.0f} (spread {noise_tps:.1f} %)",
-        "within 2 % or the noise", within)
-    row(f"real SGLang server ({core} core), p99 latency, instrumented with radixtop watching vs plain",
-        f"{statistics.median(p99['instrumented']):,.0f} ms ({cost_p99:+.1f} %)",
-        f"plain server: {statistics.median(p99['plain']):,.0f} ms (spread {noise_p99:.1f} %)",
-        "within 2 % or the noise", within)
 
 
 def footprint(core: str, server, workdir: Path, args: argparse.Namespace) -> None:  # noqa: ANN001

@@ -137,6 +137,13 @@ def test_the_text_report_says_the_cap_the_namespaces_and_the_peak_usage(healthy_
     assert "--max-in-flight 1" in done.stderr and "--namespace-per-request" in done.stderr
 
 
+def test_a_log_that_is_not_a_file_is_one_line_that_says_what_to_name(tmp_path: Path) -> None:
+    done = radixtop("replay", "demo_pressure", "--url", "http://127.0.0.1:9", "--log", str(tmp_path / "gone.log"))
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip().splitlines() == [
+        f"radixtop: replay: --log {tmp_path / 'gone.log'} is not a file: name the server's log file"], done.stderr
+
+
 def _sample(answers, log: Path | None = None,
             lines: tuple[str, ...] = ()) -> tuple[UsageSampler, ReplayRun, list[float]]:
     """A sampler against /metrics answered by ``answers(n)`` for the n-th read (1-based), over a

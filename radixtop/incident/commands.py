@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from radixtop.errors import ExitStatus, UsageError
+from radixtop.textsafe import printable_line
 
 if TYPE_CHECKING:
     from radixtop.incident.confirm.confirm import ConfirmEvent, Plan
@@ -306,6 +307,9 @@ def _replay_logs(given: list[str], url: str) -> tuple[str, ...]:
     from radixtop.probes.http import is_loopback_url
 
     if given:
+        for path in given:
+            if not os.path.isfile(path):
+                raise UsageError(f"replay: --log {printable_line(path)} is not a file: name the server's log file")
         return tuple(given)
     if not is_loopback_url(url):
         return ()
@@ -324,6 +328,7 @@ def run_replay(args: Namespace) -> int:
     except ServerError as exc:
         raise UsageError(str(exc)) from None
     trace, label = load_trace_arg(args.trace)
+    logs = _replay_logs(args.log, url)
     info = _server_info(url)
     size = _page_size(info, url, args.page_size)
     if size is not None and size != trace.page_size_hint and trace.prefix_unit == "tokens":
@@ -354,9 +359,8 @@ def run_replay(args: Namespace) -> int:
     except TraceError as exc:
         raise UsageError(str(exc)) from None
     say(f"prompts made up from the model's vocabulary: {vocab.describe()}")
-    logs = _replay_logs(args.log, url)
-    if logs:
-        say(f"peak token usage also from the batch lines of {', '.join(logs)}")
+    if logs:  # a path found on the server's stdout is the launcher's text: printable, one line
+        say(f"peak token usage also from the batch lines of {', '.join(printable_line(p) for p in logs)}")
 
     async def go() -> tuple[ReplaySeries, bool]:
         loop = asyncio.get_running_loop()

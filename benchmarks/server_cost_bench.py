@@ -9,30 +9,32 @@ Both servers keep to the last CPU (one torch thread each); the load, radixtop an
 to the others, as on a GPU node the server's cores are its own: the instrument's cost is then what
 it adds inside the server's process, not two processes contending for a core.
 
-1. **The instrument's cost where it runs.** The same closed-loop load goes to each server in turn,
-   round after round (plain; instrumented with nobody watching; instrumented with radixtop
-   watching; plain again ...), so a drift of the machine falls on every arm:
-   `--concurrency` workers, each sending shared-prefix prompts (8 groups of a 64-token system
-   prompt and a 64-token question, ids inside the model's vocabulary) for 64 new tokens at
-   temperature 0 with `ignore_eos`, for `--seconds`. While the instrumented server takes its load,
-   radixtop watches it in tmux (160x48, every pane, `radixtop --url URL --log LOG`) as a user
-   does, so its debug endpoint is polled as the TUI polls it. Measured: generated tokens/s and
-   the p99 of a call's latency, per round; the spread of the plain server's rounds is the noise.
+1. **The instrument's cost where it runs.** Each round sends the same closed-loop load to four
+   arms in turn: the plain server; the instrumented one with nobody watching; the instrumented
+   one while radixtop watches it (in tmux, 160x48, every pane, `radixtop --url URL --log LOG`,
+   started once and stopped with SIGSTOP outside its arm, so that it polls only in it); the plain
+   server again, the A/A control that shows what the method reads when nothing differs. The load:
+   `--concurrency` workers sending shared-prefix prompts (8 groups of a 64-token system prompt and
+   a 64-token question, ids inside the model's vocabulary) for 64 new tokens at temperature 0 with
+   `ignore_eos`, for `--seconds`. Each arm is compared with the same round's plain server (a
+   drift of the machine falls on both): generated tokens/s, the server's CPU seconds (every
+   process) per generated token, and the p99 of a call's latency; medians over the rounds.
 2. **radixtop's footprint.** The same radixtop, the server idle, for `--idle-seconds`: CPU of the
    radixtop process (every thread, user+system, as `top` shows it) and its RSS. Peer in the same
    window: `top -d 1` in a tmux of the same size (the monitor one runs on a node anyway).
 
-Targets: the instrumented server within 2 % of the plain one in tokens/s and p99, and within the
-noise of the plain rounds; radixtop at most 3 % of a core idle.
+Targets: the instrumented server, watched or not, within 2 % of the plain one in tokens/s and CPU
+per token, or within what the A/A control reads; radixtop at most 3 % of a core idle.
 
     python benchmarks/server_cost_bench.py --quick
-    python benchmarks/server_cost_bench.py --core both
+    python benchmarks/server_cost_bench.py --core both       # 6 rounds of 10 s per arm, about 12 min
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import shlex
@@ -64,9 +66,21 @@ class Round:
     tokens_per_s: float
     p99_ms: float
     calls: int
+    cpu_ms_per_token: float  # every process of the server, user+system
 
 
-async def _load(url: str, concurrency: int, seconds: float, seed: int) -> Round:
+def server_cpu(server) -> float:  # noqa: ANN001 (tests/real_sglang.RealServer)
+    total = 0.0
+    for proc in server.tree():
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+async def _load(url: str, concurrency: int, seconds: float, seed: int) -> tuple[float, list[float], int]:
     rnd = random.Random(seed)
     systems = [[rnd.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(SYSTEM_LEN)] for _ in range(GROUPS)]
     latencies: list[float] = []
@@ -89,14 +103,16 @@ async def _load(url: str, concurrency: int, seconds: float, seed: int) -> Round:
     began = time.monotonic()
     async with httpx.AsyncClient(timeout=120) as client:
         await asyncio.gather(*(worker(client, w) for w in range(concurrency)))
-    wall = time.monotonic() - began
+    return time.monotonic() - began, latencies, tokens
+
+
+def load(server, concurrency: int, seconds: float, seed: int) -> Round:  # noqa: ANN001
+    cpu0 = server_cpu(server)
+    wall, latencies, tokens = asyncio.run(_load(server.url, concurrency, seconds, seed))
+    cpu = server_cpu(server) - cpu0
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-    return Round(tokens / wall, p99 * 1000.0, len(latencies))
-
-
-def load(url: str, concurrency: int, seconds: float, seed: int) -> Round:
-    return asyncio.run(_load(url, concurrency, seconds, seed))
+    return Round(tokens / wall, p99 * 1000.0, len(latencies), cpu * 1000.0 / max(1, tokens))
 
 
 class Watcher:
@@ -135,7 +151,16 @@ class Watcher:
         time.sleep(seconds)
         return (self.cpu() - c0) / (time.monotonic() - t0) * 100.0
 
+    def pause(self) -> None:
+        """SIGSTOP: it polls nothing until resumed (its screen stays)."""
+        self.proc.suspend()
+
+    def resume(self) -> None:
+        self.proc.resume()
+
     def stop(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            self.proc.resume()
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
 
 
@@ -174,55 +199,76 @@ def start_pinned(core: str, workdir: Path):  # noqa: ANN201 (tests/real_sglang.R
     return plain, instrumented
 
 
+ARMS = ("plain", "instrumented", "watched", "plain again")
+ARM_NAMES = {"plain": "plain", "instrumented": "instrumented, nobody watching",
+             "watched": "instrumented, radixtop watching", "plain again": "plain again (the A/A control)"}
+CATCH_UP_S = 2.0  # a resumed radixtop first asks what it missed: part of watching, but not of the round
+
+
 def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
     plain, instrumented = start_pinned(core, workdir)
+    watcher = None
     try:
-        load(plain.url, args.concurrency, min(5.0, args.seconds), 0)  # warm both: first calls compile
-        load(instrumented.url, args.concurrency, min(5.0, args.seconds), 0)
-        rounds: dict[str, list[Round]] = {"plain": [], "instrumented": [], "watched": []}
+        load(plain, args.concurrency, min(5.0, args.seconds), 0)  # warm both: first calls compile
+        load(instrumented, args.concurrency, min(5.0, args.seconds), 0)
+        watcher = radixtop_watching(instrumented, workdir)
+        watcher.pause()
+        rounds: dict[str, list[Round]] = {arm: [] for arm in ARMS}
         watcher_cpu: list[float] = []
         for i in range(args.rounds):
-            rounds["plain"].append(load(plain.url, args.concurrency, args.seconds, i + 1))
-            rounds["instrumented"].append(load(instrumented.url, args.concurrency, args.seconds, i + 1))
-            watcher = radixtop_watching(instrumented, workdir)
-            try:
-                c0, t0 = watcher.cpu(), time.monotonic()
-                rounds["watched"].append(load(instrumented.url, args.concurrency, args.seconds, i + 1))
-                watcher_cpu.append((watcher.cpu() - c0) / (time.monotonic() - t0) * 100.0)
-            finally:
-                watcher.stop()
-            said = "; ".join(f"{k} {v[-1].tokens_per_s:,.0f} tok/s p99 {v[-1].p99_ms:,.0f} ms ({v[-1].calls} calls)"
-                             for k, v in rounds.items())
+            for arm in ARMS:
+                server = plain if arm.startswith("plain") else instrumented
+                if arm == "watched":
+                    watcher.resume()
+                    time.sleep(CATCH_UP_S)
+                    c0, t0 = watcher.cpu(), time.monotonic()
+                rounds[arm].append(load(server, args.concurrency, args.seconds, i + 1))
+                if arm == "watched":
+                    watcher_cpu.append((watcher.cpu() - c0) / (time.monotonic() - t0) * 100.0)
+                    watcher.pause()
+            said = "; ".join(f"{k} {v[-1].tokens_per_s:,.0f} tok/s, {v[-1].cpu_ms_per_token:.2f} CPU ms/token, "
+                             f"p99 {v[-1].p99_ms:,.0f} ms" for k, v in rounds.items())
             print(f"  {core} round {i + 1}: {said}; radixtop {watcher_cpu[-1]:.1f} % of a core", flush=True)
+        watcher.stop()
+        watcher = None
         report_load(core, rounds, watcher_cpu, args)
         footprint(core, instrumented, workdir, args)
     finally:
+        if watcher is not None:
+            watcher.stop()
         plain.stop()
         instrumented.stop()
 
 
+def paired(rounds: dict[str, list[Round]], arm: str, field: str) -> list[float]:
+    """Per round, the arm against that round's plain server, in per cent (positive: costlier)."""
+    out = []
+    for mine, base in zip(rounds[arm], rounds["plain"], strict=True):
+        a, b = getattr(mine, field), getattr(base, field)
+        out.append((b - a) / b * 100.0 if field == "tokens_per_s" else (a - b) / b * 100.0)
+    return out
+
+
 def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[float], args: argparse.Namespace) -> None:
-    tps = {k: [r.tokens_per_s for r in v] for k, v in rounds.items()}
-    p99 = {k: [r.p99_ms for r in v] for k, v in rounds.items()}
-    base_tps, base_p99 = statistics.median(tps["plain"]), statistics.median(p99["plain"])
-    noise_tps = (max(tps["plain"]) - min(tps["plain"])) / base_tps * 100.0
-    noise_p99 = (max(p99["plain"]) - min(p99["plain"])) / base_p99 * 100.0
-    print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s at {args.concurrency} in flight "
-          f"(the plain rounds' spread: {noise_tps:.1f} % in tokens/s, {noise_p99:.1f} % in p99):")
-    for arm, what in (("plain", "plain"), ("instrumented", "instrumented, nobody watching"),
-                      ("watched", "instrumented, radixtop watching")):
-        cost_tps = (base_tps - statistics.median(tps[arm])) / base_tps * 100.0
-        cost_p99 = (statistics.median(p99[arm]) - base_p99) / base_p99 * 100.0
-        print(f"  {what:34} tokens/s {spread(tps[arm])} ({-cost_tps:+.1f} %); p99 ms {spread(p99[arm])} "
-              f"({cost_p99:+.1f} %)")
-        if arm == "plain":
+    print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s per arm at {args.concurrency} in flight; "
+          "each arm against the same round's plain server, in % (positive: costlier), median (min, max):")
+    fields = (("tokens_per_s", "tokens/s"), ("cpu_ms_per_token", "server CPU per token"), ("p99_ms", "p99"))
+    control = {f: paired(rounds, "plain again", f) for f, _ in fields}
+    for arm in ARMS[1:]:
+        costs = {f: paired(rounds, arm, f) for f, _ in fields}
+        print(f"  {ARM_NAMES[arm]:34} " + "; ".join(f"{what} {spread(costs[f])}" for f, what in fields))
+        if arm == "plain again":
             continue
-        within = cost_tps <= max(2.0, noise_tps) and cost_p99 <= max(2.0, noise_p99)
-        row(f"real SGLang server ({core} core) {what}, {args.concurrency} in flight: tokens/s / p99",
-            f"{statistics.median(tps[arm]):,.0f} ({-cost_tps:+.1f} %) / {statistics.median(p99[arm]):,.0f} ms "
-            f"({cost_p99:+.1f} %)",
-            f"plain server: {base_tps:,.0f} / {base_p99:,.0f} ms (spread {noise_tps:.1f} / {noise_p99:.1f} %)",
-            "within 2 % or the noise", within)
+        noise = {f: max(abs(v) for v in control[f]) for f, _ in fields}
+        cost = {f: statistics.median(costs[f]) for f, _ in fields}
+        within = all(cost[f] <= max(2.0, noise[f]) for f in ("tokens_per_s", "cpu_ms_per_token"))
+        row(f"real SGLang server ({core} core), {ARM_NAMES[arm]}, {args.concurrency} in flight: cost in tokens/s "
+            "/ server CPU per token, paired with the plain server's rounds",
+            f"{cost['tokens_per_s']:+.1f} % / {cost['cpu_ms_per_token']:+.1f} %",
+            f"plain again (A/A): {statistics.median(control['tokens_per_s']):+.1f} % / "
+            f"{statistics.median(control['cpu_ms_per_token']):+.1f} % (largest {noise['tokens_per_s']:.1f} / "
+            f"{noise['cpu_ms_per_token']:.1f} %)",
+            "within 2 % or the A/A control", within)
     print(f"  radixtop while the load ran: {spread(watcher_cpu)} % of a core")
 
 
@@ -247,15 +293,15 @@ def footprint(core: str, server, workdir: Path, args: argparse.Namespace) -> Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s, 20 s idle (default 3 of 20 s, 60 s)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 5 s, 20 s idle (default 6 of 10 s, 60 s)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=None, help="each round's load")
     parser.add_argument("--idle-seconds", type=float, default=None)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--core", choices=("rust", "python", "both"), default="rust")
     args = parser.parse_args()
-    args.rounds = args.rounds or (2 if args.quick else 3)
-    args.seconds = args.seconds or (10.0 if args.quick else 20.0)
+    args.rounds = args.rounds or (3 if args.quick else 6)
+    args.seconds = args.seconds or (5.0 if args.quick else 10.0)
     args.idle_seconds = args.idle_seconds or (20.0 if args.quick else 60.0)
     if not (1 <= args.rounds <= 20 and 1 <= args.seconds <= 600 and 1 <= args.concurrency <= 64):
         raise SystemExit("--rounds 1-20, --seconds 1-600, --concurrency 1-64")

@@ -452,11 +452,9 @@ class UsageSampler:
         if not answered:
             return run
         first = min(answered)
-        usage = [u for sent, u in self.samples if sent >= first]
-        if self.tally.peak_token_usage is not None:
-            usage.append(self.tally.peak_token_usage)
-        return replace(run, peak_token_usage=max(usage) if usage else None,
-                       usage_samples=len(usage) - (self.tally.peak_token_usage is not None),
+        reads = [u for sent, u in self.samples if sent >= first]
+        lines = [self.tally.peak_token_usage] if self.tally.peak_token_usage is not None else []
+        return replace(run, peak_token_usage=max(reads + lines, default=None), usage_samples=len(reads),
                        usage_lines=self.tally.usage_lines)
 
 
@@ -523,7 +521,7 @@ async def replay_series(
                     emit(ReplayEvent("flush", index, runs, f"cache NOT flushed: {why}"))
             emit(ReplayEvent("run-start", index, runs, f"run {index}/{runs}: {len(planned)} calls"))
             watching = watch is not None and await watch.mark(client)
-            sampled = metrics or (sample_token_usage and bool(logs))
+            sampled = sample_token_usage and (metrics or bool(logs))
             sampler = UsageSampler(client, url, logs, metrics=metrics) if sampled else None
             sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
             try:

@@ -58,6 +58,21 @@ def test_the_lock_race_needs_pressure_and_the_caches_eviction_path_not_reuse() -
     assert "persists with reuse off, gone with the cache disabled" in decision.conditions.cache.why
 
 
+def test_a_control_at_a_usage_the_log_cannot_tell_from_the_failures_is_at_its_pressure() -> None:
+    """SGLang logs token usage to two places: a control that reached 0.897 where the failure came at
+    0.901 (both "0.90") ran at the failure's pressure; one a logged step lower did not."""
+    steps = [
+        step("lower-pressure", "baseline", usage=0.61, in_flight=8),
+        step("as-run", "baseline", signatures=LOCK, usage=0.901, answered=40, failed=56, alive=False),
+        step("reuse-off", signatures=LOCK, usage=0.95, cached=0, reuse_off="SGLANG_RADIX_FORCE_MISS=1",
+             answered=50, failed=46, alive=False),
+    ]
+    same = judge([*steps, step("cache-off", "control", usage=0.897, cached=0)])
+    assert states(same) == ("needed", "not-needed", "needed"), same.conditions.cache.why
+    lower = judge([*steps, step("cache-off", "control", usage=0.89, cached=0)])
+    assert lower.conditions.cache.state == "open" and "0.89 against 0.90" in lower.conditions.cache.why
+
+
 def test_a_stale_page_at_low_usage_needs_reuse_not_pressure() -> None:
     steps = [step("lower-pressure", "baseline", diverged=("r02",), usage=0.2, in_flight=4),
              step("reuse-off", "baseline", usage=0.2, in_flight=4, cached=0, reuse_off="a namespace per request")]

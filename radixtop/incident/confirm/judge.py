@@ -41,6 +41,7 @@ from radixtop.incident.confirm.verdict import (
     Condition,
     Conditions,
     VerdictKind,
+    usage_below,
 )
 
 __all__ = ["Decision", "failed", "failing_floor", "judge", "load", "matched", "ran", "under_pressure"]
@@ -116,7 +117,7 @@ def _pressure(ladder: Sequence[ArmEvidence], failing: ArmEvidence) -> Condition:
     if below:
         calm = max(below, key=lambda s: s.peak_token_usage or 0.0)
         fell = (failing.peak_token_usage is not None and calm.peak_token_usage is not None
-                and calm.peak_token_usage < failing.peak_token_usage)
+                and usage_below(calm.peak_token_usage, failing.peak_token_usage))
         why = (f"fails at peak token usage {usage(failing)} ({_where(failing)}), clean at {usage(calm)} "
                f"({_where(calm)})" + ("" if fell else ": the load, not the token usage, fell"))
         return Condition("needed", why, fails_at=failing.peak_token_usage, clean_at=calm.peak_token_usage)
@@ -139,11 +140,11 @@ def failing_floor(steps: Sequence[ArmEvidence]) -> float | None:
 def matched(step: ArmEvidence, failing: ArmEvidence, floor: float | None) -> bool:
     """A clean step compares with the failure only at a pressure it has been seen failing at, or
     more (when it came under pressure): a step that also lowered the token usage tells nothing
-    about its own change."""
+    about its own change. Usages the log cannot tell apart are the same pressure."""
     if not under_pressure(failing):
         return True
-    return (step.peak_token_usage is not None and floor is not None and step.peak_token_usage >= floor) or bool(
-        step.retractions)
+    return (step.peak_token_usage is not None and floor is not None
+            and not usage_below(step.peak_token_usage, floor)) or bool(step.retractions)
 
 
 def _clean_verdict(tried: Sequence[ArmEvidence], failing: ArmEvidence, floor: float | None,

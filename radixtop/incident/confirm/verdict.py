@@ -20,7 +20,7 @@ from typing import Any, Literal
 from radixtop.incident.replay.reuse import format_reuse
 
 __all__ = ["PRESSURE_USAGE", "VERDICTS", "ArmEvidence", "ArmRole", "Condition", "Conditions", "SignatureSeen",
-           "StepKind", "Verdict", "VerdictKind"]
+           "StepKind", "USAGE_STEP", "Verdict", "VerdictKind", "usage_below"]
 
 
 class VerdictKind(StrEnum):
@@ -35,6 +35,12 @@ class VerdictKind(StrEnum):
 
 VERDICTS = tuple(VerdictKind)
 PRESSURE_USAGE = 0.85  # token usage (evictable counted free) at which the pool is under pressure
+USAGE_STEP = 0.01  # SGLang logs token usage to two places: a smaller difference is no difference
+
+
+def usage_below(value: float, than: float) -> bool:
+    """``value`` is a lower token usage than ``than``, by more than half the step the log resolves."""
+    return than - value > USAGE_STEP / 2
 # Signatures that are themselves capacity pressure: a failing arm that shows them was under it.
 PRESSURE_SIGNATURES = frozenset({"kv-pool-retract", "prefill-oom", "decode-oom", "req-slots-oom", "vllm-preemption"})
 # Which side an arm is: the live server, a reproduction of it, the original's crash log, or the control.

@@ -315,3 +315,26 @@ async def test_a_pane_key_pressed_before_the_panes_are_mounted_is_applied_when_t
             await pilot.press("0")
             await pilot.pause()
             assert len(_shown(app)) == 5, "0 shows everything on a big screen (it does not zoom the log)"
+
+
+async def test_a_tree_printed_in_the_lines_read_before_the_first_frame_reaches_the_radix_pane(tmp_path) -> None:
+    """radixtop opened after the server died: the tree it printed at its failure is among the
+    log's last lines, read before the first frame (the panes' state is made only after it, so the
+    first frame does not wait for their imports); the radix pane still turns to it."""
+    from test_printed_tree import LEGACY, OOM
+
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(["[2026-12-05 09:59:59 TP1] Decode batch. #running-req: 4", *OOM, *LEGACY]) + "\n")
+    app = RadixtopApp(log_patterns=[str(log)], live=LiveOptions(discover=False, gpu=False))
+    held: list[object] = []
+    mount = app._mount_panes
+    app._mount_panes = lambda: held.append(True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await _until(pilot, lambda: bool(held), "the first frame (the panes' mount is due)")
+        assert app.panes.live is None, "the panes' state was made before the first frame"
+        app.call_later(mount)
+        await _until(pilot, lambda: app.panes.mounted, "the panes mounted")
+        await _until(pilot, lambda: "printed TP1" in {v.name for v in app.panes.state.board.ranks.values()},
+                     "the printed tree on the radix pane's board")
+        view = next(v for v in app.panes.state.board.ranks.values() if v.name == "printed TP1")
+        assert app.panes.state.board.focus == view.url and view.snapshot.tree.walked_nodes == 4

@@ -34,6 +34,9 @@ _IDLE_MAX_INTERVAL = 0.05  # ... up to this: near-zero idle CPU, at most 50 ms e
 # and polls anyway this often: a filesystem that sends no events (NFS written from another host),
 # a glob whose directories have wildcards, a file we could not open and retry.
 _INOTIFY_FALLBACK_S = 1.0
+# The reader polls for this long after it starts before it makes its inotify waiter: importing
+# ctypes on the reader thread took the GIL from the caller's first frame (20-100 ms of it here).
+_WAITER_AFTER_S = 1.0
 
 
 class LogFollower:
@@ -101,6 +104,7 @@ class LogFollower:
         self._idle_wait = idle_wait
         self._waiter: FileWaiter | None = None  # made on the reader thread when it first idles
         self._waiter_tried = False
+        self._started = 0.0  # monotonic, when the reader thread started
         self._waiter_lock = threading.Lock()
         self.wait_mode = "poll"  # "inotify" once the reader sleeps on inotify (health, tests)
         self.polls = 0  # passes over the files (tests and benchmarks count them)
@@ -122,6 +126,7 @@ class LogFollower:
             self._done = True
             self._caught_up.set()
             return
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="radixtop-log-follower", daemon=True)
         self._thread.start()
 
@@ -233,10 +238,11 @@ class LogFollower:
             while self._waiting >= limit and not self._stop.is_set():
                 self._room.wait(0.1)
 
-    def _file_waiter(self) -> FileWaiter | None:
-        """The inotify waiter, made the first time the reader idles (its import and set-up, some
-        20 ms, stay out of the caller's start-up); None where inotify is not to be had."""
-        if not self._waiter_tried:
+    def _file_waiter(self, now: float) -> FileWaiter | None:
+        """The inotify waiter, made the first time the reader idles a while after it started (its
+        import and set-up stay out of the caller's start-up); None until then and where inotify is
+        not to be had."""
+        if not self._waiter_tried and now - self._started >= _WAITER_AFTER_S:
             self._waiter_tried = True
             if self._idle_wait == "auto":
                 from radixtop.probes.fswait import FileWaiter
@@ -268,7 +274,7 @@ class LogFollower:
                     if busy:
                         continue  # more bytes are waiting: read them now rather than after a sleep
                 else:
-                    waiter = self._file_waiter() if self._caught_up.is_set() else None
+                    waiter = self._file_waiter(now) if self._caught_up.is_set() else None
                     if waiter is not None and not self._tailer.rotating():
                         # Quiet: sleep until the kernel says a followed file changed (tail -F's
                         # way; the polling below cost 0.3-0.9 % of a core doing nothing).

@@ -205,7 +205,7 @@ class IncidentActions:
         """On the app's ticks: look at a live server now and then (in a thread), note when it dies."""
         app: Any = self
         panes = getattr(app, "panes", None)
-        server = getattr(getattr(panes, "state", None), "server", None) if panes is not None else None
+        server = getattr(getattr(panes, "live", None), "server", None) if panes is not None else None
         if self.readonly or panes is None or server is None or self._sighting_busy:
             return
         now = time.time()
@@ -405,7 +405,7 @@ class IncidentActions:
 
         app: Any = self
         panes = getattr(app, "panes", None)
-        live = getattr(panes, "state", None)
+        live = getattr(panes, "live", None)
         ranks: list[RankSeen] = []
         vitals: dict[str, Any] = {}
         marks: tuple = ()
@@ -487,7 +487,7 @@ class IncidentActions:
 
     def _server_sample(self) -> Any:
         panes = getattr(self, "panes", None)
-        return getattr(getattr(panes, "state", None), "server", None) if panes is not None else None
+        return getattr(getattr(panes, "live", None), "server", None) if panes is not None else None
 
     def _why_not_arm(self, target: Target) -> str | None:
         import psutil

@@ -46,7 +46,6 @@ from radixtop.tui.actions import IncidentActions, action_settings
 from radixtop.tui.fleet import FleetWatch
 from radixtop.tui.fleet import checked_url as fleet_url
 from radixtop.tui.guard import guarded
-from radixtop.tui.help import HelpScreen
 from radixtop.tui.keys import bindings, load_keymap
 from radixtop.tui.nodes import NodeWatching, prepare_nodes
 from radixtop.tui.pacing import REFRESH_HZ, FramePacer
@@ -673,6 +672,8 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
 
     @guarded("help")
     def action_help(self) -> None:
+        from radixtop.tui.help import HelpScreen  # on first use: start-up time
+
         self.push_screen(HelpScreen(self.user_keymap))
 
     @guarded("follow")

@@ -143,6 +143,7 @@ class Panes:
         self._marked: str | None = None
         self._radix_log: tuple[LogFinding, ...] = ()
         self._printed: PrintedTrees | None = None  # the trees the server printed into its log
+        self._printed_backlog: list[Any] = []  # the log's runs read before the state was made
 
     @property
     def state(self) -> LiveState:
@@ -150,6 +151,13 @@ class Panes:
             from radixtop.session.live import LiveState
 
             self._state = LiveState()
+            runs, self._printed_backlog = self._printed_backlog, []
+            self._read_printed_trees(runs)
+        return self._state
+
+    @property
+    def live(self) -> LiveState | None:
+        """The state if it was made: for those who only look (making it costs the first frame)."""
         return self._state
 
     # -- starting ---------------------------------------------------------------------------
@@ -214,7 +222,10 @@ class Panes:
             server.log_spoke(chain.from_iterable(run.texts for run in runs) if runs is not None
                              else (r.text for r in batch.records))
         if runs is not None:
-            self._read_printed_trees(runs)
+            if self._state is None:  # the first frame does not wait for the radix pane's imports
+                self._printed_backlog.extend(runs)
+            else:
+                self._read_printed_trees(runs)
         if self._state is not None and not self._log_feeds_vitals():
             return
         texts: list[str]

@@ -16,7 +16,6 @@ from test_instrument import filled_sim_cache, insert
 from test_sim_server import inproc
 
 from radixtop.instrument import holders as holders_mod
-from radixtop.instrument import slot_chains
 from radixtop.instrument.endpoint import Instrumentation
 from radixtop.instrument.flight import record_name
 from radixtop.instrument.holders import MAX_WAITING_SCAN, HolderTracker
@@ -170,37 +169,6 @@ def test_a_snapshot_names_each_holders_node_as_its_rows_do() -> None:
         assert captured(inst).holders is None  # a cache instrumented without its scheduler: unknown
     finally:
         inst.close()
-
-
-def walk(*chains: tuple[int, list[int], bool]) -> slot_chains.SlotWalk:
-    """A Rust-core walk from (prev slot of the first, slots, locked) runs, positions following prev."""
-    slots, positions, prevs, unlocked = [], [], [], []
-    position = {-1: -1}
-    for before, run, locked in chains:
-        for i, slot in enumerate(run):
-            prev = before if i == 0 else run[i - 1]
-            slots.append(slot)
-            prevs.append(prev)
-            position[slot] = position[prev] + 1
-            positions.append(position[slot])
-            if not locked:
-                unlocked.append(slot)
-    return slot_chains.SlotWalk(slots, positions, prevs, unlocked)
-
-
-def test_the_rust_cores_rows_carry_a_held_paths_ids_and_nothing_else() -> None:
-    # A 6-slot locked trunk, a 4-slot locked branch held by a request, a 3-slot unlocked branch.
-    rebuilt = walk((-1, [10, 11, 12, 13, 14, 15], True), (15, [20, 21, 22, 23], True), (15, [30, 31, 32], False))
-    ids = list(range(700, 710))
-    held = [slot_chains.HeldPath(23, lambda p: ids[p] if p < len(ids) else None),
-            slot_chains.HeldPath(999, None)]  # a slot the walk does not have
-    tree, census, ends = slot_chains.build(rebuilt, 64, held, head_n=4)
-    assert ends == (20, None) and census.node_count == 3
-    heads = {row.id: row.head for row in tree.nodes}
-    assert heads == {None: (), 10: (700, 701, 702, 703), 20: (706, 707, 708, 709), 30: ()}
-    # A path ending inside a chain gives its ids only up to its end.
-    tree, _, ends = slot_chains.build(rebuilt, 64, [slot_chains.HeldPath(12, lambda p: ids[p])], head_n=32)
-    assert ends == (10,) and {row.id: row.head for row in tree.nodes}[10] == (700, 701, 702)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from sglang_gate import HELPERS, why_not
 
-from radixtop.instrument import launcher, plugin
+from radixtop.instrument import launcher, plugin, slot_chains
 from radixtop.instrument import sglang as glue
 from radixtop.instrument.hooks import HOOKED_METHODS
 from radixtop.instrument.sglang import (
@@ -540,6 +540,63 @@ def test_the_rust_cores_rebuilt_tree_is_the_python_cores_after_the_same_operatio
         assert locked == cache.protected_size()
         trees[backend] = canonical(snap.tree.nodes)
     assert trees["rust"] == trees["python"]
+
+
+def walk(*chains: tuple[int, list[int], bool]) -> slot_chains.SlotWalk:
+    """A Rust-core walk from (prev slot of the first, slots, locked) runs, positions following prev."""
+    slots, positions, prevs, unlocked = [], [], [], []
+    position = {-1: -1}
+    for before, run, locked in chains:
+        for i, slot in enumerate(run):
+            prev = before if i == 0 else run[i - 1]
+            slots.append(slot)
+            prevs.append(prev)
+            position[slot] = position[prev] + 1
+            positions.append(position[slot])
+            if not locked:
+                unlocked.append(slot)
+    return slot_chains.SlotWalk(slots, positions, prevs, unlocked)
+
+
+@needs_sglang
+def test_the_rust_cores_rows_carry_a_held_paths_ids_and_nothing_else() -> None:
+    # A 6-slot locked trunk, a 4-slot locked branch held by a request, a 3-slot unlocked branch.
+    rebuilt = walk((-1, [10, 11, 12, 13, 14, 15], True), (15, [20, 21, 22, 23], True), (15, [30, 31, 32], False))
+    ids = list(range(700, 710))
+    held = [slot_chains.HeldPath(23, lambda p: ids[p] if p < len(ids) else None),
+            slot_chains.HeldPath(999, None)]  # a slot the walk does not have
+    tree, census, ends = slot_chains.build(rebuilt, 64, held, head_n=4)
+    assert ends == (20, None) and census.node_count == 3
+    heads = {row.id: row.head for row in tree.nodes}
+    assert heads == {None: (), 10: (700, 701, 702, 703), 20: (706, 707, 708, 709), 30: ()}
+    # A path ending inside a chain gives its ids only up to its end.
+    tree, _, ends = slot_chains.build(rebuilt, 64, [slot_chains.HeldPath(12, lambda p: ids[p])], head_n=32)
+    assert ends == (10,) and {row.id: row.head for row in tree.nodes}[10] == (700, 701, 702)
+
+
+@needs_sglang
+def test_the_rebuild_does_not_lean_on_the_walks_row_order_and_refuses_ragged_rows() -> None:
+    """The Rust core happens to hand its rows over parents first; the chains come out the same from
+    the rows in any order (in torch, as the core gives them), and rows of different lengths are refused."""
+    import torch
+
+    chains = ((-1, [10, 11, 12, 13, 14, 15], True), (15, [20, 21, 22, 23], True), (15, [30, 31, 32], False),
+              (31, [40], False), (-1, [50, 51], False))
+    given = walk(*chains)
+    rows = (torch.tensor(list(reversed(v))) for v in (given.slots, given.positions, given.prevs))
+    flipped = slot_chains.SlotWalk(*rows, torch.tensor(given.unlocked))
+    ids = list(range(800, 810))
+    held = [slot_chains.HeldPath(22, lambda p: ids[p] if p < len(ids) else None)]
+    first, census, ends = slot_chains.build(given, 64, held, head_n=4)
+    second, census2, ends2 = slot_chains.build(flipped, 64, held, head_n=4)
+    assert first == second and census.digest == census2.digest and ends == ends2 == (20,)
+    # the unlocked branch splits where another run hangs off it: 30-31, then 32 and 40 apart
+    assert census.node_count == 6 and census.total_tokens == 16
+    assert {(row.id, row.tokens, row.lock_ref) for row in first.nodes[1:]} == {
+        (10, 6, 1), (20, 4, 1), (30, 2, 0), (32, 1, 0), (40, 1, 0), (50, 2, 0)}
+    with pytest.raises(ValueError, match="differ in length"):
+        slot_chains.build(slot_chains.SlotWalk([1, 2], [0, 1], [-1], []), 64)
+
 
 
 # ----------------------------------------------------------------------------------------------

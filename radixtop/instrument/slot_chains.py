@@ -21,7 +21,8 @@ where a tree's key is not the request's ids position for position (EAGLE's bigra
 shown are the request's, not the key's.
 
 read_walk() runs on the scheduler thread (the core's own walks); build() runs on the endpoint's
-thread. Standard library only (the rows are torch tensors: read with `.tolist()`).
+thread, which shares the scheduler's GIL: it works on the rows in torch, whole-walk operations in
+place of a Python step per slot (benchmarks/rust_walk_bench.py).
 """
 
 from __future__ import annotations
@@ -61,10 +62,6 @@ def read_walk(core: Any) -> SlotWalk:
     return SlotWalk(every.slot_indices, every.positions, every.prev_slot_indices, free.slot_indices)
 
 
-def _plain(values: Any) -> list[int]:
-    return values.tolist() if hasattr(values, "tolist") else list(values)
-
-
 @dataclass(frozen=True)
 class _Chain:
     first: int  # its first slot
@@ -87,58 +84,85 @@ class _Rebuilt:
     chains: list[_Chain]
     children: list[list[int]]
     slots: int
-    prev: dict[int, int]  # slot -> the slot before it
-    position: dict[int, int]  # slot -> its position in its sequence
-    chain_of_first: dict[int, int]  # a chain's first slot -> its index
+    row_of_slot: Any  # a tensor indexed by slot: its row in the walk, -1 where the walk lacks it
+    positions: Any  # by row
+    chain_of_row: Any  # by row: the index of the chain holding it
+
+    def _row(self, slot: int | None) -> int | None:
+        if slot is None or not 0 <= slot < self.row_of_slot.numel():
+            return None
+        row = int(self.row_of_slot[slot])
+        return None if row < 0 else row
 
     def chain_of(self, slot: int | None) -> int | None:
         """The index of the chain holding `slot`, None when the walk does not have it."""
-        if slot is None or slot not in self.position:
-            return None
-        for _ in range(len(self.position)):
-            index = self.chain_of_first.get(slot)
-            if index is not None:
-                return index
-            slot = self.prev[slot]
-        return None
+        row = self._row(slot)
+        return None if row is None else int(self.chain_of_row[row])
+
+    def position(self, slot: int) -> int:
+        """The position of a slot the walk has (chain_of says which)."""
+        row = self._row(slot)
+        assert row is not None
+        return int(self.positions[row])
 
 
 def _chains(walk: SlotWalk) -> _Rebuilt:
-    """The chains in parent-before-child order, each chain's children, and the slot maps."""
-    slots = _plain(walk.slots)
-    position = dict(zip(slots, _plain(walk.positions), strict=True))
-    prev = dict(zip(slots, _plain(walk.prevs), strict=True))
-    unlocked = set(_plain(walk.unlocked))
-    successors: dict[int, list[int]] = {}
-    for slot, before in prev.items():
-        successors.setdefault(before, []).append(slot)
+    """The chains in parent-before-child order, each chain's children, and the slot maps.
 
-    def continues(slot: int, after: int) -> bool:  # slot extends the chain ending at `after`
-        return (
-            len(successors.get(after, ())) == 1 and (slot in unlocked) == (after in unlocked)
-            and position[slot] == position[after] + 1
-        )
+    In torch, the walk's own library (the Rust core hands its rows over as tensors), as whole-walk
+    operations: a Python step per slot made a 100k-slot walk ~120 ms of the scheduler process's GIL,
+    against ~6 ms here."""
+    import torch
 
-    chains: list[_Chain] = []
-    children: list[list[int]] = []
-    chain_of_last: dict[int, int] = {}  # a chain's last slot -> its index
-    starts = sorted((position[s], s) for s in slots if prev[s] not in position or not continues(s, prev[s]))
-    for pos, first in starts:  # by position: a parent chain always starts before its children
-        length, last = 1, first
-        while True:
-            nxt = successors.get(last)
-            if nxt is None or len(nxt) != 1 or not continues(nxt[0], last):
-                break
-            last = nxt[0]
-            length += 1
-        parent = chain_of_last.get(prev[first], -1)
-        index = len(chains)
-        chains.append(_Chain(first, length, first not in unlocked, parent, pos))
-        children.append([])
-        if parent >= 0:
-            children[parent].append(index)
-        chain_of_last[last] = index
-    return _Rebuilt(chains, children, len(slots), prev, position, {c.first: i for i, c in enumerate(chains)})
+    slots, positions, prevs, unlocked = (
+        torch.as_tensor(values, dtype=torch.int64).reshape(-1)
+        for values in (walk.slots, walk.positions, walk.prevs, walk.unlocked)
+    )
+    n = slots.numel()
+    if n != positions.numel() or n != prevs.numel():
+        raise ValueError(f"the walk's rows differ in length: {n}, {positions.numel()}, {prevs.numel()}")
+    top = max([int(t.max()) for t in (slots, prevs, unlocked) if t.numel()] + [0]) + 1
+    rows = torch.arange(n)
+    row_of_slot = torch.full((top,), -1, dtype=torch.int64)
+    row_of_slot[slots] = rows
+    has_prev = prevs >= 0
+    prev_slot = prevs.clamp(min=0)
+    prev_row = torch.where(has_prev, row_of_slot[prev_slot], -1)  # -1: a root, or a slot outside the walk
+    fanout = torch.bincount(prevs[has_prev], minlength=top)  # each slot's successors
+    is_unlocked = torch.zeros(top, dtype=torch.bool)
+    is_unlocked[unlocked] = True
+    row_unlocked = is_unlocked[slots]
+    before = prev_row.clamp(min=0)
+    # A row continues the chain ending at its prev: the prev is in the walk and has no other
+    # successor, the lock state is the same, and the position is the next one.
+    continues = ((prev_row >= 0) & (fanout[prev_slot] == 1) & (row_unlocked == row_unlocked[before])
+                 & (positions == positions[before] + 1))
+    head = torch.where(continues, prev_row, rows)  # pointer jumping: each row's chain's first row
+    for _ in range(64):  # doubles the reach each pass: 2**64 rows
+        further = head[head]
+        if torch.equal(further, head):
+            break
+        head = further
+    starts = (~continues).nonzero().reshape(-1)
+    # By position, then slot: a parent chain always starts before its children.
+    starts = starts[torch.argsort(positions[starts] * top + slots[starts])]
+    index_of_start = torch.full((n,), -1, dtype=torch.int64)
+    index_of_start[starts] = torch.arange(starts.numel())
+    chain_of_row = index_of_start[head]
+    start_prev = prev_row[starts]  # a chain's prev is the last slot of its parent chain
+    parents = torch.where(start_prev >= 0, chain_of_row[start_prev.clamp(min=0)], -1)
+    tokens = torch.bincount(head, minlength=n)[starts]
+    chains = [
+        _Chain(first, length, not free, parent, position)
+        for first, length, free, parent, position in zip(
+            slots[starts].tolist(), tokens.tolist(), row_unlocked[starts].tolist(), parents.tolist(),
+            positions[starts].tolist(), strict=True)
+    ]
+    children: list[list[int]] = [[] for _ in chains]
+    for index, chain in enumerate(chains):
+        if chain.parent >= 0:
+            children[chain.parent].append(index)
+    return _Rebuilt(chains, children, n, row_of_slot, positions, chain_of_row)
 
 
 def _heads(
@@ -151,7 +175,7 @@ def _heads(
     for path, end in zip(held, ends, strict=True):
         if end is None or path.token_at is None or path.last_slot is None:
             continue
-        last_position = rebuilt.position[path.last_slot]
+        last_position = rebuilt.position(path.last_slot)
         index = end
         while index >= 0:
             chain = chains[index]

@@ -357,3 +357,22 @@ def test_required_literals_for_the_re_prefilter():
     assert required_literals(r"(?i)case blind") is None  # a case-blind literal would miss lines
     assert required_literals(r"\d+ab") is None  # too short to help
     assert required_literals(r"(?:foo)?bar+") is None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_line_hits_name_each_line_a_signature_matches_by_its_index(engine):
+    m = engine_or_skip(SIGS, engine)
+    texts = TEXT.decode().split("\n")
+    hits = m.line_hits(texts)
+    assert hits == sorted(hits)
+    by_reference = {(TEXT.count(b"\n", 0, end), index) for end, index in reference_hits(TEXT, SIGS)}
+    assert set(hits) == by_reference and len(hits) == len(by_reference)
+    assert {texts[line] for line, _ in hits} >= {"lock   page", "node 8;"}
+
+
+def test_literals_match_as_plain_strings_even_with_regex_characters() -> None:
+    literals = ("] r=", "(x)", "a.b", "#tokens: ")
+    m = Matcher.of_literals(literals)
+    texts = ["[3] r=1", "axb", "a.b", "f(x)", "#tokens: 44", "no", "] r"]
+    assert m.line_hits(texts) == [(0, 0), (2, 2), (3, 1), (4, 3)]
+    assert m.line_hits([]) == [] and m.line_hits(["quiet"] * 1000) == []

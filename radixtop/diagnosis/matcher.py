@@ -588,6 +588,26 @@ class Matcher:
         hits.sort()
         return hits
 
+    def line_hits(self, texts: Sequence[str]) -> list[tuple[int, int]]:
+        """(line index, signature index) for each line of ``texts`` a signature matches, once per
+        pair, in line order: one scan of the lines joined."""
+        data = ("\n".join(texts) + "\n").encode("utf-8", "replace")
+        out: list[tuple[int, int]] = []
+        line, pos = 0, 0
+        for end, index in self.scan(data):  # sorted by offset: count the newlines in between
+            line += data.count(b"\n", pos, end)
+            pos = end
+            out.append((line, index))
+        return out
+
+    @classmethod
+    def of_literals(cls, literals: Sequence[str]) -> Matcher:
+        """A matcher for a few plain strings, each its own signature (named by itself): which lines
+        hold them, in one pass where ``in`` would take one a string."""
+        from radixtop.diagnosis.catalog import Signature
+
+        return cls([Signature(text, text, re.escape(text), "info", "", "", (), ()) for text in literals])
+
     def _hyperscan_hits(
         self, raw: list[tuple[int, int]], data: Any, size: int
     ) -> list[tuple[int, int]]:

@@ -25,9 +25,11 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Literal
 
 from radixtop.diagnosis.logline import parse_line, strip_ansi
+from radixtop.diagnosis.matcher import Matcher
 from radixtop.schema import MAX_HEAD_TOKENS, Branch, Snapshot, heaviest_first, rebuilt_snapshot
 
 TreeForm = Literal["radix-cache", "unified"]
@@ -36,10 +38,16 @@ TreeForm = Literal["radix-cache", "unified"]
 ROW_NEEDLES = ("] r=", ") r=", " full_lock=")
 TRIGGER_NEEDLES = ("out of memory", "Out of memory", "Sanity check FAILED")
 POOL_NEEDLES = ("Try to allocate", "available_size=")
+TOTAL_NEEDLE = "#tokens: "
+_NEEDLES = (*ROW_NEEDLES, *TRIGGER_NEEDLES, *POOL_NEEDLES, TOTAL_NEEDLE)
+_ROWS = frozenset(_NEEDLES.index(n) for n in ROW_NEEDLES)  # the needles' indices, by what they announce
+_TRIGGERS = frozenset(_NEEDLES.index(n) for n in TRIGGER_NEEDLES)
+_POOL = frozenset(_NEEDLES.index(n) for n in POOL_NEEDLES)
+_TOTAL = _NEEDLES.index(TOTAL_NEEDLE)
 
 _LEGACY = re.compile(r"( +)(\d+) (?:array\('\w'(?:, \[(.*)\])?\)|\[(.*)\]) r=(-?\d+)")
 _UNIFIED = re.compile(r"( +)\[(\d+)\] (\d+) full_lock=(-?\d+)((?: \w+=(?:yes|no))*)")
-_TOTAL = re.compile(r"#tokens: (\d+)")
+_TOTAL_LINE = re.compile(r"#tokens: (\d+)")
 _TRIGGER = re.compile(
     r"(?:Prefill|Decode) out of memory|Out of memory\. Try to lower|Sanity check FAILED \(\d+ violations"
 )
@@ -160,6 +168,11 @@ def parse_row(text: str) -> tuple[TreeForm, PrintedNode] | None:
     return None
 
 
+@cache
+def _needles() -> Matcher:
+    return Matcher.of_literals(_NEEDLES)
+
+
 def _depth(spaces: int) -> int | None:
     return (spaces - 1) // 2 if spaces % 2 == 1 else None
 
@@ -204,13 +217,11 @@ class PrintedTreeReader:
         self._building: _Building | None = None
         self._trigger: PrintTrigger | None = None
 
-    def feed(self, texts: Sequence[str], blob: str | None = None) -> list[PrintedTree]:
-        """`blob`: the texts joined, when the caller has it (the cheap test runs on it)."""
-        if blob is None:
-            blob = "\n".join(texts)
-        rows = any(n in blob for n in ROW_NEEDLES) or (self._building is not None and "#tokens: " in blob)
-        triggers = any(n in blob for n in TRIGGER_NEEDLES) or (
-            self._trigger is not None and any(n in blob for n in POOL_NEEDLES))
+    def feed(self, texts: Sequence[str]) -> list[PrintedTree]:
+        # Most batches hold no needle: one pass over them all (a flood's lines cost ~0.1 us each).
+        found = {index for _, index in _needles().line_hits(texts)}
+        rows = bool(found & _ROWS) or (self._building is not None and _TOTAL in found)
+        triggers = bool(found & _TRIGGERS) or (self._trigger is not None and bool(found & _POOL))
         base = self.lines
         self.lines += len(texts)
         if not rows and not triggers:
@@ -223,7 +234,7 @@ class PrintedTreeReader:
             row = parse_row(text) if rows else None
             if row is None:
                 if self._building is not None:
-                    total = _TOTAL.fullmatch(text.rstrip("\r\n")) if rows else None
+                    total = _TOTAL_LINE.fullmatch(text.rstrip("\r\n")) if rows else None
                     if total is not None:
                         out.append(self._end(int(total.group(1))))
                         continue

@@ -301,15 +301,11 @@ class Ingestor:
                 take = texts[: hit.need]
                 hit.after.extend(take)
                 hit.need -= len(take)
-        data = ("\n".join(texts) + "\n").encode("utf-8", "replace")
-        hits = self._matcher.scan(data)
+        hits = self._matcher.line_hits(texts)
         if hits:
             now = self._clock()
             by_line: dict[int, list[int]] = {}
-            line, pos = 0, 0
-            for end, index in hits:  # sorted by offset: count the newlines in between
-                line += data.count(b"\n", pos, end)
-                pos = end
+            for line, index in hits:
                 by_line.setdefault(line, []).append(index)
             starts = [0]
             for run in runs[:-1]:

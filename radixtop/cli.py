@@ -12,6 +12,7 @@ subcommand are refused: that subcommand's parser would write its own values over
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -539,6 +540,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(named.name if named else None).parse_args(argv)
         command = SUBCOMMANDS[args.command] if args.command else None
         if command is None:
+            # No cyclic collection until the first frame (tui/app.py freezes what start-up built
+            # then, and enables it again): it walked Textual's objects a hundred times on the way.
+            gc.disable()
             return _load(TUI_RUNNER)(args)
         if command.action and args.readonly:
             raise UsageError(f"--readonly: `{command.name}` is an action and is refused; run without --readonly")

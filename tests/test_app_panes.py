@@ -338,3 +338,21 @@ async def test_a_tree_printed_in_the_lines_read_before_the_first_frame_reaches_t
                      "the printed tree on the radix pane's board")
         view = next(v for v in app.panes.state.board.ranks.values() if v.name == "printed TP1")
         assert app.panes.state.board.focus == view.url and view.snapshot.tree.walked_nodes == 4
+
+
+async def test_the_collector_the_command_line_turned_off_is_on_again_after_the_first_frame(tmp_path) -> None:
+    """`radixtop` starts with the cyclic collector off (radixtop/cli.py: start-up's objects all live
+    on); the first frame turns it on again, or a long session would keep every cycle it makes."""
+    import gc
+
+    log = tmp_path / "server.log"
+    log.write_text("[2026-12-05 09:59:59 TP0] Decode batch. #running-req: 4\n")
+    gc.disable()
+    try:
+        app = RadixtopApp(log_patterns=[str(log)], live=None)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await _until(pilot, gc.isenabled, "the collector on again after the first frame")
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -265,6 +265,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
         gc.freeze()
         _, older, oldest = gc.get_threshold()
         gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+        gc.enable()  # the command line keeps it off until here (radixtop/cli.py)
 
     # -- the live panes ----------------------------------------------------------------------------
 
@@ -780,6 +781,7 @@ def run_tui(options: TuiOptions) -> int:
     try:
         return _run_app(options, catalog, nodes)
     finally:
+        gc.enable()  # should the app have ended before its first frame
         if nodes is not None:
             nodes.stop()
 

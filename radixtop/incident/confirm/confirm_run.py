@@ -36,7 +36,7 @@ from radixtop.incident.confirm.confirm import (
 )
 from radixtop.incident.confirm.control_server import ControlProcess, LaunchError, exit_reason, port_free, wait_healthy
 from radixtop.incident.confirm.judge import bad, failed, failing_floor, judge, matched, ran, under_pressure
-from radixtop.incident.confirm.verdict import ArmEvidence, SignatureSeen, StepKind, Verdict
+from radixtop.incident.confirm.verdict import USAGE_STEP, ArmEvidence, SignatureSeen, StepKind, Verdict
 from radixtop.incident.replay.divergence import DivergenceReport, compare_runs
 from radixtop.incident.replay.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.replay.trace import plan_requests
@@ -48,7 +48,7 @@ POLL_S = 0.25
 METRICS_EVERY_S = 1.0
 SETTLE_S = 0.6  # after a replay, lines the server is still writing (a death is several lines)
 STOP_ORIGINAL_GRACE_S = 15.0
-PLATEAU = 0.01  # token usage a step at more load must add to be worth another
+PLATEAU = USAGE_STEP  # token usage a step at more load must add (one logged step) to be worth another
 PROGRESS_LINES = 3  # a starting server's newest lines shown per second while it loads
 
 

@@ -36,11 +36,6 @@ class VerdictKind(StrEnum):
 VERDICTS = tuple(VerdictKind)
 PRESSURE_USAGE = 0.85  # token usage (evictable counted free) at which the pool is under pressure
 USAGE_STEP = 0.01  # SGLang logs token usage to two places: a smaller difference is no difference
-
-
-def usage_below(value: float, than: float) -> bool:
-    """``value`` is a lower token usage than ``than``, by more than half the step the log resolves."""
-    return than - value > USAGE_STEP / 2
 # Signatures that are themselves capacity pressure: a failing arm that shows them was under it.
 PRESSURE_SIGNATURES = frozenset({"kv-pool-retract", "prefill-oom", "decode-oom", "req-slots-oom", "vllm-preemption"})
 # Which side an arm is: the live server, a reproduction of it, the original's crash log, or the control.
@@ -55,6 +50,11 @@ ROLE_NAMES: dict[str, str] = {
     "crash-log": "the original's crash log",
     "control": "the server without the cache",
 }
+
+
+def usage_below(value: float, than: float) -> bool:
+    """``value`` is a lower token usage than ``than``, by more than half the step the log resolves."""
+    return than - value > USAGE_STEP / 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,7 +177,8 @@ async def bench_radixtop(path: str, rate: int, duration: float) -> dict:
         idle_thread0, idle_proc0 = thread_cpu(native_id), process_cpu()
         await asyncio.sleep(IDLE_SECONDS)
         idle_thread, idle_proc = thread_cpu(native_id) - idle_thread0, process_cpu() - idle_proc0
-    await asyncio.wait_for(task, 10)
+    async with asyncio.timeout(10):
+        await task
     return {
         "tool": "radixtop LogFollower",
         **tally.result(written.value),

@@ -65,7 +65,8 @@ class Collector:
 
     async def close(self) -> None:
         self.follower.stop()
-        await asyncio.wait_for(self.task, TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            await self.task
 
 
 @pytest.fixture
@@ -669,7 +670,8 @@ async def test_stop_is_idempotent_and_ends_batches(tmp_path):
     await asyncio.sleep(0.05)
     follower.stop()
     follower.stop()
-    await asyncio.wait_for(task, TIMEOUT)
+    async with asyncio.timeout(TIMEOUT):
+        await task
     assert task.done() and got == []
     assert follower._thread is not None and not follower._thread.is_alive()
 

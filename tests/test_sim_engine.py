@@ -38,7 +38,8 @@ async def engine_running(config: SimConfig):
         yield engine, lines
     finally:
         engine.stop()
-        await asyncio.wait_for(task, 10)
+        async with asyncio.timeout(10):
+            await task
 
 
 def prompt(n: int, start: int, seed: int = 0) -> list[int]:
@@ -217,7 +218,8 @@ async def lock_race_run(
         *[engine.generate(w, max_new_tokens=64) for w in pressure_workload()], return_exceptions=True
     )
     engine.stop()
-    await asyncio.wait_for(task, 10)
+    async with asyncio.timeout(10):
+        await task
     return engine, lines, results
 
 
@@ -405,7 +407,8 @@ async def test_leak_legacy_wording_and_strict_mode_kills():
     engine = Engine(config, lines.append)
     task = asyncio.create_task(engine.run())
     await engine.generate(prompt(10, 97), max_new_tokens=3)
-    await asyncio.wait_for(task, 5)  # the idle check raises and the scheduler dies
+    async with asyncio.timeout(5):
+        await task  # the idle check raises and the scheduler dies
     assert engine.dead_reason.startswith("ValueError: pool memory leak detected!")
     assert any("Scheduler hit an exception" in x and "ValueError: pool memory leak" in x for x in lines)
 
@@ -575,7 +578,8 @@ async def test_stop_fails_pending_requests_and_cancel_frees_the_kv():
     pending = asyncio.create_task(engine.generate(prompt(30, 93), max_new_tokens=500))
     await asyncio.sleep(0.01)
     engine.stop()
-    await asyncio.wait_for(task, 5)
+    async with asyncio.timeout(5):
+        await task
     with pytest.raises(EngineDead, match="engine stopped"):
         await pending
     assert engine.dead_reason is None

@@ -59,7 +59,8 @@ async def inproc(tmp_path: Path, *flags: str) -> AsyncIterator[tuple[SimServer, 
         if sim.server is not None:
             sim.server.should_exit = True
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 10.0)
+            async with asyncio.timeout(10.0):
+                await task
         sink.close()
         sock.close()
 

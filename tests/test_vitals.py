@@ -183,10 +183,12 @@ async def test_sim_metrics_latch_the_gauges_at_each_batch_line_through_the_engin
     engine.on_batch_line.append(lambda line: latched_at.append(metrics.gauges.current().token_usage))
     task = asyncio.create_task(engine.run())
     try:
-        await asyncio.wait_for(engine.generate(list(range(1, 400)), max_new_tokens=40), 10)
+        async with asyncio.timeout(10):
+            await engine.generate(list(range(1, 400)), max_new_tokens=40)
     finally:
         engine.stop()
-        await asyncio.wait_for(task, 10)
+        async with asyncio.timeout(10):
+            await task
     batch = [line for line in lines if "Prefill batch" in line or "Decode batch" in line]
     assert batch and heard == [line.split("] ", 1)[1] for line in batch], "every batch line, and only those"
     usages = [float(line.split("token usage: ")[1].split(",")[0]) for line in batch]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,8 +49,21 @@ class Tmux:
             if condition(screen):
                 return screen
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen:\n{screen}")
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}; screen:\n{screen}"
+                                     f"\n{self.stacks()}")
             time.sleep(step)
+
+    def stacks(self) -> str:
+        """The Python stacks of the pane's process (py-spy, a radixtop dependency): what a timed-out
+        wait was stuck behind, for the failure's report."""
+        try:
+            pid = self("display-message", "-p", "-t", SESSION, "#{pane_pid}").strip()
+            spy = Path(sys.executable).with_name("py-spy")
+            done = subprocess.run([str(spy), "dump", "--pid", pid], capture_output=True, text=True, timeout=30,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"(no stacks: {exc})"
+        return f"py-spy dump of pid {pid}:\n{done.stdout}{done.stderr}"
 
     def kill(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)

@@ -8,6 +8,7 @@ object with --json). Bad input is one line on stderr and exit status USAGE (rais
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -518,10 +519,9 @@ def run_record(args: Namespace) -> int:
                 "(trace convert --format mooncake then needs --block-size)")
         if args.ready_file:
             Path(args.ready_file).write_text(f"{port}\n", encoding="utf-8")
-        try:
-            await asyncio.wait_for(stop.wait(), args.duration if args.duration else None)
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(args.duration or None):
+                await stop.wait()
         signals[0] = max(signals[0], 1)
         say(f"stopping: {len(proxy.calls)} calls recorded; the calls in flight get up to 5 s to end")
         await proxy.stop()

@@ -165,7 +165,8 @@ async def run_remote(host: str, args: Sequence[str], *, ssh_config: str | None =
     except OSError as exc:
         return RemoteRun(host, error=f"{host}: could not start ssh ({exc.strerror or exc})")
     try:
-        got = await asyncio.wait_for(_run(proc, max_bytes, sink), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            got = await _run(proc, max_bytes, sink)
         elapsed = time.monotonic() - started
     except TimeoutError:
         return RemoteRun(host, error=explain_timeout(host, timeout_s, command, args), sent=sent,
@@ -259,7 +260,8 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
     cap, a cancel end here too): a pipe left unread keeps asyncio's transport open past the loop."""
     _kill(proc)
     with contextlib.suppress(TimeoutError, ProcessLookupError):
-        await asyncio.wait_for(_drain(proc), 5.0)
+        async with asyncio.timeout(5.0):
+            await _drain(proc)
 
 
 async def _drain(proc: asyncio.subprocess.Process) -> None:

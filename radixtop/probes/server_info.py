@@ -52,9 +52,8 @@ async def read_server_info(client: httpx.AsyncClient, url: str, timeout_s: float
 
     for path in PATHS:
         try:  # the whole answer within timeout_s, not each read (a server may drip bytes)
-            got = await asyncio.wait_for(
-                fetch(client, f"{url}{path}", max_bytes=MAX_SERVER_INFO_BYTES, timeout_s=timeout_s), timeout_s
-            )
+            async with asyncio.timeout(timeout_s):
+                got = await fetch(client, f"{url}{path}", max_bytes=MAX_SERVER_INFO_BYTES, timeout_s=timeout_s)
         except TimeoutError:
             return None
         if got.status is None:

@@ -81,4 +81,5 @@ async def poll_forever(probe: Probe, *, interval_s: float | None = None) -> Asyn
             continue
         await asyncio.sleep(MIN_GAP_S)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(waker.wait(), delay - MIN_GAP_S)
+            async with asyncio.timeout(delay - MIN_GAP_S):
+                await waker.wait()

@@ -593,8 +593,9 @@ class SimServer:
     async def _stop_engine(self, engine_task: asyncio.Task, server_task: asyncio.Task) -> int:
         """uvicorn stopped (SIGINT/SIGTERM): stop the engine and leave cleanly."""
         self.engine.stop()
-        with contextlib.suppress(asyncio.TimeoutError, Exception):
-            await asyncio.wait_for(engine_task, SHUTDOWN_TIMEOUT_S)
+        with contextlib.suppress(Exception):  # TimeoutError among them
+            async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
+                await engine_task
         exc = server_task.exception() if not server_task.cancelled() else None
         if exc is not None:
             self.log_error(f"HTTP server stopped with an error: {type(exc).__name__}: {exc}")
@@ -622,7 +623,8 @@ class SimServer:
         self.log(f"kill_process_tree called: parent_pid={pid}, include_parent=True, pid={pid}")
         self.server.should_exit = True
         try:
-            await asyncio.wait_for(asyncio.shield(server_task), 0.5)
+            async with asyncio.timeout(0.5):
+                await asyncio.shield(server_task)
         except (TimeoutError, Exception):
             self.server.force_exit = True
         return ExitStatus.ERROR  # as SGLang's server exits after SIGQUIT

@@ -34,6 +34,7 @@ All methods must be called from the thread running the event loop that runs :met
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -1161,10 +1162,9 @@ class Engine:
 
     async def _idle_wait(self) -> None:
         assert self._wake is not None
-        try:
-            await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(IDLE_POLL_S):
+                await self._wake.wait()
         self._wake.clear()
 
     def _die(self, exc: BaseException, stepping: _Scheduler | None) -> None:

@@ -536,9 +536,8 @@ class _Api:
         )
         ok = False
         try:
-            await asyncio.wait_for(
-                self.engine.generate([0], max_new_tokens=1, temperature=0.0, rid=rid), HEALTH_CHECK_TIMEOUT_S
-            )
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+                await self.engine.generate([0], max_new_tokens=1, temperature=0.0, rid=rid)
             ok = True
         except (TimeoutError, EngineDead, ValueError):
             pass

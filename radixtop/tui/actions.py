@@ -790,7 +790,8 @@ class IncidentActions:
             worker.cancel()  # waiting for the user's answer: nothing was launched, nothing to wait for
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(worker.wait(), QUIT_WAIT_S)
+            async with asyncio.timeout(QUIT_WAIT_S):
+                await worker.wait()
 
     def on_unmount(self) -> None:
         # Last resort (the app ended without action_quit): never leave a started server behind.

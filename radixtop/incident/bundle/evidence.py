@@ -120,8 +120,12 @@ class Http:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self._loop.run_until_complete(asyncio.wait_for(self._client.aclose(), 1.0))
+            self._loop.run_until_complete(self._close_client())
         self._loop.close()
+
+    async def _close_client(self) -> None:
+        async with asyncio.timeout(1.0):
+            await self._client.aclose()
 
     def get(self, url: str, params: dict[str, Any] | None = None) -> tuple[int, bytes]:
         if self.cancel.is_set():

@@ -103,7 +103,8 @@ async def _metrics(client: httpx.AsyncClient, url: str) -> Any:
     from radixtop.probes.sglang import MAX_METRICS_BYTES, parse_metrics
 
     try:
-        got = await asyncio.wait_for(fetch(client, f"{url}/metrics", max_bytes=MAX_METRICS_BYTES, timeout_s=2.0), 2.0)
+        async with asyncio.timeout(2.0):
+            got = await fetch(client, f"{url}/metrics", max_bytes=MAX_METRICS_BYTES, timeout_s=2.0)
         if not got.ok:
             return None
         return parse_metrics(got.body.decode("utf-8", "replace"))
@@ -202,10 +203,12 @@ class ConfirmationRun:
         def relay(event: ReplayEvent) -> None:
             self._emit(arm.role, event.message, run=event.run, runs=event.runs, kind=event.kind)
 
+        done = asyncio.Event()  # besides the cancel: a cancel lost in a library still ends the loop
+
         async def watch() -> None:
             last_metrics = 0.0
             async with httpx.AsyncClient() as client:
-                while True:
+                while not done.is_set():
                     await asyncio.sleep(POLL_S)
                     await self._poll(arm.role, window)
                     now = time.monotonic()
@@ -232,6 +235,7 @@ class ConfirmationRun:
             )
             await self._guard(asyncio.sleep(SETTLE_S))
         finally:
+            done.set()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher

@@ -425,7 +425,9 @@ async def wait_healthy(
             if should_stop():
                 return "cancelled"
             try:  # whole answers: a server dripping bytes must not hold the wait past its timeout
-                if (await asyncio.wait_for(fetch(client, f"{url}/health", max_bytes=SHORT_ANSWER_BYTES), 2.0)).ok:
+                async with asyncio.timeout(2.0):
+                    got = await fetch(client, f"{url}/health", max_bytes=SHORT_ANSWER_BYTES)
+                if got.ok:
                     return None
             except TimeoutError:
                 pass

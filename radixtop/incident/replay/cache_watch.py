@@ -36,10 +36,8 @@ MAX_EVENT_PAGES = 50  # 50,000 events after one run; more were dropped by the se
 async def _fetch(client: httpx.AsyncClient, url: str, params: dict[str, str | int] | None = None) -> Fetched | None:
     """GET within one whole-call deadline (httpx's timeout is per read: a dripping server never trips it)."""
     try:
-        return await asyncio.wait_for(
-            fetch(client, url, timeout_s=READ_DEADLINE_S, params=params, max_bytes=MAX_BYTES),
-            READ_DEADLINE_S,
-        )
+        async with asyncio.timeout(READ_DEADLINE_S):
+            return await fetch(client, url, timeout_s=READ_DEADLINE_S, params=params, max_bytes=MAX_BYTES)
     except TimeoutError:
         return None
 

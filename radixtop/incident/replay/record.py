@@ -308,8 +308,9 @@ class RecordingProxy:
         if self._server is not None:
             self._server.should_exit = True
         if self._task is not None:
-            with contextlib.suppress(asyncio.TimeoutError, Exception):
-                await asyncio.wait_for(self._task, 5)
+            with contextlib.suppress(Exception):  # TimeoutError among them
+                async with asyncio.timeout(5):
+                    await self._task
         if self._client is not None:
             await self._client.aclose()
 

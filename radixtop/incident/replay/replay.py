@@ -280,7 +280,8 @@ async def _run_dispatcher(
                 elif "fatal" in doc:
                     why = f"the dispatcher failed: {doc['fatal']}"
         if not ended and why is None:
-            await asyncio.wait_for(proc.wait(), EXIT_WAIT_S)
+            async with asyncio.timeout(EXIT_WAIT_S):
+                await proc.wait()
             why = f"the dispatcher exited with code {proc.returncode}: {(await stderr).strip()[-300:] or 'no message'}"
     except (OSError, ValueError, TimeoutError) as exc:  # a broken pipe, a line that is not JSON
         why = why or f"the dispatcher failed: {type(exc).__name__}: {exc}"
@@ -290,7 +291,8 @@ async def _run_dispatcher(
         if proc.returncode is None:
             if ended:  # it is leaving by itself
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), EXIT_WAIT_S)
+                    async with asyncio.timeout(EXIT_WAIT_S):
+                        await proc.wait()
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
@@ -348,9 +350,9 @@ async def flush_cache(client: httpx.AsyncClient, url: str) -> str | None:
     last = ""
     for attempt in range(FLUSH_ATTEMPTS):
         try:
-            got = await asyncio.wait_for(fetch(client, f"{url}/flush_cache", method="POST",
-                                               max_bytes=SHORT_ANSWER_BYTES, timeout_s=FLUSH_DEADLINE_S),
-                                         FLUSH_DEADLINE_S)
+            async with asyncio.timeout(FLUSH_DEADLINE_S):
+                got = await fetch(client, f"{url}/flush_cache", method="POST", max_bytes=SHORT_ANSWER_BYTES,
+                                  timeout_s=FLUSH_DEADLINE_S)
         except TimeoutError:
             return f"no whole answer within {FLUSH_DEADLINE_S:.0f} s"
         if got.error is not None:
@@ -367,8 +369,8 @@ async def server_alive(client: httpx.AsyncClient, url: str) -> bool:
     from radixtop.probes.http import SHORT_ANSWER_BYTES, fetch
 
     try:
-        got = await asyncio.wait_for(fetch(client, f"{url}/health", max_bytes=SHORT_ANSWER_BYTES,
-                                           timeout_s=HEALTH_DEADLINE_S), HEALTH_DEADLINE_S)
+        async with asyncio.timeout(HEALTH_DEADLINE_S):
+            got = await fetch(client, f"{url}/health", max_bytes=SHORT_ANSWER_BYTES, timeout_s=HEALTH_DEADLINE_S)
     except TimeoutError:
         return False
     return got.ok
@@ -425,8 +427,9 @@ class UsageSampler:
 
         sent = time.time()
         try:
-            got = await asyncio.wait_for(fetch(self._client, f"{self._url}/metrics", max_bytes=MAX_METRICS_BYTES,
-                                               timeout_s=USAGE_DEADLINE_S), USAGE_DEADLINE_S)
+            async with asyncio.timeout(USAGE_DEADLINE_S):
+                got = await fetch(self._client, f"{self._url}/metrics", max_bytes=MAX_METRICS_BYTES,
+                                  timeout_s=USAGE_DEADLINE_S)
         except TimeoutError:
             return
         if got.ok:
@@ -443,7 +446,8 @@ class UsageSampler:
         """One last read (the run's final batches), then ``run`` with its peak token usage."""
         self._stop.set()
         try:
-            await asyncio.wait_for(asyncio.shield(task), USAGE_EVERY_S + USAGE_DEADLINE_S + 1.0)
+            async with asyncio.timeout(USAGE_EVERY_S + USAGE_DEADLINE_S + 1.0):
+                await asyncio.shield(task)
         except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -484,11 +484,13 @@ def main() -> int:
         start = f"a copy of {history.name}" if history else "a 100-line file"
         print(f"\n2. live: {start}, then appending {args.rate:,} lines/s for {args.seconds:g} s")
         workdir = DATA
-        for name, (_, command) in tools(with_lnav, args.baseline).items():
-            if command is None or name not in args.tools.split(","):
-                continue
-            ready = "FOLLOW" if name in ("radixtop", "baseline") else None
-            for _ in range(args.rounds):
+        chosen = [(name, command) for name, (_, command) in tools(with_lnav, args.baseline).items()
+                  if command is not None and name in args.tools.split(",")]
+        # Round by round, each tool in turn (as the start-up test): the machine drifts over minutes,
+        # and one tool's rounds all together would take its drift for the tool's difference.
+        for _ in range(args.rounds):
+            for name, command in chosen:
+                ready = "FOLLOW" if name in ("radixtop", "baseline") else None
                 result = live(command, workdir, args.rate, args.seconds, ready, history)
                 if result is None:
                     continue

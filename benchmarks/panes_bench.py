@@ -54,8 +54,10 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+from tmux_helpers import kill_server  # noqa: E402  (tests/, for the tmux servers' end)
 
 WIDTH, HEIGHT = 160, 48
 
@@ -384,9 +386,7 @@ class Tmux:
             raise SystemExit(f"the command in tmux exited: {' '.join(self.command)}") from None
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
-        tmpdir = os.environ.get("TMUX_TMPDIR", "/tmp")
-        Path(tmpdir, f"tmux-{os.getuid()}", self.socket).unlink(missing_ok=True)
+        kill_server(self.socket)
 
 
 def sglang_lines(n: int, start: int = 0) -> list[str]:

@@ -55,6 +55,10 @@ import psutil
 from bench_rows import row  # benchmarks/ is the script's own directory
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tmux_helpers import kill_server  # noqa: E402  (tests/, for the tmux servers' end)
+
 DATA = Path(__file__).resolve().parent / "data"
 WIDTH, HEIGHT = 160, 48
 LAST_MARKER = "BENCH-LAST-LINE-7f3a"
@@ -171,7 +175,7 @@ class Tmux:
             pid: int | None = self.pid()
         except (subprocess.SubprocessError, ValueError):
             pid = None
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
+        kill_server(self.socket)
         if pid is not None:
             try:
                 psutil.Process(pid).wait(timeout=15)

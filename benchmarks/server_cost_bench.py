@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+from tmux_helpers import kill_server  # noqa: E402  (tests/, for the tmux servers' end)
 
 WIDTH, HEIGHT = 160, 48
 GROUPS, SYSTEM_LEN, QUESTION_LEN, NEW_TOKENS = 8, 64, 64, 64
@@ -169,7 +170,7 @@ class Watcher:
     def stop(self) -> None:
         with contextlib.suppress(psutil.Error):
             self.proc.resume()
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
+        kill_server(self.socket)
 
 
 def radixtop_watching(server, workdir: Path) -> Watcher:  # noqa: ANN001 (tests/real_sglang.RealServer)

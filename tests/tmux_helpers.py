@@ -66,7 +66,12 @@ class Tmux:
         return f"py-spy dump of pid {pid}:\n{done.stdout}{done.stderr}"
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
-        # tmux leaves its socket file behind: remove ours, so runs do not pile them up.
-        tmpdir = os.environ.get("TMUX_TMPDIR", "/tmp")
-        Path(tmpdir, f"tmux-{os.getuid()}", self.socket).unlink(missing_ok=True)
+        kill_server(self.socket)
+
+
+def kill_server(socket: str) -> None:
+    """End the tmux server on ``socket`` and remove its socket file, which tmux leaves behind (runs
+    would pile them up); the benchmarks' tmux wrappers end theirs here too."""
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, timeout=10, check=False)
+    tmpdir = os.environ.get("TMUX_TMPDIR", "/tmp")
+    Path(tmpdir, f"tmux-{os.getuid()}", socket).unlink(missing_ok=True)

@@ -4,9 +4,13 @@ exists and still does what it is used for; a Textual upgrade that changes it fai
 from __future__ import annotations
 
 import inspect
+import random
+import re
+from pathlib import Path
 
+import pytest
 from textual.app import App, ComposeResult
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.widget import Widget
 
@@ -42,3 +46,74 @@ def test_normalize_keys_names_keys_as_a_keymap_binds_them():
 
     assert normalize_keys("?,q,ctrl+c") == ["question_mark", "q", "ctrl+c"]
     assert normalize_keys("&") == ["ampersand"]
+
+
+# A cursor move that writes nothing before the next move, line end or the end: Textual's own
+# compositor moves to a chop that starts at a changed span's right edge and writes it empty.
+_EMPTY_MOVE = re.compile(r"\x1b\[\d+;\d+H(?=\x1b\[\d+;\d+H|\n|$)")
+
+
+def _partial_update(compositor, cls, dirty, console) -> str:
+    """What a partial update writes to the terminal, less its cursor moves that write nothing."""
+    compositor.__class__ = cls
+    compositor._dirty_regions = set(dirty)
+    update = compositor.render_update()
+    return _EMPTY_MOVE.sub("", update.render_segments(console)) if update is not None else ""
+
+
+@pytest.mark.parametrize(("size", "show_findings"), [((160, 48), False), ((80, 24), True)])
+async def test_the_cropped_compositor_writes_what_textuals_own_writes(
+    tmp_path: Path, size: tuple[int, int], show_findings: bool
+) -> None:
+    """For any changed area (each widget's region, the log pane's rows, random rectangles across
+    several widgets), the main screen's compositor writes to the terminal exactly what Textual's
+    own compositor writes, having rendered less."""
+    from test_tui_logpane import append, decode
+    from textual._compositor import Compositor
+
+    from radixtop.tui.app import RadixtopApp
+    from radixtop.widgets.textual_private import CroppedCompositor
+
+    log = tmp_path / "server.log"
+    append(log, *(decode(i) for i in range(300)))
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)
+        if show_findings:
+            await pilot.press("tab")
+            await pilot.pause(0.1)
+        screen = app.screen
+        compositor = screen._compositor
+        assert type(compositor) is CroppedCompositor
+        width, height = size
+        view = app.log_view
+        areas = [region for region, _ in compositor.visible_widgets.values()]
+        areas.append(view.scrollable_content_region)  # the rows a log frame changes
+        rng = random.Random(5)
+        for _ in range(150):
+            x, y = rng.randrange(width), rng.randrange(height)
+            areas.append(Region(x, y, rng.randint(1, width - x), rng.randint(1, height - y)))
+        rendered = {"stock": 0, "cropped": 0}
+        for area in areas:
+            dirty = [area] if rng.random() < 0.7 else [area, areas[rng.randrange(len(areas))]]
+            counts = {}
+            for name, cls in (("stock", Compositor), ("cropped", CroppedCompositor)):
+                calls = 0
+                real_get_renders = cls._get_renders
+
+                def counting(self, crop=None, _real=real_get_renders):
+                    nonlocal calls
+                    for item in _real(self, crop):
+                        calls += 1
+                        yield item
+
+                cls._get_renders = counting  # type: ignore[method-assign]
+                try:
+                    counts[name] = _partial_update(compositor, cls, dirty, app.console)
+                finally:
+                    cls._get_renders = real_get_renders  # type: ignore[method-assign]
+                rendered[name] += calls
+            assert counts["cropped"] == counts["stock"], f"the screen differs for the changed area {dirty}"
+        compositor.__class__ = CroppedCompositor
+        # Less rendered in all: the point of it (a rendering that only matched would not need it).
+        assert rendered["cropped"] < rendered["stock"] * 0.8, rendered

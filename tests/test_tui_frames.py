@@ -117,3 +117,42 @@ async def test_the_status_counters_move_once_a_second_under_bursts_and_end_at_th
             await pilot.pause(0.05)
         assert app.state.total_lines == 44 and shown[-1] == 44, shown
         assert "44 lines" in app.status_line.render().plain
+
+
+async def test_new_lines_redraw_the_rows_and_leave_the_scrollbar_under_them_alone(tmp_path: Path) -> None:
+    """Each frame of a followed log redraws the pane's rows; the horizontal scrollbar under them
+    does not change with new lines, and rendering it afresh was a tenth of a frame."""
+    from textual.scrollbar import ScrollBar
+
+    log = tmp_path / "server.log"
+    append(log, *(decode(i) + " " + "x" * 200 for i in range(40)))  # wider than the pane
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.3)
+        view = app.log_view
+        bar = view.horizontal_scrollbar
+        assert view.show_horizontal_scrollbar and bar.region.area
+        renders: list[int] = []
+        real_render_lines = ScrollBar.render_lines
+
+        def counting(self, crop):
+            if self is bar:
+                renders.append(1)
+            return real_render_lines(self, crop)
+
+        ScrollBar.render_lines = counting  # type: ignore[method-assign]
+        try:
+            frames_before = app.pacer.drawn_version
+            for i in range(10):
+                append(log, decode(100 + i))
+                await pilot.pause(0.25)  # past FRAME_MIN: a frame for each line
+            for _ in range(40):  # bounded: the last line is drawn within a frame or two
+                if app.state.total_lines == 50 and app.pacer.drawn_version == app.state.version:
+                    break
+                await pilot.pause(0.05)
+        finally:
+            ScrollBar.render_lines = real_render_lines  # type: ignore[method-assign]
+        assert app.pacer.drawn_version != frames_before and round(view.scroll_y) == view.max_scroll_y
+        rows = view.render_lines(view.scrollable_content_region.reset_offset)
+        assert "#token: 1109," in "".join(strip.text for strip in rows)  # the last line is on screen
+        assert not renders, f"the scrollbar was rendered {len(renders)} times for 10 new lines"

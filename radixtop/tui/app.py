@@ -59,6 +59,7 @@ from radixtop.tui.terminal import fit_terminal, run_until_quit
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
 from radixtop.widgets.logview import LogView, time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
+from radixtop.widgets.textual_private import CroppedCompositor
 
 BACKLOG_LINES = 5_000  # lines before each file's end shown at start (a screenful plus scrollback)
 INITIAL_WAIT = 0.5  # seconds the first frame waits for that backlog, at most
@@ -101,6 +102,10 @@ def no_log_message() -> list[str]:
 # frame's compositing (benchmarks/README.md). BLANK widgets hand back blank rows of their background instead.
 class TiledScreen(Screen):
     BLANK = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._compositor = CroppedCompositor()  # renders only the rows a frame changes
 
 
 class TiledVertical(Vertical):

@@ -223,7 +223,12 @@ class LogView(ScrollView, can_focus=True):
             if row is not None and row != round(self.scroll_y):
                 self.scroll_to(y=row, animate=False, immediate=True)
         self._anchor = state.view_seq(round(self.scroll_y))
-        self.refresh()
+        self.refresh_rows()
+
+    def refresh_rows(self) -> None:
+        """Redraw the rows, not the horizontal scrollbar under them: new lines leave it as it is,
+        and a scrollbar is rendered afresh on each refresh (a tenth of a log frame)."""
+        self.refresh(Region(0, 0, self.size.width, self.scrollable_content_region.height))
 
     def keep_following(self) -> None:
         """Back to the last line if a layout change (a scrollbar appearing, a resize) moved it away."""
@@ -236,13 +241,17 @@ class LogView(ScrollView, can_focus=True):
         self.call_after_refresh(self.keep_following)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
-        # The vertical scrollbar has no size (CSS above), so the compositor does not place it; a
-        # refresh of a widget it has not placed makes it re-arrange the whole screen at the next
-        # frame (2-3 ms a frame, on each new line). Its position is set quietly, so that Textual's
-        # own `position = new_value` below changes nothing and refreshes nothing.
-        if self.show_vertical_scrollbar and not self.styles.scrollbar_size_vertical:
-            self.vertical_scrollbar.set_reactive(ScrollBar.position, new_value)
-        super().watch_scroll_y(old_value, new_value)
+        # ScrollView's own watcher, but only the rows are redrawn (refresh_rows). The vertical
+        # scrollbar has no size (CSS above), so the compositor does not place it; a refresh of a
+        # widget it has not placed makes it re-arrange the whole screen at the next frame (2-3 ms
+        # a frame, on each new line): its position is then set quietly.
+        if self.show_vertical_scrollbar:
+            if self.styles.scrollbar_size_vertical:
+                self.vertical_scrollbar.position = new_value
+            else:
+                self.vertical_scrollbar.set_reactive(ScrollBar.position, new_value)
+        if round(old_value) != round(new_value):
+            self.refresh_rows()
         self._anchor = self.state.view_seq(round(new_value))
 
     def set_follow(self, follow: bool) -> None:

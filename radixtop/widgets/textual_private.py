@@ -6,9 +6,44 @@ upgrade breaks a test rather than the screen.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["normalize_keys", "update_scrollbars"]
+from textual._compositor import Compositor
+from textual.geometry import Region
+from textual.strip import Strip
+
+__all__ = ["CroppedCompositor", "normalize_keys", "update_scrollbars"]
+
+
+class CroppedCompositor(Compositor):
+    """A compositor that renders, for a partial update, only what the update can show.
+
+    Textual's `_get_renders` renders every widget whose *clip* (its container's region) meets the
+    changed area, and the whole of each, front to back, the first strip at each cut winning: while
+    the log pane scrolls under a flood, every frame also rendered the containers behind it and the
+    row of panes below it, for strips the update threw away (a third of a frame). Here a widget is
+    rendered only on the changed rows, at its full visible width (a chop starts at a cut, and every
+    cut is a widget's edge), and not at all when its visible part misses the changed area or lies,
+    within it, inside one widget in front of it (which then wins every chop there)."""
+
+    def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        if crop is None:
+            yield from super()._get_renders(crop)
+            return
+        top, bottom = crop.y, crop.bottom
+        in_front: list[Region] = []  # visible parts of the widgets rendered so far
+        for widget, (region, clip) in self.visible_widgets.items():
+            visible = region.intersection(clip)
+            if not visible.overlaps(crop):
+                continue
+            shown = visible.intersection(crop)
+            if any(front.contains_region(shown) for front in in_front):
+                continue
+            in_front.append(visible)
+            y1, y2 = max(visible.y, top), min(visible.bottom, bottom)
+            rows = Region(visible.x, y1, visible.width, y2 - y1)
+            yield region, rows, widget.render_lines(Region(rows.x - region.x, y1 - region.y, rows.width, rows.height))
 
 
 def update_scrollbars(widget: Any, virtual_size: Any) -> None:

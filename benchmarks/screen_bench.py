@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import tree_launch
 from bench_rows import row  # benchmarks/ is the script's own directory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,13 +129,6 @@ class Tmux:
     """One tmux server of our own (-L), one session running one command as the pane's process."""
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
-        if command and command[0] == "env":  # ["env", "PYTHONPATH=...", cmd...]: a baseline tree
-            env = dict(env or os.environ)
-            while len(command) > 1 and "=" in command[1]:
-                key, value = command[1].split("=", 1)
-                env[key] = value
-                command = command[1:]
-            command = command[1:]
         self.socket = f"radixtop-bench-{uuid.uuid4().hex[:8]}"
         self.command = command
         self.env = env
@@ -148,8 +142,8 @@ class Tmux:
         # exec: the tool itself is the pane's process, so psutil measures it and not a shell.
         line = "exec " + " ".join(shlex.quote(part) for part in self.command)
         t0 = time.monotonic()
-        # A neutral working directory: `python -m` puts it first on sys.path, and PYTHONPATH must
-        # decide which radixtop runs (this tree, or --baseline's).
+        # A neutral working directory: `python -c` puts it first on sys.path, and the tree the
+        # launcher names must decide which radixtop runs (this tree, or --baseline's).
         subprocess.run(
             ["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", "bench", "-c", str(DATA / "home"),
              "-x", str(WIDTH), "-y", str(HEIGHT), line],
@@ -191,15 +185,13 @@ class Tmux:
 def tools(with_lnav: bool, baseline: str | None = None) -> dict[str, tuple[list[str] | None, list[str] | None]]:
     """name -> (command for the open test, command for the live test); the file is appended.
     None: the tool is not run in that test."""
-    python = sys.executable
     out: dict[str, tuple[list[str] | None, list[str] | None]] = {
-        "radixtop": ([python, "-m", "radixtop", "--log"], [python, "-m", "radixtop", "--log"]),
-        "radixtop --from-start": ([python, "-m", "radixtop", "--from-start", "--log"], None),
+        "radixtop": (tree_launch.command(ROOT, "--log"), tree_launch.command(ROOT, "--log")),
+        "radixtop --from-start": (tree_launch.command(ROOT, "--from-start", "--log"), None),
     }
     if baseline:
-        env = ["env", f"PYTHONPATH={Path(baseline).resolve()}"]
-        out["baseline --from-start"] = ([*env, python, "-m", "radixtop", "--from-start", "--log"], None)
-        out["baseline"] = (None, [*env, python, "-m", "radixtop", "--log"])
+        out["baseline --from-start"] = (tree_launch.command(Path(baseline), "--from-start", "--log"), None)
+        out["baseline"] = (None, tree_launch.command(Path(baseline), "--log"))
     out["tail -f"] = (["tail", "-f"], ["tail", "-f"])
     if with_lnav:
         out["lnav"] = (["lnav"], ["lnav"])
@@ -208,7 +200,6 @@ def tools(with_lnav: bool, baseline: str | None = None) -> dict[str, tuple[list[
 
 def environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TMUX")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["HOME"] = str(DATA / "home")  # lnav keeps state in ~/.lnav: start it fresh and out of the way
     (DATA / "home").mkdir(parents=True, exist_ok=True)
     return env
@@ -428,6 +419,9 @@ def main() -> int:
     # (this machine sets it) every start would otherwise compile the modules changed since.
     for tree in [ROOT, *([Path(args.baseline)] if args.baseline else [])]:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "radixtop")], check=True)
+        runs = tree_launch.package_dir(tree)
+        if runs != (tree / "radixtop").resolve():
+            sys.exit(f"error: the launcher runs {runs}, not {tree / 'radixtop'}; see benchmarks/tree_launch.py")
 
     opened: dict[str, float | None] = {}
     started: dict[str, float | None] = {}

@@ -1,0 +1,33 @@
+"""Run radixtop from a chosen source tree, whichever radixtop the interpreter has installed.
+
+An editable install (`pip install -e .`) puts a finder for its own tree ahead of `sys.path`, so
+`PYTHONPATH=OTHER_TREE python -m radixtop` still runs the installed tree: a before/after run
+would compare a tree with itself. The launcher drops that finder and puts the tree first.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+LAUNCHER = (
+    "import runpy, sys\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith('__editable__')]\n"
+    "sys.path.insert(0, sys.argv.pop(1))\n"
+    "runpy.run_module('radixtop', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def command(tree: Path, *args: str, python: str = sys.executable) -> list[str]:
+    """argv that runs `radixtop ARGS` from `tree` (the directory holding the radixtop package)."""
+    return [python, "-c", LAUNCHER, str(Path(tree).resolve()), *args]
+
+
+def package_dir(tree: Path, python: str = sys.executable) -> Path:
+    """Where the launcher's radixtop package comes from: the check that `tree` is what runs."""
+    probe = LAUNCHER.replace("runpy.run_module('radixtop', run_name='__main__', alter_sys=True)",
+                             "import radixtop; print(radixtop.__path__[0])")
+    out = subprocess.run([python, "-c", probe, str(Path(tree).resolve())], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return Path(out.stdout.strip())

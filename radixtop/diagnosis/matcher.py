@@ -472,6 +472,14 @@ def _literal_line_hits(
 # -- the matcher ----------------------------------------------------------------------------------
 
 
+def literal_signatures(literals: Sequence[str]) -> list[Signature]:
+    """Plain strings as signatures named by themselves, for a matcher that also finds where they
+    occur: one pass over the lines for them and the catalog's signatures together."""
+    from radixtop.diagnosis.catalog import Signature
+
+    return [Signature(text, text, re.escape(text), "info", "", "", (), ()) for text in literals]
+
+
 class Matcher:
     """Match a signature catalog against single lines (`match`) or buffers of lines (`scan`)."""
 
@@ -604,9 +612,7 @@ class Matcher:
     def of_literals(cls, literals: Sequence[str]) -> Matcher:
         """A matcher for a few plain strings, each its own signature (named by itself): which lines
         hold them, in one pass where ``in`` would take one a string."""
-        from radixtop.diagnosis.catalog import Signature
-
-        return cls([Signature(text, text, re.escape(text), "info", "", "", (), ()) for text in literals])
+        return cls(literal_signatures(literals))
 
     def _hyperscan_hits(
         self, raw: list[tuple[int, int]], data: Any, size: int

@@ -39,11 +39,10 @@ ROW_NEEDLES = ("] r=", ") r=", " full_lock=")
 TRIGGER_NEEDLES = ("out of memory", "Out of memory", "Sanity check FAILED")
 POOL_NEEDLES = ("Try to allocate", "available_size=")
 TOTAL_NEEDLE = "#tokens: "
-_NEEDLES = (*ROW_NEEDLES, *TRIGGER_NEEDLES, *POOL_NEEDLES, TOTAL_NEEDLE)
-_ROWS = frozenset(_NEEDLES.index(n) for n in ROW_NEEDLES)  # the needles' indices, by what they announce
-_TRIGGERS = frozenset(_NEEDLES.index(n) for n in TRIGGER_NEEDLES)
-_POOL = frozenset(_NEEDLES.index(n) for n in POOL_NEEDLES)
-_TOTAL = _NEEDLES.index(TOTAL_NEEDLE)
+NEEDLES = (*ROW_NEEDLES, *TRIGGER_NEEDLES, *POOL_NEEDLES, TOTAL_NEEDLE)
+_ROWS = frozenset(ROW_NEEDLES)
+_TRIGGERS = frozenset(TRIGGER_NEEDLES)
+_POOL = frozenset(POOL_NEEDLES)
 
 _LEGACY = re.compile(r"( +)(\d+) (?:array\('\w'(?:, \[(.*)\])?\)|\[(.*)\]) r=(-?\d+)")
 _UNIFIED = re.compile(r"( +)\[(\d+)\] (\d+) full_lock=(-?\d+)((?: \w+=(?:yes|no))*)")
@@ -170,7 +169,7 @@ def parse_row(text: str) -> tuple[TreeForm, PrintedNode] | None:
 
 @cache
 def _needles() -> Matcher:
-    return Matcher.of_literals(_NEEDLES)
+    return Matcher.of_literals(NEEDLES)
 
 
 def _depth(spaces: int) -> int | None:
@@ -217,10 +216,13 @@ class PrintedTreeReader:
         self._building: _Building | None = None
         self._trigger: PrintTrigger | None = None
 
-    def feed(self, texts: Sequence[str]) -> list[PrintedTree]:
-        # Most batches hold no needle: one pass over them all (a flood's lines cost ~0.1 us each).
-        found = {index for _, index in _needles().line_hits(texts)}
-        rows = bool(found & _ROWS) or (self._building is not None and _TOTAL in found)
+    def feed(self, texts: Sequence[str], found: frozenset[str] | None = None) -> list[PrintedTree]:
+        """`found`: the NEEDLES the lines hold, when the caller's own pass over them found them
+        (the log pane's ingest does); otherwise one pass here. Most batches hold none."""
+        if found is None:
+            needles = NEEDLES
+            found = frozenset(needles[index] for _, index in _needles().line_hits(texts))
+        rows = bool(found & _ROWS) or (self._building is not None and TOTAL_NEEDLE in found)
         triggers = bool(found & _TRIGGERS) or (self._trigger is not None and bool(found & _POOL))
         base = self.lines
         self.lines += len(texts)

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixtop.diagnosis.evidence_policy import BATCH_LOOKBACK, OPENER_LOOKBACK, batch_stats_before, find_opener
 from radixtop.diagnosis.logline import opens_record
-from radixtop.diagnosis.matcher import span_search
+from radixtop.diagnosis.matcher import Matcher, literal_signatures, span_search
 from radixtop.diagnosis.severity import Severity, rank
 from radixtop.probes.logbatch import LogRun
+from radixtop.session.needles import NEEDLES, NeedleLines
 
 if TYPE_CHECKING:
     from radixtop.diagnosis.catalog import Catalog
@@ -64,6 +65,7 @@ class IngestResult:
     errors: tuple[str, ...] = ()  # one-line descriptions of what the diagnosis failed on
     max_len: int = 0  # longest text in records
     skipped: tuple[Any, ...] = ()  # SkippedLines the batch carried: parts of files to scan
+    needles: NeedleLines | None = None  # the lines holding session.needles.NEEDLES (None: not looked for)
 
 
 def runs_of(records: Sequence[Any]) -> list[LogRun]:
@@ -128,11 +130,13 @@ class Ingestor:
         self, builder: FindingsBuilder, catalog: Catalog, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._builder = builder
-        self._matcher = builder.matcher
         self._context = builder.context
         self._after = builder.after
         self._clock = clock
-        sigs = list(self._matcher.signatures)
+        sigs = list(builder.matcher.signatures)
+        # The signatures and the needles in one pass over each batch (session/needles.py).
+        self._matcher = Matcher([*sigs, *literal_signatures(NEEDLES)], engine=builder.matcher.engine)
+        self._signatures = len(sigs)
         self._ids = tuple(sig.id for sig in sigs)
         self._severity = tuple(sig.severity for sig in sigs)
         self._rank = tuple(rank(sig.severity) for sig in sigs)
@@ -168,6 +172,7 @@ class Ingestor:
         runs = runs_of(records)
         skipped = tuple(getattr(batch, "skipped", ()))
         marks: dict[int, Mark] = {}
+        needles: dict[str, list[int]] = {}
         errors: list[str] = []
         max_len = 0
         n = 0
@@ -189,7 +194,7 @@ class Ingestor:
                     if generation > self._generation.get(source, 0):
                         self._retire_generations(source, generation)
                     try:
-                        delivered |= self._run(finding_file(source, generation), group, n, texts, marks)
+                        delivered |= self._run(finding_file(source, generation), group, n, texts, marks, needles)
                     except Exception as exc:  # the lines are still shown, unmatched
                         self._error(errors, f"diagnosis failed on {source} ({len(texts)} lines): {exc!r}")
                     n += len(texts)
@@ -204,7 +209,9 @@ class Ingestor:
                 self._error(errors, f"building the findings report failed: {exc!r}")
             errors += self._send_errors
             self._send_errors = []
-        return IngestResult(records, marks, tuple(batch.notices), report, n, tuple(errors), max_len, skipped)
+        return IngestResult(
+            records, marks, tuple(batch.notices), report, n, tuple(errors), max_len, skipped, NeedleLines(needles)
+        )
 
     def _track(self, file: str) -> _FileTrack:
         track = self._files.get(file)
@@ -293,8 +300,12 @@ class Ingestor:
             while track.queue:
                 self._send(track.queue.popleft())
 
-    def _run(self, file: str, runs: Sequence[LogRun], base: int, texts: list[str], marks: dict[int, Mark]) -> bool:
-        """Consecutive lines of one file (one or more runs): match them all at once, queue the hits."""
+    def _run(
+        self, file: str, runs: Sequence[LogRun], base: int, texts: list[str], marks: dict[int, Mark],
+        needles: dict[str, list[int]],
+    ) -> bool:
+        """Consecutive lines of one file (one or more runs): match them all at once, queue the hits;
+        the lines holding a needle go to `needles`, numbered from the batch's first line."""
         track = self._track(file)
         for hit in track.queue:  # earlier hits still collecting their context_after
             if hit.need:
@@ -302,6 +313,12 @@ class Ingestor:
                 hit.after.extend(take)
                 hit.need -= len(take)
         hits = self._matcher.line_hits(texts)
+        signatures = self._signatures
+        found = [hit for hit in hits if hit[1] >= signatures]
+        if found:
+            for line, index in found:
+                needles.setdefault(NEEDLES[index - signatures], []).append(base + line)
+            hits = [hit for hit in hits if hit[1] < signatures]
         if hits:
             now = self._clock()
             by_line: dict[int, list[int]] = {}

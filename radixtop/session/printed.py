@@ -26,13 +26,14 @@ class PrintedTrees:
         self._readers: dict[str, PrintedTreeReader] = {}
         self._seq = 0
 
-    def feed(self, source: str, texts: Sequence[str]) -> list[RadixSample]:
+    def feed(self, source: str, texts: Sequence[str], found: frozenset[str] | None = None) -> list[RadixSample]:
+        """`found`: the needles the lines hold (PrintedTreeReader.feed), when already looked for."""
         reader = self._readers.get(source)
         if reader is None:
             if len(self._readers) >= MAX_FILES:
                 self._readers.pop(next(iter(self._readers)))
             reader = self._readers[source] = PrintedTreeReader()
-        return [self._sample(source, tree) for tree in reader.feed(texts)]
+        return [self._sample(source, tree) for tree in reader.feed(texts, found)]
 
     def _sample(self, source: str, tree: PrintedTree) -> RadixSample:
         self._seq += 1

@@ -243,22 +243,27 @@ _VLLM_STATS = re.compile(
 LIVE_TAIL_LINES = 500  # of a live batch, the lines read for the per-second series
 
 
-def live_lines(texts: Sequence[str]) -> Sequence[str]:
+RARE_NEEDLES = ("etract", "KV cache usage")  # what a retraction line and vLLM's stats line hold
+
+
+def live_lines(texts: Sequence[str], rare: Sequence[int] | None = None) -> Sequence[str]:
     """The lines of a live batch worth reading: the last LIVE_TAIL_LINES and, before them, only
     retraction and vLLM stats lines. A batch comes every frame, so its last lines hold the newest
     value of each per-second series, while a flood of SGLang batch lines (one per scheduler step
     and rank) earlier in it adds nothing; a retraction counts wherever it is, and vLLM writes its
-    stats line only every few seconds."""
+    stats line only every few seconds. `rare`: the lines holding RARE_NEEDLES, ascending, when the
+    caller's own pass over the batch found them (the log pane's ingest does); else one pass here."""
     if len(texts) <= LIVE_TAIL_LINES:
         return texts
-    head = texts[:-LIVE_TAIL_LINES]
-    rare = sorted({line for line, _ in _rare_lines().line_hits(head)})  # one pass: no Python step a line
-    return [head[line] for line in rare] + list(texts[-LIVE_TAIL_LINES:])
+    head_len = len(texts) - LIVE_TAIL_LINES
+    if rare is None:
+        rare = sorted({line for line, _ in _rare_lines().line_hits(texts[:head_len])})  # no Python step a line
+    return [texts[line] for line in rare if line < head_len] + list(texts[head_len:])
 
 
 @cache
 def _rare_lines() -> Matcher:
-    return Matcher.of_literals(("etract", "KV cache usage"))
+    return Matcher.of_literals(RARE_NEEDLES)
 
 
 def log_observations(texts: Iterable[str], now: float | None = None, *, latest_only: bool = False) -> list[Observation]:

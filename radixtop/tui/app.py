@@ -360,7 +360,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
         result = self.ingestor.process(batch)
         self.state.apply(result)
         if self.panes is not None:
-            self.panes.feed_log(batch)
+            self.panes.feed_log(batch, result.needles)
         if result.skipped:
             self._history_parts.extend(result.skipped)
             if self._history_started:

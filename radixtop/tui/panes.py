@@ -32,6 +32,7 @@ from radixtop.widgets.fmt import clock
 if TYPE_CHECKING:
     from radixtop.probes.status import SourceState
     from radixtop.session.live import LiveSources, LiveState, Targets
+    from radixtop.session.needles import NeedleLines
     from radixtop.session.printed import PrintedTrees
 
 RADIX_SUBSYSTEM = "radix-cache"  # the signatures' subsystem the radix pane repeats from the log
@@ -213,9 +214,10 @@ class Panes:
 
     # -- log lines and findings -------------------------------------------------------------
 
-    def feed_log(self, batch: Any) -> None:
+    def feed_log(self, batch: Any, needles: NeedleLines | None = None) -> None:
         """Vitals from the log's batch lines, only while /metrics does not feed them (before the
-        panes run, the last lines are kept for them); and the server probe told its log spoke."""
+        panes run, the last lines are kept for them); and the server probe told its log spoke.
+        `needles`: where the ingest's pass found the readers' needles in the batch (else they look)."""
         runs = getattr(batch.records, "runs", None)
         server = self.sources.server if self.sources is not None else None
         if server is not None:  # lazily: the first line almost always decides
@@ -225,7 +227,7 @@ class Panes:
             if self._state is None:  # the first frame does not wait for the radix pane's imports
                 self._printed_backlog.extend(runs)
             else:
-                self._read_printed_trees(runs)
+                self._read_printed_trees(runs, needles)
         if self._state is not None and not self._log_feeds_vitals():
             return
         texts: list[str]
@@ -236,18 +238,22 @@ class Panes:
         if self._state is None:
             self._log_backlog.extend(texts)
             return
-        from radixtop.session.vitals import live_lines
+        from radixtop.session.vitals import RARE_NEEDLES, live_lines
 
-        self._feed_texts(live_lines(texts))
+        self._feed_texts(live_lines(texts, needles.of(RARE_NEEDLES) if needles is not None else None))
 
-    def _read_printed_trees(self, runs: Any) -> None:
+    def _read_printed_trees(self, runs: Any, needles: NeedleLines | None = None) -> None:
         """A tree SGLang printed at a failure gets a view of its own in the radix pane."""
         if self._printed is None:
             from radixtop.session.printed import PrintedTrees
 
             self._printed = PrintedTrees()
+        start = 0
         for run in runs:
-            for sample in self._printed.feed(run.source, run.texts):
+            size = len(run.texts)
+            found = needles.found(start, start + size) if needles is not None else None
+            start += size
+            for sample in self._printed.feed(run.source, run.texts, found):
                 self.state.board.add(sample)
 
     def _log_feeds_vitals(self) -> bool:

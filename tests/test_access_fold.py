@@ -11,6 +11,7 @@ from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.logline import access_key
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.probes.logbatch import LogBatch, LogRecord
+from radixtop.session.access_fold import second_of
 from radixtop.session.incident_state import IncidentState
 from radixtop.session.ingest import Ingestor
 
@@ -146,3 +147,48 @@ def test_the_fold_is_the_same_however_the_lines_are_split_into_batches():
             feed(split, texts[i : i + n], start=1 + i)
             i += n
         assert view(split) == expected, trial
+
+
+def test_the_rows_are_the_runs_of_access_lines_of_one_second_and_nothing_else_folds():
+    """Against a plain model of the rule: consecutive access lines of the same second (a line that
+    is not one, or names HTTP/ without being one, or matched a signature, ends a run) are one row,
+    its first line's, counting them all; mostly lone access lines, as in a busy server's log."""
+    rng = random.Random(23)
+    catalog = load_catalog()
+    ingestor = Ingestor(FindingsBuilder(catalog, matcher=Matcher(catalog.signatures), context=10), catalog)
+    texts = []
+    for _ in range(3000):
+        roll = rng.random()
+        if roll < 0.3:
+            texts.append(access(rng.randrange(2), rng.choice(["GET", "POST"])))
+        elif roll < 0.33:
+            texts.append('INFO:     127.0.0.1:9 - "GET /health HTTP/1.1" 200 OK')  # no time of its own
+        elif roll < 0.36:
+            texts.append("see HTTP/1.1 in a message")  # names HTTP/, not an access line
+        elif roll < 0.38:
+            texts.append(SEED.replace("RadixCacheError", 'RadixCacheError "POST /generate HTTP/1.1" 503'))
+        else:
+            texts.append(f"[2026-12-03 11:54:0{rng.randrange(2)} TP0] Decode batch, #running-req: 3")
+    state = IncidentState(capacity=10_000, clock=lambda: 1_764_762_876.0)
+    i = 0
+    while i < len(texts):
+        n = rng.randrange(1, 50)
+        feed(state, texts[i : i + n], ingestor, start=1 + i)
+        i += n
+    expected: list[tuple[int, int]] = []  # (seq of the row's line, lines it stands for)
+    run_second = None
+    for seq, text in enumerate(texts):
+        key = None if text.startswith(SEED[:20]) else access_key(text)
+        second = (second_of(text) or "1764762876") if key is not None else None
+        if key is not None and second == run_second:
+            expected[-1] = (expected[-1][0], expected[-1][1] + 1)
+            continue
+        run_second = second
+        expected.append((seq, 1))
+    got = []
+    for row in range(state.view_len):
+        seq = state.view_seq(row)
+        summary = state.folds.summary(seq)
+        got.append((seq - state.first_seq, int(summary.split()[0]) if summary else 1))
+    assert got == expected
+    assert sum(1 for _, n in expected if n > 1) > 50  # rows that count several lines were made

@@ -39,8 +39,8 @@ class _Group:
         self.head = head  # the seq of its first line, which stays visible
         self.second = second
         self.count = 1
-        # A dict, not a Counter: one group is made per access line that starts a row, and a
-        # Counter costs several times more to make.
+        # A dict, not a Counter: one group is made per counted row, and a Counter costs several
+        # times more to make.
         self.kinds: dict[tuple[str, str, str], int] = {key: 1}
 
 
@@ -56,7 +56,10 @@ class AccessFolds:
         # The groups' heads, ascending, pruned from the left: a dict's first key is slow to reach
         # once many keys were deleted from its front.
         self._heads: deque[int] = deque()
-        self._open: _Group | None = None  # the group a next access line of the same second joins
+        # What a next access line of the same second joins: a counted row's group, or a line alone
+        # as (seq, text, fallback second), read only once a second line would join it (most
+        # access lines of a busy log stay alone: reading each cost a fifth of its ingest).
+        self._open: _Group | tuple[int, str, str] | None = None
         self.changed: set[int] = set()  # heads whose row text changed since the view last asked
 
     # -- intake ------------------------------------------------------------------------------------
@@ -77,25 +80,38 @@ class AccessFolds:
             if i != previous + 1:
                 self._open = None
             previous = i
-            text = texts[i]
-            key = None if i in marked_set else access_key(text)
-            seq = start + i
+            if i in marked_set:
+                self._open = None
+                continue
+            seq, text = start + i, texts[i]
+            opened = self._open
+            if opened is None:
+                self._open = (seq, text, fallback_second)
+                continue
+            key = access_key(text)
             if key is None:
                 self._open = None
                 continue
             second = second_of(text) or fallback_second
-            group = self._open
-            if group is not None and group.second == second:
-                if group.count == 1:  # its head becomes a counted row (most access lines stay alone)
-                    self._groups[group.head] = group
-                    self._heads.append(group.head)
-                group.count += 1
-                group.kinds[key] = group.kinds.get(key, 0) + 1
-                self.changed.add(group.head)
-                self._shifted.append(seq - (self._pruned + len(self._hidden) - self._lo))
-                self._hidden.append(seq)
+            if isinstance(opened, tuple):
+                head, head_text, head_fallback = opened
+                head_key = access_key(head_text)
+                if head_key is None or (second_of(head_text) or head_fallback) != second:
+                    self._open = (seq, text, fallback_second)
+                    continue
+                group = self._open = _Group(head, second, head_key)  # the head becomes a counted row
+                self._groups[head] = group
+                self._heads.append(head)
             else:
-                self._open = _Group(seq, second, key)
+                group = opened
+                if group.second != second:
+                    self._open = (seq, text, fallback_second)
+                    continue
+            group.count += 1
+            group.kinds[key] = group.kinds.get(key, 0) + 1
+            self.changed.add(group.head)
+            self._shifted.append(seq - (self._pruned + len(self._hidden) - self._lo))
+            self._hidden.append(seq)
         if previous != len(texts) - 1:
             self._open = None
 
@@ -118,7 +134,8 @@ class AccessFolds:
             head = heads.popleft()
             del self._groups[head]
             self.changed.discard(head)
-        if self._open is not None and self._open.head < first_seq:
+        opened = self._open
+        if opened is not None and (opened[0] if isinstance(opened, tuple) else opened.head) < first_seq:
             self._open = None
 
     # -- the folded view ---------------------------------------------------------------------------

@@ -152,6 +152,7 @@ def test_replay_and_confirms_network_steps_end_within_their_deadlines_against_a_
     from radixtop.incident.replay.cache_watch import READ_DEADLINE_S
     from radixtop.incident.replay.replay import HEALTH_DEADLINE_S, flush_cache, replay_series, server_alive
     from radixtop.incident.replay.trace import plan_requests
+    from radixtop.probes.http import fetch
 
     slow = start_standin(tmp_path, "--mode", "slow", "--drip", "2")
     try:
@@ -168,9 +169,12 @@ def test_replay_and_confirms_network_steps_end_within_their_deadlines_against_a_
                 alive = await server_alive(client, slow.url)
                 flushed = await flush_cache(client, slow.url)
                 checked = time.monotonic() - began
-            return series, replayed, info, informed, alive, flushed, checked
+                began = time.monotonic()
+                fetched = await fetch(client, f"{slow.url}/metrics", timeout_s=1.5)  # what they all call
+                fetched_in = time.monotonic() - began
+            return series, replayed, info, informed, alive, flushed, checked, fetched, fetched_in
 
-        series, replayed, info, informed, alive, flushed, checked = asyncio.run(go())
+        series, replayed, info, informed, alive, flushed, checked, fetched, fetched_in = asyncio.run(go())
     finally:
         slow.stop()
     # The replay's deadlines add up: the cache setting's read, two calls of 3 s, the health check
@@ -180,3 +184,4 @@ def test_replay_and_confirms_network_steps_end_within_their_deadlines_against_a_
     assert all("no whole answer within 3 s" in (o.error or "") for o in series.runs[0].outcomes)
     assert info is None and informed < 6  # two paths, 2 s each
     assert alive is False and flushed and "no whole answer" in flushed and checked < 20
+    assert fetched.status is None and fetched.error == "no whole answer within 1.5 s" and fetched_in < 3

@@ -116,7 +116,8 @@ async def fetch(
     method: str = "GET",
 ) -> Fetched:
     """GET (or ``method``) url; the body is read up to max_bytes (a longer answer is abandoned, not
-    buffered)."""
+    buffered). ``timeout_s`` bounds the whole answer, not only each read as httpx's timeout does:
+    a server that drips bytes cannot hold a probe past it (None: the client's own timeout, per read)."""
     import httpx
 
     started = time.monotonic()
@@ -126,7 +127,7 @@ async def fetch(
         return Fetched(url, status, b"", message, time.monotonic() - started, refused)
 
     try:
-        async with client.stream(method, url, params=params, timeout=timeout) as resp:
+        async with asyncio.timeout(timeout_s), client.stream(method, url, params=params, timeout=timeout) as resp:
             length = resp.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > max_bytes:
                 return failed(
@@ -144,6 +145,8 @@ async def fetch(
                     )
                 chunks.append(chunk)
             return Fetched(url, resp.status_code, b"".join(chunks), None, time.monotonic() - started)
+    except TimeoutError as exc:  # the whole answer's deadline (or an OS timeout httpx did not map)
+        return failed(f"no whole answer within {timeout_s:g} s" if timeout_s is not None else f"TimeoutError: {exc}")
     except httpx.ConnectError as exc:
         if _refused(exc):
             return failed("connection refused (is the server running?)", refused=True)

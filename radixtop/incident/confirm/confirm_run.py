@@ -102,13 +102,12 @@ async def _metrics(client: httpx.AsyncClient, url: str) -> Any:
     from radixtop.probes.http import fetch
     from radixtop.probes.sglang import MAX_METRICS_BYTES, parse_metrics
 
+    got = await fetch(client, f"{url}/metrics", max_bytes=MAX_METRICS_BYTES, timeout_s=2.0)
+    if not got.ok:
+        return None
     try:
-        async with asyncio.timeout(2.0):
-            got = await fetch(client, f"{url}/metrics", max_bytes=MAX_METRICS_BYTES, timeout_s=2.0)
-        if not got.ok:
-            return None
         return parse_metrics(got.body.decode("utf-8", "replace"))
-    except (ValueError, TimeoutError):
+    except ValueError:
         return None
 
 

@@ -33,13 +33,9 @@ MAX_BYTES = 8 << 20  # /server_info, or one page of 1,000 events
 MAX_EVENT_PAGES = 50  # 50,000 events after one run; more were dropped by the server's ring anyway
 
 
-async def _fetch(client: httpx.AsyncClient, url: str, params: dict[str, str | int] | None = None) -> Fetched | None:
-    """GET within one whole-call deadline (httpx's timeout is per read: a dripping server never trips it)."""
-    try:
-        async with asyncio.timeout(READ_DEADLINE_S):
-            return await fetch(client, url, timeout_s=READ_DEADLINE_S, params=params, max_bytes=MAX_BYTES)
-    except TimeoutError:
-        return None
+async def _fetch(client: httpx.AsyncClient, url: str, params: dict[str, str | int] | None = None) -> Fetched:
+    """GET, the whole answer within READ_DEADLINE_S (probes/http.py fetch)."""
+    return await fetch(client, url, timeout_s=READ_DEADLINE_S, params=params, max_bytes=MAX_BYTES)
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ async def read_cache_setting(client: httpx.AsyncClient, url: str, instrument: st
 
     got = await _fetch(client, f"{url}/server_info")
     info: dict[str, Any] = {}
-    if got is not None and got.ok:
+    if got.ok:
         try:
             info = decode_server_info(got.body, url)
         except ValueError:
@@ -84,7 +80,7 @@ async def _rank0_among_ports(client: httpx.AsyncClient, url: str) -> str | None:
         return None
     for candidate in await asyncio.to_thread(instrument_candidates, pid):
         got = await _fetch(client, candidate + HEALTH_PATH)
-        if got is not None and rank_of_health(got.status, got.body) == 0:
+        if rank_of_health(got.status, got.body) == 0:
             return candidate
     return None
 
@@ -99,7 +95,7 @@ class EvictionWatch:
 
     async def _page(self, client: httpx.AsyncClient, since: int, limit: int) -> EventPage | None:
         got = await _fetch(client, self.url, {SINCE_PARAM: since, LIMIT_PARAM: limit})
-        if got is None or not got.ok:
+        if not got.ok:
             return None
         try:
             return parse_events(got.body)

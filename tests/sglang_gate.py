@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 HELPERS = Path(__file__).resolve().parent / "sglang"  # real_cache, scheduler_child, launch_target
@@ -46,13 +48,31 @@ def sglang_python() -> str | None:
     return str(venv / "bin" / "python") if (venv / ".complete").is_file() else None
 
 
+@cache
+def _radixtop_in(python: str) -> str:
+    """Where the environment's interpreter imports radixtop from ("" when it cannot)."""
+    code = "import radixtop, sys; sys.stdout.write(radixtop.__path__[0])"
+    # From /, as a server starts elsewhere: `python -c` would otherwise find this checkout in the cwd.
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=False, cwd="/")
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def why_no_server() -> str | None:
     """None when a real SGLang server can be started here; else why not, in one line (an error
     under RADIXTOP_REQUIRE_SGLANG=1 or RADIXTOP_REQUIRE_SGLANG_SERVER=1, so CI cannot pass by
-    skipping; the second is for the default environment, which has no sglang of its own)."""
-    if sglang_python() is not None:
-        return None
-    why = "needs the real-SGLang environment: run `bash .ci/sglang-tests --build-only` (or set RADIXTOP_SGLANG_PYTHON)"
+    skipping; the second is for the default environment, which has no sglang of its own).
+    The environment's radixtop must be this checkout's: its plugin is the code under test, and the
+    cached environment is shared by every checkout on the machine (the last build points it)."""
+    python = sglang_python()
+    if python is None:
+        why = ("needs the real-SGLang environment: run `bash .ci/sglang-tests --build-only` "
+               "(or set RADIXTOP_SGLANG_PYTHON)")
+    else:
+        found = _radixtop_in(python)
+        if found and Path(found).resolve() == (REPO / "radixtop").resolve():
+            return None
+        why = (f"the real-SGLang environment imports radixtop from {found or 'nowhere'}, not from this checkout: "
+               "run `bash .ci/sglang-tests --build-only` here")
     if "1" in (os.environ.get("RADIXTOP_REQUIRE_SGLANG"), os.environ.get("RADIXTOP_REQUIRE_SGLANG_SERVER")):
         raise RuntimeError(f"RADIXTOP_REQUIRE_SGLANG=1 but the suite {why}")
     return why

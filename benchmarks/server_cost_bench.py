@@ -178,8 +178,9 @@ def radixtop_watching(server, workdir: Path) -> Watcher:  # noqa: ANN001 (tests/
     deadline = time.monotonic() + 60
     while not all(w in watcher.screen() for w in ("server ok", "r0 ok", "procs ok")):  # its status line
         if time.monotonic() > deadline:
+            screen = watcher.screen()
             watcher.stop()
-            raise SystemExit(f"radixtop found no server, debug endpoint or processes in 60 s:\n{watcher.screen()}")
+            raise SystemExit(f"radixtop found no server, debug endpoint or processes in 60 s:\n{screen}")
         time.sleep(0.2)
     watcher.settle()
     return watcher
@@ -196,23 +197,32 @@ def median_interval(values: list[float], resamples: int = 4000) -> tuple[float, 
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def start_pinned(core: str, workdir: Path):  # noqa: ANN201 (tests/real_sglang.RealServer)
-    """The plain and the instrumented server, both on the last CPU (a process inherits its
-    parent's affinity), one torch thread each; this process, its load and radixtop then keep to
-    the other CPUs, as a node's GPUs leave a server its own cores."""
+def start_pinned(core: str, workdir: Path, *, second_plain: bool = False) -> list:  # noqa: ANN201
+    """The plain and the instrumented server (and with second_plain another plain one), all on the
+    last CPU (a process inherits its parent's affinity), one torch thread each; this process, its
+    load and radixtop then keep to the other CPUs, as a node's GPUs leave a server its own cores."""
     from real_sglang import start_server
 
     cpus = sorted(os.sched_getaffinity(0))
     server_cpus, other_cpus = ({cpus[-1]}, set(cpus[:-1])) if len(cpus) > 1 else (set(cpus), set(cpus))
     env = {"OMP_NUM_THREADS": "1"}
     os.sched_setaffinity(0, server_cpus)
+    servers = []
     try:
-        plain = start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain", env=env)
-        instrumented = start_server(workdir / f"{core}-instrumented", plugin=True, core=core, name="instrumented",
-                                    model=plain.model, env=env)
+        servers.append(start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain", env=env))
+        model = servers[0].model
+        servers.append(start_server(workdir / f"{core}-instrumented", plugin=True, core=core, name="instrumented",
+                                    model=model, env=env))
+        if second_plain:
+            servers.append(start_server(workdir / f"{core}-plain-b", plugin=False, core=core, name="plain-b",
+                                        model=model, env=env))
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
     finally:
         os.sched_setaffinity(0, other_cpus)
-    return plain, instrumented
+    return servers
 
 
 ARMS = ("plain", "instrumented", "watched", "plain again")
@@ -222,38 +232,52 @@ CATCH_UP_S = 2.0  # a resumed radixtop first asks what it missed: part of watchi
 
 
 def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
-    plain, instrumented = start_pinned(core, workdir)
-    watcher = None
+    """The rounds on one pair of servers, or with --fresh on servers of each round's own."""
+    rounds: dict[str, list[Round]] = {arm: [] for arm in ARMS}
+    watcher_cpu: list[float] = []
+    servers = start_pinned(core, workdir / "round-0", second_plain=args.fresh)
     try:
-        load(plain, args.concurrency, min(5.0, args.seconds), 0)  # warm both: first calls compile
-        load(instrumented, args.concurrency, min(5.0, args.seconds), 0)
-        watcher = radixtop_watching(instrumented, workdir)
-        watcher.pause()
-        rounds: dict[str, list[Round]] = {arm: [] for arm in ARMS}
-        watcher_cpu: list[float] = []
         for i in range(args.rounds):
-            for arm in ARMS if i % 2 == 0 else ARMS[::-1]:
-                server = plain if arm.startswith("plain") else instrumented
-                if arm == "watched":
-                    watcher.resume()
-                    time.sleep(CATCH_UP_S)
-                    c0, t0 = watcher.cpu(), time.monotonic()
-                rounds[arm].append(load(server, args.concurrency, args.seconds, i + 1))
-                if arm == "watched":
-                    watcher_cpu.append((watcher.cpu() - c0) / (time.monotonic() - t0) * 100.0)
-                    watcher.pause()
-            said = "; ".join(f"{k} {v[-1].tokens_per_s:,.0f} tok/s, {v[-1].cpu_ms_per_token:.2f} CPU ms/token, "
-                             f"p99 {v[-1].p99_ms:,.0f} ms" for k, v in rounds.items())
-            print(f"  {core} round {i + 1}: {said}; radixtop {watcher_cpu[-1]:.1f} % of a core", flush=True)
-        watcher.stop()
-        watcher = None
+            if args.fresh and i:
+                for server in servers:
+                    server.stop()
+                servers = start_pinned(core, workdir / f"round-{i}", second_plain=True)
+            if args.fresh or not i:
+                for server in servers:
+                    load(server, args.concurrency, min(5.0, args.seconds), 0)  # warm: first calls compile
+            run_round(core, i, servers, rounds, watcher_cpu, args, workdir)
         report_load(core, rounds, watcher_cpu, args)
-        footprint(core, instrumented, workdir, args)
+        footprint(core, servers[1], workdir, args)
     finally:
-        if watcher is not None:
-            watcher.stop()
-        plain.stop()
-        instrumented.stop()
+        for server in servers:
+            server.stop()
+
+
+def run_round(core: str, i: int, servers: list, rounds: dict[str, list[Round]], watcher_cpu: list[float],
+              args: argparse.Namespace, workdir: Path) -> None:
+    """Each arm's load once, forward in odd rounds and backward in even ones. The A/A control is
+    the plain server again, or with --fresh a second plain server (another process, as the
+    instrumented one is)."""
+    plain, instrumented = servers[0], servers[1]
+    again = servers[2] if len(servers) > 2 else plain
+    watcher = radixtop_watching(instrumented, workdir)
+    watcher.pause()
+    try:
+        for arm in ARMS if i % 2 == 0 else ARMS[::-1]:
+            server = {"plain": plain, "plain again": again}.get(arm, instrumented)
+            if arm == "watched":
+                watcher.resume()
+                time.sleep(CATCH_UP_S)
+                c0, t0 = watcher.cpu(), time.monotonic()
+            rounds[arm].append(load(server, args.concurrency, args.seconds, i + 1))
+            if arm == "watched":
+                watcher_cpu.append((watcher.cpu() - c0) / (time.monotonic() - t0) * 100.0)
+                watcher.pause()
+    finally:
+        watcher.stop()
+    said = "; ".join(f"{k} {v[-1].tokens_per_s:,.0f} tok/s, {v[-1].cpu_ms_per_token:.2f} CPU ms/token, "
+                     f"p99 {v[-1].p99_ms:,.0f} ms" for k, v in rounds.items())
+    print(f"  {core} round {i + 1}: {said}; radixtop {watcher_cpu[-1]:.1f} % of a core", flush=True)
 
 
 def paired(rounds: dict[str, list[Round]], arm: str, field: str) -> list[float]:
@@ -266,7 +290,8 @@ def paired(rounds: dict[str, list[Round]], arm: str, field: str) -> list[float]:
 
 
 def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[float], args: argparse.Namespace) -> None:
-    print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s per arm at {args.concurrency} in flight; "
+    fresh = "; fresh servers each round, the A/A control a second plain server" if args.fresh else ""
+    print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s per arm at {args.concurrency} in flight{fresh}; "
           "each arm against the same round's plain server, in % (positive: costlier), median (min, max) "
           "[95 % interval of the median]:")
     fields = (("tokens_per_s", "tokens/s"), ("cpu_ms_per_token", "server CPU per token"), ("p99_ms", "p99"))
@@ -284,7 +309,8 @@ def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[flo
         cost = {f: statistics.median(costs[f]) for f, _ in fields}
         within = all(cost[f] <= 2.0 and bands[f][1] <= max(2.0, control_band[f][1])
                      for f in ("tokens_per_s", "cpu_ms_per_token"))
-        row(f"real SGLang server ({core} core), {ARM_NAMES[arm]}, {args.concurrency} in flight: cost in tokens/s "
+        row(f"real SGLang server ({core} core{', fresh servers each round' if args.fresh else ''}), {ARM_NAMES[arm]}, "
+            f"{args.concurrency} in flight: cost in tokens/s "
             "/ server CPU per token, paired with the plain server's rounds, median [95 % interval]",
             f"{cost['tokens_per_s']:+.1f} % [{bands['tokens_per_s'][0]:+.1f}, {bands['tokens_per_s'][1]:+.1f}] / "
             f"{cost['cpu_ms_per_token']:+.1f} % [{bands['cpu_ms_per_token'][0]:+.1f}, "
@@ -324,16 +350,20 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=None)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--core", choices=("rust", "python", "both"), default="rust")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start each round's servers afresh, and a second plain server for the A/A control: "
+                             "two server processes can differ by 10 %% for a whole run")
     args = parser.parse_args()
     args.rounds = args.rounds or (4 if args.quick else 8)  # even: as many rounds forward as backward
     args.seconds = args.seconds or (5.0 if args.quick else 10.0)
     args.idle_seconds = args.idle_seconds or (20.0 if args.quick else 60.0)
     if not (1 <= args.rounds <= 20 and 1 <= args.seconds <= 600 and 1 <= args.concurrency <= 64):
         raise SystemExit("--rounds 1-20, --seconds 1-600, --concurrency 1-64")
-    from sglang_gate import sglang_python
+    from sglang_gate import why_no_server
 
-    if sglang_python() is None:
-        raise SystemExit("the real-SGLang environment is missing: run bash .ci/sglang-tests --build-only")
+    why = why_no_server()
+    if why is not None:
+        raise SystemExit(f"error: {why}")
     print(f"load average before: {psutil.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="server-cost-") as tmp:
         for core in (("rust", "python") if args.core == "both" else (args.core,)):

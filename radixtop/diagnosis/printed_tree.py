@@ -220,8 +220,7 @@ class PrintedTreeReader:
         """`found`: the NEEDLES the lines hold, when the caller's own pass over them found them
         (the log pane's ingest does); otherwise one pass here. Most batches hold none."""
         if found is None:
-            needles = NEEDLES
-            found = frozenset(needles[index] for _, index in _needles().line_hits(texts))
+            found = frozenset(NEEDLES[index] for _, index in _needles().line_hits(texts))
         rows = bool(found & _ROWS) or (self._building is not None and TOTAL_NEEDLE in found)
         triggers = bool(found & _TRIGGERS) or (self._trigger is not None and bool(found & _POOL))
         base = self.lines

@@ -10,12 +10,12 @@ from test_access_fold import SEED, access
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
-from radixtop.diagnosis.printed_tree import NEEDLES as PRINTED_TREE_NEEDLES
+from radixtop.diagnosis.needles import PRINTED_TREE_NEEDLES, RARE_NEEDLES
 from radixtop.diagnosis.printed_tree import PrintedTreeReader
 from radixtop.probes.logbatch import LogBatch, LogRecord
 from radixtop.session.ingest import Ingestor
 from radixtop.session.needles import NEEDLES
-from radixtop.session.vitals import RARE_NEEDLES, live_lines
+from radixtop.session.vitals import live_lines
 
 DECODE = "[2026-12-03 11:54:{s:02d} TP{r}] Decode batch, #running-req: 7, #token: 900, token usage: 0.55, #queue-req: 1"
 RETRACT = "[2026-12-03 11:54:{s:02d} TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3"

@@ -598,7 +598,8 @@ def test_panes_redrawn_after_the_log_frame_once_however_often_asked():
 
 def test_the_app_imports_no_probe_before_its_first_frame():
     """Discovery (psutil), the HTTP probes and the schema are imported when the panes start, after
-    the log's first frame (70-100 ms of start-up here)."""
+    the log's first frame (70-100 ms of start-up here); so are the printed-tree reader and the
+    vitals, whose needles the log's ingest looks for (diagnosis/needles.py)."""
     import subprocess
     import sys
 
@@ -606,7 +607,8 @@ def test_the_app_imports_no_probe_before_its_first_frame():
         "import sys, radixtop.tui.app; "
         "print(sorted(m for m in sys.modules if m.startswith(('radixtop.probes.discovery', 'radixtop.probes.sglang', "
         "'radixtop.probes.radix', 'radixtop.probes.gpu', 'radixtop.session.live', 'psutil', "
-        "'radixtop.widgets.radix'))))"
+        "'radixtop.widgets.radix', 'radixtop.schema', 'radixtop.diagnosis.printed_tree', 'radixtop.session.vitals', "
+        "'radixtop.session.printed'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

@@ -30,19 +30,22 @@ from typing import Literal
 
 from radixtop.diagnosis.logline import parse_line, strip_ansi
 from radixtop.diagnosis.matcher import Matcher
+from radixtop.diagnosis.needles import (
+    PRINTED_TREE_NEEDLES,
+    TREE_POOL_NEEDLES,
+    TREE_ROW_NEEDLES,
+    TREE_TOTAL_NEEDLE,
+    TREE_TRIGGER_NEEDLES,
+)
 from radixtop.schema import MAX_HEAD_TOKENS, Branch, Snapshot, heaviest_first, rebuilt_snapshot
 
 TreeForm = Literal["radix-cache", "unified"]
 
 # Cheap tests a whole batch passes before any line is looked at (a flood has none of them).
-ROW_NEEDLES = ("] r=", ") r=", " full_lock=")
-TRIGGER_NEEDLES = ("out of memory", "Out of memory", "Sanity check FAILED")
-POOL_NEEDLES = ("Try to allocate", "available_size=")
-TOTAL_NEEDLE = "#tokens: "
-NEEDLES = (*ROW_NEEDLES, *TRIGGER_NEEDLES, *POOL_NEEDLES, TOTAL_NEEDLE)
-_ROWS = frozenset(ROW_NEEDLES)
-_TRIGGERS = frozenset(TRIGGER_NEEDLES)
-_POOL = frozenset(POOL_NEEDLES)
+NEEDLES = PRINTED_TREE_NEEDLES
+_ROWS = frozenset(TREE_ROW_NEEDLES)
+_TRIGGERS = frozenset(TREE_TRIGGER_NEEDLES)
+_POOL = frozenset(TREE_POOL_NEEDLES)
 
 _LEGACY = re.compile(r"( +)(\d+) (?:array\('\w'(?:, \[(.*)\])?\)|\[(.*)\]) r=(-?\d+)")
 _UNIFIED = re.compile(r"( +)\[(\d+)\] (\d+) full_lock=(-?\d+)((?: \w+=(?:yes|no))*)")
@@ -221,7 +224,7 @@ class PrintedTreeReader:
         (the log pane's ingest does); otherwise one pass here. Most batches hold none."""
         if found is None:
             found = frozenset(NEEDLES[index] for _, index in _needles().line_hits(texts))
-        rows = bool(found & _ROWS) or (self._building is not None and TOTAL_NEEDLE in found)
+        rows = bool(found & _ROWS) or (self._building is not None and TREE_TOTAL_NEEDLE in found)
         triggers = bool(found & _TRIGGERS) or (self._trigger is not None and bool(found & _POOL))
         base = self.lines
         self.lines += len(texts)

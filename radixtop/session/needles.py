@@ -1,8 +1,8 @@
 """The plain strings the radix pane and the vitals look for in a batch, found in the ingest's pass.
 
 Besides the catalog's signatures, two readers look at only a few lines of a busy log: the printed
-radix tree reader (a tree's rows and what announces one, `printed_tree.NEEDLES`) and the vitals
-(retractions and vLLM's stats line, `vitals.RARE_NEEDLES`). Each found its lines in a pass of its
+radix tree reader (a tree's rows and what announces one) and the vitals (retractions and vLLM's
+stats line); their needles are in `diagnosis/needles.py`. Each found its lines in a pass of its
 own over the batch, joining, encoding and scanning it again. `Ingestor` scans once for the
 signatures and these needles together, and hands the readers the lines that hold their needles,
 as `NeedleLines`. The HTTP access folds keep their own test: an access line is a tenth of a
@@ -15,8 +15,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from radixtop.diagnosis.printed_tree import NEEDLES as PRINTED_TREE_NEEDLES
-from radixtop.session.vitals import RARE_NEEDLES
+from radixtop.diagnosis.needles import PRINTED_TREE_NEEDLES, RARE_NEEDLES
 
 NEEDLES: tuple[str, ...] = tuple(dict.fromkeys((*PRINTED_TREE_NEEDLES, *RARE_NEEDLES)))
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from radixtop.diagnosis.logline import parse_line
 from radixtop.diagnosis.matcher import Matcher
+from radixtop.diagnosis.needles import RARE_NEEDLES
 
 HISTORY_S = 1800  # seconds of history kept per series
 METRICS_PRECEDENCE_S = 15.0  # a series fed by /metrics this recently ignores the log
@@ -242,8 +243,6 @@ _VLLM_STATS = re.compile(
 
 LIVE_TAIL_LINES = 500  # of a live batch, the lines read for the per-second series
 
-
-RARE_NEEDLES = ("etract", "KV cache usage")  # what a retraction line and vLLM's stats line hold
 
 
 def live_lines(texts: Sequence[str], rare: Sequence[int] | None = None) -> Sequence[str]:

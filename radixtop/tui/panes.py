@@ -238,7 +238,8 @@ class Panes:
         if self._state is None:
             self._log_backlog.extend(texts)
             return
-        from radixtop.session.vitals import RARE_NEEDLES, live_lines
+        from radixtop.diagnosis.needles import RARE_NEEDLES
+        from radixtop.session.vitals import live_lines
 
         self._feed_texts(live_lines(texts, needles.of(RARE_NEEDLES) if needles is not None else None))
 

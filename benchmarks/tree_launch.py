@@ -11,12 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-LAUNCHER = (
+# Drops the editable finder and puts the tree (the first argument) first on sys.path.
+SETUP = (
     "import runpy, sys\n"
     "sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith('__editable__')]\n"
     "sys.path.insert(0, sys.argv.pop(1))\n"
-    "runpy.run_module('radixtop', run_name='__main__', alter_sys=True)\n"
 )
+LAUNCHER = SETUP + "runpy.run_module('radixtop', run_name='__main__', alter_sys=True)\n"
 
 
 def command(tree: Path, *args: str, python: str = sys.executable) -> list[str]:
@@ -26,8 +27,7 @@ def command(tree: Path, *args: str, python: str = sys.executable) -> list[str]:
 
 def package_dir(tree: Path, python: str = sys.executable) -> Path:
     """Where the launcher's radixtop package comes from: the check that `tree` is what runs."""
-    probe = LAUNCHER.replace("runpy.run_module('radixtop', run_name='__main__', alter_sys=True)",
-                             "import radixtop; print(radixtop.__path__[0])")
+    probe = SETUP + "import radixtop; print(radixtop.__path__[0])\n"
     out = subprocess.run([python, "-c", probe, str(Path(tree).resolve())], capture_output=True, text=True,
                          check=True, timeout=60)
     return Path(out.stdout.strip())

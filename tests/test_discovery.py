@@ -18,6 +18,7 @@ import psutil
 import pytest
 from pane_helpers import start_sim, stop
 
+from radixtop.probes import discovery
 from radixtop.probes.discovery import Discovery, discover
 from radixtop.probes.server_cmdline import classify
 
@@ -268,16 +269,24 @@ async def test_rediscovery_asks_a_server_it_described_in_full_nothing_more(tmp_p
         stop(proc)
 
 
-async def test_a_server_the_user_named_is_the_only_one_asked(tmp_path: Path) -> None:
+async def test_a_server_the_user_named_is_the_only_one_asked(tmp_path: Path, monkeypatch) -> None:
     """radixtop --url A on a node that also runs B: B's access log gets no line from it."""
     from radixtop.probes.discovery import Rediscovery
 
     a, url_a, log_a = start_sim(tmp_path / "a")
     b, url_b, log_b = start_sim(tmp_path / "b")
     try:
-        found = await Rediscovery(url_a)()
+        again = Rediscovery(url_a)
+        found = await again()
         assert [s.url for s in found.servers] == [url_a]
         assert log_a.read_text().count('"GET ') > 0 and log_b.read_text().count('"GET ') == 0
+        # Found listening on the port once, the same process's sockets are not read again.
+        read: list[int] = []
+        listens_on = discovery._listens_on
+        monkeypatch.setattr(discovery, "_listens_on",
+                            lambda cand, port: read.append(cand.proc.pid) or listens_on(cand, port))
+        assert [s.url for s in (await again()).servers] == [url_a]
+        assert a.pid not in read and b.pid in read
         # A URL no server on the node listens on (a container's published port): every one is described.
         everyone = await Rediscovery("http://127.0.0.1:1")()
         assert {url_a, url_b} <= {s.url for s in everyone.servers}

@@ -397,6 +397,13 @@ def _listens_on(cand: _Candidate, port: int) -> bool:
     return any(p == port for _, p in _listening(tree)[0])
 
 
+def _known_on(known: Mapping[tuple[int, float], FoundServer] | None, cand: _Candidate, port: int) -> bool:
+    """Seen listening on `port` before (the same pid and start): its sockets are not read again,
+    which took most of an idle radixtop's discovery (every socket on the node, every fd)."""
+    seen = (known or {}).get((cand.proc.pid, cand.started))
+    return seen is not None and port in seen.ports
+
+
 def _complete(server: FoundServer) -> bool:
     """Described in full: asking it again would find nothing new (its url, log and endpoints)."""
     return bool(server.url and server.log_path and (server.instrument_urls or server.kind not in ("sglang", "sim")))
@@ -420,7 +427,9 @@ async def discover(
     try:
         candidates, notes = await asyncio.to_thread(find_candidates, skip)
         if port is not None:
-            named = [c for c in candidates if await asyncio.to_thread(_listens_on, c, port)]
+            named = [
+                c for c in candidates if _known_on(known, c, port) or await asyncio.to_thread(_listens_on, c, port)
+            ]
             candidates = named or candidates
         servers = []
         for cand in candidates:

@@ -95,16 +95,19 @@ async def test_the_cropped_compositor_writes_what_textuals_own_writes(
             areas.append(Region(x, y, rng.randint(1, width - x), rng.randint(1, height - y)))
         rendered = {"stock": 0, "cropped": 0}
         for area in areas:
-            dirty = [area] if rng.random() < 0.7 else [area, areas[rng.randrange(len(areas))]]
+            # One changed area, or two or three anywhere (an idle screen: a row here, a row there).
+            dirty = [area, *(areas[rng.randrange(len(areas))] for _ in range(rng.choice((0, 0, 1, 2))))]
             counts = {}
             for name, cls in (("stock", Compositor), ("cropped", CroppedCompositor)):
                 calls = 0
                 real_get_renders = cls._get_renders
+                drawn: list[Region] = []
 
-                def counting(self, crop=None, _real=real_get_renders):
+                def counting(self, crop=None, _real=real_get_renders, _drawn=drawn):
                     nonlocal calls
                     for item in _real(self, crop):
                         calls += 1
+                        _drawn.append(item[1])
                         yield item
 
                 cls._get_renders = counting  # type: ignore[method-assign]
@@ -113,6 +116,8 @@ async def test_the_cropped_compositor_writes_what_textuals_own_writes(
                 finally:
                     cls._get_renders = real_get_renders  # type: ignore[method-assign]
                 rendered[name] += calls
+                if name == "cropped":  # nothing rendered between the changed areas
+                    assert all(any(rows.overlaps(changed) for changed in dirty) for rows in drawn), dirty
             assert counts["cropped"] == counts["stock"], f"the screen differs for the changed area {dirty}"
         compositor.__class__ = CroppedCompositor
         # Less rendered in all: the point of it (a rendering that only matched would not need it).

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from textual._compositor import Compositor
+from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
 from textual.strip import Strip
 
@@ -20,28 +20,39 @@ class CroppedCompositor(Compositor):
     """A compositor that renders, for a partial update, only what the update can show.
 
     Textual's `_get_renders` renders every widget whose *clip* (its container's region) meets the
-    changed area, and the whole of each, front to back, the first strip at each cut winning: while
-    the log pane scrolls under a flood, every frame also rendered the containers behind it and the
-    row of panes below it, for strips the update threw away (a third of a frame). Here a widget is
-    rendered only on the changed rows, at its full visible width (a chop starts at a cut, and every
-    cut is a widget's edge), and not at all when its visible part misses the changed area or lies,
-    within it, inside one widget in front of it (which then wins every chop there)."""
+    box around every changed area, and the whole of each, front to back, the first strip at each
+    cut winning: while the log pane scrolls under a flood, every frame also rendered the containers
+    behind it and the row of panes below it, for strips the update threw away (a third of a
+    frame); on an idle server, a changed row in one pane and one in another rendered every pane
+    between them. Here a widget is rendered only on the rows its changed parts span, at its full
+    visible width (a chop starts at a cut, and every cut is a widget's edge), and not at all when
+    none of the changed areas meets its visible part, or each part it meets lies inside one widget
+    in front of it (which then wins every chop there). What is written is Textual's own: the update
+    writes only the changed spans."""
+
+    _changed: list[Region] | None = None  # the partial update's changed areas, while it renders
+
+    def render_partial_update(self) -> ChopsUpdate | None:
+        self._changed = list(self._dirty_regions)
+        try:
+            return super().render_partial_update()
+        finally:
+            self._changed = None
 
     def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
         if crop is None:
             yield from super()._get_renders(crop)
             return
-        top, bottom = crop.y, crop.bottom
+        changed = [area.intersection(crop) for area in (self._changed or [crop])]
         in_front: list[Region] = []  # visible parts of the widgets rendered so far
         for widget, (region, clip) in self.visible_widgets.items():
             visible = region.intersection(clip)
-            if not visible.overlaps(crop):
-                continue
-            shown = visible.intersection(crop)
-            if any(front.contains_region(shown) for front in in_front):
+            parts = [visible.intersection(area) for area in changed if visible.overlaps(area)]
+            parts = [part for part in parts if not any(front.contains_region(part) for front in in_front)]
+            if not parts:
                 continue
             in_front.append(visible)
-            y1, y2 = max(visible.y, top), min(visible.bottom, bottom)
+            y1, y2 = min(part.y for part in parts), max(part.bottom for part in parts)
             rows = Region(visible.x, y1, visible.width, y2 - y1)
             yield region, rows, widget.render_lines(Region(rows.x - region.x, y1 - region.y, rows.width, rows.height))
 

@@ -24,6 +24,10 @@ it adds inside the server's process, not two processes contending for a core.
    same round's plain server (a drift across rounds falls on both): generated tokens/s, the
    server's CPU seconds (every process) per generated token, and the p99 of a call's latency;
    medians over the rounds.
+   With `--switch`, one instrumented server per core and its instrument switched inside the
+   process (`benchmarks/instrument_switch/sitecustomize.py`, on the server's PYTHONPATH, takes
+   the hooks, the endpoint and the census off at the scheduler's safe point and puts them back):
+   arms off, on, off again (the A/A control), so that no two server processes are compared.
 2. **radixtop's footprint.** The same radixtop, the server idle, for `--idle-seconds`: CPU of the
    radixtop process (every thread, user+system, as `top` shows it) and its RSS. Peer in the same
    window: `top -d 1` in a tmux of the same size (the monitor one runs on a node anyway).
@@ -35,6 +39,7 @@ at all); radixtop at most 3 % of a core idle.
 
     python benchmarks/server_cost_bench.py --quick
     python benchmarks/server_cost_bench.py --core both       # 8 rounds of 10 s per arm, about 25 min
+    python benchmarks/server_cost_bench.py --core python --switch --rounds 12
 """
 
 from __future__ import annotations
@@ -197,37 +202,50 @@ def median_interval(values: list[float], resamples: int = 4000) -> tuple[float, 
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def start_pinned(core: str, workdir: Path, *, second_plain: bool = False) -> list:  # noqa: ANN201
-    """The plain and the instrumented server (and with second_plain another plain one), all on the
-    last CPU (a process inherits its parent's affinity), one torch thread each; this process, its
-    load and radixtop then keep to the other CPUs, as a node's GPUs leave a server its own cores."""
-    from real_sglang import start_server
-
+@contextlib.contextmanager
+def on_server_cpu():  # noqa: ANN201
+    """Servers started inside keep to the last CPU (a process inherits its parent's affinity); this
+    process, its load and radixtop then keep to the other CPUs, as a node's GPUs leave a server its
+    own cores."""
     cpus = sorted(os.sched_getaffinity(0))
     server_cpus, other_cpus = ({cpus[-1]}, set(cpus[:-1])) if len(cpus) > 1 else (set(cpus), set(cpus))
-    env = {"OMP_NUM_THREADS": "1"}
     os.sched_setaffinity(0, server_cpus)
-    servers = []
     try:
-        servers.append(start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain", env=env))
-        model = servers[0].model
-        servers.append(start_server(workdir / f"{core}-instrumented", plugin=True, core=core, name="instrumented",
-                                    model=model, env=env))
-        if second_plain:
-            servers.append(start_server(workdir / f"{core}-plain-b", plugin=False, core=core, name="plain-b",
-                                        model=model, env=env))
-    except BaseException:
-        for server in servers:
-            server.stop()
-        raise
+        yield
     finally:
         os.sched_setaffinity(0, other_cpus)
+
+
+def start_pinned(core: str, workdir: Path, *, second_plain: bool = False) -> list:  # noqa: ANN201
+    """The plain and the instrumented server (and with second_plain another plain one), all on the
+    last CPU, one torch thread each."""
+    from real_sglang import start_server
+
+    env = {"OMP_NUM_THREADS": "1"}
+    servers = []
+    with on_server_cpu():
+        try:
+            servers.append(start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain", env=env))
+            model = servers[0].model
+            servers.append(start_server(workdir / f"{core}-instrumented", plugin=True, core=core,
+                                        name="instrumented", model=model, env=env))
+            if second_plain:
+                servers.append(start_server(workdir / f"{core}-plain-b", plugin=False, core=core, name="plain-b",
+                                            model=model, env=env))
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
     return servers
 
 
 ARMS = ("plain", "instrumented", "watched", "plain again")
 ARM_NAMES = {"plain": "plain", "instrumented": "instrumented, nobody watching",
              "watched": "instrumented, radixtop watching", "plain again": "plain again (the A/A control)"}
+SWITCH_NAMES = {"plain": "instrument off", "instrumented": "instrument on, nobody watching",
+                "plain again": "instrument off again (the A/A control)"}
+SWITCH_DIR = ROOT / "benchmarks" / "instrument_switch"  # its sitecustomize.py switches the instrument
+SWITCH_TIMEOUT_S = 60.0
 CATCH_UP_S = 2.0  # a resumed radixtop first asks what it missed: part of watching, but not of the round
 
 
@@ -251,6 +269,66 @@ def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+class Switch:
+    """One instrumented server whose instrument is switched off and on inside its process."""
+
+    def __init__(self, core: str, workdir: Path) -> None:
+        from real_sglang import start_server
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.flag = workdir / "instrument-on"
+        self.flag.touch()
+        env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(SWITCH_DIR), "RADIXTOP_BENCH_SWITCH": str(self.flag)}
+        with on_server_cpu():
+            self.server = start_server(workdir / f"{core}-switched", plugin=True, core=core, name="switched", env=env)
+        self.on = True
+
+    def set(self, on: bool) -> None:
+        """Switch, and return once the scheduler says it has (it looks between loop iterations:
+        short calls keep its loop turning meanwhile)."""
+        if on:
+            self.flag.touch()
+        else:
+            self.flag.unlink(missing_ok=True)
+        ack, want = Path(f"{self.flag}.ack"), "1" if on else "0"
+        deadline = time.monotonic() + SWITCH_TIMEOUT_S
+        while time.monotonic() < deadline:
+            said = ack.read_text() if ack.exists() else ""
+            if said == want:
+                self.on = on
+                return
+            if said == "not attached":
+                raise SystemExit(f"the instrument did not attach again:\n{self.server.text()[-2000:]}")
+            httpx.post(f"{self.server.url}/generate", json={"input_ids": [VOCAB_LOW] * 4,
+                       "sampling_params": {"max_new_tokens": 1}}, timeout=30).raise_for_status()
+            time.sleep(0.1)
+        raise SystemExit(f"the scheduler did not switch its instrument {'on' if on else 'off'} "
+                         f"within {SWITCH_TIMEOUT_S:.0f} s (is {SWITCH_DIR}/sitecustomize.py on its PYTHONPATH?)")
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def run_switched(core: str, args: argparse.Namespace, workdir: Path) -> None:
+    """The rounds on one server, the instrument switched for each arm: off, on, off again (the A/A
+    control), forward in odd rounds and backward in even ones."""
+    rounds: dict[str, list[Round]] = {arm: [] for arm in SWITCH_NAMES}
+    switch = Switch(core, workdir)
+    try:
+        switch.set(True)  # attached: what the plugin did at start-up
+        load(switch.server, args.concurrency, min(5.0, args.seconds), 0)  # warm: first calls compile
+        for i in range(args.rounds):
+            for arm in list(SWITCH_NAMES) if i % 2 == 0 else list(SWITCH_NAMES)[::-1]:
+                switch.set(arm == "instrumented")
+                rounds[arm].append(load(switch.server, args.concurrency, args.seconds, i + 1))
+            said = "; ".join(f"{SWITCH_NAMES[k]} {v[-1].tokens_per_s:,.0f} tok/s, {v[-1].cpu_ms_per_token:.2f} "
+                             f"CPU ms/token, p99 {v[-1].p99_ms:,.0f} ms" for k, v in rounds.items())
+            print(f"  {core} round {i + 1}: {said}", flush=True)
+        report_load(core, rounds, [], args)
+    finally:
+        switch.stop()
 
 
 def run_round(core: str, i: int, servers: list, rounds: dict[str, list[Round]], watcher_cpu: list[float],
@@ -290,17 +368,19 @@ def paired(rounds: dict[str, list[Round]], arm: str, field: str) -> list[float]:
 
 
 def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[float], args: argparse.Namespace) -> None:
-    fresh = "; fresh servers each round, the A/A control a second plain server" if args.fresh else ""
+    names = SWITCH_NAMES if args.switch else ARM_NAMES
+    fresh = ("; one server, its instrument switched off and on for the arms" if args.switch else
+             "; fresh servers each round, the A/A control a second plain server" if args.fresh else "")
     print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s per arm at {args.concurrency} in flight{fresh}; "
-          "each arm against the same round's plain server, in % (positive: costlier), median (min, max) "
+          f"each arm against the same round's {names['plain']} arm, in % (positive: costlier), median (min, max) "
           "[95 % interval of the median]:")
     fields = (("tokens_per_s", "tokens/s"), ("cpu_ms_per_token", "server CPU per token"), ("p99_ms", "p99"))
     control = {f: paired(rounds, "plain again", f) for f, _ in fields}
     control_band = {f: median_interval(control[f]) for f, _ in fields}
-    for arm in ARMS[1:]:
+    for arm in [arm for arm in ARMS[1:] if arm in rounds]:
         costs = {f: paired(rounds, arm, f) for f, _ in fields}
         bands = {f: median_interval(costs[f]) for f, _ in fields}
-        print(f"  {ARM_NAMES[arm]:34} " + "; ".join(
+        print(f"  {names[arm]:34} " + "; ".join(
             f"{what} {spread(costs[f])} [{bands[f][0]:+.1f}, {bands[f][1]:+.1f}]" for f, what in fields))
         if arm == "plain again":
             continue
@@ -309,18 +389,20 @@ def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[flo
         cost = {f: statistics.median(costs[f]) for f, _ in fields}
         within = all(cost[f] <= 2.0 and bands[f][1] <= max(2.0, control_band[f][1])
                      for f in ("tokens_per_s", "cpu_ms_per_token"))
-        row(f"real SGLang server ({core} core{', fresh servers each round' if args.fresh else ''}), {ARM_NAMES[arm]}, "
+        how = ", one server switched" if args.switch else ", fresh servers each round" if args.fresh else ""
+        row(f"real SGLang server ({core} core{how}), {names[arm]}, "
             f"{args.concurrency} in flight: cost in tokens/s "
-            "/ server CPU per token, paired with the plain server's rounds, median [95 % interval]",
+            f"/ server CPU per token, paired with the same round's {names['plain']} arm, median [95 % interval]",
             f"{cost['tokens_per_s']:+.1f} % [{bands['tokens_per_s'][0]:+.1f}, {bands['tokens_per_s'][1]:+.1f}] / "
             f"{cost['cpu_ms_per_token']:+.1f} % [{bands['cpu_ms_per_token'][0]:+.1f}, "
             f"{bands['cpu_ms_per_token'][1]:+.1f}]",
-            f"plain again (A/A): {statistics.median(control['tokens_per_s']):+.1f} % "
+            f"{names['plain again']}: {statistics.median(control['tokens_per_s']):+.1f} % "
             f"[{control_band['tokens_per_s'][0]:+.1f}, {control_band['tokens_per_s'][1]:+.1f}] / "
             f"{statistics.median(control['cpu_ms_per_token']):+.1f} % [{control_band['cpu_ms_per_token'][0]:+.1f}, "
             f"{control_band['cpu_ms_per_token'][1]:+.1f}]",
             "median within 2 %, interval within the A/A control's", within)
-    print(f"  radixtop while the load ran: {spread(watcher_cpu)} % of a core")
+    if watcher_cpu:
+        print(f"  radixtop while the load ran: {spread(watcher_cpu)} % of a core")
 
 
 def footprint(core: str, server, workdir: Path, args: argparse.Namespace) -> None:  # noqa: ANN001
@@ -353,6 +435,9 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="start each round's servers afresh, and a second plain server for the A/A control: "
                              "two server processes can differ by 10 %% for a whole run")
+    parser.add_argument("--switch", action="store_true",
+                        help="one instrumented server per core, its instrument switched off and on inside the "
+                             "process for the arms (no watching arm, no footprint): no two processes compared")
     args = parser.parse_args()
     args.rounds = args.rounds or (4 if args.quick else 8)  # even: as many rounds forward as backward
     args.seconds = args.seconds or (5.0 if args.quick else 10.0)
@@ -367,7 +452,7 @@ def main() -> None:
     print(f"load average before: {psutil.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="server-cost-") as tmp:
         for core in (("rust", "python") if args.core == "both" else (args.core,)):
-            run_core(core, args, Path(tmp))
+            (run_switched if args.switch else run_core)(core, args, Path(tmp))
     print(f"load average after: {psutil.getloadavg()[0]:.2f}")
 
 

@@ -327,6 +327,15 @@ def run_switched(core: str, args: argparse.Namespace, workdir: Path) -> None:
                              f"CPU ms/token, p99 {v[-1].p99_ms:,.0f} ms" for k, v in rounds.items())
             print(f"  {core} round {i + 1}: {said}", flush=True)
         report_load(core, rounds, [], args)
+        # "on" always runs between the two off arms (off, on, off again; then backward), so their
+        # mean is a control that a steady drift within the round moves as much as it moves "on".
+        flanked = []
+        for on, off, off_again in zip(rounds["instrumented"], rounds["plain"], rounds["plain again"], strict=True):
+            control = statistics.fmean((off.tokens_per_s, off_again.tokens_per_s))
+            flanked.append((control - on.tokens_per_s) / control * 100.0)
+        low, high = median_interval(flanked)
+        print(f"  instrument on against the mean of the round's two off arms, tokens/s: {spread(flanked)} "
+              f"[{low:+.1f}, {high:+.1f}]")
     finally:
         switch.stop()
 

@@ -40,6 +40,7 @@ at all); radixtop at most 3 % of a core idle.
     python benchmarks/server_cost_bench.py --quick
     python benchmarks/server_cost_bench.py --core both       # 8 rounds of 10 s per arm, about 25 min
     python benchmarks/server_cost_bench.py --core python --switch --rounds 12
+    python benchmarks/server_cost_bench.py --core both --footprint-only --idle-seconds 120
 """
 
 from __future__ import annotations
@@ -311,6 +312,19 @@ class Switch:
         self.server.stop()
 
 
+def run_footprint(core: str, args: argparse.Namespace, workdir: Path) -> None:
+    """radixtop's footprint alone, on an instrumented server of its own."""
+    from real_sglang import start_server
+
+    with on_server_cpu():
+        server = start_server(workdir / f"{core}-idle", plugin=True, core=core, name="idle",
+                              env={"OMP_NUM_THREADS": "1"})
+    try:
+        footprint(core, server, workdir, args)
+    finally:
+        server.stop()
+
+
 def run_switched(core: str, args: argparse.Namespace, workdir: Path) -> None:
     """The rounds on one server, the instrument switched for each arm: off, on, off again (the A/A
     control), forward in odd rounds and backward in even ones."""
@@ -447,6 +461,7 @@ def main() -> None:
     parser.add_argument("--switch", action="store_true",
                         help="one instrumented server per core, its instrument switched off and on inside the "
                              "process for the arms (no watching arm, no footprint): no two processes compared")
+    parser.add_argument("--footprint-only", action="store_true", help="only radixtop watching an idle server")
     args = parser.parse_args()
     args.rounds = args.rounds or (4 if args.quick else 8)  # even: as many rounds forward as backward
     args.seconds = args.seconds or (5.0 if args.quick else 10.0)
@@ -461,7 +476,8 @@ def main() -> None:
     print(f"load average before: {psutil.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="server-cost-") as tmp:
         for core in (("rust", "python") if args.core == "both" else (args.core,)):
-            (run_switched if args.switch else run_core)(core, args, Path(tmp))
+            run = run_footprint if args.footprint_only else run_switched if args.switch else run_core
+            run(core, args, Path(tmp))
     print(f"load average after: {psutil.getloadavg()[0]:.2f}")
 
 

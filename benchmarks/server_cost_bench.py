@@ -58,6 +58,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -217,27 +218,47 @@ def on_server_cpu():  # noqa: ANN201
         os.sched_setaffinity(0, other_cpus)
 
 
-def start_pinned(core: str, workdir: Path, *, second_plain: bool = False) -> list:  # noqa: ANN201
+def start_pinned(core: str, workdir: Path, *, second_plain: bool = False, registered: bool = False) -> list:  # noqa: ANN201
     """The plain and the instrumented server (and with second_plain another plain one), all on the
-    last CPU, one torch thread each."""
+    last CPU, one torch thread each. With `registered` every server starts with the plugin and
+    SWITCH_DIR's switch, the plain ones switched off before their scheduler's first loop: they
+    differ from the instrumented one only in the instrument's work, not in what the plugin loads."""
     from real_sglang import start_server
 
-    env = {"OMP_NUM_THREADS": "1"}
+    def start(name: str, instrumented: bool, model: Path | None) -> Any:
+        env = {"OMP_NUM_THREADS": "1"}
+        if registered:
+            flag = workdir / f"{core}-{name}-on"
+            workdir.mkdir(parents=True, exist_ok=True)
+            if instrumented:
+                flag.touch()
+            env |= {"PYTHONPATH": str(SWITCH_DIR), "RADIXTOP_BENCH_SWITCH": str(flag)}
+        return start_server(workdir / f"{core}-{name}", plugin=instrumented or registered, core=core, name=name,
+                            model=model, env=env)
+
     servers = []
     with on_server_cpu():
         try:
-            servers.append(start_server(workdir / f"{core}-plain", plugin=False, core=core, name="plain", env=env))
+            servers.append(start("plain", False, None))
             model = servers[0].model
-            servers.append(start_server(workdir / f"{core}-instrumented", plugin=True, core=core,
-                                        name="instrumented", model=model, env=env))
+            servers.append(start("instrumented", True, model))
             if second_plain:
-                servers.append(start_server(workdir / f"{core}-plain-b", plugin=False, core=core, name="plain-b",
-                                            model=model, env=env))
+                servers.append(start("plain-b", False, model))
         except BaseException:
             for server in servers:
                 server.stop()
             raise
     return servers
+
+
+def check_switched(core: str, workdir: Path) -> None:
+    """Each registered server's scheduler said it is as asked: the instrumented one attached, the
+    plain ones switched off before attaching."""
+    for name, want in (("plain", "0"), ("instrumented", "1"), ("plain-b", "0")):
+        ack = workdir / f"{core}-{name}-on.ack"
+        said = ack.read_text() if ack.exists() else "nothing"
+        if said != want:
+            raise SystemExit(f"the {name} server's scheduler said {said!r} of its instrument, not {want!r}")
 
 
 ARMS = ("plain", "instrumented", "watched", "plain again")
@@ -254,16 +275,18 @@ def run_core(core: str, args: argparse.Namespace, workdir: Path) -> None:
     """The rounds on one pair of servers, or with --fresh on servers of each round's own."""
     rounds: dict[str, list[Round]] = {arm: [] for arm in ARMS}
     watcher_cpu: list[float] = []
-    servers = start_pinned(core, workdir / "round-0", second_plain=args.fresh)
+    servers = start_pinned(core, workdir / "round-0", second_plain=args.fresh, registered=args.switch)
     try:
         for i in range(args.rounds):
             if args.fresh and i:
                 for server in servers:
                     server.stop()
-                servers = start_pinned(core, workdir / f"round-{i}", second_plain=True)
+                servers = start_pinned(core, workdir / f"round-{i}", second_plain=True, registered=args.switch)
             if args.fresh or not i:
                 for server in servers:
                     load(server, args.concurrency, min(5.0, args.seconds), 0)  # warm: first calls compile
+                if args.switch:
+                    check_switched(core, workdir / f"round-{i}")
             run_round(core, i, servers, rounds, watcher_cpu, args, workdir)
         report_load(core, rounds, watcher_cpu, args)
         footprint(core, servers[1], workdir, args)
@@ -391,9 +414,12 @@ def paired(rounds: dict[str, list[Round]], arm: str, field: str) -> list[float]:
 
 
 def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[float], args: argparse.Namespace) -> None:
-    names = SWITCH_NAMES if args.switch else ARM_NAMES
-    fresh = ("; one server, its instrument switched off and on for the arms" if args.switch else
+    switched = args.switch and not args.fresh
+    names = SWITCH_NAMES if switched else ARM_NAMES
+    fresh = ("; one server, its instrument switched off and on for the arms" if switched else
              "; fresh servers each round, the A/A control a second plain server" if args.fresh else "")
+    if args.fresh and args.switch:
+        fresh += ", every server with the plugin loaded, the plain ones' instrument switched off before attaching"
     print(f"{core} core, {args.rounds} rounds of {args.seconds:g} s per arm at {args.concurrency} in flight{fresh}; "
           f"each arm against the same round's {names['plain']} arm, in % (positive: costlier), median (min, max) "
           "[95 % interval of the median]:")
@@ -412,7 +438,8 @@ def report_load(core: str, rounds: dict[str, list[Round]], watcher_cpu: list[flo
         cost = {f: statistics.median(costs[f]) for f, _ in fields}
         within = all(cost[f] <= 2.0 and bands[f][1] <= max(2.0, control_band[f][1])
                      for f in ("tokens_per_s", "cpu_ms_per_token"))
-        how = ", one server switched" if args.switch else ", fresh servers each round" if args.fresh else ""
+        how = (", one server switched" if switched else ", fresh servers each round, the plugin loaded in each"
+               if args.fresh and args.switch else ", fresh servers each round" if args.fresh else "")
         row(f"real SGLang server ({core} core{how}), {names[arm]}, "
             f"{args.concurrency} in flight: cost in tokens/s "
             f"/ server CPU per token, paired with the same round's {names['plain']} arm, median [95 % interval]",
@@ -476,7 +503,8 @@ def main() -> None:
     print(f"load average before: {psutil.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="server-cost-") as tmp:
         for core in (("rust", "python") if args.core == "both" else (args.core,)):
-            run = run_footprint if args.footprint_only else run_switched if args.switch else run_core
+            run = (run_footprint if args.footprint_only else run_switched if args.switch and not args.fresh
+                   else run_core)
             run(core, args, Path(tmp))
     print(f"load average after: {psutil.getloadavg()[0]:.2f}")
 

@@ -32,6 +32,7 @@ BASE_FLAGS = (
 )
 START_TIMEOUT_S = 300.0
 FIRED_UP = "The server is fired up and ready to roll!"
+PLUGIN_FAILED = "Failed to load plugin radixtop"  # sglang.srt.plugins, when its radixtop cannot be imported
 
 
 def free_port() -> int:
@@ -160,7 +161,10 @@ def start_server(
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
                 raise AssertionError(f"the server exited with {server.proc.returncode}:\n{server.text()[-3000:]}")
-            if FIRED_UP in server.text():
+            text = server.text()
+            if FIRED_UP in text:
+                if plugin and PLUGIN_FAILED in text:  # it serves, uninstrumented: no test or figure of ours
+                    raise AssertionError(f"the server could not load radixtop's plugin:\n{text[-3000:]}")
                 server.tree()
                 return server
             time.sleep(0.5)

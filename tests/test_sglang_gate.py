@@ -36,3 +36,21 @@ def test_an_environment_importing_this_checkouts_radixtop_passes(monkeypatch):
     monkeypatch.setenv("RADIXTOP_SGLANG_PYTHON", sys.executable)
     monkeypatch.setenv("PYTHONPATH", str(sglang_gate.REPO))  # this checkout first, however it is installed
     assert sglang_gate.why_no_server() is None
+
+
+@pytest.mark.parametrize("plugin", [True, False])
+def test_a_server_that_could_not_load_the_plugin_is_no_instrumented_server(tmp_path, monkeypatch, plugin):
+    """SGLang logs the plugin's import error and serves on, uninstrumented: a test or a benchmark
+    asking for the instrument must not measure that server."""
+    from real_sglang import start_server
+
+    launcher = tmp_path / "python"
+    launcher.write_text("#!/bin/sh\necho 'Failed to load plugin radixtop from group sglang.srt.plugins'\n"
+                        "echo 'The server is fired up and ready to roll!'\nexec sleep 30\n")
+    launcher.chmod(0o755)
+    monkeypatch.setenv("RADIXTOP_SGLANG_PYTHON", str(launcher))
+    if plugin:
+        with pytest.raises(AssertionError, match="could not load radixtop's plugin"):
+            start_server(tmp_path / "s", plugin=True, model=tmp_path)
+    else:
+        start_server(tmp_path / "s", plugin=False, model=tmp_path).stop()

@@ -28,6 +28,8 @@ it adds inside the server's process, not two processes contending for a core.
    process (`benchmarks/instrument_switch/sitecustomize.py`, on the server's PYTHONPATH, takes
    the hooks, the endpoint and the census off at the scheduler's safe point and puts them back):
    arms off, on, off again (the A/A control), so that no two server processes are compared.
+   `--fresh --switch` starts every server of a round with the plugin and the switch, the plain
+   ones switched off before attaching: processes that differ only in the instrument's work.
 2. **radixtop's footprint.** The same radixtop, the server idle, for `--idle-seconds`: CPU of the
    radixtop process (every thread, user+system, as `top` shows it) and its RSS. Peer in the same
    window: `top -d 1` in a tmux of the same size (the monitor one runs on a node anyway).
@@ -40,6 +42,7 @@ at all); radixtop at most 3 % of a core idle.
     python benchmarks/server_cost_bench.py --quick
     python benchmarks/server_cost_bench.py --core both       # 8 rounds of 10 s per arm, about 25 min
     python benchmarks/server_cost_bench.py --core python --switch --rounds 12
+    python benchmarks/server_cost_bench.py --core python --fresh --switch    # about 28 min
     python benchmarks/server_cost_bench.py --core both --footprint-only --idle-seconds 120
 """
 

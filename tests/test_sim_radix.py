@@ -431,3 +431,122 @@ def test_an_access_time_set_from_outside_to_nan_still_lets_eviction_end(policy: 
         node.last_access_time = float("nan")
     assert cache.evict(EvictParams(num_tokens=10)).num_tokens_evicted == left > 0
     assert cache.evictable_size() == 0 and not cache.evictable_leaves
+
+
+class ReferenceCheckpoints(RadixCache):
+    """Checkpoint and release as 0.5.23 spells them: insert from the root, free the duplicates,
+    unlock, lock the new end (and for a release, unlock it again)."""
+
+    def checkpoint(self, req, *, up_to):  # type: ignore[no-untyped-def]
+        if self.disable:
+            return
+        key = RadixKey(req.fill_ids[:up_to], req.extra_key).page_aligned(self.page_size)
+        kv = req.kv_indices
+        result = self.insert(InsertParams(key=key, value=kv[: len(key)]))
+        self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : result.prefix_len])
+        node = result.last_device_node
+        kv[req.cache_protected_len : len(key)] = self.path_device_indices(node)[req.cache_protected_len :]
+        req.cache_protected_len = len(key)
+        self.unlock(req.lock)
+        req.lock = self.lock(node)
+        req.last_node = node
+
+    def cache_finished_req(self, req, is_insert=True):  # type: ignore[no-untyped-def]
+        owned = len(req.kv_indices)
+        if is_insert and not self.disable:
+            self.checkpoint(req, up_to=owned)
+        self.token_to_kv_pool_allocator.free(req.kv_indices[req.cache_protected_len : owned])
+        self.unlock(req.lock)
+        req.lock = None
+
+
+def cache_state(cache: RadixCache) -> tuple:
+    """Everything a checkpoint may change: every node's fields, the sizes, the leaves, the pool."""
+    nodes = sorted([cache.root_node, *cache.iter_nodes()], key=lambda n: n.id)
+    return (
+        [(n.id, n.key.token_ids, n.value, n.lock_ref, n.hit_count, n.priority, n.last_access_time,
+          n.parent.id if n.parent else None) for n in nodes],
+        cache.evictable_size(), cache.protected_size(), sorted(n.id for n in cache.evictable_leaves),
+        list(cache.token_to_kv_pool_allocator.free_pages),
+    )
+
+
+def req_state(req: Req) -> tuple:
+    lock = (req.lock.node.id, req.lock.receipt.node_id) if req.lock else None
+    return req.fill_ids, req.kv_indices, req.cache_protected_len, req.last_node.id if req.last_node else None, lock
+
+
+def scheduler_step(cache: RadixCache, running: list[Req], rng: random.Random, op: str, tokens: list[int]) -> None:
+    """One scheduler-like operation on ``cache``; ``rng`` picks the same request on every replica."""
+    pool = cache.token_to_kv_pool_allocator
+    ps = cache.page_size
+
+    def pages(n: int) -> list[int] | None:
+        if pool.available_size() < n * ps:
+            cache.evict(EvictParams(num_tokens=n * ps - pool.available_size()))
+        return pool.alloc_pages(n)
+
+    if op == "admit":
+        req = Req(list(tokens))
+        req.extra_key = "x" if tokens[0] == 3 else None
+        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: len(tokens) - 1], req.extra_key)))
+        m = len(match.device_indices)
+        req.kv_indices, req.cache_protected_len = list(match.device_indices), m
+        req.last_node, req.lock = match.last_device_node, cache.lock(match.last_device_node)
+        got = pages(-(-len(tokens) // ps) - m // ps)
+        if got is None:
+            cache.unlock(req.lock)
+            return
+        req.kv_indices.extend(pool.page_slots(got)[: len(tokens) - m])
+        cache.checkpoint(req, up_to=len(req.kv_indices))
+        running.append(req)
+        return
+    if op == "evict":
+        cache.evict(EvictParams(num_tokens=rng.randrange(1, 40)))
+        return
+    if not running:
+        return
+    req = running[rng.randrange(len(running))]
+    if op == "decode":
+        n = len(req.kv_indices)
+        got = pages(1) if n % ps == 0 else [None]
+        if got is None:
+            return
+        req.kv_indices.append(got[0] * ps if got[0] is not None else req.kv_indices[-1] + 1)
+        req.fill_ids.append(rng.randrange(4))
+    elif op == "checkpoint":
+        cache.checkpoint(req, up_to=len(req.kv_indices))
+    elif op in ("finish", "retract"):
+        running.remove(req)
+        cache.cache_finished_req(req, is_insert=op == "finish")
+    elif op == "double-unlock":  # the fault: the node's count goes below what its holders hold
+        cache.dec_lock_ref(req.last_node)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 2, 4]),
+    policy=st.sampled_from(["lru", "lfu", "mru"]),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "admit", "decode", "decode", "checkpoint", "finish", "retract", "double-unlock",
+                             "evict"]),
+            st.lists(st.integers(0, 3), min_size=1, max_size=12),
+        ),
+        max_size=40,
+    ),
+    seed=st.integers(0, 1000),
+)
+def test_checkpoint_and_release_do_what_inserting_from_the_root_and_relocking_do(page_size, policy, steps, seed):
+    caches = [RadixCache(CacheInitParams(token_to_kv_pool_allocator=TokenToKVPoolAllocator(40, page_size),
+                                         page_size=page_size, eviction_policy=policy, clock=ticking_clock()))
+              for _ in range(2)]
+    caches[1].__class__ = ReferenceCheckpoints
+    running: list[list[Req]] = [[], []]
+    for op, tokens in steps:
+        for cache, reqs in zip(caches, running):
+            scheduler_step(cache, reqs, random.Random(seed), op, tokens)
+        seed += 1
+        assert cache_state(caches[0]) == cache_state(caches[1])
+        assert [req_state(r) for r in running[0]] == [req_state(r) for r in running[1]]
+

@@ -541,15 +541,20 @@ class RadixCache:
         delta = 0
         anchor = node
         while node is not self.root_node:
-            if node.lock_ref == 0:
-                size = len(_key(node))
-                self.evictable_size_ -= size
-                self.protected_size_ += size
-                delta -= size
-            node.lock_ref += 1
-            self._update_leaf_status(node)
+            delta -= self._lock_one(node)
             node = _parent(node)
         return IncLockRefResult(delta=delta, node_id=anchor.id)
+
+    def _lock_one(self, node: TreeNode) -> int:
+        """One node's part of ``inc_lock_ref``: the tokens it moves from evictable to protected."""
+        size = 0
+        if node.lock_ref == 0:
+            size = len(_key(node).token_ids)
+            self.evictable_size_ -= size
+            self.protected_size_ += size
+        node.lock_ref += 1
+        self._update_leaf_status(node)
+        return size
 
     def dec_lock_ref(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
         # No lock_ref >= 0 check, on purpose (see the module docstring).
@@ -585,23 +590,8 @@ class RadixCache:
         """
         if self.disable:
             return
-        key = RadixKey(req.fill_ids[:up_to], req.extra_key).page_aligned(self.page_size)
-        key_len = len(key)
-        kv = req.kv_indices
-        result = self.insert(InsertParams(key=key, value=kv[:key_len]))
-        if self.token_to_kv_pool_allocator is not None:
-            self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : result.prefix_len])
-        # SGLang matches the key again here for the tree's slots: the walk insert just made ends
-        # at that node and stamped its path last, so the path's slots are those, and a second
-        # stamp would keep every node in the same order of access.
-        new_last_node = cast(TreeNode, result.last_device_node)
-        new_indices = self.path_device_indices(new_last_node)
-        if len(new_indices) != key_len:
-            raise AssertionError(f"{len(new_indices)=}, {key_len=}")
-        kv[req.cache_protected_len : key_len] = new_indices[req.cache_protected_len :]
-        req.cache_protected_len = key_len
-        self.unlock(req.lock)
-        req.lock = self.lock(new_last_node)
+        new_last_node = self._insert_row(req, up_to)
+        self._move_lock(req, new_last_node)
         req.last_node = new_last_node
 
     def cache_unfinished_req(self, req: CacheReq, chunked: bool = False) -> None:
@@ -612,7 +602,11 @@ class RadixCache:
         """Pre-0.5.23 name of the release path: checkpoint, free the private tail, unlock."""
         owned = len(req.kv_indices)
         if is_insert and not self.disable:
-            self.checkpoint(req, up_to=owned)
+            # The checkpoint's lock on the new end would be let go of below: only the old one goes.
+            new_last_node = self._insert_row(req, owned)
+            self.unlock(req.lock)
+            req.lock = None
+            req.last_node = new_last_node
         if self.token_to_kv_pool_allocator is not None:
             self.token_to_kv_pool_allocator.free(req.kv_indices[req.cache_protected_len : owned])
         self.unlock(req.lock)
@@ -652,6 +646,82 @@ class RadixCache:
         for part in reversed(parts):
             out.extend(part)
         return out
+
+    def _insert_row(self, req: CacheReq, up_to: int) -> TreeNode:
+        """A checkpoint's insert: the page-aligned key of the request's first ``up_to`` tokens
+        into the tree, its duplicate slots freed, its row pointed at the tree's; the new end."""
+        tokens = req.fill_ids
+        key_len = min(up_to, len(tokens)) // self.page_size * self.page_size
+        key = RadixKey(tokens[:key_len], req.extra_key)
+        kv = req.kv_indices
+        protected = req.cache_protected_len
+        if len(kv) < key_len:
+            raise ValueError(f"insert needs one value per key token: {key_len} tokens, {len(kv)} values")
+        found = self._insert_below(req.last_node, protected, key, kv)
+        prefix_len, new_last_node = found or self._insert_helper(self.root_node, key, kv[:key_len])
+        if self.token_to_kv_pool_allocator is not None:
+            self.token_to_kv_pool_allocator.free(kv[protected:prefix_len])
+        # SGLang matches the key again here for the tree's slots: the walk insert just made ends
+        # at that node and stamped its path last, so the path's slots are those, and a second
+        # stamp would keep every node in the same order of access.
+        new_indices = self.path_device_indices(new_last_node)
+        if len(new_indices) != key_len:
+            raise AssertionError(f"{len(new_indices)=}, {key_len=}")
+        kv[protected:key_len] = new_indices[protected:]
+        req.cache_protected_len = key_len
+        return new_last_node
+
+    def _insert_below(
+        self, anchor: TreeNode | None, depth: int, key: RadixKey, value: list[int]
+    ) -> tuple[int, TreeNode] | None:
+        """What inserting ``key`` from the root does, walking on from ``anchor``: a request's
+        locked node, whose path is the key's first ``depth`` tokens (the tree put them there and
+        holds them). Its ancestors get the walk's stamps without their keys compared again. None
+        where ``anchor`` is not such a node (evicted, of another tree, another length)."""
+        if anchor is None or anchor.evicted or depth > len(key):
+            return None
+        path: list[TreeNode] = []
+        length = 0
+        node = anchor
+        while node is not self.root_node:
+            path.append(node)
+            length += len(_key(node).token_ids)
+            parent = node.parent
+            if parent is None:
+                return None
+            node = parent
+        if length != depth:
+            return None
+        access_time = self.clock()
+        node.last_access_time = access_time
+        node.priority = max(node.priority, 0)
+        self._touched(node)
+        for node in reversed(path):
+            node.last_access_time = access_time
+            node.priority = max(node.priority, 0)
+            node.hit_count += 1
+            self._touched(node)
+        return self._insert_walk(anchor, depth, key, value, access_time, priority=0, inserted_len=0)
+
+    def _move_lock(self, req: CacheReq, node: TreeNode) -> None:
+        """``unlock(req.lock)`` then ``req.lock = lock(node)`` in one pass where the old lock's
+        node is on ``node``'s path: only the nodes below it change their lock count."""
+        old = req.lock
+        if old is None:
+            req.lock = self.lock(node)
+            return
+        below: list[TreeNode] = []
+        walk = node
+        while walk is not old.node and walk is not self.root_node:
+            below.append(walk)
+            walk = _parent(walk)
+        if walk is not old.node:
+            self.unlock(old)
+            req.lock = self.lock(node)
+            return
+        for x in below:
+            self._lock_one(x)
+        req.lock = TreeLock(node, DecLockRefParams(node_id=node.id))
 
     def iter_nodes(self) -> Iterator[TreeNode]:
         """Every node below the root, parents before children (simulator helper for tests and tools)."""
@@ -742,10 +812,22 @@ class RadixCache:
         self._touched(node)
         if len(key) == 0:
             return 0, node
+        return self._insert_walk(node, 0, key, value, access_time, priority, inserted_len)
+
+    def _insert_walk(
+        self,
+        node: TreeNode,
+        offset: int,
+        key: RadixKey,
+        value: list[int],
+        access_time: float,
+        priority: int,
+        inserted_len: int,
+    ) -> tuple[int, TreeNode]:
+        """The insert's walk down from ``node``, which holds the key's first ``offset`` tokens."""
         page_size = self.page_size
         tokens, extra = key.token_ids, key.extra_key
         n = len(tokens)
-        offset = 0
         while offset < n:
             child = node.children.get(_child_key_at(tokens, offset, page_size, extra))
             if child is None:
@@ -767,7 +849,7 @@ class RadixCache:
             new_node.last_access_time = access_time
             new_node.parent = node
             new_node.key = RadixKey(tokens[offset:], extra)
-            new_node.value = value[offset:]
+            new_node.value = value[offset:n]
             if n > inserted_len:
                 new_node.hit_count += 1
             node.children[_child_key_at(tokens, offset, page_size, extra)] = new_node

@@ -27,7 +27,7 @@ from radixtop.incident.replay.trace import Trace, TraceRequest, plan_requests
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
 from radixtop.sim.engine import Engine, EngineStats, GenerateResult, SimConfig
 from radixtop.sim.faults import FaultSpec
-from radixtop.sim.model import PromptFolds, SimModel
+from radixtop.sim.model import PromptFolds, SimModel, _hash64, _stem
 from radixtop.sim.pool import TokenToKVPoolAllocator
 
 
@@ -163,6 +163,17 @@ def test_folding_tokens_is_reading_the_slots_that_hold_them(tokens: list[int], f
     slots = random.Random(len(tokens)).sample(range(1, 4097), len(tokens))
     pool.write(slots, tokens, first)
     assert SimModel.fold(state, tokens, first) == SimModel.read_kv(state, pool, slots)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, (1 << 61) - 2), st.integers(0, (1 << 24) - 1), st.integers(0, 1 << 20),
+       st.integers(0, (1 << 24) - 1), st.integers(0, (1 << 62) - 1), st.integers(0, 3))
+def test_a_decode_steps_fold_and_token_are_the_general_ones(
+    state: int, token: int, position: int, stem: int, noise: int, seed: int
+) -> None:
+    assert SimModel.fold_token(state, token, position) == SimModel.fold(state, [token], position)
+    reference = _stem(seed, stem) << 11 | _hash64(seed, 2, state, position, noise) & 2047
+    assert SimModel(seed).next_token(state, position, stem, noise) == reference
 
 
 def test_prompt_folds_start_from_a_remembered_head_and_give_the_same_digest() -> None:

@@ -37,11 +37,13 @@ import asyncio
 import contextlib
 import logging
 import math
+import operator
 import random
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from radixtop.sim.faults import (
@@ -297,6 +299,7 @@ class _Req:
         self.rng = rng
         self.output_ids: list[int] = []
         self.views = [_ReqView(self) for _ in range(tp_size)]
+        self.lead = self.views[0]  # the first rank's view: its row is the one every read uses
         self.digest = 0
         # Block-boundary fault: page index within this request -> the page read instead.
         self.stale_pages: dict[int, int] = {}
@@ -310,7 +313,13 @@ class _Req:
 
     @property
     def kv_len(self) -> int:
-        return len(self.views[0].kv_indices)
+        return len(self.lead.kv_indices)
+
+
+# Getters for the C loops over a whole batch.
+_MAX_NEW_TOKENS = operator.attrgetter("max_new_tokens")
+_OUTPUT_IDS = operator.attrgetter("output_ids")
+_KV_ROW = operator.attrgetter("lead.kv_indices")
 
 
 def _first_pages(pages: list[int] | None) -> str:
@@ -523,11 +532,12 @@ class _Scheduler:
                 self.engine._resolve(req, "abort")
 
     def _reserved_tokens(self) -> int:
-        ratio = self.new_token_ratio
-        return sum(
-            math.ceil(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) * ratio)
-            for r in self.running
-        )
+        """Sum of ceil(min(tokens left to generate, CLIP_MAX_NEW_TOKENS) * ratio) over the running
+        batch, in C loops: every prefill iteration reads it."""
+        running = self.running
+        left = map(operator.sub, map(_MAX_NEW_TOKENS, running), map(len, map(_OUTPUT_IDS, running)))
+        clipped = map(min, left, repeat(CLIP_MAX_NEW_TOKENS))
+        return sum(map(math.ceil, map(operator.mul, clipped, repeat(self.new_token_ratio))))
 
     def _get_new_batch_prefill(self) -> list[_Req]:
         cfg = self.cfg
@@ -662,8 +672,9 @@ class _Scheduler:
         return self.engine.model.read_kv(0, pool, self._read_slots(req, len(kv)))
 
     def _decode_pages_needed(self, reqs: list[_Req]) -> int:
-        page_size = self.page_size
-        return sum(1 for r in reqs if r.kv_len % page_size == 0)
+        """How many of ``reqs`` start a new page with their next token (C loops: every decode step asks)."""
+        offsets = map(operator.mod, map(len, map(_KV_ROW, reqs)), repeat(self.page_size))
+        return list(offsets).count(0)
 
     def _run_decode(self) -> None:
         for req in [r for r in self.running if r.aborted]:
@@ -684,24 +695,27 @@ class _Scheduler:
         pool = self.pool0
         page_size = self.page_size
         finished: list[_Req] = []
+        model = engine.model
         for req in self.running:
-            position = req.kv_len
+            row = req.lead.kv_indices
+            position = len(row)
             if position % page_size == 0:
                 pages = self._alloc_pages(1)
                 if pages is None:  # cannot happen after _retract; fail loudly like SGLang
                     raise RuntimeError("Decode out of memory. Try to lower your batch size.")
                 slot = pages[0] * page_size
             else:
-                slot = req.views[0].kv_indices[-1] + 1
+                slot = row[-1] + 1
             for view in req.views:
                 view.kv_indices.append(slot)
+            output_ids = req.output_ids
             if pool.store_contents:
-                pool.write((slot,), (req.output_ids[-1],), position)
-                req.digest = engine.model.read_kv(req.digest, pool, (slot,))
+                pool.write((slot,), (output_ids[-1],), position)
+                req.digest = model.read_kv(req.digest, pool, (slot,))
             else:
-                req.digest = engine.model.fold(req.digest, (req.output_ids[-1],), position)
-            req.output_ids.append(engine._next_token(req, position + 1))
-            if req.done:
+                req.digest = model.fold_token(req.digest, output_ids[-1], position)
+            output_ids.append(engine._next_token(req, position + 1))
+            if len(output_ids) >= req.max_new_tokens:  # req.done
                 finished.append(req)
         self.num_generated_tokens += len(self.running)
         self.forward_ct_decode += 1

@@ -50,6 +50,11 @@ def _hash64(*parts: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+# _hash64's bytes for (seed, 2, state, position, noise), packed without looking the packer up:
+# one per output token.
+_pack_token_parts = struct.Struct("<5q").pack
+
+
 @lru_cache(maxsize=4096)
 def _stem(seed: int, stem_token: int) -> int:
     return _hash64(seed, 1, stem_token) % _HI_RANGE
@@ -140,11 +145,16 @@ class SimModel:
             ) % _MOD
         return state
 
+    @staticmethod
+    def fold_token(state: int, token: int, position: int) -> int:
+        """``fold(state, (token,), position)``: the one token a decode step writes."""
+        return (state * _BASE + (token << 32) + position + 1) % _MOD
+
     def next_token(self, state: int, position: int, stem_token: int, noise: int = 0) -> int:
         """The token at ``position``; ``stem_token`` (the prompt's last token) picks the ``u<hi>`` stem."""
         hi = _stem(self.seed, stem_token)
-        lo = _hash64(self.seed, 2, state, position, noise) & _LO_MASK
-        return hi << _LO_BITS | lo
+        digest = hashlib.blake2b(_pack_token_parts(self.seed, 2, state, position, noise), digest_size=8).digest()
+        return hi << _LO_BITS | int.from_bytes(digest, "little") & _LO_MASK
 
 
 class PromptFolds:

@@ -25,9 +25,10 @@ from radixtop.incident.analyze.analyze import analyze
 from radixtop.incident.replay.draws import randrange_many
 from radixtop.incident.replay.trace import Trace, TraceRequest, plan_requests
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
-from radixtop.sim.engine import Engine, EngineStats, GenerateResult, SimConfig
+from radixtop.sim.engine import Engine, EngineStats, GenerateResult, SimConfig, check_token_ids
 from radixtop.sim.faults import FaultSpec
-from radixtop.sim.model import PromptFolds, SimModel, _hash64, _stem
+from radixtop.sim.model import VOCAB_SIZE, PromptFolds, SimModel, _hash64, _stem
+from radixtop.sim.offline import OfflineCall, run_offline
 from radixtop.sim.pool import TokenToKVPoolAllocator
 
 
@@ -218,6 +219,38 @@ def test_an_engine_without_kv_contents_answers_what_one_with_them_answers(page_s
     without = run_engine(config, prompts, 40, kv_contents=False)
     assert with_contents == without
     assert with_contents[1].evicted_tokens_total > 0 and with_contents[1].num_retracted_reqs > 0
+
+
+def test_the_simulators_vocabulary_is_the_plans_so_drawn_ids_need_no_check() -> None:
+    assert SIM_VOCABULARY.size == VOCAB_SIZE and not SIM_VOCABULARY.special
+    ids = [t for p in plan_requests(tree_trace(), seed=2) for t in p.input_ids]
+    check_token_ids(ids)
+
+
+def test_recorded_ids_are_checked_once_and_a_bad_one_fails_its_calls_as_the_engine_words_it() -> None:
+    good = tuple(range(100, 140))
+    requests = (TraceRequest("ok", 0.0, 40, 0, "a", 4, input_ids=good),
+                TraceRequest("neg", 1.0, 40, 0, "b", 4, 2, input_ids=(*good[:5], -3, *good[6:])),
+                TraceRequest("bool", 2.0, 40, 0, "c", 4, input_ids=(True, *good[1:])),
+                TraceRequest("drawn", 3.0, 64, 16, "d", 4))
+    a = analyze(Trace("bad-ids", 16, requests), SimConfig(page_size=16, max_total_tokens=4096))
+    assert dict(a.failed) == {
+        ("neg", 0): f"input_ids[5]=-3 is outside the vocabulary [0, {VOCAB_SIZE})",
+        ("neg", 1): f"input_ids[5]=-3 is outside the vocabulary [0, {VOCAB_SIZE})",
+        ("bool", 0): "input_ids[0] must be an integer token id, got True",
+    }
+    assert a.summary.calls == 2  # the two whose ids are good
+
+
+def test_calls_whose_ids_are_checked_get_what_calls_checked_by_the_engine_get() -> None:
+    prompts = [p.input_ids for p in plan_requests(shared_trace(), seed=1)][:80]
+    config = SimConfig(page_size=16, max_total_tokens=3000, max_running_requests=32)
+
+    def run(checked: bool) -> object:
+        calls = [OfflineCall(i, i * 0.002, ids, 8, ids_checked=checked) for i, ids in enumerate(prompts)]
+        return run_offline(config, calls)
+
+    assert run(True) == run(False)
 
 
 def test_an_engine_with_faults_keeps_the_kv_contents_the_faults_read() -> None:

@@ -71,6 +71,7 @@ from radixtop.sim.radix import (
 
 __all__ = [
     "SimConfig",
+    "check_token_ids",
     "Engine",
     "EngineDead",
     "EngineStats",
@@ -93,6 +94,16 @@ IDLE_POLL_S = 0.05  # an idle scheduler still iterates (safe points, idle checks
 # Qwen2.5-0.5B's KV geometry, only for the startup lines' sizes.
 _KV_BYTES_PER_TOKEN = 24 * 2 * 64 * 2  # layers * kv heads * head dim * bf16 bytes, for K (same for V)
 _GPU_MEM_GB = 139.0
+
+
+def check_token_ids(input_ids: list[int] | tuple[int, ...]) -> None:
+    """ValueError naming the first id that is not an int of the vocabulary (bool is not a token id either)."""
+    if not set(map(type, input_ids)) <= {int}:
+        i, tok = next((i, t) for i, t in enumerate(input_ids) if type(t) is not int)
+        raise ValueError(f"input_ids[{i}] must be an integer token id, got {tok!r}")
+    if input_ids and (min(input_ids) < 0 or max(input_ids) >= VOCAB_SIZE):
+        i, tok = next((i, t) for i, t in enumerate(input_ids) if not 0 <= t < VOCAB_SIZE)
+        raise ValueError(f"input_ids[{i}]={tok} is outside the vocabulary [0, {VOCAB_SIZE})")
 
 
 class EngineDead(RuntimeError):
@@ -1040,10 +1051,13 @@ class Engine:
         temperature: float = 0.0,
         rid: str | None = None,
         extra_key: str | None = None,
+        ids_checked: bool = False,
     ) -> _Req:
         """Queue one request; its GenerateResult is set on ``future`` (an asyncio or a
-        concurrent.futures Future: the in-process driver has no event loop)."""
-        input_ids = self._validate(input_ids, max_new_tokens, temperature)
+        concurrent.futures Future: the in-process driver has no event loop). ``ids_checked``: the
+        caller made the ids from the vocabulary or passed them through :func:`check_token_ids`
+        (the engine still checks the rest of the request)."""
+        input_ids = self._validate(input_ids, max_new_tokens, temperature, ids_checked=ids_checked)
         if self.dead_reason is not None:
             raise EngineDead(self.dead_reason)
         if self._stopped or self._stop_requested:
@@ -1121,17 +1135,13 @@ class Engine:
             return
         self._emit_fn(format_line(message, when=self._wall_clock(), prefix=prefix, log_ms=self.config.log_ms))
 
-    def _validate(self, input_ids: Any, max_new_tokens: Any, temperature: Any) -> list[int]:
+    def _validate(self, input_ids: Any, max_new_tokens: Any, temperature: Any, *, ids_checked: bool) -> list[int]:
         if not isinstance(input_ids, (list, tuple)):
             raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
         if len(input_ids) == 0:
             raise ValueError("input_ids is empty: send at least one token")
-        if not set(map(type, input_ids)) <= {int}:  # bool is not a token id either
-            i, tok = next((i, t) for i, t in enumerate(input_ids) if type(t) is not int)
-            raise ValueError(f"input_ids[{i}] must be an integer token id, got {tok!r}")
-        if min(input_ids) < 0 or max(input_ids) >= VOCAB_SIZE:
-            i, tok = next((i, t) for i, t in enumerate(input_ids) if not 0 <= t < VOCAB_SIZE)
-            raise ValueError(f"input_ids[{i}]={tok} is outside the vocabulary [0, {VOCAB_SIZE})")
+        if not ids_checked:
+            check_token_ids(input_ids)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
         if max_new_tokens < 0:

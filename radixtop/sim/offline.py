@@ -32,6 +32,7 @@ class OfflineCall(Generic[K]):
     input_ids: list[int]
     max_new_tokens: int
     extra_key: str | None = None
+    ids_checked: bool = False  # every id is a token id of the vocabulary (Engine.submit's ids_checked)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
             try:
                 call = calls[index]
                 engine.submit(
-                    call.input_ids, max_new_tokens=call.max_new_tokens, future=answer, extra_key=call.extra_key
+                    call.input_ids, max_new_tokens=call.max_new_tokens, future=answer, extra_key=call.extra_key,
+                    ids_checked=call.ids_checked,
                 )
             except ValueError as exc:  # what the served simulator answers 400 to
                 errors[index] = str(exc)

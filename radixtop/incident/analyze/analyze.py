@@ -28,7 +28,7 @@ from radixtop.incident.replay.reuse import (
     reuse_rows,
 )
 from radixtop.incident.replay.trace import Trace, plan_requests
-from radixtop.sim.engine import SimConfig
+from radixtop.sim.engine import SimConfig, check_token_ids
 from radixtop.sim.model import SimTokenizer
 from radixtop.sim.offline import OfflineCall, run_offline
 
@@ -102,8 +102,22 @@ def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
             gc.enable()
 
 
+def _recorded_ids_valid(trace: Trace) -> bool:
+    """Whether every recorded prompt holds token ids of the simulator's vocabulary. Then so does
+    every prompt of the plan (the rest are drawn from that vocabulary, copied from recorded ones
+    or the simulator tokenizer's), and the engine need not check each call's ids again."""
+    try:
+        for req in trace.requests:
+            if req.input_ids is not None:
+                check_token_ids(req.input_ids)
+    except ValueError:
+        return False  # the engine names the bad id of each call that has it
+    return True
+
+
 def _analyze(trace: Trace, config: SimConfig, seed: int) -> Analysis:
     tokenizer = SimTokenizer()
+    ids_checked = _recorded_ids_valid(trace)
     calls = [
         OfflineCall(
             (p.request_id, p.copy),
@@ -111,8 +125,9 @@ def _analyze(trace: Trace, config: SimConfig, seed: int) -> Analysis:
             _prompt_ids(p.input_ids, p.text, tokenizer),
             p.max_tokens,
             p.extra_key,
+            ids_checked,
         )
-        for p in plan_requests(trace, seed=seed)
+        for p in plan_requests(trace, seed=seed)  # drawn from SIM_VOCABULARY, the engine's
     ]
     run = run_offline(config, calls)
     exps = expectations(trace, config.page_size)

@@ -196,12 +196,17 @@ class SimConfig:
 @dataclass(frozen=True)
 class GenerateResult:
     output_ids: list[int]
-    text: str
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
     finish_reason: str  # "length" (max_new_tokens reached) or "abort"
     rid: str = ""
+
+    @property
+    def text(self) -> str:
+        """The output as the simulator's tokenizer writes it, made when asked (an in-process
+        driver never asks)."""
+        return SimTokenizer().decode(self.output_ids)
 
 
 @dataclass(frozen=True)
@@ -1167,7 +1172,6 @@ class Engine:
         req.future.set_result(
             GenerateResult(
                 output_ids=list(req.output_ids),
-                text=self.tokenizer.decode(req.output_ids),
                 prompt_tokens=len(req.origin_input_ids),
                 cached_tokens=req.cached_tokens or 0,
                 completion_tokens=len(req.output_ids),

@@ -131,6 +131,14 @@ def test_bulk_draws_are_the_values_randrange_gives_call_after_call(n: int, seed:
     assert randrange_many(random.Random(seed), n, count) == [one_by_one.randrange(n) for _ in range(count)]
 
 
+@pytest.mark.parametrize("bits", [1, 2, 7, 8, 9, 16, 23, 24, 31, 32])
+def test_bulk_draws_below_a_power_of_two_are_the_values_randrange_gives(bits: int) -> None:
+    n = 1 << (bits - 1)  # half the draws fall at or above: the lanes' top bits pick the rest
+    for seed, count in ((bits, 0), (bits, 1), (bits + 1, 300), (bits + 2, 2000)):
+        one_by_one = random.Random(seed)
+        assert randrange_many(random.Random(seed), n, count) == [one_by_one.randrange(n) for _ in range(count)]
+
+
 def test_bulk_draws_take_no_shortcut_with_another_generator() -> None:
     class Counting(random.Random):
         calls = 0

@@ -550,3 +550,17 @@ def test_checkpoint_and_release_do_what_inserting_from_the_root_and_relocking_do
         assert cache_state(caches[0]) == cache_state(caches[1])
         assert [req_state(r) for r in running[0]] == [req_state(r) for r in running[1]]
 
+
+@settings(max_examples=200, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 2, 4, 16]),
+    pages=st.lists(st.integers(0, 20), max_size=8),
+    cut=st.integers(0, 70),
+    start=st.integers(0, 15),
+    extra=st.lists(st.integers(0, 350), max_size=6),
+)
+def test_the_pages_of_a_row_are_the_pages_of_its_slots_one_by_one(page_size, pages, cut, start, extra):
+    pool = TokenToKVPoolAllocator(20 * 16, page_size)
+    row = pool.page_slots(pages)  # the pool's own slot objects, as a request's row holds them
+    for slots in (row, row[:cut], row[start:cut], row + extra, [s + 0 * s for s in row], extra):
+        assert pool.pages_of(slots) == list(dict.fromkeys(s // page_size for s in slots))

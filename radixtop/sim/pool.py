@@ -22,7 +22,7 @@ import operator
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 
 __all__ = ["TokenToKVPoolAllocator"]
 
@@ -56,6 +56,12 @@ class TokenToKVPoolAllocator:
         self.page_alloc_time = array("d", [0.0]) * (self.num_pages + 1)
         self.written_pages: set[int] = set()
         self.free_pages: list[int] = []
+        # Each page's slots, made once: the rows and node values built from them share their int
+        # objects, so pages_of compares a row with its pages' slots by identity, not value by value.
+        # (A page of one slot is its slot: nothing to make.)
+        self._slots_of_page = [
+            tuple(range(p * page_size, (p + 1) * page_size)) for p in range(self.num_pages + 1 if page_size > 1 else 0)
+        ]
         self.clear()
 
     # ----- SGLang's allocator surface -----
@@ -79,11 +85,9 @@ class TokenToKVPoolAllocator:
 
     def free(self, free_index: Iterable[int]) -> None:
         """Return the pages holding these slots to the free list (no double-free check, as SGLang)."""
-        page_size = self.page_size
-        if page_size == 1:
-            pages = list(dict.fromkeys(free_index))
-        else:
-            pages = list(dict.fromkeys(map(operator.floordiv, free_index, repeat(page_size))))
+        if isinstance(free_index, list) and not free_index:
+            return  # as often as not a request frees none of its slots: no maps built for that
+        pages = self.pages_of(free_index)
         if not pages:
             return
         # Freed pages go on top of the stack, lowest first out, so reuse order is deterministic.
@@ -106,14 +110,24 @@ class TokenToKVPoolAllocator:
         return taken
 
     def page_slots(self, pages: Sequence[int]) -> list[int]:
+        """The slots of ``pages`` (this pool's, 0..num_pages), page after page."""
+        if self.page_size == 1:
+            return list(pages)
+        return list(chain.from_iterable(map(self._slots_of_page.__getitem__, pages)))
+
+    def pages_of(self, slots: Iterable[int]) -> list[int]:
+        """The pages holding ``slots``, each once, in the order they first appear."""
         page_size = self.page_size
         if page_size == 1:
-            return list(pages)
-        out: list[int] = []
-        for page in pages:
-            base = page * page_size
-            out.extend(range(base, base + page_size))
-        return out
+            return list(dict.fromkeys(slots))
+        if isinstance(slots, list) and slots and slots[0] % page_size == 0:
+            # A request's row from a page boundary, or a node's share of one, is its pages' slots in
+            # order (the last page perhaps cut short): then every page_size-th slot names a page,
+            # and the check that the rest follow compares the same int objects.
+            pages = [slot // page_size for slot in slots[::page_size]]
+            if 0 <= min(pages) and max(pages) <= self.num_pages and slots == self.page_slots(pages)[: len(slots)]:
+                return list(dict.fromkeys(pages))
+        return list(dict.fromkeys(map(operator.floordiv, slots, repeat(page_size))))
 
     def page_of(self, slot: int) -> int:
         return slot // self.page_size

@@ -160,6 +160,7 @@ def test_bulk_draws_take_no_shortcut_with_another_generator() -> None:
 def test_a_vocabularys_bulk_lookup_is_its_one_by_one_lookup(vocab: Vocabulary) -> None:
     indices = [0, 1, 2, 7, vocab.usable // 2, vocab.usable - 1]
     assert vocab.nth_many(indices) == [vocab.nth(i) for i in indices]
+    assert vocab.nth_many_in_range(list(indices)) == [vocab.nth(i) for i in indices]
     assert vocab.nth_many([]) == []
     with pytest.raises(IndexError, match="outside"):
         vocab.nth_many([0, vocab.usable])

@@ -471,7 +471,7 @@ class _Bands:
 
     def ordinary_tokens(self, rng: random.Random, count: int) -> list[int]:
         """``count`` ordinary tokens from ``rng``, which serves nothing afterwards."""
-        return self.vocab.nth_many(randrange_many(rng, self.ordinary, count))
+        return self.vocab.nth_many_in_range(randrange_many(rng, self.ordinary, count))  # below ordinary
 
 
 def synthesize_input_ids(

@@ -84,6 +84,13 @@ class Vocabulary:
             raise IndexError(f"usable id {bad} is outside 0..{self.usable - 1}")
         if not self.special:
             return list(indices)
+        return self.nth_many_in_range(indices)
+
+    def nth_many_in_range(self, indices: list[int]) -> list[int]:
+        """``nth_many`` of indices the caller knows are within 0..usable-1 (drawn below it): no
+        pass over them to check. Without special ids the ids are the indices: the list itself."""
+        if not self.special:
+            return indices
         table = self._table
         if table is not None:
             return list(map(table.__getitem__, indices))

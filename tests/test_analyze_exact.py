@@ -199,11 +199,11 @@ def test_prompt_folds_start_from_a_remembered_head_and_give_the_same_digest() ->
 
 
 def run_engine(
-    config: SimConfig, prompts: list[list[int]], max_new: int, *, kv_contents: bool
-) -> tuple[list[tuple[list[int], int, str]], EngineStats]:
+    config: SimConfig, prompts: list[list[int]], max_new: int, *, kv_contents: bool, result_outputs: bool = True
+) -> tuple[list[tuple[list[int], int, int, str]], EngineStats, list[tuple[int, list[int], list[int] | None]]]:
     """Every prompt submitted at once, the engine iterated until all are answered; the stats
-    without the generation throughput, which is timed on the wall clock."""
-    engine = Engine(config, None, wall_clock=lambda: 0.0, kv_contents=kv_contents)
+    without the generation throughput, which is timed on the wall clock; the tree at the end."""
+    engine = Engine(config, None, wall_clock=lambda: 0.0, kv_contents=kv_contents, result_outputs=result_outputs)
     futures: list[Future[GenerateResult]] = []
     for tokens in prompts:
         future: Future[GenerateResult] = Future()
@@ -213,8 +213,10 @@ def run_engine(
         if all(f.done() for f in futures):
             break
         engine.iterate()
-    answers = [(r.output_ids, r.cached_tokens, r.finish_reason) for r in (f.result() for f in futures)]
-    return answers, replace(engine.stats(), gen_throughput=0)
+    answers = [(r.output_ids, r.cached_tokens, r.completion_tokens, r.finish_reason)
+               for r in (f.result() for f in futures)]
+    tree = sorted((n.id, n.key.token_ids, n.value) for n in engine.caches[0].iter_nodes())
+    return answers, replace(engine.stats(), gen_throughput=0), tree
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -228,6 +230,17 @@ def test_an_engine_without_kv_contents_answers_what_one_with_them_answers(page_s
     without = run_engine(config, prompts, 40, kv_contents=False)
     assert with_contents == without
     assert with_contents[1].evicted_tokens_total > 0 and with_contents[1].num_retracted_reqs > 0
+    # Made only where the tree or a retracted request reads them, the outputs the tree holds are
+    # the same tokens, and so is everything else but the results' output ids.
+    answers, stats, tree = run_engine(config, prompts, 40, kv_contents=False, result_outputs=False)
+    assert (stats, tree) == with_contents[1:]
+    assert answers == [([], *rest) for _, *rest in with_contents[0]]
+    assert any(len(key) > 1 and key[-1] > 1 << 22 for _, key, _ in tree)  # outputs (u-stems) in the tree
+
+
+def test_outputs_without_kv_contents_wait_only_where_no_result_carries_them() -> None:
+    with pytest.raises(ValueError, match="result_outputs"):
+        Engine(SimConfig(), None, result_outputs=False)
 
 
 def test_the_simulators_vocabulary_is_the_plans_so_drawn_ids_need_no_check() -> None:

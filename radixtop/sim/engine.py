@@ -314,6 +314,7 @@ class _Req:
         self.future = future
         self.rng = rng
         self.output_ids: list[int] = []
+        self.made = 0  # without KV contents: the output tokens with their values (the rest may wait)
         self.views = [_ReqView(self) for _ in range(tp_size)]
         self.lead = self.views[0]  # the first rank's view: its row is the one every read uses
         self.digest = 0
@@ -336,6 +337,10 @@ class _Req:
 _MAX_NEW_TOKENS = operator.attrgetter("max_new_tokens")
 _OUTPUT_IDS = operator.attrgetter("output_ids")
 _KV_ROW = operator.attrgetter("lead.kv_indices")
+
+
+# An output token whose value is not made yet (see Engine's result_outputs): never a token id.
+_UNMADE = -1
 
 
 def _first_pages(pages: list[int] | None) -> str:
@@ -517,6 +522,10 @@ class _Scheduler:
         raise RuntimeError(message)
 
     def _release(self, req: _Req, *, insert: bool) -> None:
+        if insert and not self.cfg.disable_radix_cache:
+            # The tree takes the request's whole pages of KV: their output tokens need values.
+            held = req.kv_len // self.page_size * self.page_size
+            self._make_outputs(req, held - len(req.origin_input_ids))
         for info, view in zip(self.ranks, req.views):
             info.cache.cache_finished_req(view, is_insert=insert)
 
@@ -664,10 +673,12 @@ class _Scheduler:
     def _run_prefill(self, batch: list[_Req]) -> None:
         engine = self.engine
         for req in batch:
-            tokens = req.origin_input_ids + req.output_ids
-            req.digest = self._read_prompt(req, tokens)
-            if not req.done:
-                req.output_ids.append(engine._next_token(req, len(req.views[0].kv_indices)))
+            if self.pool0.store_contents:
+                req.digest = self._read_prompt(req, req.origin_input_ids + req.output_ids)
+                if not req.done:
+                    req.output_ids.append(engine._next_token(req, req.kv_len))
+            elif not req.done:
+                self._add_output(req)
             if req.done or req.aborted:
                 self._finish(req, "abort" if req.aborted and not req.done else "length")
             else:
@@ -676,16 +687,37 @@ class _Scheduler:
                 self.running.append(req)
 
     def _read_prompt(self, req: _Req, tokens: list[int]) -> int:
-        """Write the KV the prefill computes and read the whole prompt's back, as attention does;
-        without contents, fold the tokens (what the slots hold while no fault intervenes), from
-        the digest of the cached prefix where another request folded it."""
+        """Write the KV the prefill computes and read the whole prompt's back, as attention does."""
         pool = self.pool0
-        if not pool.store_contents:
-            return self.prompt_folds.fold(tokens, req.extend_from)
         kv = req.views[0].kv_indices
         start = req.extend_from
         pool.write(kv[start:], tokens[start:], start)
         return self.engine.model.read_kv(0, pool, self._read_slots(req, len(kv)))
+
+    def _add_output(self, req: _Req) -> None:
+        """The request's next output token, without KV contents: its value made now, or where
+        something reads it when no result carries output ids (Engine's result_outputs)."""
+        req.output_ids.append(_UNMADE)
+        if self.engine.result_outputs:
+            self._make_outputs(req, len(req.output_ids))
+
+    def _make_outputs(self, req: _Req, count: int) -> None:
+        """Give the request's first ``count`` output tokens their values. Without KV contents a
+        request reads back what it wrote, so each token is the model's function of the prompt
+        and the tokens before it, whenever it is made: the prompt's digest (from the cached
+        prefix's, as the first prefill matched it), then a token and its fold at a time."""
+        if count <= req.made or self.pool0.store_contents:
+            return  # with contents every value is made as its token is, from the KV read back
+        engine = self.engine
+        fold_token = engine.model.fold_token
+        out = req.output_ids
+        length = len(req.origin_input_ids)
+        if req.made == 0:
+            req.digest = self.prompt_folds.fold(req.origin_input_ids, req.extend_from)
+        for k in range(req.made, count):
+            out[k] = engine._next_token(req, length + k)
+            req.digest = fold_token(req.digest, out[k], length + k)
+        req.made = count
 
     def _decode_pages_needed(self, reqs: list[_Req]) -> int:
         """How many of ``reqs`` start a new page with their next token (C loops: every decode step asks)."""
@@ -728,9 +760,9 @@ class _Scheduler:
             if pool.store_contents:
                 pool.write((slot,), (output_ids[-1],), position)
                 req.digest = model.read_kv(req.digest, pool, (slot,))
+                output_ids.append(engine._next_token(req, position + 1))
             else:
-                req.digest = model.fold_token(req.digest, output_ids[-1], position)
-            output_ids.append(engine._next_token(req, position + 1))
+                self._add_output(req)
             if len(output_ids) >= req.max_new_tokens:  # req.done
                 finished.append(req)
         self.num_generated_tokens += len(self.running)
@@ -757,6 +789,7 @@ class _Scheduler:
                 break
             first = False
             victim = order.pop()
+            self._make_outputs(victim, len(victim.output_ids))  # its next admission matches them
             self._release(victim, insert=False)
             self._reset_views(victim)
             victim.stale_pages = {}
@@ -906,15 +939,23 @@ class Engine:
         *,
         wall_clock: Callable[[], float] = time.time,
         kv_contents: bool = True,
+        result_outputs: bool = True,
     ) -> None:
         """``emit`` writes each log line (None: the engine makes none, as an in-process driver
         with no reader wants). ``kv_contents=False``: the pools keep no contents and the model
         folds the tokens each request writes, which is what it would read back while no fault
-        makes a slot hold something else (so a config with faults needs the contents)."""
+        makes a slot hold something else (so a config with faults needs the contents).
+        ``result_outputs=False`` (without contents only): the results carry no output ids, for
+        a driver that counts tokens only; an output token's value is then made only where the
+        tree takes it or a retracted request will match it, and until then a request's own
+        lists (its views') hold _UNMADE in its place."""
         config.validate()
         if config.faults and not kv_contents:
             raise ValueError("faults read what a KV slot held before: they need kv_contents")
+        if kv_contents and not result_outputs:
+            raise ValueError("with kv_contents the model reads every token as it is made: result_outputs stays on")
         self.kv_contents = kv_contents
+        self.result_outputs = result_outputs
         self.config = config
         self._emit_fn = emit
         self._wall_clock = wall_clock
@@ -1171,7 +1212,7 @@ class Engine:
             return
         req.future.set_result(
             GenerateResult(
-                output_ids=list(req.output_ids),
+                output_ids=list(req.output_ids) if self.result_outputs else [],
                 prompt_tokens=len(req.origin_input_ids),
                 cached_tokens=req.cached_tokens or 0,
                 completion_tokens=len(req.output_ids),

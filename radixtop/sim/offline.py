@@ -88,8 +88,10 @@ class _Answer:
 def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRun[K]:
     """Run every call through a fresh engine built from ``config``; raises ValueError for a bad config."""
     clock = _Clock()
-    # Without faults every slot holds what its request wrote: the model need keep no KV contents.
-    engine = Engine(config, emit=None, wall_clock=lambda: clock.now, kv_contents=bool(config.faults))
+    # Without faults every slot holds what its request wrote: the model need keep no KV contents,
+    # and the output tokens' values wait for the tree (the results' output ids go unread here).
+    contents = bool(config.faults)
+    engine = Engine(config, emit=None, wall_clock=lambda: clock.now, kv_contents=contents, result_outputs=contents)
     order = sorted(range(len(calls)), key=lambda i: calls[i].offset_s)  # stable: given order within one instant
     answers: dict[int, _Answer] = {}
     arrived: dict[int, float] = {}

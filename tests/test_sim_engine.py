@@ -8,11 +8,12 @@ import random
 import re
 import time
 from collections import defaultdict
+from concurrent.futures import Future
 
 import pytest
 
 from radixtop.incident.replay.trace import builtin_trace, plan_requests, rescale_prefixes, scale_offsets
-from radixtop.sim.engine import Engine, EngineDead, SimConfig
+from radixtop.sim.engine import Engine, EngineDead, GenerateResult, SimConfig
 from radixtop.sim.faults import FaultSet, FaultSpec
 
 STAMP = r"\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<rank>(?: DP\d+)?(?: PP\d+)?(?: TP\d+)?)\] "
@@ -583,3 +584,28 @@ async def test_stop_fails_pending_requests_and_cancel_frees_the_kv():
     with pytest.raises(EngineDead, match="engine stopped"):
         await pending
     assert engine.dead_reason is None
+
+
+def test_a_request_waits_for_the_page_another_in_its_batch_computes_after_the_same_prefix() -> None:
+    engine = Engine(SimConfig(page_size=4, step_time_s=0), None, kv_contents=False)
+    futures: list[Future[GenerateResult]] = []
+
+    def submit(*tokens: int) -> None:
+        futures.append(Future())
+        engine.submit(list(tokens), max_new_tokens=2, future=futures[-1])
+
+    submit(1, 2, 3, 4, 9, 9, 9, 9, 5)
+    submit(5, 6, 7, 8, 9, 9, 9, 9, 5)
+    while not all(f.done() for f in futures):
+        engine.iterate()
+    submit(1, 2, 3, 4, 7, 7, 7, 7, 8, 8, 8, 8, 1)  # matches a page, then computes [7, 7, 7, 7]
+    submit(5, 6, 7, 8, 7, 7, 7, 7, 8, 8, 8, 8, 1)  # the same page after another prefix: computes it too
+    submit(1, 2, 3, 4, 7, 7, 7, 7, 6, 6, 6, 6, 1)  # the first one's next page: waits to match it
+    engine.iterate()
+    assert [f.done() or None for f in futures[2:]] == [None, None, None]
+    sched = engine._schedulers[0]
+    assert [r.origin_input_ids[0] for r in sched.running] == [1, 5]
+    assert [r.origin_input_ids[8] for r in sched.waiting] == [6]
+    while not all(f.done() for f in futures):
+        engine.iterate()
+    assert futures[4].result().cached_tokens == 8  # the page the first one computed

@@ -572,18 +572,21 @@ class _Scheduler:
         rem_total = self.available() + self.evictable() - self._reserved_tokens()
         rem_input = cfg.max_prefill_tokens
         batch: list[_Req] = []
-        batch_pages: set[tuple[str | int | None, ...]] = set()
+        # (extra_key, matched length, the page after it) -> the tokens of the batch's requests
+        # about to compute that page after that prefix length.
+        batch_pages: dict[tuple[str | None, int, tuple[int, ...]], list[list[int]]] = {}
         keep: list[_Req] = []
         blocked = False
         for req in self.waiting:
             if blocked or len(self.running) + len(batch) >= cfg.max_running_requests:
                 keep.append(req)
                 continue
-            tokens = req.origin_input_ids + req.output_ids
+            tokens = req.origin_input_ids + req.output_ids if req.output_ids else req.origin_input_ids
             n = len(tokens)
-            # At least one token must be computed to get logits: match at most n - 1.
-            # SGLANG_RADIX_FORCE_MISS: reuse off, the tree's inserts, locks and evictions on.
-            wanted = [] if cfg.force_miss else tokens[: n - 1]
+            # At least one token must be computed to get logits: match at most n - 1 (whole pages:
+            # the cache would cut the key to them). SGLANG_RADIX_FORCE_MISS: reuse off, the tree's
+            # inserts, locks and evictions on.
+            wanted = [] if cfg.force_miss else tokens[: (n - 1) // page_size * page_size]
             matches = [
                 info.cache.match_prefix(MatchPrefixParams(key=RadixKey(wanted, req.extra_key)))
                 for info in self.ranks
@@ -592,8 +595,9 @@ class _Scheduler:
             # In-batch prefix sharing: a request whose next page another request of this batch
             # is about to compute waits one iteration and then matches it from the tree.
             if not cfg.disable_radix_cache and not cfg.force_miss and m + page_size <= n - 1:
-                first_new_page = (req.extra_key, *tokens[: m + page_size])
-                if first_new_page in batch_pages:
+                first_new_page = (req.extra_key, m, tuple(tokens[m : m + page_size]))
+                computing = batch_pages.get(first_new_page, ())
+                if any(other[:m] == tokens[:m] for other in computing):
                     keep.append(req)
                     continue
             else:
@@ -613,7 +617,7 @@ class _Scheduler:
             rem_total -= cost
             rem_input -= n - m
             if first_new_page is not None:
-                batch_pages.add(first_new_page)
+                batch_pages.setdefault(first_new_page, []).append(tokens)
             batch.append(req)
         self.waiting = keep
         if batch:
@@ -624,7 +628,7 @@ class _Scheduler:
         for info, view, match in zip(self.ranks, req.views, matches):
             view.last_node = match.last_device_node
             view.lock = info.cache.lock(match.last_device_node)
-            view.kv_indices = list(match.device_indices)
+            view.kv_indices = match.device_indices  # a list made for this match alone
             view.cache_protected_len = m
         pages = self._alloc_pages(new_pages)
         if pages is None and self.available() + self.evictable() >= new_pages * self.page_size:

@@ -136,12 +136,12 @@ class RadixKey:
                 "RadixKey.match needs the same extra_key on both sides, "
                 f"got {self.extra_key!r} and {other.extra_key!r}"
             )
-        return _match_len(self.token_ids, other.token_ids, 0, page_size)
+        return _match_len(self.token_ids, other.token_ids, 0, len(other.token_ids), page_size)
 
 
-def _match_len(t0: list[int], t1: list[int], offset: int, page_size: int) -> int:
-    """Shared prefix of ``t0`` and ``t1[offset:]``, in whole pages, without slicing ``t1`` whole."""
-    n = min(len(t0), len(t1) - offset)
+def _match_len(t0: list[int], t1: list[int], offset: int, end: int, page_size: int) -> int:
+    """Shared prefix of ``t0`` and ``t1[offset:end]``, in whole pages, without slicing ``t1`` whole."""
+    n = min(len(t0), end - offset)
     matched = n
     # One compare first: most steps of a walk match the whole node. Else gallop in doubling
     # windows (one C-level slice compare each), then bisect the window holding the first
@@ -652,33 +652,55 @@ class RadixCache:
         into the tree, its duplicate slots freed, its row pointed at the tree's; the new end."""
         tokens = req.fill_ids
         key_len = min(up_to, len(tokens)) // self.page_size * self.page_size
-        key = RadixKey(tokens[:key_len], req.extra_key)
         kv = req.kv_indices
         protected = req.cache_protected_len
         if len(kv) < key_len:
             raise ValueError(f"insert needs one value per key token: {key_len} tokens, {len(kv)} values")
-        found = self._insert_below(req.last_node, protected, key, kv)
-        prefix_len, new_last_node = found or self._insert_helper(self.root_node, key, kv[:key_len])
+        found = self._insert_below(req.last_node, protected, tokens, key_len, req.extra_key, kv)
+        if found is None:
+            found = self._insert_helper(self.root_node, RadixKey(tokens[:key_len], req.extra_key), kv[:key_len])
+        prefix_len, new_last_node = found
         if self.token_to_kv_pool_allocator is not None:
             self.token_to_kv_pool_allocator.free(kv[protected:prefix_len])
         # SGLang matches the key again here for the tree's slots: the walk insert just made ends
         # at that node and stamped its path last, so the path's slots are those, and a second
         # stamp would keep every node in the same order of access.
-        new_indices = self.path_device_indices(new_last_node)
-        if len(new_indices) != key_len:
-            raise AssertionError(f"{len(new_indices)=}, {key_len=}")
-        kv[protected:key_len] = new_indices[protected:]
+        kv[protected:key_len] = self._path_slots(new_last_node, key_len, protected)
         req.cache_protected_len = key_len
         return new_last_node
 
+    def _path_slots(self, node: TreeNode, length: int, start: int) -> list[int]:
+        """The slots of ``node``'s path from position ``start`` on; the path is ``length`` tokens
+        long (AssertionError where the tree says otherwise). The part before is not joined."""
+        values: list[list[int]] = []
+        while node is not self.root_node:
+            values.append(_value(node))
+            node = _parent(node)
+        total = sum(map(len, values))
+        if total != length:
+            raise AssertionError(f"len(new_indices)={total}, key_len={length}")
+        parts: list[list[int]] = []
+        end = length
+        for value in values:  # from the end up
+            if end <= start:
+                break
+            begin = end - len(value)
+            parts.append(value if begin >= start else value[start - begin :])
+            end = begin
+        out: list[int] = []
+        for part in reversed(parts):
+            out.extend(part)
+        return out
+
     def _insert_below(
-        self, anchor: TreeNode | None, depth: int, key: RadixKey, value: list[int]
+        self, anchor: TreeNode | None, depth: int, tokens: list[int], n: int, extra: str | None, value: list[int]
     ) -> tuple[int, TreeNode] | None:
-        """What inserting ``key`` from the root does, walking on from ``anchor``: a request's
-        locked node, whose path is the key's first ``depth`` tokens (the tree put them there and
-        holds them). Its ancestors get the walk's stamps without their keys compared again. None
-        where ``anchor`` is not such a node (evicted, of another tree, another length)."""
-        if anchor is None or anchor.evicted or depth > len(key):
+        """What inserting the key ``tokens[:n]`` (namespace ``extra``) from the root does, walking
+        on from ``anchor``: a request's locked node, whose path is the key's first ``depth``
+        tokens (the tree put them there and holds them). Its ancestors get the walk's stamps
+        without their keys compared again. None where ``anchor`` is not such a node (evicted, of
+        another tree, another length)."""
+        if anchor is None or anchor.evicted or depth > n:
             return None
         path: list[TreeNode] = []
         length = 0
@@ -701,7 +723,7 @@ class RadixCache:
             node.priority = max(node.priority, 0)
             node.hit_count += 1
             self._touched(node)
-        return self._insert_walk(anchor, depth, key, value, access_time, priority=0, inserted_len=0)
+        return self._insert_walk(anchor, depth, tokens, n, extra, value, access_time, priority=0, inserted_len=0)
 
     def _move_lock(self, req: CacheReq, node: TreeNode) -> None:
         """``unlock(req.lock)`` then ``req.lock = lock(node)`` in one pass where the old lock's
@@ -769,7 +791,7 @@ class RadixCache:
             child.last_access_time = access_time
             self._touched(child)
             child_key = _key(child)
-            prefix_len = _match_len(child_key.token_ids, tokens, offset, page_size)
+            prefix_len = _match_len(child_key.token_ids, tokens, offset, n, page_size)
             if prefix_len < len(child_key.token_ids):
                 new_node = self._split_node(child_key, child, prefix_len)
                 value.append(_value(new_node))
@@ -812,22 +834,24 @@ class RadixCache:
         self._touched(node)
         if len(key) == 0:
             return 0, node
-        return self._insert_walk(node, 0, key, value, access_time, priority, inserted_len)
+        tokens, extra = key.token_ids, key.extra_key
+        return self._insert_walk(node, 0, tokens, len(tokens), extra, value, access_time, priority, inserted_len)
 
     def _insert_walk(
         self,
         node: TreeNode,
         offset: int,
-        key: RadixKey,
+        tokens: list[int],
+        n: int,
+        extra: str | None,
         value: list[int],
         access_time: float,
         priority: int,
         inserted_len: int,
     ) -> tuple[int, TreeNode]:
-        """The insert's walk down from ``node``, which holds the key's first ``offset`` tokens."""
+        """The insert of the key ``tokens[:n]`` walking down from ``node``, which holds its first
+        ``offset`` tokens."""
         page_size = self.page_size
-        tokens, extra = key.token_ids, key.extra_key
-        n = len(tokens)
         while offset < n:
             child = node.children.get(_child_key_at(tokens, offset, page_size, extra))
             if child is None:
@@ -835,7 +859,7 @@ class RadixCache:
             node = child
             node.last_access_time = access_time
             node_key = _key(node)
-            prefix_len = _match_len(node_key.token_ids, tokens, offset, page_size)
+            prefix_len = _match_len(node_key.token_ids, tokens, offset, n, page_size)
             offset += prefix_len
             if prefix_len < len(node_key.token_ids):
                 self._touched(node)  # the part split off below keeps the new access time
@@ -848,7 +872,7 @@ class RadixCache:
             new_node = self._new_node(priority=priority)
             new_node.last_access_time = access_time
             new_node.parent = node
-            new_node.key = RadixKey(tokens[offset:], extra)
+            new_node.key = RadixKey(tokens[offset:n], extra)
             new_node.value = value[offset:n]
             if n > inserted_len:
                 new_node.hit_count += 1

@@ -44,7 +44,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixtop.sim.faults import (
     LOCK_RACE_MESSAGE,
@@ -193,8 +193,10 @@ class SimConfig:
             )
 
 
-@dataclass(frozen=True)
-class GenerateResult:
+class GenerateResult(NamedTuple):
+    """One request's answer (a named tuple: one is made per request, without a frozen
+    dataclass's setattr per field)."""
+
     output_ids: list[int]
     prompt_tokens: int
     cached_tokens: int
@@ -766,7 +768,9 @@ class _Scheduler:
                 req.digest = model.read_kv(req.digest, pool, (slot,))
                 output_ids.append(engine._next_token(req, position + 1))
             else:
-                self._add_output(req)
+                output_ids.append(_UNMADE)  # self._add_output(req), inline: a step per token
+                if engine.result_outputs:
+                    self._make_outputs(req, len(output_ids))
             if len(output_ids) >= req.max_new_tokens:  # req.done
                 finished.append(req)
         self.num_generated_tokens += len(self.running)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from radixtop.sim.engine import Engine, GenerateResult, SimConfig
 
@@ -25,8 +25,9 @@ _ITERATIONS_PER_CALL = 20_000
 K = TypeVar("K", bound=Hashable)  # the caller's name for a call (e.g. (request id, copy))
 
 
-@dataclass(frozen=True)
-class OfflineCall(Generic[K]):
+# The calls and their results are records of one field each per call of a trace: named tuples,
+# made without a frozen dataclass's setattr per field.
+class OfflineCall(NamedTuple, Generic[K]):
     key: K
     offset_s: float
     input_ids: list[int]
@@ -35,8 +36,7 @@ class OfflineCall(Generic[K]):
     ids_checked: bool = False  # every id is a token id of the vocabulary (Engine.submit's ids_checked)
 
 
-@dataclass(frozen=True)
-class OfflineResult(Generic[K]):
+class OfflineResult(NamedTuple, Generic[K]):
     key: K
     arrived_s: float
     finished_s: float | None  # None when the call failed

@@ -672,21 +672,17 @@ class RadixCache:
     def _path_slots(self, node: TreeNode, length: int, start: int) -> list[int]:
         """The slots of ``node``'s path from position ``start`` on; the path is ``length`` tokens
         long (AssertionError where the tree says otherwise). The part before is not joined."""
-        values: list[list[int]] = []
-        while node is not self.root_node:
-            values.append(_value(node))
-            node = _parent(node)
-        total = sum(map(len, values))
-        if total != length:
-            raise AssertionError(f"len(new_indices)={total}, key_len={length}")
         parts: list[list[int]] = []
         end = length
-        for value in values:  # from the end up
-            if end <= start:
-                break
+        while node is not self.root_node:
+            value = _value(node)
             begin = end - len(value)
-            parts.append(value if begin >= start else value[start - begin :])
+            if end > start:
+                parts.append(value if begin >= start else value[start - begin :])
             end = begin
+            node = _parent(node)
+        if end != 0:
+            raise AssertionError(f"len(new_indices)={length - end}, key_len={length}")
         out: list[int] = []
         for part in reversed(parts):
             out.extend(part)
@@ -718,11 +714,13 @@ class RadixCache:
         node.last_access_time = access_time
         node.priority = max(node.priority, 0)
         self._touched(node)
+        leaves = self.evictable_leaves
         for node in reversed(path):
             node.last_access_time = access_time
             node.priority = max(node.priority, 0)
             node.hit_count += 1
-            self._touched(node)
+            if node in leaves:  # self._touched(node), inline: these are most of a release's steps
+                self._push_leaf(node)
         return self._insert_walk(anchor, depth, tokens, n, extra, value, access_time, priority=0, inserted_len=0)
 
     def _move_lock(self, req: CacheReq, node: TreeNode) -> None:
@@ -898,11 +896,12 @@ class RadixCache:
         self._update_leaf_status(parent)
 
     def _update_leaf_status(self, node: TreeNode) -> None:
-        if node.evicted or node.lock_ref > 0 or node is self.root_node:
+        # node.value is None: node.evicted, without a property call (every lock step comes here).
+        if node.value is None or node.lock_ref > 0 or node is self.root_node:
             self.evictable_leaves.discard(node)
             return
         for child in node.children.values():
-            if not child.evicted:
+            if child.value is not None:
                 self.evictable_leaves.discard(node)
                 return
         if node not in self.evictable_leaves:

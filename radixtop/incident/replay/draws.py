@@ -36,19 +36,21 @@ def randrange_many(rng: random.Random, n: int, count: int) -> list[int]:
     k = n.bit_length()
     if type(rng) is not random.Random or k > _WORD_BITS:  # another generator's bits, or wider than a word
         return [rng.randrange(n) for _ in range(count)]
+    if count <= 0:
+        return []
     out: list[int] = []
     for _ in range(_ROUNDS):
         need = count - len(out)
-        if need <= 0:
-            break
         # n / 2**k of the words are kept (at least half): draw for that, with a margin.
         words = need * (1 << k) // n + need // 8 + 16
         # The mask drops what the shift brings into a lane from the next word.
         lanes = ((rng.getrandbits(words * _WORD_BITS) >> (_WORD_BITS - k)) & _lane_mask(k, words)).to_bytes(
             words * 4, "little"
         )
-        out.extend(_below(lanes, n, k))
-    del out[count:]
+        out += _below(lanes, n, k)
+        if len(out) >= count:
+            del out[count:]
+            return out
     # Past the rounds (a run of rejections no real draw has), the calls themselves go on from
     # the next word, where the rounds stopped.
     out.extend(rng.randrange(n) for _ in range(count - len(out)))

@@ -747,6 +747,7 @@ class _Scheduler:
             return
         engine = self.engine
         pool = self.pool0
+        contents = pool.store_contents
         page_size = self.page_size
         finished: list[_Req] = []
         model = engine.model
@@ -763,7 +764,7 @@ class _Scheduler:
             for view in req.views:
                 view.kv_indices.append(slot)
             output_ids = req.output_ids
-            if pool.store_contents:
+            if contents:
                 pool.write((slot,), (output_ids[-1],), position)
                 req.digest = model.read_kv(req.digest, pool, (slot,))
                 output_ids.append(engine._next_token(req, position + 1))

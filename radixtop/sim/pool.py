@@ -105,8 +105,9 @@ class TokenToKVPoolAllocator:
         del self.free_pages[-num_pages:]
         taken.reverse()
         now = self.clock()
+        alloc_time = self.page_alloc_time
         for page in taken:
-            self.page_alloc_time[page] = now
+            alloc_time[page] = now
         return taken
 
     def page_slots(self, pages: Sequence[int]) -> list[int]:
@@ -125,8 +126,10 @@ class TokenToKVPoolAllocator:
             # order (the last page perhaps cut short): then every page_size-th slot names a page,
             # and the check that the rest follow compares the same int objects.
             pages = [slot // page_size for slot in slots[::page_size]]
-            if 0 <= min(pages) and max(pages) <= self.num_pages and slots == self.page_slots(pages)[: len(slots)]:
-                return list(dict.fromkeys(pages))
+            if 0 <= min(pages) and max(pages) <= self.num_pages:
+                own = self.page_slots(pages)
+                if slots == (own if len(own) == len(slots) else own[: len(slots)]):
+                    return list(dict.fromkeys(pages))
         return list(dict.fromkeys(map(operator.floordiv, slots, repeat(page_size))))
 
     def page_of(self, slot: int) -> int:

@@ -553,7 +553,10 @@ class RadixCache:
             self.evictable_size_ -= size
             self.protected_size_ += size
         node.lock_ref += 1
-        self._update_leaf_status(node)
+        if node.lock_ref > 0:  # what _update_leaf_status does first, without the call
+            self.evictable_leaves.discard(node)
+        else:
+            self._update_leaf_status(node)
         return size
 
     def dec_lock_ref(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
@@ -568,7 +571,10 @@ class RadixCache:
                 self.protected_size_ -= size
                 delta += size
             node.lock_ref -= 1
-            self._update_leaf_status(node)
+            if node.lock_ref > 0:  # what _update_leaf_status does first, without the call
+                self.evictable_leaves.discard(node)
+            else:
+                self._update_leaf_status(node)
             if node.parent is None:
                 raise AssertionError("This request holds the node from another tree")
             node = node.parent
@@ -665,7 +671,8 @@ class RadixCache:
         # SGLang matches the key again here for the tree's slots: the walk insert just made ends
         # at that node and stamped its path last, so the path's slots are those, and a second
         # stamp would keep every node in the same order of access.
-        kv[protected:key_len] = self._path_slots(new_last_node, key_len, protected)
+        if key_len > protected:  # else the row holds the tree's slots already
+            kv[protected:key_len] = self._path_slots(new_last_node, key_len, protected)
         req.cache_protected_len = key_len
         return new_last_node
 

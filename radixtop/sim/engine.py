@@ -319,6 +319,7 @@ class _Req:
         self.made = 0  # without KV contents: the output tokens with their values (the rest may wait)
         self.views = [_ReqView(self) for _ in range(tp_size)]
         self.lead = self.views[0]  # the first rank's view: its row is the one every read uses
+        self.mirrors = self.views[1:]  # the other ranks' views, whose rows copy the lead's
         self.digest = 0
         # Block-boundary fault: page index within this request -> the page read instead.
         self.stale_pages: dict[int, int] = {}
@@ -748,6 +749,7 @@ class _Scheduler:
         engine = self.engine
         pool = self.pool0
         contents = pool.store_contents
+        make_now = engine.result_outputs
         page_size = self.page_size
         finished: list[_Req] = []
         model = engine.model
@@ -761,7 +763,8 @@ class _Scheduler:
                 slot = pages[0] * page_size
             else:
                 slot = row[-1] + 1
-            for view in req.views:
+            row.append(slot)
+            for view in req.mirrors:
                 view.kv_indices.append(slot)
             output_ids = req.output_ids
             if contents:
@@ -770,7 +773,7 @@ class _Scheduler:
                 output_ids.append(engine._next_token(req, position + 1))
             else:
                 output_ids.append(_UNMADE)  # self._add_output(req), inline: a step per token
-                if engine.result_outputs:
+                if make_now:
                     self._make_outputs(req, len(output_ids))
             if len(output_ids) >= req.max_new_tokens:  # req.done
                 finished.append(req)

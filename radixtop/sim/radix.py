@@ -703,7 +703,7 @@ class RadixCache:
         tokens (the tree put them there and holds them). Its ancestors get the walk's stamps
         without their keys compared again. None where ``anchor`` is not such a node (evicted, of
         another tree, another length)."""
-        if anchor is None or anchor.evicted or depth > n:
+        if anchor is None or anchor.value is None or depth > n:  # value None: evicted
             return None
         path: list[TreeNode] = []
         length = 0
@@ -718,16 +718,19 @@ class RadixCache:
         if length != depth:
             return None
         access_time = self.clock()
-        node.last_access_time = access_time
-        node.priority = max(node.priority, 0)
-        self._touched(node)
+        node.last_access_time = access_time  # the root: never an evictable leaf, so not _touched
+        if node.priority < 0:
+            node.priority = 0  # max(priority, 0), as the insert's walk sets it
         leaves = self.evictable_leaves
-        for node in reversed(path):
+        for node in path:
             node.last_access_time = access_time
-            node.priority = max(node.priority, 0)
+            if node.priority < 0:
+                node.priority = 0
             node.hit_count += 1
             if node in leaves:  # self._touched(node), inline: these are most of a release's steps
                 self._push_leaf(node)
+        if depth == n:
+            return depth, anchor
         return self._insert_walk(anchor, depth, tokens, n, extra, value, access_time, priority=0, inserted_len=0)
 
     def _move_lock(self, req: CacheReq, node: TreeNode) -> None:

@@ -278,3 +278,11 @@ def test_calls_whose_ids_are_checked_get_what_calls_checked_by_the_engine_get() 
 def test_an_engine_with_faults_keeps_the_kv_contents_the_faults_read() -> None:
     with pytest.raises(ValueError, match="kv_contents"):
         Engine(SimConfig(faults=(FaultSpec("leak"),)), None, kv_contents=False)
+
+
+def test_a_planned_calls_repr_leaves_its_prompt_out() -> None:
+    trace = Trace("secret", 16, (TraceRequest("r", 0.0, 4, 0, "g", 2, text="the secret prompt"),))
+    (planned,) = plan_requests(trace)
+    assert planned.text == "the secret prompt"
+    assert "secret prompt" not in repr(planned) and "input_ids" not in repr(planned)
+    assert repr(planned).startswith("PlannedRequest(offset_s=0.0, request_id='r', copy=0, max_tokens=2")

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from radixtop.incident.replay.trace import Trace, TraceRequest
 
@@ -65,8 +65,9 @@ REASONS = {
 Call = tuple[str, int]  # (request id, copy)
 
 
-@dataclass(frozen=True)
-class Expectation:
+class Expectation(NamedTuple):
+    """What a faithful cache gives one call (a named tuple: one is made per call of a trace)."""
+
     request_id: str
     copy: int
     prompt_len: int
@@ -97,7 +98,7 @@ def expectations(trace: Trace, page_size: int, *, namespace_per_request: bool = 
     that setting sends them: what a call shares with earlier ones is all in other namespaces."""
     if namespace_per_request:
         return [
-            replace(e, shared_in_namespace=0, sharer=None, with_sharer=False)
+            e._replace(shared_in_namespace=0, sharer=None, with_sharer=False)
             for e in expectations(trace, page_size)
         ]
     longest: dict[str, int] = {}  # group -> longest prefix_len sent so far
@@ -169,8 +170,7 @@ def evicted_between(eviction_times: Sequence[float], start: float, end: float) -
     return i < len(eviction_times) and eviction_times[i] <= end
 
 
-@dataclass(frozen=True)
-class ReuseRow:
+class ReuseRow(NamedTuple):
     """One call over every run: what was expected, what each run's server reported, and why it fell short."""
 
     exp: Expectation

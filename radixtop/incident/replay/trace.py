@@ -55,10 +55,10 @@ import hashlib
 import json
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from radixtop.incident.replay.draws import randrange_many
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
@@ -132,19 +132,24 @@ class Trace:
         raise KeyError(request_id)
 
 
-@dataclass(frozen=True)
-class PlannedRequest:
-    """One generate call of a replay: when to send it and what."""
+class PlannedRequest(NamedTuple):
+    """One generate call of a replay: when to send it and what. (A named tuple: one is made per
+    call of a trace, without a frozen dataclass's setattr per field.)"""
 
     offset_s: float
     request_id: str
     copy: int
-    input_ids: list[int] = field(repr=False)
+    input_ids: list[int]
     max_tokens: int
-    text: str | None = field(default=None, repr=False)  # send this text instead of input_ids
+    text: str | None = None  # send this text instead of input_ids
     extra_key: str | None = None
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:  # the prompt is long, and its text may be sensitive: left out
+        return (f"PlannedRequest(offset_s={self.offset_s!r}, request_id={self.request_id!r}, copy={self.copy!r}, "
+                f"max_tokens={self.max_tokens!r}, extra_key={self.extra_key!r}, ignore_eos={self.ignore_eos!r}, "
+                f"stop={self.stop!r})")
 
 
 _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {

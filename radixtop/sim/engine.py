@@ -590,17 +590,15 @@ class _Scheduler:
             # the cache would cut the key to them). SGLANG_RADIX_FORCE_MISS: reuse off, the tree's
             # inserts, locks and evictions on.
             wanted = [] if cfg.force_miss else tokens[: (n - 1) // page_size * page_size]
-            matches = [
-                info.cache.match_prefix(MatchPrefixParams(key=RadixKey(wanted, req.extra_key)))
-                for info in self.ranks
-            ]
+            params = MatchPrefixParams(key=RadixKey(wanted, req.extra_key))  # read, not kept, by each rank
+            matches = [info.cache.match_prefix(params) for info in self.ranks]
             m = len(matches[0].device_indices)
             # In-batch prefix sharing: a request whose next page another request of this batch
             # is about to compute waits one iteration and then matches it from the tree.
             if not cfg.disable_radix_cache and not cfg.force_miss and m + page_size <= n - 1:
                 first_new_page = (req.extra_key, m, tuple(tokens[m : m + page_size]))
-                computing = batch_pages.get(first_new_page, ())
-                if any(other[:m] == tokens[:m] for other in computing):
+                computing = batch_pages.get(first_new_page)
+                if computing and any(other[:m] == tokens[:m] for other in computing):
                     keep.append(req)
                     continue
             else:

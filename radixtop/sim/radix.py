@@ -792,12 +792,14 @@ class RadixCache:
         n = len(tokens)
         offset = 0
         value: list[list[int]] = []
+        leaves = self.evictable_leaves
         while offset < n:
             child = node.children.get(_child_key_at(tokens, offset, page_size, extra))
             if child is None:
                 break
             child.last_access_time = access_time
-            self._touched(child)
+            if child in leaves:  # self._touched(child), inline: a step of every match
+                self._push_leaf(child)
             child_key = _key(child)
             prefix_len = _match_len(child_key.token_ids, tokens, offset, n, page_size)
             if prefix_len < len(child_key.token_ids):

@@ -471,12 +471,33 @@ def cache_state(cache: RadixCache) -> tuple:
     )
 
 
-def req_state(req: Req) -> tuple:
+class PromptReq:
+    """A request as SGLang's Req keeps its tokens: the prompt and the outputs, joined on reading."""
+
+    extra_key = None
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.origin_input_ids = tokens
+        self.output_ids: list[int] = []
+        self.kv_indices: list[int] = []
+        self.cache_protected_len = 0
+        self.last_node: TreeNode | None = None
+        self.lock: TreeLock | None = None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+
+def req_state(req: Req | PromptReq) -> tuple:
     lock = (req.lock.node.id, req.lock.receipt.node_id) if req.lock else None
     return req.fill_ids, req.kv_indices, req.cache_protected_len, req.last_node.id if req.last_node else None, lock
 
 
-def scheduler_step(cache: RadixCache, running: list[Req], rng: random.Random, op: str, tokens: list[int]) -> None:
+def scheduler_step(
+    cache: RadixCache, running: list[Req | PromptReq], rng: random.Random, op: str, tokens: list[int],
+    kind: type[Req | PromptReq] = Req,
+) -> None:
     """One scheduler-like operation on ``cache``; ``rng`` picks the same request on every replica."""
     pool = cache.token_to_kv_pool_allocator
     ps = cache.page_size
@@ -487,7 +508,7 @@ def scheduler_step(cache: RadixCache, running: list[Req], rng: random.Random, op
         return pool.alloc_pages(n)
 
     if op == "admit":
-        req = Req(list(tokens))
+        req = kind(list(tokens))
         req.extra_key = "x" if tokens[0] == 3 else None
         match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[: len(tokens) - 1], req.extra_key)))
         m = len(match.device_indices)
@@ -513,7 +534,7 @@ def scheduler_step(cache: RadixCache, running: list[Req], rng: random.Random, op
         if got is None:
             return
         req.kv_indices.append(got[0] * ps if got[0] is not None else req.kv_indices[-1] + 1)
-        req.fill_ids.append(rng.randrange(4))
+        (req.output_ids if isinstance(req, PromptReq) else req.fill_ids).append(rng.randrange(4))
     elif op == "checkpoint":
         cache.checkpoint(req, up_to=len(req.kv_indices))
     elif op in ("finish", "retract"):
@@ -523,7 +544,7 @@ def scheduler_step(cache: RadixCache, running: list[Req], rng: random.Random, op
         cache.dec_lock_ref(req.last_node)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     page_size=st.sampled_from([1, 2, 4]),
     policy=st.sampled_from(["lru", "lfu", "mru"]),
@@ -533,19 +554,21 @@ def scheduler_step(cache: RadixCache, running: list[Req], rng: random.Random, op
                              "evict"]),
             st.lists(st.integers(0, 3), min_size=1, max_size=12),
         ),
-        max_size=40,
+        min_size=10,
+        max_size=60,
     ),
     seed=st.integers(0, 1000),
+    kind=st.sampled_from([Req, PromptReq]),  # fill_ids alone, or SGLang's prompt and outputs
 )
-def test_checkpoint_and_release_do_what_inserting_from_the_root_and_relocking_do(page_size, policy, steps, seed):
+def test_checkpoint_and_release_do_what_inserting_from_the_root_and_relocking_do(page_size, policy, steps, seed, kind):
     caches = [RadixCache(CacheInitParams(token_to_kv_pool_allocator=TokenToKVPoolAllocator(40, page_size),
                                          page_size=page_size, eviction_policy=policy, clock=ticking_clock()))
               for _ in range(2)]
     caches[1].__class__ = ReferenceCheckpoints
-    running: list[list[Req]] = [[], []]
+    running: list[list[Req | PromptReq]] = [[], []]
     for op, tokens in steps:
         for cache, reqs in zip(caches, running):
-            scheduler_step(cache, reqs, random.Random(seed), op, tokens)
+            scheduler_step(cache, reqs, random.Random(seed), op, tokens, kind)
         seed += 1
         assert cache_state(caches[0]) == cache_state(caches[1])
         assert [req_state(r) for r in running[0]] == [req_state(r) for r in running[1]]

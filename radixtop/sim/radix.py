@@ -275,6 +275,9 @@ class CacheReq(Protocol):
     ``kv_indices``: the KV slot of each position the request has written (its req_to_token row);
     ``cache_protected_len``: how many leading positions the tree owns;
     ``last_node`` / ``lock``: the node it holds locked and the lock receipt.
+
+    A request that also has SGLang's ``origin_input_ids`` and ``output_ids`` (whose join is its
+    ``fill_ids``) gives a key within its prompt from ``origin_input_ids``, without the join.
     """
 
     kv_indices: list[int]
@@ -287,6 +290,19 @@ class CacheReq(Protocol):
 
     @property
     def extra_key(self) -> str | None: ...
+
+
+def _key_tokens(req: CacheReq, up_to: int, page_size: int) -> tuple[list[int], int]:
+    """Tokens that begin with the request's first ``up_to`` fill ids, and the length of their
+    page-aligned key: its prompt itself where the key lies within it."""
+    prompt: list[int] | None = getattr(req, "origin_input_ids", None)
+    outputs: list[int] | None = getattr(req, "output_ids", None)
+    if prompt is not None and outputs is not None:
+        key_len = min(up_to, len(prompt) + len(outputs)) // page_size * page_size
+        if key_len <= len(prompt):
+            return prompt, key_len
+    tokens = req.fill_ids
+    return tokens, min(up_to, len(tokens)) // page_size * page_size
 
 
 # ----------------------------------------------------------------------------- tree
@@ -656,8 +672,7 @@ class RadixCache:
     def _insert_row(self, req: CacheReq, up_to: int) -> TreeNode:
         """A checkpoint's insert: the page-aligned key of the request's first ``up_to`` tokens
         into the tree, its duplicate slots freed, its row pointed at the tree's; the new end."""
-        tokens = req.fill_ids
-        key_len = min(up_to, len(tokens)) // self.page_size * self.page_size
+        tokens, key_len = _key_tokens(req, up_to, self.page_size)
         kv = req.kv_indices
         protected = req.cache_protected_len
         if len(kv) < key_len:

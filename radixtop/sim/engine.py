@@ -239,7 +239,8 @@ class RankInfo:
 class _ReqView:
     """A request as one rank's cache sees it (see radix.CacheReq): each rank has its own row."""
 
-    __slots__ = ("req", "kv_indices", "cache_protected_len", "last_node", "lock")
+    __slots__ = ("req", "kv_indices", "cache_protected_len", "last_node", "lock", "origin_input_ids", "output_ids",
+                 "extra_key")
 
     def __init__(self, req: _Req) -> None:
         self.req = req
@@ -247,22 +248,14 @@ class _ReqView:
         self.cache_protected_len = 0
         self.last_node: TreeNode | None = None
         self.lock: TreeLock | None = None
-
-    @property
-    def extra_key(self) -> str | None:
-        return self.req.extra_key
+        # The request's own lists (never replaced, only added to) and namespace.
+        self.origin_input_ids = req.origin_input_ids
+        self.output_ids = req.output_ids
+        self.extra_key = req.extra_key
 
     @property
     def fill_ids(self) -> list[int]:
-        return self.req.origin_input_ids + self.req.output_ids
-
-    @property
-    def origin_input_ids(self) -> list[int]:
-        return self.req.origin_input_ids
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.req.output_ids
+        return self.origin_input_ids + self.output_ids
 
     @property
     def rid(self) -> str:

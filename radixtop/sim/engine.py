@@ -312,7 +312,7 @@ class _Req:
         self.made = 0  # without KV contents: the output tokens with their values (the rest may wait)
         self.views = [_ReqView(self) for _ in range(tp_size)]
         self.lead = self.views[0]  # the first rank's view: its row is the one every read uses
-        self.mirrors = self.views[1:]  # the other ranks' views, whose rows copy the lead's
+        self.mirrors = self.views[1:]  # every other rank's view: its row holds the same slots as the lead's
         self.digest = 0
         # Block-boundary fault: page index within this request -> the page read instead.
         self.stale_pages: dict[int, int] = {}

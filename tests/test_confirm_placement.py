@@ -79,6 +79,16 @@ def test_without_nvml_the_placement_is_unknown_and_says_what_to_pass(monkeypatch
     assert placed.status == "unknown" and placed.can_start
     assert "no NVIDIA driver" in placed.lines[0] and "--gpus" in placed.lines[0]
     assert place("radixtop-sim", [], None).status == "not-needed"
+
+
+def test_a_server_on_the_cpu_needs_no_gpu_even_where_every_gpu_is_taken(monkeypatch):
+    full = read(monkeypatch, [(130, [(777, 128)])] * 2)  # both GPUs held by another process
+    assert place("sglang", SGLANG, full, original_pids={LIVE}).status == "no-room"
+    for flags in ((*SGLANG, "--device", "cpu"), (*SGLANG, "--device=cpu")):
+        for sample in (full, None):
+            placed = place("sglang", flags, sample, original_pids={LIVE})
+            assert placed.status == "not-needed" and placed.visible is None
+            assert "--device cpu" in placed.lines[0]
     assert place("sglang", SGLANG, None, given="1,2").visible == "1,2"
 
 

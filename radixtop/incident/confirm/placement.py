@@ -113,6 +113,8 @@ def place(
     """
     if kind not in ("sglang", "vllm"):
         return Placement("not-needed", lines=("GPUs          none needed (the simulator runs on the CPU)",))
+    if _flag(flags, "--device") == "cpu":  # SGLang's and vLLM's CPU engines: no GPU to find room on
+        return Placement("not-needed", lines=("GPUs          none needed (the server runs on the CPU: --device cpu)",))
     need = gpus_needed(flags)
     if _int(_flag(flags, "--nnodes")) > 1:
         return Placement("no-room", need, lines=(

@@ -151,11 +151,12 @@ class RunScreen(ModalScreen[None]):
         self._pending: list[str] = []  # lines given before the screen was composed
         self._verdict: Text | None = None
         self._last_line = ""
+        self._following = True  # the progress keeps its newest line in view (_log_scrolled)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run-box"):
             yield Static("starting…", id="run-phase")
-            yield Log(id="run-log", max_lines=MAX_EVENT_LINES, auto_scroll=True)
+            yield Log(id="run-log", max_lines=MAX_EVENT_LINES, auto_scroll=False)  # _log_scrolled follows
             with VerticalScroll(id="run-verdict-box"):
                 yield Static("", id="run-verdict")
             yield Static(self._keys_text(), id="run-keys")
@@ -164,11 +165,19 @@ class RunScreen(ModalScreen[None]):
         box = self.query_one("#run-box")
         box.border_title = "Confirmation run"
         log = self.query_one("#run-log", Log)
+        self.watch(log, "scroll_y", self._log_scrolled, init=False)
         if self._pending:
             log.write_lines(self._pending)
             self._pending = []
         if self._verdict is not None:
             self._show_verdict()
+
+    def _log_scrolled(self, old: float, new: float) -> None:
+        # The progress follows its newest line until the reader scrolls away from the end, and
+        # again once they are back. Not Log's own rule (at the very end before each line): a
+        # horizontal scrollbar that a server's long line brings shrinks the view under it, and
+        # the progress stayed where that left it for the rest of the run.
+        self._following = round(new) >= self.query_one("#run-log", Log).max_scroll_y
 
     def _keys_text(self) -> str:
         if self.done:
@@ -198,7 +207,10 @@ class RunScreen(ModalScreen[None]):
             self._pending.append(line)
             return
         self.query_one("#run-phase", Static).update(Text(f"phase: {phase} · {message}"[:300]))
-        self.query_one("#run-log", Log).write_line(line)
+        log = self.query_one("#run-log", Log)
+        log.write_line(line, scroll_end=False)
+        if self._following:
+            log.scroll_end(animate=False, x_axis=False)  # after the layout: the end it makes
 
     def set_cancelling(self) -> None:
         self.cancelling = True

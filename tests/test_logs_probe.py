@@ -764,3 +764,31 @@ async def test_idle_wait_poll_keeps_polling(tmp_path, follow):
     assert c.follower.wait_mode == "poll"
     with pytest.raises(ValueError, match="idle_wait"):
         LogFollower([str(log)], idle_wait="sometimes")
+
+
+def test_read_now_reads_in_the_callers_thread_what_the_reader_would_read_next(tmp_path):
+    """A frame about to be drawn asks for the lines written up to it (read_now), not those of the
+    reader's last poll: with the reader polling once in 30 s, only read_now can have read them.
+    A file whose reads have been slow is left to the reader thread."""
+    log = tmp_path / "server.log"
+    log.write_text("before\n")
+    follower = LogFollower([str(log)], poll_interval=30.0, idle_wait="poll")
+    follower.start()
+    try:
+        assert follower.wait_caught_up(5)
+        time.sleep(0.2)  # the reader's first pass is done; its next is 30 s away
+        while follower.take() is not None:
+            pass
+        with open(log, "a") as f:
+            f.write("one\ntwo\n")
+        assert follower.take() is None  # nothing read yet: the reader sleeps
+        follower.read_now()
+        batch = follower.take()
+        assert batch is not None and [r.text for r in batch.records] == ["one", "two"]
+        follower._poll_s = 1.0  # as after a slow read (a network filesystem): not on the UI's thread
+        with open(log, "a") as f:
+            f.write("three\n")
+        follower.read_now()
+        assert follower.take() is None
+    finally:
+        follower.stop()

@@ -66,7 +66,7 @@ def follow(writes: list[tuple[float, int]], height: int = HEIGHT) -> tuple[list[
 
 def test_the_interval_shortens_once_a_screenful_waits_and_lengthens_while_a_backlog_is_read() -> None:
     pacer = FramePacer()
-    assert FRAME_FAST < FRAME_BUSY < FRAME_MIN
+    assert FRAME_BUSY < FRAME_FAST < FRAME_MIN
     total = 50_000
     pacer.drew_frame(1.0, 1, total)
     assert pacer.frame_interval(total, HEIGHT, 0.0) == FRAME_MIN  # nothing or a few lines new: paced

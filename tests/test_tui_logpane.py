@@ -10,6 +10,7 @@ import pytest
 from rich.color import Color
 from textual import events
 from textual.filter import Monochrome
+from textual.geometry import Region
 from textual.scrollbar import ScrollTo, ScrollUp
 
 from radixtop.themes import THEMES
@@ -537,6 +538,66 @@ async def test_rows_drawn_directly_match_textuals_own_line_rendering(
             textuals = Widget.render_lines(view, region)
             assert [s.text for s in ours] == [s.text for s in textuals]
             assert [cells(s) for s in ours] == [cells(s) for s in textuals]
+
+
+@pytest.mark.parametrize(
+    ("no_color", "two_files", "width"), [(False, False, 120), (True, True, 120), (False, True, 44)]
+)
+async def test_plain_rows_made_in_one_pass_are_the_general_paths_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_color: bool, two_files: bool, width: int
+) -> None:
+    """Most rows of a busy log are plain SGLang lines, made in one pass (LogView._plain_row):
+    segment for segment and style for style they must be the rows the general path makes, beside
+    the lines it leaves to that path (matches, no prefix, non-ASCII, a wider rank)."""
+    from radixtop.widgets.logview import LogView
+
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    a = tmp_path / "rank0-with-a-long-directory-name" / "server.log"
+    a.parent.mkdir()
+    lines = [decode(i) for i in range(12)] + [
+        SEED,
+        "[2026-12-02 14:03:15,5 TP1] comma and one digit",
+        "[2026-12-02 14:03:15.500 TP1]",  # a prefix and nothing after it
+        "[2026-12-02T14:03:16.000000 TP1 pid=77] iso time, microseconds, more in the brackets",
+        "\tTraceback (most recent call last): \x07 bell",
+        "unicode 日本語 line",
+        "x" * 300,
+        decode(99, rank="DP0 TP3"),  # widens the rank column: every row is made again
+        *(decode(i, rank="DP1 TP2") for i in range(12)),
+    ]
+    append(a, *lines)
+    patterns = [str(a)]
+    if two_files:
+        b = tmp_path / "r1" / "server.log"
+        b.parent.mkdir()
+        append(b, SIGQUIT, RETRACT, decode(5, rank="TP1"))
+        patterns.append(str(b))
+    app = RadixtopApp(log_patterns=patterns, from_start=True)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines >= len(lines), "the lines")
+        view = app.log_view
+        view.refresh_view()
+        await pilot.pause(0.1)
+        one_pass = []
+        plain_row = LogView._plain_row
+
+        def counted(self, *args):
+            strip = plain_row(self, *args)
+            one_pass.append(strip is not None)
+            return strip
+
+        region = Region(0, 0, view.size.width, view.size.height)
+        monkeypatch.setattr(LogView, "_plain_row", counted)
+        view.invalidate()
+        ours = view.render_lines(region)
+        monkeypatch.setattr(LogView, "_plain_row", lambda self, *args: None)
+        view.invalidate()
+        general = view.render_lines(region)
+        assert sum(one_pass) >= 20 and not all(one_pass)  # both paths drew rows here
+        assert [s.text for s in ours] == [s.text for s in general]
+        assert [cells(s) for s in ours] == [cells(s) for s in general]
+        assert all(s.cell_length == view.size.width for s in ours)
 
 
 async def test_the_status_line_redraws_only_when_what_it_says_changes() -> None:

@@ -215,3 +215,28 @@ def test_a_live_batch_is_read_from_its_tail_but_every_retraction_and_vllm_stats_
     assert ("token_usage", 0.375) in {(o.key, o.value) for o in obs}
     usages = [o.value for o in obs if o.key == "token_usage" and o.rank == "TP0"]
     assert usages[-1] == 0.89  # the newest value of the flood
+
+
+def test_lines_kept_across_batches_are_live_lines_of_the_batches_joined() -> None:
+    """LiveLines: what the vitals read a few times a second is what live_lines makes of every
+    batch since, joined: its last lines and each retraction or vLLM stats line before them."""
+    import random
+
+    from radixtop.session.vitals import LiveLines
+
+    decode = "[2026-12-02 14:00:0{s} TP0] Decode batch, #running-req: 9, #token: 100, token usage: 0.{u:02d}"
+    retract = "[2026-12-02 14:00:00 TP1] KV cache pool is full. Retract requests. #retracted_reqs: {n}"
+    rng = random.Random(3)
+    for _ in range(40):
+        lines = [retract.format(n=i) if rng.random() < 0.02 else decode.format(s=i // 400, u=i % 100)
+                 for i in range(rng.randrange(1, 2500))]
+        kept, at = LiveLines(), 0
+        while at < len(lines):
+            size = rng.choice((1, 7, 300, 499, 500, 501, 1200))
+            kept.add(lines[at : at + size])
+            at += size
+        assert len(kept) == len(lines)
+        head = lines[: max(0, len(lines) - LIVE_TAIL_LINES)]
+        expected = [line for line in head if "Retract" in line] + lines[len(head) :]
+        assert kept.take() == expected == list(live_lines(lines))
+        assert kept.take() == [] and len(kept) == 0  # taken: nothing left to read twice

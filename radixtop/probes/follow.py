@@ -37,6 +37,9 @@ _INOTIFY_FALLBACK_S = 1.0
 # The reader polls for this long after it starts before it makes its inotify waiter: importing
 # ctypes on the reader thread took the GIL from the caller's first frame (20-100 ms of it here).
 _WAITER_AFTER_S = 1.0
+# read_now() reads in the caller's thread only while the reader's own reads take less than this:
+# a file that reads slowly (a network filesystem) is left to the reader thread, off the UI's.
+_READ_NOW_MAX_S = 0.002
 
 
 class LogFollower:
@@ -108,6 +111,9 @@ class LogFollower:
         self._waiter_lock = threading.Lock()
         self.wait_mode = "poll"  # "inotify" once the reader sleeps on inotify (health, tests)
         self.polls = 0  # passes over the files (tests and benchmarks count them)
+        self._poll_lock = threading.Lock()  # one pass over the files at a time (the tailer is not shared)
+        self._poll_s = 1.0  # how long the reader's last pass took (read_now's guard)
+        self._consumer_waiting = False  # batches() waits on _wake: only then is the loop woken
 
     # -- consumer side (event loop) ----------------------------------------------------------------
 
@@ -141,15 +147,20 @@ class LogFollower:
         self._bind_loop()
         assert self._wake is not None
         while True:
-            self._wake.clear()  # before taking: a wake-up sent after this is not lost
+            self._wake.clear()  # before taking: a wake-up sent after this is not lost ...
+            self._consumer_waiting = True  # ... and is sent (a publish after the take sees this)
             done = self._done
             batch = self.take()
             if batch is not None:
+                self._consumer_waiting = False
                 yield batch
                 continue
             if done:
                 return
-            await self._wake.wait()
+            try:
+                await self._wake.wait()
+            finally:
+                self._consumer_waiting = False
 
     def take(self) -> LogBatch | None:
         """What is waiting now (at most max_batch lines), or None; never blocks on the reader."""
@@ -175,6 +186,21 @@ class LogFollower:
             skipped, self._skipped = self._skipped, []
             self._room.notify()
         return LogBatch(LogLines(runs), tuple(notices), tuple(skipped))
+
+    def read_now(self) -> None:
+        """Read what the files hold now, in the caller's thread, for a take() right after: a frame
+        about to be drawn then shows the lines written up to it, not those of the reader's last
+        poll (up to a poll interval older). Skipped while the reader is reading (its lines come
+        with its own poll), before the backlog is in, when the consumer is a batch behind, and
+        for files whose reads are slow."""
+        if (self._thread is None or self._done or not self._caught_up.is_set() or self._poll_s > _READ_NOW_MAX_S
+                or self._waiting >= self._max_batch or not self._poll_lock.acquire(blocking=False)):
+            return
+        try:
+            self._tailer.poll(time.monotonic())
+            self._publish()
+        finally:
+            self._poll_lock.release()
 
     def start_counting(self) -> None:
         """Count the lines before where following began now, not after count_delay: a caller
@@ -205,16 +231,20 @@ class LogFollower:
             self._tailer.close()
             self._done = True
             self._caught_up.set()
-            self._wake_consumer()
+            self._wake_consumer(always=True)
 
     def health(self) -> list[SourceHealth]:
         return self._tailer.health()
 
     # -- reader thread -----------------------------------------------------------------------------
 
-    def _wake_consumer(self) -> None:
+    def _wake_consumer(self, *, always: bool = False) -> None:
         loop, wake = self._loop, self._wake
         if loop is None or wake is None:
+            return
+        if not (always or self._consumer_waiting):
+            # The consumer is busy or between frames and takes what waits when it is ready: a
+            # wake-up of the loop per poll would cost the loop a pass each time for nothing.
             return
         try:
             loop.call_soon_threadsafe(wake.set)
@@ -263,10 +293,12 @@ class LogFollower:
             while not self._stop.is_set():
                 self._wait_for_room()
                 now = time.monotonic()
-                busy = self._tailer.poll(now)
+                with self._poll_lock:
+                    busy = self._tailer.poll(now)
+                    got_lines = bool(self._tailer.runs)
+                    self._publish()
+                self._poll_s = time.monotonic() - now
                 self.polls += 1
-                got_lines = bool(self._tailer.runs)
-                self._publish()
                 if not busy and not self._caught_up.is_set():
                     self._caught_up.set()
                 if got_lines or busy:
@@ -308,4 +340,4 @@ class LogFollower:
             finally:
                 self._done = True  # whatever happened, batches() must end
                 self._caught_up.set()
-                self._wake_consumer()
+                self._wake_consumer(always=True)

@@ -268,6 +268,17 @@ class IncidentState:
         entry.seq = seq
         return entry
 
+    def plain_line(self, seq: int) -> tuple[str, str] | None:
+        """(source, text) of the file line at seq when it is plain (no signature matched it, not
+        folded, not a notice or message), else None: what a row needs of most lines, without
+        building a LogEntry."""
+        if not self.first_seq <= seq < self.next_seq or seq in self._marks or seq in self._special:
+            return None
+        if self._folding and self.folds.summary(seq) is not None:
+            return None
+        found = self._runs.find(seq)
+        return None if found is None else (found[0].source, self._texts[seq % self.capacity])
+
     def severity(self, seq: int) -> str | None:
         mark = self._marks.get(seq)
         return mark.severity if mark is not None else None

@@ -247,17 +247,48 @@ LIVE_TAIL_LINES = 500  # of a live batch, the lines read for the per-second seri
 
 def live_lines(texts: Sequence[str], rare: Sequence[int] | None = None) -> Sequence[str]:
     """The lines of a live batch worth reading: the last LIVE_TAIL_LINES and, before them, only
-    retraction and vLLM stats lines. A batch comes every frame, so its last lines hold the newest
-    value of each per-second series, while a flood of SGLang batch lines (one per scheduler step
-    and rank) earlier in it adds nothing; a retraction counts wherever it is, and vLLM writes its
-    stats line only every few seconds. `rare`: the lines holding RARE_NEEDLES, ascending, when the
-    caller's own pass over the batch found them (the log pane's ingest does); else one pass here."""
+    retraction and vLLM stats lines. The last lines hold the newest value of each per-second
+    series, while a flood of SGLang batch lines (one per scheduler step and rank) earlier adds
+    nothing; a retraction counts wherever it is, and vLLM writes its stats line only every few
+    seconds. `rare`: the lines holding RARE_NEEDLES, ascending, when the caller's own pass over
+    the batch found them (the log pane's ingest does); else one pass here."""
     if len(texts) <= LIVE_TAIL_LINES:
         return texts
-    head_len = len(texts) - LIVE_TAIL_LINES
-    if rare is None:
-        rare = sorted({line for line, _ in _rare_lines().line_hits(texts[:head_len])})  # no Python step a line
-    return [texts[line] for line in rare if line < head_len] + list(texts[head_len:])
+    lines = LiveLines()
+    lines.add(texts, rare)
+    return lines.take()
+
+
+class LiveLines:
+    """The lines of every batch since the last take(), by live_lines' rule (the last
+    LIVE_TAIL_LINES and, before them, the lines holding RARE_NEEDLES), kept as the batches come:
+    take() is live_lines of the batches joined. The series keep one value a second, so they are
+    read a few times a second rather than once per batch; a retraction anywhere still counts."""
+
+    def __init__(self) -> None:
+        self._seen = 0  # lines added since the last take
+        self._rare: list[tuple[int, str]] = []  # (position since the last take, line)
+        self._tail: deque[str] = deque(maxlen=LIVE_TAIL_LINES)
+
+    def __len__(self) -> int:
+        return self._seen
+
+    def add(self, texts: Sequence[str], rare: Sequence[int] | None = None) -> None:
+        """A batch; `rare` as for live_lines (its own lines, ascending), else found here."""
+        if rare is None:
+            rare = sorted({line for line, _ in _rare_lines().line_hits(texts)}) if texts else []
+        start = self._seen
+        self._rare.extend((start + i, texts[i]) for i in rare)
+        self._tail.extend(texts)
+        self._seen += len(texts)
+
+    def take(self) -> list[str]:
+        head_len = self._seen - len(self._tail)
+        lines = [text for at, text in self._rare if at < head_len]
+        lines.extend(self._tail)
+        self._seen, self._rare = 0, []
+        self._tail.clear()
+        return lines
 
 
 @cache

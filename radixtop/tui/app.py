@@ -48,7 +48,7 @@ from radixtop.tui.fleet import checked_url as fleet_url
 from radixtop.tui.guard import guarded
 from radixtop.tui.keys import bindings, load_keymap
 from radixtop.tui.nodes import NodeWatching, prepare_nodes
-from radixtop.tui.pacing import REFRESH_HZ, FramePacer
+from radixtop.tui.pacing import INGEST_STEP_S, REFRESH_HZ, FramePacer
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.tui.search import SearchKeys
 
@@ -415,16 +415,20 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
             try:
                 async for batch in follower.batches():
                     self._ingest(batch)
-                    # Draw when the next frame is due; lines that arrive meanwhile wait in the
-                    # follower and are taken together just before it.
-                    for _ in range(100):  # bounded: each wait is at most the pacer's FRAME_FAST
+                    # Draw when the next frame is due. Lines that arrive meanwhile are taken every
+                    # INGEST_STEP_S (the matching is spread, not all in the frame's lead-up), and
+                    # the files are read once more for the frame, so that it shows the lines
+                    # written up to it.
+                    for _ in range(100):  # bounded: the wait is at most the pacer's BULK_INTERVAL
                         state = self.state
                         wait = self.pacer.frame_wait(time.monotonic(), state.total_lines, self.log_view.size.height,
                                                      state.lines_per_second())
                         if wait <= 0:
                             break
-                        await asyncio.sleep(wait)
+                        await asyncio.sleep(min(wait, INGEST_STEP_S))
                         self._take_waiting(follower)
+                    follower.read_now()
+                    self._take_waiting(follower)
                     self._tick()
                 return  # the follower was stopped
             except asyncio.CancelledError:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from radixtop.session.live import LiveSources, LiveState, Targets
     from radixtop.session.needles import NeedleLines
     from radixtop.session.printed import PrintedTrees
+    from radixtop.session.vitals import LiveLines
 
 RADIX_SUBSYSTEM = "radix-cache"  # the signatures' subsystem the radix pane repeats from the log
 
@@ -52,6 +53,9 @@ WIDE_MIN = 140
 TALL_MIN = 40
 PANES_HZ = 1.0  # the live panes are redrawn together, at most this often (sources poll every 2 s)
 VITALS_REDRAW_S = 2.0  # the vitals also when nothing moved, for their time axis
+# The log's lines feed the vitals at most this often (each read parses a batch's last lines; the
+# series keep one value a second, and a batch comes every few milliseconds under a flood).
+VITALS_READ_S = 0.1
 PANES = ("log", "radix", "gpu", "procs", "vitals")
 PANE_KEYS = {"1": "log", "2": "radix", "3": "gpu", "4": "procs", "5": "vitals"}
 _WIDGET_IDS = {"radix": "#radix-pane", "gpu": "#gpu-pane", "procs": "#procs-pane", "vitals": "#vitals-pane"}
@@ -145,6 +149,8 @@ class Panes:
         self._radix_log: tuple[LogFinding, ...] = ()
         self._printed: PrintedTrees | None = None  # the trees the server printed into its log
         self._printed_backlog: list[Any] = []  # the log's runs read before the state was made
+        self._vitals_lines: LiveLines | None = None  # the log's lines the vitals have not read yet
+        self._vitals_read_at = -1e9  # monotonic
 
     @property
     def state(self) -> LiveState:
@@ -239,9 +245,19 @@ class Panes:
             self._log_backlog.extend(texts)
             return
         from radixtop.diagnosis.needles import RARE_NEEDLES
-        from radixtop.session.vitals import live_lines
+        from radixtop.session.vitals import LiveLines
 
-        self._feed_texts(live_lines(texts, needles.of(RARE_NEEDLES) if needles is not None else None))
+        if self._vitals_lines is None:
+            self._vitals_lines = LiveLines()
+        self._vitals_lines.add(texts, needles.of(RARE_NEEDLES) if needles is not None else None)
+        if time.monotonic() - self._vitals_read_at >= VITALS_READ_S:
+            self.read_vitals()
+
+    def read_vitals(self) -> None:
+        """Feed the vitals the lines that came since they last read (LiveLines' rule)."""
+        self._vitals_read_at = time.monotonic()
+        if self._vitals_lines is not None and len(self._vitals_lines):
+            self._feed_texts(self._vitals_lines.take())
 
     def _read_printed_trees(self, runs: Any, needles: NeedleLines | None = None) -> None:
         """A tree SGLang printed at a failure gets a view of its own in the radix pane."""
@@ -412,7 +428,7 @@ class Panes:
     def redraw_after_frame(self) -> None:
         """redraw() once the frame being drawn is on screen (the app's log pane frame), so that
         the panes get a frame of their own; calls in between add nothing."""
-        if self.mounted and not self._redraw_pending:
+        if self.mounted and not self._redraw_pending and time.monotonic() - self._frame_at >= 1.0 / PANES_HZ:
             self._redraw_pending = True
             self.app.call_after_refresh(self._redraw_pending_now)
 
@@ -426,6 +442,8 @@ class Panes:
         now_m = time.monotonic()
         if not self.mounted or (not force and now_m - self._frame_at < 1.0 / PANES_HZ):
             return
+        if self._vitals_lines is not None and len(self._vitals_lines):
+            self.read_vitals()  # the last lines of a burst, which no later batch brings in
         self._frame_at = now_m
         visible = self.visible()
         keys = self._keys()

@@ -394,6 +394,12 @@ class LogView(ScrollView, can_focus=True):
         cursor = seq == self.cursor_seq
         if not cursor:
             strip = self._rows.get(seq)
+            if strip is None and not scroll_x and not self.state.search_text:
+                plain = self.state.plain_line(seq)
+                if plain is not None:
+                    strip = self._plain_row(plain[0], plain[1], width, base)
+                    if strip is not None:
+                        self._keep_row(seq, strip, height)
             if strip is not None:
                 return strip
         segments = self._cache.get(seq)
@@ -412,11 +418,53 @@ class LogView(ScrollView, can_focus=True):
         if cursor:
             return self._row(segments, scroll_x, width, base + self._style("cursor"), {})
         strip = self._row(segments, scroll_x, width, base, self._combined)
+        self._keep_row(seq, strip, height)
+        return strip
+
+    def _keep_row(self, seq: int, strip: Strip, height: int) -> None:
         rows = self._rows
         if len(rows) >= 4 * max(height, 16):
             rows.clear()  # bounded: rows scrolled away are not asked for again
         rows[seq] = strip
-        return strip
+
+    def _plain_row(self, source: str, text: str, width: int, base: Style) -> Strip | None:
+        """The row `_row(_render_entry(...))` makes of a plain line (no signature, no search, not
+        scrolled sideways) with SGLang's prefix, in ASCII, made in one pass, cell for cell and
+        style for style; None for any other line. Most rows of a busy log are these, and each
+        frame of a flood is a screenful of new ones: the general path's pieces, overlays and
+        merging were most of such a frame."""
+        if not (text.isascii() and text.isprintable()):
+            return None
+        m = _SGLANG_PREFIX.match(text)
+        if m is None:
+            return None
+        rank, rank_width = m.group(2).strip(), self._rank_width
+        if len(rank) > rank_width:
+            return None  # the general path widens the rank column first
+        dim_text = m.group(1)[:_TIME_WIDTH].ljust(_TIME_WIDTH) + " "
+        if rank_width:
+            dim_text += rank.ljust(rank_width) + " "
+        source_width = self._src_width
+        if source_width:
+            label = self.state.label(source)
+            if len(label) > source_width:
+                label = "…" + label[-(source_width - 1) :]  # one cell, as _append_source cuts it
+            if not label.isprintable():
+                return None
+            dim_text = label.ljust(source_width) + " " + dim_text
+        room = width - 3 - len(dim_text)
+        if room <= 0:
+            return None
+        plain = self._styled(None, base, self._combined)
+        message = text[m.end() : m.end() + room]
+        return Strip(
+            [
+                Segment("   ", plain),
+                Segment(dim_text, self._styled(self._style("dim"), base, self._combined)),
+                Segment(message + " " * (room - len(message)), plain),
+            ],
+            width,
+        )
 
     def _styled(self, style: Style | None, base: Style, combined: dict) -> Style:
         """base + style, through the app's line filters (NO_COLOR's monochrome, ANSI colours to

@@ -197,8 +197,9 @@ class LogFollower:
                 or self._waiting >= self._max_batch or not self._poll_lock.acquire(blocking=False)):
             return
         try:
-            self._tailer.poll(time.monotonic())
-            self._publish()
+            if not self._stop.is_set():  # stopping: the reader closes the files
+                self._tailer.poll(time.monotonic())
+                self._publish()
         finally:
             self._poll_lock.release()
 
@@ -307,12 +308,19 @@ class LogFollower:
                         continue  # more bytes are waiting: read them now rather than after a sleep
                 else:
                     waiter = self._file_waiter(now) if self._caught_up.is_set() else None
-                    if waiter is not None and not self._tailer.rotating():
+                    targets = None
+                    if waiter is not None:
+                        with self._poll_lock:  # read_now may be reading the files
+                            if self._tailer.rotating():
+                                waiter = None
+                            elif now >= next_watch or waiter.missing:
+                                targets = self._tailer.watch_targets()
+                    if waiter is not None:
                         # Quiet: sleep until the kernel says a followed file changed (tail -F's
                         # way; the polling below cost 0.3-0.9 % of a core doing nothing).
-                        if now >= next_watch or waiter.missing:
+                        if targets is not None:
                             next_watch = now + GLOB_EVERY
-                            if waiter.watch(self._tailer.watch_targets()):
+                            if waiter.watch(targets):
                                 self._tailer.next_glob = 0.0
                                 continue  # a new watch sees nothing written before it: look once more
                         self.wait_mode = "inotify"
@@ -333,7 +341,8 @@ class LogFollower:
             self._publish()
         finally:
             try:
-                self._tailer.close()
+                with self._poll_lock:
+                    self._tailer.close()
                 with self._waiter_lock:
                     if self._waiter is not None:
                         self._waiter.close()

@@ -7,9 +7,21 @@ A tab becomes one space. Standard library only: the instrument and headless comm
 
 from __future__ import annotations
 
+import re
 from typing import Protocol, TypeVar
 
-__all__ = ["printable", "printable_escaped", "printable_line", "printable_text"]
+__all__ = ["ANSI_ESCAPE", "printable", "printable_escaped", "printable_line", "printable_text", "strip_ansi"]
+
+# Terminal escape sequences: CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), charset
+# selections like ESC ( B and other nF escapes, other two-byte (Fe) escapes, and 8-bit CSI. No
+# alternative can match a newline, so it is safe on a whole block of lines at once.
+ANSI_ESCAPE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
+    r"|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)"  # OSC
+    r"|\x1b[ -/]+[0-~]"  # charset selection and other nF escapes
+    r"|\x1b[@-Z\\-_]"  # other two-byte (Fe) escapes
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
+)
 
 _BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
 _TABLE = str.maketrans({**{i: "\ufffd" for i in (*range(32), *range(0x7F, 0xA0), *_BIDI)}, 9: " "})
@@ -23,6 +35,15 @@ def printable(text: str, *, block: bool = False) -> str:
     if (text.replace("\n", "") if block else text).isprintable():
         return text
     return text.translate(_BLOCK_TABLE if block else _TABLE)
+
+
+def strip_ansi(text: str) -> str:
+    """`text` without its terminal escape sequences (a server's coloured warnings, a title
+    change): what they meant is gone, not shown as U+FFFD and stray brackets; `printable` still
+    guards whatever is left."""
+    if "\x1b" not in text and "\x9b" not in text:
+        return text
+    return ANSI_ESCAPE.sub("", text)
 
 
 def printable_line(text: str, limit: int = 200) -> str:

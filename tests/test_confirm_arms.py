@@ -304,6 +304,8 @@ import os, sys, time
 for i in range(6):  # what a real server prints while it loads a model
     print(f"Loading safetensors checkpoint shards: {(i + 1) * 100 // 6}% Completed | {i + 1}/6", flush=True)
     time.sleep(0.5)
+print("\\x1b[1;33m'--disable-cuda-graph' is deprecated\\x1b[0m", flush=True)  # SGLang colours its warnings
+time.sleep(1.5)
 os.execv(sys.executable, [sys.executable, "-m", "radixtop", "sim", *sys.argv[1:]])
 """
 
@@ -321,6 +323,7 @@ def test_a_slow_server_start_shows_its_own_lines_and_the_timeout_is_the_users(tm
         assert verdict.steps[0].healthy and verdict.steps[0].start_s >= 2.5
         progress = [e.message for e in events if e.phase == "reproduction-start"]
         assert any("Loading safetensors checkpoint shards" in m for m in progress), progress
+        assert any(m.endswith(" '--disable-cuda-graph' is deprecated") for m in progress), progress  # no colours
         # Too short a --control-timeout for the load: inconclusive, with the lines it got to.
         short = asyncio.run(prepare(_options(tmp_path / "short", sim.url, runs=1, launch_command=command,
                                              control_timeout_s=1)))

@@ -43,6 +43,8 @@ import time
 from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
+from radixtop.textsafe import strip_ansi
+
 __all__ = [
     "BatchStats",
     "access_key",
@@ -84,15 +86,6 @@ class LogLine(NamedTuple):
     batch: BatchStats | None
 
 
-# CSI sequences (colours, cursor moves), OSC sequences (titles, hyperlinks) and lone two-byte escapes.
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-
-
-def strip_ansi(text: str) -> str:
-    """Remove terminal escape sequences (colour codes) from a line."""
-    if "\x1b" not in text:
-        return text
-    return _ANSI.sub("", text)
 
 
 # SGLang: "[2026-12-02 14:00:00.123 DP0 TP3] ". Rank parts are "<LETTERS/_><digits>" words; any
@@ -188,9 +181,7 @@ def _level_of(message: str) -> str | None:
 
 
 def _clean(text: str) -> str:
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    return text.rstrip("\r\n")
+    return strip_ansi(text).rstrip("\r\n")
 
 
 def _rank_from_proc(tag: str | None, rank_number: str | None) -> str | None:
@@ -342,7 +333,7 @@ def opens_record(text: str) -> bool:
     logging config's level and number prefix."""
     line = text
     if line.startswith("\x1b"):
-        line = _ANSI.sub("", line)
+        line = strip_ansi(line)
     line, pos, _ = _unwrap(line)
     head = line[pos : pos + 1]
     if head == "[":

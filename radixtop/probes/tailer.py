@@ -38,7 +38,6 @@ from __future__ import annotations
 import codecs
 import glob
 import os
-import re
 import stat
 import threading
 import time
@@ -48,6 +47,7 @@ from typing import Any
 
 from radixtop.probes.backlog import Numbering, SkippedLines, close_quietly, count_in_background, start_of_backlog
 from radixtop.probes.logbatch import HealthState, LogLines, LogNotice, LogRun, NoticeKind, SourceHealth
+from radixtop.textsafe import strip_ansi
 
 _CHUNK = 1 << 20  # bytes per pread
 _READ_BUDGET = 4 << 20  # bytes per file per poll: one busy file cannot starve the others
@@ -59,23 +59,8 @@ _RECOVER_MAX = 64 << 20  # bytes read back from a copytruncate copy at most
 _RESERVED_FDS = 128  # descriptors left for the rest of the process (sockets, NVML, the terminal)
 _FDS_PER_FILE = 3  # a followed file, its line counter's copy and the history scan's copy
 
-# CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), charset selections like ESC ( B, other
-# two-byte escapes, and 8-bit CSI. No alternative can match a newline, so it is safe on a whole
-# block of lines at once.
-_ANSI = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
-    r"|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)"  # OSC
-    r"|\x1b[ -/]+[0-~]"  # charset selection and other nF escapes
-    r"|\x1b[@-Z\\-_]"  # other two-byte (Fe) escapes
-    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
-)
-
-
 def _clean(text: str) -> str:
-    text = text.removesuffix("\r")
-    if "\x1b" in text or "\x9b" in text:
-        text = _ANSI.sub("", text)
-    return text
+    return strip_ansi(text.removesuffix("\r"))
 
 
 def _cut(text: str, max_line: int, nbytes: int) -> str:
@@ -209,8 +194,7 @@ class _Generation:
         text = block.decode("utf-8", "replace")
         if "\r" in text:
             text = text.replace("\r\n", "\n").removesuffix("\r")
-        if "\x1b" in text or "\x9b" in text:
-            text = _ANSI.sub("", text)
+        text = strip_ansi(text)
         lines = text.split("\n")
         if len(text) > max_line and max(map(len, lines)) > max_line:
             raw = block.split(b"\n")  # rare: only to tell each long line's length in bytes

@@ -41,6 +41,7 @@ from radixtop.incident.replay.divergence import DivergenceReport, compare_runs
 from radixtop.incident.replay.replay import ReplayEvent, replay_series, server_alive
 from radixtop.incident.replay.trace import plan_requests
 from radixtop.incident.replay.vocab import SIM_VOCABULARY
+from radixtop.textsafe import strip_ansi
 
 __all__ = ["ConfirmationRun"]
 
@@ -263,7 +264,8 @@ class ConfirmationRun:
             self._emit(f"{arm.role}-start", f"waiting for its health ({waited:.0f} s)")
             return
         for line in fresh[-PROGRESS_LINES:]:
-            self._emit(f"{arm.role}-start", f"({waited:.0f} s) {self.plan.redactor.text(line.strip())[:200]}")
+            said = self.plan.redactor.text(strip_ansi(line).strip())  # SGLang colours its warnings
+            self._emit(f"{arm.role}-start", f"({waited:.0f} s) {said[:200]}")
 
     def _base(self, arm: ArmPlan, kind: StepKind, max_in_flight: int | None, reuse_off: str | None) -> ArmEvidence:
         plan = self.plan

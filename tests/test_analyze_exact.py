@@ -1,16 +1,20 @@
 """`radixtop analyze` reports what the simulator's reference path reports, figure for figure.
 
 The expected figures below are the reports of the engine as it was before analyze had its own
-fast paths (prompts drawn one randrange at a time, every KV slot written and read back, every
-evictable leaf ordered on every eviction, log lines formatted): on small traces that exercise
+fast paths (every KV slot written and read back, every evictable leaf ordered on every eviction,
+log lines formatted): on small traces that exercise
 every eviction policy, page sizes 1 to 16, retractions, prefix_of chains, copies and identical
 recorded prompts whose outputs share the tree. Any change of behaviour in the faster path moves
-one of them. The pieces each fast path rests on are checked against their reference here too.
+one of them. They rest on what the synthesized prompts share, not on the drawn tokens' values,
+which are pinned on their own. The pieces each fast path rests on are checked against their
+reference here too.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
 import json
 import random
 from collections.abc import Callable
@@ -22,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixtop.incident.analyze.analyze import analyze
-from radixtop.incident.replay.draws import randrange_many
+from radixtop.incident.replay.draws import draws_below
 from radixtop.incident.replay.trace import Trace, TraceRequest, plan_requests
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
 from radixtop.sim.engine import Engine, EngineStats, GenerateResult, SimConfig, check_token_ids
@@ -117,41 +121,66 @@ def test_synthesized_prompts_are_the_reference_draws_token_for_token() -> None:
     def prompts(trace: Trace, vocab: Vocabulary = SIM_VOCABULARY) -> str:
         return digest([p.input_ids for p in plan_requests(trace, seed=3, vocab=vocab)])
 
-    assert prompts(tree_trace()) == "68be520ebbd3535a"
-    assert prompts(shared_trace()) == "98d155606c7bc9c5"
+    assert prompts(tree_trace()) == "82abf2107a9b0ac7"
+    assert prompts(shared_trace()) == "399d203b326b315e"
     # A vocabulary listed in a table, and one past the table's size (special ids skipped by bisection).
-    assert prompts(tree_trace(), Vocabulary(50000, (0, 1, 2, 49999, 1000), "t")) == "e6c76f46abe24004"
-    assert prompts(tree_trace(), Vocabulary(1 << 21, (5, 77777), "t")) == "0fc4a5df127e828f"
+    assert prompts(tree_trace(), Vocabulary(50000, (0, 1, 2, 49999, 1000), "t")) == "ad0c6f17b45bd275"
+    assert prompts(tree_trace(), Vocabulary(1 << 21, (5, 77777), "t")) == "a68d3c1a68cfa6ac"
+    # A prompt's private tokens are its key's draws below the ordinary half of the usable ids,
+    # and its group's base past the band token the group's key's draws.
+    vocab = Vocabulary(50000, (0, 1, 2, 49999, 1000), "t")
+    planned = {(p.request_id, p.copy): p.input_ids for p in plan_requests(tree_trace(), seed=3, vocab=vocab)}
+    ordinary = vocab.usable // 2
+    m7 = planned["m7", 1]  # 299 tokens: the first of m4, a band token, its own draws
+    assert m7[2:] == [vocab.nth(v) for v in reference_draws(b"own\x1ftree\x1fm7\x1f1\x1f3", ordinary, 297)]
+    m2 = planned["m2", 0]  # 114 tokens sharing the first 26 of group g2's base
+    assert m2[1:26] == [vocab.nth(v) for v in reference_draws(b"group\x1ftree\x1fg2\x1f3", ordinary, 25)]
+
+
+def reference_draws(key: bytes, n: int, count: int) -> list[int]:
+    """draws_below one lane at a time: SHAKE-128's output in little-endian lanes of 4 bytes (n's
+    byte width above 2^32), each cut to n's bit width, those below n kept."""
+    bits = (n - 1).bit_length()
+    width = max(4, -(-bits // 8))
+    stream = hashlib.shake_128(key).digest(width * (4 * count + 64))
+    lanes = (int.from_bytes(stream[i : i + width], "little") & ((1 << bits) - 1) for i in range(0, len(stream), width))
+    return list(itertools.islice((v for v in lanes if v < n), count))
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, (1 << 33) + 5), st.integers(0, 1 << 64), st.integers(0, 600))
-def test_bulk_draws_are_the_values_randrange_gives_call_after_call(n: int, seed: int, count: int) -> None:
-    one_by_one = random.Random(seed)
-    assert randrange_many(random.Random(seed), n, count) == [one_by_one.randrange(n) for _ in range(count)]
+@given(st.integers(1, (1 << 40) + 5), st.binary(max_size=40), st.integers(0, 600))
+def test_bulk_draws_are_the_lanes_read_one_by_one(n: int, key: bytes, count: int) -> None:
+    draws = draws_below(key, n, count)
+    assert draws == reference_draws(key, n, count)
+    assert len(draws) == count and all(0 <= v < n for v in draws)
 
 
-@pytest.mark.parametrize("bits", [1, 2, 7, 8, 9, 16, 23, 24, 31, 32])
-def test_bulk_draws_below_a_power_of_two_are_the_values_randrange_gives(bits: int) -> None:
-    n = 1 << (bits - 1)  # half the draws fall at or above: the lanes' top bits pick the rest
-    for seed, count in ((bits, 0), (bits, 1), (bits + 1, 300), (bits + 2, 2000)):
-        one_by_one = random.Random(seed)
-        assert randrange_many(random.Random(seed), n, count) == [one_by_one.randrange(n) for _ in range(count)]
+@pytest.mark.parametrize("bits", [0, 1, 7, 8, 9, 16, 23, 24, 25, 31, 32, 33])
+def test_bulk_draws_below_a_power_of_two_keep_every_lane(bits: int) -> None:
+    for n in (1 << bits, (1 << bits) + 1, max(1, (1 << bits) - 1)):
+        for count in (0, 1, 300, 2000):
+            assert draws_below(b"k%d" % bits, n, count) == reference_draws(b"k%d" % bits, n, count)
 
 
-def test_bulk_draws_take_no_shortcut_with_another_generator() -> None:
-    class Counting(random.Random):
-        calls = 0
-
-        def randrange(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            Counting.calls += 1
-            return super().randrange(*args, **kwargs)
-
-    reference = random.Random(5)
-    assert randrange_many(Counting(5), 1000, 7) == [reference.randrange(1000) for _ in range(7)]
-    assert Counting.calls == 7
+def test_bulk_draws_are_fixed_by_their_key_and_longer_ones_start_with_shorter_ones() -> None:
+    n = 1 << 23
+    assert draws_below(b"own\x1fa", n, 500) == draws_below(b"own\x1fa", n, 500)
+    assert draws_below(b"own\x1fa", n, 500) != draws_below(b"own\x1fb", n, 500)
+    assert draws_below(b"own\x1fa", 3000, 900)[:400] == draws_below(b"own\x1fa", 3000, 400)
+    assert draws_below(b"own\x1fa", n, 900)[:400] == draws_below(b"own\x1fa", n, 400)
     with pytest.raises(ValueError, match="empty range"):
-        randrange_many(random.Random(1), 0, 3)
+        draws_below(b"k", 0, 3)
+
+
+@pytest.mark.parametrize("n", [2, 10, 3000, 1 << 23, 75821])
+def test_bulk_draws_fall_evenly_below_n(n: int) -> None:
+    draws = draws_below(b"even", n, 100_000)
+    tenths = collections.Counter(v * 10 // n for v in draws)
+    assert set(tenths) <= set(range(10))
+    if n >= 10:
+        assert all(9_000 < tenths[t] < 11_000 for t in range(10))
+    else:
+        assert all(49_000 < c < 51_000 for c in collections.Counter(draws).values())
 
 
 @pytest.mark.parametrize(

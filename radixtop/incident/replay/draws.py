@@ -1,76 +1,70 @@
-"""Many ``Random.randrange(n)`` draws at once: the values that as many calls in a row give.
+"""Many values below n at once, fixed by a key: the private tokens of a synthesized prompt.
 
-``randrange(n)`` takes ``getrandbits(k)`` (k: n's bit length; for k <= 32 that is the top k bits
-of the generator's next 32-bit word) until a value falls below n. ``getrandbits(32 * m)`` hands out
-the next m words in one call, the first in the lowest bits. Shifted right by 32 - k and masked to
-k bits in every 32-bit lane, that number holds each word's top k bits in the word's own lane; cut
-into lanes, those below n are the same values: one comprehension step per word instead of three
-Python calls per value (``randrange``, ``_randbelow``, ``getrandbits``). Where n is a power of two
-(n = 2**(k-1)), a value is below n when its top bit is clear: the lanes' bytes that hold that bit
-pick the values in C loops, with no Python step per word.
+The values are SHAKE-128's output for the key read as little-endian lanes of 4 bytes (of as many
+bytes as n's bit width needs above 2^32), each lane cut to that width; those below n are kept, in
+order. Where n is a power
+of two every lane is kept. So one hash call gives a prompt its tokens, the same for the same key
+on any machine, and asking for more values gives the same values first (a group's shared base
+made longer starts with the shorter one): SHAKE's longer output starts with its shorter one.
 
-A bulk draw reads past the last word it keeps, so the generator must serve nothing afterwards.
+The 4-byte lanes go through a 32-bit array: the cut is a byte translation of the lanes' bytes at
+and above the width, and the values come out of one ``tolist``, in C loops with no Python step per
+value. (Lanes of fewer bytes would hash less but cost more to spread into 32-bit lanes.)
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
 import sys
 from array import array
-from itertools import compress
 
-__all__ = ["randrange_many"]
+__all__ = ["draws_below"]
 
-_WORD_BITS = 32
 _TYPECODE = next(code for code in "IL" if array(code).itemsize == 4)
-_ROUNDS = 8  # each round draws enough for what is left, with a margin: one round nearly always does
-# Per bit of a byte: 1 for each byte value with that bit clear, 0 for the others (bytes.translate).
-_BIT_CLEAR = [bytes(0 if value >> bit & 1 else 1 for value in range(256)) for bit in range(8)]
-_lane_masks: dict[int, int] = {}  # k -> the low k bits of every 32-bit lane, as many lanes as drawn yet
+_LANE_BYTES = 4
 
 
-def randrange_many(rng: random.Random, n: int, count: int) -> list[int]:
-    """``[rng.randrange(n) for _ in range(count)]``, drawn in bulk; ``rng`` is spent afterwards."""
+def _byte_cuts(bits: int) -> tuple[tuple[int, bytes], ...]:
+    """The bytes of a 4-byte lane that a cut to ``bits`` bits changes: each one's place in the
+    lane and its translation table."""
+    masks = (((1 << bits) - 1) >> (8 * j) & 0xFF for j in range(_LANE_BYTES))
+    return tuple((j, bytes(value & mask for value in range(256))) for j, mask in enumerate(masks) if mask != 0xFF)
+
+
+_CUTS = [_byte_cuts(bits) for bits in range(8 * _LANE_BYTES + 1)]
+
+
+def draws_below(key: bytes, n: int, count: int) -> list[int]:
+    """``count`` values in 0..n-1 drawn uniformly, fixed by ``key``."""
     if n < 1:
-        raise ValueError(f"empty range for randrange_many: n = {n}")
-    k = n.bit_length()
-    if type(rng) is not random.Random or k > _WORD_BITS:  # another generator's bits, or wider than a word
-        return [rng.randrange(n) for _ in range(count)]
+        raise ValueError(f"empty range for draws_below: n = {n}")
     if count <= 0:
         return []
-    out: list[int] = []
-    for _ in range(_ROUNDS):
-        need = count - len(out)
-        # n / 2**k of the words are kept (at least half): draw for that, with a margin.
-        words = need * (1 << k) // n + need // 8 + 16
-        # The mask drops what the shift brings into a lane from the next word.
-        lanes = ((rng.getrandbits(words * _WORD_BITS) >> (_WORD_BITS - k)) & _lane_mask(k, words)).to_bytes(
-            words * 4, "little"
-        )
-        out += _below(lanes, n, k)
+    bits = (n - 1).bit_length()  # below 2**bits; n itself when n is a power of two
+    width = max(_LANE_BYTES, -(-bits // 8))
+    # Below n: at least half the lanes (every lane for a power of two). Draw for that, with a
+    # margin, and again twice as long in the rare case a run of rejections leaves too few.
+    lanes = count if n == 1 << bits else 2 * count + 16
+    while True:
+        out = _lanes(hashlib.shake_128(key).digest(lanes * width), width, bits)
+        if n != 1 << bits:
+            out = [value for value in out if value < n]
         if len(out) >= count:
             del out[count:]
             return out
-    # Past the rounds (a run of rejections no real draw has), the calls themselves go on from
-    # the next word, where the rounds stopped.
-    out.extend(rng.randrange(n) for _ in range(count - len(out)))
-    return out
+        lanes *= 2
 
 
-def _lane_mask(k: int, words: int) -> int:
-    """The low ``k`` bits of each of at least ``words`` 32-bit lanes (made again only for more lanes)."""
-    mask = _lane_masks.get(k, 0)
-    if mask.bit_length() < _WORD_BITS * (words - 1) + k:
-        mask = _lane_masks[k] = int.from_bytes(((1 << k) - 1).to_bytes(4, "little") * words, "little")
-    return mask
-
-
-def _below(lanes: bytes, n: int, k: int) -> list[int]:
-    """The little-endian 32-bit lanes' values below ``n`` (each lane holds at most ``k`` bits), in order."""
+def _lanes(raw: bytes, width: int, bits: int) -> list[int]:
+    """``raw`` cut into little-endian lanes of ``width`` bytes, each lane's value cut to ``bits`` bits."""
+    if width > _LANE_BYTES:
+        mask = (1 << bits) - 1
+        return [int.from_bytes(raw[i : i + width], "little") & mask for i in range(0, len(raw), width)]
+    lanes = bytearray(raw)
+    for j, table in _CUTS[bits]:
+        lanes[j::_LANE_BYTES] = lanes[j::_LANE_BYTES].translate(table)
     values = array(_TYPECODE)
     values.frombytes(lanes)
     if sys.byteorder == "big":
         values.byteswap()
-    if n == 1 << (k - 1):  # below n: bit k - 1 clear, in the lane's byte (k - 1) // 8
-        return list(compress(values, lanes[(k - 1) // 8 :: 4].translate(_BIT_CLEAR[(k - 1) % 8])))
-    return [value for value in values if value < n]
+    return values.tolist()

@@ -53,14 +53,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from radixtop.incident.replay.draws import randrange_many
+from radixtop.incident.replay.draws import draws_below
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
 
 __all__ = [
@@ -413,9 +412,12 @@ def scale_offsets(trace: Trace, factor: float) -> Trace:
     return replace(trace, requests=tuple(replace(r, offset_ms=r.offset_ms * factor) for r in trace.requests))
 
 
+def _seed_key(*parts: object) -> bytes:
+    return "\x1f".join(map(str, parts)).encode()
+
+
 def _seed_int(*parts: object) -> int:
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    return int.from_bytes(hashlib.blake2b(_seed_key(*parts), digest_size=8).digest(), "little")
 
 
 def _band_indices(trace: Trace) -> dict[tuple[str, ...], int]:
@@ -461,22 +463,22 @@ class _Bands:
 
     def group_base(self, group: str, seed: int, length: int) -> list[int]:
         """The first ``length`` tokens of ``group``'s shared base: its band token, then ordinary
-        tokens from the group's own generator. Made once per group (again only when a longer
-        one is asked for): a shorter base is the head of a longer one, the generator's draws
-        coming in the same order however many are taken."""
+        tokens drawn under the group's own key. Made once per group (again only when a longer
+        one is asked for): a shorter base is the head of a longer one, the draws coming in the
+        same order however many are taken."""
         base = self._bases.get((group, seed))
         if base is None or len(base) < length:
-            rng = random.Random(_seed_int("group", self.trace_name, group, seed))
-            base = [self.band_token(("group", group), self.offset(seed)), *self.ordinary_tokens(rng, length - 1)]
+            key = _seed_key("group", self.trace_name, group, seed)
+            base = [self.band_token(("group", group), self.offset(seed)), *self.ordinary_tokens(key, length - 1)]
             self._bases[group, seed] = base
         return base[:length]
 
     def band_token(self, key: tuple[str, ...], offset: int) -> int:
         return self.vocab.nth(self.ordinary + (offset + self.index[key]) % self.band_size)
 
-    def ordinary_tokens(self, rng: random.Random, count: int) -> list[int]:
-        """``count`` ordinary tokens from ``rng``, which serves nothing afterwards."""
-        return self.vocab.nth_many_in_range(randrange_many(rng, self.ordinary, count))  # below ordinary
+    def ordinary_tokens(self, key: bytes, count: int) -> list[int]:
+        """``count`` ordinary tokens, fixed by ``key``."""
+        return self.vocab.nth_many_in_range(draws_below(key, self.ordinary, count))  # below ordinary
 
 
 def synthesize_input_ids(
@@ -520,8 +522,8 @@ def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands
             tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
     else:
         tokens.append(bands.band_token(("start", request.id, str(copy)), band_offset))
-    own_rng = random.Random(_seed_int("own", trace.name, request.id, copy, seed))
-    tokens.extend(bands.ordinary_tokens(own_rng, request.prompt_len - len(tokens)))
+    own = _seed_key("own", trace.name, request.id, copy, seed)
+    tokens.extend(bands.ordinary_tokens(own, request.prompt_len - len(tokens)))
     return tokens
 
 

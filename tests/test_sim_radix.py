@@ -584,6 +584,10 @@ def test_checkpoint_and_release_do_what_inserting_from_the_root_and_relocking_do
 )
 def test_the_pages_of_a_row_are_the_pages_of_its_slots_one_by_one(page_size, pages, cut, start, extra):
     pool = TokenToKVPoolAllocator(20 * 16, page_size)
-    row = pool.page_slots(pages)  # the pool's own slot objects, as a request's row holds them
-    for slots in (row, row[:cut], row[start:cut], row + extra, [s + 0 * s for s in row], extra):
-        assert pool.pages_of(slots) == list(dict.fromkeys(s // page_size for s in slots))
+    first = pages[0] if pages else 0
+    stretch = list(range(first, min(first + len(pages), pool.num_pages + 1)))  # consecutive pages
+    for chosen in (pages, stretch):
+        row = pool.page_slots(chosen)  # the pool's own slot objects, as a request's row holds them
+        assert row == [p * page_size + i for p in chosen for i in range(page_size)]
+        for slots in (row, row[:cut], row[start:cut], row + extra, [s + 0 * s for s in row], extra):
+            assert pool.pages_of(slots) == list(dict.fromkeys(s // page_size for s in slots))

@@ -56,11 +56,15 @@ class TokenToKVPoolAllocator:
         self.page_alloc_time = array("d", [0.0]) * (self.num_pages + 1)
         self.written_pages: set[int] = set()
         self.free_pages: list[int] = []
-        # Each page's slots, made once: the rows and node values built from them share their int
-        # objects, so pages_of compares a row with its pages' slots by identity, not value by value.
-        # (A page of one slot is its slot: nothing to make.)
+        # Every slot and every page number, made once: the rows and node values built from them
+        # share their int objects, so pages_of compares a row with its pages' slots by identity,
+        # not value by value, and the slots of consecutive pages are one slice. Each page's slots
+        # are a tuple of the same objects, for pages that are not. (A page of one slot is its
+        # slot: nothing to make.)
+        self._slots = list(range(slots if page_size > 1 else 0))
+        self._pages = list(range(self.num_pages + 1 if page_size > 1 else 0))
         self._slots_of_page = [
-            tuple(range(p * page_size, (p + 1) * page_size)) for p in range(self.num_pages + 1 if page_size > 1 else 0)
+            tuple(self._slots[p * page_size : (p + 1) * page_size]) for p in self._pages
         ]
         self.clear()
 
@@ -112,8 +116,13 @@ class TokenToKVPoolAllocator:
 
     def page_slots(self, pages: Sequence[int]) -> list[int]:
         """The slots of ``pages`` (this pool's, 0..num_pages), page after page."""
-        if self.page_size == 1:
+        page_size = self.page_size
+        if page_size == 1:
             return list(pages)
+        if pages:
+            first, count = pages[0], len(pages)
+            if pages[-1] - first == count - 1 and pages == self._pages[first : first + count]:
+                return self._slots[first * page_size : (first + count) * page_size]  # one stretch
         return list(chain.from_iterable(map(self._slots_of_page.__getitem__, pages)))
 
     def pages_of(self, slots: Iterable[int]) -> list[int]:
@@ -124,8 +133,13 @@ class TokenToKVPoolAllocator:
         if isinstance(slots, list) and slots and slots[0] % page_size == 0:
             # A request's row from a page boundary, or a node's share of one, is its pages' slots in
             # order (the last page perhaps cut short): then every page_size-th slot names a page,
-            # and the check that the rest follow compares the same int objects.
-            pages = [slot // page_size for slot in slots[::page_size]]
+            # and the check that the rest follow compares the same int objects. Most such rows
+            # are one stretch of consecutive pages: one slice of the pool's slots to compare.
+            start = slots[0]
+            end = start + len(slots)
+            if 0 <= start and slots == self._slots[start:end]:
+                return self._pages[start // page_size : -(-end // page_size)]
+            pages = list(map(operator.floordiv, slots[::page_size], repeat(page_size)))
             if 0 <= min(pages) and max(pages) <= self.num_pages:
                 own = self.page_slots(pages)
                 if slots == (own if len(own) == len(slots) else own[: len(slots)]):

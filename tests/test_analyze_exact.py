@@ -16,6 +16,7 @@ import collections
 import hashlib
 import itertools
 import json
+import math
 import random
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -29,7 +30,15 @@ from radixtop.incident.analyze.analyze import analyze
 from radixtop.incident.replay.draws import draws_below
 from radixtop.incident.replay.trace import Trace, TraceRequest, plan_requests
 from radixtop.incident.replay.vocab import SIM_VOCABULARY, Vocabulary
-from radixtop.sim.engine import Engine, EngineStats, GenerateResult, SimConfig, check_token_ids
+from radixtop.sim.engine import (
+    CLIP_MAX_NEW_TOKENS,
+    Engine,
+    EngineStats,
+    GenerateResult,
+    SimConfig,
+    _Scheduler,
+    check_token_ids,
+)
 from radixtop.sim.faults import FaultSpec
 from radixtop.sim.model import VOCAB_SIZE, PromptFolds, SimModel, _hash64, _stem
 from radixtop.sim.offline import OfflineCall, run_offline
@@ -265,6 +274,27 @@ def test_an_engine_without_kv_contents_answers_what_one_with_them_answers(page_s
     assert (stats, tree) == with_contents[1:]
     assert answers == [([], *rest) for _, *rest in with_contents[0]]
     assert any(len(key) > 1 and key[-1] > 1 << 22 for _, key, _ in tree)  # outputs (u-stems) in the tree
+
+
+@pytest.mark.parametrize("name", ["shared-lru-16", "shared-retract-16", "tree-retract-1", "repeat-retract-16"])
+def test_the_reserved_tokens_kept_between_prefills_are_the_running_batchs_sum(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept_reads = []
+    kept = _Scheduler._reserved_tokens
+
+    def checked(self: _Scheduler) -> int:
+        kept_reads.append(self._reserved is not None)
+        ratio = self.new_token_ratio
+        fresh = sum(math.ceil(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) * ratio)
+                    for r in self.running)
+        assert kept(self) == fresh
+        return fresh
+
+    monkeypatch.setattr(_Scheduler, "_reserved_tokens", checked)
+    make, config = CASES[name]
+    analyze(make(), config, seed=1)
+    assert any(kept_reads) and not all(kept_reads)
 
 
 def test_outputs_without_kv_contents_wait_only_where_no_result_carries_them() -> None:

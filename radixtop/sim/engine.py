@@ -392,6 +392,10 @@ class _Scheduler:
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        # The running batch's reserved tokens while only prefills changed the batch since they
+        # were summed (each adds its requests' shares); None after a decode step (outputs, the
+        # ratio and the batch all move), a retraction or a ratio reset.
+        self._reserved: int | None = None
         self.forward_ct_decode = 0
         self.num_generated_tokens = 0
         self.last_decode_tic = time.perf_counter()
@@ -554,9 +558,14 @@ class _Scheduler:
 
     def _reserved_tokens(self) -> int:
         """Sum of ceil(min(tokens left to generate, CLIP_MAX_NEW_TOKENS) * ratio) over the running
-        batch, in C loops: every prefill iteration reads it."""
-        running = self.running
-        left = map(operator.sub, map(_MAX_NEW_TOKENS, running), map(len, map(_OUTPUT_IDS, running)))
+        batch: every prefill iteration reads it, most of them with only prefills in between."""
+        if self._reserved is None:
+            self._reserved = self._reserved_by(self.running)
+        return self._reserved
+
+    def _reserved_by(self, reqs: list[_Req]) -> int:
+        """The reserved tokens of ``reqs`` at the current ratio, in C loops."""
+        left = map(operator.sub, map(_MAX_NEW_TOKENS, reqs), map(len, map(_OUTPUT_IDS, reqs)))
         clipped = map(min, left, repeat(CLIP_MAX_NEW_TOKENS))
         return sum(map(math.ceil, map(operator.mul, clipped, repeat(self.new_token_ratio))))
 
@@ -670,6 +679,7 @@ class _Scheduler:
 
     def _run_prefill(self, batch: list[_Req]) -> None:
         engine = self.engine
+        joined = len(self.running)
         for req in batch:
             if self.pool0.store_contents:
                 req.digest = self._read_prompt(req, req.origin_input_ids + req.output_ids)
@@ -683,6 +693,8 @@ class _Scheduler:
                 for info, view in zip(self.ranks, req.views):
                     info.cache.checkpoint(view, up_to=len(view.kv_indices))
                 self.running.append(req)
+        if self._reserved is not None:
+            self._reserved += self._reserved_by(self.running[joined:])
 
     def _read_prompt(self, req: _Req, tokens: list[int]) -> int:
         """Write the KV the prefill computes and read the whole prompt's back, as attention does."""
@@ -723,6 +735,7 @@ class _Scheduler:
         return list(offsets).count(0)
 
     def _run_decode(self) -> None:
+        self._reserved = None
         for req in [r for r in self.running if r.aborted]:
             self.running.remove(req)
             self._finish(req, "abort")
@@ -854,6 +867,7 @@ class _Scheduler:
         if not self.fully_idle():
             return
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self._reserved = None
         leak = self.engine.faults.leak
         if leak is None:
             return
@@ -1045,6 +1059,7 @@ class Engine:
                         req.future.set_exception(EngineDead(reason))
                 sched.waiting.clear()
                 sched.running.clear()
+                sched._reserved = None
 
     def iterate(self) -> bool:
         """One scheduler loop iteration (a batch per DP group, then the safe point; idle

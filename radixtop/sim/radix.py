@@ -352,11 +352,14 @@ class _Policy:
     """An eviction order: the unlocked leaf with the smallest of these fields goes first (their
     tuple when several; negated, for the newest first). Read by C loops over all leaves at once."""
 
-    __slots__ = ("_get", "_negate")
+    __slots__ = ("_get", "_negate", "key_of")
 
     def __init__(self, *fields: str, negate: bool = False) -> None:
         self._get: Callable[[TreeNode], Any] = operator.attrgetter(*fields)
         self._negate = negate  # one field only: a tuple has no negation
+        # A node's key as the cache reads it on every push and pop: the C getter itself where
+        # nothing is negated.
+        self.key_of: Callable[[TreeNode], Any] = self if negate else self._get
 
     def __call__(self, node: TreeNode) -> Any:
         value = self._get(node)
@@ -420,6 +423,7 @@ class RadixCache:
         self.page_size = params.page_size
         self.eviction_policy = policy
         self._priority_of = EVICTION_POLICIES[policy]
+        self._leaf_key = self._priority_of.key_of
         self.clock = _StrictClock(params.clock or time.monotonic)
         self._node_ids = itertools.count()
         self.evictable_leaves: set[TreeNode] = set()
@@ -474,11 +478,13 @@ class RadixCache:
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         """Longest cached page-aligned prefix of ``params.key``; splits a node if the match ends inside it."""
         key = params.key if isinstance(params, MatchPrefixParams) else _as_key(params)
-        if self.disable or len(key) == 0:
+        n = len(key.token_ids)
+        if self.disable or n == 0:
             return self._empty_match()
-        key = key.page_aligned(self.page_size)
-        if len(key) == 0:
-            return self._empty_match()
+        if n % self.page_size:
+            key = key.page_aligned(self.page_size)
+            if len(key.token_ids) == 0:
+                return self._empty_match()
         values, last_node = self._match_prefix_helper(self.root_node, key)
         indices: list[int] = []
         for v in values:
@@ -511,7 +517,7 @@ class RadixCache:
             return EvictResult()
         leaves = self.evictable_leaves
         heap = self._leaf_heap
-        priority_of = self._priority_of
+        priority_of = self._leaf_key
         allocator = self.token_to_kv_pool_allocator
         # SGLang's loop takes the leaves there are when it starts and, of the parents it leaves
         # childless, those at lock_ref 0; one below 0 (a double unlock) waits for the next call.
@@ -582,7 +588,7 @@ class RadixCache:
         delta = 0
         while node is not self.root_node:
             if node.lock_ref == 1:
-                size = len(_key(node))
+                size = len(_key(node).token_ids)
                 self.evictable_size_ += size
                 self.protected_size_ -= size
                 delta += size
@@ -912,11 +918,11 @@ class RadixCache:
 
     def _delete_leaf(self, node: TreeNode) -> None:
         node_key, parent = _key(node), _parent(node)
-        key = node_key.child_key(self.page_size)
+        key = _child_key_at(node_key.token_ids, 0, self.page_size, node_key.extra_key)
         removed = parent.children.pop(key, None)
         if removed is not node:
             raise AssertionError(f"parent does not have child key, {key}")
-        self.evictable_size_ -= len(node_key)
+        self.evictable_size_ -= len(node_key.token_ids)
         self.evictable_leaves.discard(node)
         # SGLang marks the node evicted by dropping its slots; the parent link stays.
         node.value = None
@@ -942,7 +948,7 @@ class RadixCache:
 
     def _push_leaf(self, node: TreeNode) -> None:
         heap, leaves = self._leaf_heap, self.evictable_leaves
-        heapq.heappush(heap, (self._priority_of(node), node.id, node))
+        heapq.heappush(heap, (self._leaf_key(node), node.id, node))
         if len(heap) > 2 * len(leaves) + 64:  # mostly stale entries: start again from the leaves
             # (in place: evict() holds the list) iterating the unchanged set three times in one order
             heap[:] = zip(self._priority_of.keys(leaves), map(_NODE_ID, leaves), leaves)

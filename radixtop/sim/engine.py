@@ -425,7 +425,7 @@ class _Scheduler:
         return self.cache0.protected_size()
 
     def num_used(self) -> int:
-        return self.capacity - (self.available() + self.evictable())
+        return self.capacity - (self.pool0.available_size() + self.cache0.evictable_size())
 
     def token_usage(self) -> float:
         return self.num_used() / self.capacity
@@ -493,11 +493,12 @@ class _Scheduler:
 
     def _alloc_pages(self, num_pages: int) -> list[int] | None:
         need = num_pages * self.page_size
-        if self.available() < need:
-            self._evict(need - self.available())
-            if self.available() < need:
+        pool = self.pool0
+        if pool.available_size() < need:
+            self._evict(need - pool.available_size())
+            if pool.available_size() < need:
                 return None
-        pages = self.pool0.alloc_pages(num_pages)
+        pages = pool.alloc_pages(num_pages)
         for info in self.ranks[1:]:
             mirror = info.pool.alloc_pages(num_pages)
             if mirror != pages:
@@ -577,7 +578,7 @@ class _Scheduler:
         if not self.waiting or len(self.running) >= cfg.max_running_requests:
             return []
         page_size = self.page_size
-        rem_total = self.available() + self.evictable() - self._reserved_tokens()
+        rem_total = self.pool0.available_size() + self.cache0.evictable_size() - self._reserved_tokens()
         rem_input = cfg.max_prefill_tokens
         batch: list[_Req] = []
         # (extra_key, matched length, the page after it) -> the tokens of the batch's requests
@@ -1107,7 +1108,8 @@ class Engine:
             self._stepping = sched
             worked = sched.step() or worked
         self._stepping = None
-        self._safe_point()
+        if self.on_safe_point:
+            self._safe_point()
         if not worked:
             for sched in self._schedulers:
                 self._stepping = sched
@@ -1167,9 +1169,9 @@ class Engine:
                 rng = random.Random(hash(tuple(input_ids)) ^ max_new_tokens)
             else:
                 rng = random.Random(self._req_counter * 0x9E3779B1)
-        req = _Req(rid, input_ids, max_new_tokens, temperature, future, len(self.config.tp_ranks), rng, extra_key)
         sched = self._schedulers[self._next_dp]
         self._next_dp = (self._next_dp + 1) % len(self._schedulers)
+        req = _Req(rid, input_ids, max_new_tokens, temperature, future, len(sched.ranks), rng, extra_key)
         sched._reset_views(req)
         sched.waiting.append(req)
         if self._wake is not None:

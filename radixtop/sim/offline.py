@@ -123,7 +123,8 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
             raise RuntimeError(f"the engine made no progress in {limit} iterations")
         worked = engine.iterate()
         usage, evicted = engine.pool_usage()
-        peak = max(peak, usage)
+        if usage > peak:
+            peak = usage
         if evicted != last_evicted:
             last_evicted = evicted
             evictions.append(clock.now)

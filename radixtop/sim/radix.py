@@ -691,9 +691,11 @@ class RadixCache:
             self.token_to_kv_pool_allocator.free(kv[protected:prefix_len])
         # SGLang matches the key again here for the tree's slots: the walk insert just made ends
         # at that node and stamped its path last, so the path's slots are those, and a second
-        # stamp would keep every node in the same order of access.
-        if key_len > protected:  # else the row holds the tree's slots already
-            kv[protected:key_len] = self._path_slots(new_last_node, key_len, protected)
+        # stamp would keep every node in the same order of access. Past the pages the tree had
+        # (prefix_len) the path's slots are the row's own, which the new node took: only where
+        # the tree had pages beyond the protected ones does the row change.
+        if prefix_len > protected:
+            kv[protected:prefix_len] = self._path_slots(new_last_node, key_len, protected)[: prefix_len - protected]
         req.cache_protected_len = key_len
         return new_last_node
 

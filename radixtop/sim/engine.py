@@ -555,7 +555,7 @@ class _Scheduler:
         return False
 
     def _drop_aborted_waiting(self) -> None:
-        if any(r.aborted for r in self.waiting):
+        if any(map(_ABORTED, self.waiting)):
             for req in [r for r in self.waiting if r.aborted]:
                 self.waiting.remove(req)
                 self.engine._resolve(req, "abort")
@@ -656,7 +656,8 @@ class _Scheduler:
             self.cached_tokens_total += m
             self.prompt_tokens_total += len(req.origin_input_ids)
         req.extend_from = m
-        self._maybe_stale_read(req, m)
+        if req.stale_pages or self.engine.faults.block_boundary is not None:
+            self._maybe_stale_read(req, m)
         return True
 
     def _maybe_stale_read(self, req: _Req, prefix_len: int) -> None:
@@ -685,14 +686,16 @@ class _Scheduler:
         engine = self.engine
         joined = len(self.running)
         for req in batch:
+            done = len(req.output_ids) >= req.max_new_tokens  # req.done, read without the property
             if self.pool0.store_contents:
                 req.digest = self._read_prompt(req, req.origin_input_ids + req.output_ids)
-                if not req.done:
+                if not done:
                     req.output_ids.append(engine._next_token(req, req.kv_len))
-            elif not req.done:
+            elif not done:
                 self._add_output(req)
-            if req.done or req.aborted:
-                self._finish(req, "abort" if req.aborted and not req.done else "length")
+            done = len(req.output_ids) >= req.max_new_tokens
+            if done or req.aborted:
+                self._finish(req, "abort" if req.aborted and not done else "length")
             else:
                 for info, view in zip(self.ranks, req.views):
                     info.cache.checkpoint(view, up_to=len(view.kv_indices))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import operator
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, repeat
 
@@ -108,10 +109,7 @@ class TokenToKVPoolAllocator:
         taken = self.free_pages[-num_pages:]
         del self.free_pages[-num_pages:]
         taken.reverse()
-        now = self.clock()
-        alloc_time = self.page_alloc_time
-        for page in taken:
-            alloc_time[page] = now
+        deque(map(self.page_alloc_time.__setitem__, taken, repeat(self.clock())), 0)  # each page's time
         return taken
 
     def page_slots(self, pages: Sequence[int]) -> list[int]:

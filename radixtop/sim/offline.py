@@ -92,7 +92,8 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
     # and the output tokens' values wait for the tree (the results' output ids go unread here).
     contents = bool(config.faults)
     engine = Engine(config, emit=None, wall_clock=lambda: clock.now, kv_contents=contents, result_outputs=contents)
-    order = sorted(range(len(calls)), key=lambda i: calls[i].offset_s)  # stable: given order within one instant
+    offsets = [call.offset_s for call in calls]
+    order = sorted(range(len(calls)), key=offsets.__getitem__)  # stable: given order within one instant
     answers: dict[int, _Answer] = {}
     arrived: dict[int, float] = {}
     errors: dict[int, str] = {}

@@ -84,10 +84,6 @@ class Analysis:
         }
 
 
-def _prompt_ids(ids: list[int], text: str | None, tokenizer: SimTokenizer) -> list[int]:
-    return tokenizer.encode(text) if text is not None else ids
-
-
 def analyze(trace: Trace, config: SimConfig, *, seed: int = 0) -> Analysis:
     """Run the trace once on a fresh engine built from ``config`` (ValueError names a bad field)."""
     config.validate()
@@ -122,7 +118,7 @@ def _analyze(trace: Trace, config: SimConfig, seed: int) -> Analysis:
         OfflineCall(
             (p.request_id, p.copy),
             p.offset_s,
-            _prompt_ids(p.input_ids, p.text, tokenizer),
+            p.input_ids if p.text is None else tokenizer.encode(p.text),
             p.max_tokens,
             p.extra_key,
             ids_checked,
@@ -134,11 +130,12 @@ def _analyze(trace: Trace, config: SimConfig, seed: int) -> Analysis:
     by_call = {r.key: r for r in run.results}
     answers: dict[Call, Answer] = {}
     for exp in exps:
-        result = by_call[exp.call]
+        call = exp.call
+        result = by_call[call]
         if result.cached_tokens is None or result.finished_s is None:
             continue
         start = by_call[exp.sharer].arrived_s if exp.sharer is not None else result.arrived_s
-        answers[exp.call] = (result.cached_tokens, evicted_between(run.eviction_times_s, start, result.finished_s))
+        answers[call] = (result.cached_tokens, evicted_between(run.eviction_times_s, start, result.finished_s))
     rows, summary = reuse_rows(exps, [answers], cache_disabled=config.disable_radix_cache)
     failed = tuple((r.key, r.error) for r in run.results if r.error is not None)
     return Analysis(trace.name, config, tuple(rows), summary, failed, run.evicted_tokens,

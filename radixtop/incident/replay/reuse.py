@@ -30,6 +30,7 @@ applies, in this order:
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -92,6 +93,9 @@ def _pages(tokens: int, page_size: int) -> int:
     return max(0, tokens) // page_size * page_size
 
 
+_OFFSET_MS = operator.attrgetter("offset_ms")
+
+
 def expectations(trace: Trace, page_size: int, *, namespace_per_request: bool = False) -> list[Expectation]:
     """One Expectation per call, in the order a replay sends them (offsets, then trace order, then
     copy). ``namespace_per_request``: every call in a cache namespace of its own, as a replay with
@@ -106,7 +110,7 @@ def expectations(trace: Trace, page_size: int, *, namespace_per_request: bool = 
     holder: dict[tuple[str, str | None], tuple[int, Call, float]] = {}
     by_id = {req.id: req for req in trace.requests}
     out = []
-    for req in sorted(trace.requests, key=lambda r: r.offset_ms):
+    for req in sorted(trace.requests, key=_OFFSET_MS):
         if req.prefix_of is not None:
             out.extend(_along_prefixes(req, by_id, page_size))
             continue
@@ -246,12 +250,13 @@ def reuse_rows(exps: Sequence[Expectation], runs: Sequence[dict[Call, Answer]], 
     rows = []
     answered: list[tuple[Expectation, int, str | None]] = []
     for exp in exps:
+        call = exp.call
         cached: list[int] = []
         worst: str | None = None
         for run in runs:
-            if exp.call not in run:
+            if call not in run:
                 continue
-            tokens, evicted = run[exp.call]
+            tokens, evicted = run[call]
             reason = explain(exp, tokens, cache_disabled=cache_disabled, evicted=evicted)
             answered.append((exp, tokens, reason))
             if not cached or tokens < min(cached):

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -550,11 +551,15 @@ def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULAR
             ids = _recorded_or_synthesized(req, trace, seed, copy, bands, firsts)
             if copy == 0 and req.id in named:
                 firsts[req.id] = ids
-            planned.append(PlannedRequest(offset_s=req.offset_ms / 1000.0, request_id=req.id, copy=copy, input_ids=ids,
-                                          max_tokens=req.max_tokens, text=req.text, extra_key=req.extra_key,
-                                          ignore_eos=req.ignore_eos, stop=req.stop))
-    planned.sort(key=lambda p: p.offset_s)  # stable: trace order within one instant
+            # PlannedRequest(offset_s, request_id, copy, input_ids, max_tokens, text, extra_key,
+            # ignore_eos, stop), positionally: one per call
+            planned.append(PlannedRequest(req.offset_ms / 1000.0, req.id, copy, ids, req.max_tokens, req.text,
+                                          req.extra_key, req.ignore_eos, req.stop))
+    planned.sort(key=_OFFSET_S)  # stable: trace order within one instant
     return planned
+
+
+_OFFSET_S = operator.attrgetter("offset_s")
 
 
 def check_recorded_ids(trace: Trace, vocab: Vocabulary) -> None:

@@ -50,8 +50,8 @@ class Vocabulary:
         if self.size - len(special) < 2:
             raise VocabError(f"a vocabulary of {self.size} ids with {len(special)} special leaves nothing to use")
 
-    @property
-    def usable(self) -> int:
+    @cached_property
+    def usable(self) -> int:  # read once per synthesized prompt, like size and special: kept
         return self.size - len(self.special)
 
     @cached_property

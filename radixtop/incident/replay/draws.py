@@ -46,7 +46,12 @@ def draws_below(key: bytes, n: int, count: int) -> list[int]:
     # margin, and again twice as long in the rare case a run of rejections leaves too few.
     lanes = count if n == 1 << bits else 2 * count + 16
     while True:
-        out = _lanes(hashlib.shake_128(key).digest(lanes * width), width, bits)
+        raw = hashlib.shake_128(key).digest(lanes * width)
+        if width > _LANE_BYTES:
+            mask = (1 << bits) - 1
+            out = [int.from_bytes(raw[i : i + width], "little") & mask for i in range(0, len(raw), width)]
+        else:
+            out = _lanes32(raw, bits)
         if n != 1 << bits:
             out = [value for value in out if value < n]
         if len(out) >= count:
@@ -55,11 +60,8 @@ def draws_below(key: bytes, n: int, count: int) -> list[int]:
         lanes *= 2
 
 
-def _lanes(raw: bytes, width: int, bits: int) -> list[int]:
-    """``raw`` cut into little-endian lanes of ``width`` bytes, each lane's value cut to ``bits`` bits."""
-    if width > _LANE_BYTES:
-        mask = (1 << bits) - 1
-        return [int.from_bytes(raw[i : i + width], "little") & mask for i in range(0, len(raw), width)]
+def _lanes32(raw: bytes, bits: int) -> list[int]:
+    """``raw`` cut into little-endian 32-bit lanes, each lane's value cut to ``bits`` bits."""
     lanes = bytearray(raw)
     for j, table in _CUTS[bits]:
         lanes[j::_LANE_BYTES] = lanes[j::_LANE_BYTES].translate(table)

@@ -523,7 +523,7 @@ def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands
             tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
     else:
         tokens.append(bands.band_token(("start", request.id, str(copy)), band_offset))
-    own = _seed_key("own", trace.name, request.id, copy, seed)
+    own = f"own\x1f{trace.name}\x1f{request.id}\x1f{copy}\x1f{seed}".encode()  # _seed_key's, formatted at once
     tokens.extend(bands.ordinary_tokens(own, request.prompt_len - len(tokens)))
     return tokens
 
@@ -548,7 +548,10 @@ def plan_requests(trace: Trace, seed: int = 0, vocab: Vocabulary = SIM_VOCABULAR
     planned = []
     for req in trace.requests:
         for copy in range(req.n):
-            ids = _recorded_or_synthesized(req, trace, seed, copy, bands, firsts)
+            if req.input_ids is None and req.text is None:  # _recorded_or_synthesized's common case
+                ids = _synthesize(req, trace, seed, copy, bands, firsts)
+            else:
+                ids = _recorded_or_synthesized(req, trace, seed, copy, bands, firsts)
             if copy == 0 and req.id in named:
                 firsts[req.id] = ids
             # PlannedRequest(offset_s, request_id, copy, input_ids, max_tokens, text, extra_key,

@@ -184,6 +184,8 @@ def page_align_keys(key: list[int], page_size: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- parameter objects
+# Those made per call (a match, an insert, a lock, an eviction) keep their fields in slots: no
+# instance dict to make and fill each time.
 
 
 @dataclass
@@ -197,7 +199,7 @@ class CacheInitParams:
     clock: Callable[[], float] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class MatchPrefixParams:
     key: RadixKey
 
@@ -215,7 +217,7 @@ class MatchResult(NamedTuple):
         return len(self.device_indices)
 
 
-@dataclass
+@dataclass(slots=True)
 class InsertParams:
     key: RadixKey | None = None
     value: list[int] | None = None
@@ -225,23 +227,23 @@ class InsertParams:
     inserted_len: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class InsertResult:
     prefix_len: int
     last_device_node: TreeNode | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class EvictParams:
     num_tokens: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class EvictResult:
     num_tokens_evicted: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class IncLockRefResult:
     delta: int | None = None
     node_id: int | None = None
@@ -250,17 +252,17 @@ class IncLockRefResult:
         return DecLockRefParams(node_id=self.node_id)
 
 
-@dataclass
+@dataclass(slots=True)
 class DecLockRefParams:
     node_id: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class DecLockRefResult:
     delta: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class TreeLock:
     """What ``lock`` hands a holder; ``unlock`` gives it back (0.5.23's ``TreeLock``)."""
 
@@ -809,13 +811,14 @@ class RadixCache:
         # SGLang's algorithm; walks an offset into the key instead of re-slicing it per level.
         access_time = self.clock()
         node.last_access_time = access_time
-        self._touched(node)
+        leaves = self.evictable_leaves
+        if node in leaves:  # self._touched(node), inline
+            self._push_leaf(node)
         page_size = self.page_size
         tokens, extra = key.token_ids, key.extra_key
         n = len(tokens)
         offset = 0
         value: list[list[int]] = []
-        leaves = self.evictable_leaves
         while offset < n:
             child = node.children.get(_child_key_at(tokens, offset, page_size, extra))
             if child is None:
@@ -885,10 +888,13 @@ class RadixCache:
         """The insert of the key ``tokens[:n]`` walking down from ``node``, which holds its first
         ``offset`` tokens."""
         page_size = self.page_size
+        child_key = None
         while offset < n:
-            child = node.children.get(_child_key_at(tokens, offset, page_size, extra))
+            child_key = _child_key_at(tokens, offset, page_size, extra)
+            child = node.children.get(child_key)
             if child is None:
                 break
+            child_key = None  # it named this child: the new node below needs its own
             node = child
             node.last_access_time = access_time
             node_key = _key(node)
@@ -909,7 +915,9 @@ class RadixCache:
             new_node.value = value[offset:n]
             if n > inserted_len:
                 new_node.hit_count += 1
-            node.children[_child_key_at(tokens, offset, page_size, extra)] = new_node
+            if child_key is None:
+                child_key = _child_key_at(tokens, offset, page_size, extra)
+            node.children[child_key] = new_node
             self.evictable_size_ += n - offset
             self._update_leaf_status(node)
             self._update_leaf_status(new_node)

@@ -597,7 +597,10 @@ class _Scheduler:
             # inserts, locks and evictions on.
             wanted = [] if cfg.force_miss else tokens[: (n - 1) // page_size * page_size]
             params = MatchPrefixParams(key=RadixKey(wanted, req.extra_key))  # read, not kept, by each rank
-            matches = [info.cache.match_prefix(params) for info in self.ranks]
+            if len(self.ranks) == 1:
+                matches = [self.cache0.match_prefix(params)]
+            else:
+                matches = [info.cache.match_prefix(params) for info in self.ranks]
             m = len(matches[0].device_indices)
             # In-batch prefix sharing: a request whose next page another request of this batch
             # is about to compute waits one iteration and then matches it from the tree.
@@ -1267,13 +1270,13 @@ class Engine:
         if req.future.done():
             return
         req.future.set_result(
-            GenerateResult(
-                output_ids=list(req.output_ids) if self.result_outputs else [],
-                prompt_tokens=len(req.origin_input_ids),
-                cached_tokens=req.cached_tokens or 0,
-                completion_tokens=len(req.output_ids),
-                finish_reason=reason,
-                rid=req.rid,
+            GenerateResult(  # output_ids, prompt_tokens, cached_tokens, completion_tokens, finish_reason, rid
+                list(req.output_ids) if self.result_outputs else [],
+                len(req.origin_input_ids),
+                req.cached_tokens or 0,
+                len(req.output_ids),
+                reason,
+                req.rid,
             )
         )
 

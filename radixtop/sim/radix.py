@@ -620,7 +620,7 @@ class RadixCache:
         """
         if self.disable:
             return
-        new_last_node = self._insert_row(req, up_to)
+        new_last_node = self._insert_row(req, up_to, locking=True)
         self._move_lock(req, new_last_node)
         req.last_node = new_last_node
 
@@ -677,15 +677,16 @@ class RadixCache:
             out.extend(part)
         return out
 
-    def _insert_row(self, req: CacheReq, up_to: int) -> TreeNode:
+    def _insert_row(self, req: CacheReq, up_to: int, *, locking: bool = False) -> TreeNode:
         """A checkpoint's insert: the page-aligned key of the request's first ``up_to`` tokens
-        into the tree, its duplicate slots freed, its row pointed at the tree's; the new end."""
+        into the tree, its duplicate slots freed, its row pointed at the tree's; the new end.
+        ``locking``: the caller locks the new end at once (see _insert_walk)."""
         tokens, key_len = _key_tokens(req, up_to, self.page_size)
         kv = req.kv_indices
         protected = req.cache_protected_len
         if len(kv) < key_len:
             raise ValueError(f"insert needs one value per key token: {key_len} tokens, {len(kv)} values")
-        found = self._insert_below(req.last_node, protected, tokens, key_len, req.extra_key, kv)
+        found = self._insert_below(req.last_node, protected, tokens, key_len, req.extra_key, kv, locking)
         if found is None:
             found = self._insert_helper(self.root_node, RadixKey(tokens[:key_len], req.extra_key), kv[:key_len])
         prefix_len, new_last_node = found
@@ -721,7 +722,14 @@ class RadixCache:
         return out
 
     def _insert_below(
-        self, anchor: TreeNode | None, depth: int, tokens: list[int], n: int, extra: str | None, value: list[int]
+        self,
+        anchor: TreeNode | None,
+        depth: int,
+        tokens: list[int],
+        n: int,
+        extra: str | None,
+        value: list[int],
+        locking: bool = False,
     ) -> tuple[int, TreeNode] | None:
         """What inserting the key ``tokens[:n]`` (namespace ``extra``) from the root does, walking
         on from ``anchor``: a request's locked node, whose path is the key's first ``depth``
@@ -756,7 +764,7 @@ class RadixCache:
                 self._push_leaf(node)
         if depth == n:
             return depth, anchor
-        return self._insert_walk(anchor, depth, tokens, n, extra, value, access_time, priority=0, inserted_len=0)
+        return self._insert_walk(anchor, depth, tokens, n, extra, value, access_time, 0, 0, locking)
 
     def _move_lock(self, req: CacheReq, node: TreeNode) -> None:
         """``unlock(req.lock)`` then ``req.lock = lock(node)`` in one pass where the old lock's
@@ -884,9 +892,12 @@ class RadixCache:
         access_time: float,
         priority: int,
         inserted_len: int,
+        locking: bool = False,
     ) -> tuple[int, TreeNode]:
         """The insert of the key ``tokens[:n]`` walking down from ``node``, which holds its first
-        ``offset`` tokens."""
+        ``offset`` tokens. ``locking``: the caller locks the new end before anything else runs,
+        so a new leaf is not made an evictable leaf first (it would leave the set at once, and
+        its heap entry would only be popped as stale later)."""
         page_size = self.page_size
         child_key = None
         while offset < n:
@@ -920,7 +931,8 @@ class RadixCache:
             node.children[child_key] = new_node
             self.evictable_size_ += n - offset
             self._update_leaf_status(node)
-            self._update_leaf_status(new_node)
+            if not locking:
+                self._update_leaf_status(new_node)
             if self.kv_events is not None:
                 self.kv_events.record_store(new_node)
             node = new_node

@@ -297,8 +297,13 @@ class CacheReq(Protocol):
 def _key_tokens(req: CacheReq, up_to: int, page_size: int) -> tuple[list[int], int]:
     """Tokens that begin with the request's first ``up_to`` fill ids, and the length of their
     page-aligned key: its prompt itself where the key lies within it."""
-    prompt: list[int] | None = getattr(req, "origin_input_ids", None)
-    outputs: list[int] | None = getattr(req, "output_ids", None)
+    loose: Any = req  # the engine's requests have both lists; a duck-typed one may have neither
+    prompt: list[int] | None
+    outputs: list[int] | None
+    try:
+        prompt, outputs = loose.origin_input_ids, loose.output_ids
+    except AttributeError:
+        prompt = outputs = None
     if prompt is not None and outputs is not None:
         key_len = min(up_to, len(prompt) + len(outputs)) // page_size * page_size
         if key_len <= len(prompt):
@@ -384,21 +389,21 @@ EVICTION_POLICIES: dict[str, _Policy] = {
 _NODE_ID = operator.attrgetter("id")
 
 
-class _StrictClock:
-    """A monotonic clock that never returns the same value twice (ties would make ranks differ)."""
+def _strict_clock(base: Callable[[], float]) -> Callable[[], float]:
+    """A monotonic clock that never returns the same value twice (ties would make ranks differ).
+    A closure: every stamp of a walk calls it, and a function is called more cheaply than an
+    object's __call__."""
+    last = float("-inf")
 
-    __slots__ = ("_base", "_last")
-
-    def __init__(self, base: Callable[[], float]) -> None:
-        self._base = base
-        self._last = float("-inf")
-
-    def __call__(self) -> float:
-        now = self._base()
-        if now <= self._last:
-            now = self._last + 1e-9
-        self._last = now
+    def clock() -> float:
+        nonlocal last
+        now = base()
+        if now <= last:
+            now = last + 1e-9
+        last = now
         return now
+
+    return clock
 
 
 def _as_key(obj: Any) -> RadixKey:
@@ -426,7 +431,7 @@ class RadixCache:
         self.eviction_policy = policy
         self._priority_of = EVICTION_POLICIES[policy]
         self._leaf_key = self._priority_of.key_of
-        self.clock = _StrictClock(params.clock or time.monotonic)
+        self.clock = _strict_clock(params.clock or time.monotonic)
         self._node_ids = itertools.count()
         self.evictable_leaves: set[TreeNode] = set()
         # Every evictable leaf's (eviction key, id, node), pushed when it becomes one and whenever
@@ -588,7 +593,8 @@ class RadixCache:
         if self.disable:
             return DecLockRefResult(delta=0)
         delta = 0
-        while node is not self.root_node:
+        root, leaves = self.root_node, self.evictable_leaves
+        while node is not root:
             if node.lock_ref == 1:
                 size = len(_key(node).token_ids)
                 self.evictable_size_ += size
@@ -596,7 +602,7 @@ class RadixCache:
                 delta += size
             node.lock_ref -= 1
             if node.lock_ref > 0:  # what _update_leaf_status does first, without the call
-                self.evictable_leaves.discard(node)
+                leaves.discard(node)
             else:
                 self._update_leaf_status(node)
             if node.parent is None:
@@ -738,10 +744,11 @@ class RadixCache:
         another tree, another length)."""
         if anchor is None or anchor.value is None or depth > n:  # value None: evicted
             return None
+        root = self.root_node
         path: list[TreeNode] = []
         length = 0
         node = anchor
-        while node is not self.root_node:
+        while node is not root:
             path.append(node)
             length += len(_key(node).token_ids)
             parent = node.parent
@@ -751,9 +758,9 @@ class RadixCache:
         if length != depth:
             return None
         access_time = self.clock()
-        node.last_access_time = access_time  # the root: never an evictable leaf, so not _touched
-        if node.priority < 0:
-            node.priority = 0  # max(priority, 0), as the insert's walk sets it
+        root.last_access_time = access_time  # never an evictable leaf, so not _touched
+        if root.priority < 0:
+            root.priority = 0  # max(priority, 0), as the insert's walk sets it
         leaves = self.evictable_leaves
         for node in path:
             node.last_access_time = access_time
@@ -952,15 +959,16 @@ class RadixCache:
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         # node.value is None: node.evicted, without a property call (every lock step comes here).
+        leaves = self.evictable_leaves
         if node.value is None or node.lock_ref > 0 or node is self.root_node:
-            self.evictable_leaves.discard(node)
+            leaves.discard(node)
             return
         for child in node.children.values():
             if child.value is not None:
-                self.evictable_leaves.discard(node)
+                leaves.discard(node)
                 return
-        if node not in self.evictable_leaves:
-            self.evictable_leaves.add(node)
+        if node not in leaves:
+            leaves.add(node)
             self._push_leaf(node)
 
     def _touched(self, node: TreeNode) -> None:

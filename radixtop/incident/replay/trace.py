@@ -472,7 +472,7 @@ class _Bands:
             key = _seed_key("group", self.trace_name, group, seed)
             base = [self.band_token(("group", group), self.offset(seed)), *self.ordinary_tokens(key, length - 1)]
             self._bases[group, seed] = base
-        return base[:length]
+        return base[:length]  # a copy: the caller adds to it
 
     def band_token(self, key: tuple[str, ...], offset: int) -> int:
         return self.vocab.nth(self.ordinary + (offset + self.index[key]) % self.band_size)
@@ -512,17 +512,17 @@ def _synthesize(request: TraceRequest, trace: Trace, seed: int, copy: int, bands
     """``firsts``: the first copy's prompt of every request named by a ``prefix_of`` so far."""
     band_offset = bands.offset(seed)
     shared = request.prefix_len
-    tokens: list[int] = []
+    tokens: list[int]
     if shared > 0 and request.prefix_of is not None:
-        tokens.extend(firsts[request.prefix_of][:shared])  # a text prompt's is empty: nothing to share
+        tokens = firsts[request.prefix_of][:shared]  # a text prompt's is empty: nothing to share
         if len(tokens) < request.prompt_len:
             tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
     elif shared > 0:
-        tokens.extend(bands.group_base(request.group, seed, shared))
+        tokens = bands.group_base(request.group, seed, shared)  # a list of its own
         if len(tokens) < request.prompt_len:
             tokens.append(bands.band_token(("diverge", request.id, str(copy)), band_offset))
     else:
-        tokens.append(bands.band_token(("start", request.id, str(copy)), band_offset))
+        tokens = [bands.band_token(("start", request.id, str(copy)), band_offset)]
     own = f"own\x1f{trace.name}\x1f{request.id}\x1f{copy}\x1f{seed}".encode()  # _seed_key's, formatted at once
     tokens.extend(bands.ordinary_tokens(own, request.prompt_len - len(tokens)))
     return tokens

@@ -243,11 +243,12 @@ class _ReqView:
     __slots__ = ("req", "kv_indices", "cache_protected_len", "last_node", "lock", "origin_input_ids", "output_ids",
                  "extra_key")
 
-    def __init__(self, req: _Req) -> None:
+    def __init__(self, req: _Req, root: TreeNode) -> None:
+        """A view with nothing cached yet, as _Scheduler._reset_views leaves it: its rank's root."""
         self.req = req
         self.kv_indices: list[int] = []
         self.cache_protected_len = 0
-        self.last_node: TreeNode | None = None
+        self.last_node: TreeNode | None = root
         self.lock: TreeLock | None = None
         # The request's own lists (never replaced, only added to) and namespace.
         self.origin_input_ids = req.origin_input_ids
@@ -298,10 +299,11 @@ class _Req:
         max_new_tokens: int,
         temperature: float,
         future: asyncio.Future,
-        tp_size: int,
+        roots: list[TreeNode],
         rng: random.Random | None,
         extra_key: str | None = None,
     ) -> None:
+        """``roots``: the root of each rank's tree, in the order of the scheduler's ranks."""
         self.rid = rid
         self.extra_key = extra_key  # the cache namespace: keys with another never match
         self.origin_input_ids = input_ids
@@ -311,7 +313,7 @@ class _Req:
         self.rng = rng
         self.output_ids: list[int] = []
         self.made = 0  # without KV contents: the output tokens with their values (the rest may wait)
-        self.views = [_ReqView(self) for _ in range(tp_size)]
+        self.views = [_ReqView(self, root) for root in roots]
         self.lead = self.views[0]  # the first rank's view: its row is the one every read uses
         self.mirrors = self.views[1:]  # every other rank's view: its row holds the same slots as the lead's
         self.digest = 0
@@ -335,6 +337,7 @@ _MAX_NEW_TOKENS = operator.attrgetter("max_new_tokens")
 _OUTPUT_IDS = operator.attrgetter("output_ids")
 _KV_ROW = operator.attrgetter("lead.kv_indices")
 _ABORTED = operator.attrgetter("aborted")
+_RANK_ROOT = operator.attrgetter("cache.root_node")
 _LAST = operator.itemgetter(-1)
 
 
@@ -1177,8 +1180,8 @@ class Engine:
                 rng = random.Random(self._req_counter * 0x9E3779B1)
         sched = self._schedulers[self._next_dp]
         self._next_dp = (self._next_dp + 1) % len(self._schedulers)
-        req = _Req(rid, input_ids, max_new_tokens, temperature, future, len(sched.ranks), rng, extra_key)
-        sched._reset_views(req)
+        roots = list(map(_RANK_ROOT, sched.ranks))  # read now: a flush gives a tree a new root
+        req = _Req(rid, input_ids, max_new_tokens, temperature, future, roots, rng, extra_key)
         sched.waiting.append(req)
         if self._wake is not None:
             self._wake.set()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import operator
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, repeat
 
@@ -109,7 +108,10 @@ class TokenToKVPoolAllocator:
         taken = self.free_pages[-num_pages:]
         del self.free_pages[-num_pages:]
         taken.reverse()
-        deque(map(self.page_alloc_time.__setitem__, taken, repeat(self.clock())), 0)  # each page's time
+        now = self.clock()
+        alloc_time = self.page_alloc_time
+        for page in taken:
+            alloc_time[page] = now
         return taken
 
     def page_slots(self, pages: Sequence[int]) -> list[int]:

@@ -41,10 +41,9 @@ import operator
 import random
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from radixtop.sim.faults import (
@@ -338,7 +337,6 @@ _OUTPUT_IDS = operator.attrgetter("output_ids")
 _KV_ROW = operator.attrgetter("lead.kv_indices")
 _ABORTED = operator.attrgetter("aborted")
 _RANK_ROOT = operator.attrgetter("cache.root_node")
-_LAST = operator.itemgetter(-1)
 
 
 # An output token whose value is not made yet (see Engine's result_outputs): never a token id.
@@ -749,10 +747,9 @@ class _Scheduler:
 
     def _run_decode(self) -> None:
         self._reserved = None
-        if any(map(_ABORTED, self.running)):
-            for req in [r for r in self.running if r.aborted]:
-                self.running.remove(req)
-                self._finish(req, "abort")
+        for req in [r for r in self.running if r.aborted]:
+            self.running.remove(req)
+            self._finish(req, "abort")
         if not self.running:
             return
         need = self._decode_pages_needed(self.running) * self.page_size
@@ -764,41 +761,6 @@ class _Scheduler:
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         if not self.running:
             return
-        if self.pool0.store_contents or self.engine.result_outputs or len(self.ranks) > 1:
-            finished = self._decode_tokens()
-        else:
-            finished = self._decode_unmade_tokens()
-        self.num_generated_tokens += len(self.running)
-        self.forward_ct_decode += 1
-        if self.forward_ct_decode % self.cfg.decode_log_interval == 0:
-            self._log_decode()
-        for req in finished:
-            self.running.remove(req)
-            self._finish(req, "length")
-
-    def _decode_unmade_tokens(self) -> list[_Req]:
-        """A decode step's tokens where none gets its value now and no other rank's row mirrors
-        the lead's: each row its next slot, each request an _UNMADE output, in C loops but for
-        the rows that start a page (they take their pages in batch order). The requests done."""
-        running = self.running
-        page_size = self.page_size
-        rows = list(map(_KV_ROW, running))
-        offsets = list(map(operator.mod, map(len, rows), repeat(page_size)))
-        within = rows
-        if 0 in offsets:
-            within = list(compress(rows, offsets))
-            for row in compress(rows, map(operator.not_, offsets)):
-                pages = self._alloc_pages(1)
-                if pages is None:  # cannot happen after _retract; fail loudly like SGLang
-                    raise RuntimeError("Decode out of memory. Try to lower your batch size.")
-                row.append(pages[0] * page_size)
-        deque(map(list.append, within, map(operator.add, map(_LAST, within), repeat(1))), 0)
-        outputs = list(map(_OUTPUT_IDS, running))
-        deque(map(list.append, outputs, repeat(_UNMADE)), 0)
-        return list(compress(running, map(operator.ge, map(len, outputs), map(_MAX_NEW_TOKENS, running))))
-
-    def _decode_tokens(self) -> list[_Req]:
-        """A decode step's tokens, request by request; the requests done."""
         engine = self.engine
         pool = self.pool0
         contents = pool.store_contents
@@ -830,7 +792,13 @@ class _Scheduler:
                     self._make_outputs(req, len(output_ids))
             if len(output_ids) >= req.max_new_tokens:  # req.done
                 finished.append(req)
-        return finished
+        self.num_generated_tokens += len(self.running)
+        self.forward_ct_decode += 1
+        if self.forward_ct_decode % self.cfg.decode_log_interval == 0:
+            self._log_decode()
+        for req in finished:
+            self.running.remove(req)
+            self._finish(req, "length")
 
     def _retract(self) -> None:
         """SGLang's retract_decode: free the least-advanced requests until one step fits."""

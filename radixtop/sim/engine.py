@@ -375,7 +375,10 @@ class _Scheduler:
         for tp_rank in cfg.tp_ranks:
             # The first rank here holds the contents every read uses (pool0): the others replicate.
             pool = TokenToKVPoolAllocator(
-                cfg.max_total_tokens, cfg.page_size, store_contents=not self.ranks and engine.kv_contents
+                cfg.max_total_tokens,
+                cfg.page_size,
+                store_contents=not self.ranks and engine.kv_contents,
+                stamp_pages=engine.faults.block_boundary is not None,  # the fault's page ages
             )
             cache = RadixCache(
                 CacheInitParams(
@@ -768,6 +771,7 @@ class _Scheduler:
         page_size = self.page_size
         finished: list[_Req] = []
         model = engine.model
+        mirrored = len(self.ranks) > 1
         for req in self.running:
             row = req.lead.kv_indices
             position = len(row)
@@ -779,8 +783,9 @@ class _Scheduler:
             else:
                 slot = row[-1] + 1
             row.append(slot)
-            for view in req.mirrors:
-                view.kv_indices.append(slot)
+            if mirrored:
+                for view in req.mirrors:
+                    view.kv_indices.append(slot)
             output_ids = req.output_ids
             if contents:
                 pool.write((slot,), (output_ids[-1],), position)

@@ -37,7 +37,10 @@ class TokenToKVPoolAllocator:
         *,
         store_contents: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        stamp_pages: bool = True,
     ) -> None:
+        """``stamp_pages``: alloc_pages records each page's allocation time in page_alloc_time (the
+        block-boundary fault reads them; without it nothing does)."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if size < page_size:
@@ -49,6 +52,7 @@ class TokenToKVPoolAllocator:
         self.device = "cpu"
         self.clock = clock
         self.store_contents = store_contents
+        self.stamp_pages = stamp_pages
         slots = (self.num_pages + 1) * page_size
         # -1 marks "never written"; slot 0 / page 0 is the reserved padding page.
         self.kv_token = array("q", [-1]) * slots if store_contents else array("q")
@@ -108,10 +112,11 @@ class TokenToKVPoolAllocator:
         taken = self.free_pages[-num_pages:]
         del self.free_pages[-num_pages:]
         taken.reverse()
-        now = self.clock()
-        alloc_time = self.page_alloc_time
-        for page in taken:
-            alloc_time[page] = now
+        if self.stamp_pages:
+            now = self.clock()
+            alloc_time = self.page_alloc_time
+            for page in taken:
+                alloc_time[page] = now
         return taken
 
     def page_slots(self, pages: Sequence[int]) -> list[int]:

@@ -655,7 +655,8 @@ class _Scheduler:
             self._reset_views(req)
             return False
         n = len(req.origin_input_ids) + len(req.output_ids)
-        slots = self.pool0.page_slots(pages)[: n - m]
+        slots = self.pool0.page_slots(pages)  # a list of its own: cut in place, not copied again
+        del slots[n - m :]
         for view in req.views:
             view.kv_indices.extend(slots)
         if req.cached_tokens is None:

@@ -22,7 +22,7 @@ import operator
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain, repeat
+from itertools import repeat
 
 __all__ = ["TokenToKVPoolAllocator"]
 
@@ -128,7 +128,11 @@ class TokenToKVPoolAllocator:
             first, count = pages[0], len(pages)
             if pages[-1] - first == count - 1 and pages == self._pages[first : first + count]:
                 return self._slots[first * page_size : (first + count) * page_size]  # one stretch
-        return list(chain.from_iterable(map(self._slots_of_page.__getitem__, pages)))
+        slots: list[int] = []
+        slots_of_page = self._slots_of_page
+        for page in pages:  # a tuple's items are added at once: faster than chaining them one by one
+            slots += slots_of_page[page]
+        return slots
 
     def pages_of(self, slots: Iterable[int]) -> list[int]:
         """The pages holding ``slots``, each once, in the order they first appear."""

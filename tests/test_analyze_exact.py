@@ -331,7 +331,9 @@ def test_calls_whose_ids_are_checked_get_what_calls_checked_by_the_engine_get() 
         calls = [OfflineCall(i, i * 0.002, ids, 8, ids_checked=checked) for i, ids in enumerate(prompts)]
         return run_offline(config, calls)
 
+    before = [list(ids) for ids in prompts]
     assert run(True) == run(False)
+    assert prompts == before  # the engine keeps the calls' own lists and changes none of them
 
 
 def test_an_engine_with_faults_keeps_the_kv_contents_the_faults_read() -> None:

@@ -1134,12 +1134,17 @@ class Engine:
         rid: str | None = None,
         extra_key: str | None = None,
         ids_checked: bool = False,
+        keep_ids: bool = False,
     ) -> _Req:
         """Queue one request; its GenerateResult is set on ``future`` (an asyncio or a
         concurrent.futures Future: the in-process driver has no event loop). ``ids_checked``: the
         caller made the ids from the vocabulary or passed them through :func:`check_token_ids`
-        (the engine still checks the rest of the request)."""
-        input_ids = self._validate(input_ids, max_new_tokens, temperature, ids_checked=ids_checked)
+        (the engine still checks the rest of the request). ``keep_ids``: a list ``input_ids`` that
+        nobody changes while the engine runs is kept as it is, not copied (the engine never
+        changes a prompt)."""
+        self._validate(input_ids, max_new_tokens, temperature, ids_checked=ids_checked)
+        if not (keep_ids and type(input_ids) is list):
+            input_ids = list(input_ids)
         if self.dead_reason is not None:
             raise EngineDead(self.dead_reason)
         if self._stopped or self._stop_requested:
@@ -1217,7 +1222,7 @@ class Engine:
             return
         self._emit_fn(format_line(message, when=self._wall_clock(), prefix=prefix, log_ms=self.config.log_ms))
 
-    def _validate(self, input_ids: Any, max_new_tokens: Any, temperature: Any, *, ids_checked: bool) -> list[int]:
+    def _validate(self, input_ids: Any, max_new_tokens: Any, temperature: Any, *, ids_checked: bool) -> None:
         if not isinstance(input_ids, (list, tuple)):
             raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
         if len(input_ids) == 0:
@@ -1237,7 +1242,6 @@ class Engine:
                 f"prompt ({len(input_ids)} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                 f"tokens exceeds the KV pool ({capacity} tokens); shorten the prompt or lower max_new_tokens"
             )
-        return list(input_ids)
 
     def _next_token(self, req: _Req, position: int) -> int:
         noise = req.rng.getrandbits(62) if req.rng is not None else 0

@@ -113,7 +113,7 @@ def run_offline(config: SimConfig, calls: Sequence[OfflineCall[K]]) -> OfflineRu
                 call = calls[index]
                 engine.submit(
                     call.input_ids, max_new_tokens=call.max_new_tokens, future=answer, extra_key=call.extra_key,
-                    ids_checked=call.ids_checked,
+                    ids_checked=call.ids_checked, keep_ids=True,  # the calls' lists outlive the run, unchanged
                 )
             except ValueError as exc:  # what the served simulator answers 400 to
                 errors[index] = str(exc)

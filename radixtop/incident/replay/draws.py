@@ -2,10 +2,10 @@
 
 The values are SHAKE-128's output for the key read as little-endian lanes of 4 bytes (of as many
 bytes as n's bit width needs above 2^32), each lane cut to that width; those below n are kept, in
-order. Where n is a power
-of two every lane is kept. So one hash call gives a prompt its tokens, the same for the same key
-on any machine, and asking for more values gives the same values first (a group's shared base
-made longer starts with the shorter one): SHAKE's longer output starts with its shorter one.
+order. Where n is a power of two every lane is kept. So one hash call gives a prompt its tokens,
+the same for the same key on any machine, and asking for more values gives the same values first
+(a group's shared base made longer starts with the shorter one): SHAKE's longer output starts
+with its shorter one.
 
 The 4-byte lanes go through a 32-bit array: the cut is a byte translation of the lanes' bytes at
 and above the width, and the values come out of one ``tolist``, in C loops with no Python step per
@@ -22,6 +22,9 @@ __all__ = ["draws_below"]
 
 _TYPECODE = next(code for code in "IL" if array(code).itemsize == 4)
 _LANE_BYTES = 4
+# Each pass keeps at least half its lanes on average: running out after this many doublings of the
+# output would take a run of rejections with odds far below any hardware fault's.
+_MAX_DOUBLINGS = 16
 
 
 def _byte_cuts(bits: int) -> tuple[tuple[int, bytes], ...]:
@@ -45,7 +48,7 @@ def draws_below(key: bytes, n: int, count: int) -> list[int]:
     # Below n: at least half the lanes (every lane for a power of two). Draw for that, with a
     # margin, and again twice as long in the rare case a run of rejections leaves too few.
     lanes = count if n == 1 << bits else 2 * count + 16
-    while True:
+    for _ in range(_MAX_DOUBLINGS):
         raw = hashlib.shake_128(key).digest(lanes * width)
         if width > _LANE_BYTES:
             mask = (1 << bits) - 1
@@ -58,6 +61,7 @@ def draws_below(key: bytes, n: int, count: int) -> list[int]:
             del out[count:]
             return out
         lanes *= 2
+    raise RuntimeError(f"{_MAX_DOUBLINGS} doublings of SHAKE-128's output left fewer than {count} values below {n}")
 
 
 def _lanes32(raw: bytes, bits: int) -> list[int]:

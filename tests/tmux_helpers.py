@@ -32,6 +32,10 @@ class Tmux:
         # The tmux server takes our environment; pytest's COLUMNS/LINES would make Textual draw 80x24.
         base = env if env is not None else os.environ
         clean = {k: v for k, v in base.items() if k not in ("COLUMNS", "LINES", "TMUX")}
+        if env is None or "TMPDIR" not in env:
+            # What the command keeps in temporary directories (the demo's logs and bundles, 22 MB
+            # a run) stays in the test's own directory, which pytest prunes, not in /tmp.
+            clean["TMPDIR"] = str(cwd)
         subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-s", SESSION,
                         "-x", str(self.size[0]), "-y", str(self.size[1]), line], check=True, timeout=10,
                        env=clean)

@@ -446,9 +446,7 @@ class LogView(ScrollView, can_focus=True):
             dim_text += rank.ljust(rank_width) + " "
         source_width = self._src_width
         if source_width:
-            label = self.state.label(source)
-            if len(label) > source_width:
-                label = "…" + label[-(source_width - 1) :]  # one cell, as _append_source cuts it
+            label = self._source_label(source, source_width)
             if not label.isprintable():
                 return None
             dim_text = label.ljust(source_width) + " " + dim_text
@@ -566,10 +564,12 @@ class LogView(ScrollView, can_focus=True):
     def _append_source(self, pieces: list[tuple[str, Style | None]], source: str) -> None:
         source_width = self._src_width
         if source_width:
-            label = self.state.label(source)
-            if len(label) > source_width:
-                label = "…" + label[-(source_width - 1) :]
-            pieces.append((label.ljust(source_width) + " ", self._style("dim")))
+            pieces.append((self._source_label(source, source_width).ljust(source_width) + " ", self._style("dim")))
+
+    def _source_label(self, source: str, width: int) -> str:
+        """The source column's text: the file's label, cut from the left to `width` cells."""
+        label = self.state.label(source)
+        return label if len(label) <= width else "…" + label[-(width - 1) :]
 
     def _finish(
         self, pieces: list[tuple[str, Style | None]], overlays: list[tuple[int, int, Style]]

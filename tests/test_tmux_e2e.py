@@ -78,3 +78,34 @@ def test_appended_signature_is_highlighted_and_listed_in_a_real_terminal(tmp_pat
         assert lag < 10
     finally:
         tmux.kill()
+
+
+def _numbered(n: int) -> str:
+    return ORDINARY.replace("Decode batch", f"n={n:06d} Decode batch")
+
+
+def test_following_bursts_bigger_than_the_pane_shows_the_newest_lines_in_order(tmp_path: Path) -> None:
+    """Each burst scrolls the pane by more than its height: the view must move to the end and
+    every row be drawn afresh (the pane's own quick scroll to the end, its rows divided whole by
+    the compositor), so the screen shows the newest lines, consecutive, the last one last."""
+    log = tmp_path / "server.log"
+    log.write_text(ORDINARY + "\n", encoding="utf-8")
+    tmux = Tmux(100, 30)
+    numbered = re.compile(r"n=(\d{6}) Decode")
+    try:
+        tmux.start([sys.executable, "-m", "radixtop", "--log", str(log)], tmp_path)
+        tmux.wait_for(lambda s: "FOLLOW" in s and "q Quit" in s, "radixtop to start", timeout=30)
+        written = 0
+        for burst in (150, 40, 400, 25, 300):
+            with open(log, "a", encoding="utf-8") as f:
+                f.write("".join(_numbered(written + i) + "\n" for i in range(burst)))
+            written += burst
+            last = written - 1
+
+            def newest_in_order(screen: str, last: int = last) -> bool:
+                shown = [int(n) for n in numbered.findall(screen)]
+                return len(shown) >= 10 and shown == list(range(last - len(shown) + 1, last + 1))
+
+            tmux.wait_for(newest_in_order, f"lines up to n={last:06d}, in order", timeout=10)
+    finally:
+        tmux.kill()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from textual import events
 from textual.filter import Monochrome
 from textual.geometry import Region
 from textual.scrollbar import ScrollTo, ScrollUp
+from textual.strip import Strip
 
 from radixtop.themes import THEMES
 from radixtop.tui.app import RadixtopApp
@@ -734,3 +736,32 @@ async def test_the_status_line_drawn_directly_matches_textuals_rendering_in_ever
             assert ours[0].text == textuals[0].text
             assert "server DOWN" in ours[0].text if width == 160 else ours[0].text.endswith("…")
             assert cells(ours[0]) == cells(textuals[0])
+
+
+async def test_rows_the_compositor_divides_whole_are_freed_without_the_cyclic_collector(log: Path) -> None:
+    """Textual's Strip keeps `[self]` in its own cache when divided whole, as the compositor does
+    with each row of the pane each frame: a cycle per row, a screenful of them each frame of a
+    flood, left to the cyclic collector. The pane's rows must be freed as soon as dropped."""
+    app = RadixtopApp(log_patterns=[str(log)], from_start=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.total_lines == 20, "the file")
+        view = app.log_view
+        width = view.size.width
+        gc.collect()
+        gc.disable()
+        try:
+            view.invalidate()
+            rows = view.render_lines(Region(0, 0, width, view.size.height))
+            assert sum(1 for row in rows if "Decode batch" in row.text) >= 10
+            for row in rows:
+                assert [part.text for part in row.divide([width])] == [row.text]  # the compositor's cut
+            view.invalidate()
+            del rows
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            cyclic = [o for o in gc.garbage if isinstance(o, Strip)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert cyclic == []

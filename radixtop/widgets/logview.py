@@ -16,6 +16,7 @@ the severity's style on the marker and the matched span and its colour on the wh
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any, ClassVar
 
@@ -65,6 +66,23 @@ def split_prefix(text: str) -> tuple[str, str, int | None]:
     if not parsed.time or not text.endswith(parsed.message):
         return "", parsed.rank or "", None
     return time_of_day(parsed.time), parsed.rank or "", len(text) - len(parsed.message)
+
+
+class Row(Strip):
+    """A row of the pane. Textual's compositor divides each row it draws at the widgets' edges,
+    and a Strip divided whole keeps `[self]` in its own divide cache: a reference cycle, so every
+    row drawn (a screenful of new ones each frame of a flood) waited, with its seven caches and
+    its segments, for the cyclic garbage collector: 14 ms a second of the UI thread at 50,000
+    lines/s, in pauses of up to 50 ms. A Row divided whole is returned as it is and kept nowhere:
+    refcounting frees it."""
+
+    __slots__ = ()
+
+    def divide(self, cuts: Iterable[int]) -> Sequence[Strip]:
+        cuts = list(cuts)
+        if cuts == [self.cell_length]:
+            return [self]
+        return super().divide(cuts)
 
 
 class LogView(ScrollView, can_focus=True):
@@ -213,8 +231,9 @@ class LogView(ScrollView, can_focus=True):
         if self.cursor_seq is not None and state.entry(self.cursor_seq) is None:
             self.cursor_seq = None
         self._set_virtual_size(Size(self._prefix_width() + min(state.max_width, 4096), state.view_len))
+        top = round(self.scroll_y)
         if self.follow:
-            self.scroll_end(animate=False, immediate=True, x_axis=False)
+            self._scroll_to_end()
         elif self._anchor is not None:
             # Old lines left the ring: move up by as many rows so the same lines stay on screen.
             row = state.row_of(self._anchor)
@@ -223,7 +242,23 @@ class LogView(ScrollView, can_focus=True):
             if row is not None and row != round(self.scroll_y):
                 self.scroll_to(y=row, animate=False, immediate=True)
         self._anchor = state.view_seq(round(self.scroll_y))
-        self.refresh_rows()
+        if round(self.scroll_y) == top:  # a view that moved was redrawn by watch_scroll_y
+            self.refresh_rows()
+
+    def _scroll_to_end(self) -> None:
+        """Following: the last line on the view's last row. Textual's scroll_end stops two
+        animations and sets four reactives, each validated and watched (0.4 ms, each frame of a
+        flood); following moves scroll_y alone, and its watcher here does what a move needs. An
+        animated scroll (a key's) is left to Textual's way."""
+        old, end = self.scroll_y, self.max_scroll_y
+        if old == end and self.scroll_target_y == end:
+            return
+        if self.app.animator.is_being_animated(self, "scroll_y"):
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+            return
+        self.set_reactive(ScrollView.scroll_target_y, end)
+        self.set_reactive(ScrollView.scroll_y, end)
+        self.watch_scroll_y(old, end)
 
     def refresh_rows(self) -> None:
         """Redraw the rows, not the horizontal scrollbar under them: new lines leave it as it is,
@@ -390,7 +425,7 @@ class LogView(ScrollView, can_focus=True):
             self._combined.clear()
         seq = self.state.view_seq(scroll_y + y)
         if seq is None:
-            return Strip.blank(width, self._styled(None, base, self._combined))
+            return Row.blank(width, self._styled(None, base, self._combined))
         cursor = seq == self.cursor_seq
         if not cursor:
             strip = self._rows.get(seq)
@@ -406,7 +441,7 @@ class LogView(ScrollView, can_focus=True):
         if segments is None:
             entry = self.state.entry(seq)
             if entry is None:
-                return Strip.blank(width, self._styled(None, base, self._combined))
+                return Row.blank(width, self._styled(None, base, self._combined))
             try:
                 segments = self._render_entry(entry)
             except Exception as exc:  # a line we cannot style is still shown, plainly
@@ -455,7 +490,7 @@ class LogView(ScrollView, can_focus=True):
             return None
         plain = self._styled(None, base, self._combined)
         message = text[m.end() : m.end() + room]
-        return Strip(
+        return Row(
             [
                 Segment("   ", plain),
                 Segment(dim_text, self._styled(self._style("dim"), base, self._combined)),
@@ -517,7 +552,7 @@ class LogView(ScrollView, can_focus=True):
                 else:
                     texts.append(" " * room)
                     styles.append(pad)
-            return Strip(list(map(Segment, texts, styles)), width)
+            return Row(list(map(Segment, texts, styles)), width)
         strip = Strip([Segment(text, styled(style)) for text, style in segments])
         return strip.crop_extend(scroll_x, scroll_x + width, styled(None))
 

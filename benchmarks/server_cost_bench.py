@@ -30,6 +30,9 @@ it adds inside the server's process, not two processes contending for a core.
    arms off, on, off again (the A/A control), so that no two server processes are compared.
    `--fresh --switch` starts every server of a round with the plugin and the switch, the plain
    ones switched off before attaching: processes that differ only in the instrument's work.
+   `--switch --spy` also has py-spy sample the scheduler (100 Hz, without pausing it) in every
+   arm and counts the samples in the instrument's own code: its cost in the scheduler measured
+   directly, where the throughput of 10 s arms moves by 10 % or more round to round.
 2. **radixtop's footprint.** The same radixtop, the server idle, for `--idle-seconds`: CPU of the
    radixtop process (every thread, user+system, as `top` shows it) and its RSS. Peer in the same
    window: `top -d 1` in a tmux of the same size (the monitor one runs on a node anyway).
@@ -43,6 +46,7 @@ at all); radixtop at most 3 % of a core idle.
     python benchmarks/server_cost_bench.py --core both       # 8 rounds of 10 s per arm, about 25 min
     python benchmarks/server_cost_bench.py --core python --switch --rounds 12
     python benchmarks/server_cost_bench.py --core python --fresh --switch    # about 28 min
+    python benchmarks/server_cost_bench.py --core python --switch --rounds 20 --spy   # about 14 min
     python benchmarks/server_cost_bench.py --core both --footprint-only --idle-seconds 120
 """
 
@@ -351,10 +355,58 @@ def run_footprint(core: str, args: argparse.Namespace, workdir: Path) -> None:
         server.stop()
 
 
+def _is_ours(frame: str) -> bool:
+    return "radixtop/" in frame or "instrument_switch/" in frame
+
+
+def own_samples(raw: str) -> tuple[int, int]:
+    """(samples in the instrument's own code, all samples) of a `py-spy record --format raw` file.
+    A sample is the instrument's own where its innermost radixtop frame calls no host code (SGLang,
+    torch) below it: a wrapper's call of the method it wraps is the host's work, not ours. The
+    bench's switch (its check at the safe point) counts as the instrument's, in every arm."""
+    own = total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        total += int(count)
+        ours = [i for i, frame in enumerate(frames) if _is_ours(frame)]
+        if ours and not any("sglang/" in f or "torch/" in f for f in frames[ours[-1] + 1 :]):
+            own += int(count)
+    return own, total
+
+
+class Spy:
+    """py-spy sampling the scheduler's threads (100 Hz, without pausing it) for one arm."""
+
+    def __init__(self, pid: int, seconds: float, out: Path) -> None:
+        self.out = out
+        self.proc = subprocess.Popen(
+            [spy_binary(), "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "100", "--nonblocking",
+             "--format", "raw", "-o", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+
+    def samples(self) -> tuple[int, int]:
+        _, err = self.proc.communicate(timeout=60)
+        if self.proc.returncode != 0 or not self.out.exists():
+            raise SystemExit(f"py-spy failed (it needs ptrace: root, or kernel.yama.ptrace_scope=0): {err[-500:]}")
+        return own_samples(self.out.read_text(encoding="utf-8"))
+
+
+def spy_binary() -> str:
+    """py-spy beside this interpreter (radixtop depends on it), else on PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else "py-spy"
+
+
 def run_switched(core: str, args: argparse.Namespace, workdir: Path) -> None:
     """The rounds on one server, the instrument switched for each arm: off, on, off again (the A/A
-    control), forward in odd rounds and backward in even ones."""
+    control), forward in odd rounds and backward in even ones. With --spy, py-spy samples the
+    scheduler during each arm: the instrument's own share of its samples, on and off."""
     rounds: dict[str, list[Round]] = {arm: [] for arm in SWITCH_NAMES}
+    spied: dict[str, list[tuple[int, int]]] = {arm: [] for arm in SWITCH_NAMES}
     switch = Switch(core, workdir)
     try:
         switch.set(True)  # attached: what the plugin did at start-up
@@ -362,7 +414,12 @@ def run_switched(core: str, args: argparse.Namespace, workdir: Path) -> None:
         for i in range(args.rounds):
             for arm in list(SWITCH_NAMES) if i % 2 == 0 else list(SWITCH_NAMES)[::-1]:
                 switch.set(arm == "instrumented")
+                spy = None
+                if args.spy:
+                    spy = Spy(switch.server.scheduler().pid, args.seconds, workdir / f"spy-{i}-{arm}.txt")
                 rounds[arm].append(load(switch.server, args.concurrency, args.seconds, i + 1))
+                if spy is not None:
+                    spied[arm].append(spy.samples())
             said = "; ".join(f"{SWITCH_NAMES[k]} {v[-1].tokens_per_s:,.0f} tok/s, {v[-1].cpu_ms_per_token:.2f} "
                              f"CPU ms/token, p99 {v[-1].p99_ms:,.0f} ms" for k, v in rounds.items())
             print(f"  {core} round {i + 1}: {said}", flush=True)
@@ -376,8 +433,28 @@ def run_switched(core: str, args: argparse.Namespace, workdir: Path) -> None:
         low, high = median_interval(flanked)
         print(f"  instrument on against the mean of the round's two off arms, tokens/s: {spread(flanked)} "
               f"[{low:+.1f}, {high:+.1f}]")
+        if args.spy:
+            report_spied(core, spied)
     finally:
         switch.stop()
+
+
+def report_spied(core: str, spied: dict[str, list[tuple[int, int]]]) -> None:
+    """The instrument's own share of the scheduler's samples per arm, pooled over the rounds, with
+    the 95 % interval of a share of that many samples (normal approximation)."""
+    shares = {}
+    for arm, counts in spied.items():
+        own, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        share = own / max(1, total)
+        half = 1.96 * (share * (1 - share) / max(1, total)) ** 0.5
+        shares[arm] = (share * 100, half * 100, own, total)
+        print(f"  py-spy, {SWITCH_NAMES[arm]}: the instrument's own code in {own} of the scheduler's {total} "
+              f"samples: {share * 100:.2f} % [{(share - half) * 100:.2f}, {(share + half) * 100:.2f}]")
+    on, off = shares["instrumented"], shares["plain"]
+    row(f"real SGLang server ({core} core, one server switched): the instrument's own code in the scheduler's "
+        "py-spy samples while the load runs, instrument on [95 % interval]",
+        f"{on[0]:.2f} % [{on[0] - on[1]:.2f}, {on[0] + on[1]:.2f}] ({on[2]} of {on[3]})",
+        f"instrument off: {off[0]:.2f} % ({off[2]} of {off[3]})", "<= 2 %", on[0] + on[1] <= 2.0)
 
 
 def run_round(core: str, i: int, servers: list, rounds: dict[str, list[Round]], watcher_cpu: list[float],
@@ -491,13 +568,15 @@ def main() -> None:
     parser.add_argument("--switch", action="store_true",
                         help="one instrumented server per core, its instrument switched off and on inside the "
                              "process for the arms (no watching arm, no footprint): no two processes compared")
+    parser.add_argument("--spy", action="store_true",
+                        help="with --switch: py-spy samples the scheduler in each arm (the instrument's own share)")
     parser.add_argument("--footprint-only", action="store_true", help="only radixtop watching an idle server")
     args = parser.parse_args()
     args.rounds = args.rounds or (4 if args.quick else 8)  # even: as many rounds forward as backward
     args.seconds = args.seconds or (5.0 if args.quick else 10.0)
     args.idle_seconds = args.idle_seconds or (20.0 if args.quick else 60.0)
-    if not (1 <= args.rounds <= 20 and 1 <= args.seconds <= 600 and 1 <= args.concurrency <= 64):
-        raise SystemExit("--rounds 1-20, --seconds 1-600, --concurrency 1-64")
+    if not (1 <= args.rounds <= 40 and 1 <= args.seconds <= 600 and 1 <= args.concurrency <= 64):
+        raise SystemExit("--rounds 1-40, --seconds 1-600, --concurrency 1-64")
     from sglang_gate import why_no_server
 
     why = why_no_server()

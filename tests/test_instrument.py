@@ -387,6 +387,48 @@ def test_instance_hooks_count_lock_unlock_evict_on_the_sim_cache():
     assert hooks.counters().lock_ops == 1 and hooks.state == "off"
 
 
+class _ChunkedReq:
+    """A request as the simulator's checkpoint and release read it (tests/test_sim_radix.py's)."""
+
+    extra_key = None
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.fill_ids = tokens
+        self.kv_indices: list[int] = []
+        self.cache_protected_len = 0
+        self.last_node = None
+        self.lock = None
+
+
+@pytest.mark.parametrize("target", ["instance", "class"])
+def test_the_hooks_count_a_chunked_requests_locks_on_the_sim_as_on_a_real_server(target):
+    """0.5.23 admits a request with a lock, moves it at each chunk's checkpoint (unlock the old
+    end, lock the new one) and releases with a last checkpoint and an unlock: a request of two
+    chunks is 3 locks and 3 unlocks. The simulator moves a lock in one pass when nobody watches
+    the pair; hooked, it must make the calls a real server makes, or the counters read low."""
+    gc.collect()
+    cache = filled_sim_cache()
+    hooks = CacheHooks()
+    hooks.install(cache if target == "instance" else RadixCache)
+    try:
+        pool = cache.token_to_kv_pool_allocator
+        tokens = list(range(1000, 1016)) + [7, 8, 9, 10, 11, 12]
+        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[:-1])))
+        req = _ChunkedReq(tokens)
+        req.kv_indices = list(match.device_indices)
+        req.cache_protected_len = len(req.kv_indices)
+        req.last_node, req.lock = match.last_device_node, cache.lock(match.last_device_node)
+        req.kv_indices += pool.alloc(len(tokens) - len(req.kv_indices))
+        cache.checkpoint(req, up_to=len(tokens) - 3)  # the first chunk
+        cache.cache_finished_req(req)  # the rest, and the release
+        c = hooks.counters()
+        assert (c.lock_ops, c.unlock_ops) == (3, 3)
+        assert c.negative_lock_ref == 0 and c.instrument_errors == 0
+        assert all(node.lock_ref == 0 for node in cache.iter_nodes())
+    finally:
+        hooks.uninstall()
+
+
 @pytest.mark.parametrize("target", ["instance", "class"])
 def test_every_evict_after_the_first_takes_the_exact_path_and_counts_the_same(target):
     gc.collect()

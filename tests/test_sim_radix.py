@@ -559,12 +559,34 @@ def scheduler_step(
     ),
     seed=st.integers(0, 1000),
     kind=st.sampled_from([Req, PromptReq]),  # fill_ids alone, or SGLang's prompt and outputs
+    observed=st.booleans(),
 )
-def test_checkpoint_and_release_do_what_inserting_from_the_root_and_relocking_do(page_size, policy, steps, seed, kind):
+def test_checkpoint_and_release_do_and_call_what_inserting_from_the_root_and_relocking_do(
+    page_size, policy, steps, seed, kind, observed
+):
+    """The same tree, sizes and requests as 0.5.23's spelling; and where something replaced the
+    lock pair (as radixtop's instrument does), the same inc_lock_ref / dec_lock_ref calls too."""
     caches = [RadixCache(CacheInitParams(token_to_kv_pool_allocator=TokenToKVPoolAllocator(40, page_size),
                                          page_size=page_size, eviction_policy=policy, clock=ticking_clock()))
               for _ in range(2)]
     caches[1].__class__ = ReferenceCheckpoints
+    # What hooks on the lock pair see (radixtop's instrument and its holder tracker): the same calls.
+    calls: list[list[tuple[str, int]]] = [[], []]
+
+    def observed_class(base, seen):  # type: ignore[no-untyped-def]
+        class Observed(base):  # type: ignore[misc,valid-type]
+            def inc_lock_ref(self, node):  # type: ignore[no-untyped-def]
+                seen.append(("inc", node.id))
+                return super().inc_lock_ref(node)
+
+            def dec_lock_ref(self, node, params=None):  # type: ignore[no-untyped-def]
+                seen.append(("dec", node.id))
+                return super().dec_lock_ref(node, params)
+
+        return Observed
+
+    for cache, seen in zip(caches, calls) if observed else ():
+        cache.__class__ = observed_class(type(cache), seen)
     running: list[list[Req | PromptReq]] = [[], []]
     for op, tokens in steps:
         for cache, reqs in zip(caches, running):
@@ -572,6 +594,7 @@ def test_checkpoint_and_release_do_what_inserting_from_the_root_and_relocking_do
         seed += 1
         assert cache_state(caches[0]) == cache_state(caches[1])
         assert [req_state(r) for r in running[0]] == [req_state(r) for r in running[1]]
+        assert calls[0] == calls[1]
 
 
 @settings(max_examples=200, deadline=None)

@@ -627,7 +627,11 @@ class RadixCache:
         if self.disable:
             return
         new_last_node = self._insert_row(req, up_to, locking=True)
-        self._move_lock(req, new_last_node)
+        if self._lock_pair_is_own():
+            self._move_lock(req, new_last_node)
+        else:  # as 0.5.23 moves it: what replaced the pair sees the calls a real server makes
+            self.unlock(req.lock)
+            req.lock = self.lock(new_last_node)
         req.last_node = new_last_node
 
     def cache_unfinished_req(self, req: CacheReq, chunked: bool = False) -> None:
@@ -637,7 +641,9 @@ class RadixCache:
     def cache_finished_req(self, req: CacheReq, is_insert: bool = True) -> None:
         """Pre-0.5.23 name of the release path: checkpoint, free the private tail, unlock."""
         owned = len(req.kv_indices)
-        if is_insert and not self.disable:
+        if is_insert and not self.disable and not self._lock_pair_is_own():
+            self.checkpoint(req, up_to=owned)  # 0.5.23's release, call for call
+        elif is_insert and not self.disable:
             # The checkpoint's lock on the new end would be let go of below: only the old one goes.
             new_last_node = self._insert_row(req, owned)
             self.unlock(req.lock)
@@ -772,6 +778,15 @@ class RadixCache:
         if depth == n:
             return depth, anchor
         return self._insert_walk(anchor, depth, tokens, n, extra, value, access_time, 0, 0, locking)
+
+    def _lock_pair_is_own(self) -> bool:
+        """Whether the class's inc_lock_ref and dec_lock_ref are this module's. Only then may a
+        checkpoint move a lock in one pass, and a release skip the lock it would take and let go
+        of at once: what replaced the pair on the class (radixtop's instrument, SGLang's hook
+        registry, a subclass) must see the calls a 0.5.23 server makes, and counts them. (The
+        instance's own dict is not read: making it costs every attribute read of the cache.)"""
+        cls = type(self)
+        return (cls.inc_lock_ref, cls.dec_lock_ref) == _OWN_LOCK_PAIR
 
     def _move_lock(self, req: CacheReq, node: TreeNode) -> None:
         """``unlock(req.lock)`` then ``req.lock = lock(node)`` in one pass where the old lock's
@@ -994,3 +1009,7 @@ class RadixCache:
                 if not child.evicted:
                     stack.append(child)
         return total
+
+
+# The lock pair as this module defines it, before anything wraps it (RadixCache._lock_pair_is_own).
+_OWN_LOCK_PAIR = (RadixCache.inc_lock_ref, RadixCache.dec_lock_ref)

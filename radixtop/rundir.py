@@ -58,6 +58,19 @@ def private_dir_problem(path: Path) -> str | None:
     return None
 
 
+def make_private_dirs(path: Path) -> None:
+    """`path` and each of its missing parents, made 0700. Path.mkdir(parents=True) makes the
+    parents with the umask's mode: an instrumented server's first flight record made the runtime
+    directory 0755 that way, and every radixtop after refused it as open to other users."""
+    missing = []
+    part = path
+    while not os.path.lexists(part) and part != part.parent:  # bounded by the path's depth
+        missing.append(part)
+        part = part.parent
+    for part in reversed(missing):
+        part.mkdir(mode=0o700, exist_ok=True)
+
+
 def runtime_dir(sub: str | None = None) -> Path:
     """The directory (created 0700), or a subdirectory of it; RuntimeDirError when unsafe."""
     base = Path(os.environ.get(ENV_RUNTIME_DIR) or default_runtime_dir())

@@ -118,6 +118,28 @@ def test_a_huge_tree_is_cut_to_fit_the_size_cap(tmp_path: Path, monkeypatch):
     assert record.snapshot.tree.cut_nodes > 0  # and it says so
 
 
+def test_a_first_record_makes_the_runtime_directory_private_so_radixtop_keeps_using_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """On a node where nothing of radixtop ran yet, an instrumented server's first flight record
+    makes the runtime directory: 0700 like radixtop's own (made with the umask's 0755, every
+    radixtop after refused it as open to other users: its sightings, its node bundles)."""
+    from radixtop.rundir import runtime_dir
+
+    base = tmp_path / "not-yet" / "radixtop"
+    monkeypatch.setenv("RADIXTOP_RUNTIME_DIR", str(base))
+    monkeypatch.delenv("RADIXTOP_FLIGHT_DIR", raising=False)
+    old_umask = os.umask(0o022)
+    try:
+        recorder = FlightRecorder(filled_sim_cache(n_prompts=3), rank=0, directory=flight_dir())
+        assert recorder.record("evict_failure", "x"), recorder.last_error
+    finally:
+        os.umask(old_umask)
+    for made in (base.parent, base, base / "flight"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+    assert runtime_dir("sightings") == base / "sightings"  # radixtop takes it as its own
+
+
 def test_the_directory_follows_the_environment(tmp_path: Path):
     assert flight_dir({"RADIXTOP_FLIGHT_DIR": str(tmp_path / "x")}) == tmp_path / "x"
     assert flight_dir({"RADIXTOP_RUNTIME_DIR": str(tmp_path / "rt")}) == tmp_path / "rt" / "flight"

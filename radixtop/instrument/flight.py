@@ -146,9 +146,9 @@ class FlightRecorder:
             else:
                 record = dataclasses.replace(record, events=record.events[len(record.events) // 2 + 1 :])
             data = encode_json(record.to_dict())
-        from radixtop.rundir import private_dir_problem, write_file
+        from radixtop.rundir import make_private_dirs, private_dir_problem, write_file
 
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(self.directory)
         why = private_dir_problem(self.directory)
         if why is not None:
             # In a shared /tmp another user could have made it, or put a FIFO in it that would

@@ -22,6 +22,7 @@ import time
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_sim_radix import Req  # the minimal request a checkpoint reads
 
 from radixtop import schema
 from radixtop.instrument.endpoint import (
@@ -387,19 +388,6 @@ def test_instance_hooks_count_lock_unlock_evict_on_the_sim_cache():
     assert hooks.counters().lock_ops == 1 and hooks.state == "off"
 
 
-class _ChunkedReq:
-    """A request as the simulator's checkpoint and release read it (tests/test_sim_radix.py's)."""
-
-    extra_key = None
-
-    def __init__(self, tokens: list[int]) -> None:
-        self.fill_ids = tokens
-        self.kv_indices: list[int] = []
-        self.cache_protected_len = 0
-        self.last_node = None
-        self.lock = None
-
-
 @pytest.mark.parametrize("target", ["instance", "class"])
 def test_the_hooks_count_a_chunked_requests_locks_on_the_sim_as_on_a_real_server(target):
     """0.5.23 admits a request with a lock, moves it at each chunk's checkpoint (unlock the old
@@ -414,7 +402,7 @@ def test_the_hooks_count_a_chunked_requests_locks_on_the_sim_as_on_a_real_server
         pool = cache.token_to_kv_pool_allocator
         tokens = list(range(1000, 1016)) + [7, 8, 9, 10, 11, 12]
         match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[:-1])))
-        req = _ChunkedReq(tokens)
+        req = Req(tokens)
         req.kv_indices = list(match.device_indices)
         req.cache_protected_len = len(req.kv_indices)
         req.last_node, req.lock = match.last_device_node, cache.lock(match.last_device_node)

@@ -641,14 +641,15 @@ class RadixCache:
     def cache_finished_req(self, req: CacheReq, is_insert: bool = True) -> None:
         """Pre-0.5.23 name of the release path: checkpoint, free the private tail, unlock."""
         owned = len(req.kv_indices)
-        if is_insert and not self.disable and not self._lock_pair_is_own():
-            self.checkpoint(req, up_to=owned)  # 0.5.23's release, call for call
-        elif is_insert and not self.disable:
-            # The checkpoint's lock on the new end would be let go of below: only the old one goes.
-            new_last_node = self._insert_row(req, owned)
-            self.unlock(req.lock)
-            req.lock = None
-            req.last_node = new_last_node
+        if is_insert and not self.disable:
+            if not self._lock_pair_is_own():
+                self.checkpoint(req, up_to=owned)  # 0.5.23's release, call for call
+            else:
+                # The checkpoint's lock on the new end would be let go of below: only the old one goes.
+                new_last_node = self._insert_row(req, owned)
+                self.unlock(req.lock)
+                req.lock = None
+                req.last_node = new_last_node
         if self.token_to_kv_pool_allocator is not None:
             self.token_to_kv_pool_allocator.free(req.kv_indices[req.cache_protected_len : owned])
         self.unlock(req.lock)

@@ -545,6 +545,10 @@ async def test_long_lines_inside_one_read_are_capped_too(tmp_path, follow):
         "éééééééééé …[line truncated: 22 bytes]",
         "ok",
     ]
+    # The reader measures each run's longest line as it splits (the pane's width): after the cut.
+    runs = [run for batch in c.batches for run in batch.records.runs]
+    assert all(run._widest == max(map(len, run.texts)) for run in runs)
+    assert max(run.widest for run in runs) == len("yyyyyyyyyy …[line truncated: 26 bytes]")
 
 
 # -- errors -----------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class LogRun:
     would wait); `lineno_or_none` never waits.
     """
 
-    __slots__ = ("_first", "_numbering", "generation", "received", "source", "texts")
+    __slots__ = ("_first", "_numbering", "_widest", "generation", "received", "source", "texts")
 
     def __init__(
         self,
@@ -120,6 +120,7 @@ class LogRun:
         texts: list[str],
         received: float,
         numbering: Numbering | None = None,
+        widest: int | None = None,
     ) -> None:
         self.source = source
         self.generation = generation
@@ -127,6 +128,7 @@ class LogRun:
         self.texts = texts
         self.received = received
         self._numbering = numbering
+        self._widest = widest  # the reader's split measured it already; else measured when asked
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -135,6 +137,14 @@ class LogRun:
         return (
             f"LogRun({self.source!r}, gen {self.generation}, from line {self.lineno_or_none}, {len(self.texts)} lines)"
         )
+
+    @property
+    def widest(self) -> int:
+        """The longest line's length in characters (0 for no lines)."""
+        widest = self._widest
+        if widest is None:
+            widest = self._widest = max(map(len, self.texts), default=0)
+        return widest
 
     @property
     def numbered(self) -> bool:

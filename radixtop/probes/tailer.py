@@ -167,25 +167,30 @@ class _Generation:
         self.dropped = 0
         return text
 
-    def split(self, data: bytes, max_line: int) -> list[str]:
-        """Complete lines in data (prefixed by the held partial line); keeps the new partial."""
+    def split(self, data: bytes, max_line: int) -> tuple[list[str], int]:
+        """Complete lines in data (prefixed by the held partial line), and the longest one's
+        length; keeps the new partial."""
         first_nl = data.find(b"\n")
         if first_nl < 0:
             self.hold(data, max_line)
-            return []
+            return [], 0
         lines: list[str] = []
+        widest = 0
         start = 0
         if self.partial or self.dropped:
             self.hold(data[:first_nl], max_line)
             lines.append(self.take_partial(max_line))
+            widest = len(lines[0])
             start = first_nl + 1
         last_nl = data.rfind(b"\n")
         if last_nl >= start:
-            lines.extend(self._block(data[start:last_nl], max_line))
+            block, block_widest = self._block(data[start:last_nl], max_line)
+            lines.extend(block)
+            widest = max(widest, block_widest)
         self.hold(data[last_nl + 1 :], max_line)
-        return lines
+        return lines, widest
 
-    def _block(self, block: bytes, max_line: int) -> list[str]:
+    def _block(self, block: bytes, max_line: int) -> tuple[list[str], int]:
         """Lines of a block of whole lines (no final newline), decoded and cleaned in one call each.
 
         '\n' never occurs inside a UTF-8 multi-byte sequence, and neither the CR nor the ANSI
@@ -196,13 +201,15 @@ class _Generation:
             text = text.replace("\r\n", "\n").removesuffix("\r")
         text = strip_ansi(text)
         lines = text.split("\n")
-        if len(text) > max_line and max(map(len, lines)) > max_line:
+        widest = max(map(len, lines))  # once here: the pane's width and the cut below both need it
+        if widest > max_line:
             raw = block.split(b"\n")  # rare: only to tell each long line's length in bytes
             for i, line in enumerate(lines):
                 if len(line) > max_line:
                     lines[i] = _cut(line, max_line, len(raw[i]))
                     self.cut += 1
-        return lines
+            widest = max(map(len, lines))
+        return lines, widest
 
 
 class _Source:
@@ -512,21 +519,23 @@ class Tailer:
             got += len(data)
             if check_boundary:
                 gen.boundary = (gen.boundary + data[-_BOUNDARY:])[-_BOUNDARY:]
-            texts = gen.split(data, self.max_line)
+            texts, widest = gen.split(data, self.max_line)
             if texts:
-                self.emit(source, gen, texts, received)
+                self.emit(source, gen, texts, received, widest)
             if len(data) < _CHUNK:
                 break
         return got, False
 
-    def emit(self, source: _Source, gen: _Generation, texts: list[str], received: float) -> None:
+    def emit(
+        self, source: _Source, gen: _Generation, texts: list[str], received: float, widest: int | None = None
+    ) -> None:
         numbering = gen.numbering
         if numbering is not None and numbering.done.is_set():
             gen.lineno += numbering.base  # counted: from now on runs carry true numbers directly
             gen.numbering = None
             if numbering.error:
                 self.notice(source.path, "error", numbering.error)
-        self.runs.append(LogRun(source.path, gen.number, gen.lineno + 1, texts, received, gen.numbering))
+        self.runs.append(LogRun(source.path, gen.number, gen.lineno + 1, texts, received, gen.numbering, widest))
         gen.lineno += len(texts)
         source.lines += len(texts)
         source.last_line_at = received
@@ -658,9 +667,9 @@ class Tailer:
                 gen.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
             if out:
                 produced += len(out)
-                texts = gen.split(out, self.max_line)
+                texts, widest = gen.split(out, self.max_line)
                 if texts:
-                    self.emit(source, gen, texts, time.monotonic())
+                    self.emit(source, gen, texts, time.monotonic(), widest)
         return True
 
     def done_compressed(self, source: _Source, gen: _Generation, problem: str) -> bool:
@@ -748,10 +757,10 @@ class Tailer:
                 if not data:
                     break
                 got += len(data)
-                texts = gen.split(data, self.max_line)
+                texts, widest = gen.split(data, self.max_line)
                 if texts:
                     lines += len(texts)
-                    self.emit(source, gen, texts, time.monotonic())
+                    self.emit(source, gen, texts, time.monotonic(), widest)
         except OSError:
             pass
         finally:

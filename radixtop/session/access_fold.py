@@ -18,7 +18,8 @@ import bisect
 import heapq
 from collections import deque
 from collections.abc import Sequence
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import contains, itemgetter
 
 from radixtop.diagnosis.logline import access_key
 
@@ -69,14 +70,25 @@ class AccessFolds:
         a signature (never folded). fallback_second buckets lines without a time of their own."""
         if not texts:
             return
-        if "HTTP/" not in "\n".join(texts):  # the usual run: one join and one scan, both in C
+        # An access line quotes its request (access_key's pattern), and a quote is one byte for a
+        # memchr to find: the few quoted lines are then asked for HTTP/, instead of every line.
+        quoted = compress(range(len(texts)), map(contains, texts, repeat('"')))
+        candidates = [i for i in quoted if "HTTP/" in texts[i]]
+        if not candidates:
             self._open = None
             return
-        # Only the lines naming HTTP/ are looked at; any other line between two ends a run.
-        candidates = [i for i, text in enumerate(texts) if "HTTP/" in text]
+        last = len(texts) - 1
+        if len(candidates) > 1 or candidates[0] in (0, last):
+            # Only a candidate next to another one, or at an edge of the batch (a run may go on
+            # from the batch before or into the next), can join or open a row that counts; a lone
+            # access line mid-batch stays a line of its own whatever it holds.
+            taken = set(candidates)
+            linked = [i for i in candidates if i - 1 in taken or i + 1 in taken or i == 0 or i == last]
+        else:
+            linked = []
         marked_set = set(marked)
         previous = -1
-        for i in candidates:
+        for i in linked:
             if i != previous + 1:
                 self._open = None
             previous = i
@@ -112,7 +124,7 @@ class AccessFolds:
             self.changed.add(group.head)
             self._shifted.append(seq - (self._pruned + len(self._hidden) - self._lo))
             self._hidden.append(seq)
-        if previous != len(texts) - 1:
+        if previous != last:
             self._open = None
 
     def interrupt(self) -> None:

@@ -190,7 +190,7 @@ class Ingestor:
                 group = runs[i:j]
                 texts = group[0].texts if j == i + 1 else list(chain.from_iterable(r.texts for r in group))
                 if texts:
-                    max_len = max(max_len, max(map(len, texts)))
+                    max_len = max(max_len, *(run.widest for run in group))
                     if generation > self._generation.get(source, 0):
                         self._retire_generations(source, generation)
                     try:
@@ -336,7 +336,7 @@ class Ingestor:
                 r = bisect.bisect_right(starts, k) - 1
                 for index in indices:
                     track.queue.append(self._hit(track, file, runs[r], k - starts[r], text, index, texts, k, now))
-        track.recent.extend(texts)
+        track.recent.extend(texts[-self._keep :])  # the deque keeps no more: copy no more
         return self._deliver(track)
 
     def _hit(

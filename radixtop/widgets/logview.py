@@ -18,14 +18,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import BindingType
 from textual.cache import LRUCache
-from textual.geometry import Offset, Region, Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.scrollbar import ScrollBar, ScrollTo, ScrollUp
 from textual.strip import Strip
@@ -83,6 +83,17 @@ class Row(Strip):
         if cuts == [self.cell_length]:
             return [self]
         return super().divide(cuts)
+
+
+class _Frame(NamedTuple):
+    scroll_x: int
+    scroll_y: int
+    width: int
+    height: int
+    filters: tuple
+    background: Any
+    base: Style
+    plain_box: bool
 
 
 class LogView(ScrollView, can_focus=True):
@@ -155,19 +166,18 @@ class LogView(ScrollView, can_focus=True):
         self._layout_key: tuple = ()
         self._rank_width = 0
         self._styles: dict[str, Style] | None = None
-        self._base_style: Style | None = None
+        self._look: tuple[Style, Any, bool] | None = None  # (base style, background, plain box)
         self._src_width = 0  # width of the source column (0: one source, no column)
         self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
         self._render_failures = 0
-        # (scroll offset, width, height, line filters, background) while a frame renders
-        self._frame: tuple[Offset, int, int, tuple, Any] | None = None
+        self._frame: _Frame | None = None  # while a frame renders
 
     # -- styles and cache --------------------------------------------------------------------------
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._styles = None
-        self._base_style = None
+        self._look = None
         self._cache.clear()
         self._rows.clear()
 
@@ -371,25 +381,41 @@ class LogView(ScrollView, can_focus=True):
     # -- rendering ---------------------------------------------------------------------------------
 
     def render_lines(self, crop: Region) -> list[Strip]:
-        # The scroll offset and size, once per frame: looking them up costs as much as a row.
-        size = self.size
-        width = size.width
-        self._frame = (
-            self.scroll_offset, width, size.height, tuple(self.get_line_filters()), self.background_colors[1]
-        )
+        # The scroll offset, size, colours and box, once per frame: looking them up costs more
+        # than a row.
+        self._frame = frame = self._frame_now()
         try:
-            if not self._plain_box():
+            if not frame.plain_box:
                 return super().render_lines(crop)  # (its filters again: they are idempotent)
             # Textual's per-line pass (borders, padding, tint, opacity, line filters) has nothing
             # left to do for this widget, yet it copied every row twice per frame: our rows are
             # final (exactly `width` cells, the widget's colours, the filters applied per style).
             strips = [self.render_line(y) for y in crop.line_range]
             x1, x2 = crop.column_span
-            if (x1, x2) != (0, width):
+            if (x1, x2) != (0, frame.width):
                 strips = [strip.crop(x1, x2) for strip in strips]
             return strips
         finally:
             self._frame = None
+
+    def _frame_now(self) -> _Frame:
+        """What every row of a frame needs; the finished rows are dropped when they were made for
+        another scroll column, width, style, line filters or background."""
+        look = self._look
+        if look is None:
+            # Walking the ancestors for the style, the background and the opacity costs more than
+            # a row: once per style change is enough.
+            look = self._look = (self.rich_style, self.background_colors[1], self._plain_box())
+        base, background, plain_box = look
+        size = self.size
+        scroll_x, scroll_y = self.scroll_offset
+        filters = tuple(self.get_line_filters())
+        key = (scroll_x, size.width, base, filters, background)
+        if key != self._rows_key:
+            self._rows_key = key
+            self._rows.clear()
+            self._combined.clear()
+        return _Frame(scroll_x, scroll_y, size.width, size.height, filters, background, base, plain_box)
 
     def _plain_box(self) -> bool:
         """No border, padding, outline, tint, hatch or opacity: nothing for Textual to add to a row."""
@@ -407,22 +433,9 @@ class LogView(ScrollView, can_focus=True):
         )
 
     def render_line(self, y: int) -> Strip:
-        frame = self._frame
-        if frame is None:
-            size = self.size
-            frame = (
-                self.scroll_offset, size.width, size.height, tuple(self.get_line_filters()), self.background_colors[1]
-            )
-        (scroll_x, scroll_y), width, height, filters, background = frame
-        base = self._base_style
-        if base is None:
-            # Widget.rich_style walks the ancestors each time: once per style change is enough.
-            base = self._base_style = self.rich_style
-        key = (scroll_x, width, base, filters, background)
-        if key != self._rows_key:
-            self._rows_key = key
-            self._rows.clear()
-            self._combined.clear()
+        frame = self._frame or self._frame_now()
+        scroll_x, scroll_y, width, height = frame.scroll_x, frame.scroll_y, frame.width, frame.height
+        base = frame.base
         seq = self.state.view_seq(scroll_y + y)
         if seq is None:
             return Row.blank(width, self._styled(None, base, self._combined))
@@ -506,10 +519,8 @@ class LogView(ScrollView, can_focus=True):
         out = combined.get(style)
         if out is None:
             out = base if style is None else base + style
-            frame = self._frame
-            filters, background = (
-                (frame[3], frame[4]) if frame else (self.get_line_filters(), self.background_colors[1])
-            )
+            frame = self._frame or self._frame_now()
+            filters, background = frame.filters, frame.background
             for line_filter in filters:
                 out = line_filter.apply([Segment(" ", out)], background)[0].style or out
             combined[style] = out

@@ -122,3 +122,55 @@ async def test_the_cropped_compositor_writes_what_textuals_own_writes(
         compositor.__class__ = CroppedCompositor
         # Less rendered in all: the point of it (a rendering that only matched would not need it).
         assert rendered["cropped"] < rendered["stock"] * 0.8, rendered
+
+
+def test_a_log_row_sets_every_attribute_a_strip_has_and_draws_as_one():
+    """The log pane's Row builds itself without Strip.__init__ (whose seven caches cost a third
+    of a row drawn once): a Textual release that adds an attribute to Strip fails here."""
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    from radixtop.widgets.logview import Row
+
+    segments = [Segment("ab", Style(bold=True)), Segment("cdef", Style(color="red")), Segment("  ")]
+    row, strip = Row(segments, 8), Strip(segments, 8)
+    assert all(hasattr(row, name) for name in Strip.__slots__)
+    for _ in range(2):  # the second time from a Strip's caches, never from a Row's
+        assert row.crop(1, 5).text == strip.crop(1, 5).text
+        assert [s.text for s in row.divide([3, 8])] == [s.text for s in strip.divide([3, 8])]
+        assert list(row.apply_style(Style(italic=True))) == list(strip.apply_style(Style(italic=True)))
+        assert list(row.crop_extend(2, 12, None)) == list(strip.crop_extend(2, 12, None))
+        assert list(row.extend_cell_length(12)) == list(strip.extend_cell_length(12))
+    console = Console()
+    assert row.render(console) == strip.render(console)
+
+
+async def test_draw_now_writes_a_refreshed_widget_before_the_loop_runs_again(tmp_path: Path):
+    """The log pane draws a frame of new lines at once: the screen writes it before the event
+    loop runs again (no message-pump passes, no timer); not when a layout is pending."""
+    from textual.widgets import Static
+
+    from radixtop.widgets.textual_private import draw_now
+
+    class Demo(App):
+        def compose(self) -> ComposeResult:
+            yield Static("one", id="a")
+            yield Static("two", id="b")
+
+    async with Demo().run_test(size=(40, 10)) as pilot:
+        await pilot.pause(0.1)
+        app = pilot.app
+        written: list[str] = []
+        real_display = app._display
+        app._display = lambda screen, update: (written.append(update), real_display(screen, update))[1]
+        widget = app.query_one("#a", Static)
+        assert not draw_now(widget), "nothing to draw"
+        widget.refresh()
+        assert draw_now(widget) and len(written) == 1
+        assert not widget._repaint_required and not app.screen._dirty_widgets
+        widget.refresh(layout=True)
+        assert not draw_now(widget), "a layout is the screen's own to do"
+        await pilot.pause(0.1)
+        assert len(written) >= 2, "Textual drew it its own way"

@@ -35,7 +35,7 @@ from radixtop.session.incident_state import IncidentState, LogEntry
 from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.widgets.keys import LOG_DOWN, LOG_END, LOG_PAGE_DOWN, LOG_PAGE_UP, LOG_TOP, LOG_UP, TO_FINDINGS, binding
-from radixtop.widgets.textual_private import update_scrollbars
+from radixtop.widgets.textual_private import draw_now, update_scrollbars
 
 _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
 _MAX_SOURCE_WIDTH = 16
@@ -68,15 +68,45 @@ def split_prefix(text: str) -> tuple[str, str, int | None]:
     return time_of_day(parsed.time), parsed.rank or "", len(text) - len(parsed.message)
 
 
+class _NoCache:
+    """Stands for the caches of a Strip that is drawn once: remembers nothing."""
+
+    __slots__ = ()
+
+    def get(self, key: object, default: None = None) -> None:
+        return None
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+_NO_CACHE: Any = _NoCache()
+
+
 class Row(Strip):
     """A row of the pane. Textual's compositor divides each row it draws at the widgets' edges,
     and a Strip divided whole keeps `[self]` in its own divide cache: a reference cycle, so every
     row drawn (a screenful of new ones each frame of a flood) waited, with its seven caches and
     its segments, for the cyclic garbage collector: 14 ms a second of the UI thread at 50,000
     lines/s, in pauses of up to 50 ms. A Row divided whole is returned as it is and kept nowhere:
-    refcounting frees it."""
+    refcounting frees it. Nor does it make the seven caches: a row is drawn as it is (already
+    cut, styled and filtered), divided whole, and drawn once in a flood, where making them was a
+    third of the row's cost."""
 
     __slots__ = ()
+
+    def __init__(self, segments: Iterable[Segment], cell_length: int | None = None) -> None:
+        # Strip.__init__'s attributes, one for one (tests/test_textual_private.py checks them).
+        self._segments = list(segments)
+        self._cell_length = cell_length
+        self._divide_cache = self._crop_cache = self._style_cache = self._filter_cache = _NO_CACHE
+        self._line_length_cache = self._crop_extend_cache = self._offsets_cache = _NO_CACHE
+        self._render_cache = None
+        self._link_ids = None
+        self._cell_count = None
 
     def divide(self, cuts: Iterable[int]) -> Sequence[Strip]:
         cuts = list(cuts)
@@ -254,6 +284,7 @@ class LogView(ScrollView, can_focus=True):
         self._anchor = state.view_seq(round(self.scroll_y))
         if round(self.scroll_y) == top:  # a view that moved was redrawn by watch_scroll_y
             self.refresh_rows()
+        draw_now(self)  # the new lines are on screen when this returns, not a few loop passes later
 
     def _scroll_to_end(self) -> None:
         """Following: the last line on the view's last row. Textual's scroll_end stops two

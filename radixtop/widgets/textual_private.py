@@ -13,7 +13,7 @@ from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
 from textual.strip import Strip
 
-__all__ = ["CroppedCompositor", "normalize_keys", "update_scrollbars"]
+__all__ = ["CroppedCompositor", "draw_now", "normalize_keys", "update_scrollbars"]
 
 
 class CroppedCompositor(Compositor):
@@ -46,6 +46,8 @@ class CroppedCompositor(Compositor):
         changed = [area.intersection(crop) for area in (self._changed or [crop])]
         in_front: list[Region] = []  # visible parts of the widgets rendered so far
         for widget, (region, clip) in self.visible_widgets.items():
+            if in_front and all(any(front.contains_region(area) for front in in_front) for area in changed):
+                return  # every changed area lies in front of all the widgets left (the log pane's frame)
             visible = region.intersection(clip)
             parts = [visible.intersection(area) for area in changed if visible.overlaps(area)]
             parts = [part for part in parts if not any(front.contains_region(part) for front in in_front)]
@@ -64,6 +66,36 @@ def update_scrollbars(widget: Any, virtual_size: Any) -> None:
     pane grows its virtual size on every new line, so it sets the reactive quietly and asks for
     the scrollbars alone (Widget._scroll_update: visibility, window sizes and a refresh of each)."""
     widget._scroll_update(virtual_size)
+
+
+def draw_now(widget: Any) -> bool:
+    """Put a widget's refreshed rows on screen now, as the screen's update timer does at its next
+    tick; False, doing nothing, where that tick would do more than repaint widgets (a layout, a
+    scroll, a recompose, the whole screen, a batch, an inline app, another screen on top).
+
+    A refresh reaches the screen through three message-pump passes (the widget's idle, the
+    screen's Update, the screen's idle) and a wake-up of the timer's task: while a flood scrolls
+    the log pane, a tenth of each frame's CPU and most of a millisecond before it is drawn."""
+    app, screen = widget.app, widget.screen
+    if (
+        not widget._repaint_required
+        or widget._layout_required
+        or widget._scroll_required
+        or app._batch_count
+        or app.is_inline
+        or not screen.is_current
+        or screen._layout_required
+        or screen._scroll_required
+        or screen._repaint_required
+        or screen._recompose_required
+        or widget not in screen._compositor.visible_widgets
+    ):
+        return False
+    widget._repaint_required = False
+    screen._dirty_widgets.add(widget)
+    screen._compositor.update_widgets(screen._dirty_widgets)
+    screen._compositor_refresh()  # clears _dirty_widgets: the others dirty now are drawn too
+    return True
 
 
 def normalize_keys(keys: str) -> list[str]:

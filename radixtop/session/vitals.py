@@ -279,7 +279,7 @@ class LiveLines:
             rare = sorted({line for line, _ in _rare_lines().line_hits(texts)}) if texts else []
         start = self._seen
         self._rare.extend((start + i, texts[i]) for i in rare)
-        self._tail.extend(texts)
+        self._tail.extend(texts[-LIVE_TAIL_LINES:])  # the deque keeps no more: copy no more
         self._seen += len(texts)
 
     def take(self) -> list[str]:

@@ -54,8 +54,9 @@ TALL_MIN = 40
 PANES_HZ = 1.0  # the live panes are redrawn together, at most this often (sources poll every 2 s)
 VITALS_REDRAW_S = 2.0  # the vitals also when nothing moved, for their time axis
 # The log's lines feed the vitals at most this often (each read parses a batch's last lines; the
-# series keep one value a second, and a batch comes every few milliseconds under a flood).
-VITALS_READ_S = 0.1
+# series keep one value a second and are drawn once a second, and a batch comes every few
+# milliseconds under a flood).
+VITALS_READ_S = 0.25
 PANES = ("log", "radix", "gpu", "procs", "vitals")
 PANE_KEYS = {"1": "log", "2": "radix", "3": "gpu", "4": "procs", "5": "vitals"}
 _WIDGET_IDS = {"radix": "#radix-pane", "gpu": "#gpu-pane", "procs": "#procs-pane", "vitals": "#vitals-pane"}

@@ -31,6 +31,9 @@ class CroppedCompositor(Compositor):
     writes only the changed spans."""
 
     _changed: list[Region] | None = None  # the partial update's changed areas, while it renders
+    # (visible_widgets it was made for, each widget's region and visible part in render order):
+    # Textual remakes that mapping when the layout changes, not each frame.
+    _visible: tuple[object, list[tuple[Any, Region, Region]]] | None = None
 
     def render_partial_update(self) -> ChopsUpdate | None:
         self._changed = list(self._dirty_regions)
@@ -39,16 +42,28 @@ class CroppedCompositor(Compositor):
         finally:
             self._changed = None
 
+    def _visible_parts(self) -> list[tuple[Any, Region, Region]]:
+        widgets = self.visible_widgets
+        cached = self._visible
+        if cached is None or cached[0] is not widgets:
+            parts = [(widget, region, region.intersection(clip)) for widget, (region, clip) in widgets.items()]
+            cached = self._visible = (widgets, parts)
+        return cached[1]
+
     def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
         if crop is None:
             yield from super()._get_renders(crop)
             return
         changed = [area.intersection(crop) for area in (self._changed or [crop])]
+        box = Region.from_union(changed)
         in_front: list[Region] = []  # visible parts of the widgets rendered so far
-        for widget, (region, clip) in self.visible_widgets.items():
+        # A frame of the log pane meets one widget of the forty in front of it: most are passed
+        # over with one comparison against the box around the changed areas.
+        for widget, region, visible in self._visible_parts():
+            if not visible.overlaps(box):
+                continue
             if in_front and all(any(front.contains_region(area) for front in in_front) for area in changed):
                 return  # every changed area lies in front of all the widgets left (the log pane's frame)
-            visible = region.intersection(clip)
             parts = [visible.intersection(area) for area in changed if visible.overlaps(area)]
             parts = [part for part in parts if not any(front.contains_region(part) for front in in_front)]
             if not parts:

@@ -64,6 +64,10 @@ from radixtop.widgets.textual_private import CroppedCompositor
 BACKLOG_LINES = 5_000  # lines before each file's end shown at start (a screenful plus scrollback)
 INITIAL_WAIT = 0.5  # seconds the first frame waits for that backlog, at most
 COUNT_DELAY = 2.0  # seconds the count of the lines above the backlog waits for the first frame, at most
+# The reader thread's poll while lines come. Each frame reads the files itself first (read_now), so
+# the poll sets how the matching is spread between frames, not how new a frame's lines are; each
+# wake-up of the reader is a cold start for its caches, and a flood's frames come every 28 ms.
+FOLLOW_POLL_S = 0.025
 GC_YOUNG_THRESHOLD = 10_000  # new objects between young collections (Python's default: 700)
 _MAX_WORKER_RESTARTS = 5
 _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
@@ -318,7 +322,8 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
         try:
             # The lines above the backlog are counted after the first frame (start_counting): the
             # count competes for the CPU with Textual's start-up, later the bigger the file.
-            self.follower = LogFollower(self.log_patterns, backlog_lines=backlog, history=True, count_delay=COUNT_DELAY)
+            self.follower = LogFollower(self.log_patterns, backlog_lines=backlog, history=True, count_delay=COUNT_DELAY,
+                                        poll_interval=FOLLOW_POLL_S)
             self.follower.start()
         except (OSError, ValueError, TypeError) as exc:
             self._follow_error = f"cannot follow {self.log_patterns}: {exc}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from radixtop.diagnosis.catalog import load_catalog
@@ -419,3 +421,32 @@ def test_health_moving_does_not_redraw_the_log_pane_but_a_new_source_does():
     state.set_health([SourceHealth("/var/log/b/server.log", "ok", "following generation 1", 0, None)])
     assert state.version > version, "a new source changes the label column"
     assert [v.label for v in state.sources()] == ["a/server.log", "b/server.log"]
+
+
+def test_texts_filter_and_search_read_the_runs_and_notices_in_order_as_the_ring_turns():
+    """The ring keeps no copy of a line: each text comes from its run (or is the notice's own),
+    also for a run the ring's start cuts through, with a filter set before or after lines come."""
+    rng = random.Random(3)
+    state = IncidentState(capacity=50)
+    model: list[str] = []  # every entry's text, in order
+    for i in range(80):
+        if i == 40:
+            state.set_filter("alpha")
+        if rng.random() < 0.2:
+            state.add_notice("radixtop", "error", f"notice {i} {'alpha' if i % 3 else ''}")
+            model.append(f"[error] notice {i} {'alpha' if i % 3 else ''}")
+        else:
+            texts = [f"line {i}.{k} {'alpha' if rng.random() < 0.3 else 'beta'}" for k in range(rng.randrange(1, 12))]
+            state.apply(plain(texts))
+            model.extend(texts)
+        kept = model[-50:]
+        assert [state.text(seq) for seq in range(state.first_seq, state.next_seq)] == kept, i
+        if i >= 40:
+            assert texts_in_view(state) == [t for t in kept if "alpha" in t], i
+    state.set_filter(None)
+    state.set_filter("alpha")  # made again from the ring, not kept up as lines came
+    assert texts_in_view(state) == [t for t in model[-50:] if "alpha" in t]
+    state.set_filter(None)
+    state.set_search("beta")
+    first_beta = next(row for row, t in enumerate(model[-50:]) if "beta" in t)
+    assert state.find_search(-1) == first_beta

@@ -5,6 +5,7 @@ its source and shows lock counts as unknown. In the app (Textual's Pilot) and in
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -111,7 +112,8 @@ def test_radixtop_url_shows_the_mirrored_tree_in_a_real_terminal(tmp_path: Path)
     repo = Path(__file__).resolve().parents[1]
     try:
         send_prompts(url)
-        tmux.start([sys.executable, "-m", "radixtop", "--url", url, "--log", str(log)], repo)
+        tmux.start([sys.executable, "-m", "radixtop", "--url", url, "--log", str(log)], repo,
+                   env={**os.environ, "TMPDIR": str(tmp_path)})  # its runtime files in the test's own
         screen = tmux.wait_for(lambda s: "dp 0" in s and "dp 1" in s and "kv-events: blocks, no locks" in s,
                                "the kv-events ranks in the radix pane", 60)
         assert "lock counts unknown" in screen

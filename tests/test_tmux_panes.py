@@ -3,6 +3,7 @@ simulator; at 80x24 one pane at a time behind 1-5."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -35,7 +36,9 @@ def test_demo_shows_the_panes_with_live_numbers(tmp_path: Path, size: tuple[int,
     tmux = Tmux(*size)
     repo = Path(__file__).resolve().parents[1]
     try:
-        tmux.start([sys.executable, "-m", "radixtop", "demo", "--fault", "none"], repo)
+        # Its temporary directories (the demo's logs) in the test's own, not in the checkout.
+        tmux.start([sys.executable, "-m", "radixtop", "demo", "--fault", "none"], repo,
+                   env={**os.environ, "TMPDIR": str(tmp_path)})
         if size == (160, 48):
             screen = tmux.wait_for(_live_numbers, "every pane with live numbers", 60)
             assert "Vital signs" in screen and "GPU" in screen and "Processes" in screen

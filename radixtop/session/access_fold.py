@@ -78,14 +78,11 @@ class AccessFolds:
             self._open = None
             return
         last = len(texts) - 1
-        if len(candidates) > 1 or candidates[0] in (0, last):
-            # Only a candidate next to another one, or at an edge of the batch (a run may go on
-            # from the batch before or into the next), can join or open a row that counts; a lone
-            # access line mid-batch stays a line of its own whatever it holds.
-            taken = set(candidates)
-            linked = [i for i in candidates if i - 1 in taken or i + 1 in taken or i == 0 or i == last]
-        else:
-            linked = []
+        # Only a candidate next to another one, or at an edge of the batch (a run may go on from
+        # the batch before or into the next), can join or open a row that counts; a lone access
+        # line mid-batch stays a line of its own whatever it holds.
+        taken = set(candidates)
+        linked = [i for i in candidates if i - 1 in taken or i + 1 in taken or i == 0 or i == last]
         marked_set = set(marked)
         previous = -1
         for i in linked:

@@ -196,7 +196,7 @@ class LogView(ScrollView, can_focus=True):
         self._layout_key: tuple = ()
         self._rank_width = 0
         self._styles: dict[str, Style] | None = None
-        self._look: tuple[Style, Any, bool] | None = None  # (base style, background, plain box)
+        self._look: tuple[Style, Any] | None = None  # (base style, background)
         self._src_width = 0  # width of the source column (0: one source, no column)
         self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
         self._render_failures = 0
@@ -434,10 +434,10 @@ class LogView(ScrollView, can_focus=True):
         another scroll column, width, style, line filters or background."""
         look = self._look
         if look is None:
-            # Walking the ancestors for the style, the background and the opacity costs more than
-            # a row: once per style change is enough.
-            look = self._look = (self.rich_style, self.background_colors[1], self._plain_box())
-        base, background, plain_box = look
+            # Walking the ancestors for the style and the background costs more than a row: once
+            # per style change is enough.
+            look = self._look = (self.rich_style, self.background_colors[1])
+        base, background = look
         size = self.size
         scroll_x, scroll_y = self.scroll_offset
         filters = tuple(self.get_line_filters())
@@ -446,7 +446,7 @@ class LogView(ScrollView, can_focus=True):
             self._rows_key = key
             self._rows.clear()
             self._combined.clear()
-        return _Frame(scroll_x, scroll_y, size.width, size.height, filters, background, base, plain_box)
+        return _Frame(scroll_x, scroll_y, size.width, size.height, filters, background, base, self._plain_box())
 
     def _plain_box(self) -> bool:
         """No border, padding, outline, tint, hatch or opacity: nothing for Textual to add to a row."""

@@ -104,6 +104,7 @@ def test_a_sim_the_lock_race_kills_dumps_the_requests_it_was_sent_as_sglang(tmp_
     assert path.parent == folder / host and path.name.startswith("crash_dump_")
     assert os.listdir(path.parent) == [path.name]  # no temporary file left beside it
     assert path.stat().st_mode & 0o777 == 0o600
+    assert folder.stat().st_mode & 0o777 == path.parent.stat().st_mode & 0o777 == 0o700  # both made here
     log = sim.log.read_text()
     order = [
         "SIGQUIT received", "Dumping requests before crash. self.crash_dump_folder=", "Dumped ", "kill_process_tree"

@@ -36,6 +36,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from radixtop.rundir import make_private_dirs
+
 __all__ = ["FINISHED_WINDOW_S", "GenerateReqInput", "RequestLog", "ServerArgs", "dump_path"]
 
 FINISHED_WINDOW_S = 300.0  # SGLang keeps the requests finished this recently (by finish time)
@@ -235,7 +237,7 @@ class RequestLog:
 def _write_private(path: Path, data: bytes) -> None:
     """``data`` at ``path``, mode 0600, whole or not at all (a temporary file renamed into place);
     folders it creates are 0700."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import random
 import re
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,24 @@ def test_normalize_keys_names_keys_as_a_keymap_binds_them():
     assert normalize_keys("&") == ["ampersand"]
 
 
+@asynccontextmanager
+async def _log_app(tmp_path: Path, size: tuple[int, int], show_findings: bool, lines: int = 300):
+    """radixtop on a log of `lines` lines, at `size`, the findings list shown or not: its pilot."""
+    from test_tui_logpane import append, decode
+
+    from radixtop.tui.app import RadixtopApp
+
+    log = tmp_path / "server.log"
+    append(log, *(decode(i) for i in range(lines)))
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)
+        if show_findings:
+            await pilot.press("tab")
+            await pilot.pause(0.1)
+        yield pilot
+
+
 # A cursor move that writes nothing before the next move, line end or the end: Textual's own
 # compositor moves to a chop that starts at a changed span's right edge and writes it empty.
 _EMPTY_MOVE = re.compile(r"\x1b\[\d+;\d+H(?=\x1b\[\d+;\d+H|\n|$)")
@@ -68,20 +87,12 @@ async def test_the_cropped_compositor_writes_what_textuals_own_writes(
     """For any changed area (each widget's region, the log pane's rows, random rectangles across
     several widgets), the main screen's compositor writes to the terminal exactly what Textual's
     own compositor writes, having rendered less."""
-    from test_tui_logpane import append, decode
     from textual._compositor import Compositor
 
-    from radixtop.tui.app import RadixtopApp
     from radixtop.widgets.textual_private import CroppedCompositor
 
-    log = tmp_path / "server.log"
-    append(log, *(decode(i) for i in range(300)))
-    app = RadixtopApp(log_patterns=[str(log)])
-    async with app.run_test(size=size) as pilot:
-        await pilot.pause(0.3)
-        if show_findings:
-            await pilot.press("tab")
-            await pilot.pause(0.1)
+    async with _log_app(tmp_path, size, show_findings) as pilot:
+        app = pilot.app
         screen = app.screen
         compositor = screen._compositor
         assert type(compositor) is CroppedCompositor
@@ -174,3 +185,82 @@ async def test_draw_now_writes_a_refreshed_widget_before_the_loop_runs_again(tmp
         assert not draw_now(widget), "a layout is the screen's own to do"
         await pilot.pause(0.1)
         assert len(written) >= 2, "Textual drew it its own way"
+
+
+@pytest.mark.parametrize(("size", "show_findings"), [((160, 48), False), ((80, 24), True)])
+async def test_painted_log_rows_are_what_textuals_update_writes_for_them(
+    tmp_path: Path, size: tuple[int, int], show_findings: bool
+) -> None:
+    """A following frame written past the compositor (paint_rows) puts on the terminal what
+    Textual's own update of the log pane's rows writes, move for move and byte for byte."""
+    from textual._compositor import Compositor
+
+    from radixtop.widgets.textual_private import CroppedCompositor, rows_area, rows_text
+
+    async with _log_app(tmp_path, size, show_findings) as pilot:
+        app = pilot.app
+        view = app.log_view
+        height = view.scrollable_content_region.height
+        area = rows_area(view, height)
+        assert area is not None and area.height == height > 0
+        painted = rows_text(app.console, area, view.render_lines(Region(0, 0, view.size.width, height)))
+        compositor = app.screen._compositor
+        stock = _partial_update(compositor, Compositor, [area], app.console)
+        compositor.__class__ = CroppedCompositor
+        assert "decode batch" in painted.lower() or "seq" in painted  # rows, not blanks
+        assert painted == stock.replace("\n", ""), "the painted rows differ from Textual's update"
+
+
+async def test_rows_are_not_painted_under_a_widget_in_front_or_off_screen():
+    """paint_rows declines (and renders nothing) where a widget in front covers a row, where the
+    rows run past what is on screen, and on an app without a terminal (Textual draws those)."""
+    from textual.containers import Container
+    from textual.widgets import Static
+
+    from radixtop.widgets.textual_private import paint_rows, rows_area
+
+    class Demo(App):
+        CSS = "#over { layer: above; offset: 2 1; width: 5; height: 1; } Screen { layers: below above; }"
+
+        def compose(self) -> ComposeResult:
+            with Container():
+                yield Static("\n".join(f"row {i}" for i in range(6)), id="rows")
+            yield Static("over", id="over")
+
+    async with Demo().run_test(size=(30, 8)) as pilot:
+        await pilot.pause(0.1)
+        rows = pilot.app.query_one("#rows", Static)
+        assert rows_area(rows, 1) == Region(0, 0, 30, 1), "nothing in front of its first row"
+        assert rows_area(rows, 2) is None, "the second row is under #over"
+        assert rows_area(rows, 9) is None, "more rows than the screen holds"
+        rendered: list[int] = []
+        assert not paint_rows(rows, 1, lambda: rendered.append(1) or []), "headless: no terminal"
+        assert not rendered
+
+
+async def test_paint_rows_writes_the_rows_in_one_synchronized_write(monkeypatch: pytest.MonkeyPatch):
+    from rich.segment import Segment
+    from textual.strip import Strip
+    from textual.widgets import Static
+
+    from radixtop.widgets.textual_private import paint_rows
+
+    class Demo(App):
+        def compose(self) -> ComposeResult:
+            yield Static("top", id="top")
+            yield Static("under", id="under")
+
+    async with Demo().run_test(size=(10, 4)) as pilot:
+        await pilot.pause(0.1)
+        app = pilot.app
+        monkeypatch.setattr(type(app), "is_headless", property(lambda self: False))
+        written: list[str] = []
+        monkeypatch.setattr(app._driver, "write", written.append)
+        app._sync_available = True
+        widget = app.query_one("#under", Static)
+        rows = [Strip([Segment("x" * 10)], 10)]
+        assert paint_rows(widget, 1, lambda: rows)
+        assert written == ["\x1b[?2026h\x1b[2;1Hxxxxxxxxxx\x1b[1;1H\x1b[?2026l"]
+        widget.refresh(layout=True)
+        assert not paint_rows(widget, 1, lambda: rows), "a layout is the screen's own to do"
+        assert len(written) == 1

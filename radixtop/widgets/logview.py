@@ -35,7 +35,7 @@ from radixtop.session.incident_state import IncidentState, LogEntry
 from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.widgets.keys import LOG_DOWN, LOG_END, LOG_PAGE_DOWN, LOG_PAGE_UP, LOG_TOP, LOG_UP, TO_FINDINGS, binding
-from radixtop.widgets.textual_private import draw_now, update_scrollbars
+from radixtop.widgets.textual_private import draw_now, paint_rows, update_scrollbars
 
 _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
 _MAX_SOURCE_WIDTH = 16
@@ -201,6 +201,7 @@ class LogView(ScrollView, can_focus=True):
         self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
         self._render_failures = 0
         self._frame: _Frame | None = None  # while a frame renders
+        self._painting = False  # while a following frame scrolls, before it writes its rows
 
     # -- styles and cache --------------------------------------------------------------------------
 
@@ -271,6 +272,8 @@ class LogView(ScrollView, can_focus=True):
         if self.cursor_seq is not None and state.entry(self.cursor_seq) is None:
             self.cursor_seq = None
         self._set_virtual_size(Size(self._prefix_width() + min(state.max_width, 4096), state.view_len))
+        if self.follow and self._paint_at_end():
+            return
         top = round(self.scroll_y)
         if self.follow:
             self._scroll_to_end()
@@ -285,6 +288,24 @@ class LogView(ScrollView, can_focus=True):
         if round(self.scroll_y) == top:  # a view that moved was redrawn by watch_scroll_y
             self.refresh_rows()
         draw_now(self)  # the new lines are on screen when this returns, not a few loop passes later
+
+    def _paint_at_end(self) -> bool:
+        """Following: scroll to the end and write the rows to the terminal at once (paint_rows),
+        when nothing else of this widget waits to be drawn; False, having done nothing, otherwise."""
+        if self._repaint_required:
+            return False  # a whole repaint waits (scrollbar, style, size): Textual's way
+        self._painting = True  # the scroll's watcher leaves the rows to this frame
+        try:
+            self._scroll_to_end()
+        finally:
+            self._painting = False
+        self._anchor = self.state.view_seq(round(self.scroll_y))
+        height = self.scrollable_content_region.height
+        if paint_rows(self, height, lambda: self.render_lines(Region(0, 0, self.size.width, height))):
+            return True
+        self.refresh_rows()
+        draw_now(self)
+        return True
 
     def _scroll_to_end(self) -> None:
         """Following: the last line on the view's last row. Textual's scroll_end stops two
@@ -304,6 +325,8 @@ class LogView(ScrollView, can_focus=True):
     def refresh_rows(self) -> None:
         """Redraw the rows, not the horizontal scrollbar under them: new lines leave it as it is,
         and a scrollbar is rendered afresh on each refresh (a tenth of a log frame)."""
+        if self._painting:
+            return
         self.refresh(Region(0, 0, self.size.width, self.scrollable_content_region.height))
 
     def keep_following(self) -> None:

@@ -6,14 +6,23 @@ upgrade breaks a test rather than the screen.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from textual._ansi_sequences import SYNC_END, SYNC_START
 from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
 from textual.strip import Strip
 
-__all__ = ["CroppedCompositor", "draw_now", "normalize_keys", "update_scrollbars"]
+__all__ = [
+    "CroppedCompositor",
+    "draw_now",
+    "normalize_keys",
+    "paint_rows",
+    "rows_area",
+    "rows_text",
+    "update_scrollbars",
+]
 
 
 class CroppedCompositor(Compositor):
@@ -91,10 +100,24 @@ def draw_now(widget: Any) -> bool:
     A refresh reaches the screen through three message-pump passes (the widget's idle, the
     screen's Update, the screen's idle) and a wake-up of the timer's task: while a flood scrolls
     the log pane, a tenth of each frame's CPU and most of a millisecond before it is drawn."""
-    app, screen = widget.app, widget.screen
-    if (
-        not widget._repaint_required
-        or widget._layout_required
+    if not widget._repaint_required:
+        return False
+    screen = widget.screen
+    if not _can_draw_now(widget, widget.app, screen):
+        return False
+    widget._repaint_required = False
+    screen._dirty_widgets.add(widget)
+    screen._compositor.update_widgets(screen._dirty_widgets)
+    screen._compositor_refresh()  # clears _dirty_widgets: the others dirty now are drawn too
+    return True
+
+
+def _can_draw_now(widget: Any, app: Any, screen: Any) -> bool:
+    """Whether the screen's next update would only repaint widgets: no layout, scroll, recompose
+    or full repaint pending, no batch, not inline, the widget's screen on top and the widget on it.
+    (`app` and `screen` are the widget's: each is a walk up the DOM to look up.)"""
+    return not (
+        widget._layout_required
         or widget._scroll_required
         or app._batch_count
         or app.is_inline
@@ -104,12 +127,67 @@ def draw_now(widget: Any) -> bool:
         or screen._repaint_required
         or screen._recompose_required
         or widget not in screen._compositor.visible_widgets
-    ):
+    )
+
+
+def _in_front(compositor: Any, widget: Any, area: Region) -> bool:
+    """Whether no visible widget in front of `widget` covers any of `area` (screen cells). Kept
+    on the compositor for the layout it was asked of (Textual remakes the mapping on a change):
+    the log pane has forty widgets in front of it, and a flood asks thirty-six times a second."""
+    widgets = compositor.visible_widgets
+    cached = getattr(compositor, "_radixtop_in_front", None)
+    if cached is not None and cached[0] is widgets and cached[1] is widget and cached[2] == area:
+        return bool(cached[3])
+    found = False
+    for other, (region, clip) in widgets.items():  # front first
+        if other is widget:
+            found = True
+            break
+        if region.intersection(clip).overlaps(area):
+            break
+    compositor._radixtop_in_front = (widgets, widget, area, found)
+    return found
+
+
+def rows_area(widget: Any, height: int, screen: Any = None) -> Region | None:
+    """The screen cells of a widget's first `height` rows, where they are all on screen and no
+    widget in front of it covers one; else None. `screen`: the widget's, when looked up already."""
+    compositor = (screen or widget.screen)._compositor
+    region, clip = compositor.visible_widgets[widget]
+    area = Region(region.x, region.y, region.width, height)
+    if height <= 0 or region.intersection(clip).intersection(area) != area or not _in_front(compositor, widget, area):
+        return None
+    return area
+
+
+def rows_text(console: Any, area: Region, rows: list[Strip]) -> str:
+    """The terminal text that puts `rows` on `area`'s rows, as Textual's update writes them for a
+    repaint of those rows: a cursor move and the row's styled text each (`console`: the app's)."""
+    x = area.x + 1
+    return "".join(f"\x1b[{area.y + i + 1};{x}H" + row.render(console) for i, row in enumerate(rows))
+
+
+def paint_rows(widget: Any, height: int, render: Callable[[], list[Strip]]) -> bool:
+    """Write a widget's first `height` rows, `render()` (each exactly the widget's width), to the
+    terminal now, in one write, as Textual's screen update would; False, rendering and writing
+    nothing, where that update would do more than repaint widgets (draw_now's cases), the app
+    draws to no terminal, or the rows are not all on screen in front of everything else.
+
+    Following a flood, each frame of the log pane is a screenful of new rows and nothing else:
+    the compositor's general pass (its dirty regions, each screen row's cuts, the rows divided
+    and written through three queued writes) was half of such a frame. Textual keeps no copy of
+    the screen, so a write of what it would write leaves nothing behind for it to know."""
+    app, screen = widget.app, widget.screen
+    if (app._driver is None or app.is_headless or not app._running or app._closed
+            or not _can_draw_now(widget, app, screen)):
         return False
-    widget._repaint_required = False
-    screen._dirty_widgets.add(widget)
-    screen._compositor.update_widgets(screen._dirty_widgets)
-    screen._compositor_refresh()  # clears _dirty_widgets: the others dirty now are drawn too
+    area = rows_area(widget, height, screen)
+    if area is None:
+        return False
+    text = rows_text(app.console, area, render())
+    x, y = screen.outer_size.clamp_offset(app.cursor_position)
+    text += f"\x1b[{y + 1};{x + 1}H"  # where Textual leaves the cursor after each update
+    app._driver.write(f"{SYNC_START}{text}{SYNC_END}" if app._sync_available else text)
     return True
 
 

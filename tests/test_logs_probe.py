@@ -770,6 +770,48 @@ async def test_idle_wait_poll_keeps_polling(tmp_path, follow):
         LogFollower([str(log)], idle_wait="sometimes")
 
 
+def test_the_reader_does_not_poll_while_the_caller_reads_the_files_itself(tmp_path):
+    """A flood's frames read the files themselves (read_now) more often than the reader polls:
+    its polls then wait, and every line still comes once, in order; once the caller stops
+    reading, the reader polls again."""
+    log = tmp_path / "server.log"
+    log.write_text("")
+    follower = LogFollower([str(log)], poll_interval=0.05, idle_wait="poll")
+    follower.start()
+    texts: list[str] = []
+
+    def take_all() -> None:
+        for _ in range(100):
+            batch = follower.take()
+            if batch is None:
+                return
+            texts.extend(r.text for r in batch.records)
+
+    try:
+        assert follower.wait_caught_up(5)
+        time.sleep(0.2)
+        polls = follower.polls
+        with open(log, "a") as f:
+            for i in range(40):  # 0.4 s, the caller reading every 10 ms
+                f.write(f"line {i}\n")
+                f.flush()
+                follower.read_now()
+                take_all()
+                time.sleep(0.01)
+        assert follower.polls - polls <= 2, "the reader polled while the caller read"
+        assert texts == [f"line {i}" for i in range(40)]
+        polls = follower.polls
+        with open(log, "a") as f:
+            f.write("after\n")
+        deadline = time.monotonic() + 5
+        while "after" not in texts and time.monotonic() < deadline:
+            time.sleep(0.02)
+            take_all()
+        assert texts[-1] == "after" and follower.polls > polls
+    finally:
+        follower.stop()
+
+
 def test_read_now_reads_in_the_callers_thread_what_the_reader_would_read_next(tmp_path):
     """A frame about to be drawn asks for the lines written up to it (read_now), not those of the
     reader's last poll: with the reader polling once in 30 s, only read_now can have read them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from test_tui_logpane import append, decode
 
 from radixtop.tui.app import RadixtopApp
-from radixtop.tui.pacing import FRAME_MIN
+from radixtop.tui.pacing import FRAME_BUSY, FRAME_MIN
 
 
 async def test_a_trickle_of_lines_is_drawn_a_few_frames_a_second_with_every_line_on_screen(tmp_path: Path) -> None:
@@ -156,3 +157,64 @@ async def test_new_lines_redraw_the_rows_and_leave_the_scrollbar_under_them_alon
         rows = view.render_lines(view.scrollable_content_region.reset_offset)
         assert "#token: 1109," in "".join(strip.text for strip in rows)  # the last line is on screen
         assert not renders, f"the scrollbar was rendered {len(renders)} times for 10 new lines"
+
+
+async def test_a_flood_is_drawn_on_the_clock_one_take_per_frame(tmp_path: Path) -> None:
+    """Lines coming faster than a screenful a frame: frames every FRAME_BUSY, timed from when the
+    last was due (not from when it was drawn, which the reading and matching before it would
+    push later each time), each from one wake-up that takes the lines; when the writer stops, the last line
+    is on screen and the frames stop."""
+    log = tmp_path / "server.log"
+    append(log, *(decode(i) for i in range(20)))
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.3)
+        pacer, view = app.pacer, app.log_view
+        drawn: list[float] = []
+        takes = 0
+        real_drew, real_take = pacer.drew_frame, app._take_waiting
+
+        def last_row() -> str:
+            return view.render_line(view.scrollable_content_region.height - 1).text
+
+        def drew_frame(now: float, version: int, total_lines: int) -> None:
+            drawn.append(now)
+            real_drew(now, version, total_lines)
+
+        def take_waiting(follower: object) -> None:
+            nonlocal takes
+            takes += 1
+            real_take(follower)
+
+        pacer.drew_frame = drew_frame  # type: ignore[method-assign]
+        app._take_waiting = take_waiting  # type: ignore[method-assign]
+        stop = threading.Event()
+
+        def write() -> None:  # 20,000 lines a second for a second, in writes of 100
+            for chunk in range(200):
+                if stop.is_set():
+                    return
+                append(log, *(decode(1000 + chunk * 100 + i) for i in range(100)))
+                time.sleep(0.005)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            while writer.is_alive():
+                await pilot.pause(0.05)
+        finally:
+            stop.set()
+            writer.join()
+        for _ in range(100):  # bounded: the last line is drawn within a frame or two
+            await pilot.pause(0.05)
+            if last_row() and "#token: 21999," in last_row():
+                break
+        assert app.state.total_lines == 20 + 20_000
+        assert "#token: 21999," in last_row(), "the last line written is on the last row"
+        steps = [b - a for a, b in zip(drawn, drawn[1:], strict=False)]
+        on_clock = [step for step in steps if abs(step - FRAME_BUSY) < 1e-9]
+        assert len(on_clock) >= len(steps) / 2, f"{len(on_clock)} of {len(steps)} frames on the clock"
+        assert takes <= len(drawn) * 1.25 + 5, f"lines taken {takes} times for {len(drawn)} frames"
+        frames = len(drawn)
+        await pilot.pause(0.5)
+        assert len(drawn) == frames, "frames went on after the writer stopped"

@@ -112,7 +112,8 @@ class LogFollower:
         self.wait_mode = "poll"  # "inotify" once the reader sleeps on inotify (health, tests)
         self.polls = 0  # passes over the files (tests and benchmarks count them)
         self._poll_lock = threading.Lock()  # one pass over the files at a time (the tailer is not shared)
-        self._poll_s = 1.0  # how long the reader's last pass took (read_now's guard)
+        self._poll_s = 1.0  # how long the last pass took, the reader's or read_now's (read_now's guard)
+        self._read_now_at = -1e9  # when read_now last read the files (the reader's poll waits after it)
         self._consumer_waiting = False  # batches() waits on _wake: only then is the loop woken
 
     # -- consumer side (event loop) ----------------------------------------------------------------
@@ -198,8 +199,10 @@ class LogFollower:
             return
         try:
             if not self._stop.is_set():  # stopping: the reader closes the files
-                self._tailer.poll(time.monotonic())
+                now = self._read_now_at = time.monotonic()
+                self._tailer.poll(now)
                 self._publish()
+                self._poll_s = time.monotonic() - now
         finally:
             self._poll_lock.release()
 
@@ -294,6 +297,12 @@ class LogFollower:
             while not self._stop.is_set():
                 self._wait_for_room()
                 now = time.monotonic()
+                # The consumer read the files within the interval (a flood's frames read them
+                # first): its read stands for this poll, which would wake the thread, take the
+                # GIL from the frames and find the lines of a few milliseconds.
+                if now - self._read_now_at < interval:
+                    time.sleep(max(0.0, self._read_now_at + interval - now))
+                    continue
                 with self._poll_lock:
                     busy = self._tailer.poll(now)
                     got_lines = bool(self._tailer.runs)

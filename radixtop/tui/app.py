@@ -48,7 +48,7 @@ from radixtop.tui.fleet import checked_url as fleet_url
 from radixtop.tui.guard import guarded
 from radixtop.tui.keys import bindings, load_keymap
 from radixtop.tui.nodes import NodeWatching, prepare_nodes
-from radixtop.tui.pacing import INGEST_STEP_S, REFRESH_HZ, FramePacer
+from radixtop.tui.pacing import FRAME_BUSY, INGEST_STEP_S, REFRESH_HZ, FramePacer
 from radixtop.tui.panes import LiveOptions, Panes, pane_rows
 from radixtop.tui.search import SearchKeys
 
@@ -68,6 +68,7 @@ COUNT_DELAY = 2.0  # seconds the count of the lines above the backlog waits for 
 # the poll sets how the matching is spread between frames, not how new a frame's lines are; each
 # wake-up of the reader is a cold start for its caches, and a flood's frames come every 28 ms.
 FOLLOW_POLL_S = 0.025
+FLOOD_RETRY_S = 0.002  # a flood's frame that found no new line looks once more this much later
 GC_YOUNG_THRESHOLD = 10_000  # new objects between young collections (Python's default: 700)
 _MAX_WORKER_RESTARTS = 5
 _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
@@ -435,6 +436,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
                     follower.read_now()
                     self._take_waiting(follower)
                     self._tick()
+                    await self._frames_while_flooded(follower)
                 return  # the follower was stopped
             except asyncio.CancelledError:
                 raise
@@ -447,6 +449,34 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
                     )
                     return
                 await asyncio.sleep(min(5.0, 0.5 * failures))
+
+    async def _frames_while_flooded(self, follower: Any) -> None:
+        """While lines come faster than a screenful a frame, draw every FRAME_BUSY on the clock,
+        each frame from one wake-up: read the files, take and match what came since the last
+        one, draw. Frames are timed from when the last was due, not from when it was drawn: the
+        reading and matching before a frame would otherwise stretch every interval by their
+        time. A wake-up that finds nothing new (the writer paused) looks once more FLOOD_RETRY_S
+        later, then leaves it to the reader's wake-up (batches()); so does a rate over the last
+        seconds under a screenful a frame."""
+        pacer = self.pacer
+        due = pacer.drawn_at + FRAME_BUSY
+        missed = 0
+        for _ in range(1_000_000):  # bounded: hours of flood at FRAME_BUSY; then the caller's loop
+            if (self.state.lines_per_second() or 0.0) * FRAME_BUSY < self.log_view.size.height:
+                return
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            drawn = pacer.drawn_version
+            follower.read_now()
+            self._take_waiting(follower)
+            now = time.monotonic()
+            self._tick(at=due if now - due < FRAME_BUSY / 2 else now)  # on the clock unless far behind
+            if pacer.drawn_version != drawn:
+                missed, due = 0, pacer.drawn_at + FRAME_BUSY
+                continue
+            missed += 1
+            if missed > 1:
+                return
+            due = now + FLOOD_RETRY_S
 
     def _take_waiting(self, follower: Any) -> None:
         for _ in range(100):  # bounded; each take is at most max_batch lines
@@ -546,9 +576,9 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
                 self._schedule_timer(delay)
 
     @guarded("refreshing the screen")
-    def _tick(self, force: bool = False) -> None:
+    def _tick(self, force: bool = False, at: float | None = None) -> None:
         state, pacer = self.state, self.pacer
-        now = time.monotonic()
+        now = time.monotonic() if at is None else at
         drew = False
         # Frames are paced also for this timer's calls: a frame in between the consumer's would
         # cost as much as theirs and show little more.

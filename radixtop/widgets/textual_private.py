@@ -133,7 +133,7 @@ def _can_draw_now(widget: Any, app: Any, screen: Any) -> bool:
 def _in_front(compositor: Any, widget: Any, area: Region) -> bool:
     """Whether no visible widget in front of `widget` covers any of `area` (screen cells). Kept
     on the compositor for the layout it was asked of (Textual remakes the mapping on a change):
-    the log pane has forty widgets in front of it, and a flood asks thirty-six times a second."""
+    the log pane has forty widgets in front of it, and a flood asks forty times a second."""
     widgets = compositor.visible_widgets
     cached = getattr(compositor, "_radixtop_in_front", None)
     if cached is not None and cached[0] is widgets and cached[1] is widget and cached[2] == area:

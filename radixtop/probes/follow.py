@@ -40,6 +40,9 @@ _WAITER_AFTER_S = 1.0
 # read_now() reads in the caller's thread only while the reader's own reads take less than this:
 # a file that reads slowly (a network filesystem) is left to the reader thread, off the UI's.
 _READ_NOW_MAX_S = 0.002
+# While the caller reads the files itself (read_now), the reader sleeps this many poll intervals
+# at a time: at most that much later, it polls again once the caller stops.
+_READ_NOW_YIELDS = 4
 
 
 class LogFollower:
@@ -299,9 +302,10 @@ class LogFollower:
                 now = time.monotonic()
                 # The consumer read the files within the interval (a flood's frames read them
                 # first): its read stands for this poll, which would wake the thread, take the
-                # GIL from the frames and find the lines of a few milliseconds.
+                # GIL from the frames and find the lines of a few milliseconds. The thread looks
+                # again a few intervals later, not at each: the frames keep reading meanwhile.
                 if now - self._read_now_at < interval:
-                    time.sleep(max(0.0, self._read_now_at + interval - now))
+                    time.sleep(interval * _READ_NOW_YIELDS)
                     continue
                 with self._poll_lock:
                     busy = self._tailer.poll(now)

@@ -68,7 +68,6 @@ COUNT_DELAY = 2.0  # seconds the count of the lines above the backlog waits for 
 # the poll sets how the matching is spread between frames, not how new a frame's lines are; each
 # wake-up of the reader is a cold start for its caches, and a flood's frames come every 28 ms.
 FOLLOW_POLL_S = 0.025
-FLOOD_RETRY_S = 0.002  # a flood's frame that found no new line looks once more this much later
 GC_YOUNG_THRESHOLD = 10_000  # new objects between young collections (Python's default: 700)
 _MAX_WORKER_RESTARTS = 5
 _MAX_FAILURE_NOTICES = 3  # per kind of failure; later ones are only counted
@@ -455,12 +454,10 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
         each frame from one wake-up: read the files, take and match what came since the last
         one, draw. Frames are timed from when the last was due, not from when it was drawn: the
         reading and matching before a frame would otherwise stretch every interval by their
-        time. A wake-up that finds nothing new (the writer paused) looks once more FLOOD_RETRY_S
-        later, then leaves it to the reader's wake-up (batches()); so does a rate over the last
-        seconds under a screenful a frame."""
+        time. A wake-up that draws nothing (the writer paused) looks again a frame later; the
+        flood ends when the rate over the last seconds falls under a screenful a frame."""
         pacer = self.pacer
         due = pacer.drawn_at + FRAME_BUSY
-        missed = 0
         for _ in range(1_000_000):  # bounded: hours of flood at FRAME_BUSY; then the caller's loop
             if (self.state.lines_per_second() or 0.0) * FRAME_BUSY < self.log_view.size.height:
                 return
@@ -470,13 +467,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
             self._take_waiting(follower)
             now = time.monotonic()
             self._tick(at=due if now - due < FRAME_BUSY / 2 else now)  # on the clock unless far behind
-            if pacer.drawn_version != drawn:
-                missed, due = 0, pacer.drawn_at + FRAME_BUSY
-                continue
-            missed += 1
-            if missed > 1:
-                return
-            due = now + FLOOD_RETRY_S
+            due = pacer.drawn_at + FRAME_BUSY if pacer.drawn_version != drawn else now + FRAME_BUSY
 
     def _take_waiting(self, follower: Any) -> None:
         for _ in range(100):  # bounded; each take is at most max_batch lines

@@ -305,3 +305,23 @@ async def _watch(url: str) -> LiveState:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     return state
+
+
+async def test_a_note_above_the_rows_draws_in_no_color(tokenizer_json: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NO_COLOR's monochrome filter needs a style on every segment: the note above the rows (here
+    the Rust core's "shape only") is padded to the pane's width in the pane's style, not in none
+    (Textual's filter raised on it and the app ended)."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    snap = text_snapshot(tokenizer_json, lock_detail="locked-only")
+    shape = replace(snap, tree=replace(snap.tree, nodes=tuple(n._replace(head=()) for n in snap.tree.nodes)))
+    app = PaneApp()
+    async with app.run_test(size=(100, 24)) as pilot:
+        pane = app.query_one(RadixPane)
+        pane.show(_board(shape), now=T0)
+        await pilot.pause()
+        view = pane.tree_view
+        assert _rows(view)[0] == "shape only: the Rust core's walk carries no token ids"
+        note = view.render_line(0)
+        assert note.cell_length == view.size.width
+        assert all(segment.style is not None for segment in note), list(note)
+    assert app.return_code in (None, 0), "the app ended on an error"

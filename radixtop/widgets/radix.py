@@ -411,7 +411,8 @@ class RadixTreeView(ScrollView, can_focus=True):
         if note:  # said once, above the rows, and kept there while they scroll
             if y == 0:
                 line = _fit_middle(note, width - 1)
-                return Strip([Segment(line, base + self._style("more"))]).crop_extend(0, width, None)
+                # Padded in the pane's style: NO_COLOR's filter needs a style on every segment.
+                return Strip([Segment(line, base + self._style("more"))]).crop_extend(0, width, base)
             y -= 1
         i = round(self.scroll_y) + y
         if i >= len(self.rows):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import random
 import re
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -49,24 +48,6 @@ def test_normalize_keys_names_keys_as_a_keymap_binds_them():
     assert normalize_keys("&") == ["ampersand"]
 
 
-@asynccontextmanager
-async def _log_app(tmp_path: Path, size: tuple[int, int], show_findings: bool, lines: int = 300):
-    """radixtop on a log of `lines` lines, at `size`, the findings list shown or not: its pilot."""
-    from test_tui_logpane import append, decode
-
-    from radixtop.tui.app import RadixtopApp
-
-    log = tmp_path / "server.log"
-    append(log, *(decode(i) for i in range(lines)))
-    app = RadixtopApp(log_patterns=[str(log)])
-    async with app.run_test(size=size) as pilot:
-        await pilot.pause(0.3)
-        if show_findings:
-            await pilot.press("tab")
-            await pilot.pause(0.1)
-        yield pilot
-
-
 # A cursor move that writes nothing before the next move, line end or the end: Textual's own
 # compositor moves to a chop that starts at a changed span's right edge and writes it empty.
 _EMPTY_MOVE = re.compile(r"\x1b\[\d+;\d+H(?=\x1b\[\d+;\d+H|\n|$)")
@@ -87,11 +68,12 @@ async def test_the_cropped_compositor_writes_what_textuals_own_writes(
     """For any changed area (each widget's region, the log pane's rows, random rectangles across
     several widgets), the main screen's compositor writes to the terminal exactly what Textual's
     own compositor writes, having rendered less."""
+    from test_tui_logpane import log_app
     from textual._compositor import Compositor
 
     from radixtop.widgets.textual_private import CroppedCompositor
 
-    async with _log_app(tmp_path, size, show_findings) as pilot:
+    async with log_app(tmp_path, size, show_findings) as pilot:
         app = pilot.app
         screen = app.screen
         compositor = screen._compositor
@@ -193,11 +175,12 @@ async def test_painted_log_rows_are_what_textuals_update_writes_for_them(
 ) -> None:
     """A following frame written past the compositor (paint_rows) puts on the terminal what
     Textual's own update of the log pane's rows writes, move for move and byte for byte."""
+    from test_tui_logpane import log_app
     from textual._compositor import Compositor
 
     from radixtop.widgets.textual_private import CroppedCompositor, rows_area, rows_text
 
-    async with _log_app(tmp_path, size, show_findings) as pilot:
+    async with log_app(tmp_path, size, show_findings) as pilot:
         app = pilot.app
         view = app.log_view
         height = view.scrollable_content_region.height

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tui_logpane import append, decode
+from test_tui_logpane import append, decode, log_app
 
 from radixtop.tui.app import RadixtopApp
 from radixtop.tui.pacing import FRAME_BUSY, FRAME_MIN
@@ -70,14 +70,9 @@ async def test_containers_drawn_blank_are_filled_by_their_children(
     """The screen, #body, #main and #bottom render blank rows instead of going through Textual's
     styles cache on every frame of the log pane (a fifth of its compositing): right only while
     nothing of their own shows, i.e. no border or padding and children that fill them."""
-    log = tmp_path / "server.log"
-    append(log, *(decode(i) for i in range(40)))
-    app = RadixtopApp(log_patterns=[str(log)])
-    async with app.run_test(size=size) as pilot:
-        await pilot.pause(0.2)
+    async with log_app(tmp_path, size, show_findings, lines=40) as pilot:
+        app = pilot.app
         if show_findings:
-            await pilot.press("tab")
-            await pilot.pause(0.1)
             assert app.query_one("#findings-panel").region.height > 0
         blank = _blank_widgets(app)
         assert {w.id for w in blank} >= {"_default", "body", "main", "bottom"}

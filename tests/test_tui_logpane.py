@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,20 @@ def decode(i: int, rank: str = "TP0") -> str:
 def append(path: Path, *lines: str) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
+
+
+@asynccontextmanager
+async def log_app(tmp_path: Path, size: tuple[int, int], show_findings: bool, lines: int = 300):
+    """radixtop on a log of `lines` lines, at `size`, the findings list shown or not: its pilot."""
+    log = tmp_path / "server.log"
+    append(log, *(decode(i) for i in range(lines)))
+    app = RadixtopApp(log_patterns=[str(log)])
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)
+        if show_findings:
+            await pilot.press("tab")
+            await pilot.pause(0.1)
+        yield pilot
 
 
 async def wait_for(pilot, condition, what: str, timeout: float = 10.0) -> None:

@@ -290,10 +290,11 @@ class LogView(ScrollView, can_focus=True):
         draw_now(self)  # the new lines are on screen when this returns, not a few loop passes later
 
     def _paint_at_end(self) -> bool:
-        """Following: scroll to the end and write the rows to the terminal at once (paint_rows),
-        when nothing else of this widget waits to be drawn; False, having done nothing, otherwise."""
+        """Following: scroll to the end and draw the rows at once, written past the compositor
+        (paint_rows) where it can, else through it (draw_now). False, having done nothing, while
+        a whole repaint of the widget waits: that is Textual's to draw."""
         if self._repaint_required:
-            return False  # a whole repaint waits (scrollbar, style, size): Textual's way
+            return False  # (a scrollbar, a style, a size)
         self._painting = True  # the scroll's watcher leaves the rows to this frame
         try:
             self._scroll_to_end()

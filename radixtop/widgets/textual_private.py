@@ -152,7 +152,7 @@ def _in_front(compositor: Any, widget: Any, area: Region) -> bool:
 def rows_area(widget: Any, height: int, screen: Any = None) -> Region | None:
     """The screen cells of a widget's first `height` rows, where they are all on screen and no
     widget in front of it covers one; else None. `screen`: the widget's, when looked up already."""
-    compositor = (screen or widget.screen)._compositor
+    compositor = (widget.screen if screen is None else screen)._compositor
     region, clip = compositor.visible_widgets[widget]
     area = Region(region.x, region.y, region.width, height)
     if height <= 0 or region.intersection(clip).intersection(area) != area or not _in_front(compositor, widget, area):

@@ -245,16 +245,24 @@ def test_force_miss_turns_reuse_off_while_the_tree_still_fills_and_evicts(kind: 
         pressure(served)
 
         async def snapshot() -> object:
+            """The endpoint's capture after the traffic. A reader waits at most a second for the
+            scheduler's next safe point and is otherwise given the older capture (here the one
+            taken at start), so it asks again, as the radix pane does, for at most 20 s."""
             found = await discover(port=int(served.url.rsplit(":", 1)[1]))
             urls = [u for s in found.servers if s.url == served.url for u in s.instrument_urls]
             assert urls, found
             probe = RadixProbe(urls[0])
             try:
-                return await probe.poll()
+                deadline = time.monotonic() + 20
+                while True:
+                    snap = getattr(await probe.poll(), "snapshot", None)
+                    if (snap is not None and snap.counters.lock_ops > 0) or time.monotonic() > deadline:
+                        return snap
+                    await asyncio.sleep(0.5)
             finally:
                 await probe.aclose()
 
-        snap = getattr(asyncio.run(snapshot()), "snapshot", None)
+        snap = asyncio.run(snapshot())
         assert snap is not None and snap.counters.evictions > 0, snap  # the tree filled, and evicted
     finally:
         served.stop()

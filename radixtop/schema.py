@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 SCHEMA_VERSION = 1
 API_PREFIX = f"/radixtop/v{SCHEMA_VERSION}"
@@ -455,8 +455,16 @@ class Branch(NamedTuple):
     children: tuple[int, ...]  # indices in the same list
 
 
+class Branches(Protocol):
+    """Branches by index: a list of them, or a tree that makes each when asked for."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Branch: ...
+
+
 def heaviest_first(
-    branches: Sequence[Branch], roots: Sequence[int], budget: int,
+    branches: Branches, roots: Sequence[int], budget: int,
     head_of: Callable[[int], tuple[int, ...]] = lambda _: (),
 ) -> TreeView:
     """The rows of a rebuilt tree as the instrument's walk sends them: the root row, then nodes

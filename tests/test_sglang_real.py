@@ -594,6 +594,12 @@ def test_the_rebuild_does_not_lean_on_the_walks_row_order_and_refuses_ragged_row
     assert census.node_count == 6 and census.total_tokens == 16
     assert {(row.id, row.tokens, row.lock_ref) for row in first.nodes[1:]} == {
         (10, 6, 1), (20, 4, 1), (30, 2, 0), (32, 1, 0), (40, 1, 0), (50, 2, 0)}
+    # The digest is the shape's: other slots for the same chains keep it, a lock or a length changes it.
+    moved = walk(*((b + 100 if b >= 0 else -1, [s + 100 for s in run], locked) for b, run, locked in chains))
+    unlocked = walk(*chains[:2], (15, [30, 31, 32], True), *chains[3:])
+    longer = walk(*chains[:4], (-1, [50, 51, 52], False))
+    digests = [slot_chains.build(w, 64)[1].digest for w in (given, moved, unlocked, longer)]
+    assert digests[0] == digests[1] and len(set(digests)) == 3, digests
     with pytest.raises(ValueError, match="differ in length"):
         slot_chains.build(slot_chains.SlotWalk([1, 2], [0, 1], [-1], []), 64)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -62,15 +63,6 @@ def read_walk(core: Any) -> SlotWalk:
     return SlotWalk(every.slot_indices, every.positions, every.prev_slot_indices, free.slot_indices)
 
 
-@dataclass(frozen=True)
-class _Chain:
-    first: int  # its first slot
-    tokens: int
-    locked: bool
-    parent: int  # the parent chain's index, -1 under the root
-    position: int  # of its first slot
-
-
 class HeldPath(NamedTuple):
     """A path a request holds locked: its last device slot (None: unknown) and the request's token
     id at a position (None where it has none)."""
@@ -81,8 +73,16 @@ class HeldPath(NamedTuple):
 
 @dataclass(frozen=True)
 class _Rebuilt:
-    chains: list[_Chain]
-    children: list[list[int]]
+    """The chains as columns, in parent-before-child order (chain i: first[i], tokens[i], ...),
+    and the slot maps. Columns, not an object per chain: making 4k frozen records was a fifth of
+    a 100k-slot rebuild."""
+
+    first: list[int]  # each chain's first slot
+    tokens: list[int]
+    locked: list[bool]
+    parent: list[int]  # the parent chain's index, -1 under the root
+    position: list[int]  # of its first slot
+    digest: str  # of the chains' shapes (position, tokens, locked), whatever their slots or order
     slots: int
     row_of_slot: Any  # a tensor indexed by slot: its row in the walk, -1 where the walk lacks it
     positions: Any  # by row
@@ -99,7 +99,7 @@ class _Rebuilt:
         row = self._row(slot)
         return None if row is None else int(self.chain_of_row[row])
 
-    def position(self, slot: int) -> int:
+    def position_of(self, slot: int) -> int:
         """The position of a slot the walk has (chain_of says which)."""
         row = self._row(slot)
         assert row is not None
@@ -107,11 +107,11 @@ class _Rebuilt:
 
 
 def _chains(walk: SlotWalk) -> _Rebuilt:
-    """The chains in parent-before-child order, each chain's children, and the slot maps.
+    """The chains in parent-before-child order, their shapes' digest, and the slot maps.
 
     In torch, the walk's own library (the Rust core hands its rows over as tensors), as whole-walk
     operations: a Python step per slot made a 100k-slot walk ~120 ms of the scheduler process's GIL,
-    against ~6 ms here."""
+    against a few ms here (benchmarks/README.md)."""
     import torch
 
     slots, positions, prevs, unlocked = (
@@ -152,17 +152,26 @@ def _chains(walk: SlotWalk) -> _Rebuilt:
     start_prev = prev_row[starts]  # a chain's prev is the last slot of its parent chain
     parents = torch.where(start_prev >= 0, chain_of_row[start_prev.clamp(min=0)], -1)
     tokens = torch.bincount(head, minlength=n)[starts]
-    chains = [
-        _Chain(first, length, not free, parent, position)
-        for first, length, free, parent, position in zip(
-            slots[starts].tolist(), tokens.tolist(), row_unlocked[starts].tolist(), parents.tolist(),
-            positions[starts].tolist(), strict=True)
-    ]
-    children: list[list[int]] = [[] for _ in chains]
-    for index, chain in enumerate(chains):
-        if chain.parent >= 0:
-            children[chain.parent].append(index)
-    return _Rebuilt(chains, children, n, row_of_slot, positions, chain_of_row)
+    locked = ~row_unlocked[starts]
+    first_position = positions[starts]
+    return _Rebuilt(
+        slots[starts].tolist(), tokens.tolist(), locked.tolist(), parents.tolist(), first_position.tolist(),
+        _shape_digest(first_position, tokens, locked), n, row_of_slot, positions, chain_of_row,
+    )
+
+
+def _shape_digest(position: Any, tokens: Any, locked: Any) -> str:
+    """A digest of the chains' (position, tokens, locked), sorted: equal for the same shape
+    whatever the slots and the rows' order."""
+    import torch
+
+    shape = torch.stack((position, tokens, locked.to(torch.int64)), dim=1)
+    if shape.numel():
+        # One sort key: a position or a length is below the walk's row count (at most
+        # MAX_WALK_SLOTS), so span * span * 2 fits int64.
+        span = int(shape[:, :2].max()) + 1
+        shape = shape[torch.argsort((shape[:, 0] * span + shape[:, 1]) * 2 + shape[:, 2])]
+    return hashlib.blake2b(array("q", shape.reshape(-1).tolist()).tobytes(), digest_size=8).hexdigest()
 
 
 def _heads(
@@ -171,25 +180,39 @@ def _heads(
     """Each chain on a held path: its first `head_n` token ids, from the request holding it (the
     longest any holder gives: a chain the path ends inside of is known only up to the path's end)."""
     heads: dict[int, tuple[int, ...]] = {}
-    chains = rebuilt.chains
+    positions, lengths, parents = rebuilt.position, rebuilt.tokens, rebuilt.parent
     for path, end in zip(held, ends, strict=True):
         if end is None or path.token_at is None or path.last_slot is None:
             continue
-        last_position = rebuilt.position(path.last_slot)
+        last_position = rebuilt.position_of(path.last_slot)
         index = end
         while index >= 0:
-            chain = chains[index]
-            stop = min(chain.position + min(chain.tokens, head_n), last_position + 1)
+            position = positions[index]
+            stop = min(position + min(lengths[index], head_n), last_position + 1)
             head = []
-            for p in range(chain.position, stop):
+            for p in range(position, stop):
                 token = path.token_at(p)
                 if token is None:
                     break
                 head.append(token)
             if len(head) > len(heads.get(index, ())):
                 heads[index] = tuple(head)
-            index = chain.parent
+            index = parents[index]
     return heads
+
+
+class _Branches:
+    """The chains as heaviest_first's branches, each made when asked for: it asks for the rows it
+    sends and their children, not for the whole tree."""
+
+    def __init__(self, count: int, branch: Callable[[int], Branch]) -> None:
+        self._count, self._branch = count, branch
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> Branch:
+        return self._branch(index)
 
 
 def build(
@@ -200,27 +223,28 @@ def build(
     with the heads of the chains on held paths filled in (`head_n` ids at most)."""
     started = time.monotonic()
     rebuilt = _chains(walk)
-    chains, children, total = rebuilt.chains, rebuilt.children, rebuilt.slots
+    count, parents, lengths, locked = len(rebuilt.first), rebuilt.parent, rebuilt.tokens, rebuilt.locked
     ends = [rebuilt.chain_of(path.last_slot) for path in held]
     heads = _heads(rebuilt, held, ends, head_n) if head_n else {}
-    subtree = [c.tokens for c in chains]
-    for i in range(len(chains) - 1, -1, -1):  # children come after their parents
-        parent = chains[i].parent
+    children: list[list[int]] = [[] for _ in range(count)]
+    subtree = list(lengths)
+    for i in range(count - 1, -1, -1):  # children come after their parents
+        parent = parents[i]
         if parent >= 0:
             subtree[parent] += subtree[i]
-    branches = [
-        Branch(c.first, c.tokens, 1 if c.locked else 0, subtree[i], tuple(children[i])) for i, c in enumerate(chains)
-    ]
-    tree = heaviest_first(
-        branches, [i for i, c in enumerate(chains) if c.parent < 0], budget, lambda i: heads.get(i, ())
-    )
-    locked_nodes = sum(1 for c in chains if c.locked)
-    shape = hashlib.blake2b(digest_size=8)
-    for c in sorted(chains, key=lambda c: (c.position, c.tokens, c.locked)):
-        shape.update(f"{c.position},{c.tokens},{int(c.locked)};".encode())
+            children[parent].append(i)
+    for kids in children:
+        kids.reverse()  # ascending, as heaviest_first breaks ties by index
+
+    def branch(i: int) -> Branch:
+        return Branch(rebuilt.first[i], lengths[i], 1 if locked[i] else 0, subtree[i], tuple(children[i]))
+
+    roots = [i for i, parent in enumerate(parents) if parent < 0]
+    tree = heaviest_first(_Branches(count, branch), roots, budget, lambda i: heads.get(i, ()))
+    locked_nodes = sum(locked)
     census = Census(
-        complete=True, node_count=len(chains), total_tokens=total,
-        lock_ref_histogram={k: v for k, v in ((0, len(chains) - locked_nodes), (1, locked_nodes)) if v},
-        digest=shape.hexdigest(), age_s=0.0, seconds=time.monotonic() - started, slices=1, span_s=0.0,
+        complete=True, node_count=count, total_tokens=rebuilt.slots,
+        lock_ref_histogram={k: v for k, v in ((0, count - locked_nodes), (1, locked_nodes)) if v},
+        digest=rebuilt.digest, age_s=0.0, seconds=time.monotonic() - started, slices=1, span_s=0.0,
     )
-    return tree, census, tuple(None if end is None else chains[end].first for end in ends)
+    return tree, census, tuple(None if end is None else rebuilt.first[end] for end in ends)

@@ -47,8 +47,11 @@ def test_demo_lock_race_happens_within_a_minute_and_stop_leaves_nothing(tmp_path
         assert "SIGQUIT received. signum=None, frame=None. It usually means one child failed." in text
         # It dies as SGLang does, and the demo reaps it at once (no poll() here: that would reap
         # it itself): no zombie of the demo's own making in the processes pane.
-        assert _wait_for(lambda: not psutil.pid_exists(demo.sim.pid), 10), "the simulator did not die, or is a zombie"
-        assert demo.sim.returncode not in (None, 0)
+        # The reaper thread's wait() records the status just after the kernel lets the pid go.
+        assert _wait_for(lambda: not psutil.pid_exists(demo.sim.pid) and demo.sim.returncode is not None, 10), (
+            "the simulator did not die, or is a zombie"
+        )
+        assert demo.sim.returncode != 0
     finally:
         demo.stop()
     assert _gone(demo.sim.pid)

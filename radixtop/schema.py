@@ -466,13 +466,17 @@ class Branches(Protocol):
 def heaviest_first(
     branches: Branches, roots: Sequence[int], budget: int,
     head_of: Callable[[int], tuple[int, ...]] = lambda _: (),
+    weights: Sequence[int] | None = None,
 ) -> TreeView:
     """The rows of a rebuilt tree as the instrument's walk sends them: the root row, then nodes
     heaviest subtree first within `budget` (a prefix of the rows is a connected tree; ties go to
-    the lower index). `head_of(index)`: a node's first token ids, asked only for the rows sent."""
-    total = sum(branches[i].subtree for i in roots)
+    the lower index). `head_of(index)`: a node's first token ids, asked only for the rows sent.
+    `weights`: each branch's subtree by index, where the caller has them: then a branch is asked
+    for only when its row is sent, not for each child weighed."""
+    weight = weights.__getitem__ if weights is not None else (lambda i: branches[i].subtree)
+    total = sum(weight(i) for i in roots)
     rows = [NodeRow(None, -1, 0, 0, False, None, None, len(roots), total, ())]
-    heap = [(-branches[i].subtree, i, 0) for i in roots]
+    heap = [(-weight(i), i, 0) for i in roots]
     heapq.heapify(heap)
     walked_tokens = 0
     while heap and len(rows) <= budget:
@@ -484,7 +488,7 @@ def heaviest_first(
         walked_tokens += b.tokens
         row = len(rows) - 1
         for child in b.children:
-            heapq.heappush(heap, (-branches[child].subtree, child, row))
+            heapq.heappush(heap, (-weight(child), child, row))
     walked = len(rows) - 1
     return TreeView(
         budget=budget, walked_nodes=walked, walked_tokens=walked_tokens, cut_nodes=len(branches) - walked,

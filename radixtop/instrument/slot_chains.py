@@ -83,10 +83,16 @@ class _Rebuilt:
     parent: list[int]  # the parent chain's index, -1 under the root
     position: list[int]  # of its first slot
     digest: str  # of the chains' shapes (position, tokens, locked), whatever their slots or order
+    by_parent: list[int]  # the chains ordered by parent (the roots first), ascending within each
+    first_child: list[int]  # by_parent[first_child[p + 1]:first_child[p + 2]]: chain p's children
     slots: int
     row_of_slot: Any  # a tensor indexed by slot: its row in the walk, -1 where the walk lacks it
     positions: Any  # by row
     chain_of_row: Any  # by row: the index of the chain holding it
+
+    def children(self, chain: int) -> tuple[int, ...]:
+        """A chain's children, ascending; chain -1: the roots."""
+        return tuple(self.by_parent[self.first_child[chain + 1] : self.first_child[chain + 2]])
 
     def _row(self, slot: int | None) -> int | None:
         if slot is None or not 0 <= slot < self.row_of_slot.numel():
@@ -154,9 +160,14 @@ def _chains(walk: SlotWalk) -> _Rebuilt:
     tokens = torch.bincount(head, minlength=n)[starts]
     locked = ~row_unlocked[starts]
     first_position = positions[starts]
+    # Each chain's children as a slice of the chains sorted by parent: 4k lists made per rebuild
+    # (and the collections they set off in the scheduler's process) for the ~100 chains sent.
+    by_parent = torch.argsort(parents, stable=True)
+    first_child = torch.cumsum(torch.bincount(parents + 1, minlength=starts.numel() + 1), 0)
     return _Rebuilt(
         slots[starts].tolist(), tokens.tolist(), locked.tolist(), parents.tolist(), first_position.tolist(),
-        _shape_digest(first_position, tokens, locked), n, row_of_slot, positions, chain_of_row,
+        _shape_digest(first_position, tokens, locked), by_parent.tolist(), [0, *first_child.tolist()],
+        n, row_of_slot, positions, chain_of_row,
     )
 
 
@@ -226,21 +237,16 @@ def build(
     count, parents, lengths, locked = len(rebuilt.first), rebuilt.parent, rebuilt.tokens, rebuilt.locked
     ends = [rebuilt.chain_of(path.last_slot) for path in held]
     heads = _heads(rebuilt, held, ends, head_n) if head_n else {}
-    children: list[list[int]] = [[] for _ in range(count)]
     subtree = list(lengths)
     for i in range(count - 1, -1, -1):  # children come after their parents
         parent = parents[i]
         if parent >= 0:
             subtree[parent] += subtree[i]
-            children[parent].append(i)
-    for kids in children:
-        kids.reverse()  # ascending, as heaviest_first breaks ties by index
 
     def branch(i: int) -> Branch:
-        return Branch(rebuilt.first[i], lengths[i], 1 if locked[i] else 0, subtree[i], tuple(children[i]))
+        return Branch(rebuilt.first[i], lengths[i], 1 if locked[i] else 0, subtree[i], rebuilt.children(i))
 
-    roots = [i for i, parent in enumerate(parents) if parent < 0]
-    tree = heaviest_first(_Branches(count, branch), roots, budget, lambda i: heads.get(i, ()))
+    tree = heaviest_first(_Branches(count, branch), rebuilt.children(-1), budget, lambda i: heads.get(i, ()), subtree)
     locked_nodes = sum(locked)
     census = Census(
         complete=True, node_count=count, total_tokens=rebuilt.slots,

@@ -74,8 +74,8 @@ class HeldPath(NamedTuple):
 @dataclass(frozen=True)
 class _Rebuilt:
     """The chains as columns, in parent-before-child order (chain i: first[i], tokens[i], ...),
-    and the slot maps. Columns, not an object per chain: making 4k frozen records was a fifth of
-    a 100k-slot rebuild."""
+    and the slot maps. Columns, not an object per chain: 4k frozen records would be a fifth of a
+    100k-slot rebuild."""
 
     first: list[int]  # each chain's first slot
     tokens: list[int]
@@ -160,8 +160,8 @@ def _chains(walk: SlotWalk) -> _Rebuilt:
     tokens = torch.bincount(head, minlength=n)[starts]
     locked = ~row_unlocked[starts]
     first_position = positions[starts]
-    # Each chain's children as a slice of the chains sorted by parent: 4k lists made per rebuild
-    # (and the collections they set off in the scheduler's process) for the ~100 chains sent.
+    # Each chain's children as a slice of the chains sorted by parent: a list per chain would be
+    # 4k lists (and the collections they set off in the scheduler's process) for ~100 chains sent.
     by_parent = torch.argsort(parents, stable=True)
     first_child = torch.cumsum(torch.bincount(parents + 1, minlength=starts.numel() + 1), 0)
     return _Rebuilt(

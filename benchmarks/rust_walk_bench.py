@@ -41,24 +41,25 @@ def filled(backend: str, slots: int) -> object:
     return cache
 
 
-def best(fn, repeat: int) -> tuple[float, object]:
+def timed(fn, runs: int) -> tuple[list[float], object]:
+    """This thread's CPU time of `runs` calls in a row, sorted, and the last call's result."""
     times, out = [], None
-    for _ in range(repeat):
+    for _ in range(runs):
         started = time.thread_time()
         out = fn()
         times.append(time.thread_time() - started)
-    return min(times), out
+    return sorted(times), out
+
+
+def best(fn, repeat: int) -> tuple[float, object]:
+    times, out = timed(fn, repeat)
+    return times[0], out
 
 
 def spread(fn, runs: int = 60) -> tuple[float, float]:
     """Median and 90th percentile of `runs` calls in a row: the best hides the collections that
     a call's garbage sets off."""
-    times = []
-    for _ in range(runs):
-        started = time.thread_time()
-        fn()
-        times.append(time.thread_time() - started)
-    times.sort()
+    times, _ = timed(fn, runs)
     return times[runs // 2], times[runs * 9 // 10]
 
 

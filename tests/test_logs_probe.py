@@ -16,10 +16,13 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixtop.probes.follow import LogFollower
 from radixtop.probes.logbatch import LogBatch, LogNotice, LogRecord, SourceHealth
 from radixtop.probes.tailer import Tailer as _Tailer
+from radixtop.probes.tailer import _Generation
 
 TIMEOUT = 5.0
 
@@ -838,3 +841,27 @@ def test_read_now_reads_in_the_callers_thread_what_the_reader_would_read_next(tm
         assert follower.take() is None
     finally:
         follower.stop()
+
+
+_PIECES = [b"decode batch", b" ", b"\n", b"\r\n", b"\x1b[31m", b"\xff", "é".encode(), b"\xe2\x82", b"x" * 30]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map(b"".join), min_size=1, max_size=6))
+def test_the_bytes_a_read_keeps_are_its_lines_as_utf8_or_none(reads):
+    """The reader keeps a read's bytes for the matcher (LogRun.raw) only where they are its lines
+    exactly: joined by newlines they are the bytes, UTF-8. Escapes, CRs, bad bytes, cut lines and
+    a line begun in an earlier read make it None."""
+    gen = _Generation(0, os.stat(__file__), 0, 0)
+    for data in reads:
+        split = gen.split(data, 40)
+        if split.raw is not None:
+            assert split.raw == "\n".join(split.texts).encode("utf-8")
+            assert split.texts
+
+
+def test_a_plain_read_keeps_its_bytes():
+    gen = _Generation(0, os.stat(__file__), 0, 0)
+    assert gen.split(b"one\ntwo\nthree", 40).raw == b"one\ntwo"
+    assert gen.split(b" more\nfour\n", 40).raw is None, "its first line began in the read before"
+    assert gen.split(b"five\nsix\n", 40).raw == b"five\nsix"

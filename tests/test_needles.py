@@ -12,7 +12,7 @@ from radixtop.diagnosis.findings import FindingsBuilder
 from radixtop.diagnosis.matcher import Matcher
 from radixtop.diagnosis.needles import PRINTED_TREE_NEEDLES, RARE_NEEDLES
 from radixtop.diagnosis.printed_tree import PrintedTreeReader
-from radixtop.probes.logbatch import LogBatch, LogRecord
+from radixtop.probes.logbatch import LogBatch, LogLines, LogRecord, LogRun
 from radixtop.session.ingest import Ingestor
 from radixtop.session.needles import NEEDLES
 from radixtop.session.vitals import live_lines
@@ -107,3 +107,31 @@ def test_the_printed_tree_reader_and_the_vitals_read_the_same_lines_from_the_nee
     assert needles is not None
     picked = live_lines(long, needles.of(RARE_NEEDLES))
     assert list(picked) == list(live_lines(long)) and len(picked) > 500
+
+
+def test_the_ingest_finds_the_same_from_the_readers_bytes_as_from_the_texts():
+    """A run the reader kept the bytes of (LogRun.raw) is scanned from them, not joined and
+    encoded again: the marks and needles are the same as from its texts, and the bytes are let
+    go once scanned (the ring keeps the texts alone)."""
+    rng = random.Random(11)
+    from_raw, from_texts = ingestor(), ingestor()
+    lines = mixed_lines(rng, 3000)
+    i, number = 0, 1
+    while i < len(lines):
+        size = rng.randint(1, 400)
+        groups = []
+        for _ in range(rng.randint(1, 2)):  # one file's lines read twice between frames, at times
+            texts = lines[i : i + size]
+            if texts:
+                groups.append((number, texts))
+                number += len(texts)
+                i += len(texts)
+        with_raw = [LogRun("a.log", 0, n, t, 0.0, raw="\n".join(t).encode()) for n, t in groups]
+        plain = [LogRun("a.log", 0, n, t, 0.0) for n, t in groups]
+        got = from_raw.process(LogBatch(LogLines(with_raw), ()))
+        want = from_texts.process(LogBatch(LogLines(plain), ()))
+        assert got.marks == want.marks
+        assert got.needles == want.needles
+        assert all(run.take_raw() is None for run in with_raw)
+    assert from_raw.process(LogBatch(LogLines(), ())).marks == {}
+    assert from_raw._builder.report().findings == from_texts._builder.report().findings

@@ -186,7 +186,7 @@ async def test_painted_log_rows_are_what_textuals_update_writes_for_them(
         height = view.scrollable_content_region.height
         area = rows_area(view, height)
         assert area is not None and area.height == height > 0
-        painted = rows_text(app.console, area, view.render_lines(Region(0, 0, view.size.width, height)))
+        painted = rows_text(area, view.row_texts(height))
         compositor = app.screen._compositor
         stock = _partial_update(compositor, Compositor, [area], app.console)
         compositor.__class__ = CroppedCompositor
@@ -241,7 +241,7 @@ async def test_paint_rows_writes_the_rows_in_one_synchronized_write(monkeypatch:
         monkeypatch.setattr(app._driver, "write", written.append)
         app._sync_available = True
         widget = app.query_one("#under", Static)
-        rows = [Strip([Segment("x" * 10)], 10)]
+        rows = [Strip([Segment("x" * 10)], 10).render(app.console)]
         assert paint_rows(widget, 1, lambda: rows)
         assert written == ["\x1b[?2026h\x1b[2;1Hxxxxxxxxxx\x1b[1;1H\x1b[?2026l"]
         widget.refresh(layout=True)

@@ -596,10 +596,11 @@ class Matcher:
         hits.sort()
         return hits
 
-    def line_hits(self, texts: Sequence[str]) -> list[tuple[int, int]]:
+    def line_hits(self, texts: Sequence[str], raw: bytes | None = None) -> list[tuple[int, int]]:
         """(line index, signature index) for each line of ``texts`` a signature matches, once per
-        pair, in line order: one scan of the lines joined."""
-        data = ("\n".join(texts) + "\n").encode("utf-8", "replace")
+        pair, in line order: one scan of the lines joined. `raw`: the texts joined by newlines as
+        UTF-8 already, where the caller has them (then `texts` is not read)."""
+        data = raw if raw is not None else "\n".join(texts).encode("utf-8", "replace")
         out: list[tuple[int, int]] = []
         line, pos = 0, 0
         for end, index in self.scan(data):  # sorted by offset: count the newlines in between

@@ -107,10 +107,12 @@ class LogRun:
 
     `texts` must not be changed. `first_lineno` is the first line's 1-based number; for a run read
     before the lines above it were counted it waits for that count (`numbered` says whether it
-    would wait); `lineno_or_none` never waits.
+    would wait); `lineno_or_none` never waits. `raw`, where the reader had it: the texts joined
+    by newlines, as UTF-8 (the bytes it read, which decoded to them unchanged), for a matcher to
+    scan without joining and encoding them again; `take_raw` hands it over once.
     """
 
-    __slots__ = ("_first", "_numbering", "_widest", "generation", "received", "source", "texts")
+    __slots__ = ("_first", "_numbering", "_raw", "_widest", "generation", "received", "source", "texts")
 
     def __init__(
         self,
@@ -121,6 +123,7 @@ class LogRun:
         received: float,
         numbering: Numbering | None = None,
         widest: int | None = None,
+        raw: bytes | None = None,
     ) -> None:
         self.source = source
         self.generation = generation
@@ -129,6 +132,7 @@ class LogRun:
         self.received = received
         self._numbering = numbering
         self._widest = widest  # the reader's split measured it already; else measured when asked
+        self._raw = raw
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -145,6 +149,12 @@ class LogRun:
         if widest is None:
             widest = self._widest = max(map(len, self.texts), default=0)
         return widest
+
+    def take_raw(self) -> bytes | None:
+        """`raw` (see the class), then None: its one reader takes it, and the ring that keeps the
+        run keeps the texts alone."""
+        raw, self._raw = self._raw, None
+        return raw
 
     @property
     def numbered(self) -> bool:

@@ -43,7 +43,7 @@ import threading
 import time
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixtop.probes.backlog import Numbering, SkippedLines, close_quietly, count_in_background, start_of_backlog
 from radixtop.probes.logbatch import HealthState, LogLines, LogNotice, LogRun, NoticeKind, SourceHealth
@@ -118,6 +118,18 @@ def _head(path: str) -> bytes | None:
         os.close(fd)
 
 
+class _Lines(NamedTuple):
+    """What a read's bytes held: its complete lines, the longest one's length, and the lines'
+    bytes as read (joined by newlines) where decoding them changed nothing, for the matcher."""
+
+    texts: list[str]
+    widest: int
+    raw: bytes | None
+
+
+_NO_LINES = _Lines([], 0, None)
+
+
 class _Generation:
     """One opened file (one inode) at a path: its fd, read offset and the line being assembled."""
 
@@ -167,13 +179,12 @@ class _Generation:
         self.dropped = 0
         return text
 
-    def split(self, data: bytes, max_line: int) -> tuple[list[str], int]:
-        """Complete lines in data (prefixed by the held partial line), and the longest one's
-        length; keeps the new partial."""
+    def split(self, data: bytes, max_line: int) -> _Lines:
+        """Complete lines in data (prefixed by the held partial line); keeps the new partial."""
         first_nl = data.find(b"\n")
         if first_nl < 0:
             self.hold(data, max_line)
-            return [], 0
+            return _NO_LINES
         lines: list[str] = []
         widest = 0
         start = 0
@@ -183,33 +194,46 @@ class _Generation:
             widest = len(lines[0])
             start = first_nl + 1
         last_nl = data.rfind(b"\n")
+        raw = None
         if last_nl >= start:
-            block, block_widest = self._block(data[start:last_nl], max_line)
-            lines.extend(block)
+            block = data[start:last_nl]
+            block_lines, block_widest, exact = self._block(block, max_line)
+            raw = block if exact and not lines else None
+            lines.extend(block_lines)
             widest = max(widest, block_widest)
         self.hold(data[last_nl + 1 :], max_line)
-        return lines, widest
+        return _Lines(lines, widest, raw)
 
-    def _block(self, block: bytes, max_line: int) -> tuple[list[str], int]:
-        """Lines of a block of whole lines (no final newline), decoded and cleaned in one call each.
+    def _block(self, block: bytes, max_line: int) -> tuple[list[str], int, bool]:
+        """Lines of a block of whole lines (no final newline), decoded and cleaned in one call
+        each; their longest length; and whether they are the block's bytes unchanged (valid
+        UTF-8, no CR, escape or cut line).
 
         '\n' never occurs inside a UTF-8 multi-byte sequence, and neither the CR nor the ANSI
         replacement touches it, so doing them on the whole block then splitting gives the same
         lines as splitting first, at a fraction of the per-line cost."""
-        text = block.decode("utf-8", "replace")
+        try:
+            text = block.decode("utf-8")
+            exact = True
+        except UnicodeDecodeError:
+            text = block.decode("utf-8", "replace")
+            exact = False
         if "\r" in text:
             text = text.replace("\r\n", "\n").removesuffix("\r")
-        text = strip_ansi(text)
-        lines = text.split("\n")
+            exact = False
+        cleaned = strip_ansi(text)
+        exact = exact and cleaned is text
+        lines = cleaned.split("\n")
         widest = max(map(len, lines))  # once here: the pane's width and the cut below both need it
         if widest > max_line:
+            exact = False
             raw = block.split(b"\n")  # rare: only to tell each long line's length in bytes
             for i, line in enumerate(lines):
                 if len(line) > max_line:
                     lines[i] = _cut(line, max_line, len(raw[i]))
                     self.cut += 1
             widest = max(map(len, lines))
-        return lines, widest
+        return lines, widest, exact
 
 
 class _Source:
@@ -528,15 +552,16 @@ class Tailer:
             got += len(data)
             if check_boundary:
                 gen.boundary = (gen.boundary + data[-_BOUNDARY:])[-_BOUNDARY:]
-            texts, widest = gen.split(data, self.max_line)
-            if texts:
-                self.emit(source, gen, texts, received, widest)
+            split = gen.split(data, self.max_line)
+            if split.texts:
+                self.emit(source, gen, split.texts, received, split.widest, split.raw)
             if len(data) < want:
                 break
         return got, False
 
     def emit(
-        self, source: _Source, gen: _Generation, texts: list[str], received: float, widest: int | None = None
+        self, source: _Source, gen: _Generation, texts: list[str], received: float, widest: int | None = None,
+        raw: bytes | None = None,
     ) -> None:
         numbering = gen.numbering
         if numbering is not None and numbering.done.is_set():
@@ -544,7 +569,7 @@ class Tailer:
             gen.numbering = None
             if numbering.error:
                 self.notice(source.path, "error", numbering.error)
-        self.runs.append(LogRun(source.path, gen.number, gen.lineno + 1, texts, received, gen.numbering, widest))
+        self.runs.append(LogRun(source.path, gen.number, gen.lineno + 1, texts, received, gen.numbering, widest, raw))
         gen.lineno += len(texts)
         source.lines += len(texts)
         source.last_line_at = received
@@ -676,9 +701,9 @@ class Tailer:
                 gen.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
             if out:
                 produced += len(out)
-                texts, widest = gen.split(out, self.max_line)
-                if texts:
-                    self.emit(source, gen, texts, time.monotonic(), widest)
+                split = gen.split(out, self.max_line)
+                if split.texts:
+                    self.emit(source, gen, split.texts, time.monotonic(), split.widest, split.raw)
         return True
 
     def done_compressed(self, source: _Source, gen: _Generation, problem: str) -> bool:
@@ -766,10 +791,10 @@ class Tailer:
                 if not data:
                     break
                 got += len(data)
-                texts, widest = gen.split(data, self.max_line)
-                if texts:
-                    lines += len(texts)
-                    self.emit(source, gen, texts, time.monotonic(), widest)
+                split = gen.split(data, self.max_line)
+                if split.texts:
+                    lines += len(split.texts)
+                    self.emit(source, gen, split.texts, time.monotonic(), split.widest, split.raw)
         except OSError:
             pass
         finally:

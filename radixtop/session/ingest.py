@@ -90,6 +90,15 @@ def runs_of(records: Sequence[Any]) -> list[LogRun]:
     return out
 
 
+def _raw_of(runs: Sequence[LogRun]) -> bytes | None:
+    """The runs' lines joined by newlines as UTF-8, from the bytes the reader kept (LogRun.raw);
+    None unless every run has them."""
+    raws = [run.take_raw() for run in runs]
+    if any(raw is None for raw in raws):
+        return None
+    return raws[0] if len(raws) == 1 else b"\n".join(raws)  # type: ignore[arg-type]
+
+
 def finding_file(source: str, generation: int) -> str:
     """The file name a finding's occurrence carries: after a rotation, line numbers restart."""
     return source if generation == 0 else f"{source} (generation {generation})"
@@ -312,7 +321,7 @@ class Ingestor:
                 take = texts[: hit.need]
                 hit.after.extend(take)
                 hit.need -= len(take)
-        hits = self._matcher.line_hits(texts)
+        hits = self._matcher.line_hits(texts, _raw_of(runs))
         signatures = self._signatures
         found = [hit for hit in hits if hit[1] >= signatures]
         if found:

@@ -35,9 +35,10 @@ from radixtop.session.incident_state import IncidentState, LogEntry
 from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.widgets.keys import LOG_DOWN, LOG_END, LOG_PAGE_DOWN, LOG_PAGE_UP, LOG_TOP, LOG_UP, TO_FINDINGS, binding
-from radixtop.widgets.textual_private import draw_now, paint_rows, update_scrollbars
+from radixtop.widgets.textual_private import draw_now, paint_rows, style_renderer, update_scrollbars
 
 _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
+_PLAIN_LEAD = "   "  # a plain line's marker column: no severity
 _MAX_SOURCE_WIDTH = 16
 
 
@@ -302,7 +303,7 @@ class LogView(ScrollView, can_focus=True):
             self._painting = False
         self._anchor = self.state.view_seq(round(self.scroll_y))
         height = self.scrollable_content_region.height
-        if paint_rows(self, height, lambda: self.render_lines(Region(0, 0, self.size.width, height))):
+        if paint_rows(self, height, lambda: self.row_texts(height)):
             return True
         self.refresh_rows()
         draw_now(self)
@@ -453,6 +454,36 @@ class LogView(ScrollView, can_focus=True):
         finally:
             self._frame = None
 
+    def row_texts(self, height: int) -> list[str]:
+        """The terminal text of the first `height` rows, each the whole width, as Strip.render
+        writes each row's Strip: for a frame written past the compositor (paint_rows). A plain
+        line's row is written from its pieces and its two styles' codes, with no Strip made
+        between (a flood's frame is a screenful of new rows: their Strips were a third of it);
+        any other row is its Strip, rendered."""
+        console = self.app.console
+        self._frame = frame = self._frame_now()
+        try:
+            if not frame.plain_box or frame.scroll_x or self.state.search_text:
+                return [strip.render(console) for strip in self.render_lines(Region(0, 0, frame.width, height))]
+            styled = style_renderer(console)
+            combined = self._combined
+            plain = self._styled(None, frame.base, combined)
+            dim = self._styled(self._style("dim"), frame.base, combined)
+            lead = styled(plain, _PLAIN_LEAD)
+            state, cursor, width = self.state, self.cursor_seq, frame.width
+            texts = []
+            for y in range(height):
+                seq = state.view_seq(frame.scroll_y + y)
+                line = state.plain_line(seq) if seq is not None and seq != cursor else None
+                pieces = self._plain_pieces(line[0], line[1], width) if line is not None else None
+                if pieces is None:
+                    texts.append(self.render_line(y).render(console))
+                else:
+                    texts.append(lead + styled(dim, pieces[0]) + styled(plain, pieces[1]))
+            return texts
+        finally:
+            self._frame = None
+
     def _frame_now(self) -> _Frame:
         """What every row of a frame needs; the finished rows are dropped when they were made for
         another scroll column, width, style, line filters or background."""
@@ -536,6 +567,16 @@ class LogView(ScrollView, can_focus=True):
         style for style; None for any other line. Most rows of a busy log are these, and each
         frame of a flood is a screenful of new ones: the general path's pieces, overlays and
         merging were most of such a frame."""
+        pieces = self._plain_pieces(source, text, width)
+        if pieces is None:
+            return None
+        plain = self._styled(None, base, self._combined)
+        dim = self._styled(self._style("dim"), base, self._combined)
+        return Row([Segment(_PLAIN_LEAD, plain), Segment(pieces[0], dim), Segment(pieces[1], plain)], width)
+
+    def _plain_pieces(self, source: str, text: str, width: int) -> tuple[str, str] | None:
+        """A plain row's dim part (source, time, rank) and its message cut or padded to the
+        width, after the blank marker; None where the line needs the general path."""
         if not (text.isascii() and text.isprintable()):
             return None
         m = _SGLANG_PREFIX.match(text)
@@ -553,19 +594,10 @@ class LogView(ScrollView, can_focus=True):
             if not label.isprintable():
                 return None
             dim_text = label.ljust(source_width) + " " + dim_text
-        room = width - 3 - len(dim_text)
+        room = width - len(_PLAIN_LEAD) - len(dim_text)
         if room <= 0:
             return None
-        plain = self._styled(None, base, self._combined)
-        message = text[m.end() : m.end() + room]
-        return Row(
-            [
-                Segment("   ", plain),
-                Segment(dim_text, self._styled(self._style("dim"), base, self._combined)),
-                Segment(message + " " * (room - len(message)), plain),
-            ],
-            width,
-        )
+        return dim_text, text[m.end() : m.end() + room].ljust(room)
 
     def _styled(self, style: Style | None, base: Style, combined: dict) -> Style:
         """base + style, through the app's line filters (NO_COLOR's monochrome, ANSI colours to

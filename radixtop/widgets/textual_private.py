@@ -7,8 +7,11 @@ upgrade breaks a test rather than the screen.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
+from rich.color import ColorSystem
+from rich.style import Style
 from textual._ansi_sequences import SYNC_END, SYNC_START
 from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
@@ -21,6 +24,7 @@ __all__ = [
     "paint_rows",
     "rows_area",
     "rows_text",
+    "style_renderer",
     "update_scrollbars",
 ]
 
@@ -160,18 +164,26 @@ def rows_area(widget: Any, height: int, screen: Any = None) -> Region | None:
     return area
 
 
-def rows_text(console: Any, area: Region, rows: list[Strip]) -> str:
-    """The terminal text that puts `rows` on `area`'s rows, as Textual's update writes them for a
-    repaint of those rows: a cursor move and the row's styled text each (`console`: the app's)."""
+def rows_text(area: Region, rows: list[str]) -> str:
+    """The terminal text that puts `rows` (each a row's styled text, as Strip.render writes it)
+    on `area`'s rows, as Textual's update writes them for a repaint of those rows: a cursor move
+    and the row's text each."""
     x = area.x + 1
-    return "".join(f"\x1b[{area.y + i + 1};{x}H" + row.render(console) for i, row in enumerate(rows))
+    return "".join(f"\x1b[{area.y + i + 1};{x}H" + row for i, row in enumerate(rows))
 
 
-def paint_rows(widget: Any, height: int, render: Callable[[], list[Strip]]) -> bool:
-    """Write a widget's first `height` rows, `render()` (each exactly the widget's width), to the
-    terminal now, in one write, as Textual's screen update would; False, rendering and writing
-    nothing, where that update would do more than repaint widgets (draw_now's cases), the app
-    draws to no terminal, or the rows are not all on screen in front of everything else.
+def style_renderer(console: Any) -> Callable[[Style, str], str]:
+    """`styled(style, text)`: the text of a Segment(text, style) as Strip.render writes it for the
+    console (its colour system is private to rich)."""
+    return partial(Strip.render_style, color_system=console._color_system or ColorSystem.TRUECOLOR)
+
+
+def paint_rows(widget: Any, height: int, render: Callable[[], list[str]]) -> bool:
+    """Write a widget's first `height` rows, `render()` (each row's styled text, exactly the
+    widget's width, as Strip.render writes it), to the terminal now, in one write, as Textual's
+    screen update would; False, rendering and writing nothing, where that update would do more
+    than repaint widgets (draw_now's cases), the app draws to no terminal, or the rows are not all
+    on screen in front of everything else.
 
     Following a flood, each frame of the log pane is a screenful of new rows and nothing else:
     the compositor's general pass (its dirty regions, each screen row's cuts, the rows divided
@@ -184,7 +196,7 @@ def paint_rows(widget: Any, height: int, render: Callable[[], list[Strip]]) -> b
     area = rows_area(widget, height, screen)
     if area is None:
         return False
-    text = rows_text(app.console, area, render())
+    text = rows_text(area, render())
     x, y = screen.outer_size.clamp_offset(app.cursor_position)
     text += f"\x1b[{y + 1};{x + 1}H"  # where Textual leaves the cursor after each update
     app._driver.write(f"{SYNC_START}{text}{SYNC_END}" if app._sync_available else text)

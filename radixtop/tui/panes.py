@@ -237,9 +237,10 @@ class Panes:
                 self._read_printed_trees(runs, needles)
         if self._state is not None and not self._log_feeds_vitals():
             return
-        texts: list[str]
+        texts: Sequence[str]
         if runs is not None:
-            texts = list(chain.from_iterable(run.texts for run in runs))
+            # A flood's batch is one read: its lines as they are, no copy.
+            texts = runs[0].texts if len(runs) == 1 else list(chain.from_iterable(run.texts for run in runs))
         else:
             texts = [r.text for r in batch.records]
         if self._state is None:

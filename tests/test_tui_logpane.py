@@ -780,3 +780,24 @@ async def test_rows_the_compositor_divides_whole_are_freed_without_the_cyclic_co
             gc.garbage.clear()
             gc.enable()
         assert cyclic == []
+
+
+async def test_a_border_given_to_the_log_pane_later_is_drawn_around_its_rows(tmp_path: Path) -> None:
+    """The rows skip Textual's per-line pass only while the pane's box adds nothing to them: a
+    border given later (an inline style, which no stylesheet update announces) is drawn, with its
+    title, and taken away again."""
+    async with log_app(tmp_path, (100, 30), False) as pilot:
+        view = pilot.app.log_view
+        height = view.size.height
+
+        def first_row() -> str:
+            return "".join(text for text, *_ in view.render_lines(Region(0, 0, view.size.width, height))[0])
+
+        assert "Decode" in first_row()
+        view.styles.border = ("round", "red")
+        view.border_title = "log"
+        await pilot.pause(0.1)
+        assert first_row().startswith("╭─") and "log" in first_row()[:12]
+        view.styles.border = ("none", "red")
+        await pilot.pause(0.1)
+        assert "Decode" in first_row() and not first_row().startswith("╭")

@@ -35,7 +35,7 @@ from radixtop.session.incident_state import IncidentState, LogEntry
 from radixtop.textsafe import printable
 from radixtop.themes import SEVERITY_MARKERS
 from radixtop.widgets.keys import LOG_DOWN, LOG_END, LOG_PAGE_DOWN, LOG_PAGE_UP, LOG_TOP, LOG_UP, TO_FINDINGS, binding
-from radixtop.widgets.textual_private import draw_now, paint_rows, style_renderer, update_scrollbars
+from radixtop.widgets.textual_private import draw_now, paint_rows, style_renderer, styles_version, update_scrollbars
 
 _TIME_WIDTH = 12  # "HH:MM:SS.mmm"
 _PLAIN_LEAD = "   "  # a plain line's marker column: no severity
@@ -197,7 +197,8 @@ class LogView(ScrollView, can_focus=True):
         self._layout_key: tuple = ()
         self._rank_width = 0
         self._styles: dict[str, Style] | None = None
-        self._look: tuple[Style, Any] | None = None  # (base style, background)
+        # (base style, background, _plain_styles(), the styles' version they were read at)
+        self._look: tuple[Style, Any, bool, int] | None = None
         self._src_width = 0  # width of the source column (0: one source, no column)
         self._anchor: int | None = None  # seq at the top row: keeps the view still as old lines drop
         self._render_failures = 0
@@ -488,11 +489,12 @@ class LogView(ScrollView, can_focus=True):
         """What every row of a frame needs; the finished rows are dropped when they were made for
         another scroll column, width, style, line filters or background."""
         look = self._look
-        if look is None:
-            # Walking the ancestors for the style and the background costs more than a row: once
-            # per style change is enough.
-            look = self._look = (self.rich_style, self.background_colors[1])
-        base, background = look
+        styles_key = styles_version(self)
+        if look is None or look[3] != styles_key:
+            # Walking the ancestors for the style and the background, and reading the box's rules,
+            # cost more than a row: once per style change is enough.
+            look = self._look = (self.rich_style, self.background_colors[1], self._plain_styles(), styles_key)
+        base, background, plain_styles, _ = look
         size = self.size
         scroll_x, scroll_y = self.scroll_offset
         filters = tuple(self.get_line_filters())
@@ -501,10 +503,12 @@ class LogView(ScrollView, can_focus=True):
             self._rows_key = key
             self._rows.clear()
             self._combined.clear()
-        return _Frame(scroll_x, scroll_y, size.width, size.height, filters, background, base, self._plain_box())
+        plain_box = plain_styles and not self.border_title and not self.border_subtitle
+        return _Frame(scroll_x, scroll_y, size.width, size.height, filters, background, base, plain_box)
 
-    def _plain_box(self) -> bool:
-        """No border, padding, outline, tint, hatch or opacity: nothing for Textual to add to a row."""
+    def _plain_styles(self) -> bool:
+        """No border, padding, outline, tint, hatch or opacity: nothing for Textual to add to a row
+        (but a border title, which is no style)."""
         styles = self.styles
         return (
             not any(styles.padding)
@@ -514,8 +518,6 @@ class LogView(ScrollView, can_focus=True):
             and self.opacity == 1.0
             and styles.text_opacity == 1.0
             and not (styles.has_rule("hatch") and styles.hatch != "none")
-            and not self.border_title
-            and not self.border_subtitle
         )
 
     def render_line(self, y: int) -> Strip:

@@ -25,6 +25,7 @@ __all__ = [
     "rows_area",
     "rows_text",
     "style_renderer",
+    "styles_version",
     "update_scrollbars",
 ]
 
@@ -170,6 +171,13 @@ def rows_text(area: Region, rows: list[str]) -> str:
     and the row's text each."""
     x = area.x + 1
     return "".join(f"\x1b[{area.y + i + 1};{x}H" + row for i, row in enumerate(rows))
+
+
+def styles_version(widget: Any) -> int:
+    """A number that changes whenever one of the widget's styles does, CSS or inline (Textual's
+    own key for its caches of a widget's rendering): what was read of the styles is read again
+    only then."""
+    return int(widget.styles._cache_key)
 
 
 def style_renderer(console: Any) -> Callable[[Style, str], str]:

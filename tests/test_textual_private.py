@@ -169,12 +169,16 @@ async def test_draw_now_writes_a_refreshed_widget_before_the_loop_runs_again(tmp
         assert len(written) >= 2, "Textual drew it its own way"
 
 
-@pytest.mark.parametrize(("size", "show_findings"), [((160, 48), False), ((80, 24), True)])
+@pytest.mark.parametrize(("size", "show_findings", "no_color"),
+                         [((160, 48), False, False), ((80, 24), True, False), ((80, 24), False, True)])
 async def test_painted_log_rows_are_what_textuals_update_writes_for_them(
-    tmp_path: Path, size: tuple[int, int], show_findings: bool
+    tmp_path: Path, size: tuple[int, int], show_findings: bool, no_color: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A following frame written past the compositor (paint_rows) puts on the terminal what
-    Textual's own update of the log pane's rows writes, move for move and byte for byte."""
+    Textual's own update of the log pane's rows writes, move for move and byte for byte, with
+    NO_COLOR's filter too."""
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
     from test_tui_logpane import log_app
     from textual._compositor import Compositor
 

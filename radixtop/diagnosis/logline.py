@@ -465,4 +465,5 @@ def access_key(text: str) -> tuple[str, str, str] | None:
     m = _ACCESS.search(text)
     if m is None:
         return None
-    return m.group(1), m.group(2).split("?", 1)[0], m.group(3)
+    method, path, status = m.group(1, 2, 3)
+    return method, path.split("?", 1)[0] if "?" in path else path, status

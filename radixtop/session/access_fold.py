@@ -84,45 +84,48 @@ class AccessFolds:
         taken = set(candidates)
         linked = [i for i in candidates if i - 1 in taken or i + 1 in taken or i == 0 or i == last]
         marked_set = set(marked)
+        # The loop keeps its state in locals (written back at the end): the run is a frame's
+        # work, and each attribute read of a cold object is a cache miss there.
+        opened = self._open
+        hidden, shifted = self._hidden, self._shifted
+        shift = self._pruned - self._lo  # _shifted's rule (see __init__), for the lines appended here
         previous = -1
         for i in linked:
             if i != previous + 1:
-                self._open = None
+                opened = None
             previous = i
             if i in marked_set:
-                self._open = None
+                opened = None
                 continue
             seq, text = start + i, texts[i]
-            opened = self._open
             if opened is None:
-                self._open = (seq, text, fallback_second)
+                opened = (seq, text, fallback_second)
                 continue
             key = access_key(text)
             if key is None:
-                self._open = None
+                opened = None
                 continue
             second = second_of(text) or fallback_second
             if isinstance(opened, tuple):
                 head, head_text, head_fallback = opened
                 head_key = access_key(head_text)
                 if head_key is None or (second_of(head_text) or head_fallback) != second:
-                    self._open = (seq, text, fallback_second)
+                    opened = (seq, text, fallback_second)
                     continue
-                group = self._open = _Group(head, second, head_key)  # the head becomes a counted row
+                group = opened = _Group(head, second, head_key)  # the head becomes a counted row
                 self._groups[head] = group
                 self._heads.append(head)
             else:
                 group = opened
                 if group.second != second:
-                    self._open = (seq, text, fallback_second)
+                    opened = (seq, text, fallback_second)
                     continue
             group.count += 1
             group.kinds[key] = group.kinds.get(key, 0) + 1
             self.changed.add(group.head)
-            self._shifted.append(seq - (self._pruned + len(self._hidden) - self._lo))
-            self._hidden.append(seq)
-        if previous != last:
-            self._open = None
+            shifted.append(seq - (shift + len(hidden)))
+            hidden.append(seq)
+        self._open = opened if previous == last else None
 
     def interrupt(self) -> None:
         """A notice or message entered the ring: the next access line starts a new row."""

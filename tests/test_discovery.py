@@ -285,8 +285,14 @@ async def test_a_server_the_user_named_is_the_only_one_asked(tmp_path: Path, mon
         listens_on = discovery._listens_on
         monkeypatch.setattr(discovery, "_listens_on",
                             lambda cand, port: read.append(cand.proc.pid) or listens_on(cand, port))
+        # Nobody to ask: no HTTP client is made (httpx's import and SSL context, 60 ms of CPU).
+        clients: list[float] = []
+        make_client = discovery.make_client
+        monkeypatch.setattr(discovery, "make_client",
+                            lambda timeout_s: clients.append(timeout_s) or make_client(timeout_s))
         assert [s.url for s in (await again()).servers] == [url_a]
         assert a.pid not in read and b.pid in read
+        assert clients == []
         # A URL no server on the node listens on (a container's published port): every one is described.
         everyone = await Rediscovery("http://127.0.0.1:1")()
         assert {url_a, url_b} <= {s.url for s in everyone.servers}

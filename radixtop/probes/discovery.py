@@ -421,8 +421,7 @@ async def discover(
     start time) that was described in full is not asked again. With `port` (the server the user
     named), only the servers listening on it are described: asking the others would put a line in
     their access logs for nothing; when none listens on it (a container's published port), all are."""
-    own = client is None
-    client = client or make_client(timeout_s)
+    own = client is None  # made at the first server to ask: a node with none needs no HTTP client
     skip = set(exclude) if exclude is not None else {os.getpid()}
     try:
         candidates, notes = await asyncio.to_thread(find_candidates, skip)
@@ -437,6 +436,7 @@ async def discover(
             if seen is not None and _complete(seen):
                 servers.append(seen)
                 continue
+            client = client or make_client(timeout_s)
             try:
                 servers.append(await _describe(client, cand, timeout_s))
             except psutil.NoSuchProcess:
@@ -447,7 +447,7 @@ async def discover(
     except Exception as exc:
         return Discovery((), (f"discovery failed: {type(exc).__name__}: {exc}",))
     finally:
-        if own:
+        if own and client is not None:
             await client.aclose()
 
 

@@ -36,7 +36,7 @@ from textual.app import App, ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Label, OptionList, Static
+from textual.widgets import Label, OptionList, Static
 
 from radixtop.options import TuiOptions
 from radixtop.session.incident_state import DEFAULT_CAPACITY, IncidentState
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 from radixtop.tui.servers import ServerChoice
 from radixtop.tui.terminal import fit_terminal, run_until_quit
 from radixtop.widgets.findings import EvidenceScreen, FindingsList
+from radixtop.widgets.footer import KeysFooter
 from radixtop.widgets.logview import LogView, time_of_day
 from radixtop.widgets.statusline import SourceStatus, StatusInfo, StatusLine
 from radixtop.widgets.textual_private import CroppedCompositor
@@ -209,7 +210,7 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
         # changed rows, and the screen's area meets every frame of the log pane.
         with TiledVertical(id="bottom"):
             yield StatusLine(id="status")
-            yield Footer(compact=True)
+            yield KeysFooter(compact=True)
 
     @property
     def log_view(self) -> LogView:
@@ -813,6 +814,10 @@ def run_tui(options: TuiOptions) -> int:
     except CatalogError as exc:
         raise UsageError(str(exc)) from exc
     options, nodes = prepare_nodes(options)
+    # What the imports built (modules, classes, functions) lives as long as the process: frozen now,
+    # the first frame's collection walks only what the app builds (13 ms instead of 50 here; the
+    # cycles the imports left, some 1,300 objects, stay).
+    gc.freeze()
     try:
         return _run_app(options, catalog, nodes)
     finally:

@@ -3,8 +3,9 @@
 Files are read in 4 MiB chunks into reused buffers (reads of 32 MiB and more measured slower
 here; a smaller regular file gets buffers its size), cut at the chunk's last newline, and each
 chunk of whole lines goes to `Matcher.scan` in one call; the partial last line moves to the front
-of the next buffer. Line numbers come from counting newlines per chunk and, between the (sorted,
-rare) hits, `bytearray.count(b"\\n")` on slices: never a Python loop over lines.
+of the next buffer. Line numbers come from counting newlines: up to each of a chunk's (sorted,
+rare) hits and from the last one to the chunk's end, or the whole chunk when it has none; never a
+Python loop over lines.
 
 `threads=True` runs each chunk's scan on a worker thread (hyperscan releases the GIL) while this
 thread reads the next chunk (the read releases it too) and counts this chunk's newlines: three
@@ -330,13 +331,20 @@ def _chunk_for(chunk_size: int, file_size: int | None) -> int:
     return max(1, min(chunk_size, (file_size // step + 1) * step))
 
 
-def _count_newlines(buf: bytearray, n: int) -> int:
-    """Newlines in buf[:n]. bytes.count(b"\\n") walks byte by byte in CPython 3.11; replace()
-    finds them with memchr and copies the rest, about twice as fast (benchmarks/README.md, "Scan"). replace()
-    works on the whole buffer, so a short (final) read is counted the plain way."""
-    if n < len(buf):
-        return buf.count(b"\n", 0, n)
-    return len(buf) - len(buf.replace(b"\n", b""))
+def _count_newlines(buf: bytearray, start: int, end: int) -> int:
+    """Newlines in buf[start:end]. bytes.count(b"\\n") walks byte by byte in CPython 3.11; replace()
+    finds them with memchr and copies the rest, about twice as fast even with the copy of a slice
+    it needs (benchmarks/README.md, "Scan"). A short span is counted the plain way."""
+    if end - start < _REPLACE_MIN:
+        return buf.count(b"\n", start, end)
+    if start == 0 and end == len(buf):
+        return len(buf) - len(buf.replace(b"\n", b""))
+    with memoryview(buf) as view:
+        part = view[start:end].tobytes()
+    return len(part) - len(part.replace(b"\n", b""))
+
+
+_REPLACE_MIN = 1 << 14  # below this, the copy and the call cost more than count() saves
 
 
 class LogScanner:
@@ -419,18 +427,23 @@ class LogScanner:
                     if not region.eof:  # read the next chunk while the worker scans this one
                         ahead = self._read_region(source, bufs[(which + 1) % ring], n - cut, chunk)
                         ahead.take_carry(cur, cut, n)
-                    region_newlines = _count_newlines(cur, n)
+                    region_newlines = _count_newlines(cur, 0, n)
                     hits = worker.result()
                 else:
                     hits = matcher.scan(cur, cut)
-                    region_newlines = _count_newlines(cur, n)
+                    region_newlines = None  # counted with the hits' line numbers
                 if state.queue:
                     self._feed_after(state, cur, cut)
                     self._deliver(state, on_hit, final=False)
                 if hits:
-                    hits_total += self._report_hits(
+                    reported, counted, pos = self._report_hits(
                         source.name, cur, base, lineno, cut, hits, window, state, on_hit
                     )
+                    hits_total += reported
+                    if region_newlines is None:  # the hits counted the lines up to the last one
+                        region_newlines = counted + _count_newlines(cur, pos, n)
+                if region_newlines is None:
+                    region_newlines = _count_newlines(cur, 0, n)
                 lineno += region_newlines
                 newlines += region_newlines
                 last_byte = cur[cut - 1 : cut]
@@ -510,14 +523,16 @@ class LogScanner:
         window: _Window,
         state: _FileState,
         on_hit: Callable[[ScanHit], None],
-    ) -> int:
+    ) -> tuple[int, int, int]:
+        """Report the chunk's hits; returns how many were reported, and the newlines counted up to
+        `pos` (the end of the last hit's line) to number them."""
         count = 0
         pos = 0
         line = lineno
         last_line = state.last_line
         for line_end, index in hits:
             if line_end != pos:
-                line += buf.count(b"\n", pos, line_end)
+                line += _count_newlines(buf, pos, line_end)
                 pos = line_end
             if last_line.get(index) == line:
                 continue  # the same overlong line, seen again in its next piece
@@ -535,7 +550,7 @@ class LogScanner:
                 pending.need -= len(more)
             state.queue.append(pending)
         self._deliver(state, on_hit, final=False)
-        return count
+        return count, line - lineno, pos
 
     def _feed_after(self, state: _FileState, buf: bytearray, region_end: int) -> None:
         """Give hits from earlier chunks their context_after from this chunk's first lines."""

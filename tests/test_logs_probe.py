@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import os
@@ -201,18 +202,89 @@ async def test_the_tail_is_delivered_before_the_lines_above_are_counted(tmp_path
         assert [(r.lineno, r.text) for r in more.records] == [(101, "line 101")]
 
 
-async def test_the_count_can_wait_until_the_caller_starts_it(tmp_path):
+@contextlib.asynccontextmanager
+async def fifty_lines_from_the_45th(tmp_path):
+    """A 50-line log followed from its last 5 lines, the count held back until start_counting():
+    (the follower, its first batch, the part before)."""
     log = tmp_path / "server.log"
     log.write_text("".join(f"line {i}\n" for i in range(1, 51)))
     async with LogFollower([str(log)], backlog_lines=5, history=True, count_delay=60) as f:
         assert f.wait_caught_up(TIMEOUT)
         batch = f.take()
         (part,) = batch.skipped
+        yield f, batch, part
+
+
+async def test_the_count_can_wait_until_the_caller_starts_it(tmp_path):
+    async with fifty_lines_from_the_45th(tmp_path) as (f, batch, part):
         assert not part.wait(0.2)  # held back: the caller is still drawing its first screen
         f.start_counting()
         assert part.wait(TIMEOUT) and part.lines == 45
         assert [r.lineno for r in batch.records] == [46, 47, 48, 49, 50]
         part.close()
+
+
+def _ingestor():
+    from radixtop.diagnosis.catalog import load_catalog
+    from radixtop.diagnosis.findings import FindingsBuilder
+    from radixtop.diagnosis.matcher import Matcher
+    from radixtop.session.ingest import Ingestor
+
+    catalog = load_catalog(())
+    return Ingestor(FindingsBuilder(catalog, matcher=Matcher(catalog.signatures), context=5), catalog), catalog
+
+
+def _counters_done(timeout: float = TIMEOUT) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(t.name == "radixtop-line-count" for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+async def test_a_history_scan_that_claims_the_count_reads_the_lines_once(tmp_path, monkeypatch):
+    """The scan of the part before where following began counts its lines on the way: the counter
+    thread leaves them, and the live lines get their numbers from the scan."""
+    from radixtop.probes import backlog
+    from radixtop.session.history import start_history_scan
+
+    counted_by_counter: list[int] = []
+    count_lines = backlog._count_lines
+    monkeypatch.setattr(backlog, "_count_lines",
+                        lambda fd, end, stopping: counted_by_counter.append(end) or count_lines(fd, end, stopping))
+    ingestor, catalog = _ingestor()
+    results = []
+    async with fifty_lines_from_the_45th(tmp_path) as (f, batch, part):
+        scan = start_history_scan([part], ingestor, catalog.signatures, context=5, after=2,
+                                  stopping=threading.Event(), deliver=results.append)
+        f.start_counting()  # after the claim, as the app does: the counter finds it taken
+        assert part.wait(TIMEOUT) and part.lines == 45
+        assert [r.lineno for r in batch.records] == [46, 47, 48, 49, 50]
+        scan.join(TIMEOUT)
+        assert [r.report.lines for r in results] == [45]
+        assert _counters_done()
+        assert counted_by_counter == [], "the counter read the lines the scan had counted"
+
+
+async def test_a_count_the_counter_began_first_is_the_scans_too(tmp_path):
+    from radixtop.session.history import scan_skipped
+
+    ingestor, catalog = _ingestor()
+    async with fifty_lines_from_the_45th(tmp_path) as (f, _, part):
+        f.start_counting()
+        assert part.wait(TIMEOUT)
+        assert not part.claim()  # the counter has it
+        result = scan_skipped(part, ingestor, catalog.signatures, context=5, after=2, stopping=threading.Event())
+        assert part.fd is None and result.report.lines == 45
+
+
+async def test_a_claimed_count_left_unfinished_is_counted_when_the_part_is_closed(tmp_path):
+    async with fifty_lines_from_the_45th(tmp_path) as (_, batch, part):
+        assert part.claim()
+        part.close()  # a scan that never ran: the live lines' numbers must not wait forever
+        assert part.wait(TIMEOUT) and part.lines == 45
+        assert [r.lineno for r in batch.records] == [46, 47, 48, 49, 50]
 
 
 def test_log_lines_index_and_slice_across_runs():

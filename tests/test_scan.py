@@ -374,6 +374,35 @@ def test_context_before_and_after_cross_chunks_on_files_and_stdin(tmp_path, thre
     assert after == tuple(body[150:175])
 
 
+@pytest.mark.parametrize("threads", [False, True])
+@pytest.mark.parametrize("chunk_size", [64, 1 << 20])
+def test_a_scan_that_stops_at_a_line_start_counts_the_lines_before_it(tmp_path, threads, chunk_size):
+    """A followed file's history: nothing from `stop_at` on is matched, the lines before it are
+    counted, and a hit just before it still gets its lines after from beyond it."""
+    matcher = Matcher(EDGE_SIGS)
+    body = [f"line {i}" for i in range(1, 200)]
+    body[49] = "out of memory at 50"
+    body[148] = "lock page at 149"  # a first hit two lines before the stop: its lines after lie past it
+    body[170] = "out of memory at 171"
+    path = tmp_path / "history.log"
+    path.write_text("\n".join(body) + "\n")
+    stop = sum(len(line) + 1 for line in body[:150])  # where line 151 starts
+    hits = []
+    scanner = LogScanner(matcher, context=5, after=10, chunk_size=chunk_size, threads=threads)
+    summary = scanner.scan(str(path), hits.append, stop_at=stop)
+    assert summary.lines == 150 and summary.hits == 2
+    assert [h.line for h in hits] == [50, 149]
+    assert hits[0].context_after == tuple(body[50:60])
+    assert hits[1].context_after == tuple(body[149:159])  # lines 150 to 159: past the stop
+    whole = []
+    LogScanner(matcher, context=5, after=10, chunk_size=chunk_size, threads=threads).scan(str(path), whole.append)
+    assert [h.line for h in whole] == [50, 149, 171]
+    assert hits == whole[:2]
+    # A stop past the end (the file was cut short): the lines there are.
+    assert scanner.scan(str(path), [].append, stop_at=10 * stop).lines == 199
+    assert scanner.scan(str(path), [].append, stop_at=0).lines == 0
+
+
 def test_batch_stats_before_keep_the_last_line_per_rank():
     window = "\n".join(
         [

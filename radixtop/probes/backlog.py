@@ -7,7 +7,8 @@ last lines wait for the count: the lines before are counted on a short-lived cou
 0.5 to 0.9 s per GiB from the page cache here) while the tail is delivered at once; the runs read
 meanwhile share a `Numbering` that the count fills in (`count_in_background`). With `history=True`
 each such file's batch also carries a `SkippedLines` (the part before, with its own file descriptor
-and line count), so the caller can scan it for what happened earlier.
+and line count), so the caller can scan it for what happened earlier, and count its lines on the
+way: the counter thread then leaves them (`SkippedLines.claim`), and the bytes are read once.
 """
 
 from __future__ import annotations
@@ -15,20 +16,32 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 _COUNT_BLOCK = 4 << 20  # bytes per pread while counting
 
 
 class Numbering:
-    """The line count before where following began in one generation, filled in by a counter
-    thread after the tail has been delivered (see `count_in_background`)."""
+    """The line count before where following began in one generation, filled in after the tail
+    has been delivered: by the history scan, which reads those lines anyway, or else by a counter
+    thread (see `count_in_background`). Whoever claims it first counts."""
 
-    __slots__ = ("base", "done", "error")
+    __slots__ = ("_claimed", "_lock", "base", "done", "error")
 
     def __init__(self) -> None:
         self.base = 0
         self.error: str | None = None
         self.done = threading.Event()
+        self._claimed = False
+        self._lock = threading.Lock()
+
+    def claim(self) -> bool:
+        """Take the count on (then finish() it); False if someone else has."""
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
 
     def finish(self, base: int, error: str | None = None) -> None:
         self.base, self.error = base, error
@@ -38,16 +51,34 @@ class Numbering:
 class SkippedLines:
     """The part of a file before where following began (history=True): bytes [0, end) of the
     generation's inode, through a file descriptor of its own (`fd`; `close()` it when done).
-    `lines` is how many lines lie there; it waits for the counter thread (`wait` bounds that)."""
+    `lines` is how many lines lie there; it waits for their count (`wait` bounds that).
 
-    __slots__ = ("_numbering", "end", "fd", "generation", "source")
+    A scan of the part can count them on its way (`claim`, then `counted`): the counter thread
+    then leaves them, and the bytes are read once. A part claimed and closed uncounted is counted
+    on a thread of its own then: the live lines' numbers wait for it."""
 
-    def __init__(self, source: str, generation: int, end: int, fd: int, numbering: Numbering) -> None:
+    __slots__ = ("_claimed", "_numbering", "_stopping", "end", "fd", "generation", "source")
+
+    def __init__(
+        self, source: str, generation: int, end: int, fd: int, numbering: Numbering, stopping: threading.Event
+    ) -> None:
         self.source = source
         self.generation = generation
         self.end = end
         self.fd: int | None = fd
         self._numbering = numbering
+        self._stopping = stopping
+        self._claimed = False
+
+    def claim(self) -> bool:
+        """Count the lines in the caller's scan, not on the counter thread: True if the counter
+        had not begun; the caller then calls counted() (or close() counts them)."""
+        self._claimed = self._numbering.claim()
+        return self._claimed
+
+    def counted(self, lines: int) -> None:
+        """The claimed count: `lines` end before `end`."""
+        self._numbering.finish(lines)
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once the lines before `end` are counted."""
@@ -60,7 +91,11 @@ class SkippedLines:
 
     def close(self) -> None:
         fd, self.fd = self.fd, None
-        if fd is not None:
+        if fd is None:
+            return
+        if self._claimed and not self._numbering.done.is_set():
+            _start_counter(fd, self.end, self._numbering, self._stopping, self.source)  # it closes fd
+        else:
             close_quietly(fd)
 
     def __del__(self) -> None:  # a consumer that drops it must not leak the descriptor
@@ -142,12 +177,26 @@ def count_in_background(
     fd: int, end: int, numbering: Numbering, stopping: threading.Event, path: str, gate: threading.Event, delay: float
 ) -> None:
     """Count the lines before `end` on a thread of its own, so the tail is not held back by it;
-    from when `gate` is set (or `delay` seconds at most)."""
+    from when `gate` is set (or `delay` seconds at most), unless a history scan has claimed the
+    count by then (it reads those lines anyway)."""
+
+    def counting() -> bool:
+        gate.wait(delay)
+        return numbering.claim()
+
+    _start_counter(fd, end, numbering, stopping, path, counting)
+
+
+def _start_counter(
+    fd: int, end: int, numbering: Numbering, stopping: threading.Event, path: str,
+    counting: Callable[[], bool] = lambda: True,
+) -> None:
+    """Count on a thread of its own (when `counting()` says to) and close fd."""
 
     def run() -> None:
         try:
-            gate.wait(delay)
-            numbering.finish(_count_lines(fd, end, stopping))
+            if counting():
+                numbering.finish(_count_lines(fd, end, stopping))
         except Exception as exc:  # whatever happens, nobody may wait forever for the count
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
             numbering.finish(
@@ -158,4 +207,12 @@ def count_in_background(
         finally:
             close_quietly(fd)
 
-    threading.Thread(target=run, name="radixtop-line-count", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="radixtop-line-count", daemon=True).start()
+    except RuntimeError as exc:  # no thread (the interpreter exiting, or none left): none may wait
+        close_quietly(fd)
+        numbering.finish(
+            0,
+            f"cannot count the lines of {path} before where following began ({exc}); "
+            "its line numbers count from there",
+        )

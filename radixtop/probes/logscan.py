@@ -374,27 +374,33 @@ class LogScanner:
         )
         self._buffers = [bytearray(), bytearray()]  # grown to chunk_size (+ a line) on first use
 
-    def scan(self, path: str, on_hit: Callable[[ScanHit], None]) -> FileSummary:
-        """Scan one input ("-" is stdin, ".gz" is decompressed). Raises ScanInputError."""
+    def scan(self, path: str, on_hit: Callable[[ScanHit], None], *, stop_at: int | None = None) -> FileSummary:
+        """Scan one input ("-" is stdin, ".gz" is decompressed). Raises ScanInputError.
+
+        With `stop_at`, a line start's byte offset, the lines from there on are not matched: the
+        scan ends once the hits before it have their lines after, and the summary's `lines` are
+        those that end before it (a followed file's history: the follower reads the rest)."""
         source = _open(path)
         try:
-            return self._scan_source(source, on_hit)
+            return self._scan_source(source, on_hit, stop_at)
         finally:
             source.close()
 
-    def _scan_source(self, source: _Source, on_hit: Callable[[ScanHit], None]) -> FileSummary:
+    def _scan_source(
+        self, source: _Source, on_hit: Callable[[ScanHit], None], stop_at: int | None = None
+    ) -> FileSummary:
         threads = self.threads
         if threads is None:
             threads = _worth_a_worker(source.size, self.chunk_size)
         worker = _ScanWorker(self.matcher) if threads else None
         try:
-            return self._scan_loop(source, on_hit, worker)
+            return self._scan_loop(source, on_hit, worker, stop_at)
         finally:
             if worker is not None:
                 worker.close()
 
     def _scan_loop(
-        self, source: _Source, on_hit: Callable[[ScanHit], None], worker: _ScanWorker | None
+        self, source: _Source, on_hit: Callable[[ScanHit], None], worker: _ScanWorker | None, stop_at: int | None
     ) -> FileSummary:
         matcher = self.matcher
         chunk = _chunk_for(self.chunk_size, source.size)
@@ -414,13 +420,17 @@ class LogScanner:
         last_byte: bytes | bytearray = b""
         hits_total = 0
         state = _FileState()
+        lines_before_stop: int | None = None  # set once the region holding stop_at is scanned
         region = self._read_region(source, bufs[0], 0, chunk, first=True)
         while True:
             if region.failure is not None:
                 raise region.failure
             cur, n, cut = region.buf, region.n, region.cut
             ahead = None
-            if cut:
+            if cut and lines_before_stop is not None:  # past stop_at: only the hits' lines after
+                self._feed_after(state, cur, cut)
+                self._deliver(state, on_hit, final=False)
+            elif cut:
                 window.cur, window.cur_base = cur, base
                 if worker is not None:
                     worker.submit(cur, cut)
@@ -435,19 +445,25 @@ class LogScanner:
                 if state.queue:
                     self._feed_after(state, cur, cut)
                     self._deliver(state, on_hit, final=False)
+                # stop_at is a line start, so it lies at or before this region's cut when it lies in it.
+                stop = stop_at - base if stop_at is not None and base + cut >= stop_at else None
+                if stop is not None:
+                    hits = [hit for hit in hits if hit[0] < stop]
+                counted = pos = 0
                 if hits:
                     reported, counted, pos = self._report_hits(
                         source.name, cur, base, lineno, cut, hits, window, state, on_hit
                     )
                     hits_total += reported
+                if stop is not None:
+                    lines_before_stop = lineno - 1 + counted + _count_newlines(cur, pos, stop)
+                else:
                     if region_newlines is None:  # the hits counted the lines up to the last one
                         region_newlines = counted + _count_newlines(cur, pos, n)
-                if region_newlines is None:
-                    region_newlines = _count_newlines(cur, 0, n)
-                lineno += region_newlines
-                newlines += region_newlines
-                last_byte = cur[cut - 1 : cut]
-            if region.eof:
+                    lineno += region_newlines
+                    newlines += region_newlines
+                    last_byte = cur[cut - 1 : cut]
+            if region.eof or (lines_before_stop is not None and not state.queue):
                 break
             if ahead is None:
                 ahead = self._read_region(source, bufs[(which + 1) % ring], n - cut, chunk)
@@ -458,7 +474,10 @@ class LogScanner:
             which = (which + 1) % ring
             region = ahead
         self._deliver(state, on_hit, final=True)
-        lines = newlines + (1 if last_byte and last_byte != b"\n" else 0)
+        if stop_at is not None:  # the lines that end before it (all of them, if the input ended first)
+            lines = newlines if lines_before_stop is None else lines_before_stop
+        else:
+            lines = newlines + (1 if last_byte and last_byte != b"\n" else 0)
         return FileSummary(source.name, lines, hits_total, region.note)
 
     def _read_region(

@@ -494,7 +494,8 @@ class Tailer:
                 count_in_background(os.dup(fd), offset, gen.numbering, self.stopping, path, self.count_gate,
                                      self.count_delay)
                 if self.history:
-                    self.skipped.append(SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering))
+                    part = SkippedLines(path, gen.number, offset, os.dup(fd), gen.numbering, self.stopping)
+                    self.skipped.append(part)
             except OSError as exc:  # out of descriptors: the lines still come, unnumbered
                 gen.numbering.finish(0, f"line numbers of {path} unknown: {exc.strerror or exc}")
         source.next_number += 1

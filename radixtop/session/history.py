@@ -9,9 +9,10 @@ on a daemon thread and feeds the hits to the same FindingsBuilder, through the I
 holds the hits of the live part of that file until the scan is done (a file's first occurrence is
 the first hit the builder is given). Runs on its own Matcher: one Matcher serves one scan at a time.
 
-The scanner reads to the end of the file as it is then; hits past `end` are the follower's and are
-not fed twice (the scan stops at the first one). A file truncated while it is scanned gives what
-was read.
+The scan stops at `end` (hits past it are the follower's and are not fed twice), reading on only
+for the lines after a hit just before it. It counts the part's lines on its way, for the live
+lines' numbers too (`SkippedLines.claim`: the counter thread then does not read them again),
+unless the counter began first. A file truncated while it is scanned gives what was read.
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 from radixtop.session.ingest import Ingestor, IngestResult, finding_file
-
-
-class _PastTheStart(Exception):
-    """A hit at or after where following began: the follower delivers those lines."""
 
 
 class _Stopped(Exception):
@@ -46,9 +43,11 @@ def scan_skipped(
     context: int,
     after: int,
     stopping: threading.Event,
+    counting: bool = False,
 ) -> IngestResult:
     """Scan one SkippedLines into the ingestor's builder; returns what release() reports.
-    Closes the part's file descriptor."""
+    `counting`: the caller claimed the part's line count for this scan. Closes the part's file
+    descriptor."""
     from radixtop.diagnosis.matcher import Matcher
     from radixtop.probes.logscan import LogScanner
 
@@ -56,14 +55,13 @@ def scan_skipped(
     note = None
     lines = 0
     try:
-        lines = part.lines  # waits for the follower's line count (it runs beside this)
+        if not counting:
+            lines = part.lines  # waits for the follower's line count (it runs beside this)
         scanner = LogScanner(Matcher(signatures), context=context, after=after)
 
         def on_hit(hit: Any) -> None:
             if stopping.is_set():
                 raise _Stopped
-            if hit.line > lines:
-                raise _PastTheStart
             ingestor.add_history_hit(
                 file,
                 hit.line,
@@ -75,10 +73,10 @@ def scan_skipped(
                 opener=hit.opener,
             )
 
-        try:
-            scanner.scan(_path_of(part.fd, part.source), on_hit)
-        except _PastTheStart:
-            pass
+        summary = scanner.scan(_path_of(part.fd, part.source), on_hit, stop_at=part.end)
+        if counting:
+            lines = summary.lines
+            part.counted(lines)
     except _Stopped:
         pass
     except Exception as exc:  # the live part still works: say what is missing, and why
@@ -87,7 +85,10 @@ def scan_skipped(
             "findings from its earlier lines may be missing"
         )
     finally:
-        part.close()
+        part.close()  # a claimed count the scan did not finish is counted now, on a thread
+    if counting and not part.wait(0) and not stopping.is_set():
+        part.wait()
+        lines = part.lines
     return ingestor.release(file, lines, note)
 
 
@@ -102,14 +103,17 @@ def start_history_scan(
     deliver: Callable[[IngestResult], None],
 ) -> threading.Thread:
     """Scan the parts one after another on a daemon thread (quitting never waits for it); each
-    result goes to `deliver`, called on that thread."""
+    result goes to `deliver`, called on that thread. Each part's line count is claimed here, before
+    the thread starts: the scan counts them unless the counter thread began first."""
+    counting = [part.claim() for part in parts]
 
     def run() -> None:
-        for part in parts:
+        for part, claimed in zip(parts, counting, strict=True):
             if stopping.is_set():
                 part.close()
                 continue
-            deliver(scan_skipped(part, ingestor, signatures, context=context, after=after, stopping=stopping))
+            deliver(scan_skipped(part, ingestor, signatures, context=context, after=after, stopping=stopping,
+                                 counting=claimed))
 
     thread = threading.Thread(target=run, name="radixtop-history-scan", daemon=True)
     thread.start()

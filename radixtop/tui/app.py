@@ -374,11 +374,17 @@ class RadixtopApp(IncidentActions, SearchKeys, ServerChoice, FleetWatch, NodeWat
 
     def _start_history(self) -> None:
         """Scan the parts of the files before where following began, for their findings."""
+        try:
+            self._scan_history()
+        finally:
+            # After the scan has claimed its parts' line counts: the counter leaves those.
+            if self.follower is not None and not self._history_started:
+                self.follower.start_counting()
+            self._history_started = True
+
+    def _scan_history(self) -> None:
         from radixtop.session.history import start_history_scan
 
-        if self.follower is not None and not self._history_started:
-            self.follower.start_counting()
-        self._history_started = True
         parts, self._history_parts = self._history_parts, []
         if not parts:
             return

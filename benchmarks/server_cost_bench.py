@@ -225,13 +225,33 @@ def on_server_cpu():  # noqa: ANN201
         os.sched_setaffinity(0, other_cpus)
 
 
+def start_frozen(workdir: Path, **kwargs: Any) -> Any:
+    """start_server, then what SGLang's start-up means to do once warmed up: POST /freeze_gc, which
+    takes the objects of its start-up out of the collector's sight in every process. With
+    --skip-server-warmup (the tests' recipe) SGLang's own call races its HTTP server's bind and is
+    often refused ("post-warmup freeze_gc failed": 5 of 6 starts, plain and instrumented alike, in
+    one check). A server left so walks some 700,000 objects at every full collection, about 4 % of
+    a Python-core scheduler's CPU under this load: more than the instrument could cost, and down to
+    chance for each server started."""
+    from real_sglang import start_server
+
+    server = start_server(workdir, **kwargs)
+    refused = "post-warmup freeze_gc failed" in server.text()
+    try:
+        httpx.post(f"{server.url}/freeze_gc", timeout=30).raise_for_status()
+    except BaseException:
+        server.stop()
+        raise
+    note = " (SGLang's own freeze was refused)" if refused else ""
+    print(f"  {kwargs.get('name', 'server')}: gc frozen{note}")
+    return server
+
+
 def start_pinned(core: str, workdir: Path, *, second_plain: bool = False, registered: bool = False) -> list:  # noqa: ANN201
     """The plain and the instrumented server (and with second_plain another plain one), all on the
     last CPU, one torch thread each. With `registered` every server starts with the plugin and
     SWITCH_DIR's switch, the plain ones switched off before their scheduler's first loop: they
     differ from the instrumented one only in the instrument's work, not in what the plugin loads."""
-    from real_sglang import start_server
-
     def start(name: str, instrumented: bool, model: Path | None) -> Any:
         env = {"OMP_NUM_THREADS": "1"}
         if registered:
@@ -240,7 +260,7 @@ def start_pinned(core: str, workdir: Path, *, second_plain: bool = False, regist
             if instrumented:
                 flag.touch()
             env |= {"PYTHONPATH": str(SWITCH_DIR), "RADIXTOP_BENCH_SWITCH": str(flag)}
-        return start_server(workdir / f"{core}-{name}", plugin=instrumented or registered, core=core, name=name,
+        return start_frozen(workdir / f"{core}-{name}", plugin=instrumented or registered, core=core, name=name,
                             model=model, env=env)
 
     servers = []
@@ -306,14 +326,12 @@ class Switch:
     """One instrumented server whose instrument is switched off and on inside its process."""
 
     def __init__(self, core: str, workdir: Path) -> None:
-        from real_sglang import start_server
-
         workdir.mkdir(parents=True, exist_ok=True)
         self.flag = workdir / "instrument-on"
         self.flag.touch()
         env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(SWITCH_DIR), "RADIXTOP_BENCH_SWITCH": str(self.flag)}
         with on_server_cpu():
-            self.server = start_server(workdir / f"{core}-switched", plugin=True, core=core, name="switched", env=env)
+            self.server = start_frozen(workdir / f"{core}-switched", plugin=True, core=core, name="switched", env=env)
         self.on = True
 
     def set(self, on: bool) -> None:
@@ -344,10 +362,8 @@ class Switch:
 
 def run_footprint(core: str, args: argparse.Namespace, workdir: Path) -> None:
     """radixtop's footprint alone, on an instrumented server of its own."""
-    from real_sglang import start_server
-
     with on_server_cpu():
-        server = start_server(workdir / f"{core}-idle", plugin=True, core=core, name="idle",
+        server = start_frozen(workdir / f"{core}-idle", plugin=True, core=core, name="idle",
                               env={"OMP_NUM_THREADS": "1"})
     try:
         footprint(core, server, workdir, args)

@@ -606,11 +606,21 @@ EXAMPLES: list[tuple[str, str, frozenset[str]]] = [
         "AssertionError: The block already has a hash. This should not happen.",
         frozenset(),
     ),
+    ("gc-not-frozen", "[2026-12-07 19:28:34] post-warmup freeze_gc failed", frozenset()),
 ]
 
 # Real lines next to each detector's that its signature must not match: the rest of the same record,
 # the detector's routine lines, and the same words from another check.
 NEAR_MISSES: list[tuple[str, str]] = [
+    # The freeze that worked, and the refused one's own traceback: one finding per refusal.
+    ("gc-not-frozen", '[2026-12-07 19:27:40] INFO:     127.0.0.1:38784 - "POST /freeze_gc HTTP/1.1" 200 OK'),
+    (
+        "gc-not-frozen",
+        "requests.exceptions.ConnectionError: HTTPConnectionPool(host='127.0.0.1', port=60063): Max retries "
+        "exceeded with url: /freeze_gc (Caused by NewConnectionError(\"HTTPConnection(host='127.0.0.1', "
+        "port=60063): Failed to establish a new connection: [Errno 111] Connection refused\"))",
+    ),
+    ("gc-not-frozen", "[2026-12-07 19:27:40] GC start: Time 1796670460.1 | Generation 2"),
     # The canary's violation record goes on over continuation lines: one finding per violation.
     (
         "kv-canary-violation",

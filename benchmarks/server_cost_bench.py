@@ -187,10 +187,15 @@ class Watcher:
         kill_server(self.socket)
 
 
+# What says radixtop reads every source: its status line, or where a finding takes that room
+# (SGLang's refused gc freeze is one), its panes.
+WATCHING = (("server ok", "r0 ok", "procs ok"), ("Vital signs  from /metrics", "snapshot #", "alive  ok"))
+
+
 def radixtop_watching(server, workdir: Path) -> Watcher:  # noqa: ANN001 (tests/real_sglang.RealServer)
     watcher = Watcher([sys.executable, "-m", "radixtop", "--url", server.url, "--log", str(server.log)], workdir)
     deadline = time.monotonic() + 60
-    while not all(w in watcher.screen() for w in ("server ok", "r0 ok", "procs ok")):  # its status line
+    while not any(all(w in watcher.screen() for w in words) for words in WATCHING):
         if time.monotonic() > deadline:
             screen = watcher.screen()
             watcher.stop()

@@ -7,7 +7,10 @@ and, with `--core python`, SGLang's Python core too.
 
 Both servers keep to the last CPU (one torch thread each); the load, radixtop and the peer keep
 to the others, as on a GPU node the server's cores are its own: the instrument's cost is then what
-it adds inside the server's process, not two processes contending for a core.
+it adds inside the server's process, not two processes contending for a core. Each server's
+collector is frozen once it has started (`start_frozen`): SGLang's own freeze races its HTTP
+server's bind under --skip-server-warmup and is refused at random, and a server left unfrozen is
+4 % slower whatever it runs.
 
 1. **The instrument's cost where it runs.** Each round sends the same closed-loop load to four
    arms in turn: the plain server; the instrumented one with nobody watching; the instrumented

@@ -190,8 +190,8 @@ class Watcher:
         kill_server(self.socket)
 
 
-# What says radixtop reads every source: its status line, or where a finding takes that room
-# (SGLang's refused gc freeze is one), its panes.
+# What says radixtop reads every source: its status line, or where a first finding takes that
+# room (a warning at start-up), its panes.
 WATCHING = (("server ok", "r0 ok", "procs ok"), ("Vital signs  from /metrics", "snapshot #", "alive  ok"))
 
 

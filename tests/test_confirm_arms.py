@@ -165,6 +165,26 @@ def _options(tmp_path: Path, url: str, **kw) -> ConfirmOptions:
                              "control_timeout_s": 20, **kw})
 
 
+def test_a_server_that_dies_while_the_evidence_is_taken_is_planned_as_down(tmp_path: Path) -> None:
+    """`c` pressed as the server dies: alive when asked, gone by the time the plan reads its
+    environment. The plan relaunches from what was seen, with the server's environment as seen."""
+    sim = start_sim(tmp_path / "live", *HEALTHY_FLAGS, env={"SGLANG_TEST_FLAG": "7"})
+
+    def die_at_the_evidence(event) -> None:
+        if event.phase == "evidence" and sim.proc.poll() is None:
+            sim.proc.send_signal(signal.SIGKILL)
+            sim.proc.wait(10)
+
+    try:
+        plan = asyncio.run(prepare(_options(tmp_path, sim.url, runs=1, bundle=True), on_event=die_at_the_evidence))
+    finally:
+        sim.stop()
+    assert not plan.blockers, plan.blockers
+    assert plan.mode == "relaunch" and plan.planned_from is not None
+    assert plan.planned_from.startswith("the server died while the evidence was taken")
+    assert plan.restart is not None and plan.restart.env["SGLANG_TEST_FLAG"] == "7"
+
+
 def test_an_unreadable_environment_blocks_the_plan_unless_own_env(tmp_path: Path, monkeypatch) -> None:
     # Root reads every process's environ here; another user's server is unreadable on a real node.
     monkeypatch.setattr("radixtop.incident.common.server.process_environ", lambda pid: None)

@@ -499,7 +499,7 @@ def _server_env(options: ConfirmOptions, pid: int | None, alive: bool, seen: Sig
 
     server_env = process_environ(pid) if alive else None
     if server_env is None:
-        if alive and pid is not None and not options.own_env:
+        if alive and pid is not None and _running(pid) and not options.own_env:
             blockers.append(
                 f"the live server's environment is not readable (pid {pid} is another user's process?): run radixtop "
                 "as the server's user, or pass --own-env to start the servers with radixtop's environment"
@@ -551,6 +551,32 @@ def _running(pid: int | None) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _planned_down(url: str, seen: Sighting | None, options: ConfirmOptions, notes: list[str]) -> str | None:
+    """For a server found down: what the plan is made from (what was seen of it, else the launch
+    command given); PlanError when neither."""
+    if seen is not None:
+        return seen.describe_age()
+    if not options.launch_command:
+        raise PlanError(
+            f"{url} does not answer and radixtop never saw it alive (nothing remembered for it); pass "
+            "--launch-command '...' with the server's command (and --log) to plan a reproduction"
+        )
+    notes.append(f"{url} does not answer: the server is down; the plan relaunches the command you gave")
+    return None
+
+
+async def _died_meanwhile(url: str, pid: int | None, seen: Sighting | None) -> str | None:
+    """None while the server lives; else what the plan is made from. `c` pressed as a server dies
+    finds its pid still there (it outlives the port for a moment) and gone once the evidence is
+    taken: the plan is then made as for a server found down."""
+    if await _server_info(url) is not None or _running(pid):
+        return None
+    if seen is None:
+        return "the server died while the evidence was taken"
+    at = time.strftime("%H:%M:%S", time.localtime(seen.last_seen))
+    return f"the server died while the evidence was taken; planned from what was seen at {at}"
 
 
 def _check_options(options: ConfirmOptions) -> None:
@@ -738,16 +764,7 @@ async def prepare(
         pid = listening_pid(url_port(url))
     alive = info is not None or _running(pid)
     seen = options.sighting if options.sighting is not None and options.sighting.url == url else load_sighting(url)
-    planned_from = None
-    if not alive and seen is not None:
-        planned_from = seen.describe_age()
-    elif not alive and not options.launch_command:
-        raise PlanError(
-            f"{url} does not answer and radixtop never saw it alive (nothing remembered for it); pass "
-            "--launch-command '...' with the server's command (and --log) to plan a reproduction"
-        )
-    elif not alive:
-        notes.append(f"{url} does not answer: the server is down; the plan relaunches the command you gave")
+    planned_from = None if alive else _planned_down(url, seen, options, notes)
     info = info if info is not None else (dict(seen.server_info) if seen is not None and seen.server_info else None)
     if not is_loopback_url(url):
         notes.append(f"{url} is not on this machine's loopback: the servers start here, on 127.0.0.1")
@@ -773,6 +790,8 @@ async def prepare(
     own = OwnWorkload.read(options, info, baseline_logs)
     bundle = await _evidence(options, workdir, url, baseline_logs, pid if alive else None, own, emit, cancel, notes)
     timings["evidence_s"] = round(time.monotonic() - evidence_began, 2)
+    if alive and (died := await _died_meanwhile(url, pid, seen)) is not None:
+        alive, planned_from = False, died
     limits = _limits(info, url)
     max_running = _max_running(live, limits)
     ladder = _ladder(max_running, options.concurrency_divisor, notes)

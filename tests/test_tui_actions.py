@@ -18,6 +18,7 @@ import pytest
 from incident_helpers import gone, small_trace, start_sim, write_lines
 from rich.console import Console
 from test_confirm import HEALTHY
+from textual.errors import NoWidget
 
 from radixtop.cli import build_parser
 from radixtop.incident.bundle.bundle import verify_bundle
@@ -84,7 +85,15 @@ def footer_keys(app: RadixtopApp) -> set[str]:
 
 
 def bar_text(app: RadixtopApp) -> str:
-    return str(app.query_one("#action-bar").content)
+    """What the action bar says where a person reads it, the main screen's row above the status
+    line ("" while something else is drawn there: a bar clipped by its container is never seen)."""
+    bar = app.query_one("#action-bar")
+    status = app.query_one("#status").region
+    try:
+        shown, _ = bar.screen.get_widget_at(status.x + 1, status.y - 1)
+    except NoWidget:
+        return ""
+    return str(bar.content) if shown is bar else ""
 
 
 def new_children(before: set[int]) -> list[str]:

@@ -264,7 +264,8 @@ class ActionBar(Static):
     # Absolute, one row above the status line (over the log pane's last row): showing it moves no
     # other widget, so it costs no relayout and no full-screen redraw.
     DEFAULT_CSS = """
-    ActionBar { position: absolute; offset-y: -1; height: 1; width: 1fr; background: $panel; padding: 0 1; }
+    ActionBar { position: absolute; offset-y: -1; overlay: screen; height: 1; width: 1fr; background: $panel;
+                padding: 0 1; }
     ActionBar.-error { color: $error; text-style: bold; }
     """
 

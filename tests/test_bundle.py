@@ -122,6 +122,8 @@ def test_bundle_of_a_live_sim_is_complete_verifiable_redacted_and_atomic(tmp_pat
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([root.name, result.archive.name])
     assert verify_bundle(root) == [] and verify_bundle(result.archive) == []
     assert events[0].step == "start" and events[-1].step == "done"
+    # Each step counted once: the bar says "(11/11)" at the end, never "(11/9)".
+    assert all(e.done <= e.total for e in events) and events[-1].done == events[-1].total, events
 
     # the first occurrence with >= 100 lines before it and the lines after
     evidence = next(root.glob("evidence/*radix-page-lock-eviction.log")).read_text()

@@ -331,9 +331,11 @@ def _take_bundle(
         tmp.mkdir()
     except OSError as exc:
         raise BundleError(f"cannot write a bundle in {out}: {exc.strerror or exc}; pass a writable --out") from None
+    # Every step that ends in finished(): the progress counts them.
     steps = [
-        "processes+stacks", "server", "metrics", "flight records", "nvml",
-        "nvidia-smi", "collect_env", "logs", "timeline", *_node_steps(nodes),
+        "processes+stacks", "server", "metrics", *_node_steps(nodes),
+        *(["what radixtop saw"] if seen is not None else []), "crash workload", "flight records", "nvml",
+        "nvidia-smi", "collect_env", "logs", "timeline",
     ]
     state = {"done": 0}
     lock = threading.Lock()

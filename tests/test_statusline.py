@@ -70,6 +70,18 @@ async def test_healthy_sources_come_after_the_first_finding_and_go_first_when_na
     assert "first: TP0" in narrow and "server ok" not in narrow
 
 
+async def test_what_the_user_armed_stays_beside_the_first_finding_over_the_counts() -> None:
+    sources = (SourceStatus("server.log", "ok", ""), SourceStatus("server", "ok", ""), SourceStatus("r0", "ok", ""),
+               SourceStatus("procs", "ok", ""))
+    info = StatusInfo(total_lines=1234, rate=2.0, sources=sources, initiating=FIRST, engine="matcher: hyperscan",
+                      extra=("crash dump armed",))
+    for width in (160, 120):
+        text = await _line(info, width)
+        assert "first: TP0 07:18:55" in text and "crash dump armed" in text, (width, text)
+    narrow = await _line(info, 120)
+    assert "server ok" not in narrow and "1,234 lines" not in narrow, narrow  # they gave way to it
+
+
 async def test_a_long_list_of_sources_in_trouble_leaves_the_first_rank_and_its_time_readable() -> None:
     """Mid-crash every source can be in a different state with its reason: the sources give way
     (cut with …) before the rank that spoke first does."""

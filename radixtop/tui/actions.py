@@ -483,7 +483,7 @@ class IncidentActions:
     # -- D: arm SGLang's crash dump -----------------------------------------------------------------
 
     def status_extra(self) -> tuple[str, ...]:
-        return (f"crash dump armed: {self.dump_armed}",) if self.dump_armed else ()
+        return ("crash dump armed",) if self.dump_armed else ()  # where: the bar said it, D says it again
 
     def _server_sample(self) -> Any:
         panes = getattr(self, "panes", None)

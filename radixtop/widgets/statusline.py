@@ -42,7 +42,7 @@ class StatusInfo:
     filter_rows: int = 0
     search_text: str | None = None
     engine: str = ""
-    extra: tuple[str, ...] = field(default_factory=tuple)
+    extra: tuple[str, ...] = field(default_factory=tuple)  # what the user set ("crash dump armed")
 
 
 _OK_STATES = ("ok",)
@@ -142,10 +142,11 @@ class StatusLine(Widget):
             out.append((3, Text(said, self._s("warn"))))
         if calm is not None:
             out.append(calm)
+        # What the user set stays over the counts and the healthy sources: it changes the server.
+        for extra in info.extra:
+            out.append((3, Text(extra, self._s("warn"))))
         rate = rate_text(info.rate)
         out.append((4, Text(f"{_count(info.total_lines)} lines {rate}", self._s("dim"))))
-        for extra in info.extra:
-            out.append((5, Text(extra, self._s("dim"))))
         if info.engine:
             out.append((6, Text(info.engine, self._s("dim"))))
         return out

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+from tree_launch import compile_tree  # noqa: E402  (benchmarks/)
 
 from radixtop.demo import start_demo, stop_process  # noqa: E402
 from radixtop.incident.common.sighting import observe, save_sighting  # noqa: E402
@@ -168,6 +169,7 @@ def report(case: str, rows: list[dict[str, float]]) -> None:
 
 
 def main() -> None:
+    compile_tree(ROOT)  # radixtop as installed: its bytecode written (tree_launch.py)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--real", action="store_true", help="also a real SGLang server (its environment built)")

@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 from tmux_helpers import kill_server  # noqa: E402  (tests/, for the tmux servers' end)
+from tree_launch import compile_tree  # noqa: E402  (benchmarks/)
 
 WIDTH, HEIGHT = 160, 48
 
@@ -497,6 +498,7 @@ def _million(tmux: Tmux, log: Path, lines: int, what: str) -> None:
 
 
 def main() -> None:
+    compile_tree(ROOT)  # radixtop as installed: its bytecode written (tree_launch.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short windows (shared machine)")
     ap.add_argument("--only", choices=("snapshot", "polling", "app"), action="append")

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
+from tree_launch import compile_tree  # noqa: E402  (benchmarks/)
 
 from radixtop.diagnosis.catalog import load_catalog
 from radixtop.diagnosis.matcher import Matcher
@@ -206,6 +207,7 @@ def load() -> str:
 
 
 def main() -> int:
+    compile_tree(ROOT)  # radixtop as installed: its bytecode written (tree_launch.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="log size in MiB (default 1024)")
     parser.add_argument("--runs", type=int, default=3, help="alternating runs per tool (default 3)")

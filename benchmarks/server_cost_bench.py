@@ -79,6 +79,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_rows import row  # noqa: E402  (benchmarks/ is the script's own directory)
 from tmux_helpers import kill_server  # noqa: E402  (tests/, for the tmux servers' end)
+from tree_launch import compile_tree  # noqa: E402  (benchmarks/)
 
 WIDTH, HEIGHT = 160, 48
 GROUPS, SYSTEM_LEN, QUESTION_LEN, NEW_TOKENS = 8, 64, 64, 64
@@ -579,6 +580,7 @@ def footprint(core: str, server, workdir: Path, args: argparse.Namespace) -> Non
 
 
 def main() -> None:
+    compile_tree(ROOT)  # radixtop as installed: its bytecode written (tree_launch.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 rounds of 5 s, 20 s idle (default 8 of 10 s, 60 s)")
     parser.add_argument("--rounds", type=int, default=None)

@@ -224,6 +224,24 @@ def test_nothing_found_says_what_to_do() -> None:
     assert any("--url" in line for line in lines)
 
 
+def test_a_zombie_is_not_counted_as_another_users_process() -> None:
+    """A dead child not yet reaped has no command line left: it hides no server, and root was
+    told to "run as root" for it."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.02)
+        zombie = psutil.Process(child.pid)
+        assert zombie.status() == psutil.STATUS_ZOMBIE
+        assert not discovery._unreadable(zombie)
+        _, notes = discovery.find_candidates()
+    finally:
+        child.wait(10)
+    if os.geteuid() == 0:  # root reads every other process: no note at all
+        assert not any("could not be read" in note for note in notes), notes
+
+
 def test_the_endpoints_base_port_is_read_from_the_servers_environment_as_the_instrument_reads_it(caplog) -> None:
     """One reading of RADIXTOP_INSTRUMENT_PORT for the instrument and for discovery: a bad or
     out-of-range value means the instrument's default, 0 means any free port (not guessable);

@@ -182,7 +182,7 @@ def _launchers(skip: set[int]) -> tuple[dict[int, _Candidate], list[_Child], int
                 continue
             cmdline = proc.info.get("cmdline")
             if cmdline is None:
-                denied += 1
+                denied += _unreadable(proc)
                 continue
             launch = launch_of(cmdline)
             if launch is None:
@@ -196,6 +196,18 @@ def _launchers(skip: set[int]) -> tuple[dict[int, _Candidate], list[_Child], int
         except psutil.Error:
             continue
     return roots, children, denied
+
+
+def _unreadable(proc: psutil.Process) -> bool:
+    """Its command line is another user's to read; a zombie (no command line left) or a process
+    gone meanwhile hides no server."""
+    try:
+        proc.cmdline()
+    except psutil.AccessDenied:
+        return True
+    except psutil.Error:
+        return False
+    return False
 
 
 def _keep_innermost(roots: dict[int, _Candidate]) -> None:

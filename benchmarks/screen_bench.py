@@ -431,10 +431,8 @@ def main() -> int:
     if not with_lnav:
         print("note: lnav is not installed (apt-get install -y lnav); its rows are skipped")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; terminal {WIDTH}x{HEIGHT} in tmux")
-    # Byte-compile radixtop first, as an installed package is: with PYTHONDONTWRITEBYTECODE set
-    # (this machine sets it) every start would otherwise compile the modules changed since.
     for tree in [ROOT, *([Path(args.baseline)] if args.baseline else [])]:
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "radixtop")], check=True)
+        tree_launch.compile_tree(tree)  # as installed (tree_launch.py)
         runs = tree_launch.package_dir(tree)
         if runs != (tree / "radixtop").resolve():
             sys.exit(f"error: the launcher runs {runs}, not {tree / 'radixtop'}; see benchmarks/tree_launch.py")

@@ -22,9 +22,7 @@ LAUNCHER = SETUP + "runpy.run_module('radixtop', run_name='__main__', alter_sys=
 
 
 def command(tree: Path, *args: str, python: str = sys.executable) -> list[str]:
-    """argv that runs `radixtop ARGS` from `tree` (the directory holding the radixtop package),
-    its bytecode written first (compile_tree)."""
-    compile_tree(tree)
+    """argv that runs `radixtop ARGS` from `tree` (the directory holding the radixtop package)."""
     return [python, "-c", LAUNCHER, str(Path(tree).resolve()), *args]
 
 

@@ -434,10 +434,6 @@ def bench_app(seconds: float, lines: int, scenes: list[str] | None = None) -> No
     First frame: the status line on screen (the log pane's first frame, both runs); panes: the
     radix and vitals panes on screen too (they are mounted after the first frame)."""
     print(f"\napp: radixtop --log SIM_LOG in tmux {WIDTH}x{HEIGHT} (discovery attaches to the simulator writing it)")
-    # Byte-compile radixtop first, as an installed package is: with PYTHONDONTWRITEBYTECODE set
-    # (this machine), every module changed since the last compile is compiled again at each start.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "radixtop")], check=True,
-                   stdout=subprocess.DEVNULL)
     for scene, loaded, extra in (SCENES[name] for name in (scenes or list(SCENES))):
         figures: dict[bool, tuple[float, float | None]] = {}  # every pane? -> (CPU %, first frame s)
         work = Path(tempfile.mkdtemp(prefix="radixtop-panes-bench-"))

@@ -232,9 +232,6 @@ def main() -> int:
         print(f"generating {path} ...", flush=True)
         generate(path, args.size_mb << 20)
     size = path.stat().st_size
-    # Byte-compile radixtop once, as an installed package is: with PYTHONDONTWRITEBYTECODE set
-    # (it is on this machine), every run would otherwise compile its sources again.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "radixtop")], check=True)
     with open(path, "rb") as f:  # warm the page cache
         while f.read(8 << 20):
             pass

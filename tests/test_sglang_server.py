@@ -38,6 +38,8 @@ if _WHY is None:
     from real_sglang import RealServer, start_server
 
 SHARED = list(range(100, 164))  # a 64-token prefix: four pages of 16
+# The bar and the log pane say "auto bundle: ... preserving" when it starts; this once it is on disk.
+AUTO_BUNDLE_WRITTEN = re.compile(r"auto bundle \(on [^)]*\) written")
 
 
 def shared_prefix_traffic(server: RealServer, requests: int = 6) -> list[dict]:
@@ -482,7 +484,7 @@ def test_scheduler_sigkilled_then_c_y_confirms_a_not_reproduced_with_real_arms(t
         tmux.wait_for(lambda s: "killed by SIGKILL" in s, "the kill named on screen", 10)
         tmux.wait_for(lambda s: "server DOWN" in s or "procs DOWN" in s, "the server's death", 30)
         assert server.proc is not None and server.proc.wait(30) is not None
-        tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 30)
+        tmux.wait_for(lambda s: AUTO_BUNDLE_WRITTEN.search(s), "the automatic bundle written", 30)
         # The processes pane: the killed scheduler is one row, gone, however many reads saw it go.
         rows = [line for line in tmux.capture().splitlines() if re.search(rf"▏\s+{scheduler.pid}\s", line)]
         assert len(rows) == 1 and "gone" in rows[0], rows
@@ -609,7 +611,7 @@ def test_a_fault_inside_the_real_cache_is_found_kept_and_confirmed_pressure_depe
         except subprocess.TimeoutExpired:
             raise AssertionError("the fault never fired:\n" + server.text()[-2000:]) from None
         tmux.wait_for(lambda s: "page lock failed during prefix eviction" in s, "the signature's finding on screen", 30)
-        tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 60)
+        tmux.wait_for(lambda s: AUTO_BUNDLE_WRITTEN.search(s), "the automatic bundle written", 60)
         bundle = next(p for p in tmp_path.glob("radixtop-bundle-*") if p.is_dir())
         flights = list(bundle.rglob("flight/*.json"))
         assert flights, sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*"))
@@ -665,7 +667,7 @@ def test_a_crash_dump_armed_live_makes_c_replay_the_crashs_own_requests(tmp_path
         done = radixtop("trace", "convert", str(runtime_dir / "crash-dumps"), "-o", str(converted), cwd=tmp_path)
         assert done.returncode == 0 and "4 requests" in done.stderr, done.stderr
         assert [r["input_ids"] for r in json.loads(converted.read_text())["requests"]] == prompts
-        tmux.wait_for(lambda s: "auto bundle" in s, "the automatic bundle", 60)
+        tmux.wait_for(lambda s: AUTO_BUNDLE_WRITTEN.search(s), "the automatic bundle written", 60)
         tmux.send("c")
         plan = tmux.wait_for(lambda s: "as planned?" in s, "the plan", 120)
         assert "the crash's own: " in plan and "4 requests" in plan, plan

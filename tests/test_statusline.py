@@ -53,6 +53,13 @@ async def test_sources_down_at_different_moments_are_said_apart_and_all_fit_at_1
     assert "first: TP0 07:18:55" in text
 
 
+async def test_the_line_count_has_the_right_plural() -> None:
+    one = await _line(StatusInfo(total_lines=1, rate=0.0, sources=CRASH_SOURCES[:1]), 80)
+    assert "1 line 0/s" in one, one
+    many = await _line(StatusInfo(total_lines=1234, rate=0.0, sources=CRASH_SOURCES[:1]), 80)
+    assert "1,234 lines 0/s" in many, many
+
+
 async def test_the_findings_count_is_said_once_with_the_right_plural() -> None:
     hidden = await _line(StatusInfo(findings=1, findings_hidden=True, sources=CRASH_SOURCES[:1]), 80)
     assert "1 finding: Tab" in hidden and hidden.count("finding") == 1, hidden

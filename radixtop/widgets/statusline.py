@@ -146,7 +146,8 @@ class StatusLine(Widget):
         for extra in info.extra:
             out.append((3, Text(extra, self._s("warn"))))
         rate = rate_text(info.rate)
-        out.append((4, Text(f"{_count(info.total_lines)} lines {rate}", self._s("dim"))))
+        lines = f"{_count(info.total_lines)} line{'' if info.total_lines == 1 else 's'}"
+        out.append((4, Text(f"{lines} {rate}", self._s("dim"))))
         if info.engine:
             out.append((6, Text(info.engine, self._s("dim"))))
         return out

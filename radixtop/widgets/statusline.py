@@ -54,6 +54,10 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
+def _counted(n: int, noun: str) -> str:
+    return f"{_count(n)} {noun}{'' if n == 1 else 's'}"
+
+
 def rate_text(rate: float | None) -> str:
     return "—" if rate is None else f"{rate:,.0f}/s"
 
@@ -133,7 +137,7 @@ class StatusLine(Widget):
             out.append(trouble)
         # The findings count is said once: with "Tab" when the findings panel is off screen (a
         # narrow terminal), else only when there is no first finding to name.
-        said = f"{_count(info.findings)} finding{'' if info.findings == 1 else 's'}"
+        said = _counted(info.findings, "finding")
         if info.findings and info.findings_hidden:
             out.append((2, Text(f"{said}: Tab", self._s("warn"))))
         if info.initiating:
@@ -146,8 +150,7 @@ class StatusLine(Widget):
         for extra in info.extra:
             out.append((3, Text(extra, self._s("warn"))))
         rate = rate_text(info.rate)
-        lines = f"{_count(info.total_lines)} line{'' if info.total_lines == 1 else 's'}"
-        out.append((4, Text(f"{lines} {rate}", self._s("dim"))))
+        out.append((4, Text(f"{_counted(info.total_lines, 'line')} {rate}", self._s("dim"))))
         if info.engine:
             out.append((6, Text(info.engine, self._s("dim"))))
         return out

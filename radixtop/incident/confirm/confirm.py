@@ -571,7 +571,7 @@ async def _died_meanwhile(url: str, pid: int | None, seen: Sighting | None) -> s
     """None while the server lives; else what the plan is made from. `c` pressed as a server dies
     finds its pid still there (it outlives the port for a moment) and gone once the evidence is
     taken: the plan is then made as for a server found down."""
-    if await _server_info(url) is not None or _running(pid):
+    if _running(pid) or await _server_info(url) is not None:  # the pid first: no request when it lives
         return None
     if seen is None:
         return "the server died while the evidence was taken"
